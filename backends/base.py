@@ -1,0 +1,211 @@
+"""The interface every sweep target implements, with an explicit lifecycle (as guidellm's backends have).
+
+Lifecycle for one sweep point (num_steps K, a concurrency, a repeat)::
+
+    endpoint = await backend.start(K)          # launch or select the server for K; returns once it is ready
+    before = await backend.snapshot()          # spec-decode counters before the measurement window
+    ... the load generator sends requests to endpoint ...
+    after = await backend.snapshot()           # ... and after it
+    acc = backend.acceptance(before, after, records)
+    await backend.stop()                       # stop what start() launched (no-op for remote endpoints)
+    ...
+    await backend.close()                      # end of the sweep
+
+``start`` may be called again for the same K without ``stop`` in between (several concurrencies on one server):
+a backend returns the running endpoint when nothing needs to change.
+
+Engine-specific quirks (flags, metric names, lifetime averages) live in the backend classes, never in callers.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
+
+from loadgen.record import RequestRecord
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A ready OpenAI-compatible server.
+
+    Attributes:
+        base_url: scheme://host:port with no trailing slash and no ``/v1`` (``http://127.0.0.1:8000``).
+        model: the model name to put in requests, or None to use the first id from ``GET /v1/models``.
+    """
+
+    base_url: str
+    model: str | None = None
+
+
+@dataclass
+class SpecSnapshot:
+    """A reading of a server's cumulative speculative-decoding counters at one instant.
+
+    Counter fields follow vLLM's V1 spec-decode metrics (vllm/v1/spec_decode/metrics.py): a *draft* is one verify
+    step of one request that carried drafts; ``num_accepted_tokens`` counts accepted draft tokens (the bonus token
+    excluded); ``accepted_per_pos[i]`` counts drafts whose first i+1 draft tokens were all accepted.
+
+    Attributes:
+        taken_at: s on the client's monotonic clock.
+        num_drafts: cumulative drafts (verify steps with drafting), or None if the server has no such counter.
+        num_draft_tokens: cumulative draft tokens proposed, or None.
+        num_accepted_tokens: cumulative accepted draft tokens, or None.
+        accepted_per_pos: cumulative accepted drafts per position, position -> count.
+        avg_accept_length: a server-computed average acceptance length including the bonus token (SGLang's
+            ``avg_spec_accept_length``), usually over the server's lifetime; None if not offered.
+        instance: something that changes when the server restarts (a process start time, a pid), for reset
+            detection; None if unknown.
+        raw: backend-specific extras kept for the results folder.
+    """
+
+    taken_at: float
+    num_drafts: float | None = None
+    num_draft_tokens: float | None = None
+    num_accepted_tokens: float | None = None
+    accepted_per_pos: dict[int, float] = field(default_factory=dict)
+    avg_accept_length: float | None = None
+    instance: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Acceptance:
+    """Acceptance over one measurement window.
+
+    Attributes:
+        acceptance_length: mean tokens per verify step = 1 + accepted drafts / verify steps (the bonus token
+            counted, as SGLang's accept length and vLLM's "mean acceptance length"); 1.0 with no speculation;
+            None if unknown.
+        acceptance_rate: accepted draft tokens / proposed draft tokens (0..1), or None.
+        per_position: acceptance rate per draft position i = accepted_per_pos[i] / drafts, or empty.
+        num_drafts: verify steps with drafting inside the window (0 if none), or None.
+        source: where the numbers came from, recorded as ``acceptance_length_source`` in summary.csv, e.g.
+            ``"spectune:/metrics counters"``, ``"vllm:/metrics counters"``, ``"sglang:per-request"``,
+            ``"proxy:tokens-per-chunk"`` (mean output tokens per streamed chunk: an upper-bound proxy), ``"none"``.
+        warning: why the number may not be scoped to the window (a lifetime average, a counter reset), or None.
+    """
+
+    acceptance_length: float | None
+    acceptance_rate: float | None = None
+    per_position: list[float] = field(default_factory=list)
+    num_drafts: float | None = None
+    source: str = "none"
+    warning: str | None = None
+
+
+def chunk_proxy_acceptance(records: Sequence[RequestRecord], warning: str | None = None) -> Acceptance:
+    """Mean output tokens per streamed chunk over successful requests, as an acceptance-length proxy.
+
+    With speculative decoding a server that streams once per verify step sends (accepted drafts + 1) tokens per
+    chunk, so tokens per chunk approximates acceptance length; servers that batch chunks differently make it
+    wrong, hence the ``proxy:`` source. Returns acceptance_length None when no request produced output.
+    """
+    chunks = sum(len(r.chunk_tokens) for r in records if r.ok)
+    tokens = sum(sum(r.chunk_tokens) for r in records if r.ok)
+    return Acceptance(
+        acceptance_length=(tokens / chunks) if chunks else None,
+        source="proxy:tokens-per-chunk",
+        warning=warning,
+    )
+
+
+def counter_acceptance(before: SpecSnapshot, after: SpecSnapshot, source: str) -> Acceptance:
+    """Acceptance from cumulative counter deltas over a window (vLLM's formulas, background §3).
+
+    acceptance_length = 1 + d(accepted) / d(drafts); acceptance_rate = d(accepted) / d(draft_tokens);
+    per_position[i] = d(accepted_per_pos[i]) / d(drafts). With no drafts in the window (num_steps 0) the
+    acceptance length is 1.0 and the rate None.
+
+    Raises:
+        ValueError: if either snapshot lacks ``num_drafts`` or ``num_accepted_tokens``.
+    """
+    if before.num_drafts is None or after.num_drafts is None:
+        raise ValueError("counter_acceptance needs num_drafts in both snapshots")
+    if before.num_accepted_tokens is None or after.num_accepted_tokens is None:
+        raise ValueError("counter_acceptance needs num_accepted_tokens in both snapshots")
+    warning = None
+    if before.instance is not None and after.instance is not None and before.instance != after.instance:
+        warning = "server restarted inside the window: counters reset, acceptance covers only part of it"
+    d_drafts = after.num_drafts - before.num_drafts
+    d_acc = after.num_accepted_tokens - before.num_accepted_tokens
+    if d_drafts < 0 or d_acc < 0:
+        warning = "counter reset detected (a counter went down): acceptance not scoped to the window"
+        d_drafts, d_acc = after.num_drafts, after.num_accepted_tokens
+    if d_drafts <= 0:
+        return Acceptance(1.0, None, [], 0.0, source, warning)
+    rate = None
+    if before.num_draft_tokens is not None and after.num_draft_tokens is not None:
+        d_tok = after.num_draft_tokens - before.num_draft_tokens
+        if d_tok < 0:
+            d_tok = after.num_draft_tokens
+        rate = d_acc / d_tok if d_tok > 0 else None
+    per_pos = []
+    for pos in sorted(after.accepted_per_pos):
+        d = after.accepted_per_pos[pos] - before.accepted_per_pos.get(pos, 0.0)
+        per_pos.append(max(d, 0.0) / d_drafts)
+    return Acceptance(1.0 + d_acc / d_drafts, rate, per_pos, d_drafts, source, warning)
+
+
+class Backend(abc.ABC):
+    """A sweep target: starts (or selects) a server per num_steps and reads its spec-decode metrics.
+
+    Subclasses set ``name`` and implement :meth:`start` and :meth:`stop`; they override :meth:`snapshot` and
+    :meth:`acceptance` where the server exposes acceptance metrics (the defaults fall back to tokens per chunk).
+    """
+
+    name: ClassVar[str] = "base"
+
+    @abc.abstractmethod
+    async def start(self, steps: int) -> Endpoint:
+        """Make a server with num_steps ``steps`` ready and return its endpoint.
+
+        Blocks (asynchronously) until the server answers its health check.
+
+        Raises:
+            loadgen.errors.UserError: configuration problems the user must fix (missing executable, port in
+                use, no endpoint for this num_steps).
+            BackendStartError: the server failed to start or never became ready (the point fails, the sweep
+                goes on); its message carries the log tail.
+        """
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Stop whatever :meth:`start` launched and wait until its process and port are gone (no-op if none)."""
+
+    async def snapshot(self) -> SpecSnapshot | None:
+        """Read cumulative spec-decode metrics now; None if this backend has none."""
+        return None
+
+    def acceptance(
+        self, before: SpecSnapshot | None, after: SpecSnapshot | None, records: Sequence[RequestRecord]
+    ) -> Acceptance:
+        """Acceptance over the window between two snapshots, falling back to the tokens-per-chunk proxy."""
+        if before is not None and after is not None and before.num_drafts is not None:
+            return counter_acceptance(before, after, f"{self.name}:/metrics counters")
+        return chunk_proxy_acceptance(records, warning=f"{self.name}: no spec-decode metrics; proxy used")
+
+    def request_extra(self) -> dict[str, Any]:
+        """Extra JSON fields to add to every request body (e.g. SGLang's ``return_spec_tokens_details``)."""
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-serialisable description recorded in sweep.json (never secrets such as API keys)."""
+        return {"backend": self.name}
+
+    async def close(self) -> None:
+        """End of the sweep: release everything (stops a running server)."""
+        await self.stop()
+
+
+class BackendStartError(RuntimeError):
+    """A server failed to start, died, or never became ready. The sweep fails the point and goes on.
+
+    Attributes:
+        log_tail: the last lines of the server's log, or "".
+    """
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.log_tail = log_tail

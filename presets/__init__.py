@@ -1,0 +1,1 @@
+"""Built-in SGLang adaptive-speculation presets (JSON files beside this module)."""

@@ -1,0 +1,51 @@
+"""The ``spectune`` command line: a thin typer app.
+
+Each command's options live in ``spectune/commands/<name>.py`` (typer ``Annotated`` parameters; only light imports
+at module level so ``spectune --help`` starts fast); the work lives in the library modules they call. User errors
+are one exception type, :class:`spectune.errors.UserError`, caught only here: one line on stderr, exit code 2 (or
+the error's own), no traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from spectune.commands import draft, gate, presets, recommend, report, serve, simulate, sweep, validate
+from spectune.errors import UserError
+
+app = typer.Typer(
+    name="spectune",
+    help="Benchmark and tune speculative decoding (EAGLE num_steps per batch size) for SGLang, vLLM and a "
+    "bundled engine.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+app.command("sweep")(sweep.sweep)
+app.command("recommend")(recommend.recommend)
+app.command("gate")(gate.gate)
+app.command("report")(report.report)
+app.command("serve")(serve.serve)
+app.command("simulate")(simulate.simulate)
+app.command("validate")(validate.validate)
+app.add_typer(presets.app, name="presets", help="List and show built-in SGLang adaptive-speculation presets.")
+app.add_typer(draft.app, name="draft", help="Train and evaluate EAGLE draft heads.")
+
+
+def main() -> None:
+    """Console-script entry point: run the app, turning :class:`UserError` into a one-line error and exit code."""
+    try:
+        app()
+    except UserError as err:
+        from rich.console import Console
+
+        Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {err.message}", markup=True)
+        sys.exit(err.exit_code)
+
+
+if __name__ == "__main__":
+    main()

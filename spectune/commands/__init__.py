@@ -1,0 +1,1 @@
+"""One module per CLI command: typer options only, work delegated to library modules."""
