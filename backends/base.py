@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from loadgen.record import RequestRecord
@@ -37,6 +38,47 @@ class Endpoint:
 
     base_url: str
     model: str | None = None
+
+
+@dataclass
+class BackendOptions:
+    """Everything the CLI may pass to a backend; each backend reads the fields it needs.
+
+    Attributes:
+        endpoints: already-running servers: num_steps -> base URL; key ``-1`` means one URL for every num_steps.
+        launch: a command template (``launch`` backend) with ``{steps}``, ``{draft_tokens}``, ``{port}``,
+            ``{model}``, ``{draft}`` placeholders, split with :func:`shlex.split` and run without a shell.
+        model: target model path or name.
+        draft: draft head path or name (None: the backend's default, if any).
+        algorithm: speculative method name in the engine's spelling (``EAGLE``/``EAGLE3`` for SGLang,
+            ``eagle``/``eagle3`` for vLLM), or None to infer it from the head's config.json.
+        host: interface launched servers bind to (loopback by default).
+        port: port for launched servers; None picks a free one.
+        server_args: extra arguments appended to launched servers' command lines.
+        startup_timeout_s: s to wait for a launched server to answer its health check.
+        log_dir: folder for launched servers' logs (the results folder's ``logs/``), or None.
+        max_concurrency: the highest concurrency the sweep will drive (servers are sized for it).
+        api_key_env: name of the environment variable holding the API key sent as a Bearer token.
+        device: ``auto``, ``cpu`` or ``cuda`` (bundled engine).
+        dtype: ``auto``, ``bfloat16`` or ``float32`` (bundled engine).
+        max_tokens: the longest output the sweep will request (servers are sized for it).
+    """
+
+    endpoints: dict[int, str] | None = None
+    launch: str | None = None
+    model: str | None = None
+    draft: str | None = None
+    algorithm: str | None = None
+    host: str = "127.0.0.1"
+    port: int | None = None
+    server_args: list[str] = field(default_factory=list)
+    startup_timeout_s: float = 600.0
+    log_dir: Path | None = None
+    max_concurrency: int = 1
+    api_key_env: str = "OPENAI_API_KEY"
+    device: str = "auto"
+    dtype: str = "auto"
+    max_tokens: int = 256
 
 
 @dataclass
