@@ -199,6 +199,17 @@ class Backend(abc.ABC):
 
     name: ClassVar[str] = "base"
 
+    async def preflight(self, steps_list: Sequence[int]) -> list[str]:
+        """Check, before anything is measured, that every planned num_steps can be served.
+
+        Called once by the sweep with all planned num_steps. Returns warnings to show the user (may be empty).
+
+        Raises:
+            loadgen.errors.UserError: what would make a point fail for a reason the user must fix (no endpoint
+                for a num_steps, an unreachable endpoint, a missing executable, a fixed port in use).
+        """
+        return []
+
     @abc.abstractmethod
     async def start(self, steps: int) -> Endpoint:
         """Make a server with num_steps ``steps`` ready and return its endpoint.

@@ -1,8 +1,78 @@
-"""`spectune simulate` (placeholder until its issue lands; replaced by the real command)."""
+"""`spectune simulate`: replay a recorded verify-step trace through an adaptive config or a vLLM schedule."""
 
-from spectune.errors import UserError
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+_APPROX = ("Acceptance comes from the trace: accepted drafts recorded at a higher num_steps than the simulated tier "
+           "are clipped to it (exact for greedy chain drafting); at a tier above the recorded one the recorded "
+           "count is a lower bound.")
 
 
-def simulate() -> None:
-    """Not available yet."""
-    raise UserError("'spectune simulate' is not available yet")
+def simulate(
+    config: Annotated[Path, typer.Option("--config", help="SGLang --speculative-adaptive-config JSON, a vLLM "
+                                         "num_speculative_tokens_per_batch_size list, or a vLLM speculative-config "
+                                         "object holding one (the format is detected).")],
+    trace: Annotated[Path, typer.Option("--trace", help="JSONL trace of verify steps: one {\"batch_size\", "
+                                        "\"accepted_drafts\", \"num_steps\"} object per line.")],
+    initial_steps: Annotated[Optional[int], typer.Option(
+        "--initial-steps", min=0, help="SGLang: the server's --speculative-num-steps; a slot starts there when it "
+        "is a candidate (default: each slot's middle candidate).")] = None,
+    cuda_graph_bs: Annotated[Optional[str], typer.Option(
+        "--cuda-graph-bs", help="SGLang: captured CUDA-graph batch sizes, e.g. 1,2,4,8,16; batch sizes are padded "
+        "up to them before slot routing (default: no padding).")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the full result (segments, "
+                                                     "switches, per-tier counts) to this JSON file.")] = None,
+    lenient: Annotated[bool, typer.Option("--lenient", help="Accept everything SGLang/vLLM accept (unknown keys, "
+                                          "smallest slot above 1, unsorted vLLM ranges) with warnings.")] = False,
+    max_rows: Annotated[int, typer.Option("--max-rows", min=1, help="Timeline rows to print.")] = 40,
+) -> None:
+    """Replay a trace through SGLang's EMA num_steps policy (or a static vLLM schedule) and print the tier timeline.
+
+    Acceptance comes from the trace: accepted drafts recorded at a higher num_steps than the simulated tier are clipped to it (exact for greedy chain drafting); at a tier above the recorded one the recorded count is a lower bound.
+    """  # noqa: E501 (typer keeps line breaks in help text)
+    from rich.console import Console
+    from rich.table import Table
+
+    from backends.adaptive.config import VllmSchedule, load_config_file
+    from backends.adaptive.trace import read_trace
+    from spectune.simulate import parse_int_list
+    from spectune.simulate import simulate as run_simulation
+    from spectune.simulate import write_result_json
+
+    console = Console(highlight=False)
+    cfg = load_config_file(config, strict=not lenient)
+    graph_bs = parse_int_list(cuda_graph_bs, option="--cuda-graph-bs") if cuda_graph_bs else None
+    steps = read_trace(trace)
+    for w in getattr(cfg, "warnings", ()):
+        console.print(f"[yellow]warning:[/] {w}")
+    if isinstance(cfg, VllmSchedule) and (graph_bs or initial_steps is not None):
+        console.print("[dim]note: --cuda-graph-bs and --initial-steps apply to SGLang configs only; vLLM looks up "
+                      "the unpadded batch size in a static schedule.[/]")
+    result = run_simulation(cfg, steps, initial_steps=initial_steps, cuda_graph_bs=graph_bs)
+
+    kind = "SGLang EMA policy" if result.kind == "sglang" else "vLLM schedule"
+    table = Table(title=f"num_steps timeline ({kind}, {result.num_verify_steps} verify steps)")
+    for col, just in (("verify steps", "right"), ("count", "right"), ("slot", "right"), ("num_steps", "right"),
+                      ("EMA at start", "right"), ("cause", "left")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for seg in result.segments[:max_rows]:
+        table.add_row(f"{seg.start}-{seg.end}", str(seg.end - seg.start + 1), seg.slot, str(seg.num_steps),
+                      "-" if seg.ema is None else f"{seg.ema:.3f}", seg.cause)
+    console.print(table)
+    if len(result.segments) > max_rows:
+        console.print(f"... {len(result.segments) - max_rows} more segments (raise --max-rows or use --json)")
+    tiers = ", ".join(f"{k}: {n}" for k, n in sorted(result.steps_per_tier.items()))
+    console.print(f"switches: {result.switch_count}   verify steps per num_steps: {tiers}")
+    console.print(f"acceptance length (accepted drafts + 1): simulated {result.acceptance_length:.3f}, "
+                  f"recorded {result.recorded_acceptance_length:.3f}")
+    if result.steps_above_recorded:
+        console.print(f"[yellow]note:[/] {result.steps_above_recorded} verify steps ran above the recorded "
+                      "num_steps; their acceptance is a lower bound.")
+    console.print(f"[dim]{_APPROX}[/]")
+    if json_out is not None:
+        write_result_json(result, json_out)
+        console.print(f"wrote {json_out}")

@@ -1,0 +1,65 @@
+"""Sweep targets: start/select a server per num_steps, read its spec-decode metrics, stop it.
+
+``make_backend(name, options)`` builds one of :data:`BACKEND_NAMES` and validates its options at once, so a bad
+command line fails before anything is measured:
+
+- ``openai``: already-running OpenAI-compatible servers (``options.endpoints``), never launched or stopped.
+- ``launch``: any server from a command template (``options.launch``) with ``{steps}``, ``{draft_tokens}``,
+  ``{port}``, ``{model}``, ``{draft}``, ``{host}`` placeholders.
+- ``sglang`` / ``vllm``: launch SGLang / vLLM with the right speculative flags per num_steps (or use running
+  servers given as ``options.endpoints``), with engine-specific acceptance metrics.
+- ``local``: the bundled PyTorch EAGLE engine (``backends.local``).
+
+After construction the sweep calls ``await backend.preflight(steps_list)`` once (missing endpoints or
+executables, unreachable servers and busy ports raise ``UserError``; it returns warnings to show), then the
+lifecycle of :mod:`backends.base` per point.
+"""
+
+from __future__ import annotations
+
+from backends.base import Backend, BackendOptions
+from loadgen.errors import UserError
+
+BACKEND_NAMES = ("openai", "launch", "sglang", "vllm", "local")
+
+
+def make_backend(name: str, options: BackendOptions) -> Backend:
+    """Build and validate the backend called ``name``.
+
+    Raises:
+        UserError: an unknown name (listing the valid ones), options that backend cannot work with (missing
+            endpoints, template or model; a malformed URL; a bad placeholder), or ``local`` before the bundled
+            engine exists.
+    """
+    key = (name or "").strip().lower()
+    if options.max_concurrency < 1:
+        raise UserError(f"max concurrency must be >= 1, got {options.max_concurrency}")
+    if key == "openai":
+        from backends.openai import OpenAIBackend
+
+        return OpenAIBackend(options)
+    if key == "launch":
+        from backends.launch import LaunchBackend
+
+        return LaunchBackend(options)
+    if key == "sglang":
+        from backends.sglang import SGLangBackend
+
+        return SGLangBackend(options)
+    if key == "vllm":
+        from backends.vllm import VLLMBackend
+
+        return VLLMBackend(options)
+    if key == "local":
+        try:
+            from backends.local.backend import LocalBackend
+        except ModuleNotFoundError as err:
+            if err.name in ("backends.local", "backends.local.backend"):
+                raise UserError("the bundled engine is not available yet: use --backend openai, launch, sglang "
+                                "or vllm") from None
+            raise
+        return LocalBackend(options)
+    raise UserError(f"unknown backend {name!r}: use one of {', '.join(BACKEND_NAMES)}")
+
+
+__all__ = ["BACKEND_NAMES", "Backend", "BackendOptions", "make_backend"]

@@ -1,0 +1,281 @@
+"""Backends that launch one server per num_steps: the shared machinery and the ``launch`` (command template) backend.
+
+:class:`LaunchingBackend` keeps at most one server alive. ``start(K)`` returns the running endpoint when the
+server for K is alive, relaunches it when it died, and otherwise stops the current server and launches the one
+for K (checking the executable and the port first). Every launch's command line (secrets redacted), port, log
+and pid are recorded for ``describe()``. Subclasses build the argv (:meth:`LaunchingBackend.build_argv`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from backends.base import Acceptance, Backend, BackendOptions, BackendStartError, Endpoint, SpecSnapshot
+from backends.http import HEALTH_PATHS, auth_headers, check_reachable
+from backends.openai import EndpointSet
+from backends.process import ServerProcess, free_port, port_in_use, redact_argv
+from backends.prometheus import scrape_snapshot, window_acceptance
+from loadgen.errors import UserError
+from loadgen.record import RequestRecord
+
+PLACEHOLDERS = ("steps", "draft_tokens", "port", "model", "draft", "host")
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def find_executable(name: str, install_hint: str) -> str:
+    """Absolute path of ``name`` (a path or a name on PATH).
+
+    Raises:
+        UserError: not found or not executable; the message ends with ``install_hint``.
+    """
+    path = shutil.which(name)
+    if path is None:
+        raise UserError(f"{name} not found: {install_hint}")
+    return path
+
+
+def eagle_version(draft: str) -> tuple[str, str]:
+    """``"eagle3"`` or ``"eagle"`` for a draft head, and what decided it.
+
+    EAGLE-3 when the head's config.json lists an architecture containing ``Eagle3`` (``LlamaForCausalLMEagle3``,
+    ``Eagle3LlamaForCausalLM``) or has a ``draft_vocab_size`` key (background §5). The config is read from a
+    local folder, else from the Hugging Face cache (never downloaded); without one, a name containing
+    ``eagle3`` decides.
+    """
+    config_path = Path(draft) / "config.json"
+    if not config_path.is_file():
+        config_path = None
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(draft, "config.json")
+            config_path = Path(cached) if isinstance(cached, str) else None
+        except Exception:  # not a repo id, or huggingface_hub missing
+            config_path = None
+    if config_path is not None:
+        try:
+            config = json.loads(config_path.read_text())
+        except (OSError, ValueError):
+            config = None
+        if isinstance(config, dict):
+            archs = " ".join(str(a) for a in config.get("architectures") or []).lower()
+            is3 = "eagle3" in archs or "draft_vocab_size" in config
+            return ("eagle3" if is3 else "eagle"), str(config_path)
+    squashed = draft.lower().replace("-", "").replace("_", "")
+    return ("eagle3" if "eagle3" in squashed else "eagle"), "name"
+
+
+def split_template(template: str) -> list[str]:
+    """Split a command template with :func:`shlex.split` and check its placeholders.
+
+    Raises:
+        UserError: empty template, unbalanced quotes, or an unknown ``{name}`` placeholder.
+    """
+    try:
+        argv = shlex.split(template or "")
+    except ValueError as err:
+        raise UserError(f"cannot split the --launch template ({err}): check its quotes") from None
+    if not argv:
+        raise UserError("empty --launch template: give the server command, e.g. 'vllm serve MODEL --port {port}'")
+    for arg in argv:
+        for name in _PLACEHOLDER.findall(arg):
+            if name not in PLACEHOLDERS:
+                known = ", ".join("{%s}" % p for p in PLACEHOLDERS)
+                raise UserError(f"unknown placeholder {{{name}}} in the --launch template: use {known}")
+    return argv
+
+
+def render_template(argv: Sequence[str], values: dict[str, Any]) -> list[str]:
+    """Replace ``{name}`` placeholders in each argv element (other braces, e.g. JSON, are left alone)."""
+    def fill(match: re.Match[str]) -> str:
+        return str(values[match.group(1)]) if match.group(1) in values else match.group(0)
+
+    return [_PLACEHOLDER.sub(fill, arg) for arg in argv]
+
+
+class LaunchingBackend(Backend):
+    """A backend that launches and stops its own server per num_steps (see module docstring).
+
+    Subclasses implement :meth:`build_argv` and :meth:`check_executable`, and may set ``health_paths``. With
+    ``options.endpoints`` (and ``allow_remote``) nothing is launched: ``start`` selects the running server for K,
+    as the ``openai`` backend does, and :meth:`remote_checks` may warn about what those servers report.
+    """
+
+    name = "launching"
+    health_paths: tuple[str, ...] = HEALTH_PATHS
+    allow_remote = True  # with options.endpoints, use running servers instead of launching
+
+    def __init__(self, options: BackendOptions) -> None:
+        if options.startup_timeout_s <= 0:
+            raise UserError(f"startup timeout must be > 0 s, got {options.startup_timeout_s}")
+        if options.port is not None and not 0 < options.port < 65536:
+            raise UserError(f"bad port {options.port}: use 1-65535, or omit it to pick a free port")
+        self.options = options
+        self.server: ServerProcess | None = None
+        self.steps: int | None = None  # num_steps of the last start()
+        self.launches: list[dict[str, Any]] = []
+        self._windows_on_server = 0
+        self.remote = EndpointSet(options.endpoints) if (options.endpoints and self.allow_remote) else None
+        self.headers = auth_headers(options.api_key_env) if self.remote else {}
+        self._remote_url: str | None = None
+
+    # -- subclass hooks -------------------------------------------------------------------------------------
+    def build_argv(self, steps: int, host: str, port: int) -> list[str]:
+        """The server command for num_steps ``steps`` listening on ``host:port``."""
+        raise NotImplementedError
+
+    def check_executable(self) -> None:
+        """Raise :class:`UserError` naming the package to install when the server program is missing."""
+
+    async def remote_checks(self, steps_list: Sequence[int]) -> list[str]:
+        """Warnings about running servers (endpoints mode), e.g. a server whose num_steps differs; none here."""
+        return []
+
+    @property
+    def base_url(self) -> str | None:
+        """URL of the current server (launched or selected), or None between points."""
+        return self.server.base_url if self.server is not None else self._remote_url
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    async def preflight(self, steps_list: Sequence[int]) -> list[str]:
+        """Before measuring: the executable exists, every argv builds, a fixed port is free.
+
+        Raises:
+            UserError: a missing executable, a bad option for some num_steps, or the port in use; in endpoints
+                mode, a num_steps without endpoint or an endpoint that does not answer.
+        """
+        if self.remote is not None:
+            for url in sorted({self.remote.url_for(k) for k in steps_list}):
+                await check_reachable(url, self.headers)
+            return await self.remote_checks(steps_list)
+        self.check_executable()
+        for k in steps_list:
+            self.build_argv(k, self.options.host, self.options.port or 0)
+        if self.server is None and self.options.port is not None:
+            self._check_port(self.options.port)
+        return []
+
+    def _check_port(self, port: int) -> None:
+        if port_in_use(self.options.host, port):
+            raise UserError(
+                f"port {port} on {self.options.host} is already in use: stop what listens there, "
+                "pass another --port, or omit --port to pick a free one"
+            )
+
+    async def start(self, steps: int) -> Endpoint:
+        """Return the endpoint of an alive server for ``steps``, launching (or relaunching) it if needed.
+
+        Raises:
+            UserError: missing executable, bad options, port in use.
+            BackendStartError: the server exited during startup or was not healthy in time (log tail attached).
+        """
+        if self.remote is not None:
+            url = self.remote.url_for(steps)
+            await check_reachable(url, self.headers)
+            self.steps, self._remote_url = steps, url
+            return Endpoint(url, None)
+        if self.server is not None and self.steps == steps and self.server.alive():
+            return Endpoint(self.server.base_url, None)
+        if self.server is not None:
+            if not self.server.alive() and self.launches:  # killed or crashed since the last point
+                self.launches[-1]["died"] = True
+            await self.stop()
+        self.check_executable()
+        port = self.options.port or free_port(self.options.host)
+        argv = self.build_argv(steps, self.options.host, port)
+        self._check_port(port)
+        log_path = Path(self.options.log_dir) / f"server-steps{steps}.log" if self.options.log_dir else None
+        label = f"server for num_steps {steps}"
+        server = ServerProcess(argv, self.options.host, port, log_path, self.health_paths, label)
+        record: dict[str, Any] = {"steps": steps, "command": redact_argv(argv), "port": port, "started": time.time()}
+        self.launches.append(record)
+        self.server, self.steps, self._windows_on_server = server, steps, 0
+        try:
+            await server.start(self.options.startup_timeout_s)
+        except BaseException as err:
+            if not isinstance(err, BackendStartError):  # cancelled or interrupted mid-startup: leave nothing behind
+                server.kill_now()
+            self.server, self.steps = None, None
+            record["failed"] = True
+            raise
+        finally:
+            record.update(log=str(server.log_path), pid=server.pid, ready_after_s=server.ready_after_s)
+        return Endpoint(server.base_url, None)
+
+    async def stop(self) -> None:
+        """Stop the running server (SIGTERM, then SIGKILL) and wait until its port is free; no-op if none."""
+        server, self.server, self._remote_url = self.server, None, None  # self.steps stays: the last point's K
+        if server is not None:
+            await server.stop()
+
+    def next_window(self) -> bool:
+        """Count one measured window on the running server; True if it was the first since the server launched."""
+        self._windows_on_server += 1
+        return self.server is not None and self._windows_on_server == 1
+
+    def acceptance(
+        self, before: SpecSnapshot | None, after: SpecSnapshot | None, records: Sequence[RequestRecord]
+    ) -> Acceptance:
+        """Counter deltas from ``/metrics`` when present; else 1.0 at num_steps 0; else the proxy."""
+        self.next_window()
+        if before is not None and after is not None and before.num_drafts is not None and after.num_drafts is not None:
+            prefix = str(after.raw.get("metrics_prefix", f"{self.name}:"))
+            return window_acceptance(before, after, f"{prefix}/metrics counters")
+        if self.steps == 0:
+            return Acceptance(1.0, None, [], 0.0, "config:num_steps=0")
+        return super().acceptance(None, None, records)
+
+    def describe(self) -> dict[str, Any]:
+        """Backend name, model, draft and every launch so far (command lines with secrets redacted)."""
+        if self.remote is not None:
+            return {"backend": self.name, "endpoints": self.remote.describe(), "api_key_env": self.options.api_key_env}
+        return {"backend": self.name, "model": self.options.model, "draft": self.options.draft,
+                "launches": [dict(r) for r in self.launches]}
+
+
+class LaunchBackend(LaunchingBackend):
+    """The ``launch`` backend: any server from a command template (``options.launch``).
+
+    Placeholders: ``{steps}`` (num_steps K), ``{draft_tokens}`` (K + 1), ``{port}``, ``{model}``, ``{draft}``,
+    ``{host}``. Acceptance: vLLM-style or spectune counters from ``/metrics`` when the server has them, else
+    the tokens-per-chunk proxy.
+
+    Raises (constructor):
+        UserError: no template, an unknown placeholder, or ``{model}``/``{draft}`` used without a value.
+    """
+
+    name = "launch"
+    allow_remote = False
+
+    def __init__(self, options: BackendOptions) -> None:
+        super().__init__(options)
+        if not options.launch:
+            raise UserError("the launch backend needs --launch 'COMMAND ... --port {port} ...' (a command template)")
+        self.template = split_template(options.launch)
+        used = {n for a in self.template for n in _PLACEHOLDER.findall(a)}
+        for name in ("model", "draft"):
+            if name in used and not getattr(options, name):
+                raise UserError(f"the --launch template uses {{{name}}} but no --{name} was given")
+        if "port" not in used and options.port is None:
+            raise UserError("the --launch template has no {port}: add '--port {port}' or pass a fixed --port")
+
+    def check_executable(self) -> None:
+        find_executable(self.template[0], "install it or fix the first word of the --launch template")
+
+    def build_argv(self, steps: int, host: str, port: int) -> list[str]:
+        """The template with placeholders filled for ``steps`` (K), ``port`` and the options."""
+        values = {"steps": steps, "draft_tokens": steps + 1, "port": port, "host": host,
+                  "model": self.options.model or "", "draft": self.options.draft or ""}
+        return render_template(self.template, values)
+
+    async def snapshot(self) -> SpecSnapshot | None:
+        """Counters from ``/metrics`` if the launched server exposes vLLM-style or spectune ones."""
+        if self.base_url is None:
+            return None
+        return await scrape_snapshot(self.base_url)

@@ -1,0 +1,164 @@
+"""Reading spec-decode counters from a Prometheus text exposition (``GET /metrics``).
+
+Parsing is prometheus-client's (:func:`prometheus_client.parser.text_string_to_metric_families`). vLLM's V1
+counters (``vllm/v1/spec_decode/metrics.py``, registered through ``vllm/v1/metrics/loggers.py`` with labels
+``model_name`` and ``engine``, one label set per engine) are cumulative:
+
+- ``{prefix}spec_decode_num_drafts_total``: verify steps that carried drafts,
+- ``{prefix}spec_decode_num_draft_tokens_total``: draft tokens proposed,
+- ``{prefix}spec_decode_num_accepted_tokens_total``: draft tokens accepted (bonus token excluded),
+- ``{prefix}spec_decode_num_accepted_tokens_per_pos_total{position="i"}``: drafts whose first i+1 tokens were
+  accepted.
+
+The prefix is ``vllm:`` for vLLM and ``spectune:`` for the bundled engine. Scrapes also carry ``_created``
+samples (the counter's creation time), which are never summed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from backends.base import Acceptance, SpecSnapshot, counter_acceptance
+from backends.http import get
+
+DRAFTS = "spec_decode_num_drafts"
+DRAFT_TOKENS = "spec_decode_num_draft_tokens"
+ACCEPTED = "spec_decode_num_accepted_tokens"
+ACCEPTED_PER_POS = "spec_decode_num_accepted_tokens_per_pos"
+
+
+def parse_metrics(text: str) -> list[Metric]:
+    """All metric families of a text exposition.
+
+    Raises:
+        ValueError: the text is not a valid exposition (prometheus-client's parser error).
+    """
+    return list(text_string_to_metric_families(text))
+
+
+def _base(name: str) -> str:
+    return name[: -len("_total")] if name.endswith("_total") else name
+
+
+def sum_counter(
+    families: Iterable[Metric], name: str, group_by: str | None = None
+) -> float | dict[str, float] | None:
+    """Sum a counter's samples across label sets (e.g. over vLLM's ``engine`` label).
+
+    ``name`` may be given with or without ``_total``; samples named ``name`` or ``name_total`` count, ``_created``
+    samples never do. With ``group_by``, sums per value of that label (samples without it are skipped).
+
+    Returns:
+        the sum (or a dict label value -> sum), or None when no sample of that counter exists.
+    """
+    base = _base(name)
+    wanted = {base, base + "_total"}
+    total = 0.0
+    groups: dict[str, float] = {}
+    found = False
+    for family in families:
+        if _base(family.name) != base:
+            continue
+        for sample in family.samples:
+            if sample.name not in wanted:
+                continue
+            if group_by is None:
+                total += sample.value
+                found = True
+            elif group_by in sample.labels:
+                key = sample.labels[group_by]
+                groups[key] = groups.get(key, 0.0) + sample.value
+                found = True
+    if not found:
+        return None
+    return groups if group_by is not None else total
+
+
+def gauge_values(families: Iterable[Metric], name: str) -> list[float]:
+    """Every sample value of a gauge (or untyped metric) named ``name``, one per label set, in exposition order."""
+    return [s.value for f in families if f.name == name for s in f.samples if s.name == name]
+
+
+def snapshot_from_text(text: str, prefix: str = "vllm:", taken_at: float | None = None) -> SpecSnapshot:
+    """A :class:`SpecSnapshot` from a /metrics text, with counters summed over engines.
+
+    Counter fields are None when the server exposes no such counter (no speculation configured, or another
+    engine). ``instance`` is ``process_start_time_seconds`` when exposed, so a restarted server is detected.
+    ``taken_at`` defaults to :func:`time.perf_counter` (s).
+
+    Raises:
+        ValueError: the text is not a valid exposition.
+    """
+    return snapshot_from_families(parse_metrics(text), prefix, taken_at)
+
+
+def snapshot_from_families(families: list[Metric], prefix: str, taken_at: float | None = None) -> SpecSnapshot:
+    """:func:`snapshot_from_text` on already parsed families."""
+    per_pos = sum_counter(families, prefix + ACCEPTED_PER_POS, group_by="position") or {}
+    start = gauge_values(families, "process_start_time_seconds")
+    return SpecSnapshot(
+        taken_at=time.perf_counter() if taken_at is None else taken_at,
+        num_drafts=sum_counter(families, prefix + DRAFTS),  # type: ignore[arg-type]
+        num_draft_tokens=sum_counter(families, prefix + DRAFT_TOKENS),  # type: ignore[arg-type]
+        num_accepted_tokens=sum_counter(families, prefix + ACCEPTED),  # type: ignore[arg-type]
+        accepted_per_pos={int(k): v for k, v in per_pos.items()},  # type: ignore[union-attr]
+        instance=repr(start[0]) if start else None,
+        raw={"metrics_prefix": prefix},
+    )
+
+
+def counters_reset(before: SpecSnapshot, after: SpecSnapshot) -> bool:
+    """True when the server restarted between the snapshots: its ``instance`` changed or a counter went down."""
+    if before.instance is not None and after.instance is not None and before.instance != after.instance:
+        return True
+    pairs = [(before.num_drafts, after.num_drafts), (before.num_draft_tokens, after.num_draft_tokens),
+             (before.num_accepted_tokens, after.num_accepted_tokens)]
+    pairs += [(v, after.accepted_per_pos.get(k, 0.0)) for k, v in before.accepted_per_pos.items()]
+    return any(b is not None and a is not None and a < b for b, a in pairs)
+
+
+def window_acceptance(before: SpecSnapshot, after: SpecSnapshot, source: str) -> Acceptance:
+    """:func:`backends.base.counter_acceptance` over the window, with restarts handled for every counter.
+
+    After a reset the counters restarted from zero, so the after-values alone cover the part of the window
+    since the restart (per-position counters included); the Acceptance then carries a warning.
+
+    Raises:
+        ValueError: a snapshot lacks ``num_drafts`` or ``num_accepted_tokens``.
+    """
+    if not counters_reset(before, after):
+        return counter_acceptance(before, after, source)
+    zero = SpecSnapshot(taken_at=before.taken_at, num_drafts=0.0, num_accepted_tokens=0.0,
+                        num_draft_tokens=None if after.num_draft_tokens is None else 0.0)
+    acc = counter_acceptance(zero, after, source)
+    acc.warning = "counter reset detected (server restarted): acceptance covers only the part of the window after it"
+    return acc
+
+
+async def scrape_snapshot(
+    base_url: str, prefixes: tuple[str, ...] = ("vllm:", "spectune:"), headers: dict[str, str] | None = None,
+    timeout_s: float = 5.0,
+) -> SpecSnapshot | None:
+    """GET ``{base_url}/metrics`` and read the spec-decode counters of the first prefix that has them.
+
+    Returns:
+        a snapshot (``num_drafts`` None when the server exposes metrics but no spec-decode counters), or None
+        when there is no /metrics page or it does not parse.
+    """
+    taken_at = time.perf_counter()
+    reply = await get(base_url + "/metrics", timeout_s, headers)
+    if reply.status != 200:
+        return None
+    try:
+        families = parse_metrics(reply.text)
+    except ValueError:
+        return None
+    snaps = [snapshot_from_families(families, p, taken_at) for p in prefixes]
+    for snap in snaps:
+        if snap.num_drafts is not None:
+            return snap
+    return snaps[0] if snaps else None

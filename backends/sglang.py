@@ -1,0 +1,258 @@
+"""The ``sglang`` backend: launches ``python -m sglang.launch_server`` per num_steps, or uses running servers.
+
+Flags (SGLang ``server_args.py``, background §2): for K > 0 ``--speculative-algorithm EAGLE|EAGLE3
+--speculative-draft-model-path HEAD --speculative-num-steps K --speculative-eagle-topk 1
+--speculative-num-draft-tokens K+1``; K = 0 has no speculative flags. With EAGLE and ``--max-running-requests``
+unset SGLang caps running requests at 48, so it is always set to max(highest swept concurrency, 48) (for K = 0
+too, so every K runs under the same scheduler limit). ``--enable-metrics`` exposes ``/metrics``.
+
+Acceptance, best first:
+
+1. per request: every request asks ``return_spec_tokens_details``; SGLang answers ``sglext.spec_tokens_details``
+   (``spec_verify_ct``, ``spec_num_correct_drafts``, ``spec_num_proposed_drafts``,
+   ``spec_correct_drafts_histogram``; older servers put ``spec_verify_ct``, ``spec_accept_token_num``,
+   ``spec_draft_token_num`` in ``meta_info``), summed over the window's requests. Acceptance length = 1 +
+   accepted drafts / verify steps (the results format's definition, as vLLM's); servers that report no accepted
+   count get SGLang's own ``spec_accept_length`` formula, completion tokens / verify steps
+   (``tokenizer_manager.py``), which also counts each request's first (prefill) token.
+2. ``GET /server_info`` (``/get_server_info`` on old servers) ``internal_states[i].avg_spec_accept_length``: a
+   server-lifetime average, scoped to the window only on a server launched for this point.
+3. the ``sglang:spec_accept_length`` gauge (recent batches only), with a warning.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from typing import Any, Sequence
+
+from backends.base import Acceptance, BackendOptions, SpecSnapshot, chunk_proxy_acceptance
+from backends.http import get
+from backends.launch import LaunchingBackend, eagle_version
+from backends.prometheus import gauge_values, parse_metrics
+from loadgen.errors import UserError
+from loadgen.record import RequestRecord
+
+#: SGLang's running-request cap with EAGLE when --max-running-requests is unset (server_args.py).
+SGLANG_SPEC_MAX_RUNNING = 48
+_ACCEPTED_KEYS = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
+_PROPOSED_KEYS = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")
+_HIST_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")
+
+
+def sglang_argv(
+    model: str, steps: int, host: str, port: int, draft: str | None = None, algorithm: str = "EAGLE",
+    max_running_requests: int = SGLANG_SPEC_MAX_RUNNING, extra: Sequence[str] = (), python: str = sys.executable,
+) -> list[str]:
+    """The ``sglang.launch_server`` command for num_steps ``steps`` (0 = no speculation); ``extra`` goes last.
+
+    Raises:
+        UserError: ``steps`` > 0 without a draft head, or ``steps`` < 0.
+    """
+    if steps < 0:
+        raise UserError(f"num_steps must be >= 0, got {steps}")
+    argv = [python, "-m", "sglang.launch_server", "--model-path", model, "--host", host, "--port", str(port),
+            "--max-running-requests", str(max_running_requests), "--enable-metrics"]
+    if steps > 0:
+        if not draft:
+            raise UserError(f"num_steps {steps} needs a draft head: pass --draft PATH_OR_HF_ID")
+        argv += ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft,
+                 "--speculative-num-steps", str(steps), "--speculative-eagle-topk", "1",
+                 "--speculative-num-draft-tokens", str(steps + 1)]
+    return argv + list(extra)
+
+
+def spec_details(server_stats: dict[str, Any] | None) -> dict[str, Any] | None:
+    """SGLang's per-request spec counters from a record's ``server_stats``, wherever the client put them.
+
+    Accepts the response's ``sglext`` object (``{"sglext": {"spec_tokens_details": {...}}}``), the details
+    object itself (``{"spec_tokens_details": {...}}``, a list when n > 1: the first is used), a ``meta_info``
+    dict, or the fields at top level. None when no ``spec_verify_ct`` is found.
+    """
+    if not isinstance(server_stats, dict):
+        return None
+    sglext = server_stats.get("sglext")
+    from_sglext = sglext.get("spec_tokens_details") if isinstance(sglext, dict) else None
+    for cand in (from_sglext, server_stats.get("spec_tokens_details"), server_stats.get("meta_info"), server_stats):
+        if isinstance(cand, list):
+            cand = cand[0] if cand else None
+        if isinstance(cand, dict) and cand.get("spec_verify_ct") is not None:
+            return cand
+    return None
+
+
+def _first(d: dict[str, Any], keys: Sequence[str]) -> Any:
+    return next((d[k] for k in keys if d.get(k) is not None), None)
+
+
+def per_request_acceptance(records: Sequence[RequestRecord]) -> Acceptance | None:
+    """Acceptance from SGLang's per-request spec details over successful records; None if none carry them.
+
+    acceptance_length = 1 + sum(accepted drafts) / sum(spec_verify_ct) over requests with verify steps (bonus token
+    included), or SGLang's sum(completion_tokens) / sum(spec_verify_ct) when a request lacks the accepted count
+    (higher by requests / verify steps: the prefill token of each request is counted too);
+    acceptance_rate = accepted / proposed drafts; per_position[i] = share of
+    verify steps that accepted more than i drafts, from the summed ``spec_correct_drafts_histogram`` (entry j
+    counts verify steps that accepted exactly j drafts).
+    """
+    ok = [r for r in records if r.ok]
+    found = [(r, d) for r in ok if (d := spec_details(r.server_stats)) is not None]
+    if not found:
+        return None
+    warning = None if len(found) == len(ok) else f"{len(ok) - len(found)} of {len(ok)} requests had no spec details"
+    verify = completion = 0.0
+    accepted: float | None = 0.0
+    proposed: float | None = 0.0
+    hist: list[float] | None = []
+    for rec, d in found:
+        ct = float(d["spec_verify_ct"])
+        if ct <= 0:
+            continue
+        verify += ct
+        tokens = rec.completion_tokens if rec.completion_tokens is not None else d.get("completion_tokens", 0)
+        completion += float(tokens)
+        acc, prop, h = _first(d, _ACCEPTED_KEYS), _first(d, _PROPOSED_KEYS), _first(d, _HIST_KEYS)
+        accepted = None if acc is None or accepted is None else accepted + float(acc)
+        proposed = None if prop is None or proposed is None else proposed + float(prop)
+        if h is None or hist is None:
+            hist = None
+        else:
+            hist += [0.0] * (len(h) - len(hist))
+            for j, n in enumerate(h):
+                hist[j] += float(n)
+    source = "sglang:per-request"
+    if verify <= 0:
+        return Acceptance(1.0, None, [], 0.0, source, warning)
+    rate = accepted / proposed if accepted is not None and proposed else None
+    per_pos: list[float] = []
+    if hist and sum(hist) > 0:
+        per_pos = [sum(hist[i + 1:]) / sum(hist) for i in range(len(hist) - 1)]
+    length = 1.0 + accepted / verify if accepted is not None else completion / verify
+    return Acceptance(length, rate, per_pos, verify, source, warning)
+
+
+def server_info_stats(info: Any) -> dict[str, Any]:
+    """``avg_spec_accept_length`` (mean over DP ranks that report it) and ``speculative_num_steps`` from a
+    ``/server_info`` answer; missing values are None."""
+    states = info.get("internal_states") if isinstance(info, dict) else None
+    states = [s for s in states if isinstance(s, dict)] if isinstance(states, list) else []
+    avgs = [float(s["avg_spec_accept_length"]) for s in states if s.get("avg_spec_accept_length") is not None]
+    steps = states[0].get("speculative_num_steps") if states else None
+    if steps is None and isinstance(info, dict):
+        steps = info.get("speculative_num_steps")
+    return {"avg_spec_accept_length": sum(avgs) / len(avgs) if avgs else None, "speculative_num_steps": steps,
+            "speculative_algorithm": info.get("speculative_algorithm") if isinstance(info, dict) else None}
+
+
+class SGLangBackend(LaunchingBackend):
+    """SGLang servers with static EAGLE/EAGLE3 settings per num_steps (see module docstring).
+
+    Raises (constructor):
+        UserError: no ``model`` and no ``endpoints``, or a malformed endpoint URL.
+    """
+
+    name = "sglang"
+    health_paths = ("/health",)
+
+    def __init__(self, options: BackendOptions) -> None:
+        super().__init__(options)
+        if self.remote is None and not options.model:
+            raise UserError("the sglang backend needs --model (to launch servers) or --endpoint URLs of running ones")
+        self._algorithm: tuple[str, str] | None = None
+
+    def algorithm(self) -> tuple[str, str]:
+        """(``EAGLE``|``EAGLE3``|given name, how it was decided): ``options.algorithm`` or the head's config."""
+        if self._algorithm is None:
+            if self.options.algorithm:
+                self._algorithm = (self.options.algorithm.upper(), "option")
+            elif self.options.draft:
+                version, source = eagle_version(self.options.draft)
+                self._algorithm = (version.upper(), source)
+            else:
+                self._algorithm = ("EAGLE", "default")
+        return self._algorithm
+
+    def check_executable(self) -> None:
+        if importlib.util.find_spec("sglang") is None:
+            raise UserError(f"sglang not found in {sys.executable}: pip install sglang (or use --backend launch)")
+
+    def build_argv(self, steps: int, host: str, port: int) -> list[str]:
+        """:func:`sglang_argv` from the options."""
+        running = max(self.options.max_concurrency, SGLANG_SPEC_MAX_RUNNING)
+        return sglang_argv(self.options.model or "", steps, host, port, self.options.draft, self.algorithm()[0],
+                           running, self.options.server_args)
+
+    def request_extra(self) -> dict[str, Any]:
+        """Ask SGLang for per-request spec details (``sglext.spec_tokens_details`` in the response)."""
+        return {"return_spec_tokens_details": True}
+
+    async def _server_info(self, url: str) -> dict[str, Any] | None:
+        for path in ("/server_info", "/get_server_info"):
+            reply = await get(url + path, 10.0, self.headers)
+            if reply.status == 200 and isinstance(reply.json(), dict):
+                return reply.json()
+        return None
+
+    async def remote_checks(self, steps_list: Sequence[int]) -> list[str]:
+        """Warn when a running server's speculative settings differ from the num_steps it is used for."""
+        warnings = []
+        for k in steps_list:
+            if self.remote is None or k not in self.remote.urls:
+                continue
+            url = self.remote.urls[k]
+            stats = server_info_stats(await self._server_info(url) or {})
+            algo, steps = stats["speculative_algorithm"], stats["speculative_num_steps"]
+            if k == 0 and algo not in (None, "", "NONE"):
+                warnings.append(f"{url} (num_steps 0) runs speculative decoding ({algo})")
+            elif k > 0 and steps is not None and int(steps) != k:
+                warnings.append(f"{url} (num_steps {k}) reports speculative_num_steps {steps}")
+        return warnings
+
+    async def snapshot(self) -> SpecSnapshot | None:
+        """``/server_info`` average accept length and the ``sglang:spec_accept_length`` gauge, now."""
+        url = self.base_url
+        if url is None:
+            return None
+        taken_at = time.perf_counter()
+        stats = server_info_stats(await self._server_info(url) or {})
+        raw: dict[str, Any] = {"speculative_num_steps": stats["speculative_num_steps"]}
+        reply = await get(url + "/metrics", 5.0, self.headers)
+        if reply.status == 200:
+            try:
+                gauge = gauge_values(parse_metrics(reply.text), "sglang:spec_accept_length")
+            except ValueError:
+                gauge = []
+            raw["spec_accept_length_gauge"] = sum(gauge) / len(gauge) if gauge else None
+        return SpecSnapshot(taken_at=taken_at, avg_accept_length=stats["avg_spec_accept_length"], raw=raw)
+
+    def acceptance(
+        self, before: SpecSnapshot | None, after: SpecSnapshot | None, records: Sequence[RequestRecord]
+    ) -> Acceptance:
+        """Per-request details; else 1.0 at num_steps 0; else /server_info (scoped only on a fresh server); else
+        the gauge; else the proxy."""
+        fresh = self.next_window()
+        per_request = per_request_acceptance(records)
+        if per_request is not None:
+            return per_request
+        if self.steps == 0:
+            return Acceptance(1.0, None, [], 0.0, "config:num_steps=0")
+        if after is not None and after.avg_accept_length is not None:
+            if fresh:
+                source = "sglang:/server_info (server launched for this point)"
+                return Acceptance(after.avg_accept_length, source=source,
+                                  warning="server-lifetime average: includes this point's warm-up requests")
+            return Acceptance(after.avg_accept_length, source="sglang:/server_info lifetime average",
+                              warning="server-lifetime average, not scoped to the measurement window")
+        gauge = after.raw.get("spec_accept_length_gauge") if after is not None else None
+        if gauge is not None:
+            return Acceptance(gauge, source="sglang:spec_accept_length gauge",
+                              warning="gauge over the last logged batches, not scoped to the measurement window")
+        return chunk_proxy_acceptance(records, warning="sglang: no spec details, /server_info or metrics; proxy used")
+
+    def describe(self) -> dict[str, Any]:
+        """Base description plus the speculative algorithm and how it was chosen."""
+        d = super().describe()
+        if self.remote is None:
+            d["algorithm"], d["algorithm_source"] = self.algorithm()
+        return d

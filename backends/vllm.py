@@ -1,0 +1,133 @@
+"""The ``vllm`` backend: launches ``vllm serve`` per num_steps, or uses running vLLM servers.
+
+For K > 0 the command carries ``--speculative-config '{"method": "eagle"|"eagle3", "model": HEAD,
+"num_speculative_tokens": K}'`` (one argv element of JSON, background §3); K = 0 has none. ``--max-num-seqs``
+is max(highest swept concurrency, 256) (vLLM's usual default is 256), the same for every K.
+
+Acceptance comes from the V1 spec-decode counters on ``/metrics`` (``vllm/v1/spec_decode/metrics.py``), as
+deltas over the window: acceptance length = 1 + d(accepted) / d(drafts), rate = d(accepted) / d(draft tokens),
+per position = d(accepted_per_pos[i]) / d(drafts), summed over engines (:mod:`backends.prometheus`). A counter
+that went down or a new process start time (server restart) is handled by
+:func:`backends.prometheus.window_acceptance` (after-values used, with a warning).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from backends.base import Acceptance, BackendOptions, SpecSnapshot, chunk_proxy_acceptance
+from backends.launch import LaunchingBackend, eagle_version
+from backends.prometheus import scrape_snapshot, window_acceptance
+from loadgen.errors import UserError
+from loadgen.record import RequestRecord
+
+VLLM_DEFAULT_MAX_NUM_SEQS = 256
+
+
+def vllm_argv(
+    model: str, steps: int, host: str, port: int, draft: str | None = None, method: str = "eagle",
+    max_num_seqs: int = VLLM_DEFAULT_MAX_NUM_SEQS, extra: Sequence[str] = (), executable: str = "vllm",
+) -> list[str]:
+    """The ``vllm serve`` command for num_steps ``steps`` (0 = no speculation); ``extra`` goes last.
+
+    Raises:
+        UserError: ``steps`` > 0 without a draft head, or ``steps`` < 0.
+    """
+    if steps < 0:
+        raise UserError(f"num_steps must be >= 0, got {steps}")
+    argv = [executable, "serve", model, "--host", host, "--port", str(port), "--max-num-seqs", str(max_num_seqs)]
+    if steps > 0:
+        if not draft:
+            raise UserError(f"num_steps {steps} needs a draft head: pass --draft PATH_OR_HF_ID")
+        spec = {"method": method, "model": draft, "num_speculative_tokens": steps}
+        argv += ["--speculative-config", json.dumps(spec)]
+    return argv + list(extra)
+
+
+def find_vllm() -> str | None:
+    """Path of the ``vllm`` program: on PATH, else next to this Python (an unactivated venv); None if absent."""
+    found = shutil.which("vllm")
+    if found:
+        return found
+    sibling = Path(sys.executable).parent / "vllm"
+    return str(sibling) if sibling.is_file() else None
+
+
+class VLLMBackend(LaunchingBackend):
+    """vLLM servers with a static ``num_speculative_tokens`` per num_steps (see module docstring).
+
+    Raises (constructor):
+        UserError: no ``model`` and no ``endpoints``, or a malformed endpoint URL.
+    """
+
+    name = "vllm"
+    health_paths = ("/health",)
+
+    def __init__(self, options: BackendOptions) -> None:
+        super().__init__(options)
+        if self.remote is None and not options.model:
+            raise UserError("the vllm backend needs --model (to launch servers) or --endpoint URLs of running ones")
+        self._method: tuple[str, str] | None = None
+        self._exe: str | None = None
+
+    def method(self) -> tuple[str, str]:
+        """(``eagle``|``eagle3``|given name, how it was decided): ``options.algorithm`` or the head's config."""
+        if self._method is None:
+            if self.options.algorithm:
+                self._method = (self.options.algorithm.lower(), "option")
+            elif self.options.draft:
+                self._method = eagle_version(self.options.draft)
+            else:
+                self._method = ("eagle", "default")
+        return self._method
+
+    def check_executable(self) -> None:
+        self._exe = find_vllm()
+        if self._exe is None:
+            raise UserError("vllm not found: pip install vllm (or use --backend launch with your own command)")
+
+    def build_argv(self, steps: int, host: str, port: int) -> list[str]:
+        """:func:`vllm_argv` from the options."""
+        seqs = max(self.options.max_concurrency, VLLM_DEFAULT_MAX_NUM_SEQS)
+        return vllm_argv(self.options.model or "", steps, host, port, self.options.draft, self.method()[0], seqs,
+                         self.options.server_args, self._exe or "vllm")
+
+    async def remote_checks(self, steps_list: Sequence[int]) -> list[str]:
+        """Warn when a running server used for K > 0 has no /metrics page or no spec-decode counters."""
+        warnings = []
+        urls = sorted({self.remote.url_for(k) for k in steps_list if k > 0}) if self.remote else []
+        for url in urls:
+            snap = await scrape_snapshot(url, ("vllm:",), self.headers)
+            if snap is None:
+                warnings.append(f"{url} exposes no /metrics: acceptance falls back to tokens per chunk")
+            elif snap.num_drafts is None:
+                warnings.append(f"{url} has no vllm:spec_decode counters (speculation off?): proxy acceptance")
+        return warnings
+
+    async def snapshot(self) -> SpecSnapshot | None:
+        """The ``vllm:spec_decode_*`` counters now, or None without a /metrics page."""
+        url = self.base_url
+        return None if url is None else await scrape_snapshot(url, ("vllm:",), self.headers)
+
+    def acceptance(
+        self, before: SpecSnapshot | None, after: SpecSnapshot | None, records: Sequence[RequestRecord]
+    ) -> Acceptance:
+        """Counter deltas over the window; without counters 1.0 at num_steps 0, else the proxy (with a warning)."""
+        self.next_window()
+        if before is not None and after is not None and before.num_drafts is not None and after.num_drafts is not None:
+            return window_acceptance(before, after, "vllm:/metrics counters")
+        if self.steps == 0:
+            return Acceptance(1.0, None, [], 0.0, "config:num_steps=0")
+        why = "no /metrics page" if after is None else "no vllm:spec_decode counters on /metrics"
+        return chunk_proxy_acceptance(records, warning=f"vllm: {why}; proxy used")
+
+    def describe(self) -> dict[str, Any]:
+        """Base description plus the speculative method and how it was chosen."""
+        d = super().describe()
+        if self.remote is None:
+            d["method"], d["method_source"] = self.method()
+        return d
