@@ -43,7 +43,7 @@ def main() -> None:
     except UserError as err:
         from rich.console import Console
 
-        Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {err.message}", markup=True)
+        Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {err.message}", markup=True)
         sys.exit(err.exit_code)
 
 

@@ -1,8 +1,78 @@
-"""`spectune recommend` (placeholder until its issue lands; replaced by the real command)."""
+"""`spectune recommend`: best num_steps per concurrency -> SGLang adaptive configs and a vLLM schedule."""
 
-from spectune.errors import UserError
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
 
 
-def recommend() -> None:
-    """Not available yet."""
-    raise UserError("'spectune recommend' is not available yet")
+class Objective(str, Enum):
+    throughput = "throughput"
+    tpot = "tpot"
+    goodput = "goodput"
+
+
+class Boundary(str, Enum):
+    geometric = "geometric"
+    measured = "measured"
+
+
+def recommend(
+    results_dir: Annotated[Path, typer.Argument(help="Sweep results folder (or its summary.csv).")],
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Output folder (default: "
+                                                   "RESULTS_DIR/recommendation).")] = None,
+    objective: Annotated[Objective, typer.Option(
+        help="throughput: max output tokens/s; tpot: min TPOT p50; goodput: max SLO-meeting req/s (needs SLOs).",
+    )] = Objective.throughput,
+    slo_ttft_ms: Annotated[Optional[float], typer.Option(help="TTFT SLO, ms (default: the sweep's).")] = None,
+    slo_tpot_ms: Annotated[Optional[float], typer.Option(help="TPOT SLO, ms; a num_steps whose TPOT p99 exceeds it "
+                                                         "is not eligible (default: the sweep's).")] = None,
+    min_slo_attainment: Annotated[float, typer.Option(min=0.0, max=1.0, help="Least share of requests meeting "
+                                                      "the SLOs for a num_steps to be eligible.")] = 0.9,
+    noise_band: Annotated[float, typer.Option(min=0.0, max=50.0, help="PCT: options within this of the best "
+                                              "(or within the best cell's repeat spread) go to the smaller "
+                                              "num_steps.")] = 2.0,
+    max_spread: Annotated[float, typer.Option(min=0.0, help="PCT: a cell whose repeats spread more (1.4826 * MAD "
+                                              "/ median) is noisy and wins only if nothing quiet is "
+                                              "eligible.")] = 5.0,
+    boundary: Annotated[Boundary, typer.Option(help="Slot boundary between measured concurrencies a < b: "
+                                               "geometric = round(sqrt(a*b)), measured = b.")] = Boundary.geometric,
+    max_batch_size: Annotated[Optional[int], typer.Option(min=1, help="End of the last vLLM schedule range "
+                                                          "(default: the largest measured concurrency).")] = None,
+) -> None:
+    """Recommend num_steps per batch size from a sweep: SGLang --speculative-adaptive-config files (custom,
+    conservative, aggressive), a vLLM num_speculative_tokens_per_batch_size schedule, the best static num_steps
+    and recommendation.md explaining every choice."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from spectune.emit import write_recommendation
+    from spectune.recommend import RecommendOptions
+    from spectune.recommend import recommend as run
+    from spectune.report import cell_grid
+    from spectune.results_io import load_results
+
+    results = load_results(results_dir)
+    opts = RecommendOptions(objective=objective.value, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
+                            min_slo_attainment=min_slo_attainment, noise_band=noise_band / 100,
+                            max_spread=max_spread / 100, boundary=boundary.value, max_batch_size=max_batch_size)
+    rec = run(results, opts)
+    out = output or (results_dir if results_dir.is_dir() else results_dir.parent) / "recommendation"
+    paths = write_recommendation(rec, out, str(results.source))
+    console = Console()
+    header, rows = cell_grid(rec)
+    table = Table(title=f"{opts.objective} per concurrency x num_steps (* chosen, ~ noisy, (slo) breaks the SLO)")
+    for h in header:
+        table.add_column(h, justify="right")
+    for r in rows:
+        table.add_row(*r)
+    console.print(table)
+    for s in rec.slots:
+        console.print(f"batch sizes {s.lower}-{s.upper if s.upper is not None else ''}: num_steps {s.steps}")
+    console.print(f"best single static num_steps: {rec.best_static}")
+    for w in rec.warnings:
+        console.print(f"[yellow]warning:[/] {w}")
+    console.print(f"wrote {len(paths)} files to {out}")

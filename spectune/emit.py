@@ -1,0 +1,250 @@
+"""Turn a :class:`~spectune.recommend.Recommendation` into engine configs: SGLang ``--speculative-adaptive-config``
+JSON (custom, conservative, aggressive ladders per batch-size slot) and a vLLM speculative config with
+``num_speculative_tokens_per_batch_size``.
+
+SGLang's EMA policy (restated from python/sglang/srt/speculative/adaptive_spec_params.py; background §2): a slot
+keeps an EMA of accepted drafts per verify (bonus token not counted); every ``update_interval`` batches after
+``warmup_batches`` it steps down from s to the next lower candidate p while EMA <= base(p) + down_hysteresis
+(base(p) = p - 0.5, or 0.5 when p = 0), else up while EMA > s - 0.5 + up_hysteresis; at 0 it always probes the next
+candidate up; ``ceiling_coeff`` > 0 caps a non-rising target at max(1, ceil(EMA * coeff)).
+
+A ladder only helps if the policy settles on the measured optimum K* when acceptance is what was measured. With
+a(c) = measured acceptance_length - 1 at each candidate c, :func:`design_hysteresis` collects the linear bounds on
+the two hysteresis values that make K* a fixed point and every other candidate move to it, keeps SGLang's
+defaults (-0.25, 0.0) where they satisfy the bounds with a 0.25-token margin, and otherwise moves the least
+distance needed. :func:`simulate_slot` then replays the policy (spectune's restatement in
+:mod:`backends.adaptive.policy`) batch by batch from every start; candidates that
+still stop it from settling are dropped (farthest first) until it does (a one-candidate ladder always does).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+from backends.adaptive.config import parse_sglang_adaptive_config, parse_vllm_speculative_config
+from backends.adaptive.policy import AdaptivePolicy
+from spectune.recommend import Recommendation, Slot
+
+SGLANG_GLOBALS = {"ema_alpha": 0.2, "update_interval": 5, "warmup_batches": 10}  # SGLang's defaults, explicit
+DEFAULT_DOWN, DEFAULT_UP = -0.25, 0.0
+MARGIN = 0.25  # tokens of EMA headroom kept on each side of a threshold
+PRESETS = ("custom", "conservative", "aggressive")
+
+
+def _base(p: int) -> float:
+    return 0.5 if p == 0 else p - 0.5
+
+
+def simulate_slot(slot: Mapping[str, Any], accepted: Mapping[int, float], initial_steps: int,
+                  batches: int = 400) -> list[int]:
+    """Replay SGLang's EMA policy (:class:`backends.adaptive.policy.AdaptivePolicy`) for one slot, feeding every
+    verify batch a mean of ``accepted[s]`` accepted drafts at num_steps s.
+
+    Returns the num_steps used by each of ``batches`` verify batches. Raises ValueError for an invalid slot.
+    """
+    config = parse_sglang_adaptive_config({**SGLANG_GLOBALS, "1": dict(slot)}, source="slot", strict=True)
+    policy = AdaptivePolicy(config, initial_steps=initial_steps)
+    trace = []
+    for _ in range(batches):
+        k = policy.steps_for_batch(1)
+        trace.append(k)
+        policy.on_verify([accepted[k] if k > 0 else 0.0], 1)
+    return trace
+
+
+def settles(slot: Mapping[str, Any], accepted: Mapping[int, float], target: int, window: int = 100) -> bool:
+    """True when, from every start, the last ``window`` batches all run ``target`` (for target 0: at least half
+    of them, since SGLang probes up from 0 at every decision)."""
+    for start in slot["candidate_steps"]:
+        tail = simulate_slot(slot, accepted, start)[-window:]
+        if (tail.count(target) < window // 2) if target == 0 else any(s != target for s in tail):
+            return False
+    return True
+
+
+def design_hysteresis(cand: list[int], k: int, a: Mapping[int, float]) -> tuple[float, float] | None:
+    """(down_hysteresis, up_hysteresis) making K* = ``k`` the resting point of ladder ``cand`` given accepted
+    drafts ``a[c]`` at each candidate, or None if no values can. Bounds: stay at k: e > base(prev) + down and
+    e <= k - 0.5 + up for the EMA e one decision after arriving from any other candidate c (e = a[k] + (a[c] -
+    a[k]) * (1 - ema_alpha)^update_interval); from c > k: base(k) + down >= a[c] > base(prev) + down; from
+    0 < c < k: a[c] > c - 0.5 + up and no step down; thresholds reachable."""
+    j = cand.index(k)
+    decay = (1 - SGLANG_GLOBALS["ema_alpha"]) ** SGLANG_GLOBALS["update_interval"]
+    arrive = [a[k] + (a[c] - a[k]) * decay for c in cand if c not in (0, k)] + [a[k]]
+    d_lo, d_hi, u_lo, u_hi = [], [], [], []
+    if j > 0:
+        d_hi.append(min(arrive) - _base(cand[j - 1]))
+        d_lo.append(-_base(cand[j - 1]))
+    if j < len(cand) - 1 and k > 0:
+        u_lo.append(max(arrive) - k + 0.5)
+        u_hi.append(0.5)
+    for c in cand[j + 1:]:
+        d_lo.append(a[c] - _base(k))
+        if j > 0:
+            d_hi.append(a[c] - _base(cand[j - 1]))
+    for i, c in enumerate(cand[:j]):
+        if c > 0:
+            u_hi.append(a[c] - c + 0.5)
+        if i > 0:
+            d_hi.append(a[c] - _base(cand[i - 1]))
+
+    def pick(default: float, lo: list[float], hi: list[float]) -> float | None:
+        low, high = max(lo, default=-math.inf), min(hi, default=math.inf)
+        if high - low <= 0.02:
+            return None
+        m = min(MARGIN, (high - low) / 2)
+        return round(min(max(default, low + m), high - m), 2)
+
+    down, up = pick(DEFAULT_DOWN, d_lo, d_hi), pick(DEFAULT_UP, u_lo, u_hi)
+    return None if down is None or up is None else (down, up)
+
+
+def _estimate_accepted(k: int, accepted_k: float, c: int) -> float:
+    """Accepted drafts at c from those at k, with per-token acceptance alpha solved from Leviathan et al. (2023):
+    E[tokens per verify] = (1 - alpha^(K+1)) / (1 - alpha)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(mid ** i for i in range(1, k + 1)) < accepted_k else (lo, mid)
+    return sum(lo ** i for i in range(1, c + 1))
+
+
+def ladder_for(preset: str, k: int, allowed: list[int]) -> list[int]:
+    """Initial candidate_steps for a slot whose optimum is k, from the eligible swept num_steps ``allowed``.
+
+    custom: k and its nearest eligible neighbours ([0] alone when k = 0: from 0 SGLang probes up at every
+    decision); conservative: never above k, pinned to k when k <= 1; aggressive: one below, two above, and
+    [0, next] when k = 0 (deliberate probing).
+    """
+    below, above = [s for s in allowed if s < k], [s for s in allowed if s > k]
+    if preset == "custom":
+        return [k] if k == 0 else below[-1:] + [k] + above[:1]
+    if preset == "conservative":
+        return [k] if k <= 1 else below[-1:] + [k]
+    return [k] + above[:1] if k == 0 else below[-1:] + [k] + above[:2]
+
+
+def design_slot(preset: str, k: int, allowed: list[int], accepted: Mapping[int, float]) -> tuple[dict, list[str]]:
+    """One slot's config for ``preset`` and the notes explaining it. ``accepted``: measured drafts per verify
+    (NaN where unknown; estimated from k's when possible)."""
+    notes: list[str] = []
+    a = dict(accepted)
+    cand = ladder_for(preset, k, allowed)
+    if k > 0 and not math.isfinite(a.get(k, math.nan)):
+        notes.append(f"no acceptance measured at K={k}: ladder pinned to it")
+        cand = [k]
+    for c in cand:
+        if not math.isfinite(a.get(c, math.nan)) and k > 0:
+            a[c] = _estimate_accepted(k, a[k], c)
+            notes.append(f"acceptance at K={c} estimated from K={k} (Leviathan model)")
+    cand = [c for c in cand if c == 0 or math.isfinite(a.get(c, math.nan))]
+    a[0] = 0.0
+    while True:
+        coeff = 0.0
+        if preset == "aggressive" and k >= 2 and a[k] > 0:
+            coeff = math.floor(100 * k / a[k]) / 100  # ceil(a[k] * coeff) == k: caps at k when acceptance falls
+        hyst = design_hysteresis(cand, k, a) if len(cand) > 1 else (DEFAULT_DOWN, DEFAULT_UP)
+        slot = {"candidate_steps": cand, "up_hysteresis": hyst[1] if hyst else DEFAULT_UP,
+                "down_hysteresis": hyst[0] if hyst else DEFAULT_DOWN, "ceiling_coeff": coeff}
+        if hyst is not None and settles(slot, a, k):
+            return slot, notes
+        drop = max(cand, key=lambda c: (abs(c - k), c))
+        notes.append(f"K={drop} left out: with {a[k]:.2f} accepted drafts/verify at K={k} and {a[drop]:.2f} at "
+                     f"K={drop}, no hysteresis makes SGLang's EMA policy settle at K={k} with it in the ladder")
+        cand = [c for c in cand if c != drop]
+
+
+def slot_acceptance(rec: Recommendation, slot: Slot) -> dict[int, float]:
+    """Median accepted drafts per verify (acceptance_length - 1) per num_steps over the slot's concurrencies."""
+    out = {}
+    for k in rec.steps:
+        vals = [c.metrics.get("acceptance_length", math.nan) - 1 for conc in slot.concurrencies
+                if (c := rec.cell(k, conc)) is not None and c.status == "ok"]
+        vals = sorted(v for v in vals if math.isfinite(v))
+        out[k] = vals[len(vals) // 2] if vals else math.nan
+    return out
+
+
+def sglang_configs(rec: Recommendation) -> tuple[dict[str, dict], dict[str, list[str]]]:
+    """The three SGLang adaptive configs ({preset: config}) and per-slot notes ({"preset slot": [notes]})."""
+    configs: dict[str, dict] = {p: dict(SGLANG_GLOBALS) for p in PRESETS}
+    notes: dict[str, list[str]] = {}
+    for slot in rec.slots:
+        allowed = [k for k in rec.steps if all((c := rec.cell(k, conc)) is not None and c.eligible
+                                               for conc in slot.concurrencies)]
+        acc = slot_acceptance(rec, slot)
+        for preset in PRESETS:
+            cfg, why = design_slot(preset, slot.steps, sorted(set(allowed) | {slot.steps}), acc)
+            configs[preset][str(slot.lower)] = cfg
+            if why:
+                notes[f"{preset} {slot.lower}"] = why
+    return configs, notes
+
+
+def vllm_config(rec: Recommendation) -> dict[str, Any] | None:
+    """``{"num_speculative_tokens": max K, "num_speculative_tokens_per_batch_size": [[lo, hi, K], ...]}``.
+
+    Ranges are the slots; the last ends at ``max_batch_size`` (default: the largest measured concurrency; vLLM
+    carries the last K to larger batches). None when no slot speculates (vLLM needs num_speculative_tokens > 0).
+    """
+    if not rec.slots or max(s.steps for s in rec.slots) == 0:
+        return None
+    top = rec.options.max_batch_size or max(rec.concurrencies)
+    top = max(top, rec.slots[-1].lower)
+    sched = [[s.lower, s.upper if s.upper is not None else top, s.steps] for s in rec.slots]
+    return {"num_speculative_tokens": max(s.steps for s in rec.slots), "num_speculative_tokens_per_batch_size": sched}
+
+
+def best_static_json(rec: Recommendation) -> dict[str, Any]:
+    """``best-static.json``: the one num_steps for servers that take a single value, with launch flags."""
+    k = rec.best_static
+    out: dict[str, Any] = {"num_steps": k, "objective": rec.options.objective,
+                           "aggregate_score": rec.static_scores.get(k) if k is not None else None}
+    if k:
+        out["sglang_args"] = ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
+                              "--speculative-num-draft-tokens", str(k + 1)]
+        out["vllm_speculative_config"] = {"num_speculative_tokens": k}
+    elif k == 0:
+        out["note"] = "no speculation wins overall: launch the server without speculative decoding"
+    return out
+
+
+def write_recommendation(rec: Recommendation, out: Path, source: str) -> dict[str, Path]:
+    """Write every output of ``spectune recommend`` into ``out`` (created if needed); each emitted config is
+    parsed back with :mod:`backends.adaptive.config` first. Returns {file name: path}.
+
+    Raises:
+        ValueError: an emitted config fails validation (a spectune bug, never user input).
+    """
+    from spectune.report import recommendation_markdown
+
+    out.mkdir(parents=True, exist_ok=True)
+    configs, notes = sglang_configs(rec)
+    files: dict[str, str] = {}
+    payload: dict[str, Any] = {}
+    for preset, cfg in configs.items():
+        parse_sglang_adaptive_config(cfg, source=f"sglang-adaptive-{preset}", strict=True)
+        payload[f"sglang-adaptive-{preset}.json"] = cfg
+        files[f"sglang-adaptive-{preset}.json"] = f"SGLang `--speculative-adaptive-config` ({preset} ladders)"
+    vllm = vllm_config(rec)
+    if vllm is not None:
+        parse_vllm_speculative_config(vllm)
+        payload["vllm-speculative-config.json"] = vllm
+        files["vllm-speculative-config.json"] = ("merge into vLLM `--speculative-config` (add `method` and `model`); "
+                                                 "schedule ranges are inclusive batch sizes")
+    else:
+        rec.warnings.append("no batch-size slot speculates: no vLLM schedule written (vLLM needs K >= 1)")
+    payload["best-static.json"] = best_static_json(rec)
+    files["best-static.json"] = "the best single static num_steps and its launch flags"
+    payload["recommendation.json"] = {**rec.to_json(), "ladder_notes": notes}
+    files["recommendation.json"] = "every cell, choice, slot and score (machine-readable)"
+    paths = {}
+    for name, obj in payload.items():
+        paths[name] = out / name
+        paths[name].write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    paths["recommendation.md"] = out / "recommendation.md"
+    paths["recommendation.md"].write_text(recommendation_markdown(rec, files, configs, notes, source), encoding="utf-8")
+    return paths

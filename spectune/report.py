@@ -1,0 +1,193 @@
+"""Human-readable renderings: the recommendation's markdown, PNG plots of a sweep, and a self-contained HTML page.
+
+matplotlib is imported lazily (Agg backend) so the CLI starts fast. The HTML page embeds its plots as base64 PNG
+data URIs and its tables as pandas ``to_html`` output: it loads nothing from the network.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from spectune.recommend import OBJECTIVES, Recommendation, compare
+from spectune.results_io import Results
+
+
+def _fmt(x: Any, spec: str = ".4g") -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def cell_grid(rec: Recommendation) -> tuple[list[str], list[list[str]]]:
+    """The concurrency x num_steps table of medians of the objective, with flags: ``*`` chosen, ``~`` noisy,
+    ``(slo)`` breaks the SLO, ``FAILED``, ``missing``, ``no data``. Returns (header, rows)."""
+    header = ["concurrency"] + [f"K={k}" for k in rec.steps]
+    chosen = {ch.concurrency: ch.steps for ch in rec.choices}
+    rows = []
+    for conc in rec.concurrencies:
+        row = [str(conc)]
+        for k in rec.steps:
+            c = rec.cell(k, conc)
+            if c is None or c.status == "missing":
+                row.append("missing")
+                continue
+            text = {"failed": "FAILED", "no-data": "no data"}.get(c.status, _fmt(c.objective))
+            text += " ~" if c.noisy else ""
+            text += " (slo)" if c.violations else ""
+            text += " *" if chosen.get(conc) == k else ""
+            row.append(text)
+        rows.append(row)
+    return header, rows
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def _ladder(slot: dict[str, Any]) -> str:
+    text = f"{slot['candidate_steps']} down {slot['down_hysteresis']:g} up {slot['up_hysteresis']:g}"
+    return text + (f" ceiling {slot['ceiling_coeff']:g}" if slot.get("ceiling_coeff") else "")
+
+
+def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs: dict[str, dict],
+                            notes: dict[str, list[str]], source: str) -> str:
+    """``recommendation.md``: options, the cell table, reasoning per concurrency, slots and their SGLang ladders,
+    predicted gains vs the best static num_steps and vs no speculation, the emitted files, notes and warnings."""
+    o = rec.options
+    col, direction, unit = OBJECTIVES[o.objective]
+    out = [f"# spectune recommendation\n\nSource: `{source}`. Objective: **{o.objective}** "
+           f"({'maximise' if direction == 'max' else 'minimise'} `{col}`, {unit}). Noise band {o.noise_band:.1%}, "
+           f"max spread {o.max_spread:.1%}, min SLO attainment {o.min_slo_attainment:g}, slot boundary rule "
+           f"`{o.boundary}`. Concurrency is used as the batch-size proxy.\n",
+           "## Measured cells (median over repeats)\n",
+           "`*` chosen, `~` noisy (spread above the limit), `(slo)` breaks the SLO, `FAILED` a repeat failed.\n",
+           _md_table(*cell_grid(rec)), "\n## Reasoning per concurrency\n"]
+    out += [f"- **concurrency {ch.concurrency}** -> {ch.reason}" for ch in rec.choices]
+    presets = list(configs)
+    out += ["\n## Batch-size slots and SGLang ladders\n",
+            "A slot starts where the chosen num_steps changes (SGLang key = lower bound); ladders are "
+            "`candidate_steps` with down/up hysteresis (accepted drafts) chosen so SGLang's EMA policy settles on "
+            "the measured optimum.\n", _md_table(
+                ["batch sizes", "num_steps", "measured concurrencies"] + presets,
+                [[f"{s.lower}-{s.upper if s.upper is not None else ''}", str(s.steps),
+                  ", ".join(map(str, s.concurrencies))] + [_ladder(configs[p][str(s.lower)]) for p in presets]
+                 for s in rec.slots])]
+    first = rec.slots[0].steps if rec.slots else 1
+    out += [f"\nSGLang launch: `--speculative-algorithm EAGLE --speculative-eagle-topk 1 --speculative-num-steps "
+            f"{max(first, 1)} --speculative-num-draft-tokens {max(first, 1) + 1} --speculative-adaptive "
+            "--speculative-adaptive-config sglang-adaptive-custom.json` and `--max-running-requests` above the "
+            "largest batch size (SGLang caps it at 48 with speculation otherwise)."]
+    static = rec.best_static
+    score = rec.static_scores.get(static, math.nan) if static is not None else math.nan
+    out += [f"\nBest single static num_steps: **K={static}** (geometric mean of objective / per-concurrency best = "
+            f"{_fmt(score, '.3f')}). Scores: " + ", ".join(f"K={k}: {v:.3f}" for k, v in rec.static_scores.items()),
+            "\n## Predicted performance (measured static cells)\n",
+            _md_table(["concurrency", "K rec", "tok/s rec", "TPOT ms rec", f"K static", "tok/s static",
+                       "TPOT static", "tok/s K=0", "TPOT K=0", "tput vs static", "tput vs K=0", "TPOT vs K=0"],
+                      [[str(r["concurrency"]), str(r["recommended"]), _fmt(r["rec_tput"]), _fmt(r["rec_tpot"]),
+                        str(r["static"]), _fmt(r["static_tput"]), _fmt(r["static_tpot"]), _fmt(r["k0_tput"]),
+                        _fmt(r["k0_tpot"]), _fmt(r["tput_vs_static"], ".3f"), _fmt(r["tput_vs_k0"], ".3f"),
+                        _fmt(r["tpot_vs_k0"], ".3f")] for r in compare(rec)]),
+            "\n## Files\n"]
+    out += [f"- `{name}`: {what}" for name, what in files.items()]
+    if notes:
+        out += ["\n## Ladder notes\n"] + [f"- {slot}: {'; '.join(n)}" for slot, n in notes.items()]
+    if rec.warnings:
+        out += ["\n## Warnings\n"] + [f"- {w}" for w in rec.warnings]
+    return "\n".join(out) + "\n"
+
+
+def _medians(df: pd.DataFrame, col: str) -> pd.DataFrame:
+    ok = df[df["status"] == "ok"]
+    return ok.groupby(["steps", "concurrency"])[col].median().unstack("steps") if col in ok else pd.DataFrame()
+
+
+def per_category_acceptance(points: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
+    """{category: {num_steps: median acceptance length over its ok points}} from points.jsonl ``per_category``."""
+    acc: dict[str, dict[int, list[float]]] = {}
+    for pt in points:
+        if pt.get("status", "ok") != "ok":
+            continue
+        for cat, v in (pt.get("per_category") or {}).items():
+            if isinstance(v, dict) and isinstance(v.get("acceptance_length"), (int, float)):
+                acc.setdefault(str(cat), {}).setdefault(int(pt["steps"]), []).append(float(v["acceptance_length"]))
+    return {cat: {k: float(pd.Series(by_k[k]).median()) for k in sorted(by_k)} for cat, by_k in sorted(acc.items())}
+
+
+def make_plots(results: Results, out: Path) -> list[Path]:
+    """Write tpot_vs_concurrency.png, throughput_vs_concurrency.png, acceptance_vs_steps.png and
+    slo_attainment_vs_concurrency.png into ``out``; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    df, paths = results.summary, []
+    for name, col, ylabel in (("tpot_vs_concurrency", "tpot_p50_ms", "TPOT p50 (ms)"),
+                              ("throughput_vs_concurrency", "output_throughput_tok_s", "output throughput (tokens/s)"),
+                              ("slo_attainment_vs_concurrency", "slo_attainment", "SLO attainment")):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        table = _medians(df, col)
+        if table.empty or table.isna().all().all():
+            ax.text(0.5, 0.5, f"no {col} data", ha="center", va="center", transform=ax.transAxes)
+        else:
+            for k in table.columns:
+                ax.plot(table.index, table[k], marker="o", label=f"K={k}")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(list(table.index), [str(i) for i in table.index])
+            ax.legend(title="num_steps")
+        ax.set(xlabel="concurrency (requests)", ylabel=ylabel, title=f"{ylabel} vs concurrency")
+        ax.grid(alpha=0.3)
+        paths.append(out / f"{name}.png")
+        fig.tight_layout()
+        fig.savefig(paths[-1], dpi=100)
+        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    acc = df[df["status"] == "ok"].groupby("steps")["acceptance_length"].median() if "acceptance_length" in df \
+        else pd.Series(dtype=float)
+    ax.plot(acc.index, acc.values, marker="o", color="black", label="all prompts")
+    for cat, by_k in per_category_acceptance(results.points or []).items():
+        ax.plot(list(by_k), list(by_k.values()), marker=".", linestyle="--", label=cat)
+    ax.set(xlabel="num_steps K", ylabel="acceptance length (tokens/verify)", title="acceptance length vs num_steps")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    paths.append(out / "acceptance_vs_steps.png")
+    fig.tight_layout()
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
+    return paths
+
+
+def write_report(results: Results, out: Path) -> Path:
+    """Plots plus ``report.html`` (self-contained) in ``out``; returns the HTML path."""
+    out.mkdir(parents=True, exist_ok=True)
+    pngs = make_plots(results, out)
+    df = results.summary
+    cols = [c for c in ("output_throughput_tok_s", "tpot_p50_ms", "tpot_p99_ms", "ttft_p50_ms", "acceptance_length",
+                        "slo_attainment", "goodput_req_s") if c in df]
+    med = df[df["status"] == "ok"].groupby(["concurrency", "steps"])[cols].median().reset_index()
+    imgs = "\n".join(f'<h3>{html.escape(p.stem)}</h3><img alt="{html.escape(p.stem)}" '
+                     f'src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">' for p in pngs)
+    failed = df[df["status"] != "ok"]
+    page = f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>spectune report</title>
+<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse;font-size:13px}}
+td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}} img{{max-width:640px}}</style></head><body>
+<h1>spectune sweep report</h1><p>Source: <code>{html.escape(str(results.source))}</code></p>
+<h2>Plan</h2><pre>{html.escape(json.dumps(results.plan, indent=2)) if results.plan else "(bare summary.csv)"}</pre>
+<h2>Plots</h2>{imgs}
+<h2>Medians per cell (ok repeats)</h2>{med.to_html(index=False, float_format=lambda x: f"{x:.4g}", na_rep="-")}
+<h2>Failed points ({len(failed)})</h2>{failed[[c for c in ("steps", "concurrency", "repeat", "error")
+                                              if c in failed]].to_html(index=False) if len(failed) else "<p>none</p>"}
+<h2>All points</h2>{df.to_html(index=False, float_format=lambda x: f"{x:.4g}", na_rep="-")}
+</body></html>
+"""
+    path = out / "report.html"
+    path.write_text(page, encoding="utf-8")
+    return path
