@@ -1,0 +1,231 @@
+"""The sending loop: runs one sweep point (warm-up, then measured requests) under a strategy and constraints.
+
+The strategy says when to send (:mod:`loadgen.strategy`), the constraints when to stop (:mod:`loadgen.constraints`),
+the client how (:mod:`loadgen.client`). Sending decisions are made synchronously in :meth:`_Run._pump`, called at
+start, whenever a request finishes (so a closed loop refills its slot at once) and when a timer fires (next
+open-loop arrival, phase boundary, duration deadline).
+
+Cancelling the task that awaits :func:`run_point` (Ctrl-C in the sweep) cancels every request in flight, waits for
+their connections to close and re-raises; records of unfinished requests are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import numpy as np
+
+from loadgen.client import StreamingClient
+from loadgen.constraints import Constraints, RunState
+from loadgen.datasets import Prompt
+from loadgen.record import RequestRecord
+from loadgen.strategy import ClosedLoop, Strategy
+
+__all__ = ["PointResult", "run_point", "time_average"]
+
+
+@dataclass
+class PointResult:
+    """What one point measured.
+
+    Attributes:
+        records: measured requests in the order they finished (warm-up excluded, failed ones included).
+        start_time: s (perf_counter); when measurement began, after warm-up (phase times count from here).
+        window_start: s; first measured send (min ``send_time``), or None without records.
+        window_end: s; last measured end (max ``end_time``), or None.
+        achieved_concurrency: requests; time-average of requests in flight over the window, or None.
+        stop_reason: ``"max_requests"``, ``"max_duration"`` or ``"max_failures"``.
+        warmup_records: the warm-up requests (for diagnostics: a failing warm-up means a broken server).
+    """
+
+    records: list[RequestRecord]
+    start_time: float
+    window_start: float | None
+    window_end: float | None
+    achieved_concurrency: float | None
+    stop_reason: str
+    warmup_records: list[RequestRecord] = field(default_factory=list)
+
+    @property
+    def duration_s(self) -> float | None:
+        """Measurement window length, s (first measured send to last measured end)."""
+        if self.window_start is None or self.window_end is None:
+            return None
+        return self.window_end - self.window_start
+
+
+async def run_point(
+    client: StreamingClient,
+    prompts: list[Prompt],
+    strategy: Strategy,
+    constraints: Constraints,
+    warmup_requests: int = 0,
+    on_record: Callable[[RequestRecord], None] | None = None,
+) -> PointResult:
+    """Run ``warmup_requests`` warm-up requests, wait for them, then the measured requests.
+
+    Args:
+        client: an opened :class:`StreamingClient`.
+        prompts: used in order, cycling (request i gets ``prompts[i % len(prompts)]``). Warm-up request k uses
+            ``prompts[k % len]`` with a ``"(warm-up k)"`` prefix, so it does not prefill the server's prefix cache
+            with a measured prompt.
+        strategy: when to send (closed loop, open loop, phases).
+        constraints: when to stop sending and how long to drain.
+        warmup_requests: requests sent first (at the strategy's warm-up concurrency) and excluded.
+        on_record: called with each finished measured record, at once (the sweep appends it to requests.jsonl).
+            An exception from it stops the point and propagates.
+
+    Returns:
+        The :class:`PointResult`.
+    """
+    if not prompts:
+        raise ValueError("run_point needs at least one prompt")
+    warmup: list[RequestRecord] = []
+    if warmup_requests > 0:
+        w_prompts = [_warmup_prompt(prompts[k % len(prompts)], k) for k in range(warmup_requests)]
+        w_strategy = ClosedLoop(max(1, min(warmup_requests, strategy.warmup_concurrency())))
+        w_constraints = Constraints(max_requests=warmup_requests, drain_timeout_s=constraints.drain_timeout_s)
+        warmup = (await _Run(client, w_prompts, w_strategy, w_constraints, None, "warmup-").run()).records
+    run = _Run(client, prompts, strategy, constraints, on_record, "r")
+    await run.run()
+    recs = run.records
+    start = min((r.send_time for r in recs), default=None)
+    end = max((r.end_time for r in recs if r.end_time is not None), default=None)
+    achieved = None
+    if start is not None and end is not None and end > start:
+        achieved = time_average(run.changes_t, run.changes_n, start, end)
+    return PointResult(recs, run.t0, start, end, achieved, run.stopped or "", warmup)
+
+
+def time_average(times: list[float], values: list[int], start: float, end: float) -> float:
+    """Time-average over [start, end] of a step function that takes ``values[k]`` from ``times[k]`` on (0 before).
+
+    ``times`` must be ascending. Used for achieved concurrency (requests in flight), in requests.
+    """
+    t = np.clip(np.asarray(times, dtype=float), start, end)
+    return float(np.dot(np.diff(np.append(t, end)), np.asarray(values, dtype=float)) / (end - start))
+
+
+def _warmup_prompt(p: Prompt, k: int) -> Prompt:
+    tag = f"(warm-up {k}) "
+    msgs = [dict(m) for m in p.messages]
+    if msgs:
+        msgs[-1]["content"] = tag + msgs[-1]["content"]
+    return replace(p, id=f"warmup-{p.id}", messages=msgs, text=tag + p.text)
+
+
+class _Run:
+    """State of one run: requests in flight, counters, and the in-flight change log for achieved concurrency."""
+
+    def __init__(self, client: StreamingClient, prompts: list[Prompt], strategy: Strategy,
+                 constraints: Constraints, on_record: Callable[[RequestRecord], None] | None, prefix: str) -> None:
+        self.client, self.prompts, self.strategy, self.constraints = client, prompts, strategy, constraints
+        self.on_record, self.prefix = on_record, prefix
+        self.state = RunState()
+        self.inflight: dict[asyncio.Task, RequestRecord] = {}
+        self.records: list[RequestRecord] = []
+        self.changes_t: list[float] = []  # times when the in-flight count changed ...
+        self.changes_n: list[int] = []  # ... and the count from then on
+        self.stopped: str | None = None
+        self.error: BaseException | None = None
+        self.wake = asyncio.Event()
+        self.t0 = 0.0
+
+    async def run(self) -> "_Run":
+        loop = asyncio.get_running_loop()
+        self.t0 = time.perf_counter()
+        self.strategy.start(self.t0)
+        deadline = self.constraints.deadline(self.t0)
+        timer: asyncio.TimerHandle | None = None
+        try:
+            self._pump()
+            while self.stopped is None:
+                now = time.perf_counter()
+                nxt = self.strategy.next_arrival(now)
+                wake = [t for t in (nxt, self.strategy.next_change(now), deadline) if t is not None and t > now]
+                self.wake.clear()
+                if wake:  # perf_counter and the loop's clock (time.monotonic) are both CLOCK_MONOTONIC on Linux
+                    timer = loop.call_later(min(wake) - now, self.wake.set)
+                await self.wake.wait()
+                if timer is not None:
+                    timer.cancel()
+                self._pump()
+            if self.error is None and self.inflight:
+                bounded = self.stopped in ("max_duration", "max_failures")
+                await asyncio.wait(list(self.inflight), timeout=self.constraints.drain_timeout_s if bounded else None)
+                await self._cancel_inflight(record_as_failed=True)
+            if self.error is not None:
+                raise self.error
+        finally:
+            if timer is not None:
+                timer.cancel()
+            await self._cancel_inflight(record_as_failed=False)
+        return self
+
+    def _pump(self) -> None:
+        """Send every request that is due and allowed now; set ``stopped`` when a constraint says so."""
+        strategy, state = self.strategy, self.state
+        while self.stopped is None:
+            now = time.perf_counter()
+            state.elapsed_s = now - self.t0
+            self.stopped = "error" if self.error is not None else self.constraints.stop_reason(state)
+            if self.stopped is not None:
+                break
+            t = strategy.next_arrival(now)
+            limit = strategy.limit(now)
+            if (t is not None and t > now) or (limit is not None and len(self.inflight) >= limit):
+                break
+            strategy.consume()
+            i = state.started
+            state.started += 1
+            prompt = self.prompts[i % len(self.prompts)]
+            rec = RequestRecord(request_id=f"{self.prefix}{i}", prompt_id=prompt.id, category=prompt.category,
+                                send_time=-1.0 if t is None else t)
+            self.inflight[asyncio.create_task(self._one(rec, prompt))] = rec
+            self._log_change(now)
+
+    async def _one(self, rec: RequestRecord, prompt: Prompt) -> None:
+        try:
+            await self.client.stream(rec, prompt)
+        except Exception as e:  # a bug or a tokenizer failure must not stall the loop: record it, go on
+            rec.error = f"client error: {type(e).__name__}: {e}"
+            rec.end_time = rec.end_time or time.perf_counter()
+        self.inflight.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+        self._finish(rec)
+        self._pump()
+        self.wake.set()
+
+    def _finish(self, rec: RequestRecord) -> None:
+        self.state.finished += 1
+        self.state.failed += rec.error is not None
+        self._log_change(time.perf_counter())
+        self.records.append(rec)
+        if self.on_record is not None and self.error is None:
+            try:
+                self.on_record(rec)
+            except BaseException as e:  # noqa: BLE001 - re-raised by run()
+                self.error = e
+
+    def _log_change(self, now: float) -> None:
+        self.changes_t.append(now)
+        self.changes_n.append(len(self.inflight))
+
+    async def _cancel_inflight(self, record_as_failed: bool) -> None:
+        """Cancel the requests still in flight and wait for their connections to close."""
+        if not self.inflight:
+            return
+        tasks = dict(self.inflight)
+        self.inflight.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if record_as_failed:
+            for rec in tasks.values():
+                rec.error = f"unfinished {self.constraints.drain_timeout_s:g} s after the point stopped sending"
+                rec.end_time = time.perf_counter()
+                if rec.completion_tokens is None:
+                    rec.completion_tokens = sum(rec.chunk_tokens)
+                self._finish(rec)
