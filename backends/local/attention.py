@@ -1,0 +1,88 @@
+"""Attention over the static slot cache, with the per-forward metadata every layer shares.
+
+Two shapes of forward:
+
+- *prefill*: one fresh sequence, tokens at positions 0..n-1; causal attention over its own keys (no cache reads);
+  K/V copied into its slot.
+- *batched*: B sequences in slots 0..B-1, q new tokens each at arbitrary positions (decode q = 1, verify q = K+1,
+  draft extend q = K+1); K/V written at (slot, position), then each query attends to cache positions <= its own.
+
+GQA without repeating K/V: the G = heads / kv_heads query heads that share a KV head are folded into the query
+length, so SDPA sees [B, kv_heads, G*q, hd] queries against [B, kv_heads, T, hd] keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from backends.local.kv_cache import KVCache
+
+
+@dataclass
+class AttnMeta:
+    """Inputs shared by every layer of one forward.
+
+    Attributes:
+        cache: the KV cache this model writes (target and draft own separate caches).
+        cos_sin: RoPE rows gathered per token, [B, q, 2, head_dim].
+        prefill_slot: slot of the fresh sequence for a prefill forward, else None.
+        write_index: for batched forwards, index tensors (slot [B,1,1], kv_head [1,H,1], position [B,1,q]).
+        mask: for batched forwards, bool [B, 1, G*q, T], True where the query may attend.
+        kv_len: T, cache positions visible to this forward.
+    """
+
+    cache: KVCache
+    cos_sin: torch.Tensor
+    prefill_slot: int | None = None
+    write_index: tuple[torch.Tensor, ...] | None = None
+    mask: torch.Tensor | None = None
+    kv_len: int = 0
+
+    @classmethod
+    def for_prefill(cls, cache: KVCache, rope: torch.Tensor, slot: int, n: int, start: int = 0) -> "AttnMeta":
+        """Metadata to prefill ``n`` tokens at positions start..start+n-1 of ``slot`` (start must be 0)."""
+        positions = torch.arange(start, start + n, device=rope.device)
+        return cls(cache=cache, cos_sin=rope[positions].unsqueeze(0), prefill_slot=slot)
+
+    @classmethod
+    def for_batch(cls, cache: KVCache, rope: torch.Tensor, positions: torch.Tensor, group: int) -> "AttnMeta":
+        """Metadata for B sequences in slots 0..B-1 with new tokens at ``positions`` [B, q] (long).
+
+        ``group`` is heads // kv_heads. Query j of sequence b sees cache positions <= positions[b, j].
+        """
+        batch, q = positions.shape
+        kv_len = int(positions.max()) + 1
+        heads = cache.k.shape[2]
+        dev = positions.device
+        index = (
+            torch.arange(batch, device=dev).view(batch, 1, 1),
+            torch.arange(heads, device=dev).view(1, heads, 1),
+            positions.view(batch, 1, q),
+        )
+        keys = torch.arange(kv_len, device=dev)
+        mask = keys.view(1, 1, kv_len) <= positions.unsqueeze(-1)  # [B, q, T]
+        mask = mask.unsqueeze(1).repeat(1, 1, group, 1)  # [B, 1, G*q, T], row g*q + j -> query j
+        return cls(cache=cache, cos_sin=rope[positions], write_index=index, mask=mask, kv_len=kv_len)
+
+
+def attend(
+    meta: AttnMeta, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
+    """Store k, v and attend. q [B, s, H, hd], k/v [B, s, Hkv, hd] (RoPE applied) -> [B, s, H*hd]."""
+    batch, s, heads, hd = q.shape
+    kv_heads = k.shape[2]
+    if meta.prefill_slot is not None:
+        meta.cache.write_prefix(layer, meta.prefill_slot, k[0], v[0])
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+        )  # [1, H, s, hd]
+        return out.transpose(1, 2).reshape(batch, s, heads * hd)
+    meta.cache.write(layer, meta.write_index, k, v)
+    kc, vc = meta.cache.view(layer, batch, meta.kv_len)  # [B, Hkv, T, hd]
+    group = heads // kv_heads
+    qg = q.view(batch, s, kv_heads, group, hd).permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, group * s, hd)
+    out = F.scaled_dot_product_attention(qg, kc, vc, attn_mask=meta.mask)  # [B, Hkv, G*s, hd]
+    return out.view(batch, kv_heads, group, s, hd).permute(0, 3, 1, 2, 4).reshape(batch, s, heads * hd)

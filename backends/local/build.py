@@ -1,0 +1,137 @@
+"""Assemble an engine from paths and options: target, draft head, tokenizer, cache sized from a memory budget."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadgen.errors import UserError
+
+DEFAULT_HEAD = Path(__file__).parent / "heads" / "smollm2-135m-eagle3"
+
+
+@dataclass
+class EngineOptions:
+    """What ``spectune serve`` and the ``local`` sweep backend configure.
+
+    Attributes:
+        model: target GGUF file or HF folder (None: the embedded SmolLM2-135M-Instruct).
+        draft: EAGLE head folder; None picks the bundled head when the target is the default one; "none" disables.
+        num_steps: static num_steps K.
+        dtype: ``auto`` (bfloat16), ``bfloat16`` or ``float32``.
+        device: ``auto`` (cuda when available), ``cpu`` or ``cuda``.
+        max_num_seqs: the largest batch size (cache slots).
+        max_model_len: tokens per sequence (prompt + output); default min(model max, 4096).
+        kv_cache_gb: memory budget for the target + draft KV caches; slots are reduced to fit.
+        adaptive_config: an SGLang adaptive JSON or vLLM schedule file (adaptive / per-batch-size num_steps).
+        trace_path: where to record a verify trace (JSONL), or None.
+        threads: torch CPU threads (0 = torch's default).
+        seed: sampling seed.
+    """
+
+    model: str | None = None
+    draft: str | None = None
+    num_steps: int = 0
+    dtype: str = "auto"
+    device: str = "auto"
+    max_num_seqs: int = 64
+    max_model_len: int | None = None
+    kv_cache_gb: float = 2.0
+    adaptive_config: str | None = None
+    trace_path: str | None = None
+    threads: int = 0
+    seed: int = 0
+
+
+def resolve_device_dtype(device: str, dtype: str) -> tuple[Any, Any]:
+    """Map option strings to torch objects. Raises UserError for unknown values or CUDA without a GPU."""
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"unknown --device {device!r}: use auto, cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda but no CUDA device is available: use --device cpu")
+    names = {"auto": torch.bfloat16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float32": torch.float32, "fp32": torch.float32}
+    if dtype not in names:
+        raise UserError(f"unknown --dtype {dtype!r}: use bfloat16 or float32")
+    return torch.device(device), names[dtype]
+
+
+def resolve_draft(draft: str | None, model_is_default: bool) -> Path | None:
+    """The head folder to load, or None for no head."""
+    if draft is not None and draft.lower() == "none":
+        return None
+    if draft is None:
+        return DEFAULT_HEAD if (model_is_default and (DEFAULT_HEAD / "config.json").is_file()) else None
+    path = Path(draft).expanduser()
+    if not path.is_dir():
+        raise UserError(f"draft head {path} is not a folder: give an EAGLE head folder (config.json + safetensors)")
+    return path
+
+
+def build_engine(opts: EngineOptions) -> Any:
+    """Load everything and return a ready :class:`~backends.local.engine.Engine` (not started).
+
+    Raises:
+        UserError: bad paths or options (num_steps > 0 without a head, a config file that does not parse, ...).
+    """
+    import torch
+
+    from backends.local.engine import Engine, EngineConfig, seeded_generator
+    from backends.local.heads import load_head
+    from backends.local.kv_cache import bytes_per_token
+    from backends.local.linear import pack_linears
+    from backends.local.speculative import SpecRunner
+    from backends.local.tokenizer import Tokenizer
+    from backends.local.weights import load_target
+
+    device, dtype = resolve_device_dtype(opts.device, opts.dtype)
+    if opts.threads > 0:
+        torch.set_num_threads(opts.threads)
+    is_default = opts.model is None or str(opts.model).lower() in ("smollm2", "default")
+    head_path = resolve_draft(opts.draft, is_default)
+    policy = None
+    if opts.adaptive_config:
+        from backends.adaptive import load_config_file, make_policy
+
+        policy = make_policy(load_config_file(opts.adaptive_config), initial_steps=opts.num_steps or None)
+    max_steps = max(opts.num_steps, getattr(policy, "max_steps", 0) or 0)
+    if max_steps > 0 and head_path is None:
+        raise UserError("num_steps > 0 needs a draft head: pass --draft PATH (no bundled head for this model)")
+    target, folder = load_target(opts.model, dtype, device)
+    cfg = target.cfg
+    max_len = (opts.max_model_len or min(cfg.max_position_embeddings, 4096)) + max_steps + 1
+    head = load_head(head_path, target, dtype, device) if head_path is not None else None
+    if head is not None:
+        target.capture_layers = head.cfg.aux_layers  # EAGLE-3 features (empty for EAGLE-1)
+    per_token = bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
+    if head is not None:
+        per_token += bytes_per_token(head.cfg.num_layers, head.cfg.num_kv_heads, head.cfg.head_dim, dtype)
+    slots = min(opts.max_num_seqs, int(opts.kv_cache_gb * 2**30 // (per_token * max_len)))
+    if slots < 1:
+        raise UserError(f"--kv-cache-gb {opts.kv_cache_gb} cannot hold one sequence of {max_len} tokens: raise it "
+                        "or lower --max-model-len")
+    target.build_rope(max_len)
+    if head is not None:
+        head.prepare(max_len)
+    if device.type == "cpu":
+        pack_linears(target)
+        if head is not None:
+            pack_linears(head)
+    runner = SpecRunner(target, head, slots, max_len, seeded_generator(opts.seed, device))
+    trace = None
+    if opts.trace_path:
+        from backends.adaptive import TraceWriter
+
+        trace = TraceWriter(opts.trace_path)
+    ecfg = EngineConfig(num_steps=opts.num_steps, max_num_seqs=slots, max_len=max_len, policy=policy, trace=trace,
+                        seed=opts.seed)
+    engine = Engine(runner, Tokenizer(folder), ecfg)
+    engine.model_name = os.path.basename(str(opts.model)) if opts.model else "SmolLM2-135M-Instruct"
+    engine.options = opts
+    return engine

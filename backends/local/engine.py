@@ -1,0 +1,280 @@
+"""The engine loop: admit and prefill new requests, run one speculative round for the running batch, emit tokens.
+
+It runs in its own thread (:meth:`Engine.start`) so the HTTP server's event loop stays responsive (torch releases
+the GIL inside kernels), or synchronously through :meth:`Engine.generate` for tests, benchmarks and data
+generation. num_steps per round comes from a static value, an SGLang-style adaptive policy or a vLLM per-batch-size
+schedule (:mod:`backends.adaptive`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from backends.local.sampling import SamplingTensors
+from backends.local.scheduler import Scheduler
+from backends.local.sequence import RequestOutput, SamplingParams, Sequence
+from backends.local.speculative import SpecRunner
+from backends.local.tokenizer import IncrementalText, Tokenizer
+
+
+class EngineFull(RuntimeError):
+    """The waiting queue is full (the server answers 503)."""
+
+
+@dataclass
+class EngineStats:
+    """Cumulative counters (read by /metrics and /server_info; vLLM's spec-decode counter semantics).
+
+    Attributes:
+        num_drafts: verify steps with drafting, summed over requests.
+        num_draft_tokens: draft tokens proposed.
+        num_accepted_tokens: draft tokens accepted (bonus excluded).
+        accepted_per_pos: drafts whose first i+1 tokens were all accepted, per position i.
+        num_rounds, num_prefills, prompt_tokens, generation_tokens: work done.
+        num_steps_switches: changes of the active num_steps between rounds.
+        active_num_steps: num_steps of the last round.
+    """
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    num_rounds: int = 0
+    num_prefills: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    num_steps_switches: int = 0
+    active_num_steps: int = 0
+
+    @property
+    def avg_accept_length(self) -> float:
+        """Lifetime mean tokens per verify step (1 + accepted / drafts), as SGLang's avg_spec_accept_length."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+
+@dataclass
+class EngineConfig:
+    """Engine settings.
+
+    Attributes:
+        num_steps: static num_steps K when no policy is given (0 = plain decoding).
+        max_num_seqs: cache slots (largest batch size).
+        max_len: tokens per slot (prompt + output + K + 1 must fit).
+        max_waiting: queued requests beyond which new ones are refused.
+        max_prefill_tokens: prompt tokens prefilled per iteration.
+        policy: an object with ``steps_for_batch(bs)`` and ``on_verify(accepted, bs)`` (backends.adaptive), or None.
+        trace: an object with ``record(bs, accepted, num_steps)`` (backends.adaptive.trace.TraceWriter), or None.
+        seed: sampling seed.
+    """
+
+    num_steps: int = 0
+    max_num_seqs: int = 64
+    max_len: int = 2048
+    max_waiting: int = 1024
+    max_prefill_tokens: int = 1024
+    policy: Any = None
+    trace: Any = None
+    seed: int = 0
+
+
+class Engine:
+    """Continuous-batching EAGLE engine over a :class:`SpecRunner`."""
+
+    def __init__(self, runner: SpecRunner, tokenizer: Tokenizer, cfg: EngineConfig) -> None:
+        self.runner, self.tokenizer, self.cfg = runner, tokenizer, cfg
+        self.scheduler = Scheduler(cfg.max_num_seqs, cfg.max_waiting, cfg.max_prefill_tokens)
+        self.stats = EngineStats(active_num_steps=cfg.num_steps)
+        self.max_steps = max(getattr(cfg.policy, "max_steps", 0) or 0, cfg.num_steps)
+        if self.max_steps > 0 and runner.head is None:
+            raise ValueError("num_steps > 0 needs a draft head")
+        self._lock = threading.Condition()
+        self._incoming: list[Sequence] = []
+        self._aborts: set[str] = set()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self.error: BaseException | None = None
+
+    # ---- called from other threads -------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                    on_output: Callable[[RequestOutput], None]) -> None:
+        """Queue a request. Raises EngineFull when the queue is full, ValueError when it cannot fit a slot."""
+        need = len(prompt_ids) + params.max_tokens + self.max_steps + 1
+        if not prompt_ids or need > self.cfg.max_len:
+            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                             f"context of {self.cfg.max_len - self.max_steps - 1} tokens")
+        seq = Sequence(request_id, list(prompt_ids), params, on_output)
+        seq.detok = IncrementalText(self.tokenizer, params.stop)
+        with self._lock:
+            if len(self.scheduler.waiting) + len(self._incoming) >= self.cfg.max_waiting:
+                raise EngineFull("the request queue is full")
+            self._incoming.append(seq)
+            self._lock.notify()
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request (client disconnected, stop string seen by a caller); its slot is freed next iteration."""
+        with self._lock:
+            self._aborts.add(request_id)
+            self._lock.notify()
+
+    def set_num_steps(self, k: int) -> None:
+        """Change the static num_steps; only while idle (raises RuntimeError otherwise)."""
+        with self._lock:
+            if self.scheduler.running or self.scheduler.waiting or self._incoming:
+                raise RuntimeError("num_steps can only change while no request is in flight")
+            if k > 0 and self.runner.head is None:
+                raise ValueError("num_steps > 0 needs a draft head")
+            self.cfg.num_steps = k
+            self.max_steps = max(getattr(self.cfg.policy, "max_steps", 0) or 0, k)
+            self.stats.active_num_steps = k
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting) + len(self._incoming)
+
+    # ---- the loop ------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Run :meth:`step` in a background thread until :meth:`shutdown`."""
+        self._thread = threading.Thread(target=self._loop, name="spectune-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._lock.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while not self._stop and not self._incoming and not self._aborts and not self.scheduler.running \
+                            and not self.scheduler.waiting:
+                        self._lock.wait()
+                    if self._stop:
+                        return
+                self.step()
+        except BaseException as err:  # surfaced by the server's /health
+            self.error = err
+            raise
+
+    def step(self) -> None:
+        """One iteration: take new requests and aborts, prefill admitted ones, run one decode round."""
+        with self._lock:
+            for seq in self._incoming:
+                self.scheduler.add(seq)
+            self._incoming.clear()
+            aborts, self._aborts = self._aborts, set()
+        for rid in aborts:
+            self._abort(rid)
+        drafting = self.max_steps > 0
+        for seq in self.scheduler.admit():
+            st = self._sampling([seq])
+            first = self.runner.prefill(seq.slot, seq.prompt_ids, st, drafting)
+            self.stats.num_prefills += 1
+            self.stats.prompt_tokens += len(seq.prompt_ids)
+            self._emit(seq, [first])
+        self._release()
+        running = self.scheduler.running
+        if running:
+            batch = len(running)
+            policy = self.cfg.policy
+            k = policy.steps_for_batch(batch) if policy is not None else self.cfg.num_steps
+            if k != self.stats.active_num_steps:
+                self.stats.num_steps_switches += 1
+                self.stats.active_num_steps = k
+            accepted, tokens = self.runner.decode_round(batch, k, self._sampling(running), keep_draft=drafting)
+            self.stats.num_rounds += 1
+            for seq, a, toks in zip(running, accepted, tokens):
+                self._count(seq, k, a)
+                self._emit(seq, toks)
+            if policy is not None:
+                policy.on_verify(accepted, batch)
+            if self.cfg.trace is not None:
+                self.cfg.trace.record(batch, accepted, k)
+            self._release()
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+        """Run prompts to completion in this thread (no background loop); returns output token ids per prompt."""
+        outputs: dict[str, list[int]] = {}
+        for i, prompt in enumerate(prompts):
+            outputs[str(i)] = []
+            self.add_request(str(i), prompt, params, lambda out: outputs[out.request_id].extend(out.new_token_ids))
+        while self._incoming or self.scheduler.waiting or self.scheduler.running:
+            self.step()
+        return [outputs[str(i)] for i in range(len(prompts))]
+
+    # ---- helpers -------------------------------------------------------------------------------------------
+    def _sampling(self, seqs: list[Sequence]) -> SamplingTensors:
+        p = [s.params for s in seqs]
+        return SamplingTensors.build([x.temperature for x in p], [max(x.top_k, 0) for x in p],
+                                     [x.top_p for x in p], self.runner.device)
+
+    def _count(self, seq: Sequence, k: int, accepted: int) -> None:
+        if k <= 0:
+            return
+        seq.spec.record(k, accepted)
+        s = self.stats
+        s.num_drafts += 1
+        s.num_draft_tokens += k
+        s.num_accepted_tokens += accepted
+        if len(s.accepted_per_pos) < k:
+            s.accepted_per_pos.extend([0] * (k - len(s.accepted_per_pos)))
+        for i in range(accepted):
+            s.accepted_per_pos[i] += 1
+
+    def _emit(self, seq: Sequence, tokens: list[int]) -> None:
+        p, eos = seq.params, self.tokenizer.eos_token_ids
+        new: list[int] = []
+        for t in tokens:
+            seq.output_ids.append(t)
+            new.append(t)
+            if (not p.ignore_eos and t in eos) or t in p.stop_token_ids:
+                seq.finished, seq.finish_reason = True, "stop"
+                break
+            seq.detok.push(t)
+            if seq.detok.stopped:
+                seq.finished, seq.finish_reason = True, "stop"
+                break
+            if len(seq.output_ids) >= p.max_tokens:
+                seq.finished, seq.finish_reason = True, "length"
+                break
+        self.stats.generation_tokens += len(new)
+        seq.on_output(RequestOutput(seq.request_id, new, seq.detok.release(seq.finished), seq.finished,
+                                    seq.finish_reason, len(seq.prompt_ids), len(seq.output_ids), seq.spec))
+
+    def _abort(self, request_id: str) -> None:
+        seq = self.scheduler.remove_waiting(request_id)
+        if seq is None:
+            seq = next((s for s in self.scheduler.running if s.request_id == request_id), None)
+        if seq is not None and not seq.finished:
+            seq.finished, seq.finish_reason = True, "abort"
+            seq.on_output(RequestOutput(seq.request_id, [], "", True, "abort", len(seq.prompt_ids),
+                                        len(seq.output_ids), seq.spec))
+        self._release()
+
+    def _release(self) -> None:
+        for src, dst in self.scheduler.release_finished():
+            self.runner.move_slot(src, dst)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """(result, seconds) of ``fn()`` on the perf_counter clock."""
+    t = time.perf_counter()
+    return fn(), time.perf_counter() - t
+
+
+def seeded_generator(seed: int, device: torch.device) -> torch.Generator:
+    """A torch Generator on ``device`` seeded with ``seed``."""
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return g

@@ -1,0 +1,63 @@
+"""A static KV cache addressed by (slot, position), as gpt-fast's: rejected draft tokens need no rollback.
+
+Every running sequence owns one slot. The engine keeps running sequences in slots ``0..B-1`` (a finished sequence's
+slot is refilled by moving the last one down), so a batch's cache is the view ``k[layer, :B, :, :T]``: no gather.
+Verify writes K/V for all K+1 positions; positions past the accepted prefix hold stale values that the next round
+overwrites before any query can see them (attention is masked by each sequence's length).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Cache bytes one token occupies across all layers (K and V)."""
+    return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+class KVCache:
+    """K and V tensors [layers, slots, kv_heads, max_len, head_dim].
+
+    Args:
+        num_layers, num_kv_heads, head_dim: model shape.
+        num_slots: sequences that can run at once.
+        max_len: tokens per slot (prompt + output + speculative slack).
+        dtype, device: storage.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        max_len: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_slots = num_slots
+        self.max_len = max_len
+
+    def write(self, layer: int, index: tuple[torch.Tensor, ...], k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v [B, q, kv_heads, head_dim] at ``index`` = (slot [B,1,1], head [1,H,1], position [B,1,q])."""
+        self.k[layer].index_put_(index, k.transpose(1, 2))
+        self.v[layer].index_put_(index, v.transpose(1, 2))
+
+    def write_prefix(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store a fresh prompt's k, v [n, kv_heads, head_dim] at positions 0..n-1 of ``slot``."""
+        n = k.shape[0]
+        self.k[layer, slot, :, :n] = k.transpose(0, 1)
+        self.v[layer, slot, :, :n] = v.transpose(0, 1)
+
+    def view(self, layer: int, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V views [batch, kv_heads, length, head_dim] of slots 0..batch-1 (no copy)."""
+        return self.k[layer, :batch, :, :length], self.v[layer, :batch, :, :length]
+
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` positions of slot ``src`` into slot ``dst`` (all layers)."""
+        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
+        self.v[:, dst, :, :length] = self.v[:, src, :, :length]

@@ -1,0 +1,100 @@
+"""The target model: a Llama-family decoder (Llama 2/3.x, Qwen2/2.5, Mistral, SmolLM2) written for the engine.
+
+Fused projections (q|k|v in one matrix, gate|up in one) keep the number of kernel launches per layer small, which
+matters on CPU where eager per-op overhead is a few microseconds. Weights use Hugging Face names after fusion
+(``layers.{i}.qkv.weight`` ...); :mod:`backends.local.weights` converts checkpoints into this layout.
+
+Besides logits the forward returns the features an EAGLE head needs: the final hidden state after the last norm
+(EAGLE-1/2, Li et al. 2024) and, for EAGLE-3 (Li et al. 2025), the outputs of selected layers concatenated.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backends.local.attention import AttnMeta, attend
+from backends.local.config import ModelConfig
+from backends.local.rope import apply_rope, rope_table
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention + SwiGLU MLP block."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        h, hd = cfg.hidden_size, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, hd
+        self.eps = cfg.rms_norm_eps
+        self.input_layernorm = nn.Parameter(torch.ones(h))
+        self.qkv = nn.Linear(h, (cfg.num_heads + 2 * cfg.num_kv_heads) * hd, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * hd, h, bias=False)
+        self.post_attention_layernorm = nn.Parameter(torch.ones(h))
+        self.gate_up = nn.Linear(h, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
+
+    def forward(self, x: torch.Tensor, meta: AttnMeta, index: int) -> torch.Tensor:
+        """x [B, s, hidden] -> [B, s, hidden]."""
+        b, s, h = x.shape
+        y = F.rms_norm(x, (h,), self.input_layernorm, self.eps)
+        qkv = self.qkv(y)
+        n_qk = (self.num_heads + self.num_kv_heads) * self.head_dim
+        qk = apply_rope(qkv[..., :n_qk].view(b, s, -1, self.head_dim), meta.cos_sin)
+        q, k = qk[:, :, : self.num_heads], qk[:, :, self.num_heads :]
+        v = qkv[..., n_qk:].view(b, s, self.num_kv_heads, self.head_dim)
+        x = x + self.o_proj(attend(meta, index, q, k, v))
+        y = F.rms_norm(x, (h,), self.post_attention_layernorm, self.eps)
+        gate, up = self.gate_up(y).chunk(2, dim=-1)
+        return x + self.down_proj(F.silu(gate) * up)
+
+
+class TargetModel(nn.Module):
+    """A Llama-family causal LM.
+
+    Args:
+        cfg: model shape.
+        capture_layers: indices of layers whose outputs form the EAGLE-3 feature (empty for EAGLE-1 heads).
+    """
+
+    def __init__(self, cfg: ModelConfig, capture_layers: tuple[int, ...] = ()) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.capture_layers = tuple(capture_layers)
+        self.rope: torch.Tensor | None = None
+
+    def build_rope(self, max_positions: int) -> None:
+        """Precompute RoPE rows for positions 0..max_positions-1 in the weights' dtype and device."""
+        w = self.embed_tokens.weight
+        c = self.cfg
+        self.rope = rope_table(c.head_dim, c.rope_theta, c.rope_scaling, max_positions, w.dtype).to(w.device)
+
+    def forward(self, tokens: torch.Tensor, meta: AttnMeta) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the decoder.
+
+        Args:
+            tokens: [B, s] token ids.
+            meta: attention metadata (prefill or batched).
+
+        Returns:
+            hidden [B, s, hidden] after the final norm, and the EAGLE-3 feature [B, s, len(capture)*hidden]
+            (outputs of ``capture_layers``, concatenated) or None when no layers are captured.
+        """
+        x = self.embed_tokens(tokens)
+        captured = []
+        for i, layer in enumerate(self.layers):
+            x = layer(x, meta, i)
+            if i in self.capture_layers:
+                captured.append(x)
+        hidden = F.rms_norm(x, (x.shape[-1],), self.norm, self.cfg.rms_norm_eps)
+        return hidden, (torch.cat(captured, dim=-1) if captured else None)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., hidden] -> float32 logits [..., vocab]."""
+        return self.lm_head(hidden).float()
