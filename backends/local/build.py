@@ -20,6 +20,7 @@ class EngineOptions:
         model: target GGUF file or HF folder (None: the embedded SmolLM2-135M-Instruct).
         draft: EAGLE head folder; None picks the bundled head when the target is the default one; "none" disables.
         num_steps: static num_steps K.
+        num_steps_capacity: the largest K the server may be switched to later (sizes the cache); 0 = num_steps.
         dtype: ``auto`` (bfloat16), ``bfloat16`` or ``float32``.
         device: ``auto`` (cuda when available), ``cpu`` or ``cuda``.
         max_num_seqs: the largest batch size (cache slots).
@@ -34,6 +35,7 @@ class EngineOptions:
     model: str | None = None
     draft: str | None = None
     num_steps: int = 0
+    num_steps_capacity: int = 0
     dtype: str = "auto"
     device: str = "auto"
     max_num_seqs: int = 64
@@ -100,7 +102,7 @@ def build_engine(opts: EngineOptions) -> Any:
         from backends.adaptive import load_config_file, make_policy
 
         policy = make_policy(load_config_file(opts.adaptive_config), initial_steps=opts.num_steps or None)
-    max_steps = max(opts.num_steps, getattr(policy, "max_steps", 0) or 0)
+    max_steps = max(opts.num_steps, opts.num_steps_capacity, getattr(policy, "max_steps", 0) or 0)
     if max_steps > 0 and head_path is None:
         raise UserError("num_steps > 0 needs a draft head: pass --draft PATH (no bundled head for this model)")
     target, folder = load_target(opts.model, dtype, device)
@@ -130,7 +132,7 @@ def build_engine(opts: EngineOptions) -> Any:
 
         trace = TraceWriter(opts.trace_path)
     ecfg = EngineConfig(num_steps=opts.num_steps, max_num_seqs=slots, max_len=max_len, policy=policy, trace=trace,
-                        seed=opts.seed)
+                        seed=opts.seed, steps_capacity=max_steps)
     engine = Engine(runner, Tokenizer(folder), ecfg)
     engine.model_name = os.path.basename(str(opts.model)) if opts.model else "SmolLM2-135M-Instruct"
     engine.options = opts

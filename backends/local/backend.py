@@ -1,0 +1,84 @@
+"""The ``local`` sweep backend: the bundled engine in a server subprocess, reused across num_steps.
+
+One server is launched for the whole sweep with its cache sized for the largest swept num_steps; between points
+``start(K)`` switches it with ``POST /spectune/num_steps`` (the engine is idle then), so weights load once. If the
+server died (killed mid-point) the next ``start`` relaunches it. Acceptance comes from the engine's own
+``spectune:spec_decode_*`` counters over each window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import aiohttp
+
+from backends.base import BackendOptions, BackendStartError, Endpoint, SpecSnapshot
+from backends.launch import LaunchingBackend
+from backends.prometheus import scrape_snapshot
+from loadgen.errors import UserError
+
+KV_BYTES_PER_TOKEN_GUESS = 32 * 1024  # SmolLM2 target + draft use ~24 KB per token in bf16; sizes the budget
+
+
+class LocalBackend(LaunchingBackend):
+    """Bundled EAGLE engine (``python -m backends.local``), one process per sweep."""
+
+    name = "local"
+    allow_remote = False
+
+    def __init__(self, options: BackendOptions) -> None:
+        super().__init__(options)
+        if options.model is not None and not Path(options.model).expanduser().exists() and \
+                options.model.lower() not in ("smollm2", "default"):
+            raise UserError(f"--model {options.model} does not exist: give a GGUF file or a Hugging Face folder")
+        if options.draft is not None and options.draft.lower() != "none" and not Path(options.draft).is_dir():
+            raise UserError(f"--draft {options.draft} is not a folder: give an EAGLE head folder")
+        self.capacity = 0
+
+    async def preflight(self, steps_list: Sequence[int]) -> list[str]:
+        self.capacity = max(steps_list, default=0)
+        return await super().preflight(steps_list)
+
+    def build_argv(self, steps: int, host: str, port: int) -> list[str]:
+        o = self.options
+        max_len = 2048
+        slots = max(o.max_concurrency, 1)
+        opts = {"model": o.model, "draft": o.draft, "num_steps": steps, "num_steps_capacity": max(self.capacity, steps),
+                "dtype": o.dtype, "device": o.device, "max_num_seqs": slots, "max_model_len": max_len,
+                "kv_cache_gb": max(1.0, slots * (max_len + 8) * KV_BYTES_PER_TOKEN_GUESS / 2**30)}
+        return [sys.executable, "-m", "backends.local", "--options", json.dumps(opts), "--host", host,
+                "--port", str(port)]
+
+    async def start(self, steps: int) -> Endpoint:
+        """Switch the running server to ``steps`` or launch one (see module docstring)."""
+        if self.server is not None and self.server.alive() and steps <= self.capacity:
+            url = f"{self.server.base_url}/spectune/num_steps"
+            try:
+                async with aiohttp.ClientSession() as session:
+                    async with session.post(url, json={"num_steps": steps}) as resp:
+                        if resp.status == 200:
+                            self.steps = steps
+                            return Endpoint(self.server.base_url, None)
+                        detail = await resp.text()
+            except aiohttp.ClientError as err:
+                detail = str(err)
+            raise BackendStartError(f"could not switch the bundled server to num_steps {steps}: {detail}",
+                                    self.server.log_tail())
+        self.steps = None  # forces a (re)launch in the parent
+        return await super().start(steps)
+
+    async def snapshot(self) -> SpecSnapshot | None:
+        """The engine's ``spectune:`` counters from /metrics."""
+        if self.base_url is None:
+            return None
+        return await scrape_snapshot(self.base_url, prefixes=("spectune:",))
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d["engine"] = {k: v for k, v in dataclasses.asdict(self.options).items()
+                       if k in ("model", "draft", "device", "dtype", "max_concurrency")}
+        return d

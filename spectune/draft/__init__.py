@@ -1,0 +1,1 @@
+"""Draft-head training: data (self-distillation), training loop, evaluation."""
