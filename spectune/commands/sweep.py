@@ -1,8 +1,168 @@
-"""`spectune sweep` (placeholder until its issue lands; replaced by the real command)."""
+"""`spectune sweep`: measure every num_steps x concurrency point against a backend (docs/sweep.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import typer
 
 from spectune.errors import UserError
 
+_SERVER = "Server options (launch, sglang, vllm, local backends)"
+_LOAD = "Load"
 
-def sweep() -> None:
-    """Not available yet."""
-    raise UserError("'spectune sweep' is not available yet")
+
+def parse_endpoints(values: list[str]) -> dict[int, str] | None:
+    """``--endpoint [K=]URL`` values -> {K: URL}, with -1 for a URL given without ``K=`` (every num_steps).
+
+    Raises:
+        UserError: a non-integer or negative K, or the same K twice.
+    """
+    out: dict[int, str] = {}
+    for value in values:
+        head, sep, url = value.partition("=")
+        if sep and not head.strip().lower().startswith(("http:", "https:")) and "://" not in head:
+            try:
+                k = int(head)
+            except ValueError:
+                raise UserError(f"bad --endpoint {value!r}: use K=URL (K a num_steps >= 0) or just URL") from None
+            if k < 0:
+                raise UserError(f"bad --endpoint {value!r}: num_steps must be >= 0")
+        else:
+            k, url = -1, value
+        if k in out:
+            which = "without K=" if k == -1 else f"for num_steps {k}"
+            raise UserError(f"two --endpoint values {which}: give one per num_steps")
+        out[k] = url.strip()
+    return out or None
+
+
+def sweep(
+    steps: Annotated[str, typer.Option(help="num_steps values K to sweep, comma-separated (0 = no speculation).")]
+    = "0,1,2,3,5",
+    concurrency: Annotated[str, typer.Option(help="Closed-loop concurrencies (requests in flight), comma-separated.")]
+    = "1,2,4,8,16",
+    dataset: Annotated[str, typer.Option(help="Prompts: mt-bench, humaneval, sharegpt[:PATH], spec-bench:PATH, "
+                                         "jsonl:PATH or random[:WORDS].", rich_help_panel=_LOAD)] = "mt-bench",
+    num_prompts: Annotated[int, typer.Option(help="Prompts sampled from the dataset (seeded).",
+                                             rich_help_panel=_LOAD)] = 80,
+    max_tokens: Annotated[int, typer.Option(help="Output tokens per request.", rich_help_panel=_LOAD)] = 256,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (0 = greedy).",
+                                               rich_help_panel=_LOAD)] = 0.0,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Ask the server to ignore EOS (every request "
+                                             "produces --max-tokens).", rich_help_panel=_LOAD)] = False,
+    api: Annotated[str, typer.Option(help="chat (/v1/chat/completions) or completions (/v1/completions).",
+                                     rich_help_panel=_LOAD)] = "chat",
+    slo_ttft_ms: Annotated[Optional[float], typer.Option(help="TTFT SLO, ms (slo_attainment, goodput).",
+                                                         rich_help_panel=_LOAD)] = None,
+    slo_tpot_ms: Annotated[Optional[float], typer.Option(help="TPOT SLO, ms (slo_attainment, goodput).",
+                                                         rich_help_panel=_LOAD)] = None,
+    repeats: Annotated[int, typer.Option(help="Runs of every (num_steps, concurrency) cell; the table shows "
+                                         "medians.", rich_help_panel=_LOAD)] = 1,
+    seed: Annotated[int, typer.Option(help="Seed of the prompt sample.", rich_help_panel=_LOAD)] = 0,
+    requests_per_point: Annotated[Optional[int], typer.Option(help="Measured requests per point (default: "
+                                                              "max(num-prompts, 4 x concurrency), at most "
+                                                              "max(num-prompts, 1024)).",
+                                                              rich_help_panel=_LOAD)] = None,
+    duration: Annotated[Optional[float], typer.Option(help="Cap on a point's sending time, s (requests in flight "
+                                                      "then finish).", rich_help_panel=_LOAD)] = None,
+    warmup: Annotated[Optional[int], typer.Option(help="Unrecorded warm-up requests before each point "
+                                                  "(default: min(concurrency, 4)).", rich_help_panel=_LOAD)] = None,
+    max_failure_rate: Annotated[float, typer.Option(help="A point with a larger share of failed requests is "
+                                                    "'failed' (0..1).", rich_help_panel=_LOAD)] = 0.1,
+    output_dir: Annotated[Optional[Path], typer.Option(help="Results folder (default: results/sweep-DATE-TIME).")]
+    = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Finish an interrupted sweep in --output-dir (same "
+                                         "options): only missing points run.")] = False,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="With --resume: also re-run failed "
+                                               "points.")] = False,
+    backend: Annotated[str, typer.Option(help="openai (running servers), launch (command template), sglang, "
+                                         "vllm or local (bundled engine).")] = "local",
+    endpoint: Annotated[Optional[List[str]], typer.Option(help="[K=]URL of a running server for num_steps K, or "
+                                                          "for every K without 'K='. Repeatable.")] = None,
+    launch: Annotated[Optional[str], typer.Option(help="Server command template (launch backend) with {steps}, "
+                                                  "{draft_tokens}, {port}, {host}, {model}, {draft}.",
+                                                  rich_help_panel=_SERVER)] = None,
+    model: Annotated[Optional[str], typer.Option(help="Target model (path or name); also the model name sent "
+                                                 "when the server lists it.", rich_help_panel=_SERVER)] = None,
+    draft: Annotated[Optional[str], typer.Option(help="EAGLE draft head (path or name).",
+                                                 rich_help_panel=_SERVER)] = None,
+    algorithm: Annotated[Optional[str], typer.Option(help="Speculative method in the engine's spelling "
+                                                     "(EAGLE/EAGLE3, eagle/eagle3) (default: from the head).",
+                                                     rich_help_panel=_SERVER)] = None,
+    host: Annotated[str, typer.Option(help="Interface launched servers bind to.", rich_help_panel=_SERVER)]
+    = "127.0.0.1",
+    port: Annotated[Optional[int], typer.Option(help="Port for launched servers (default: a free one).",
+                                                rich_help_panel=_SERVER)] = None,
+    server_args: Annotated[Optional[str], typer.Option(help="Extra arguments for every launched server, one "
+                                                       "string (split like a shell).", rich_help_panel=_SERVER)]
+    = None,
+    startup_timeout: Annotated[float, typer.Option(help="s to wait for a launched server to become healthy.",
+                                                   rich_help_panel=_SERVER)] = 600.0,
+    api_key_env: Annotated[str, typer.Option(help="Environment variable holding the API key (sent as a Bearer "
+                                             "token).")] = "OPENAI_API_KEY",
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda (bundled engine).", rich_help_panel=_SERVER)]
+    = "auto",
+    dtype: Annotated[str, typer.Option(help="auto, bfloat16 or float32 (bundled engine).",
+                                       rich_help_panel=_SERVER)] = "auto",
+) -> None:
+    """Measure TPOT, TTFT, ITL, throughput, acceptance length and SLO attainment for every num_steps x
+    concurrency point; results go to --output-dir (sweep.json, requests.jsonl, points.jsonl, summary.csv)."""
+    import shlex
+    import signal
+    import time
+
+    from rich.console import Console
+
+    from backends.base import BackendOptions
+    from spectune.display import LiveDisplay, summary_table
+    from spectune.sweep import SweepPlan, parse_int_list, run_blocking
+
+    if retry_failed and not resume:
+        raise UserError("--retry-failed only works with --resume --output-dir DIR")
+    plan = SweepPlan(
+        steps=tuple(parse_int_list(steps, "steps", 0)),
+        concurrency=tuple(parse_int_list(concurrency, "concurrency", 1)),
+        repeats=repeats, dataset=dataset, num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature,
+        seed=seed, ignore_eos=ignore_eos, api=api, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
+        warmup_requests=warmup, requests_per_point=requests_per_point, duration_per_point_s=duration,
+        max_failure_rate=max_failure_rate,
+    )
+    plan.validate()
+    try:
+        extra_args = shlex.split(server_args or "")
+    except ValueError as err:
+        raise UserError(f"cannot split --server-args ({err}): check its quotes") from None
+    options = BackendOptions(
+        endpoints=parse_endpoints(endpoint or []), launch=launch, model=model, draft=draft, algorithm=algorithm,
+        host=host, port=port, server_args=extra_args, startup_timeout_s=startup_timeout, api_key_env=api_key_env,
+        device=device, dtype=dtype,
+    )
+    if output_dir is None:
+        if resume:
+            raise UserError("--resume needs --output-dir DIR (the folder of the sweep to finish)")
+        output_dir = Path("results") / time.strftime("sweep-%Y%m%d-%H%M%S")
+    console = Console(highlight=False)
+    try:
+        with LiveDisplay(console) as display:
+            outcome = run_blocking(plan, backend, options, output_dir, resume, retry_failed, display)
+    except KeyboardInterrupt:
+        Console(stderr=True, highlight=False, soft_wrap=True).print(
+            f"interrupted (launched servers are killed on exit); resume with --resume --output-dir {output_dir}",
+            markup=False)
+        raise typer.Exit(130) from None
+    if outcome.points:
+        console.print(summary_table(outcome.points, plan.steps, plan.concurrency))
+    failed = sum(p.get("status") != "ok" for p in outcome.points)
+    if outcome.interrupted is not None:
+        err = Console(stderr=True, highlight=False, soft_wrap=True)
+        if (output_dir / "sweep.json").exists():
+            err.print(f"interrupted: {len(outcome.points)} points kept; resume with --resume --output-dir "
+                      f"{output_dir} (same options)", markup=False)
+        else:
+            err.print("interrupted before anything was measured")
+        raise typer.Exit(143 if outcome.interrupted == signal.SIGTERM else 130)
+    total = len(plan.points())
+    console.print(f"{len(outcome.points)} of {total} points in {output_dir} ({outcome.ran} measured now, "
+                  f"{failed} failed); next: spectune recommend {output_dir}", soft_wrap=True, markup=False)
