@@ -87,13 +87,14 @@ class TargetModel(nn.Module):
             (outputs of ``capture_layers``, concatenated) or None when no layers are captured.
         """
         x = self.embed_tokens(tokens)
-        captured = []
+        captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             x = layer(x, meta, i)
             if i in self.capture_layers:
-                captured.append(x)
+                captured[i] = x
         hidden = F.rms_norm(x, (x.shape[-1],), self.norm, self.cfg.rms_norm_eps)
-        return hidden, (torch.cat(captured, dim=-1) if captured else None)
+        aux = torch.cat([captured[i] for i in self.capture_layers], dim=-1) if captured else None
+        return hidden, aux
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., hidden] -> float32 logits [..., vocab]."""

@@ -103,7 +103,9 @@ def verify(
         bad = drafts[rows, accepted.clamp_max(k - 1)]
         final[rows[rejected], bad[rejected]] = 0.0
         final = final / final.sum(dim=-1, keepdim=True).clamp_min(1e-30)
-    sampled = torch.multinomial(final, 1, generator=generator).squeeze(-1)  # [B]
-    tokens = torch.cat([drafts, sampled.unsqueeze(1)], dim=1) if k > 0 else sampled.unsqueeze(1)
-    tokens[rows, accepted] = sampled  # greedy rows have one-hot probs, so they follow the greedy rule exactly
+    sampled = torch.multinomial(final, 1, generator=generator)  # [B, 1]
+    if k == 0:
+        return accepted, sampled
+    tokens = torch.cat([drafts, sampled], dim=1)  # [B, K+1]
+    tokens[rows, accepted] = sampled[:, 0]  # greedy rows have one-hot probs, so they follow the greedy rule exactly
     return accepted, tokens
