@@ -48,3 +48,39 @@ def tiny_head(target: TargetModel, kind: str = "eagle3", draft_vocab: int | None
         target.capture_layers = ()
     head.prepare(256)
     return head
+
+
+class TinyTokenizer:
+    """A word-level tokenizer over ``t0 .. t{vocab-1}`` with the interface the engine uses (EOS = ``eos``)."""
+
+    def __init__(self, vocab: int = 16, eos: int = 0) -> None:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+        self.backend = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+        self.backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        self.backend.decoder = decoders.WordPiece(prefix="##")
+        self.eos_token_ids = [eos]
+
+    def encode(self, text: str) -> list[int]:
+        return self.backend.encode(text).ids
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        return self.encode(" ".join(m["content"] for m in messages))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.backend.decode(ids)
+
+
+def tiny_engine(num_steps: int = 2, policy=None, slots: int = 4, graphs: bool = False, kind: str = "eagle3",
+                eos: int = 0):
+    """An Engine over a tiny target + head (float32, CPU); ``graphs`` pads through an eager GraphRunner."""
+    from backends.local.cuda_graphs import GraphRunner
+    from backends.local.engine import Engine, EngineConfig
+    from backends.local.speculative import SpecRunner
+
+    target = tiny_target(vocab=16, layers=3)
+    head = tiny_head(target, kind=kind)
+    runner = SpecRunner(target, head, slots, 256, torch.Generator().manual_seed(0),
+                        GraphRunner(slots, 256, capture=False) if graphs else None)
+    cfg = EngineConfig(num_steps=num_steps, max_num_seqs=slots, max_len=256, policy=policy, steps_capacity=5)
+    return Engine(runner, TinyTokenizer(16, eos), cfg)

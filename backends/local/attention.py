@@ -48,13 +48,16 @@ class AttnMeta:
         return cls(cache=cache, cos_sin=rope[positions].unsqueeze(0), prefill_slot=slot)
 
     @classmethod
-    def for_batch(cls, cache: KVCache, rope: torch.Tensor, positions: torch.Tensor, group: int) -> "AttnMeta":
+    def for_batch(cls, cache: KVCache, rope: torch.Tensor, positions: torch.Tensor, group: int,
+                  kv_len: int | None = None) -> "AttnMeta":
         """Metadata for B sequences in slots 0..B-1 with new tokens at ``positions`` [B, q] (long).
 
-        ``group`` is heads // kv_heads. Query j of sequence b sees cache positions <= positions[b, j].
+        ``group`` is heads // kv_heads. Query j of sequence b sees cache positions <= positions[b, j]. ``kv_len``
+        (the visible cache length) defaults to max(positions) + 1; CUDA graphs pass a fixed bucket instead, which
+        keeps every shape static and avoids a device-to-host sync.
         """
         batch, q = positions.shape
-        kv_len = int(positions.max()) + 1
+        kv_len = int(positions.max()) + 1 if kv_len is None else kv_len
         heads = cache.k.shape[2]
         dev = positions.device
         index = (

@@ -30,6 +30,7 @@ class EngineOptions:
         trace_path: where to record a verify trace (JSONL), or None.
         threads: torch CPU threads (0 = torch's default).
         seed: sampling seed.
+        cuda_graphs: on CUDA, capture decode-shaped forwards per padded batch size and num_steps.
     """
 
     model: str | None = None
@@ -45,6 +46,7 @@ class EngineOptions:
     trace_path: str | None = None
     threads: int = 0
     seed: int = 0
+    cuda_graphs: bool = True
 
 
 def resolve_device_dtype(device: str, dtype: str) -> tuple[Any, Any]:
@@ -125,7 +127,10 @@ def build_engine(opts: EngineOptions) -> Any:
         pack_linears(target)
         if head is not None:
             pack_linears(head)
-    runner = SpecRunner(target, head, slots, max_len, seeded_generator(opts.seed, device))
+    from backends.local.cuda_graphs import GraphRunner
+
+    graphs = GraphRunner(slots, max_len, capture=True) if device.type == "cuda" and opts.cuda_graphs else None
+    runner = SpecRunner(target, head, slots, max_len, seeded_generator(opts.seed, device), graphs)
     trace = None
     if opts.trace_path:
         from backends.adaptive import TraceWriter

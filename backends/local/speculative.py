@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from backends.local.attention import AttnMeta
+from backends.local.cuda_graphs import GraphRunner
 from backends.local.eagle import DraftHead
 from backends.local.kv_cache import KVCache
 from backends.local.model import TargetModel
@@ -34,6 +35,8 @@ class SpecRunner:
         head: the draft head, or None for plain decoding only.
         num_slots, max_len: cache geometry (slots = the most sequences at once; tokens per slot).
         generator: random source for sampling.
+        graphs: a :class:`GraphRunner` to run decode-shaped forwards on padded, captured shapes (CUDA graphs), or
+            None for plain eager forwards.
     """
 
     def __init__(
@@ -43,11 +46,12 @@ class SpecRunner:
         num_slots: int,
         max_len: int,
         generator: torch.Generator | None = None,
+        graphs: GraphRunner | None = None,
     ) -> None:
         c = target.cfg
         dev, dt = target.embed_tokens.weight.device, target.embed_tokens.weight.dtype
         self.target, self.head, self.device = target, head, dev
-        self.generator = generator
+        self.generator, self.graphs = generator, graphs
         self.group = c.num_heads // c.num_kv_heads
         self.target_cache = KVCache(c.num_layers, num_slots, max_len, c.num_kv_heads, c.head_dim, dt, dev)
         self.last_token = torch.zeros(num_slots, dtype=torch.long, device=dev)
@@ -61,6 +65,18 @@ class SpecRunner:
 
     def _features(self, hidden: torch.Tensor, aux: torch.Tensor | None) -> torch.Tensor:
         return aux if self.head is not None and self.head.cfg.kind == "eagle3" else hidden
+
+    def _target_fwd(self, tokens: torch.Tensor, pos: torch.Tensor, _: object = None, kv: int | None = None) -> tuple:
+        return self.target(tokens, AttnMeta.for_batch(self.target_cache, self.target.rope, pos, self.group, kv))
+
+    def _draft_fwd(self, tokens: torch.Tensor, pos: torch.Tensor, feats: torch.Tensor, kv: int | None = None
+                   ) -> torch.Tensor:
+        return self.head(tokens, feats, AttnMeta.for_batch(self.draft_cache, self.head.rope, pos, self.draft_group, kv))
+
+    def _run(self, name: str, fwd, tokens: torch.Tensor, pos: torch.Tensor, feats: torch.Tensor | None = None):
+        if self.graphs is None:
+            return fwd(tokens, pos, feats)
+        return self.graphs.run(name, fwd, tokens, pos, feats)
 
     @torch.inference_mode()
     def prefill(self, slot: int, prompt: list[int], st: SamplingTensors, draft: bool) -> int:
@@ -99,17 +115,17 @@ class SpecRunner:
             feat = self.draft_feature[:b].unsqueeze(1)  # [B, 1, H]
             for j in range(1, k):  # entry (d_j, feature) at position m + j - 1
                 pos = (m + (j - 1)).view(b, 1)
-                out = self.head(drafts[-1].view(b, 1), feat, AttnMeta.for_batch(self.draft_cache, self.head.rope, pos, self.draft_group))
-                feat = out  # [B, 1, H]
+                out = self._run("draft", self._draft_fwd, drafts[-1].view(b, 1), pos, feat)  # [B, 1, H]
+                feat = out
                 drafts.append(self.head.draft_tokens(out[:, 0]))
         d = torch.stack(drafts, dim=1) if k > 0 else torch.zeros(b, 0, dtype=torch.long, device=dev)  # [B, K]
         inputs = torch.cat([self.last_token[:b].unsqueeze(1), d], dim=1)  # [B, K+1]
         pos = m.unsqueeze(1) + torch.arange(k + 1, device=dev)  # [B, K+1]
-        hidden, aux = self.target(inputs, AttnMeta.for_batch(self.target_cache, self.target.rope, pos, self.group))
+        hidden, aux = self._run("target", self._target_fwd, inputs, pos)
         accepted, tokens = verify(self.target.logits(hidden), d, st, self.generator)  # [B], [B, K+1]
         rows = torch.arange(b, device=dev)
         if k > 0 or keep_draft:  # draft extend on (x_{p+1}, f_p), p = m..m+K; entry m+a gives the next d_1
-            out = self.head(tokens, self._features(hidden, aux), AttnMeta.for_batch(self.draft_cache, self.head.rope, pos, self.draft_group))
+            out = self._run("extend", self._draft_fwd, tokens, pos, self._features(hidden, aux))  # [B, K+1, H]
             last = out[rows, accepted]  # [B, H]
             self.draft_feature[:b] = last
             self.next_draft[:b] = self.head.draft_tokens(last)

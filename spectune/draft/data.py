@@ -91,7 +91,7 @@ def generate_responses(engine: Any, prompts: list[dict], out: Path, max_tokens: 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     produced = 0
     for i in range(0, len(todo), chunk):
-        part = todo[i : i + chunk]
+        part = sorted(todo[i : i + chunk], key=lambda p: len(p["prompt_ids"]))  # similar lengths batch together
         outputs = engine.generate([p["prompt_ids"] for p in part], params)
         write_jsonl(out, ({"id": p["id"], "prompt_ids": p["prompt_ids"], "output_ids": o}
                           for p, o in zip(part, outputs)), append=True)

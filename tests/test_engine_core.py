@@ -1,0 +1,115 @@
+"""Engine mechanics on a tiny random model: continuous batching, slot reuse, stops, aborts, adaptive num_steps,
+per-batch-size schedules and the padded (CUDA-graph-shaped) forward path. Greedy outputs must never depend on how
+requests were batched or which num_steps verified them."""
+
+from __future__ import annotations
+
+import pytest
+
+from backends.adaptive import make_policy, parse_sglang_adaptive_config, parse_vllm_speculative_config
+from backends.local.sequence import SamplingParams
+from tiny_models import tiny_engine
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11, 12], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [7], [2, 9, 4, 1, 8]]
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+def alone(k: int, prompt: list[int], params: SamplingParams = GREEDY) -> list[int]:
+    return tiny_engine(num_steps=0 if k == 0 else k).generate([prompt], params)[0]
+
+
+@pytest.fixture(scope="module")
+def expected() -> list[list[int]]:
+    engine = tiny_engine(num_steps=0)
+    return [engine.generate([p], GREEDY)[0] for p in PROMPTS]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_batched_spec_decoding_equals_plain_decoding(expected, k: int) -> None:
+    engine = tiny_engine(num_steps=k, slots=4)  # 6 prompts, 4 slots: two wait, then reuse finished slots
+    assert engine.generate(PROMPTS, GREEDY) == expected
+    assert engine.stats.num_drafts > 0 and engine.stats.num_draft_tokens == k * engine.stats.num_drafts
+
+
+def test_padded_graph_shapes_give_identical_outputs(expected) -> None:
+    engine = tiny_engine(num_steps=3, slots=8, graphs=True)  # batch 6 padded to 8, cache length bucketed to 256
+    assert engine.generate(PROMPTS, GREEDY) == expected
+    assert engine.runner.graphs.padded_batch(6) == 8 and engine.runner.graphs.kv_bucket(40) == 256
+
+
+def test_requests_joining_mid_decode_and_leaving_early(expected) -> None:
+    engine = tiny_engine(num_steps=2, slots=4)
+    outs: dict[str, list[int]] = {}
+    short = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+
+    def add(i: int, params: SamplingParams) -> None:
+        outs[str(i)] = []
+        engine.add_request(str(i), PROMPTS[i], params, lambda o: outs[o.request_id].extend(o.new_token_ids))
+
+    add(0, GREEDY)
+    add(1, short)
+    for _ in range(3):
+        engine.step()
+    add(2, GREEDY)  # joins while 0 decodes; 1 has finished and left its slot
+    add(3, GREEDY)
+    while engine.num_running or engine.num_waiting:
+        engine.step()
+    assert outs["0"] == expected[0] and outs["2"] == expected[2] and outs["3"] == expected[3]
+    assert outs["1"] == expected[1][:5]
+
+
+def test_eos_stop_tokens_max_tokens_and_abort() -> None:
+    engine = tiny_engine(num_steps=2)
+    free = alone(2, PROMPTS[0])
+    stop_at = free[4]
+    out = engine.generate([PROMPTS[0]], SamplingParams(max_tokens=24, temperature=0.0, stop_token_ids=[stop_at]))
+    assert out[0] == free[: free.index(stop_at) + 1]
+    eos_engine = tiny_engine(num_steps=2, eos=stop_at)
+    assert eos_engine.generate([PROMPTS[0]], SamplingParams(max_tokens=24, temperature=0.0))[0] == out[0]
+    got: list = []
+    engine.add_request("a", PROMPTS[1], GREEDY, got.append)
+    engine.step()
+    engine.abort("a")
+    engine.step()
+    assert got[-1].finished and got[-1].finish_reason == "abort" and engine.num_running == 0
+
+
+def test_adaptive_policy_switches_tiers_and_stays_lossless(expected) -> None:
+    cfg = parse_sglang_adaptive_config({"1": {"candidate_steps": [0, 1, 3]}, "warmup_batches": 2,
+                                        "update_interval": 2})
+    engine = tiny_engine(num_steps=3, policy=make_policy(cfg, initial_steps=3))
+    assert engine.generate(PROMPTS, GREEDY) == expected
+    assert engine.stats.num_steps_switches >= 1  # random drafts are rarely accepted: it steps down, probes up
+    assert engine.stats.num_drafts > 0
+
+
+def test_vllm_schedule_picks_num_steps_by_batch_size(expected) -> None:
+    sched = parse_vllm_speculative_config({"num_speculative_tokens": 3,
+                                           "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 8, 1]]})
+
+    class Trace:
+        rows: list[tuple[int, int]] = []
+
+        def record(self, bs, accepted, k):
+            self.rows.append((bs, k))
+
+    engine = tiny_engine(num_steps=0, policy=make_policy(sched))
+    engine.cfg.trace = Trace()
+    assert engine.generate(PROMPTS[:3], GREEDY) == expected[:3]
+    assert {k for bs, k in Trace.rows if bs == 1} == {3} and {k for bs, k in Trace.rows if bs >= 2} == {1}
+
+
+def test_per_request_spec_counters() -> None:
+    engine = tiny_engine(num_steps=3)
+    outs = []
+    engine.add_request("x", PROMPTS[1], GREEDY, lambda o: outs.append(o) if o.finished else None)
+    while engine.num_running or engine.num_waiting:
+        engine.step()
+    spec = outs[0].spec
+    assert spec.draft_tokens == 3 * spec.verify_steps
+    # the prefill emits 1 token, each round a+1; the last round may be cut by max_tokens (by at most K tokens)
+    surplus = 1 + spec.verify_steps + spec.accepted_tokens - outs[0].num_output_tokens
+    assert 0 <= surplus <= 3
+    assert spec.verify_steps >= spec.accepted_per_pos[0] >= spec.accepted_per_pos[1] >= spec.accepted_per_pos[2]
+    assert sum(spec.accepted_per_pos) == spec.accepted_tokens
+    assert spec.to_json()["acceptance_length"] == pytest.approx(1 + spec.accepted_tokens / spec.verify_steps)
