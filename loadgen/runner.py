@@ -85,7 +85,7 @@ async def run_point(
         raise ValueError("run_point needs at least one prompt")
     warmup: list[RequestRecord] = []
     if warmup_requests > 0:
-        w_prompts = [_warmup_prompt(prompts[k % len(prompts)], k) for k in range(warmup_requests)]
+        w_prompts = [warmup_prompt(prompts[k % len(prompts)], k) for k in range(warmup_requests)]
         w_strategy = ClosedLoop(max(1, min(warmup_requests, strategy.warmup_concurrency())))
         w_constraints = Constraints(max_requests=warmup_requests, drain_timeout_s=constraints.drain_timeout_s)
         warmup = (await _Run(client, w_prompts, w_strategy, w_constraints, None, "warmup-").run()).records
@@ -109,7 +109,8 @@ def time_average(times: list[float], values: list[int], start: float, end: float
     return float(np.dot(np.diff(np.append(t, end)), np.asarray(values, dtype=float)) / (end - start))
 
 
-def _warmup_prompt(p: Prompt, k: int) -> Prompt:
+def warmup_prompt(p: Prompt, k: int) -> Prompt:
+    """Warm-up request k's prompt: ``p`` tagged ``"(warm-up k) "`` so it never prefills a measured prompt's cache."""
     tag = f"(warm-up {k}) "
     msgs = [dict(m) for m in p.messages]
     if msgs:

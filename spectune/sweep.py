@@ -26,16 +26,20 @@ import sys
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 from backends import make_backend
 from backends.base import Acceptance, Backend, BackendOptions, BackendStartError
 from loadgen.datasets import Prompt
 from loadgen.errors import UserError
 from loadgen.record import RequestRecord
+from loadgen.runner import warmup_prompt
 from spectune.results import Key, ResultsFolder, failed_point, now_iso, per_category_points, point_status
 
-__all__ = ["SweepPlan", "SweepListener", "SweepOutcome", "Sweep", "execute", "parse_int_list", "resolve_model"]
+__all__ = ["SweepPlan", "SweepListener", "SweepOutcome", "Sweep", "client_config", "execute", "parse_int_list",
+           "resolve_model", "run_with_signals"]
+
+T = TypeVar("T")
 
 
 DEFAULT_STEPS = (0, 1, 2, 3, 5)
@@ -290,7 +294,7 @@ class Sweep:
 
     async def _point(self, key: Key, base_url: str, model: str | None) -> None:
         from backends.http import auth_headers
-        from loadgen import ClientConfig, ClosedLoop, Constraints, StreamingClient, compute_metrics, run_point
+        from loadgen import ClosedLoop, Constraints, StreamingClient, compute_metrics, run_point
 
         steps, conc, rep = key
         plan, planned = self.plan, self.plan.requests_for(conc)
@@ -300,10 +304,7 @@ class Sweep:
         except UserError as err:
             self._finish(failed_point(key, str(err), planned) | {"stop_reason": "no_model"})
             return
-        extra = self.backend.request_extra()
-        config = ClientConfig(base_url, model=model, api=plan.api, max_tokens=plan.max_tokens,
-                              temperature=plan.temperature, ignore_eos=plan.ignore_eos, extra_body=extra or None,
-                              api_key_env=self.api_key_env)
+        config = client_config(plan, self.backend, base_url, model, self.api_key_env)
         done = 0
 
         def on_record(rec: RequestRecord) -> None:
@@ -318,7 +319,7 @@ class Sweep:
                 warm = plan.warmup_for(conc)
                 warmup = []
                 if warm:
-                    warm_prompts = [_warmup_prompt(self.prompts[i % len(self.prompts)], i) for i in range(warm)]
+                    warm_prompts = [warmup_prompt(self.prompts[i % len(self.prompts)], i) for i in range(warm)]
                     warmup = (await run_point(client, warm_prompts, ClosedLoop(min(warm, conc)),
                                               Constraints(max_requests=warm))).records
                 before = await self._snapshot()
@@ -368,15 +369,15 @@ class Sweep:
             return Acceptance(None, source="none", warning=f"acceptance failed: {type(err).__name__}: {err}")
 
 
-def _warmup_prompt(p: Prompt, k: int) -> Prompt:
-    """Warm-up request k's prompt: ``p`` tagged ``"(warm-up k) "`` so it never prefills a measured prompt's cache."""
-    from dataclasses import replace
+def client_config(plan: Any, backend: Backend, base_url: str, model: str | None, api_key_env: str | None) -> Any:
+    """The :class:`loadgen.ClientConfig` of a measured run: ``plan``'s ``api``, ``max_tokens``, ``temperature`` and
+    ``ignore_eos`` (a :class:`SweepPlan`, or any object with those fields) plus the backend's extra request fields."""
+    from loadgen import ClientConfig
 
-    tag = f"(warm-up {k}) "
-    msgs = [dict(m) for m in p.messages]
-    if msgs:
-        msgs[-1]["content"] = tag + msgs[-1]["content"]
-    return replace(p, id=f"warmup-{p.id}", messages=msgs, text=tag + p.text)
+    extra = backend.request_extra()
+    return ClientConfig(base_url, model=model, api=plan.api, max_tokens=plan.max_tokens,
+                        temperature=plan.temperature, ignore_eos=plan.ignore_eos, extra_body=extra or None,
+                        api_key_env=api_key_env)
 
 
 async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,
@@ -445,22 +446,18 @@ def _meta(folder: ResultsFolder, plan: SweepPlan, backend: Backend) -> dict[str,
     return meta
 
 
-def run_blocking(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,
-                 resume: bool = False, retry_failed: bool = False,
-                 listener: SweepListener | None = None) -> SweepOutcome:
-    """Run :func:`execute` in a new event loop (main thread). SIGINT/SIGTERM cancel it cleanly: the current
-    point is dropped, finished points stay, servers are stopped, and the outcome's ``interrupted`` holds the
-    signal number. A second signal raises KeyboardInterrupt at once (launched servers are then killed at
-    interpreter exit by ``backends.process``).
+def run_with_signals(make: Callable[[], Awaitable[T]]) -> tuple[T | None, int | None]:
+    """Run the coroutine ``make()`` in a new event loop (main thread); SIGINT/SIGTERM cancel it cleanly.
 
-    Raises:
-        UserError: from :func:`execute`.
+    Returns ``(result, None)`` when it finished, or ``(None, signal number)`` when a signal cancelled it. A second
+    signal raises KeyboardInterrupt at once (launched servers are then killed at interpreter exit by
+    ``backends.process``).
     """
     import signal
 
-    async def main() -> SweepOutcome:
+    async def main() -> tuple[T | None, int | None]:
         loop = asyncio.get_running_loop()
-        task = asyncio.ensure_future(execute(plan, backend_name, options, output_dir, resume, retry_failed, listener))
+        task = asyncio.ensure_future(make())
         got: list[int] = []
 
         def on_signal(signum: int) -> None:
@@ -477,14 +474,30 @@ def run_blocking(plan: SweepPlan, backend_name: str, options: BackendOptions, ou
             except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signal support
                 pass
         try:
-            return await task
+            return await task, None
         except asyncio.CancelledError:
             if not got:
                 raise
-            points = ResultsFolder(output_dir).read_points()
-            return SweepOutcome(Path(output_dir), plan, points, 0, got[0])
+            return None, got[0]
         finally:
             for sig in handled:
                 loop.remove_signal_handler(sig)
 
     return asyncio.run(main())
+
+
+def run_blocking(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,
+                 resume: bool = False, retry_failed: bool = False,
+                 listener: SweepListener | None = None) -> SweepOutcome:
+    """Run :func:`execute` under :func:`run_with_signals`: SIGINT/SIGTERM cancel it cleanly (the current point is
+    dropped, finished points stay, servers are stopped) and the outcome's ``interrupted`` holds the signal number.
+
+    Raises:
+        UserError: from :func:`execute`.
+    """
+    outcome, sig = run_with_signals(
+        lambda: execute(plan, backend_name, options, output_dir, resume, retry_failed, listener))
+    if sig is not None:
+        return SweepOutcome(Path(output_dir), plan, ResultsFolder(output_dir).read_points(), 0, sig)
+    assert outcome is not None
+    return outcome

@@ -28,7 +28,7 @@ def expected() -> list[list[int]]:
 def test_batched_spec_decoding_equals_plain_decoding(expected, k: int) -> None:
     engine = tiny_engine(num_steps=k, slots=4)  # 6 prompts, 4 slots: two wait, then reuse finished slots
     assert engine.generate(PROMPTS, GREEDY) == expected
-    assert engine.stats.num_drafts > 0 and engine.stats.num_draft_tokens == k * engine.stats.num_drafts
+    assert engine.stats.spec.verify_steps > 0 and engine.stats.spec.draft_tokens == k * engine.stats.spec.verify_steps
 
 
 def test_padded_graph_shapes_give_identical_outputs(expected) -> None:
@@ -80,7 +80,7 @@ def test_adaptive_policy_switches_tiers_and_stays_lossless(expected) -> None:
     engine = tiny_engine(num_steps=3, policy=make_policy(cfg, initial_steps=3))
     assert engine.generate(PROMPTS, GREEDY) == expected
     assert engine.stats.num_steps_switches >= 1  # random drafts are rarely accepted: it steps down, probes up
-    assert engine.stats.num_drafts > 0
+    assert engine.stats.spec.verify_steps > 0
 
 
 def test_vllm_schedule_picks_num_steps_by_batch_size(expected) -> None:

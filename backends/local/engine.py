@@ -17,7 +17,7 @@ import torch
 
 from backends.local.sampling import SamplingTensors
 from backends.local.scheduler import Scheduler
-from backends.local.sequence import RequestOutput, SamplingParams, Sequence
+from backends.local.sequence import RequestOutput, SamplingParams, Sequence, SpecStats
 from backends.local.speculative import SpecRunner
 from backends.local.tokenizer import IncrementalText, Tokenizer
 
@@ -31,19 +31,13 @@ class EngineStats:
     """Cumulative counters (read by /metrics and /server_info; vLLM's spec-decode counter semantics).
 
     Attributes:
-        num_drafts: verify steps with drafting, summed over requests.
-        num_draft_tokens: draft tokens proposed.
-        num_accepted_tokens: draft tokens accepted (bonus excluded).
-        accepted_per_pos: drafts whose first i+1 tokens were all accepted, per position i.
+        spec: spec-decode counters summed over requests (:class:`SpecStats`: verify_steps is vLLM's num_drafts).
         num_rounds, num_prefills, prompt_tokens, generation_tokens: work done.
         num_steps_switches: changes of the active num_steps between rounds.
         active_num_steps: num_steps of the last round.
     """
 
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
+    spec: SpecStats = field(default_factory=SpecStats)
     num_rounds: int = 0
     num_prefills: int = 0
     prompt_tokens: int = 0
@@ -54,7 +48,7 @@ class EngineStats:
     @property
     def avg_accept_length(self) -> float:
         """Lifetime mean tokens per verify step (1 + accepted / drafts), as SGLang's avg_spec_accept_length."""
-        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+        return self.spec.acceptance_length or 1.0
 
 
 @dataclass
@@ -229,17 +223,8 @@ class Engine:
                                      [x.top_p for x in p], self.runner.device)
 
     def _count(self, seq: Sequence, k: int, accepted: int) -> None:
-        if k <= 0:
-            return
         seq.spec.record(k, accepted)
-        s = self.stats
-        s.num_drafts += 1
-        s.num_draft_tokens += k
-        s.num_accepted_tokens += accepted
-        if len(s.accepted_per_pos) < k:
-            s.accepted_per_pos.extend([0] * (k - len(s.accepted_per_pos)))
-        for i in range(accepted):
-            s.accepted_per_pos[i] += 1
+        self.stats.spec.record(k, accepted)
 
     def _emit(self, seq: Sequence, tokens: list[int]) -> None:
         p, eos = seq.params, self.tokenizer.eos_token_ids

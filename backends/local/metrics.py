@@ -47,14 +47,14 @@ class _EngineCollector:
         yield self._counter("spectune:spec_num_steps_switches", "Changes of num_steps between rounds.",
                             s.num_steps_switches)
         yield self._counter("spectune:spec_decode_num_drafts", "Verify steps with drafting, per request.",
-                            s.num_drafts)
-        yield self._counter("spectune:spec_decode_num_draft_tokens", "Draft tokens proposed.", s.num_draft_tokens)
+                            s.spec.verify_steps)
+        yield self._counter("spectune:spec_decode_num_draft_tokens", "Draft tokens proposed.", s.spec.draft_tokens)
         yield self._counter("spectune:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
-                            s.num_accepted_tokens)
+                            s.spec.accepted_tokens)
         per_pos = CounterMetricFamily("spectune:spec_decode_num_accepted_tokens_per_pos",
                                       "Drafts whose first position+1 tokens were accepted.",
                                       labels=[*self.labels, "position"])
-        for i, n in enumerate(s.accepted_per_pos):
+        for i, n in enumerate(s.spec.accepted_per_pos):
             per_pos.add_metric([*self.labels.values(), str(i)], n)
         yield per_pos
 
