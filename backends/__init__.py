@@ -5,7 +5,7 @@ command line fails before anything is measured:
 
 - ``openai``: already-running OpenAI-compatible servers (``options.endpoints``), never launched or stopped.
 - ``launch``: any server from a command template (``options.launch``) with ``{steps}``, ``{draft_tokens}``,
-  ``{port}``, ``{model}``, ``{draft}``, ``{host}`` placeholders.
+  ``{port}``, ``{model}``, ``{draft}``, ``{host}``, ``{adaptive_config}`` placeholders.
 - ``sglang`` / ``vllm``: launch SGLang / vLLM with the right speculative flags per num_steps (or use running
   servers given as ``options.endpoints``), with engine-specific acceptance metrics.
 - ``local``: the bundled PyTorch EAGLE engine (``backends.local``).

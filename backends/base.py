@@ -62,6 +62,11 @@ class BackendOptions:
         device: ``auto``, ``cpu`` or ``cuda`` (bundled engine).
         dtype: ``auto``, ``bfloat16`` or ``float32`` (bundled engine).
         max_tokens: the longest output the sweep will request (servers are sized for it).
+        adaptive_config: path of a per-batch-size num_steps config for the server to run instead of a static
+            num_steps (``spectune validate``): an SGLang ``--speculative-adaptive-config`` JSON (``sglang``, ``local``)
+            or a vLLM ``num_speculative_tokens_per_batch_size`` schedule (``vllm``, ``local``); with it, the K passed
+            to ``start`` is only the initial tier (SGLang, bundled engine) or the maximum (vLLM). ``launch``
+            templates get it as ``{adaptive_config}``. None: static num_steps.
     """
 
     endpoints: dict[int, str] | None = None
@@ -79,6 +84,7 @@ class BackendOptions:
     device: str = "auto"
     dtype: str = "auto"
     max_tokens: int = 256
+    adaptive_config: str | None = None
 
 
 @dataclass

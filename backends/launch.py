@@ -24,7 +24,7 @@ from backends.prometheus import scrape_snapshot, window_acceptance
 from loadgen.errors import UserError
 from loadgen.record import RequestRecord
 
-PLACEHOLDERS = ("steps", "draft_tokens", "port", "model", "draft", "host")
+PLACEHOLDERS = ("steps", "draft_tokens", "port", "model", "draft", "host", "adaptive_config")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -243,8 +243,8 @@ class LaunchBackend(LaunchingBackend):
     """The ``launch`` backend: any server from a command template (``options.launch``).
 
     Placeholders: ``{steps}`` (num_steps K), ``{draft_tokens}`` (K + 1), ``{port}``, ``{model}``, ``{draft}``,
-    ``{host}``. Acceptance: vLLM-style or spectune counters from ``/metrics`` when the server has them, else
-    the tokens-per-chunk proxy.
+    ``{host}``, ``{adaptive_config}`` (``options.adaptive_config``, the empty string when unset). Acceptance:
+    vLLM-style or spectune counters from ``/metrics`` when the server has them, else the tokens-per-chunk proxy.
 
     Raises (constructor):
         UserError: no template, an unknown placeholder, or ``{model}``/``{draft}`` used without a value.
@@ -271,7 +271,8 @@ class LaunchBackend(LaunchingBackend):
     def build_argv(self, steps: int, host: str, port: int) -> list[str]:
         """The template with placeholders filled for ``steps`` (K), ``port`` and the options."""
         values = {"steps": steps, "draft_tokens": steps + 1, "port": port, "host": host,
-                  "model": self.options.model or "", "draft": self.options.draft or ""}
+                  "model": self.options.model or "", "draft": self.options.draft or "",
+                  "adaptive_config": self.options.adaptive_config or ""}
         return render_template(self.template, values)
 
     async def snapshot(self) -> SpecSnapshot | None:

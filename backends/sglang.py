@@ -4,7 +4,10 @@ Flags (SGLang ``server_args.py``, background §2): for K > 0 ``--speculative-alg
 --speculative-draft-model-path HEAD --speculative-num-steps K --speculative-eagle-topk 1
 --speculative-num-draft-tokens K+1``; K = 0 has no speculative flags. With EAGLE and ``--max-running-requests``
 unset SGLang caps running requests at 48, so it is always set to max(highest swept concurrency, 48) (for K = 0
-too, so every K runs under the same scheduler limit). ``--enable-metrics`` exposes ``/metrics``.
+too, so every K runs under the same scheduler limit). ``--enable-metrics`` exposes ``/metrics``. With
+``options.adaptive_config`` (an SGLang adaptive JSON, checked when the backend is built) the K > 0 command also has
+``--speculative-adaptive --speculative-adaptive-config FILE``: SGLang then picks num_steps per batch size among the
+file's candidate steps, and K is only the initial tier.
 
 Acceptance, best first:
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import time
+from pathlib import Path
 from typing import Any, Sequence
 
 from backends.base import Acceptance, BackendOptions, SpecSnapshot, chunk_proxy_acceptance
@@ -44,8 +48,12 @@ _HIST_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 def sglang_argv(
     model: str, steps: int, host: str, port: int, draft: str | None = None, algorithm: str = "EAGLE",
     max_running_requests: int = SGLANG_SPEC_MAX_RUNNING, extra: Sequence[str] = (), python: str = sys.executable,
+    adaptive_config: str | None = None,
 ) -> list[str]:
     """The ``sglang.launch_server`` command for num_steps ``steps`` (0 = no speculation); ``extra`` goes last.
+
+    With ``adaptive_config`` (a file path) and ``steps`` > 0, adds ``--speculative-adaptive
+    --speculative-adaptive-config FILE`` (SGLang ``server_args.py``); ``steps`` is then the initial tier.
 
     Raises:
         UserError: ``steps`` > 0 without a draft head, or ``steps`` < 0.
@@ -60,6 +68,8 @@ def sglang_argv(
         argv += ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft,
                  "--speculative-num-steps", str(steps), "--speculative-eagle-topk", "1",
                  "--speculative-num-draft-tokens", str(steps + 1)]
+        if adaptive_config:
+            argv += ["--speculative-adaptive", "--speculative-adaptive-config", adaptive_config]
     return argv + list(extra)
 
 
@@ -149,7 +159,8 @@ class SGLangBackend(LaunchingBackend):
     """SGLang servers with static EAGLE/EAGLE3 settings per num_steps (see module docstring).
 
     Raises (constructor):
-        UserError: no ``model`` and no ``endpoints``, or a malformed endpoint URL.
+        UserError: no ``model`` and no ``endpoints``, a malformed endpoint URL, or an ``adaptive_config`` that is
+            not a valid SGLang adaptive config.
     """
 
     name = "sglang"
@@ -160,6 +171,14 @@ class SGLangBackend(LaunchingBackend):
         if self.remote is None and not options.model:
             raise UserError("the sglang backend needs --model (to launch servers) or --endpoint URLs of running ones")
         self._algorithm: tuple[str, str] | None = None
+        self.adaptive_config: str | None = None
+        if options.adaptive_config:
+            from backends.adaptive import AdaptiveConfig, load_config_file
+
+            if not isinstance(load_config_file(options.adaptive_config), AdaptiveConfig):
+                raise UserError(f"{options.adaptive_config} is a vLLM schedule: the sglang backend needs an SGLang "
+                                "adaptive config (batch-size slots with candidate_steps)")
+            self.adaptive_config = str(Path(options.adaptive_config).resolve())
 
     def algorithm(self) -> tuple[str, str]:
         """(``EAGLE``|``EAGLE3``|given name, how it was decided): ``options.algorithm`` or the head's config."""
@@ -181,7 +200,7 @@ class SGLangBackend(LaunchingBackend):
         """:func:`sglang_argv` from the options."""
         running = max(self.options.max_concurrency, SGLANG_SPEC_MAX_RUNNING)
         return sglang_argv(self.options.model or "", steps, host, port, self.options.draft, self.algorithm()[0],
-                           running, self.options.server_args)
+                           running, self.options.server_args, adaptive_config=self.adaptive_config)
 
     def request_extra(self) -> dict[str, Any]:
         """Ask SGLang for per-request spec details (``sglext.spec_tokens_details`` in the response)."""

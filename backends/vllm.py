@@ -2,7 +2,11 @@
 
 For K > 0 the command carries ``--speculative-config '{"method": "eagle"|"eagle3", "model": HEAD,
 "num_speculative_tokens": K}'`` (one argv element of JSON, background §3); K = 0 has none. ``--max-num-seqs``
-is max(highest swept concurrency, 256) (vLLM's usual default is 256), the same for every K.
+is max(highest swept concurrency, 256) (vLLM's usual default is 256), the same for every K. With
+``options.adaptive_config`` (a vLLM schedule file: ``{"num_speculative_tokens": K,
+"num_speculative_tokens_per_batch_size": [...]}`` or the bare list, checked when the backend is built) the K > 0
+speculative config also carries ``num_speculative_tokens_per_batch_size``, and ``num_speculative_tokens`` is raised
+to the schedule's maximum.
 
 Acceptance comes from the V1 spec-decode counters on ``/metrics`` (``vllm/v1/spec_decode/metrics.py``), as
 deltas over the window: acceptance length = 1 + d(accepted) / d(drafts), rate = d(accepted) / d(draft tokens),
@@ -31,8 +35,13 @@ VLLM_DEFAULT_MAX_NUM_SEQS = 256
 def vllm_argv(
     model: str, steps: int, host: str, port: int, draft: str | None = None, method: str = "eagle",
     max_num_seqs: int = VLLM_DEFAULT_MAX_NUM_SEQS, extra: Sequence[str] = (), executable: str = "vllm",
+    schedule: Sequence[Sequence[int]] | None = None, schedule_max_k: int | None = None,
 ) -> list[str]:
     """The ``vllm serve`` command for num_steps ``steps`` (0 = no speculation); ``extra`` goes last.
+
+    With ``schedule`` (``[[range_start, range_end, K], ...]``) and ``steps`` > 0 the speculative config gets
+    ``num_speculative_tokens_per_batch_size`` and ``num_speculative_tokens`` = max(steps, ``schedule_max_k``, the
+    schedule's largest K): vLLM sizes its buffers by that maximum (background §3).
 
     Raises:
         UserError: ``steps`` > 0 without a draft head, or ``steps`` < 0.
@@ -43,7 +52,10 @@ def vllm_argv(
     if steps > 0:
         if not draft:
             raise UserError(f"num_steps {steps} needs a draft head: pass --draft PATH_OR_HF_ID")
-        spec = {"method": method, "model": draft, "num_speculative_tokens": steps}
+        spec: dict[str, Any] = {"method": method, "model": draft, "num_speculative_tokens": steps}
+        if schedule:
+            top = max([steps, schedule_max_k or 0, *(int(r[2]) for r in schedule)])
+            spec.update(num_speculative_tokens=top, num_speculative_tokens_per_batch_size=[list(r) for r in schedule])
         argv += ["--speculative-config", json.dumps(spec)]
     return argv + list(extra)
 
@@ -61,7 +73,8 @@ class VLLMBackend(LaunchingBackend):
     """vLLM servers with a static ``num_speculative_tokens`` per num_steps (see module docstring).
 
     Raises (constructor):
-        UserError: no ``model`` and no ``endpoints``, or a malformed endpoint URL.
+        UserError: no ``model`` and no ``endpoints``, a malformed endpoint URL, or an ``adaptive_config`` that is
+            not a valid vLLM schedule.
     """
 
     name = "vllm"
@@ -73,6 +86,14 @@ class VLLMBackend(LaunchingBackend):
             raise UserError("the vllm backend needs --model (to launch servers) or --endpoint URLs of running ones")
         self._method: tuple[str, str] | None = None
         self._exe: str | None = None
+        self.schedule = None
+        if options.adaptive_config:
+            from backends.adaptive import VllmSchedule, load_config_file
+
+            self.schedule = load_config_file(options.adaptive_config)
+            if not isinstance(self.schedule, VllmSchedule):
+                raise UserError(f"{options.adaptive_config} is an SGLang adaptive config: the vllm backend needs a "
+                                "vLLM schedule ([[range_start, range_end, K], ...])")
 
     def method(self) -> tuple[str, str]:
         """(``eagle``|``eagle3``|given name, how it was decided): ``options.algorithm`` or the head's config."""
@@ -93,8 +114,10 @@ class VLLMBackend(LaunchingBackend):
     def build_argv(self, steps: int, host: str, port: int) -> list[str]:
         """:func:`vllm_argv` from the options."""
         seqs = max(self.options.max_concurrency, VLLM_DEFAULT_MAX_NUM_SEQS)
+        schedule = self.schedule.to_json() if self.schedule is not None else None
+        max_k = self.schedule.max_k if self.schedule is not None else None
         return vllm_argv(self.options.model or "", steps, host, port, self.options.draft, self.method()[0], seqs,
-                         self.options.server_args, self._exe or "vllm")
+                         self.options.server_args, self._exe or "vllm", schedule, max_k)
 
     async def remote_checks(self, steps_list: Sequence[int]) -> list[str]:
         """Warn when a running server used for K > 0 has no /metrics page or no spec-decode counters."""

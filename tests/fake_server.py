@@ -2,6 +2,7 @@
 
     python tests/fake_server.py --port P [--steps K] [--accept-prob p] [--fail-start] [--exit-after-requests N]
                                 [--tokens-per-second R] [--metrics vllm|spectune|none] [--startup-delay S]
+                                [--adaptive-config PATH]
 
 Serves ``GET /health``, ``GET /v1/models``, ``GET /metrics`` and ``POST /v1/chat/completions`` and
 ``/v1/completions`` (SSE streaming with ``stream_options.include_usage`` / ``continuous_usage_stats``, or one
@@ -39,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fail-start", action="store_true", help="print an error and exit 1 before listening")
     p.add_argument("--fail-message", default="RuntimeError: fake_server: simulated startup failure")
     p.add_argument("--exit-after-requests", type=int, default=0, help="exit (code 3) after N completions")
+    p.add_argument("--adaptive-config", default="", help="accepted and ignored (a launch template's "
+                   "{adaptive_config})")
     return p.parse_args(argv)
 
 

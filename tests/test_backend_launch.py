@@ -156,6 +156,11 @@ def test_template_placeholders():
         make_backend("launch", BackendOptions(launch="srv --k {steps}"))
     with pytest.raises(UserError, match="needs --launch"):
         make_backend("launch", BackendOptions())
+    static = make_backend("launch", BackendOptions(launch="srv --port {port} --cfg {adaptive_config}"))
+    assert static.build_argv(2, "h", 8) == ["srv", "--port", "8", "--cfg", ""]
+    adaptive = make_backend("launch", BackendOptions(launch="srv --port {port} --cfg {adaptive_config}",
+                                                     adaptive_config="/x/a.json"))
+    assert adaptive.build_argv(2, "h", 8) == ["srv", "--port", "8", "--cfg", "/x/a.json"]
 
 
 def test_command_lines_hide_secrets():

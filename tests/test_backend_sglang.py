@@ -168,3 +168,27 @@ def test_acceptance_order_of_sources():
 
 def test_requests_ask_for_spec_details():
     assert make_backend("sglang", BackendOptions(model="M")).request_extra() == {"return_spec_tokens_details": True}
+
+
+def test_argv_with_an_adaptive_config(tmp_path):
+    cfg = tmp_path / "adaptive.json"
+    cfg.write_text(json.dumps({"1": {"candidate_steps": [1, 3]}, "8": {"candidate_steps": [0, 1]}}))
+    backend = make_backend("sglang", BackendOptions(model="M", draft="h", algorithm="EAGLE3",
+                                                    adaptive_config=str(cfg)))
+    argv = backend.build_argv(3, "127.0.0.1", 9)
+    assert argv[argv.index("--speculative-num-steps") + 1] == "3"  # the initial tier
+    i = argv.index("--speculative-adaptive")
+    assert argv[i + 1:i + 3] == ["--speculative-adaptive-config", str(cfg.resolve())]
+    assert "--speculative-adaptive" not in backend.build_argv(0, "127.0.0.1", 9)  # K = 0 has no speculation
+    assert "--speculative-adaptive" not in sglang_argv("M", 3, "h", 1, draft="d")
+
+
+def test_adaptive_config_must_be_an_sglang_config(tmp_path):
+    schedule = tmp_path / "schedule.json"
+    schedule.write_text("[[1, 8, 3], [9, 64, 1]]")
+    with pytest.raises(UserError, match="vLLM schedule"):
+        make_backend("sglang", BackendOptions(model="M", draft="h", adaptive_config=str(schedule)))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"1": {"candidate_step": [1]}}')
+    with pytest.raises(UserError, match="candidate_step"):
+        make_backend("sglang", BackendOptions(model="M", draft="h", adaptive_config=str(bad)))

@@ -127,3 +127,29 @@ async def test_running_servers_without_metrics_are_flagged():
         assert backend.describe() == described
     finally:
         await runner.cleanup()
+
+
+def test_schedule_is_merged_into_the_speculative_config(tmp_path):
+    path = tmp_path / "schedule.json"
+    path.write_text(json.dumps({"num_speculative_tokens": 6, "num_speculative_tokens_per_batch_size":
+                                [[1, 8, 6], [9, 32, 4], [33, 128, 3]]}))
+    backend = make_backend("vllm", BackendOptions(model="M", draft="h", algorithm="eagle3",
+                                                  adaptive_config=str(path)))
+    argv = backend.build_argv(4, "127.0.0.1", 9)
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec == {"method": "eagle3", "model": "h", "num_speculative_tokens": 6,
+                    "num_speculative_tokens_per_batch_size": [[1, 8, 6], [9, 32, 4], [33, 128, 3]]}
+    assert "--speculative-config" not in backend.build_argv(0, "127.0.0.1", 9)
+    bare = tmp_path / "bare.json"
+    bare.write_text("[[1, 4, 2], [5, 16, 1]]")
+    argv = make_backend("vllm", BackendOptions(model="M", draft="h", adaptive_config=str(bare))).build_argv(1, "h", 9)
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["num_speculative_tokens"] == 2 and spec["num_speculative_tokens_per_batch_size"] == [[1, 4, 2],
+                                                                                                    [5, 16, 1]]
+
+
+def test_adaptive_config_must_be_a_vllm_schedule(tmp_path):
+    path = tmp_path / "sglang.json"
+    path.write_text('{"1": {"candidate_steps": [1, 3]}}')
+    with pytest.raises(UserError, match="SGLang adaptive config"):
+        make_backend("vllm", BackendOptions(model="M", draft="h", adaptive_config=str(path)))

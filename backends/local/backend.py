@@ -3,7 +3,9 @@
 One server is launched for the whole sweep with its cache sized for the largest swept num_steps; between points
 ``start(K)`` switches it with ``POST /spectune/num_steps`` (the engine is idle then), so weights load once. If the
 server died (killed mid-point) the next ``start`` relaunches it. Acceptance comes from the engine's own
-``spectune:spec_decode_*`` counters over each window.
+``spectune:spec_decode_*`` counters over each window. With ``options.adaptive_config`` (an SGLang adaptive JSON or
+a vLLM schedule, checked when the backend is built) the engine is launched with that per-batch-size policy and the
+K given to ``start`` only sets its initial tier.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ class LocalBackend(LaunchingBackend):
             raise UserError(f"--model {options.model} does not exist: give a GGUF file or a Hugging Face folder")
         if options.draft is not None and options.draft.lower() != "none" and not Path(options.draft).is_dir():
             raise UserError(f"--draft {options.draft} is not a folder: give an EAGLE head folder")
+        if options.adaptive_config:
+            from backends.adaptive import load_config_file
+
+            load_config_file(options.adaptive_config)  # a bad file fails here, not in the server process
         self.capacity = 0
 
     async def preflight(self, steps_list: Sequence[int]) -> list[str]:
@@ -50,6 +56,8 @@ class LocalBackend(LaunchingBackend):
         opts = {"model": o.model, "draft": o.draft, "num_steps": steps, "num_steps_capacity": max(self.capacity, steps),
                 "dtype": o.dtype, "device": o.device, "max_num_seqs": slots, "max_model_len": max_len,
                 "kv_cache_gb": max(1.0, slots * (max_len + 8) * KV_BYTES_PER_TOKEN_GUESS / 2**30)}
+        if o.adaptive_config:
+            opts["adaptive_config"] = str(Path(o.adaptive_config).resolve())
         return [sys.executable, "-m", "backends.local", "--options", json.dumps(opts), "--host", host,
                 "--port", str(port)]
 

@@ -1,0 +1,53 @@
+"""The main job end to end, once, in the default test run: ``spectune sweep`` with no model arguments runs the
+embedded default pair (SmolLM2-135M-Instruct + the bundled EAGLE-3 head) on real MT-Bench prompts through the
+``local`` backend (a real server subprocess), writes the results folder and prints its table; then
+``spectune recommend`` turns the folder into configs that SGLang's and vLLM's validators accept."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from backends.adaptive import parse_sglang_adaptive_config, parse_vllm_speculative_config
+from engine_fixtures import bundled_head_available
+
+pytestmark = pytest.mark.skipif(not bundled_head_available(), reason="the bundled SmolLM2 head is not installed")
+
+
+def test_default_pair_sweep_then_recommend(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "spectune.cli", "sweep", "--steps", "0,3", "--concurrency", "1,4",
+           "--num-prompts", "8", "--max-tokens", "32", "--output-dir", str(out)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "K=0" in run.stdout and "K=3" in run.stdout and "concurrency" in run.stdout
+    rows = list(csv.DictReader((out / "summary.csv").open()))
+    assert {(r["steps"], r["concurrency"]) for r in rows} == {("0", "1"), ("0", "4"), ("3", "1"), ("3", "4")}
+    assert all(r["status"] == "ok" and r["num_failed"] == "0" for r in rows)
+    by = {(int(r["steps"]), int(r["concurrency"])): r for r in rows}
+    assert float(by[(0, 1)]["acceptance_length"]) == 1.0
+    for c in (1, 4):
+        spec = by[(3, c)]
+        assert spec["acceptance_length_source"].startswith("spectune:")
+        assert 1.3 < float(spec["acceptance_length"]) <= 4.0  # the trained head's drafts are accepted
+        assert float(spec["output_throughput_tok_s"]) > 0
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert sweep["backend"]["backend"] == "local" and sweep["plan"]["dataset"] == "mt-bench"
+    n_requests = sum(1 for _ in (out / "requests.jsonl").open())
+    assert n_requests == sum(int(r["num_requests"]) for r in rows)
+
+    rec = tmp_path / "rec"
+    run = subprocess.run([sys.executable, "-m", "spectune.cli", "recommend", str(out), "-o", str(rec)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for name in ("custom", "conservative", "aggressive"):
+        parse_sglang_adaptive_config(json.loads((rec / f"sglang-adaptive-{name}.json").read_text()), strict=True)
+    vllm = rec / "vllm-speculative-config.json"
+    if vllm.exists():  # written when some concurrency is best with K > 0
+        parse_vllm_speculative_config(json.loads(vllm.read_text()))
+    assert (rec / "recommendation.md").read_text().strip()
