@@ -159,12 +159,26 @@ def chunk_proxy_acceptance(records: Sequence[RequestRecord], warning: str | None
     )
 
 
+def counters_reset(before: SpecSnapshot, after: SpecSnapshot) -> bool:
+    """True when the server restarted between the snapshots: its ``instance`` changed or a counter went down."""
+    if before.instance is not None and after.instance is not None and before.instance != after.instance:
+        return True
+    pairs = [(before.num_drafts, after.num_drafts), (before.num_draft_tokens, after.num_draft_tokens),
+             (before.num_accepted_tokens, after.num_accepted_tokens)]
+    pairs += [(v, after.accepted_per_pos.get(k, 0.0)) for k, v in before.accepted_per_pos.items()]
+    return any(b is not None and a is not None and a < b for b, a in pairs)
+
+
 def counter_acceptance(before: SpecSnapshot, after: SpecSnapshot, source: str) -> Acceptance:
     """Acceptance from cumulative counter deltas over a window (vLLM's formulas, background §3).
 
     acceptance_length = 1 + d(accepted) / d(drafts); acceptance_rate = d(accepted) / d(draft_tokens);
     per_position[i] = d(accepted_per_pos[i]) / d(drafts). With no drafts in the window (num_steps 0) the
     acceptance length is 1.0 and the rate None.
+
+    A server that restarted inside the window (:func:`counters_reset`: its ``instance`` changed or any counter,
+    per-position ones included, went down) counts from zero again, so the after-values alone cover the part of
+    the window since the restart; the Acceptance then carries a warning.
 
     Raises:
         ValueError: if either snapshot lacks ``num_drafts`` or ``num_accepted_tokens``.
@@ -174,26 +188,26 @@ def counter_acceptance(before: SpecSnapshot, after: SpecSnapshot, source: str) -
     if before.num_accepted_tokens is None or after.num_accepted_tokens is None:
         raise ValueError("counter_acceptance needs num_accepted_tokens in both snapshots")
     warning = None
-    if before.instance is not None and after.instance is not None and before.instance != after.instance:
-        warning = "server restarted inside the window: counters reset, acceptance covers only part of it"
+    if counters_reset(before, after):
+        warning = "counter reset detected (server restarted): acceptance covers only the part of the window after it"
+        before = SpecSnapshot(taken_at=before.taken_at, num_drafts=0.0, num_accepted_tokens=0.0,
+                              num_draft_tokens=None if after.num_draft_tokens is None else 0.0)
     d_drafts = after.num_drafts - before.num_drafts
     d_acc = after.num_accepted_tokens - before.num_accepted_tokens
-    if d_drafts < 0 or d_acc < 0:
-        warning = "counter reset detected (a counter went down): acceptance not scoped to the window"
-        d_drafts, d_acc = after.num_drafts, after.num_accepted_tokens
     if d_drafts <= 0:
         return Acceptance(1.0, None, [], 0.0, source, warning)
     rate = None
     if before.num_draft_tokens is not None and after.num_draft_tokens is not None:
         d_tok = after.num_draft_tokens - before.num_draft_tokens
-        if d_tok < 0:
-            d_tok = after.num_draft_tokens
         rate = d_acc / d_tok if d_tok > 0 else None
-    per_pos = []
-    for pos in sorted(after.accepted_per_pos):
-        d = after.accepted_per_pos[pos] - before.accepted_per_pos.get(pos, 0.0)
-        per_pos.append(max(d, 0.0) / d_drafts)
+    per_pos = [max(after.accepted_per_pos[pos] - before.accepted_per_pos.get(pos, 0.0), 0.0) / d_drafts
+               for pos in sorted(after.accepted_per_pos)]
     return Acceptance(1.0 + d_acc / d_drafts, rate, per_pos, d_drafts, source, warning)
+
+
+def has_counters(before: SpecSnapshot | None, after: SpecSnapshot | None) -> bool:
+    """Both snapshots exist and carry the draft counter (``num_drafts``), so :func:`counter_acceptance` applies."""
+    return before is not None and after is not None and before.num_drafts is not None and after.num_drafts is not None
 
 
 class Backend(abc.ABC):
@@ -240,10 +254,21 @@ class Backend(abc.ABC):
     def acceptance(
         self, before: SpecSnapshot | None, after: SpecSnapshot | None, records: Sequence[RequestRecord]
     ) -> Acceptance:
-        """Acceptance over the window between two snapshots, falling back to the tokens-per-chunk proxy."""
-        if before is not None and after is not None and before.num_drafts is not None:
-            return counter_acceptance(before, after, f"{self.name}:/metrics counters")
-        return chunk_proxy_acceptance(records, warning=f"{self.name}: no spec-decode metrics; proxy used")
+        """Acceptance over the window between two snapshots: :func:`counter_acceptance` when both carry counters
+        (source ``<metrics prefix>/metrics counters``, the prefix from ``after.raw["metrics_prefix"]``, else the
+        backend's name), else the tokens-per-chunk proxy with :meth:`proxy_warning`.
+
+        Raises:
+            ValueError: the snapshots carry ``num_drafts`` but not ``num_accepted_tokens``.
+        """
+        if has_counters(before, after):
+            prefix = str(after.raw.get("metrics_prefix", f"{self.name}:"))  # type: ignore[union-attr]
+            return counter_acceptance(before, after, f"{prefix}/metrics counters")  # type: ignore[arg-type]
+        return chunk_proxy_acceptance(records, warning=self.proxy_warning(after))
+
+    def proxy_warning(self, after: SpecSnapshot | None) -> str:
+        """Why :meth:`acceptance` fell back to the tokens-per-chunk proxy (``after``: the window's last snapshot)."""
+        return f"{self.name}: no spec-decode metrics; proxy used"
 
     def request_extra(self) -> dict[str, Any]:
         """Extra JSON fields to add to every request body (e.g. SGLang's ``return_spec_tokens_details``)."""

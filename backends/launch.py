@@ -16,11 +16,12 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from backends.base import Acceptance, Backend, BackendOptions, BackendStartError, Endpoint, SpecSnapshot
+from backends.base import (Acceptance, Backend, BackendOptions, BackendStartError, Endpoint, SpecSnapshot,
+                           has_counters)
 from backends.http import HEALTH_PATHS, auth_headers, check_reachable
 from backends.openai import EndpointSet
 from backends.process import ServerProcess, free_port, port_in_use, redact_argv
-from backends.prometheus import scrape_snapshot, window_acceptance
+from backends.prometheus import scrape_snapshot
 from loadgen.errors import UserError
 from loadgen.record import RequestRecord
 
@@ -222,14 +223,12 @@ class LaunchingBackend(Backend):
     def acceptance(
         self, before: SpecSnapshot | None, after: SpecSnapshot | None, records: Sequence[RequestRecord]
     ) -> Acceptance:
-        """Counter deltas from ``/metrics`` when present; else 1.0 at num_steps 0; else the proxy."""
+        """Counter deltas from ``/metrics`` when present; else 1.0 at num_steps 0; else the proxy
+        (:meth:`Backend.acceptance` for both)."""
         self.next_window()
-        if before is not None and after is not None and before.num_drafts is not None and after.num_drafts is not None:
-            prefix = str(after.raw.get("metrics_prefix", f"{self.name}:"))
-            return window_acceptance(before, after, f"{prefix}/metrics counters")
-        if self.steps == 0:
+        if self.steps == 0 and not has_counters(before, after):
             return Acceptance(1.0, None, [], 0.0, "config:num_steps=0")
-        return super().acceptance(None, None, records)
+        return super().acceptance(before, after, records)
 
     def describe(self) -> dict[str, Any]:
         """Backend name, model, draft and every launch so far (command lines with secrets redacted)."""

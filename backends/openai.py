@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from backends.base import Acceptance, Backend, BackendOptions, Endpoint, SpecSnapshot
+from backends.base import Backend, BackendOptions, Endpoint, SpecSnapshot
 from backends.http import auth_headers, check_reachable, normalize_base_url
-from backends.prometheus import scrape_snapshot, window_acceptance
+from backends.prometheus import scrape_snapshot
 from loadgen.errors import UserError
-from loadgen.record import RequestRecord
 
 ALL_STEPS = -1
 
@@ -96,15 +95,6 @@ class OpenAIBackend(Backend):
         if self._url is None:
             return None
         return await scrape_snapshot(self._url, headers=self.headers)
-
-    def acceptance(
-        self, before: SpecSnapshot | None, after: SpecSnapshot | None, records: Sequence[RequestRecord]
-    ) -> Acceptance:
-        """Counter deltas when both snapshots have them, else the tokens-per-chunk proxy."""
-        if before is not None and after is not None and before.num_drafts is not None and after.num_drafts is not None:
-            prefix = str(after.raw.get("metrics_prefix", "metrics:"))
-            return window_acceptance(before, after, f"{prefix}/metrics counters")
-        return super().acceptance(None, None, records)
 
     def describe(self) -> dict[str, Any]:
         """Backend name and endpoint URLs (never the API key)."""

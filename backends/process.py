@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from backends.base import BackendStartError
 from backends.http import HEALTH_PATHS, probe
@@ -52,14 +53,19 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
-async def wait_port_free(host: str, port: int, timeout_s: float = 30.0) -> bool:
-    """Poll until nothing listens on ``host:port``; False if it is still taken after ``timeout_s`` s."""
+async def wait_while(busy: Callable[[], bool], timeout_s: float, interval_s: float) -> bool:
+    """Poll ``busy()`` every ``interval_s`` s until it is False; False if it is still True after ``timeout_s`` s."""
     deadline = time.monotonic() + timeout_s
-    while port_in_use(host, port):
+    while busy():
         if time.monotonic() > deadline:
             return False
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(interval_s)
     return True
+
+
+async def wait_port_free(host: str, port: int, timeout_s: float = 30.0) -> bool:
+    """Poll until nothing listens on ``host:port``; False if it is still taken after ``timeout_s`` s."""
+    return await wait_while(lambda: port_in_use(host, port), timeout_s, 0.1)
 
 
 def redact_argv(argv: list[str]) -> str:
@@ -216,12 +222,7 @@ def _group_alive(proc: subprocess.Popen[bytes], pgid: int) -> bool:
 
 
 async def _wait_group(proc: subprocess.Popen[bytes], pgid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while _group_alive(proc, pgid):
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
+    return await wait_while(lambda: _group_alive(proc, pgid), timeout_s, 0.05)
 
 
 @atexit.register

@@ -11,7 +11,8 @@ counters (``vllm/v1/spec_decode/metrics.py``, registered through ``vllm/v1/metri
   accepted.
 
 The prefix is ``vllm:`` for vLLM and ``spectune:`` for the bundled engine. Scrapes also carry ``_created``
-samples (the counter's creation time), which are never summed.
+samples (the counter's creation time), which are never summed. Acceptance over a window of two snapshots is
+:func:`backends.base.counter_acceptance`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Iterable
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from backends.base import Acceptance, SpecSnapshot, counter_acceptance
+from backends.base import SpecSnapshot
 from backends.http import get
 
 DRAFTS = "spec_decode_num_drafts"
@@ -109,34 +110,6 @@ def snapshot_from_families(families: list[Metric], prefix: str, taken_at: float 
         instance=repr(start[0]) if start else None,
         raw={"metrics_prefix": prefix},
     )
-
-
-def counters_reset(before: SpecSnapshot, after: SpecSnapshot) -> bool:
-    """True when the server restarted between the snapshots: its ``instance`` changed or a counter went down."""
-    if before.instance is not None and after.instance is not None and before.instance != after.instance:
-        return True
-    pairs = [(before.num_drafts, after.num_drafts), (before.num_draft_tokens, after.num_draft_tokens),
-             (before.num_accepted_tokens, after.num_accepted_tokens)]
-    pairs += [(v, after.accepted_per_pos.get(k, 0.0)) for k, v in before.accepted_per_pos.items()]
-    return any(b is not None and a is not None and a < b for b, a in pairs)
-
-
-def window_acceptance(before: SpecSnapshot, after: SpecSnapshot, source: str) -> Acceptance:
-    """:func:`backends.base.counter_acceptance` over the window, with restarts handled for every counter.
-
-    After a reset the counters restarted from zero, so the after-values alone cover the part of the window
-    since the restart (per-position counters included); the Acceptance then carries a warning.
-
-    Raises:
-        ValueError: a snapshot lacks ``num_drafts`` or ``num_accepted_tokens``.
-    """
-    if not counters_reset(before, after):
-        return counter_acceptance(before, after, source)
-    zero = SpecSnapshot(taken_at=before.taken_at, num_drafts=0.0, num_accepted_tokens=0.0,
-                        num_draft_tokens=None if after.num_draft_tokens is None else 0.0)
-    acc = counter_acceptance(zero, after, source)
-    acc.warning = "counter reset detected (server restarted): acceptance covers only the part of the window after it"
-    return acc
 
 
 async def scrape_snapshot(

@@ -12,7 +12,8 @@ Acceptance comes from the V1 spec-decode counters on ``/metrics`` (``vllm/v1/spe
 deltas over the window: acceptance length = 1 + d(accepted) / d(drafts), rate = d(accepted) / d(draft tokens),
 per position = d(accepted_per_pos[i]) / d(drafts), summed over engines (:mod:`backends.prometheus`). A counter
 that went down or a new process start time (server restart) is handled by
-:func:`backends.prometheus.window_acceptance` (after-values used, with a warning).
+:func:`backends.base.counter_acceptance` (after-values used, with a warning); without counters: 1.0 at num_steps 0,
+else the tokens-per-chunk proxy (:meth:`backends.launch.LaunchingBackend.acceptance`).
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from backends.base import Acceptance, BackendOptions, SpecSnapshot, chunk_proxy_acceptance
+from backends.base import BackendOptions, SpecSnapshot
 from backends.launch import LaunchingBackend, eagle_version
-from backends.prometheus import scrape_snapshot, window_acceptance
+from backends.prometheus import scrape_snapshot
 from loadgen.errors import UserError
-from loadgen.record import RequestRecord
 
 VLLM_DEFAULT_MAX_NUM_SEQS = 256
 
@@ -136,17 +136,10 @@ class VLLMBackend(LaunchingBackend):
         url = self.base_url
         return None if url is None else await scrape_snapshot(url, ("vllm:",), self.headers)
 
-    def acceptance(
-        self, before: SpecSnapshot | None, after: SpecSnapshot | None, records: Sequence[RequestRecord]
-    ) -> Acceptance:
-        """Counter deltas over the window; without counters 1.0 at num_steps 0, else the proxy (with a warning)."""
-        self.next_window()
-        if before is not None and after is not None and before.num_drafts is not None and after.num_drafts is not None:
-            return window_acceptance(before, after, "vllm:/metrics counters")
-        if self.steps == 0:
-            return Acceptance(1.0, None, [], 0.0, "config:num_steps=0")
+    def proxy_warning(self, after: SpecSnapshot | None) -> str:
+        """Why acceptance fell back to the tokens-per-chunk proxy: no /metrics page, or no spec-decode counters."""
         why = "no /metrics page" if after is None else "no vllm:spec_decode counters on /metrics"
-        return chunk_proxy_acceptance(records, warning=f"vllm: {why}; proxy used")
+        return f"vllm: {why}; proxy used"
 
     def describe(self) -> dict[str, Any]:
         """Base description plus the speculative method and how it was chosen."""

@@ -1,7 +1,8 @@
 """Rendering of ``spectune sweep``: rich live progress while it runs, the concurrency x num_steps table at the end.
 
-The sweep loop only emits events (:class:`spectune.sweep.SweepListener`); :class:`LiveDisplay` renders them.
+The sweep loop only emits events (:class:`spectune.sweep_plan.SweepListener`); :class:`LiveDisplay` renders them.
 :func:`summarize` is plain data (tested without a terminal); :func:`summary_table` turns it into a rich table.
+:class:`LiveProgress` (the bars and their terminal check) also serves ``spectune validate``'s display.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -17,18 +18,21 @@ from rich.table import Table
 
 from loadgen.record import RequestRecord
 from spectune.results import Key
-from spectune.sweep import SweepListener, SweepPlan
+from spectune.sweep_plan import SweepListener, SweepPlan
+
+
+_P = TypeVar("_P", bound="LiveProgress")
 
 
 def _fmt(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-class LiveDisplay(SweepListener):
-    """Live progress: points done / planned, the current point's requests done / planned, elapsed time and the
-    running output throughput (tokens/s of the current point's finished requests); one line per finished point.
+class LiveProgress:
+    """Transient rich progress bars (description, bar, done / total, elapsed time, a ``rate`` field) on
+    ``console``, shown only on a terminal; used as a context manager around a run.
 
-    Use as a context manager around the sweep; without a terminal rich prints only the per-point lines.
+    Subclasses add the tasks and print their own per-item lines (which are all that logs and pipes get).
     """
 
     def __init__(self, console: Console | None = None) -> None:
@@ -36,19 +40,30 @@ class LiveDisplay(SweepListener):
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), TextColumn("{task.fields[rate]}"), console=self.console,
                                  transient=True)
-        self.sweep_task: TaskID | None = None
-        self.point_task: TaskID | None = None
-        self.t0 = 0.0
-        self.tokens = 0
 
-    def __enter__(self) -> "LiveDisplay":
-        if self.console.is_terminal:  # no live bars in logs and pipes: the per-point lines are enough there
+    def __enter__(self: _P) -> _P:
+        if self.console.is_terminal:  # no live bars in logs and pipes: the per-item lines are enough there
             self.progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.progress.live.is_started:
             self.progress.stop()
+
+
+class LiveDisplay(LiveProgress, SweepListener):
+    """Live progress: points done / planned, the current point's requests done / planned, elapsed time and the
+    running output throughput (tokens/s of the current point's finished requests); one line per finished point.
+
+    Use as a context manager around the sweep; without a terminal rich prints only the per-point lines.
+    """
+
+    def __init__(self, console: Console | None = None) -> None:
+        super().__init__(console)
+        self.sweep_task: TaskID | None = None
+        self.point_task: TaskID | None = None
+        self.t0 = 0.0
+        self.tokens = 0
 
     def sweep_started(self, plan: SweepPlan, todo: list[Key], kept: list[dict[str, Any]]) -> None:
         if kept:

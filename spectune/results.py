@@ -52,19 +52,23 @@ def atomic_write(path: Path, write: Callable[[io.TextIOBase], None]) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def json_object(line: str) -> dict[str, Any] | None:
+    """``line`` parsed as JSON when it holds a JSON object; None when it is not JSON or another JSON value."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
 def iter_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any] | None]]:
     """(line, parsed object or None) for each non-blank line; a line that is not a JSON object gives None."""
     if not path.is_file():
         return
     with open(path, encoding="utf-8", errors="replace") as fh:
         for line in fh:
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                obj = None
-            yield line if line.endswith("\n") else line + "\n", obj if isinstance(obj, dict) else None
+            if line.strip():
+                yield line if line.endswith("\n") else line + "\n", json_object(line)
 
 
 def summary_row(point: dict[str, Any]) -> dict[str, Any]:

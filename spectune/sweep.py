@@ -13,20 +13,16 @@ Order: for each num_steps K (ascending) the backend starts a server once (``star
 A point is ``failed`` when its server never came up (``BackendStartError``: every remaining point of that K),
 when more than ``max_failure_rate`` of its requests failed, or when none produced output; it is never averaged.
 Cancelling the sweep (Ctrl-C) drops the current point's partial records; finished points stay.
+
+The plan, its defaults and the listener/outcome types are in :mod:`spectune.sweep_plan`; what a sweep shares with
+``spectune validate`` (model name, client settings, environment, signal handling) is in :mod:`spectune.harness`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import math
-import os
-import platform
-import socket
-import sys
 import warnings
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, Sequence
 
 from backends import make_backend
 from backends.base import Acceptance, Backend, BackendOptions, BackendStartError
@@ -34,209 +30,11 @@ from loadgen.datasets import Prompt
 from loadgen.errors import UserError
 from loadgen.record import RequestRecord
 from loadgen.runner import warmup_prompt
+from spectune.harness import client_config, environment, resolve_model, run_with_signals
 from spectune.results import Key, ResultsFolder, failed_point, now_iso, per_category_points, point_status
+from spectune.sweep_plan import SweepListener, SweepOutcome, SweepPlan
 
-__all__ = ["SweepPlan", "SweepListener", "SweepOutcome", "Sweep", "client_config", "execute", "parse_int_list",
-           "resolve_model", "run_with_signals"]
-
-T = TypeVar("T")
-
-
-DEFAULT_STEPS = (0, 1, 2, 3, 5)
-DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
-DEFAULT_NUM_PROMPTS = 80  # MT-Bench's size
-REQUEST_CAP = 1024  # the default requests per point stop growing with concurrency here (unless num_prompts is larger)
-DEFAULT_WARMUP_CAP = 4
-
-
-def parse_int_list(text: str, what: str, minimum: int) -> list[int]:
-    """Parse a comma list such as ``"0,1,2,3,5"`` into sorted, de-duplicated ints >= ``minimum``.
-
-    Raises:
-        UserError: an empty list or item, a non-integer, or a value below ``minimum`` (named, with the fix).
-    """
-    items = [t.strip() for t in (text or "").split(",")]
-    example = "0,1,2,3,5" if minimum == 0 else "1,2,4,8,16"
-    if not any(items) or not all(items):
-        raise UserError(f"bad --{what} list {text!r}: write comma-separated integers, e.g. --{what} {example}")
-    values = []
-    for t in items:
-        try:
-            values.append(int(t))
-        except ValueError:
-            raise UserError(f"bad --{what} value {t!r} in {text!r}: use whole numbers, e.g. --{what} {example}"
-                            ) from None
-    for v in values:
-        if v < minimum:
-            kind = "negative" if minimum == 0 else "not positive"
-            raise UserError(f"--{what} {v} is {kind}: every value must be >= {minimum} (e.g. --{what} {example})")
-    return sorted(set(values))
-
-
-@dataclass(frozen=True)
-class SweepPlan:
-    """What a sweep measures; recorded as ``plan`` in sweep.json and compared by ``--resume``.
-
-    Attributes:
-        steps: num_steps K values (0 = no speculation), ascending. concurrency: closed-loop concurrencies
-            (requests in flight), ascending. repeats: runs of every (K, concurrency) cell.
-        dataset, num_prompts, seed: the prompt sample (:func:`loadgen.load_dataset`).
-        max_tokens: output tokens per request. temperature: sampling temperature. ignore_eos: ask for max_tokens
-            every time. api: ``chat`` or ``completions``.
-        slo_ttft_ms, slo_tpot_ms: SLOs in ms for slo_attainment/goodput, or None.
-        warmup_requests: unrecorded requests before each point; None = min(concurrency, 4).
-        requests_per_point: measured requests per point; None = max(num_prompts, 4 * concurrency), at most
-            max(num_prompts, 1024).
-        duration_per_point_s: s; optional cap on a point's sending time.
-        max_failure_rate: a point whose failed share exceeds this is ``failed`` (0..1).
-    """
-
-    steps: tuple[int, ...] = DEFAULT_STEPS
-    concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
-    repeats: int = 1
-    dataset: str = "mt-bench"
-    num_prompts: int = DEFAULT_NUM_PROMPTS
-    max_tokens: int = 256
-    temperature: float = 0.0
-    seed: int = 0
-    ignore_eos: bool = False
-    api: str = "chat"
-    slo_ttft_ms: float | None = None
-    slo_tpot_ms: float | None = None
-    warmup_requests: int | None = None
-    requests_per_point: int | None = None
-    duration_per_point_s: float | None = None
-    max_failure_rate: float = 0.1
-
-    def validate(self) -> None:
-        """Raises UserError naming the first bad value (and how to fix it)."""
-        checks = [
-            (bool(self.steps) and min(self.steps) >= 0, "--steps needs num_steps values >= 0, e.g. 0,1,2,3,5"),
-            (bool(self.concurrency) and min(self.concurrency) >= 1, "--concurrency needs values >= 1, e.g. 1,4,16"),
-            (self.repeats >= 1, f"--repeats must be >= 1, got {self.repeats}"),
-            (self.num_prompts >= 1, f"--num-prompts must be >= 1, got {self.num_prompts}"),
-            (self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}"),
-            (self.temperature >= 0, f"--temperature must be >= 0, got {self.temperature}"),
-            (self.api in ("chat", "completions"), f"--api must be chat or completions, got {self.api!r}"),
-            (self.slo_ttft_ms is None or self.slo_ttft_ms > 0, f"--slo-ttft-ms must be > 0, got {self.slo_ttft_ms}"),
-            (self.slo_tpot_ms is None or self.slo_tpot_ms > 0, f"--slo-tpot-ms must be > 0, got {self.slo_tpot_ms}"),
-            (self.warmup_requests is None or self.warmup_requests >= 0,
-             f"--warmup must be >= 0, got {self.warmup_requests}"),
-            (self.requests_per_point is None or self.requests_per_point >= 1,
-             f"--requests-per-point must be >= 1, got {self.requests_per_point}"),
-            (self.duration_per_point_s is None or self.duration_per_point_s > 0,
-             f"--duration must be > 0 s, got {self.duration_per_point_s}"),
-            (0.0 <= self.max_failure_rate <= 1.0, f"--max-failure-rate must be in 0..1, got {self.max_failure_rate}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise UserError(message)
-
-    def to_json(self) -> dict[str, Any]:
-        """The plan as a JSON object (lists for the tuples)."""
-        d = asdict(self)
-        d["steps"], d["concurrency"] = list(self.steps), list(self.concurrency)
-        return d
-
-    def points(self) -> list[Key]:
-        """Every (steps, concurrency, repeat) in run order: for K, for concurrency, for repeat."""
-        return [(k, c, r) for k in self.steps for c in self.concurrency for r in range(self.repeats)]
-
-    def requests_for(self, concurrency: int) -> int:
-        """Measured requests of a point: ``requests_per_point``, else max(num_prompts, 4 * concurrency) capped at
-        max(num_prompts, 1024) (four closed-loop waves, so ramp-up and drain are a small part of the window)."""
-        if self.requests_per_point is not None:
-            return self.requests_per_point
-        return min(max(self.num_prompts, 4 * concurrency), max(self.num_prompts, REQUEST_CAP))
-
-    def warmup_for(self, concurrency: int) -> int:
-        """Warm-up requests before a point: ``warmup_requests``, else min(concurrency, 4)."""
-        return self.warmup_requests if self.warmup_requests is not None else min(concurrency, DEFAULT_WARMUP_CAP)
-
-    def constraints(self, requests: int) -> Any:
-        """Stop rules of a point of ``requests`` requests: that many, the duration cap, and an early stop once
-        failures exceed ``max_failure_rate`` of them (floor(rate * requests) + 1 failures: the point is failed
-        whatever happens next)."""
-        from loadgen.constraints import Constraints
-
-        return Constraints(max_requests=requests, max_duration_s=self.duration_per_point_s,
-                           max_failures=math.floor(self.max_failure_rate * requests) + 1)
-
-
-def environment() -> dict[str, Any]:
-    """``host`` and ``versions`` for sweep.json (package versions read from metadata: nothing is imported)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    def ver(name: str) -> str | None:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return None
-
-    versions = {n: ver(n) for n in ("spectune", "aiohttp", "numpy", "torch", "transformers")}
-    versions["python"] = platform.python_version()
-    host = {"hostname": socket.gethostname(), "platform": platform.platform(), "python": sys.version.split()[0],
-            "cpus": os.cpu_count()}
-    return {"host": host, "versions": versions}
-
-
-
-class SweepListener:
-    """Receives the sweep's progress events (the display renders them; tests record them). No-ops here."""
-
-    def sweep_started(self, plan: SweepPlan, todo: list[Key], kept: list[dict[str, Any]]) -> None:
-        """Before the first point: the points to run now and the finished points kept from before."""
-
-    def warning(self, message: str) -> None:
-        """Something the user should know (preflight warnings, a failed warm-up)."""
-
-    def server_starting(self, steps: int) -> None:
-        """``backend.start(steps)`` is about to be called for the first point of num_steps ``steps``."""
-
-    def server_failed(self, steps: int, message: str, log_tail: str) -> None:
-        """The server for ``steps`` did not come up: its remaining points fail."""
-
-    def point_started(self, key: Key, planned: int) -> None:
-        """Measurement of ``key`` (steps, concurrency, repeat) begins; ``planned`` requests at most."""
-
-    def request_finished(self, key: Key, record: RequestRecord, done: int, planned: int) -> None:
-        """A measured request of ``key`` finished (``done`` of ``planned``)."""
-
-    def point_finished(self, point: dict[str, Any]) -> None:
-        """A point is durable in points.jsonl (its object is passed)."""
-
-
-@dataclass
-class SweepOutcome:
-    """What a sweep run left: every finished point (kept + new), how many ran now, and the signal that stopped it
-    (``signal.SIGINT``/``SIGTERM`` value) or None when it ran to the end."""
-
-    folder: Path
-    plan: SweepPlan
-    points: list[dict[str, Any]] = field(default_factory=list)
-    ran: int = 0
-    interrupted: int | None = None
-
-
-async def resolve_model(base_url: str, preferred: str | None, headers: dict[str, str]) -> str:
-    """The model name to send: ``preferred`` when ``GET /v1/models`` lists it (or lists nothing), else the only
-    listed id (a server started with another served name), else ``preferred``, else the first listed id.
-
-    Raises:
-        UserError: no model list and no ``preferred`` name (the point fails with this message).
-    """
-    from backends.http import get
-
-    reply = await get(base_url + "/v1/models", 10.0, headers)
-    data = reply.json() if reply.status == 200 else None
-    ids = [m.get("id") for m in (data.get("data") or [])] if isinstance(data, dict) else []
-    ids = [i for i in ids if isinstance(i, str)]
-    if preferred and (preferred in ids or len(ids) != 1):
-        return preferred
-    if ids:
-        return ids[0]
-    why = reply.error or f"HTTP {reply.status}"
-    raise UserError(f"cannot read the model name from {base_url}/v1/models ({why}); pass --model")
+__all__ = ["Sweep", "execute", "run_blocking"]
 
 
 class Sweep:
@@ -369,17 +167,6 @@ class Sweep:
             return Acceptance(None, source="none", warning=f"acceptance failed: {type(err).__name__}: {err}")
 
 
-def client_config(plan: Any, backend: Backend, base_url: str, model: str | None, api_key_env: str | None) -> Any:
-    """The :class:`loadgen.ClientConfig` of a measured run: ``plan``'s ``api``, ``max_tokens``, ``temperature`` and
-    ``ignore_eos`` (a :class:`SweepPlan`, or any object with those fields) plus the backend's extra request fields."""
-    from loadgen import ClientConfig
-
-    extra = backend.request_extra()
-    return ClientConfig(base_url, model=model, api=plan.api, max_tokens=plan.max_tokens,
-                        temperature=plan.temperature, ignore_eos=plan.ignore_eos, extra_body=extra or None,
-                        api_key_env=api_key_env)
-
-
 async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,
                   resume: bool = False, retry_failed: bool = False,
                   listener: SweepListener | None = None) -> SweepOutcome:
@@ -444,46 +231,6 @@ def _meta(folder: ResultsFolder, plan: SweepPlan, backend: Backend) -> dict[str,
         history.append({k: old.get(k) for k in ("created", "resumed", "backend", "host", "versions") if k in old})
         meta.update(created=old.get("created", meta["created"]), resumed=now_iso(), history=history)
     return meta
-
-
-def run_with_signals(make: Callable[[], Awaitable[T]]) -> tuple[T | None, int | None]:
-    """Run the coroutine ``make()`` in a new event loop (main thread); SIGINT/SIGTERM cancel it cleanly.
-
-    Returns ``(result, None)`` when it finished, or ``(None, signal number)`` when a signal cancelled it. A second
-    signal raises KeyboardInterrupt at once (launched servers are then killed at interpreter exit by
-    ``backends.process``).
-    """
-    import signal
-
-    async def main() -> tuple[T | None, int | None]:
-        loop = asyncio.get_running_loop()
-        task = asyncio.ensure_future(make())
-        got: list[int] = []
-
-        def on_signal(signum: int) -> None:
-            if got:
-                raise KeyboardInterrupt
-            got.append(signum)
-            task.cancel()
-
-        handled = []
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(sig, on_signal, sig)
-                handled.append(sig)
-            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signal support
-                pass
-        try:
-            return await task, None
-        except asyncio.CancelledError:
-            if not got:
-                raise
-            return None, got[0]
-        finally:
-            for sig in handled:
-                loop.remove_signal_handler(sig)
-
-    return asyncio.run(main())
 
 
 def run_blocking(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,

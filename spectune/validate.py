@@ -5,175 +5,40 @@ static num_steps K (``run`` ``static:K``, one backend, a server per K or one swi
 config (``run`` ``config``: a second backend launched with ``BackendOptions.adaptive_config``, started at the
 config's largest candidate step, which SGLang and the bundled engine take as the initial tier and vLLM as
 ``num_speculative_tokens``). Per run and per phase it reports output throughput, TPOT p50/p99, SLO attainment,
-acceptance length and, where the server exposes them, num_steps switches; :func:`verdict` rules on the overall
-numbers.
+acceptance length and, where the server exposes them, num_steps switches (:func:`read_switches`);
+:func:`~spectune.validate_report.verdict` rules on the overall numbers.
 
 Per phase: requests belong to the phase they were sent in (latency, SLO attainment, request counts); output
 throughput counts the tokens streamed inside the phase's window / its length; acceptance and switches are counter
 deltas between snapshots taken at the phase boundaries (per-request data where the backend has it: SGLang).
 Overall: the same over the scheduled window [0, total) (the drain after it is not counted in throughput).
+
+This module runs a validation (:class:`Validation`, :func:`execute`). The plan, listener and outcome are in
+:mod:`spectune.validate_plan`; the verdict, validate.md and the results folder in :mod:`spectune.validate_report`;
+the per-phase numbers in :mod:`spectune.phase_metrics`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from backends.base import Acceptance, Backend, BackendOptions, BackendStartError
 from loadgen.datasets import Prompt
 from loadgen.errors import UserError
 from loadgen.record import RequestRecord
-from spectune.results import atomic_write, now_iso, point_status
-from spectune.workload import Workload, phase_index, split_by_phase, summarize_run
+from spectune.results import now_iso, point_status
+from spectune.validate_plan import ValidateListener, ValidateOutcome, ValidatePlan, config_candidates
+from spectune.validate_report import ValidateFolder, verdict
+from spectune.phase_metrics import phase_index, split_by_phase, summarize_run
 
 FAILURE_STOP = 100
 """A run stops sending after this many failed requests (a broken server would otherwise spin until the end)."""
 SWITCH_LOG_LINE = "Adaptive spec params updated"
 """What SGLang logs on every tier change (``adaptive_spec_params.py``, ``_apply_target_steps``)."""
-
-
-def config_candidates(path: str) -> tuple[str, tuple[int, ...]]:
-    """(format, candidate num_steps) of a config file: ``sglang-adaptive`` (union of the slots' candidate steps)
-    or ``vllm-schedule`` (every K of the schedule).
-
-    Raises:
-        UserError: the file is missing or not a valid SGLang adaptive config / vLLM schedule
-            (:func:`backends.adaptive.load_config_file`).
-    """
-    from backends.adaptive import AdaptiveConfig, load_config_file
-
-    cfg = load_config_file(path)
-    if isinstance(cfg, AdaptiveConfig):
-        return "sglang-adaptive", cfg.candidate_steps
-    return "vllm-schedule", tuple(sorted({r.k for r in cfg.ranges}))
-
-
-@dataclass(frozen=True)
-class ValidatePlan:
-    """What a validation runs; recorded as ``plan`` in validate.json.
-
-    Attributes:
-        config: path of the SGLang adaptive config or vLLM schedule. steps: static num_steps to compare with.
-        workload: the time-varying load. dataset, num_prompts, seed: the prompt sample. max_tokens, temperature,
-            ignore_eos, api: every request. slo_ttft_ms, slo_tpot_ms: SLOs (ms) or None.
-        warmup_requests: unrecorded requests before each run (None: min(first phase's concurrency, 4)).
-        tolerance: the config passes at >= (1 - tolerance) x the best static's throughput (0..1).
-        max_failure_rate: a run with a larger share of failed requests is ``failed``.
-    """
-
-    config: str
-    steps: tuple[int, ...]
-    workload: Workload
-    dataset: str = "mt-bench"
-    num_prompts: int = 80
-    max_tokens: int = 256
-    temperature: float = 0.0
-    seed: int = 0
-    ignore_eos: bool = False
-    api: str = "chat"
-    slo_ttft_ms: float | None = None
-    slo_tpot_ms: float | None = None
-    warmup_requests: int | None = None
-    tolerance: float = 0.0
-    max_failure_rate: float = 0.1
-
-    def validate(self) -> None:
-        """Raises UserError naming the first bad value."""
-        from spectune.sweep import SweepPlan
-
-        SweepPlan(steps=self.steps or (0,), dataset=self.dataset, num_prompts=self.num_prompts,
-                  max_tokens=self.max_tokens, temperature=self.temperature, api=self.api, slo_ttft_ms=self.slo_ttft_ms,
-                  slo_tpot_ms=self.slo_tpot_ms, warmup_requests=self.warmup_requests,
-                  max_failure_rate=self.max_failure_rate).validate()
-        if not self.steps:
-            raise UserError("no static num_steps to compare with: pass --steps, e.g. --steps 0,1,3")
-        if not 0.0 <= self.tolerance < 1.0:
-            raise UserError(f"--tolerance must be in 0..1 (0.02 = 2%), got {self.tolerance}")
-
-    @property
-    def warmup(self) -> int:
-        """Warm-up requests before each run."""
-        return self.warmup_requests if self.warmup_requests is not None else min(self.workload.first_concurrency(), 4)
-
-    def to_json(self) -> dict[str, Any]:
-        """The plan as a JSON object (the workload as :meth:`Workload.to_json`, without the trace itself)."""
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["steps"], d["workload"] = list(self.steps), self.workload.to_json()
-        return d
-
-
-class ValidateListener:
-    """Progress events of a validation (the CLI renders them). No-ops here."""
-
-    def started(self, plan: ValidatePlan, runs: list[str]) -> None:
-        """Before the first run: the run names in order."""
-
-    def warning(self, message: str) -> None:
-        """Something the user should know."""
-
-    def server_starting(self, run: str) -> None:
-        """The server of ``run`` is being started (or switched)."""
-
-    def run_started(self, run: str, t0: float, total_s: float) -> None:
-        """The measured load of ``run`` starts at ``t0`` (perf_counter s) for ``total_s`` s."""
-
-    def request_finished(self, run: str, record: RequestRecord, phase: int) -> None:
-        """A measured request of ``run`` finished; ``phase`` is 1-based."""
-
-    def run_finished(self, result: dict[str, Any]) -> None:
-        """A run is finished (its validate.json entry)."""
-
-
-@dataclass
-class ValidateOutcome:
-    """What a validation left: the folder, the run results in order, the verdict (None when interrupted)."""
-
-    folder: Path
-    plan: ValidatePlan
-    runs: list[dict[str, Any]] = field(default_factory=list)
-    verdict: Verdict | None = None
-
-
-class ValidateFolder:
-    """``requests.jsonl`` (one flushed line per request), ``validate.json`` and ``validate.md`` (atomic), ``logs/``."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self.requests, self.json_path, self.md_path = (self.path / n for n in ("requests.jsonl", "validate.json",
-                                                                               "validate.md"))
-        self.logs = self.path / "logs"
-        self._fh: Any = None
-
-    def check(self) -> None:
-        """Raises UserError when the folder already holds a validation (nothing measured is overwritten)."""
-        if self.json_path.exists() or (self.requests.exists() and self.requests.stat().st_size > 0):
-            raise UserError(f"{self.path} already holds a validation: pass a new --output-dir")
-
-    def open(self) -> None:
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.requests, "ab")
-
-    def append_request(self, obj: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(obj).encode() + b"\n")
-        self._fh.flush()
-
-    def write(self, meta: dict[str, Any]) -> None:
-        """Make the request records durable (fsync), then rewrite validate.json and validate.md atomically."""
-        if self._fh is not None:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-        atomic_write(self.json_path, lambda fh: fh.write(json.dumps(meta, indent=2, default=str) + "\n"))
-        atomic_write(self.md_path, lambda fh: fh.write(render_markdown(meta)))
-
-    def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
 
 
 @dataclass
@@ -251,7 +116,7 @@ class Validation:
         from backends.http import auth_headers
         from loadgen import ClosedLoop, Constraints, StreamingClient, run_point
         from loadgen.runner import warmup_prompt
-        from spectune.sweep import client_config, resolve_model
+        from spectune.harness import client_config, resolve_model
 
         plan, workload = self.plan, self.plan.workload
         base = {"run": name, "steps": steps, "started": now_iso()}
@@ -349,8 +214,8 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
     import spectune
     from backends import make_backend
     from loadgen.datasets import load_dataset
-    from spectune.sweep import environment
-    from spectune.workload import arrange_prompts
+    from spectune.harness import environment
+    from spectune.workload_spec import arrange_prompts
 
     listener = listener or ValidateListener()
     fmt, candidates = config_candidates(plan.config)
@@ -399,122 +264,3 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
             folder.write(meta)
             folder.close()
     return outcome
-
-
-@dataclass
-class Verdict:
-    """The ruling on a validation.
-
-    Attributes:
-        passed: the config's overall output throughput >= (1 - tolerance) x the best static's and, with SLOs, its
-            SLO attainment is no lower than that static's nor than any static at least as fast as the config
-            (within the tolerance).
-        line: one line starting with ``PASS`` or ``FAIL`` that says why.
-        best_static: K of the static run the line names: the best static (highest overall output throughput;
-            ties: smaller K), or the static that meets the SLOs more often.
-        margin_pct: (config - that static) / that static x 100, overall output throughput (%); None if unknown.
-    """
-
-    passed: bool
-    line: str
-    best_static: int | None = None
-    margin_pct: float | None = None
-
-
-def verdict(runs: Sequence[dict[str, Any]], with_slo: bool, tolerance: float = 0.0) -> Verdict:
-    """Rule on finished runs (validate.json ``runs`` entries: ``run``, ``steps``, ``status``, ``error`` and
-    ``overall`` with ``output_throughput_tok_s`` and ``slo_attainment``); see :class:`Verdict`.
-
-    A failed config run, or no successful static run, is a FAIL (nothing shows the config is safe).
-    """
-    config = next((r for r in runs if r.get("run") == "config"), None)
-    if config is None or config.get("status") != "ok":
-        why = (config or {}).get("error") or "it did not run"
-        return Verdict(False, f"FAIL: the config run failed ({why})")
-    statics = sorted((r for r in runs if r.get("run", "").startswith("static:") and r.get("status") == "ok"
-                      and r["overall"].get("output_throughput_tok_s") is not None), key=lambda r: r["steps"])
-    if not statics:
-        return Verdict(False, "FAIL: no static num_steps run succeeded, so there is nothing to compare the config "
-                              "with")
-    best = max(statics, key=lambda r: r["overall"]["output_throughput_tok_s"])  # first max: the smaller K
-    k, bt = best["steps"], best["overall"]["output_throughput_tok_s"]
-    ct = config["overall"].get("output_throughput_tok_s") or 0.0
-    margin = (ct - bt) / bt * 100.0 if bt > 0 else 0.0
-    if ct < bt * (1.0 - tolerance):
-        return Verdict(False, f"FAIL: static K={k} beats the config by {-margin:.1f}% in output throughput "
-                              f"({bt:,.1f} vs {ct:,.1f} tok/s)", k, margin)
-    ca, slo_note = config["overall"].get("slo_attainment"), ""
-    if with_slo and ca is not None:
-        # the best static, and every static at least as fast as the config (throughput ties are common in open loop)
-        rivals = [r for r in statics if r is best or r["overall"]["output_throughput_tok_s"] >= ct * (1.0 - tolerance)]
-        rivals = [r for r in rivals if r["overall"].get("slo_attainment") is not None]
-        if rivals:
-            top = max(rivals, key=lambda r: r["overall"]["slo_attainment"])  # first max: the smaller K
-            ta = top["overall"]["slo_attainment"]
-            if ca < ta:
-                tm = (ct - top["overall"]["output_throughput_tok_s"]) / top["overall"]["output_throughput_tok_s"] * 100
-                return Verdict(False, f"FAIL: static K={top['steps']} meets the SLOs more often than the config "
-                                      f"({ta:.1%} vs {ca:.1%}, {(ta - ca) * 100:.1f} points) at {tm:+.1f}% "
-                                      "throughput", top["steps"], tm)
-            slo_note = f"; SLO attainment {ca:.1%} vs {ta:.1%} (K={top['steps']})"
-    return Verdict(True, f"PASS: the config delivers {ct:,.1f} tok/s, {margin:+.1f}% vs the best static num_steps "
-                         f"K={k} ({bt:,.1f} tok/s){slo_note}", k, margin)
-
-
-def _f(v: Any, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
-
-
-def row_cells(d: dict[str, Any]) -> list[str]:
-    """Table cells of one run in one window: output tok/s, TPOT p50/p99 (ms), SLO attainment, acceptance length,
-    num_steps switches, achieved concurrency, requests (failed)."""
-    slo = d.get("slo_attainment")
-    return [_f(d.get("output_throughput_tok_s"), ",.1f"), _f(d.get("tpot_p50_ms"), ".2f"),
-            _f(d.get("tpot_p99_ms"), ".2f"), "-" if slo is None else f"{slo:.1%}",
-            _f(d.get("acceptance_length"), ".2f"), _f(d.get("num_steps_switches"), ".0f"),
-            _f(d.get("achieved_concurrency"), ".1f"), f"{d.get('num_requests', 0)} ({d.get('num_failed', 0)})"]
-
-
-ROW_HEADERS = ("output tok/s", "TPOT p50 ms", "TPOT p99 ms", "SLO attainment", "acceptance length",
-               "num_steps switches", "achieved concurrency", "requests (failed)")
-
-
-def render_markdown(meta: dict[str, Any]) -> str:
-    """validate.md: the verdict, an overall table and a table per phase (a row per run; ``*`` = best tok/s)."""
-    plan, cfg, runs = meta.get("plan") or {}, meta.get("config") or {}, meta.get("runs") or []
-    wl = plan.get("workload") or {}
-    lines = ["# spectune validate", "",
-             f"Config `{cfg.get('path')}` ({cfg.get('format')}, candidate steps "
-             f"{', '.join(map(str, cfg.get('candidate_steps') or []))}) against static num_steps "
-             f"{', '.join(map(str, plan.get('steps') or []))}; workload `{wl.get('name')}` "
-             f"({len(wl.get('phases') or [])} phases, {_f(wl.get('total_s'), 'g')} s); dataset {plan.get('dataset')}, "
-             f"max_tokens {plan.get('max_tokens')}, temperature {plan.get('temperature')}; "
-             f"SLOs TTFT {plan.get('slo_ttft_ms') or '-'} ms, TPOT {plan.get('slo_tpot_ms') or '-'} ms.", ""]
-    v = meta.get("verdict")
-    lines += [f"**{v['line']}**" if v else f"Status: {meta.get('status')} (no verdict yet)", ""]
-
-    def table(title: str, pick: Any) -> None:
-        rows = [(r, pick(r)) for r in runs]
-        best = max((d.get("output_throughput_tok_s") or 0.0 for r, d in rows if d and r.get("status") == "ok"),
-                   default=None)
-        lines.extend([f"## {title}", "", "| run | " + " | ".join(ROW_HEADERS) + " |",
-                      "|" + " --- |" * (len(ROW_HEADERS) + 1)])
-        for r, d in rows:
-            if r.get("status") != "ok" and not d:
-                lines.append(f"| {r['run']} | failed: {r.get('error') or ''} |" + " |" * (len(ROW_HEADERS) - 1))
-                continue
-            cells = row_cells(d or {})
-            if best and d and d.get("output_throughput_tok_s") == best:
-                cells[0] += " *"
-            status = "" if r.get("status") == "ok" else " (failed)"
-            lines.append(f"| {r['run']}{status} | " + " | ".join(cells) + " |")
-        lines.append("")
-
-    table("Overall", lambda r: r.get("overall"))
-    for i, ph in enumerate(wl.get("phases") or []):
-        title = f"Phase {ph['phase']}: {ph['label']} ({ph['start_s']:g}-{ph['end_s']:g} s)"
-        table(title, lambda r, i=i: (r.get("phases") or [None] * (i + 1))[i] if len(r.get("phases") or []) > i
-              else None)
-    lines += ["Output tok/s counts the tokens streamed inside each window; TPOT, SLO attainment and requests are "
-              "over the requests sent in it; acceptance length and switches are counter deltas over the window.", ""]
-    return "\n".join(lines)

@@ -6,10 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.base import SpecSnapshot
-from backends.prometheus import (
-    counters_reset, gauge_values, parse_metrics, snapshot_from_text, sum_counter, window_acceptance,
-)
+from backends.base import SpecSnapshot, counter_acceptance, counters_reset
+from backends.prometheus import gauge_values, parse_metrics, snapshot_from_text, sum_counter
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -63,10 +61,10 @@ def test_spectune_prefix_is_read_like_vllm():
     assert (snap.num_drafts, snap.num_accepted_tokens) == (250.0, 420.0)
 
 
-def test_window_acceptance_exact():
+def test_counter_acceptance_exact():
     before = snapshot_from_text(text("vllm_metrics_before.txt"), "vllm:")
     after = snapshot_from_text(text("vllm_metrics_after.txt"), "vllm:")
-    acc = window_acceptance(before, after, "vllm:/metrics counters")
+    acc = counter_acceptance(before, after, "vllm:/metrics counters")
     # d(drafts) = 250 - 150 = 100, d(accepted) = 420 - 240 = 180, d(draft tokens) = 750 - 450 = 300
     assert acc.acceptance_length == pytest.approx(1 + 180 / 100)  # 2.8
     assert acc.acceptance_rate == pytest.approx(180 / 300)  # 0.6
@@ -76,11 +74,11 @@ def test_window_acceptance_exact():
     assert acc.source == "vllm:/metrics counters" and acc.warning is None
 
 
-def test_window_acceptance_detects_a_reset_and_uses_after_values():
+def test_counter_acceptance_detects_a_reset_and_uses_after_values():
     before = snapshot_from_text(text("vllm_metrics_after.txt"), "vllm:")
     after = snapshot_from_text(text("vllm_metrics_restarted.txt"), "vllm:")
     assert counters_reset(before, after)
-    acc = window_acceptance(before, after, "vllm:/metrics counters")
+    acc = counter_acceptance(before, after, "vllm:/metrics counters")
     # restarted server: drafts 20 + 10, accepted 30 + 15, draft tokens 60 + 30, per position 23, 15, 7
     assert acc.acceptance_length == pytest.approx(1 + 45 / 30)
     assert acc.acceptance_rate == pytest.approx(45 / 90)
@@ -91,14 +89,14 @@ def test_window_acceptance_detects_a_reset_and_uses_after_values():
 def test_reset_seen_through_instance_even_when_counters_grew():
     before = SpecSnapshot(0.0, num_drafts=10, num_accepted_tokens=10, instance="1.0")
     after = SpecSnapshot(1.0, num_drafts=40, num_accepted_tokens=20, instance="2.0")
-    acc = window_acceptance(before, after, "x")
+    acc = counter_acceptance(before, after, "x")
     assert acc.acceptance_length == pytest.approx(1 + 20 / 40)  # after-values, not the delta 1 + 10/30
     assert acc.warning is not None
 
 
 def test_no_drafts_in_window_gives_one():
     snap = snapshot_from_text(text("vllm_metrics_before.txt"), "vllm:")
-    acc = window_acceptance(snap, snap, "vllm:/metrics counters")
+    acc = counter_acceptance(snap, snap, "vllm:/metrics counters")
     assert acc.acceptance_length == 1.0 and acc.num_drafts == 0.0 and acc.acceptance_rate is None
 
 

@@ -136,7 +136,7 @@ def test_existing_folder_with_another_plan_or_finished_points(tmp_path, prompts)
         assert "holds a different sweep plan (" in res.stderr and "use a new --output-dir" in res.stderr
         assert sorted((p.name, p.read_bytes()) for p in out.iterdir()) == before
     # the same plan as the folder's, without --resume: refused, pointing at --resume
-    from spectune.sweep import SweepPlan
+    from spectune.sweep_plan import SweepPlan
 
     same = SweepPlan(steps=(0, 1), concurrency=(1,), dataset=prompts, num_prompts=6).to_json()
     (out / "sweep.json").write_text(json.dumps({"plan": same}))

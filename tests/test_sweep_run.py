@@ -18,7 +18,8 @@ from aiohttp import web
 
 from backends.base import BackendOptions
 from spectune.results import SUMMARY_COLUMNS
-from spectune.sweep import SweepListener, SweepPlan, execute
+from spectune.sweep import execute
+from spectune.sweep_plan import SweepListener, SweepPlan
 
 TESTS = Path(__file__).resolve().parent
 FAKE = TESTS / "fake_server.py"

@@ -18,7 +18,7 @@ from spectune.commands.sweep import parse_endpoints
 from spectune.display import summarize, summary_table
 from spectune.results import (SUMMARY_COLUMNS, ResultsFolder, failed_point, per_category_points, point_status,
                               spec_decode_acceptance)
-from spectune.sweep import SweepPlan, parse_int_list
+from spectune.sweep_plan import SweepPlan, parse_int_list
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from spectune.workload import phase_index
+from spectune.phase_metrics import phase_index
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "fake_server.py"

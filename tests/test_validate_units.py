@@ -13,17 +13,11 @@ from backends.base import BackendOptions
 from loadgen.datasets import user_prompt
 from loadgen.errors import UserError
 from loadgen.record import RequestRecord
-from spectune.validate import read_switches, render_markdown, verdict
-from spectune.workload import (
-    Arrival,
-    arrange_prompts,
-    inflight_average,
-    load_arrivals,
-    parse_workload,
-    phase_index,
-    summarize_run,
-    tokens_between,
-)
+from spectune.validate import read_switches
+from spectune.validate_report import render_markdown, verdict
+from spectune.phase_metrics import inflight_average, phase_index, summarize_run, tokens_between
+from spectune.workload import Arrival
+from spectune.workload_spec import arrange_prompts, load_arrivals, parse_workload
 
 
 def test_presets():

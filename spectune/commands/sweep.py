@@ -7,10 +7,9 @@ from typing import Annotated, List, Optional
 
 import typer
 
+from spectune.commands.options import (LOAD_PANEL, SERVER_PANEL, Device, Draft, Dtype, Host, MaxTokens, NumPrompts,
+                                       Port, ServerArgs, StartupTimeout, Temperature, split_server_args)
 from spectune.errors import UserError
-
-_SERVER = "Server options (launch, sglang, vllm, local backends)"
-_LOAD = "Load"
 
 
 def parse_endpoints(values: list[str]) -> dict[int, str] | None:
@@ -44,33 +43,32 @@ def sweep(
     concurrency: Annotated[str, typer.Option(help="Closed-loop concurrencies (requests in flight), comma-separated.")]
     = "1,2,4,8,16",
     dataset: Annotated[str, typer.Option(help="Prompts: mt-bench, humaneval, sharegpt[:PATH], spec-bench:PATH, "
-                                         "jsonl:PATH or random[:WORDS].", rich_help_panel=_LOAD)] = "mt-bench",
-    num_prompts: Annotated[int, typer.Option(help="Prompts sampled from the dataset (seeded).",
-                                             rich_help_panel=_LOAD)] = 80,
-    max_tokens: Annotated[int, typer.Option(help="Output tokens per request.", rich_help_panel=_LOAD)] = 256,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature (0 = greedy).",
-                                               rich_help_panel=_LOAD)] = 0.0,
+                                         "jsonl:PATH or random[:WORDS].", rich_help_panel=LOAD_PANEL)] = "mt-bench",
+    num_prompts: NumPrompts = 80,
+    max_tokens: MaxTokens = 256,
+    temperature: Temperature = 0.0,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Ask the server to ignore EOS (every request "
-                                             "produces --max-tokens).", rich_help_panel=_LOAD)] = False,
+                                             "produces --max-tokens).", rich_help_panel=LOAD_PANEL)] = False,
     api: Annotated[str, typer.Option(help="chat (/v1/chat/completions) or completions (/v1/completions).",
-                                     rich_help_panel=_LOAD)] = "chat",
+                                     rich_help_panel=LOAD_PANEL)] = "chat",
     slo_ttft_ms: Annotated[Optional[float], typer.Option(help="TTFT SLO, ms (slo_attainment, goodput).",
-                                                         rich_help_panel=_LOAD)] = None,
+                                                         rich_help_panel=LOAD_PANEL)] = None,
     slo_tpot_ms: Annotated[Optional[float], typer.Option(help="TPOT SLO, ms (slo_attainment, goodput).",
-                                                         rich_help_panel=_LOAD)] = None,
+                                                         rich_help_panel=LOAD_PANEL)] = None,
     repeats: Annotated[int, typer.Option(help="Runs of every (num_steps, concurrency) cell; the table shows "
-                                         "medians.", rich_help_panel=_LOAD)] = 1,
-    seed: Annotated[int, typer.Option(help="Seed of the prompt sample.", rich_help_panel=_LOAD)] = 0,
+                                         "medians.", rich_help_panel=LOAD_PANEL)] = 1,
+    seed: Annotated[int, typer.Option(help="Seed of the prompt sample.", rich_help_panel=LOAD_PANEL)] = 0,
     requests_per_point: Annotated[Optional[int], typer.Option(help="Measured requests per point (default: "
                                                               "max(num-prompts, 4 x concurrency), at most "
                                                               "max(num-prompts, 1024)).",
-                                                              rich_help_panel=_LOAD)] = None,
+                                                              rich_help_panel=LOAD_PANEL)] = None,
     duration: Annotated[Optional[float], typer.Option(help="Cap on a point's sending time, s (requests in flight "
-                                                      "then finish).", rich_help_panel=_LOAD)] = None,
+                                                      "then finish).", rich_help_panel=LOAD_PANEL)] = None,
     warmup: Annotated[Optional[int], typer.Option(help="Unrecorded warm-up requests before each point "
-                                                  "(default: min(concurrency, 4)).", rich_help_panel=_LOAD)] = None,
+                                                  "(default: min(concurrency, 4)).",
+                                                  rich_help_panel=LOAD_PANEL)] = None,
     max_failure_rate: Annotated[float, typer.Option(help="A point with a larger share of failed requests is "
-                                                    "'failed' (0..1).", rich_help_panel=_LOAD)] = 0.1,
+                                                    "'failed' (0..1).", rich_help_panel=LOAD_PANEL)] = 0.1,
     output_dir: Annotated[Optional[Path], typer.Option(help="Results folder (default: results/sweep-DATE-TIME).")]
     = None,
     resume: Annotated[bool, typer.Option("--resume", help="Finish an interrupted sweep in --output-dir (same "
@@ -83,33 +81,24 @@ def sweep(
                                                           "for every K without 'K='. Repeatable.")] = None,
     launch: Annotated[Optional[str], typer.Option(help="Server command template (launch backend) with {steps}, "
                                                   "{draft_tokens}, {port}, {host}, {model}, {draft}.",
-                                                  rich_help_panel=_SERVER)] = None,
+                                                  rich_help_panel=SERVER_PANEL)] = None,
     model: Annotated[Optional[str], typer.Option(help="Target model (path or name); also the model name sent "
-                                                 "when the server lists it.", rich_help_panel=_SERVER)] = None,
-    draft: Annotated[Optional[str], typer.Option(help="EAGLE draft head (path or name).",
-                                                 rich_help_panel=_SERVER)] = None,
+                                                 "when the server lists it.", rich_help_panel=SERVER_PANEL)] = None,
+    draft: Draft = None,
     algorithm: Annotated[Optional[str], typer.Option(help="Speculative method in the engine's spelling "
                                                      "(EAGLE/EAGLE3, eagle/eagle3) (default: from the head).",
-                                                     rich_help_panel=_SERVER)] = None,
-    host: Annotated[str, typer.Option(help="Interface launched servers bind to.", rich_help_panel=_SERVER)]
-    = "127.0.0.1",
-    port: Annotated[Optional[int], typer.Option(help="Port for launched servers (default: a free one).",
-                                                rich_help_panel=_SERVER)] = None,
-    server_args: Annotated[Optional[str], typer.Option(help="Extra arguments for every launched server, one "
-                                                       "string (split like a shell).", rich_help_panel=_SERVER)]
-    = None,
-    startup_timeout: Annotated[float, typer.Option(help="s to wait for a launched server to become healthy.",
-                                                   rich_help_panel=_SERVER)] = 600.0,
+                                                     rich_help_panel=SERVER_PANEL)] = None,
+    host: Host = "127.0.0.1",
+    port: Port = None,
+    server_args: ServerArgs = None,
+    startup_timeout: StartupTimeout = 600.0,
     api_key_env: Annotated[str, typer.Option(help="Environment variable holding the API key (sent as a Bearer "
                                              "token).")] = "OPENAI_API_KEY",
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda (bundled engine).", rich_help_panel=_SERVER)]
-    = "auto",
-    dtype: Annotated[str, typer.Option(help="auto, bfloat16 or float32 (bundled engine).",
-                                       rich_help_panel=_SERVER)] = "auto",
+    device: Device = "auto",
+    dtype: Dtype = "auto",
 ) -> None:
     """Measure TPOT, TTFT, ITL, throughput, acceptance length and SLO attainment for every num_steps x
     concurrency point; results go to --output-dir (sweep.json, requests.jsonl, points.jsonl, summary.csv)."""
-    import shlex
     import signal
     import time
 
@@ -117,7 +106,8 @@ def sweep(
 
     from backends.base import BackendOptions
     from spectune.display import LiveDisplay, summary_table
-    from spectune.sweep import SweepPlan, parse_int_list, run_blocking
+    from spectune.sweep import run_blocking
+    from spectune.sweep_plan import SweepPlan, parse_int_list
 
     if retry_failed and not resume:
         raise UserError("--retry-failed only works with --resume --output-dir DIR")
@@ -130,10 +120,7 @@ def sweep(
         max_failure_rate=max_failure_rate,
     )
     plan.validate()
-    try:
-        extra_args = shlex.split(server_args or "")
-    except ValueError as err:
-        raise UserError(f"cannot split --server-args ({err}): check its quotes") from None
+    extra_args = split_server_args(server_args)
     options = BackendOptions(
         endpoints=parse_endpoints(endpoint or []), launch=launch, model=model, draft=draft, algorithm=algorithm,
         host=host, port=port, server_args=extra_args, startup_timeout_s=startup_timeout, api_key_env=api_key_env,

@@ -8,10 +8,10 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from spectune.commands.options import (LOAD_PANEL, SERVER_PANEL, Device, Draft, Dtype, Host, MaxTokens, NumPrompts,
+                                       Port, ServerArgs, StartupTimeout, Temperature, split_server_args)
 from spectune.errors import UserError
 
-_SERVER = "Server options (launch, sglang, vllm, local backends)"
-_LOAD = "Load"
 _WORK = "Workload"
 
 
@@ -36,71 +36,63 @@ def validate(
                                                  "(later arrivals wait; the wait counts in TTFT).",
                                                  rich_help_panel=_WORK)] = 64,
     dataset: Annotated[str, typer.Option(help="Prompts: mt-bench, humaneval, sharegpt:PATH, spec-bench:PATH, "
-                                         "jsonl:PATH or random:WORDS.", rich_help_panel=_LOAD)] = "mt-bench",
-    num_prompts: Annotated[int, typer.Option(help="Prompts sampled from the dataset (seeded).",
-                                             rich_help_panel=_LOAD)] = 80,
-    max_tokens: Annotated[int, typer.Option(help="Output tokens per request.", rich_help_panel=_LOAD)] = 256,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature (0 = greedy).",
-                                               rich_help_panel=_LOAD)] = 0.0,
+                                         "jsonl:PATH or random:WORDS.", rich_help_panel=LOAD_PANEL)] = "mt-bench",
+    num_prompts: NumPrompts = 80,
+    max_tokens: MaxTokens = 256,
+    temperature: Temperature = 0.0,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Ask the server to ignore EOS.",
-                                             rich_help_panel=_LOAD)] = False,
-    api: Annotated[str, typer.Option(help="chat or completions.", rich_help_panel=_LOAD)] = "chat",
+                                             rich_help_panel=LOAD_PANEL)] = False,
+    api: Annotated[str, typer.Option(help="chat or completions.", rich_help_panel=LOAD_PANEL)] = "chat",
     slo_ttft_ms: Annotated[Optional[float], typer.Option(help="TTFT SLO, ms (SLO attainment; the config must not "
-                                                         "do worse).", rich_help_panel=_LOAD)] = None,
+                                                         "do worse).", rich_help_panel=LOAD_PANEL)] = None,
     slo_tpot_ms: Annotated[Optional[float], typer.Option(help="TPOT SLO, ms (as --slo-ttft-ms).",
-                                                         rich_help_panel=_LOAD)] = None,
+                                                         rich_help_panel=LOAD_PANEL)] = None,
     seed: Annotated[int, typer.Option(help="Seed of the prompt sample and open-loop arrivals.",
-                                      rich_help_panel=_LOAD)] = 0,
+                                      rich_help_panel=LOAD_PANEL)] = 0,
     warmup: Annotated[Optional[int], typer.Option(help="Unrecorded warm-up requests before each run (default: "
-                                                  "min(first phase concurrency, 4)).", rich_help_panel=_LOAD)] = None,
+                                                  "min(first phase concurrency, 4)).",
+                                                  rich_help_panel=LOAD_PANEL)] = None,
     tolerance: Annotated[float, typer.Option(help="PASS when the config reaches (1 - tolerance) x the best "
                                              "static throughput, e.g. 0.02 for 2% noise.")] = 0.0,
     max_failure_rate: Annotated[float, typer.Option(help="A run with a larger share of failed requests is "
-                                                    "'failed' (0..1).", rich_help_panel=_LOAD)] = 0.1,
+                                                    "'failed' (0..1).", rich_help_panel=LOAD_PANEL)] = 0.1,
     output_dir: Annotated[Optional[Path], typer.Option(help="Results folder (default: "
                                                        "results/validate-DATE-TIME).")] = None,
     backend: Annotated[str, typer.Option(help="local (bundled engine), sglang, vllm or launch (command "
                                          "template).")] = "local",
     launch: Annotated[Optional[str], typer.Option(help="Server command template (launch backend) with {steps}, "
                                                   "{draft_tokens}, {port}, {host}, {model}, {draft}, "
-                                                  "{adaptive_config}.", rich_help_panel=_SERVER)] = None,
+                                                  "{adaptive_config}.", rich_help_panel=SERVER_PANEL)] = None,
     config_launch: Annotated[Optional[str], typer.Option(help="Template for the config run (launch backend; "
                                                          "default: --launch), e.g. with adaptive flags and "
-                                                         "{adaptive_config}.", rich_help_panel=_SERVER)] = None,
-    model: Annotated[Optional[str], typer.Option(help="Target model (path or name).", rich_help_panel=_SERVER)]
+                                                         "{adaptive_config}.", rich_help_panel=SERVER_PANEL)] = None,
+    model: Annotated[Optional[str], typer.Option(help="Target model (path or name).", rich_help_panel=SERVER_PANEL)]
     = None,
-    draft: Annotated[Optional[str], typer.Option(help="EAGLE draft head (path or name).",
-                                                 rich_help_panel=_SERVER)] = None,
+    draft: Draft = None,
     algorithm: Annotated[Optional[str], typer.Option(help="Speculative method in the engine's spelling "
-                                                     "(default: from the head).", rich_help_panel=_SERVER)] = None,
-    host: Annotated[str, typer.Option(help="Interface launched servers bind to.", rich_help_panel=_SERVER)]
-    = "127.0.0.1",
-    port: Annotated[Optional[int], typer.Option(help="Port for launched servers (default: a free one).",
-                                                rich_help_panel=_SERVER)] = None,
-    server_args: Annotated[Optional[str], typer.Option(help="Extra arguments for every launched server, one "
-                                                       "string (split like a shell).", rich_help_panel=_SERVER)]
-    = None,
-    startup_timeout: Annotated[float, typer.Option(help="s to wait for a launched server to become healthy.",
-                                                   rich_help_panel=_SERVER)] = 600.0,
+                                                     "(default: from the head).", rich_help_panel=SERVER_PANEL)] = None,
+    host: Host = "127.0.0.1",
+    port: Port = None,
+    server_args: ServerArgs = None,
+    startup_timeout: StartupTimeout = 600.0,
     api_key_env: Annotated[str, typer.Option(help="Environment variable holding the API key.")] = "OPENAI_API_KEY",
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda (bundled engine).", rich_help_panel=_SERVER)]
-    = "auto",
-    dtype: Annotated[str, typer.Option(help="auto, bfloat16 or float32 (bundled engine).",
-                                       rich_help_panel=_SERVER)] = "auto",
+    device: Device = "auto",
+    dtype: Dtype = "auto",
 ) -> None:
     """Run the same changing load against every static num_steps and against a per-batch-size config (SGLang
     adaptive JSON or vLLM schedule); PASS (exit 0) when the config's output throughput is at least the best
     static's (and, with SLOs, its SLO attainment no lower), else FAIL (exit 1)."""
-    import shlex
     import signal
     import time
 
     from rich.console import Console
 
     from backends.base import BackendOptions
-    from spectune.sweep import parse_int_list, run_with_signals
-    from spectune.validate import ValidatePlan, config_candidates, execute
-    from spectune.workload import load_arrivals, parse_workload
+    from spectune.harness import run_with_signals
+    from spectune.sweep_plan import parse_int_list
+    from spectune.validate import execute
+    from spectune.validate_plan import ValidatePlan, config_candidates
+    from spectune.workload_spec import load_arrivals, parse_workload
 
     _, candidates = config_candidates(str(config))  # a bad config fails first, before anything else
     if arrivals is not None and workload is not None:
@@ -117,10 +109,7 @@ def validate(
     plan.validate()
     if backend.strip().lower() == "openai":
         raise UserError("validate launches its own servers: use --backend local, sglang, vllm or launch")
-    try:
-        extra_args = shlex.split(server_args or "")
-    except ValueError as err:
-        raise UserError(f"cannot split --server-args ({err}): check its quotes") from None
+    extra_args = split_server_args(server_args)
     options = BackendOptions(launch=launch, model=model, draft=draft, algorithm=algorithm, host=host, port=port,
                              server_args=extra_args, startup_timeout_s=startup_timeout, api_key_env=api_key_env,
                              device=device, dtype=dtype)
@@ -150,26 +139,15 @@ def validate(
 def _display(console: Any) -> Any:
     """A live rich display of a validation: runs done / planned, the current run's elapsed time over its scheduled
     length with its phase and running output tok/s, and one line per finished run."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from spectune.display import LiveProgress
+    from spectune.validate_plan import ValidateListener
+    from spectune.validate_report import row_cells
 
-    from spectune.validate import ValidateListener, row_cells
-
-    class LiveValidateDisplay(ValidateListener):
+    class LiveValidateDisplay(LiveProgress, ValidateListener):
         def __init__(self) -> None:
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), TextColumn("{task.fields[rate]}"), console=console,
-                                     transient=True)
+            super().__init__(console)
             self.runs_task = self.run_task = None
             self.t0, self.total, self.tokens, self.phases = 0.0, 1.0, 0, 1
-
-        def __enter__(self) -> "LiveValidateDisplay":
-            if console.is_terminal:
-                self.progress.start()
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            if self.progress.live.is_started:
-                self.progress.stop()
 
         def started(self, plan: Any, runs: list[str]) -> None:
             self.phases = len(plan.workload.phases)
@@ -214,7 +192,7 @@ def _table(runs: list[dict[str, Any]], plan: Any) -> Any:
     each column is marked *."""
     from rich.table import Table
 
-    from spectune.validate import row_cells
+    from spectune.validate_report import row_cells
 
     slo = plan.slo_ttft_ms is not None or plan.slo_tpot_ms is not None
     bounds = plan.workload.bounds

@@ -1,0 +1,49 @@
+"""Options that ``spectune sweep`` and ``spectune validate`` share, written once: the launched servers' settings
+(host, port, extra arguments, start-up timeout, device, dtype, draft head), the request settings with the same
+meaning in both (prompts sampled, output tokens, temperature), their help panels, and the splitting of
+``--server-args``.
+
+Each alias is a typer ``Annotated`` type; the command gives the default in its own signature (``port: Port =
+None``). typer copies the option for every command, so one alias serves both.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from spectune.errors import UserError
+
+SERVER_PANEL = "Server options (launch, sglang, vllm, local backends)"
+LOAD_PANEL = "Load"
+
+NumPrompts = Annotated[int, typer.Option(help="Prompts sampled from the dataset (seeded).",
+                                         rich_help_panel=LOAD_PANEL)]
+MaxTokens = Annotated[int, typer.Option(help="Output tokens per request.", rich_help_panel=LOAD_PANEL)]
+Temperature = Annotated[float, typer.Option(help="Sampling temperature (0 = greedy).", rich_help_panel=LOAD_PANEL)]
+
+Draft = Annotated[Optional[str], typer.Option(help="EAGLE draft head (path or name).", rich_help_panel=SERVER_PANEL)]
+Host = Annotated[str, typer.Option(help="Interface launched servers bind to.", rich_help_panel=SERVER_PANEL)]
+Port = Annotated[Optional[int], typer.Option(help="Port for launched servers (default: a free one).",
+                                             rich_help_panel=SERVER_PANEL)]
+ServerArgs = Annotated[Optional[str], typer.Option(help="Extra arguments for every launched server, one string "
+                                                   "(split like a shell).", rich_help_panel=SERVER_PANEL)]
+StartupTimeout = Annotated[float, typer.Option(help="s to wait for a launched server to become healthy.",
+                                               rich_help_panel=SERVER_PANEL)]
+Device = Annotated[str, typer.Option(help="auto, cpu or cuda (bundled engine).", rich_help_panel=SERVER_PANEL)]
+Dtype = Annotated[str, typer.Option(help="auto, bfloat16 or float32 (bundled engine).", rich_help_panel=SERVER_PANEL)]
+
+
+def split_server_args(server_args: str | None) -> list[str]:
+    """``--server-args`` split like a shell (:func:`shlex.split`); None or "" gives [].
+
+    Raises:
+        UserError: unbalanced quotes (the fix: check them).
+    """
+    import shlex
+
+    try:
+        return shlex.split(server_args or "")
+    except ValueError as err:
+        raise UserError(f"cannot split --server-args ({err}): check its quotes") from None

@@ -1,0 +1,112 @@
+"""What ``spectune sweep`` and ``spectune validate`` share to measure a server: the model name to send
+(:func:`resolve_model`), the client settings of a measured run (:func:`client_config`), the host and package
+versions for the results file (:func:`environment`) and an event loop that SIGINT/SIGTERM cancel cleanly
+(:func:`run_with_signals`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import socket
+import sys
+from typing import Any, Awaitable, Callable, TypeVar
+
+from backends.base import Backend
+from loadgen.errors import UserError
+
+__all__ = ["client_config", "environment", "resolve_model", "run_with_signals"]
+
+T = TypeVar("T")
+
+
+def environment() -> dict[str, Any]:
+    """``host`` and ``versions`` for sweep.json and validate.json (package versions read from metadata: nothing
+    is imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def ver(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    versions = {n: ver(n) for n in ("spectune", "aiohttp", "numpy", "torch", "transformers")}
+    versions["python"] = platform.python_version()
+    host = {"hostname": socket.gethostname(), "platform": platform.platform(), "python": sys.version.split()[0],
+            "cpus": os.cpu_count()}
+    return {"host": host, "versions": versions}
+
+
+async def resolve_model(base_url: str, preferred: str | None, headers: dict[str, str]) -> str:
+    """The model name to send: ``preferred`` when ``GET /v1/models`` lists it (or lists nothing), else the only
+    listed id (a server started with another served name), else ``preferred``, else the first listed id.
+
+    Raises:
+        UserError: no model list and no ``preferred`` name (the point or run fails with this message).
+    """
+    from backends.http import get
+
+    reply = await get(base_url + "/v1/models", 10.0, headers)
+    data = reply.json() if reply.status == 200 else None
+    ids = [m.get("id") for m in (data.get("data") or [])] if isinstance(data, dict) else []
+    ids = [i for i in ids if isinstance(i, str)]
+    if preferred and (preferred in ids or len(ids) != 1):
+        return preferred
+    if ids:
+        return ids[0]
+    why = reply.error or f"HTTP {reply.status}"
+    raise UserError(f"cannot read the model name from {base_url}/v1/models ({why}); pass --model")
+
+
+def client_config(plan: Any, backend: Backend, base_url: str, model: str | None, api_key_env: str | None) -> Any:
+    """The :class:`loadgen.ClientConfig` of a measured run: ``plan``'s ``api``, ``max_tokens``, ``temperature`` and
+    ``ignore_eos`` (a :class:`~spectune.sweep_plan.SweepPlan`, a :class:`~spectune.validate_plan.ValidatePlan` or
+    any object with those fields) plus the backend's extra request fields."""
+    from loadgen import ClientConfig
+
+    extra = backend.request_extra()
+    return ClientConfig(base_url, model=model, api=plan.api, max_tokens=plan.max_tokens,
+                        temperature=plan.temperature, ignore_eos=plan.ignore_eos, extra_body=extra or None,
+                        api_key_env=api_key_env)
+
+
+def run_with_signals(make: Callable[[], Awaitable[T]]) -> tuple[T | None, int | None]:
+    """Run the coroutine ``make()`` in a new event loop (main thread); SIGINT/SIGTERM cancel it cleanly.
+
+    Returns ``(result, None)`` when it finished, or ``(None, signal number)`` when a signal cancelled it. A second
+    signal raises KeyboardInterrupt at once (launched servers are then killed at interpreter exit by
+    ``backends.process``).
+    """
+    import signal
+
+    async def main() -> tuple[T | None, int | None]:
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(make())
+        got: list[int] = []
+
+        def on_signal(signum: int) -> None:
+            if got:
+                raise KeyboardInterrupt
+            got.append(signum)
+            task.cancel()
+
+        handled = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, on_signal, sig)
+                handled.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signal support
+                pass
+        try:
+            return await task, None
+        except asyncio.CancelledError:
+            if not got:
+                raise
+            return None, got[0]
+        finally:
+            for sig in handled:
+                loop.remove_signal_handler(sig)
+
+    return asyncio.run(main())
