@@ -10,6 +10,7 @@ K given to ``start`` only sets its initial tier.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import sys
@@ -65,19 +66,32 @@ class LocalBackend(LaunchingBackend):
         """Switch the running server to ``steps`` or launch one (see module docstring)."""
         if self.server is not None and self.server.alive() and steps <= self.capacity:
             url = f"{self.server.base_url}/spectune/num_steps"
-            try:
-                async with aiohttp.ClientSession() as session:
-                    async with session.post(url, json={"num_steps": steps}) as resp:
-                        if resp.status == 200:
-                            self.steps = steps
-                            return Endpoint(self.server.base_url, None)
-                        detail = await resp.text()
-            except aiohttp.ClientError as err:
-                detail = str(err)
+            detail = ""
+            for _ in range(60):  # 409 while aborted requests of the last point are still leaving: retry
+                try:
+                    async with aiohttp.ClientSession() as session:
+                        async with session.post(url, json={"num_steps": steps}) as resp:
+                            if resp.status == 200:
+                                self.steps = steps
+                                return Endpoint(self.server.base_url, None)
+                            detail = await resp.text()
+                            if resp.status != 409:
+                                break
+                except aiohttp.ClientError as err:
+                    detail = str(err)
+                    break
+                await asyncio.sleep(0.5)
             raise BackendStartError(f"could not switch the bundled server to num_steps {steps}: {detail}",
                                     self.server.log_tail())
         self.steps = None  # forces a (re)launch in the parent
         return await super().start(steps)
+
+    async def stop(self) -> None:
+        """Keep the server between num_steps: the next ``start(K)`` switches it instead of reloading weights."""
+
+    async def close(self) -> None:
+        """End of the sweep: stop the server and wait until its port is free."""
+        await LaunchingBackend.stop(self)
 
     async def snapshot(self) -> SpecSnapshot | None:
         """The engine's ``spectune:`` counters from /metrics."""
