@@ -156,6 +156,10 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
+    def run(self) -> None:
+        """Run the engine loop on the calling thread until :meth:`shutdown` (or an exception from a step)."""
+        self._loop()
+
     def _loop(self) -> None:
         try:
             while True:

@@ -232,7 +232,7 @@ def train(target: Any, store: Any, cfg: TrainConfig, ckpt: Path,
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             opt.step()
             step += 1
-            log({"epoch": epoch, "step": step, "total_steps": total_steps, "loss": float(loss), "acc": accs,
+            log({"epoch": epoch, "step": step, "total_steps": total_steps, "loss": loss.item(), "acc": accs,
                  "tokens": counts[0], "lr": opt.param_groups[0]["lr"]})
             if step % 50 == 0 or bi + 1 == len(per_epoch[epoch]):
                 _save(ckpt, head, opt, vocab_ids, step, epoch if bi + 1 < len(per_epoch[epoch]) else epoch + 1,
