@@ -86,7 +86,10 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
     static = rec.best_static
     score = rec.static_scores.get(static, math.nan) if static is not None else math.nan
     out += [f"\nBest single static num_steps: **K={static}** (geometric mean of objective / per-concurrency best = "
-            f"{_fmt(score, '.3f')}). Scores: " + ", ".join(f"K={k}: {v:.3f}" for k, v in rec.static_scores.items()),
+            f"{_fmt(score, '.3f')}). Scores: " + ", ".join(f"K={k}: {v:.3f}" for k, v in rec.static_scores.items())
+            + (f". Scores within the {rec.options.noise_band:.0%} noise band of the top score count as ties, which go "
+               "to the smaller num_steps." if rec.static_scores and static is not None
+               and rec.static_scores[static] < max(rec.static_scores.values()) else ""),
             "\n## Predicted performance (measured static cells)\n",
             _md_table(["concurrency", "K rec", "tok/s rec", "TPOT ms rec", f"K static", "tok/s static",
                        "TPOT static", "tok/s K=0", "TPOT K=0", "tput vs static", "tput vs K=0", "TPOT vs K=0"],

@@ -62,6 +62,7 @@ class SpecRunner:
             self.draft_cache = KVCache(d.num_layers, num_slots, max_len, d.num_kv_heads, d.head_dim, dt, dev)
             self.next_draft = torch.zeros(num_slots, dtype=torch.long, device=dev)
             self.draft_feature = torch.zeros(num_slots, d.hidden_size, dtype=dt, device=dev)
+            self.draft_stale = False  # next_draft must be recomputed from draft_feature before the next draft
 
     def _features(self, hidden: torch.Tensor, aux: torch.Tensor | None) -> torch.Tensor:
         return aux if self.head is not None and self.head.cfg.kind == "eagle3" else hidden
@@ -110,6 +111,9 @@ class SpecRunner:
         """
         b, dev = batch, self.device
         m = self.seq_len[:b]  # [B]
+        if k > 0 and self.draft_stale:  # K = 0 rounds kept only the feature: d_1 = argmax of its logits
+            self.next_draft[:b] = self.head.draft_tokens(self.draft_feature[:b])
+            self.draft_stale = False
         drafts = [self.next_draft[:b]] if k > 0 else []  # list of [B]
         if k > 1:
             feat = self.draft_feature[:b].unsqueeze(1)  # [B, 1, H]
@@ -128,7 +132,10 @@ class SpecRunner:
             out = self._run("extend", self._draft_fwd, tokens, pos, self._features(hidden, aux))  # [B, K+1, H]
             last = out[rows, accepted]  # [B, H]
             self.draft_feature[:b] = last
-            self.next_draft[:b] = self.head.draft_tokens(last)
+            if k > 0:
+                self.next_draft[:b] = self.head.draft_tokens(last)
+            else:  # keep_draft: skip the draft lm_head until a round drafts again (about half the extend's cost)
+                self.draft_stale = True
         self.last_token[:b] = tokens[rows, accepted]
         self.seq_len[:b] = m + accepted + 1
         acc = accepted.tolist()
