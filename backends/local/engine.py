@@ -146,7 +146,7 @@ class Engine:
     # ---- the loop ------------------------------------------------------------------------------------------
     def start(self) -> None:
         """Run :meth:`step` in a background thread until :meth:`shutdown`."""
-        self._thread = threading.Thread(target=self._loop, name="spectune-engine", daemon=True)
+        self._thread = threading.Thread(target=self.run, name="spectune-engine", daemon=True)
         self._thread.start()
 
     def shutdown(self) -> None:
@@ -158,9 +158,6 @@ class Engine:
 
     def run(self) -> None:
         """Run the engine loop on the calling thread until :meth:`shutdown` (or an exception from a step)."""
-        self._loop()
-
-    def _loop(self) -> None:
         try:
             while True:
                 with self._lock:

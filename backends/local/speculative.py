@@ -1,14 +1,17 @@
 """The speculative decoding step: chain drafting with an EAGLE head, one target verify, draft extend.
 
 State per running sequence (slot b): the target KV covers positions 0..m-1, ``last_token`` x_m is committed but not
-yet run through the target, and (when drafting) the head has already proposed d_1 (``next_draft``) from the entry
-(x_m, f_{m-1}) whose output feature is ``draft_feature``. A round with K drafts:
+yet run through the target, and (when drafting) the head has run its entry (x_m, f_{m-1}), whose output feature is
+``draft_feature``. A round with K drafts:
 
-1. draft d_2..d_K: the head's entry at position m+j-1 reads (d_j, its previous output feature);
+1. draft d_1 = argmax of the head's logits on ``draft_feature``, then d_2..d_K: the head's entry at position m+j-1
+   reads (d_j, its previous output feature);
 2. verify: the target runs [x_m, d_1..d_K] at positions m..m+K -> K+1 distributions; accept a prefix of a drafts and
    emit a+1 tokens x_{m+1..m+a+1} (:func:`~backends.local.sampling.verify`);
 3. draft extend: the head re-runs entries m..m+K on (x_{p+1}, f_p) with the target's real features; the entry at
-   m+a yields d_1 and the feature for the next round (EAGLE's draft extend fused with the next round's first step).
+   m+a yields the feature for the next round's d_1 (EAGLE's draft extend fused with the next round's first step).
+   d_1 is taken from that feature only when a round drafts, so K = 0 rounds that keep the head current never pay for
+   the draft lm_head.
 
 KV entries past the accepted prefix are stale but never visible: the next round overwrites them before any query
 at a later position reads them (the static cache is addressed by position). K = 0 is plain decoding with no draft
@@ -60,9 +63,7 @@ class SpecRunner:
             d = head.cfg
             self.draft_group = d.num_heads // d.num_kv_heads
             self.draft_cache = KVCache(d.num_layers, num_slots, max_len, d.num_kv_heads, d.head_dim, dt, dev)
-            self.next_draft = torch.zeros(num_slots, dtype=torch.long, device=dev)
             self.draft_feature = torch.zeros(num_slots, d.hidden_size, dtype=dt, device=dev)
-            self.draft_stale = False  # next_draft must be recomputed from draft_feature before the next draft
 
     def _features(self, hidden: torch.Tensor, aux: torch.Tensor | None) -> torch.Tensor:
         return aux if self.head is not None and self.head.cfg.kind == "eagle3" else hidden
@@ -83,7 +84,7 @@ class SpecRunner:
     def prefill(self, slot: int, prompt: list[int], st: SamplingTensors, draft: bool) -> int:
         """Run a fresh prompt x_0..x_{n-1} into ``slot``; returns the first output token x_n.
 
-        With ``draft`` the head also runs its entries 0..n-1 on (x_{p+1}, f_p), leaving d_1 ready.
+        With ``draft`` the head also runs its entries 0..n-1 on (x_{p+1}, f_p), leaving the feature for d_1.
         """
         n = len(prompt)
         tokens = torch.tensor([prompt], dtype=torch.long, device=self.device)  # [1, n]
@@ -96,7 +97,6 @@ class SpecRunner:
             feats = self._features(hidden, aux)  # [1, n, F]
             out = self.head(shifted, feats, AttnMeta.for_prefill(self.draft_cache, self.head.rope, slot, n))
             self.draft_feature[slot] = out[0, -1]
-            self.next_draft[slot] = self.head.draft_tokens(out[0, -1])
         return int(first[0, 0])
 
     @torch.inference_mode()
@@ -111,10 +111,7 @@ class SpecRunner:
         """
         b, dev = batch, self.device
         m = self.seq_len[:b]  # [B]
-        if k > 0 and self.draft_stale:  # K = 0 rounds kept only the feature: d_1 = argmax of its logits
-            self.next_draft[:b] = self.head.draft_tokens(self.draft_feature[:b])
-            self.draft_stale = False
-        drafts = [self.next_draft[:b]] if k > 0 else []  # list of [B]
+        drafts = [self.head.draft_tokens(self.draft_feature[:b])] if k > 0 else []  # list of [B]: d_1
         if k > 1:
             feat = self.draft_feature[:b].unsqueeze(1)  # [B, 1, H]
             for j in range(1, k):  # entry (d_j, feature) at position m + j - 1
@@ -128,14 +125,9 @@ class SpecRunner:
         hidden, aux = self._run("target", self._target_fwd, inputs, pos)
         accepted, tokens = verify(self.target.logits(hidden), d, st, self.generator)  # [B], [B, K+1]
         rows = torch.arange(b, device=dev)
-        if k > 0 or keep_draft:  # draft extend on (x_{p+1}, f_p), p = m..m+K; entry m+a gives the next d_1
+        if k > 0 or keep_draft:  # draft extend on (x_{p+1}, f_p), p = m..m+K; entry m+a feeds the next d_1
             out = self._run("extend", self._draft_fwd, tokens, pos, self._features(hidden, aux))  # [B, K+1, H]
-            last = out[rows, accepted]  # [B, H]
-            self.draft_feature[:b] = last
-            if k > 0:
-                self.next_draft[:b] = self.head.draft_tokens(last)
-            else:  # keep_draft: skip the draft lm_head until a round drafts again (about half the extend's cost)
-                self.draft_stale = True
+            self.draft_feature[:b] = out[rows, accepted]  # [B, H]
         self.last_token[:b] = tokens[rows, accepted]
         self.seq_len[:b] = m + accepted + 1
         acc = accepted.tolist()
@@ -149,5 +141,4 @@ class SpecRunner:
         self.last_token[dst], self.seq_len[dst] = self.last_token[src], self.seq_len[src]
         if self.head is not None:
             self.draft_cache.move_slot(src, dst, length)
-            self.next_draft[dst] = self.next_draft[src]
             self.draft_feature[dst] = self.draft_feature[src]
