@@ -5,7 +5,8 @@ implementations generate 64 new tokens (EOS ignored) from the same chat prompts;
 batch * 63 / (t(64 new tokens) - t(1 new token)), so prefill is excluded for both. HF uses ``generate`` with
 ``cache_implementation="static"``; the engine runs num_steps 0 (plain decoding). Also printed: the batch-1
 memory-bandwidth roofline = measured read bandwidth / bytes of bf16 weights, and the engine's speculative
-decoding at num_steps 1-5 with the bundled head (batch 1 and 8), as output tokens/s including prefill.
+decoding at num_steps 1-5 with the bundled head (batch 1 and 8), as output tokens/s including prefill, on the
+first chat prompt(s) only; the batch-1 speedup over many real prompts is ``benchmarks/spec_speedup.py``.
 
 CUDA part (when a GPU is present): a randomly initialised Llama-3.1-8B-shaped target in bf16, batch-1 num_steps 0
 decode, as a percentage of the HBM roofline (weights bytes / measured device-to-device copy bandwidth).

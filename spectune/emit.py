@@ -13,8 +13,11 @@ a(c) = measured acceptance_length - 1 at each candidate c, :func:`design_hystere
 the two hysteresis values that make K* a fixed point and every other candidate move to it, keeps SGLang's
 defaults (-0.25, 0.0) where they satisfy the bounds with a 0.25-token margin, and otherwise moves the least
 distance needed. :func:`simulate_slot` then replays the policy (spectune's restatement in
-:mod:`backends.adaptive.policy`) batch by batch from every start; candidates that
-still stop it from settling are dropped (farthest first) until it does (a one-candidate ladder always does).
+:mod:`backends.adaptive.policy`) batch by batch from every start, once on the mean acceptance and once on
+per-request accepted counts drawn at the slot's smallest batch size (at batch 1 the EMA of single requests swings
+by about a third of a token: with a 0.4-token acceptance it moved 44 times in 30 s on the bundled engine);
+candidates that still stop it from settling are dropped (farthest first) until it does (a one-candidate ladder
+always does).
 """
 
 from __future__ import annotations
@@ -39,29 +42,59 @@ def _base(p: int) -> float:
 
 
 def simulate_slot(slot: Mapping[str, Any], accepted: Mapping[int, float], initial_steps: int,
-                  batches: int = 400) -> list[int]:
-    """Replay SGLang's EMA policy (:class:`backends.adaptive.policy.AdaptivePolicy`) for one slot, feeding every
-    verify batch a mean of ``accepted[s]`` accepted drafts at num_steps s.
+                  batches: int = 400, batch_size: int | None = None, seed: int = 0) -> list[int]:
+    """Replay SGLang's EMA policy (:class:`backends.adaptive.policy.AdaptivePolicy`) for one slot.
+
+    With ``batch_size`` None every verify batch reports the mean, ``accepted[s]`` accepted drafts at num_steps s.
+    Otherwise each of ``batch_size`` requests per verify batch reports a count drawn from the chain model of
+    Leviathan et al. (2023): draft i is accepted with probability alpha given drafts 1..i-1 were, alpha solved so
+    that the mean is ``accepted[s]`` (seeded with ``seed``).
 
     Returns the num_steps used by each of ``batches`` verify batches. Raises ValueError for an invalid slot.
     """
+    import random
+
     config = parse_sglang_adaptive_config({**SGLANG_GLOBALS, "1": dict(slot)}, source="slot", strict=True)
     policy = AdaptivePolicy(config, initial_steps=initial_steps)
+    rng = random.Random(seed)
+    alpha = {s: _chain_alpha(s, accepted[s]) for s in slot["candidate_steps"] if s > 0}
     trace = []
     for _ in range(batches):
         k = policy.steps_for_batch(1)
         trace.append(k)
-        policy.on_verify([accepted[k] if k > 0 else 0.0], 1)
+        if batch_size is None:
+            policy.on_verify([accepted[k] if k > 0 else 0.0], 1)
+        else:
+            policy.on_verify([_chain_sample(rng, alpha[k], k) if k > 0 else 0 for _ in range(batch_size)],
+                             batch_size)
     return trace
 
 
-def settles(slot: Mapping[str, Any], accepted: Mapping[int, float], target: int, window: int = 100) -> bool:
+def _chain_sample(rng: Any, alpha: float, k: int) -> int:
+    """Accepted drafts of one verify under the chain model: the first rejection ends the run (at most k)."""
+    n = 0
+    while n < k and rng.random() < alpha:
+        n += 1
+    return n
+
+
+NOISY_SHARE = 0.9  # share of batches a ladder must spend at its optimum under sampled acceptance
+
+
+def settles(slot: Mapping[str, Any], accepted: Mapping[int, float], target: int, window: int = 100,
+            batch_size: int | None = None) -> bool:
     """True when, from every start, the last ``window`` batches all run ``target`` (for target 0: at least half
-    of them, since SGLang probes up from 0 at every decision)."""
+    of them, since SGLang probes up from 0 at every decision). With ``batch_size`` and a target > 0, also when
+    per-request acceptance is sampled (:func:`simulate_slot`) at that batch size, at least 90% of the last 500
+    of 1000 batches run ``target``."""
     for start in slot["candidate_steps"]:
         tail = simulate_slot(slot, accepted, start)[-window:]
         if (tail.count(target) < window // 2) if target == 0 else any(s != target for s in tail):
             return False
+        if batch_size is not None and target > 0 and len(slot["candidate_steps"]) > 1:
+            noisy = simulate_slot(slot, accepted, start, batches=1000, batch_size=batch_size, seed=start)[-500:]
+            if noisy.count(target) < NOISY_SHARE * len(noisy):
+                return False
     return True
 
 
@@ -102,14 +135,20 @@ def design_hysteresis(cand: list[int], k: int, a: Mapping[int, float]) -> tuple[
     return None if down is None or up is None else (down, up)
 
 
-def _estimate_accepted(k: int, accepted_k: float, c: int) -> float:
-    """Accepted drafts at c from those at k, with per-token acceptance alpha solved from Leviathan et al. (2023):
-    E[tokens per verify] = (1 - alpha^(K+1)) / (1 - alpha)."""
+def _chain_alpha(k: int, accepted_k: float) -> float:
+    """Per-token acceptance alpha with alpha + alpha^2 + ... + alpha^k = ``accepted_k`` (Leviathan et al. (2023):
+    E[tokens per verify] = (1 - alpha^(K+1)) / (1 - alpha)); clamped to [0, 1]."""
     lo, hi = 0.0, 1.0
     for _ in range(60):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if sum(mid ** i for i in range(1, k + 1)) < accepted_k else (lo, mid)
-    return sum(lo ** i for i in range(1, c + 1))
+    return lo
+
+
+def _estimate_accepted(k: int, accepted_k: float, c: int) -> float:
+    """Accepted drafts at c from those at k under the chain model (:func:`_chain_alpha`)."""
+    alpha = _chain_alpha(k, accepted_k)
+    return sum(alpha ** i for i in range(1, c + 1))
 
 
 def ladder_for(preset: str, k: int, allowed: list[int]) -> list[int]:
@@ -127,9 +166,11 @@ def ladder_for(preset: str, k: int, allowed: list[int]) -> list[int]:
     return [k] + above[:1] if k == 0 else below[-1:] + [k] + above[:2]
 
 
-def design_slot(preset: str, k: int, allowed: list[int], accepted: Mapping[int, float]) -> tuple[dict, list[str]]:
+def design_slot(preset: str, k: int, allowed: list[int], accepted: Mapping[int, float],
+                batch_size: int = 1) -> tuple[dict, list[str]]:
     """One slot's config for ``preset`` and the notes explaining it. ``accepted``: measured drafts per verify
-    (NaN where unknown; estimated from k's when possible)."""
+    (NaN where unknown; estimated from k's when possible). ``batch_size``: the slot's smallest batch size, at
+    which the ladder must also settle under sampled per-request acceptance (:func:`settles`)."""
     notes: list[str] = []
     a = dict(accepted)
     cand = ladder_for(preset, k, allowed)
@@ -142,18 +183,28 @@ def design_slot(preset: str, k: int, allowed: list[int], accepted: Mapping[int, 
             notes.append(f"acceptance at K={c} estimated from K={k} (Leviathan model)")
     cand = [c for c in cand if c == 0 or math.isfinite(a.get(c, math.nan))]
     a[0] = 0.0
-    while True:
-        coeff = 0.0
-        if preset == "aggressive" and k >= 2 and a[k] > 0:
-            coeff = math.floor(100 * k / a[k]) / 100  # ceil(a[k] * coeff) == k: caps at k when acceptance falls
-        hyst = design_hysteresis(cand, k, a) if len(cand) > 1 else (DEFAULT_DOWN, DEFAULT_UP)
-        slot = {"candidate_steps": cand, "up_hysteresis": hyst[1] if hyst else DEFAULT_UP,
+    coeff = 0.0
+    if preset == "aggressive" and k >= 2 and a[k] > 0:
+        coeff = math.floor(100 * k / a[k]) / 100  # ceil(a[k] * coeff) == k: caps at k when acceptance falls
+
+    def build(ladder: list[int]) -> tuple[dict, bool]:
+        hyst = design_hysteresis(ladder, k, a) if len(ladder) > 1 else (DEFAULT_DOWN, DEFAULT_UP)
+        slot = {"candidate_steps": ladder, "up_hysteresis": hyst[1] if hyst else DEFAULT_UP,
                 "down_hysteresis": hyst[0] if hyst else DEFAULT_DOWN, "ceiling_coeff": coeff}
-        if hyst is not None and settles(slot, a, k):
+        return slot, hyst is not None and settles(slot, a, k, batch_size=batch_size)
+
+    while True:
+        slot, ok = build(cand)
+        if ok:
             return slot, notes
-        drop = max(cand, key=lambda c: (abs(c - k), c))
+        # leave out one candidate: the farthest from k whose removal lets the ladder settle, else the farthest
+        order = sorted((c for c in cand if c != k), key=lambda c: (-abs(c - k), -c))
+        drop = next((c for c in order if build([x for x in cand if x != c])[1]), order[0])
+        noisy = design_hysteresis(cand, k, a) is not None and settles(slot, a, k)
+        why = f"stay (>= {NOISY_SHARE:.0%} of batches) under per-request noise at batch size {batch_size}" \
+            if noisy else "settle"
         notes.append(f"K={drop} left out: with {a[k]:.2f} accepted drafts/verify at K={k} and {a[drop]:.2f} at "
-                     f"K={drop}, no hysteresis makes SGLang's EMA policy settle at K={k} with it in the ladder")
+                     f"K={drop}, no hysteresis makes SGLang's EMA policy {why} at K={k} with it in the ladder")
         cand = [c for c in cand if c != drop]
 
 
@@ -177,7 +228,7 @@ def sglang_configs(rec: Recommendation) -> tuple[dict[str, dict], dict[str, list
                                                for conc in slot.concurrencies)]
         acc = slot_acceptance(rec, slot)
         for preset in PRESETS:
-            cfg, why = design_slot(preset, slot.steps, sorted(set(allowed) | {slot.steps}), acc)
+            cfg, why = design_slot(preset, slot.steps, sorted(set(allowed) | {slot.steps}), acc, slot.lower)
             configs[preset][str(slot.lower)] = cfg
             if why:
                 notes[f"{preset} {slot.lower}"] = why

@@ -4,7 +4,9 @@ The same time-varying workload (:mod:`spectune.workload`: same seeded prompts, s
 static num_steps K (``run`` ``static:K``, one backend, a server per K or one switched server) and once against the
 config (``run`` ``config``: a second backend launched with ``BackendOptions.adaptive_config``, started at the
 config's largest candidate step, which SGLang and the bundled engine take as the initial tier and vLLM as
-``num_speculative_tokens``). Per run and per phase it reports output throughput, TPOT p50/p99, SLO attainment,
+``num_speculative_tokens``); with ``plan.repeats`` > 1 all of that repeats in alternating order
+(:meth:`~spectune.validate_plan.ValidatePlan.run_order`) and the tables and the verdict use the means
+(:func:`~spectune.validate_report.combine_repeats`). Per run and per phase it reports output throughput, TPOT p50/p99, SLO attainment,
 acceptance length and, where the server exposes them, num_steps switches (:func:`read_switches`);
 :func:`~spectune.validate_report.verdict` rules on the overall numbers.
 
@@ -32,7 +34,7 @@ from loadgen.errors import UserError
 from loadgen.record import RequestRecord
 from spectune.results import now_iso, point_status
 from spectune.validate_plan import ValidateListener, ValidateOutcome, ValidatePlan, config_candidates
-from spectune.validate_report import ValidateFolder, verdict
+from spectune.validate_report import ValidateFolder, combine_repeats, verdict
 from spectune.phase_metrics import phase_index, split_by_phase, summarize_run
 
 FAILURE_STOP = 100
@@ -87,14 +89,18 @@ class Validation:
         self.runs: list[dict[str, Any]] = meta["runs"]
 
     async def run_all(self) -> None:
+        """Every run of :meth:`ValidatePlan.run_order`; only one of the two servers is up at a time (a GPU may
+        hold only one)."""
+        active: Backend | None = None
         try:
-            for k in self.plan.steps:
-                await self._run(self.static, k, f"static:{k}")
+            for name, k, repeat in self.plan.run_order(self.initial_steps):
+                backend = self.adaptive if name == "config" else self.static
+                if active is not None and active is not backend:
+                    await active.close()
+                active = backend
+                await self._run(backend, k, name, repeat)
         finally:
             await self.static.close()
-        try:
-            await self._run(self.adaptive, self.initial_steps, "config")
-        finally:
             await self.adaptive.close()
 
     async def _sample(self, backend: Backend) -> _Sample:
@@ -112,15 +118,16 @@ class Validation:
             await asyncio.sleep(max(0.0, t0[0] + end - time.perf_counter()))
             samples.append(await self._sample(backend))
 
-    async def _run(self, backend: Backend, steps: int, name: str) -> None:
+    async def _run(self, backend: Backend, steps: int, name: str, repeat: int = 1) -> None:
         from backends.http import auth_headers
         from loadgen import ClosedLoop, Constraints, StreamingClient, run_point
         from loadgen.runner import warmup_prompt
         from spectune.harness import client_config, resolve_model
 
         plan, workload = self.plan, self.plan.workload
-        base = {"run": name, "steps": steps, "started": now_iso()}
-        self.listener.server_starting(name)
+        base = {"run": name, "steps": steps, "repeat": repeat, "started": now_iso()}
+        label = name if plan.repeats == 1 else f"{name} #{repeat}"
+        self.listener.server_starting(label)
         try:
             endpoint = await backend.start(steps)
             model = endpoint.model or await resolve_model(endpoint.base_url, self.model,
@@ -137,12 +144,13 @@ class Validation:
         def on_start(t: float) -> None:
             t0.append(t)
             started.set()
-            self.listener.run_started(name, t, workload.total_s)
+            self.listener.run_started(label, t, workload.total_s)
 
         def on_record(rec: RequestRecord) -> None:
             phase = phase_index(rec.send_time - t0[0], workload.bounds) + 1
-            self.folder.append_request({"run": name, "steps": steps, "phase": phase, **rec.to_json()})
-            self.listener.request_finished(name, rec, phase)
+            self.folder.append_request({"run": name, "steps": steps, "repeat": repeat, "phase": phase,
+                                        **rec.to_json()})
+            self.listener.request_finished(label, rec, phase)
 
         constraints = Constraints(max_requests=workload.max_requests(), max_duration_s=workload.total_s,
                                   max_failures=FAILURE_STOP)
@@ -242,13 +250,13 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
             **environment()}
     folder.open()
     outcome = ValidateOutcome(folder.path, plan, meta["runs"])
-    listener.started(plan, [*(f"static:{k}" for k in plan.steps), "config"])
+    listener.started(plan, [n if plan.repeats == 1 else f"{n} #{r}" for n, _, r in plan.run_order(initial)])
     try:
         folder.write(meta)
         await Validation(plan, static, adaptive, folder, prompts, meta, listener, options.model,
                          options.api_key_env, initial).run_all()
-        outcome.verdict = verdict(meta["runs"], plan.slo_ttft_ms is not None or plan.slo_tpot_ms is not None,
-                                  plan.tolerance)
+        outcome.verdict = verdict(combine_repeats(meta["runs"]),
+                                  plan.slo_ttft_ms is not None or plan.slo_tpot_ms is not None, plan.tolerance)
         meta.update(status="done", finished=now_iso(), verdict=asdict(outcome.verdict))
     except asyncio.CancelledError:
         meta.update(status="interrupted", finished=now_iso())

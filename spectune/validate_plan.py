@@ -43,6 +43,8 @@ class ValidatePlan:
         warmup_requests: unrecorded requests before each run (None: min(first phase's concurrency, 4)).
         tolerance: the config passes at >= (1 - tolerance) x the best static's throughput (0..1).
         max_failure_rate: a run with a larger share of failed requests is ``failed``.
+        repeats: times every run is measured, in alternating order (:meth:`run_order`); tables and the verdict
+            use the means over repeats (:func:`spectune.validate_report.combine_repeats`).
     """
 
     config: str
@@ -60,6 +62,14 @@ class ValidatePlan:
     warmup_requests: int | None = None
     tolerance: float = 0.0
     max_failure_rate: float = 0.1
+    repeats: int = 1
+
+    def run_order(self, config_steps: int) -> list[tuple[str, int, int]]:
+        """(run name, num_steps, repeat 1..n) in execution order: static runs by K, then the config; every second
+        repeat reversed (config first), so a slow drift of the machine's speed does not favour one side and the
+        server of the last run of a repeat is reused by the first run of the next."""
+        once = [*((f"static:{k}", k) for k in self.steps), ("config", config_steps)]
+        return [(name, k, r + 1) for r in range(self.repeats) for name, k in (once if r % 2 == 0 else once[::-1])]
 
     def validate(self) -> None:
         """Raises UserError naming the first bad value."""
@@ -71,6 +81,8 @@ class ValidatePlan:
                   max_failure_rate=self.max_failure_rate).validate()
         if not self.steps:
             raise UserError("no static num_steps to compare with: pass --steps, e.g. --steps 0,1,3")
+        if self.repeats < 1:
+            raise UserError(f"--repeats must be at least 1, got {self.repeats}")
         if not 0.0 <= self.tolerance < 1.0:
             raise UserError(f"--tolerance must be in 0..1 (0.02 = 2%), got {self.tolerance}")
 

@@ -75,6 +75,51 @@ def verdict(runs: Sequence[dict[str, Any]], with_slo: bool, tolerance: float = 0
                          f"K={k} ({bt:,.1f} tok/s){slo_note}", k, margin)
 
 
+_SUMMED = ("num_requests", "num_failed", "output_tokens")
+
+
+def _mean_window(windows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One window's numbers over repeats: request and token counts summed, other numbers averaged (over the
+    repeats that have them), anything else (labels, bounds, sources) from the first."""
+    out = dict(windows[0])
+    for key, first in windows[0].items():
+        values = [w.get(key) for w in windows]
+        nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if key in ("phase", "start_s", "end_s") or not nums or not isinstance(first, (int, float, type(None))):
+            continue
+        out[key] = sum(nums) if key in _SUMMED else sum(nums) / len(nums)
+    return out
+
+
+def combine_repeats(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per run name (``static:K``, ``config``) in first-seen order: the mean of its repeats.
+
+    Overall and per phase: output throughput (tok/s), TPOT/TTFT percentiles (ms), SLO attainment, acceptance
+    length, switches and achieved concurrency are means over the repeats; request and token counts are sums. The
+    entry gains ``repeats`` and ``throughput_by_repeat`` (overall output tok/s of each repeat, in order). A run
+    with a failed repeat is failed (its error names the repeat). A run measured once is returned unchanged.
+    """
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault(r.get("run", ""), []).append(r)
+    out: list[dict[str, Any]] = []
+    for rs in groups.values():
+        if len(rs) == 1:
+            out.append(rs[0])
+            continue
+        base = {k: v for k, v in rs[0].items() if k not in ("phases", "overall", "repeat", "started", "finished")}
+        base.update(repeats=len(rs), throughput_by_repeat=[(r.get("overall") or {}).get("output_throughput_tok_s")
+                                                           for r in rs])
+        bad = next((r for r in rs if r.get("status") != "ok"), None)
+        if bad is not None:
+            out.append({**base, "status": bad.get("status", "failed"), "phases": [], "overall": {},
+                        "error": f"repeat {bad.get('repeat')}: {bad.get('error')}"})
+            continue
+        phases = [_mean_window(list(ps)) for ps in zip(*(r["phases"] for r in rs))]
+        out.append({**base, "status": "ok", "overall": _mean_window([r["overall"] for r in rs]), "phases": phases})
+    return out
+
+
 def _f(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
@@ -94,8 +139,11 @@ ROW_HEADERS = ("output tok/s", "TPOT p50 ms", "TPOT p99 ms", "SLO attainment", "
 
 
 def render_markdown(meta: dict[str, Any]) -> str:
-    """validate.md: the verdict, an overall table and a table per phase (a row per run; ``*`` = best tok/s)."""
-    plan, cfg, runs = meta.get("plan") or {}, meta.get("config") or {}, meta.get("runs") or []
+    """validate.md: the verdict, an overall table and a table per phase (a row per run, means over repeats;
+    ``*`` = best tok/s), and with repeats the overall output tok/s of every repeat."""
+    plan, cfg, raw = meta.get("plan") or {}, meta.get("config") or {}, meta.get("runs") or []
+    runs = combine_repeats(raw)
+    repeats = int(plan.get("repeats") or 1)
     wl = plan.get("workload") or {}
     lines = ["# spectune validate", "",
              f"Config `{cfg.get('path')}` ({cfg.get('format')}, candidate steps "
@@ -103,7 +151,8 @@ def render_markdown(meta: dict[str, Any]) -> str:
              f"{', '.join(map(str, plan.get('steps') or []))}; workload `{wl.get('name')}` "
              f"({len(wl.get('phases') or [])} phases, {_f(wl.get('total_s'), 'g')} s); dataset {plan.get('dataset')}, "
              f"max_tokens {plan.get('max_tokens')}, temperature {plan.get('temperature')}; "
-             f"SLOs TTFT {plan.get('slo_ttft_ms') or '-'} ms, TPOT {plan.get('slo_tpot_ms') or '-'} ms.", ""]
+             f"SLOs TTFT {plan.get('slo_ttft_ms') or '-'} ms, TPOT {plan.get('slo_tpot_ms') or '-'} ms"
+             + (f"; {repeats} repeats in alternating order, tables show means." if repeats > 1 else "."), ""]
     v = meta.get("verdict")
     lines += [f"**{v['line']}**" if v else f"Status: {meta.get('status')} (no verdict yet)", ""]
 
@@ -125,6 +174,13 @@ def render_markdown(meta: dict[str, Any]) -> str:
         lines.append("")
 
     table("Overall", lambda r: r.get("overall"))
+    if repeats > 1:
+        lines += ["## Output tok/s per repeat", "", "| run | " + " | ".join(f"#{i + 1}" for i in range(repeats))
+                  + " |", "|" + " --- |" * (repeats + 1)]
+        for r in runs:
+            values = r.get("throughput_by_repeat") or [(r.get("overall") or {}).get("output_throughput_tok_s")]
+            lines.append(f"| {r['run']} | " + " | ".join(_f(v, ",.1f") for v in values) + " |")
+        lines += ["", "Execution order: " + ", ".join(f"{r.get('run')} #{r.get('repeat', 1)}" for r in raw), ""]
     for i, ph in enumerate(wl.get("phases") or []):
         title = f"Phase {ph['phase']}: {ph['label']} ({ph['start_s']:g}-{ph['end_s']:g} s)"
         table(title, lambda r, i=i: (r.get("phases") or [None] * (i + 1))[i] if len(r.get("phases") or []) > i

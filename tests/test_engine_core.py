@@ -99,6 +99,40 @@ def test_vllm_schedule_picks_num_steps_by_batch_size(expected) -> None:
     assert {k for bs, k in Trace.rows if bs == 1} == {3} and {k for bs, k in Trace.rows if bs >= 2} == {1}
 
 
+def test_lazy_drafting_catches_up_to_the_head_state_of_an_always_current_head() -> None:
+    """Adaptive mode skips the head in prefills and K=0 rounds; the first drafting round after them must draft from
+    the same head state (draft KV and feature) as a head that ran every round, also after slot moves."""
+    import torch
+
+    sched = parse_vllm_speculative_config({"num_speculative_tokens": 2,
+                                           "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 2, 1], [3, 8, 0]]})
+    engines = [tiny_engine(num_steps=0, policy=make_policy(sched), lazy=lazy) for lazy in (False, True)]
+    assert not engines[0].runner.lazy and engines[1].runner.lazy
+    outs: list[dict[str, list[int]]] = [{}, {}]
+    requests = [("a", PROMPTS[1], 30), ("b", PROMPTS[3], 5), ("c", PROMPTS[0], 60)]
+    caught_up, steps = 0, 0
+    while steps == 0 or any(e.num_running or e.num_waiting for e in engines):
+        for e, out in zip(engines, outs):
+            for rid, prompt, n in requests[:1] if steps == 0 else requests[1:] if steps == 2 else []:
+                out[rid] = []
+                e.add_request(rid, prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
+                              lambda o, out=out: out[o.request_id].extend(o.new_token_ids))
+            e.step()
+        steps += 1
+        eager, lazy = (e.runner for e in engines)
+        assert eager.lengths == lazy.lengths
+        for slot in range(engines[1].num_running):
+            if lazy.draft_len[slot] == lazy.lengths[slot]:  # current: drafts from here must be the eager head's
+                caught_up += 1
+                torch.testing.assert_close(lazy.draft_feature[slot], eager.draft_feature[slot], atol=1e-4, rtol=1e-4)
+                n = lazy.lengths[slot]
+                torch.testing.assert_close(lazy.draft_cache.k[:, slot, :, :n], eager.draft_cache.k[:, slot, :, :n],
+                                           atol=1e-4, rtol=1e-4)
+    assert outs[0] == outs[1] and set(outs[0]) == {"a", "b", "c"}
+    assert caught_up > 10
+    assert engines[0].stats.spec.accepted_per_pos == engines[1].stats.spec.accepted_per_pos
+
+
 def test_per_request_spec_counters() -> None:
     engine = tiny_engine(num_steps=3)
     outs = []

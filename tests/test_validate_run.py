@@ -79,6 +79,25 @@ def test_validate_fail_exit_code_and_margin(setup):
     assert not meta["verdict"]["passed"] and meta["verdict"]["margin_pct"] < 0
 
 
+def test_validate_repeats_interleave_and_average(setup):
+    tmp, args = setup
+    out = tmp / "out"
+    proc = cli(*args, "--steps", "0", "--repeats", "2", "--launch", template(500), "--config-launch",
+               template(5000), "--output-dir", str(out))
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads((out / "validate.json").read_text())
+    assert [(r["run"], r["repeat"]) for r in meta["runs"]] == [("static:0", 1), ("config", 1), ("config", 2),
+                                                               ("static:0", 2)]
+    assert all(r["status"] == "ok" for r in meta["runs"])
+    launches = [meta["backend"]["static"]["launches"], meta["backend"]["config"]["launches"]]
+    assert [len(x) for x in launches] == [2, 1]  # the config server serves repeats 1 and 2 in a row
+    mean = sum(r["overall"]["output_throughput_tok_s"] for r in meta["runs"] if r["run"] == "config") / 2
+    assert "PASS" in meta["verdict"]["line"] and f"{mean:,.1f} tok/s" in meta["verdict"]["line"]
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert {(r["run"], r["repeat"]) for r in records} == {("static:0", 1), ("static:0", 2), ("config", 1),
+                                                          ("config", 2)}
+
+
 def test_bad_config_is_one_line_before_anything_runs(setup):
     tmp, args = setup
     (tmp / "adaptive.json").write_text('{"1": {"candidate_step": [1, 3]}}')  # a typo SGLang would ignore

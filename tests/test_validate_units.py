@@ -14,7 +14,8 @@ from loadgen.datasets import user_prompt
 from loadgen.errors import UserError
 from loadgen.record import RequestRecord
 from spectune.validate import read_switches
-from spectune.validate_report import render_markdown, verdict
+from spectune.validate_plan import ValidatePlan
+from spectune.validate_report import combine_repeats, render_markdown, verdict
 from spectune.phase_metrics import inflight_average, phase_index, summarize_run, tokens_between
 from spectune.workload import Arrival
 from spectune.workload_spec import arrange_prompts, load_arrivals, parse_workload
@@ -190,6 +191,46 @@ def test_markdown_has_a_table_per_phase():
     assert "**FAIL: the config run failed (it did not run)**" in md
     assert "## Phase 1: c=1 (0-2 s)" in md and "## Phase 2: c=32 (2-4 s)" in md
     assert md.count("| static:0 | 12.5 * | 4.00 | 9.00 |") == 3 and "| static:3 | failed: no server |" in md
+
+
+def test_repeats_alternate_the_order():
+    plan = ValidatePlan(config="c.json", steps=(0, 2), workload=parse_workload("c1@1", 1.0, None, 1.0, 8, 0),
+                        repeats=3)
+    assert plan.run_order(3) == [("static:0", 0, 1), ("static:2", 2, 1), ("config", 3, 1),
+                                 ("config", 3, 2), ("static:2", 2, 2), ("static:0", 0, 2),
+                                 ("static:0", 0, 3), ("static:2", 2, 3), ("config", 3, 3)]
+    with pytest.raises(UserError, match="--repeats must be at least 1"):
+        ValidatePlan(config="c.json", steps=(0,), workload=plan.workload, repeats=0).validate()
+
+
+def test_combine_repeats_means_and_sums():
+    def rep(name, repeat, tput, p50, reqs, status="ok"):
+        window = {"phase": "all", "output_throughput_tok_s": tput, "tpot_p50_ms": p50, "num_requests": reqs,
+                  "num_failed": 0, "slo_attainment": None, "acceptance_length": 1.5, "label": "all"}
+        return {"run": name, "steps": 0 if name != "config" else 3, "repeat": repeat, "status": status,
+                "error": None if status == "ok" else "died", "overall": window, "phases": [dict(window, phase=1)]}
+
+    runs = [rep("static:0", 1, 100.0, 10.0, 5), rep("config", 1, 120.0, 8.0, 6),
+            rep("config", 2, 90.0, 12.0, 4), rep("static:0", 2, 110.0, 20.0, 7)]
+    combined = combine_repeats(runs)
+    assert [r["run"] for r in combined] == ["static:0", "config"]
+    s0, cfg = combined
+    assert s0["repeats"] == 2 and s0["throughput_by_repeat"] == [100.0, 110.0]
+    assert s0["overall"]["output_throughput_tok_s"] == pytest.approx(105.0)
+    assert s0["overall"]["tpot_p50_ms"] == pytest.approx(15.0) and s0["overall"]["num_requests"] == 12
+    assert s0["overall"]["slo_attainment"] is None and s0["phases"][0]["phase"] == 1
+    assert cfg["overall"]["output_throughput_tok_s"] == pytest.approx(105.0)
+    v = verdict(combined, with_slo=False)  # 105 vs 105: a tie passes
+    assert v.passed and v.best_static == 0
+    assert combine_repeats(runs[:2]) == runs[:2]  # measured once: unchanged
+    broken = combine_repeats([*runs[:3], rep("static:0", 2, 0.0, 0.0, 0, status="failed")])
+    assert broken[0]["status"] == "failed" and broken[0]["error"] == "repeat 2: died"
+    meta = {"status": "done", "config": {}, "runs": runs, "verdict": None,
+            "plan": {"steps": [0], "repeats": 2, "workload": {"name": "x", "total_s": 1, "phases": [
+                {"phase": 1, "label": "c=1", "start_s": 0.0, "end_s": 1.0}]}}}
+    md = render_markdown(meta)
+    assert "2 repeats in alternating order" in md and "| static:0 | 100.0 | 110.0 |" in md
+    assert "| config | 120.0 | 90.0 |" in md and "static:0 #1, config #1, config #2, static:0 #2" in md
 
 
 class _Backend:

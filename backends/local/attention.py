@@ -2,8 +2,9 @@
 
 Two shapes of forward:
 
-- *prefill*: one fresh sequence, tokens at positions 0..n-1; causal attention over its own keys (no cache reads);
-  K/V copied into its slot.
+- *prefill*: one sequence, tokens at positions start..start+n-1 of its slot; K/V copied into the slot, then causal
+  attention over positions 0..start+n-1 (its own keys alone when start is 0: no cache reads). start > 0 is how a
+  draft head catches up on positions it skipped (:class:`~backends.local.speculative.SpecRunner`, lazy drafting).
 - *batched*: B sequences in slots 0..B-1, q new tokens each at arbitrary positions (decode q = 1, verify q = K+1,
   draft extend q = K+1); K/V written at (slot, position), then each query attends to cache positions <= its own.
 
@@ -28,7 +29,8 @@ class AttnMeta:
     Attributes:
         cache: the KV cache this model writes (target and draft own separate caches).
         cos_sin: RoPE rows gathered per token, [B, q, 2, head_dim].
-        prefill_slot: slot of the fresh sequence for a prefill forward, else None.
+        prefill_slot: slot of the sequence for a prefill forward, else None.
+        prefill_start: first position a prefill forward writes (0 for a fresh prompt).
         write_index: for batched forwards, index tensors (slot [B,1,1], kv_head [1,H,1], position [B,1,q]).
         mask: for batched forwards, bool [B, 1, G*q, T], True where the query may attend.
         kv_len: T, cache positions visible to this forward.
@@ -37,15 +39,17 @@ class AttnMeta:
     cache: KVCache
     cos_sin: torch.Tensor
     prefill_slot: int | None = None
+    prefill_start: int = 0
     write_index: tuple[torch.Tensor, ...] | None = None
     mask: torch.Tensor | None = None
     kv_len: int = 0
 
     @classmethod
     def for_prefill(cls, cache: KVCache, rope: torch.Tensor, slot: int, n: int, start: int = 0) -> "AttnMeta":
-        """Metadata to prefill ``n`` tokens at positions start..start+n-1 of ``slot`` (start must be 0)."""
+        """Metadata to prefill ``n`` tokens at positions start..start+n-1 of ``slot`` (positions < start must
+        already hold this sequence's K/V)."""
         positions = torch.arange(start, start + n, device=rope.device)
-        return cls(cache=cache, cos_sin=rope[positions].unsqueeze(0), prefill_slot=slot)
+        return cls(cache=cache, cos_sin=rope[positions].unsqueeze(0), prefill_slot=slot, prefill_start=start)
 
     @classmethod
     def for_batch(cls, cache: KVCache, rope: torch.Tensor, positions: torch.Tensor, group: int,
@@ -78,10 +82,17 @@ def attend(
     batch, s, heads, hd = q.shape
     kv_heads = k.shape[2]
     if meta.prefill_slot is not None:
-        meta.cache.write_prefix(layer, meta.prefill_slot, k[0], v[0])
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
-        )  # [1, H, s, hd]
+        start = meta.prefill_start
+        meta.cache.write_prefix(layer, meta.prefill_slot, k[0], v[0], start)
+        if start == 0:
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+            )  # [1, H, s, hd]
+        else:  # query i (position start+i) sees cache positions 0..start+i
+            kc, vc = meta.cache.slot_view(layer, meta.prefill_slot, start + s)  # [1, Hkv, start+s, hd]
+            keys = torch.arange(start + s, device=q.device)
+            mask = keys.view(1, -1) <= (start + torch.arange(s, device=q.device)).view(-1, 1)  # [s, start+s]
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), kc, vc, attn_mask=mask, enable_gqa=True)
         return out.transpose(1, 2).reshape(batch, s, heads * hd)
     meta.cache.write(layer, meta.write_index, k, v)
     kc, vc = meta.cache.view(layer, batch, meta.kv_len)  # [B, Hkv, T, hd]

@@ -116,6 +116,8 @@ def build_engine(opts: EngineOptions) -> Any:
     per_token = bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
     if head is not None:
         per_token += bytes_per_token(head.cfg.num_layers, head.cfg.num_kv_heads, head.cfg.head_dim, dtype)
+        if policy is not None:  # lazy drafting keeps the head's inputs per position (SpecRunner feat_buf, tok_buf)
+            per_token += head.feature_dim * torch.empty((), dtype=dtype).element_size() + 8
     slots = min(opts.max_num_seqs, int(opts.kv_cache_gb * 2**30 // (per_token * max_len)))
     if slots < 1:
         raise UserError(f"--kv-cache-gb {opts.kv_cache_gb} cannot hold one sequence of {max_len} tokens: raise it "
@@ -130,7 +132,8 @@ def build_engine(opts: EngineOptions) -> Any:
     from backends.local.cuda_graphs import GraphRunner
 
     graphs = GraphRunner(slots, max_len, capture=True) if device.type == "cuda" and opts.cuda_graphs else None
-    runner = SpecRunner(target, head, slots, max_len, seeded_generator(opts.seed, device), graphs)
+    runner = SpecRunner(target, head, slots, max_len, seeded_generator(opts.seed, device), graphs,
+                        lazy_draft=policy is not None)
     trace = None
     if opts.trace_path:
         from backends.adaptive import TraceWriter

@@ -47,11 +47,15 @@ class KVCache:
         self.k[layer].index_put_(index, k.transpose(1, 2))
         self.v[layer].index_put_(index, v.transpose(1, 2))
 
-    def write_prefix(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store a fresh prompt's k, v [n, kv_heads, head_dim] at positions 0..n-1 of ``slot``."""
+    def write_prefix(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:
+        """Store k, v [n, kv_heads, head_dim] at positions start..start+n-1 of ``slot``."""
         n = k.shape[0]
-        self.k[layer, slot, :, :n] = k.transpose(0, 1)
-        self.v[layer, slot, :, :n] = v.transpose(0, 1)
+        self.k[layer, slot, :, start:start + n] = k.transpose(0, 1)
+        self.v[layer, slot, :, start:start + n] = v.transpose(0, 1)
+
+    def slot_view(self, layer: int, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V views [1, kv_heads, length, head_dim] of one slot (no copy)."""
+        return self.k[layer, slot:slot + 1, :, :length], self.v[layer, slot:slot + 1, :, :length]
 
     def view(self, layer: int, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V views [batch, kv_heads, length, head_dim] of slots 0..batch-1 (no copy)."""

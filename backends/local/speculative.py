@@ -16,6 +16,11 @@ yet run through the target, and (when drafting) the head has run its entry (x_m,
 KV entries past the accepted prefix are stale but never visible: the next round overwrites them before any query
 at a later position reads them (the static cache is addressed by position). K = 0 is plain decoding with no draft
 work at all.
+
+Lazy drafting (``lazy_draft``, for adaptive num_steps): prefills and K = 0 rounds run no head at all; they only keep
+the head's inputs (x_{p+1}, f_p) per position in ``feat_buf``/``tok_buf``. The first drafting round of a sequence
+catches the head up on the positions it skipped (one prefill-shaped head forward per lagging slot, from
+``draft_len`` to the sequence length), so a batch that stays at K = 0 costs what static K = 0 costs.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ class SpecRunner:
         generator: random source for sampling.
         graphs: a :class:`GraphRunner` to run decode-shaped forwards on padded, captured shapes (CUDA graphs), or
             None for plain eager forwards.
+        lazy_draft: keep the head's inputs instead of running it in prefills and K = 0 rounds (see the module
+            docstring); costs ``num_slots * max_len * feature_dim`` more cache elements.
     """
 
     def __init__(
@@ -50,6 +57,7 @@ class SpecRunner:
         max_len: int,
         generator: torch.Generator | None = None,
         graphs: GraphRunner | None = None,
+        lazy_draft: bool = False,
     ) -> None:
         c = target.cfg
         dev, dt = target.embed_tokens.weight.device, target.embed_tokens.weight.dtype
@@ -64,6 +72,12 @@ class SpecRunner:
             self.draft_group = d.num_heads // d.num_kv_heads
             self.draft_cache = KVCache(d.num_layers, num_slots, max_len, d.num_kv_heads, d.head_dim, dt, dev)
             self.draft_feature = torch.zeros(num_slots, d.hidden_size, dtype=dt, device=dev)
+        self.lazy = head is not None and lazy_draft
+        self.lengths = [0] * num_slots  # host copy of seq_len
+        self.draft_len = [0] * num_slots  # lazy: head KV entries 0..draft_len-1 are current
+        if self.lazy:
+            self.feat_buf = torch.zeros(num_slots, max_len, head.feature_dim, dtype=dt, device=dev)  # f_p
+            self.tok_buf = torch.zeros(num_slots, max_len, dtype=torch.long, device=dev)  # x_{p+1}
 
     def _features(self, hidden: torch.Tensor, aux: torch.Tensor | None) -> torch.Tensor:
         return aux if self.head is not None and self.head.cfg.kind == "eagle3" else hidden
@@ -92,25 +106,43 @@ class SpecRunner:
         logits = self.target.logits(hidden[:, -1:])  # [1, 1, V]
         _, first = verify(logits, tokens[:, :0], st, self.generator)  # [1, 1]
         self.last_token[slot], self.seq_len[slot] = first[0, 0], n
+        self.lengths[slot] = n
         if draft:
             shifted = torch.cat([tokens[:, 1:], first], dim=1)  # [1, n]: x_1..x_n
             feats = self._features(hidden, aux)  # [1, n, F]
-            out = self.head(shifted, feats, AttnMeta.for_prefill(self.draft_cache, self.head.rope, slot, n))
-            self.draft_feature[slot] = out[0, -1]
+            if self.lazy:
+                self.feat_buf[slot, :n], self.tok_buf[slot, :n] = feats[0], shifted[0]
+                self.draft_len[slot] = 0
+            else:
+                out = self.head(shifted, feats, AttnMeta.for_prefill(self.draft_cache, self.head.rope, slot, n))
+                self.draft_feature[slot] = out[0, -1]
         return int(first[0, 0])
+
+    def _catch_up(self, batch: int) -> None:
+        """Lazy drafting: run the head over the entries draft_len..length-1 it skipped, for slots 0..batch-1."""
+        for slot in range(batch):
+            start, end = self.draft_len[slot], self.lengths[slot]
+            if start < end:
+                tokens = self.tok_buf[slot, start:end].unsqueeze(0)  # [1, n]
+                feats = self.feat_buf[slot, start:end].unsqueeze(0)  # [1, n, F]
+                meta = AttnMeta.for_prefill(self.draft_cache, self.head.rope, slot, end - start, start)
+                self.draft_feature[slot] = self.head(tokens, feats, meta)[0, -1]
+                self.draft_len[slot] = end
 
     @torch.inference_mode()
     def decode_round(self, batch: int, k: int, st: SamplingTensors, keep_draft: bool = False) -> tuple[list[int], list[list[int]]]:
         """One round for slots 0..batch-1 with ``k`` drafts each (0 = plain decoding).
 
-        ``keep_draft`` (K = 0 only) still runs the one-entry draft extend so the head stays current, for adaptive
-        mode where later rounds draft again.
+        ``keep_draft`` (K = 0 only) keeps the head usable for later drafting rounds (adaptive mode): a one-entry
+        draft extend, or with lazy drafting only a copy of the head's inputs.
 
         Returns:
             accepted drafts per sequence, and per sequence the a+1 emitted tokens.
         """
         b, dev = batch, self.device
         m = self.seq_len[:b]  # [B]
+        if k > 0 and self.lazy:
+            self._catch_up(b)
         drafts = [self.head.draft_tokens(self.draft_feature[:b])] if k > 0 else []  # list of [B]: d_1
         if k > 1:
             feat = self.draft_feature[:b].unsqueeze(1)  # [B, 1, H]
@@ -125,13 +157,20 @@ class SpecRunner:
         hidden, aux = self._run("target", self._target_fwd, inputs, pos)
         accepted, tokens = verify(self.target.logits(hidden), d, st, self.generator)  # [B], [B, K+1]
         rows = torch.arange(b, device=dev)
-        if k > 0 or keep_draft:  # draft extend on (x_{p+1}, f_p), p = m..m+K; entry m+a feeds the next d_1
+        if k > 0 or (keep_draft and not self.lazy):  # draft extend on (x_{p+1}, f_p), p = m..m+K; entry m+a: d_1
             out = self._run("extend", self._draft_fwd, tokens, pos, self._features(hidden, aux))  # [B, K+1, H]
             self.draft_feature[:b] = out[rows, accepted]  # [B, H]
+        elif keep_draft:  # lazy K = 0: keep the entry (x_{m+1}, f_m) for a later catch-up
+            self.feat_buf[rows, m] = self._features(hidden, aux)[:, 0]
+            self.tok_buf[rows, m] = tokens[:, 0]
         self.last_token[:b] = tokens[rows, accepted]
         self.seq_len[:b] = m + accepted + 1
         acc = accepted.tolist()
         toks = tokens.tolist()
+        for slot, a in enumerate(acc):
+            self.lengths[slot] += a + 1
+            if k > 0:
+                self.draft_len[slot] = self.lengths[slot]
         return acc, [row[: a + 1] for row, a in zip(toks, acc)]
 
     def move_slot(self, src: int, dst: int) -> None:
@@ -139,6 +178,10 @@ class SpecRunner:
         length = min(int(self.seq_len[src]) + 1, self.target_cache.max_len)
         self.target_cache.move_slot(src, dst, length)
         self.last_token[dst], self.seq_len[dst] = self.last_token[src], self.seq_len[src]
+        self.lengths[dst], self.draft_len[dst] = self.lengths[src], self.draft_len[src]
         if self.head is not None:
-            self.draft_cache.move_slot(src, dst, length)
+            self.draft_cache.move_slot(src, dst, min(self.draft_len[src] + 1, length) if self.lazy else length)
             self.draft_feature[dst] = self.draft_feature[src]
+        if self.lazy:
+            lo, hi = self.draft_len[src], self.lengths[src]
+            self.feat_buf[dst, lo:hi], self.tok_buf[dst, lo:hi] = self.feat_buf[src, lo:hi], self.tok_buf[src, lo:hi]

@@ -54,6 +54,9 @@ def validate(
                                                   rich_help_panel=LOAD_PANEL)] = None,
     tolerance: Annotated[float, typer.Option(help="PASS when the config reaches (1 - tolerance) x the best "
                                              "static throughput, e.g. 0.02 for 2% noise.")] = 0.0,
+    repeats: Annotated[int, typer.Option(help="Measure every run this many times, in alternating order (static "
+                                         "0..K then config, then config first); tables and the verdict use the "
+                                         "means. Use 2 or more on a noisy machine.")] = 1,
     max_failure_rate: Annotated[float, typer.Option(help="A run with a larger share of failed requests is "
                                                     "'failed' (0..1).", rich_help_panel=LOAD_PANEL)] = 0.1,
     output_dir: Annotated[Optional[Path], typer.Option(help="Results folder (default: "
@@ -92,6 +95,7 @@ def validate(
     from spectune.sweep_plan import parse_int_list
     from spectune.validate import execute
     from spectune.validate_plan import ValidatePlan, config_candidates
+    from spectune.validate_report import combine_repeats
     from spectune.workload_spec import load_arrivals, parse_workload
 
     _, candidates = config_candidates(str(config))  # a bad config fails first, before anything else
@@ -105,7 +109,8 @@ def validate(
     plan = ValidatePlan(config=str(config), steps=tuple(step_list), workload=wl, dataset=dataset,
                         num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature, seed=seed,
                         ignore_eos=ignore_eos, api=api, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
-                        warmup_requests=warmup, tolerance=tolerance, max_failure_rate=max_failure_rate)
+                        warmup_requests=warmup, tolerance=tolerance, max_failure_rate=max_failure_rate,
+                        repeats=repeats)
     plan.validate()
     if backend.strip().lower() == "openai":
         raise UserError("validate launches its own servers: use --backend local, sglang, vllm or launch")
@@ -127,7 +132,7 @@ def validate(
         err.print(f"interrupted: partial results in {output_dir} (validate.json says which runs finished)",
                   markup=False)
         raise typer.Exit(143 if sig == signal.SIGTERM else 130)
-    console.print(_table(outcome.runs, plan))
+    console.print(_table(combine_repeats(outcome.runs), plan))
     v = outcome.verdict
     console.print(v.line, style="bold green" if v.passed else "bold red", markup=False, soft_wrap=True)
     console.print(f"results in {output_dir} (validate.md, validate.json, requests.jsonl)", markup=False,
