@@ -53,7 +53,7 @@ def main() -> None:
     accepted = dict.fromkeys(steps, 0)
     per_prompt: dict[int, list[float]] = {k: [] for k in steps}
     diverged = 0
-    console = Console()
+    console = Console(width=140)
     with console.status("") as status:
         for i, ids in enumerate(prompts):
             order = steps[i % len(steps):] + steps[:i % len(steps)]

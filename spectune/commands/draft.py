@@ -63,7 +63,8 @@ def evaluate(
     = None,
     model: Annotated[Optional[str], typer.Option(help="Target (default: the embedded SmolLM2-135M-Instruct).")]
     = None,
-    dataset: Annotated[str, typer.Option(help="mt-bench, humaneval, spec-bench:PATH, jsonl:PATH, sharegpt.")]
+    dataset: Annotated[str, typer.Option(help="mt-bench, humaneval, spec-bench:PATH, jsonl:PATH, sharegpt, or "
+                                         "sharegpt-heldout (ShareGPT prompts the head was not trained on).")]
     = "mt-bench",
     num_prompts: Annotated[int, typer.Option(min=1, help="Prompts (seeded sample; MT-Bench has 80).")] = 80,
     steps: Annotated[str, typer.Option(help="num_steps values, comma-separated.")] = "1,2,3,4,5",
@@ -90,9 +91,24 @@ def evaluate(
         raise UserError(f"bad --steps {steps!r}: use comma-separated integers like 1,2,3") from None
     if not ks or min(ks) < 1:
         raise UserError("--steps needs num_steps values >= 1")
-    prompts = load_dataset(dataset, num_prompts, seed)
+    if dataset.strip().lower() == "sharegpt-heldout":
+        from backends.local.build import resolve_draft
+        from spectune.draft.data import heldout_sharegpt
+
+        head = resolve_draft(draft, model is None or model.lower() in ("smollm2", "default"))
+        if head is None:
+            raise UserError("sharegpt-heldout needs a draft head: pass --draft PATH")
+        prompts = heldout_sharegpt(head, num_prompts, seed)
+    else:
+        prompts = load_dataset(dataset, num_prompts, seed)
     engine = build_engine(EngineOptions(model=model, draft=draft, num_steps=max(ks), dtype=dtype,
                                         max_num_seqs=batch, max_model_len=2048, kv_cache_gb=2.0))
+    fits = [p for p in prompts if len(engine.tokenizer.encode_chat(p.messages)) + max_tokens <= engine.context_len]
+    if len(fits) < len(prompts):
+        console_err = __import__("rich.console", fromlist=["Console"]).Console(stderr=True)
+        console_err.print(f"warning: {len(prompts) - len(fits)} prompts longer than the context were left out",
+                          style="yellow", markup=False)
+        prompts = fits
     console = Console()
     results = [measure_acceptance(engine, prompts, k, max_tokens) for k in ks]
     table = Table(title=f"acceptance length on {dataset} ({len(prompts)} prompts, greedy, {max_tokens} tokens)")

@@ -57,6 +57,31 @@ def training_prompts(tokenizer: Any, limit: int, max_prompt_tokens: int, exclude
     return out[:limit]
 
 
+TRAINING_IDS_FILE = "training-prompt-ids.txt"
+"""In a head folder written by ``spectune draft train``: the ShareGPT ids of its training prompts, one per line."""
+
+
+def heldout_sharegpt(head_dir: Path, num_prompts: int, seed: int) -> list[Any]:
+    """ShareGPT first turns a head was not trained on: neither their id nor their text (normalised) is among the
+    training prompts listed in ``head_dir/training-prompt-ids.txt``; a seeded sample of ``num_prompts``.
+
+    Raises:
+        UserError: the head folder has no such list (it was not trained by ``spectune draft train``).
+    """
+    from loadgen.datasets import read_sharegpt
+    from loadgen.errors import UserError
+
+    path = head_dir / TRAINING_IDS_FILE
+    if not path.is_file():
+        raise UserError(f"{path} is missing: sharegpt-heldout needs a head trained by `spectune draft train`")
+    ids = set(path.read_text().split())
+    records = read_sharegpt(None, 10**7)
+    trained = {normalise(p.text) for p in records if p.id in ids}
+    rest = [p for p in records if p.id not in ids and normalise(p.text) not in trained]
+    rng = random.Random(seed)
+    return rng.sample(rest, min(num_prompts, len(rest)))
+
+
 def write_jsonl(path: Path, rows: Iterable[dict], append: bool = False) -> None:
     """Write rows as JSON lines (flushed)."""
     with open(path, "a" if append else "w") as fh:

@@ -137,6 +137,10 @@ def _export(opts: PipelineOptions, train_cfg: Any, card: dict[str, Any]) -> None
     head = head.to(torch.bfloat16)
     save_head(head, opts.output)
     (opts.output / "training.json").write_text(json.dumps(card, indent=2) + "\n")
+    from spectune.draft.data import TRAINING_IDS_FILE, read_jsonl
+
+    ids = [row["id"] for row in read_jsonl(opts.work_dir / "responses.jsonl")]  # the sequences trained on
+    (opts.output / TRAINING_IDS_FILE).write_text("".join(f"{i}\n" for i in ids))
 
 
 def _write(path: Path, card: dict[str, Any]) -> None:
