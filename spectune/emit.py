@@ -187,25 +187,29 @@ def design_slot(preset: str, k: int, allowed: list[int], accepted: Mapping[int, 
     if preset == "aggressive" and k >= 2 and a[k] > 0:
         coeff = math.floor(100 * k / a[k]) / 100  # ceil(a[k] * coeff) == k: caps at k when acceptance falls
 
-    def build(ladder: list[int]) -> tuple[dict, bool]:
+    def build(ladder: list[int]) -> tuple[dict, tuple[float, float] | None, bool]:
         hyst = design_hysteresis(ladder, k, a) if len(ladder) > 1 else (DEFAULT_DOWN, DEFAULT_UP)
         slot = {"candidate_steps": ladder, "up_hysteresis": hyst[1] if hyst else DEFAULT_UP,
                 "down_hysteresis": hyst[0] if hyst else DEFAULT_DOWN, "ceiling_coeff": coeff}
-        return slot, hyst is not None and settles(slot, a, k, batch_size=batch_size)
+        return slot, hyst, hyst is not None and settles(slot, a, k, batch_size=batch_size)
 
-    while True:
-        slot, ok = build(cand)
-        if ok:
-            return slot, notes
+    slot, hyst, ok = build(cand)
+    while not ok:
         # leave out one candidate: the farthest from k whose removal lets the ladder settle, else the farthest
         order = sorted((c for c in cand if c != k), key=lambda c: (-abs(c - k), -c))
-        drop = next((c for c in order if build([x for x in cand if x != c])[1]), order[0])
-        noisy = design_hysteresis(cand, k, a) is not None and settles(slot, a, k)
+        tried = []
+        for c in order:
+            tried.append((c, build([x for x in cand if x != c])))
+            if tried[-1][1][2]:
+                break
+        drop, built = tried[-1] if tried[-1][1][2] else tried[0]
         why = f"stay (>= {NOISY_SHARE:.0%} of batches) under per-request noise at batch size {batch_size}" \
-            if noisy else "settle"
+            if hyst is not None and settles(slot, a, k) else "settle"
         notes.append(f"K={drop} left out: with {a[k]:.2f} accepted drafts/verify at K={k} and {a[drop]:.2f} at "
                      f"K={drop}, no hysteresis makes SGLang's EMA policy {why} at K={k} with it in the ladder")
         cand = [c for c in cand if c != drop]
+        slot, hyst, ok = built
+    return slot, notes
 
 
 def slot_acceptance(rec: Recommendation, slot: Slot) -> dict[int, float]:

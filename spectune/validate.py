@@ -6,8 +6,9 @@ config (``run`` ``config``: a second backend launched with ``BackendOptions.adap
 config's largest candidate step, which SGLang and the bundled engine take as the initial tier and vLLM as
 ``num_speculative_tokens``); with ``plan.repeats`` > 1 all of that repeats in alternating order
 (:meth:`~spectune.validate_plan.ValidatePlan.run_order`) and the tables and the verdict use the means
-(:func:`~spectune.validate_report.combine_repeats`). Per run and per phase it reports output throughput, TPOT p50/p99, SLO attainment,
-acceptance length and, where the server exposes them, num_steps switches (:func:`read_switches`);
+(:func:`~spectune.validate_report.combine_repeats`). Per run and per phase it reports output throughput, TPOT
+p50/p99, SLO attainment, acceptance length and, where the server exposes them, num_steps switches
+(:func:`read_switches`);
 :func:`~spectune.validate_report.verdict` rules on the overall numbers.
 
 Per phase: requests belong to the phase they were sent in (latency, SLO attainment, request counts); output

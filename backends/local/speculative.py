@@ -180,7 +180,7 @@ class SpecRunner:
         self.last_token[dst], self.seq_len[dst] = self.last_token[src], self.seq_len[src]
         self.lengths[dst], self.draft_len[dst] = self.lengths[src], self.draft_len[src]
         if self.head is not None:
-            self.draft_cache.move_slot(src, dst, min(self.draft_len[src] + 1, length) if self.lazy else length)
+            self.draft_cache.move_slot(src, dst, self.draft_len[src] if self.lazy else length)
             self.draft_feature[dst] = self.draft_feature[src]
         if self.lazy:
             lo, hi = self.draft_len[src], self.lengths[src]

@@ -105,8 +105,7 @@ def evaluate(
                                         max_num_seqs=batch, max_model_len=2048, kv_cache_gb=2.0))
     fits = [p for p in prompts if len(engine.tokenizer.encode_chat(p.messages)) + max_tokens <= engine.context_len]
     if len(fits) < len(prompts):
-        console_err = __import__("rich.console", fromlist=["Console"]).Console(stderr=True)
-        console_err.print(f"warning: {len(prompts) - len(fits)} prompts longer than the context were left out",
+        Console(stderr=True).print(f"warning: {len(prompts) - len(fits)} prompts longer than the context were left out",
                           style="yellow", markup=False)
         prompts = fits
     console = Console()

@@ -69,7 +69,6 @@ def heldout_sharegpt(head_dir: Path, num_prompts: int, seed: int) -> list[Any]:
         UserError: the head folder has no such list (it was not trained by ``spectune draft train``).
     """
     from loadgen.datasets import read_sharegpt
-    from loadgen.errors import UserError
 
     path = head_dir / TRAINING_IDS_FILE
     if not path.is_file():
