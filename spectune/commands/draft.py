@@ -22,6 +22,8 @@ def train(
     stage: Annotated[str, typer.Option(help="all, or one of data, features, train, export.")] = "all",
     num_prompts: Annotated[int, typer.Option(min=1, help="ShareGPT prompts whose responses the target "
                                              "regenerates (self-distillation).")] = 6000,
+    magpie_prompts: Annotated[int, typer.Option(min=0, help="Extra prompts the target writes itself (Magpie), "
+                                                "answered after the ShareGPT ones.")] = 0,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Response length cap, tokens.")] = 256,
     spec_bench: Annotated[Optional[Path], typer.Option(help="Spec-Bench JSONL whose prompts are excluded from "
                                                        "training too (MT-Bench and HumanEval always are).")] = None,
@@ -48,7 +50,7 @@ def train(
         torch.set_num_threads(threads)
     console = Console(stderr=True)
     opts = PipelineOptions(model=model, output=output, work_dir=work_dir, num_prompts=num_prompts,
-                           max_new_tokens=max_new_tokens, spec_bench=spec_bench,
+                           magpie_prompts=magpie_prompts, max_new_tokens=max_new_tokens, spec_bench=spec_bench,
                            stages=STAGES if stage == "all" else (stage,))
     cfg = TrainConfig(draft_vocab_size=draft_vocab_size, ttt_steps=ttt_steps, epochs=epochs, lr=lr,
                       batch_tokens=batch_tokens, seed=seed)

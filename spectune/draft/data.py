@@ -57,6 +57,75 @@ def training_prompts(tokenizer: Any, limit: int, max_prompt_tokens: int, exclude
     return out[:limit]
 
 
+def magpie_prompts(engine: Any, limit: int, max_prompt_tokens: int, exclude: set[str], seed: int, out: Path,
+                   chunk: int = 64, max_message_tokens: int = 160, temperature: float = 1.0, top_p: float = 0.95,
+                   progress: Any = None) -> list[dict]:
+    """User prompts written by the target itself (Magpie: Xu et al., "Magpie: Alignment Data Synthesis from Scratch
+    by Prompting Aligned LLMs with Nothing", 2024): the chat template up to the user turn's opening is fed to the
+    target, which samples a user message (``temperature``, ``top_p``, at most ``max_message_tokens``) until
+    its end-of-turn token.
+
+    Why: an instruct model's user turns follow its own fine-tuning data (SmolLM2: SmolTalk, chat-assistant
+    questions much like MT-Bench's), so its answers to them are the outputs a served model actually produces.
+    Kept: messages that ended on end-of-turn, have >= 4 words, are >= 95% ASCII, are new (normalised text) and are
+    not evaluation prompts (``exclude``). Appended to ``out`` per chunk as ``{"id", "prompt_ids", "text", "round"}``
+    with the chat template applied (ids ``magpie-<seed>-<n>``); a rerun continues until ``limit`` are stored.
+
+    Returns the first ``limit`` stored prompts.
+
+    Raises:
+        UserError: the model has no chat template with a user turn to open, or 20 rounds in a row added no new
+            prompt before ``limit`` was reached (what was found stays stored).
+    """
+    from backends.local.sequence import SamplingParams
+
+    tok = engine.tokenizer
+    marker = "MAGPIE-USER-MESSAGE"
+    try:
+        rendered = tok.hf.decode(tok.encode_chat([{"role": "user", "content": marker}]), skip_special_tokens=False)
+    except ValueError as exc:
+        raise UserError(f"the target's chat template cannot open a user turn ({exc}); use ShareGPT prompts only "
+                        "(--magpie-prompts 0)") from None
+    if marker not in rendered:
+        raise UserError("the target's chat template does not echo the user message; use --magpie-prompts 0")
+    opening = tok.encode(rendered[: rendered.index(marker)])
+    rows = read_jsonl(out)
+    seen = {normalise(r["text"]) for r in rows}
+    params = SamplingParams(max_tokens=max_message_tokens, temperature=temperature,
+                            top_p=top_p)
+    rounds = max((r["round"] for r in rows), default=-1) + 1  # resume after the last round that kept a prompt
+    barren = 0
+    while len(rows) < limit:
+        if barren >= 20:
+            raise UserError(f"the target wrote only {len(rows)} distinct usable prompts in {rounds} rounds: lower "
+                            f"--magpie-prompts to at most {len(rows)}")
+        engine.runner.generator.manual_seed(seed * 1_000_003 + rounds)  # each round's draw is reproducible
+        outputs = engine.generate([opening] * chunk, params)
+        fresh = []
+        for o in outputs:
+            if not o or o[-1] not in tok.eos_token_ids:
+                continue  # cut at max_tokens: not a finished message
+            text = tok.decode(o[:-1]).strip()
+            key = normalise(text)
+            if len(key.split()) < 4 or key in seen or key in exclude:
+                continue
+            if sum(ch.isascii() for ch in text) < 0.95 * len(text):
+                continue
+            ids = tok.encode_chat([{"role": "user", "content": text}])
+            if len(ids) > max_prompt_tokens:
+                continue
+            seen.add(key)
+            fresh.append({"id": f"magpie-{seed}-{len(rows) + len(fresh)}", "prompt_ids": ids, "text": text,
+                          "round": rounds})
+        rounds += 1
+        barren = 0 if fresh else barren + 1
+        write_jsonl(out, fresh, append=True)
+        rows += fresh
+        if progress is not None:
+            progress(min(len(rows), limit), limit)
+    return rows[:limit]
+
+
 TRAINING_IDS_FILE = "training-prompt-ids.txt"
 """In a head folder written by ``spectune draft train``: the ShareGPT ids of its training prompts, one per line."""
 

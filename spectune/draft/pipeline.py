@@ -27,6 +27,7 @@ class PipelineOptions:
         output: folder receiving the trained head (safetensors + config.json + card).
         work_dir: folder for data, features and checkpoints.
         num_prompts: ShareGPT prompts to regenerate responses for.
+        magpie_prompts: prompts the target writes itself (Magpie), answered after the ShareGPT ones.
         max_new_tokens: response length cap for self-distillation.
         max_prompt_tokens: longer prompts are skipped.
         spec_bench: Spec-Bench JSONL whose prompts are excluded from training (optional).
@@ -38,6 +39,7 @@ class PipelineOptions:
     output: Path
     work_dir: Path
     num_prompts: int = 6000
+    magpie_prompts: int = 0
     max_new_tokens: int = 256
     max_prompt_tokens: int = 512
     spec_bench: Path | None = None
@@ -51,8 +53,8 @@ def run_pipeline(opts: PipelineOptions, train_cfg: Any, say: Callable[[str], Non
 
     from backends.local.build import EngineOptions, build_engine
     from backends.local.weights import load_target
-    from spectune.draft.data import evaluation_texts, generate_responses, read_jsonl, require_rows, \
-        training_prompts, write_jsonl
+    from spectune.draft.data import evaluation_texts, generate_responses, magpie_prompts, read_jsonl, \
+        require_rows, training_prompts, write_jsonl
     from spectune.draft.features import FeatureStore, extract_features
     from spectune.draft.train import train
 
@@ -72,9 +74,15 @@ def run_pipeline(opts: PipelineOptions, train_cfg: Any, say: Callable[[str], Non
                                                        exclude, train_cfg.seed))
             say(f"{len(read_jsonl(prompts_path))} training prompts ({len(exclude)} evaluation prompts excluded)")
         prompts = read_jsonl(prompts_path)[: opts.num_prompts]
+        if opts.magpie_prompts > 0:
+            prompts += magpie_prompts(engine, opts.magpie_prompts, opts.max_prompt_tokens,
+                                      evaluation_texts(opts.spec_bench), train_cfg.seed, work / "magpie-prompts.jsonl",
+                                      progress=lambda d, n: say(f"magpie prompts {d}/{n}"))
         produced = generate_responses(engine, prompts, work / "responses.jsonl", opts.max_new_tokens, 256,
                                       lambda d, n, k: say(f"responses {d}/{n} ({k} tokens this run)"))
-        card["stages"]["data"] = {"prompts": len(prompts), "new_tokens": produced, "wall_s": time.time() - t0}
+        card["stages"]["data"] = {"prompts": len(prompts), "sharegpt_prompts": len(prompts) - max(opts.magpie_prompts, 0),
+                                  "magpie_prompts": max(opts.magpie_prompts, 0), "new_tokens": produced,
+                                  "wall_s": time.time() - t0}
         _write(card_path, card)
     target = None
     if "features" in opts.stages or "train" in opts.stages:
