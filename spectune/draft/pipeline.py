@@ -80,9 +80,11 @@ def run_pipeline(opts: PipelineOptions, train_cfg: Any, say: Callable[[str], Non
                                       progress=lambda d, n: say(f"magpie prompts {d}/{n}"))
         produced = generate_responses(engine, prompts, work / "responses.jsonl", opts.max_new_tokens, 256,
                                       lambda d, n, k: say(f"responses {d}/{n} ({k} tokens this run)"))
-        card["stages"]["data"] = {"prompts": len(prompts), "sharegpt_prompts": len(prompts) - max(opts.magpie_prompts, 0),
-                                  "magpie_prompts": max(opts.magpie_prompts, 0), "new_tokens": produced,
-                                  "wall_s": time.time() - t0}
+        prev = card["stages"].get("data", {})  # a resumed or extended run adds to the earlier runs' totals
+        card["stages"]["data"] = {"prompts": len(prompts), "sharegpt_prompts": len(prompts) - opts.magpie_prompts,
+                                  "magpie_prompts": opts.magpie_prompts,
+                                  "new_tokens": prev.get("new_tokens", 0) + produced,
+                                  "wall_s": prev.get("wall_s", 0.0) + time.time() - t0}
         _write(card_path, card)
     target = None
     if "features" in opts.stages or "train" in opts.stages:
