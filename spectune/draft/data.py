@@ -91,8 +91,7 @@ def magpie_prompts(engine: Any, limit: int, max_prompt_tokens: int, exclude: set
     opening = tok.encode(rendered[: rendered.index(marker)])
     rows = read_jsonl(out)
     seen = {normalise(r["text"]) for r in rows}
-    params = SamplingParams(max_tokens=max_message_tokens, temperature=temperature,
-                            top_p=top_p)
+    params = SamplingParams(max_tokens=max_message_tokens, temperature=temperature, top_p=top_p)
     rounds = max((r["round"] for r in rows), default=-1) + 1  # resume after the last round that kept a prompt
     barren = 0
     while len(rows) < limit:
@@ -127,7 +126,8 @@ def magpie_prompts(engine: Any, limit: int, max_prompt_tokens: int, exclude: set
 
 
 TRAINING_IDS_FILE = "training-prompt-ids.txt"
-"""In a head folder written by ``spectune draft train``: the ShareGPT ids of its training prompts, one per line."""
+"""In a head folder written by ``spectune draft train``: the ids of its training prompts (ShareGPT ids and
+``magpie-<seed>-<n>``), one per line."""
 
 
 def heldout_sharegpt(head_dir: Path, num_prompts: int, seed: int) -> list[Any]:
