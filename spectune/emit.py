@@ -87,14 +87,25 @@ def settles(slot: Mapping[str, Any], accepted: Mapping[int, float], target: int,
     of them, since SGLang probes up from 0 at every decision). With ``batch_size`` and a target > 0, also when
     per-request acceptance is sampled (:func:`simulate_slot`) at that batch size, at least 90% of the last 500
     of 1000 batches run ``target``."""
+    return _settles_on_mean(slot, accepted, target, window) and (
+        batch_size is None or _settles_under_noise(slot, accepted, target, batch_size))
+
+
+def _settles_on_mean(slot: Mapping[str, Any], accepted: Mapping[int, float], target: int, window: int = 100) -> bool:
     for start in slot["candidate_steps"]:
         tail = simulate_slot(slot, accepted, start)[-window:]
         if (tail.count(target) < window // 2) if target == 0 else any(s != target for s in tail):
             return False
-        if batch_size is not None and target > 0 and len(slot["candidate_steps"]) > 1:
-            noisy = simulate_slot(slot, accepted, start, batches=1000, batch_size=batch_size, seed=start)[-500:]
-            if noisy.count(target) < NOISY_SHARE * len(noisy):
-                return False
+    return True
+
+
+def _settles_under_noise(slot: Mapping[str, Any], accepted: Mapping[int, float], target: int, batch_size: int) -> bool:
+    if target == 0 or len(slot["candidate_steps"]) == 1:
+        return True
+    for start in slot["candidate_steps"]:
+        noisy = simulate_slot(slot, accepted, start, batches=1000, batch_size=batch_size, seed=start)[-500:]
+        if noisy.count(target) < NOISY_SHARE * len(noisy):
+            return False
     return True
 
 
@@ -187,13 +198,15 @@ def design_slot(preset: str, k: int, allowed: list[int], accepted: Mapping[int, 
     if preset == "aggressive" and k >= 2 and a[k] > 0:
         coeff = math.floor(100 * k / a[k]) / 100  # ceil(a[k] * coeff) == k: caps at k when acceptance falls
 
-    def build(ladder: list[int]) -> tuple[dict, tuple[float, float] | None, bool]:
+    def build(ladder: list[int]) -> tuple[dict, bool, bool]:
+        """The slot for ``ladder``; whether it settles on the mean acceptance, and also under per-request noise."""
         hyst = design_hysteresis(ladder, k, a) if len(ladder) > 1 else (DEFAULT_DOWN, DEFAULT_UP)
         slot = {"candidate_steps": ladder, "up_hysteresis": hyst[1] if hyst else DEFAULT_UP,
                 "down_hysteresis": hyst[0] if hyst else DEFAULT_DOWN, "ceiling_coeff": coeff}
-        return slot, hyst, hyst is not None and settles(slot, a, k, batch_size=batch_size)
+        on_mean = hyst is not None and _settles_on_mean(slot, a, k)
+        return slot, on_mean, on_mean and _settles_under_noise(slot, a, k, batch_size)
 
-    slot, hyst, ok = build(cand)
+    slot, on_mean, ok = build(cand)
     while not ok:
         # leave out one candidate: the farthest from k whose removal lets the ladder settle, else the farthest
         order = sorted((c for c in cand if c != k), key=lambda c: (-abs(c - k), -c))
@@ -204,11 +217,11 @@ def design_slot(preset: str, k: int, allowed: list[int], accepted: Mapping[int, 
                 break
         drop, built = tried[-1] if tried[-1][1][2] else tried[0]
         why = f"stay (>= {NOISY_SHARE:.0%} of batches) under per-request noise at batch size {batch_size}" \
-            if hyst is not None and settles(slot, a, k) else "settle"
+            if on_mean else "settle"
         notes.append(f"K={drop} left out: with {a[k]:.2f} accepted drafts/verify at K={k} and {a[drop]:.2f} at "
                      f"K={drop}, no hysteresis makes SGLang's EMA policy {why} at K={k} with it in the ladder")
         cand = [c for c in cand if c != drop]
-        slot, hyst, ok = built
+        slot, on_mean, ok = built
     return slot, notes
 
 

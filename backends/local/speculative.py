@@ -175,7 +175,7 @@ class SpecRunner:
 
     def move_slot(self, src: int, dst: int) -> None:
         """Move a running sequence from slot ``src`` to ``dst`` (cache rows and state)."""
-        length = min(int(self.seq_len[src]) + 1, self.target_cache.max_len)
+        length = min(self.lengths[src] + 1, self.target_cache.max_len)  # host copy: no device sync
         self.target_cache.move_slot(src, dst, length)
         self.last_token[dst], self.seq_len[dst] = self.last_token[src], self.seq_len[src]
         self.lengths[dst], self.draft_len[dst] = self.lengths[src], self.draft_len[src]

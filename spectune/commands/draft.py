@@ -107,8 +107,8 @@ def evaluate(
                                         max_num_seqs=batch, max_model_len=2048, kv_cache_gb=2.0))
     fits = [p for p in prompts if len(engine.tokenizer.encode_chat(p.messages)) + max_tokens <= engine.context_len]
     if len(fits) < len(prompts):
-        Console(stderr=True).print(f"warning: {len(prompts) - len(fits)} prompts longer than the context were left out",
-                          style="yellow", markup=False)
+        Console(stderr=True).print(f"warning: {len(prompts) - len(fits)} prompts longer than the context were left "
+                                   "out", style="yellow", markup=False)
         prompts = fits
     console = Console()
     results = [measure_acceptance(engine, prompts, k, max_tokens) for k in ks]
