@@ -8,6 +8,7 @@ command line fails before anything is measured:
   ``{port}``, ``{model}``, ``{draft}``, ``{host}``, ``{adaptive_config}`` placeholders.
 - ``sglang`` / ``vllm``: launch SGLang / vLLM with the right speculative flags per num_steps (or use running
   servers given as ``options.endpoints``), with engine-specific acceptance metrics.
+- ``llamacpp``: llama.cpp's ``llama-server`` per num_steps (``backends.llamacpp``), EAGLE-3 heads as GGUF.
 - ``local``: the bundled PyTorch EAGLE engine (``backends.local``).
 
 After construction the sweep calls ``await backend.preflight(steps_list)`` once (missing endpoints or
@@ -20,7 +21,7 @@ from __future__ import annotations
 from backends.base import Backend, BackendOptions
 from loadgen.errors import UserError
 
-BACKEND_NAMES = ("openai", "launch", "sglang", "vllm", "local")
+BACKEND_NAMES = ("openai", "launch", "sglang", "vllm", "llamacpp", "local")
 
 
 def make_backend(name: str, options: BackendOptions) -> Backend:
@@ -50,6 +51,10 @@ def make_backend(name: str, options: BackendOptions) -> Backend:
         from backends.vllm import VLLMBackend
 
         return VLLMBackend(options)
+    if key == "llamacpp":
+        from backends.llamacpp.backend import LlamaCppBackend
+
+        return LlamaCppBackend(options)
     if key == "local":
         try:
             from backends.local.backend import LocalBackend

@@ -62,6 +62,7 @@ class BackendOptions:
         device: ``auto``, ``cpu`` or ``cuda`` (bundled engine).
         dtype: ``auto``, ``bfloat16`` or ``float32`` (bundled engine).
         max_tokens: the longest output the sweep will request (servers are sized for it).
+        server_bin: the server program to run (``llamacpp``: a ``llama-server`` path), or None to search for it.
         adaptive_config: path of a per-batch-size num_steps config for the server to run instead of a static
             num_steps (``spectune validate``): an SGLang ``--speculative-adaptive-config`` JSON (``sglang``, ``local``)
             or a vLLM ``num_speculative_tokens_per_batch_size`` schedule (``vllm``, ``local``); with it, the K passed
@@ -85,6 +86,7 @@ class BackendOptions:
     dtype: str = "auto"
     max_tokens: int = 256
     adaptive_config: str | None = None
+    server_bin: str | None = None
 
 
 @dataclass
@@ -218,6 +220,8 @@ class Backend(abc.ABC):
     """
 
     name: ClassVar[str] = "base"
+    #: Whether the load generator may reuse a connection for the next request (HTTP keep-alive).
+    reuse_connections: ClassVar[bool] = True
 
     async def preflight(self, steps_list: Sequence[int]) -> list[str]:
         """Check, before anything is measured, that every planned num_steps can be served.
@@ -269,6 +273,11 @@ class Backend(abc.ABC):
     def proxy_warning(self, after: SpecSnapshot | None) -> str:
         """Why :meth:`acceptance` fell back to the tokens-per-chunk proxy (``after``: the window's last snapshot)."""
         return f"{self.name}: no spec-decode metrics; proxy used"
+
+    def failure_log(self) -> str:
+        """The log tail of a server this backend launched that has died since its start, else "": attached to a
+        point that failed so the reason is kept with it."""
+        return ""
 
     def request_extra(self) -> dict[str, Any]:
         """Extra JSON fields to add to every request body (e.g. SGLang's ``return_spec_tokens_details``)."""

@@ -220,6 +220,12 @@ class LaunchingBackend(Backend):
         self._windows_on_server += 1
         return self.server is not None and self._windows_on_server == 1
 
+    def failure_log(self) -> str:
+        """The launched server's log tail when it has exited (crashed or killed), else ""."""
+        if self.server is not None and not self.server.alive():
+            return self.server.log_tail()
+        return ""
+
     def acceptance(
         self, before: SpecSnapshot | None, after: SpecSnapshot | None, records: Sequence[RequestRecord]
     ) -> Acceptance:

@@ -55,6 +55,8 @@ class ClientConfig:
         tokenizer: object with ``encode(text, add_special_tokens=False)``, used to count chunk tokens when the
             server sends no continuous usage; None counts one token per chunk.
         continuous_usage: ask for ``continuous_usage_stats`` (servers that reject unknown fields need False).
+        reuse_connections: keep connections open between requests (HTTP keep-alive); False opens a new connection
+            per request, for servers that close a connection after a streamed response (llama-server).
     """
 
     base_url: str
@@ -68,6 +70,7 @@ class ClientConfig:
     timeout_s: float = 600.0
     tokenizer: Any = field(default=None, repr=False, compare=False)
     continuous_usage: bool = True
+    reuse_connections: bool = True
 
     def __post_init__(self) -> None:
         if self.api not in ("chat", "completions"):
@@ -107,7 +110,7 @@ class StreamingClient:
         Raises:
             UserError: the model list cannot be read (server down, wrong URL, no model served).
         """
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=not self.config.reuse_connections)
         self.session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
         if self.config.model is None:
             url = self.config.base_url + "/v1/models"

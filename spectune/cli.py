@@ -12,13 +12,13 @@ import sys
 
 import typer
 
-from spectune.commands import draft, gate, presets, recommend, report, serve, simulate, sweep, validate
+from spectune.commands import draft, gate, llamacpp, presets, recommend, report, serve, simulate, sweep, validate
 from spectune.errors import UserError
 
 app = typer.Typer(
     name="spectune",
-    help="Benchmark and tune speculative decoding (EAGLE num_steps per batch size) for SGLang, vLLM and a "
-    "bundled engine.",
+    help="Benchmark and tune speculative decoding (EAGLE num_steps per batch size) for SGLang, vLLM, "
+    "llama.cpp and a bundled engine.",
     no_args_is_help=True,
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
@@ -33,7 +33,8 @@ app.command("serve")(serve.serve)
 app.command("simulate")(simulate.simulate)
 app.command("validate")(validate.validate)
 app.add_typer(presets.app, name="presets", help="List and show built-in SGLang adaptive-speculation presets.")
-app.add_typer(draft.app, name="draft", help="Train and evaluate EAGLE draft heads.")
+app.add_typer(draft.app, name="draft", help="Train, evaluate and export EAGLE draft heads.")
+app.add_typer(llamacpp.app, name="llamacpp", help="Build or locate llama.cpp's llama-server for --backend llamacpp.")
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """Turn a :class:`~spectune.recommend.Recommendation` into engine configs: SGLang ``--speculative-adaptive-config``
-JSON (custom, conservative, aggressive ladders per batch-size slot) and a vLLM speculative config with
-``num_speculative_tokens_per_batch_size``.
+JSON (custom, conservative, aggressive ladders per batch-size slot), a vLLM speculative config with
+``num_speculative_tokens_per_batch_size``, TensorRT-LLM's ``draft_len_schedule`` and llama.cpp's one static
+``--spec-draft-n-max``.
 
 SGLang's EMA policy (restated from python/sglang/srt/speculative/adaptive_spec_params.py; background §2): a slot
 keeps an EMA of accepted drafts per verify (bonus token not counted); every ``update_interval`` batches after
@@ -29,7 +30,7 @@ from typing import Any, Mapping
 
 from backends.adaptive.config import parse_sglang_adaptive_config, parse_vllm_speculative_config
 from backends.adaptive.policy import AdaptivePolicy
-from spectune.recommend import Recommendation, Slot
+from spectune.recommend import OBJECTIVES, Recommendation, Slot
 
 SGLANG_GLOBALS = {"ema_alpha": 0.2, "update_interval": 5, "warmup_batches": 10}  # SGLang's defaults, explicit
 DEFAULT_DOWN, DEFAULT_UP = -0.25, 0.0
@@ -266,6 +267,54 @@ def vllm_config(rec: Recommendation) -> dict[str, Any] | None:
     return {"num_speculative_tokens": max(s.steps for s in rec.slots), "num_speculative_tokens_per_batch_size": sched}
 
 
+def trtllm_config(rec: Recommendation) -> dict[str, Any] | None:
+    """TensorRT-LLM's ``speculative_config`` fields ``{"max_draft_len": K1, "draft_len_schedule": {"1": K1, ...}}``.
+
+    ``draft_len_schedule`` maps batch-size thresholds to draft lengths: a batch of size b uses the entry with the
+    largest key <= b (``{1: 4, 4: 2, 8: 0}``: 4 drafts below batch 4, none from 8 on); TensorRT-LLM requires key 1
+    and ``schedule[smallest key] == max_draft_len`` (``tensorrt_llm/llmapi/llm_args.py``,
+    ``DecodingBaseConfig.draft_len_schedule`` and ``validate_draft_len_schedule_and_sort``). The keys are the slots'
+    lower bounds (the first forced to 1). A slot asking for more drafts than slot 1 is capped at slot 1's value
+    (with a warning). None when slot 1 does not speculate (TensorRT-LLM would not speculate at all).
+    """
+    if not rec.slots or rec.slots[0].steps == 0:
+        return None
+    top = rec.slots[0].steps
+    schedule: dict[str, int] = {}
+    for i, slot in enumerate(rec.slots):
+        k = slot.steps
+        if k > top:
+            rec.warnings.append(f"TensorRT-LLM: batch sizes from {slot.lower} asked for {k} drafts, more than "
+                                f"batch size 1's {top}: capped at {top} (its schedule cannot exceed max_draft_len)")
+            k = top
+        schedule["1" if i == 0 else str(slot.lower)] = k
+    return {"max_draft_len": top, "draft_len_schedule": schedule}
+
+
+def llamacpp_settings(rec: Recommendation) -> dict[str, Any] | None:
+    """``llamacpp-settings.json`` (:mod:`backends.llamacpp.settings`): llama.cpp takes one draft length per server,
+    so the best single static num_steps over the measured concurrency range, with each concurrency's own winner
+    and what the static choice keeps of it (``static_vs_best``: objective ratio, inverted for minimised
+    objectives, 1.0 = no loss). None when no static num_steps was measured ok everywhere."""
+    from backends.llamacpp.settings import settings_json
+
+    if rec.best_static is None:
+        return None
+    _, direction, _ = OBJECTIVES[rec.options.objective]
+    rows = []
+    for ch in rec.choices:
+        best, static = rec.cell(ch.steps, ch.concurrency), rec.cell(rec.best_static, ch.concurrency)
+        ratio = math.nan
+        if best is not None and static is not None and best.objective > 0 and static.objective > 0:
+            ratio = (static.objective / best.objective if direction == "max" else best.objective / static.objective)
+        rows.append({"concurrency": ch.concurrency, "best_steps": ch.steps,
+                     "best_objective": best.objective if best is not None else None,
+                     "static_objective": static.objective if static is not None else None,
+                     "static_vs_best": None if not math.isfinite(ratio) else round(ratio, 4)})
+    return settings_json(rec.best_static, objective=rec.options.objective,
+                         concurrency_range=[min(rec.concurrencies), max(rec.concurrencies)], per_concurrency=rows)
+
+
 def best_static_json(rec: Recommendation) -> dict[str, Any]:
     """``best-static.json``: the one num_steps for servers that take a single value, with launch flags."""
     k = rec.best_static
@@ -305,6 +354,17 @@ def write_recommendation(rec: Recommendation, out: Path, source: str) -> dict[st
                                                  "schedule ranges are inclusive batch sizes")
     else:
         rec.warnings.append("no batch-size slot speculates: no vLLM schedule written (vLLM needs K >= 1)")
+    trtllm = trtllm_config(rec)
+    if trtllm is not None:
+        payload["trtllm-speculative-config.json"] = trtllm
+        files["trtllm-speculative-config.json"] = ("merge into TensorRT-LLM's `speculative_config` (add "
+                                                   "`decoding_type` and `speculative_model`); schedule keys are "
+                                                   "batch-size thresholds")
+    llamacpp = llamacpp_settings(rec)
+    if llamacpp is not None:
+        payload["llamacpp-settings.json"] = llamacpp
+        files["llamacpp-settings.json"] = ("llama-server flags: one static draft length for the whole concurrency "
+                                           "range (llama.cpp has no per-batch-size schedule)")
     payload["best-static.json"] = best_static_json(rec)
     files["best-static.json"] = "the best single static num_steps and its launch flags"
     payload["recommendation.json"] = {**rec.to_json(), "ladder_notes": notes}

@@ -69,7 +69,7 @@ def client_config(plan: Any, backend: Backend, base_url: str, model: str | None,
     extra = backend.request_extra()
     return ClientConfig(base_url, model=model, api=plan.api, max_tokens=plan.max_tokens,
                         temperature=plan.temperature, ignore_eos=plan.ignore_eos, extra_body=extra or None,
-                        api_key_env=api_key_env)
+                        api_key_env=api_key_env, reuse_connections=backend.reuse_connections)
 
 
 def run_with_signals(make: Callable[[], Awaitable[T]]) -> tuple[T | None, int | None]:

@@ -109,6 +109,7 @@ class Recommendation:
     best_static: int | None
     static_scores: dict[int, float]
     warnings: list[str]
+    findings: list[dict[str, Any]] = field(default_factory=list)  # batch-dependent acceptance (batch_acceptance.py)
 
     def cell(self, steps: int, concurrency: int) -> Cell | None:
         """The cell at (steps, concurrency), or None if neither was in the plan."""
@@ -137,7 +138,8 @@ class Recommendation:
         cells = [{**asdict(c), "eligible": c.eligible} for c in self.cells]
         return clean({"options": asdict(self.options), "choices": [asdict(c) for c in self.choices],
                       "slots": [asdict(s) for s in self.slots], "best_static_num_steps": self.best_static,
-                      "static_scores": self.static_scores, "cells": cells, "warnings": self.warnings})
+                      "static_scores": self.static_scores, "cells": cells, "warnings": self.warnings,
+                      "batch_dependent_acceptance": self.findings})
 
 
 def effective_slos(results: Results, opts: RecommendOptions) -> tuple[float | None, float | None, str]:
@@ -310,7 +312,10 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
                             "so it is a weak batch-size proxy there")
     slots = build_slots(choices, opts.boundary)
     static, scores = best_static(cells, choices, opts)
-    return Recommendation(opts, cells, choices, slots, static, scores, warnings)
+    from spectune.batch_acceptance import batch_dependent_acceptance
+
+    findings = [f.to_json() for f in batch_dependent_acceptance(results.points or [])]
+    return Recommendation(opts, cells, choices, slots, static, scores, warnings, findings)
 
 
 def compare(rec: Recommendation) -> list[dict[str, Any]]:

@@ -97,13 +97,51 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
                         str(r["static"]), _fmt(r["static_tput"]), _fmt(r["static_tpot"]), _fmt(r["k0_tput"]),
                         _fmt(r["k0_tpot"]), _fmt(r["tput_vs_static"], ".3f"), _fmt(r["tput_vs_k0"], ".3f"),
                         _fmt(r["tpot_vs_k0"], ".3f")] for r in compare(rec)]),
-            "\n## Files\n"]
+            ]
+    out += llamacpp_section(rec)
+    out += batch_acceptance_section(rec)
+    out += ["\n## Files\n"]
     out += [f"- `{name}`: {what}" for name, what in files.items()]
     if notes:
         out += ["\n## Ladder notes\n"] + [f"- {slot}: {'; '.join(n)}" for slot, n in notes.items()]
     if rec.warnings:
         out += ["\n## Warnings\n"] + [f"- {w}" for w in rec.warnings]
     return "\n".join(out) + "\n"
+
+
+def llamacpp_section(rec: Recommendation) -> list[str]:
+    """recommendation.md's llama.cpp part: one static ``--spec-draft-n-max`` (llama.cpp has no per-batch-size
+    schedule), each concurrency's own winner, and what the static choice keeps of that winner's objective."""
+    from spectune.emit import llamacpp_settings
+
+    settings = llamacpp_settings(rec)
+    if settings is None:
+        return []
+    k = settings["spec_draft_n_max"]
+    flags = " ".join(settings["llama_server_args"]) or "no `-md` (no speculation)"
+    out = ["\n## llama.cpp (one draft length per server)\n",
+           f"`llama-server ... {flags}`" if k else f"llama-server: {flags}",
+           f"\nThe best single num_steps over concurrency {settings['concurrency_range'][0]}-"
+           f"{settings['concurrency_range'][1]} is K={k}; where another K wins, the static choice costs:\n",
+           _md_table(["concurrency", "best K", f"{rec.options.objective} best", f"K={k}", "static / best"],
+                     [[str(r["concurrency"]), str(r["best_steps"]), _fmt(r["best_objective"]),
+                       _fmt(r["static_objective"]), _fmt(r["static_vs_best"], ".3f")]
+                      for r in settings["per_concurrency"]])]
+    return out
+
+
+def batch_acceptance_section(rec: Recommendation) -> list[str]:
+    """recommendation.md's finding when acceptance length changed with concurrency beyond noise
+    (:mod:`spectune.batch_acceptance`); nothing when it did not."""
+    if not rec.findings:
+        return []
+    from spectune.batch_acceptance import BatchAcceptanceFinding
+
+    out = ["\n## Finding: acceptance depends on the batch\n",
+           "Under greedy decoding a request's accepted drafts should not depend on the requests beside it. Here they "
+           "did, so part of what speculation loses at higher concurrency is lost acceptance, not verification "
+           "cost:\n"]
+    return out + [f"- {BatchAcceptanceFinding(**f).sentence()}" for f in rec.findings]
 
 
 def _medians(df: pd.DataFrame, col: str) -> pd.DataFrame:

@@ -26,6 +26,7 @@ _SPLIT = METRIC_COLUMNS.index("mean_tokens_per_chunk") + 1
 #: summary.csv columns, in file order (docs/results-format.md).
 SUMMARY_COLUMNS: tuple[str, ...] = (
     *KEY_COLUMNS, "status", "error", *METRIC_COLUMNS[:_SPLIT], *ACCEPTANCE_COLUMNS, *METRIC_COLUMNS[_SPLIT:],
+    "acceptance_vs_c1",
 )
 
 Key = tuple[int, int, int]  # (steps, concurrency, repeat)
@@ -301,8 +302,12 @@ class ResultsFolder:
 
     def write_summary(self, points: Iterable[dict[str, Any]] | None = None) -> None:
         """Rewrite ``summary.csv`` atomically: one row per finished point, sorted by steps, concurrency, repeat."""
-        rows = sorted((summary_row(p) for p in (self.points if points is None else points)),
-                      key=lambda r: (r["steps"], r["concurrency"], r["repeat"]))
+        from spectune.batch_acceptance import acceptance_vs_c1
+
+        points = list(self.points if points is None else points)
+        ratios = acceptance_vs_c1(points)
+        rows = sorted((summary_row(p) | {"acceptance_vs_c1": ratios.get((p.get("steps"), p.get("concurrency")))}
+                       for p in points), key=lambda r: (r["steps"], r["concurrency"], r["repeat"]))
 
         def write(fh: io.TextIOBase) -> None:
             writer = csv.DictWriter(fh, fieldnames=list(SUMMARY_COLUMNS), lineterminator="\n")

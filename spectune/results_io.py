@@ -28,7 +28,7 @@ NUMERIC_COLUMNS = (
     "tpot_mean_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms",
     "itl_mean_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "chunk_itl_p50_ms", "chunk_itl_p99_ms",
     "e2el_mean_ms", "e2el_p50_ms", "e2el_p90_ms", "e2el_p99_ms", "mean_tokens_per_chunk",
-    "acceptance_length", "acceptance_rate", "slo_attainment", "goodput_req_s",
+    "acceptance_length", "acceptance_rate", "slo_attainment", "goodput_req_s", "acceptance_vs_c1",
 )
 
 

@@ -135,6 +135,9 @@ class Sweep:
         metrics.update(acceptance_length=acc.acceptance_length, acceptance_rate=acc.acceptance_rate,
                        acceptance_length_source=acc.source)
         status, error = point_status(records, plan.max_failure_rate)
+        log_tail = self.backend.failure_log() if status != "ok" else ""
+        if log_tail:
+            self.listener.server_failed(steps, f"the server died during K={steps} c={conc}: {error}", log_tail)
         warm_failed = sum(not r.ok for r in warmup)
         if warmup and warm_failed == len(warmup):
             self.listener.warning(f"K={steps} c={conc}: every warm-up request failed ({warmup[0].error})")
@@ -147,6 +150,7 @@ class Sweep:
             "requests_planned": planned, "stop_reason": result.stop_reason,
             "warmup": {"requests": len(warmup), "failed": warm_failed},
             "model": model, "base_url": base_url, "started": started, "finished": now_iso(),
+            **({"log_tail": log_tail} if log_tail else {}),
         })
 
     async def _snapshot(self) -> Any:

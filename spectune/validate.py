@@ -234,7 +234,8 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
     options = replace(options, max_concurrency=plan.workload.server_concurrency(), max_tokens=plan.max_tokens,
                       log_dir=folder.logs, adaptive_config=None)
     initial = max(candidates)
-    adaptive_options = replace(options, adaptive_config=str(Path(plan.config).resolve()),
+    static_config = fmt == "llamacpp-settings"  # one static num_steps: the config run is a static server at K
+    adaptive_options = replace(options, adaptive_config=None if static_config else str(Path(plan.config).resolve()),
                                log_dir=folder.logs / "config", launch=config_launch or options.launch)
     static, adaptive = make_backend(backend_name, options), make_backend(backend_name, adaptive_options)
     with warnings.catch_warnings(record=True) as caught:

@@ -17,14 +17,23 @@ from spectune.workload import Workload
 
 
 def config_candidates(path: str) -> tuple[str, tuple[int, ...]]:
-    """(format, candidate num_steps) of a config file: ``sglang-adaptive`` (union of the slots' candidate steps)
-    or ``vllm-schedule`` (every K of the schedule).
+    """(format, candidate num_steps) of a config file: ``sglang-adaptive`` (union of the slots' candidate steps),
+    ``vllm-schedule`` (every K of the schedule) or ``llamacpp-settings`` (its one static num_steps,
+    :mod:`backends.llamacpp.settings`: the "config" run is then a static server at that K).
 
     Raises:
-        UserError: the file is missing or not a valid SGLang adaptive config / vLLM schedule
+        UserError: the file is missing or not a valid SGLang adaptive config / vLLM schedule / llama.cpp settings
             (:func:`backends.adaptive.load_config_file`).
     """
     from backends.adaptive import AdaptiveConfig, load_config_file
+    from backends.llamacpp.settings import FORMAT, read_settings
+
+    try:
+        static = read_settings(path)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    if static is not None:
+        return FORMAT, (static,)
 
     cfg = load_config_file(path)
     if isinstance(cfg, AdaptiveConfig):

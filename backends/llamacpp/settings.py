@@ -1,0 +1,45 @@
+"""``llamacpp-settings.json``: the draft length spectune recommends for a ``llama-server``, and its reader.
+
+llama.cpp takes one draft length per server (``--spec-draft-n-max N``, ``common/arg.cpp``; the per-request
+``speculative.n_max`` is compiled out in ``tools/server/server-schema.cpp``), so the settings are one static
+num_steps for the whole concurrency range, written as the flags to add to ``llama-server``::
+
+    {"format": "llamacpp-settings", "spec_draft_n_max": 2, "spec_type": "draft-eagle3",
+     "llama_server_args": ["--spec-type", "draft-eagle3", "--spec-draft-n-max", "2"], ...}
+
+With ``spec_draft_n_max`` 0 the server runs without ``-md`` (no speculation) and ``llama_server_args`` is empty.
+``spectune validate --config llamacpp-settings.json`` runs that static num_steps as its "config" run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+FORMAT = "llamacpp-settings"
+
+
+def settings_json(steps: int, spec_type: str = "draft-eagle3", **extra: Any) -> dict[str, Any]:
+    """The settings object for num_steps ``steps`` (``extra`` keys are added after the flags)."""
+    args = ["--spec-type", spec_type, "--spec-draft-n-max", str(steps)] if steps > 0 else []
+    return {"format": FORMAT, "spec_draft_n_max": steps, "spec_type": spec_type, "llama_server_args": args, **extra}
+
+
+def read_settings(path: str | Path) -> int | None:
+    """The num_steps of a ``llamacpp-settings.json`` file, or None when the file is another kind of config (or not
+    JSON: the caller's own reader reports that).
+
+    Raises:
+        ValueError: the file says it is llama.cpp settings but ``spec_draft_n_max`` is not an integer >= 0.
+    """
+    try:
+        obj = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        return None
+    k = obj.get("spec_draft_n_max")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        raise ValueError(f"{path}: spec_draft_n_max must be an integer >= 0, got {k!r}")
+    return k
