@@ -46,8 +46,8 @@ def fake_program(tmp_path: Path, help_text: str) -> Path:
 
 
 def record(timings: dict | None, ok: bool = True) -> RequestRecord:
-    rec = RequestRecord(request_id="r", prompt_id="p", category=None, send_time=0.0, chunk_times=[1.0], chunk_tokens=[1],
-                        end_time=1.0, completion_tokens=1)
+    rec = RequestRecord(request_id="r", prompt_id="p", category=None, send_time=0.0, chunk_times=[1.0],
+                        chunk_tokens=[1], end_time=1.0, completion_tokens=1)
     if not ok:
         rec.error = "boom"
     rec.server_stats = {"timings": timings} if timings is not None else None
