@@ -278,6 +278,24 @@ class Backend(abc.ABC):
         """A JSON-serialisable description recorded in sweep.json (never secrets such as API keys)."""
         return {"backend": self.name}
 
+    @classmethod
+    def draft_algorithm(cls, description: dict[str, Any]) -> tuple[str | None, str]:
+        """The speculative method of the draft head a recorded run used, in lower case (``"eagle"``, ``"eagle3"``,
+        or another engine method name), and how it was found; ``(None, "unknown")`` when the description (a
+        :meth:`describe` result read back from sweep.json) does not tell.
+
+        Reads ``draft_algorithm`` (written by launching backends), else the head's config.json or name
+        (:func:`backends.launch.eagle_version`) when the description names a ``draft``. Backends that record the
+        method under their own key override this.
+        """
+        if description.get("draft_algorithm"):
+            return str(description["draft_algorithm"]).lower(), "sweep.json draft_algorithm"
+        if description.get("draft"):
+            from backends.launch import eagle_version
+
+            return eagle_version(str(description["draft"]))
+        return None, "unknown"
+
     async def close(self) -> None:
         """End of the sweep: release everything (stops a running server)."""
         await self.stop()

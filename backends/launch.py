@@ -230,12 +230,18 @@ class LaunchingBackend(Backend):
             return Acceptance(1.0, None, [], 0.0, "config:num_steps=0")
         return super().acceptance(before, after, records)
 
+    def speculative_method(self) -> str | None:
+        """The launched servers' speculative method in lower case (``"eagle"``/``"eagle3"``), or None when unknown:
+        here the draft head's EAGLE version (:func:`eagle_version`); engine backends return what they launch with."""
+        return eagle_version(self.options.draft)[0] if self.options.draft else None
+
     def describe(self) -> dict[str, Any]:
-        """Backend name, model, draft and every launch so far (command lines with secrets redacted)."""
+        """Backend name, model, draft, its speculative method (``draft_algorithm``) and every launch so far (command
+        lines with secrets redacted)."""
         if self.remote is not None:
             return {"backend": self.name, "endpoints": self.remote.describe(), "api_key_env": self.options.api_key_env}
         return {"backend": self.name, "model": self.options.model, "draft": self.options.draft,
-                "launches": [dict(r) for r in self.launches]}
+                "draft_algorithm": self.speculative_method(), "launches": [dict(r) for r in self.launches]}
 
 
 class LaunchBackend(LaunchingBackend):

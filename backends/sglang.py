@@ -269,6 +269,17 @@ class SGLangBackend(LaunchingBackend):
                               warning="gauge over the last logged batches, not scoped to the measurement window")
         return chunk_proxy_acceptance(records, warning="sglang: no spec details, /server_info or metrics; proxy used")
 
+    def speculative_method(self) -> str | None:
+        """The ``--speculative-algorithm`` launched, in lower case."""
+        return self.algorithm()[0].lower()
+
+    @classmethod
+    def draft_algorithm(cls, description: dict[str, Any]) -> tuple[str | None, str]:
+        """``draft_algorithm``, else the recorded ``algorithm`` (``EAGLE``/``EAGLE3``), else the base rule."""
+        if not description.get("draft_algorithm") and description.get("algorithm"):
+            return str(description["algorithm"]).lower(), "sweep.json algorithm"
+        return super().draft_algorithm(description)
+
     def describe(self) -> dict[str, Any]:
         """Base description plus the speculative algorithm and how it was chosen."""
         d = super().describe()

@@ -141,6 +141,17 @@ class VLLMBackend(LaunchingBackend):
         why = "no /metrics page" if after is None else "no vllm:spec_decode counters on /metrics"
         return f"vllm: {why}; proxy used"
 
+    def speculative_method(self) -> str | None:
+        """The ``method`` of the launched ``--speculative-config``."""
+        return self.method()[0]
+
+    @classmethod
+    def draft_algorithm(cls, description: dict[str, Any]) -> tuple[str | None, str]:
+        """``draft_algorithm``, else the recorded ``method`` (``eagle``/``eagle3``), else the base rule."""
+        if not description.get("draft_algorithm") and description.get("method"):
+            return str(description["method"]).lower(), "sweep.json method"
+        return super().draft_algorithm(description)
+
     def describe(self) -> dict[str, Any]:
         """Base description plus the speculative method and how it was chosen."""
         d = super().describe()

@@ -55,10 +55,40 @@ def _ladder(slot: dict[str, Any]) -> str:
     return text + (f" ceiling {slot['ceiling_coeff']:g}" if slot.get("ceiling_coeff") else "")
 
 
+def sglang_launch_line(rec: Recommendation, config: dict, algorithm: tuple[str | None, str]) -> str:
+    """The "SGLang launch" paragraph of recommendation.md: the flags of :func:`spectune.emit.sglang_launch_args`
+    for the custom config (``--speculative-num-steps`` from its candidate union, the algorithm from the sweep's
+    draft head, ``algorithm`` = (method, how it was found)), or why there is none."""
+    from spectune.emit import SGLANG_ADAPTIVE_ALGORITHMS, sglang_algorithm, sglang_launch_args
+
+    first = rec.slots[0].steps if rec.slots else 0
+    args = sglang_launch_args(config, first, algorithm[0])
+    if args is None:
+        return ("\nSGLang launch: no batch-size slot speculates (every ladder is `[0]`): launch SGLang without "
+                "speculative decoding.")
+    k = int(args[args.index("--speculative-num-steps") + 1])
+    why = (f"num_steps of the batch-size-1 slot" if k == first else
+           "the smallest positive candidate: the batch-size-1 slot does not speculate")
+    algo = sglang_algorithm(algorithm[0])
+    if algorithm[0] is None:
+        algo_note = "the sweep did not record the draft head's algorithm: EAGLE is written, use EAGLE3 for an EAGLE-3 head"
+    elif algo not in SGLANG_ADAPTIVE_ALGORITHMS:
+        algo_note = f"{algo} (from {algorithm[1]}): SGLang runs adaptive num_steps only with EAGLE or EAGLE3"
+    else:
+        algo_note = f"{algo} from {algorithm[1]}"
+    return (f"\nSGLang launch: `{' '.join(args)}` and `--max-running-requests` above the largest batch size (SGLang "
+            f"caps it at 48 with speculation otherwise). `--speculative-num-steps {k}` ({why}) is in the union of the "
+            "config's `candidate_steps`, as SGLang requires at start-up; each slot starts there when it lists it, "
+            f"else at its own middle candidate. Algorithm: {algo_note}.")
+
+
 def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs: dict[str, dict],
-                            notes: dict[str, list[str]], source: str) -> str:
+                            notes: dict[str, list[str]], source: str,
+                            algorithm: tuple[str | None, str] = (None, "unknown")) -> str:
     """``recommendation.md``: options, the cell table, reasoning per concurrency, slots and their SGLang ladders,
-    predicted gains vs the best static num_steps and vs no speculation, the emitted files, notes and warnings."""
+    the SGLang launch flags (:func:`sglang_launch_line`; ``algorithm``: the sweep's draft-head method and how it
+    was found), predicted gains vs the best static num_steps and vs no speculation, the emitted files, notes and
+    warnings."""
     o = rec.options
     col, direction, unit = OBJECTIVES[o.objective]
     out = [f"# spectune recommendation\n\nSource: `{source}`. Objective: **{o.objective}** "
@@ -78,11 +108,8 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
                 [[f"{s.lower}-{s.upper if s.upper is not None else ''}", str(s.steps),
                   ", ".join(map(str, s.concurrencies))] + [_ladder(configs[p][str(s.lower)]) for p in presets]
                  for s in rec.slots])]
-    first = rec.slots[0].steps if rec.slots else 1
-    out += [f"\nSGLang launch: `--speculative-algorithm EAGLE --speculative-eagle-topk 1 --speculative-num-steps "
-            f"{max(first, 1)} --speculative-num-draft-tokens {max(first, 1) + 1} --speculative-adaptive "
-            "--speculative-adaptive-config sglang-adaptive-custom.json` and `--max-running-requests` above the "
-            "largest batch size (SGLang caps it at 48 with speculation otherwise)."]
+    if "custom" in configs:
+        out += [sglang_launch_line(rec, configs["custom"], algorithm)]
     static = rec.best_static
     score = rec.static_scores.get(static, math.nan) if static is not None else math.nan
     out += [f"\nBest single static num_steps: **K={static}** (geometric mean of objective / per-concurrency best = "

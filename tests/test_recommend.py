@@ -284,3 +284,49 @@ def test_points_jsonl_only_folder_and_truncated_last_line(tmp_path):
     res = load_results(folder)
     assert res.source.name == "points.jsonl" and list(res.summary["steps"]) == [0, 2]
     assert recommend(res, RecommendOptions()).choices[0].steps == 2
+
+
+def launch_flags(md: str) -> list[str]:
+    """The flags of recommendation.md's "SGLang launch" line."""
+    import re
+
+    return re.search(r"SGLang launch: `([^`]*)`", md).group(1).split()
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_sglang_launch_line_obeys_sglangs_start_up_rule(tmp_path):
+    """Batch size 1 runs best without speculation, batch size 8 at K=3: the custom config's candidate union has no 1,
+    and SGLang refuses to start when --speculative-num-steps is outside it (_init_adaptive_speculative_params)."""
+    folder = write_sweep(tmp_path / "r", grid({1: {0: 200, 3: 100}, 8: {0: 500, 3: 800}}))
+    (folder / "sweep.json").write_text(json.dumps({"plan": {}, "backend": {"backend": "sglang", "algorithm": "EAGLE3"}}))
+    out = tmp_path / "out"
+    assert CliRunner().invoke(app, ["recommend", str(folder), "-o", str(out)]).exit_code == 0
+    union = parse_sglang_adaptive_config(json.loads((out / "sglang-adaptive-custom.json").read_text())).candidate_steps
+    args = launch_flags((out / "recommendation.md").read_text())
+    assert int(flag(args, "--speculative-num-steps")) in union
+    assert flag(args, "--speculative-algorithm") == "EAGLE3"
+    assert flag(args, "--speculative-adaptive-config") == "sglang-adaptive-custom.json"
+
+
+def test_best_static_flags_name_the_algorithm(tmp_path):
+    folder = write_sweep(tmp_path / "r", grid(CROSSOVER))
+    (folder / "sweep.json").write_text(json.dumps({"plan": {}, "backend": {"backend": "vllm", "method": "eagle3"}}))
+    out = tmp_path / "out"
+    assert CliRunner().invoke(app, ["recommend", str(folder), "-o", str(out)]).exit_code == 0
+    args = json.loads((out / "best-static.json").read_text())["sglang_args"]
+    assert flag(args, "--speculative-algorithm") == "EAGLE3"
+
+
+def test_example_sweep_launch_line_is_accepted_by_sglangs_rule(tmp_path):
+    """The committed smollm2-cpu sweep (bundled EAGLE-3 head): the launch line's num_steps is in the custom
+    config's candidate union and the algorithm is EAGLE3."""
+    example = Path(__file__).parent.parent / "docs" / "examples" / "smollm2-cpu" / "sweep"
+    out = tmp_path / "out"
+    assert CliRunner().invoke(app, ["recommend", str(example), "-o", str(out)]).exit_code == 0
+    union = parse_sglang_adaptive_config(json.loads((out / "sglang-adaptive-custom.json").read_text())).candidate_steps
+    args = launch_flags((out / "recommendation.md").read_text())
+    assert int(flag(args, "--speculative-num-steps")) in union
+    assert flag(args, "--speculative-algorithm") == "EAGLE3"
