@@ -133,6 +133,8 @@ class Acceptance:
             ``"spectune:/metrics counters"``, ``"vllm:/metrics counters"``, ``"sglang:per-request"``,
             ``"proxy:tokens-per-chunk"`` (mean output tokens per streamed chunk: an upper-bound proxy), ``"none"``.
         warning: why the number may not be scoped to the window (a lifetime average, a counter reset), or None.
+        cross_check: the same window from a second source (``{"source", "acceptance_length", "acceptance_rate"}``,
+            e.g. vLLM's /metrics counters beside its per-request metrics), or None.
     """
 
     acceptance_length: float | None
@@ -141,6 +143,13 @@ class Acceptance:
     num_drafts: float | None = None
     source: str = "none"
     warning: str | None = None
+    cross_check: dict[str, Any] | None = None
+
+
+def join_warnings(*warnings: str | None) -> str | None:
+    """The non-empty ``warnings`` joined with ``"; "``, or None when there are none."""
+    text = "; ".join(w for w in warnings if w)
+    return text or None
 
 
 def chunk_proxy_acceptance(records: Sequence[RequestRecord], warning: str | None = None) -> Acceptance:
