@@ -260,6 +260,16 @@ class Backend(abc.ABC):
         """Read cumulative spec-decode metrics now; None if this backend has none."""
         return None
 
+    async def running_requests(self) -> tuple[float, str] | None:
+        """The engine's own count of requests in its running batch now (requests; summed over engines/DP ranks),
+        and the metric it came from; None when the engine publishes none or it cannot be read.
+
+        The sweep samples it over each measurement window (the batch size the engine actually schedules, below the
+        client's concurrency while requests prefill, queue or straggle). Must be cheap: it is polled about twice a
+        second during the window.
+        """
+        return None
+
     def acceptance(
         self, before: SpecSnapshot | None, after: SpecSnapshot | None, records: Sequence[RequestRecord]
     ) -> Acceptance:

@@ -21,7 +21,7 @@ from backends.base import (Acceptance, Backend, BackendOptions, BackendStartErro
 from backends.http import HEALTH_PATHS, auth_headers, check_reachable
 from backends.openai import EndpointSet
 from backends.process import ServerProcess, free_port, port_in_use, redact_argv
-from backends.prometheus import scrape_snapshot
+from backends.prometheus import RUNNING_GAUGES, scrape_running, scrape_snapshot
 from loadgen.errors import UserError
 from loadgen.record import RequestRecord
 
@@ -111,6 +111,7 @@ class LaunchingBackend(Backend):
     name = "launching"
     health_paths: tuple[str, ...] = HEALTH_PATHS
     allow_remote = True  # with options.endpoints, use running servers instead of launching
+    running_gauges: tuple[str, ...] = RUNNING_GAUGES  # the engine's running-requests gauge(s), first found wins
 
     def __init__(self, options: BackendOptions) -> None:
         if options.startup_timeout_s <= 0:
@@ -214,6 +215,11 @@ class LaunchingBackend(Backend):
         server, self.server, self._remote_url = self.server, None, None  # self.steps stays: the last point's K
         if server is not None:
             await server.stop()
+
+    async def running_requests(self) -> tuple[float, str] | None:
+        """The current server's running-requests gauge (:attr:`running_gauges` on ``/metrics``), or None."""
+        url = self.base_url
+        return None if url is None else await scrape_running(url, self.running_gauges, self.headers or None)
 
     def next_window(self) -> bool:
         """Count one measured window on the running server; True if it was the first since the server launched."""

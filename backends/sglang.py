@@ -191,6 +191,7 @@ class SGLangBackend(LaunchingBackend):
 
     name = "sglang"
     health_paths = ("/health",)
+    running_gauges = ("sglang:num_running_reqs",)
 
     def __init__(self, options: BackendOptions) -> None:
         super().__init__(options)

@@ -241,6 +241,7 @@ class VLLMBackend(LaunchingBackend):
 
     name = "vllm"
     health_paths = ("/health",)
+    running_gauges = ("vllm:num_requests_running",)
 
     def __init__(self, options: BackendOptions) -> None:
         super().__init__(options)

@@ -55,6 +55,17 @@ def _ladder(slot: dict[str, Any]) -> str:
     return text + (f" ceiling {slot['ceiling_coeff']:g}" if slot.get("ceiling_coeff") else "")
 
 
+def slot_key_sentence(rec: Recommendation) -> str:
+    """What recommendation.md says the batch-size slots are keyed on: the engine's measured running batch size
+    (and its gauge) or, when some chosen cell lacks it, concurrency as the proxy."""
+    if rec.batch_sizes:
+        return (f"Slots are keyed on the engine's measured running batch size (`batch_size_mean`, from "
+                f"`{rec.batch_size_source}`: its time average over each chosen cell's window), which SGLang and vLLM "
+                "route by.")
+    return ("Concurrency is used as the batch-size proxy: the sweep has no measured running batch size for every "
+            "chosen cell.")
+
+
 def sglang_launch_line(rec: Recommendation, config: dict, algorithm: tuple[str | None, str]) -> str:
     """The "SGLang launch" paragraph of recommendation.md: the flags of :func:`spectune.emit.sglang_launch_args`
     for the custom config (``--speculative-num-steps`` from its candidate union, the algorithm from the sweep's
@@ -94,19 +105,22 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
     out = [f"# spectune recommendation\n\nSource: `{source}`. Objective: **{o.objective}** "
            f"({'maximise' if direction == 'max' else 'minimise'} `{col}`, {unit}). Noise band {o.noise_band:.1%}, "
            f"max spread {o.max_spread:.1%}, min SLO attainment {o.min_slo_attainment:g}, slot boundary rule "
-           f"`{o.boundary}`. Concurrency is used as the batch-size proxy.\n",
+           f"`{o.boundary}`. {slot_key_sentence(rec)}\n",
            "## Measured cells (median over repeats)\n",
            "`*` chosen, `~` noisy (spread above the limit), `(slo)` breaks the SLO, `FAILED` a repeat failed.\n",
            _md_table(*cell_grid(rec)), "\n## Reasoning per concurrency\n"]
     out += [f"- **concurrency {ch.concurrency}** -> {ch.reason}" for ch in rec.choices]
     presets = list(configs)
+    measured = ["measured batch size"] if rec.batch_sizes else []
     out += ["\n## Batch-size slots and SGLang ladders\n",
             "A slot starts where the chosen num_steps changes (SGLang key = lower bound); ladders are "
             "`candidate_steps` with down/up hysteresis (accepted drafts) chosen so SGLang's EMA policy settles on "
             "the measured optimum.\n", _md_table(
-                ["batch sizes", "num_steps", "measured concurrencies"] + presets,
+                ["batch sizes", "num_steps", "measured concurrencies"] + measured + presets,
                 [[f"{s.lower}-{s.upper if s.upper is not None else ''}", str(s.steps),
-                  ", ".join(map(str, s.concurrencies))] + [_ladder(configs[p][str(s.lower)]) for p in presets]
+                  ", ".join(map(str, s.concurrencies))]
+                 + ([", ".join(f"{rec.batch_sizes[c]:.1f}" for c in s.concurrencies)] if measured else [])
+                 + [_ladder(configs[p][str(s.lower)]) for p in presets]
                  for s in rec.slots])]
     if "custom" in configs:
         out += [sglang_launch_line(rec, configs["custom"], algorithm)]

@@ -47,6 +47,7 @@ class LocalBackend(LaunchingBackend):
 
     name = "local"
     allow_remote = False
+    running_gauges = ("spectune:num_requests_running",)
 
     def __init__(self, options: BackendOptions) -> None:
         super().__init__(options)
