@@ -354,7 +354,8 @@ def write_recommendation(rec: Recommendation, out: Path, source: str,
         parse_vllm_speculative_config(vllm)
         payload["vllm-speculative-config.json"] = vllm
         files["vllm-speculative-config.json"] = ("merge into vLLM `--speculative-config` (add `method` and `model`); "
-                                                 "schedule ranges are inclusive batch sizes")
+                                                 "schedule ranges are inclusive batch sizes; vLLM ignores the "
+                                                 "schedule at `--data-parallel-size` > 1")
     else:
         rec.warnings.append("no batch-size slot speculates: no vLLM schedule written (vLLM needs K >= 1)")
     payload["best-static.json"] = best_static_json(rec, algorithm[0])
