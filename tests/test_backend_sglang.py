@@ -264,3 +264,11 @@ def test_flag_sources_cited_where_sglang_now_defines_them():
 
     assert "python/sglang/srt/arg_groups/fields/spec.py" in backends.sglang.__doc__
     assert "server_args.py" not in backends.sglang.__doc__
+
+
+async def test_adaptive_config_with_dp_attention_is_warned(tmp_path, monkeypatch):
+    """SGLang falls back to static settings under attention DP (adaptive_unsupported_reason)."""
+    monkeypatch.setattr("backends.sglang.SGLangBackend.check_executable", lambda self: None)
+    backend = _adaptive_backend(tmp_path, model="M", server_args=["--enable-dp-attention", "--dp", "2"])
+    [warning] = await backend.preflight([3])
+    assert "disables --speculative-adaptive with --enable-dp-attention" in warning
