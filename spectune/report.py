@@ -78,11 +78,12 @@ def sglang_launch_line(rec: Recommendation, config: dict, algorithm: tuple[str |
         return ("\nSGLang launch: no batch-size slot speculates (every ladder is `[0]`): launch SGLang without "
                 "speculative decoding.")
     k = int(args[args.index("--speculative-num-steps") + 1])
-    why = (f"num_steps of the batch-size-1 slot" if k == first else
+    why = ("num_steps of the batch-size-1 slot" if k == first else
            "the smallest positive candidate: the batch-size-1 slot does not speculate")
     algo = sglang_algorithm(algorithm[0])
     if algorithm[0] is None:
-        algo_note = "the sweep did not record the draft head's algorithm: EAGLE is written, use EAGLE3 for an EAGLE-3 head"
+        algo_note = ("the sweep did not record the draft head's algorithm: EAGLE is written, use EAGLE3 for an EAGLE-3 "
+                     "head")
     elif algo not in SGLANG_ADAPTIVE_ALGORITHMS:
         algo_note = f"{algo} (from {algorithm[1]}): SGLang runs adaptive num_steps only with EAGLE or EAGLE3"
     else:

@@ -137,7 +137,8 @@ class FakeServer:
         sglext = {"spec_tokens_details": details} if body.get("return_spec_tokens_details") else None
         k = self.args.steps
         vllm_metrics = {"speculative_decoding": {
-            "num_spec_steps": details["spec_verify_ct"], "num_accepted_draft_tokens": details["spec_num_correct_drafts"],
+            "num_spec_steps": details["spec_verify_ct"],
+            "num_accepted_draft_tokens": details["spec_num_correct_drafts"],
             "num_draft_tokens": details["spec_num_proposed_drafts"], "num_spec_tokens": k,
             "acceptance_histogram": {str(j): n for j, n in enumerate(details["spec_correct_drafts_histogram"]) if n}}
         } if self.args.per_request_metrics and k > 0 else None

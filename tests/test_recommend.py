@@ -302,7 +302,8 @@ def test_sglang_launch_line_obeys_sglangs_start_up_rule(tmp_path):
     """Batch size 1 runs best without speculation, batch size 8 at K=3: the custom config's candidate union has no 1,
     and SGLang refuses to start when --speculative-num-steps is outside it (_init_adaptive_speculative_params)."""
     folder = write_sweep(tmp_path / "r", grid({1: {0: 200, 3: 100}, 8: {0: 500, 3: 800}}))
-    (folder / "sweep.json").write_text(json.dumps({"plan": {}, "backend": {"backend": "sglang", "algorithm": "EAGLE3"}}))
+    sweep = {"plan": {}, "backend": {"backend": "sglang", "algorithm": "EAGLE3"}}
+    (folder / "sweep.json").write_text(json.dumps(sweep))
     out = tmp_path / "out"
     assert CliRunner().invoke(app, ["recommend", str(folder), "-o", str(out)]).exit_code == 0
     union = parse_sglang_adaptive_config(json.loads((out / "sglang-adaptive-custom.json").read_text())).candidate_steps
@@ -339,7 +340,8 @@ def test_slots_keyed_on_measured_batch_size(tmp_path):
     them, and recommendation.md says the slots follow the measured batch size and from which gauge."""
     measured = {1: 1.0, 8: 5.0, 32: 18.0}
     rows = [row(k, c, v, batch_size_mean=measured[c], batch_size_p50=measured[c],
-                batch_size_source="vllm:num_requests_running") for c, by_k in CROSSOVER.items() for k, v in by_k.items()]
+                batch_size_source="vllm:num_requests_running")
+            for c, by_k in CROSSOVER.items() for k, v in by_k.items()]
     folder = write_sweep(tmp_path / "r", rows)
     rec = run(folder)
     assert [(s.lower, s.upper, s.steps) for s in rec.slots] == [(1, 1, 3), (2, 8, 1), (9, None, 0)]
@@ -347,7 +349,8 @@ def test_slots_keyed_on_measured_batch_size(tmp_path):
     out = tmp_path / "out"
     assert CliRunner().invoke(app, ["recommend", str(folder), "-o", str(out)]).exit_code == 0
     md = (out / "recommendation.md").read_text()
-    assert "keyed on the engine's measured running batch size (`batch_size_mean`, from `vllm:num_requests_running`" in md
+    assert ("keyed on the engine's measured running batch size (`batch_size_mean`, from `vllm:num_requests_running`"
+            in md)
     assert json.loads((out / "recommendation.json").read_text())["slot_key"] == "vllm:num_requests_running"
 
 
@@ -363,6 +366,7 @@ def test_concurrency_stays_the_key_when_a_chosen_cell_lacks_batch_size(tmp_path)
 
 def test_data_parallel_sweep_is_warned(tmp_path):
     folder = write_sweep(tmp_path / "r", grid(CROSSOVER))
-    (folder / "sweep.json").write_text(json.dumps({"plan": {}, "backend": {"backend": "vllm", "data_parallel_size": 2}}))
+    sweep = {"plan": {}, "backend": {"backend": "vllm", "data_parallel_size": 2}}
+    (folder / "sweep.json").write_text(json.dumps(sweep))
     rec = run(folder)
     assert any("data-parallel size 2" in w for w in rec.warnings)

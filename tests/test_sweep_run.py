@@ -241,5 +241,6 @@ async def test_vllm_per_request_metrics_end_to_end(tmp_path, prompts):
     requests = read_jsonl(out / "requests.jsonl")
     assert point["metrics"]["acceptance_length_source"] == "vllm:per-request"
     assert point["metrics"]["acceptance_length"] == pytest.approx(chunk_acceptance(requests), abs=1e-9)
-    assert point["acceptance"]["cross_check"]["acceptance_length"] == pytest.approx(point["metrics"]["acceptance_length"])
+    cross_check = point["acceptance"]["cross_check"]["acceptance_length"]
+    assert cross_check == pytest.approx(point["metrics"]["acceptance_length"])
     assert point["acceptance"]["warning"] is None

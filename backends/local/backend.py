@@ -126,7 +126,8 @@ class LocalBackend(LaunchingBackend):
         if description.get("draft_algorithm"):
             return super().draft_algorithm(description)
         engine = description.get("engine") or {}
-        return _head_method(engine.get("model", description.get("model")), engine.get("draft", description.get("draft")))
+        return _head_method(engine.get("model", description.get("model")),
+                            engine.get("draft", description.get("draft")))
 
     def describe(self) -> dict[str, Any]:
         """Launching description plus the engine options (model, draft, device, dtype, max_concurrency)."""
