@@ -24,6 +24,34 @@ from loadgen.errors import UserError
 BACKEND_NAMES = ("openai", "launch", "sglang", "vllm", "llamacpp", "local")
 
 
+def backend_class(name: str) -> type[Backend] | None:
+    """The class of the backend called ``name`` (as in sweep.json's ``backend.backend``), or None if unknown."""
+    key = (name or "").strip().lower()
+    modules = {"openai": ("backends.openai", "OpenAIBackend"), "launch": ("backends.launch", "LaunchBackend"),
+               "sglang": ("backends.sglang", "SGLangBackend"), "vllm": ("backends.vllm", "VLLMBackend"),
+               "llamacpp": ("backends.llamacpp.backend", "LlamaCppBackend"),
+               "local": ("backends.local.backend", "LocalBackend")}
+    if key not in modules:
+        return None
+    import importlib
+
+    module, cls = modules[key]
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except ModuleNotFoundError:
+        return None
+
+
+def draft_algorithm(description: dict | None) -> tuple[str | None, str]:
+    """The speculative method (lower case: ``"eagle"``, ``"eagle3"``, ...) of the draft head a recorded sweep used,
+    and how it was found, from its sweep.json ``backend`` description (:meth:`Backend.draft_algorithm` of the
+    backend named there); ``(None, "unknown")`` when the description does not tell."""
+    if not isinstance(description, dict):
+        return None, "unknown"
+    cls = backend_class(str(description.get("backend", "")))
+    return (cls or Backend).draft_algorithm(description)
+
+
 def make_backend(name: str, options: BackendOptions) -> Backend:
     """Build and validate the backend called ``name``.
 
@@ -67,4 +95,4 @@ def make_backend(name: str, options: BackendOptions) -> Backend:
     raise UserError(f"unknown backend {name!r}: use one of {', '.join(BACKEND_NAMES)}")
 
 
-__all__ = ["BACKEND_NAMES", "Backend", "BackendOptions", "make_backend"]
+__all__ = ["BACKEND_NAMES", "Backend", "BackendOptions", "backend_class", "draft_algorithm", "make_backend"]

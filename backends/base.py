@@ -135,6 +135,8 @@ class Acceptance:
             ``"spectune:/metrics counters"``, ``"vllm:/metrics counters"``, ``"sglang:per-request"``,
             ``"proxy:tokens-per-chunk"`` (mean output tokens per streamed chunk: an upper-bound proxy), ``"none"``.
         warning: why the number may not be scoped to the window (a lifetime average, a counter reset), or None.
+        cross_check: the same window from a second source (``{"source", "acceptance_length", "acceptance_rate"}``,
+            e.g. vLLM's /metrics counters beside its per-request metrics), or None.
     """
 
     acceptance_length: float | None
@@ -143,6 +145,13 @@ class Acceptance:
     num_drafts: float | None = None
     source: str = "none"
     warning: str | None = None
+    cross_check: dict[str, Any] | None = None
+
+
+def join_warnings(*warnings: str | None) -> str | None:
+    """The non-empty ``warnings`` joined with ``"; "``, or None when there are none."""
+    text = "; ".join(w for w in warnings if w)
+    return text or None
 
 
 def chunk_proxy_acceptance(records: Sequence[RequestRecord], warning: str | None = None) -> Acceptance:
@@ -255,6 +264,16 @@ class Backend(abc.ABC):
         """Read cumulative spec-decode metrics now; None if this backend has none."""
         return None
 
+    async def running_requests(self) -> tuple[float, str] | None:
+        """The engine's own count of requests in its running batch now (requests; summed over engines/DP ranks),
+        and the metric it came from; None when the engine publishes none or it cannot be read.
+
+        The sweep samples it over each measurement window (the batch size the engine actually schedules, below the
+        client's concurrency while requests prefill, queue or straggle). Must be cheap: it is polled about twice a
+        second during the window.
+        """
+        return None
+
     def acceptance(
         self, before: SpecSnapshot | None, after: SpecSnapshot | None, records: Sequence[RequestRecord]
     ) -> Acceptance:
@@ -286,6 +305,24 @@ class Backend(abc.ABC):
     def describe(self) -> dict[str, Any]:
         """A JSON-serialisable description recorded in sweep.json (never secrets such as API keys)."""
         return {"backend": self.name}
+
+    @classmethod
+    def draft_algorithm(cls, description: dict[str, Any]) -> tuple[str | None, str]:
+        """The speculative method of the draft head a recorded run used, in lower case (``"eagle"``, ``"eagle3"``,
+        or another engine method name), and how it was found; ``(None, "unknown")`` when the description (a
+        :meth:`describe` result read back from sweep.json) does not tell.
+
+        Reads ``draft_algorithm`` (written by launching backends), else the head's config.json or name
+        (:func:`backends.launch.eagle_version`) when the description names a ``draft``. Backends that record the
+        method under their own key override this.
+        """
+        if description.get("draft_algorithm"):
+            return str(description["draft_algorithm"]).lower(), "sweep.json draft_algorithm"
+        if description.get("draft"):
+            from backends.launch import eagle_version
+
+            return eagle_version(str(description["draft"]))
+        return None, "unknown"
 
     async def close(self) -> None:
         """End of the sweep: release everything (stops a running server)."""

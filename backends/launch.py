@@ -21,7 +21,7 @@ from backends.base import (Acceptance, Backend, BackendOptions, BackendStartErro
 from backends.http import HEALTH_PATHS, auth_headers, check_reachable
 from backends.openai import EndpointSet
 from backends.process import ServerProcess, free_port, port_in_use, redact_argv
-from backends.prometheus import scrape_snapshot
+from backends.prometheus import RUNNING_GAUGES, scrape_running, scrape_snapshot
 from loadgen.errors import UserError
 from loadgen.record import RequestRecord
 
@@ -111,6 +111,7 @@ class LaunchingBackend(Backend):
     name = "launching"
     health_paths: tuple[str, ...] = HEALTH_PATHS
     allow_remote = True  # with options.endpoints, use running servers instead of launching
+    running_gauges: tuple[str, ...] = RUNNING_GAUGES  # the engine's running-requests gauge(s), first found wins
 
     def __init__(self, options: BackendOptions) -> None:
         if options.startup_timeout_s <= 0:
@@ -215,6 +216,11 @@ class LaunchingBackend(Backend):
         if server is not None:
             await server.stop()
 
+    async def running_requests(self) -> tuple[float, str] | None:
+        """The current server's running-requests gauge (:attr:`running_gauges` on ``/metrics``), or None."""
+        url = self.base_url
+        return None if url is None else await scrape_running(url, self.running_gauges, self.headers or None)
+
     def next_window(self) -> bool:
         """Count one measured window on the running server; True if it was the first since the server launched."""
         self._windows_on_server += 1
@@ -236,12 +242,18 @@ class LaunchingBackend(Backend):
             return Acceptance(1.0, None, [], 0.0, "config:num_steps=0")
         return super().acceptance(before, after, records)
 
+    def speculative_method(self) -> str | None:
+        """The launched servers' speculative method in lower case (``"eagle"``/``"eagle3"``), or None when unknown:
+        here the draft head's EAGLE version (:func:`eagle_version`); engine backends return what they launch with."""
+        return eagle_version(self.options.draft)[0] if self.options.draft else None
+
     def describe(self) -> dict[str, Any]:
-        """Backend name, model, draft and every launch so far (command lines with secrets redacted)."""
+        """Backend name, model, draft, its speculative method (``draft_algorithm``) and every launch so far (command
+        lines with secrets redacted)."""
         if self.remote is not None:
             return {"backend": self.name, "endpoints": self.remote.describe(), "api_key_env": self.options.api_key_env}
         return {"backend": self.name, "model": self.options.model, "draft": self.options.draft,
-                "launches": [dict(r) for r in self.launches]}
+                "draft_algorithm": self.speculative_method(), "launches": [dict(r) for r in self.launches]}
 
 
 class LaunchBackend(LaunchingBackend):

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from backends.base import Backend, BackendOptions, Endpoint, SpecSnapshot
 from backends.http import auth_headers, check_reachable, normalize_base_url
-from backends.prometheus import scrape_snapshot
+from backends.prometheus import scrape_running, scrape_snapshot
 from loadgen.errors import UserError
 
 ALL_STEPS = -1
@@ -95,6 +95,10 @@ class OpenAIBackend(Backend):
         if self._url is None:
             return None
         return await scrape_snapshot(self._url, headers=self.headers)
+
+    async def running_requests(self) -> tuple[float, str] | None:
+        """vLLM's, SGLang's, spectune's or llama.cpp's running-requests gauge from ``/metrics``, or None."""
+        return None if self._url is None else await scrape_running(self._url, headers=self.headers)
 
     def describe(self) -> dict[str, Any]:
         """Backend name and endpoint URLs (never the API key)."""

@@ -84,6 +84,37 @@ def gauge_values(families: Iterable[Metric], name: str) -> list[float]:
     return [s.value for f in families if f.name == name for s in f.samples if s.name == name]
 
 
+RUNNING_GAUGES = ("vllm:num_requests_running", "sglang:num_running_reqs", "spectune:num_requests_running",
+                  "llamacpp:requests_processing")
+"""Gauges of requests in an engine's running batch: vLLM (``vllm/v1/metrics/loggers.py``), SGLang
+(``python/sglang/srt/metrics/collector.py``), the bundled engine (``backends/local/metrics.py``) and llama.cpp's
+``llama-server --metrics`` (requests in busy slots)."""
+
+
+def running_from_families(families: Iterable[Metric], names: Iterable[str]) -> tuple[float, str] | None:
+    """(requests running now, summed over label sets such as engines or DP ranks, gauge name) for the first of
+    ``names`` the exposition has, or None."""
+    families = list(families)
+    for name in names:
+        values = gauge_values(families, name)
+        if values:
+            return float(sum(values)), name
+    return None
+
+
+async def scrape_running(base_url: str, names: Iterable[str] = RUNNING_GAUGES, headers: dict[str, str] | None = None,
+                         timeout_s: float = 5.0) -> tuple[float, str] | None:
+    """GET ``{base_url}/metrics`` and read the running-requests gauge (:func:`running_from_families`); None when
+    there is no page, it does not parse, or none of ``names`` is on it."""
+    reply = await get(base_url + "/metrics", timeout_s, headers)
+    if reply.status != 200:
+        return None
+    try:
+        return running_from_families(parse_metrics(reply.text), names)
+    except ValueError:
+        return None
+
+
 def snapshot_from_text(text: str, prefix: str = "vllm:", taken_at: float | None = None) -> SpecSnapshot:
     """A :class:`SpecSnapshot` from a /metrics text, with counters summed over engines.
 

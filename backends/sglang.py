@@ -1,13 +1,18 @@
 """The ``sglang`` backend: launches ``python -m sglang.launch_server`` per num_steps, or uses running servers.
 
-Flags (SGLang ``server_args.py``, background §2): for K > 0 ``--speculative-algorithm EAGLE|EAGLE3
---speculative-draft-model-path HEAD --speculative-num-steps K --speculative-eagle-topk 1
---speculative-num-draft-tokens K+1``; K = 0 has no speculative flags. With EAGLE and ``--max-running-requests``
-unset SGLang caps running requests at 48, so it is always set to max(highest swept concurrency, 48) (for K = 0
-too, so every K runs under the same scheduler limit). ``--enable-metrics`` exposes ``/metrics``. With
+Flags (SGLang ``python/sglang/srt/arg_groups/fields/spec.py``, the ``spec`` namespace; their start-up handling in
+``python/sglang/srt/arg_groups/speculative_hook.py``; background §2): for K > 0 ``--speculative-algorithm
+EAGLE|EAGLE3 --speculative-draft-model-path HEAD --speculative-num-steps K --speculative-eagle-topk 1
+--speculative-num-draft-tokens K+1`` (with topk 1 SGLang forces num_draft_tokens = num_steps + 1,
+``_handle_eagle_family``); K = 0 has no speculative flags. With EAGLE and ``--max-running-requests`` unset SGLang caps
+running requests at 48 (``_handle_eagle_family``), so it is always set to max(highest swept concurrency, 48) (for
+K = 0 too, so every K runs under the same scheduler limit). ``--enable-metrics`` exposes ``/metrics``. With
 ``options.adaptive_config`` (an SGLang adaptive JSON, checked when the backend is built) the K > 0 command also has
 ``--speculative-adaptive --speculative-adaptive-config FILE``: SGLang then picks num_steps per batch size among the
-file's candidate steps, and K is only the initial tier.
+file's candidate steps, K is only the initial tier, and it must be one of the union of the file's candidates
+(``_init_adaptive_speculative_params`` raises ``ValueError`` otherwise). SGLang drops adaptive mode (static
+settings, a logged warning) with attention DP (``--enable-dp-attention``; ``adaptive_spec_params.py``,
+``adaptive_unsupported_reason``): :meth:`SGLangBackend.preflight` warns.
 
 Acceptance, best first:
 
@@ -17,10 +22,16 @@ Acceptance, best first:
    ``spec_draft_token_num`` in ``meta_info``), summed over the window's requests. Acceptance length = 1 +
    accepted drafts / verify steps (the results format's definition, as vLLM's); servers that report no accepted
    count get SGLang's own ``spec_accept_length`` formula, completion tokens / verify steps
-   (``tokenizer_manager.py``), which also counts each request's first (prefill) token.
+   (``tokenizer_manager.py``), which also counts each request's first (prefill) token. An adaptive server reports
+   no acceptance rate: SGLang counts proposed drafts as ``spec_verify_ct * (speculative_num_draft_tokens - 1)``
+   with the launch value (``tokenizer_manager.py``, ``_calculate_spec_decoding_metrics``), so every verify is
+   charged the initial tier's drafts whatever tier ran it (acceptance length is not affected).
 2. ``GET /server_info`` (``/get_server_info`` on old servers) ``internal_states[i].avg_spec_accept_length``: a
    server-lifetime average, scoped to the window only on a server launched for this point.
 3. the ``sglang:spec_accept_length`` gauge (recent batches only), with a warning.
+
+Running batch size: the ``sglang:num_running_reqs`` gauge (``python/sglang/srt/metrics/collector.py``; refreshed
+when the scheduler logs a decode batch, every ``--decode-log-interval`` batches).
 """
 
 from __future__ import annotations
@@ -155,6 +166,21 @@ def server_info_stats(info: Any) -> dict[str, Any]:
             "speculative_algorithm": info.get("speculative_algorithm") if isinstance(info, dict) else None}
 
 
+def server_info_adaptive(info: Any) -> bool | None:
+    """Whether a ``/server_info`` answer says the server runs ``--speculative-adaptive`` (its resolved server
+    arguments, flat or under the ``spec`` namespace); None when the answer does not say."""
+    if not isinstance(info, dict):
+        return None
+    value = info.get("speculative_adaptive")
+    if value is None and isinstance(info.get("spec"), dict):
+        value = info["spec"].get("speculative_adaptive")
+    return None if value is None else bool(value)
+
+
+ADAPTIVE_RATE_WARNING = ("no acceptance rate: SGLang charges every verify of an adaptive server the launch tier's "
+                         "drafts (spec_verify_ct x (speculative_num_draft_tokens - 1)), whatever tier ran it")
+
+
 class SGLangBackend(LaunchingBackend):
     """SGLang servers with static EAGLE/EAGLE3 settings per num_steps (see module docstring).
 
@@ -165,6 +191,7 @@ class SGLangBackend(LaunchingBackend):
 
     name = "sglang"
     health_paths = ("/health",)
+    running_gauges = ("sglang:num_running_reqs",)
 
     def __init__(self, options: BackendOptions) -> None:
         super().__init__(options)
@@ -172,13 +199,17 @@ class SGLangBackend(LaunchingBackend):
             raise UserError("the sglang backend needs --model (to launch servers) or --endpoint URLs of running ones")
         self._algorithm: tuple[str, str] | None = None
         self.adaptive_config: str | None = None
+        self.candidate_union: tuple[int, ...] = ()
+        self.remote_adaptive: bool | None = None  # what a running server's /server_info said, when read
         if options.adaptive_config:
             from backends.adaptive import AdaptiveConfig, load_config_file
 
-            if not isinstance(load_config_file(options.adaptive_config), AdaptiveConfig):
+            config = load_config_file(options.adaptive_config)
+            if not isinstance(config, AdaptiveConfig):
                 raise UserError(f"{options.adaptive_config} is a vLLM schedule: the sglang backend needs an SGLang "
                                 "adaptive config (batch-size slots with candidate_steps)")
             self.adaptive_config = str(Path(options.adaptive_config).resolve())
+            self.candidate_union = config.candidate_steps
 
     def algorithm(self) -> tuple[str, str]:
         """(``EAGLE``|``EAGLE3``|given name, how it was decided): ``options.algorithm`` or the head's config."""
@@ -213,17 +244,51 @@ class SGLangBackend(LaunchingBackend):
                 return reply.json()
         return None
 
+    @property
+    def adaptive(self) -> bool:
+        """True when the server runs SGLang's adaptive num_steps: launched with ``adaptive_config``, or a running
+        server whose ``/server_info`` said so."""
+        return self.adaptive_config is not None or bool(self.remote_adaptive)
+
+    async def preflight(self, steps_list: Sequence[int]) -> list[str]:
+        """:meth:`LaunchingBackend.preflight`, plus a warning when an adaptive config is launched with attention
+        DP (SGLang then falls back to static settings: ``adaptive_unsupported_reason``)."""
+        warnings = await super().preflight(steps_list)
+        if self.adaptive_config and self.remote is None and "--enable-dp-attention" in self.options.server_args:
+            warnings.append("SGLang disables --speculative-adaptive with --enable-dp-attention (static settings "
+                            f"instead): this server runs num_steps {max(steps_list, default=0)}, not the config")
+        return warnings
+
     async def remote_checks(self, steps_list: Sequence[int]) -> list[str]:
-        """Warn when a running server's speculative settings differ from the num_steps it is used for."""
+        """Warn when a running server's speculative settings differ from what it is used for.
+
+        Static use (no ``adaptive_config``): num_steps 0 must not speculate; K > 0 must report
+        ``speculative_num_steps`` K and not run ``--speculative-adaptive`` (its tier would follow the load). With
+        an adaptive config: the server must run ``--speculative-adaptive`` and its live tier must be one of the
+        config's candidates (the live tier changes with load, so it is never compared with K).
+        """
         warnings = []
         for k in steps_list:
             if self.remote is None or k not in self.remote.urls:
                 continue
             url = self.remote.urls[k]
-            stats = server_info_stats(await self._server_info(url) or {})
+            info = await self._server_info(url) or {}
+            stats, adaptive = server_info_stats(info), server_info_adaptive(info)
+            if adaptive is not None:
+                self.remote_adaptive = adaptive
             algo, steps = stats["speculative_algorithm"], stats["speculative_num_steps"]
             if k == 0 and algo not in (None, "", "NONE"):
                 warnings.append(f"{url} (num_steps 0) runs speculative decoding ({algo})")
+            elif k > 0 and self.adaptive_config is not None:
+                if adaptive is False:
+                    warnings.append(f"{url} does not run --speculative-adaptive: it serves static speculative "
+                                    f"settings (num_steps {steps}), not the adaptive config")
+                elif steps is not None and int(steps) not in self.candidate_union:
+                    warnings.append(f"{url} reports speculative_num_steps {steps}, not one of the config's "
+                                    f"candidate steps {list(self.candidate_union)}")
+            elif k > 0 and adaptive:
+                warnings.append(f"{url} (num_steps {k}) runs --speculative-adaptive: its num_steps follows the "
+                                f"load (now {steps}), not a static {k}")
             elif k > 0 and steps is not None and int(steps) != k:
                 warnings.append(f"{url} (num_steps {k}) reports speculative_num_steps {steps}")
         return warnings
@@ -234,8 +299,10 @@ class SGLangBackend(LaunchingBackend):
         if url is None:
             return None
         taken_at = time.perf_counter()
-        stats = server_info_stats(await self._server_info(url) or {})
-        raw: dict[str, Any] = {"speculative_num_steps": stats["speculative_num_steps"]}
+        info = await self._server_info(url) or {}
+        stats = server_info_stats(info)
+        raw: dict[str, Any] = {"speculative_num_steps": stats["speculative_num_steps"],
+                               "speculative_adaptive": server_info_adaptive(info)}
         reply = await get(url + "/metrics", 5.0, self.headers)
         if reply.status == 200:
             try:
@@ -248,11 +315,16 @@ class SGLangBackend(LaunchingBackend):
     def acceptance(
         self, before: SpecSnapshot | None, after: SpecSnapshot | None, records: Sequence[RequestRecord]
     ) -> Acceptance:
-        """Per-request details; else 1.0 at num_steps 0; else /server_info (scoped only on a fresh server); else
-        the gauge; else the proxy."""
+        """Per-request details (no acceptance rate on an adaptive server: :data:`ADAPTIVE_RATE_WARNING`); else 1.0
+        at num_steps 0; else /server_info (scoped only on a fresh server); else the gauge; else the proxy."""
         fresh = self.next_window()
+        if after is not None and after.raw.get("speculative_adaptive") is not None:
+            self.remote_adaptive = bool(after.raw["speculative_adaptive"])
         per_request = per_request_acceptance(records)
         if per_request is not None:
+            if self.adaptive and per_request.acceptance_rate is not None:
+                per_request.acceptance_rate = None
+                per_request.warning = "; ".join(w for w in (per_request.warning, ADAPTIVE_RATE_WARNING) if w)
             return per_request
         if self.steps == 0:
             return Acceptance(1.0, None, [], 0.0, "config:num_steps=0")
@@ -268,6 +340,17 @@ class SGLangBackend(LaunchingBackend):
             return Acceptance(gauge, source="sglang:spec_accept_length gauge",
                               warning="gauge over the last logged batches, not scoped to the measurement window")
         return chunk_proxy_acceptance(records, warning="sglang: no spec details, /server_info or metrics; proxy used")
+
+    def speculative_method(self) -> str | None:
+        """The ``--speculative-algorithm`` launched, in lower case."""
+        return self.algorithm()[0].lower()
+
+    @classmethod
+    def draft_algorithm(cls, description: dict[str, Any]) -> tuple[str | None, str]:
+        """``draft_algorithm``, else the recorded ``algorithm`` (``EAGLE``/``EAGLE3``), else the base rule."""
+        if not description.get("draft_algorithm") and description.get("algorithm"):
+            return str(description["algorithm"]).lower(), "sweep.json algorithm"
+        return super().draft_algorithm(description)
 
     def describe(self) -> dict[str, Any]:
         """Base description plus the speculative algorithm and how it was chosen."""

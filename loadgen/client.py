@@ -210,7 +210,7 @@ class StreamingClient:
                         break
                     for key in obj:
                         if key not in _STANDARD_KEYS:
-                            stats[key] = obj[key]
+                            merge_stats(stats, key, obj[key])
                     choices, usage, ntok = obj.get("choices"), obj.get("usage"), None
                     if usage:
                         ct = usage.get("completion_tokens")
@@ -254,6 +254,28 @@ class StreamingClient:
                 rec.token_count_source = fallback
             if stats:
                 rec.server_stats = stats
+
+
+def merge_stats(stats: dict[str, Any], key: str, value: Any) -> None:
+    """Fold one non-standard chunk field into ``stats`` (``record.server_stats``), per key.
+
+    A server may spread its extension object over several chunks: SGLang sends ``sglext`` with
+    ``spec_tokens_details`` and may send another ``sglext`` chunk after it (routed experts, cached-token details,
+    output ids; ``python/sglang/srt/entrypoints/openai/serving_chat.py``, ``_generate_chat_stream``), each a
+    pydantic ``SglExt`` dump whose other fields are ``null``. Objects are therefore merged key by key
+    (recursively), a ``null`` never replaces a value already kept, and any other value replaces the earlier one
+    (the last chunk's cumulative counters win).
+    """
+    if value is None and key in stats:
+        return
+    old = stats.get(key)
+    if isinstance(old, dict) and isinstance(value, dict):
+        merged = dict(old)
+        for k, v in value.items():
+            merge_stats(merged, k, v)
+        stats[key] = merged
+    else:
+        stats[key] = value
 
 
 def _loads_or_none(payload: bytes) -> Any:

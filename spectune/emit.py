@@ -315,23 +315,75 @@ def llamacpp_settings(rec: Recommendation) -> dict[str, Any] | None:
                          concurrency_range=[min(rec.concurrencies), max(rec.concurrencies)], per_concurrency=rows)
 
 
-def best_static_json(rec: Recommendation) -> dict[str, Any]:
-    """``best-static.json``: the one num_steps for servers that take a single value, with launch flags."""
+#: ``--speculative-algorithm`` values SGLang runs adaptively (``adaptive_spec_params.py``,
+#: ``adaptive_unsupported_reason``: any other algorithm falls back to static settings).
+SGLANG_ADAPTIVE_ALGORITHMS = ("EAGLE", "EAGLE3")
+
+
+def sglang_algorithm(method: str | None) -> str:
+    """``--speculative-algorithm`` for a draft head's method (``eagle3`` -> ``EAGLE3``); ``EAGLE`` when unknown."""
+    return method.upper() if method else "EAGLE"
+
+
+def sglang_initial_steps(config: Mapping[str, Any], first_steps: int) -> int | None:
+    """``--speculative-num-steps`` to launch SGLang with the adaptive ``config``, or None when no tier speculates.
+
+    SGLang's rule (``python/sglang/srt/arg_groups/speculative_hook.py``, ``_init_adaptive_speculative_params``):
+    the value must be one of the union of every slot's ``candidate_steps``, else start-up fails with ``ValueError``.
+    spectune writes the batch-size-1 slot's chosen num_steps ``first_steps`` when it is positive (it is always in
+    that slot's ladder, hence in the union), else the smallest positive candidate of the union; a union of only 0
+    means no slot speculates (launch without speculation). Each slot starts at this value when it is one of its
+    candidates, else at its own middle candidate.
+
+    Raises:
+        ValueError: ``config`` is not a valid SGLang adaptive config.
+    """
+    union = parse_sglang_adaptive_config(dict(config), source="config").candidate_steps
+    if first_steps > 0 and first_steps in union:
+        return first_steps
+    positive = [k for k in union if k > 0]
+    return positive[0] if positive else None
+
+
+def sglang_launch_args(config: Mapping[str, Any], first_steps: int, method: str | None,
+                       config_file: str = "sglang-adaptive-custom.json") -> list[str] | None:
+    """SGLang's adaptive speculative flags for ``config`` (saved as ``config_file``), or None when no tier
+    speculates: ``--speculative-algorithm`` from the head's ``method`` (:func:`sglang_algorithm`), topk 1,
+    ``--speculative-num-steps`` by :func:`sglang_initial_steps` and ``--speculative-num-draft-tokens`` one more
+    (SGLang sets that itself with topk 1).
+
+    Raises:
+        ValueError: ``config`` is not a valid SGLang adaptive config.
+    """
+    k = sglang_initial_steps(config, first_steps)
+    if k is None:
+        return None
+    return ["--speculative-algorithm", sglang_algorithm(method), "--speculative-eagle-topk", "1",
+            "--speculative-num-steps", str(k), "--speculative-num-draft-tokens", str(k + 1),
+            "--speculative-adaptive", "--speculative-adaptive-config", config_file]
+
+
+def best_static_json(rec: Recommendation, method: str | None = None) -> dict[str, Any]:
+    """``best-static.json``: the one num_steps for servers that take a single value, with launch flags
+    (``method``: the draft head's speculative method, ``eagle``/``eagle3``, or None when unknown)."""
     k = rec.best_static
     out: dict[str, Any] = {"num_steps": k, "objective": rec.options.objective,
                            "aggregate_score": rec.static_scores.get(k) if k is not None else None}
     if k:
-        out["sglang_args"] = ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
-                              "--speculative-num-draft-tokens", str(k + 1)]
+        out["sglang_args"] = ["--speculative-algorithm", sglang_algorithm(method), "--speculative-num-steps", str(k),
+                              "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(k + 1)]
         out["vllm_speculative_config"] = {"num_speculative_tokens": k}
     elif k == 0:
         out["note"] = "no speculation wins overall: launch the server without speculative decoding"
     return out
 
 
-def write_recommendation(rec: Recommendation, out: Path, source: str) -> dict[str, Path]:
+def write_recommendation(rec: Recommendation, out: Path, source: str,
+                         algorithm: tuple[str | None, str] = (None, "unknown")) -> dict[str, Path]:
     """Write every output of ``spectune recommend`` into ``out`` (created if needed); each emitted config is
-    parsed back with :mod:`backends.adaptive.config` first. Returns {file name: path}.
+    parsed back with :mod:`backends.adaptive.config` first. ``algorithm``: the sweep's draft-head method
+    (``eagle``/``eagle3``, :func:`backends.draft_algorithm`) and how it was found, for the launch flags.
+    Returns {file name: path}.
 
     Raises:
         ValueError: an emitted config fails validation (a spectune bug, never user input).
@@ -351,7 +403,8 @@ def write_recommendation(rec: Recommendation, out: Path, source: str) -> dict[st
         parse_vllm_speculative_config(vllm)
         payload["vllm-speculative-config.json"] = vllm
         files["vllm-speculative-config.json"] = ("merge into vLLM `--speculative-config` (add `method` and `model`); "
-                                                 "schedule ranges are inclusive batch sizes")
+                                                 "schedule ranges are inclusive batch sizes; vLLM ignores the "
+                                                 "schedule at `--data-parallel-size` > 1")
     else:
         rec.warnings.append("no batch-size slot speculates: no vLLM schedule written (vLLM needs K >= 1)")
     trtllm = trtllm_config(rec)
@@ -365,7 +418,7 @@ def write_recommendation(rec: Recommendation, out: Path, source: str) -> dict[st
         payload["llamacpp-settings.json"] = llamacpp
         files["llamacpp-settings.json"] = ("llama-server flags: one static draft length for the whole concurrency "
                                            "range (llama.cpp has no per-batch-size schedule)")
-    payload["best-static.json"] = best_static_json(rec)
+    payload["best-static.json"] = best_static_json(rec, algorithm[0])
     files["best-static.json"] = "the best single static num_steps and its launch flags"
     payload["recommendation.json"] = {**rec.to_json(), "ladder_notes": notes}
     files["recommendation.json"] = "every cell, choice, slot and score (machine-readable)"
@@ -374,5 +427,6 @@ def write_recommendation(rec: Recommendation, out: Path, source: str) -> dict[st
         paths[name] = out / name
         paths[name].write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
     paths["recommendation.md"] = out / "recommendation.md"
-    paths["recommendation.md"].write_text(recommendation_markdown(rec, files, configs, notes, source), encoding="utf-8")
+    paths["recommendation.md"].write_text(recommendation_markdown(rec, files, configs, notes, source, algorithm),
+                                          encoding="utf-8")
     return paths

@@ -1,7 +1,7 @@
 """What ``spectune sweep`` and ``spectune validate`` share to measure a server: the model name to send
 (:func:`resolve_model`), the client settings of a measured run (:func:`client_config`), the host and package
-versions for the results file (:func:`environment`) and an event loop that SIGINT/SIGTERM cancel cleanly
-(:func:`run_with_signals`).
+versions for the results file (:func:`environment`), the engine's running batch size over a window
+(:class:`BatchSizeSampler`) and an event loop that SIGINT/SIGTERM cancel cleanly (:func:`run_with_signals`).
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import os
 import platform
 import socket
 import sys
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 from backends.base import Backend
 from loadgen.errors import UserError
 
-__all__ = ["client_config", "environment", "resolve_model", "run_with_signals"]
+__all__ = ["BatchSizeSampler", "batch_size_summary", "client_config", "environment", "resolve_model",
+           "run_with_signals"]
 
 T = TypeVar("T")
 
@@ -70,6 +71,74 @@ def client_config(plan: Any, backend: Backend, base_url: str, model: str | None,
     return ClientConfig(base_url, model=model, api=plan.api, max_tokens=plan.max_tokens,
                         temperature=plan.temperature, ignore_eos=plan.ignore_eos, extra_body=extra or None,
                         api_key_env=api_key_env, reuse_connections=backend.reuse_connections)
+
+
+BATCH_SIZE_INTERVAL_S = 0.5
+"""s between two readings of the engine's running-requests gauge during a measurement window."""
+
+
+def batch_size_summary(samples: Sequence[float], source: str) -> dict[str, Any] | None:
+    """The running batch size over a window from evenly spaced gauge readings (requests), or None without any.
+
+    Returns ``mean`` (the time average, readings being evenly spaced), ``p50``, ``p90`` (``numpy.percentile``,
+    linear), ``min``, ``max``, ``samples`` (readings), ``histogram`` (``{"B": readings at batch size B}``, B rounded
+    to an integer) and ``source`` (the gauge).
+    """
+    import numpy as np
+
+    if not samples:
+        return None
+    arr = np.asarray(samples, dtype=float)
+    hist: dict[str, int] = {}
+    for v in sorted(int(round(x)) for x in samples):
+        hist[str(v)] = hist.get(str(v), 0) + 1
+    return {"mean": float(arr.mean()), "p50": float(np.percentile(arr, 50)), "p90": float(np.percentile(arr, 90)),
+            "min": float(arr.min()), "max": float(arr.max()), "samples": len(samples), "histogram": hist,
+            "source": source}
+
+
+class BatchSizeSampler:
+    """Reads ``backend.running_requests()`` every ``interval_s`` s between :meth:`start` and :meth:`stop` (the first
+    reading one interval after the start, none at the stop, so the drained server after the window is not counted).
+
+    A reading that fails or returns None is skipped; the source is the gauge of the readings taken.
+    """
+
+    def __init__(self, backend: Backend, interval_s: float = BATCH_SIZE_INTERVAL_S) -> None:
+        self.backend, self.interval_s = backend, interval_s
+        self.samples: list[float] = []
+        self.source: str | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Begin sampling in the background (call from a running event loop)."""
+        self._task = asyncio.ensure_future(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                reading = await self.backend.running_requests()
+            except Exception:  # noqa: BLE001 - a metrics page problem must not lose the point
+                reading = None
+            if reading is not None:
+                self.samples.append(reading[0])
+                self.source = reading[1]
+
+    def cancel(self) -> None:
+        """Stop sampling without a summary (the window was abandoned)."""
+        if self._task is not None:
+            self._task.cancel()
+
+    async def stop(self) -> dict[str, Any] | None:
+        """Stop sampling; :func:`batch_size_summary` of the readings, or None without any."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        return batch_size_summary(self.samples, self.source or "") if self.samples else None
 
 
 def run_with_signals(make: Callable[[], Awaitable[T]]) -> tuple[T | None, int | None]:

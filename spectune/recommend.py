@@ -13,9 +13,12 @@ within a tolerance of the best) and extended (docs/recommend.md is the user-faci
    best by the objective is still chosen (a config needs a value there) and flagged ``slo-unmet``.
 4. Among the candidates the best median wins, but every num_steps within the noise band of it (the larger of
    ``noise_band`` and the best cell's own spread) ties, and the smallest tied num_steps is chosen.
-5. Concurrency is the batch-size proxy: a closed loop at concurrency C runs batches of about C requests. Slots
-   start where the chosen num_steps changes; the boundary between measured concurrencies a < b is the geometric
-   midpoint round(sqrt(a*b)) (``boundary="geometric"``) or b itself (``boundary="measured"``).
+5. Slots start where the chosen num_steps changes, keyed on batch size, since SGLang and vLLM route by the batch
+   they actually run. The key of a concurrency is the engine's measured running batch size of its chosen cell
+   (``batch_size_mean``: the time average of the engine's running-requests gauge over the window, median over
+   repeats) when every chosen cell has one; else concurrency itself (a closed loop at concurrency C runs batches of
+   at most C requests, fewer while requests prefill, queue or straggle). The boundary between keys a < b is the
+   geometric midpoint round(sqrt(a*b)) (``boundary="geometric"``) or round(b) (``boundary="measured"``).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ OBJECTIVES = {"throughput": ("output_throughput_tok_s", "max", "tokens/s"),
               "goodput": ("goodput_req_s", "max", "req/s")}
 #: columns reduced to per-cell medians
 CELL_METRICS = ("output_throughput_tok_s", "tpot_p50_ms", "tpot_p99_ms", "ttft_p50_ms", "ttft_p99_ms",
-                "acceptance_length", "slo_attainment", "goodput_req_s", "achieved_concurrency")
+                "acceptance_length", "slo_attainment", "goodput_req_s", "achieved_concurrency", "batch_size_mean")
 MAD_TO_SIGMA = 1.4826  # MAD -> standard deviation for normal data (as vLLM's tune_speculative_k)
 
 
@@ -100,7 +103,12 @@ class Slot:
 
 @dataclass
 class Recommendation:
-    """Everything ``spectune recommend`` decided; :meth:`to_json` is ``recommendation.json``."""
+    """Everything ``spectune recommend`` decided; :meth:`to_json` is ``recommendation.json``.
+
+    ``batch_sizes``: concurrency -> the chosen cell's measured running batch size (requests) the slots are keyed on,
+    empty when they are keyed on concurrency; ``batch_size_source``: the engine gauge it came from, or
+    ``"concurrency"``.
+    """
 
     options: RecommendOptions
     cells: list[Cell]
@@ -110,6 +118,8 @@ class Recommendation:
     static_scores: dict[int, float]
     warnings: list[str]
     findings: list[dict[str, Any]] = field(default_factory=list)  # batch-dependent acceptance (batch_acceptance.py)
+    batch_sizes: dict[int, float] = field(default_factory=dict)
+    batch_size_source: str = "concurrency"
 
     def cell(self, steps: int, concurrency: int) -> Cell | None:
         """The cell at (steps, concurrency), or None if neither was in the plan."""
@@ -137,7 +147,8 @@ class Recommendation:
             return x
         cells = [{**asdict(c), "eligible": c.eligible} for c in self.cells]
         return clean({"options": asdict(self.options), "choices": [asdict(c) for c in self.choices],
-                      "slots": [asdict(s) for s in self.slots], "best_static_num_steps": self.best_static,
+                      "slots": [asdict(s) for s in self.slots], "slot_key": self.batch_size_source,
+                      "batch_sizes": self.batch_sizes, "best_static_num_steps": self.best_static,
                       "static_scores": self.static_scores, "cells": cells, "warnings": self.warnings,
                       "batch_dependent_acceptance": self.findings})
 
@@ -222,9 +233,18 @@ def choose(cells: list[Cell], conc: int, opts: RecommendOptions) -> Choice:
     return Choice(conc, win.steps, best.steps, band, tier, "; ".join(parts + notes))
 
 
-def build_slots(choices: list[Choice], boundary: str = "geometric") -> list[Slot]:
+def build_slots(choices: list[Choice], boundary: str = "geometric",
+                batch_sizes: dict[int, float] | None = None) -> list[Slot]:
     """Merge consecutive concurrencies with the same num_steps into batch-size slots (rule 5). The first slot
-    starts at 1; concurrencies without a choice are skipped (the slot below them extends over them)."""
+    starts at 1; concurrencies without a choice are skipped (the slot below them extends over them).
+
+    ``batch_sizes`` (concurrency -> measured running batch size, requests) keys the boundaries on measured batch
+    size: between keys a and b the boundary is round(sqrt(a*b)) (geometric) or round(b) (measured), and each slot
+    starts at least one above the previous one. Without it the keys are the concurrencies (boundary also at most b).
+    """
+    def half_up(x: float) -> int:
+        return math.floor(x + 0.5)
+
     slots: list[Slot] = []
     prev: int | None = None
     for ch in sorted((c for c in choices if c.steps is not None), key=lambda c: c.concurrency):
@@ -233,12 +253,36 @@ def build_slots(choices: list[Choice], boundary: str = "geometric") -> list[Slot
         else:
             lower = 1
             if slots and prev is not None:
-                mid = math.floor(math.sqrt(prev * ch.concurrency) + 0.5) if boundary == "geometric" else ch.concurrency
-                lower = min(max(mid, prev + 1), ch.concurrency)
+                if batch_sizes:
+                    a, b = batch_sizes[prev], batch_sizes[ch.concurrency]
+                    mid = half_up(math.sqrt(a * b)) if boundary == "geometric" else half_up(b)
+                    lower = max(mid, slots[-1].lower + 1)
+                else:
+                    mid = half_up(math.sqrt(prev * ch.concurrency)) if boundary == "geometric" else ch.concurrency
+                    lower = min(max(mid, prev + 1), ch.concurrency)
                 slots[-1].upper = lower - 1
             slots.append(Slot(lower, None, int(ch.steps), [ch.concurrency]))  # type: ignore[arg-type]
         prev = ch.concurrency
     return slots
+
+
+def measured_batch_sizes(cells: list[Cell], choices: list[Choice],
+                         df: pd.DataFrame) -> tuple[dict[int, float], str]:
+    """(concurrency -> measured running batch size of the chosen cell, the gauge it came from) when every chosen
+    cell has a finite positive ``batch_size_mean``; else ({}, ``"concurrency"``): slots keyed on concurrency."""
+    grid = {(c.steps, c.concurrency): c for c in cells}
+    sizes: dict[int, float] = {}
+    for ch in choices:
+        if ch.steps is None:
+            continue
+        v = grid[(ch.steps, ch.concurrency)].metrics.get("batch_size_mean", math.nan)
+        if not (math.isfinite(v) and v > 0):
+            return {}, "concurrency"
+        sizes[ch.concurrency] = v
+    if not sizes:
+        return {}, "concurrency"
+    sources = sorted({str(x) for x in df.get("batch_size_source", pd.Series(dtype=str)) if str(x) not in ("", "none")})
+    return sizes, ", ".join(sources) or "running batch size"
 
 
 def best_static(cells: list[Cell], choices: list[Choice],
@@ -307,15 +351,22 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
                                 f"spread {c.spread:.1%}) beats the chosen K={ch.steps} ({cell.objective:.4g}); "
                                 "more repeats of that cell would settle it")
         ach = cell.metrics.get("achieved_concurrency", math.nan) if cell else math.nan
-        if math.isfinite(ach) and ach < 0.8 * ch.concurrency:
+        measured = cell.metrics.get("batch_size_mean", math.nan) if cell else math.nan
+        if math.isfinite(ach) and ach < 0.8 * ch.concurrency and not math.isfinite(measured):
             warnings.append(f"concurrency {ch.concurrency}: achieved concurrency {ach:.1f} is well below the target, "
                             "so it is a weak batch-size proxy there")
-    slots = build_slots(choices, opts.boundary)
+    batch_sizes, batch_source = measured_batch_sizes(cells, choices, df)
+    slots = build_slots(choices, opts.boundary, batch_sizes or None)
     static, scores = best_static(cells, choices, opts)
+    dp = ((results.sweep or {}).get("backend") or {}).get("data_parallel_size")
+    if isinstance(dp, int) and dp > 1:
+        warnings.append(f"the sweep ran at data-parallel size {dp}: vLLM ignores num_speculative_tokens_per_batch_size "
+                        "there (static num_speculative_tokens), and SGLang's adaptive mode does not run with "
+                        "attention DP; validate the configs on the deployment they are meant for")
     from spectune.batch_acceptance import batch_dependent_acceptance
 
     findings = [f.to_json() for f in batch_dependent_acceptance(results.points or [])]
-    return Recommendation(opts, cells, choices, slots, static, scores, warnings, findings)
+    return Recommendation(opts, cells, choices, slots, static, scores, warnings, findings, batch_sizes, batch_source)
 
 
 def compare(rec: Recommendation) -> list[dict[str, Any]]:

@@ -55,34 +55,76 @@ def _ladder(slot: dict[str, Any]) -> str:
     return text + (f" ceiling {slot['ceiling_coeff']:g}" if slot.get("ceiling_coeff") else "")
 
 
+def slot_key_sentence(rec: Recommendation) -> str:
+    """What recommendation.md says the batch-size slots are keyed on: the engine's measured running batch size
+    (and its gauge) or, when some chosen cell lacks it, concurrency as the proxy."""
+    if rec.batch_sizes:
+        return (f"Slots are keyed on the engine's measured running batch size (`batch_size_mean`, from "
+                f"`{rec.batch_size_source}`: its time average over each chosen cell's window), which SGLang and vLLM "
+                "route by.")
+    return ("Concurrency is used as the batch-size proxy: the sweep has no measured running batch size for every "
+            "chosen cell.")
+
+
+def sglang_launch_line(rec: Recommendation, config: dict, algorithm: tuple[str | None, str]) -> str:
+    """The "SGLang launch" paragraph of recommendation.md: the flags of :func:`spectune.emit.sglang_launch_args`
+    for the custom config (``--speculative-num-steps`` from its candidate union, the algorithm from the sweep's
+    draft head, ``algorithm`` = (method, how it was found)), or why there is none."""
+    from spectune.emit import SGLANG_ADAPTIVE_ALGORITHMS, sglang_algorithm, sglang_launch_args
+
+    first = rec.slots[0].steps if rec.slots else 0
+    args = sglang_launch_args(config, first, algorithm[0])
+    if args is None:
+        return ("\nSGLang launch: no batch-size slot speculates (every ladder is `[0]`): launch SGLang without "
+                "speculative decoding.")
+    k = int(args[args.index("--speculative-num-steps") + 1])
+    why = ("num_steps of the batch-size-1 slot" if k == first else
+           "the smallest positive candidate: the batch-size-1 slot does not speculate")
+    algo = sglang_algorithm(algorithm[0])
+    if algorithm[0] is None:
+        algo_note = ("the sweep did not record the draft head's algorithm: EAGLE is written, use EAGLE3 for an EAGLE-3 "
+                     "head")
+    elif algo not in SGLANG_ADAPTIVE_ALGORITHMS:
+        algo_note = f"{algo} (from {algorithm[1]}): SGLang runs adaptive num_steps only with EAGLE or EAGLE3"
+    else:
+        algo_note = f"{algo} from {algorithm[1]}"
+    return (f"\nSGLang launch: `{' '.join(args)}` and `--max-running-requests` above the largest batch size (SGLang "
+            f"caps it at 48 with speculation otherwise). `--speculative-num-steps {k}` ({why}) is in the union of the "
+            "config's `candidate_steps`, as SGLang requires at start-up; each slot starts there when it lists it, "
+            f"else at its own middle candidate. Algorithm: {algo_note}.")
+
+
 def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs: dict[str, dict],
-                            notes: dict[str, list[str]], source: str) -> str:
+                            notes: dict[str, list[str]], source: str,
+                            algorithm: tuple[str | None, str] = (None, "unknown")) -> str:
     """``recommendation.md``: options, the cell table, reasoning per concurrency, slots and their SGLang ladders,
-    predicted gains vs the best static num_steps and vs no speculation, the emitted files, notes and warnings."""
+    the SGLang launch flags (:func:`sglang_launch_line`; ``algorithm``: the sweep's draft-head method and how it
+    was found), predicted gains vs the best static num_steps and vs no speculation, the emitted files, notes and
+    warnings."""
     o = rec.options
     col, direction, unit = OBJECTIVES[o.objective]
     out = [f"# spectune recommendation\n\nSource: `{source}`. Objective: **{o.objective}** "
            f"({'maximise' if direction == 'max' else 'minimise'} `{col}`, {unit}). Noise band {o.noise_band:.1%}, "
            f"max spread {o.max_spread:.1%}, min SLO attainment {o.min_slo_attainment:g}, slot boundary rule "
-           f"`{o.boundary}`. Concurrency is used as the batch-size proxy.\n",
+           f"`{o.boundary}`. {slot_key_sentence(rec)}\n",
            "## Measured cells (median over repeats)\n",
            "`*` chosen, `~` noisy (spread above the limit), `(slo)` breaks the SLO, `FAILED` a repeat failed.\n",
            _md_table(*cell_grid(rec)), "\n## Reasoning per concurrency\n"]
     out += [f"- **concurrency {ch.concurrency}** -> {ch.reason}" for ch in rec.choices]
     presets = list(configs)
+    measured = ["measured batch size"] if rec.batch_sizes else []
     out += ["\n## Batch-size slots and SGLang ladders\n",
             "A slot starts where the chosen num_steps changes (SGLang key = lower bound); ladders are "
             "`candidate_steps` with down/up hysteresis (accepted drafts) chosen so SGLang's EMA policy settles on "
             "the measured optimum.\n", _md_table(
-                ["batch sizes", "num_steps", "measured concurrencies"] + presets,
+                ["batch sizes", "num_steps", "measured concurrencies"] + measured + presets,
                 [[f"{s.lower}-{s.upper if s.upper is not None else ''}", str(s.steps),
-                  ", ".join(map(str, s.concurrencies))] + [_ladder(configs[p][str(s.lower)]) for p in presets]
+                  ", ".join(map(str, s.concurrencies))]
+                 + ([", ".join(f"{rec.batch_sizes[c]:.1f}" for c in s.concurrencies)] if measured else [])
+                 + [_ladder(configs[p][str(s.lower)]) for p in presets]
                  for s in rec.slots])]
-    first = rec.slots[0].steps if rec.slots else 1
-    out += [f"\nSGLang launch: `--speculative-algorithm EAGLE --speculative-eagle-topk 1 --speculative-num-steps "
-            f"{max(first, 1)} --speculative-num-draft-tokens {max(first, 1) + 1} --speculative-adaptive "
-            "--speculative-adaptive-config sglang-adaptive-custom.json` and `--max-running-requests` above the "
-            "largest batch size (SGLang caps it at 48 with speculation otherwise)."]
+    if "custom" in configs:
+        out += [sglang_launch_line(rec, configs["custom"], algorithm)]
     static = rec.best_static
     score = rec.static_scores.get(static, math.nan) if static is not None else math.nan
     out += [f"\nBest single static num_steps: **K={static}** (geometric mean of objective / per-concurrency best = "

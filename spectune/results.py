@@ -22,10 +22,12 @@ from spectune.errors import UserError
 
 KEY_COLUMNS = ("steps", "concurrency", "repeat")
 ACCEPTANCE_COLUMNS = ("acceptance_length", "acceptance_rate", "acceptance_length_source")
+BATCH_SIZE_COLUMNS = ("batch_size_mean", "batch_size_p50", "batch_size_source")
 _SPLIT = METRIC_COLUMNS.index("mean_tokens_per_chunk") + 1
 #: summary.csv columns, in file order (docs/results-format.md).
 SUMMARY_COLUMNS: tuple[str, ...] = (
     *KEY_COLUMNS, "status", "error", *METRIC_COLUMNS[:_SPLIT], *ACCEPTANCE_COLUMNS, *METRIC_COLUMNS[_SPLIT:],
+    *BATCH_SIZE_COLUMNS,
     "acceptance_vs_c1",
 )
 
@@ -111,10 +113,12 @@ def point_status(records: Sequence[RequestRecord], max_failure_rate: float) -> t
 def failed_point(key: Key, error: str, planned: int, log_tail: str = "") -> dict[str, Any]:
     """A points.jsonl object for a point that measured nothing (its server never came up)."""
     metrics: dict[str, Any] = {c: None for c in SUMMARY_COLUMNS if c not in (*KEY_COLUMNS, "status", "error")}
-    metrics.update(num_requests=0, num_failed=0, total_output_tokens=0, acceptance_length_source="none")
+    metrics.update(num_requests=0, num_failed=0, total_output_tokens=0, acceptance_length_source="none",
+                   batch_size_source="none")
     steps, conc, rep = key
     return {"steps": steps, "concurrency": conc, "repeat": rep, "status": "failed", "error": error,
             "metrics": metrics, "acceptance": {"per_position": [], "num_drafts": None, "warning": None},
+            "batch_size": None,
             "per_category": {}, "window": {"start_s": None, "end_s": None}, "requests_planned": planned,
             "stop_reason": "server_start_failed", "log_tail": log_tail, "finished": now_iso()}
 

@@ -19,7 +19,7 @@ from spectune.errors import UserError
 #: summary.csv columns that must be present (docs/results-format.md).
 REQUIRED_COLUMNS = ("steps", "concurrency", "status")
 #: Non-numeric summary.csv columns; every other known column is coerced to float (empty -> NaN).
-TEXT_COLUMNS = ("status", "error", "acceptance_length_source", "token_count_source")
+TEXT_COLUMNS = ("status", "error", "acceptance_length_source", "token_count_source", "batch_size_source")
 #: Numeric summary.csv columns (docs/results-format.md), in file order.
 NUMERIC_COLUMNS = (
     "num_requests", "num_failed", "duration_s", "achieved_concurrency", "request_throughput_req_s",
@@ -28,7 +28,8 @@ NUMERIC_COLUMNS = (
     "tpot_mean_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms",
     "itl_mean_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "chunk_itl_p50_ms", "chunk_itl_p99_ms",
     "e2el_mean_ms", "e2el_p50_ms", "e2el_p90_ms", "e2el_p99_ms", "mean_tokens_per_chunk",
-    "acceptance_length", "acceptance_rate", "slo_attainment", "goodput_req_s", "acceptance_vs_c1",
+    "acceptance_length", "acceptance_rate", "slo_attainment", "goodput_req_s", "batch_size_mean", "batch_size_p50",
+    "acceptance_vs_c1",
 )
 
 

@@ -116,7 +116,9 @@ def simulate(config: AdaptiveConfig | VllmSchedule, trace: Sequence[TraceStep], 
     Args:
         config: an SGLang adaptive config (EMA policy) or a vLLM schedule (static per batch size).
         trace: recorded verify steps, in order.
-        initial_steps: SGLang only: the server's ``--speculative-num-steps`` (None: each slot's middle candidate).
+        initial_steps: SGLang only: the server's ``--speculative-num-steps``. None: as SGLang without the flag, the
+            middle of the union of all slots' candidates (:attr:`AdaptiveConfig.server_initial_steps`); a slot
+            starts there when it is one of its candidates, else at its own middle candidate.
         cuda_graph_bs: SGLang only: captured CUDA-graph batch sizes to pad to before routing.
     """
     policy = make_policy(config, initial_steps=initial_steps, cuda_graph_bs=cuda_graph_bs)

@@ -6,9 +6,11 @@ Order: for each num_steps K (ascending) the backend starts a server once (``star
 1. ``start(K)`` again (returns the running server, or relaunches one that died);
 2. warm-up: ``warmup_requests`` closed-loop requests on tagged prompts, not recorded;
 3. ``snapshot()``, the measured requests (``ClosedLoop(concurrency)``, each record appended to requests.jsonl
-   as it finishes), ``snapshot()``: acceptance is scoped to the measurement window;
-4. metrics (:func:`loadgen.compute_metrics`), acceptance (``backend.acceptance``), per-category numbers and a
-   status; the point is appended to points.jsonl and summary.csv is rewritten.
+   as it finishes), ``snapshot()``: acceptance is scoped to the measurement window; meanwhile the engine's running
+   batch size (``backend.running_requests()``) is read every :data:`~spectune.harness.BATCH_SIZE_INTERVAL_S` s
+   (:class:`~spectune.harness.BatchSizeSampler`);
+4. metrics (:func:`loadgen.compute_metrics`), acceptance (``backend.acceptance``), the batch-size summary,
+   per-category numbers and a status; the point is appended to points.jsonl and summary.csv is rewritten.
 
 A point is ``failed`` when its server never came up (``BackendStartError``: every remaining point of that K),
 when more than ``max_failure_rate`` of its requests failed, or when none produced output; it is never averaged.
@@ -30,7 +32,8 @@ from loadgen.datasets import Prompt
 from loadgen.errors import UserError
 from loadgen.record import RequestRecord
 from loadgen.runner import warmup_prompt
-from spectune.harness import client_config, environment, resolve_model, run_with_signals
+from spectune.harness import (BATCH_SIZE_INTERVAL_S, BatchSizeSampler, client_config, environment, resolve_model,
+                               run_with_signals)
 from spectune.results import Key, ResultsFolder, failed_point, now_iso, per_category_points, point_status
 from spectune.sweep_plan import SweepListener, SweepOutcome, SweepPlan
 
@@ -54,6 +57,7 @@ class Sweep:
         self.listener = listener or SweepListener()
         self.model, self.api_key_env = model, api_key_env
         self.ran = 0
+        self.batch_size_interval_s = BATCH_SIZE_INTERVAL_S
 
     async def run(self, todo: Sequence[Key]) -> None:
         """Measure the points ``todo`` (in plan order), one num_steps at a time."""
@@ -122,8 +126,13 @@ class Sweep:
                                               Constraints(max_requests=warm))).records
                 before = await self._snapshot()
                 self.listener.point_started(key, planned)
-                result = await run_point(client, self.prompts, ClosedLoop(conc), plan.constraints(planned),
-                                         on_record=on_record)
+                sampler = BatchSizeSampler(self.backend, self.batch_size_interval_s)
+                sampler.start()
+                try:
+                    result = await run_point(client, self.prompts, ClosedLoop(conc), plan.constraints(planned),
+                                             on_record=on_record)
+                finally:
+                    batch = await sampler.stop()
                 after = await self._snapshot()
         except BaseException:
             self.folder.truncate_requests(mark)  # an unfinished point leaves no records behind
@@ -133,7 +142,9 @@ class Sweep:
         metrics = compute_metrics(records, result.window_start, result.window_end, result.achieved_concurrency,
                                   plan.slo_ttft_ms, plan.slo_tpot_ms)
         metrics.update(acceptance_length=acc.acceptance_length, acceptance_rate=acc.acceptance_rate,
-                       acceptance_length_source=acc.source)
+                       acceptance_length_source=acc.source, batch_size_mean=batch["mean"] if batch else None,
+                       batch_size_p50=batch["p50"] if batch else None,
+                       batch_size_source=batch["source"] if batch else "none")
         status, error = point_status(records, plan.max_failure_rate)
         log_tail = self.backend.failure_log() if status != "ok" else ""
         if log_tail:
@@ -144,7 +155,9 @@ class Sweep:
         self._finish({
             "steps": steps, "concurrency": conc, "repeat": rep, "status": status, "error": error,
             "metrics": metrics,
-            "acceptance": {"per_position": acc.per_position, "num_drafts": acc.num_drafts, "warning": acc.warning},
+            "acceptance": {"per_position": acc.per_position, "num_drafts": acc.num_drafts, "warning": acc.warning,
+                           "cross_check": acc.cross_check},
+            "batch_size": batch,
             "per_category": per_category_points(records, result.duration_s, steps, self._ask_acceptance),
             "window": {"start_s": result.window_start, "end_s": result.window_end},
             "requests_planned": planned, "stop_reason": result.stop_reason,

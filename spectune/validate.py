@@ -243,9 +243,11 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
         prompts = arrange_prompts(load_dataset(plan.dataset, plan.num_prompts, plan.seed), plan.workload.arrivals)
     for w in caught:
         listener.warning(str(w.message))
-    for message in [*await static.preflight(list(plan.steps)), *await adaptive.preflight([initial])]:
+    preflight = [*await static.preflight(list(plan.steps)), *await adaptive.preflight([initial])]
+    for message in preflight:
         listener.warning(message)
     meta = {"spectune_version": spectune.__version__, "created": now_iso(), "status": "running",
+            "warnings": list(dict.fromkeys(preflight)),
             "plan": plan.to_json(), "config": {"path": plan.config, "format": fmt, "candidate_steps": list(candidates),
                                                "initial_steps": initial},
             "backend": {"static": static.describe(), "config": adaptive.describe()}, "runs": [], "verdict": None,

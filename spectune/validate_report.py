@@ -139,8 +139,9 @@ ROW_HEADERS = ("output tok/s", "TPOT p50 ms", "TPOT p99 ms", "SLO attainment", "
 
 
 def render_markdown(meta: dict[str, Any]) -> str:
-    """validate.md: the verdict, an overall table and a table per phase (a row per run, means over repeats;
-    ``*`` = best tok/s), and with repeats the overall output tok/s of every repeat."""
+    """validate.md: the verdict, the preflight warnings (``meta["warnings"]``: e.g. a server that will not run the
+    config as given), an overall table and a table per phase (a row per run, means over repeats; ``*`` = best
+    tok/s), and with repeats the overall output tok/s of every repeat."""
     plan, cfg, raw = meta.get("plan") or {}, meta.get("config") or {}, meta.get("runs") or []
     runs = combine_repeats(raw)
     repeats = int(plan.get("repeats") or 1)
@@ -155,6 +156,8 @@ def render_markdown(meta: dict[str, Any]) -> str:
              + (f"; {repeats} repeats in alternating order, tables show means." if repeats > 1 else "."), ""]
     v = meta.get("verdict")
     lines += [f"**{v['line']}**" if v else f"Status: {meta.get('status')} (no verdict yet)", ""]
+    if meta.get("warnings"):
+        lines += ["## Warnings", ""] + [f"- {w}" for w in meta["warnings"]] + [""]
 
     def table(title: str, pick: Any) -> None:
         rows = [(r, pick(r)) for r in runs]

@@ -2,15 +2,18 @@
 
     python tests/fake_server.py --port P [--steps K] [--accept-prob p] [--fail-start] [--exit-after-requests N]
                                 [--tokens-per-second R] [--metrics vllm|spectune|none] [--startup-delay S]
-                                [--adaptive-config PATH]
+                                [--adaptive-config PATH] [--per-request-metrics]
 
 Serves ``GET /health``, ``GET /v1/models``, ``GET /metrics`` and ``POST /v1/chat/completions`` and
 ``/v1/completions`` (SSE streaming with ``stream_options.include_usage`` / ``continuous_usage_stats``, or one
 JSON answer). Each verify step drafts K tokens, accepts each in turn with probability p (seeded), and emits
 accepted + 1 tokens as one chunk, as a speculative server streaming once per step does; the first token (the
 prefill's) is a chunk of its own. ``/metrics`` holds vLLM's V1 spec-decode counters (labels ``model_name`` and
-``engine``, ``position`` per draft position) in prometheus-client's exposition, with the chosen prefix.
-``return_spec_tokens_details: true`` adds SGLang's ``sglext.spec_tokens_details`` to the answer.
+``engine``, ``position`` per draft position) in prometheus-client's exposition, with the chosen prefix, and the
+``{prefix}num_requests_running`` gauge (requests being answered now).
+``return_spec_tokens_details: true`` adds SGLang's ``sglext.spec_tokens_details`` to the answer;
+``--per-request-metrics`` adds vLLM's ``metrics.speculative_decoding`` (``--per-request-spec-decode-metrics
+summary``) to the final usage chunk (or the answer).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--exit-after-requests", type=int, default=0, help="exit (code 3) after N completions")
     p.add_argument("--adaptive-config", default="", help="accepted and ignored (a launch template's "
                    "{adaptive_config})")
+    p.add_argument("--per-request-metrics", action="store_true", help="add vLLM's metrics.speculative_decoding")
     return p.parse_args(argv)
 
 
@@ -56,6 +60,10 @@ class Counters:
                       registry=self.registry)
         start.set(time.time())  # what prometheus-client's ProcessCollector reports: restart detection
         labels, values = ["model_name", "engine"], [model, "0"]
+        self.running = Gauge(prefix + "num_requests_running", "Requests being answered.", labels,
+                             registry=self.registry).labels(*values)
+        if steps <= 0:
+            return
 
         def counter(name: str, doc: str, extra: list[str] | None = None) -> Counter:
             return Counter(prefix + name, doc, labels + (extra or []), registry=self.registry)
@@ -66,6 +74,8 @@ class Counters:
         per_pos = counter("spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
                           ["position"])
         self.per_pos = [per_pos.labels(*values, str(i)) for i in range(steps)]
+
+    per_pos: list | None = None  # no spec-decode counters at K = 0
 
     def observe(self, drafted: int, accepted: int) -> None:
         self.drafts.inc()
@@ -85,7 +95,7 @@ class FakeServer:
         self.args = args
         self.rng = random.Random(args.seed)
         prefix = {"vllm": "vllm:", "spectune": "spectune:"}.get(args.metrics)
-        self.counters = Counters(prefix, args.steps, args.model) if prefix and args.steps > 0 else None
+        self.counters = Counters(prefix, args.steps, args.model) if prefix else None
         self.finished = 0
 
     def plan(self, max_tokens: int) -> tuple[list[int], dict]:
@@ -101,7 +111,7 @@ class FakeServer:
             if k > 0:
                 verify, correct = verify + 1, correct + accepted
                 hist[accepted] += 1
-                if self.counters:
+                if self.counters and self.counters.per_pos is not None:
                     self.counters.observe(k, accepted)
             chunks.append(accepted + 1)
         details = {"spec_verify_ct": verify, "spec_num_correct_drafts": correct, "spec_num_proposed_drafts": verify * k,
@@ -110,12 +120,28 @@ class FakeServer:
         return chunks, details
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        if self.counters:
+            self.counters.running.inc()
+        try:
+            return await self._completions(request)
+        finally:
+            if self.counters:
+                self.counters.running.dec()
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         chat = request.path.endswith("/chat/completions")
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         prompt_tokens = len(json.dumps(body.get("messages") or body.get("prompt") or "").split())
         chunks, details = self.plan(max(1, max_tokens))
         sglext = {"spec_tokens_details": details} if body.get("return_spec_tokens_details") else None
+        k = self.args.steps
+        vllm_metrics = {"speculative_decoding": {
+            "num_spec_steps": details["spec_verify_ct"],
+            "num_accepted_draft_tokens": details["spec_num_correct_drafts"],
+            "num_draft_tokens": details["spec_num_proposed_drafts"], "num_spec_tokens": k,
+            "acceptance_histogram": {str(j): n for j, n in enumerate(details["spec_correct_drafts_histogram"]) if n}}
+        } if self.args.per_request_metrics and k > 0 else None
         rid, created, n = f"cmpl-{self.finished}", int(time.time()), sum(chunks)
         obj = "chat.completion" if chat else "text_completion"
 
@@ -134,6 +160,8 @@ class FakeServer:
                    "choices": [choice("tok " * n, "length", False)], "usage": usage(n)}
             if sglext:
                 out["sglext"] = sglext
+            if vllm_metrics:
+                out["metrics"] = vllm_metrics
             self._finished()
             return web.json_response(out)
         opts = body.get("stream_options") or {}
@@ -157,8 +185,9 @@ class FakeServer:
             await send({"id": rid, "object": obj + ".chunk", "created": created, "model": self.args.model,
                         "choices": [], "sglext": sglext})
         if opts.get("include_usage"):
-            await send({"id": rid, "object": obj + ".chunk", "created": created, "model": self.args.model,
-                        "choices": [], "usage": usage(done)})
+            final = {"id": rid, "object": obj + ".chunk", "created": created, "model": self.args.model,
+                     "choices": [], "usage": usage(done)}
+            await send({**final, "metrics": vllm_metrics} if vllm_metrics else final)
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         self._finished()

@@ -104,3 +104,43 @@ def test_gauge_values_one_per_label_set():
     fams = parse_metrics(text("sglang_metrics.txt"))
     assert gauge_values(fams, "sglang:spec_accept_length") == [3.25]
     assert gauge_values(fams, "sglang:missing") == []
+
+
+def test_running_batch_gauges_of_each_engine():
+    from backends.prometheus import RUNNING_GAUGES, running_from_families
+
+    fams = parse_metrics(text("vllm_metrics_before.txt"))
+    assert running_from_families(fams, RUNNING_GAUGES) == (8.0, "vllm:num_requests_running")  # 4 per engine
+    sglang = parse_metrics('# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name="m"} 5.0\n')
+    assert running_from_families(sglang, RUNNING_GAUGES) == (5.0, "sglang:num_running_reqs")
+    llamacpp = parse_metrics("# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 2\n")
+    assert running_from_families(llamacpp, RUNNING_GAUGES) == (2.0, "llamacpp:requests_processing")
+    assert running_from_families(sglang, ("vllm:num_requests_running",)) is None
+
+
+async def test_bundled_engine_backend_reads_its_own_gauge():
+    """The bundled engine publishes spectune:num_requests_running (backends/local/metrics.py); LocalBackend reads
+    only that one."""
+    from types import SimpleNamespace
+
+    from aiohttp import web
+
+    from backends import make_backend
+    from backends.base import BackendOptions
+
+    page = ("# TYPE spectune:num_requests_running gauge\nspectune:num_requests_running{model_name=\"m\"} 3.0\n"
+            "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 9.0\n")
+    app = web.Application()
+    app.router.add_get("/metrics", lambda r: web.Response(text=page))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        backend = make_backend("local", BackendOptions())
+        backend.server = SimpleNamespace(base_url=f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}")
+        assert await backend.running_requests() == (3.0, "spectune:num_requests_running")
+        backend.server = None
+        assert await backend.running_requests() is None
+    finally:
+        await runner.cleanup()

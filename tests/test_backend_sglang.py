@@ -192,3 +192,83 @@ def test_adaptive_config_must_be_an_sglang_config(tmp_path):
     bad.write_text('{"1": {"candidate_step": [1]}}')
     with pytest.raises(UserError, match="candidate_step"):
         make_backend("sglang", BackendOptions(model="M", draft="h", adaptive_config=str(bad)))
+
+
+def _adaptive_backend(tmp_path, **options):
+    cfg = tmp_path / "adaptive.json"
+    cfg.write_text(json.dumps({"1": {"candidate_steps": [1, 3]}, "8": {"candidate_steps": [0, 1]}}))
+    return make_backend("sglang", BackendOptions(draft="h", adaptive_config=str(cfg), **options))
+
+
+def test_adaptive_server_reports_no_acceptance_rate(tmp_path):
+    """SGLang charges each verify (launch num_draft_tokens - 1) proposed drafts: on an adaptive server launched at
+    the largest candidate that understates the rate, so none is reported; acceptance length stays."""
+    backend = _adaptive_backend(tmp_path, model="M")
+    backend.steps, backend.server = 3, object()
+    acc = backend.acceptance(None, None, [record(i, a) for i, a in enumerate(RESPONSES["current"])])
+    assert acc.acceptance_length == pytest.approx(1 + 85 / 60)
+    assert acc.acceptance_rate is None
+    assert "adaptive" in acc.warning
+
+
+async def _info_server(info: dict):
+    """An in-test SGLang stand-in serving /health and /server_info (``info``); returns (runner, url)."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_get("/health", lambda r: web.Response(status=200))
+    app.router.add_get("/server_info", lambda r: web.json_response(info))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+
+async def test_remote_adaptive_server_checks(tmp_path):
+    """A running adaptive server's live tier (here 1) follows the load: it is checked against the config's
+    candidates, never against the initial num_steps; a static sweep is warned that the server adapts."""
+    info = json.loads((FIXTURES / "sglang_server_info.json").read_text())
+    info.update(speculative_adaptive=True)
+    info["internal_states"][0]["speculative_num_steps"] = 1
+    runner, url = await _info_server(info)
+    try:
+        adaptive = _adaptive_backend(tmp_path, endpoints={3: url})
+        assert await adaptive.preflight([3]) == []
+        static = make_backend("sglang", BackendOptions(endpoints={3: url}))
+        assert "runs --speculative-adaptive" in (await static.preflight([3]))[0]
+        info.update(speculative_adaptive=False)
+        assert "does not run --speculative-adaptive" in (await adaptive.preflight([3]))[0]
+    finally:
+        await runner.cleanup()
+
+
+async def test_remote_adaptive_server_detected_from_server_info_reports_no_rate(tmp_path):
+    info = json.loads((FIXTURES / "sglang_server_info.json").read_text())
+    info.update(speculative_adaptive=True)
+    runner, url = await _info_server(info)
+    try:
+        backend = make_backend("sglang", BackendOptions(endpoints={-1: url}))
+        await backend.start(3)
+        after = await backend.snapshot()
+        acc = backend.acceptance(None, after, [record(i, a) for i, a in enumerate(RESPONSES["current"])])
+        assert acc.acceptance_rate is None
+    finally:
+        await runner.cleanup()
+
+
+def test_flag_sources_cited_where_sglang_now_defines_them():
+    """SGLang's speculative flags moved from server_args.py to arg_groups/fields/spec.py (handled in
+    arg_groups/speculative_hook.py); the module docstring is the contract's reference."""
+    import backends.sglang
+
+    assert "python/sglang/srt/arg_groups/fields/spec.py" in backends.sglang.__doc__
+    assert "server_args.py" not in backends.sglang.__doc__
+
+
+async def test_adaptive_config_with_dp_attention_is_warned(tmp_path, monkeypatch):
+    """SGLang falls back to static settings under attention DP (adaptive_unsupported_reason)."""
+    monkeypatch.setattr("backends.sglang.SGLangBackend.check_executable", lambda self: None)
+    backend = _adaptive_backend(tmp_path, model="M", server_args=["--enable-dp-attention", "--dp", "2"])
+    [warning] = await backend.preflight([3])
+    assert "disables --speculative-adaptive with --enable-dp-attention" in warning

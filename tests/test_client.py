@@ -77,6 +77,13 @@ class Fake:
             await resp.write(chunk("a", 1, meta_info={"spec_verify_ct": 1}))
             await resp.write(chunk("b", 2, finish="stop", spec_decode={"accepted": 1}, meta_info={"spec_verify_ct": 2}))
             await resp.write(DONE)
+        elif mode == "sglext":  # SGLang: spec details, then a second extension chunk (pydantic dumps with nulls)
+            details = {"spec_verify_ct": 3, "spec_num_correct_drafts": 4, "spec_num_proposed_drafts": 9}
+            await resp.write(chunk("a", 1) + chunk("b c", 3, finish="stop"))
+            ext = {"id": "x", "choices": [], "sglext": {"spec_tokens_details": details, "routed_experts": None}}
+            await resp.write(b"data: " + json.dumps(ext).encode() + b"\n\n")
+            ext = {"id": "x", "choices": [], "sglext": {"spec_tokens_details": None, "output_ids": [5, 6, 7]}}
+            await resp.write(b"data: " + json.dumps(ext).encode() + b"\n\n" + USAGE_ONLY.replace(b"10", b"3") + DONE)
         elif mode == "errorevent":
             await resp.write(chunk("a", 1) + b'data: {"error": {"message": "out of memory", "code": 500}}\n\n' + DONE)
         elif mode == "eventerror":
@@ -183,6 +190,14 @@ async def test_final_usage_only_chunk_sets_counts_without_a_chunk(fake: Fake) ->
 async def test_non_standard_fields_kept(fake: Fake) -> None:
     rec = await send(fake, "stats")
     assert rec.server_stats == {"meta_info": {"spec_verify_ct": 2}, "spec_decode": {"accepted": 1}}
+
+
+async def test_extension_chunks_are_merged_per_key(fake: Fake) -> None:
+    """A second ``sglext`` chunk (output ids, ``spec_tokens_details: null``) must not erase the spec details."""
+    rec = await send(fake, "sglext")
+    assert rec.server_stats["sglext"]["spec_tokens_details"] == {"spec_verify_ct": 3, "spec_num_correct_drafts": 4,
+                                                                 "spec_num_proposed_drafts": 9}
+    assert rec.server_stats["sglext"]["output_ids"] == [5, 6, 7]
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,8 @@ def row(steps: int, conc: int, thr: float = 100.0, rep: int = 0, status: str = "
              acceptance_length_source="spectune:/metrics counters", token_count_source="usage",
              output_throughput_tok_s=thr, tpot_p50_ms=10.0, tpot_p99_ms=15.0, acceptance_length=1 + accepted(steps),
              acceptance_rate=ALPHA, slo_attainment=None, goodput_req_s=None, achieved_concurrency=float(conc),
-             duration_s=10.0, num_requests=20, num_failed=0)
+             duration_s=10.0, num_requests=20, num_failed=0, batch_size_mean=None, batch_size_p50=None,
+             batch_size_source="none")  # no running-requests gauge unless a test gives one
     if status != "ok":
         r.update({c: None for c in NUMERIC_COLUMNS if c not in ("num_requests", "num_failed")})
     r.update(kw)
@@ -284,3 +285,88 @@ def test_points_jsonl_only_folder_and_truncated_last_line(tmp_path):
     res = load_results(folder)
     assert res.source.name == "points.jsonl" and list(res.summary["steps"]) == [0, 2]
     assert recommend(res, RecommendOptions()).choices[0].steps == 2
+
+
+def launch_flags(md: str) -> list[str]:
+    """The flags of recommendation.md's "SGLang launch" line."""
+    import re
+
+    return re.search(r"SGLang launch: `([^`]*)`", md).group(1).split()
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_sglang_launch_line_obeys_sglangs_start_up_rule(tmp_path):
+    """Batch size 1 runs best without speculation, batch size 8 at K=3: the custom config's candidate union has no 1,
+    and SGLang refuses to start when --speculative-num-steps is outside it (_init_adaptive_speculative_params)."""
+    folder = write_sweep(tmp_path / "r", grid({1: {0: 200, 3: 100}, 8: {0: 500, 3: 800}}))
+    sweep = {"plan": {}, "backend": {"backend": "sglang", "algorithm": "EAGLE3"}}
+    (folder / "sweep.json").write_text(json.dumps(sweep))
+    out = tmp_path / "out"
+    assert CliRunner().invoke(app, ["recommend", str(folder), "-o", str(out)]).exit_code == 0
+    union = parse_sglang_adaptive_config(json.loads((out / "sglang-adaptive-custom.json").read_text())).candidate_steps
+    args = launch_flags((out / "recommendation.md").read_text())
+    assert int(flag(args, "--speculative-num-steps")) in union
+    assert flag(args, "--speculative-algorithm") == "EAGLE3"
+    assert flag(args, "--speculative-adaptive-config") == "sglang-adaptive-custom.json"
+
+
+def test_best_static_flags_name_the_algorithm(tmp_path):
+    folder = write_sweep(tmp_path / "r", grid(CROSSOVER))
+    (folder / "sweep.json").write_text(json.dumps({"plan": {}, "backend": {"backend": "vllm", "method": "eagle3"}}))
+    out = tmp_path / "out"
+    assert CliRunner().invoke(app, ["recommend", str(folder), "-o", str(out)]).exit_code == 0
+    args = json.loads((out / "best-static.json").read_text())["sglang_args"]
+    assert flag(args, "--speculative-algorithm") == "EAGLE3"
+
+
+def test_example_sweep_launch_line_is_accepted_by_sglangs_rule(tmp_path):
+    """The committed smollm2-cpu sweep (bundled EAGLE-3 head): the launch line's num_steps is in the custom
+    config's candidate union and the algorithm is EAGLE3."""
+    example = Path(__file__).parent.parent / "docs" / "examples" / "smollm2-cpu" / "sweep"
+    out = tmp_path / "out"
+    assert CliRunner().invoke(app, ["recommend", str(example), "-o", str(out)]).exit_code == 0
+    union = parse_sglang_adaptive_config(json.loads((out / "sglang-adaptive-custom.json").read_text())).candidate_steps
+    args = launch_flags((out / "recommendation.md").read_text())
+    assert int(flag(args, "--speculative-num-steps")) in union
+    assert flag(args, "--speculative-algorithm") == "EAGLE3"
+
+
+def test_slots_keyed_on_measured_batch_size(tmp_path):
+    """The engine ran batches of 1, 5 and 18 requests at concurrency 1, 8 and 32 (prefills, stragglers): slot
+    boundaries fall at round(sqrt(1*5)) = 2 and round(sqrt(5*18)) = 9, not at 3 and 16 as concurrency would put
+    them, and recommendation.md says the slots follow the measured batch size and from which gauge."""
+    measured = {1: 1.0, 8: 5.0, 32: 18.0}
+    rows = [row(k, c, v, batch_size_mean=measured[c], batch_size_p50=measured[c],
+                batch_size_source="vllm:num_requests_running")
+            for c, by_k in CROSSOVER.items() for k, v in by_k.items()]
+    folder = write_sweep(tmp_path / "r", rows)
+    rec = run(folder)
+    assert [(s.lower, s.upper, s.steps) for s in rec.slots] == [(1, 1, 3), (2, 8, 1), (9, None, 0)]
+    assert vllm_config(rec)["num_speculative_tokens_per_batch_size"] == [[1, 1, 3], [2, 8, 1], [9, 32, 0]]
+    out = tmp_path / "out"
+    assert CliRunner().invoke(app, ["recommend", str(folder), "-o", str(out)]).exit_code == 0
+    md = (out / "recommendation.md").read_text()
+    assert ("keyed on the engine's measured running batch size (`batch_size_mean`, from `vllm:num_requests_running`"
+            in md)
+    assert json.loads((out / "recommendation.json").read_text())["slot_key"] == "vllm:num_requests_running"
+
+
+def test_concurrency_stays_the_key_when_a_chosen_cell_lacks_batch_size(tmp_path):
+    rows = grid(CROSSOVER)
+    for r in rows:
+        if r["concurrency"] != 32:
+            r.update(batch_size_mean=0.5 * r["concurrency"], batch_size_source="vllm:num_requests_running")
+    rec = run(write_sweep(tmp_path / "r", rows))
+    assert [(s.lower, s.upper) for s in rec.slots] == [(1, 2), (3, 15), (16, None)]
+    assert rec.batch_size_source == "concurrency"
+
+
+def test_data_parallel_sweep_is_warned(tmp_path):
+    folder = write_sweep(tmp_path / "r", grid(CROSSOVER))
+    sweep = {"plan": {}, "backend": {"backend": "vllm", "data_parallel_size": 2}}
+    (folder / "sweep.json").write_text(json.dumps(sweep))
+    rec = run(folder)
+    assert any("data-parallel size 2" in w for w in rec.warnings)

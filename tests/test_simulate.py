@@ -86,6 +86,19 @@ def test_simulate_slot_changes_and_graph_padding() -> None:
     assert [(s.start, s.end, s.slot) for s in padded.segments] == [(0, 0, "1"), (1, 2, "8")]
 
 
+def test_default_config_starts_slots_where_sglang_does() -> None:
+    """Without --initial-steps SGLang sets num_steps to the middle of the union of all slots' candidates
+    (speculative_hook.py, _init_adaptive_speculative_params): union [0, 1, 3, 5, 7] -> 3. Slots "1" and "8" list 3
+    and start there; "32" ([0, 1]) does not and starts at its own middle, 1."""
+    from backends.adaptive.config import SGLANG_DEFAULT_CONFIG
+
+    cfg = parse_sglang_adaptive_config(SGLANG_DEFAULT_CONFIG)
+    trace = [TraceStep(1, (1,), 3), TraceStep(8, (1,) * 8, 3), TraceStep(32, (0,) * 32, 3)]
+    res = simulate(cfg, trace)
+    assert [(s.slot, s.num_steps) for s in res.segments] == [("1", 3), ("8", 3), ("32", 1)]
+    assert cfg.server_initial_steps == 3
+
+
 def test_simulate_vllm_schedule() -> None:
     sched = parse_vllm_schedule([[1, 4, 3], [5, 16, 1]])
     trace = [TraceStep(2, (3, 2), 3), TraceStep(6, (3, 0, 0, 1, 2, 3), 3), TraceStep(20, (0,) * 20, 3)]

@@ -207,3 +207,40 @@ async def test_server_killed_mid_point(tmp_path, prompts):
     assert all(gone(x["pid"]) for x in launches)
     requests = read_jsonl(out / "requests.jsonl")
     assert sum(1 for r in requests if (r["concurrency"], r["repeat"]) == (1, 1)) == m["num_requests"]
+
+
+async def test_sweep_records_the_engines_running_batch_size(tmp_path, prompts, monkeypatch):
+    """Each window's running batch comes from the engine's own gauge (here vllm:num_requests_running), through the
+    backend, whatever the engine: a time average at or below the client's concurrency."""
+    monkeypatch.setattr("spectune.sweep.BATCH_SIZE_INTERVAL_S", 0.02)
+    plan = SweepPlan(steps=(0, 2), concurrency=(1, 3), dataset=prompts, num_prompts=6, max_tokens=41,
+                     requests_per_point=9, warmup_requests=1)
+    slow = "--tokens-per-second 400"
+    async with FakeServers(k0=slow, k2=slow) as urls:
+        out = tmp_path / "out"
+        await execute(plan, "openai", BackendOptions(endpoints=urls), out)
+    points = read_jsonl(out / "points.jsonl")
+    assert {p["batch_size"]["source"] for p in points} == {"vllm:num_requests_running"}
+    for p in points:
+        assert 0 < p["batch_size"]["mean"] <= p["concurrency"]
+        assert p["metrics"]["batch_size_mean"] == p["batch_size"]["mean"]
+    assert max(p["batch_size"]["max"] for p in points if p["concurrency"] == 3) == 3
+    with open(out / "summary.csv", newline="") as fh:
+        assert {r["batch_size_source"] for r in csv.DictReader(fh)} == {"vllm:num_requests_running"}
+
+
+async def test_vllm_per_request_metrics_end_to_end(tmp_path, prompts):
+    """A running vLLM with --per-request-spec-decode-metrics: the window's acceptance comes from the responses'
+    metrics.speculative_decoding, and the /metrics counter deltas agree (cross-check recorded, no warning)."""
+    plan = SweepPlan(steps=(3,), concurrency=(2,), dataset=prompts, num_prompts=6, max_tokens=41,
+                     requests_per_point=8, warmup_requests=2)
+    async with FakeServers(k3="--accept-prob 0.6 --per-request-metrics") as urls:
+        out = tmp_path / "out"
+        await execute(plan, "vllm", BackendOptions(endpoints=urls), out)
+    [point] = read_jsonl(out / "points.jsonl")
+    requests = read_jsonl(out / "requests.jsonl")
+    assert point["metrics"]["acceptance_length_source"] == "vllm:per-request"
+    assert point["metrics"]["acceptance_length"] == pytest.approx(chunk_acceptance(requests), abs=1e-9)
+    cross_check = point["acceptance"]["cross_check"]["acceptance_length"]
+    assert cross_check == pytest.approx(point["metrics"]["acceptance_length"])
+    assert point["acceptance"]["warning"] is None

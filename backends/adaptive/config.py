@@ -116,6 +116,19 @@ class AdaptiveConfig:
         """Union of all slots' candidate steps, ascending (what an engine must be able to run)."""
         return tuple(sorted({k for s in self.slots for k in s.candidate_steps}))
 
+    @property
+    def server_initial_steps(self) -> int:
+        """The num_steps an SGLang server starts with when ``--speculative-num-steps`` is not given: the middle
+        entry (index ``len // 2``) of :attr:`candidate_steps`, the sorted union of every slot's candidates.
+
+        Source: ``python/sglang/srt/arg_groups/speculative_hook.py``, ``_init_adaptive_speculative_params``
+        (``candidate_steps[len(candidate_steps) // 2]``); a given ``--speculative-num-steps`` outside that union is
+        a start-up ``ValueError`` there. Each slot then starts at this value when it is one of its candidates, else
+        at its own middle candidate (:class:`backends.adaptive.policy.AdaptivePolicy`).
+        """
+        union = self.candidate_steps
+        return union[len(union) // 2]
+
     def to_json(self) -> dict[str, Any]:
         """The config in SGLang's documented layout: ``ema_alpha``/``update_interval``/``warmup_batches`` at the
         top level when every slot shares them (else per slot); hysteresis and ``ceiling_coeff`` in every slot.

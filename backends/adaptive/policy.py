@@ -4,7 +4,9 @@ Source: ``python/sglang/srt/speculative/adaptive_spec_params.py`` (``AdaptiveSte
 ``AdaptiveSpeculativeParams``) and ``adaptive_step_router.py`` (``AdaptiveStepRouter``). Per batch-size slot:
 
 - Start at the server's initial num_steps if it is a candidate, else at ``candidates[len // 2]``; EMA starts at
-  ``current_steps - 1``.
+  ``current_steps - 1``. The server's initial num_steps is ``--speculative-num-steps``, or, when that is not
+  given, the middle of the sorted union of all slots' candidates (``arg_groups/speculative_hook.py``,
+  ``_init_adaptive_speculative_params``; :attr:`AdaptiveConfig.server_initial_steps`).
 - After each verify batch routed to the slot (an empty batch is ignored): if current steps > 0,
   ``EMA = (1 - alpha) * EMA + alpha * mean(accepted drafts per request)`` (the bonus token is not counted). The
   batch counter always advances. No decision while ``count <= warmup_batches``; then one decision whenever
@@ -130,13 +132,17 @@ class AdaptivePolicy:
     Args:
         config: validated slots.
         initial_steps: the server's configured num_steps (``--speculative-num-steps``); a slot starts there when it
-            is one of its candidates, else at its middle candidate.
+            is one of its candidates, else at its middle candidate. None: what SGLang sets when the flag is not
+            given, :attr:`AdaptiveConfig.server_initial_steps` (the middle of the union of every slot's candidates).
         cuda_graph_bs: captured CUDA-graph batch sizes to pad to before routing, or None (no padding).
     """
 
     def __init__(self, config: AdaptiveConfig, *, initial_steps: int | None = None,
                  cuda_graph_bs: Sequence[int] | None = None) -> None:
         self.config = config
+        if initial_steps is None:
+            initial_steps = config.server_initial_steps
+        self.initial_steps = initial_steps
         self._slots = [_Slot(s, initial_steps) for s in config.slots]
         self._bounds = [s.lower_bound for s in config.slots]
         self._graph_bs = sorted(set(cuda_graph_bs)) if cuda_graph_bs else None

@@ -27,11 +27,27 @@ from loadgen.errors import UserError
 KV_BYTES_PER_TOKEN_GUESS = 32 * 1024  # SmolLM2 target + draft use ~24 KB per token in bf16; sizes the budget
 
 
+def _head_method(model: str | None, draft: str | None) -> tuple[str | None, str]:
+    """(EAGLE version of the head the bundled engine loads for ``model``/``draft``, where it came from); (None, why)
+    when it loads none. The head is chosen as :func:`backends.local.build.resolve_draft` does."""
+    from backends.launch import eagle_version
+    from backends.local.build import DEFAULT_HEAD
+
+    if draft is not None and str(draft).lower() == "none":
+        return None, "no draft head"
+    if draft is None:
+        if model is not None and str(model).lower() not in ("smollm2", "default"):
+            return None, "no draft head"
+        return eagle_version(str(DEFAULT_HEAD))[0], f"bundled head backends/local/heads/{DEFAULT_HEAD.name}"
+    return eagle_version(str(draft))
+
+
 class LocalBackend(LaunchingBackend):
     """Bundled EAGLE engine (``python -m backends.local``), one process per sweep."""
 
     name = "local"
     allow_remote = False
+    running_gauges = ("spectune:num_requests_running",)
 
     def __init__(self, options: BackendOptions) -> None:
         super().__init__(options)
@@ -99,7 +115,22 @@ class LocalBackend(LaunchingBackend):
             return None
         return await scrape_snapshot(self.base_url, prefixes=("spectune:",))
 
+    def speculative_method(self) -> str | None:
+        """The EAGLE version of the head the engine loads (the bundled EAGLE-3 head for the default target)."""
+        return _head_method(self.options.model, self.options.draft)[0]
+
+    @classmethod
+    def draft_algorithm(cls, description: dict[str, Any]) -> tuple[str | None, str]:
+        """``draft_algorithm``, else the head the recorded ``engine`` options load (``draft`` None with the
+        default target: the bundled head, ``backends/local/heads/smollm2-135m-eagle3``)."""
+        if description.get("draft_algorithm"):
+            return super().draft_algorithm(description)
+        engine = description.get("engine") or {}
+        return _head_method(engine.get("model", description.get("model")),
+                            engine.get("draft", description.get("draft")))
+
     def describe(self) -> dict[str, Any]:
+        """Launching description plus the engine options (model, draft, device, dtype, max_concurrency)."""
         d = super().describe()
         d["engine"] = {k: v for k, v in dataclasses.asdict(self.options).items()
                        if k in ("model", "draft", "device", "dtype", "max_concurrency")}

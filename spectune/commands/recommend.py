@@ -61,7 +61,9 @@ def recommend(
                             max_spread=max_spread / 100, boundary=boundary.value, max_batch_size=max_batch_size)
     rec = run(results, opts)
     out = output or (results_dir if results_dir.is_dir() else results_dir.parent) / "recommendation"
-    paths = write_recommendation(rec, out, str(results.source))
+    from backends import draft_algorithm
+
+    paths = write_recommendation(rec, out, str(results.source), draft_algorithm((results.sweep or {}).get("backend")))
     console = Console()
     header, rows = cell_grid(rec)
     table = Table(title=f"{opts.objective} per concurrency x num_steps (* chosen, ~ noisy, (slo) breaks the SLO)")

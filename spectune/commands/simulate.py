@@ -20,7 +20,8 @@ def simulate(
                                         "\"accepted_drafts\", \"num_steps\"} object per line.")],
     initial_steps: Annotated[Optional[int], typer.Option(
         "--initial-steps", min=0, help="SGLang: the server's --speculative-num-steps; a slot starts there when it "
-        "is a candidate (default: each slot's middle candidate).")] = None,
+        "is a candidate, else at its own middle candidate (default: what SGLang picks without the flag, the middle "
+        "of the union of all slots' candidates).")] = None,
     cuda_graph_bs: Annotated[Optional[str], typer.Option(
         "--cuda-graph-bs", help="SGLang: captured CUDA-graph batch sizes, e.g. 1,2,4,8,16; batch sizes are padded "
         "up to them before slot routing (default: no padding).")] = None,
