@@ -82,6 +82,12 @@ def test_argv_sizes_total_context_for_every_slot():
     assert (argv[argv.index("-np") + 1], argv[argv.index("-c") + 1]) == ("4", str(4 * 2176))
 
 
+def test_threads_leave_a_cpu_to_the_load_generator(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    argv = llamacpp_argv("llama-server", "t.gguf", 0, "127.0.0.1", 8000, 1, 100)
+    assert argv[argv.index("-t") + 1] == "1"
+
+
 def test_server_args_come_last_so_they_win():
     argv = llamacpp_argv("llama-server", "t.gguf", 0, "127.0.0.1", 8000, 1, 100, extra=["-c", "999"])
     assert argv[-2:] == ["-c", "999"]
@@ -291,7 +297,7 @@ async def test_running_server_without_metrics_gets_acceptance_from_timings(tmp_p
     head = cached_head_gguf(DEFAULT_HEAD, default_model_path())
     port = free_port()
     argv = [SERVER, "-m", str(default_model_path()), "-md", str(head), "--spec-type", "draft-eagle3",
-            "--spec-draft-n-max", "2", "--port", str(port), "-np", "1", "-c", "2048"]
+            "--spec-draft-n-max", "2", "--port", str(port), "-np", "1", "-c", "2048", "-t", "1"]
     server = ServerProcess(argv, "127.0.0.1", port, tmp_path / "s.log", ("/health",))
     await server.start(120)
     try:

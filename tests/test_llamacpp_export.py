@@ -156,7 +156,7 @@ def _serve_and_ask(binary: Path, target: Path, head: Path, log: Path) -> tuple[l
     """Greedy chat outputs (32 tokens) for PROMPTS and ``spec_decode_num_drafts_total`` from ``/metrics``."""
     port = _free_port()
     argv = [str(binary), "-m", str(target), "-md", str(head), "--spec-type", "draft-eagle3", "--spec-draft-n-max",
-            "3", "--metrics", "--host", "127.0.0.1", "--port", str(port), "-t", "2", "-c", "2048", "-np", "1"]
+            "3", "--metrics", "--host", "127.0.0.1", "--port", str(port), "-t", "1", "-c", "2048", "-np", "1"]
     base = f"http://127.0.0.1:{port}"
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)

