@@ -14,6 +14,12 @@ E[n] = sum p_i and E[n^2] = sum (2i + 1) p_i, so SE(A) = sqrt((E[n^2] - E[n]^2) 
 correlated, so this SE is a lower bound; the test therefore also requires a relative difference of at least
 :data:`REL_FLOOR`. A point is flagged when ``|A_c - A_1| > max(REL_FLOOR * A_1, Z * sqrt(SE_1^2 + SE_c^2))``.
 Without per-position data only the relative floor applies. Repeats are reduced to their median first.
+
+The comparison needs the same prompts on both sides: request i of a point sends prompt i mod the sample size, so
+a point covers every prompt when it finished all its planned requests. A concurrency-1 point cut short (by
+``--duration``) measured only the first prompts, and so does a higher-concurrency point that finished fewer
+requests than the concurrency-1 point planned: acceptance then differs by prompt mix, and such pairs are not
+compared.
 """
 
 from __future__ import annotations
@@ -65,6 +71,27 @@ def acceptance_se(per_position: Sequence[float] | None, num_drafts: float | None
     return math.sqrt(max(second - mean * mean, 0.0) / num_drafts)
 
 
+def _coverage(points: Iterable[dict[str, Any]]) -> dict[tuple[int, int], tuple[int, int]]:
+    """(K, c) -> (fewest finished requests over the cell's ok repeats, requests planned)."""
+    out: dict[tuple[int, int], tuple[int, int]] = {}
+    for p in points:
+        if p.get("status") != "ok":
+            continue
+        done = int((p.get("metrics") or {}).get("num_requests") or 0)
+        planned = int(p.get("requests_planned") or done)
+        key = (int(p["steps"]), int(p["concurrency"]))
+        prev = out.get(key)
+        out[key] = (done, planned) if prev is None else (min(prev[0], done), planned)
+    return out
+
+
+def _same_prompts(coverage: dict[tuple[int, int], tuple[int, int]], k: int, c: int) -> bool:
+    """Both (K, 1) and (K, c) measured every prompt of the sample (see the module docstring)."""
+    done1, planned1 = coverage.get((k, 1), (0, 1))
+    done_c, _ = coverage.get((k, c), (0, 1))
+    return done1 >= planned1 and done_c >= planned1
+
+
 def _cells(points: Iterable[dict[str, Any]]) -> dict[tuple[int, int], tuple[float, float | None]]:
     """(K, c) -> (median acceptance length, SE of the median repeat or None) over ok points with speculation."""
     groups: dict[tuple[int, int], list[tuple[float, float | None]]] = {}
@@ -88,13 +115,14 @@ def _cells(points: Iterable[dict[str, Any]]) -> dict[tuple[int, int], tuple[floa
 
 def batch_dependent_acceptance(points: Iterable[dict[str, Any]]) -> list[BatchAcceptanceFinding]:
     """Points (points.jsonl objects) whose acceptance length at concurrency c > 1 is outside the noise of the
-    same num_steps' concurrency-1 value (module docstring), sorted by num_steps then concurrency. Points at
-    num_steps 0, failed points and proxy acceptance are ignored; a num_steps without a concurrency-1 point gives
-    nothing."""
-    cells = _cells(points)
+    same num_steps' concurrency-1 value on the same prompts (module docstring), sorted by num_steps then
+    concurrency. Points at num_steps 0, failed points, proxy acceptance and pairs over different prompt sets are
+    ignored; a num_steps without a concurrency-1 point gives nothing."""
+    points = list(points)
+    cells, coverage = _cells(points), _coverage(points)
     found = []
     for (k, c), (a, se) in sorted(cells.items()):
-        if k == 0 or c <= 1 or (k, 1) not in cells:
+        if k == 0 or c <= 1 or (k, 1) not in cells or not _same_prompts(coverage, k, c):
             continue
         a1, se1 = cells[(k, 1)]
         threshold = REL_FLOOR * a1
@@ -107,7 +135,8 @@ def batch_dependent_acceptance(points: Iterable[dict[str, Any]]) -> list[BatchAc
 
 def acceptance_vs_c1(points: Iterable[dict[str, Any]]) -> dict[tuple[int, int], float]:
     """(K, c) -> acceptance length / the same K's concurrency-1 acceptance length (medians over repeats), for every
-    K > 0 with a concurrency-1 point: the ``acceptance_vs_c1`` column of summary.csv."""
-    cells = _cells(points)
+    K > 0 with a concurrency-1 point over the same prompts: the ``acceptance_vs_c1`` column of summary.csv."""
+    points = list(points)
+    cells, coverage = _cells(points), _coverage(points)
     return {(k, c): a / cells[(k, 1)][0] for (k, c), (a, _) in cells.items()
-            if k > 0 and (k, 1) in cells and cells[(k, 1)][0] > 0}
+            if k > 0 and (k, 1) in cells and cells[(k, 1)][0] > 0 and _same_prompts(coverage, k, c)}

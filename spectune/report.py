@@ -160,9 +160,9 @@ def llamacpp_section(rec: Recommendation) -> list[str]:
     if settings is None:
         return []
     k = settings["spec_draft_n_max"]
-    flags = " ".join(settings["llama_server_args"]) or "no `-md` (no speculation)"
+    flags = " ".join(settings["llama_server_args"])
     out = ["\n## llama.cpp (one draft length per server)\n",
-           f"`llama-server ... {flags}`" if k else f"llama-server: {flags}",
+           f"`llama-server ... -md HEAD.gguf {flags}`" if k else "`llama-server` without `-md` (no speculation)",
            f"\nThe best single num_steps over concurrency {settings['concurrency_range'][0]}-"
            f"{settings['concurrency_range'][1]} is K={k}; where another K wins, the static choice costs:\n",
            _md_table(["concurrency", "best K", f"{rec.options.objective} best", f"K={k}", "static / best"],

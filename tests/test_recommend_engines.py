@@ -97,9 +97,9 @@ def test_other_configs_are_not_llamacpp_settings(tmp_path):
 
 # -- batch-dependent acceptance --------------------------------------------------------------------------------
 def point(k: int, c: int, a: float, per_pos: list[float] | None = None, drafts: float | None = None,
-          source: str = "llamacpp:/metrics counters") -> dict:
-    return {"steps": k, "concurrency": c, "repeat": 0, "status": "ok",
-            "metrics": {"acceptance_length": a, "acceptance_length_source": source},
+          source: str = "llamacpp:/metrics counters", done: int = 16, planned: int = 16) -> dict:
+    return {"steps": k, "concurrency": c, "repeat": 0, "status": "ok", "requests_planned": planned,
+            "metrics": {"acceptance_length": a, "acceptance_length_source": source, "num_requests": done},
             "acceptance": {"per_position": per_pos or [], "num_drafts": drafts}}
 
 
@@ -126,6 +126,16 @@ def test_without_se_only_the_relative_floor_applies():
 
 def test_proxy_acceptance_is_ignored():
     pts = [point(2, 1, 1.5, source="proxy:tokens-per-chunk"), point(2, 8, 1.0, source="proxy:tokens-per-chunk")]
+    assert batch_dependent_acceptance(pts) == []
+
+
+def test_a_concurrency_one_point_cut_short_is_not_compared():
+    pts = [point(3, 1, 1.65, done=13, planned=32), point(3, 4, 1.22, done=32, planned=32)]  # other prompt mix
+    assert batch_dependent_acceptance(pts) == []
+
+
+def test_a_higher_concurrency_point_cut_short_is_not_compared():
+    pts = [point(3, 1, 1.65, done=16, planned=16), point(3, 16, 1.22, done=10, planned=64)]
     assert batch_dependent_acceptance(pts) == []
 
 
