@@ -31,11 +31,14 @@ import asyncio
 import concurrent.futures
 import hmac
 import json
+import logging
 import time
 import uuid
 from typing import Any, Callable
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 from pydantic import ValidationError
 
 from backends.local import protocol as P
@@ -51,6 +54,23 @@ BYTES_PER_TOKEN_BOUND = 8
 """A token covers at most ``BYTES_PER_TOKEN_BOUND`` x (the longest vocabulary entry) bytes of UTF-8 text (byte-level
 BPE: one byte per character of the entry; SentencePiece: up to 4; x2 margin for normalisation). A prompt with more
 bytes than the context times that cannot fit, so it is refused without being tokenized."""
+
+
+class _OneLineHttpErrors(logging.Filter):
+    """aiohttp logs every malformed HTTP request (bad request line, header too long, a body that does not match its
+    Content-Encoding...) with a traceback; its parser answers them with a 400 before the application sees a request
+    (or after the handler answered, while it drains the body). Log those as one line instead, so a client sending
+    garbage cannot flood the server log; real exceptions keep their traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, (HttpProcessingError, RequestPayloadError)):
+            record.msg, record.args = "bad HTTP request refused: %s", (" ".join(str(exc).split())[:200],)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+_HTTP_LOG_FILTER = _OneLineHttpErrors()
 
 
 def _json_error(message: str, status: int = 400, param: str | None = None) -> web.Response:
@@ -88,6 +108,9 @@ class Server:
         self.metrics = ServerMetrics(engine, model_name)
         self.started = time.time()
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spectune-tokenize")
+        server_log = logging.getLogger("aiohttp.server")
+        if _HTTP_LOG_FILTER not in server_log.filters:
+            server_log.addFilter(_HTTP_LOG_FILTER)
         vocab = engine.tokenizer.hf.get_vocab() if hasattr(engine.tokenizer, "hf") else {}
         self.max_token_chars = max((len(t) for t in vocab), default=64)
 
@@ -144,6 +167,8 @@ class Server:
                 raise
             text = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason
             return _json_error(text or exc.reason, exc.status)
+        except RequestPayloadError as exc:  # e.g. "Content-Encoding: gzip" on a body that is not gzip
+            return _json_error(f"the request body cannot be read ({' '.join(str(exc).split())[:200]})", 400)
         except (asyncio.CancelledError, ConnectionError):
             raise
         except Exception as exc:  # noqa: BLE001 - a bug must not turn into a text/plain 500 or a dead server
