@@ -10,7 +10,8 @@ Redaction works by flag and by value:
 - **values**: the values of secret environment variables of this process (``HF_TOKEN``, ``OPENAI_API_KEY``, any
   ``*_API_KEY``/``*_TOKEN``/``*_SECRET``/``*_PASSWORD``), wherever they appear; ``Authorization``/``Bearer``
   credentials; passwords in URLs (``https://user:pw@host``) and secret query parameters (``?api_key=``); ``name=value``
-  or ``name: value`` pairs with a secret name (SGLang and vLLM print their arguments as ``api_key='...'``); and
+  or ``name: value`` pairs and ``--flag value`` in text with a secret name (SGLang and vLLM print their arguments as
+  ``api_key='...'``, a command line quoted in a log as ``--api-key X``); and
   token shapes that are secrets whatever their context (Hugging Face ``hf_...``, OpenAI/Anthropic ``sk-...``,
   GitHub ``ghp_...``/``github_pat_...``, Slack ``xox?-...``).
 
@@ -48,6 +49,7 @@ _AUTH_HEADER = re.compile(r"(?i)((?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)
 _URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@]+:)([^/\s@]+)(@)")
 _URL_QUERY = re.compile(r"(?i)([?&;](?:api[_-]?key|key|token|access[_-]?token|secret|password|sig|signature)=)"
                         r"([^&\s\"'#]+)")
+_FLAG_VALUE = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9_.-]*)(['\"]?,?\s+)(['\"]?)([^\s'\",\]]+)")
 _PAIR = re.compile(r"(?i)\b([A-Za-z][A-Za-z0-9_.-]*)([\"']?\s*[=:]\s*)([\"']?)([^\s\"',;(){}\[\]=]+)")
 
 
@@ -89,12 +91,20 @@ class Redactor:
         text = _URL_QUERY.sub(lambda m: m.group(1) + MASK, text)
         text = _AUTH_HEADER.sub(lambda m: m.group(1) + _mask_auth(m.group(2)), text)
         text = _BEARER.sub(lambda m: m.group(1) + m.group(2) + (m.group(3) if m.group(3) == MASK else MASK), text)
+        text = _FLAG_VALUE.sub(_mask_flag_value, text)
         return _PAIR.sub(_mask_pair, text)
 
 
 def _mask_auth(value: str) -> str:
     scheme, _, rest = value.strip().partition(" ")
     return f"{scheme} {MASK}" if rest else MASK
+
+
+def _mask_flag_value(m: re.Match[str]) -> str:
+    flag, sep, quote, value = m.group(1), m.group(2), m.group(3), m.group(4)
+    if not is_secret_name(flag) or _PLAIN.match(value) or value.startswith("-") or value == MASK:
+        return m.group(0)
+    return f"{flag}{sep}{quote}{MASK}"
 
 
 def _mask_pair(m: re.Match[str]) -> str:
