@@ -277,7 +277,6 @@ class StreamingClient:
             if stats:
                 rec.server_stats = stats
 
-
     def _bad_finish(self, rec: RequestRecord) -> str | None:
         """Why a stream that ended with ``[DONE]`` still failed (aborted or truncated), or None."""
         reason = rec.finish_reason

@@ -308,12 +308,14 @@ class ResultsFolder:
             self.write_summary()
 
     def write_meta(self, meta: dict[str, Any]) -> None:
-        """Rewrite ``sweep.json`` atomically (string values redacted).
+        """Rewrite ``sweep.json`` atomically (string values redacted, except the ``plan``, which ``--resume``
+        compares as written and which holds no secrets).
 
         Raises:
             UserError: the write failed (full disk...).
         """
-        text = json.dumps(redact_obj(meta, self.redactor), indent=2, default=str) + "\n"
+        clean = {k: v if k == "plan" else redact_obj(v, self.redactor) for k, v in meta.items()}
+        text = json.dumps(clean, indent=2, default=str) + "\n"
         with writing(self.sweep_json, self.path if self._pt_fh is not None else None):
             atomic_write(self.sweep_json, lambda fh: fh.write(text))
 
