@@ -249,3 +249,21 @@ def test_the_served_key_comes_from_the_flag_or_the_environment(monkeypatch) -> N
     assert resolve_api_key("from-flag") == "from-flag"
     monkeypatch.setenv("SPECTUNE_API_KEY", "")
     assert resolve_api_key(None) is None
+
+
+@pytest.mark.parametrize("prompt, params, param", [
+    ([1, 16], {}, "prompt"),  # the tiny vocabulary is 0..15
+    ([1, -1], {}, "prompt"),
+    ([1, 2], {"top_k": 17}, "top_k"),
+    ([1, 2], {"stop_token_ids": [16]}, "stop_token_ids"),
+    ([1, 2], {"max_tokens": 10_000}, "max_tokens"),
+])
+def test_the_engine_refuses_what_it_cannot_run(prompt, params, param) -> None:
+    from backends.local.engine import InvalidRequest
+    from backends.local.sequence import SamplingParams
+
+    engine = tiny_engine(num_steps=0)
+    with pytest.raises(InvalidRequest) as info:
+        engine.add_request("r", prompt, SamplingParams(**{"max_tokens": 2, **params}), lambda out: None)
+    assert info.value.param == param
+    assert engine.num_waiting == 0

@@ -149,8 +149,10 @@ class Engine:
             raise InvalidRequest(f"stop token id {bad} is outside the vocabulary (0..{v - 1})", "stop_token_ids")
         if not -1 <= params.top_k <= v:
             raise InvalidRequest(f"top_k {params.top_k} must be -1 (off), 0 (off) or 1..{v} (the vocabulary)", "top_k")
-        if not (0.0 <= params.temperature <= 2.0 and 0.0 < params.top_p <= 1.0):
-            raise InvalidRequest("temperature must be in 0..2 and top_p in (0, 1]", "temperature")
+        if not 0.0 <= params.temperature <= 2.0:
+            raise InvalidRequest(f"temperature {params.temperature} must be in 0..2", "temperature")
+        if not 0.0 < params.top_p <= 1.0:
+            raise InvalidRequest(f"top_p {params.top_p} must be in (0, 1]", "top_p")
 
     def abort(self, request_id: str) -> None:
         """Stop a request (client disconnected, stop string seen by a caller); its slot is freed next iteration."""
