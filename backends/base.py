@@ -170,6 +170,23 @@ def chunk_proxy_acceptance(records: Sequence[RequestRecord], warning: str | None
     )
 
 
+def zero_steps_acceptance(records: Sequence[RequestRecord]) -> Acceptance:
+    """Acceptance at num_steps 0 without spec-decode counters: 1.0 by construction (no drafts, one token per
+    target step), source ``config:num_steps=0``.
+
+    The tokens-per-chunk proxy is not used even when it differs: a server that streams several tokens per chunk
+    without speculating (stream intervals, detokenizer batching) would show, say, 2.91 at num_steps 0, which is
+    not acceptance. Then the Acceptance carries a warning naming the tokens per chunk, since the same server's
+    proxy at K > 0 overstates acceptance by about that factor.
+    """
+    proxy = chunk_proxy_acceptance(records)
+    warning = None
+    if proxy.acceptance_length is not None and proxy.acceptance_length > 1.05:
+        warning = (f"at num_steps 0 this server streamed {proxy.acceptance_length:.2f} tokens per chunk without "
+                   "speculating: acceptance is 1.0; a tokens-per-chunk proxy at K > 0 overstates acceptance on it")
+    return Acceptance(1.0, None, [], 0.0, "config:num_steps=0", warning)
+
+
 def counters_reset(before: SpecSnapshot, after: SpecSnapshot) -> bool:
     """True when the server restarted between the snapshots: its ``instance`` changed or a counter went down."""
     if before.instance is not None and after.instance is not None and before.instance != after.instance:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from backends.base import (Acceptance, Backend, BackendOptions, BackendStartError, Endpoint, SpecSnapshot,
-                           has_counters)
+                           has_counters, zero_steps_acceptance)
 from backends.http import HEALTH_PATHS, auth_headers, check_reachable
 from backends.openai import EndpointSet
 from backends.process import ServerProcess, free_port, port_in_use, redact_argv
@@ -235,11 +235,11 @@ class LaunchingBackend(Backend):
     def acceptance(
         self, before: SpecSnapshot | None, after: SpecSnapshot | None, records: Sequence[RequestRecord]
     ) -> Acceptance:
-        """Counter deltas from ``/metrics`` when present; else 1.0 at num_steps 0; else the proxy
-        (:meth:`Backend.acceptance` for both)."""
+        """Counter deltas from ``/metrics`` when present; else 1.0 at num_steps 0
+        (:func:`~backends.base.zero_steps_acceptance`); else the proxy (:meth:`Backend.acceptance` for both)."""
         self.next_window()
         if self.steps == 0 and not has_counters(before, after):
-            return Acceptance(1.0, None, [], 0.0, "config:num_steps=0")
+            return zero_steps_acceptance(records)
         return super().acceptance(before, after, records)
 
     def speculative_method(self) -> str | None:

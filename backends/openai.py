@@ -2,19 +2,22 @@
 
 Nothing is launched or stopped. ``preflight`` checks before the sweep measures anything that every planned
 num_steps has an endpoint and that every endpoint answers. Acceptance comes from the server's spec-decode
-counters when its ``/metrics`` page has vLLM's (or spectune's) counters, else from the tokens-per-chunk proxy
-(:func:`backends.base.chunk_proxy_acceptance`). A server shared with other traffic makes counter deltas cover
-that traffic too.
+counters when its ``/metrics`` page has vLLM's (or spectune's) counters; else it is 1.0 at num_steps 0
+(:func:`backends.base.zero_steps_acceptance`, never the tokens-per-chunk proxy, which a server streaming several
+tokens per chunk would push above 1), and the tokens-per-chunk proxy (:func:`backends.base.chunk_proxy_acceptance`)
+at K > 0. A server shared with other traffic makes counter deltas cover that traffic too.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from backends.base import Backend, BackendOptions, Endpoint, SpecSnapshot
+from backends.base import (Acceptance, Backend, BackendOptions, Endpoint, SpecSnapshot, has_counters,
+                           zero_steps_acceptance)
 from backends.http import auth_headers, check_reachable, normalize_base_url
 from backends.prometheus import scrape_running, scrape_snapshot
 from loadgen.errors import UserError
+from loadgen.record import RequestRecord
 
 ALL_STEPS = -1
 
@@ -48,8 +51,10 @@ class EndpointSet:
         return url
 
     def describe(self) -> dict[str, str]:
-        """JSON-friendly mapping (``"all"`` for the shared URL)."""
-        return {("all" if k == ALL_STEPS else str(k)): v for k, v in sorted(self.urls.items())}
+        """JSON-friendly mapping (``"all"`` for the shared URL); credentials in URLs are masked."""
+        from backends.redact import redact_text
+
+        return {("all" if k == ALL_STEPS else str(k)): redact_text(v) for k, v in sorted(self.urls.items())}
 
 
 class OpenAIBackend(Backend):
@@ -99,6 +104,13 @@ class OpenAIBackend(Backend):
     async def running_requests(self) -> tuple[float, str] | None:
         """vLLM's, SGLang's, spectune's or llama.cpp's running-requests gauge from ``/metrics``, or None."""
         return None if self._url is None else await scrape_running(self._url, headers=self.headers)
+
+    def acceptance(self, before: SpecSnapshot | None, after: SpecSnapshot | None,
+                   records: Sequence[RequestRecord]) -> Acceptance:
+        """Counter deltas when the server has them; else 1.0 at num_steps 0; else the tokens-per-chunk proxy."""
+        if self._steps == 0 and not has_counters(before, after):
+            return zero_steps_acceptance(records)
+        return super().acceptance(before, after, records)
 
     def describe(self) -> dict[str, Any]:
         """Backend name and endpoint URLs (never the API key)."""

@@ -1,9 +1,12 @@
 """One launched server process: start it in its own session, wait until healthy, stop its whole group.
 
-The command runs without a shell (an argv list), with stdout and stderr appended to a log file. ``stop`` sends
-SIGTERM to the process group (servers such as SGLang and vLLM spawn workers), waits, then SIGKILLs what is left
-and waits until the port is free, so the next launch can bind it. Servers still alive when the interpreter
-exits are killed by an ``atexit`` hook.
+The command runs without a shell (an argv list). Its stdout and stderr go through a pipe to a thread that redacts
+each line (:class:`backends.redact.Redactor`: the secret values of the environment and of the command line, API
+keys printed with the server's arguments, credentials in URLs) before appending it to the log file, so nothing
+the server prints about its secrets reaches the results folder. ``stop`` sends SIGTERM to the process group
+(servers such as SGLang and vLLM spawn workers), waits, then SIGKILLs what is left and waits until the port is
+free, so the next launch can bind it. Servers still alive when the interpreter exits are killed by an ``atexit``
+hook.
 """
 
 from __future__ import annotations
@@ -12,18 +15,21 @@ import asyncio
 import atexit
 import os
 import re
-import shlex
 import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import IO, Callable
 
 from backends.base import BackendStartError
 from backends.http import HEALTH_PATHS, probe
+from backends.redact import Redactor, argv_secrets, redact_argv
 from loadgen.errors import UserError
+
+__all__ = ["ServerProcess", "free_port", "port_in_use", "redact_argv", "wait_port_free", "wait_while", "OOM_PATTERNS"]
 
 #: Log lines that mean the server ran out of (GPU) memory while starting.
 OOM_PATTERNS = re.compile(
@@ -31,8 +37,8 @@ OOM_PATTERNS = re.compile(
     r"No available memory for the cache blocks|CUBLAS_STATUS_ALLOC_FAILED|insufficient (GPU |KV cache )?memory",
     re.IGNORECASE,
 )
-_SECRET_FLAG = re.compile(r"(key|token|secret|password)", re.IGNORECASE)
 _LIVE: set["ServerProcess"] = set()
+_LINE_LIMIT = 1 << 16  # bytes; a longer line is redacted and written in pieces
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -68,23 +74,15 @@ async def wait_port_free(host: str, port: int, timeout_s: float = 30.0) -> bool:
     return await wait_while(lambda: port_in_use(host, port), timeout_s, 0.1)
 
 
-def redact_argv(argv: list[str]) -> str:
-    """The command line as one shell-quoted string, with values of key/token/secret/password flags replaced by ***."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append("***")
-            hide_next = False
-        elif arg.startswith("-") and _SECRET_FLAG.search(arg):
-            if "=" in arg:
-                out.append(arg.split("=", 1)[0] + "=***")
-            else:
-                out.append(arg)
-                hide_next = True
-        else:
-            out.append(arg)
-    return shlex.join(out)
+def _copy_redacted(pipe: IO[bytes], log: IO[bytes], redactor: Redactor) -> None:
+    """Copy ``pipe`` to ``log`` line by line through ``redactor`` until the pipe closes (every writer exited)."""
+    with pipe:
+        for line in iter(lambda: pipe.readline(_LINE_LIMIT), b""):
+            try:
+                log.write(redactor(line.decode("utf-8", "replace")).encode("utf-8"))
+                log.flush()
+            except (OSError, ValueError):  # full disk, or the log closed under us: keep draining the pipe
+                pass
 
 
 class ServerProcess:
@@ -115,6 +113,8 @@ class ServerProcess:
         self._log_offset = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready_after_s: float | None = None
+        self.redactor = Redactor(argv_secrets(self.argv))
+        self._copier: threading.Thread | None = None
 
     @property
     def base_url(self) -> str:
@@ -150,17 +150,23 @@ class ServerProcess:
                 is then stopped); the message says so, names an out-of-memory failure, and carries the log tail.
         """
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self._log_offset = log.tell()
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            log.write(f"=== spectune {stamp}: {redact_argv(self.argv)}\n".encode())
-            log.flush()
-            try:
-                self.proc = subprocess.Popen(
-                    self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-                )
-            except OSError as err:  # not found / not executable
-                raise UserError(f"cannot run {self.argv[0]}: {err.strerror or err}") from None
+        log = open(self.log_path, "ab")
+        self._log_offset = log.tell()
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        log.write(f"=== spectune {stamp}: {redact_argv(self.argv, self.redactor)}\n".encode())
+        log.flush()
+        try:
+            self.proc = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True
+            )
+        except OSError as err:  # not found / not executable
+            log.close()
+            raise UserError(f"cannot run {self.argv[0]}: {err.strerror or err}") from None
+        assert self.proc.stdout is not None
+        self._copier = threading.Thread(target=self._copy, args=(self.proc.stdout, log), daemon=True,
+                                        name=f"spectune-log-{self.port}")
+        self._copier.start()
         _LIVE.add(self)
         t0 = time.monotonic()
         delay = 0.05
@@ -179,7 +185,18 @@ class ServerProcess:
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 1.0)
 
+    def _copy(self, pipe: IO[bytes], log: IO[bytes]) -> None:
+        with log:
+            _copy_redacted(pipe, log, self.redactor)
+
+    def wait_log(self, timeout_s: float = 5.0) -> None:
+        """Wait until everything the server printed is in the log (its output pipe closed), at most ``timeout_s``."""
+        if self._copier is not None:
+            self._copier.join(timeout_s)
+
     def _start_error(self, message: str) -> BackendStartError:
+        if not self.alive():
+            self.wait_log(2.0)
         tail = self.log_tail()
         if OOM_PATTERNS.search(tail):
             message += " (out of GPU memory: lower the memory fraction, max running requests or context length)"
@@ -195,6 +212,7 @@ class ServerProcess:
             _signal_group(pgid, signal.SIGKILL)
             await _wait_group(self.proc, pgid, 10.0)
         _LIVE.discard(self)
+        await asyncio.get_running_loop().run_in_executor(None, self.wait_log, 5.0)
         await wait_port_free(self.host, self.port, port_timeout_s)
 
     def kill_now(self) -> None:

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from backends.base import Acceptance, BackendOptions, SpecSnapshot, chunk_proxy_acceptance
+from backends.base import Acceptance, BackendOptions, SpecSnapshot, chunk_proxy_acceptance, zero_steps_acceptance
 from backends.http import get
 from backends.launch import LaunchingBackend, eagle_version
 from backends.prometheus import gauge_values, parse_metrics
@@ -327,7 +327,7 @@ class SGLangBackend(LaunchingBackend):
                 per_request.warning = "; ".join(w for w in (per_request.warning, ADAPTIVE_RATE_WARNING) if w)
             return per_request
         if self.steps == 0:
-            return Acceptance(1.0, None, [], 0.0, "config:num_steps=0")
+            return zero_steps_acceptance(records)
         if after is not None and after.avg_accept_length is not None:
             if fresh:
                 source = "sglang:/server_info (server launched for this point)"

@@ -9,6 +9,12 @@ stream their thinking there: those are output tokens too).
 
 All times are :func:`time.perf_counter` (CLOCK_MONOTONIC on Linux). A chunk's time is when the client read it;
 events that arrived in one read share that read's time.
+
+Streams that cannot be right fail the request instead of producing numbers: a cumulative ``completion_tokens``
+that goes down or is negative (a chunk of -3 tokens), a negative ``prompt_tokens``, and a finish that is not a
+normal end: ``finish_reason`` ``abort``, ``error``, ``cancelled``, ``content_filter``... (:data:`FAILED_FINISHES`),
+or ``length`` before ``max_tokens`` by the server's own count (the server truncated the output). A failed request
+is never averaged into latencies or throughput; its ``error`` names the reason.
 """
 
 from __future__ import annotations
@@ -35,6 +41,10 @@ _STANDARD_KEYS = frozenset(
 )
 _MAX_ERROR_CHARS = 300
 _DECODER = json.JSONDecoder()
+#: finish_reason values that mean the request did not end normally (vLLM and SGLang send "abort" for requests they
+#: dropped; OpenAI "content_filter" for truncated output). Compared in lower case.
+FAILED_FINISHES = frozenset({"abort", "aborted", "cancelled", "canceled", "error", "content_filter", "timeout",
+                             "preempted", "rejected"})
 
 
 @dataclass
@@ -51,7 +61,7 @@ class ClientConfig:
         extra_body: extra request-body fields from the backend (merged last, so they win).
         api_key_env: name of the environment variable holding the API key, sent as ``Authorization: Bearer``;
             nothing is sent when the variable is unset or empty.
-        timeout_s: s; per-request limit on the whole request (connect + stream).
+        timeout_s: s; per-request limit on the whole request (connect + stream); ``--request-timeout``.
         tokenizer: object with ``encode(text, add_special_tokens=False)``, used to count chunk tokens when the
             server sends no continuous usage; None counts one token per chunk.
         continuous_usage: ask for ``continuous_usage_stats`` (servers that reject unknown fields need False).
@@ -153,11 +163,13 @@ class StreamingClient:
         await self.stream(record, prompt)
         return record
 
-    async def stream(self, record: RequestRecord, prompt: Prompt) -> None:
+    async def stream(self, record: RequestRecord, prompt: Prompt, due: float | None = None) -> None:
         """Send ``prompt`` and fill ``record`` in place as chunks arrive (so a cancelled request keeps its data).
 
         ``record.send_time`` < 0 is replaced by the time of the POST; a preset value (an open-loop arrival's
-        scheduled time) is kept. Never raises for request failures; :class:`asyncio.CancelledError` propagates.
+        scheduled time) is kept. ``due`` (s, perf_counter) is when the request should have gone out; the delay
+        to the POST is recorded as ``record.dispatch_delay_s``. Never raises for request failures;
+        :class:`asyncio.CancelledError` propagates.
         """
         if self.session is None:
             raise RuntimeError("StreamingClient.open() was not called")
@@ -165,6 +177,8 @@ class StreamingClient:
         now = time.perf_counter()
         if record.send_time < 0:
             record.send_time = now
+        if due is not None:
+            record.dispatch_delay_s = max(0.0, now - due)
         try:
             async with self.session.post(self.url, data=data, headers=self.headers, timeout=self._timeout) as resp:
                 record.status = resp.status
@@ -178,6 +192,8 @@ class StreamingClient:
             record.error = f"stream closed before [DONE] ({_one_line(e)})"
         except aiohttp.ClientError as e:
             record.error = f"connection error: {_one_line(e)}"
+        except ValueError as e:  # SSEParser: an event beyond its size limit
+            record.error = f"unusable stream: {_one_line(e)}"
         if record.end_time is None:
             record.end_time = time.perf_counter()
         if record.completion_tokens is None:
@@ -213,12 +229,19 @@ class StreamingClient:
                             merge_stats(stats, key, obj[key])
                     choices, usage, ntok = obj.get("choices"), obj.get("usage"), None
                     if usage:
-                        ct = usage.get("completion_tokens")
+                        ct, pt = usage.get("completion_tokens"), usage.get("prompt_tokens")
                         if ct is not None:
+                            if not _count(ct) or ct < last_ct:
+                                rec.error, finished = (f"impossible stream: usage.completion_tokens went from "
+                                                       f"{last_ct} to {_one_line(ct)}"), True
+                                break
                             ntok, last_ct = ct - last_ct, ct
                             rec.completion_tokens = ct
-                        if usage.get("prompt_tokens") is not None:
-                            rec.prompt_tokens = usage["prompt_tokens"]
+                        if pt is not None:
+                            if not _count(pt):
+                                rec.error, finished = f"impossible stream: usage.prompt_tokens {_one_line(pt)}", True
+                                break
+                            rec.prompt_tokens = pt
                     if not choices:
                         continue  # usage-only chunk: counts updated, no output chunk
                     c0 = choices[0]
@@ -243,7 +266,9 @@ class StreamingClient:
             rec.end_time = perf_counter()
             if not finished:
                 rec.error = "stream closed before [DONE]"
-            elif not resp.content.at_eof():
+            elif rec.error is None:
+                rec.error = self._bad_finish(rec)
+            if finished and not resp.content.at_eof():
                 try:  # drain the end of the body so the connection goes back to the pool
                     await asyncio.wait_for(resp.content.read(), 1.0)
                 except (asyncio.TimeoutError, aiohttp.ClientError):
@@ -254,6 +279,26 @@ class StreamingClient:
                 rec.token_count_source = fallback
             if stats:
                 rec.server_stats = stats
+
+    def _bad_finish(self, rec: RequestRecord) -> str | None:
+        """Why a stream that ended with ``[DONE]`` still failed (aborted or truncated), or None."""
+        reason = rec.finish_reason
+        if isinstance(reason, str) and reason.lower() in FAILED_FINISHES:
+            return f"server ended the request with finish_reason {reason!r} after {sum(rec.chunk_tokens)} tokens"
+        want = self.config.max_tokens
+        # completion_tokens is set here only from the server's usage (the client's own count comes later)
+        if (reason == "length" and rec.completion_tokens is not None and rec.completion_tokens < want
+                and "max_tokens" not in (self.config.extra_body or {})):
+            return (f"truncated: finish_reason 'length' after {rec.completion_tokens} of {want} tokens (the server "
+                    "cut the output: its context or its own limit)")
+        return None
+
+
+def _count(value: Any) -> bool:
+    """A token count a server may report: a non-negative integer (an integral float is tolerated)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return value >= 0 and float(value).is_integer()
 
 
 def merge_stats(stats: dict[str, Any], key: str, value: Any) -> None:

@@ -10,6 +10,13 @@ SLO attainment = share of measured requests (failed ones included, as misses) wi
 TPOT <= ``slo_tpot_ms`` (each only if given; a request with a single output token has no TPOT and meets the TPOT
 SLO, as in vLLM's goodput). Goodput = SLO-meeting requests / window duration (vLLM's ``--goodput``, in req/s).
 The acceptance columns are not computed here: the sweep fills them from the backend.
+
+The client's own load: ``dispatch_delay_*`` over the records' ``dispatch_delay_s`` (failed requests included: the
+delay is the client's, whatever the server did), ``client_cpu_share`` copied from the runner, and
+``client_limited`` (:func:`client_limit`): True when the client's event loop used at least
+:data:`CPU_SHARE_LIMIT` of a core, or its p90 dispatch delay exceeded both :data:`DISPATCH_FLOOR_MS` and
+:data:`DISPATCH_SHARE` of the median end-to-end latency (requests waited for the client long enough to change the
+load the server saw). Such a point measures the load generator as much as the server.
 """
 
 from __future__ import annotations
@@ -29,10 +36,17 @@ METRIC_COLUMNS: tuple[str, ...] = (
     *(f"ttft_{s}_ms" for s in _LAT), *(f"tpot_{s}_ms" for s in _LAT), *(f"itl_{s}_ms" for s in _LAT),
     "chunk_itl_p50_ms", "chunk_itl_p99_ms", *(f"e2el_{s}_ms" for s in _LAT),
     "mean_tokens_per_chunk", "slo_attainment", "goodput_req_s", "token_count_source",
+    "dispatch_delay_p50_ms", "dispatch_delay_p90_ms", "dispatch_delay_max_ms", "client_cpu_share", "client_limited",
 )
 """Keys of :func:`compute_metrics`'s result, in summary.csv order (the acceptance columns excluded)."""
 
 _SOURCE_RANK = {"usage": 0, "tokenizer": 1, "chunks": 2}
+CPU_SHARE_LIMIT = 0.9
+"""client_cpu_share at or above which a point is client-limited (the event loop runs on one core)."""
+DISPATCH_FLOOR_MS = 5.0
+"""ms; a p90 dispatch delay below this never marks a point client-limited."""
+DISPATCH_SHARE = 0.05
+"""A p90 dispatch delay above this share of the median end-to-end latency marks a point client-limited."""
 
 
 def compute_metrics(
@@ -42,6 +56,7 @@ def compute_metrics(
     achieved_concurrency: float | None = None,
     slo_ttft_ms: float | None = None,
     slo_tpot_ms: float | None = None,
+    client_cpu_share: float | None = None,
 ) -> dict[str, Any]:
     """Metrics of one point, keyed by :data:`METRIC_COLUMNS`; a value is None when it cannot be computed.
 
@@ -50,6 +65,7 @@ def compute_metrics(
         window_start, window_end: s, the measurement window; None takes first send / last end of ``records``.
         achieved_concurrency: requests in flight, time-averaged (from the runner), copied through.
         slo_ttft_ms, slo_tpot_ms: SLO limits in ms, or None.
+        client_cpu_share: the runner's ``client_cpu_share`` (0..1), copied through, or None.
     """
     ok = [r for r in records if r.ok]
     if window_start is None:
@@ -82,7 +98,27 @@ def compute_metrics(
     m["goodput_req_s"] = None if good is None else rate(good)
     sources = {r.token_count_source for r in ok}
     m["token_count_source"] = max(sources, key=lambda s: _SOURCE_RANK.get(s, 3)) if sources else None
+    delays = np.asarray([r.dispatch_delay_s for r in records if r.dispatch_delay_s is not None], dtype=float)
+    m["dispatch_delay_p50_ms"], m["dispatch_delay_p90_ms"] = _percentiles(delays, (50, 90))
+    m["dispatch_delay_max_ms"] = float(delays.max()) * 1000.0 if delays.size else None
+    m["client_cpu_share"] = client_cpu_share
+    m["client_limited"] = client_limit(m) is not None
     return m
+
+
+def client_limit(m: dict[str, Any]) -> str | None:
+    """Why the load generator limited a point (one line naming the figures), or None.
+
+    ``m``: a :func:`compute_metrics` result (``client_cpu_share``, ``dispatch_delay_p90_ms``, ``e2el_p50_ms``).
+    """
+    cpu, p90, e2e = m.get("client_cpu_share"), m.get("dispatch_delay_p90_ms"), m.get("e2el_p50_ms")
+    why = []
+    if cpu is not None and cpu >= CPU_SHARE_LIMIT:
+        why.append(f"its event loop used {cpu:.0%} of a core")
+    if p90 is not None and p90 > DISPATCH_FLOOR_MS and (e2e is None or p90 > DISPATCH_SHARE * e2e):
+        why.append(f"requests waited {p90:.1f} ms (p90) to be sent" + (f", {p90 / e2e:.0%} of the median "
+                                                                        "end-to-end latency" if e2e else ""))
+    return "the load generator limited this point: " + " and ".join(why) if why else None
 
 
 def slo_met(records: Iterable[RequestRecord], slo_ttft_ms: float | None, slo_tpot_ms: float | None) -> int | None:

@@ -41,6 +41,10 @@ class RequestRecord:
             else None. A record with an error is a failed request and is never averaged into latency metrics.
         server_stats: backend-specific per-request fields returned by the server (for example spectune's
             ``spec_decode`` object or SGLang's ``meta_info`` spec counters), or None.
+        dispatch_delay_s: s the client itself held the request back: from when it was due (an open-loop arrival's
+            scheduled time; in a closed loop, when the request before it in its slot ended) to when the client
+            posted it; None when unknown (no runner). Large values mean the load generator, not the server, was
+            the bottleneck.
     """
 
     request_id: str
@@ -58,6 +62,7 @@ class RequestRecord:
     status: int | None = None
     error: str | None = None
     server_stats: dict[str, Any] | None = None
+    dispatch_delay_s: float | None = None
 
     @property
     def ok(self) -> bool:

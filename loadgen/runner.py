@@ -7,6 +7,11 @@ open-loop arrival, phase boundary, duration deadline).
 
 Cancelling the task that awaits :func:`run_point` (Ctrl-C in the sweep) cancels every request in flight, waits for
 their connections to close and re-raises; records of unfinished requests are dropped.
+
+The runner also watches itself, since a saturated client inflates the latencies it reports: each record gets its
+``dispatch_delay_s`` (due time to actual POST: an open-loop arrival's scheduled time, or in a closed loop the end
+of the request that freed the slot), and the point its ``client_cpu_share``, the CPU time of the event loop's
+thread over the point's wall time (1.0 = one core saturated: the loop cannot use more).
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ class PointResult:
         achieved_concurrency: requests; time-average of requests in flight over the window, or None.
         stop_reason: ``"max_requests"``, ``"max_duration"`` or ``"max_failures"``.
         warmup_records: the warm-up requests (for diagnostics: a failing warm-up means a broken server).
+        client_cpu_share: CPU seconds of the client's event-loop thread per wall second of the measured run (0..1;
+            near 1 the client itself is the bottleneck), or None.
     """
 
     records: list[RequestRecord]
@@ -48,6 +55,7 @@ class PointResult:
     achieved_concurrency: float | None
     stop_reason: str
     warmup_records: list[RequestRecord] = field(default_factory=list)
+    client_cpu_share: float | None = None
 
     @property
     def duration_s(self) -> float | None:
@@ -97,7 +105,7 @@ async def run_point(
     achieved = None
     if start is not None and end is not None and end > start:
         achieved = time_average(run.changes_t, run.changes_n, start, end)
-    return PointResult(recs, run.t0, start, end, achieved, run.stopped or "", warmup)
+    return PointResult(recs, run.t0, start, end, achieved, run.stopped or "", warmup, run.cpu_share)
 
 
 def time_average(times: list[float], values: list[int], start: float, end: float) -> float:
@@ -134,10 +142,12 @@ class _Run:
         self.error: BaseException | None = None
         self.wake = asyncio.Event()
         self.t0 = 0.0
+        self.cpu_share: float | None = None
 
     async def run(self) -> "_Run":
         loop = asyncio.get_running_loop()
         self.t0 = time.perf_counter()
+        cpu0 = time.thread_time()
         self.strategy.start(self.t0)
         deadline = self.constraints.deadline(self.t0)
         timer: asyncio.TimerHandle | None = None
@@ -164,10 +174,18 @@ class _Run:
             if timer is not None:
                 timer.cancel()
             await self._cancel_inflight(record_as_failed=False)
+            wall = time.perf_counter() - self.t0
+            self.cpu_share = min(1.0, (time.thread_time() - cpu0) / wall) if wall > 0 else None
         return self
 
-    def _pump(self) -> None:
-        """Send every request that is due and allowed now; set ``stopped`` when a constraint says so."""
+    def _pump(self, freed_at: float | None = None) -> None:
+        """Send every request that is due and allowed now; set ``stopped`` when a constraint says so.
+
+        ``freed_at``: s, when the request that just finished ended. Under an in-flight limit the first request sent
+        now was held by that limit until then, so it was due at the later of its arrival time (None in a closed
+        loop) and ``freed_at``; its dispatch delay counts from there (waiting for a slot is the server's doing,
+        not the client's).
+        """
         strategy, state = self.strategy, self.state
         while self.stopped is None:
             now = time.perf_counter()
@@ -185,18 +203,22 @@ class _Run:
             prompt = self.prompts[i % len(self.prompts)]
             rec = RequestRecord(request_id=f"{self.prefix}{i}", prompt_id=prompt.id, category=prompt.category,
                                 send_time=-1.0 if t is None else t)
-            self.inflight[asyncio.create_task(self._one(rec, prompt))] = rec
+            due = now if t is None else t
+            if freed_at is not None and limit is not None:
+                due = freed_at if t is None else max(t, freed_at)
+            freed_at = None
+            self.inflight[asyncio.create_task(self._one(rec, prompt, due))] = rec
             self._log_change(now)
 
-    async def _one(self, rec: RequestRecord, prompt: Prompt) -> None:
+    async def _one(self, rec: RequestRecord, prompt: Prompt, due: float) -> None:
         try:
-            await self.client.stream(rec, prompt)
+            await self.client.stream(rec, prompt, due)
         except Exception as e:  # a bug or a tokenizer failure must not stall the loop: record it, go on
             rec.error = f"client error: {type(e).__name__}: {e}"
             rec.end_time = rec.end_time or time.perf_counter()
         self.inflight.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
         self._finish(rec)
-        self._pump()
+        self._pump(rec.end_time)
         self.wake.set()
 
     def _finish(self, rec: RequestRecord) -> None:

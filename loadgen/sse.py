@@ -10,12 +10,20 @@ is harmless: line terminators are ASCII bytes that never occur inside a multibyt
 handed out as bytes for :func:`json.loads` to decode whole.
 
 Speed matters (the client must parse tens of thousands of events per second on one core): the common event, one
-``data: ...`` line, is recognised with one :meth:`bytes.split` per read and one ``startswith`` per event.
+``data: ...`` line, is recognised with one :meth:`bytes.split` per read and one ``startswith`` per event. The cost
+stays linear in the bytes read when an event is long or never ends: an unfinished event is kept in a bytearray
+(amortised appends) and the buffer is only split again once a read brings a blank line, so an 8 MB event that
+arrives in small reads is not rescanned on every read. An event may hold at most ``max_event_bytes``
+(:data:`MAX_EVENT_BYTES`); beyond that :meth:`SSEParser.feed` raises ValueError (no OpenAI stream sends such
+events, and the buffer would otherwise grow without limit).
 """
 
 from __future__ import annotations
 
-__all__ = ["SSEParser", "Event"]
+__all__ = ["SSEParser", "Event", "MAX_EVENT_BYTES"]
+
+MAX_EVENT_BYTES = 64 * 2**20
+"""Largest event (bytes, before its blank line) a parser accepts by default."""
 
 Event = tuple[str | None, bytes]
 """One dispatched event: (event type, or None for the default ``message`` type; data bytes)."""
@@ -34,14 +42,19 @@ class SSEParser:
             ...
     """
 
-    __slots__ = ("_buf", "_cr")
+    __slots__ = ("_buf", "_cr", "max_event_bytes")
 
-    def __init__(self) -> None:
-        self._buf = b""  # bytes after the last complete event (an event in progress)
+    def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self._buf = bytearray()  # bytes after the last complete event (an event in progress)
         self._cr = False  # the previous read ended with a bare b"\r" whose meaning depends on the next byte
+        self.max_event_bytes = max_event_bytes
 
     def feed(self, data: bytes) -> list[Event]:
-        """Add one read's bytes; return the events completed by them, in order (possibly none)."""
+        """Add one read's bytes; return the events completed by them, in order (possibly none).
+
+        Raises:
+            ValueError: the event in progress grew beyond ``max_event_bytes``.
+        """
         if self._cr:
             self._cr = False
             if not data.startswith(b"\n"):
@@ -51,10 +64,19 @@ class SSEParser:
                 self._cr = True  # may be the first half of \r\n: decide on the next read
                 data = data[:-1]
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        if self._buf:
-            data = self._buf + data
+        buf = self._buf
+        if buf:
+            if b"\n\n" not in data and not (data[:1] == b"\n" and buf[-1:] == b"\n"):
+                buf += data  # still inside the same event: append, do not rescan
+                if len(buf) > self.max_event_bytes:
+                    raise ValueError(f"an event of more than {self.max_event_bytes} bytes without a blank line")
+                return []
+            data = bytes(buf) + data
         blocks = data.split(b"\n\n")
-        self._buf = blocks.pop()
+        last = blocks.pop()
+        if len(last) > self.max_event_bytes:
+            raise ValueError(f"an event of more than {self.max_event_bytes} bytes without a blank line")
+        self._buf = bytearray(last)
         events: list[Event] = []
         for block in blocks:
             # Fast path: a single "data: ..." line (what vLLM, SGLang and OpenAI send for every chunk).
@@ -70,8 +92,8 @@ class SSEParser:
         A trailing partial line (no line end) is dropped, as the SSE rules drop an unterminated event; callers
         then see that ``[DONE]`` never came.
         """
-        buf = self._buf + (b"\n" if self._cr else b"")
-        self._buf, self._cr = b"", False
+        buf = bytes(self._buf) + (b"\n" if self._cr else b"")
+        self._buf, self._cr = bytearray(), False
         end = buf.rfind(b"\n")
         if end < 0:
             return []

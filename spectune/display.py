@@ -114,7 +114,7 @@ def point_line(point: dict[str, Any]) -> str:
             f"{m.get('num_failed') or 0} failed)")
     if point.get("status") != "ok":
         return f"{head}: {point.get('error') or 'failed'} ({m.get('num_requests') or 0} req)"
-    return f"{head}: {body}"
+    return f"{head}: {body}" + (" [client-limited]" if m.get("client_limited") else "")
 
 
 @dataclass
@@ -125,6 +125,7 @@ class Cell:
         throughput: output tokens/s. tpot_p50_ms: ms. acceptance_length: tokens per verify step.
         ok, total: repeats that succeeded / ran. best: highest throughput of its row (ties: smaller K).
         speedup: throughput / the row's num_steps-0 throughput, or None.
+        client_limited: ok repeats that the load generator itself limited (``client_limited`` in summary.csv).
     """
 
     throughput: float | None = None
@@ -134,6 +135,7 @@ class Cell:
     total: int = 0
     best: bool = False
     speedup: float | None = None
+    client_limited: int = 0
 
     @property
     def failed(self) -> bool:
@@ -156,7 +158,8 @@ def summarize(points: Sequence[dict[str, Any]], steps: Sequence[int],
             ok = [p.get("metrics") or {} for p in pts if p.get("status") == "ok"]
             cells[c, k] = Cell(_median(m.get("output_throughput_tok_s") for m in ok),
                                _median(m.get("tpot_p50_ms") for m in ok),
-                               _median(m.get("acceptance_length") for m in ok), len(ok), len(pts))
+                               _median(m.get("acceptance_length") for m in ok), len(ok), len(pts),
+                               client_limited=sum(bool(m.get("client_limited")) for m in ok))
         best: Cell | None = None
         for k in sorted(steps):  # ascending: a tie keeps the smaller K
             cell = cells[c, k]
@@ -176,11 +179,12 @@ def summary_table(points: Sequence[dict[str, Any]], steps: Sequence[int], concur
     """The final table: a row per concurrency, a column per num_steps; each cell shows output throughput
     (tok/s), TPOT p50 (ms), acceptance length and speedup vs num_steps 0 (medians over ok repeats); the best
     cell of each row (by throughput, ties to the smaller K) is marked ``*``; cells with no ok repeat read
-    ``failed``."""
+    ``failed``; cells the load generator limited (:func:`loadgen.metrics.client_limit`) say ``client-limited``."""
     cells = summarize(points, steps, concurrency)
     table = Table(title="spectune sweep (medians over ok repeats)", title_justify="left", show_lines=True,
                   caption="each cell: output tok/s, TPOT p50, acceptance length (AL), speedup vs K=0; "
-                          "* = best tok/s of the row", caption_justify="left")
+                          "* = best tok/s of the row; client-limited = the load generator was the bottleneck "
+                          "(its latencies include the client's own queueing)", caption_justify="left")
     table.add_column("concurrency", justify="right")
     for k in steps:
         table.add_column(f"K={k}", justify="right")
@@ -200,6 +204,8 @@ def summary_table(points: Sequence[dict[str, Any]], steps: Sequence[int], concur
                 lines.append(f"{cell.speedup:.2f}x")
             if cell.ok < cell.total:
                 lines.append(f"[red]{cell.total - cell.ok}/{cell.total} failed[/]")
+            if cell.client_limited:
+                lines.append("[yellow]client-limited[/]" + (f" {cell.client_limited}/{cell.ok}" if cell.ok > 1 else ""))
             text = "\n".join(lines)
             row.append(f"[bold green]{text}[/]" if cell.best else text)
         table.add_row(*row)

@@ -17,7 +17,7 @@ from backends.base import Backend
 from loadgen.errors import UserError
 
 __all__ = ["BatchSizeSampler", "batch_size_summary", "client_config", "environment", "resolve_model",
-           "run_with_signals"]
+           "run_with_signals", "warm_up"]
 
 T = TypeVar("T")
 
@@ -61,16 +61,17 @@ async def resolve_model(base_url: str, preferred: str | None, headers: dict[str,
     raise UserError(f"cannot read the model name from {base_url}/v1/models ({why}); pass --model")
 
 
-def client_config(plan: Any, backend: Backend, base_url: str, model: str | None, api_key_env: str | None) -> Any:
+def client_config(plan: Any, backend: Backend, base_url: str, model: str | None, api_key_env: str | None,
+                  timeout_s: float = 600.0) -> Any:
     """The :class:`loadgen.ClientConfig` of a measured run: ``plan``'s ``api``, ``max_tokens``, ``temperature`` and
     ``ignore_eos`` (a :class:`~spectune.sweep_plan.SweepPlan`, a :class:`~spectune.validate_plan.ValidatePlan` or
-    any object with those fields) plus the backend's extra request fields."""
+    any object with those fields) plus the backend's extra request fields; ``timeout_s`` (s) per request."""
     from loadgen import ClientConfig
 
     extra = backend.request_extra()
     return ClientConfig(base_url, model=model, api=plan.api, max_tokens=plan.max_tokens,
                         temperature=plan.temperature, ignore_eos=plan.ignore_eos, extra_body=extra or None,
-                        api_key_env=api_key_env, reuse_connections=backend.reuse_connections)
+                        api_key_env=api_key_env, timeout_s=timeout_s, reuse_connections=backend.reuse_connections)
 
 
 BATCH_SIZE_INTERVAL_S = 0.5
@@ -139,6 +140,26 @@ class BatchSizeSampler:
             except asyncio.CancelledError:
                 pass
         return batch_size_summary(self.samples, self.source or "") if self.samples else None
+
+
+async def warm_up(client: Any, prompts: list[Any], concurrency: int, timeout_s: float) -> tuple[list[Any], str | None]:
+    """Send ``prompts`` (warm-up prompts, :func:`loadgen.runner.warmup_prompt`) closed-loop at ``concurrency``.
+
+    Returns:
+        (their records, None), or ([], why) when they did not all finish within ``timeout_s`` s (the requests still
+        in flight are cancelled): the server accepts requests but does not answer them in time.
+    """
+    from loadgen import ClosedLoop, Constraints, run_point
+
+    if not prompts:
+        return [], None
+    try:
+        result = await asyncio.wait_for(run_point(client, prompts, ClosedLoop(max(1, min(len(prompts), concurrency))),
+                                                  Constraints(max_requests=len(prompts))), timeout_s)
+    except asyncio.TimeoutError:
+        return [], (f"warm-up: {len(prompts)} request(s) did not finish within {timeout_s:g} s (the server accepts "
+                    "requests but does not answer them); raise --warmup-timeout if it is only slow")
+    return result.records, None
 
 
 def run_with_signals(make: Callable[[], Awaitable[T]]) -> tuple[T | None, int | None]:

@@ -3,11 +3,19 @@
 Writes follow one rule: nothing finished is ever lost. JSONL files are appended one flushed line at a time
 (``points.jsonl`` is also fsynced per point); whole-file rewrites (``sweep.json``, ``summary.csv``, and the
 ``--resume`` clean-up of ``requests.jsonl``/``points.jsonl``) go through :func:`atomic_write`: a temporary file
-in the same folder, fsync, then :func:`os.replace`. Readers (``spectune.results_io``) never see half a file.
+in the same folder, fsync, :func:`os.replace`, then an fsync of the folder itself (the rename is only durable once
+the directory entry is). Readers (``spectune.results_io``) never see half a file.
+
+Secrets never reach the folder: every string of sweep.json and points.jsonl, and the ``error`` of request records,
+goes through :class:`backends.redact.Redactor` (the environment's secret values, credentials in URLs...).
+
+A write that fails (a folder that cannot be created, a full disk) raises :class:`UserError` with one line naming
+the file, the reason and the fix; what was already written stays valid and ``--resume`` finishes the sweep.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime as _dt
 import io
@@ -16,6 +24,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+from backends.redact import Redactor, redact_obj
 from loadgen.metrics import METRIC_COLUMNS
 from loadgen.record import RequestRecord
 from spectune.errors import UserError
@@ -42,8 +51,18 @@ def point_key(obj: dict[str, Any]) -> Key | None:
         return None
 
 
+def fsync_dir(folder: Path) -> None:
+    """fsync a directory, making renames and new entries in it durable (POSIX: fsync(2) on the directory's fd)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_write(path: Path, write: Callable[[io.TextIOBase], None]) -> None:
-    """Write ``path`` atomically: ``write(fh)`` into a temporary file beside it, fsync, then ``os.replace``."""
+    """Write ``path`` atomically: ``write(fh)`` into a temporary file beside it, fsync, ``os.replace``, then fsync
+    the folder so that the rename survives a power loss."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "w", encoding="utf-8", newline="") as fh:
@@ -51,8 +70,26 @@ def atomic_write(path: Path, write: Callable[[io.TextIOBase], None]) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def writing(what: Path, resume_hint: Path | None = None) -> Iterator[None]:
+    """Turn an :class:`OSError` raised inside into a one-line :class:`UserError` naming ``what``, the reason and the
+    fix (free space, or a writable ``--output-dir``); with ``resume_hint`` (the results folder) the message says
+    how to finish the sweep with ``--resume``."""
+    try:
+        yield
+    except OSError as err:
+        why = err.strerror or type(err).__name__
+        if resume_hint is not None:
+            fix = (f"free space (or fix the folder), then finish with --resume --output-dir {resume_hint}; finished "
+                   "points are kept")
+        else:
+            fix = "choose a writable --output-dir"
+        raise UserError(f"cannot write {what}: {why}: {fix}", exit_code=1 if resume_hint is not None else 2) from None
 
 
 def json_object(line: str) -> dict[str, Any] | None:
@@ -189,6 +226,7 @@ class ResultsFolder:
         self.points: list[dict[str, Any]] = []  # finished points, in file order
         self._req_fh: io.BufferedWriter | None = None
         self._pt_fh: io.TextIOBase | None = None
+        self.redactor = Redactor()
 
     # -- reading --------------------------------------------------------------------------------------------
     def read_meta(self) -> dict[str, Any] | None:
@@ -254,24 +292,37 @@ class ResultsFolder:
     def open(self, meta: dict[str, Any], keep: list[dict[str, Any]]) -> None:
         """Create the folder, write ``sweep.json``, keep only ``keep``'s points and their request records
         (rewritten atomically, so a crashed or interrupted point leaves nothing behind), open the append files
-        and rewrite ``summary.csv``."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        self.logs.mkdir(exist_ok=True)
-        self.write_meta(meta)
-        keys = {point_key(p) for p in keep}
-        self.points = list(keep)
-        if self.points_file.exists() or keep:
-            atomic_write(self.points_file, lambda fh: fh.writelines(json.dumps(p) + "\n" for p in keep))
-        if self.requests.exists():
-            kept = (line for line, obj in iter_jsonl(self.requests) if obj is not None and point_key(obj) in keys)
-            atomic_write(self.requests, lambda fh: fh.writelines(kept))
-        self._req_fh = open(self.requests, "ab")
-        self._pt_fh = open(self.points_file, "a", encoding="utf-8")
-        self.write_summary()
+        and rewrite ``summary.csv``.
+
+        Raises:
+            UserError: the folder cannot be created or written (one line; exit code 2).
+        """
+        with writing(self.path):
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.logs.mkdir(exist_ok=True)
+            self.write_meta(meta)
+            keys = {point_key(p) for p in keep}
+            self.points = list(keep)
+            if self.points_file.exists() or keep:
+                atomic_write(self.points_file, lambda fh: fh.writelines(json.dumps(p) + "\n" for p in keep))
+            if self.requests.exists():
+                kept = (line for line, obj in iter_jsonl(self.requests) if obj is not None and point_key(obj) in keys)
+                atomic_write(self.requests, lambda fh: fh.writelines(kept))
+            self._req_fh = open(self.requests, "ab")
+            self._pt_fh = open(self.points_file, "a", encoding="utf-8")
+            self.write_summary()
 
     def write_meta(self, meta: dict[str, Any]) -> None:
-        """Rewrite ``sweep.json`` atomically."""
-        atomic_write(self.sweep_json, lambda fh: fh.write(json.dumps(meta, indent=2, default=str) + "\n"))
+        """Rewrite ``sweep.json`` atomically (string values redacted, except the ``plan``, which ``--resume``
+        compares as written and which holds no secrets).
+
+        Raises:
+            UserError: the write failed (full disk...).
+        """
+        clean = {k: v if k == "plan" else redact_obj(v, self.redactor) for k, v in meta.items()}
+        text = json.dumps(clean, indent=2, default=str) + "\n"
+        with writing(self.sweep_json, self.path if self._pt_fh is not None else None):
+            atomic_write(self.sweep_json, lambda fh: fh.write(text))
 
     def request_mark(self) -> int:
         """Current end of ``requests.jsonl`` (bytes), for :meth:`truncate_requests`."""
@@ -280,29 +331,51 @@ class ResultsFolder:
         return self._req_fh.tell()
 
     def append_request(self, obj: dict[str, Any]) -> None:
-        """Append one measured request record (one line, flushed)."""
+        """Append one measured request record (one line, flushed; its ``error`` redacted).
+
+        Raises:
+            UserError: the write failed (full disk...): the sweep stops, finished points stay.
+        """
         assert self._req_fh is not None
-        self._req_fh.write(json.dumps(obj).encode() + b"\n")
-        self._req_fh.flush()
+        if obj.get("error"):
+            obj = {**obj, "error": self.redactor(str(obj["error"]))}
+        with writing(self.requests, self.path):
+            self._req_fh.write(json.dumps(obj).encode() + b"\n")
+            self._req_fh.flush()
 
     def truncate_requests(self, mark: int) -> None:
-        """Drop the request records appended after ``mark`` (an interrupted point's partial requests)."""
+        """Drop the request records appended after ``mark`` (an interrupted point's partial requests). Best effort
+        after a failed write (the buffer is dropped; ``--resume`` cleans up whatever is left)."""
         assert self._req_fh is not None
-        self._req_fh.flush()
-        self._req_fh.truncate(mark)
-        self._req_fh.seek(mark)
+        try:
+            self._req_fh.flush()
+        except OSError:  # a full disk: what the buffer held is lost anyway, the point is unfinished
+            pass
+        try:
+            self._req_fh.truncate(mark)
+            self._req_fh.seek(mark)
+        except OSError:
+            pass
 
     def append_point(self, point: dict[str, Any]) -> None:
         """Make a finished point durable: fsync its requests, append it to ``points.jsonl`` (fsynced), then
-        rewrite ``summary.csv`` atomically."""
+        rewrite ``summary.csv`` atomically. String values are redacted.
+
+        Raises:
+            UserError: a write failed (full disk...): the points written before stay; ``--resume`` finishes.
+        """
         assert self._req_fh is not None and self._pt_fh is not None
-        self._req_fh.flush()
-        os.fsync(self._req_fh.fileno())
-        self._pt_fh.write(json.dumps(point) + "\n")
-        self._pt_fh.flush()
-        os.fsync(self._pt_fh.fileno())
+        point = redact_obj(point, self.redactor)
+        with writing(self.requests, self.path):
+            self._req_fh.flush()
+            os.fsync(self._req_fh.fileno())
+        with writing(self.points_file, self.path):
+            self._pt_fh.write(json.dumps(point) + "\n")
+            self._pt_fh.flush()
+            os.fsync(self._pt_fh.fileno())
         self.points.append(point)
-        self.write_summary()
+        with writing(self.summary, self.path):
+            self.write_summary()
 
     def write_summary(self, points: Iterable[dict[str, Any]] | None = None) -> None:
         """Rewrite ``summary.csv`` atomically: one row per finished point, sorted by steps, concurrency, repeat."""
@@ -321,8 +394,12 @@ class ResultsFolder:
         atomic_write(self.summary, write)
 
     def close(self) -> None:
-        """Close the append files (idempotent)."""
+        """Close the append files (idempotent; a failing final flush, e.g. on a full disk, is ignored: every record
+        that matters was flushed when it was written)."""
         for fh in (self._req_fh, self._pt_fh):
             if fh is not None:
-                fh.close()
+                try:
+                    fh.close()
+                except OSError:
+                    pass
         self._req_fh = self._pt_fh = None

@@ -4,13 +4,16 @@ Order: for each num_steps K (ascending) the backend starts a server once (``star
 (ascending) and, innermost, every repeat runs on it; ``stop()`` after the last point of K. One point:
 
 1. ``start(K)`` again (returns the running server, or relaunches one that died);
-2. warm-up: ``warmup_requests`` closed-loop requests on tagged prompts, not recorded;
+2. warm-up: ``warmup_requests`` closed-loop requests on tagged prompts, not recorded; if they do not finish
+   within ``warmup_timeout_s`` the point fails at once (``stop_reason`` ``warmup_timeout``);
 3. ``snapshot()``, the measured requests (``ClosedLoop(concurrency)``, each record appended to requests.jsonl
    as it finishes), ``snapshot()``: acceptance is scoped to the measurement window; meanwhile the engine's running
    batch size (``backend.running_requests()``) is read every :data:`~spectune.harness.BATCH_SIZE_INTERVAL_S` s
    (:class:`~spectune.harness.BatchSizeSampler`);
 4. metrics (:func:`loadgen.compute_metrics`), acceptance (``backend.acceptance``), the batch-size summary,
-   per-category numbers and a status; the point is appended to points.jsonl and summary.csv is rewritten.
+   per-category numbers and a status; the point is appended to points.jsonl and summary.csv is rewritten. A point
+   the load generator itself limited (:func:`loadgen.metrics.client_limit`) is marked ``client_limited`` and
+   warned about.
 
 A point is ``failed`` when its server never came up (``BackendStartError``: every remaining point of that K),
 when more than ``max_failure_rate`` of its requests failed, or when none produced output; it is never averaged.
@@ -33,9 +36,9 @@ from loadgen.errors import UserError
 from loadgen.record import RequestRecord
 from loadgen.runner import warmup_prompt
 from spectune.harness import (BATCH_SIZE_INTERVAL_S, BatchSizeSampler, client_config, environment, resolve_model,
-                               run_with_signals)
+                               run_with_signals, warm_up)
 from spectune.results import Key, ResultsFolder, failed_point, now_iso, per_category_points, point_status
-from spectune.sweep_plan import SweepListener, SweepOutcome, SweepPlan
+from spectune.sweep_plan import ClientTimeouts, SweepListener, SweepOutcome, SweepPlan
 
 __all__ = ["Sweep", "execute", "run_blocking"]
 
@@ -48,14 +51,16 @@ class Sweep:
         prompts: the dataset sample (request i of every point sends ``prompts[i % len]``).
         meta: the sweep.json object (its ``backend`` entry is refreshed after each start and point).
         listener: progress events. model: preferred model name (``--model``). api_key_env: API key variable.
+        timeouts: the client's time limits (request, warm-up).
     """
 
     def __init__(self, plan: SweepPlan, backend: Backend, folder: ResultsFolder, prompts: list[Prompt],
                  meta: dict[str, Any], listener: SweepListener | None = None, model: str | None = None,
-                 api_key_env: str | None = "OPENAI_API_KEY") -> None:
+                 api_key_env: str | None = "OPENAI_API_KEY", timeouts: ClientTimeouts | None = None) -> None:
         self.plan, self.backend, self.folder, self.prompts, self.meta = plan, backend, folder, prompts, meta
         self.listener = listener or SweepListener()
         self.model, self.api_key_env = model, api_key_env
+        self.timeouts = timeouts or ClientTimeouts()
         self.ran = 0
         self.batch_size_interval_s = BATCH_SIZE_INTERVAL_S
 
@@ -96,7 +101,8 @@ class Sweep:
 
     async def _point(self, key: Key, base_url: str, model: str | None) -> None:
         from backends.http import auth_headers
-        from loadgen import ClosedLoop, Constraints, StreamingClient, compute_metrics, run_point
+        from loadgen import ClosedLoop, StreamingClient, compute_metrics, run_point
+        from loadgen.metrics import client_limit
 
         steps, conc, rep = key
         plan, planned = self.plan, self.plan.requests_for(conc)
@@ -106,7 +112,7 @@ class Sweep:
         except UserError as err:
             self._finish(failed_point(key, str(err), planned) | {"stop_reason": "no_model"})
             return
-        config = client_config(plan, self.backend, base_url, model, self.api_key_env)
+        config = client_config(plan, self.backend, base_url, model, self.api_key_env, self.timeouts.request_timeout_s)
         done = 0
 
         def on_record(rec: RequestRecord) -> None:
@@ -118,12 +124,13 @@ class Sweep:
         mark = self.folder.request_mark()
         try:
             async with StreamingClient(config) as client:
-                warm = plan.warmup_for(conc)
-                warmup = []
-                if warm:
-                    warm_prompts = [warmup_prompt(self.prompts[i % len(self.prompts)], i) for i in range(warm)]
-                    warmup = (await run_point(client, warm_prompts, ClosedLoop(min(warm, conc)),
-                                              Constraints(max_requests=warm))).records
+                warm_prompts = [warmup_prompt(self.prompts[i % len(self.prompts)], i)
+                                for i in range(plan.warmup_for(conc))]
+                warmup, stuck = await warm_up(client, warm_prompts, conc, self.timeouts.warmup_timeout_s)
+                if stuck is not None:
+                    self.listener.warning(f"K={steps} c={conc}: {stuck}")
+                    self._finish(failed_point(key, stuck, planned) | {"stop_reason": "warmup_timeout"})
+                    return
                 before = await self._snapshot()
                 self.listener.point_started(key, planned)
                 sampler = BatchSizeSampler(self.backend, self.batch_size_interval_s)
@@ -140,7 +147,11 @@ class Sweep:
         records = result.records
         acc = self._acceptance(before, after, records)
         metrics = compute_metrics(records, result.window_start, result.window_end, result.achieved_concurrency,
-                                  plan.slo_ttft_ms, plan.slo_tpot_ms)
+                                  plan.slo_ttft_ms, plan.slo_tpot_ms, result.client_cpu_share)
+        limited = client_limit(metrics)
+        if limited is not None:
+            self.listener.warning(f"K={steps} c={conc}: {limited}; its latencies include the client's own queueing "
+                                  "(lower the concurrency, or give spectune a core of its own)")
         metrics.update(acceptance_length=acc.acceptance_length, acceptance_rate=acc.acceptance_rate,
                        acceptance_length_source=acc.source, batch_size_mean=batch["mean"] if batch else None,
                        batch_size_p50=batch["p50"] if batch else None,
@@ -161,7 +172,7 @@ class Sweep:
             "per_category": per_category_points(records, result.duration_s, steps, self._ask_acceptance),
             "window": {"start_s": result.window_start, "end_s": result.window_end},
             "requests_planned": planned, "stop_reason": result.stop_reason,
-            "warmup": {"requests": len(warmup), "failed": warm_failed},
+            "warmup": {"requests": len(warmup), "failed": warm_failed}, "client_limit": limited,
             "model": model, "base_url": base_url, "started": started, "finished": now_iso(),
             **({"log_tail": log_tail} if log_tail else {}),
         })
@@ -186,7 +197,7 @@ class Sweep:
 
 async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,
                   resume: bool = False, retry_failed: bool = False,
-                  listener: SweepListener | None = None) -> SweepOutcome:
+                  listener: SweepListener | None = None, timeouts: ClientTimeouts | None = None) -> SweepOutcome:
     """Check everything, then run the sweep: the whole of ``spectune sweep`` except signals and rendering.
 
     Order of checks (each a one-line :class:`UserError`, before anything is measured or written): the plan, the
@@ -200,7 +211,9 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
     from loadgen.datasets import load_dataset
 
     listener = listener or SweepListener()
+    timeouts = timeouts or ClientTimeouts()
     plan.validate()
+    timeouts.validate()
     folder = ResultsFolder(output_dir)
     options.max_concurrency = max(plan.concurrency)
     options.max_tokens = plan.max_tokens
@@ -219,9 +232,10 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
         done = {(p["steps"], p["concurrency"], p.get("repeat", 0)) for p in kept}
         todo = [k for k in plan.points() if k not in done]
         meta = _meta(folder, plan, backend)
+        meta["client"] = timeouts.to_json()
         folder.open(meta, kept)
         listener.sweep_started(plan, todo, kept)
-        sweep = Sweep(plan, backend, folder, prompts, meta, listener, options.model, options.api_key_env)
+        sweep = Sweep(plan, backend, folder, prompts, meta, listener, options.model, options.api_key_env, timeouts)
         try:
             await sweep.run(todo)
         finally:
@@ -252,7 +266,7 @@ def _meta(folder: ResultsFolder, plan: SweepPlan, backend: Backend) -> dict[str,
 
 def run_blocking(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,
                  resume: bool = False, retry_failed: bool = False,
-                 listener: SweepListener | None = None) -> SweepOutcome:
+                 listener: SweepListener | None = None, timeouts: ClientTimeouts | None = None) -> SweepOutcome:
     """Run :func:`execute` under :func:`run_with_signals`: SIGINT/SIGTERM cancel it cleanly (the current point is
     dropped, finished points stay, servers are stopped) and the outcome's ``interrupted`` holds the signal number.
 
@@ -260,7 +274,7 @@ def run_blocking(plan: SweepPlan, backend_name: str, options: BackendOptions, ou
         UserError: from :func:`execute`.
     """
     outcome, sig = run_with_signals(
-        lambda: execute(plan, backend_name, options, output_dir, resume, retry_failed, listener))
+        lambda: execute(plan, backend_name, options, output_dir, resume, retry_failed, listener, timeouts))
     if sig is not None:
         return SweepOutcome(Path(output_dir), plan, ResultsFolder(output_dir).read_points(), 0, sig)
     assert outcome is not None

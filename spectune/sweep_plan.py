@@ -15,7 +15,7 @@ from loadgen.errors import UserError
 from loadgen.record import RequestRecord
 from spectune.results import Key
 
-__all__ = ["SweepPlan", "SweepListener", "SweepOutcome", "parse_int_list"]
+__all__ = ["SweepPlan", "SweepListener", "SweepOutcome", "ClientTimeouts", "parse_int_list"]
 
 DEFAULT_STEPS = (0, 1, 2, 3, 5)
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
@@ -136,6 +136,33 @@ class SweepPlan:
 
         return Constraints(max_requests=requests, max_duration_s=self.duration_per_point_s,
                            max_failures=math.floor(self.max_failure_rate * requests) + 1)
+
+
+@dataclass(frozen=True)
+class ClientTimeouts:
+    """Time limits of the load generator (``--request-timeout``, ``--warmup-timeout``), shared by ``spectune sweep``
+    and ``spectune validate``. Not part of the sweep plan (they bound how long a broken server is waited for, not
+    what is measured), so changing them does not stop ``--resume``; sweep.json records them as ``client``.
+
+    Attributes:
+        request_timeout_s: s; one request (connect + whole stream) fails after this long.
+        warmup_timeout_s: s; the warm-up before a point (or run) must finish within this long, else the point fails
+            at once (a server that answers /health but never streams costs this much per point, not the whole
+            request budget).
+    """
+
+    request_timeout_s: float = 600.0
+    warmup_timeout_s: float = 300.0
+
+    def validate(self) -> None:
+        """Raises UserError when a limit is not a positive number of seconds."""
+        for flag, value in (("--request-timeout", self.request_timeout_s), ("--warmup-timeout", self.warmup_timeout_s)):
+            if not (value > 0 and math.isfinite(value)):
+                raise UserError(f"{flag} must be a positive number of seconds, got {value}")
+
+    def to_json(self) -> dict[str, float]:
+        """``{"request_timeout_s", "warmup_timeout_s"}``."""
+        return asdict(self)
 
 
 class SweepListener:

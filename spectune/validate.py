@@ -34,6 +34,7 @@ from loadgen.datasets import Prompt
 from loadgen.errors import UserError
 from loadgen.record import RequestRecord
 from spectune.results import now_iso, point_status
+from spectune.sweep_plan import ClientTimeouts
 from spectune.validate_plan import ValidateListener, ValidateOutcome, ValidatePlan, config_candidates
 from spectune.validate_report import ValidateFolder, combine_repeats, verdict
 from spectune.phase_metrics import phase_index, split_by_phase, summarize_run
@@ -83,10 +84,11 @@ class Validation:
 
     def __init__(self, plan: ValidatePlan, static: Backend, adaptive: Backend, folder: ValidateFolder,
                  prompts: list[Prompt], meta: dict[str, Any], listener: ValidateListener, model: str | None,
-                 api_key_env: str | None, initial_steps: int) -> None:
+                 api_key_env: str | None, initial_steps: int, timeouts: ClientTimeouts | None = None) -> None:
         self.plan, self.static, self.adaptive, self.folder, self.prompts = plan, static, adaptive, folder, prompts
         self.meta, self.listener, self.model, self.api_key_env = meta, listener, model, api_key_env
         self.initial_steps = initial_steps
+        self.timeouts = timeouts or ClientTimeouts()
         self.runs: list[dict[str, Any]] = meta["runs"]
 
     async def run_all(self) -> None:
@@ -121,9 +123,9 @@ class Validation:
 
     async def _run(self, backend: Backend, steps: int, name: str, repeat: int = 1) -> None:
         from backends.http import auth_headers
-        from loadgen import ClosedLoop, Constraints, StreamingClient, run_point
+        from loadgen import Constraints, StreamingClient, run_point
         from loadgen.runner import warmup_prompt
-        from spectune.harness import client_config, resolve_model
+        from spectune.harness import client_config, resolve_model, warm_up
 
         plan, workload = self.plan, self.plan.workload
         base = {"run": name, "steps": steps, "repeat": repeat, "started": now_iso()}
@@ -138,7 +140,8 @@ class Validation:
             self._finish({**base, "status": "failed", "error": lines[0], "phases": [], "overall": {},
                           "log_tail": getattr(err, "log_tail", "")})
             return
-        config = client_config(plan, backend, endpoint.base_url, model, self.api_key_env)
+        config = client_config(plan, backend, endpoint.base_url, model, self.api_key_env,
+                               self.timeouts.request_timeout_s)
         t0: list[float] = []
         started = asyncio.Event()
 
@@ -157,8 +160,11 @@ class Validation:
                                   max_failures=FAILURE_STOP)
         async with StreamingClient(config) as client:
             warm = [warmup_prompt(self.prompts[i % len(self.prompts)], i) for i in range(plan.warmup)]
-            warmup = (await run_point(client, warm, ClosedLoop(min(len(warm), workload.first_concurrency())),
-                                      Constraints(max_requests=len(warm)))).records if warm else []
+            warmup, stuck = await warm_up(client, warm, workload.first_concurrency(), self.timeouts.warmup_timeout_s)
+            if stuck is not None:
+                self._finish({**base, "status": "failed", "error": stuck, "phases": [], "overall": {},
+                              "stop_reason": "warmup_timeout"})
+                return
             samples = [await self._sample(backend)]
             sampler = asyncio.ensure_future(self._boundaries(backend, started, t0, samples))
             try:
@@ -175,12 +181,25 @@ class Validation:
         for i, d in enumerate(phases):
             self._annotate(d, backend, samples, i, groups[i], workload.phases[i].label)
         self._annotate(overall, backend, samples, None, result.records, "all")
+        self._client_load(overall, result, label)
         status, error = point_status(result.records, plan.max_failure_rate)
         self._finish({**base, "status": status, "error": error, "phases": phases, "overall": overall,
                       "switches_source": samples[0].switches_source, "model": model,
                       "base_url": endpoint.base_url, "stop_reason": result.stop_reason,
                       "t0": result.start_time,  # perf_counter s: requests.jsonl send_time - t0 gives the phase
                       "warmup": {"requests": len(warmup), "failed": sum(not r.ok for r in warmup)}})
+
+    def _client_load(self, overall: dict[str, Any], result: Any, label: str) -> None:
+        """Add the load generator's own figures to the run's ``overall`` (``dispatch_delay_p90_ms``,
+        ``client_cpu_share``, ``client_limited``) and warn when it limited the run."""
+        from loadgen.metrics import client_limit, compute_metrics
+
+        m = compute_metrics(result.records, client_cpu_share=result.client_cpu_share)
+        limited = client_limit(m)
+        overall.update(dispatch_delay_p90_ms=m["dispatch_delay_p90_ms"], client_cpu_share=m["client_cpu_share"],
+                       client_limited=limited is not None)
+        if limited is not None:
+            self.listener.warning(f"{label}: {limited}; its latencies include the client's own queueing")
 
     def _annotate(self, d: dict[str, Any], backend: Backend, samples: list[_Sample], phase: int | None,
                   records: list[RequestRecord], label: str) -> None:
@@ -208,7 +227,8 @@ class Validation:
 
 
 async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions, output_dir: Path,
-                  listener: ValidateListener | None = None, config_launch: str | None = None) -> ValidateOutcome:
+                  listener: ValidateListener | None = None, config_launch: str | None = None,
+                  timeouts: ClientTimeouts | None = None) -> ValidateOutcome:
     """Check everything, then run every static num_steps and the config under the workload, and rule.
 
     Checks, in order, each a one-line UserError before anything runs or is written: the config file, the plan,
@@ -227,8 +247,10 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
     from spectune.workload_spec import arrange_prompts
 
     listener = listener or ValidateListener()
+    timeouts = timeouts or ClientTimeouts()
     fmt, candidates = config_candidates(plan.config)
     plan.validate()
+    timeouts.validate()
     folder = ValidateFolder(output_dir)
     folder.check()
     options = replace(options, max_concurrency=plan.workload.server_concurrency(), max_tokens=plan.max_tokens,
@@ -251,14 +273,14 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
             "plan": plan.to_json(), "config": {"path": plan.config, "format": fmt, "candidate_steps": list(candidates),
                                                "initial_steps": initial},
             "backend": {"static": static.describe(), "config": adaptive.describe()}, "runs": [], "verdict": None,
-            **environment()}
+            "client": timeouts.to_json(), **environment()}
     folder.open()
     outcome = ValidateOutcome(folder.path, plan, meta["runs"])
     listener.started(plan, [n if plan.repeats == 1 else f"{n} #{r}" for n, _, r in plan.run_order(initial)])
     try:
         folder.write(meta)
         await Validation(plan, static, adaptive, folder, prompts, meta, listener, options.model,
-                         options.api_key_env, initial).run_all()
+                         options.api_key_env, initial, timeouts).run_all()
         outcome.verdict = verdict(combine_repeats(meta["runs"]),
                                   plan.slo_ttft_ms is not None or plan.slo_tpot_ms is not None, plan.tolerance)
         meta.update(status="done", finished=now_iso(), verdict=asdict(outcome.verdict))

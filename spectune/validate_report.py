@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from backends.redact import Redactor, redact_obj
 from loadgen.errors import UserError
-from spectune.results import atomic_write
+from spectune.results import atomic_write, writing
 
 
 @dataclass
@@ -194,7 +195,10 @@ def render_markdown(meta: dict[str, Any]) -> str:
 
 
 class ValidateFolder:
-    """``requests.jsonl`` (one flushed line per request), ``validate.json`` and ``validate.md`` (atomic), ``logs/``."""
+    """``requests.jsonl`` (one flushed line per request), ``validate.json`` and ``validate.md`` (atomic), ``logs/``.
+
+    Strings are redacted as in the sweep's folder (:class:`spectune.results.ResultsFolder`); a failed write raises a
+    one-line UserError."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -202,6 +206,7 @@ class ValidateFolder:
                                                                                "validate.md"))
         self.logs = self.path / "logs"
         self._fh: Any = None
+        self.redactor = Redactor()
 
     def check(self) -> None:
         """Raises UserError when the folder already holds a validation (nothing measured is overwritten)."""
@@ -209,22 +214,34 @@ class ValidateFolder:
             raise UserError(f"{self.path} already holds a validation: pass a new --output-dir")
 
     def open(self) -> None:
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.requests, "ab")
+        """Create the folder and open requests.jsonl. Raises UserError when it cannot be written."""
+        with writing(self.path):
+            self.logs.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.requests, "ab")
 
     def append_request(self, obj: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(obj).encode() + b"\n")
-        self._fh.flush()
+        """Append one request record (one flushed line; its ``error`` redacted). Raises UserError on a failed write."""
+        if obj.get("error"):
+            obj = {**obj, "error": self.redactor(str(obj["error"]))}
+        with writing(self.requests):
+            self._fh.write(json.dumps(obj).encode() + b"\n")
+            self._fh.flush()
 
     def write(self, meta: dict[str, Any]) -> None:
-        """Make the request records durable (fsync), then rewrite validate.json and validate.md atomically."""
-        if self._fh is not None:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-        atomic_write(self.json_path, lambda fh: fh.write(json.dumps(meta, indent=2, default=str) + "\n"))
-        atomic_write(self.md_path, lambda fh: fh.write(render_markdown(meta)))
+        """Make the request records durable (fsync), then rewrite validate.json and validate.md atomically (strings
+        redacted). Raises UserError on a failed write."""
+        meta = redact_obj(meta, self.redactor)
+        with writing(self.json_path):
+            if self._fh is not None:
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+            atomic_write(self.json_path, lambda fh: fh.write(json.dumps(meta, indent=2, default=str) + "\n"))
+            atomic_write(self.md_path, lambda fh: fh.write(render_markdown(meta)))
 
     def close(self) -> None:
         if self._fh is not None:
-            self._fh.close()
+            try:
+                self._fh.close()
+            except OSError:
+                pass
             self._fh = None

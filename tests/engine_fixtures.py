@@ -51,17 +51,19 @@ def free_port() -> int:
 class ThreadedServer:
     """Runs :class:`backends.local.server.Server` on its own event loop in a daemon thread."""
 
-    def __init__(self, opts: EngineOptions, model_name: str = "smollm2-test", api_key: str | None = None) -> None:
+    def __init__(self, opts: EngineOptions | Any, model_name: str = "smollm2-test", api_key: str | None = None,
+                 metrics_without_key: bool = False) -> None:
+        """``opts``: EngineOptions to build the engine from, or an already built engine (tests/tiny_models.py)."""
         from aiohttp import web
 
         from backends.local.server import Server
 
-        self.engine = build_engine(opts)
+        self.engine = build_engine(opts) if isinstance(opts, EngineOptions) else opts
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.loop = asyncio.new_event_loop()
-        app = Server(self.engine, model_name, api_key).app()
-        self.runner = web.AppRunner(app)
+        self.server = Server(self.engine, model_name, api_key, metrics_without_key)
+        self.runner = self.server.runner()
         ready = threading.Event()
 
         def run() -> None:
@@ -89,3 +91,76 @@ def serve_in_thread(opts: EngineOptions, **kw: Any) -> Iterator[ThreadedServer]:
         yield server
     finally:
         server.close()
+
+
+class SubprocessServer:
+    """The real ``python -m backends.local`` server process (what ``spectune serve`` and the ``local`` sweep backend
+    run: the engine loop on the main thread, so an exception that escapes it ends the process).
+
+    Args:
+        options: EngineOptions fields as a dict (``--options`` JSON).
+        api_key: served API key (passed through an environment variable), or None.
+        extra: more command-line arguments.
+    """
+
+    def __init__(self, options: dict[str, Any], api_key: str | None = None, extra: tuple[str, ...] = (),
+                 log_path: Path | None = None, startup_timeout_s: float = 120.0) -> None:
+        import json
+        import os
+        import subprocess
+        import sys
+        import tempfile
+        import time
+
+        import requests
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        env = dict(os.environ, SPECTUNE_TEST_SERVER_KEY=api_key or "")
+        root = Path(__file__).resolve().parents[1]
+        env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        self.log_path = log_path or Path(tempfile.mkstemp(prefix="spectune-test-server-", suffix=".log")[1])
+        self._log = open(self.log_path, "wb")
+        argv = [sys.executable, "-m", "backends.local", "--options", json.dumps(options), "--port", str(self.port),
+                *(["--api-key-env", "SPECTUNE_TEST_SERVER_KEY"] if api_key else []), *extra]
+        self.proc = subprocess.Popen(argv, cwd=root, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + startup_timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()[-2000:]}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"server not healthy in {startup_timeout_s} s: {self.log()[-2000:]}")
+            time.sleep(0.2)
+
+    def log(self) -> str:
+        """Everything the server printed so far."""
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def gauge(self, name: str) -> float:
+        """A sample of /metrics, e.g. ``spectune:num_requests_running``."""
+        import requests
+
+        text = requests.get(self.url + "/metrics", headers=self.headers, timeout=10).text
+        line = next(l for l in text.splitlines() if l.startswith(name + " ") or l.startswith(name + "{"))
+        return float(line.rsplit(" ", 1)[1])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except Exception:  # noqa: BLE001
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()

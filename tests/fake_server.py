@@ -2,7 +2,11 @@
 
     python tests/fake_server.py --port P [--steps K] [--accept-prob p] [--fail-start] [--exit-after-requests N]
                                 [--tokens-per-second R] [--metrics vllm|spectune|none] [--startup-delay S]
-                                [--adaptive-config PATH] [--per-request-metrics]
+                                [--adaptive-config PATH] [--per-request-metrics] [--chunk-tokens N] [--never-answer]
+                                [--api-key KEY] [--speculative-num-draft-tokens N]
+
+At start it prints its command line and, when set, the ``HF_TOKEN`` it uses (as SGLang and vLLM print their
+arguments), so tests can check that spectune redacts launched servers' logs.
 
 Serves ``GET /health``, ``GET /v1/models``, ``GET /metrics`` and ``POST /v1/chat/completions`` and
 ``/v1/completions`` (SSE streaming with ``stream_options.include_usage`` / ``continuous_usage_stats``, or one
@@ -46,6 +50,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--adaptive-config", default="", help="accepted and ignored (a launch template's "
                    "{adaptive_config})")
     p.add_argument("--per-request-metrics", action="store_true", help="add vLLM's metrics.speculative_decoding")
+    p.add_argument("--chunk-tokens", type=int, default=1, help="merge this many steps into one streamed chunk (a "
+                   "server that streams several tokens per chunk, with or without speculation)")
+    p.add_argument("--never-answer", action="store_true", help="healthy, but completions never send a byte")
+    p.add_argument("--api-key", default=None, help="accepted and ignored (printed at start, like real servers)")
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=None, help="accepted and ignored")
     return p.parse_args(argv)
 
 
@@ -114,6 +123,8 @@ class FakeServer:
                 if self.counters and self.counters.per_pos is not None:
                     self.counters.observe(k, accepted)
             chunks.append(accepted + 1)
+        n = max(1, self.args.chunk_tokens)
+        chunks = [sum(chunks[i:i + n]) for i in range(0, len(chunks), n)]
         details = {"spec_verify_ct": verify, "spec_num_correct_drafts": correct, "spec_num_proposed_drafts": verify * k,
                    "spec_accept_length": (sum(chunks) / verify) if verify else 0.0,
                    "spec_correct_drafts_histogram": hist if k > 0 else []}
@@ -130,6 +141,8 @@ class FakeServer:
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        if self.args.never_answer:
+            await asyncio.sleep(3600)
         chat = request.path.endswith("/chat/completions")
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         prompt_tokens = len(json.dumps(body.get("messages") or body.get("prompt") or "").split())
@@ -222,7 +235,9 @@ class FakeServer:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    print(f"fake_server: starting on {args.host}:{args.port} (steps {args.steps})", flush=True)
+    print(f"fake_server: starting on {args.host}:{args.port} (steps {args.steps}); args {sys.argv[1:]}", flush=True)
+    if os.environ.get("HF_TOKEN"):
+        print(f"fake_server: logged in to the hub with token {os.environ['HF_TOKEN']}", flush=True)
     if args.fail_start:
         print(args.fail_message, file=sys.stderr, flush=True)
         sys.exit(1)

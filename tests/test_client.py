@@ -98,6 +98,16 @@ class Fake:
         elif mode == "slow":
             await resp.write(chunk("a", 1))
             await asyncio.sleep(5)
+        elif mode == "decreasing":  # usage 1, 3, then 0: a chunk of -3 tokens
+            await resp.write(chunk("a", 1) + chunk("b c", 3) + chunk("d", 0, finish="stop") + DONE)
+        elif mode == "negative":
+            await resp.write(chunk("a", -2, finish="stop") + DONE)
+        elif mode == "negativeprompt":
+            await resp.write(chunk("a", 1).replace(b'"prompt_tokens": 7', b'"prompt_tokens": -7') + DONE)
+        elif mode in ("abort", "content_filter"):
+            await resp.write(chunk("a", 1) + chunk("b", 2, finish=mode) + DONE)
+        elif mode == "truncated":  # "length" after 5 of the 10 tokens asked for
+            await resp.write(chunk("abc", 3) + chunk("de", 5, finish="length") + DONE)
         return resp
 
 
@@ -121,7 +131,7 @@ async def send(fake: Fake, model: str | None, **cfg):
 
 
 async def test_schedule_timings_and_tokens(fake: Fake) -> None:
-    rec = await send(fake, "schedule")
+    rec = await send(fake, "schedule", max_tokens=10)
     assert rec.error is None and rec.ok and rec.status == 200
     assert rec.chunk_tokens == SIZES and rec.token_count_source == "usage"
     assert (rec.completion_tokens, rec.prompt_tokens, rec.finish_reason) == (10, 7, "length")
@@ -155,7 +165,7 @@ async def test_no_api_key_no_header(fake: Fake, monkeypatch: pytest.MonkeyPatch)
 
 
 async def test_completions_api_and_model_discovery(fake: Fake) -> None:
-    rec = await send(fake, None, api="completions")  # model None: taken from GET /v1/models
+    rec = await send(fake, None, api="completions", max_tokens=10)  # model None: taken from GET /v1/models
     assert fake.body["model"] == "served-model" and fake.body["prompt"] == "Hi" and "messages" not in fake.body
     assert rec.error is None and rec.output_text == "w" * 10 and rec.chunk_tokens == SIZES
 
@@ -232,3 +242,23 @@ async def test_connection_refused() -> None:
     async with StreamingClient(ClientConfig("http://127.0.0.1:9", model="m")) as client:
         rec = await client.send(user_prompt("p", None, "x"), "r0")
     assert rec.status is None and rec.error.startswith("connection error:")
+
+
+@pytest.mark.parametrize("mode, error", [
+    ("decreasing", "impossible stream: usage.completion_tokens went from 3 to 0"),
+    ("negative", "impossible stream: usage.completion_tokens went from 0 to -2"),
+    ("negativeprompt", "impossible stream: usage.prompt_tokens -7"),
+    ("abort", "server ended the request with finish_reason 'abort' after 2 tokens"),
+    ("content_filter", "server ended the request with finish_reason 'content_filter' after 2 tokens"),
+    ("truncated", "truncated: finish_reason 'length' after 5 of 10 tokens"),
+])
+async def test_impossible_or_cut_streams_fail_with_the_reason(fake: Fake, mode: str, error: str) -> None:
+    rec = await send(fake, mode, max_tokens=10)
+    assert rec.error is not None and rec.error.startswith(error)
+    assert not rec.ok
+    assert all(n >= 0 for n in rec.chunk_tokens)
+
+
+async def test_length_at_max_tokens_is_a_normal_finish(fake: Fake) -> None:
+    rec = await send(fake, "truncated", max_tokens=5)
+    assert rec.error is None and rec.finish_reason == "length"

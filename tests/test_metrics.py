@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.metrics import METRIC_COLUMNS, compute_metrics, per_category
+from loadgen.metrics import METRIC_COLUMNS, client_limit, compute_metrics, per_category
 from loadgen.record import RequestRecord
 
 
 def records() -> list[RequestRecord]:
     r1 = RequestRecord("r1", "p1", "a", send_time=0.0, chunk_times=[0.1, 0.2, 0.4], chunk_tokens=[1, 2, 3],
-                       end_time=0.5, completion_tokens=6, status=200)
+                       end_time=0.5, completion_tokens=6, status=200, dispatch_delay_s=0.001)
     r2 = RequestRecord("r2", "p2", "b", send_time=0.2, chunk_times=[0.5, 0.6], chunk_tokens=[1, 1], end_time=0.7,
-                       completion_tokens=2, status=200, token_count_source="chunks")
+                       completion_tokens=2, status=200, token_count_source="chunks", dispatch_delay_s=0.002)
     r3 = RequestRecord("r3", "p3", "a", send_time=0.3, chunk_times=[0.35], chunk_tokens=[1], end_time=0.4,
-                       completion_tokens=1, status=200)
-    r4 = RequestRecord("r4", "p4", "b", send_time=0.4, end_time=0.45, status=500, error="HTTP 500: boom")
+                       completion_tokens=1, status=200, dispatch_delay_s=0.004)
+    r4 = RequestRecord("r4", "p4", "b", send_time=0.4, end_time=0.45, status=500, error="HTTP 500: boom",
+                       dispatch_delay_s=0.003)
     return [r1, r2, r3, r4]
 
 
 def test_point_metrics_hand_computed() -> None:
-    m = compute_metrics(records(), achieved_concurrency=2.5)
+    m = compute_metrics(records(), achieved_concurrency=2.5, client_cpu_share=0.25)
     assert list(m) == list(METRIC_COLUMNS)
     # window 0.0 .. 0.7 (first send, last end); 3 successful requests, 6 + 2 + 1 = 9 output tokens
     expected = {
@@ -39,6 +40,9 @@ def test_point_metrics_hand_computed() -> None:
         "e2el_mean_ms": 1100 / 3, "e2el_p50_ms": 500.0, "e2el_p90_ms": 500.0, "e2el_p99_ms": 500.0,
         "mean_tokens_per_chunk": 9 / 6, "slo_attainment": None, "goodput_req_s": None,
         "token_count_source": "chunks",  # the least trustworthy source among the requests
+        # dispatch delays 1, 2, 4, 3 ms (the failed request's too); sorted 1, 2, 3, 4: p90 at rank 2.7
+        "dispatch_delay_p50_ms": 2.5, "dispatch_delay_p90_ms": 3.7, "dispatch_delay_max_ms": 4.0,
+        "client_cpu_share": 0.25, "client_limited": False,
     }
     assert m == pytest.approx(expected)
 
@@ -71,3 +75,15 @@ def test_no_successful_requests() -> None:
     assert m["ttft_p50_ms"] is None and m["itl_mean_ms"] is None and m["mean_tokens_per_chunk"] is None
     assert m["slo_attainment"] == 0.0 and m["goodput_req_s"] == 0.0 and m["token_count_source"] is None
     assert compute_metrics([])["duration_s"] is None
+
+
+@pytest.mark.parametrize("cpu, p90, e2e, limited", [
+    (0.95, 1.0, 500.0, True),  # the event loop saturated its core
+    (0.5, 6.0, 500.0, False),  # above the floor, but 1.2% of a request's life
+    (0.5, 30.0, 500.0, True),  # 6% of a request's life spent waiting for the client
+    (0.5, 4.0, 20.0, False),  # 20% of a short request, but under the 5 ms floor
+    (None, None, None, False),
+])
+def test_client_limit_rule(cpu, p90, e2e, limited) -> None:
+    why = client_limit({"client_cpu_share": cpu, "dispatch_delay_p90_ms": p90, "e2el_p50_ms": e2e})
+    assert (why is not None) == limited

@@ -218,3 +218,34 @@ def test_time_average() -> None:
     # 0 until 1, then 2 until 3, then 1 until 4 -> over [1, 4]: (2*2 + 1*1) / 3
     assert time_average([1.0, 3.0], [2, 1], 1.0, 4.0) == pytest.approx(5 / 3)
     assert time_average([1.0, 3.0], [2, 1], 0.0, 2.0) == pytest.approx(1.0)  # (0*1 + 2*1) / 2
+
+
+async def test_a_busy_client_shows_in_dispatch_delay_and_cpu_share(server: CountingServer) -> None:
+    from loadgen.metrics import compute_metrics
+
+    def busy(_rec) -> None:  # 40 ms of the client's own CPU after every request: its successor waits for it
+        t = time.thread_time()
+        while time.thread_time() - t < 0.04:
+            pass
+
+    async with client(server, chunks=2, gap_ms=5) as c:
+        res = await run_point(c, PROMPTS, ClosedLoop(2), Constraints(max_requests=10), on_record=busy)
+    delays = [r.dispatch_delay_s for r in res.records]
+    assert all(d is not None and d >= 0 for d in delays)
+    later = sorted(delays)[2:]  # the first two were sent at the start, before any busy callback
+    assert all(d >= 0.035 for d in later)
+    assert res.client_cpu_share is not None and 0.2 < res.client_cpu_share <= 1.0  # 0.4 s of CPU in ~1 s
+    m = compute_metrics(res.records, res.window_start, res.window_end, client_cpu_share=res.client_cpu_share)
+    assert m["client_limited"] is True
+
+
+async def test_waiting_for_a_slot_is_not_dispatch_delay(server: CountingServer) -> None:
+    # arrivals every ~2 ms but one slot, each request ~40 ms: arrivals queue behind the cap (the server's doing)
+    async with client(server, chunks=2, gap_ms=20) as c:
+        res = await run_point(c, PROMPTS, OpenLoop(rate=500.0, seed=1, max_concurrency=1),
+                              Constraints(max_requests=6))
+    waits = sorted(res.records, key=lambda r: r.send_time)
+    # the 6th arrival was scheduled ~10 ms in but sent after five 40 ms requests: its queueing is in TTFT ...
+    assert waits[-1].ttft_s > 0.15
+    # ... but not in its dispatch delay, which counts from when the slot freed
+    assert all(r.dispatch_delay_s < 0.03 for r in res.records)

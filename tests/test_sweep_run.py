@@ -48,7 +48,7 @@ class FakeServers:
     async def __aenter__(self) -> dict[int, str]:
         for steps, extra in self.args.items():
             args = fake_server.parse_args(["--port", "0", "--steps", str(steps), *shlex.split(extra)])
-            runner = web.AppRunner(fake_server.FakeServer(args).app())
+            runner = web.AppRunner(fake_server.FakeServer(args).app(), shutdown_timeout=1.0)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()

@@ -26,6 +26,18 @@ class EngineFull(RuntimeError):
     """The waiting queue is full (the server answers 503)."""
 
 
+class InvalidRequest(ValueError):
+    """A request the engine cannot run as given (the server answers 400).
+
+    Attributes:
+        param: the request field at fault (OpenAI error ``param``), e.g. ``"top_k"``, ``"prompt"``.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 @dataclass
 class EngineStats:
     """Cumulative counters (read by /metrics and /server_info; vLLM's spec-decode counter semantics).
@@ -95,21 +107,52 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stop = False
         self.error: BaseException | None = None
+        self.vocab_size = int(runner.target.cfg.vocab_size)
+        self.num_request_errors = 0  # requests failed by an exception inside a step (the engine kept serving)
+        self.last_request_error: str | None = None
+        self._last_exc: Exception | None = None
 
     # ---- called from other threads -------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                     on_output: Callable[[RequestOutput], None]) -> None:
-        """Queue a request. Raises EngineFull when the queue is full, ValueError when it cannot fit a slot."""
-        if not prompt_ids or len(prompt_ids) + params.max_tokens > self.context_len:
-            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                             f"context of {self.context_len} tokens")
+        """Queue a request.
+
+        Raises:
+            EngineFull: the waiting queue is full.
+            InvalidRequest: the prompt and max_tokens do not fit the context, a token id (prompt or
+                ``stop_token_ids``) is outside the vocabulary, ``top_k`` exceeds it, or max_tokens < 1.
+        """
+        self.check_request(prompt_ids, params)
         seq = Sequence(request_id, list(prompt_ids), params, on_output)
         seq.detok = IncrementalText(self.tokenizer, params.stop)
+        if params.seed is not None:
+            seq.generator = seeded_generator(params.seed % 2**64, self.runner.device)
         with self._lock:
             if len(self.scheduler.waiting) + len(self._incoming) >= self.cfg.max_waiting:
                 raise EngineFull("the request queue is full")
             self._incoming.append(seq)
             self._lock.notify()
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise :class:`InvalidRequest` when the request cannot run here (see :meth:`add_request`)."""
+        v = self.vocab_size
+        if params.max_tokens < 1:
+            raise InvalidRequest(f"max_tokens must be >= 1, got {params.max_tokens}", "max_tokens")
+        if not prompt_ids or len(prompt_ids) + params.max_tokens > self.context_len:
+            raise InvalidRequest(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                                 f"the context of {self.context_len} tokens", "max_tokens")
+        bad = next((t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < v)), None)
+        if bad is not None:
+            raise InvalidRequest(f"token id {bad} is outside the vocabulary (0..{v - 1})", "prompt")
+        bad = next((t for t in params.stop_token_ids if not (isinstance(t, int) and 0 <= t < v)), None)
+        if bad is not None:
+            raise InvalidRequest(f"stop token id {bad} is outside the vocabulary (0..{v - 1})", "stop_token_ids")
+        if not -1 <= params.top_k <= v:
+            raise InvalidRequest(f"top_k {params.top_k} must be -1 (off), 0 (off) or 1..{v} (the vocabulary)", "top_k")
+        if not 0.0 <= params.temperature <= 2.0:
+            raise InvalidRequest(f"temperature {params.temperature} must be in 0..2", "temperature")
+        if not 0.0 < params.top_p <= 1.0:
+            raise InvalidRequest(f"top_p {params.top_p} must be in (0, 1]", "top_p")
 
     def abort(self, request_id: str) -> None:
         """Stop a request (client disconnected, stop string seen by a caller); its slot is freed next iteration."""
@@ -157,7 +200,12 @@ class Engine:
             self._thread.join(timeout=30)
 
     def run(self) -> None:
-        """Run the engine loop on the calling thread until :meth:`shutdown` (or an exception from a step)."""
+        """Run the engine loop on the calling thread until :meth:`shutdown`.
+
+        A step that raises fails the requests it was working on (:meth:`step`) and the loop goes on; only an
+        exception outside a step (or a BaseException such as KeyboardInterrupt) ends it, and is surfaced by
+        ``error`` (the server's /health then answers 503).
+        """
         try:
             while True:
                 with self._lock:
@@ -172,7 +220,12 @@ class Engine:
             raise
 
     def step(self) -> None:
-        """One iteration: take new requests and aborts, prefill admitted ones, run one decode round."""
+        """One iteration: take new requests and aborts, prefill admitted ones, run one decode round.
+
+        An exception while prefilling a request fails that request alone; one in the decode round fails the
+        requests of that batch (the round's state is unknown). Failed requests finish with ``finish_reason``
+        ``"error"`` and free their slots; requests that are waiting are untouched and the engine keeps serving.
+        """
         with self._lock:
             for seq in self._incoming:
                 self.scheduler.add(seq)
@@ -182,46 +235,78 @@ class Engine:
             self._abort(rid)
         drafting = self.max_steps > 0
         for seq in self.scheduler.admit():
-            st = self._sampling([seq])
-            first = self.runner.prefill(seq.slot, seq.prompt_ids, st, drafting)
-            self.stats.num_prefills += 1
-            self.stats.prompt_tokens += len(seq.prompt_ids)
-            self._emit(seq, [first])
+            try:
+                st = self._sampling([seq])
+                first = self.runner.prefill(seq.slot, seq.prompt_ids, st, drafting)
+                self.stats.num_prefills += 1
+                self.stats.prompt_tokens += len(seq.prompt_ids)
+                self._emit(seq, [first])
+            except Exception as err:  # noqa: BLE001 - this request fails, the others go on
+                self._fail([seq], err)
         self._release()
-        running = self.scheduler.running
+        running = list(self.scheduler.running)
         if running:
-            batch = len(running)
-            policy = self.cfg.policy
-            k = policy.steps_for_batch(batch) if policy is not None else self.cfg.num_steps
-            if k != self.stats.active_num_steps:
-                self.stats.num_steps_switches += 1
-                self.stats.active_num_steps = k
-            accepted, tokens = self.runner.decode_round(batch, k, self._sampling(running), keep_draft=drafting)
-            self.stats.num_rounds += 1
-            for seq, a, toks in zip(running, accepted, tokens):
-                self._count(seq, k, a)
-                self._emit(seq, toks)
-            if policy is not None:
-                policy.on_verify(accepted, batch)
-            if self.cfg.trace is not None:
-                self.cfg.trace.record(batch, accepted, k)
+            try:
+                self._decode(running, drafting)
+            except Exception as err:  # noqa: BLE001 - the batch's requests fail, the engine keeps serving
+                self._fail([s for s in running if not s.finished], err)
             self._release()
 
+    def _decode(self, running: list[Sequence], drafting: bool) -> None:
+        batch = len(running)
+        policy = self.cfg.policy
+        k = policy.steps_for_batch(batch) if policy is not None else self.cfg.num_steps
+        if k != self.stats.active_num_steps:
+            self.stats.num_steps_switches += 1
+            self.stats.active_num_steps = k
+        accepted, tokens = self.runner.decode_round(batch, k, self._sampling(running), keep_draft=drafting)
+        self.stats.num_rounds += 1
+        for seq, a, toks in zip(running, accepted, tokens):
+            self._count(seq, k, a)
+            self._emit(seq, toks)
+        if policy is not None:
+            policy.on_verify(accepted, batch)
+        if self.cfg.trace is not None:
+            self.cfg.trace.record(batch, accepted, k)
+
+    def _fail(self, seqs: list[Sequence], err: Exception) -> None:
+        """Finish ``seqs`` with ``finish_reason`` ``"error"`` (their slots are freed by the next release)."""
+        message = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+        self.num_request_errors += len(seqs)
+        self.last_request_error = message
+        self._last_exc = err
+        for seq in seqs:
+            seq.finished, seq.finish_reason = True, "error"
+            try:
+                seq.on_output(RequestOutput(seq.request_id, [], "", True, "error", len(seq.prompt_ids),
+                                            len(seq.output_ids), seq.spec, message))
+            except Exception:  # noqa: BLE001 - the caller is gone (closed event loop): nothing to tell
+                pass
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
-        """Run prompts to completion in this thread (no background loop); returns output token ids per prompt."""
+        """Run prompts to completion in this thread (no background loop); returns output token ids per prompt.
+
+        Raises:
+            InvalidRequest: see :meth:`add_request`.
+            Exception: the first exception a step raised for one of these requests (re-raised here, unlike the
+                serving loop, which fails only that request).
+        """
         outputs: dict[str, list[int]] = {}
+        self._last_exc = None
         for i, prompt in enumerate(prompts):
             outputs[str(i)] = []
             self.add_request(str(i), prompt, params, lambda out: outputs[out.request_id].extend(out.new_token_ids))
         while self._incoming or self.scheduler.waiting or self.scheduler.running:
             self.step()
+            if self._last_exc is not None:
+                raise self._last_exc
         return [outputs[str(i)] for i in range(len(prompts))]
 
     # ---- helpers -------------------------------------------------------------------------------------------
     def _sampling(self, seqs: list[Sequence]) -> SamplingTensors:
         p = [s.params for s in seqs]
         return SamplingTensors.build([x.temperature for x in p], [max(x.top_k, 0) for x in p],
-                                     [x.top_p for x in p], self.runner.device)
+                                     [x.top_p for x in p], self.runner.device, [s.generator for s in seqs])
 
     def _count(self, seq: Sequence, k: int, accepted: int) -> None:
         seq.spec.record(k, accepted)

@@ -1,5 +1,14 @@
 """OpenAI-compatible request models (pydantic) and response/chunk builders for the bundled server.
 
+Requests are parsed and validated in one step from the raw body (:meth:`pydantic.BaseModel.model_validate_json`,
+RFC 8259 JSON in UTF-8; a ``charset`` in Content-Type is ignored), in strict mode: a field has exactly its JSON
+type (``"max_tokens": "5"``, ``5.0`` or ``true`` are refused, as are ``Infinity``/``NaN`` and integers with
+thousands of digits). Integers are bounded here (:data:`INT32_MAX`, the seed to 64 bits); what depends on the
+engine (top_k and token ids against the vocabulary, lengths against the context) is checked by
+:meth:`backends.local.engine.Engine.add_request`. ``null`` for any field means its default (some clients send
+every field). Field meanings follow the OpenAI API reference (Chat Completions and Completions) and vLLM's
+extensions (``top_k``, ``stop_token_ids``, ``ignore_eos``, ``stream_options.continuous_usage_stats``).
+
 Extra per-request field in responses: ``spec_decode`` (top level of the final chunk and of non-stream responses):
 ``{"verify_steps", "draft_tokens", "accepted_tokens", "accepted_per_position", "acceptance_length"}`` where
 acceptance_length = 1 + accepted_tokens / verify_steps (null without drafting).
@@ -10,10 +19,30 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+INT32_MAX = 2**31 - 1
+"""Upper bound of every count-like integer field (max_tokens, top_k, token ids): what engines store them in."""
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 256
+MAX_NUM_STEPS = 64
+
+_STRICT = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
-class StreamOptions(BaseModel):
+class _Strict(BaseModel):
+    model_config = _STRICT
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+
+class StreamOptions(_Strict):
     """``stream_options``: ``include_usage`` adds a final usage chunk; ``continuous_usage_stats`` (vLLM's
     extension) adds cumulative usage to every chunk."""
 
@@ -21,22 +50,37 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False
 
 
-class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    model: str | None = None
-    max_tokens: int | None = Field(default=None, gt=0)
-    max_completion_tokens: int | None = Field(default=None, gt=0)
+class _Common(_Strict):
+    model: str | None = Field(default=None, max_length=1024)
+    max_tokens: int | None = Field(default=None, gt=0, le=INT32_MAX)
+    max_completion_tokens: int | None = Field(default=None, gt=0, le=INT32_MAX)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=-1)
+    top_k: int = Field(default=0, ge=-1, le=INT32_MAX)
     n: int = Field(default=1, ge=1, le=1)
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[int] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_bounded(cls, v: str | list[str] | None) -> str | list[str] | None:
+        items = [v] if isinstance(v, str) else (v or [])
+        if len(items) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
+        if any(len(s) > MAX_STOP_CHARS for s in items):
+            raise ValueError(f"a stop string may have at most {MAX_STOP_CHARS} characters")
+        return v
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _ids_bounded(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(not 0 <= t <= INT32_MAX for t in v):
+            raise ValueError("token ids must be >= 0")
+        return v
 
     def stop_list(self) -> list[str]:
         """``stop`` as a list."""
@@ -48,16 +92,30 @@ class _Common(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """One chat message (text content, or a list of ``{"type": "text", "text": ...}`` parts)."""
+    """One chat message: text content, or a list of ``{"type": "text", "text": ...}`` parts (other part types,
+    such as images, are refused)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(strict=True, extra="allow")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
 
+    @field_validator("content")
+    @classmethod
+    def _text_parts(cls, v: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
+        if isinstance(v, list):
+            for i, part in enumerate(v):
+                if part.get("type") != "text":
+                    raise ValueError(f"content part {i} has type {part.get('type')!r}: only 'text' parts are "
+                                     "supported")
+                if not isinstance(part.get("text"), str):
+                    raise ValueError(f"content part {i}: 'text' must be a string")
+        return v
+
     def text(self) -> str:
+        """The message's text (parts joined)."""
         if isinstance(self.content, list):
-            return "".join(p.get("text", "") for p in self.content if isinstance(p, dict))
+            return "".join(p["text"] for p in self.content)
         return self.content or ""
 
 
@@ -73,6 +131,10 @@ class ChatCompletionRequest(_Common):
             raise ValueError("messages must not be empty")
         return v
 
+    def text_bytes(self) -> int:
+        """UTF-8 bytes of all message texts (for the cheap too-long check before tokenizing)."""
+        return sum(len(m.text().encode("utf-8", "surrogatepass")) for m in self.messages)
+
 
 class CompletionRequest(_Common):
     """POST /v1/completions (a single string prompt, or a list of token ids)."""
@@ -82,14 +144,43 @@ class CompletionRequest(_Common):
     @field_validator("prompt")
     @classmethod
     def _non_empty(cls, v: str | list[int]) -> str | list[int]:
-        if (isinstance(v, str) and not v) or (isinstance(v, list) and not v):
+        if not v:
             raise ValueError("prompt must not be empty")
         return v
 
+    def text_bytes(self) -> int:
+        """UTF-8 bytes of a text prompt (0 for token ids)."""
+        return len(self.prompt.encode("utf-8", "surrogatepass")) if isinstance(self.prompt, str) else 0
+
+
+class NumStepsRequest(_Strict):
+    """POST /spectune/num_steps."""
+
+    num_steps: int = Field(ge=0, le=MAX_NUM_STEPS)
+
+
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def validation_message(err: ValidationError) -> tuple[str, str | None]:
+    """(one-line message, ``param``) for the first problem of a pydantic error: ``"max_tokens: Input should be
+    greater than 0"``; a body that is not JSON gives ``"request body is not valid JSON (...)"``."""
+    first = err.errors(include_url=False)[0]
+    if first.get("type") == "json_invalid":
+        return f"request body is not valid JSON ({first.get('msg', '').removeprefix('Invalid JSON: ')})", None
+    if first.get("type") == "model_type" and not first.get("loc"):
+        return "request body must be a JSON object", None
+    loc = [str(x) for x in first.get("loc", ()) if not (isinstance(x, str) and ("[" in x or x.lower() in _UNION_TAGS))]
+    msg = first.get("msg", "invalid value").removeprefix("Value error, ")
+    where = ".".join(loc)
+    return (f"{where}: {msg}" if where else msg), (where or None)
+
 
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
-    """OpenAI-style error object."""
+    """OpenAI-style error object (``{"error": {"message", "type", "param", "code"}}``)."""
     kind = "invalid_request_error" if status < 500 else "server_error"
+    if status == 401:
+        kind = "authentication_error"
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 

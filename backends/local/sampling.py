@@ -22,6 +22,8 @@ class SamplingTensors:
         top_k: [B] long; 0 disables.
         top_p: [B] float32; 1.0 disables.
         any_sampling, any_filter: whether any row samples / uses top-k or top-p (to skip work).
+        generators: per row, the request's own :class:`torch.Generator` (a seeded request) or None (the shared
+            one); None when no row has its own.
     """
 
     temperature: torch.Tensor
@@ -29,9 +31,11 @@ class SamplingTensors:
     top_p: torch.Tensor
     any_sampling: bool
     any_filter: bool
+    generators: list[torch.Generator | None] | None = None
 
     @classmethod
-    def build(cls, temps: list[float], top_ks: list[int], top_ps: list[float], device: torch.device) -> "SamplingTensors":
+    def build(cls, temps: list[float], top_ks: list[int], top_ps: list[float], device: torch.device,
+              generators: list[torch.Generator | None] | None = None) -> "SamplingTensors":
         """From per-sequence Python values."""
         return cls(
             temperature=torch.tensor(temps, dtype=torch.float32, device=device).view(-1, 1, 1),
@@ -39,7 +43,12 @@ class SamplingTensors:
             top_p=torch.tensor(top_ps, dtype=torch.float32, device=device),
             any_sampling=any(t > 0 for t in temps),
             any_filter=any(k > 0 for k in top_ks) or any(p < 1.0 for p in top_ps),
+            generators=generators if generators and any(g is not None for g in generators) else None,
         )
+
+    def own_generators(self) -> list[tuple[int, torch.Generator]]:
+        """(row, generator) of the rows that draw from their own generator."""
+        return [(i, g) for i, g in enumerate(self.generators or []) if g is not None]
 
 
 def target_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
@@ -77,7 +86,7 @@ def verify(
             after input j; input 0 is the last committed token, inputs 1..K the drafts).
         drafts: [B, K] draft tokens (K may be 0).
         st: sampling parameters.
-        generator: random source for sampling rows.
+        generator: random source for sampling rows (rows with their own generator in ``st`` draw from it).
 
     Returns:
         accepted [B] long: number of accepted drafts a (0..K); tokens [B, K+1] long: the emitted tokens are
@@ -93,6 +102,8 @@ def verify(
     if k > 0:
         p_draft = probs[:, :k].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)  # [B, K]
         u = torch.rand(p_draft.shape, generator=generator, device=logits.device)
+        for i, g in st.own_generators():
+            u[i] = torch.rand(k, generator=g, device=logits.device)
         accepted = (u < p_draft).long().cumprod(dim=1).sum(dim=1)  # [B]
     else:
         accepted = torch.zeros(b, dtype=torch.long, device=logits.device)
@@ -104,6 +115,8 @@ def verify(
         final[rows[rejected], bad[rejected]] = 0.0
         final = final / final.sum(dim=-1, keepdim=True).clamp_min(1e-30)
     sampled = torch.multinomial(final, 1, generator=generator)  # [B, 1]
+    for i, g in st.own_generators():
+        sampled[i] = torch.multinomial(final[i], 1, generator=g)
     if k == 0:
         return accepted, sampled
     tokens = torch.cat([drafts, sampled], dim=1)  # [B, K+1]

@@ -19,6 +19,8 @@ class SamplingParams:
         stop: strings that end the output (not included in it).
         stop_token_ids: extra token ids that end the output.
         ignore_eos: keep generating past EOS (benchmarks use it to fix output lengths).
+        seed: per-request sampling seed (the request draws from its own generator, so the same seed, prompt and
+            num_steps schedule give the same output whatever else runs), or None for the engine's shared one.
     """
 
     max_tokens: int = 256
@@ -28,6 +30,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    seed: int | None = None
 
 
 @dataclass
@@ -82,9 +85,11 @@ class RequestOutput:
         request_id: the request.
         new_token_ids: tokens emitted by this step (may be empty when only text was held back).
         text_delta: newly released text.
-        finished: whether generation ended; then ``finish_reason`` is ``stop`` or ``length`` (or ``abort``).
+        finished: whether generation ended; then ``finish_reason`` is ``stop`` or ``length`` (or ``abort``, or
+            ``error`` when the engine failed on this request: ``error`` then says why).
         num_prompt_tokens, num_output_tokens: totals so far.
         spec: the request's counters (final values once finished).
+        error: one line about the engine failure that ended the request, else None.
     """
 
     request_id: str
@@ -95,6 +100,7 @@ class RequestOutput:
     num_prompt_tokens: int
     num_output_tokens: int
     spec: SpecStats
+    error: str | None = None
 
 
 @dataclass
@@ -112,6 +118,7 @@ class Sequence:
     finish_reason: str | None = None
     spec: SpecStats = field(default_factory=SpecStats)
     detok: Any = None  # backends.local.tokenizer.IncrementalText, set by the engine
+    generator: Any = None  # torch.Generator of a seeded request, set by the engine
 
     @property
     def num_tokens(self) -> int:

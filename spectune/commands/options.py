@@ -22,6 +22,11 @@ NumPrompts = Annotated[int, typer.Option(help="Prompts sampled from the dataset 
                                          rich_help_panel=LOAD_PANEL)]
 MaxTokens = Annotated[int, typer.Option(help="Output tokens per request.", rich_help_panel=LOAD_PANEL)]
 Temperature = Annotated[float, typer.Option(help="Sampling temperature (0 = greedy).", rich_help_panel=LOAD_PANEL)]
+RequestTimeout = Annotated[float, typer.Option(help="s; one request (connect + whole stream) fails after this long.",
+                                               rich_help_panel=LOAD_PANEL)]
+WarmupTimeout = Annotated[float, typer.Option(help="s; the warm-up before each point (run) must finish within this "
+                                              "long, else it fails at once (a server that never streams).",
+                                              rich_help_panel=LOAD_PANEL)]
 
 Draft = Annotated[Optional[str], typer.Option(help="EAGLE draft head (path or name).", rich_help_panel=SERVER_PANEL)]
 Host = Annotated[str, typer.Option(help="Interface launched servers bind to.", rich_help_panel=SERVER_PANEL)]

