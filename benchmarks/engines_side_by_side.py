@@ -53,11 +53,22 @@ def f16_gguf() -> Path:
     src = llama_cpp_source_dir()
     if src is None:
         raise SystemExit("no llama.cpp tree: run `spectune llamacpp install` first")
+    import json
+    import tempfile
+
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp.gguf")
     env = {**os.environ, "PYTHONPATH": str(src / "gguf-py")}
-    subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(convert_gguf(default_model_path())),
-                    "--outtype", "f16", "--outfile", str(tmp)], check=True, env=env, capture_output=True)
+    hf = convert_gguf(default_model_path())
+    with tempfile.TemporaryDirectory() as folder:  # the converter needs config.json's "architectures"
+        for f in hf.iterdir():
+            (Path(folder) / f.name).symlink_to(f)
+        config = json.loads((hf / "config.json").read_text())
+        config["architectures"] = config.get("architectures") or ["LlamaForCausalLM"]
+        (Path(folder) / "config.json").unlink()
+        (Path(folder) / "config.json").write_text(json.dumps(config))
+        subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), folder, "--outtype", "f16",
+                        "--outfile", str(tmp)], check=True, env=env, capture_output=True, cwd=folder)
     tmp.rename(out)
     return out
 

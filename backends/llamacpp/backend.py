@@ -49,7 +49,8 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from backends.base import Acceptance, BackendOptions, SpecSnapshot, counter_acceptance, has_counters
+from backends.base import (Acceptance, BackendOptions, SpecSnapshot, counter_acceptance, has_counters,
+                           zero_steps_acceptance)
 from backends.launch import LaunchingBackend
 from backends.llamacpp.install import ServerFeatures, find_llama_server, server_features
 from backends.prometheus import scrape_snapshot
@@ -263,7 +264,7 @@ class LlamaCppBackend(LaunchingBackend):
                     acc.warning = f"{acc.warning}; {note}" if acc.warning else note
             return acc
         if self.steps == 0:
-            return Acceptance(1.0, None, [], 0.0, "config:num_steps=0")
+            return zero_steps_acceptance(records)
         if totals is not None and totals[0] > 0 and self.steps:
             drafted, accepted, found = totals
             verify = drafted / self.steps
