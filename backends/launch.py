@@ -229,6 +229,7 @@ class LaunchingBackend(Backend):
     def failure_log(self) -> str:
         """The launched server's log tail when it has exited (crashed or killed), else ""."""
         if self.server is not None and not self.server.alive():
+            self.server.wait_log(2.0)  # the copier thread writes the server's last lines after it exits
             return self.server.log_tail()
         return ""
 

@@ -71,14 +71,14 @@ def test_malformed_urls_are_named(url):
 
 
 def test_make_backend_names_and_validation(monkeypatch):
-    with pytest.raises(UserError, match="unknown backend 'tgi': use one of openai, launch, sglang, vllm, local"):
+    with pytest.raises(UserError, match="unknown backend 'tgi': use one of openai, launch, sglang, vllm, llamacpp, local"):
         make_backend("tgi", BackendOptions())
     with pytest.raises(UserError, match="--endpoint"):
         make_backend("openai", BackendOptions())
     monkeypatch.setitem(sys.modules, "backends.local.backend", None)  # as before the bundled engine exists
     with pytest.raises(UserError, match="bundled engine is not available yet"):
         make_backend("local", BackendOptions())
-    assert BACKEND_NAMES == ("openai", "launch", "sglang", "vllm", "local")
+    assert BACKEND_NAMES == ("openai", "launch", "sglang", "vllm", "llamacpp", "local")
 
 
 async def test_preflight_names_an_unreachable_endpoint():
