@@ -242,6 +242,7 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
 
     import spectune
     from backends import make_backend
+    from backends.llamacpp.settings import FORMAT as LLAMACPP_SETTINGS
     from loadgen.datasets import load_dataset
     from spectune.harness import environment
     from spectune.workload_spec import arrange_prompts
@@ -256,7 +257,7 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
     options = replace(options, max_concurrency=plan.workload.server_concurrency(), max_tokens=plan.max_tokens,
                       log_dir=folder.logs, adaptive_config=None)
     initial = max(candidates)
-    static_config = fmt == "llamacpp-settings"  # one static num_steps: the config run is a static server at K
+    static_config = fmt == LLAMACPP_SETTINGS  # one static num_steps: the config run is a static server at K
     adaptive_options = replace(options, adaptive_config=None if static_config else str(Path(plan.config).resolve()),
                                log_dir=folder.logs / "config", launch=config_launch or options.launch)
     static, adaptive = make_backend(backend_name, options), make_backend(backend_name, adaptive_options)
