@@ -12,6 +12,7 @@ import json
 import re
 import shlex
 import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -227,7 +228,13 @@ class LaunchingBackend(Backend):
         return self.server is not None and self._windows_on_server == 1
 
     def failure_log(self) -> str:
-        """The launched server's log tail when it has exited (crashed or killed), else ""."""
+        """The launched server's log tail when it has exited (crashed or killed), else "". Called when a point
+        failed: a server killed moments ago may not be reaped yet, so it gets up to 1 s to be seen as exited."""
+        if self.server is not None and self.server.proc is not None:
+            try:
+                self.server.proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                return ""  # still running: the point failed for another reason
         if self.server is not None and not self.server.alive():
             self.server.wait_log(2.0)  # the copier thread writes the server's last lines after it exits
             return self.server.log_tail()
