@@ -8,18 +8,18 @@ command line fails before anything is measured:
   ``{port}``, ``{model}``, ``{draft}``, ``{host}``, ``{adaptive_config}`` placeholders.
 - ``sglang`` / ``vllm``: launch SGLang / vLLM with the right speculative flags per num_steps (or use running
   servers given as ``options.endpoints``), with engine-specific acceptance metrics.
-- ``llamacpp``: llama.cpp's ``llama-server`` per num_steps (``backends.llamacpp``), EAGLE-3 heads as GGUF.
-- ``local``: the bundled PyTorch EAGLE engine (``backends.local``).
+- ``llamacpp``: llama.cpp's ``llama-server`` per num_steps (``spectune.backends.llamacpp``), EAGLE-3 heads as GGUF.
+- ``local``: the bundled PyTorch EAGLE engine (``spectune.backends.local``).
 
 After construction the sweep calls ``await backend.preflight(steps_list)`` once (missing endpoints or
 executables, unreachable servers and busy ports raise ``UserError``; it returns warnings to show), then the
-lifecycle of :mod:`backends.base` per point.
+lifecycle of :mod:`spectune.backends.base` per point.
 """
 
 from __future__ import annotations
 
-from backends.base import Backend, BackendOptions
-from loadgen.errors import UserError
+from spectune.backends.base import Backend, BackendOptions
+from spectune.loadgen.errors import UserError
 
 BACKEND_NAMES = ("openai", "launch", "sglang", "vllm", "llamacpp", "local")
 
@@ -27,10 +27,12 @@ BACKEND_NAMES = ("openai", "launch", "sglang", "vllm", "llamacpp", "local")
 def backend_class(name: str) -> type[Backend] | None:
     """The class of the backend called ``name`` (as in sweep.json's ``backend.backend``), or None if unknown."""
     key = (name or "").strip().lower()
-    modules = {"openai": ("backends.openai", "OpenAIBackend"), "launch": ("backends.launch", "LaunchBackend"),
-               "sglang": ("backends.sglang", "SGLangBackend"), "vllm": ("backends.vllm", "VLLMBackend"),
-               "llamacpp": ("backends.llamacpp.backend", "LlamaCppBackend"),
-               "local": ("backends.local.backend", "LocalBackend")}
+    modules = {"openai": ("spectune.backends.openai", "OpenAIBackend"),
+               "launch": ("spectune.backends.launch", "LaunchBackend"),
+               "sglang": ("spectune.backends.sglang", "SGLangBackend"),
+               "vllm": ("spectune.backends.vllm", "VLLMBackend"),
+               "llamacpp": ("spectune.backends.llamacpp.backend", "LlamaCppBackend"),
+               "local": ("spectune.backends.local.backend", "LocalBackend")}
     if key not in modules:
         return None
     import importlib
@@ -64,30 +66,30 @@ def make_backend(name: str, options: BackendOptions) -> Backend:
     if options.max_concurrency < 1:
         raise UserError(f"max concurrency must be >= 1, got {options.max_concurrency}")
     if key == "openai":
-        from backends.openai import OpenAIBackend
+        from spectune.backends.openai import OpenAIBackend
 
         return OpenAIBackend(options)
     if key == "launch":
-        from backends.launch import LaunchBackend
+        from spectune.backends.launch import LaunchBackend
 
         return LaunchBackend(options)
     if key == "sglang":
-        from backends.sglang import SGLangBackend
+        from spectune.backends.sglang import SGLangBackend
 
         return SGLangBackend(options)
     if key == "vllm":
-        from backends.vllm import VLLMBackend
+        from spectune.backends.vllm import VLLMBackend
 
         return VLLMBackend(options)
     if key == "llamacpp":
-        from backends.llamacpp.backend import LlamaCppBackend
+        from spectune.backends.llamacpp.backend import LlamaCppBackend
 
         return LlamaCppBackend(options)
     if key == "local":
         try:
-            from backends.local.backend import LocalBackend
+            from spectune.backends.local.backend import LocalBackend
         except ModuleNotFoundError as err:
-            if err.name in ("backends.local", "backends.local.backend"):
+            if err.name in ("spectune.backends.local", "spectune.backends.local.backend"):
                 raise UserError("the bundled engine is not available yet: use --backend openai, launch, sglang "
                                 "or vllm") from None
             raise

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
-from loadgen.record import RequestRecord
+from spectune.loadgen.record import RequestRecord
 
 
 @dataclass(frozen=True)
@@ -291,6 +291,12 @@ class Backend(abc.ABC):
         """
         return None
 
+    async def switches(self) -> tuple[float, str] | None:
+        """The running server's cumulative num_steps switches (an adaptive policy changing its tier) and where the
+        count came from; None (the default) when the server exposes none. ``spectune validate`` reads it at phase
+        boundaries; the difference between two readings is the window's switches."""
+        return None
+
     def acceptance(
         self, before: SpecSnapshot | None, after: SpecSnapshot | None, records: Sequence[RequestRecord]
     ) -> Acceptance:
@@ -330,13 +336,14 @@ class Backend(abc.ABC):
         :meth:`describe` result read back from sweep.json) does not tell.
 
         Reads ``draft_algorithm`` (written by launching backends), else the head's config.json or name
-        (:func:`backends.launch.eagle_version`) when the description names a ``draft``. Backends that record the
+        (:func:`spectune.backends.launch.eagle_version`) when the description names a ``draft``. Backends that record
+        the
         method under their own key override this.
         """
         if description.get("draft_algorithm"):
             return str(description["draft_algorithm"]).lower(), "sweep.json draft_algorithm"
         if description.get("draft"):
-            from backends.launch import eagle_version
+            from spectune.backends.launch import eagle_version
 
             return eagle_version(str(description["draft"]))
         return None, "unknown"

@@ -17,14 +17,14 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from backends.base import (Acceptance, Backend, BackendOptions, BackendStartError, Endpoint, SpecSnapshot,
+from spectune.backends.base import (Acceptance, Backend, BackendOptions, BackendStartError, Endpoint, SpecSnapshot,
                            has_counters, zero_steps_acceptance)
-from backends.http import HEALTH_PATHS, auth_headers, check_reachable
-from backends.openai import EndpointSet
-from backends.process import ServerProcess, free_port, port_in_use, redact_argv
-from backends.prometheus import RUNNING_GAUGES, scrape_running, scrape_snapshot
-from loadgen.errors import UserError
-from loadgen.record import RequestRecord
+from spectune.backends.http import HEALTH_PATHS, auth_headers, check_reachable
+from spectune.backends.openai import EndpointSet
+from spectune.backends.process import ServerProcess, free_port, port_in_use, redact_argv
+from spectune.backends.prometheus import RUNNING_GAUGES, scrape_running, scrape_snapshot, scrape_switches
+from spectune.loadgen.errors import UserError
+from spectune.loadgen.record import RequestRecord
 
 PLACEHOLDERS = ("steps", "draft_tokens", "port", "model", "draft", "host", "adaptive_config")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -222,6 +222,12 @@ class LaunchingBackend(Backend):
         url = self.base_url
         return None if url is None else await scrape_running(url, self.running_gauges, self.headers or None)
 
+    async def switches(self) -> tuple[float, str] | None:
+        """The ``spectune:spec_num_steps_switches_total`` counter on /metrics (the bundled engine's, and any
+        server exposing it), or None."""
+        url = self.base_url
+        return None if url is None else await scrape_switches(url, self.headers or None)
+
     def next_window(self) -> bool:
         """Count one measured window on the running server; True if it was the first since the server launched."""
         self._windows_on_server += 1
@@ -244,7 +250,8 @@ class LaunchingBackend(Backend):
         self, before: SpecSnapshot | None, after: SpecSnapshot | None, records: Sequence[RequestRecord]
     ) -> Acceptance:
         """Counter deltas from ``/metrics`` when present; else 1.0 at num_steps 0
-        (:func:`~backends.base.zero_steps_acceptance`); else the proxy (:meth:`Backend.acceptance` for both)."""
+        (:func:`~spectune.backends.base.zero_steps_acceptance`); else the proxy (:meth:`Backend.acceptance` for
+        both)."""
         self.next_window()
         if self.steps == 0 and not has_counters(before, after):
             return zero_steps_acceptance(records)

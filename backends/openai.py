@@ -3,8 +3,10 @@
 Nothing is launched or stopped. ``preflight`` checks before the sweep measures anything that every planned
 num_steps has an endpoint and that every endpoint answers. Acceptance comes from the server's spec-decode
 counters when its ``/metrics`` page has vLLM's (or spectune's) counters; else it is 1.0 at num_steps 0
-(:func:`backends.base.zero_steps_acceptance`, never the tokens-per-chunk proxy, which a server streaming several
-tokens per chunk would push above 1), and the tokens-per-chunk proxy (:func:`backends.base.chunk_proxy_acceptance`)
+(:func:`spectune.backends.base.zero_steps_acceptance`, never the tokens-per-chunk proxy, which a server streaming
+several
+tokens per chunk would push above 1), and the tokens-per-chunk proxy
+(:func:`spectune.backends.base.chunk_proxy_acceptance`)
 at K > 0. A server shared with other traffic makes counter deltas cover that traffic too.
 """
 
@@ -12,12 +14,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from backends.base import (Acceptance, Backend, BackendOptions, Endpoint, SpecSnapshot, has_counters,
+from spectune.backends.base import (Acceptance, Backend, BackendOptions, Endpoint, SpecSnapshot, has_counters,
                            zero_steps_acceptance)
-from backends.http import auth_headers, check_reachable, normalize_base_url
-from backends.prometheus import scrape_running, scrape_snapshot
-from loadgen.errors import UserError
-from loadgen.record import RequestRecord
+from spectune.backends.http import auth_headers, check_reachable, normalize_base_url
+from spectune.backends.prometheus import scrape_running, scrape_snapshot
+from spectune.loadgen.errors import UserError
+from spectune.loadgen.record import RequestRecord
 
 ALL_STEPS = -1
 
@@ -52,7 +54,7 @@ class EndpointSet:
 
     def describe(self) -> dict[str, str]:
         """JSON-friendly mapping (``"all"`` for the shared URL); credentials in URLs are masked."""
-        from backends.redact import redact_text
+        from spectune.backends.redact import redact_text
 
         return {("all" if k == ALL_STEPS else str(k)): redact_text(v) for k, v in sorted(self.urls.items())}
 

@@ -1,7 +1,7 @@
 """One launched server process: start it in its own session, wait until healthy, stop its whole group.
 
 The command runs without a shell (an argv list). Its stdout and stderr go through a pipe to a thread that redacts
-each line (:class:`backends.redact.Redactor`: the secret values of the environment and of the command line, API
+each line (:class:`spectune.backends.redact.Redactor`: the secret values of the environment and of the command line, API
 keys printed with the server's arguments, credentials in URLs) before appending it to the log file, so nothing
 the server prints about its secrets reaches the results folder. ``stop`` sends SIGTERM to the process group
 (servers such as SGLang and vLLM spawn workers), waits, then SIGKILLs what is left and waits until the port is
@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 from typing import IO, Callable
 
-from backends.base import BackendStartError
-from backends.http import HEALTH_PATHS, probe
-from backends.redact import Redactor, argv_secrets, redact_argv
-from loadgen.errors import UserError
+from spectune.backends.base import BackendStartError
+from spectune.backends.http import HEALTH_PATHS, probe
+from spectune.backends.redact import Redactor, argv_secrets, redact_argv
+from spectune.loadgen.errors import UserError
 
 __all__ = ["ServerProcess", "free_port", "port_in_use", "redact_argv", "wait_port_free", "wait_while", "OOM_PATTERNS"]
 

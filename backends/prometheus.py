@@ -12,7 +12,7 @@ counters (``vllm/v1/spec_decode/metrics.py``, registered through ``vllm/v1/metri
 
 The prefix is ``vllm:`` for vLLM and ``spectune:`` for the bundled engine. Scrapes also carry ``_created``
 samples (the counter's creation time), which are never summed. Acceptance over a window of two snapshots is
-:func:`backends.base.counter_acceptance`.
+:func:`spectune.backends.base.counter_acceptance`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Iterable
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from backends.base import SpecSnapshot
-from backends.http import get
+from spectune.backends.base import SpecSnapshot
+from spectune.backends.http import get
 
 DRAFTS = "spec_decode_num_drafts"
 DRAFT_TOKENS = "spec_decode_num_draft_tokens"
@@ -113,6 +113,24 @@ async def scrape_running(base_url: str, names: Iterable[str] = RUNNING_GAUGES, h
         return running_from_families(parse_metrics(reply.text), names)
     except ValueError:
         return None
+
+
+SWITCHES_COUNTER = "spectune:spec_num_steps_switches"
+"""The bundled engine's counter of adaptive num_steps tier changes (``backends/local/metrics.py``)."""
+
+
+async def scrape_switches(base_url: str, headers: dict[str, str] | None = None,
+                          timeout_s: float = 5.0) -> tuple[float, str] | None:
+    """GET ``{base_url}/metrics`` and read :data:`SWITCHES_COUNTER` (summed over labels): (switches, its name), or
+    None when there is no page, it does not parse, or the counter is absent."""
+    reply = await get(base_url + "/metrics", timeout_s, headers)
+    if reply.status != 200:
+        return None
+    try:
+        value = sum_counter(parse_metrics(reply.text), SWITCHES_COUNTER)
+    except ValueError:
+        return None
+    return None if value is None else (float(value), SWITCHES_COUNTER + "_total")
 
 
 def snapshot_from_text(text: str, prefix: str = "vllm:", taken_at: float | None = None) -> SpecSnapshot:

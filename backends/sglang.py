@@ -42,12 +42,13 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from backends.base import Acceptance, BackendOptions, SpecSnapshot, chunk_proxy_acceptance, zero_steps_acceptance
-from backends.http import get
-from backends.launch import LaunchingBackend, eagle_version
-from backends.prometheus import gauge_values, parse_metrics
-from loadgen.errors import UserError
-from loadgen.record import RequestRecord
+from spectune.backends.base import (Acceptance, BackendOptions, SpecSnapshot, chunk_proxy_acceptance,
+                                    zero_steps_acceptance)
+from spectune.backends.http import get
+from spectune.backends.launch import LaunchingBackend, eagle_version
+from spectune.backends.prometheus import gauge_values, parse_metrics
+from spectune.loadgen.errors import UserError
+from spectune.loadgen.record import RequestRecord
 
 #: SGLang's running-request cap with EAGLE when --max-running-requests is unset (server_args.py).
 SGLANG_SPEC_MAX_RUNNING = 48
@@ -181,6 +182,10 @@ ADAPTIVE_RATE_WARNING = ("no acceptance rate: SGLang charges every verify of an 
                          "drafts (spec_verify_ct x (speculative_num_draft_tokens - 1)), whatever tier ran it")
 
 
+SWITCH_LOG_LINE = "Adaptive spec params updated"
+"""What SGLang logs on every tier change (python/sglang/srt/speculative/adaptive_spec_params.py,
+``_apply_target_steps``)."""
+
 class SGLangBackend(LaunchingBackend):
     """SGLang servers with static EAGLE/EAGLE3 settings per num_steps (see module docstring).
 
@@ -202,7 +207,7 @@ class SGLangBackend(LaunchingBackend):
         self.candidate_union: tuple[int, ...] = ()
         self.remote_adaptive: bool | None = None  # what a running server's /server_info said, when read
         if options.adaptive_config:
-            from backends.adaptive import AdaptiveConfig, load_config_file
+            from spectune.backends.adaptive import AdaptiveConfig, load_config_file
 
             config = load_config_file(options.adaptive_config)
             if not isinstance(config, AdaptiveConfig):
@@ -292,6 +297,17 @@ class SGLangBackend(LaunchingBackend):
             elif k > 0 and steps is not None and int(steps) != k:
                 warnings.append(f"{url} (num_steps {k}) reports speculative_num_steps {steps}")
         return warnings
+
+    async def switches(self) -> tuple[float, str] | None:
+        """The switches counter when the server has one (:meth:`LaunchingBackend.switches`), else the
+        :data:`SWITCH_LOG_LINE` lines in the log of the server spectune launched (SGLang has no such metric)."""
+        found = await super().switches()
+        if found is not None:
+            return found
+        if self.server is not None and Path(self.server.log_path).is_file():
+            text = Path(self.server.log_path).read_text(encoding="utf-8", errors="replace")
+            return float(text.count(SWITCH_LOG_LINE)), "sglang:server log"
+        return None
 
     async def snapshot(self) -> SpecSnapshot | None:
         """``/server_info`` average accept length and the ``sglang:spec_accept_length`` gauge, now."""

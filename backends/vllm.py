@@ -30,10 +30,12 @@ Acceptance, best first:
    The ``/metrics`` deltas of 2 are kept as a cross-check (they reconcile with the per-request sums, same doc).
 2. the V1 spec-decode counters on ``/metrics`` (``vllm/v1/spec_decode/metrics.py``), as deltas over the window:
    acceptance length = 1 + d(accepted) / d(drafts), rate = d(accepted) / d(draft tokens), per position =
-   d(accepted_per_pos[i]) / d(drafts), summed over engines (:mod:`backends.prometheus`). A counter that went down or
-   a new process start time (server restart) is handled by :func:`backends.base.counter_acceptance` (after-values
+   d(accepted_per_pos[i]) / d(drafts), summed over engines (:mod:`spectune.backends.prometheus`). A counter that went
+   down or
+   a new process start time (server restart) is handled by :func:`spectune.backends.base.counter_acceptance`
+   (after-values
    used, with a warning); without counters: 1.0 at num_steps 0, else the tokens-per-chunk proxy
-   (:meth:`backends.launch.LaunchingBackend.acceptance`).
+   (:meth:`spectune.backends.launch.LaunchingBackend.acceptance`).
 
 Running batch size: the ``vllm:num_requests_running`` gauge (summed over engines).
 """
@@ -46,12 +48,12 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from backends.base import (Acceptance, BackendOptions, SpecSnapshot, counter_acceptance, has_counters,
+from spectune.backends.base import (Acceptance, BackendOptions, SpecSnapshot, counter_acceptance, has_counters,
                            join_warnings)
-from backends.launch import LaunchingBackend, eagle_version
-from backends.prometheus import parse_metrics, scrape_snapshot
-from loadgen.errors import UserError
-from loadgen.record import RequestRecord
+from spectune.backends.launch import LaunchingBackend, eagle_version
+from spectune.backends.prometheus import parse_metrics, scrape_snapshot
+from spectune.loadgen.errors import UserError
+from spectune.loadgen.record import RequestRecord
 
 GIB = 1 << 30
 VLLM_SMALL_MAX_NUM_SEQS, VLLM_LARGE_MAX_NUM_SEQS = 256, 1024
@@ -253,7 +255,7 @@ class VLLMBackend(LaunchingBackend):
         self.data_parallel_size = data_parallel_size(options.server_args)
         self.schedule = None
         if options.adaptive_config:
-            from backends.adaptive import VllmSchedule, load_config_file
+            from spectune.backends.adaptive import VllmSchedule, load_config_file
 
             self.schedule = load_config_file(options.adaptive_config)
             if not isinstance(self.schedule, VllmSchedule):
@@ -345,7 +347,7 @@ class VLLMBackend(LaunchingBackend):
     async def remote_checks(self, steps_list: Sequence[int]) -> list[str]:
         """Warn when a running server used for K > 0 has no /metrics page or no spec-decode counters, and when its
         /metrics shows several engines (data parallelism: :meth:`data_parallel_warning`)."""
-        from backends.http import get
+        from spectune.backends.http import get
 
         warnings = []
         urls = sorted({self.remote.url_for(k) for k in steps_list if k > 0}) if self.remote else []

@@ -29,7 +29,7 @@ class ClosedLoop:
     """Keeps ``concurrency`` requests in an engine; counts the output tokens it emits."""
 
     def __init__(self, engine, prompts: list[list[int]], concurrency: int, max_tokens: int) -> None:
-        from backends.local.sequence import SamplingParams
+        from spectune.backends.local.sequence import SamplingParams
 
         self.engine, self.prompts, self.params = engine, prompts, SamplingParams(max_tokens=max_tokens,
                                                                                 temperature=0.0)
@@ -72,8 +72,8 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from backends.local.build import EngineOptions, build_engine
-    from loadgen.datasets import load_dataset
+    from spectune.backends.local.build import EngineOptions, build_engine
+    from spectune.loadgen.datasets import load_dataset
 
     config = args.config
     if config is None:

@@ -63,8 +63,8 @@ def hf_decode_tok_s(folder, prompts: list[list[int]], batch: int, repeats: int) 
 
 
 def engine_tok_s(prompts: list[list[int]], batch: int, k: int, repeats: int, decode_only: bool) -> float:
-    from backends.local.build import EngineOptions, build_engine
-    from backends.local.sequence import SamplingParams
+    from spectune.backends.local.build import EngineOptions, build_engine
+    from spectune.backends.local.sequence import SamplingParams
 
     engine = build_engine(EngineOptions(num_steps=k, draft=None if k else "none", dtype="bfloat16",
                                         max_num_seqs=batch, max_model_len=512, kv_cache_gb=1.0))
@@ -82,10 +82,10 @@ def engine_tok_s(prompts: list[list[int]], batch: int, k: int, repeats: int, dec
 
 def cuda_roofline_percent(repeats: int) -> str:
     """Batch-1 decode of a random Llama-3.1-8B-shaped bf16 model on CUDA as % of the HBM roofline."""
-    from backends.local.attention import AttnMeta
-    from backends.local.config import ModelConfig
-    from backends.local.kv_cache import KVCache
-    from backends.local.model import TargetModel
+    from spectune.backends.local.attention import AttnMeta
+    from spectune.backends.local.config import ModelConfig
+    from spectune.backends.local.kv_cache import KVCache
+    from spectune.backends.local.model import TargetModel
 
     cfg = ModelConfig(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                       num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=500000.0,
@@ -103,7 +103,7 @@ def cuda_roofline_percent(repeats: int) -> str:
     torch.cuda.synchronize()
     copy_bw = 2 * src.numel() * 10 / (time.perf_counter() - t)  # read + write bytes/s
     cache = KVCache(cfg.num_layers, 1, 2048, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, "cuda")
-    from backends.local.cuda_graphs import GraphRunner
+    from spectune.backends.local.cuda_graphs import GraphRunner
 
     graphs = GraphRunner(num_slots=1, max_len=2048, capture=True)
 
@@ -140,8 +140,8 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from backends.local.tokenizer import Tokenizer
-    from backends.local.weights import convert_gguf, default_model_path
+    from spectune.backends.local.tokenizer import Tokenizer
+    from spectune.backends.local.weights import convert_gguf, default_model_path
 
     folder = convert_gguf(default_model_path())
     tok = Tokenizer(folder)

@@ -44,8 +44,8 @@ def f16_gguf() -> Path:
     import os
     import sys
 
-    from backends.llamacpp.install import cache_root, llama_cpp_source_dir
-    from backends.local.weights import convert_gguf, default_model_path
+    from spectune.backends.llamacpp.install import cache_root, llama_cpp_source_dir
+    from spectune.backends.local.weights import convert_gguf, default_model_path
 
     out = cache_root() / "llamacpp-models" / "SmolLM2-135M-Instruct.from-Q4_1.F16.gguf"
     if out.is_file():
@@ -76,8 +76,8 @@ def f16_gguf() -> Path:
 async def measure(backend: Any, steps: int, conc: int, prompts: list, n: int, max_tokens: int) -> dict[str, Any]:
     """One window on ``backend`` at num_steps ``steps`` and concurrency ``conc``: warm-up, snapshots, ``n``
     requests; returns tokens/s, TPOT p50 (ms) and acceptance length."""
-    from loadgen import ClientConfig, ClosedLoop, Constraints, StreamingClient, compute_metrics, run_point
-    from loadgen.runner import warmup_prompt
+    from spectune.loadgen import ClientConfig, ClosedLoop, Constraints, StreamingClient, compute_metrics, run_point
+    from spectune.loadgen.runner import warmup_prompt
 
     endpoint = await backend.start(steps)
     config = ClientConfig(endpoint.base_url, model=None, max_tokens=max_tokens, temperature=0.0,
@@ -99,9 +99,9 @@ async def run(args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from backends import make_backend
-    from backends.base import BackendOptions
-    from loadgen.datasets import load_dataset
+    from spectune.backends import make_backend
+    from spectune.backends.base import BackendOptions
+    from spectune.loadgen.datasets import load_dataset
 
     steps = [int(x) for x in args.steps.split(",")]
     concs = [int(x) for x in args.concurrency.split(",")]

@@ -8,7 +8,8 @@ Linux; ``time.perf_counter`` reads the same clock), so the client's per-chunk la
 
 The client process is pinned to one core and runs closed loops of 64 and 256 streams with long outputs, twice:
 
-- ``loadgen``: :func:`loadgen.run_point` with :class:`loadgen.StreamingClient` (SSE parsing, one json.loads per
+- ``loadgen``: :func:`spectune.loadgen.run_point` with :class:`spectune.loadgen.StreamingClient` (SSE parsing, one
+json.loads per
   event, usage deltas, records), i.e. exactly what ``spectune sweep`` runs;
 - ``baseline``: a minimal raw aiohttp reader in the same process that only counts events per read
   (``bytes.count``) and pulls the stamps out with one regex per read, no JSON parsing.
@@ -91,8 +92,8 @@ async def cpu_window(t0: float, warm: float, seconds: float) -> tuple[float, flo
 
 async def run_loadgen(url: str, streams: int, seconds: float, chunks: int, warm: float):
     """Closed loop through loadgen; returns arrays of chunk times, tokens and lags, and the CPU window."""
-    from loadgen import ClientConfig, ClosedLoop, Constraints, StreamingClient, run_point
-    from loadgen.datasets import user_prompt
+    from spectune.loadgen import ClientConfig, ClosedLoop, Constraints, StreamingClient, run_point
+    from spectune.loadgen.datasets import user_prompt
 
     prompts = [user_prompt(str(i), None, "hello " * 20) for i in range(16)]
     async with StreamingClient(ClientConfig(url, model="m", max_tokens=chunks)) as client:
@@ -155,8 +156,8 @@ def hot_loop_cost(events: int = 100_000) -> list[tuple[int, float, float]]:
     Feeds pre-built reads to :meth:`StreamingClient._read_stream` (SSE split, json, usage delta, timestamps) and to
     the baseline's per-read work (count + stamp regex).
     """
-    from loadgen import ClientConfig, StreamingClient
-    from loadgen.record import RequestRecord
+    from spectune.loadgen import ClientConfig, StreamingClient
+    from spectune.loadgen.record import RequestRecord
 
     event = (b'data: {"id":"chatcmpl-0","object":"chat.completion.chunk","created":0,"model":"m","choices":[{"index"'
              b':0,"delta":{"content":"12345.678901;"},"logprobs":null,"finish_reason":null}],"usage":{"prompt_tokens"'

@@ -35,9 +35,9 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from backends.local.build import EngineOptions, build_engine
-    from backends.local.sequence import SamplingParams
-    from loadgen.datasets import load_dataset
+    from spectune.backends.local.build import EngineOptions, build_engine
+    from spectune.backends.local.sequence import SamplingParams
+    from spectune.loadgen.datasets import load_dataset
 
     engine = build_engine(EngineOptions(num_steps=0, num_steps_capacity=max(steps), dtype="bfloat16",
                                         max_num_seqs=1, max_model_len=2048, kv_cache_gb=1.0))

@@ -2,7 +2,8 @@
 
 Never imports ``spectune`` or ``backends``. The sweep drives one point like this::
 
-    from loadgen import ClientConfig, ClosedLoop, Constraints, StreamingClient, compute_metrics, load_dataset, run_point
+    from spectune.loadgen import (ClientConfig, ClosedLoop, Constraints, StreamingClient, compute_metrics, load_dataset,
+                                  run_point)
 
     prompts = load_dataset("mt-bench", num_prompts=80, seed=0)
     async with StreamingClient(ClientConfig(endpoint.base_url, model=endpoint.model, max_tokens=256)) as client:
@@ -19,26 +20,27 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from loadgen.errors import UserError
+from spectune.loadgen.errors import UserError
 
 _EXPORTS = {
-    "RequestRecord": "loadgen.record",
-    "Prompt": "loadgen.datasets",
-    "load_dataset": "loadgen.datasets",
-    "DATASET_NAMES": "loadgen.datasets",
-    "ClientConfig": "loadgen.client",
-    "StreamingClient": "loadgen.client",
-    "Strategy": "loadgen.strategy",
-    "ClosedLoop": "loadgen.strategy",
-    "OpenLoop": "loadgen.strategy",
-    "Phase": "loadgen.strategy",
-    "Phased": "loadgen.strategy",
-    "Constraints": "loadgen.constraints",
-    "PointResult": "loadgen.runner",
-    "run_point": "loadgen.runner",
-    "METRIC_COLUMNS": "loadgen.metrics",
-    "compute_metrics": "loadgen.metrics",
-    "per_category": "loadgen.metrics",
+    "RequestRecord": "spectune.loadgen.record",
+    "Prompt": "spectune.loadgen.datasets",
+    "load_dataset": "spectune.loadgen.datasets",
+    "DATASET_NAMES": "spectune.loadgen.datasets",
+    "ClientConfig": "spectune.loadgen.client",
+    "StreamingClient": "spectune.loadgen.client",
+    "Strategy": "spectune.loadgen.strategy",
+    "ClosedLoop": "spectune.loadgen.strategy",
+    "OpenLoop": "spectune.loadgen.strategy",
+    "Phase": "spectune.loadgen.strategy",
+    "Phased": "spectune.loadgen.strategy",
+    "TraceArrivals": "spectune.loadgen.strategy",
+    "Constraints": "spectune.loadgen.constraints",
+    "PointResult": "spectune.loadgen.runner",
+    "run_point": "spectune.loadgen.runner",
+    "METRIC_COLUMNS": "spectune.loadgen.metrics",
+    "compute_metrics": "spectune.loadgen.metrics",
+    "per_category": "spectune.loadgen.metrics",
 }
 
 __all__ = ["UserError", *_EXPORTS]

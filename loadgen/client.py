@@ -28,10 +28,10 @@ from typing import Any
 
 import aiohttp
 
-from loadgen.datasets import Prompt
-from loadgen.errors import UserError
-from loadgen.record import RequestRecord
-from loadgen.sse import SSEParser
+from spectune.loadgen.datasets import Prompt
+from spectune.loadgen.errors import UserError
+from spectune.loadgen.record import RequestRecord
+from spectune.loadgen.sse import SSEParser
 
 __all__ = ["ClientConfig", "StreamingClient"]
 

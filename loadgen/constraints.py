@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loadgen.errors import UserError
+from spectune.loadgen.errors import UserError
 
 __all__ = ["Constraints", "RunState"]
 

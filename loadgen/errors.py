@@ -1,7 +1,7 @@
 """The one exception type for user errors, shared by every spectune package.
 
 It lives in ``loadgen`` (the lowest layer) so that ``backends`` and ``spectune`` can raise it without importing
-upwards; ``spectune.errors`` re-exports it. Only the CLI edge (``spectune.cli.main``) catches it: it prints the
+upwards; Only the CLI edge (``spectune.cli.main``) catches it: it prints the
 message on one line and exits with ``exit_code``.
 """
 

@@ -1,6 +1,7 @@
 """Per-point metrics from request records: the latency/throughput/SLO columns of ``docs/results-format.md``.
 
-Definitions (per request in :mod:`loadgen.record`) follow vLLM's ``benchmarks/serve.py``, with ITL corrected for
+Definitions (per request in :mod:`spectune.loadgen.record`) follow vLLM's ``benchmarks/serve.py``, with ITL corrected
+for
 multi-token chunks: the per-token ITL spreads each chunk gap over the chunk's tokens; the per-chunk gap is what
 vLLM calls ITL. Latency metrics are over successful requests (no error, at least one output chunk); throughputs
 divide by the measurement window (first measured send to last measured end). Percentiles use
@@ -25,20 +26,25 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from loadgen.record import RequestRecord
+from spectune.loadgen.record import RequestRecord
 
-__all__ = ["METRIC_COLUMNS", "compute_metrics", "per_category", "slo_met"]
+__all__ = ["METRIC_COLUMNS", "SLO_CLIENT_COLUMNS", "STREAM_COLUMNS", "compute_metrics", "per_category", "slo_met"]
 
 _LAT = ("mean", "p50", "p90", "p99")
-METRIC_COLUMNS: tuple[str, ...] = (
+STREAM_COLUMNS: tuple[str, ...] = (
     "num_requests", "num_failed", "duration_s", "achieved_concurrency", "request_throughput_req_s",
     "output_throughput_tok_s", "total_output_tokens",
     *(f"ttft_{s}_ms" for s in _LAT), *(f"tpot_{s}_ms" for s in _LAT), *(f"itl_{s}_ms" for s in _LAT),
-    "chunk_itl_p50_ms", "chunk_itl_p99_ms", *(f"e2el_{s}_ms" for s in _LAT),
-    "mean_tokens_per_chunk", "slo_attainment", "goodput_req_s", "token_count_source",
+    "chunk_itl_p50_ms", "chunk_itl_p99_ms", *(f"e2el_{s}_ms" for s in _LAT), "mean_tokens_per_chunk",
+)
+"""Keys of :func:`compute_metrics`'s result measured from the streams: counts, throughput, latency percentiles."""
+SLO_CLIENT_COLUMNS: tuple[str, ...] = (
+    "slo_attainment", "goodput_req_s", "token_count_source",
     "dispatch_delay_p50_ms", "dispatch_delay_p90_ms", "dispatch_delay_max_ms", "client_cpu_share", "client_limited",
 )
-"""Keys of :func:`compute_metrics`'s result, in summary.csv order (the acceptance columns excluded)."""
+"""Keys of :func:`compute_metrics`'s result about SLOs, token counting and the load generator's own load."""
+METRIC_COLUMNS: tuple[str, ...] = (*STREAM_COLUMNS, *SLO_CLIENT_COLUMNS)
+"""Every key of :func:`compute_metrics`'s result; summary.csv's order is :mod:`spectune.results.schema`'s."""
 
 _SOURCE_RANK = {"usage": 0, "tokenizer": 1, "chunks": 2}
 CPU_SHARE_LIMIT = 0.9

@@ -1,7 +1,9 @@
 """The sending loop: runs one sweep point (warm-up, then measured requests) under a strategy and constraints.
 
-The strategy says when to send (:mod:`loadgen.strategy`), the constraints when to stop (:mod:`loadgen.constraints`),
-the client how (:mod:`loadgen.client`). Sending decisions are made synchronously in :meth:`_Run._pump`, called at
+The strategy says when to send (:mod:`spectune.loadgen.strategy`), the constraints when to stop
+(:mod:`spectune.loadgen.constraints`),
+the client how (:mod:`spectune.loadgen.client`). Sending decisions are made synchronously in :meth:`_Run._pump`, called
+at
 start, whenever a request finishes (so a closed loop refills its slot at once) and when a timer fires (next
 open-loop arrival, phase boundary, duration deadline).
 
@@ -19,15 +21,15 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Awaitable, Callable
 
 import numpy as np
 
-from loadgen.client import StreamingClient
-from loadgen.constraints import Constraints, RunState
-from loadgen.datasets import Prompt
-from loadgen.record import RequestRecord
-from loadgen.strategy import ClosedLoop, Strategy
+from spectune.loadgen.client import StreamingClient
+from spectune.loadgen.constraints import Constraints, RunState
+from spectune.loadgen.datasets import Prompt
+from spectune.loadgen.record import RequestRecord
+from spectune.loadgen.strategy import ClosedLoop, Strategy
 
 __all__ = ["PointResult", "run_point", "time_average"]
 
@@ -42,7 +44,8 @@ class PointResult:
         window_start: s; first measured send (min ``send_time``), or None without records.
         window_end: s; last measured end (max ``end_time``), or None.
         achieved_concurrency: requests; time-average of requests in flight over the window, or None.
-        stop_reason: ``"max_requests"``, ``"max_duration"`` or ``"max_failures"``.
+        stop_reason: ``"max_requests"``, ``"max_duration"``, ``"max_failures"``, or ``"warmup_timeout"`` when the
+            warm-up did not finish in time (nothing measured).
         warmup_records: the warm-up requests (for diagnostics: a failing warm-up means a broken server).
         client_cpu_share: CPU seconds of the client's event-loop thread per wall second of the measured run (0..1;
             near 1 the client itself is the bottleneck), or None.
@@ -72,6 +75,11 @@ async def run_point(
     constraints: Constraints,
     warmup_requests: int = 0,
     on_record: Callable[[RequestRecord], None] | None = None,
+    *,
+    warmup_concurrency: int | None = None,
+    warmup_timeout_s: float | None = None,
+    after_warmup: Callable[[], Awaitable[None]] | None = None,
+    on_start: Callable[[float], None] | None = None,
 ) -> PointResult:
     """Run ``warmup_requests`` warm-up requests, wait for them, then the measured requests.
 
@@ -85,6 +93,13 @@ async def run_point(
         warmup_requests: requests sent first (at the strategy's warm-up concurrency) and excluded.
         on_record: called with each finished measured record, at once (the sweep appends it to requests.jsonl).
             An exception from it stops the point and propagates.
+        warmup_concurrency: warm-up requests in flight at most (None: the strategy's ``warmup_concurrency()``).
+        warmup_timeout_s: s; when the warm-up has not finished by then its requests are cancelled and nothing is
+            measured (``stop_reason`` ``"warmup_timeout"``, no records): the server accepts requests but does not
+            answer them. None waits as long as it takes.
+        after_warmup: awaited after the warm-up and before the measured run (counter snapshots go here).
+        on_start: called with the measured run's start time ``t0`` (perf_counter s; what phase boundaries and
+            trace offsets count from), once, before the first measured request is sent.
 
     Returns:
         The :class:`PointResult`.
@@ -94,10 +109,17 @@ async def run_point(
     warmup: list[RequestRecord] = []
     if warmup_requests > 0:
         w_prompts = [warmup_prompt(prompts[k % len(prompts)], k) for k in range(warmup_requests)]
-        w_strategy = ClosedLoop(max(1, min(warmup_requests, strategy.warmup_concurrency())))
+        width = strategy.warmup_concurrency() if warmup_concurrency is None else warmup_concurrency
+        w_strategy = ClosedLoop(max(1, min(warmup_requests, width)))
         w_constraints = Constraints(max_requests=warmup_requests, drain_timeout_s=constraints.drain_timeout_s)
-        warmup = (await _Run(client, w_prompts, w_strategy, w_constraints, None, "warmup-").run()).records
-    run = _Run(client, prompts, strategy, constraints, on_record, "r")
+        try:
+            warm = _Run(client, w_prompts, w_strategy, w_constraints, None, "warmup-").run()
+            warmup = (await asyncio.wait_for(warm, warmup_timeout_s)).records
+        except asyncio.TimeoutError:
+            return PointResult([], time.perf_counter(), None, None, None, "warmup_timeout")
+    if after_warmup is not None:
+        await after_warmup()
+    run = _Run(client, prompts, strategy, constraints, on_record, "r", on_start)
     await run.run()
     recs = run.records
     start = min((r.send_time for r in recs), default=None)
@@ -130,9 +152,10 @@ class _Run:
     """State of one run: requests in flight, counters, and the in-flight change log for achieved concurrency."""
 
     def __init__(self, client: StreamingClient, prompts: list[Prompt], strategy: Strategy,
-                 constraints: Constraints, on_record: Callable[[RequestRecord], None] | None, prefix: str) -> None:
+                 constraints: Constraints, on_record: Callable[[RequestRecord], None] | None, prefix: str,
+                 on_start: Callable[[float], None] | None = None) -> None:
         self.client, self.prompts, self.strategy, self.constraints = client, prompts, strategy, constraints
-        self.on_record, self.prefix = on_record, prefix
+        self.on_record, self.prefix, self.on_start = on_record, prefix, on_start
         self.state = RunState()
         self.inflight: dict[asyncio.Task, RequestRecord] = {}
         self.records: list[RequestRecord] = []
@@ -149,6 +172,8 @@ class _Run:
         self.t0 = time.perf_counter()
         cpu0 = time.thread_time()
         self.strategy.start(self.t0)
+        if self.on_start is not None:
+            self.on_start(self.t0)
         deadline = self.constraints.deadline(self.t0)
         timer: asyncio.TimerHandle | None = None
         try:

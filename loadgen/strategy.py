@@ -13,7 +13,8 @@ boundary), so it can sleep until then.
 Open-loop arrivals follow a gamma renewal process as in vLLM's ``benchmarks/serve.py`` (``--burstiness``):
 inter-arrival times ~ Gamma(shape = burstiness, scale = 1 / (rate * burstiness)), mean 1 / rate; burstiness 1 is a
 Poisson process, < 1 burstier, > 1 more regular. Unlike vLLM, the sampled times are not rescaled to make the total
-span exactly num_requests / rate. The first arrival is at the start.
+span exactly num_requests / rate. The first arrival is at the start. :class:`TraceArrivals` replays recorded send
+offsets instead (a production arrival trace).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
-__all__ = ["Strategy", "ClosedLoop", "OpenLoop", "Phase", "Phased"]
+__all__ = ["Strategy", "ClosedLoop", "OpenLoop", "Phase", "Phased", "TraceArrivals"]
 
 
 class Strategy(ABC):
@@ -207,3 +209,33 @@ class Phased(Strategy):
     def warmup_concurrency(self) -> int:
         first = self.phases[0]
         return first.concurrency or first.max_concurrency or 1
+
+
+class TraceArrivals(Strategy):
+    """Trace replay: sends at recorded offsets (s after the run's start, ascending), at most ``max_concurrency``
+    in flight (None: no cap); an arrival that finds the cap reached waits for a free slot.
+
+    Raises:
+        ValueError: no offsets.
+    """
+
+    def __init__(self, offsets_s: Sequence[float], max_concurrency: int | None = None) -> None:
+        if not offsets_s:
+            raise ValueError("an arrival trace needs at least one arrival")
+        self.offsets, self.cap = list(offsets_s), max_concurrency
+        self.t0, self.i = 0.0, 0
+
+    def start(self, t0: float) -> None:
+        self.t0, self.i = t0, 0
+
+    def next_arrival(self, now: float) -> float | None:
+        return self.t0 + self.offsets[min(self.i, len(self.offsets) - 1)]
+
+    def consume(self) -> None:
+        self.i += 1
+
+    def limit(self, now: float) -> int | None:
+        return self.cap
+
+    def warmup_concurrency(self) -> int:
+        return min(self.cap or 1, 4)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.adaptive import parse_sglang_adaptive_config, parse_vllm_speculative_config
-from engine_fixtures import bundled_head_available
+from spectune.backends.adaptive import parse_sglang_adaptive_config, parse_vllm_speculative_config
+from helpers.engine import bundled_head_available
 
 pytestmark = pytest.mark.skipif(not bundled_head_available(), reason="the bundled SmolLM2 head is not installed")
 
@@ -25,7 +25,9 @@ def test_default_pair_sweep_then_recommend(tmp_path: Path) -> None:
            "--num-prompts", "8", "--max-tokens", "32", "--output-dir", str(out)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "K=0" in run.stdout and "K=3" in run.stdout and "concurrency" in run.stdout
+    assert "K=0" in run.stdout
+    assert "K=3" in run.stdout
+    assert "concurrency" in run.stdout
     rows = list(csv.DictReader((out / "summary.csv").open()))
     assert {(r["steps"], r["concurrency"]) for r in rows} == {("0", "1"), ("0", "4"), ("3", "1"), ("3", "4")}
     assert all(r["status"] == "ok" and r["num_failed"] == "0" for r in rows)
@@ -37,7 +39,8 @@ def test_default_pair_sweep_then_recommend(tmp_path: Path) -> None:
         assert 1.3 < float(spec["acceptance_length"]) <= 4.0  # the trained head's drafts are accepted
         assert float(spec["output_throughput_tok_s"]) > 0
     sweep = json.loads((out / "sweep.json").read_text())
-    assert sweep["backend"]["backend"] == "local" and sweep["plan"]["dataset"] == "mt-bench"
+    assert sweep["backend"]["backend"] == "local"
+    assert sweep["plan"]["dataset"] == "mt-bench"
     n_requests = sum(1 for _ in (out / "requests.jsonl").open())
     assert n_requests == sum(int(r["num_requests"]) for r in rows)
 

@@ -12,10 +12,11 @@ What spectune checks beyond SGLang, always: a slot is an object; parameters have
 numbers); no two keys name the same slot (``"8"`` and ``"08"``). With ``strict=True`` (the default) also: no
 unknown keys (SGLang ignores them, so a typo such as ``candidate_step`` or ``down_hysterisis`` would silently change
 behaviour), the smallest slot is ``"1"`` (SGLang's router sends smaller batch sizes to the smallest slot anyway),
-slot keys are positive and written canonically (no leading zeros, no "0"), ``ema_alpha`` > 0 and ``ceiling_coeff`` >= 0. With
+slot keys are positive and written canonically (no leading zeros, no "0"), ``ema_alpha`` > 0 and ``ceiling_coeff`` >=
+0. With
 ``strict=False`` those become entries in :attr:`AdaptiveConfig.warnings`, accepting everything SGLang accepts.
 
-vLLM schedules are parsed in :mod:`backends.adaptive.schedule` (re-exported here): ``parse_vllm_schedule``,
+vLLM schedules are parsed in :mod:`spectune.backends.adaptive.schedule` (re-exported here): ``parse_vllm_schedule``,
 ``parse_vllm_speculative_config``, ``VllmSchedule``; :func:`parse_any_config` and :func:`load_config_file` detect
 which format a file holds.
 
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backends.adaptive.schedule import (  # re-exported: config.py is the one place to import formats from
+from spectune.backends.adaptive.schedule import (  # re-exported: config.py is the one place to import formats from
     VllmRange,
     VllmSchedule,
     parse_vllm_schedule,
@@ -124,7 +125,7 @@ class AdaptiveConfig:
         Source: ``python/sglang/srt/arg_groups/speculative_hook.py``, ``_init_adaptive_speculative_params``
         (``candidate_steps[len(candidate_steps) // 2]``); a given ``--speculative-num-steps`` outside that union is
         a start-up ``ValueError`` there. Each slot then starts at this value when it is one of its candidates, else
-        at its own middle candidate (:class:`backends.adaptive.policy.AdaptivePolicy`).
+        at its own middle candidate (:class:`spectune.backends.adaptive.policy.AdaptivePolicy`).
         """
         union = self.candidate_steps
         return union[len(union) // 2]
@@ -279,7 +280,7 @@ def load_config_file(path: str | Path, *, strict: bool = True) -> AdaptiveConfig
     Raises:
         loadgen.errors.UserError: missing/unreadable file, bad JSON or an invalid config (one line, with the path).
     """
-    from loadgen.errors import UserError
+    from spectune.loadgen.errors import UserError
 
     p = Path(path)
     try:

@@ -30,8 +30,8 @@ import math
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from backends.adaptive.config import AdaptiveConfig, SlotConfig, VllmSchedule
-from backends.adaptive.schedule import SchedulePolicy
+from spectune.backends.adaptive.config import AdaptiveConfig, SlotConfig, VllmSchedule
+from spectune.backends.adaptive.schedule import SchedulePolicy
 
 
 class NumStepsPolicy(Protocol):

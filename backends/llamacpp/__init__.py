@@ -1,3 +1,3 @@
-"""llama.cpp: the ``llamacpp`` sweep backend (:mod:`backends.llamacpp.backend`), finding or building
-``llama-server`` (:mod:`backends.llamacpp.install`) and writing EAGLE-3 heads as GGUF files
-(:mod:`backends.llamacpp.head_gguf`)."""
+"""llama.cpp: the ``llamacpp`` sweep backend (:mod:`spectune.backends.llamacpp.backend`), finding or building
+``llama-server`` (:mod:`spectune.backends.llamacpp.install`) and writing EAGLE-3 heads as GGUF files
+(:mod:`spectune.backends.llamacpp.head_gguf`)."""

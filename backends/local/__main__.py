@@ -1,4 +1,5 @@
-"""``python -m backends.local``: run the bundled server from a JSON EngineOptions (what the ``local`` sweep backend
+"""``python -m spectune.backends.local``: run the bundled server from a JSON EngineOptions (what the ``local`` sweep
+backend
 launches; users run ``spectune serve``)."""
 
 from __future__ import annotations
@@ -8,14 +9,14 @@ import json
 import os
 import sys
 
-from loadgen.errors import UserError
+from spectune.loadgen.errors import UserError
 
 
 def main(argv: list[str] | None = None) -> None:
     """Parse ``--options JSON --host H --port P [--model-name N] [--api-key-env NAME] [--metrics-without-key]`` and
     serve until killed. The API key is read from the environment variable named by ``--api-key-env`` (never from
     the command line, which other users of the machine can read)."""
-    parser = argparse.ArgumentParser(prog="python -m backends.local")
+    parser = argparse.ArgumentParser(prog="python -m spectune.backends.local")
     parser.add_argument("--options", required=True, help="EngineOptions as a JSON object")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
@@ -23,8 +24,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--api-key-env", default=None)
     parser.add_argument("--metrics-without-key", action="store_true")
     args = parser.parse_args(argv)
-    from backends.local.build import EngineOptions, build_engine
-    from backends.local.server import serve
+    from spectune.backends.local.build import EngineOptions, build_engine
+    from spectune.backends.local.server import serve
 
     try:
         engine = build_engine(EngineOptions(**json.loads(args.options)))

@@ -19,19 +19,19 @@ from typing import Any, Sequence
 
 import aiohttp
 
-from backends.base import BackendOptions, BackendStartError, Endpoint, SpecSnapshot
-from backends.launch import LaunchingBackend
-from backends.prometheus import scrape_snapshot
-from loadgen.errors import UserError
+from spectune.backends.base import BackendOptions, BackendStartError, Endpoint, SpecSnapshot
+from spectune.backends.launch import LaunchingBackend
+from spectune.backends.prometheus import scrape_snapshot
+from spectune.loadgen.errors import UserError
 
 KV_BYTES_PER_TOKEN_GUESS = 32 * 1024  # SmolLM2 target + draft use ~24 KB per token in bf16; sizes the budget
 
 
 def _head_method(model: str | None, draft: str | None) -> tuple[str | None, str]:
     """(EAGLE version of the head the bundled engine loads for ``model``/``draft``, where it came from); (None, why)
-    when it loads none. The head is chosen as :func:`backends.local.build.resolve_draft` does."""
-    from backends.launch import eagle_version
-    from backends.local.build import DEFAULT_HEAD
+    when it loads none. The head is chosen as :func:`spectune.backends.local.build.resolve_draft` does."""
+    from spectune.backends.launch import eagle_version
+    from spectune.backends.local.build import DEFAULT_HEAD
 
     if draft is not None and str(draft).lower() == "none":
         return None, "no draft head"
@@ -43,7 +43,7 @@ def _head_method(model: str | None, draft: str | None) -> tuple[str | None, str]
 
 
 class LocalBackend(LaunchingBackend):
-    """Bundled EAGLE engine (``python -m backends.local``), one process per sweep."""
+    """Bundled EAGLE engine (``python -m spectune.backends.local``), one process per sweep."""
 
     name = "local"
     allow_remote = False
@@ -57,7 +57,7 @@ class LocalBackend(LaunchingBackend):
         if options.draft is not None and options.draft.lower() != "none" and not Path(options.draft).is_dir():
             raise UserError(f"--draft {options.draft} is not a folder: give an EAGLE head folder")
         if options.adaptive_config:
-            from backends.adaptive import load_config_file
+            from spectune.backends.adaptive import load_config_file
 
             load_config_file(options.adaptive_config)  # a bad file fails here, not in the server process
         self.capacity = 0
@@ -75,7 +75,7 @@ class LocalBackend(LaunchingBackend):
                 "kv_cache_gb": max(1.0, slots * (max_len + 8) * KV_BYTES_PER_TOKEN_GUESS / 2**30)}
         if o.adaptive_config:
             opts["adaptive_config"] = str(Path(o.adaptive_config).resolve())
-        return [sys.executable, "-m", "backends.local", "--options", json.dumps(opts), "--host", host,
+        return [sys.executable, "-m", "spectune.backends.local", "--options", json.dumps(opts), "--host", host,
                 "--port", str(port)]
 
     async def start(self, steps: int) -> Endpoint:

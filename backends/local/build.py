@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadgen.errors import UserError
+from spectune.loadgen.errors import UserError
 
 DEFAULT_HEAD = Path(__file__).parent / "heads" / "smollm2-135m-eagle3"
 
@@ -79,20 +79,20 @@ def resolve_draft(draft: str | None, model_is_default: bool) -> Path | None:
 
 
 def build_engine(opts: EngineOptions) -> Any:
-    """Load everything and return a ready :class:`~backends.local.engine.Engine` (not started).
+    """Load everything and return a ready :class:`~spectune.backends.local.engine.Engine` (not started).
 
     Raises:
         UserError: bad paths or options (num_steps > 0 without a head, a config file that does not parse, ...).
     """
     import torch
 
-    from backends.local.engine import Engine, EngineConfig, seeded_generator
-    from backends.local.heads import load_head
-    from backends.local.kv_cache import bytes_per_token
-    from backends.local.linear import pack_linears
-    from backends.local.speculative import SpecRunner
-    from backends.local.tokenizer import Tokenizer
-    from backends.local.weights import load_target
+    from spectune.backends.local.engine import Engine, EngineConfig, seeded_generator
+    from spectune.backends.local.heads import load_head
+    from spectune.backends.local.kv_cache import bytes_per_token
+    from spectune.backends.local.linear import pack_linears
+    from spectune.backends.local.speculative import SpecRunner
+    from spectune.backends.local.tokenizer import Tokenizer
+    from spectune.backends.local.weights import load_target
 
     device, dtype = resolve_device_dtype(opts.device, opts.dtype)
     if opts.threads > 0:
@@ -101,7 +101,7 @@ def build_engine(opts: EngineOptions) -> Any:
     head_path = resolve_draft(opts.draft, is_default)
     policy = None
     if opts.adaptive_config:
-        from backends.adaptive import load_config_file, make_policy
+        from spectune.backends.adaptive import load_config_file, make_policy
 
         policy = make_policy(load_config_file(opts.adaptive_config), initial_steps=opts.num_steps or None)
     max_steps = max(opts.num_steps, opts.num_steps_capacity, getattr(policy, "max_steps", 0) or 0)
@@ -129,14 +129,14 @@ def build_engine(opts: EngineOptions) -> Any:
         pack_linears(target)
         if head is not None:
             pack_linears(head)
-    from backends.local.cuda_graphs import GraphRunner
+    from spectune.backends.local.cuda_graphs import GraphRunner
 
     graphs = GraphRunner(slots, max_len, capture=True) if device.type == "cuda" and opts.cuda_graphs else None
     runner = SpecRunner(target, head, slots, max_len, seeded_generator(opts.seed, device), graphs,
                         lazy_draft=policy is not None)
     trace = None
     if opts.trace_path:
-        from backends.adaptive import TraceWriter
+        from spectune.backends.adaptive import TraceWriter
 
         trace = TraceWriter(opts.trace_path)
     ecfg = EngineConfig(num_steps=opts.num_steps, max_num_seqs=slots, max_len=max_len, policy=policy, trace=trace,

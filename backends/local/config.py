@@ -1,7 +1,8 @@
 """Model configuration for the bundled engine's Llama-family targets (Llama 2/3.x, Qwen2/2.5, Mistral, SmolLM2).
 
 Read from a Hugging Face ``config.json`` (old ``rope_scaling`` + ``rope_theta`` keys or transformers 5's
-``rope_parameters``) or from GGUF metadata (through transformers' GGUF reader, see :mod:`backends.local.weights`).
+``rope_parameters``) or from GGUF metadata (through transformers' GGUF reader, see
+:mod:`spectune.backends.local.weights`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from loadgen.errors import UserError
+from spectune.loadgen.errors import UserError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backends.local.attention import AttnMeta, attend
-from backends.local.rope import apply_rope, rope_table
+from spectune.backends.local.attention import AttnMeta, attend
+from spectune.backends.local.rope import apply_rope, rope_table
 
 
 @dataclass
@@ -83,23 +83,42 @@ class DraftLayer(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
 
     def forward(self, x: torch.Tensor, emb: torch.Tensor, meta: AttnMeta, index: int) -> torch.Tensor:
-        """x, emb [B, s, H] -> [B, s, H] (the pre-norm residual stream)."""
-        b, s, h = x.shape
-        eps, hd, c = self.cfg.rms_norm_eps, self.cfg.head_dim, self.cfg
+        """x, emb [B, s, H] -> [B, s, H] (the pre-norm residual stream): :meth:`inputs`, :meth:`qkv_rope`, paged
+        attention over the head's KV cache, :meth:`output`."""
+        residual, y = self.inputs(x, emb)
+        q, k, v = self.qkv_rope(y, meta.cos_sin)
+        return self.output(residual, attend(meta, index, q, k, v))
+
+    def inputs(self, x: torch.Tensor, emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's input and its residual: x, emb [B, s, H] -> (residual [B, s, H], y [B, s, 2H or H]).
+
+        EAGLE-3's first layer concatenates the normed token embedding with the normed feature (its residual is the
+        normed feature when ``norm_before_residual``, else x); other EAGLE-3 layers norm x; EAGLE-1 has no input
+        norm. Public so that the draft trainer (:mod:`spectune.draft.train`) runs the same math.
+        """
+        h, eps = x.shape[-1], self.cfg.rms_norm_eps
         if self.eagle3_first:
             normed = F.rms_norm(x, (h,), self.hidden_norm, eps)
-            residual = normed if c.norm_before_residual else x
-            y = torch.cat([F.rms_norm(emb, (h,), self.input_layernorm, eps), normed], dim=-1)
-        elif self.has_input_norm:
-            residual, y = x, F.rms_norm(x, (h,), self.input_layernorm, eps)
-        else:  # EAGLE-1: no input_layernorm
-            residual, y = x, x
+            residual = normed if self.cfg.norm_before_residual else x
+            return residual, torch.cat([F.rms_norm(emb, (h,), self.input_layernorm, eps), normed], dim=-1)
+        if self.has_input_norm:
+            return x, F.rms_norm(x, (h,), self.input_layernorm, eps)
+        return x, x  # EAGLE-1: no input_layernorm
+
+    def qkv_rope(self, y: torch.Tensor, cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """y [B, s, in] -> q [B, s, num_heads, hd], k and v [B, s, num_kv_heads, hd], RoPE applied to q and k with
+        ``cos_sin`` [B or 1, s, 2, hd]."""
+        b, s, _ = y.shape
+        c, hd = self.cfg, self.cfg.head_dim
         qkv = self.qkv(y)
         n_qk = (c.num_heads + c.num_kv_heads) * hd
-        qk = apply_rope(qkv[..., :n_qk].view(b, s, -1, hd), meta.cos_sin)
-        v = qkv[..., n_qk:].view(b, s, c.num_kv_heads, hd)
-        x = residual + self.o_proj(attend(meta, index, qk[:, :, : c.num_heads], qk[:, :, c.num_heads :], v))
-        y = F.rms_norm(x, (h,), self.post_attention_layernorm, eps)
+        qk = apply_rope(qkv[..., :n_qk].view(b, s, -1, hd), cos_sin)
+        return qk[:, :, : c.num_heads], qk[:, :, c.num_heads :], qkv[..., n_qk:].view(b, s, c.num_kv_heads, hd)
+
+    def output(self, residual: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """residual [B, s, H] + o_proj(attn [B, s, num_heads * hd]), then the MLP block -> [B, s, H]."""
+        x = residual + self.o_proj(attn)
+        y = F.rms_norm(x, (x.shape[-1],), self.post_attention_layernorm, self.cfg.rms_norm_eps)
         gate, up = self.gate_up(y).chunk(2, dim=-1)
         return x + self.down_proj(F.silu(gate) * up)
 

@@ -3,7 +3,7 @@
 It runs in its own thread (:meth:`Engine.start`) so the HTTP server's event loop stays responsive (torch releases
 the GIL inside kernels), or synchronously through :meth:`Engine.generate` for tests, benchmarks and data
 generation. num_steps per round comes from a static value, an SGLang-style adaptive policy or a vLLM per-batch-size
-schedule (:mod:`backends.adaptive`).
+schedule (:mod:`spectune.backends.adaptive`).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Any, Callable
 
 import torch
 
-from backends.local.sampling import SamplingTensors
-from backends.local.scheduler import Scheduler
-from backends.local.sequence import RequestOutput, SamplingParams, Sequence, SpecStats
-from backends.local.speculative import SpecRunner
-from backends.local.tokenizer import IncrementalText, Tokenizer
+from spectune.backends.local.sampling import SamplingTensors
+from spectune.backends.local.scheduler import Scheduler
+from spectune.backends.local.sequence import RequestOutput, SamplingParams, Sequence, SpecStats
+from spectune.backends.local.speculative import SpecRunner
+from spectune.backends.local.tokenizer import IncrementalText, Tokenizer
 
 
 class EngineFull(RuntimeError):

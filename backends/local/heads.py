@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from backends.local.eagle import DraftConfig, DraftHead
-from loadgen.errors import UserError
+from spectune.backends.local.eagle import DraftConfig, DraftHead
+from spectune.loadgen.errors import UserError
 
 
 def _flat_config(raw: dict[str, Any]) -> dict[str, Any]:
@@ -122,7 +122,7 @@ def _engine_state(cfg: DraftConfig, t: dict[str, torch.Tensor]) -> dict[str, tor
 
 
 def load_head(path: str | Path, target: Any, dtype: torch.dtype, device: Any) -> DraftHead:
-    """Load an EAGLE head for ``target`` (a :class:`~backends.local.model.TargetModel`).
+    """Load an EAGLE head for ``target`` (a :class:`~spectune.backends.local.model.TargetModel`).
 
     Raises:
         UserError: missing folder or files, a missing tensor, or a tensor whose shape does not match the config

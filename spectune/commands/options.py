@@ -1,7 +1,7 @@
 """Options that ``spectune sweep`` and ``spectune validate`` share, written once: the launched servers' settings
 (host, port, extra arguments, start-up timeout, device, dtype, draft head), the request settings with the same
-meaning in both (prompts sampled, output tokens, temperature), their help panels, and the splitting of
-``--server-args``.
+meaning in both (prompts sampled, output tokens, temperature), their help panels, the splitting of
+``--server-args`` and the parsing of integer lists (``--steps``, ``--concurrency``, ``--cuda-graph-bs``).
 
 Each alias is a typer ``Annotated`` type; the command gives the default in its own signature (``port: Port =
 None``). typer copies the option for every command, so one alias serves both.
@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spectune.errors import UserError
+from spectune.loadgen.errors import UserError
 
 SERVER_PANEL = "Server options (launch, sglang, vllm, llamacpp, local backends)"
 LOAD_PANEL = "Load"
@@ -55,3 +55,27 @@ def split_server_args(server_args: str | None) -> list[str]:
         return shlex.split(server_args or "")
     except ValueError as err:
         raise UserError(f"cannot split --server-args ({err}): check its quotes") from None
+
+
+def parse_int_list(text: str, what: str, minimum: int) -> list[int]:
+    """Parse a comma list such as ``"0,1,2,3,5"`` into sorted, de-duplicated ints >= ``minimum``.
+
+    Raises:
+        UserError: an empty list or item, a non-integer, or a value below ``minimum`` (named, with the fix).
+    """
+    items = [t.strip() for t in (text or "").split(",")]
+    example = "0,1,2,3,5" if minimum == 0 else "1,2,4,8,16"
+    if not any(items) or not all(items):
+        raise UserError(f"bad --{what} list {text!r}: write comma-separated integers, e.g. --{what} {example}")
+    values = []
+    for t in items:
+        try:
+            values.append(int(t))
+        except ValueError:
+            raise UserError(f"bad --{what} value {t!r} in {text!r}: use whole numbers, e.g. --{what} {example}"
+                            ) from None
+    for v in values:
+        if v < minimum:
+            kind = "negative" if minimum == 0 else "not positive"
+            raise UserError(f"--{what} {v} is {kind}: every value must be >= {minimum} (e.g. --{what} {example})")
+    return sorted(set(values))

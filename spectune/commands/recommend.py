@@ -49,11 +49,11 @@ def recommend(
     from rich.console import Console
     from rich.table import Table
 
-    from spectune.emit import write_recommendation
-    from spectune.recommend import RecommendOptions
-    from spectune.recommend import recommend as run
-    from spectune.report import cell_grid
-    from spectune.results_io import load_results
+    from spectune.tune.output import write_recommendation
+    from spectune.tune.recommend import RecommendOptions
+    from spectune.tune.recommend import recommend as run
+    from spectune.tune.markdown import cell_grid
+    from spectune.results.reader import load_results
 
     results = load_results(results_dir)
     opts = RecommendOptions(objective=objective.value, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
@@ -61,7 +61,7 @@ def recommend(
                             max_spread=max_spread / 100, boundary=boundary.value, max_batch_size=max_batch_size)
     rec = run(results, opts)
     out = output or (results_dir if results_dir.is_dir() else results_dir.parent) / "recommendation"
-    from backends import draft_algorithm
+    from spectune.backends import draft_algorithm
 
     paths = write_recommendation(rec, out, str(results.source), draft_algorithm((results.sweep or {}).get("backend")))
     console = Console()

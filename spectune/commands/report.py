@@ -15,8 +15,8 @@ def report(
 ) -> None:
     """Plot TPOT, throughput and SLO attainment vs concurrency per num_steps, acceptance length vs num_steps (per
     prompt category when points.jsonl has them), and write report.html with everything embedded."""
-    from spectune.report import write_report
-    from spectune.results_io import load_results
+    from spectune.tune.report import write_report
+    from spectune.results.reader import load_results
 
     results = load_results(results_dir)
     out = output or (results_dir if results_dir.is_dir() else results_dir.parent) / "report"

@@ -45,8 +45,8 @@ def serve(
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
 ) -> None:
     """Serve the bundled engine: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /server_info."""
-    from backends.local.build import EngineOptions, build_engine
-    from backends.local.server import serve as run_server
+    from spectune.backends.local.build import EngineOptions, build_engine
+    from spectune.backends.local.server import serve as run_server
     from rich.console import Console
 
     engine = build_engine(EngineOptions(

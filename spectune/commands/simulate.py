@@ -33,20 +33,21 @@ def simulate(
 ) -> None:
     """Replay a trace through SGLang's EMA num_steps policy (or a static vLLM schedule) and print the tier timeline.
 
-    Acceptance comes from the trace: accepted drafts recorded at a higher num_steps than the simulated tier are clipped to it (exact for greedy chain drafting); at a tier above the recorded one the recorded count is a lower bound.
+    Acceptance comes from the trace: accepted drafts recorded at a higher num_steps than the simulated tier are clipped
+    to it (exact for greedy chain drafting); at a tier above the recorded one the recorded count is a lower bound.
     """  # noqa: E501 (typer keeps line breaks in help text)
     from rich.console import Console
     from rich.table import Table
 
-    from backends.adaptive.config import VllmSchedule, load_config_file
-    from backends.adaptive.trace import read_trace
-    from spectune.simulate import parse_int_list
-    from spectune.simulate import simulate as run_simulation
-    from spectune.simulate import write_result_json
+    from spectune.backends.adaptive.config import VllmSchedule, load_config_file
+    from spectune.backends.adaptive.trace import read_trace
+    from spectune.commands.options import parse_int_list
+    from spectune.tune.simulate import simulate as run_simulation
+    from spectune.tune.simulate import write_result_json
 
     console = Console(highlight=False)
     cfg = load_config_file(config, strict=not lenient)
-    graph_bs = parse_int_list(cuda_graph_bs, option="--cuda-graph-bs") if cuda_graph_bs else None
+    graph_bs = parse_int_list(cuda_graph_bs, "cuda-graph-bs", 1) if cuda_graph_bs else None
     steps = read_trace(trace)
     for w in getattr(cfg, "warnings", ()):
         console.print(f"[yellow]warning:[/] {w}")

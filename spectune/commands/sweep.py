@@ -11,7 +11,7 @@ from spectune.commands.options import (LOAD_PANEL, SERVER_PANEL, Device, Draft, 
                                        Port, RequestTimeout, ServerArgs, ServerBin, StartupTimeout, Temperature,
                                        WarmupTimeout,
                                        split_server_args)
-from spectune.errors import UserError
+from spectune.loadgen.errors import UserError
 
 
 def parse_endpoints(values: list[str]) -> dict[int, str] | None:
@@ -110,10 +110,11 @@ def sweep(
 
     from rich.console import Console
 
-    from backends.base import BackendOptions
-    from spectune.display import LiveDisplay, summary_table
-    from spectune.sweep import run_blocking
-    from spectune.sweep_plan import ClientTimeouts, SweepPlan, parse_int_list
+    from spectune.backends.base import BackendOptions
+    from spectune.sweep.display import LiveDisplay, summary_table
+    from spectune.sweep.run import run_blocking
+    from spectune.commands.options import parse_int_list
+    from spectune.sweep.plan import ClientTimeouts, SweepPlan
 
     if retry_failed and not resume:
         raise UserError("--retry-failed only works with --resume --output-dir DIR")
@@ -148,7 +149,7 @@ def sweep(
             markup=False)
         raise typer.Exit(130) from None
     if outcome.points:
-        from spectune.batch_acceptance import batch_dependent_acceptance
+        from spectune.results.batch_acceptance import batch_dependent_acceptance
 
         console.print(summary_table(outcome.points, plan.steps, plan.concurrency))
         for finding in batch_dependent_acceptance(outcome.points):

@@ -4,7 +4,7 @@ say whether the config wins (docs/validate.md). Exit codes: 0 PASS, 1 FAIL, 2 ba
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -12,7 +12,7 @@ from spectune.commands.options import (LOAD_PANEL, SERVER_PANEL, Device, Draft, 
                                        Port, RequestTimeout, ServerArgs, ServerBin, StartupTimeout, Temperature,
                                        WarmupTimeout,
                                        split_server_args)
-from spectune.errors import UserError
+from spectune.loadgen.errors import UserError
 
 _WORK = "Workload"
 
@@ -95,13 +95,15 @@ def validate(
 
     from rich.console import Console
 
-    from backends.base import BackendOptions
-    from spectune.harness import run_with_signals
-    from spectune.sweep_plan import ClientTimeouts, parse_int_list
-    from spectune.validate import execute
-    from spectune.validate_plan import ValidatePlan, config_candidates
-    from spectune.validate_report import combine_repeats
-    from spectune.workload_spec import load_arrivals, parse_workload
+    from spectune.backends.base import BackendOptions
+    from spectune.measure.signals import run_with_signals
+    from spectune.commands.options import parse_int_list
+    from spectune.sweep.plan import ClientTimeouts
+    from spectune.validate.run import execute
+    from spectune.validate.plan import ValidatePlan, config_candidates
+    from spectune.validate.verdict import combine_repeats
+    from spectune.validate.display import LiveValidateDisplay, results_table
+    from spectune.validate.workload import load_arrivals, parse_workload
 
     _, candidates = config_candidates(str(config))  # a bad config fails first, before anything else
     if arrivals is not None and workload is not None:
@@ -129,7 +131,7 @@ def validate(
     console = Console(highlight=False)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
-        with _display(console) as display:
+        with LiveValidateDisplay(console) as display:
             outcome, sig = run_with_signals(
                 lambda: execute(plan, backend, options, output_dir, display, config_launch, timeouts))
     except KeyboardInterrupt:
@@ -139,103 +141,10 @@ def validate(
         err.print(f"interrupted: partial results in {output_dir} (validate.json says which runs finished)",
                   markup=False)
         raise typer.Exit(143 if sig == signal.SIGTERM else 130)
-    console.print(_table(combine_repeats(outcome.runs), plan))
+    console.print(results_table(combine_repeats(outcome.runs), plan))
     v = outcome.verdict
     console.print(v.line, style="bold green" if v.passed else "bold red", markup=False, soft_wrap=True)
     console.print(f"results in {output_dir} (validate.md, validate.json, requests.jsonl)", markup=False,
                   soft_wrap=True)
     if not v.passed:
         raise typer.Exit(1)
-
-
-def _display(console: Any) -> Any:
-    """A live rich display of a validation: runs done / planned, the current run's elapsed time over its scheduled
-    length with its phase and running output tok/s, and one line per finished run."""
-    from spectune.display import LiveProgress
-    from spectune.validate_plan import ValidateListener
-    from spectune.validate_report import row_cells
-
-    class LiveValidateDisplay(LiveProgress, ValidateListener):
-        def __init__(self) -> None:
-            super().__init__(console)
-            self.runs_task = self.run_task = None
-            self.t0, self.total, self.tokens, self.phases = 0.0, 1.0, 0, 1
-
-        def started(self, plan: Any, runs: list[str]) -> None:
-            self.phases = len(plan.workload.phases)
-            self.runs_task = self.progress.add_task("runs", total=len(runs), rate="")
-            self.run_task = self.progress.add_task("", total=1, rate="")
-
-        def warning(self, message: str) -> None:
-            console.print(f"warning: {message}", style="yellow", markup=False, soft_wrap=True)
-
-        def server_starting(self, run: str) -> None:
-            self.progress.update(self.run_task, description=f"{run}: starting the server", completed=0, rate="")
-
-        def run_started(self, run: str, t0: float, total_s: float) -> None:
-            self.t0, self.total, self.tokens = t0, total_s, 0
-            self.progress.update(self.run_task, description=f"{run}: phase 1/{self.phases}", total=total_s,
-                                 completed=0)
-
-        def request_finished(self, run: str, record: Any, phase: int) -> None:
-            import time
-
-            elapsed = max(time.perf_counter() - self.t0, 1e-9)
-            self.tokens += (record.completion_tokens or 0) if record.ok else 0
-            self.progress.update(self.run_task, description=f"{run}: phase {phase}/{self.phases}",
-                                 completed=min(elapsed, self.total), rate=f"{self.tokens / elapsed:,.0f} tok/s")
-
-        def run_finished(self, result: dict[str, Any]) -> None:
-            self.progress.advance(self.runs_task)
-            if result["status"] != "ok":
-                line = f"{result['run']} failed: {result.get('error')}"
-            else:
-                c = dict(zip(("tok", "p50", "p99", "slo", "al", "sw"), row_cells(result["overall"])))
-                line = (f"{result['run']} ok: {c['tok']} tok/s, TPOT p50 {c['p50']} ms, p99 {c['p99']} ms, "
-                        f"SLO {c['slo']}, AL {c['al']}, switches {c['sw']}")
-            console.print(line, markup=False, soft_wrap=True)
-
-    return LiveValidateDisplay()
-
-
-def _table(runs: list[dict[str, Any]], plan: Any) -> Any:
-    """Final rich table: a row per run, a column for the whole run and one per phase; each cell shows output tok/s,
-    TPOT p50/p99 (ms), acceptance length, SLO attainment (with SLOs) and switches (when known); the best tok/s of
-    each column is marked *."""
-    from rich.table import Table
-
-    from spectune.validate_report import row_cells
-
-    slo = plan.slo_ttft_ms is not None or plan.slo_tpot_ms is not None
-    bounds = plan.workload.bounds
-    table = Table(title="spectune validate", title_justify="left", show_lines=True,
-                  caption="each cell: output tok/s, TPOT p50/p99 ms, acceptance length (AL)"
-                          + (", SLO attainment" if slo else "") + ", num_steps switches (sw); * = best tok/s",
-                  caption_justify="left")
-    table.add_column("run")
-    table.add_column("overall", justify="right")
-    for p, (a, b) in zip(plan.workload.phases, bounds):
-        table.add_column(f"{p.label}\n{a:g}-{b:g} s", justify="right")
-    windows = [lambda r: r.get("overall")] + [lambda r, i=i: (r.get("phases") or [None] * (i + 1))[i]
-                                              for i in range(len(bounds))]
-    best = [max((w(r) or {}).get("output_throughput_tok_s") or 0.0 for r in runs if r["status"] == "ok")
-            if any(r["status"] == "ok" for r in runs) else None for w in windows]
-    for r in runs:
-        if r["status"] != "ok" and not r.get("phases"):
-            table.add_row(r["run"], f"[red]failed[/]: {r.get('error') or ''}", *[""] * len(bounds))
-            continue
-        row = [r["run"] + ("" if r["status"] == "ok" else " [red](failed)[/]")]
-        for w, top in zip(windows, best):
-            d = w(r)
-            if not d:
-                row.append("-")
-                continue
-            tok, p50, p99, att, al, sw, _, _ = row_cells(d)
-            mark = top is not None and d.get("output_throughput_tok_s") == top and top > 0
-            lines = [f"{tok} tok/s" + (" *" if mark else ""), f"{p50} / {p99} ms", f"AL {al}"]
-            lines += [f"SLO {att}"] if slo else []
-            lines += [f"sw {sw}"] if d.get("num_steps_switches") is not None else []
-            text = "\n".join(lines)
-            row.append(f"[bold green]{text}[/]" if mark else text)
-        table.add_row(*row)
-    return table

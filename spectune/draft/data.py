@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-from loadgen.errors import UserError
+from spectune.loadgen.errors import UserError
 
 
 def normalise(text: str) -> str:
@@ -27,7 +27,7 @@ def normalise(text: str) -> str:
 
 def evaluation_texts(spec_bench: Path | None = None) -> set[str]:
     """Normalised first-turn texts of every evaluation set (MT-Bench, HumanEval and Spec-Bench if given)."""
-    from loadgen.datasets import load_dataset
+    from spectune.loadgen.datasets import load_dataset
 
     texts: set[str] = set()
     specs = ["mt-bench", "humaneval"] + ([f"spec-bench:{spec_bench}"] if spec_bench and spec_bench.is_file() else [])
@@ -41,7 +41,7 @@ def training_prompts(tokenizer: Any, limit: int, max_prompt_tokens: int, exclude
 
     Returns ``{"id", "prompt_ids"}`` records with the chat template applied and at most ``max_prompt_tokens``.
     """
-    from loadgen.datasets import read_sharegpt
+    from spectune.loadgen.datasets import read_sharegpt
 
     seen: set[str] = set()
     out: list[dict] = []
@@ -77,7 +77,7 @@ def magpie_prompts(engine: Any, limit: int, max_prompt_tokens: int, exclude: set
         UserError: the model has no chat template with a user turn to open, or 20 rounds in a row added no new
             prompt before ``limit`` was reached (what was found stays stored).
     """
-    from backends.local.sequence import SamplingParams
+    from spectune.backends.local.sequence import SamplingParams
 
     tok = engine.tokenizer
     marker = "MAGPIE-USER-MESSAGE"
@@ -137,7 +137,7 @@ def heldout_sharegpt(head_dir: Path, num_prompts: int, seed: int) -> list[Any]:
     Raises:
         UserError: the head folder has no such list (it was not trained by ``spectune draft train``).
     """
-    from loadgen.datasets import read_sharegpt
+    from spectune.loadgen.datasets import read_sharegpt
 
     path = head_dir / TRAINING_IDS_FILE
     if not path.is_file():
@@ -177,7 +177,7 @@ def generate_responses(engine: Any, prompts: list[dict], out: Path, max_tokens: 
 
     Returns the number of response tokens generated now.
     """
-    from backends.local.sequence import SamplingParams
+    from spectune.backends.local.sequence import SamplingParams
 
     done = {r["id"] for r in read_jsonl(out)}
     todo = [p for p in prompts if p["id"] not in done]

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from loadgen.errors import UserError
+from spectune.loadgen.errors import UserError
 
 STAGES = ("data", "features", "train", "export")
 
@@ -51,8 +51,8 @@ def run_pipeline(opts: PipelineOptions, train_cfg: Any, say: Callable[[str], Non
     """Run the requested stages; returns the training card (also written to the output folder)."""
     import torch
 
-    from backends.local.build import EngineOptions, build_engine
-    from backends.local.weights import load_target
+    from spectune.backends.local.build import EngineOptions, build_engine
+    from spectune.backends.local.weights import load_target
     from spectune.draft.data import evaluation_texts, generate_responses, magpie_prompts, read_jsonl, \
         require_rows, training_prompts, write_jsonl
     from spectune.draft.features import FeatureStore, extract_features
@@ -131,8 +131,8 @@ def run_pipeline(opts: PipelineOptions, train_cfg: Any, say: Callable[[str], Non
 def _export(opts: PipelineOptions, train_cfg: Any, card: dict[str, Any]) -> None:
     import torch
 
-    from backends.local.heads import save_head
-    from backends.local.weights import load_target
+    from spectune.backends.local.heads import save_head
+    from spectune.backends.local.weights import load_target
     from spectune.draft.train import new_head
 
     state_path = opts.work_dir / "head_state.pt"

@@ -25,8 +25,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from backends.local.eagle import DraftConfig, DraftHead
-from backends.local.rope import apply_rope, rope_table
+from spectune.backends.local.eagle import DraftConfig, DraftHead
+from spectune.backends.local.rope import rope_table
 
 
 @dataclass
@@ -114,16 +114,11 @@ def ttt_loss(head: DraftHead, embed: torch.Tensor, tokens: torch.Tensor, feats: 
     causal = rows.view(1, t) <= rows.view(t, 1)  # [T, T] key s visible to query t
     for j in range(steps):
         emb_j = F.pad(emb[:, 1 + j :], (0, 0, 0, j))[:, :t]  # x_{t+j+1}, zero past the end
-        normed = F.rms_norm(h, (c.hidden_size,), layer.hidden_norm, c.rms_norm_eps)
-        y = torch.cat([F.rms_norm(emb_j, (c.hidden_size,), layer.input_layernorm, c.rms_norm_eps), normed], -1)
-        qkv = layer.qkv(y)
-        cos_sin = rope[rows + j].unsqueeze(0)  # [1, T, 2, hd]
-        qk = apply_rope(qkv[..., : (nh + nkv) * hd].view(b, t, nh + nkv, hd), cos_sin)
-        q = qk[:, :, :nh].transpose(1, 2)  # [B, nh, T, hd]
-        k = qk[:, :, nh:].repeat_interleave(nh // nkv, dim=2).transpose(1, 2)
-        v = qkv[..., (nh + nkv) * hd :].view(b, t, nkv, hd).repeat_interleave(nh // nkv, dim=2).transpose(1, 2)
-        keys.append(k)
-        values.append(v)
+        residual, y = layer.inputs(h, emb_j)  # the engine's own layer code (backends/local/eagle.py)
+        q, k, v = layer.qkv_rope(y, rope[rows + j].unsqueeze(0))  # [B, T, nh|nkv, hd]
+        q = q.transpose(1, 2)  # [B, nh, T, hd]
+        keys.append(k.repeat_interleave(nh // nkv, dim=2).transpose(1, 2))
+        values.append(v.repeat_interleave(nh // nkv, dim=2).transpose(1, 2))
         scale = hd**-0.5
         main = (q @ keys[0].transpose(-1, -2)) * scale  # [B, nh, T, T]
         main = main.masked_fill(~causal, float("-inf"))
@@ -132,10 +127,7 @@ def ttt_loss(head: DraftHead, embed: torch.Tensor, tokens: torch.Tensor, feats: 
         out = probs[..., :t] @ values[0]
         for i in range(1, j + 1):
             out = out + probs[..., t + i - 1 : t + i] * values[i]
-        x = h + layer.o_proj(out.transpose(1, 2).reshape(b, t, nh * hd))
-        gate, up = layer.gate_up(F.rms_norm(x, (c.hidden_size,), layer.post_attention_layernorm, c.rms_norm_eps)
-                                 ).chunk(2, -1)
-        h = x + layer.down_proj(F.silu(gate) * up)  # pre-norm output: the next step's feature
+        h = layer.output(residual, out.transpose(1, 2).reshape(b, t, nh * hd))  # pre-norm: the next step's feature
         label_pos = rows + j + 2  # [T]
         target_ids = tokens.gather(1, label_pos.clamp_max(L - 1).expand(b, t))
         labels = t2d[target_ids]

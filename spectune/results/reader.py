@@ -1,0 +1,215 @@
+"""Read a sweep results folder (or a bare ``summary.csv``) into pandas, with one-line :class:`UserError` messages.
+
+The folder layout and the summary columns are defined in ``docs/results-format.md``. Readers here never modify the
+folder. ``recommend``, ``gate`` and ``report`` all start from :func:`load_results`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from spectune.loadgen.errors import UserError
+
+#: summary.csv columns that must be present (docs/results-format.md).
+REQUIRED_COLUMNS = ("steps", "concurrency", "status")
+#: Non-numeric summary.csv columns; every other known column is coerced to float (empty -> NaN).
+TEXT_COLUMNS = ("status", "error", "acceptance_length_source", "token_count_source", "batch_size_source")
+#: Numeric summary.csv columns (docs/results-format.md), in file order.
+NUMERIC_COLUMNS = (
+    "num_requests", "num_failed", "duration_s", "achieved_concurrency", "request_throughput_req_s",
+    "output_throughput_tok_s", "total_output_tokens",
+    "ttft_mean_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
+    "tpot_mean_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms",
+    "itl_mean_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "chunk_itl_p50_ms", "chunk_itl_p99_ms",
+    "e2el_mean_ms", "e2el_p50_ms", "e2el_p90_ms", "e2el_p99_ms", "mean_tokens_per_chunk",
+    "acceptance_length", "acceptance_rate", "slo_attainment", "goodput_req_s", "batch_size_mean", "batch_size_p50",
+    "acceptance_vs_c1",
+)
+
+
+@dataclass
+class Results:
+    """One sweep's results.
+
+    Attributes:
+        summary: one row per finished point (steps x concurrency x repeat), columns of summary.csv; ``steps``,
+            ``concurrency`` and ``repeat`` are ints, ``status`` is ``"ok"`` or ``"failed"``, metrics are floats
+            (NaN where empty).
+        source: the folder or CSV file that was read.
+        sweep: the parsed ``sweep.json`` (plan, backend, host, versions), or None for a bare CSV.
+        points: the parsed ``points.jsonl`` objects (in file order), or an empty list.
+        folder: the results folder, or None for a bare CSV (``requests.jsonl`` lives there).
+    """
+
+    summary: pd.DataFrame
+    source: Path
+    sweep: dict[str, Any] | None = None
+    points: list[dict[str, Any]] | None = None
+    folder: Path | None = None
+
+    @property
+    def plan(self) -> dict[str, Any]:
+        """The sweep plan from ``sweep.json`` (``{}`` when unknown)."""
+        return dict((self.sweep or {}).get("plan") or {})
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text: the folder is damaged") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            if n == len(lines):
+                break  # a last line cut short by a crash: the lines before it are still good
+            raise UserError(f"{path}: line {n} is not JSON: fix or remove that line") from None
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+def normalize_summary(df: pd.DataFrame, source: Path | str) -> pd.DataFrame:
+    """Check and coerce a summary table: required columns, int keys, numeric metrics.
+
+    Raises:
+        UserError: a required column is missing, the table is empty, or steps/concurrency are not integers.
+    """
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise UserError(f"{source}: missing column(s) {', '.join(missing)}: is this a spectune summary.csv?")
+    if df.empty:
+        raise UserError(f"{source}: no rows: the sweep has not finished any point yet")
+    df = df.copy()
+    if "repeat" not in df.columns:
+        df["repeat"] = 0
+    for col in ("steps", "concurrency", "repeat"):
+        num = pd.to_numeric(df[col], errors="coerce")
+        if num.isna().any() or (num % 1 != 0).any():
+            raise UserError(f"{source}: column '{col}' holds non-integer values: the file is damaged")
+        df[col] = num.astype(int)
+    if (df["concurrency"] < 1).any() or (df["steps"] < 0).any():
+        raise UserError(f"{source}: steps must be >= 0 and concurrency >= 1")
+    df["status"] = df["status"].fillna("failed").astype(str).str.strip().str.lower()
+    for col in df.columns:
+        if col in TEXT_COLUMNS:
+            df[col] = df[col].fillna("").astype(str)
+        elif col in NUMERIC_COLUMNS:
+            df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+    return df.sort_values(["concurrency", "steps", "repeat"]).reset_index(drop=True)
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_csv(path, keep_default_na=True)
+    except pd.errors.EmptyDataError:
+        raise UserError(f"{path}: the file is empty: point at a summary.csv written by 'spectune sweep'") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as err:
+        raise UserError(f"{path}: not a readable CSV ({str(err).splitlines()[0]})") from None
+
+
+def load_results(path: str | Path) -> Results:
+    """Load a results folder (``summary.csv``, else ``points.jsonl``) or a bare ``summary.csv``.
+
+    Args:
+        path: a folder written by ``spectune sweep`` or a CSV file with the summary.csv columns.
+
+    Returns:
+        :class:`Results` with the normalized summary table.
+
+    Raises:
+        UserError: the path does not exist, holds no summary, or the data cannot be read.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"{p}: no such file or folder: pass a sweep results folder or its summary.csv")
+    if p.is_file():
+        return Results(summary=normalize_summary(_read_csv(p), p), source=p)
+    sweep = None
+    if (p / "sweep.json").is_file():
+        try:
+            sweep = json.loads((p / "sweep.json").read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise UserError(f"{p / 'sweep.json'}: not valid JSON: the folder is damaged") from None
+    points = _read_jsonl(p / "points.jsonl") if (p / "points.jsonl").is_file() else []
+    if (p / "summary.csv").is_file():
+        df = _read_csv(p / "summary.csv")
+        source = p / "summary.csv"
+    elif points:
+        rows = [{**(pt.get("metrics") or {}), "steps": pt.get("steps"), "concurrency": pt.get("concurrency"),
+                 "repeat": pt.get("repeat", 0), "status": pt.get("status", "ok")} for pt in points]
+        df, source = pd.DataFrame(rows), p / "points.jsonl"
+    else:
+        raise UserError(f"{p}: no summary.csv or points.jsonl: is this a 'spectune sweep' results folder?")
+    return Results(summary=normalize_summary(df, source), source=source, sweep=sweep, points=points, folder=p)
+
+
+def load_requests(folder: Path | None) -> pd.DataFrame | None:
+    """Per-request SLO inputs from ``requests.jsonl``: steps, concurrency, repeat, ok, ttft_ms, tpot_ms.
+
+    Returns None when the folder or file is absent. ``ok`` is False for failed requests (an error or no output).
+    Raises:
+        UserError: a line in the middle of the file is not JSON.
+    """
+    if folder is None or not (folder / "requests.jsonl").is_file():
+        return None
+    rows = [{"steps": r.get("steps"), "concurrency": r.get("concurrency"), "repeat": r.get("repeat", 0),
+             "ok": r.get("error") is None and bool(r.get("chunk_times")),
+             "ttft_ms": r.get("ttft_ms"), "tpot_ms": r.get("tpot_ms")}
+            for r in _read_jsonl(folder / "requests.jsonl")]
+    if not rows:
+        return None
+    df = pd.DataFrame(rows).dropna(subset=["steps", "concurrency"])
+    for col in ("steps", "concurrency", "repeat"):
+        df[col] = df[col].astype(int)
+    for col in ("ttft_ms", "tpot_ms"):
+        df[col] = pd.to_numeric(df[col], errors="coerce")
+    return df
+
+
+def summary_with_slos(results: Results, ttft: float | None, tpot: float | None, warnings: list[str]) -> pd.DataFrame:
+    """Summary with slo_attainment/goodput_req_s for the given SLOs (recomputed from requests.jsonl if needed).
+
+    A request meets the SLOs when it succeeded, its TTFT <= ttft and its TPOT <= tpot (a one-token request has
+    no TPOT and meets that part, as vLLM's goodput counts it); failed requests are misses. The summary's own
+    columns are kept when the sweep ran with the same SLOs; without requests.jsonl they become NaN (a warning is
+    appended to ``warnings``), except for a bare CSV, whose columns are assumed to match.
+    """
+    df = results.summary.copy()
+    plan = results.plan
+    same = results.sweep is not None and plan.get("slo_ttft_ms") == ttft and plan.get("slo_tpot_ms") == tpot
+    have = "slo_attainment" in df and df["slo_attainment"].notna().any()
+    if ttft is None and tpot is None or (same and have):
+        return df
+    reqs = load_requests(results.folder)
+    if reqs is None:
+        if have and results.sweep is None:
+            warnings.append("assuming summary.csv's slo_attainment and goodput_req_s were computed for the given SLOs")
+            return df
+        warnings.append("SLO attainment for the given SLOs is unknown (no requests.jsonl): only the TPOT p99 rule "
+                        "applies")
+        df["slo_attainment"] = np.nan
+        df["goodput_req_s"] = np.nan
+        return df
+    meets = reqs["ok"].copy()
+    if ttft is not None:
+        meets &= reqs["ttft_ms"] <= ttft
+    if tpot is not None:
+        meets &= reqs["tpot_ms"].isna() | (reqs["tpot_ms"] <= tpot)
+    agg = reqs.assign(meets=meets).groupby(["steps", "concurrency", "repeat"])["meets"].agg(["sum", "count"])
+    agg = agg.reset_index()
+    df = df.drop(columns=[c for c in ("slo_attainment", "goodput_req_s") if c in df]).merge(
+        agg, on=["steps", "concurrency", "repeat"], how="left")
+    df["slo_attainment"] = df["sum"] / df["count"]
+    df["goodput_req_s"] = df["sum"] / df["duration_s"] if "duration_s" in df else np.nan
+    return df.drop(columns=["sum", "count"])

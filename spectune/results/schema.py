@@ -1,0 +1,58 @@
+"""summary.csv's columns, written down once (docs/results-format.md): the writer
+(:mod:`spectune.results.folder`) writes them in this order and the reader (:mod:`spectune.results.reader`) types
+them from the same lists.
+
+A row is one point: its key (num_steps, concurrency, repeat), status, the load generator's metrics
+(:data:`spectune.loadgen.metrics.STREAM_COLUMNS` then :data:`~spectune.loadgen.metrics.SLO_CLIENT_COLUMNS`), with the
+acceptance columns between the two groups, the engine's batch size over the window, and the derived
+``acceptance_vs_c1`` (:func:`spectune.results.batch_acceptance.acceptance_vs_c1`).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any
+
+from spectune.loadgen.metrics import SLO_CLIENT_COLUMNS, STREAM_COLUMNS
+
+Key = tuple[int, int, int]
+"""(num_steps, concurrency, repeat) of a point."""
+
+KEY_COLUMNS = ("steps", "concurrency", "repeat")
+STATUS_COLUMNS = ("status", "error")
+ACCEPTANCE_COLUMNS = ("acceptance_length", "acceptance_rate", "acceptance_length_source")
+BATCH_SIZE_COLUMNS = ("batch_size_mean", "batch_size_p50", "batch_size_source")
+DERIVED_COLUMNS = ("acceptance_vs_c1",)
+
+SUMMARY_COLUMNS: tuple[str, ...] = (*KEY_COLUMNS, *STATUS_COLUMNS, *STREAM_COLUMNS, *ACCEPTANCE_COLUMNS,
+                                    *SLO_CLIENT_COLUMNS, *BATCH_SIZE_COLUMNS, *DERIVED_COLUMNS)
+"""summary.csv columns, in file order."""
+
+REQUIRED_COLUMNS = ("steps", "concurrency", "status")
+"""Columns a summary must have to be read at all."""
+TEXT_COLUMNS = ("status", "error", "acceptance_length_source", "token_count_source", "batch_size_source")
+"""Text columns (read as strings, empty for none)."""
+FLAG_COLUMNS = ("client_limited",)
+"""True/False columns (read as written)."""
+NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in SUMMARY_COLUMNS
+                                         if c not in (*KEY_COLUMNS, *TEXT_COLUMNS, *FLAG_COLUMNS))
+"""Numeric columns (read as float, NaN for empty), in file order; the key columns are read as integers."""
+
+def point_key(obj: dict[str, Any]) -> Key | None:
+    """(steps, concurrency, repeat) of a points.jsonl / requests.jsonl object, or None if it has none."""
+    try:
+        return int(obj["steps"]), int(obj["concurrency"]), int(obj.get("repeat", 0))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def summary_row(point: dict[str, Any]) -> dict[str, Any]:
+    """One summary.csv row from a points.jsonl object (its keys, status, error and ``metrics``)."""
+    row = {c: point.get("metrics", {}).get(c) for c in SUMMARY_COLUMNS}
+    row.update({c: point.get(c) for c in (*KEY_COLUMNS, *STATUS_COLUMNS)})
+    return row
+
+
+def now_iso() -> str:
+    """UTC time now, ISO 8601 to the second (the ``created``/``finished`` stamps)."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

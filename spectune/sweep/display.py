@@ -1,0 +1,188 @@
+"""Rendering of ``spectune sweep``: rich live progress while it runs, the concurrency x num_steps table at the end.
+
+The sweep loop only emits events (:class:`spectune.sweep.plan.SweepListener`); :class:`LiveDisplay` renders them.
+:func:`summarize` is plain data (tested without a terminal); :func:`summary_table` turns it into a rich table.
+:class:`~spectune.measure.progress.LiveProgress` draws the bars (and checks for a terminal).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from rich.console import Console
+from rich.progress import TaskID
+from rich.table import Table
+
+from spectune.loadgen.record import RequestRecord
+from spectune.measure.progress import LiveProgress
+from spectune.results.schema import Key
+from spectune.sweep.plan import SweepListener, SweepPlan
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+class LiveDisplay(LiveProgress, SweepListener):
+    """Live progress: points done / planned, the current point's requests done / planned, elapsed time and the
+    running output throughput (tokens/s of the current point's finished requests); one line per finished point.
+
+    Use as a context manager around the sweep; without a terminal rich prints only the per-point lines.
+    """
+
+    def __init__(self, console: Console | None = None) -> None:
+        super().__init__(console)
+        self.sweep_task: TaskID | None = None
+        self.point_task: TaskID | None = None
+        self.t0 = 0.0
+        self.tokens = 0
+
+    def sweep_started(self, plan: SweepPlan, todo: list[Key], kept: list[dict[str, Any]]) -> None:
+        if kept:
+            self.console.print(f"resuming: {len(kept)} finished point(s) kept, {len(todo)} to run")
+        self.sweep_task = self.progress.add_task("points", total=len(todo), rate="")
+        self.point_task = self.progress.add_task("", total=None, rate="", visible=False)
+
+    def warning(self, message: str) -> None:
+        self.console.print(f"[yellow]warning:[/] {message}", markup=True)
+
+    def server_starting(self, steps: int) -> None:
+        if self.point_task is not None:
+            self.progress.reset(self.point_task, description=f"starting server K={steps}", total=None, rate="",
+                                visible=True)
+
+    def server_failed(self, steps: int, message: str, log_tail: str) -> None:
+        self.console.print(f"[red]server for num_steps {steps} failed:[/] {message}", markup=True)
+        if log_tail:
+            self.console.print(log_tail, style="dim", markup=False)
+
+    def point_started(self, key: Key, planned: int) -> None:
+        self.t0, self.tokens = time.perf_counter(), 0
+        if self.point_task is not None:
+            k, c, r = key
+            self.progress.reset(self.point_task, description=f"K={k} c={c} r={r}", total=planned, rate="",
+                                visible=True)
+
+    def request_finished(self, key: Key, record: RequestRecord, done: int, planned: int) -> None:
+        if record.ok:
+            self.tokens += record.completion_tokens or 0
+        elapsed = time.perf_counter() - self.t0
+        rate = f"{self.tokens / elapsed:,.0f} tok/s" if elapsed > 0 else ""
+        if self.point_task is not None:
+            self.progress.update(self.point_task, completed=done, rate=rate)
+
+    def point_finished(self, point: dict[str, Any]) -> None:
+        if self.sweep_task is not None:
+            self.progress.advance(self.sweep_task)
+        self.console.print(point_line(point), markup=False)
+
+
+def point_line(point: dict[str, Any]) -> str:
+    """One line about a finished point: ``K=3 c=16 r=0 ok: 812 tok/s, TPOT p50 4.10 ms, AL 2.31 (64 req, 0 failed)``."""
+    m = point.get("metrics") or {}
+    head = f"K={point['steps']} c={point['concurrency']} r={point.get('repeat', 0)} {point.get('status')}"
+    body = (f"{_fmt(m.get('output_throughput_tok_s'), ',.0f')} tok/s, TPOT p50 {_fmt(m.get('tpot_p50_ms'), '.2f')} ms, "
+            f"AL {_fmt(m.get('acceptance_length'), '.2f')} ({m.get('num_requests') or 0} req, "
+            f"{m.get('num_failed') or 0} failed)")
+    if point.get("status") != "ok":
+        return f"{head}: {point.get('error') or 'failed'} ({m.get('num_requests') or 0} req)"
+    return f"{head}: {body}" + (" [client-limited]" if m.get("client_limited") else "")
+
+
+@dataclass
+class SummaryCell:
+    """One (concurrency, num_steps) cell of the final table: medians over its ``ok`` repeats.
+
+    Attributes:
+        throughput: output tokens/s. tpot_p50_ms: ms. acceptance_length: tokens per verify step.
+        ok, total: repeats that succeeded / ran. best: highest throughput of its row (ties: smaller K).
+        speedup: throughput / the row's num_steps-0 throughput, or None.
+        client_limited: ok repeats that the load generator itself limited (``client_limited`` in summary.csv).
+    """
+
+    throughput: float | None = None
+    tpot_p50_ms: float | None = None
+    acceptance_length: float | None = None
+    ok: int = 0
+    total: int = 0
+    best: bool = False
+    speedup: float | None = None
+    client_limited: int = 0
+
+    @property
+    def failed(self) -> bool:
+        """True when the cell ran but no repeat succeeded."""
+        return self.total > 0 and self.ok == 0
+
+
+def _median(values: Iterable[Any]) -> float | None:
+    vals = [float(v) for v in values if isinstance(v, (int, float))]
+    return statistics.median(vals) if vals else None
+
+
+def summarize(points: Sequence[dict[str, Any]], steps: Sequence[int],
+              concurrency: Sequence[int]) -> dict[tuple[int, int], SummaryCell]:
+    """(concurrency, steps) -> :class:`SummaryCell` for every planned cell (``total`` 0 where nothing ran)."""
+    cells: dict[tuple[int, int], SummaryCell] = {}
+    for c in concurrency:
+        for k in steps:
+            pts = [p for p in points if p["steps"] == k and p["concurrency"] == c]
+            ok = [p.get("metrics") or {} for p in pts if p.get("status") == "ok"]
+            cells[c, k] = SummaryCell(_median(m.get("output_throughput_tok_s") for m in ok),
+                               _median(m.get("tpot_p50_ms") for m in ok),
+                               _median(m.get("acceptance_length") for m in ok), len(ok), len(pts),
+                               client_limited=sum(bool(m.get("client_limited")) for m in ok))
+        best: SummaryCell | None = None
+        for k in sorted(steps):  # ascending: a tie keeps the smaller K
+            cell = cells[c, k]
+            if cell.throughput is not None and (best is None or cell.throughput > best.throughput):  # type: ignore
+                best = cell
+        if best is not None:
+            best.best = True
+        base = cells.get((c, 0))
+        for k in steps:
+            cell = cells[c, k]
+            if base is not None and base.throughput and cell.throughput is not None:
+                cell.speedup = cell.throughput / base.throughput
+    return cells
+
+
+def summary_table(points: Sequence[dict[str, Any]], steps: Sequence[int], concurrency: Sequence[int]) -> Table:
+    """The final table: a row per concurrency, a column per num_steps; each cell shows output throughput
+    (tok/s), TPOT p50 (ms), acceptance length and speedup vs num_steps 0 (medians over ok repeats); the best
+    cell of each row (by throughput, ties to the smaller K) is marked ``*``; cells with no ok repeat read
+    ``failed``; cells the load generator limited (:func:`spectune.loadgen.metrics.client_limit`) say
+    ``client-limited``."""
+    cells = summarize(points, steps, concurrency)
+    table = Table(title="spectune sweep (medians over ok repeats)", title_justify="left", show_lines=True,
+                  caption="each cell: output tok/s, TPOT p50, acceptance length (AL), speedup vs K=0; "
+                          "* = best tok/s of the row; client-limited = the load generator was the bottleneck "
+                          "(its latencies include the client's own queueing)", caption_justify="left")
+    table.add_column("concurrency", justify="right")
+    for k in steps:
+        table.add_column(f"K={k}", justify="right")
+    for c in concurrency:
+        row = [str(c)]
+        for k in steps:
+            cell = cells[c, k]
+            if cell.total == 0:
+                row.append("[dim]missing[/]")
+                continue
+            if cell.failed:
+                row.append("[red]failed[/]")
+                continue
+            lines = [f"{_fmt(cell.throughput, ',.1f')} tok/s" + (" *" if cell.best else ""),
+                     f"{_fmt(cell.tpot_p50_ms, '.2f')} ms", f"AL {_fmt(cell.acceptance_length, '.2f')}"]
+            if cell.speedup is not None and k != 0:
+                lines.append(f"{cell.speedup:.2f}x")
+            if cell.ok < cell.total:
+                lines.append(f"[red]{cell.total - cell.ok}/{cell.total} failed[/]")
+            if cell.client_limited:
+                lines.append("[yellow]client-limited[/]" + (f" {cell.client_limited}/{cell.ok}" if cell.ok > 1 else ""))
+            text = "\n".join(lines)
+            row.append(f"[bold green]{text}[/]" if cell.best else text)
+        table.add_row(*row)
+    return table

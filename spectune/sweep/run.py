@@ -1,0 +1,265 @@
+"""``spectune sweep``: measure every (num_steps, concurrency, repeat) point against a backend (docs/sweep.md).
+
+Order: for each num_steps K (ascending) the backend starts a server once (``start(K)``), then every concurrency
+(ascending) and, innermost, every repeat runs on it; ``stop()`` after the last point of K. One point:
+
+1. ``start(K)`` again (returns the running server, or relaunches one that died);
+2. :func:`spectune.measure.window.measure_window` with a closed loop at the point's concurrency: the warm-up
+   (``warmup_requests``, not recorded; a warm-up past ``warmup_timeout_s`` fails the point at once,
+   ``stop_reason`` ``warmup_timeout``), counter snapshots around the measured requests (each record appended to
+   requests.jsonl as it finishes), the engine's running batch size over the window, the load metrics, the
+   window's acceptance and its status;
+3. per-category numbers (:func:`spectune.measure.acceptance.per_category_points`); the point is appended to
+   points.jsonl and summary.csv is rewritten (:class:`spectune.results.folder.SweepFolder`). A point the load
+   generator itself limited (:func:`spectune.loadgen.metrics.client_limit`) is marked ``client_limited`` and
+   warned about.
+
+A point is ``failed`` when its server never came up (``BackendStartError``: every remaining point of that K),
+when more than ``max_failure_rate`` of its requests failed, or when none produced output; it is never averaged.
+Cancelling the sweep (Ctrl-C) drops the current point's partial records; finished points stay.
+
+The plan, its defaults and the listener/outcome types are in :mod:`spectune.sweep.plan`; what a sweep shares with
+``spectune validate`` is in :mod:`spectune.measure`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+from spectune.backends import make_backend
+from spectune.backends.base import Backend, BackendOptions, BackendStartError
+from spectune.loadgen.datasets import Prompt
+from spectune.loadgen.errors import UserError
+from spectune.loadgen.record import RequestRecord
+from spectune.measure.acceptance import per_category_points, window_acceptance
+from spectune.measure.batch_size import BATCH_SIZE_INTERVAL_S
+from spectune.measure.environment import environment
+from spectune.measure.signals import run_with_signals
+from spectune.measure.window import client_config, measure_window, resolve_model
+from spectune.results.folder import SweepFolder
+from spectune.results.schema import KEY_COLUMNS, STATUS_COLUMNS, SUMMARY_COLUMNS, Key, now_iso
+from spectune.sweep.plan import ClientTimeouts, SweepListener, SweepOutcome, SweepPlan
+
+__all__ = ["Sweep", "execute", "run_blocking"]
+
+
+class Sweep:
+    """Runs the points of one sweep on an already-checked backend and an opened :class:`SweepFolder`.
+
+    Args:
+        plan: what to measure. backend: the target (preflight done). folder: opened results folder.
+        prompts: the dataset sample (request i of every point sends ``prompts[i % len]``).
+        meta: the sweep.json object (its ``backend`` entry is refreshed after each start and point).
+        listener: progress events. model: preferred model name (``--model``). api_key_env: API key variable.
+        timeouts: the client's time limits (request, warm-up).
+    """
+
+    def __init__(self, plan: SweepPlan, backend: Backend, folder: SweepFolder, prompts: list[Prompt],
+                 meta: dict[str, Any], listener: SweepListener | None = None, model: str | None = None,
+                 api_key_env: str | None = "OPENAI_API_KEY", timeouts: ClientTimeouts | None = None) -> None:
+        self.plan, self.backend, self.folder, self.prompts, self.meta = plan, backend, folder, prompts, meta
+        self.listener = listener or SweepListener()
+        self.model, self.api_key_env = model, api_key_env
+        self.timeouts = timeouts or ClientTimeouts()
+        self.ran = 0
+        self.batch_size_interval_s = BATCH_SIZE_INTERVAL_S
+
+    async def run(self, todo: Sequence[Key]) -> None:
+        """Measure the points ``todo`` (in plan order), one num_steps at a time."""
+        for steps in sorted({k[0] for k in todo}):
+            keys = [k for k in todo if k[0] == steps]
+            self.listener.server_starting(steps)
+            try:
+                for i, key in enumerate(keys):
+                    try:
+                        endpoint = await self.backend.start(steps)
+                    except (BackendStartError, UserError) as err:
+                        self._start_failed(steps, keys[i:], err)
+                        break
+                    self._save_meta()
+                    await self._point(key, endpoint.base_url, endpoint.model)
+            finally:
+                await self.backend.stop()
+                self._save_meta()
+
+    def _start_failed(self, steps: int, keys: list[Key], err: Exception) -> None:
+        message = str(err).strip()
+        first = message.splitlines()[0] if message else type(err).__name__
+        tail = getattr(err, "log_tail", "") or ""
+        self.listener.server_failed(steps, first, tail)
+        for key in keys:
+            self._finish(failed_point(key, first, self.plan.requests_for(key[1]), tail))
+
+    def _finish(self, point: dict[str, Any]) -> None:
+        self.folder.append_point(point)
+        self.ran += 1
+        self.listener.point_finished(point)
+
+    def _save_meta(self) -> None:
+        self.meta["backend"] = self.backend.describe()
+        self.folder.write_meta(self.meta)
+
+    async def _point(self, key: Key, base_url: str, model: str | None) -> None:
+        steps, conc, rep = key
+        plan, planned = self.plan, self.plan.requests_for(conc)
+        started = now_iso()
+        try:
+            model = model or await resolve_model(base_url, self.model, self.api_key_env)
+        except UserError as err:
+            self._finish(failed_point(key, str(err), planned) | {"stop_reason": "no_model"})
+            return
+        config = client_config(plan, self.backend, base_url, model, self.api_key_env, self.timeouts.request_timeout_s)
+        done = 0
+
+        def on_record(rec: RequestRecord) -> None:
+            nonlocal done
+            done += 1
+            self.folder.append_request({"steps": steps, "concurrency": conc, "repeat": rep, **rec.to_json()})
+            self.listener.request_finished(key, rec, done, planned)
+
+        mark = self.folder.request_mark()
+        try:
+            w = await measure_window(
+                self.backend, config, self.prompts, plan.strategy(conc), plan.constraints(planned),
+                warmup_requests=plan.warmup_for(conc), warmup_concurrency=conc,
+                warmup_timeout_s=self.timeouts.warmup_timeout_s, max_failure_rate=plan.max_failure_rate,
+                slo_ttft_ms=plan.slo_ttft_ms, slo_tpot_ms=plan.slo_tpot_ms, on_record=on_record,
+                on_start=lambda t0: self.listener.point_started(key, planned),
+                batch_size_interval_s=self.batch_size_interval_s, warn=self.listener.warning)
+        except BaseException:
+            self.folder.truncate_requests(mark)  # an unfinished point leaves no records behind
+            raise
+        if w.stuck is not None:
+            self.listener.warning(f"K={steps} c={conc}: {w.stuck}")
+            self._finish(failed_point(key, w.stuck, planned) | {"stop_reason": "warmup_timeout"})
+            return
+        result, records, acc, batch, metrics, limited = (w.result, w.records, w.acceptance, w.batch_size,
+                                                         dict(w.metrics), w.client_limit)
+        if limited is not None:
+            self.listener.warning(f"K={steps} c={conc}: {limited}; its latencies include the client's own queueing "
+                                  "(lower the concurrency, or give spectune a core of its own)")
+        metrics.update(acceptance_length=acc.acceptance_length, acceptance_rate=acc.acceptance_rate,
+                       acceptance_length_source=acc.source, batch_size_mean=batch["mean"] if batch else None,
+                       batch_size_p50=batch["p50"] if batch else None,
+                       batch_size_source=batch["source"] if batch else "none")
+        log_tail = self.backend.failure_log() if w.status != "ok" else ""
+        if log_tail:
+            self.listener.server_failed(steps, f"the server died during K={steps} c={conc}: {w.error}", log_tail)
+        warm_failed = sum(not r.ok for r in w.warmup)
+        if w.warmup and warm_failed == len(w.warmup):
+            self.listener.warning(f"K={steps} c={conc}: every warm-up request failed ({w.warmup[0].error})")
+        ask = lambda recs: window_acceptance(self.backend, None, None, recs)  # noqa: E731 - per-request sources
+        self._finish({
+            "steps": steps, "concurrency": conc, "repeat": rep, "status": w.status, "error": w.error,
+            "metrics": metrics,
+            "acceptance": {"per_position": acc.per_position, "num_drafts": acc.num_drafts, "warning": acc.warning,
+                           "cross_check": acc.cross_check},
+            "batch_size": batch,
+            "per_category": per_category_points(records, result.duration_s, steps, ask),
+            "window": {"start_s": result.window_start, "end_s": result.window_end},
+            "requests_planned": planned, "stop_reason": result.stop_reason,
+            "warmup": {"requests": len(w.warmup), "failed": warm_failed}, "client_limit": limited,
+            "model": model, "base_url": base_url, "started": started, "finished": now_iso(),
+            **({"log_tail": log_tail} if log_tail else {}),
+        })
+
+
+async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,
+                  resume: bool = False, retry_failed: bool = False,
+                  listener: SweepListener | None = None, timeouts: ClientTimeouts | None = None) -> SweepOutcome:
+    """Check everything, then run the sweep: the whole of ``spectune sweep`` except signals and rendering.
+
+    Order of checks (each a one-line :class:`UserError`, before anything is measured or written): the plan, the
+    backend options (``make_backend``), the dataset, the output folder (plan and finished points), and the
+    backend's ``preflight`` (endpoints reachable, executables present). Then sweep.json is written and the
+    missing points run. The backend is always closed (servers stopped), also when cancelled.
+
+    Raises:
+        UserError: see above. asyncio.CancelledError: the sweep was cancelled (finished points are kept).
+    """
+    from spectune.loadgen.datasets import load_dataset
+
+    listener = listener or SweepListener()
+    timeouts = timeouts or ClientTimeouts()
+    plan.validate()
+    timeouts.validate()
+    folder = SweepFolder(output_dir)
+    options.max_concurrency = max(plan.concurrency)
+    options.max_tokens = plan.max_tokens
+    options.log_dir = folder.logs
+    backend = make_backend(backend_name, options)
+    outcome = SweepOutcome(folder.path, plan)
+    try:
+        with warnings.catch_warnings(record=True) as caught:  # e.g. 'random' prompts: shown as sweep warnings
+            warnings.simplefilter("always")
+            prompts = load_dataset(plan.dataset, plan.num_prompts, plan.seed)
+        for w in caught:
+            listener.warning(str(w.message))
+        kept = folder.check(plan.to_json(), resume, retry_failed)
+        for warning in await backend.preflight(list(plan.steps)):
+            listener.warning(warning)
+        done = {(p["steps"], p["concurrency"], p.get("repeat", 0)) for p in kept}
+        todo = [k for k in plan.points() if k not in done]
+        meta = _meta(folder, plan, backend)
+        meta["client"] = timeouts.to_json()
+        folder.open(meta, kept)
+        listener.sweep_started(plan, todo, kept)
+        sweep = Sweep(plan, backend, folder, prompts, meta, listener, options.model, options.api_key_env, timeouts)
+        try:
+            await sweep.run(todo)
+        finally:
+            outcome.ran, outcome.points = sweep.ran, list(folder.points)
+    finally:
+        try:
+            await backend.close()
+        finally:
+            folder.close()
+    return outcome
+
+
+def _meta(folder: SweepFolder, plan: SweepPlan, backend: Backend) -> dict[str, Any]:
+    """sweep.json for this run; a resumed sweep keeps ``created`` and moves the earlier runs' environment into
+    ``history``."""
+    import spectune
+
+    env = environment()
+    meta = {"spectune_version": spectune.__version__, "created": now_iso(), "plan": plan.to_json(),
+            "backend": backend.describe(), **env}
+    old = folder.read_meta()
+    if old is not None:
+        history = list(old.get("history") or [])
+        history.append({k: old.get(k) for k in ("created", "resumed", "backend", "host", "versions") if k in old})
+        meta.update(created=old.get("created", meta["created"]), resumed=now_iso(), history=history)
+    return meta
+
+
+def run_blocking(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,
+                 resume: bool = False, retry_failed: bool = False,
+                 listener: SweepListener | None = None, timeouts: ClientTimeouts | None = None) -> SweepOutcome:
+    """Run :func:`execute` under :func:`run_with_signals`: SIGINT/SIGTERM cancel it cleanly (the current point is
+    dropped, finished points stay, servers are stopped) and the outcome's ``interrupted`` holds the signal number.
+
+    Raises:
+        UserError: from :func:`execute`.
+    """
+    outcome, sig = run_with_signals(
+        lambda: execute(plan, backend_name, options, output_dir, resume, retry_failed, listener, timeouts))
+    if sig is not None:
+        return SweepOutcome(Path(output_dir), plan, SweepFolder(output_dir).read_points(), 0, sig)
+    assert outcome is not None
+    return outcome
+
+
+def failed_point(key: Key, error: str, planned: int, log_tail: str = "") -> dict[str, Any]:
+    """A points.jsonl object for a point that measured nothing (its server never came up)."""
+    metrics: dict[str, Any] = {c: None for c in SUMMARY_COLUMNS if c not in (*KEY_COLUMNS, *STATUS_COLUMNS)}
+    metrics.update(num_requests=0, num_failed=0, total_output_tokens=0, acceptance_length_source="none",
+                   batch_size_source="none")
+    steps, conc, rep = key
+    return {"steps": steps, "concurrency": conc, "repeat": rep, "status": "failed", "error": error,
+            "metrics": metrics, "acceptance": {"per_position": [], "num_drafts": None, "warning": None},
+            "batch_size": None,
+            "per_category": {}, "window": {"start_s": None, "end_s": None}, "requests_planned": planned,
+            "stop_reason": "server_start_failed", "log_tail": log_tail, "finished": now_iso()}

@@ -1,0 +1,65 @@
+"""Every file ``spectune recommend`` writes: the engines' configs (each parsed back by the engine-format readers of
+:mod:`spectune.backends.adaptive.config` first), recommendation.json and recommendation.md."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from spectune.backends.adaptive.config import parse_sglang_adaptive_config, parse_vllm_speculative_config
+from spectune.tune.configs import best_static_json, llamacpp_settings, sglang_configs, trtllm_config, vllm_config
+from spectune.tune.markdown import recommendation_markdown
+from spectune.tune.recommend import Recommendation
+
+
+def write_recommendation(rec: Recommendation, out: Path, source: str,
+                         algorithm: tuple[str | None, str] = (None, "unknown")) -> dict[str, Path]:
+    """Write every output of ``spectune recommend`` into ``out`` (created if needed); each emitted config is
+    parsed back with :mod:`spectune.backends.adaptive.config` first. ``algorithm``: the sweep's draft-head method
+    (``eagle``/``eagle3``, :func:`spectune.backends.draft_algorithm`) and how it was found, for the launch flags.
+    Returns {file name: path}.
+
+    Raises:
+        ValueError: an emitted config fails validation (a spectune bug, never user input).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    configs, notes = sglang_configs(rec)
+    files: dict[str, str] = {}
+    payload: dict[str, Any] = {}
+    for preset, cfg in configs.items():
+        parse_sglang_adaptive_config(cfg, source=f"sglang-adaptive-{preset}", strict=True)
+        payload[f"sglang-adaptive-{preset}.json"] = cfg
+        files[f"sglang-adaptive-{preset}.json"] = f"SGLang `--speculative-adaptive-config` ({preset} ladders)"
+    vllm = vllm_config(rec)
+    if vllm is not None:
+        parse_vllm_speculative_config(vllm)
+        payload["vllm-speculative-config.json"] = vllm
+        files["vllm-speculative-config.json"] = ("merge into vLLM `--speculative-config` (add `method` and `model`); "
+                                                 "schedule ranges are inclusive batch sizes; vLLM ignores the "
+                                                 "schedule at `--data-parallel-size` > 1")
+    else:
+        rec.warnings.append("no batch-size slot speculates: no vLLM schedule written (vLLM needs K >= 1)")
+    trtllm = trtllm_config(rec)
+    if trtllm is not None:
+        payload["trtllm-speculative-config.json"] = trtllm
+        files["trtllm-speculative-config.json"] = ("merge into TensorRT-LLM's `speculative_config` (add "
+                                                   "`decoding_type` and `speculative_model`); schedule keys are "
+                                                   "batch-size thresholds")
+    llamacpp = llamacpp_settings(rec)
+    if llamacpp is not None:
+        payload["llamacpp-settings.json"] = llamacpp
+        files["llamacpp-settings.json"] = ("llama-server flags: one static draft length for the whole concurrency "
+                                           "range (llama.cpp has no per-batch-size schedule)")
+    payload["best-static.json"] = best_static_json(rec, algorithm[0])
+    files["best-static.json"] = "the best single static num_steps and its launch flags"
+    payload["recommendation.json"] = {**rec.to_json(), "ladder_notes": notes}
+    files["recommendation.json"] = "every cell, choice, slot and score (machine-readable)"
+    paths = {}
+    for name, obj in payload.items():
+        paths[name] = out / name
+        paths[name].write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    paths["recommendation.md"] = out / "recommendation.md"
+    paths["recommendation.md"].write_text(recommendation_markdown(rec, files, configs, notes, source, algorithm),
+                                          encoding="utf-8")
+    return paths

@@ -1,0 +1,388 @@
+"""Pick the best static num_steps per concurrency from a sweep, and batch-size slots where that choice changes.
+
+The rule, restated from vLLM's ``vllm bench sweep tune_speculative_k`` (median per cell, MAD noise check, smallest K
+within a tolerance of the best) and extended (docs/recommend.md is the user-facing description):
+
+1. Cell = (num_steps, concurrency). Repeats are reduced to medians. A cell with any failed repeat is ``failed``;
+   a cell of the plan with no row is ``missing``; both are ineligible and reported, never averaged.
+2. Spread of a cell = 1.4826 * MAD / |median| of the objective over its ok repeats (robust relative standard
+   deviation; needs >= 2 repeats). Above ``max_spread`` the cell is ``noisy``: it may win only when no quiet
+   eligible cell exists at that concurrency.
+3. SLO rule (SpecServe, Huang et al.): a num_steps whose TPOT p99 exceeds the TPOT SLO is not allowed; neither is
+   one whose SLO attainment is below ``min_slo_attainment``. If no num_steps at a concurrency meets the SLO the
+   best by the objective is still chosen (a config needs a value there) and flagged ``slo-unmet``.
+4. Among the candidates the best median wins, but every num_steps within the noise band of it (the larger of
+   ``noise_band`` and the best cell's own spread) ties, and the smallest tied num_steps is chosen.
+5. Slots start where the chosen num_steps changes, keyed on batch size, since SGLang and vLLM route by the batch
+   they actually run. The key of a concurrency is the engine's measured running batch size of its chosen cell
+   (``batch_size_mean``: the time average of the engine's running-requests gauge over the window, median over
+   repeats) when every chosen cell has one; else concurrency itself (a closed loop at concurrency C runs batches of
+   at most C requests, fewer while requests prefill, queue or straggle). The boundary between keys a < b is the
+   geometric midpoint round(sqrt(a*b)) (``boundary="geometric"``) or round(b) (``boundary="measured"``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from spectune.loadgen.errors import UserError
+from spectune.results.reader import Results, summary_with_slos
+
+#: objective name -> (summary column, direction, unit)
+OBJECTIVES = {"throughput": ("output_throughput_tok_s", "max", "tokens/s"),
+              "tpot": ("tpot_p50_ms", "min", "ms"),
+              "goodput": ("goodput_req_s", "max", "req/s")}
+#: columns reduced to per-cell medians
+CELL_METRICS = ("output_throughput_tok_s", "tpot_p50_ms", "tpot_p99_ms", "ttft_p50_ms", "ttft_p99_ms",
+                "acceptance_length", "slo_attainment", "goodput_req_s", "achieved_concurrency", "batch_size_mean")
+MAD_TO_SIGMA = 1.4826  # MAD -> standard deviation for normal data (as vLLM's tune_speculative_k)
+
+
+@dataclass
+class RecommendOptions:
+    """Knobs of the recommendation. Fractions, not percent (0.02 = 2%); SLOs in ms (None: not given)."""
+
+    objective: str = "throughput"
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    min_slo_attainment: float = 0.9
+    noise_band: float = 0.02
+    max_spread: float = 0.05
+    boundary: str = "geometric"
+    max_batch_size: int | None = None
+
+
+@dataclass
+class Cell:
+    """One (num_steps, concurrency) cell: status ``ok``/``failed``/``missing``/``no-data``, medians, flags."""
+
+    steps: int
+    concurrency: int
+    status: str
+    n_ok: int = 0
+    n_runs: int = 0
+    objective: float = math.nan
+    spread: float = math.nan
+    noisy: bool = False
+    metrics: dict[str, float] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def eligible(self) -> bool:
+        """Measured, not failed, finite objective and no SLO violation."""
+        return self.status == "ok" and not self.violations and math.isfinite(self.objective)
+
+
+@dataclass
+class Choice:
+    """The chosen num_steps at one concurrency (None: nothing usable was measured there)."""
+
+    concurrency: int
+    steps: int | None
+    best_steps: int | None = None
+    band: float = 0.0
+    tier: str = "none"  # "quiet" | "noisy" | "slo-unmet" | "none"
+    reason: str = ""
+
+
+@dataclass
+class Slot:
+    """A batch-size range [lower, upper] (upper None = open) that runs ``steps``; built from ``concurrencies``."""
+
+    lower: int
+    upper: int | None
+    steps: int
+    concurrencies: list[int]
+
+
+@dataclass
+class Recommendation:
+    """Everything ``spectune recommend`` decided; :meth:`to_json` is ``recommendation.json``.
+
+    ``batch_sizes``: concurrency -> the chosen cell's measured running batch size (requests) the slots are keyed on,
+    empty when they are keyed on concurrency; ``batch_size_source``: the engine gauge it came from, or
+    ``"concurrency"``.
+    """
+
+    options: RecommendOptions
+    cells: list[Cell]
+    choices: list[Choice]
+    slots: list[Slot]
+    best_static: int | None
+    static_scores: dict[int, float]
+    warnings: list[str]
+    findings: list[dict[str, Any]] = field(default_factory=list)  # batch-dependent acceptance (spectune.results.batch_acceptance)
+    batch_sizes: dict[int, float] = field(default_factory=dict)
+    batch_size_source: str = "concurrency"
+
+    def cell(self, steps: int, concurrency: int) -> Cell | None:
+        """The cell at (steps, concurrency), or None if neither was in the plan."""
+        return next((c for c in self.cells if c.steps == steps and c.concurrency == concurrency), None)
+
+    @property
+    def steps(self) -> list[int]:
+        """Every swept num_steps, ascending."""
+        return sorted({c.steps for c in self.cells})
+
+    @property
+    def concurrencies(self) -> list[int]:
+        """Every swept concurrency, ascending."""
+        return sorted({c.concurrency for c in self.cells})
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (NaN -> None)."""
+        def clean(x: Any) -> Any:
+            if isinstance(x, float) and not math.isfinite(x):
+                return None
+            if isinstance(x, dict):
+                return {str(k): clean(v) for k, v in x.items()}
+            if isinstance(x, list):
+                return [clean(v) for v in x]
+            return x
+        cells = [{**asdict(c), "eligible": c.eligible} for c in self.cells]
+        return clean({"options": asdict(self.options), "choices": [asdict(c) for c in self.choices],
+                      "slots": [asdict(s) for s in self.slots], "slot_key": self.batch_size_source,
+                      "batch_sizes": self.batch_sizes, "best_static_num_steps": self.best_static,
+                      "static_scores": self.static_scores, "cells": cells, "warnings": self.warnings,
+                      "batch_dependent_acceptance": self.findings})
+
+
+def effective_slos(results: Results, opts: RecommendOptions) -> tuple[float | None, float | None, str]:
+    """SLOs to apply: the command line's, else the sweep plan's. Returns (ttft_ms, tpot_ms, where from)."""
+    if opts.slo_ttft_ms is not None or opts.slo_tpot_ms is not None:
+        return opts.slo_ttft_ms, opts.slo_tpot_ms, "command line"
+    plan = results.plan
+    ttft, tpot = plan.get("slo_ttft_ms"), plan.get("slo_tpot_ms")
+    return ttft, tpot, ("sweep plan" if ttft is not None or tpot is not None else "none")
+
+
+def _cell(steps: int, conc: int, rows: pd.DataFrame, opts: RecommendOptions,
+          ttft: float | None, tpot: float | None) -> Cell:
+    col, _, _ = OBJECTIVES[opts.objective]
+    if rows.empty:
+        return Cell(steps, conc, "missing", notes=["not measured"])
+    ok = rows[rows["status"] == "ok"]
+    cell = Cell(steps, conc, "ok", n_ok=len(ok), n_runs=len(rows))
+    cell.metrics = {m: float(ok[m].median()) if m in ok and ok[m].notna().any() else math.nan for m in CELL_METRICS}
+    if len(ok) < len(rows):
+        cell.status = "failed"
+        err = next((e for e in rows.get("error", pd.Series(dtype=str)) if isinstance(e, str) and e), "")
+        cell.notes.append(f"{len(rows) - len(ok)}/{len(rows)} repeat(s) failed" + (f": {err}" if err else ""))
+    vals = ok[col].dropna().to_numpy(float) if col in ok else np.array([])
+    if len(vals) == 0:
+        if cell.status == "ok":
+            cell.status = "no-data"
+            cell.notes.append(f"no {col} values")
+        return cell
+    cell.objective = float(np.median(vals))
+    if len(vals) >= 2 and cell.objective != 0:
+        cell.spread = MAD_TO_SIGMA * float(np.median(np.abs(vals - cell.objective))) / abs(cell.objective)
+        cell.noisy = cell.spread > opts.max_spread
+    p99, att = cell.metrics["tpot_p99_ms"], cell.metrics["slo_attainment"]
+    if tpot is not None and math.isfinite(p99) and p99 > tpot:
+        cell.violations.append(f"TPOT p99 {p99:.1f} ms > SLO {tpot:g} ms")
+    if (ttft is not None or tpot is not None) and math.isfinite(att) and att < opts.min_slo_attainment:
+        cell.violations.append(f"SLO attainment {att:.2f} < {opts.min_slo_attainment:g}")
+    return cell
+
+
+def _better(a: float, b: float, direction: str) -> bool:
+    return a > b if direction == "max" else a < b
+
+
+def _within(value: float, best: float, band: float, direction: str) -> bool:
+    return value >= best * (1 - band) if direction == "max" else value <= best * (1 + band)
+
+
+def choose(cells: list[Cell], conc: int, opts: RecommendOptions) -> Choice:
+    """Choose num_steps at one concurrency (rules 2-4 of the module docstring)."""
+    col, direction, unit = OBJECTIVES[opts.objective]
+    here = sorted((c for c in cells if c.concurrency == conc), key=lambda c: c.steps)
+    measured = [c for c in here if c.status == "ok" and math.isfinite(c.objective)]
+    tiers = (("quiet", [c for c in measured if c.eligible and not c.noisy]),
+             ("noisy", [c for c in measured if c.eligible and c.noisy]),
+             ("slo-unmet", measured))
+    tier, pool = next(((t, p) for t, p in tiers if p), ("none", []))
+    notes = [f"K={c.steps} {c.status}" + (f" ({'; '.join(c.notes)})" if c.notes else "")
+             for c in here if c.status != "ok"]
+    notes += [f"K={c.steps} excluded: {'; '.join(c.violations)}" for c in measured if c.violations]
+    if not pool:
+        return Choice(conc, None, reason="no usable measurement: " + "; ".join(notes))
+    best = pool[0]
+    for c in pool[1:]:
+        if _better(c.objective, best.objective, direction):
+            best = c
+    band = max(opts.noise_band, best.spread if math.isfinite(best.spread) else 0.0)
+    win = next(c for c in pool if _within(c.objective, best.objective, band, direction))
+    parts = [f"K={win.steps}: {col} {win.objective:.4g} {unit}"]
+    if win is not best:
+        parts.append(f"within the {band:.1%} noise band of the best K={best.steps} ({best.objective:.4g}); "
+                     "the smaller num_steps is preferred")
+    noisy = [c.steps for c in measured if c.noisy]
+    if noisy:
+        parts.append(f"noisy (spread > {opts.max_spread:.0%}): K={','.join(map(str, noisy))}"
+                     + ("; chosen only because no quiet eligible K exists" if tier == "noisy" else ""))
+    if tier == "slo-unmet":
+        parts.append("no num_steps meets the SLO here: chosen by the objective alone")
+    return Choice(conc, win.steps, best.steps, band, tier, "; ".join(parts + notes))
+
+
+def build_slots(choices: list[Choice], boundary: str = "geometric",
+                batch_sizes: dict[int, float] | None = None) -> list[Slot]:
+    """Merge consecutive concurrencies with the same num_steps into batch-size slots (rule 5). The first slot
+    starts at 1; concurrencies without a choice are skipped (the slot below them extends over them).
+
+    ``batch_sizes`` (concurrency -> measured running batch size, requests) keys the boundaries on measured batch
+    size: between keys a and b the boundary is round(sqrt(a*b)) (geometric) or round(b) (measured), and each slot
+    starts at least one above the previous one. Without it the keys are the concurrencies (boundary also at most b).
+    """
+    def half_up(x: float) -> int:
+        return math.floor(x + 0.5)
+
+    slots: list[Slot] = []
+    prev: int | None = None
+    for ch in sorted((c for c in choices if c.steps is not None), key=lambda c: c.concurrency):
+        if slots and ch.steps == slots[-1].steps:
+            slots[-1].concurrencies.append(ch.concurrency)
+        else:
+            lower = 1
+            if slots and prev is not None:
+                if batch_sizes:
+                    a, b = batch_sizes[prev], batch_sizes[ch.concurrency]
+                    mid = half_up(math.sqrt(a * b)) if boundary == "geometric" else half_up(b)
+                    lower = max(mid, slots[-1].lower + 1)
+                else:
+                    mid = half_up(math.sqrt(prev * ch.concurrency)) if boundary == "geometric" else ch.concurrency
+                    lower = min(max(mid, prev + 1), ch.concurrency)
+                slots[-1].upper = lower - 1
+            slots.append(Slot(lower, None, int(ch.steps), [ch.concurrency]))  # type: ignore[arg-type]
+        prev = ch.concurrency
+    return slots
+
+
+def measured_batch_sizes(cells: list[Cell], choices: list[Choice],
+                         df: pd.DataFrame) -> tuple[dict[int, float], str]:
+    """(concurrency -> measured running batch size of the chosen cell, the gauge it came from) when every chosen
+    cell has a finite positive ``batch_size_mean``; else ({}, ``"concurrency"``): slots keyed on concurrency."""
+    grid = {(c.steps, c.concurrency): c for c in cells}
+    sizes: dict[int, float] = {}
+    for ch in choices:
+        if ch.steps is None:
+            continue
+        v = grid[(ch.steps, ch.concurrency)].metrics.get("batch_size_mean", math.nan)
+        if not (math.isfinite(v) and v > 0):
+            return {}, "concurrency"
+        sizes[ch.concurrency] = v
+    if not sizes:
+        return {}, "concurrency"
+    sources = sorted({str(x) for x in df.get("batch_size_source", pd.Series(dtype=str)) if str(x) not in ("", "none")})
+    return sizes, ", ".join(sources) or "running batch size"
+
+
+def best_static(cells: list[Cell], choices: list[Choice],
+                opts: RecommendOptions) -> tuple[int | None, dict[int, float]]:
+    """The one num_steps with the best aggregate objective over concurrencies.
+
+    Aggregate = geometric mean over the chosen concurrencies of (objective / best objective there), inverted for
+    minimised objectives, so 1.0 means "as good as the per-concurrency best everywhere". Candidates must be
+    eligible at every such concurrency (else: measured ok everywhere); ties within the noise band go to the
+    smaller num_steps. Returns (num_steps or None, {num_steps: aggregate}).
+    """
+    _, direction, _ = OBJECTIVES[opts.objective]
+    concs = [c.concurrency for c in choices if c.steps is not None]
+    if not concs:
+        return None, {}
+    grid = {(c.steps, c.concurrency): c for c in cells}
+    for need in (lambda c: c.eligible, lambda c: c.status == "ok" and math.isfinite(c.objective)):
+        best = {k: max(((c.objective if direction == "max" else 1 / c.objective)
+                        for c in cells if c.concurrency == k and need(c) and c.objective > 0), default=math.nan)
+                for k in concs}
+        scores: dict[int, float] = {}
+        for k in sorted({c.steps for c in cells}):
+            row = [grid.get((k, conc)) for conc in concs]
+            if all(c is not None and need(c) and c.objective > 0 for c in row):
+                ratios = [(c.objective if direction == "max" else 1 / c.objective) / best[c.concurrency]
+                          for c in row]  # type: ignore[union-attr]
+                scores[k] = float(np.exp(np.mean(np.log(ratios))))
+        scores = {k: v for k, v in scores.items() if math.isfinite(v)}
+        if scores:
+            top = max(scores.values())
+            return min(k for k, v in scores.items() if v >= top * (1 - opts.noise_band)), scores
+    return None, {}
+
+
+def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
+    """Run the whole recommendation on loaded results.
+
+    Raises:
+        UserError: unknown objective, goodput without SLOs, or no concurrency with any usable measurement.
+    """
+    if opts.objective not in OBJECTIVES:
+        raise UserError(f"unknown objective '{opts.objective}': use one of {', '.join(OBJECTIVES)}")
+    warnings: list[str] = []
+    ttft, tpot, slo_src = effective_slos(results, opts)
+    if opts.objective == "goodput" and ttft is None and tpot is None:
+        raise UserError("--objective goodput needs --slo-ttft-ms and/or --slo-tpot-ms (the sweep had no SLOs)")
+    df = summary_with_slos(results, ttft, tpot, warnings)
+    if slo_src != "none":
+        warnings.append(f"SLOs from the {slo_src}: TTFT {ttft} ms, TPOT {tpot} ms")
+    plan = results.plan
+    steps = sorted(set(df["steps"]) | {int(s) for s in plan.get("steps") or []})
+    concs = sorted(set(df["concurrency"]) | {int(c) for c in plan.get("concurrency") or []})
+    groups = dict(iter(df.groupby(["steps", "concurrency"])))
+    cells = [_cell(k, c, groups.get((k, c), df.iloc[0:0]), opts, ttft, tpot) for c in concs for k in steps]
+    choices = [choose(cells, c, opts) for c in concs]
+    if all(ch.steps is None for ch in choices):
+        raise UserError(f"no usable measurement of {OBJECTIVES[opts.objective][0]} at any concurrency: "
+                        "every cell failed, is missing or lacks that column")
+    _, direction, _ = OBJECTIVES[opts.objective]
+    for ch in choices:
+        cell = next((c for c in cells if c.steps == ch.steps and c.concurrency == ch.concurrency), None)
+        for c in cells:
+            if (cell is not None and c.concurrency == ch.concurrency and c.noisy and c.eligible and ch.tier == "quiet"
+                    and not _within(cell.objective, c.objective, ch.band, direction)):
+                warnings.append(f"concurrency {ch.concurrency}: the noisy K={c.steps} (median {c.objective:.4g}, "
+                                f"spread {c.spread:.1%}) beats the chosen K={ch.steps} ({cell.objective:.4g}); "
+                                "more repeats of that cell would settle it")
+        ach = cell.metrics.get("achieved_concurrency", math.nan) if cell else math.nan
+        measured = cell.metrics.get("batch_size_mean", math.nan) if cell else math.nan
+        if math.isfinite(ach) and ach < 0.8 * ch.concurrency and not math.isfinite(measured):
+            warnings.append(f"concurrency {ch.concurrency}: achieved concurrency {ach:.1f} is well below the target, "
+                            "so it is a weak batch-size proxy there")
+    batch_sizes, batch_source = measured_batch_sizes(cells, choices, df)
+    slots = build_slots(choices, opts.boundary, batch_sizes or None)
+    static, scores = best_static(cells, choices, opts)
+    dp = ((results.sweep or {}).get("backend") or {}).get("data_parallel_size")
+    if isinstance(dp, int) and dp > 1:
+        warnings.append(f"the sweep ran at data-parallel size {dp}: vLLM ignores num_speculative_tokens_per_batch_size "
+                        "there (static num_speculative_tokens), and SGLang's adaptive mode does not run with "
+                        "attention DP; validate the configs on the deployment they are meant for")
+    from spectune.results.batch_acceptance import batch_dependent_acceptance
+
+    findings = [f.to_json() for f in batch_dependent_acceptance(results.points or [])]
+    return Recommendation(opts, cells, choices, slots, static, scores, warnings, findings, batch_sizes, batch_source)
+
+
+def versus_static(rec: Recommendation) -> list[dict[str, Any]]:
+    """Per concurrency: measured throughput (tokens/s) and TPOT p50 (ms) of the recommended num_steps, of the best
+    single static num_steps and of no speculation (K=0). The recommendation's numbers are its static cells
+    (adaptive switching overhead is not modelled); NaN where a cell was not measured ok."""
+    rows = []
+    for ch in rec.choices:
+        row: dict[str, Any] = {"concurrency": ch.concurrency, "recommended": ch.steps, "static": rec.best_static}
+        for name, k in (("rec", ch.steps), ("static", rec.best_static), ("k0", 0)):
+            cell = rec.cell(k, ch.concurrency) if k is not None else None
+            ok = cell is not None and cell.status == "ok"
+            for m, short in (("output_throughput_tok_s", "tput"), ("tpot_p50_ms", "tpot")):
+                row[f"{name}_{short}"] = cell.metrics.get(m, math.nan) if ok else math.nan  # type: ignore[union-attr]
+        for ref in ("static", "k0"):
+            row[f"tput_vs_{ref}"] = row["rec_tput"] / row[f"{ref}_tput"] if row[f"{ref}_tput"] else math.nan
+            row[f"tpot_vs_{ref}"] = row["rec_tpot"] / row[f"{ref}_tpot"] if row[f"{ref}_tpot"] else math.nan
+        rows.append(row)
+    return rows

@@ -1,0 +1,236 @@
+"""``spectune validate``: does a per-batch-size num_steps config beat every static num_steps under changing load?
+
+The same time-varying workload (:mod:`spectune.validate.workload`: same seeded prompts, same arrival schedule) runs
+once per
+static num_steps K (``run`` ``static:K``, one backend, a server per K or one switched server) and once against the
+config (``run`` ``config``: a second backend launched with ``BackendOptions.adaptive_config``, started at the
+config's largest candidate step, which SGLang and the bundled engine take as the initial tier and vLLM as
+``num_speculative_tokens``); with ``plan.repeats`` > 1 all of that repeats in alternating order
+(:meth:`~spectune.validate.plan.ValidatePlan.run_order`) and the tables and the verdict use the means
+(:func:`~spectune.validate.verdict.combine_repeats`). Per run and per phase it reports output throughput, TPOT
+p50/p99, SLO attainment, acceptance length and, where the server exposes them, num_steps switches
+(``Backend.switches``, read at the phase boundaries);
+:func:`~spectune.validate.verdict.verdict` rules on the overall numbers.
+
+Per phase: requests belong to the phase they were sent in (latency, SLO attainment, request counts); output
+throughput counts the tokens streamed inside the phase's window / its length; acceptance and switches are counter
+deltas between snapshots taken at the phase boundaries (per-request data where the backend has it: SGLang).
+Overall: the same over the scheduled window [0, total) (the drain after it is not counted in throughput).
+
+This module runs a validation (:class:`Validation`, :func:`execute`). The plan, listener and outcome are in
+:mod:`spectune.validate.plan`; the verdict and validate.md in :mod:`spectune.validate.verdict`; the folder in
+:class:`spectune.results.folder.ValidateFolder`;
+the per-phase numbers in :mod:`spectune.validate.phases`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from spectune.backends.base import Acceptance, Backend, BackendOptions, BackendStartError
+from spectune.loadgen.datasets import Prompt
+from spectune.loadgen.errors import UserError
+from spectune.loadgen.record import RequestRecord
+from spectune.measure.acceptance import window_acceptance
+from spectune.measure.window import Sample, Window, client_config, measure_window, resolve_model
+from spectune.results.folder import ValidateFolder
+from spectune.results.schema import now_iso
+from spectune.sweep.plan import ClientTimeouts
+from spectune.validate.phases import phase_index, split_by_phase, summarize_run
+from spectune.validate.plan import ValidateListener, ValidateOutcome, ValidatePlan, config_candidates
+from spectune.validate.verdict import combine_repeats, render_markdown, verdict
+
+FAILURE_STOP = 100
+"""A run stops sending after this many failed requests (a broken server would otherwise spin until the end)."""
+
+
+class Validation:
+    """Runs the static runs on ``static`` and the config run on ``adaptive`` (both preflighted), writing ``folder``."""
+
+    def __init__(self, plan: ValidatePlan, static: Backend, adaptive: Backend, folder: ValidateFolder,
+                 prompts: list[Prompt], meta: dict[str, Any], listener: ValidateListener, model: str | None,
+                 api_key_env: str | None, initial_steps: int, timeouts: ClientTimeouts | None = None) -> None:
+        self.plan, self.static, self.adaptive, self.folder, self.prompts = plan, static, adaptive, folder, prompts
+        self.meta, self.listener, self.model, self.api_key_env = meta, listener, model, api_key_env
+        self.initial_steps = initial_steps
+        self.timeouts = timeouts or ClientTimeouts()
+        self.runs: list[dict[str, Any]] = meta["runs"]
+
+    async def run_all(self) -> None:
+        """Every run of :meth:`ValidatePlan.run_order`; only one of the two servers is up at a time (a GPU may
+        hold only one)."""
+        active: Backend | None = None
+        try:
+            for name, k, repeat in self.plan.run_order(self.initial_steps):
+                backend = self.adaptive if name == "config" else self.static
+                if active is not None and active is not backend:
+                    await active.close()
+                active = backend
+                await self._run(backend, k, name, repeat)
+        finally:
+            await self.static.close()
+            await self.adaptive.close()
+
+    async def _run(self, backend: Backend, steps: int, name: str, repeat: int = 1) -> None:
+        from spectune.loadgen import Constraints
+
+        plan, workload = self.plan, self.plan.workload
+        base = {"run": name, "steps": steps, "repeat": repeat, "started": now_iso()}
+        label = name if plan.repeats == 1 else f"{name} #{repeat}"
+        self.listener.server_starting(label)
+        try:
+            endpoint = await backend.start(steps)
+            model = endpoint.model or await resolve_model(endpoint.base_url, self.model, self.api_key_env)
+        except (BackendStartError, UserError) as err:
+            lines = str(err).strip().splitlines() or [type(err).__name__]
+            self._finish({**base, "status": "failed", "error": lines[0], "phases": [], "overall": {},
+                          "log_tail": getattr(err, "log_tail", "")})
+            return
+        config = client_config(plan, backend, endpoint.base_url, model, self.api_key_env,
+                               self.timeouts.request_timeout_s)
+        t0: list[float] = []
+
+        def on_start(t: float) -> None:
+            t0.append(t)
+            self.listener.run_started(label, t, workload.total_s)
+
+        def on_record(rec: RequestRecord) -> None:
+            phase = phase_index(rec.send_time - t0[0], workload.bounds) + 1
+            self.folder.append_request({"run": name, "steps": steps, "repeat": repeat, "phase": phase,
+                                        **rec.to_json()})
+            self.listener.request_finished(label, rec, phase)
+
+        constraints = Constraints(max_requests=workload.max_requests(), max_duration_s=workload.total_s,
+                                  max_failures=FAILURE_STOP)
+        w = await measure_window(
+            backend, config, self.prompts, workload.strategy(), constraints, warmup_requests=plan.warmup,
+            warmup_concurrency=workload.first_concurrency(), warmup_timeout_s=self.timeouts.warmup_timeout_s,
+            max_failure_rate=plan.max_failure_rate, on_record=on_record, on_start=on_start,
+            boundaries_s=[end for _, end in workload.bounds], switches=True, batch_size_interval_s=None,
+            warn=self.listener.warning)
+        if w.stuck is not None:
+            self._finish({**base, "status": "failed", "error": w.stuck, "phases": [], "overall": {},
+                          "stop_reason": "warmup_timeout"})
+            return
+        result = w.result
+        phases, overall = summarize_run(result.records, result.start_time, workload.bounds, plan.slo_ttft_ms,
+                                        plan.slo_tpot_ms)
+        groups = split_by_phase(result.records, result.start_time, workload.bounds)
+        for i, d in enumerate(phases):
+            self._annotate(d, backend, w.samples, i, groups[i], workload.phases[i].label)
+        self._annotate(overall, backend, w.samples, None, result.records, "all", w.acceptance)
+        self._client_load(overall, w, label)
+        self._finish({**base, "status": w.status, "error": w.error, "phases": phases, "overall": overall,
+                      "switches_source": w.samples[0].switches_source, "model": model,
+                      "base_url": endpoint.base_url, "stop_reason": result.stop_reason,
+                      "t0": result.start_time,  # perf_counter s: requests.jsonl send_time - t0 gives the phase
+                      "warmup": {"requests": len(w.warmup), "failed": sum(not r.ok for r in w.warmup)}})
+
+    def _client_load(self, overall: dict[str, Any], w: Window, label: str) -> None:
+        """Add the load generator's own figures to the run's ``overall`` (``dispatch_delay_p90_ms``,
+        ``client_cpu_share``, ``client_limited``) and warn when it limited the run."""
+        overall.update(dispatch_delay_p90_ms=w.metrics["dispatch_delay_p90_ms"],
+                       client_cpu_share=w.metrics["client_cpu_share"], client_limited=w.client_limit is not None)
+        if w.client_limit is not None:
+            self.listener.warning(f"{label}: {w.client_limit}; its latencies include the client's own queueing")
+
+    def _annotate(self, d: dict[str, Any], backend: Backend, samples: list[Sample], phase: int | None,
+                  records: list[RequestRecord], label: str, acc: Acceptance | None = None) -> None:
+        """Add label, acceptance and switches of phase ``phase`` (0-based; None = the whole run, whose acceptance
+        ``acc`` the window measured) to ``d``, from the boundary samples (``samples[i]`` is taken at the start of
+        phase i; a run cut short has fewer)."""
+        first, last = (0, len(self.plan.workload.phases)) if phase is None else (phase, phase + 1)
+        before = samples[first] if first < len(samples) else None
+        after = samples[last] if last < len(samples) else None
+        if acc is None:
+            acc = window_acceptance(backend, before.snap if before else None, after.snap if after else None, records)
+        switches = None
+        if before is not None and after is not None and before.switches is not None and after.switches is not None:
+            switches = after.switches - before.switches
+        d.update(label=label, acceptance_length=acc.acceptance_length, acceptance_length_source=acc.source,
+                 num_steps_switches=switches)
+
+    def _finish(self, result: dict[str, Any]) -> None:
+        result["finished"] = now_iso()
+        self.runs.append(result)
+        self.meta["backend"] = {"static": self.static.describe(), "config": self.adaptive.describe()}
+        self.folder.write(self.meta)
+        self.listener.run_finished(result)
+
+
+async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions, output_dir: Path,
+                  listener: ValidateListener | None = None, config_launch: str | None = None,
+                  timeouts: ClientTimeouts | None = None) -> ValidateOutcome:
+    """Check everything, then run every static num_steps and the config under the workload, and rule.
+
+    Checks, in order, each a one-line UserError before anything runs or is written: the config file, the plan,
+    the output folder, both backends' options (the config backend gets ``adaptive_config`` and, for ``launch``,
+    ``config_launch`` as its template when given), the dataset (and the trace's categories), both preflights.
+
+    Raises:
+        UserError: see above. asyncio.CancelledError: cancelled (validate.json then says ``interrupted``).
+    """
+    import warnings
+
+    import spectune
+    from spectune.backends import make_backend
+    from spectune.backends.llamacpp.settings import FORMAT as LLAMACPP_SETTINGS
+    from spectune.loadgen.datasets import load_dataset
+    from spectune.measure.environment import environment
+    from spectune.validate.workload import arrange_prompts
+
+    listener = listener or ValidateListener()
+    timeouts = timeouts or ClientTimeouts()
+    fmt, candidates = config_candidates(plan.config)
+    plan.validate()
+    timeouts.validate()
+    folder = ValidateFolder(output_dir, render_markdown)
+    folder.check()
+    options = replace(options, max_concurrency=plan.workload.server_concurrency(), max_tokens=plan.max_tokens,
+                      log_dir=folder.logs, adaptive_config=None)
+    initial = max(candidates)
+    static_config = fmt == LLAMACPP_SETTINGS  # one static num_steps: the config run is a static server at K
+    adaptive_options = replace(options, adaptive_config=None if static_config else str(Path(plan.config).resolve()),
+                               log_dir=folder.logs / "config", launch=config_launch or options.launch)
+    static, adaptive = make_backend(backend_name, options), make_backend(backend_name, adaptive_options)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prompts = arrange_prompts(load_dataset(plan.dataset, plan.num_prompts, plan.seed), plan.workload.arrivals)
+    for w in caught:
+        listener.warning(str(w.message))
+    preflight = [*await static.preflight(list(plan.steps)), *await adaptive.preflight([initial])]
+    for message in preflight:
+        listener.warning(message)
+    meta = {"spectune_version": spectune.__version__, "created": now_iso(), "status": "running",
+            "warnings": list(dict.fromkeys(preflight)),
+            "plan": plan.to_json(), "config": {"path": plan.config, "format": fmt, "candidate_steps": list(candidates),
+                                               "initial_steps": initial},
+            "backend": {"static": static.describe(), "config": adaptive.describe()}, "runs": [], "verdict": None,
+            "client": timeouts.to_json(), **environment()}
+    folder.open()
+    outcome = ValidateOutcome(folder.path, plan, meta["runs"])
+    listener.started(plan, [n if plan.repeats == 1 else f"{n} #{r}" for n, _, r in plan.run_order(initial)])
+    try:
+        folder.write(meta)
+        await Validation(plan, static, adaptive, folder, prompts, meta, listener, options.model,
+                         options.api_key_env, initial, timeouts).run_all()
+        outcome.verdict = verdict(combine_repeats(meta["runs"]),
+                                  plan.slo_ttft_ms is not None or plan.slo_tpot_ms is not None, plan.tolerance)
+        meta.update(status="done", finished=now_iso(), verdict=asdict(outcome.verdict))
+    except asyncio.CancelledError:
+        meta.update(status="interrupted", finished=now_iso())
+        raise
+    except Exception as err:
+        meta.update(status="error", error=f"{type(err).__name__}: {err}", finished=now_iso())
+        raise
+    finally:
+        try:
+            await static.close()
+            await adaptive.close()
+        finally:
+            folder.write(meta)
+            folder.close()
+    return outcome

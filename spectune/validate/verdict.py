@@ -1,0 +1,187 @@
+"""What ``spectune validate`` writes and rules: the :class:`Verdict` on the runs (:func:`verdict`), the table cells
+of a run (:func:`row_cells`), validate.md (:func:`render_markdown`) and the results folder that holds them with
+requests.jsonl and validate.json (:class:`ValidateFolder`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+
+@dataclass
+class Verdict:
+    """The ruling on a validation.
+
+    Attributes:
+        passed: the config's overall output throughput >= (1 - tolerance) x the best static's and, with SLOs, its
+            SLO attainment is no lower than that static's nor than any static at least as fast as the config
+            (within the tolerance).
+        line: one line starting with ``PASS`` or ``FAIL`` that says why.
+        best_static: K of the static run the line names: the best static (highest overall output throughput;
+            ties: smaller K), or the static that meets the SLOs more often.
+        margin_pct: (config - that static) / that static x 100, overall output throughput (%); None if unknown.
+    """
+
+    passed: bool
+    line: str
+    best_static: int | None = None
+    margin_pct: float | None = None
+
+
+def verdict(runs: Sequence[dict[str, Any]], with_slo: bool, tolerance: float = 0.0) -> Verdict:
+    """Rule on finished runs (validate.json ``runs`` entries: ``run``, ``steps``, ``status``, ``error`` and
+    ``overall`` with ``output_throughput_tok_s`` and ``slo_attainment``); see :class:`Verdict`.
+
+    A failed config run, or no successful static run, is a FAIL (nothing shows the config is safe).
+    """
+    config = next((r for r in runs if r.get("run") == "config"), None)
+    if config is None or config.get("status") != "ok":
+        why = (config or {}).get("error") or "it did not run"
+        return Verdict(False, f"FAIL: the config run failed ({why})")
+    statics = sorted((r for r in runs if r.get("run", "").startswith("static:") and r.get("status") == "ok"
+                      and r["overall"].get("output_throughput_tok_s") is not None), key=lambda r: r["steps"])
+    if not statics:
+        return Verdict(False, "FAIL: no static num_steps run succeeded, so there is nothing to compare the config "
+                              "with")
+    best = max(statics, key=lambda r: r["overall"]["output_throughput_tok_s"])  # first max: the smaller K
+    k, bt = best["steps"], best["overall"]["output_throughput_tok_s"]
+    ct = config["overall"].get("output_throughput_tok_s") or 0.0
+    margin = (ct - bt) / bt * 100.0 if bt > 0 else 0.0
+    if ct < bt * (1.0 - tolerance):
+        return Verdict(False, f"FAIL: static K={k} beats the config by {-margin:.1f}% in output throughput "
+                              f"({bt:,.1f} vs {ct:,.1f} tok/s)", k, margin)
+    ca, slo_note = config["overall"].get("slo_attainment"), ""
+    if with_slo and ca is not None:
+        # the best static, and every static at least as fast as the config (throughput ties are common in open loop)
+        rivals = [r for r in statics if r is best or r["overall"]["output_throughput_tok_s"] >= ct * (1.0 - tolerance)]
+        rivals = [r for r in rivals if r["overall"].get("slo_attainment") is not None]
+        if rivals:
+            top = max(rivals, key=lambda r: r["overall"]["slo_attainment"])  # first max: the smaller K
+            ta = top["overall"]["slo_attainment"]
+            if ca < ta:
+                tm = (ct - top["overall"]["output_throughput_tok_s"]) / top["overall"]["output_throughput_tok_s"] * 100
+                return Verdict(False, f"FAIL: static K={top['steps']} meets the SLOs more often than the config "
+                                      f"({ta:.1%} vs {ca:.1%}, {(ta - ca) * 100:.1f} points) at {tm:+.1f}% "
+                                      "throughput", top["steps"], tm)
+            slo_note = f"; SLO attainment {ca:.1%} vs {ta:.1%} (K={top['steps']})"
+    return Verdict(True, f"PASS: the config delivers {ct:,.1f} tok/s, {margin:+.1f}% vs the best static num_steps "
+                         f"K={k} ({bt:,.1f} tok/s){slo_note}", k, margin)
+
+
+_SUMMED = ("num_requests", "num_failed", "output_tokens")
+
+
+def _mean_window(windows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One window's numbers over repeats: request and token counts summed, other numbers averaged (over the
+    repeats that have them), anything else (labels, bounds, sources) from the first."""
+    out = dict(windows[0])
+    for key, first in windows[0].items():
+        values = [w.get(key) for w in windows]
+        nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if key in ("phase", "start_s", "end_s") or not nums or not isinstance(first, (int, float, type(None))):
+            continue
+        out[key] = sum(nums) if key in _SUMMED else sum(nums) / len(nums)
+    return out
+
+
+def combine_repeats(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per run name (``static:K``, ``config``) in first-seen order: the mean of its repeats.
+
+    Overall and per phase: output throughput (tok/s), TPOT/TTFT percentiles (ms), SLO attainment, acceptance
+    length, switches and achieved concurrency are means over the repeats; request and token counts are sums. The
+    entry gains ``repeats`` and ``throughput_by_repeat`` (overall output tok/s of each repeat, in order). A run
+    with a failed repeat is failed (its error names the repeat). A run measured once is returned unchanged.
+    """
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault(r.get("run", ""), []).append(r)
+    out: list[dict[str, Any]] = []
+    for rs in groups.values():
+        if len(rs) == 1:
+            out.append(rs[0])
+            continue
+        base = {k: v for k, v in rs[0].items() if k not in ("phases", "overall", "repeat", "started", "finished")}
+        base.update(repeats=len(rs), throughput_by_repeat=[(r.get("overall") or {}).get("output_throughput_tok_s")
+                                                           for r in rs])
+        bad = next((r for r in rs if r.get("status") != "ok"), None)
+        if bad is not None:
+            out.append({**base, "status": bad.get("status", "failed"), "phases": [], "overall": {},
+                        "error": f"repeat {bad.get('repeat')}: {bad.get('error')}"})
+            continue
+        phases = [_mean_window(list(ps)) for ps in zip(*(r["phases"] for r in rs))]
+        out.append({**base, "status": "ok", "overall": _mean_window([r["overall"] for r in rs]), "phases": phases})
+    return out
+
+
+def _f(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def row_cells(d: dict[str, Any]) -> list[str]:
+    """Table cells of one run in one window: output tok/s, TPOT p50/p99 (ms), SLO attainment, acceptance length,
+    num_steps switches, achieved concurrency, requests (failed)."""
+    slo = d.get("slo_attainment")
+    return [_f(d.get("output_throughput_tok_s"), ",.1f"), _f(d.get("tpot_p50_ms"), ".2f"),
+            _f(d.get("tpot_p99_ms"), ".2f"), "-" if slo is None else f"{slo:.1%}",
+            _f(d.get("acceptance_length"), ".2f"), _f(d.get("num_steps_switches"), ".0f"),
+            _f(d.get("achieved_concurrency"), ".1f"), f"{d.get('num_requests', 0)} ({d.get('num_failed', 0)})"]
+
+
+ROW_HEADERS = ("output tok/s", "TPOT p50 ms", "TPOT p99 ms", "SLO attainment", "acceptance length",
+               "num_steps switches", "achieved concurrency", "requests (failed)")
+
+
+def render_markdown(meta: dict[str, Any]) -> str:
+    """validate.md: the verdict, the preflight warnings (``meta["warnings"]``: e.g. a server that will not run the
+    config as given), an overall table and a table per phase (a row per run, means over repeats; ``*`` = best
+    tok/s), and with repeats the overall output tok/s of every repeat."""
+    plan, cfg, raw = meta.get("plan") or {}, meta.get("config") or {}, meta.get("runs") or []
+    runs = combine_repeats(raw)
+    repeats = int(plan.get("repeats") or 1)
+    wl = plan.get("workload") or {}
+    lines = ["# spectune validate", "",
+             f"Config `{cfg.get('path')}` ({cfg.get('format')}, candidate steps "
+             f"{', '.join(map(str, cfg.get('candidate_steps') or []))}) against static num_steps "
+             f"{', '.join(map(str, plan.get('steps') or []))}; workload `{wl.get('name')}` "
+             f"({len(wl.get('phases') or [])} phases, {_f(wl.get('total_s'), 'g')} s); dataset {plan.get('dataset')}, "
+             f"max_tokens {plan.get('max_tokens')}, temperature {plan.get('temperature')}; "
+             f"SLOs TTFT {plan.get('slo_ttft_ms') or '-'} ms, TPOT {plan.get('slo_tpot_ms') or '-'} ms"
+             + (f"; {repeats} repeats in alternating order, tables show means." if repeats > 1 else "."), ""]
+    v = meta.get("verdict")
+    lines += [f"**{v['line']}**" if v else f"Status: {meta.get('status')} (no verdict yet)", ""]
+    if meta.get("warnings"):
+        lines += ["## Warnings", ""] + [f"- {w}" for w in meta["warnings"]] + [""]
+
+    def table(title: str, pick: Any) -> None:
+        rows = [(r, pick(r)) for r in runs]
+        best = max((d.get("output_throughput_tok_s") or 0.0 for r, d in rows if d and r.get("status") == "ok"),
+                   default=None)
+        lines.extend([f"## {title}", "", "| run | " + " | ".join(ROW_HEADERS) + " |",
+                      "|" + " --- |" * (len(ROW_HEADERS) + 1)])
+        for r, d in rows:
+            if r.get("status") != "ok" and not d:
+                lines.append(f"| {r['run']} | failed: {r.get('error') or ''} |" + " |" * (len(ROW_HEADERS) - 1))
+                continue
+            cells = row_cells(d or {})
+            if best and d and d.get("output_throughput_tok_s") == best:
+                cells[0] += " *"
+            status = "" if r.get("status") == "ok" else " (failed)"
+            lines.append(f"| {r['run']}{status} | " + " | ".join(cells) + " |")
+        lines.append("")
+
+    table("Overall", lambda r: r.get("overall"))
+    if repeats > 1:
+        lines += ["## Output tok/s per repeat", "", "| run | " + " | ".join(f"#{i + 1}" for i in range(repeats))
+                  + " |", "|" + " --- |" * (repeats + 1)]
+        for r in runs:
+            values = r.get("throughput_by_repeat") or [(r.get("overall") or {}).get("output_throughput_tok_s")]
+            lines.append(f"| {r['run']} | " + " | ".join(_f(v, ",.1f") for v in values) + " |")
+        lines += ["", "Execution order: " + ", ".join(f"{r.get('run')} #{r.get('repeat', 1)}" for r in raw), ""]
+    for i, ph in enumerate(wl.get("phases") or []):
+        title = f"Phase {ph['phase']}: {ph['label']} ({ph['start_s']:g}-{ph['end_s']:g} s)"
+        table(title, lambda r, i=i: (r.get("phases") or [None] * (i + 1))[i] if len(r.get("phases") or []) > i
+              else None)
+    lines += ["Output tok/s counts the tokens streamed inside each window; TPOT, SLO attainment and requests are "
+              "over the requests sent in it; acceptance length and switches are counter deltas over the window.", ""]
+    return "\n".join(lines)

@@ -1,0 +1,167 @@
+"""Shared helpers for tests that run the real SmolLM2 target: a random EAGLE-3 head and a server in a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from spectune.backends.local.build import DEFAULT_HEAD, EngineOptions, build_engine
+
+
+def random_smollm2_head(folder: Path) -> Path:
+    """A random EAGLE-3 head shaped for SmolLM2-135M (draft vocab 1024), saved in the published layout."""
+    from spectune.backends.local.eagle import DraftConfig, DraftHead
+    from spectune.backends.local.heads import save_head
+    from spectune.backends.local.weights import load_target
+
+    if (folder / "config.json").is_file():
+        return folder
+    target, _ = load_target(None, torch.float32, "cpu")
+    c = target.cfg
+    cfg = DraftConfig(kind="eagle3", hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                      num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, vocab_size=c.vocab_size,
+                      draft_vocab_size=1024, target_hidden_size=c.hidden_size, aux_layers=(1, 14, 26))
+    torch.manual_seed(0)
+    head = DraftHead(cfg, target.embed_tokens, target.lm_head)
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.02)
+        head.d2t.zero_()
+    save_head(head.to(torch.bfloat16), folder)
+    return folder
+
+
+def bundled_head_available() -> bool:
+    """True when the trained SmolLM2 head ships in the package."""
+    return (DEFAULT_HEAD / "config.json").is_file()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ThreadedServer:
+    """Runs :class:`spectune.backends.local.server.Server` on its own event loop in a daemon thread."""
+
+    def __init__(self, opts: EngineOptions | Any, model_name: str = "smollm2-test", api_key: str | None = None,
+                 metrics_without_key: bool = False) -> None:
+        """``opts``: EngineOptions to build the engine from, or an already built engine (tests/tiny_models.py)."""
+        from aiohttp import web
+
+        from spectune.backends.local.server import Server
+
+        self.engine = build_engine(opts) if isinstance(opts, EngineOptions) else opts
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.loop = asyncio.new_event_loop()
+        self.server = Server(self.engine, model_name, api_key, metrics_without_key)
+        self.runner = self.server.runner()
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(self.runner.setup())
+            self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
+            ready.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        ready.wait(30)
+
+    def close(self) -> None:
+        fut = asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop)
+        fut.result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def serve_in_thread(opts: EngineOptions, **kw: Any) -> Iterator[ThreadedServer]:
+    """Generator for pytest fixtures: yields a running server and closes it afterwards."""
+    server = ThreadedServer(opts, **kw)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+class SubprocessServer:
+    """The real ``python -m spectune.backends.local`` server process (what ``spectune serve`` and the ``local`` sweep
+    backend
+    run: the engine loop on the main thread, so an exception that escapes it ends the process).
+
+    Args:
+        options: EngineOptions fields as a dict (``--options`` JSON).
+        api_key: served API key (passed through an environment variable), or None.
+        extra: more command-line arguments.
+    """
+
+    def __init__(self, options: dict[str, Any], api_key: str | None = None, extra: tuple[str, ...] = (),
+                 log_path: Path | None = None, startup_timeout_s: float = 120.0) -> None:
+        import json
+        import os
+        import subprocess
+        import sys
+        import tempfile
+        import time
+
+        import requests
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        env = dict(os.environ, SPECTUNE_TEST_SERVER_KEY=api_key or "")
+        root = Path(__file__).resolve().parents[2]
+        env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        self.log_path = log_path or Path(tempfile.mkstemp(prefix="spectune-test-server-", suffix=".log")[1])
+        self._log = open(self.log_path, "wb")
+        argv = [sys.executable, "-m", "spectune.backends.local", "--options", json.dumps(options), "--port", str(self.port),
+                *(["--api-key-env", "SPECTUNE_TEST_SERVER_KEY"] if api_key else []), *extra]
+        self.proc = subprocess.Popen(argv, cwd=root, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + startup_timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()[-2000:]}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"server not healthy in {startup_timeout_s} s: {self.log()[-2000:]}")
+            time.sleep(0.2)
+
+    def log(self) -> str:
+        """Everything the server printed so far."""
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def gauge(self, name: str) -> float:
+        """A sample of /metrics, e.g. ``spectune:num_requests_running``."""
+        import requests
+
+        text = requests.get(self.url + "/metrics", headers=self.headers, timeout=10).text
+        line = next(l for l in text.splitlines() if l.startswith(name + " ") or l.startswith(name + "{"))
+        return float(line.rsplit(" ", 1)[1])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except Exception:  # noqa: BLE001
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()

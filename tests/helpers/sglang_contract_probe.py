@@ -1,0 +1,126 @@
+"""Run spectune's SGLang adaptive configs through SGLang's own code; print one JSON object with what it found.
+
+    PYTHONPATH=SGLANG_DIR:REPO python tests/sglang_contract_probe.py INPUT.json
+
+INPUT.json: ``{"configs": [{"path": FILE, "launch_steps": K or null}, ...], "batches": N, "seed": S}``. For each
+config file it reports SGLang's candidate union (``resolve_candidate_steps_from_config``), what SGLang's start-up
+check (``_init_adaptive_speculative_params``, ``arg_groups/speculative_hook.py``) does with ``launch_steps`` and
+without a value, and whether spectune's ``AdaptivePolicy`` and SGLang's ``AdaptiveSpeculativeParams`` choose the same
+num_steps over N random verify batches (random batch sizes and accepted drafts), from SGLang's initial tier. It
+also reports SGLang's ``DEFAULT_ADAPTIVE_CONFIG`` and the algorithms SGLang's ``SpeculativeAlgorithm`` parses.
+
+SGLang is imported from a wheel installed without its dependencies (``pip install --no-deps --target``) plus the few
+pure-Python modules its import chain needs; Triton (a GPU compiler, ~1 GB, never called by this code) is replaced by
+SGLang's own stub for platforms without it (``sglang/_platform_stubs.py``, used on macOS). It runs in a subprocess
+because importing SGLang patches torch and transformers process-wide.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import platform
+import random
+import sys
+from types import SimpleNamespace
+
+
+def install_triton_stub() -> None:
+    """SGLang's macOS Triton stub, installed here by presenting the platform it is written for."""
+    if importlib.util.find_spec("triton") is not None:
+        return
+    import psutil  # noqa: F401 - import before sys.platform is faked (psutil picks its backend at import)
+    import torch
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("sglang is not importable: put its install folder on PYTHONPATH")
+    path = list(spec.submodule_search_locations)[0] + "/_platform_stubs.py"
+    stub_spec = importlib.util.spec_from_file_location("_sglang_platform_stubs", path)
+    stubs = importlib.util.module_from_spec(stub_spec)
+    sys.modules[stub_spec.name] = stubs
+    stub_spec.loader.exec_module(stubs)  # type: ignore[union-attr]
+    real = (sys.platform, platform.machine, torch.backends.mps.is_available)
+    sys.platform, platform.machine, torch.backends.mps.is_available = "darwin", (lambda: "arm64"), (lambda: True)
+    try:
+        stubs.install_platform_stubs()
+    finally:
+        sys.platform, platform.machine, torch.backends.mps.is_available = real
+
+
+def start_up(init, path: str, steps: int | None) -> dict:
+    """SGLang's start-up handling of ``--speculative-num-steps`` ``steps`` with adaptive config ``path``."""
+    args = SimpleNamespace(speculative_adaptive_config=path, speculative_eagle_topk=None,
+                           speculative_num_steps=steps, speculative_num_draft_tokens=None)
+    try:
+        init(args)
+    except ValueError as err:
+        return {"accepted": False, "error": str(err)}
+    try:  # current SGLang declares resolved values (arg_groups/overrides.py) instead of setting them
+        from sglang.srt.arg_groups.overrides import resolution_result
+    except ImportError:
+        resolution_result = getattr  # type: ignore[assignment]
+    return {"accepted": True, "num_steps": resolution_result(args, "speculative_num_steps"),
+            "num_draft_tokens": resolution_result(args, "speculative_num_draft_tokens"),
+            "topk": resolution_result(args, "speculative_eagle_topk")}
+
+
+def replay(path: str, initial: int, batches: int, seed: int) -> dict:
+    """Both policies over the same random verify batches; the first differing batch, if any."""
+    from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams
+
+    from spectune.backends.adaptive.config import load_config_file
+    from spectune.backends.adaptive.policy import AdaptivePolicy
+
+    theirs = AdaptiveSpeculativeParams(initial_steps=initial, cfg_path=path)
+    ours = AdaptivePolicy(load_config_file(path, strict=False), initial_steps=initial)
+    rng = random.Random(seed)
+    for i in range(batches):
+        bs = rng.choice([1, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96])
+        k_theirs, k_ours = theirs.get_steps_for_batch(bs), ours.steps_for_batch(bs)
+        if k_theirs != k_ours:
+            return {"same": False, "batch": i, "batch_size": bs, "sglang": k_theirs, "spectune": k_ours}
+        accepted = [rng.randint(0, k_theirs) for _ in range(bs)]
+        theirs.on_verify_complete(accepted, bs)
+        ours.on_verify(accepted, bs)
+    return {"same": True, "batches": batches}
+
+
+def main() -> None:
+    job = json.loads(open(sys.argv[1]).read())
+    install_triton_stub()
+    from sglang.srt.arg_groups.speculative_hook import _init_adaptive_speculative_params
+    from sglang.srt.speculative import adaptive_spec_params as asp
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from spectune.backends.adaptive.config import load_config_file
+
+    import sglang
+
+    out: dict = {"sglang_version": getattr(sglang, "__version__", None),
+                 "default_config": asp.DEFAULT_ADAPTIVE_CONFIG, "configs": []}
+    algorithms = {}
+    for name in ("EAGLE", "EAGLE3"):
+        algo = SpeculativeAlgorithm.from_string(name)
+        algorithms[name] = {"is_eagle": bool(algo.is_eagle()), "is_eagle3": bool(algo.is_eagle3())}
+    out["algorithms"] = algorithms
+    for item in job["configs"]:
+        path = item["path"]
+        entry: dict = {"path": path, "union": asp.resolve_candidate_steps_from_config(path),
+                       "spectune_union": list(load_config_file(path, strict=False).candidate_steps),
+                       "spectune_initial": load_config_file(path, strict=False).server_initial_steps,
+                       "without_num_steps": start_up(_init_adaptive_speculative_params, path, None)}
+        for key in ("launch_steps", "rejected_steps"):
+            if item.get(key) is not None:
+                entry[key] = start_up(_init_adaptive_speculative_params, path, item[key])
+        initial = entry["without_num_steps"].get("num_steps")
+        entry["replay"] = replay(path, initial, job.get("batches", 4000), job.get("seed", 0))
+        if item.get("launch_steps") is not None:
+            entry["replay_from_launch"] = replay(path, item["launch_steps"], job.get("batches", 4000),
+                                                 job.get("seed", 0) + 1)
+        out["configs"].append(entry)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

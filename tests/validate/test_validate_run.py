@@ -1,0 +1,131 @@
+"""`spectune validate` as a user runs it (subprocesses): tests/fake_server.py launched per num_steps through the
+launch backend, two 1 s phases (concurrency 1, then 4). The config run gets its own template (--config-launch) so
+that its server is clearly faster or slower than the static ones, which makes the verdict certain."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spectune.validate.phases import phase_index
+from helpers.paths import FAKE_SERVER, ROOT as REPO_ROOT
+
+ROOT = REPO_ROOT
+FAKE = FAKE_SERVER
+
+
+def template(tokens_per_second: int) -> str:
+    return (f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE))} --port {{port}} --steps {{steps}} "
+            f"--tokens-per-second {tokens_per_second} --adaptive-config {{adaptive_config}}")
+
+
+@pytest.fixture
+def setup(tmp_path) -> tuple[Path, list[str]]:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"question {i}", "category": "chat"}) + "\n" for i in range(6)))
+    config = tmp_path / "adaptive.json"
+    config.write_text(json.dumps({"1": {"candidate_steps": [1, 3]}, "4": {"candidate_steps": [0, 1]}}))
+    args = ["--config", str(config), "--backend", "launch", "--workload", "c1@1,c4@1", "--dataset", f"jsonl:{prompts}",
+            "--num-prompts", "6", "--max-tokens", "12", "--warmup", "1", "--startup-timeout", "20"]
+    return tmp_path, args
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "spectune.cli", "validate", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=90)
+
+
+def test_validate_end_to_end_pass(setup):
+    tmp, args = setup
+    out = tmp / "out"
+    proc = cli(*args, "--steps", "0,3", "--launch", template(500), "--config-launch", template(5000),
+               "--output-dir", str(out))
+    assert proc.returncode == 0, proc.stderr
+    verdict_lines = [line for line in proc.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
+    assert len(verdict_lines) == 1
+    assert verdict_lines[0].startswith("PASS: the config delivers")
+    meta = json.loads((out / "validate.json").read_text())
+    assert meta["status"] == "done"
+    assert meta["verdict"]["passed"]
+    assert meta["verdict"]["best_static"] in (0, 3)
+    assert meta["config"]["candidate_steps"] == [0, 1, 3]
+    assert meta["config"]["initial_steps"] == 3
+    assert [r["run"] for r in meta["runs"]] == ["static:0", "static:3", "config"]
+    for r in meta["runs"]:
+        assert r["status"] == "ok"
+        assert [p["label"] for p in r["phases"]] == ["c=1", "c=4"]
+        assert all(p["num_requests"] > 0 and p["output_throughput_tok_s"] > 0 for p in r["phases"])
+    assert meta["runs"][0]["overall"]["acceptance_length"] == 1.0  # K = 0
+    config_launch = meta["backend"]["config"]["launches"][0]["command"]
+    assert "--adaptive-config " + str(tmp / "adaptive.json") in config_launch
+    assert "--steps 3" in config_launch
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    t0 = {r["run"]: r["t0"] for r in meta["runs"]}
+    bounds = [(0.0, 1.0), (1.0, 2.0)]
+    assert {(r["run"], r["phase"]) for r in records} == {(n, p) for n in t0 for p in (1, 2)}
+    assert all(r["phase"] == phase_index(r["send_time"] - t0[r["run"]], bounds) + 1 for r in records)
+    counts = {(n, p): sum(r["run"] == n and r["phase"] == p for r in records) for n in t0 for p in (1, 2)}
+    assert all(counts[n, p] == meta["runs"][i]["phases"][p - 1]["num_requests"]
+               for i, n in enumerate(t0) for p in (1, 2))
+    md = (out / "validate.md").read_text()
+    assert "## Phase 1: c=1 (0-1 s)" in md
+    assert "## Phase 2: c=4 (1-2 s)" in md
+    assert "**PASS: " in md
+
+
+def test_validate_fail_exit_code_and_margin(setup):
+    tmp, args = setup
+    proc = cli(*args, "--steps", "3", "--launch", template(5000), "--config-launch", template(300),
+               "--output-dir", str(tmp / "out"))
+    assert proc.returncode == 1, proc.stderr
+    assert "FAIL: static K=3 beats the config by " in proc.stdout
+    assert "% in output throughput" in proc.stdout
+    meta = json.loads((tmp / "out" / "validate.json").read_text())
+    assert not meta["verdict"]["passed"]
+    assert meta["verdict"]["margin_pct"] < 0
+
+
+def test_validate_repeats_interleave_and_average(setup):
+    tmp, args = setup
+    out = tmp / "out"
+    proc = cli(*args, "--steps", "0", "--repeats", "2", "--launch", template(500), "--config-launch",
+               template(5000), "--output-dir", str(out))
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads((out / "validate.json").read_text())
+    assert [(r["run"], r["repeat"]) for r in meta["runs"]] == [("static:0", 1), ("config", 1), ("config", 2),
+                                                               ("static:0", 2)]
+    assert all(r["status"] == "ok" for r in meta["runs"])
+    launches = [meta["backend"]["static"]["launches"], meta["backend"]["config"]["launches"]]
+    assert [len(x) for x in launches] == [2, 1]  # the config server serves repeats 1 and 2 in a row
+    mean = sum(r["overall"]["output_throughput_tok_s"] for r in meta["runs"] if r["run"] == "config") / 2
+    assert "PASS" in meta["verdict"]["line"]
+    assert f"{mean:,.1f} tok/s" in meta["verdict"]["line"]
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert {(r["run"], r["repeat"]) for r in records} == {("static:0", 1), ("static:0", 2), ("config", 1),
+                                                          ("config", 2)}
+
+
+def test_bad_config_is_one_line_before_anything_runs(setup):
+    tmp, args = setup
+    (tmp / "adaptive.json").write_text('{"1": {"candidate_step": [1, 3]}}')  # a typo SGLang would ignore
+    proc = cli(*args, "--launch", template(500), "--output-dir", str(tmp / "out"))
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "candidate_step" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp / "out").exists()
+
+
+def test_config_of_the_wrong_engine_is_refused(setup):
+    tmp, args = setup
+    (tmp / "adaptive.json").write_text("[[1, 8, 3], [9, 64, 1]]")  # a vLLM schedule for SGLang
+    args[args.index("launch")] = "sglang"
+    proc = cli(*args, "--model", "M", "--draft", "h", "--output-dir", str(tmp / "out"))
+    assert proc.returncode == 2
+    assert "vLLM schedule" in proc.stderr
+    assert not (tmp / "out").exists()
