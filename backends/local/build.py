@@ -140,8 +140,6 @@ def build_engine(opts: EngineOptions) -> Any:
 
         trace = TraceWriter(opts.trace_path)
     ecfg = EngineConfig(num_steps=opts.num_steps, max_num_seqs=slots, max_len=max_len, policy=policy, trace=trace,
-                        seed=opts.seed, steps_capacity=max_steps)
-    engine = Engine(runner, Tokenizer(folder), ecfg)
-    engine.model_name = os.path.basename(str(opts.model)) if opts.model else "SmolLM2-135M-Instruct"
-    engine.options = opts
-    return engine
+                        steps_capacity=max_steps)
+    name = os.path.basename(str(opts.model)) if opts.model else "SmolLM2-135M-Instruct"
+    return Engine(runner, Tokenizer(folder), ecfg, model_name=name)

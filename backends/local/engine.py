@@ -9,7 +9,6 @@ schedule (:mod:`spectune.backends.adaptive`).
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -75,7 +74,6 @@ class EngineConfig:
         max_prefill_tokens: prompt tokens prefilled per iteration.
         policy: an object with ``steps_for_batch(bs)`` and ``on_verify(accepted, bs)`` (backends.adaptive), or None.
         trace: an object with ``record(bs, accepted, num_steps)`` (backends.adaptive.trace.TraceWriter), or None.
-        seed: sampling seed.
         steps_capacity: the largest num_steps the cache was sized for (``max_len`` keeps K+1 spare positions).
     """
 
@@ -86,15 +84,20 @@ class EngineConfig:
     max_prefill_tokens: int = 1024
     policy: Any = None
     trace: Any = None
-    seed: int = 0
     steps_capacity: int = 0
 
 
 class Engine:
-    """Continuous-batching EAGLE engine over a :class:`SpecRunner`."""
+    """Continuous-batching EAGLE engine over a :class:`SpecRunner`.
 
-    def __init__(self, runner: SpecRunner, tokenizer: Tokenizer, cfg: EngineConfig) -> None:
-        self.runner, self.tokenizer, self.cfg = runner, tokenizer, cfg
+    Args:
+        runner: the model runner (target, head, KV cache). tokenizer: the target's tokenizer. cfg: limits and policy.
+        model_name: the name the server answers to (``/v1/models``) unless the command line names another.
+    """
+
+    def __init__(self, runner: SpecRunner, tokenizer: Tokenizer, cfg: EngineConfig,
+                 model_name: str = "spectune-engine") -> None:
+        self.runner, self.tokenizer, self.cfg, self.model_name = runner, tokenizer, cfg, model_name
         self.scheduler = Scheduler(cfg.max_num_seqs, cfg.max_waiting, cfg.max_prefill_tokens)
         self.stats = EngineStats(active_num_steps=cfg.num_steps)
         self.max_steps = max(getattr(cfg.policy, "max_steps", 0) or 0, cfg.num_steps)  # the largest K in use
@@ -345,12 +348,6 @@ class Engine:
     def _release(self) -> None:
         for src, dst in self.scheduler.release_finished():
             self.runner.move_slot(src, dst)
-
-
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    """(result, seconds) of ``fn()`` on the perf_counter clock."""
-    t = time.perf_counter()
-    return fn(), time.perf_counter() - t
 
 
 def seeded_generator(seed: int, device: torch.device) -> torch.Generator:
