@@ -352,11 +352,3 @@ def test_cli_bad_head_is_one_line_error(tmp_path: Path) -> None:
     assert proc.stderr.strip().splitlines() == [f"error: draft head {tmp_path / 'missing'} is not a folder: give an "
                                                 "EAGLE-3 head folder (config.json + model.safetensors), or omit "
                                                 "--head for the bundled one"]
-
-
-def test_sources_kept_apart() -> None:
-    """head_gguf sits in backends: it must not import spectune (imports point spectune -> backends -> loadgen)."""
-    source = (ROOT / "backends" / "llamacpp" / "head_gguf.py").read_text()
-    assert "import spectune" not in source
-    assert "from spectune" not in source
-
