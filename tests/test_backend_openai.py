@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -70,14 +69,14 @@ def test_malformed_urls_are_named(url):
         make_backend("openai", BackendOptions(endpoints={0: url}))
 
 
-def test_make_backend_names_and_validation(monkeypatch):
+def test_make_backend_names_and_validation():
     with pytest.raises(UserError, match="unknown backend 'tgi': use one of openai, launch, sglang, vllm, llamacpp, local"):
         make_backend("tgi", BackendOptions())
     with pytest.raises(UserError, match="--endpoint"):
         make_backend("openai", BackendOptions())
-    monkeypatch.setitem(sys.modules, "backends.local.backend", None)  # as before the bundled engine exists
-    with pytest.raises(UserError, match="bundled engine is not available yet"):
-        make_backend("local", BackendOptions())
+    from backends.local.backend import LocalBackend
+
+    assert type(make_backend("local", BackendOptions())) is LocalBackend
     assert BACKEND_NAMES == ("openai", "launch", "sglang", "vllm", "llamacpp", "local")
 
 
