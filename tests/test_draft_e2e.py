@@ -137,3 +137,20 @@ def test_draft_eval_end_to_end(straight) -> None:
         assert sum(r["per_position"]) == pytest.approx(r["accepted_tokens"] / r["verify_steps"])
         assert r["per_position"] == sorted(r["per_position"], reverse=True)
         assert sorted(r["per_category"]) == ["math", "writing"]
+
+
+@pytest.mark.slow
+def test_draft_train_with_magpie_prompts_on_the_real_chat_template(tmp_path) -> None:
+    """Magpie on SmolLM2's own chat template (tests/test_draft_magpie.py uses a stand-in engine): the target writes
+    2 user prompts after the ShareGPT ones. Its default-command twin is the ``straight`` run above."""
+    run = cli("draft", "train", "--output", str(tmp_path / "head"), "--work-dir", str(tmp_path / "work"),
+              "--magpie-prompts", "2", *SIZES, timeout=1800)
+    assert run.returncode == 0, run.stderr[-3000:]
+    magpie = rows(tmp_path / "work" / "magpie-prompts.jsonl")
+    assert len(magpie) >= 2
+    responses = rows(tmp_path / "work" / "responses.jsonl")
+    assert len(responses) == 6  # 4 ShareGPT + 2 Magpie
+    assert sum(r["id"].startswith("magpie-0-") for r in responses) == 2
+    assert all(len(m["text"].split()) >= 4 for m in magpie)  # the kept messages passed the word-count filter
+    ids = (tmp_path / "head" / "training-prompt-ids.txt").read_text().split()
+    assert sorted(ids) == sorted(r["id"] for r in responses)

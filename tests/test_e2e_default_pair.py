@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not bundled_head_available(), reason="the bundle
 def test_default_pair_sweep_then_recommend(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "spectune.cli", "sweep", "--steps", "0,3", "--concurrency", "1,4",
-           "--num-prompts", "8", "--max-tokens", "32", "--output-dir", str(out)]
+           "--num-prompts", "8", "--max-tokens", "32", "--device", "cpu", "--output-dir", str(out)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "K=0" in run.stdout and "K=3" in run.stdout and "concurrency" in run.stdout
