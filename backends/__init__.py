@@ -86,13 +86,8 @@ def make_backend(name: str, options: BackendOptions) -> Backend:
 
         return LlamaCppBackend(options)
     if key == "local":
-        try:
-            from spectune.backends.local.backend import LocalBackend
-        except ModuleNotFoundError as err:
-            if err.name in ("spectune.backends.local", "spectune.backends.local.backend"):
-                raise UserError("the bundled engine is not available yet: use --backend openai, launch, sglang "
-                                "or vllm") from None
-            raise
+        from spectune.backends.local.backend import LocalBackend
+
         return LocalBackend(options)
     raise UserError(f"unknown backend {name!r}: use one of {', '.join(BACKEND_NAMES)}")
 

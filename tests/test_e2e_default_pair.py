@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not bundled_head_available(), reason="the bundle
 def test_default_pair_sweep_then_recommend(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "spectune.cli", "sweep", "--steps", "0,3", "--concurrency", "1,4",
-           "--num-prompts", "8", "--max-tokens", "32", "--output-dir", str(out)]
+           "--num-prompts", "8", "--max-tokens", "32", "--device", "cpu", "--output-dir", str(out)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "K=0" in run.stdout
@@ -50,7 +50,16 @@ def test_default_pair_sweep_then_recommend(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     for name in ("custom", "conservative", "aggressive"):
         parse_sglang_adaptive_config(json.loads((rec / f"sglang-adaptive-{name}.json").read_text()), strict=True)
+    # recommend's rule on this measured table (one repeat: the 2% noise band decides ties, smaller K wins): K=3 at
+    # concurrency c only when its throughput is more than 2% above K=0's
+    tput = {k: float(r["output_throughput_tok_s"]) for k, r in by.items()}
+    expected = {c: 0 if tput[(0, c)] >= 0.98 * max(tput[(0, c)], tput[(3, c)]) else 3 for c in (1, 4)}
+    chosen = {ch["concurrency"]: ch["steps"] for ch in json.loads((rec / "recommendation.json").read_text())["choices"]}
+    assert chosen == expected
     vllm = rec / "vllm-speculative-config.json"
-    if vllm.exists():  # written when some concurrency is best with K > 0
-        parse_vllm_speculative_config(json.loads(vllm.read_text()))
+    assert vllm.exists() == any(k > 0 for k in expected.values())  # no schedule when K=0 wins everywhere
+    # on this loaded 2-core host K=3 may not beat K=0 anywhere; test_recommend.py's committed real-engine sweep
+    # checks a written schedule deterministically
+    for path in [vllm] if vllm.exists() else []:
+        assert parse_vllm_speculative_config(json.loads(path.read_text())).k_for_batch_size(1) == expected[1]
     assert (rec / "recommendation.md").read_text().strip()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import sys
+
 
 import pytest
 from aiohttp import web
@@ -70,14 +70,14 @@ def test_malformed_urls_are_named(url):
         make_backend("openai", BackendOptions(endpoints={0: url}))
 
 
-def test_make_backend_names_and_validation(monkeypatch):
+def test_make_backend_names_and_validation():
     with pytest.raises(UserError, match="unknown backend 'tgi': use one of openai, launch, sglang, vllm, llamacpp, local"):
         make_backend("tgi", BackendOptions())
     with pytest.raises(UserError, match="--endpoint"):
         make_backend("openai", BackendOptions())
-    monkeypatch.setitem(sys.modules, "spectune.backends.local.backend", None)  # as before the bundled engine exists
-    with pytest.raises(UserError, match="bundled engine is not available yet"):
-        make_backend("local", BackendOptions())
+    from spectune.backends.local.backend import LocalBackend
+
+    assert type(make_backend("local", BackendOptions())) is LocalBackend
     assert BACKEND_NAMES == ("openai", "launch", "sglang", "vllm", "llamacpp", "local")
 
 

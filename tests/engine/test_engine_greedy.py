@@ -53,7 +53,7 @@ def reference() -> tuple[list[list[int]], list[list[int]]]:
 @pytest.mark.parametrize("k", [0, 1, 3, 5])
 def test_greedy_output_matches_hf_at_batch_1_and_8(reference, k: int) -> None:
     prompts, expected = reference
-    engine = build_engine(EngineOptions(num_steps=k, dtype="float32", max_num_seqs=8, max_model_len=512,
+    engine = build_engine(EngineOptions(num_steps=k, dtype="float32", device="cpu", max_num_seqs=8, max_model_len=512,
                                         kv_cache_gb=1.0))
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
     batched = engine.generate(prompts, params)  # 8 concurrent requests of mixed prompt lengths

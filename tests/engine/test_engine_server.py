@@ -19,7 +19,7 @@ MODEL = "smollm2-test"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
     head = random_smollm2_head(tmp_path_factory.mktemp("head"))
-    opts = EngineOptions(draft=str(head), num_steps=2, max_num_seqs=4, max_model_len=256, kv_cache_gb=0.5)
+    opts = EngineOptions(draft=str(head), num_steps=2, device="cpu", max_num_seqs=4, max_model_len=256, kv_cache_gb=0.5)
     yield from serve_in_thread(opts, model_name=MODEL)
 
 
@@ -146,7 +146,7 @@ def test_server_info_and_metrics_expose_spec_counters(server, client) -> None:
 
 def test_full_queue_answers_503(tmp_path: Path) -> None:
     head = random_smollm2_head(tmp_path / "head")
-    opts = EngineOptions(draft=str(head), num_steps=1, max_num_seqs=1, max_model_len=256, kv_cache_gb=0.2)
+    opts = EngineOptions(draft=str(head), num_steps=1, device="cpu", max_num_seqs=1, max_model_len=256, kv_cache_gb=0.2)
     for srv in serve_in_thread(opts, model_name=MODEL):
         srv.engine.cfg.max_waiting = 1
         srv.engine.scheduler.max_waiting = 1

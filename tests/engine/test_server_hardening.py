@@ -28,7 +28,7 @@ MSG = [{"role": "user", "content": "Say hi."}]
 @pytest.fixture(scope="module")
 def real():
     server = SubprocessServer({"num_steps": 2, "max_num_seqs": 4, "max_model_len": 256, "kv_cache_gb": 0.3,
-                               "threads": 1}, api_key=KEY)
+                               "threads": 1, "device": "cpu"}, api_key=KEY)
     yield server
     server.close()
 

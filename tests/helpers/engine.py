@@ -65,17 +65,26 @@ class ThreadedServer:
         self.server = Server(self.engine, model_name, api_key, metrics_without_key)
         self.runner = self.server.runner()
         ready = threading.Event()
+        failure: list[BaseException] = []
 
         def run() -> None:
             asyncio.set_event_loop(self.loop)
-            self.loop.run_until_complete(self.runner.setup())
-            self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
-            ready.set()
+            try:
+                self.loop.run_until_complete(self.runner.setup())
+                self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
+            except BaseException as err:  # noqa: BLE001 - handed to the constructor, which raises it
+                failure.append(err)
+                return
+            finally:
+                ready.set()
             self.loop.run_forever()
 
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
-        ready.wait(30)
+        if not ready.wait(30):
+            raise RuntimeError("the test server did not start listening in 30 s")
+        if failure:
+            raise RuntimeError(f"the test server failed to start: {failure[0]!r}") from failure[0]
 
     def close(self) -> None:
         fut = asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop)

@@ -1,0 +1,141 @@
+"""The ``vllm`` and ``sglang`` backends' launch modes end to end, as users run them: ``spectune sweep --backend vllm
+--model M --draft D`` (and ``sglang``) in a subprocess, with tests/helpers/fake_engines.py standing in for the engine
+programs (``vllm`` on PATH; the ``sglang.launch_server`` module on PYTHONPATH). Checked: the argv each engine
+receives, the acceptance length over each measurement window against the streamed chunks (each verify step
+streams accepted + 1 tokens as one chunk) and against the acceptance probability, and that every launched server
+is stopped when the sweep ends."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import fake_engines
+from spectune.backends.sglang import SGLANG_SPEC_MAX_RUNNING
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "fake-org/Fake-8B-Instruct"
+ACCEPT = 0.7  # FAKE_ENGINE_ACCEPT: each of the K drafts is accepted in turn with this probability
+K = 2
+
+
+@pytest.fixture
+def engines(tmp_path: Path) -> dict:
+    paths = fake_engines.install(tmp_path / "engines")
+    draft = tmp_path / "fake-eagle3-head"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"question {i}", "category": "chat"}) + "\n" for i in range(8)))
+    env = dict(os.environ, PATH=f"{paths['bin']}{os.pathsep}{os.environ['PATH']}",
+               PYTHONPATH=os.pathsep.join([str(paths["py"]), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               FAKE_ENGINE_ACCEPT=str(ACCEPT), FAKE_ENGINE_TPS="3000")
+    return {**paths, "draft": str(draft), "prompts": f"jsonl:{prompts}", "env": env, "tmp": tmp_path}
+
+
+def sweep(engines: dict, backend: str) -> Path:
+    out = engines["tmp"] / f"sweep-{backend}"
+    cmd = [sys.executable, "-m", "spectune.cli", "sweep", "--backend", backend, "--model", MODEL,
+           "--draft", engines["draft"], "--steps", f"0,{K}", "--concurrency", "1,2", "--dataset", engines["prompts"],
+           "--num-prompts", "8", "--max-tokens", "40", "--warmup", "1", "--startup-timeout", "30",
+           "--output-dir", str(out)]
+    run = subprocess.run(cmd, cwd=ROOT, env=engines["env"], capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return out
+
+
+def launches(engines: dict) -> list[dict]:
+    return [json.loads(line) for line in engines["log"].read_text().splitlines()]
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def chunk_acceptance(out: Path, steps: int, concurrency: int) -> tuple[float, int, int]:
+    """(tokens per verify chunk, verify chunks, requests) over the point's recorded requests: the first chunk of
+    each is the prefill's token, every later one a verify step's accepted drafts + 1."""
+    tokens = chunks = n = 0
+    for line in (out / "requests.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["steps"] == steps and r["concurrency"] == concurrency:
+            tokens += sum(r["chunk_tokens"][1:])
+            chunks += len(r["chunk_tokens"]) - 1
+            n += 1
+    return tokens / chunks, chunks, n
+
+
+def check_window_acceptance(out: Path, source_prefix: str) -> None:
+    rows = {(int(r["steps"]), int(r["concurrency"])): r for r in csv.DictReader((out / "summary.csv").open())}
+    assert set(rows) == {(0, 1), (0, 2), (K, 1), (K, 2)}
+    for key, r in rows.items():
+        assert r["status"] == "ok", (key, r["error"])
+    for c in (1, 2):
+        assert float(rows[(0, c)]["acceptance_length"]) == 1.0
+        spec = rows[(K, c)]
+        assert spec["acceptance_length_source"].startswith(source_prefix), spec["acceptance_length_source"]
+        measured = float(spec["acceptance_length"])
+        truth, verifies, requests = chunk_acceptance(out, K, c)
+        assert measured == pytest.approx(truth, rel=1e-9)  # the engine's report covers exactly the window's verifies
+        # and it agrees with the acceptance probability: E[accepted + 1] = 1 + p + p^2 (chain model); a verify's
+        # accepted count has variance E[x^2] - E[x]^2 with P(1) = p(1-p), P(2) = p^2; 4 standard errors, plus at most
+        # K drafts per request cut by max_tokens at the end of each request
+        mean = ACCEPT + ACCEPT ** 2
+        var = ACCEPT * (1 - ACCEPT) + 4 * ACCEPT ** 2 - mean ** 2
+        slack = 4 * math.sqrt(var / verifies) + K * requests / verifies
+        assert abs(measured - (1 + mean)) <= slack, (measured, 1 + mean, slack)
+
+
+def check_stopped(engines: dict) -> None:
+    for launch in launches(engines):
+        with pytest.raises(ProcessLookupError):
+            os.kill(launch["pid"], 0)
+        port = int(flag(launch["argv"], "--port"))
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))  # nothing listens there any more
+
+
+def test_vllm_launch_sweep_end_to_end(engines: dict) -> None:
+    out = sweep(engines, "vllm")
+    seen = launches(engines)
+    assert [x["engine"] for x in seen] == ["vllm", "vllm"]  # one server per num_steps, reused across concurrencies
+    plain, spec = seen[0]["argv"], seen[1]["argv"]
+    assert plain == ["serve", MODEL, "--host", "127.0.0.1", "--port", flag(plain, "--port")]
+    assert spec[:6] == ["serve", MODEL, "--host", "127.0.0.1", "--port", flag(spec, "--port")]
+    assert json.loads(flag(spec, "--speculative-config")) == {"method": "eagle3", "model": engines["draft"],
+                                                             "num_speculative_tokens": K}
+    assert flag(spec, "--per-request-spec-decode-metrics") == "summary"  # vLLM 0.29 "installed"
+    check_window_acceptance(out, "vllm:")
+    points = [json.loads(line) for line in (out / "points.jsonl").read_text().splitlines()]
+    for p in (p for p in points if p["steps"] == K):
+        # the /metrics counter deltas over the window agree with the per-request sums
+        cross = p["metrics"].get("acceptance_cross_check") or p.get("acceptance", {}).get("cross_check")
+        assert cross is not None, sorted(p)
+        assert cross["acceptance_length"] == pytest.approx(p["metrics"]["acceptance_length"], rel=1e-9)
+    check_stopped(engines)
+
+
+def test_sglang_launch_sweep_end_to_end(engines: dict) -> None:
+    out = sweep(engines, "sglang")
+    seen = launches(engines)
+    assert [x["engine"] for x in seen] == ["sglang", "sglang"]
+    plain, spec = seen[0]["argv"], seen[1]["argv"]
+    common = ["--model-path", MODEL, "--host", "127.0.0.1", "--port", flag(plain, "--port"), "--max-running-requests",
+              str(SGLANG_SPEC_MAX_RUNNING), "--enable-metrics"]  # concurrency 2 < SGLang's 48 for speculation
+    assert plain == common
+    assert spec[:6] == common[:4] + ["--port", flag(spec, "--port")]
+    assert spec[6:] == ["--max-running-requests", str(SGLANG_SPEC_MAX_RUNNING), "--enable-metrics",
+                        "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", engines["draft"],
+                        "--speculative-num-steps", str(K), "--speculative-eagle-topk", "1",
+                        "--speculative-num-draft-tokens", str(K + 1)]
+    check_window_acceptance(out, "sglang")
+    check_stopped(engines)

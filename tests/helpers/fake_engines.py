@@ -1,0 +1,91 @@
+"""Stand-ins for the engine programs the ``vllm`` and ``sglang`` backends launch, built on tests/helpers/fake_server.py.
+
+:func:`install` writes, under a folder:
+
+- ``bin/vllm``: an executable that takes what ``vllm serve`` takes (``vllm_argv``: ``serve MODEL --host H --port P
+  [--max-num-seqs N] [--speculative-config JSON] [--per-request-spec-decode-metrics summary] ...``);
+- ``py/sglang/launch_server.py``: the module ``python -m sglang.launch_server`` runs (``sglang_argv``:
+  ``--model-path M --host H --port P [--speculative-algorithm A --speculative-draft-model-path D
+  --speculative-num-steps K ...]``), found by the sglang backend's ``find_spec("sglang")``;
+- ``py/vllm-0.29.0.dist-info``: package metadata that makes ``installed_vllm_version()`` 0.29, so the backend asks
+  for per-request spec-decode metrics as it does with a real vLLM >= 0.29.
+
+Put ``bin`` first on PATH and ``py`` on PYTHONPATH of the spectune process. Each launch appends one JSON line to
+``argv.jsonl`` (its pid and its argv, exactly as received), then serves as the fake server with the num_steps
+read from the engine's own flags: vLLM's ``num_speculative_tokens`` from ``--speculative-config`` (no flag: 0,
+``/metrics`` with ``vllm:`` counters), SGLang's ``--speculative-num-steps`` (no flag: 0; no ``/metrics``, spec
+details in the responses when asked). Acceptance probability ``FAKE_ENGINE_ACCEPT`` (default 0.7), decode speed
+``FAKE_ENGINE_TPS`` tokens/s (default 2000).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+
+def install(folder: Path) -> dict[str, Path]:
+    """Write the stand-ins under ``folder``; returns {"bin", "py", "log"}."""
+    bin_dir, py_dir = folder / "bin", folder / "py"
+    (py_dir / "sglang").mkdir(parents=True, exist_ok=True)
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    log = folder / "argv.jsonl"
+    boot = f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport fake_engines\n"
+    vllm = bin_dir / "vllm"
+    vllm.write_text(f"#!{sys.executable}\n{boot}fake_engines.vllm_main({str(log)!r})\n")
+    vllm.chmod(vllm.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    (py_dir / "sglang" / "__init__.py").write_text("")
+    (py_dir / "sglang" / "launch_server.py").write_text(
+        f"{boot}if __name__ == '__main__':\n    fake_engines.sglang_main({str(log)!r})\n")
+    meta = py_dir / "vllm-0.29.0.dist-info"
+    meta.mkdir(exist_ok=True)
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.29.0\n")
+    return {"bin": bin_dir, "py": py_dir, "log": log}
+
+
+def _record(log: str, engine: str) -> None:
+    with open(log, "a") as f:
+        f.write(json.dumps({"engine": engine, "pid": os.getpid(), "argv": sys.argv[1:]}) + "\n")
+
+
+def _serve(host: str, port: int, steps: int, metrics: str, model: str, extra: list[str]) -> None:
+    import fake_server
+
+    fake_server.main(["--host", host, "--port", str(port), "--steps", str(steps), "--metrics", metrics,
+                      "--model", model, "--accept-prob", os.environ.get("FAKE_ENGINE_ACCEPT", "0.7"),
+                      "--tokens-per-second", os.environ.get("FAKE_ENGINE_TPS", "2000"), *extra])
+
+
+def vllm_main(log: str) -> None:
+    """``vllm serve MODEL ...``."""
+    _record(log, "vllm")
+    p = argparse.ArgumentParser(prog="vllm")
+    p.add_argument("command", choices=["serve"])
+    p.add_argument("model")
+    p.add_argument("--host", required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--max-num-seqs", type=int)
+    p.add_argument("--speculative-config")
+    p.add_argument("--per-request-spec-decode-metrics", choices=["summary"])
+    args, _ = p.parse_known_args()
+    spec = json.loads(args.speculative_config) if args.speculative_config else {}
+    extra = ["--per-request-metrics"] if args.per_request_spec_decode_metrics else []
+    _serve(args.host, args.port, int(spec.get("num_speculative_tokens", 0)), "vllm", args.model, extra)
+
+
+def sglang_main(log: str) -> None:
+    """``python -m sglang.launch_server --model-path M ...``."""
+    _record(log, "sglang")
+    p = argparse.ArgumentParser(prog="sglang.launch_server")
+    p.add_argument("--model-path", required=True)
+    p.add_argument("--host", required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--speculative-num-steps", type=int, default=0)
+    args, _ = p.parse_known_args()
+    _serve(args.host, args.port, args.speculative_num_steps, "none", args.model_path, [])
