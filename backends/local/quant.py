@@ -278,3 +278,28 @@ def quantize_target(target: nn.Module, path: str | Path, dtype: torch.dtype = to
         for t in qt.qtype.split("+"):
             types[t] = types.get(t, 0) + 1
     return {"replaced": len(quant), "types": types}
+
+
+def native_support(path: str | Path) -> tuple[bool, str, int]:
+    """Whether every linear layer of a GGUF can run natively (types only: no tensor data is read).
+
+    Returns:
+        (ok, reason, lm_repeat): reason names the first tensor with another type ("" when ok); lm_repeat is 2
+        when lm_head is Q8_0 (two int4 halves), else 1.
+    """
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    linear_suffixes = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight",
+                       "ffn_up.weight", "ffn_down.weight")
+    head = "output.weight" if "output.weight" in types else "token_embd.weight"
+    for name, qtype in types.items():
+        if (name.endswith(linear_suffixes) or name == head) and qtype not in NATIVE_TYPES:
+            return False, f"{name} is {qtype}", 1
+    for i in range(max((int(n.split(".")[1]) for n in types if n.startswith("blk.")), default=-1) + 1):
+        for group in (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up")):
+            kinds = {types.get(f"blk.{i}.{g}.weight") == "Q8_0" for g in group}
+            if len(kinds) > 1:
+                return False, f"blk.{i}.{group[0]} mixes Q8_0 with 4-bit types", 1
+    return True, "", 2 if types.get(head) == "Q8_0" else 1
