@@ -29,6 +29,7 @@ compares against.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,6 +168,16 @@ class Int4Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype}"
 
 
+@functools.lru_cache(maxsize=1)
+def _reader(path: str) -> Any:
+    """A ``gguf.GGUFReader`` (memory-mapped), kept for the next call: parsing the metadata (the tokenizer's
+    vocabulary and merges) takes seconds, and start-up reads the file twice (:func:`native_support`, then
+    :func:`read_gguf_linears`)."""
+    from gguf import GGUFReader
+
+    return GGUFReader(path)
+
+
 def _permutation(rows: int, n_head: int) -> np.ndarray:
     """Row order that transformers' GGUF loader applies to llama.cpp's Q/K matrices (``_reverse_permute_weights``
     in transformers/modeling_gguf_pytorch_utils.py: per head, rows (dim, 2) -> (2, dim))."""
@@ -191,9 +202,7 @@ def read_gguf_linears(path: str | Path, num_layers: int, num_heads: int, num_kv_
     Raises:
         UserError: a tensor the model needs is missing from the file.
     """
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
+    reader = _reader(str(path))
     tensors = {t.name: t for t in reader.tensors}
     arch_field = reader.fields.get("general.architecture")
     arch = bytes(arch_field.parts[arch_field.data[0]]).decode() if arch_field is not None else "llama"
@@ -287,9 +296,7 @@ def native_support(path: str | Path) -> tuple[bool, str, int]:
         (ok, reason, lm_repeat): reason names the first tensor with another type ("" when ok); lm_repeat is 2
         when lm_head is Q8_0 (two int4 halves), else 1.
     """
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
+    reader = _reader(str(path))
     types = {t.name: t.tensor_type.name for t in reader.tensors}
     linear_suffixes = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight",
                        "ffn_up.weight", "ffn_down.weight")
