@@ -224,7 +224,7 @@ def main() -> None:
     folder = convert_gguf(gguf)
     tok = Tokenizer(folder)
     prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
-    console = Console()
+    console = Console(width=200)
     console.print(f"CPU: {cpu_description()}; {threads} threads; load average {os.getloadavg()}", markup=False)
     paths = [p for p in args.paths.split(",") if p]
     engines = {p: make_engine(p, threads) for p in paths}

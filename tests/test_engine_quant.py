@@ -153,3 +153,17 @@ def test_auto_picks_a_measured_path() -> None:
 
 def test_default_gguf_is_fully_native() -> None:
     assert native_support(default_model_path()) == (True, "", 2)
+
+
+async def test_local_sweep_backend_records_the_servers_path() -> None:
+    """sweep.json's ``backend`` comes from ``describe()`` after each start: the server's chosen path is in it."""
+    from backends import make_backend
+    from backends.base import BackendOptions
+
+    backend = make_backend("local", BackendOptions(dtype="native", max_concurrency=1, draft="none"))
+    await backend.preflight([0])
+    try:
+        await backend.start(0)
+        assert backend.describe()["engine"]["path"]["path"] == "native"
+    finally:
+        await backend.close()

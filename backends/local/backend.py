@@ -61,6 +61,7 @@ class LocalBackend(LaunchingBackend):
 
             load_config_file(options.adaptive_config)  # a bad file fails here, not in the server process
         self.capacity = 0
+        self.engine_path: dict[str, Any] | None = None
 
     async def preflight(self, steps_list: Sequence[int]) -> list[str]:
         self.capacity = max(steps_list, default=0)
@@ -100,7 +101,22 @@ class LocalBackend(LaunchingBackend):
             raise BackendStartError(f"could not switch the bundled server to num_steps {steps}: {detail}",
                                     self.server.log_tail())
         self.steps = None  # forces a (re)launch in the parent
-        return await super().start(steps)
+        endpoint = await super().start(steps)
+        self.engine_path = await self._engine_path(endpoint.base_url)
+        return endpoint
+
+    async def _engine_path(self, base_url: str) -> dict[str, Any] | None:
+        """The compute path the server chose (``/server_info`` ``engine_path``: ``--dtype auto`` is decided in the
+        server at start-up), or None when the server does not say."""
+        from backends.http import auth_headers
+
+        try:
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"{base_url}/server_info",
+                                       headers=auth_headers(self.options.api_key_env)) as resp:
+                    return (await resp.json()).get("engine_path") if resp.status == 200 else None
+        except (aiohttp.ClientError, ValueError):
+            return None
 
     async def stop(self) -> None:
         """Keep the server between num_steps: the next ``start(K)`` switches it instead of reloading weights."""
@@ -130,8 +146,11 @@ class LocalBackend(LaunchingBackend):
                             engine.get("draft", description.get("draft")))
 
     def describe(self) -> dict[str, Any]:
-        """Launching description plus the engine options (model, draft, device, dtype, max_concurrency)."""
+        """Launching description plus the engine options (model, draft, device, dtype, max_concurrency) and, once
+        the server is up, the compute path it runs (``engine.path``: see ``backends/local/paths.py``)."""
         d = super().describe()
         d["engine"] = {k: v for k, v in dataclasses.asdict(self.options).items()
                        if k in ("model", "draft", "device", "dtype", "max_concurrency")}
+        if getattr(self, "engine_path", None) is not None:
+            d["engine"]["path"] = self.engine_path  # what --dtype auto chose on this machine
         return d

@@ -13,9 +13,16 @@ AVX-NE-CONVERT. Without them (AVX2-only CPUs) PyTorch falls back to its referenc
 for a [1, 576] x [576, 1536] product on a 2-core AVX2 EPYC (issue #17) where float32 takes 0.12-0.2 ms. The int4
 kernel is PyTorch's own vectorised code for both AVX2 and AVX-512 with bf16 activations (its float32 variant is a
 scalar loop). Rather than encode those rules, ``auto`` times each available path on the model's own shapes (one
-gate|up-shaped linear, an lm_head-shaped one and a decode-shaped attention, about 0.2-0.5 s) and estimates a decode
-step: layers x (linear time x the layer's weights / gate|up's weights + attention) + lm_head. The cheapest wins;
-the choice and the timings are logged and reported in ``/server_info`` (``engine_path``), which the ``local``
+gate|up-shaped linear, an lm_head-shaped one, both with weights streamed from DRAM, and a decode-shaped attention;
+about 1-2 s) and estimates a decode
+step: layers x (linear time x the layer's weights / gate|up's weights + attention) + lm_head. The cheapest wins.
+The probe runs on one thread: with two or more, a kernel whose OpenMP barrier meets another busy process on
+the machine waits a whole scheduler slice (about 16 ms, whatever the kernel), which made every path look alike on
+a loaded 2-core machine; one thread ranks the kernels the same way on an idle machine and stays meaningful on a
+busy one. The estimates are kept per machine (CPU model and flags, torch version, ISA overrides, model shapes) in
+``$SPECTUNE_CACHE_DIR/engine-paths.json``, so every process on a machine (a sweep's server, ``draft eval``, the
+tests) runs the same path and later starts skip the probe; delete the file to measure again. The choice and the
+timings are logged and reported in ``/server_info`` (``engine_path``), which the ``local``
 sweep backend copies into sweep.json (``backend.engine.path``). On CUDA ``auto`` is bfloat16.
 """
 
@@ -88,8 +95,12 @@ def _best_ms(fn: Callable[[], Any], reps: int) -> float:
     return best * 1e3
 
 
-def _linear_fn(path: str, n: int, k: int, lm_repeat: int = 1) -> Callable[[], Any]:
-    """A [1, k] x [k, n] product as ``path`` computes it (random weights)."""
+STREAM_BYTES = 64 * 2**20  # weights streamed per timed pass: more than a server CPU's last-level cache
+
+
+def _linear_ms(path: str, n: int, k: int, reps: int, lm_repeat: int = 1) -> float:
+    """Milliseconds of one [1, k] x [k, n] product as ``path`` computes it, weights read from DRAM as in a decode
+    step (each timed pass runs copies of the layer whose weights add up to :data:`STREAM_BYTES`; random weights)."""
     from backends.local.linear import PackedLinear, packing_supported
 
     if path == "native":
@@ -101,15 +112,33 @@ def _linear_fn(path: str, n: int, k: int, lm_repeat: int = 1) -> Callable[[], An
         rng = np.random.default_rng(0)
         qt = QuantTensor(rng.integers(0, 16, (n, k * lm_repeat), dtype=np.uint8),
                          np.full((n, g), 0.01, np.float32), np.zeros((n, g), np.float32), lm_repeat, "Q4_1")
-        lin: nn.Module = Int4Linear(qt, torch.bfloat16)
+        base = Int4Linear(qt, torch.bfloat16)
+        size = base.packed.nbytes + base.scales_zeros.nbytes
+        copies = max(1, -(-STREAM_BYTES // size))
+        mods: list[nn.Module] = []
+        for _ in range(copies):
+            m = Int4Linear.__new__(Int4Linear)
+            m.__dict__.update(base.__dict__)
+            m.packed, m.scales_zeros = base.packed.clone(), base.scales_zeros.clone()
+            mods.append(m)
         x = torch.randn(1, k, dtype=torch.bfloat16)
     else:
         dtype = torch.bfloat16 if path == "bfloat16" else torch.float32
-        lin = nn.Linear(k, n, bias=False).to(dtype).requires_grad_(False)
-        if dtype == torch.bfloat16 and packing_supported(dtype, torch.device("cpu")):
-            lin = PackedLinear(lin)
+        base = nn.Linear(k, n, bias=False).to(dtype).requires_grad_(False)
+        copies = max(1, -(-STREAM_BYTES // base.weight.nbytes))
+        pack = dtype == torch.bfloat16 and packing_supported(dtype, torch.device("cpu"))
+        mods = []
+        for _ in range(copies):
+            m = nn.Linear(k, n, bias=False, dtype=dtype).requires_grad_(False)
+            m.weight.copy_(base.weight)
+            mods.append(PackedLinear(m) if pack else m)
         x = torch.randn(1, k, dtype=dtype)
-    return lambda: lin(x)
+
+    def run() -> None:
+        for m in mods:
+            m(x)
+
+    return _best_ms(run, reps) / copies
 
 
 def _attention_fn(dtype: torch.dtype, kv_heads: int, group: int, head_dim: int, length: int = 256) -> Callable:
@@ -120,17 +149,18 @@ def _attention_fn(dtype: torch.dtype, kv_heads: int, group: int, head_dim: int, 
     return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def estimate_step_ms(path: str, cfg: Any, lm_repeat: int = 1, reps: int = 7) -> float:
+def estimate_step_ms(path: str, cfg: Any, lm_repeat: int = 1, reps: int = 5) -> float:
     """Estimated batch-1 decode step of ``path`` for a model of shape ``cfg`` (:class:`ModelConfig`), in ms.
 
     Large matrices are timed on at most 4096 rows (gate|up) and 8192 rows (lm_head) and scaled by rows, so the
-    probe stays under a second for 8B-class shapes.
+    probe stays around a second for 8B-class shapes. Weights stream from DRAM (:func:`_linear_ms`): a decode step
+    reads every weight once, so bytes per weight decide, which a cache-resident probe would hide.
     """
     h, inter = cfg.hidden_size, cfg.intermediate_size
     rows_gu = min(2 * inter, 4096)
     rows_lm = min(cfg.vocab_size, 8192)
-    t_gu = _best_ms(_linear_fn(path, rows_gu, h), reps) * (2 * inter / rows_gu)
-    t_lm = _best_ms(_linear_fn(path, rows_lm, h, lm_repeat), reps) * (cfg.vocab_size / rows_lm)
+    t_gu = _linear_ms(path, rows_gu, h, reps) * (2 * inter / rows_gu)
+    t_lm = _linear_ms(path, rows_lm, h, reps, lm_repeat) * (cfg.vocab_size / rows_lm)
     dtype = torch.float32 if path == "float32" else torch.bfloat16
     t_att = _best_ms(_attention_fn(dtype, cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim), reps)
     q_out = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
@@ -170,9 +200,78 @@ def choose_path(requested: str, device: torch.device, cfg: Any, native_ok: bool,
     if device.type != "cpu":
         return PathChoice("bfloat16", torch.bfloat16, "device")
     candidates = (["native"] if native_ok else []) + ["bfloat16", "float32"]
-    with torch.inference_mode():
-        est = {c: estimate_step_ms(c, cfg, lm_repeat) for c in candidates}
+    key = _probe_key(candidates, cfg, lm_repeat)
+    est = _cached_estimates(key)
+    if est is None:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # see the module docstring: one thread ranks kernels even on a busy machine
+        try:
+            with torch.inference_mode():
+                est = {c: estimate_step_ms(c, cfg, lm_repeat) for c in candidates}
+        finally:
+            torch.set_num_threads(threads)
+        _store_estimates(key, est)
     best = min(est, key=est.get)
     choice = PathChoice(best, torch.float32 if best == "float32" else torch.bfloat16, "measured", est, cap, packed)
     log.info("engine path %s (%s)", best, ", ".join(f"{k} ~{v:.1f} ms/step" for k, v in est.items()))
     return choice
+
+
+def probe_cache_file() -> Any:
+    """Where measured estimates are kept per machine: ``$SPECTUNE_CACHE_DIR/engine-paths.json`` (delete it to
+    measure again)."""
+    from backends.local.weights import cache_dir
+
+    return cache_dir() / "engine-paths.json"
+
+
+def _probe_key(candidates: list[str], cfg: Any, lm_repeat: int) -> str:
+    """What the estimates depend on: the CPU (model name and flags), torch's version and capability, the ISA
+    overrides in the environment, and the model's shapes."""
+    import hashlib
+    import json
+    import os
+    import platform
+
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [ln for ln in f.read().splitlines() if ln.startswith(("model name", "flags"))][:2]
+        cpu = "|".join(lines)
+    except OSError:
+        pass
+    parts = {"cpu": cpu, "torch": torch.__version__, "cap": torch.backends.cpu.get_cpu_capability(),
+             "env": [os.environ.get(v) for v in ("ATEN_CPU_CAPABILITY",
+                                                                                    "ONEDNN_MAX_CPU_ISA")],
+             "shape": [cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_layers, cfg.num_heads,
+                       cfg.num_kv_heads, cfg.head_dim, lm_repeat], "candidates": candidates}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _cached_estimates(key: str) -> dict[str, float] | None:
+    import json
+
+    try:
+        return json.loads(probe_cache_file().read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _store_estimates(key: str, est: dict[str, float]) -> None:
+    """Add ``est`` under ``key`` (atomic rename; a failure to write only costs a probe next time)."""
+    import json
+    import os
+
+    path = probe_cache_file()
+    try:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        data[key] = est
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass
