@@ -141,7 +141,7 @@ class Int4Linear(nn.Module):
         bias: optional [N] bias.
 
     Raises:
-        RuntimeError: from PyTorch when the kernel is not available for this shape.
+        RuntimeError: from PyTorch when the kernel cannot take this shape (out_features not a multiple of 16).
     """
 
     def __init__(self, qt: QuantTensor, dtype: torch.dtype = torch.bfloat16, bias: torch.Tensor | None = None) -> None:
@@ -290,10 +290,10 @@ def quantize_target(target: nn.Module, path: str | Path, dtype: torch.dtype = to
 
 
 def native_support(path: str | Path) -> tuple[bool, str, int]:
-    """Whether every linear layer of a GGUF can run natively (types only: no tensor data is read).
+    """Whether every linear layer of a GGUF can run natively (types and shapes only: no tensor data is read).
 
     Returns:
-        (ok, reason, lm_repeat): reason names the first tensor with another type ("" when ok); lm_repeat is 2
+        (ok, reason, lm_repeat): reason names the first tensor that cannot ("" when ok); lm_repeat is 2
         when lm_head is Q8_0 (two int4 halves), else 1.
     """
     reader = _reader(str(path))
@@ -301,9 +301,12 @@ def native_support(path: str | Path) -> tuple[bool, str, int]:
     linear_suffixes = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight",
                        "ffn_up.weight", "ffn_down.weight")
     head = "output.weight" if "output.weight" in types else "token_embd.weight"
-    for name, qtype in types.items():
-        if (name.endswith(linear_suffixes) or name == head) and qtype not in NATIVE_TYPES:
-            return False, f"{name} is {qtype}", 1
+    for t in reader.tensors:
+        if t.name.endswith(linear_suffixes) or t.name == head:
+            if t.tensor_type.name not in NATIVE_TYPES:
+                return False, f"{t.name} is {t.tensor_type.name}", 1
+            if int(t.shape[1]) % 16:  # the kernel's packing needs out_features % 16 == 0 (ggml shape: [in, out])
+                return False, f"{t.name} has {int(t.shape[1])} outputs, not a multiple of 16", 1
     for i in range(max((int(n.split(".")[1]) for n in types if n.startswith("blk.")), default=-1) + 1):
         for group in (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up")):
             kinds = {types.get(f"blk.{i}.{g}.weight") == "Q8_0" for g in group}
