@@ -42,6 +42,18 @@ def _head_method(model: str | None, draft: str | None) -> tuple[str | None, str]
     return eagle_version(str(draft))
 
 
+def engine_threads() -> int:
+    """Torch threads for the sweep's server: one fewer than the machine's CPUs (at least 1), as the ``llamacpp``
+    backend's ``-t``. The load generator runs on the same machine, and torch's OpenMP threads meet at a barrier
+    after every op: when one shares its core with another busy process, each barrier waits for a scheduler slice.
+    Measured on the 2-core development VM with other processes busy: the README's main job decoded about
+    2 tokens/s per request with 2 threads (6 requests in 7 minutes) where one thread decodes 22 tokens/s
+    (``benchmarks/engine_speed.py --threads 1``)."""
+    import os
+
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
 class LocalBackend(LaunchingBackend):
     """Bundled EAGLE engine (``python -m backends.local``), one process per sweep."""
 
@@ -73,7 +85,8 @@ class LocalBackend(LaunchingBackend):
         slots = max(o.max_concurrency, 1)
         opts = {"model": o.model, "draft": o.draft, "num_steps": steps, "num_steps_capacity": max(self.capacity, steps),
                 "dtype": o.dtype, "device": o.device, "max_num_seqs": slots, "max_model_len": max_len,
-                "kv_cache_gb": max(1.0, slots * (max_len + 8) * KV_BYTES_PER_TOKEN_GUESS / 2**30)}
+                "kv_cache_gb": max(1.0, slots * (max_len + 8) * KV_BYTES_PER_TOKEN_GUESS / 2**30),
+                "threads": engine_threads()}
         if o.adaptive_config:
             opts["adaptive_config"] = str(Path(o.adaptive_config).resolve())
         return [sys.executable, "-m", "backends.local", "--options", json.dumps(opts), "--host", host,
