@@ -60,7 +60,7 @@ class BackendOptions:
         max_concurrency: the highest concurrency the sweep will drive (servers are sized for it).
         api_key_env: name of the environment variable holding the API key sent as a Bearer token.
         device: ``auto``, ``cpu`` or ``cuda`` (bundled engine).
-        dtype: ``auto``, ``bfloat16`` or ``float32`` (bundled engine).
+        dtype: ``auto``, ``native``, ``bfloat16`` or ``float32`` (bundled engine; docs/engine.md "Compute paths").
         max_tokens: the longest output the sweep will request (servers are sized for it).
         server_bin: the server program to run (``llamacpp``: a ``llama-server`` path), or None to search for it.
         adaptive_config: path of a per-batch-size num_steps config for the server to run instead of a static

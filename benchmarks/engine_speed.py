@@ -1,17 +1,26 @@
-"""Engine speed vs HF transformers, measured side by side in one run.
+"""Engine speed per compute path vs llama.cpp (and optionally HF transformers), measured side by side in one run.
 
-CPU part (always): SmolLM2-135M-Instruct (the embedded default), greedy, bf16. For batch 1 and 8, both
-implementations generate 64 new tokens (EOS ignored) from the same chat prompts; decode tokens/s =
-batch * 63 / (t(64 new tokens) - t(1 new token)), so prefill is excluded for both. HF uses ``generate`` with
-``cache_implementation="static"``; the engine runs num_steps 0 (plain decoding). Also printed: the batch-1
-memory-bandwidth roofline = measured read bandwidth / bytes of bf16 weights, and the engine's speculative
-decoding at num_steps 1-5 with the bundled head (batch 1 and 8), as output tokens/s including prefill, on the
-first chat prompt(s) only; the batch-1 speedup over many real prompts is ``benchmarks/spec_speedup.py``.
+CPU part (always): SmolLM2-135M-Instruct (the embedded default, its Q4_1 GGUF with a Q8_0 embedding), greedy.
+For batch 1 and 8, every available engine path (``--dtype native``, ``bfloat16``, ``float32``; see
+``backends/local/paths.py``) and llama.cpp's ``llama-server`` on the same GGUF generate 64 new tokens (EOS ignored)
+from the same chat prompts; decode tokens/s = batch * 63 / (t(64 new tokens) - t(1 new token)), so prefill is
+excluded for all of them; llama.cpp is timed the same way over HTTP (8 slots, continuous batching, raw token-id
+prompts, no prompt cache). Repeats are interleaved (path A, B, C, llama.cpp, A, B, ...) and the median is printed,
+so a busy neighbour on the machine hits every column alike. Both use ``--threads`` threads (default: all CPUs).
+Also printed: the CPU model and vector flags, torch's ATen CPU capability, what ``--dtype auto`` picks here and its
+estimates, and the engine's speculative decoding at num_steps 0-3 with the bundled head (batch 1 and 8, the auto
+path), as output tokens/s including prefill on the first chat prompt(s); ``benchmarks/spec_speedup.py`` measures
+the batch-1 speedup over many real prompts.
+
+To emulate an AVX2-only CPU on an AVX-512 one: ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` (ATen's and
+oneDNN's kernels then use their AVX2 code; PyTorch's own bf16-GEMM dispatch still sees the real CPU, so this is an
+approximation of an AVX2 machine, not one).
 
 CUDA part (when a GPU is present): a randomly initialised Llama-3.1-8B-shaped target in bf16, batch-1 num_steps 0
 decode, as a percentage of the HBM roofline (weights bytes / measured device-to-device copy bandwidth).
 
-Usage: ``python benchmarks/engine_speed.py [--repeats 3] [--skip-hf] [--skip-spec]``.
+Usage: ``python benchmarks/engine_speed.py [--repeats 3] [--threads N] [--paths native,bfloat16,float32]
+[--hf] [--skip-llamacpp] [--skip-spec]``.
 """
 
 from __future__ import annotations
@@ -26,14 +35,6 @@ PROMPTS = ["Write a short story about a robot learning to paint.", "Explain how 
            "What are the benefits of regular exercise?", "Describe the water cycle.",
            "Give me a recipe for pancakes.", "Why do cats purr?", "Summarize the plot of Hamlet.",
            "How do airplanes stay in the air?"]
-
-
-def read_bandwidth_gb_s() -> float:
-    """CPU read bandwidth: sum over a 512 MB fp32 buffer, best of 5, GB/s."""
-    x = torch.ones(128 * 2**20)
-    x.sum()
-    best = min(_timed(lambda: x.sum()) for _ in range(5))
-    return x.numel() * 4 / best / 1e9
 
 
 def _timed(fn) -> float:
@@ -62,22 +63,91 @@ def hf_decode_tok_s(folder, prompts: list[list[int]], batch: int, repeats: int) 
     return batch * 63 / statistics.median(deltas)
 
 
-def engine_tok_s(prompts: list[list[int]], batch: int, k: int, repeats: int, decode_only: bool) -> float:
+def make_engine(dtype: str, threads: int, k: int = 0, capacity: int = 0):
     from spectune.backends.local.build import EngineOptions, build_engine
+
+    return build_engine(EngineOptions(num_steps=k, num_steps_capacity=capacity, draft=None if capacity else "none",
+                                      dtype=dtype, max_num_seqs=8, max_model_len=512, kv_cache_gb=1.0,
+                                      threads=threads))
+
+
+def engine_runner(engine, prompts: list[list[int]], batch: int):
+    """A function n -> seconds to generate n tokens for the first ``batch`` prompts (warmed up)."""
     from spectune.backends.local.sequence import SamplingParams
 
-    engine = build_engine(EngineOptions(num_steps=k, draft=None if k else "none", dtype="bfloat16",
-                                        max_num_seqs=batch, max_model_len=512, kv_cache_gb=1.0))
     ids = prompts[:batch]
 
-    def run(n: int) -> None:
-        engine.generate(ids, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+    def run(n: int) -> float:
+        return _timed(lambda: engine.generate(ids, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)))
 
     run(4)
-    if decode_only:
-        deltas = [_timed(lambda: run(64)) - _timed(lambda: run(1)) for _ in range(repeats)]
-        return batch * 63 / statistics.median(deltas)
-    return batch * 64 / statistics.median([_timed(lambda: run(64)) for _ in range(repeats)])
+    return run
+
+
+class LlamaServer:
+    """``llama-server`` on the GGUF with 8 slots; :meth:`runner` times n-token generations like the engine's."""
+
+    def __init__(self, gguf: str, threads: int) -> None:
+        import socket
+        import subprocess
+        import urllib.request
+
+        from spectune.backends.llamacpp.install import find_llama_server
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.proc = subprocess.Popen([str(find_llama_server()), "-m", gguf, "-t", str(threads), "-tb", str(threads),
+                                      "-c", str(8 * 512), "-np", "8", "--host", "127.0.0.1", "--port",
+                                      str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1)
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise SystemExit("llama-server did not start")
+
+    def _one(self, ids: list[int], n: int) -> None:
+        import json
+        import urllib.request
+
+        body = json.dumps({"prompt": ids, "n_predict": n, "temperature": 0.0, "ignore_eos": True,
+                           "cache_prompt": False}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", body,
+                                     {"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=600).read()
+
+    def runner(self, prompts: list[list[int]], batch: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(batch)
+
+        def run(n: int) -> float:
+            return _timed(lambda: list(pool.map(lambda ids: self._one(ids, n), prompts[:batch])))
+
+        run(4)
+        return run
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def decode_tok_s(run, batch: int) -> float:
+    """batch * 63 / (t(64) - t(1)) for one repeat."""
+    return batch * 63 / (run(64) - run(1))
+
+
+def cpu_description() -> str:
+    """``lscpu`` model name, its vector flags and torch's ATen CPU capability."""
+    import subprocess
+
+    text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("Model name")), "?")
+    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("Flags")), [])
+    vec = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c")))
+    return f"{model}; {' '.join(vec)}; torch ATen capability {torch.backends.cpu.get_cpu_capability()}"
 
 
 def cuda_roofline_percent(repeats: int) -> str:
@@ -134,43 +204,84 @@ def cuda_roofline_percent(repeats: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--threads", type=int, default=0, help="engine and llama.cpp threads (0: all CPUs)")
+    parser.add_argument("--paths", default="native,bfloat16,float32")
+    parser.add_argument("--hf", action="store_true", help="add HF transformers (bf16) as a column")
+    parser.add_argument("--skip-llamacpp", action="store_true")
     parser.add_argument("--skip-spec", action="store_true")
     args = parser.parse_args()
+    import os
+
     from rich.console import Console
     from rich.table import Table
 
     from spectune.backends.local.tokenizer import Tokenizer
     from spectune.backends.local.weights import convert_gguf, default_model_path
 
-    folder = convert_gguf(default_model_path())
+    threads = args.threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    gguf = default_model_path()
+    folder = convert_gguf(gguf)
     tok = Tokenizer(folder)
     prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
-    console = Console()
-    bw = read_bandwidth_gb_s()
-    from safetensors import safe_open
-
-    with safe_open(str(folder / "model.safetensors"), "pt") as f:  # bf16 bytes of the (tied) weights
-        weights = 2 * sum(f.get_slice(k).get_shape()[0] * (f.get_slice(k).get_shape() + [1])[1] for k in f.keys())
-    table = Table(title=f"SmolLM2-135M-Instruct decode on CPU ({torch.get_num_threads()} threads, bf16)")
-    for col in ("batch", "HF transformers tok/s", "spectune K=0 tok/s", "ratio"):
-        table.add_column(col, justify="right")
-    for batch in (1, 8):
-        hf = None if args.skip_hf else hf_decode_tok_s(folder, prompts, batch, args.repeats)
-        ours = engine_tok_s(prompts, batch, 0, args.repeats, decode_only=True)
-        table.add_row(str(batch), "-" if hf is None else f"{hf:.1f}", f"{ours:.1f}",
-                      "-" if hf is None else f"{ours / hf:.2f}x")
-    console.print(table)
-    console.print(f"batch-1 roofline: read bandwidth {bw:.1f} GB/s / {weights / 1e6:.0f} MB bf16 weights = "
-                  f"{bw * 1e9 / weights:.0f} tok/s")
-    if not args.skip_spec:
-        spec = Table(title="spectune output tok/s incl. prefill (64 tokens, greedy, bundled head)")
-        spec.add_column("batch", justify="right")
-        for k in range(6):
-            spec.add_column(f"K={k}", justify="right")
+    console = Console(width=200)
+    console.print(f"CPU: {cpu_description()}; {threads} threads; load average {os.getloadavg()}", markup=False)
+    paths = [p for p in args.paths.split(",") if p]
+    engines = {p: make_engine(p, threads) for p in paths}
+    auto = make_engine("auto", threads)
+    console.print(f"--dtype auto here: {auto.path.to_json()}", markup=False)
+    del auto
+    llama = None if args.skip_llamacpp else LlamaServer(str(gguf), threads)
+    table = Table(title=f"SmolLM2-135M-Instruct decode tokens/s on CPU, num_steps 0, greedy, {threads} threads "
+                        f"(median of {args.repeats}, interleaved)")
+    cols = [f"spectune {p}" for p in paths] + ([] if llama is None else ["llama.cpp Q4_1"])
+    cols += ["HF bf16"] if args.hf else []
+    table.add_column("batch", justify="right")
+    for c in cols:
+        table.add_column(c, justify="right")
+    if llama is not None:
+        for p in paths:
+            table.add_column(f"{p} / llama.cpp", justify="right")
+    try:
         for batch in (1, 8):
-            vals = [engine_tok_s(prompts, batch, k, args.repeats, decode_only=False) for k in range(6)]
-            spec.add_row(str(batch), *(f"{v:.1f}" for v in vals))
+            runs = {f"spectune {p}": engine_runner(e, prompts, batch) for p, e in engines.items()}
+            if llama is not None:
+                runs["llama.cpp Q4_1"] = llama.runner(prompts, batch)
+            vals: dict[str, list[float]] = {c: [] for c in runs}
+            for _ in range(args.repeats):
+                for c, run in runs.items():
+                    vals[c].append(decode_tok_s(run, batch))
+            med = {c: statistics.median(v) for c, v in vals.items()}
+            if args.hf:
+                med["HF bf16"] = hf_decode_tok_s(folder, prompts, batch, args.repeats)
+            row = [str(batch)] + [f"{med[c]:.1f}" for c in cols]
+            if llama is not None:
+                row += [f"{med[f'spectune {p}'] / med['llama.cpp Q4_1']:.2f}x" for p in paths]
+            table.add_row(*row)
+            console.print(f"batch {batch} raw: " + "; ".join(f"{c} {[round(x, 1) for x in v]}"
+                                                            for c, v in vals.items()), markup=False)
+    finally:
+        if llama is not None:
+            llama.close()
+    console.print(table)
+    del engines
+    if not args.skip_spec:
+        spec = Table(title="spectune output tok/s incl. prefill (64 tokens, greedy, bundled head, --dtype auto)")
+        spec.add_column("batch", justify="right")
+        for k in range(4):
+            spec.add_column(f"K={k}", justify="right")
+        spec.add_column("K=2 / K=0", justify="right")
+        spec.add_column("K=3 / K=0", justify="right")
+        engine = make_engine("auto", threads, 0, 3)
+        for batch in (1, 8):
+            run = engine_runner(engine, prompts, batch)
+            vals = {k: [] for k in range(4)}
+            for _ in range(args.repeats):
+                for k in range(4):
+                    engine.set_num_steps(k)
+                    vals[k].append(batch * 64 / run(64))
+            med = [statistics.median(vals[k]) for k in range(4)]
+            spec.add_row(str(batch), *(f"{v:.1f}" for v in med), f"{med[2] / med[0]:.2f}x", f"{med[3] / med[0]:.2f}x")
         console.print(spec)
     if torch.cuda.is_available():
         console.print(cuda_roofline_percent(args.repeats))

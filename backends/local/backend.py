@@ -42,6 +42,18 @@ def _head_method(model: str | None, draft: str | None) -> tuple[str | None, str]
     return eagle_version(str(draft))
 
 
+def engine_threads() -> int:
+    """Torch threads for the sweep's server: one fewer than the machine's CPUs (at least 1), as the ``llamacpp``
+    backend's ``-t``. The load generator runs on the same machine, and torch's OpenMP threads meet at a barrier
+    after every op: when one shares its core with another busy process, each barrier waits for a scheduler slice.
+    Measured on the 2-core development VM with other processes busy: the README's main job decoded about
+    2 tokens/s per request with 2 threads (6 requests in 7 minutes) where one thread decodes 22 tokens/s
+    (``benchmarks/engine_speed.py --threads 1``)."""
+    import os
+
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
 class LocalBackend(LaunchingBackend):
     """Bundled EAGLE engine (``python -m spectune.backends.local``), one process per sweep."""
 
@@ -61,6 +73,7 @@ class LocalBackend(LaunchingBackend):
 
             load_config_file(options.adaptive_config)  # a bad file fails here, not in the server process
         self.capacity = 0
+        self.engine_path: dict[str, Any] | None = None
 
     async def preflight(self, steps_list: Sequence[int]) -> list[str]:
         self.capacity = max(steps_list, default=0)
@@ -72,7 +85,8 @@ class LocalBackend(LaunchingBackend):
         slots = max(o.max_concurrency, 1)
         opts = {"model": o.model, "draft": o.draft, "num_steps": steps, "num_steps_capacity": max(self.capacity, steps),
                 "dtype": o.dtype, "device": o.device, "max_num_seqs": slots, "max_model_len": max_len,
-                "kv_cache_gb": max(1.0, slots * (max_len + 8) * KV_BYTES_PER_TOKEN_GUESS / 2**30)}
+                "kv_cache_gb": max(1.0, slots * (max_len + 8) * KV_BYTES_PER_TOKEN_GUESS / 2**30),
+                "threads": engine_threads()}
         if o.adaptive_config:
             opts["adaptive_config"] = str(Path(o.adaptive_config).resolve())
         return [sys.executable, "-m", "spectune.backends.local", "--options", json.dumps(opts), "--host", host,
@@ -100,7 +114,22 @@ class LocalBackend(LaunchingBackend):
             raise BackendStartError(f"could not switch the bundled server to num_steps {steps}: {detail}",
                                     self.server.log_tail())
         self.steps = None  # forces a (re)launch in the parent
-        return await super().start(steps)
+        endpoint = await super().start(steps)
+        self.engine_path = await self._engine_path(endpoint.base_url)
+        return endpoint
+
+    async def _engine_path(self, base_url: str) -> dict[str, Any] | None:
+        """The compute path the server chose (``/server_info`` ``engine_path``: ``--dtype auto`` is decided in the
+        server at start-up), or None when the server does not say."""
+        from spectune.backends.http import auth_headers
+
+        try:
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"{base_url}/server_info",
+                                       headers=auth_headers(self.options.api_key_env)) as resp:
+                    return (await resp.json()).get("engine_path") if resp.status == 200 else None
+        except (aiohttp.ClientError, ValueError):
+            return None
 
     async def stop(self) -> None:
         """Keep the server between num_steps: the next ``start(K)`` switches it instead of reloading weights."""
@@ -130,8 +159,11 @@ class LocalBackend(LaunchingBackend):
                             engine.get("draft", description.get("draft")))
 
     def describe(self) -> dict[str, Any]:
-        """Launching description plus the engine options (model, draft, device, dtype, max_concurrency)."""
+        """Launching description plus the engine options (model, draft, device, dtype, max_concurrency) and, once
+        the server is up, the compute path it runs (``engine.path``: see ``backends/local/paths.py``)."""
         d = super().describe()
         d["engine"] = {k: v for k, v in dataclasses.asdict(self.options).items()
                        if k in ("model", "draft", "device", "dtype", "max_concurrency")}
+        if getattr(self, "engine_path", None) is not None:
+            d["engine"]["path"] = self.engine_path  # what --dtype auto chose on this machine
         return d

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,8 @@ class EngineOptions:
         draft: EAGLE head folder; None picks the bundled head when the target is the default one; "none" disables.
         num_steps: static num_steps K.
         num_steps_capacity: the largest K the server may be switched to later (sizes the cache); 0 = num_steps.
-        dtype: ``auto`` (bfloat16), ``bfloat16`` or ``float32``.
+        dtype: the compute path (:mod:`spectune.backends.local.paths`): ``auto`` (measured per machine at start-up),
+            ``native`` (the GGUF's Q4_0/Q4_1/Q8_0 weights, bf16 activations, CPU), ``bfloat16`` or ``float32``.
         device: ``auto`` (cuda when available), ``cpu`` or ``cuda``.
         max_num_seqs: the largest batch size (cache slots).
         max_model_len: tokens per sequence (prompt + output); default min(model max, 4096).
@@ -50,7 +52,8 @@ class EngineOptions:
 
 
 def resolve_device_dtype(device: str, dtype: str) -> tuple[Any, Any]:
-    """Map option strings to torch objects. Raises UserError for unknown values or CUDA without a GPU."""
+    """Map option strings to torch objects (``auto`` and ``native`` give bf16; :func:`build_engine` resolves
+    ``auto`` per machine). Raises UserError for unknown values or CUDA without a GPU."""
     import torch
 
     if device == "auto":
@@ -59,11 +62,10 @@ def resolve_device_dtype(device: str, dtype: str) -> tuple[Any, Any]:
         raise UserError(f"unknown --device {device!r}: use auto, cpu or cuda")
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda but no CUDA device is available: use --device cpu")
-    names = {"auto": torch.bfloat16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float32": torch.float32, "fp32": torch.float32}
-    if dtype not in names:
-        raise UserError(f"unknown --dtype {dtype!r}: use bfloat16 or float32")
-    return torch.device(device), names[dtype]
+    from spectune.backends.local.paths import normalise
+
+    name = normalise(dtype)
+    return torch.device(device), torch.float32 if name == "float32" else torch.bfloat16
 
 
 def resolve_draft(draft: str | None, model_is_default: bool) -> Path | None:
@@ -89,12 +91,14 @@ def build_engine(opts: EngineOptions) -> Any:
     from spectune.backends.local.engine import Engine, EngineConfig, seeded_generator
     from spectune.backends.local.heads import load_head
     from spectune.backends.local.kv_cache import bytes_per_token
-    from spectune.backends.local.linear import pack_linears
+    from spectune.backends.local.config import ModelConfig
+    from spectune.backends.local.linear import pack_linears, unpack_bf16_linears
+    from spectune.backends.local.paths import choose_path
     from spectune.backends.local.speculative import SpecRunner
     from spectune.backends.local.tokenizer import Tokenizer
-    from spectune.backends.local.weights import load_target
+    from spectune.backends.local.weights import convert_gguf, load_target, resolve_model_path
 
-    device, dtype = resolve_device_dtype(opts.device, opts.dtype)
+    device, _ = resolve_device_dtype(opts.device, opts.dtype)
     if opts.threads > 0:
         torch.set_num_threads(opts.threads)
     is_default = opts.model is None or str(opts.model).lower() in ("smollm2", "default")
@@ -107,7 +111,21 @@ def build_engine(opts: EngineOptions) -> Any:
     max_steps = max(opts.num_steps, opts.num_steps_capacity, getattr(policy, "max_steps", 0) or 0)
     if max_steps > 0 and head_path is None:
         raise UserError("num_steps > 0 needs a draft head: pass --draft PATH (no bundled head for this model)")
-    target, folder = load_target(opts.model, dtype, device)
+    model_path = resolve_model_path(opts.model)
+    native_ok, reason, lm_repeat = False, "not a GGUF file", 1
+    if model_path.is_file() and device.type == "cpu":
+        from spectune.backends.local.quant import native_support
+
+        native_ok, reason, lm_repeat = native_support(model_path)
+    folder = convert_gguf(model_path) if model_path.is_file() else model_path
+    cfg = ModelConfig.from_hf(json.loads((folder / "config.json").read_text()))
+    path_choice = choose_path(opts.dtype, device, cfg, native_ok, reason, lm_repeat)
+    dtype = path_choice.dtype
+    target, folder = load_target(model_path, dtype, device)
+    if path_choice.name == "native":
+        from spectune.backends.local.quant import quantize_target
+
+        quantize_target(target, model_path, dtype)
     cfg = target.cfg
     max_len = (opts.max_model_len or min(cfg.max_position_embeddings, 4096)) + max_steps + 1
     head = load_head(head_path, target, dtype, device) if head_path is not None else None
@@ -126,9 +144,9 @@ def build_engine(opts: EngineOptions) -> Any:
     if head is not None:
         head.prepare(max_len)
     if device.type == "cpu":
-        pack_linears(target)
-        if head is not None:
-            pack_linears(head)
+        pack_linears(target)  # dense bf16 linears left (none on the native path)
+        if head is not None and not pack_linears(head) and dtype == torch.bfloat16:
+            unpack_bf16_linears(head)  # no oneDNN bf16 here: float32 weights beat the scalar bf16 GEMM
     from spectune.backends.local.cuda_graphs import GraphRunner
 
     graphs = GraphRunner(slots, max_len, capture=True) if device.type == "cuda" and opts.cuda_graphs else None
@@ -142,4 +160,4 @@ def build_engine(opts: EngineOptions) -> Any:
     ecfg = EngineConfig(num_steps=opts.num_steps, max_num_seqs=slots, max_len=max_len, policy=policy, trace=trace,
                         steps_capacity=max_steps)
     name = os.path.basename(str(opts.model)) if opts.model else "SmolLM2-135M-Instruct"
-    return Engine(runner, Tokenizer(folder), ecfg, model_name=name)
+    return Engine(runner, Tokenizer(folder), ecfg, model_name=name, path=path_choice)

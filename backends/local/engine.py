@@ -93,11 +93,13 @@ class Engine:
     Args:
         runner: the model runner (target, head, KV cache). tokenizer: the target's tokenizer. cfg: limits and policy.
         model_name: the name the server answers to (``/v1/models``) unless the command line names another.
+        path: the compute path the weights run on (:class:`spectune.backends.local.paths.PathChoice`: native int4,
+            bfloat16 or float32, and why), reported in ``/server_info``; None when unknown (tests' tiny engines).
     """
 
     def __init__(self, runner: SpecRunner, tokenizer: Tokenizer, cfg: EngineConfig,
-                 model_name: str = "spectune-engine") -> None:
-        self.runner, self.tokenizer, self.cfg, self.model_name = runner, tokenizer, cfg, model_name
+                 model_name: str = "spectune-engine", path: Any = None) -> None:
+        self.runner, self.tokenizer, self.cfg, self.model_name, self.path = runner, tokenizer, cfg, model_name, path
         self.scheduler = Scheduler(cfg.max_num_seqs, cfg.max_waiting, cfg.max_prefill_tokens)
         self.stats = EngineStats(active_num_steps=cfg.num_steps)
         self.max_steps = max(getattr(cfg.policy, "max_steps", 0) or 0, cfg.num_steps)  # the largest K in use

@@ -209,6 +209,7 @@ class Server:
                                  "avg_spec_accept_length": s.avg_accept_length,
                                  "num_steps_switches": s.num_steps_switches}],
             "request_errors": e.num_request_errors,
+            "engine_path": e.path.to_json() if e.path is not None else None,
         })
 
     async def set_num_steps(self, request: web.Request) -> web.Response:

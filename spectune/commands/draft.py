@@ -94,7 +94,7 @@ def evaluate(
     num_prompts: Annotated[int, typer.Option(min=1, help="Prompts (seeded sample; MT-Bench has 80).")] = 80,
     steps: Annotated[str, typer.Option(help="num_steps values, comma-separated.")] = "1,2,3,4,5",
     max_tokens: Annotated[int, typer.Option(min=1, help="Output tokens per prompt.")] = 256,
-    dtype: Annotated[str, typer.Option(help="bfloat16 or float32.")] = "bfloat16",
+    dtype: Annotated[str, typer.Option(help="auto, native (the GGUF's quantized weights), bfloat16 or float32.")] = "bfloat16",
     batch: Annotated[int, typer.Option(min=1, help="Prompts decoded together.")] = 16,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the results as JSON.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the prompt sample.")] = 0,

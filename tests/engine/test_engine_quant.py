@@ -1,0 +1,169 @@
+"""The native quantized path (``--dtype native``): GGML blocks decoded exactly, Q/K rows in transformers' order,
+the int4 kernel computing with the decoded weights, and greedy decoding equal to a reference model that runs the
+same dequantized weights with float32 matmuls, on the real SmolLM2-135M-Instruct Q4_1 GGUF (Q8_0 embedding)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from spectune.backends.local.build import EngineOptions, build_engine
+from spectune.backends.local.linear import Float32Linear
+from spectune.backends.local.paths import choose_path
+from spectune.backends.local.quant import Int4Linear, native_support, read_gguf_linears, unpack
+from spectune.backends.local.sequence import SamplingParams
+from spectune.backends.local.weights import default_model_path, load_target
+from spectune.loadgen.errors import UserError
+
+PROMPTS = ["What is the capital of Japan?", "Write a Python function that returns the n-th Fibonacci number.",
+           "List the planets of the solar system in order from the sun.", "Hi!"]
+
+
+@pytest.fixture(scope="module")
+def gguf_tensors() -> dict:
+    from gguf import GGUFReader
+
+    return {t.name: t for t in GGUFReader(str(default_model_path())).tensors}
+
+
+@pytest.mark.parametrize("name", ["blk.0.ffn_down.weight", "blk.7.attn_q.weight", "token_embd.weight"])
+def test_unpack_equals_gguf_dequantize(gguf_tensors, name: str) -> None:
+    from gguf.quants import dequantize
+
+    t = gguf_tensors[name]
+    qt = unpack(np.asarray(t.data), t.tensor_type.name, int(t.shape[0]))
+    assert np.array_equal(qt.dequantize(), dequantize(t.data, t.tensor_type))
+
+
+def test_q4_0_unpack_equals_gguf_dequantize() -> None:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    w = np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)
+    raw = quantize(w, GGMLQuantizationType.Q4_0)
+    qt = unpack(raw, "Q4_0", 128)
+    assert np.array_equal(qt.dequantize(), dequantize(raw, GGMLQuantizationType.Q4_0))
+
+
+def test_unsupported_type_is_refused() -> None:
+    with pytest.raises(ValueError, match="Q6_K"):
+        unpack(np.zeros((4, 210), np.uint8), "Q6_K", 256)
+
+
+@pytest.fixture(scope="module")
+def quant_and_dense():
+    target, _ = load_target(None, torch.float32, "cpu")
+    c = target.cfg
+    quant, bad = read_gguf_linears(default_model_path(), c.num_layers, c.num_heads, c.num_kv_heads, True)
+    return quant, bad, target
+
+
+def test_every_linear_of_the_default_target_is_native(quant_and_dense) -> None:
+    quant, bad, target = quant_and_dense
+    assert (bad, len(quant)) == ({}, 4 * target.cfg.num_layers + 1)
+
+
+@pytest.mark.parametrize("name", ["layers.0.qkv", "layers.29.qkv", "layers.3.gate_up", "layers.11.down_proj"])
+def test_fused_rows_match_transformers_dequantized_layout(quant_and_dense, name: str) -> None:
+    """Q and K rows permuted like transformers' GGUF loader; q|k|v and gate|up fused in the engine's order."""
+    quant, _, target = quant_and_dense
+    dense = dict(target.named_parameters())[name + ".weight"]
+    assert torch.equal(torch.from_numpy(quant[name].dequantize()), dense)
+
+
+def test_q8_0_lm_head_split_into_two_int4_halves_is_exact(quant_and_dense) -> None:
+    quant, _, target = quant_and_dense
+    assert torch.equal(torch.from_numpy(quant["lm_head"].dequantize()), target.embed_tokens.weight)
+
+
+@pytest.mark.parametrize("name", ["layers.5.gate_up", "lm_head"])
+def test_int4_kernel_computes_with_the_rounded_weights(quant_and_dense, name: str) -> None:
+    """Output = x @ W^T with W the codes and bf16-rounded scales, up to the kernel's bf16 output rounding."""
+    quant, _, _ = quant_and_dense
+    qt = quant[name]
+    x = torch.randn(3, qt.shape[1], generator=torch.Generator().manual_seed(0)).bfloat16()
+    ref = x.float() @ torch.from_numpy(qt.rounded(torch.bfloat16).dequantize()).t()
+    out = Int4Linear(qt, torch.bfloat16)(x).float()
+    assert float((out - ref).abs().max()) <= 2**-7 * float(ref.abs().max())
+
+
+@pytest.fixture(scope="module")
+def native_engine():
+    return build_engine(EngineOptions(num_steps=0, draft="none", dtype="native", max_num_seqs=4, max_model_len=256,
+                                      kv_cache_gb=0.5))
+
+
+def test_native_engine_uses_int4_linears(native_engine) -> None:
+    mods = list(native_engine.runner.target.modules())
+    assert sum(isinstance(m, Int4Linear) for m in mods) == 4 * native_engine.runner.target.cfg.num_layers + 1
+
+
+def test_native_engine_records_its_path(native_engine) -> None:
+    assert native_engine.path.to_json()["path"] == "native"
+
+
+def test_greedy_native_matches_reference_with_same_dequantized_weights(native_engine) -> None:
+    """The reference replaces each Int4Linear by a float32 matmul over the same weights (codes, bf16-rounded scales)
+    with bf16 inputs and outputs, like the kernel; only the summation order differs (fp32 accumulation in both,
+    then bf16 rounding of each layer's output). Greedy ids up to EOS (at most 40) must be identical, one request
+    at a time and 4 at once. Past EOS (``ignore_eos``) the model's next-token distribution is nearly flat and a
+    last-bit difference can flip a near-tie (seen once in 4 prompts x 32 tokens), so EOS ends the comparison."""
+    ref = build_engine(EngineOptions(num_steps=0, draft="none", dtype="bfloat16", max_num_seqs=4, max_model_len=256,
+                                     kv_cache_gb=0.5))
+    c = ref.runner.target.cfg
+    quant, _ = read_gguf_linears(default_model_path(), c.num_layers, c.num_heads, c.num_kv_heads, True)
+    for name, qt in quant.items():
+        *parents, leaf = name.split(".")
+        parent = ref.runner.target
+        for p in parents:
+            parent = getattr(parent, p)
+        lin = torch.nn.Linear(qt.shape[1], qt.shape[0], bias=False)
+        lin.weight = torch.nn.Parameter(torch.from_numpy(qt.rounded(torch.bfloat16).dequantize()), False)
+        setattr(parent, leaf, Float32Linear(lin))
+    prompts = [ref.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
+    params = SamplingParams(max_tokens=40, temperature=0.0)
+    expected = [ref.generate([p], params)[0] for p in prompts]
+    assert [native_engine.generate([p], params)[0] for p in prompts] == expected
+    assert native_engine.generate(prompts, params) == expected
+
+
+def test_native_is_refused_for_a_hf_folder(tmp_path) -> None:
+    from spectune.backends.local.config import ModelConfig
+
+    cfg = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=1,
+                      num_heads=2, num_kv_heads=1, head_dim=32, rope_theta=1e4, max_position_embeddings=128)
+    with pytest.raises(UserError, match="--dtype bfloat16 or float32"):
+        choose_path("native", torch.device("cpu"), cfg, False, "not a GGUF file")
+
+
+def test_unknown_dtype_names_the_choices() -> None:
+    with pytest.raises(UserError, match="use auto, native"):
+        build_engine(EngineOptions(dtype="int3"))
+
+
+def test_auto_picks_a_measured_path() -> None:
+    from spectune.backends.local.config import ModelConfig
+
+    cfg = ModelConfig(model_type="llama", vocab_size=1024, hidden_size=64, intermediate_size=128, num_layers=2,
+                      num_heads=2, num_kv_heads=1, head_dim=32, rope_theta=1e4, max_position_embeddings=128)
+    choice = choose_path("auto", torch.device("cpu"), cfg, True)
+    assert (choice.chosen_by, set(choice.estimates_ms)) == ("measured", {"native", "bfloat16", "float32"})
+
+
+def test_default_gguf_is_fully_native() -> None:
+    assert native_support(default_model_path()) == (True, "", 2)
+
+
+async def test_local_sweep_backend_records_the_servers_path() -> None:
+    """sweep.json's ``backend`` comes from ``describe()`` after each start: the server's chosen path is in it."""
+    from spectune.backends import make_backend
+    from spectune.backends.base import BackendOptions
+
+    backend = make_backend("local", BackendOptions(dtype="native", max_concurrency=1, draft="none"))
+    await backend.preflight([0])
+    try:
+        await backend.start(0)
+        assert backend.describe()["engine"]["path"]["path"] == "native"
+    finally:
+        await backend.close()
