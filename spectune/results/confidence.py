@@ -183,8 +183,8 @@ class Bootstrap:
         return w
 
     def run_replicates(self, run: RunRequests, objective: str, value: float) -> np.ndarray | None:
-        """(B,) replicates of one run's objective (``throughput``: tokens/s, ``tpot``: ms, ``goodput``: req/s)
-        around its measured ``value``; None when the run has no usable requests or ``value`` is not finite.
+        """(B,) replicates of one run's objective (``throughput``: tokens/s of a closed loop, ``tokens``: tokens/s
+        of an open-loop window, ``tpot``: ms, ``goodput``: req/s) around its measured ``value``; None when the run has no usable requests or ``value`` is not finite.
 
         Raises:
             ValueError: an unknown objective.
@@ -200,6 +200,11 @@ class Bootstrap:
             base = tok.sum() / lat.sum()
             with np.errstate(divide="ignore", invalid="ignore"):
                 return value * ((w[:, ok] @ tok) / (w[:, ok] @ lat)) / base
+        if objective == "tokens":  # open loop: tokens streamed over a fixed window
+            if run.tokens.sum() <= 0:
+                return None
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return value * (w @ run.tokens) / run.tokens.sum()
         if objective == "tpot":
             ok = np.isfinite(run.tpot_ms)
             if not ok.any():
@@ -251,4 +256,24 @@ def requests_by_point(requests: pd.DataFrame | list[dict[str, Any]] | None) -> d
         except (KeyError, TypeError, ValueError):
             continue
         out.setdefault(key, []).append(r)
+    return out
+
+
+def point_intervals(records: Iterable[dict[str, Any]], metrics: dict[str, Any], confidence: float = 0.95,
+                    replicates: int = 1000) -> dict[str, float | None]:
+    """summary.csv's interval columns of one measured point (:data:`spectune.results.schema.INTERVAL_COLUMNS`): the
+    percentile-bootstrap bounds of its ``output_throughput_tok_s`` (tokens/s) and ``tpot_p50_ms`` (ms) over its
+    request objects (requests.jsonl form); None where the metric or the requests are missing."""
+    recs = list(records)
+    run = RunRequests.from_records(recs)
+    boot = Bootstrap((r.get("prompt_id") for r in recs), replicates=replicates)
+    out: dict[str, float | None] = {}
+    for objective, metric, prefix in (("throughput", "output_throughput_tok_s", "output_throughput"),
+                                      ("tpot", "tpot_p50_ms", "tpot_p50")):
+        value = metrics.get(metric)
+        iv = Interval(math.nan)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            iv = percentile_interval(boot.run_replicates(run, objective, float(value)), float(value), confidence)
+        out[f"{prefix}_ci_low"] = iv.low if iv.known else None
+        out[f"{prefix}_ci_high"] = iv.high if iv.known else None
     return out

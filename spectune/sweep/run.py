@@ -38,6 +38,7 @@ from spectune.measure.batch_size import BATCH_SIZE_INTERVAL_S
 from spectune.measure.environment import environment
 from spectune.measure.signals import run_with_signals
 from spectune.measure.window import client_config, measure_window, resolve_model
+from spectune.results.confidence import point_intervals
 from spectune.results.folder import SweepFolder
 from spectune.results.schema import KEY_COLUMNS, STATUS_COLUMNS, SUMMARY_COLUMNS, Key, now_iso
 from spectune.sweep.plan import ClientTimeouts, SweepListener, SweepOutcome, SweepPlan
@@ -140,6 +141,7 @@ class Sweep:
         if limited is not None:
             self.listener.warning(f"K={steps} c={conc}: {limited}; its latencies include the client's own queueing "
                                   "(lower the concurrency, or give spectune a core of its own)")
+        metrics.update(point_intervals([r.to_json() for r in records], metrics))
         metrics.update(acceptance_length=acc.acceptance_length, acceptance_rate=acc.acceptance_rate,
                        acceptance_length_source=acc.source, batch_size_mean=batch["mean"] if batch else None,
                        batch_size_p50=batch["p50"] if batch else None,
