@@ -80,6 +80,42 @@ class LiveDisplay(LiveProgress, SweepListener):
             self.progress.advance(self.sweep_task)
         self.console.print(point_line(point), markup=False)
 
+    def drift_checked(self, check: dict[str, Any]) -> None:
+        self.console.print(drift_line(check), markup=False)
+
+
+def drift_line(check: dict[str, Any]) -> str:
+    """One line about a drift check: ``drift check (end of sweep) K=0 c=4: throughput 1.000x [0.97, 1.03] within
+    noise``."""
+    head = f"drift check ({check['label']}) K={check['steps']} c={check['concurrency']}"
+    if check.get("ratio") is None:
+        return f"{head}: {check.get('note', 'not comparable')}"
+    span = f" [{check['low']:.3f}, {check['high']:.3f}]" if check.get("low") is not None else ""
+    verdict = f"DRIFTED by {check['change']:.1%}" if check["drifted"] else "within noise"
+    return f"{head}: {check['objective']} {check['first']:.4g} -> {check['again']:.4g}, {check['ratio']:.3f}x{span}: {verdict}"
+
+
+def outcome_lines(outcome: Any) -> list[str]:
+    """The summary lines after the table: the order and drift verdict, the guided plan's outcome and the measuring
+    cost (points, launches, seconds)."""
+    lines = []
+    drift = outcome.drift
+    if drift:
+        lines.append(f"order: {drift['order']}; drift: " + (f"the reference moved {drift['change']:.1%}, more than its "
+                     "interval: spectune recommend will not call differences smaller than that"
+                     if drift["drifted"] else "none beyond noise") + f" ({drift['summary']})")
+    if outcome.guided:
+        g = outcome.guided
+        lines.append(f"guided plan: {g.get('measured_cells')} cells measured in {len(g.get('rounds') or [])} rounds, "
+                     f"{g.get('predicted_cells')} predicted (marked predicted in summary.csv); stopped: "
+                     f"{g.get('stopped')}")
+    c = outcome.cost
+    if c:
+        lines.append(f"measuring cost: {c['points']} points, {c['drift_points']} drift re-measurements, "
+                     f"{c['launches']} server starts/switches; {c['total_s']:.1f} s ({c['measure_s']:.1f} s points, "
+                     f"{c['drift_s']:.1f} s drift checks, {c['switch_s']:.1f} s starts/switches)")
+    return lines
+
 
 def point_line(point: dict[str, Any]) -> str:
     """One line about a finished point: ``K=3 c=16 r=0 ok: 812 tok/s, TPOT p50 4.10 ms, AL 2.31 (64 req, 0 failed)``."""

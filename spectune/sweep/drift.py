@@ -4,7 +4,9 @@ A reference cell (the first point the sweep measured) is measured again at the e
 each block's first cell again at the end of its block (no restart needed). Each re-measurement is compared with the
 first by the paired bootstrap of :mod:`spectune.results.confidence` (the same prompts in the same order, resampled
 together): ``ratio`` = again / first of the objective, with its interval at the plan's confidence. The cell
-**drifted** when that interval excludes 1, i.e. it moved more than its measurement noise explains. The largest
+**drifted** when that whole interval lies outside the noise band around 1 (``[1 - band, 1 + band]``, the plan's
+``noise_band``): it moved more than its measurement noise explains, and by more than the differences the
+recommendation ignores anyway. The largest
 drift, ``|ratio - 1|``, is recorded in sweep.json (``drift``) and ``spectune recommend`` does not call differences
 smaller than it (its noise band widens to it).
 """
@@ -23,15 +25,16 @@ OBJECTIVE_COLUMNS = {"throughput": "output_throughput_tok_s", "tpot": "tpot_p50_
 
 def drift_check(label: str, first: dict[str, Any], again: dict[str, Any], first_records: Sequence[dict[str, Any]],
                 again_records: Sequence[dict[str, Any]], objective: str = "throughput",
-                confidence: float = 0.95) -> dict[str, Any]:
+                confidence: float = 0.95, band: float = 0.02) -> dict[str, Any]:
     """One drift check: the reference point ``first`` and its re-measurement ``again`` (points.jsonl-style objects
     with ``metrics``), with their request objects (requests.jsonl form).
 
     Returns:
         ``{"label", "steps", "concurrency", "objective", "first", "again", "ratio", "low", "high", "confidence",
         "drifted", "change"}``: objective values (tokens/s or ms), the ratio again / first with its paired percentile
-        interval (NaN -> None when unknown), ``drifted`` (the interval excludes 1; without an interval, the ratio is
-        off 1 by more than 5%) and ``change`` = |ratio - 1| (a fraction).
+        interval (NaN -> None when unknown), ``drifted`` (the whole interval is outside ``[1 - band, 1 + band]``;
+        without an interval, the ratio is off 1 by more than max(band, 5%)) and ``change`` = |ratio - 1| (a
+        fraction).
 
     Raises:
         ValueError: an objective other than ``throughput`` or ``tpot``.
@@ -51,7 +54,7 @@ def drift_check(label: str, first: dict[str, Any], again: dict[str, Any], first_
     reps_b = boot.run_replicates(RunRequests.from_records(again_records), objective, float(b))
     reps_a = boot.run_replicates(RunRequests.from_records(first_records), objective, float(a))
     iv = ratio_interval(reps_b, reps_a, b / a, confidence)
-    drifted = (not iv.holds(1.0)) if iv.known else abs(b / a - 1) > 0.05
+    drifted = (iv.low > 1 + band or iv.high < 1 - band) if iv.known else abs(b / a - 1) > max(band, 0.05)
     clean = lambda x: x if math.isfinite(x) else None  # noqa: E731
     return {**out, "ratio": b / a, "low": clean(iv.low), "high": clean(iv.high), "drifted": bool(drifted),
             "change": abs(b / a - 1)}

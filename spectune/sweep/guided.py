@@ -12,19 +12,21 @@ models for the same decision:
   nearest measured concurrency (log scale) is used. Without per-position counters a geometric acceptance
   ``p_i = a^(i+1)`` is fitted to the measured acceptance lengths.
 * **Step time.** ``tau(c, K)``, the time of one verify step seen per sequence, is derived from each measured cell:
-  ``tau = c * AL / throughput`` (throughput objective: a closed loop of c sequences emits c * AL tokens per step)
+  ``tau = c * AL_eff / throughput`` (throughput objective: a closed loop of c sequences emits c * AL_eff tokens per
+  step, ``AL_eff = L / (1 + (L - 1) / AL)`` for requests of L output tokens whose first token takes a prefill step)
   or ``tau = TPOT * AL`` (TPOT objective). It is fitted by weighted least squares (relative errors) on the
   features ``[1, c, K, c*K]`` (a fixed cost, batch-proportional verify cost, per-draft-token cost, and the verify
   cost of K extra tokens per sequence), plus ``[K>0, c*(K>0)]`` (the draft model's own per-step cost) once enough
   cells are measured. Each concurrency's predictions are then anchored on the cells measured there (the mean ratio
   of measured to fitted ``tau``), so the model supplies the shape in K and the measurements the level.
-* **Prediction.** ``throughput = c * AL / tau``, ``TPOT = tau / AL``. The prediction interval is
+* **Prediction.** ``throughput = c * AL_eff / tau``, ``TPOT = tau / AL`` (scaled by the measured TPOT / (tau / AL) of
+  the concurrency when tau was fitted on throughput). The prediction interval is
   ``pred * (1 +- z * s)``, z the normal quantile of the confidence, ``s`` the larger of the relative residual spread
   of the anchored fit (over concurrencies with two or more measured cells, one degree of freedom per anchor) and the
   measurements' own relative half-width (at least 3%).
 
-The loop: a seed round (the largest num_steps at the smallest and largest concurrency, the smallest num_steps at the
-largest and the middle concurrency); then rounds that, at each concurrency, measure the unmeasured num_steps that
+The loop: a seed round (:meth:`GuidedPlanner.seed`: the largest num_steps at the smallest concurrency, the smallest
+and the middle num_steps at the largest, the smallest num_steps at the middle concurrency); then rounds that, at each concurrency, measure the unmeasured num_steps that
 could still change the choice: one whose predicted upper bound beats the best measured cell there by more than the
 noise band (a larger K) or reaches within the band of it (a smaller K, which would win a tie), the most promising
 first, one per concurrency per round, the model refitted between rounds. It stops when no such cell is left (the
@@ -112,6 +114,7 @@ class _Cell:
     al: float
     per_position: list[float]
     rel_halfwidth: float
+    tokens_per_request: float = math.nan
 
 
 @dataclass
@@ -157,8 +160,11 @@ class GuidedPlanner:
                        if (p.get("acceptance") or {}).get("per_position")), [])
             lo, hi = med("output_throughput_ci_low"), med("output_throughput_ci_high")
             half = (hi - lo) / 2 / tput if all(map(math.isfinite, (lo, hi, tput))) and tput > 0 else math.nan
+            toks = [float(p["metrics"]["total_output_tokens"]) / float(p["metrics"]["num_requests"]) for p in ps
+                    if (p.get("metrics") or {}).get("num_requests") and
+                    isinstance(p["metrics"].get("total_output_tokens"), (int, float))]
             if math.isfinite(tput) and tput > 0 and math.isfinite(al):
-                out[(k, c)] = _Cell(k, c, tput, tpot, al, pp, half)
+                out[(k, c)] = _Cell(k, c, tput, tpot, al, pp, half, float(np.median(toks)) if toks else math.nan)
         return out
 
     # -- the model ---------------------------------------------------------------------------------------------
@@ -180,10 +186,22 @@ class GuidedPlanner:
         a = geometric_rate(near.al, near.steps)
         return 1 + sum(a ** i for i in range(1, k + 1))
 
-    def _tau_obs(self, x: _Cell) -> float:
+    @staticmethod
+    def _effective(al: float, tokens: float) -> float:
+        """Output tokens per step of a request of ``tokens`` tokens: its first token takes a step of its own (the
+        prefill), the other tokens - 1 come AL per step: tokens / (1 + (tokens - 1) / AL)."""
+        if not (math.isfinite(tokens) and tokens > 1):
+            return al
+        return tokens / (1 + (tokens - 1) / al)
+
+    def _tokens(self, cells: dict[tuple[int, int], _Cell]) -> float:
+        vals = [x.tokens_per_request for x in cells.values() if math.isfinite(x.tokens_per_request)]
+        return float(np.median(vals)) if vals else math.nan
+
+    def _tau_obs(self, x: _Cell, tokens: float = math.nan) -> float:
         if self.objective == "tpot":
             return x.tpot * x.al if math.isfinite(x.tpot) else math.nan
-        return x.conc * x.al / x.throughput
+        return x.conc * self._effective(x.al, x.tokens_per_request) / x.throughput
 
     @staticmethod
     def _features(k: int, c: int, full: bool) -> list[float]:
@@ -255,6 +273,7 @@ class GuidedPlanner:
             return {}
         tau, s = self.fit(cells)
         z = self.z
+        tokens = self._tokens(cells)
         out = {}
         for c in self.concurrency:
             for k in self.steps:
@@ -262,7 +281,8 @@ class GuidedPlanner:
                 al = self._al(cells, k, c)
                 if not (math.isfinite(t) and t > 0):
                     continue
-                tput, tpot = c * al / t, t / al * self._tpot_scale(cells, c)
+                tput = c * (self._effective(al, tokens) if self.objective != "tpot" else al) / t
+                tpot = t / al * self._tpot_scale(cells, c)
                 out[(k, c)] = Prediction(k, c, al, tput, tput * (1 - z * s), tput * (1 + z * s), tpot,
                                          tpot * (1 - z * s), tpot * (1 + z * s))
         return out
@@ -275,17 +295,20 @@ class GuidedPlanner:
         if not here:
             near = sorted(cells.values(), key=lambda x: abs(math.log(x.conc) - math.log(c)))
             here = [x for x in near[:2] if math.isfinite(x.tpot)]
-        ratios = [x.tpot / (self._tau_obs(x) / x.al) for x in here if self._tau_obs(x) > 0]
+        ratios = [x.tpot / (self._tau_obs(x) / x.al) for x in here if self._tau_obs(x) > 0]  # tau per token vs TPOT
         return float(np.median(ratios)) if ratios else 1.0
 
     # -- what to measure next ------------------------------------------------------------------------------------
     def seed(self) -> list[tuple[int, int]]:
-        """The first round: (largest K, smallest c), (largest K, largest c), (smallest K, largest c), (smallest K,
-        middle c) (duplicates dropped)."""
+        """The first round: (largest K, smallest c) for the per-position acceptance, (smallest K, largest c) and
+        (middle K, largest c) for the cost of a draft token at the largest batch (where a large K is rarely a
+        contender, so the middle K is the more useful measurement), (smallest K, middle c) for the batch
+        dependence (duplicates dropped)."""
         ks, cs = sorted(self.steps), sorted(self.concurrency)
         mid = cs[len(cs) // 2] if len(cs) > 2 else cs[0]
+        kmid = ks[len(ks) // 2]
         out: list[tuple[int, int]] = []
-        for cell in ((ks[-1], cs[0]), (ks[-1], cs[-1]), (ks[0], cs[-1]), (ks[0], mid)):
+        for cell in ((ks[-1], cs[0]), (ks[0], cs[-1]), (kmid, cs[-1]), (ks[0], mid)):
             if cell not in out:
                 out.append(cell)
         return out

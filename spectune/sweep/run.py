@@ -77,7 +77,7 @@ class Sweep:
         self.predicted: list[dict[str, Any]] = []
         #: measuring cost: points (and drift re-measurements) measured now, server starts/switches, seconds
         self.cost: dict[str, Any] = {"points": 0, "drift_points": 0, "launches": 0, "measure_s": 0.0,
-                                     "switch_s": 0.0}
+                                     "drift_s": 0.0, "switch_s": 0.0}
 
     async def run(self, todo: Sequence[Key]) -> None:
         """Measure the points ``todo`` in the plan's order (grid), or let the guided planner pick them (guided);
@@ -94,12 +94,14 @@ class Sweep:
                     nxt = keys[i + 1] if i + 1 < len(keys) else None
                     if self.order == "blocks" and self.plan.drift_check and (nxt is None or nxt[0] != key[0]):
                         block = [k for k in keys[:i + 1] if k[0] == key[0]]
-                        if len(block) >= 2:
-                            await self._drift(f"block K={key[0]}", block[0])
-            if self.plan.drift_check:
-                ref = next((p for p in self.folder.points if p.get("status") == "ok"), None)
-                if ref is not None and self.ran > 0:
-                    await self._drift("end of sweep", (ref["steps"], ref["concurrency"], ref.get("repeat", 0)))
+                        ref = self._reference(block)
+                        if len(block) >= 2 and ref is not None:
+                            await self._drift(f"block K={key[0]}", ref)
+            if self.plan.drift_check and self.ran > 0:
+                first = [(p["steps"], p["concurrency"], p.get("repeat", 0)) for p in self.folder.points]
+                ref = self._reference(first[:max(len(self.plan.steps), len(self.plan.concurrency), 2)])
+                if ref is not None:
+                    await self._drift("end of sweep", ref)
         finally:
             await self.backend.stop()
             self._save_meta()
@@ -138,12 +140,22 @@ class Sweep:
         self._save_meta()
         t = time.perf_counter()
         point, records = await self._point(key, endpoint.base_url, endpoint.model, drift)
-        self.cost["measure_s"] += time.perf_counter() - t
+        self.cost["drift_s" if drift else "measure_s"] += time.perf_counter() - t
         self.cost["drift_points" if drift else "points"] += 1
         if drift is None:
             self.records[key] = records
             self._finish(point)
         return point, records
+
+    def _reference(self, keys: Sequence[Key]) -> Key | None:
+        """The drift reference among ``keys``: the ok point with the shortest measurement window (the cheapest to
+        measure again), or None."""
+        pts = {(p["steps"], p["concurrency"], p.get("repeat", 0)): p for p in self.folder.points
+               if p.get("status") == "ok"}
+        cands = [k for k in keys if k in pts]
+        if not cands:
+            return None
+        return min(cands, key=lambda k: (pts[k].get("metrics") or {}).get("duration_s") or float("inf"))
 
     async def _drift(self, label: str, key: Key) -> None:
         """Re-measure ``key`` and compare it with its first measurement (:func:`spectune.sweep.drift.drift_check`)."""
@@ -160,7 +172,7 @@ class Sweep:
             first_records = [r for r in self.folder.read_requests() if (r.get("steps"), r.get("concurrency"),
                                                                         r.get("repeat", 0)) == key]
         check = drift_check(label, first, again, first_records, again_records, self.plan.objective,
-                            self.plan.confidence)
+                            self.plan.confidence, self.plan.noise_band)
         self.drift_checks.append(check)
         self.meta["drift"] = drift_summary(self.drift_checks, self.order)
         self._save_meta()
@@ -201,7 +213,7 @@ class Sweep:
         plan, cost = self.plan, self.cost
         if plan.budget_points is not None and cost["points"] + self.plan.repeats > plan.budget_points:
             return f"budget of {plan.budget_points} points"
-        if plan.budget_s is not None and cost["measure_s"] + cost["switch_s"] >= plan.budget_s:
+        if plan.budget_s is not None and cost["measure_s"] + cost["drift_s"] + cost["switch_s"] >= plan.budget_s:
             return f"budget of {plan.budget_s:g} s"
         return ""
 
@@ -212,7 +224,8 @@ class Sweep:
 
     def _save_meta(self) -> None:
         self.meta["backend"] = self.backend.describe()
-        self.meta["cost"] = {**self.cost, "total_s": self.cost["measure_s"] + self.cost["switch_s"]}
+        c = self.cost
+        self.meta["cost"] = {**c, "total_s": c["measure_s"] + c["drift_s"] + c["switch_s"]}
         self.folder.write_meta(self.meta)
 
     async def _point(self, key: Key, base_url: str, model: str | None,
