@@ -11,8 +11,9 @@ ones were, drawn from a generator seeded by the prompt and K, so a request's acc
 requests beside it or on the order they ran in. ``/metrics`` carries vLLM's spec-decode counters (per position
 too) and the running-requests gauge (from tests/helpers/fake_server.py's ``Counters``).
 
-``drift_at_s``/``drift_factor``: every step after ``drift_at_s`` seconds (from the servers' start) takes
-``drift_factor`` times as long: a machine whose speed changes halfway through a sweep.
+``drift_at_s``/``drift_after_requests`` and ``drift_factor``: every step after ``drift_at_s`` seconds (from the
+servers' start), or after the servers together received ``drift_after_requests`` requests, takes ``drift_factor``
+times as long: a machine whose speed changes halfway through a sweep.
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ class EmulatedEngine:
     t0: float
     drift_at_s: float | None = None
     drift_factor: float = 1.0
+    shared: dict = field(default_factory=lambda: {"served": 0})
+    drift_after_requests: int | None = None
     name: str = "emulated-model"
     waiting: list[_Seq] = field(default_factory=list)
     running: list[_Seq] = field(default_factory=list)
@@ -100,6 +103,7 @@ class EmulatedEngine:
 
     def factor(self) -> float:
         late = self.drift_at_s is not None and time.perf_counter() - self.t0 >= self.drift_at_s
+        late = late or (self.drift_after_requests is not None and self.shared["served"] >= self.drift_after_requests)
         return self.drift_factor if late else 1.0
 
     async def loop(self) -> None:
@@ -136,6 +140,7 @@ class EmulatedEngine:
         prompt = json.dumps(body.get("messages") or body.get("prompt") or "")
         seed = int.from_bytes(hashlib.sha256(f"{prompt}|{self.steps}".encode()).digest()[:8], "little")
         seq = _Seq(prompt, max(1, max_tokens), asyncio.Queue(), random.Random(seed))
+        self.shared["served"] += 1
         self.waiting.append(seq)
         self.wake.set()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -184,9 +189,11 @@ class EmulatedServers:
     for ``BackendOptions(endpoints=urls)``."""
 
     def __init__(self, model: CostModel, steps: Sequence[int], drift_at_s: float | None = None,
-                 drift_factor: float = 1.0) -> None:
+                 drift_factor: float = 1.0, drift_after_requests: int | None = None) -> None:
         self.model, self.steps = model, list(steps)
         self.drift_at_s, self.drift_factor = drift_at_s, drift_factor
+        self.drift_after_requests = drift_after_requests
+        self.shared = {"served": 0}
         self.runners: list[web.AppRunner] = []
         self.engines: list[EmulatedEngine] = []
 
@@ -194,7 +201,8 @@ class EmulatedServers:
         t0 = time.perf_counter()
         urls = {}
         for k in self.steps:
-            engine = EmulatedEngine(self.model, k, t0, self.drift_at_s, self.drift_factor)
+            engine = EmulatedEngine(self.model, k, t0, self.drift_at_s, self.drift_factor, self.shared,
+                                    self.drift_after_requests)
             engine.task = asyncio.ensure_future(engine.loop())
             runner = web.AppRunner(engine.app(), shutdown_timeout=1.0, access_log=None)
             await runner.setup()
