@@ -8,8 +8,8 @@ models for the same decision:
   tokens of the draft of any larger num_steps, so the per-position acceptance ``p_i`` (share of verify steps whose
   first i+1 drafts were all accepted; ``acceptance.per_position`` of a point) measured at the largest num_steps
   gives ``AL(K) = 1 + sum_{i<K} p_i`` for every smaller K (vLLM's "mean acceptance length" identity). Acceptance may
-  depend on the batch (spectune.results.batch_acceptance), so the per-position vector of the largest-K point at the
-  nearest measured concurrency (log scale) is used. Without per-position counters a geometric acceptance
+  depend on the batch (spectune.results.batch_acceptance), so each ``p_i`` is the draft-weighted mean over the
+  measured cells at the nearest measured concurrency (log scale) that drafted at least i+1 tokens. Without per-position counters a geometric acceptance
   ``p_i = a^(i+1)`` is fitted to the measured acceptance lengths.
 * **Step time.** ``tau(c, K)``, the time of one verify step seen per sequence, is derived from each measured cell:
   ``tau = c * AL_eff / throughput`` (throughput objective: a closed loop of c sequences emits c * AL_eff tokens per
@@ -115,6 +115,7 @@ class _Cell:
     per_position: list[float]
     rel_halfwidth: float
     tokens_per_request: float = math.nan
+    num_drafts: float = 1.0
 
 
 @dataclass
@@ -138,7 +139,14 @@ class GuidedPlanner:
 
     @property
     def z(self) -> float:
+        """The two-sided normal quantile of ``confidence`` (prediction intervals)."""
         return NormalDist().inv_cdf((1 + self.confidence) / 2)
+
+    @property
+    def z_one_sided(self) -> float:
+        """The one-sided normal quantile of ``confidence``: "could this cell still beat the best?" is a one-sided
+        question, asked of each unmeasured cell."""
+        return NormalDist().inv_cdf(self.confidence)
 
     # -- what was measured -----------------------------------------------------------------------------------
     def cells(self, points: Sequence[dict[str, Any]]) -> dict[tuple[int, int], _Cell]:
@@ -163,8 +171,10 @@ class GuidedPlanner:
             toks = [float(p["metrics"]["total_output_tokens"]) / float(p["metrics"]["num_requests"]) for p in ps
                     if (p.get("metrics") or {}).get("num_requests") and
                     isinstance(p["metrics"].get("total_output_tokens"), (int, float))]
+            drafts = sum(float((p.get("acceptance") or {}).get("num_drafts") or 0) for p in ps) or 1.0
             if math.isfinite(tput) and tput > 0 and math.isfinite(al):
-                out[(k, c)] = _Cell(k, c, tput, tpot, al, pp, half, float(np.median(toks)) if toks else math.nan)
+                out[(k, c)] = _Cell(k, c, tput, tpot, al, pp, half, float(np.median(toks)) if toks else math.nan,
+                                    drafts)
         return out
 
     # -- the model ---------------------------------------------------------------------------------------------
@@ -175,10 +185,7 @@ class GuidedPlanner:
             return 1.0
         with_pp = [x for x in cells.values() if x.per_position and x.steps >= 1]
         if with_pp:
-            kmax = max(x.steps for x in with_pp)
-            pool = [x for x in with_pp if x.steps == kmax]
-            near = min(pool, key=lambda x: (abs(math.log(x.conc) - math.log(c)), x.conc))
-            return acceptance_lengths(near.per_position, [k])[k]
+            return acceptance_lengths(self._per_position(with_pp, k, c), [k])[k]
         spec = [x for x in cells.values() if x.steps >= 1 and x.al > 1]
         if not spec:
             return 1.0
@@ -197,6 +204,20 @@ class GuidedPlanner:
     def _tokens(self, cells: dict[tuple[int, int], _Cell]) -> float:
         vals = [x.tokens_per_request for x in cells.values() if math.isfinite(x.tokens_per_request)]
         return float(np.median(vals)) if vals else math.nan
+
+    @staticmethod
+    def _per_position(with_pp: list[_Cell], k: int, c: int) -> list[float]:
+        """Per-position acceptance for positions 0..k-1 at concurrency c: for each position, the draft-weighted mean
+        over the measured cells that drafted that far at the nearest measured concurrency (log scale)."""
+        out = []
+        for i in range(k):
+            pool = [x for x in with_pp if len(x.per_position) > i]
+            if not pool:
+                break
+            d = min(abs(math.log(x.conc) - math.log(c)) for x in pool)
+            near = [x for x in pool if abs(math.log(x.conc) - math.log(c)) == d]
+            out.append(sum(x.per_position[i] * x.num_drafts for x in near) / sum(x.num_drafts for x in near))
+        return out
 
     def _tau_obs(self, x: _Cell, tokens: float = math.nan) -> float:
         if self.objective == "tpot":
@@ -343,9 +364,10 @@ class GuidedPlanner:
             best_k = max(obj, key=lambda k: (obj[k] if maximise else -obj[k], -k))
             best = obj[best_k]
             threats = []
+            shrink = self.z_one_sided / self.z
             for k in open_:
                 v, lo, hi = self._value(preds[(k, c)])
-                optimistic = hi if maximise else lo
+                optimistic = v + (hi - v) * shrink if maximise else v - (v - lo) * shrink
                 gain = optimistic / best - 1 if maximise else best / optimistic - 1
                 need = band if k > best_k else -band
                 if gain > need:

@@ -133,14 +133,18 @@ class Sweep:
             if drift is None:
                 self._finish(failed_point(key, first, planned, tail))
             return None
+        switch_s = 0.0
         if self.current != steps:
+            switch_s = time.perf_counter() - t
             self.cost["launches"] += 1
-            self.cost["switch_s"] += time.perf_counter() - t
+            self.cost["switch_s"] += switch_s
         self.current = steps
         self._save_meta()
         t = time.perf_counter()
         point, records = await self._point(key, endpoint.base_url, endpoint.model, drift)
-        self.cost["drift_s" if drift else "measure_s"] += time.perf_counter() - t
+        measure_s = time.perf_counter() - t
+        self.cost["drift_s" if drift else "measure_s"] += measure_s
+        point["timing"] = {"switch_s": switch_s, "measure_s": measure_s}
         self.cost["drift_points" if drift else "points"] += 1
         if drift is None:
             self.records[key] = records

@@ -8,7 +8,9 @@ batch x (K + 1), a per-draft-step cost and a per-draft-token cost), after which 
 drafts plus the bonus token as one SSE chunk. A new request joins at the next step and gets its first token from it
 (its prefill). Draft tokens are accepted in a chain: position i with probability ``accept[i]`` given the previous
 ones were, drawn from a generator seeded by the prompt and K, so a request's acceptance does not depend on the
-requests beside it or on the order they ran in. ``/metrics`` carries vLLM's spec-decode counters (per position
+requests beside it or on the order they ran in; every step draws the chain a draft of ``CHAIN_DRAW`` tokens would
+get accepted and keeps its first K, so the acceptance of num_steps K is the prefix of that of a larger K, as in
+chain drafting. ``/metrics`` carries vLLM's spec-decode counters (per position
 too) and the running-requests gauge (from tests/helpers/fake_server.py's ``Counters``).
 
 ``drift_at_s``/``drift_after_requests`` and ``drift_factor``: every step after ``drift_at_s`` seconds (from the
@@ -29,6 +31,9 @@ from typing import Sequence
 from aiohttp import web
 
 from helpers.fake_server import Counters
+
+
+CHAIN_DRAW = 8
 
 
 @dataclass(frozen=True)
@@ -118,10 +123,11 @@ class EmulatedEngine:
             for seq in list(self.running):
                 if seq in new:
                     n = 1
-                else:
-                    accepted = 0
-                    while accepted < self.steps and seq.rng.random() < self.model.accept_at(accepted):
-                        accepted += 1
+                else:  # the chain a long draft would get accepted; K drafts keep its first K (chain drafting)
+                    chain = 0
+                    while chain < CHAIN_DRAW and seq.rng.random() < self.model.accept_at(chain):
+                        chain += 1
+                    accepted = min(chain, self.steps)
                     if self.steps > 0:
                         self.counters.observe(self.steps, accepted)
                     n = accepted + 1
@@ -138,7 +144,7 @@ class EmulatedEngine:
         chat = request.path.endswith("/chat/completions")
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         prompt = json.dumps(body.get("messages") or body.get("prompt") or "")
-        seed = int.from_bytes(hashlib.sha256(f"{prompt}|{self.steps}".encode()).digest()[:8], "little")
+        seed = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "little")
         seq = _Seq(prompt, max(1, max_tokens), asyncio.Queue(), random.Random(seed))
         self.shared["served"] += 1
         self.waiting.append(seq)
