@@ -23,12 +23,12 @@ models for the same decision:
   the concurrency when tau was fitted on throughput). The prediction interval is
   ``pred * (1 +- z * s)``, z the normal quantile of the confidence, ``s`` the larger of the relative residual spread
   of the anchored fit (over concurrencies with two or more measured cells, one degree of freedom per anchor) and the
-  measurements' own relative half-width (at least 3%).
+X
 
 The loop: a seed round (:meth:`GuidedPlanner.seed`: the largest num_steps at the smallest concurrency, the smallest
 and the middle num_steps at the largest, the smallest num_steps at the middle concurrency); then rounds that, at each concurrency, measure the unmeasured num_steps that
 could still change the choice: one whose predicted upper bound beats the best measured cell there by more than the
-noise band (a larger K) or reaches within the band of it (a smaller K, which would win a tie), the most promising
+noise band (a larger K: a tie goes to the smaller num_steps) or beats it at all (a smaller K), the most promising
 first, one per concurrency per round, the model refitted between rounds. It stops when no such cell is left (the
 choice is settled at the requested confidence), or at the budget (``--budget`` points or seconds). Every
 unmeasured cell is then predicted and written to summary.csv with ``predicted`` True.
@@ -47,7 +47,7 @@ from spectune.sweep.drift import OBJECTIVE_COLUMNS
 
 __all__ = ["GuidedPlanner", "Prediction", "acceptance_lengths"]
 
-MIN_REL_ERROR = 0.03
+MIN_REL_ERROR = 0.02
 
 
 def acceptance_lengths(per_position: Sequence[float], steps: Sequence[int]) -> dict[int, float]:
@@ -239,7 +239,7 @@ class GuidedPlanner:
             raise ValueError("no measured cell to fit")
         levels = {x.steps > 0 for x, _ in obs}
         spec_levels = {x.steps for x, _ in obs if x.steps > 0}
-        full = len(obs) >= 8 and levels == {True, False} and len(spec_levels) >= 2
+        full = len(obs) >= 8 and levels == {True, False} and len(spec_levels) >= 3  # else K>0 and K confound
         X = np.array([self._features(x.steps, x.conc, full) for x, _ in obs])
         y = np.array([t for _, t in obs])
         w = 1.0 / y
@@ -339,10 +339,12 @@ class GuidedPlanner:
             return p.tpot_ms, p.tpot_low, p.tpot_high
         return p.throughput, p.throughput_low, p.throughput_high
 
-    def next_round(self, points: Sequence[dict[str, Any]], tried: set[tuple[int, int]]) -> list[tuple[int, int]]:
-        """The cells to measure next (module docstring), at most one per concurrency, most promising first; the
-        seed when nothing was measured yet; [] when the choice is settled everywhere. ``tried``: cells already
-        attempted (measured or failed), never proposed again."""
+    def next_round(self, points: Sequence[dict[str, Any]], tried: set[tuple[int, int]],
+                   all_threats: bool = False) -> list[tuple[int, int]]:
+        """The cells to measure next (module docstring), at most one per concurrency (``all_threats``: every
+        threatening cell, for servers whose restart costs more than a point, so fewer rounds need fewer
+        restarts), most promising first; the seed when nothing was measured yet; [] when the choice is settled
+        everywhere. ``tried``: cells already attempted (measured or failed), never proposed again."""
         cells = self.cells(points)
         if not cells:
             seed = [x for x in self.seed() if x not in tried]
@@ -369,11 +371,10 @@ class GuidedPlanner:
                 v, lo, hi = self._value(preds[(k, c)])
                 optimistic = v + (hi - v) * shrink if maximise else v - (v - lo) * shrink
                 gain = optimistic / best - 1 if maximise else best / optimistic - 1
-                need = band if k > best_k else -band
+                need = band if k > best_k else 0.0
                 if gain > need:
                     threats.append((gain, k))
-            if threats:
-                gain, k = max(threats)
+            for gain, k in (sorted(threats, reverse=True) if all_threats else [max(threats)] if threats else []):
                 proposals.append((gain, (k, c)))
         proposals.sort(key=lambda x: -x[0])
         out = [cell for _, cell in proposals]

@@ -192,7 +192,11 @@ class Sweep:
         tried = {(p["steps"], p["concurrency"]) for p in self.folder.points}
         stop = ""
         while not stop:
-            cells = planner.next_round(self.folder.points, tried)
+            cost = self.cost
+            restart = cost["switch_s"] / cost["launches"] if cost["launches"] else 0.0
+            windows = [(p.get("metrics") or {}).get("duration_s") or 0.0 for p in self.folder.points]
+            point = sum(windows) / len(windows) if windows else 0.0  # s per point's measurement window
+            cells = planner.next_round(self.folder.points, tried, all_threats=restart > point > 0)
             if not cells:
                 break
             current = self.current

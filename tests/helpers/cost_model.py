@@ -68,10 +68,10 @@ class CostModel:
         return total
 
 
-#: a memory-bound accelerator: verifying more tokens costs little, a draft step a fixed time; speculation pays
-#: everywhere, more at small batches
+#: a memory-bound accelerator: verifying more tokens costs little, a draft step a fixed time; speculation pays at
+#: every batch size, the draft's falling acceptance caps the useful num_steps
 MEMORY_BOUND = CostModel("memory-bound", base_ms=6.0, per_seq_ms=0.06, per_token_ms=0.03, per_draft_ms=1.2,
-                         per_draft_seq_ms=0.01, accept=(0.85, 0.75, 0.65, 0.55))
+                         per_draft_seq_ms=0.01, accept=(0.85, 0.65, 0.45, 0.3))
 #: a compute-bound CPU: verify cost grows with batch x tokens; speculation pays at batch 1-2 and costs above
 COMPUTE_BOUND = CostModel("compute-bound", base_ms=3.0, per_seq_ms=0.25, per_token_ms=0.45, per_draft_ms=0.8,
                           per_draft_seq_ms=0.08, accept=(0.7, 0.6, 0.5, 0.4))
@@ -231,3 +231,44 @@ def expected_throughput(model: CostModel, steps: int, concurrency: int) -> float
     """The cost model's own steady-state output throughput (tokens/s) of a closed loop of ``concurrency`` requests:
     concurrency x acceptance length / step time (prefill steps and ramp-up ignored)."""
     return concurrency * model.acceptance_length(steps) / model.step_s(concurrency, steps)
+
+
+def virtual_point(model: CostModel, key: tuple[int, int, int], requests: int, max_tokens: int, noise: float = 0.01,
+                  seed: int = 0) -> tuple[dict, list[dict]]:
+    """A point measured on a virtual server that runs ``model`` exactly, up to multiplicative noise ``noise``
+    (relative standard deviation of the point's throughput, seeded by the key): the closed loop's expected
+    throughput c x L / ((1 + (L - 1) / AL) x step time) for requests of L = ``max_tokens`` tokens (the first token
+    takes a prefill step), TPOT = step time / AL, per-position acceptance of the chain, and ``requests`` request
+    objects with latencies that give that throughput. Returns (points.jsonl object, request objects); its
+    ``metrics.duration_s`` is the time the point would take (requests x L / throughput)."""
+    import numpy as np
+
+    k, c, r = key
+    rng = np.random.default_rng([seed, k, c, r])
+    al = model.acceptance_length(k)
+    step = model.step_s(c, k)
+    per_request_s = (1 + (max_tokens - 1) / al) * step
+    tput = c * max_tokens / per_request_s * (1 + noise * rng.standard_normal())
+    lat = np.full(requests, c * max_tokens / tput) * (1 + 0.02 * rng.standard_normal(requests))
+    tpot = step / al * 1000
+    recs = [{"steps": k, "concurrency": c, "repeat": r, "prompt_id": f"p{i % 8}", "error": None, "chunk_times": [0.0] * 4,
+             "completion_tokens": max_tokens, "e2e_ms": float(x * 1000), "ttft_ms": step * 1000,
+             "tpot_ms": tpot} for i, x in enumerate(lat)]
+    per_pos, run = [], 1.0
+    for i in range(k):
+        run *= model.accept_at(i)
+        per_pos.append(run)
+    duration = requests * max_tokens / tput
+    metrics = {"num_requests": requests, "num_failed": 0, "duration_s": duration, "output_throughput_tok_s": tput,
+               "total_output_tokens": requests * max_tokens, "tpot_p50_ms": tpot, "tpot_p99_ms": tpot * 1.1,
+               "ttft_p50_ms": step * 1000, "acceptance_length": al, "acceptance_rate": None,
+               "acceptance_length_source": "vllm:/metrics counters", "achieved_concurrency": float(c),
+               "batch_size_mean": float(c), "batch_size_source": "vllm:num_requests_running"}
+    from spectune.results.confidence import point_intervals
+
+    metrics.update(point_intervals(recs, metrics))
+    point = {"steps": k, "concurrency": c, "repeat": r, "status": "ok", "error": "", "metrics": metrics,
+             "acceptance": {"per_position": per_pos, "num_drafts": requests * max_tokens / al, "warning": None},
+             "batch_size": None, "per_category": {}, "window": {"start_s": 0.0, "end_s": duration},
+             "requests_planned": requests, "stop_reason": "max_requests"}
+    return point, recs

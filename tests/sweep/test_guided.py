@@ -17,53 +17,58 @@ from spectune.sweep.plan import SweepPlan, parse_budget
 from spectune.sweep.run import execute
 from spectune.tune.recommend import RecommendOptions, recommend
 
-from helpers.cost_model import COMPUTE_BOUND, MEMORY_BOUND, EmulatedServers
+from helpers.cost_model import COMPUTE_BOUND, MEMORY_BOUND, EmulatedServers, virtual_point
 
-STEPS, CONC = (0, 1, 2, 3, 4), (1, 2, 4, 8, 16)
+STEPS, CONC = (0, 1, 2, 3, 4), (1, 2, 4, 8, 16, 32)
 
 
 def plan(design: str, **kw) -> SweepPlan:
-    return SweepPlan(steps=STEPS, concurrency=CONC, num_prompts=8, max_tokens=24, design=design, drift_check=False,
+    return SweepPlan(steps=STEPS, concurrency=CONC, num_prompts=8, max_tokens=16, design=design, drift_check=False,
                      **kw)
 
 
-async def grid_then_guided_replay(tmp_path, model, monkeypatch):
-    """The grid measured live on the emulated servers, then the guided plan run on the same servers with every point
-    it asks for answered by the grid's measurement of that point (its records and its measuring time): the two
-    plans see the same numbers, so the test isolates the guided plan's choices and cost from run-to-run noise."""
+async def virtual_sweep(tmp_path, model, design: str, monkeypatch, noise: float = 0.01):
+    """A sweep whose every point is answered by the virtual server of ``model`` (helpers.cost_model.virtual_point:
+    the cost model's closed-loop numbers with ``noise`` relative noise, the same for a cell whichever plan asks),
+    behind the openai backend on in-process servers (start/switch as usual). Returns the outcome."""
     from spectune.sweep.run import Sweep
 
+    async def virtual(self, key, base_url, model_name, drift=None):
+        point, recs = virtual_point(model, key, self.plan.requests_for(key[1]), self.plan.max_tokens, noise)
+        for r in recs:
+            self.folder.append_request(r)
+        return point, recs
+
+    monkeypatch.setattr(Sweep, "_point", virtual)
     async with EmulatedServers(model, STEPS) as urls:
-        grid = await execute(plan("grid"), "openai", BackendOptions(endpoints=urls), tmp_path / "grid")
-        by_key = {(p["steps"], p["concurrency"], p["repeat"]): p for p in grid.points}
-        requests = [json.loads(line) for line in (tmp_path / "grid" / "requests.jsonl").read_text().splitlines()]
-
-        async def replay(self, key, base_url, model_name, drift=None):
-            for r in requests:
-                if (r["steps"], r["concurrency"], r["repeat"]) == key:
-                    self.folder.append_request(r)
-            recs = [r for r in requests if (r["steps"], r["concurrency"], r["repeat"]) == key]
-            return dict(by_key[key]), recs
-
-        monkeypatch.setattr(Sweep, "_point", replay)
-        guided = await execute(plan("guided"), "openai", BackendOptions(endpoints=urls), tmp_path / "guided")
-    return grid, guided
+        return await execute(plan(design), "openai", BackendOptions(endpoints=urls), tmp_path / design)
 
 
 @pytest.mark.parametrize("model", [COMPUTE_BOUND, MEMORY_BOUND], ids=lambda m: m.name)
 async def test_guided_agrees_with_the_grid_at_a_fraction_of_the_cost(tmp_path, model, monkeypatch):
-    grid_run, guided_run = await grid_then_guided_replay(tmp_path, model, monkeypatch)
+    grid_run = await virtual_sweep(tmp_path, model, "grid", monkeypatch)
+    guided_run = await virtual_sweep(tmp_path, model, "guided", monkeypatch)
     grid = recommend(load_results(tmp_path / "grid"), RecommendOptions())
     guided = recommend(load_results(tmp_path / "guided"), RecommendOptions())
     for ch in grid.choices:
         mine = next(x for x in guided.choices if x.concurrency == ch.concurrency)
         on_grid = grid.cell(mine.steps, ch.concurrency).objective
         assert on_grid >= 0.97 * grid.cell(ch.steps, ch.concurrency).objective, ch.concurrency
-    # measuring time: the grid's own per-point times, summed over the points each plan measured
-    seconds = {(p["steps"], p["concurrency"]): p["timing"]["measure_s"] for p in grid_run.points}
-    guided_cells = {(p["steps"], p["concurrency"]) for p in guided_run.points}
-    assert sum(seconds[c] for c in guided_cells) <= 0.40 * sum(seconds.values())
-    assert guided_run.cost["launches"] <= grid_run.cost["launches"]
+    # measuring time: each point's own duration (the virtual server's), summed over the points each plan measured,
+    # plus server starts/switches
+    seconds = {d: sum(p["metrics"]["duration_s"] for p in o.points) + o.cost["switch_s"]
+               for d, o in (("grid", grid_run), ("guided", guided_run))}
+    assert seconds["guided"] <= 0.40 * seconds["grid"]
+
+
+def test_the_grid_choices_differ_between_the_two_cost_models():
+    """The two emulated servers call for different num_steps (else agreeing with the grid would be easy)."""
+    def tput(m, k, c):
+        return virtual_point(m, (k, c, 0), 8, 16, noise=0.0)[0]["metrics"]["output_throughput_tok_s"]
+
+    best = {m.name: [max(STEPS, key=lambda k: tput(m, k, c)) for c in CONC] for m in (COMPUTE_BOUND, MEMORY_BOUND)}
+    assert best["compute-bound"] != best["memory-bound"]
+    assert len(set(best["compute-bound"])) >= 2  # and the choice changes with concurrency
 
 
 async def test_predicted_cells_are_marked_with_intervals_and_never_chosen_over_measured(tmp_path):
@@ -133,3 +138,22 @@ def test_budget_needs_the_guided_plan():
 def test_guided_plan_rejects_goodput():
     with pytest.raises(UserError, match="goodput"):
         SweepPlan(design="guided", objective="goodput").validate()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--plan", "foo"], "--plan must be grid or guided"),
+    (["--budget", "5"], "--budget works with --plan guided only"),
+    (["--plan", "guided", "--budget", "5x"], "bad --budget '5x'"),
+    (["--order", "random"], "--order must be auto, interleaved or blocks"),
+])
+def test_bad_plan_options_are_one_line_errors(args, message):
+    import subprocess
+    import sys
+
+    from helpers.paths import ROOT
+
+    proc = subprocess.run([sys.executable, "-m", "spectune.cli", "sweep", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"error: {proc.stderr.strip()[7:]}"]
+    assert message in proc.stderr
