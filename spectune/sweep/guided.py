@@ -9,8 +9,8 @@ models for the same decision:
   first i+1 drafts were all accepted; ``acceptance.per_position`` of a point) measured at the largest num_steps
   gives ``AL(K) = 1 + sum_{i<K} p_i`` for every smaller K (vLLM's "mean acceptance length" identity). Acceptance may
   depend on the batch (spectune.results.batch_acceptance), so each ``p_i`` is the draft-weighted mean over the
-  measured cells at the nearest measured concurrency (log scale) that drafted at least i+1 tokens. Without per-position counters a geometric acceptance
-  ``p_i = a^(i+1)`` is fitted to the measured acceptance lengths.
+  measured cells at the nearest measured concurrency (log scale) that drafted at least i+1 tokens. Without
+  per-position counters a geometric acceptance ``p_i = a^(i+1)`` is fitted to the measured acceptance lengths.
 * **Step time.** ``tau(c, K)``, the time of one verify step seen per sequence, is derived from each measured cell:
   ``tau = c * AL_eff / throughput`` (throughput objective: a closed loop of c sequences emits c * AL_eff tokens per
   step, ``AL_eff = L / (1 + (L - 1) / AL)`` for requests of L output tokens whose first token takes a prefill step)
@@ -22,14 +22,17 @@ models for the same decision:
 * **Prediction.** ``throughput = c * AL_eff / tau``, ``TPOT = tau / AL`` (scaled by the measured TPOT / (tau / AL) of
   the concurrency when tau was fitted on throughput). The prediction interval is
   ``pred * (1 +- z * s)``, z the normal quantile of the confidence, ``s`` the larger of the relative residual spread
-  of the anchored fit (over concurrencies with two or more measured cells, one degree of freedom per anchor) and the
-X
+  of the anchored fit (over concurrencies with two or more measured cells, one degree of freedom per anchor), the
+  measurements' own relative half-width and 2% (``MIN_REL_ERROR``: the model's structure is never trusted more).
+  Whether an unmeasured cell could still beat the best is a one-sided question: its optimistic value uses the
+  one-sided quantile.
 
 The loop: a seed round (:meth:`GuidedPlanner.seed`: the largest num_steps at the smallest concurrency, the smallest
-and the middle num_steps at the largest, the smallest num_steps at the middle concurrency); then rounds that, at each concurrency, measure the unmeasured num_steps that
-could still change the choice: one whose predicted upper bound beats the best measured cell there by more than the
-noise band (a larger K: a tie goes to the smaller num_steps) or beats it at all (a smaller K), the most promising
-first, one per concurrency per round, the model refitted between rounds. It stops when no such cell is left (the
+and the middle num_steps at the largest, the smallest num_steps at the middle concurrency); then rounds that, at
+each concurrency, measure the unmeasured num_steps that could still change the choice: one whose optimistic
+prediction beats the best measured cell there by more than the noise band (a larger K: a tie goes to the smaller
+num_steps) or beats it at all (a smaller K), the most promising first, one per concurrency per round (every such
+cell where a server restart costs more than a point), the model refitted between rounds. It stops when no such cell is left (the
 choice is settled at the requested confidence), or at the budget (``--budget`` points or seconds). Every
 unmeasured cell is then predicted and written to summary.csv with ``predicted`` True.
 """
