@@ -157,3 +157,21 @@ def test_bad_plan_options_are_one_line_errors(args, message):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"error: {proc.stderr.strip()[7:]}"]
     assert message in proc.stderr
+
+
+def test_sweep_table_shows_intervals_and_predicted_cells():
+    from rich.console import Console
+
+    from spectune.sweep.display import summary_table
+
+    measured = {"steps": 0, "concurrency": 1, "repeat": 0, "status": "ok",
+                "metrics": {"output_throughput_tok_s": 100.0, "output_throughput_ci_low": 95.0,
+                            "output_throughput_ci_high": 104.0, "tpot_p50_ms": 10.0, "acceptance_length": 1.0}}
+    predicted = {"steps": 2, "concurrency": 1, "repeat": 0, "status": "ok", "predicted": True,
+                 "metrics": {"output_throughput_tok_s": 150.0, "tpot_p50_ms": 7.0, "acceptance_length": 1.8}}
+    console = Console(width=200, record=True)
+    console.print(summary_table([measured], (0, 2), (1,), predicted=[predicted]))
+    text = console.export_text()
+    assert "100.0 [95.0, 104.0] tok/s" in text
+    assert "predicted" in text
+    assert "150.0 tok/s *" not in text  # a predicted cell is never the row's best
