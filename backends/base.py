@@ -248,6 +248,10 @@ class Backend(abc.ABC):
     name: ClassVar[str] = "base"
     #: Whether the load generator may reuse a connection for the next request (HTTP keep-alive).
     reuse_connections: ClassVar[bool] = True
+    #: Whether ``start(K)`` for another num_steps is cheap (about a second: the bundled engine switches in place,
+    #: llama-server of a small model restarts fast), so a sweep interleaves num_steps at each concurrency instead of
+    #: measuring one num_steps block after another (a restart with CUDA-graph capture per switch for SGLang/vLLM).
+    cheap_switch: ClassVar[bool] = False
 
     async def preflight(self, steps_list: Sequence[int]) -> list[str]:
         """Check, before anything is measured, that every planned num_steps can be served.

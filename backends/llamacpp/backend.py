@@ -121,6 +121,7 @@ class LlamaCppBackend(LaunchingBackend):
     """
 
     name = "llamacpp"
+    cheap_switch = True  # llama-server of a small model restarts in about a second
     health_paths = ("/health",)
     #: llama-server (cpp-httplib) closes the connection after a streamed response while advertising keep-alive:
     #: a pooled connection reused for the next request fails ("Server disconnected"), so each request opens its own.

@@ -42,6 +42,10 @@ def recommend(
                                                "geometric = round(sqrt(a*b)), measured = b.")] = Boundary.geometric,
     max_batch_size: Annotated[Optional[int], typer.Option(min=1, help="End of the last vLLM schedule range "
                                                           "(default: the largest measured concurrency).")] = None,
+    confidence: Annotated[float, typer.Option(min=0.5, max=0.999, help="Confidence of the bootstrap intervals "
+                                              "(over requests and repeats): a num_steps whose paired ratio to the "
+                                              "best reaches within the noise band of 1 ties, and ties go to the "
+                                              "smaller num_steps.")] = 0.95,
 ) -> None:
     """Recommend num_steps per batch size from a sweep: SGLang --speculative-adaptive-config files (custom,
     conservative, aggressive), a vLLM num_speculative_tokens_per_batch_size schedule, the best static num_steps
@@ -58,7 +62,8 @@ def recommend(
     results = load_results(results_dir)
     opts = RecommendOptions(objective=objective.value, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
                             min_slo_attainment=min_slo_attainment, noise_band=noise_band / 100,
-                            max_spread=max_spread / 100, boundary=boundary.value, max_batch_size=max_batch_size)
+                            max_spread=max_spread / 100, boundary=boundary.value, max_batch_size=max_batch_size,
+                            confidence=confidence)
     rec = run(results, opts)
     out = output or (results_dir if results_dir.is_dir() else results_dir.parent) / "recommendation"
     from spectune.backends import draft_algorithm
@@ -66,12 +71,16 @@ def recommend(
     paths = write_recommendation(rec, out, str(results.source), draft_algorithm((results.sweep or {}).get("backend")))
     console = Console()
     header, rows = cell_grid(rec)
-    table = Table(title=f"{opts.objective} per concurrency x num_steps (* chosen, ~ noisy, (slo) breaks the SLO)")
+    table = Table(title=f"{opts.objective} per concurrency x num_steps [{opts.confidence:.0%} interval] (* chosen, "
+                        "~ noisy, (slo) breaks the SLO, (pred) predicted)")
     for h in header:
         table.add_column(h, justify="right")
     for r in rows:
         table.add_row(*r)
     console.print(table)
+    for ch in rec.choices:
+        for cmp in ch.comparisons:
+            console.print(cmp["text"], soft_wrap=True, markup=False)
     for s in rec.slots:
         console.print(f"batch sizes {s.lower}-{s.upper if s.upper is not None else ''}: num_steps {s.steps}")
     console.print(f"best single static num_steps: {rec.best_static}")

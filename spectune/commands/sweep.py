@@ -71,6 +71,25 @@ def sweep(
                                                   rich_help_panel=LOAD_PANEL)] = None,
     max_failure_rate: Annotated[float, typer.Option(help="A point with a larger share of failed requests is "
                                                     "'failed' (0..1).", rich_help_panel=LOAD_PANEL)] = 0.1,
+    plan_kind: Annotated[str, typer.Option("--plan", help="grid: measure every num_steps x concurrency point. "
+                                           "guided: measure only the cells that could still be the best at each "
+                                           "concurrency (predicting the rest from per-position acceptance and a "
+                                           "fitted step-time model) until the choice is settled.")] = "grid",
+    budget: Annotated[Optional[str], typer.Option(help="Guided plan: at most this many measured points (e.g. 12) "
+                                                  "or this much measuring time (e.g. 600s, 10m), server starts "
+                                                  "included.")] = None,
+    objective: Annotated[str, typer.Option(help="What the guided plan settles: throughput (max output tokens/s) "
+                                           "or tpot (min TPOT p50).")] = "throughput",
+    confidence: Annotated[float, typer.Option(help="Confidence of the guided plan's intervals and of the drift "
+                                              "check (0.5-0.999).")] = 0.95,
+    noise_band: Annotated[float, typer.Option(help="PCT: the guided plan treats differences below this as ties "
+                                              "(the smaller num_steps wins), as spectune recommend does.")] = 2.0,
+    order: Annotated[str, typer.Option(help="auto: interleave num_steps at each concurrency where the backend "
+                                       "switches cheaply (local, llamacpp), else one num_steps block after another; "
+                                       "or interleaved / blocks.")] = "auto",
+    drift_check: Annotated[bool, typer.Option("--drift-check/--no-drift-check", help="Measure a reference cell "
+                                              "again at the end (and at the end of each block) and report whether "
+                                              "the machine drifted.")] = True,
     request_timeout: RequestTimeout = 600.0,
     warmup_timeout: WarmupTimeout = 300.0,
     output_dir: Annotated[Optional[Path], typer.Option(help="Results folder (default: results/sweep-DATE-TIME).")]
@@ -114,7 +133,7 @@ def sweep(
     from spectune.sweep.display import LiveDisplay, summary_table
     from spectune.sweep.run import run_blocking
     from spectune.commands.options import parse_int_list
-    from spectune.sweep.plan import ClientTimeouts, SweepPlan
+    from spectune.sweep.plan import ClientTimeouts, SweepPlan, parse_budget
 
     if retry_failed and not resume:
         raise UserError("--retry-failed only works with --resume --output-dir DIR")
@@ -124,7 +143,9 @@ def sweep(
         repeats=repeats, dataset=dataset, num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature,
         seed=seed, ignore_eos=ignore_eos, api=api, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
         warmup_requests=warmup, requests_per_point=requests_per_point, duration_per_point_s=duration,
-        max_failure_rate=max_failure_rate,
+        max_failure_rate=max_failure_rate, design=plan_kind, order=order, drift_check=drift_check,
+        objective=objective, budget_points=parse_budget(budget)[0], budget_s=parse_budget(budget)[1],
+        confidence=confidence, noise_band=noise_band / 100,
     )
     plan.validate()
     timeouts = ClientTimeouts(request_timeout, warmup_timeout)
@@ -151,7 +172,12 @@ def sweep(
     if outcome.points:
         from spectune.results.batch_acceptance import batch_dependent_acceptance
 
-        console.print(summary_table(outcome.points, plan.steps, plan.concurrency))
+        from spectune.sweep.display import outcome_lines, throughput_intervals
+
+        console.print(summary_table(outcome.points, plan.steps, plan.concurrency, throughput_intervals(output_dir),
+                                    outcome.predicted))
+        for line in outcome_lines(outcome):
+            console.print(line, soft_wrap=True, markup=False)
         for finding in batch_dependent_acceptance(outcome.points):
             console.print(f"finding: {finding.sentence()}", soft_wrap=True, markup=False)
     failed = sum(p.get("status") != "ok" for p in outcome.points)
@@ -163,6 +189,6 @@ def sweep(
         else:
             err.print("interrupted before anything was measured")
         raise typer.Exit(143 if outcome.interrupted == signal.SIGTERM else 130)
-    total = len(plan.points())
+    total = len(plan.points()) if plan.design == "grid" else len(outcome.points)
     console.print(f"{len(outcome.points)} of {total} points in {output_dir} ({outcome.ran} measured now, "
                   f"{failed} failed); next: spectune recommend {output_dir}", soft_wrap=True, markup=False)

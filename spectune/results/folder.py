@@ -118,6 +118,8 @@ class SweepFolder(RunFolder):
         self.points_file = self.path / "points.jsonl"
         self.summary = self.path / "summary.csv"
         self.points: list[dict[str, Any]] = []  # finished points, in file order
+        self.predicted: list[dict[str, Any]] = []  # a guided sweep's predicted cells (summary.csv rows only)
+        self.drift_requests = self.path / "drift_requests.jsonl"
         self._pt_fh: io.TextIOBase | None = None
 
     # -- reading --------------------------------------------------------------------------------------------
@@ -148,8 +150,11 @@ class SweepFolder(RunFolder):
                 by_key[key] = obj  # type: ignore[assignment]
         return list(by_key.values())
 
-    def check(self, plan: dict[str, Any], resume: bool, retry_failed: bool = False) -> list[dict[str, Any]]:
+    def check(self, plan: dict[str, Any], resume: bool, retry_failed: bool = False,
+              defaults: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Decide, without writing anything, which finished points the sweep keeps.
+
+        ``defaults``: plan keys an older sweep.json may lack, with the value their absence means.
 
         Returns:
             the points to keep (empty for a new sweep); with ``retry_failed``, failed points are not kept.
@@ -166,7 +171,7 @@ class SweepFolder(RunFolder):
             if points:
                 raise UserError(f"{self.path} holds points.jsonl but no sweep.json: use a new --output-dir")
             return []
-        old = meta.get("plan") or {}
+        old = {**json.loads(json.dumps(defaults or {})), **(meta.get("plan") or {})}
         new = json.loads(json.dumps(plan))
         if old != new:
             diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
@@ -238,6 +243,24 @@ class SweepFolder(RunFolder):
         except OSError:
             pass
 
+    def append_drift_request(self, obj: dict[str, Any]) -> None:
+        """Append one request of a drift re-measurement to ``drift_requests.jsonl`` (kept apart from
+        requests.jsonl, whose records are the points'; its ``error`` redacted).
+
+        Raises:
+            UserError: the write failed.
+        """
+        if obj.get("error"):
+            obj = {**obj, "error": self.redactor(str(obj["error"]))}
+        with writing(self.drift_requests, self.path):
+            with open(self.drift_requests, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(obj) + "\n")
+
+    def read_requests(self) -> list[dict[str, Any]]:
+        """The request objects of ``requests.jsonl`` (unparsable lines skipped)."""
+        self.sync_requests()
+        return [obj for _, obj in iter_jsonl(self.requests) if obj is not None]
+
     def append_point(self, point: dict[str, Any]) -> None:
         """Make a finished point durable: fsync its requests, append it to ``points.jsonl`` (fsynced), then
         rewrite ``summary.csv`` atomically. String values are redacted.
@@ -264,6 +287,7 @@ class SweepFolder(RunFolder):
 
         points = list(self.points if points is None else points)
         ratios = acceptance_vs_c1(points)
+        points += self.predicted
         rows = sorted((summary_row(p) | {"acceptance_vs_c1": ratios.get((p.get("steps"), p.get("concurrency")))}
                        for p in points), key=lambda r: (r["steps"], r["concurrency"], r["repeat"]))
 

@@ -29,7 +29,8 @@ NUMERIC_COLUMNS = (
     "itl_mean_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "chunk_itl_p50_ms", "chunk_itl_p99_ms",
     "e2el_mean_ms", "e2el_p50_ms", "e2el_p90_ms", "e2el_p99_ms", "mean_tokens_per_chunk",
     "acceptance_length", "acceptance_rate", "slo_attainment", "goodput_req_s", "batch_size_mean", "batch_size_p50",
-    "acceptance_vs_c1",
+    "acceptance_vs_c1", "output_throughput_ci_low", "output_throughput_ci_high", "tpot_p50_ci_low",
+    "tpot_p50_ci_high",
 )
 
 
@@ -101,6 +102,8 @@ def normalize_summary(df: pd.DataFrame, source: Path | str) -> pd.DataFrame:
     if (df["concurrency"] < 1).any() or (df["steps"] < 0).any():
         raise UserError(f"{source}: steps must be >= 0 and concurrency >= 1")
     df["status"] = df["status"].fillna("failed").astype(str).str.strip().str.lower()
+    if "predicted" in df.columns:
+        df["predicted"] = df["predicted"].map(lambda v: str(v).strip().lower() in ("true", "1", "1.0"))
     for col in df.columns:
         if col in TEXT_COLUMNS:
             df[col] = df[col].fillna("").astype(str)
@@ -175,6 +178,23 @@ def load_requests(folder: Path | None) -> pd.DataFrame | None:
     for col in ("ttft_ms", "tpot_ms"):
         df[col] = pd.to_numeric(df[col], errors="coerce")
     return df
+
+
+def load_request_records(folder: Path | None) -> list[dict[str, Any]] | None:
+    """The measured request objects of ``requests.jsonl`` (``chunk_times`` reduced to its length), or None when the
+    folder or file is absent; for the bootstrap of :mod:`spectune.results.confidence`.
+
+    Raises:
+        UserError: a line in the middle of the file is not JSON.
+    """
+    if folder is None or not (folder / "requests.jsonl").is_file():
+        return None
+    out = []
+    for r in _read_jsonl(folder / "requests.jsonl"):
+        r["chunk_times"] = len(r.get("chunk_times") or [])
+        r.pop("chunk_tokens", None)
+        out.append(r)
+    return out
 
 
 def summary_with_slos(results: Results, ttft: float | None, tpot: float | None, warnings: list[str]) -> pd.DataFrame:

@@ -23,16 +23,23 @@ STATUS_COLUMNS = ("status", "error")
 ACCEPTANCE_COLUMNS = ("acceptance_length", "acceptance_rate", "acceptance_length_source")
 BATCH_SIZE_COLUMNS = ("batch_size_mean", "batch_size_p50", "batch_size_source")
 DERIVED_COLUMNS = ("acceptance_vs_c1",)
+INTERVAL_COLUMNS = ("output_throughput_ci_low", "output_throughput_ci_high", "tpot_p50_ci_low", "tpot_p50_ci_high")
+"""95% percentile-bootstrap bounds of the point's output throughput (tokens/s) and TPOT p50 (ms): over its requests
+for a measured point, the model's prediction interval for a predicted cell (:mod:`spectune.results.confidence`,
+:mod:`spectune.sweep.guided`)."""
+PLAN_COLUMNS = ("predicted",)
+"""True for a cell the guided plan predicted instead of measuring (``spectune sweep --plan guided``)."""
 
 SUMMARY_COLUMNS: tuple[str, ...] = (*KEY_COLUMNS, *STATUS_COLUMNS, *STREAM_COLUMNS, *ACCEPTANCE_COLUMNS,
-                                    *SLO_CLIENT_COLUMNS, *BATCH_SIZE_COLUMNS, *DERIVED_COLUMNS)
+                                    *SLO_CLIENT_COLUMNS, *BATCH_SIZE_COLUMNS, *DERIVED_COLUMNS, *INTERVAL_COLUMNS,
+                                    *PLAN_COLUMNS)
 """summary.csv columns, in file order."""
 
 REQUIRED_COLUMNS = ("steps", "concurrency", "status")
 """Columns a summary must have to be read at all."""
 TEXT_COLUMNS = ("status", "error", "acceptance_length_source", "token_count_source", "batch_size_source")
 """Text columns (read as strings, empty for none)."""
-FLAG_COLUMNS = ("client_limited",)
+FLAG_COLUMNS = ("client_limited", "predicted")
 """True/False columns (read as written)."""
 NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in SUMMARY_COLUMNS
                                          if c not in (*KEY_COLUMNS, *TEXT_COLUMNS, *FLAG_COLUMNS))
@@ -50,6 +57,7 @@ def summary_row(point: dict[str, Any]) -> dict[str, Any]:
     """One summary.csv row from a points.jsonl object (its keys, status, error and ``metrics``)."""
     row = {c: point.get("metrics", {}).get(c) for c in SUMMARY_COLUMNS}
     row.update({c: point.get(c) for c in (*KEY_COLUMNS, *STATUS_COLUMNS)})
+    row["predicted"] = bool(point.get("predicted", False))
     return row
 
 

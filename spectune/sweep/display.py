@@ -7,6 +7,7 @@ The sweep loop only emits events (:class:`spectune.sweep.plan.SweepListener`); :
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -79,6 +80,42 @@ class LiveDisplay(LiveProgress, SweepListener):
             self.progress.advance(self.sweep_task)
         self.console.print(point_line(point), markup=False)
 
+    def drift_checked(self, check: dict[str, Any]) -> None:
+        self.console.print(drift_line(check), markup=False)
+
+
+def drift_line(check: dict[str, Any]) -> str:
+    """One line about a drift check: ``drift check (end of sweep) K=0 c=4: throughput 1.000x [0.97, 1.03] within
+    noise``."""
+    head = f"drift check ({check['label']}) K={check['steps']} c={check['concurrency']}"
+    if check.get("ratio") is None:
+        return f"{head}: {check.get('note', 'not comparable')}"
+    span = f" [{check['low']:.3f}, {check['high']:.3f}]" if check.get("low") is not None else ""
+    verdict = f"DRIFTED by {check['change']:.1%}" if check["drifted"] else "within noise"
+    return f"{head}: {check['objective']} {check['first']:.4g} -> {check['again']:.4g}, {check['ratio']:.3f}x{span}: {verdict}"
+
+
+def outcome_lines(outcome: Any) -> list[str]:
+    """The summary lines after the table: the order and drift verdict, the guided plan's outcome and the measuring
+    cost (points, launches, seconds)."""
+    lines = []
+    drift = outcome.drift
+    if drift:
+        lines.append(f"order: {drift['order']}; drift: " + (f"the reference moved {drift['change']:.1%}, more than its "
+                     "interval: spectune recommend will not call differences smaller than that"
+                     if drift["drifted"] else "none beyond noise") + f" ({drift['summary']})")
+    if outcome.guided:
+        g = outcome.guided
+        lines.append(f"guided plan: {g.get('measured_cells')} cells measured in {len(g.get('rounds') or [])} rounds, "
+                     f"{g.get('predicted_cells')} predicted (marked predicted in summary.csv); stopped: "
+                     f"{g.get('stopped')}")
+    c = outcome.cost
+    if c:
+        lines.append(f"measuring cost: {c['points']} points, {c['drift_points']} drift re-measurements, "
+                     f"{c['launches']} server starts/switches; {c['total_s']:.1f} s ({c['measure_s']:.1f} s points, "
+                     f"{c['drift_s']:.1f} s drift checks, {c['switch_s']:.1f} s starts/switches)")
+    return lines
+
 
 def point_line(point: dict[str, Any]) -> str:
     """One line about a finished point: ``K=3 c=16 r=0 ok: 812 tok/s, TPOT p50 4.10 ms, AL 2.31 (64 req, 0 failed)``."""
@@ -111,6 +148,9 @@ class SummaryCell:
     best: bool = False
     speedup: float | None = None
     client_limited: int = 0
+    ci_low: float | None = None
+    ci_high: float | None = None
+    predicted: bool = False
 
     @property
     def failed(self) -> bool:
@@ -124,20 +164,35 @@ def _median(values: Iterable[Any]) -> float | None:
 
 
 def summarize(points: Sequence[dict[str, Any]], steps: Sequence[int],
-              concurrency: Sequence[int]) -> dict[tuple[int, int], SummaryCell]:
-    """(concurrency, steps) -> :class:`SummaryCell` for every planned cell (``total`` 0 where nothing ran)."""
+              concurrency: Sequence[int], intervals: dict[tuple[int, int], tuple[float, float]] | None = None,
+              predicted: Sequence[dict[str, Any]] = ()) -> dict[tuple[int, int], SummaryCell]:
+    """(concurrency, steps) -> :class:`SummaryCell` for every planned cell (``total`` 0 where nothing ran).
+
+    ``intervals``: (concurrency, steps) -> the cell's throughput interval (tokens/s) over requests and repeats
+    (:func:`throughput_intervals`); without it a cell of one ok repeat shows that point's own interval
+    (``output_throughput_ci_low/high``). ``predicted``: a guided sweep's predicted cells (point-like objects with
+    ``metrics``), shown where nothing was measured."""
     cells: dict[tuple[int, int], SummaryCell] = {}
     for c in concurrency:
         for k in steps:
             pts = [p for p in points if p["steps"] == k and p["concurrency"] == c]
-            ok = [p.get("metrics") or {} for p in pts if p.get("status") == "ok"]
+            guess = [p for p in predicted if p["steps"] == k and p["concurrency"] == c] if not pts else []
+            ok = [p.get("metrics") or {} for p in pts + guess if p.get("status", "ok") == "ok"]
             cells[c, k] = SummaryCell(_median(m.get("output_throughput_tok_s") for m in ok),
                                _median(m.get("tpot_p50_ms") for m in ok),
-                               _median(m.get("acceptance_length") for m in ok), len(ok), len(pts),
-                               client_limited=sum(bool(m.get("client_limited")) for m in ok))
+                               _median(m.get("acceptance_length") for m in ok), len(ok), len(pts + guess),
+                               client_limited=sum(bool(m.get("client_limited")) for m in ok),
+                               predicted=bool(guess))
+            cell = cells[c, k]
+            if intervals and (c, k) in intervals:
+                cell.ci_low, cell.ci_high = intervals[c, k]
+            elif len(ok) == 1:
+                cell.ci_low, cell.ci_high = ok[0].get("output_throughput_ci_low"), ok[0].get("output_throughput_ci_high")
         best: SummaryCell | None = None
         for k in sorted(steps):  # ascending: a tie keeps the smaller K
             cell = cells[c, k]
+            if cell.predicted:
+                continue
             if cell.throughput is not None and (best is None or cell.throughput > best.throughput):  # type: ignore
                 best = cell
         if best is not None:
@@ -150,15 +205,19 @@ def summarize(points: Sequence[dict[str, Any]], steps: Sequence[int],
     return cells
 
 
-def summary_table(points: Sequence[dict[str, Any]], steps: Sequence[int], concurrency: Sequence[int]) -> Table:
+def summary_table(points: Sequence[dict[str, Any]], steps: Sequence[int], concurrency: Sequence[int],
+                  intervals: dict[tuple[int, int], tuple[float, float]] | None = None,
+                  predicted: Sequence[dict[str, Any]] = ()) -> Table:
     """The final table: a row per concurrency, a column per num_steps; each cell shows output throughput
-    (tok/s), TPOT p50 (ms), acceptance length and speedup vs num_steps 0 (medians over ok repeats); the best
+    (tok/s) with its 95% interval where known (``intervals``, see :func:`summarize`), TPOT p50 (ms), acceptance
+    length and speedup vs num_steps 0 (medians over ok repeats); a guided sweep's predicted cells read
+    ``predicted`` (``predicted``: their point-like objects); the best
     cell of each row (by throughput, ties to the smaller K) is marked ``*``; cells with no ok repeat read
     ``failed``; cells the load generator limited (:func:`spectune.loadgen.metrics.client_limit`) say
     ``client-limited``."""
-    cells = summarize(points, steps, concurrency)
+    cells = summarize(points, steps, concurrency, intervals, predicted)
     table = Table(title="spectune sweep (medians over ok repeats)", title_justify="left", show_lines=True,
-                  caption="each cell: output tok/s, TPOT p50, acceptance length (AL), speedup vs K=0; "
+                  caption="each cell: output tok/s [95% interval], TPOT p50, acceptance length (AL), speedup vs K=0; "
                           "* = best tok/s of the row; client-limited = the load generator was the bottleneck "
                           "(its latencies include the client's own queueing)", caption_justify="left")
     table.add_column("concurrency", justify="right")
@@ -174,10 +233,14 @@ def summary_table(points: Sequence[dict[str, Any]], steps: Sequence[int], concur
             if cell.failed:
                 row.append("[red]failed[/]")
                 continue
-            lines = [f"{_fmt(cell.throughput, ',.1f')} tok/s" + (" *" if cell.best else ""),
+            span = (f" [{cell.ci_low:,.1f}, {cell.ci_high:,.1f}]" if cell.ci_low is not None and cell.ci_high is not None
+                    and math.isfinite(cell.ci_low) and math.isfinite(cell.ci_high) else "")
+            lines = [f"{_fmt(cell.throughput, ',.1f')}{span} tok/s" + (" *" if cell.best else ""),
                      f"{_fmt(cell.tpot_p50_ms, '.2f')} ms", f"AL {_fmt(cell.acceptance_length, '.2f')}"]
             if cell.speedup is not None and k != 0:
                 lines.append(f"{cell.speedup:.2f}x")
+            if cell.predicted:
+                lines.append("[cyan]predicted[/]")
             if cell.ok < cell.total:
                 lines.append(f"[red]{cell.total - cell.ok}/{cell.total} failed[/]")
             if cell.client_limited:
@@ -186,3 +249,23 @@ def summary_table(points: Sequence[dict[str, Any]], steps: Sequence[int], concur
             row.append(f"[bold green]{text}[/]" if cell.best else text)
         table.add_row(*row)
     return table
+
+
+def throughput_intervals(folder: Any) -> dict[tuple[int, int], tuple[float, float]]:
+    """(concurrency, steps) -> the 95% bootstrap interval of the cell's output throughput (tokens/s) over its
+    requests and repeats, as ``spectune recommend`` computes it (:func:`spectune.tune.recommend.attach_intervals`);
+    {} when the folder cannot be read."""
+    from spectune.loadgen.errors import UserError
+    from spectune.results.reader import load_request_records, load_results
+    from spectune.tune.recommend import RecommendOptions, _cell, attach_intervals
+
+    try:
+        results = load_results(folder)
+    except UserError:
+        return {}
+    df, opts = results.summary, RecommendOptions()
+    if "predicted" in df:
+        df = df[~df["predicted"].astype(bool)]
+    cells = [_cell(int(k), int(c), rows, opts, None, None) for (k, c), rows in df.groupby(["steps", "concurrency"])]
+    attach_intervals(cells, df, load_request_records(results.folder), opts, None, None)
+    return {(cell.concurrency, cell.steps): (cell.ci_low, cell.ci_high) for cell in cells if cell.interval.known}

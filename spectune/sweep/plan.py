@@ -40,6 +40,18 @@ class SweepPlan:
             max(num_prompts, 1024).
         duration_per_point_s: s; optional cap on a point's sending time.
         max_failure_rate: a point whose failed share exceeds this is ``failed`` (0..1).
+        design: ``grid`` (every point) or ``guided`` (measure only the cells that could still be the best,
+            predict the rest: :mod:`spectune.sweep.guided`).
+        order: ``auto`` (interleaved on backends that switch num_steps cheaply, ``Backend.cheap_switch``, else
+            blocks), ``interleaved`` (every num_steps in turn at each concurrency, the order reversed every other
+            repeat) or ``blocks`` (one num_steps after another, as a server restart per num_steps needs).
+        drift_check: re-measure a reference cell at the end (and, in blocks, each block's first cell at its end)
+            and record whether it moved more than its interval (:mod:`spectune.sweep.drift`).
+        objective: what the guided plan settles: ``throughput`` (max output tokens/s) or ``tpot`` (min TPOT p50).
+        budget_points, budget_s: the guided plan's budget: at most this many measured points / this many seconds
+            of measuring (server starts and switches included); None = until the choice is settled.
+        confidence: confidence of the guided plan's intervals (0..1). noise_band: differences below this fraction
+            are ties (the guided plan's settling rule, as ``spectune recommend --noise-band``).
     """
 
     steps: tuple[int, ...] = DEFAULT_STEPS
@@ -58,6 +70,14 @@ class SweepPlan:
     requests_per_point: int | None = None
     duration_per_point_s: float | None = None
     max_failure_rate: float = 0.1
+    design: str = "grid"
+    order: str = "auto"
+    drift_check: bool = True
+    objective: str = "throughput"
+    budget_points: int | None = None
+    budget_s: float | None = None
+    confidence: float = 0.95
+    noise_band: float = 0.02
 
     def validate(self) -> None:
         """Raises UserError naming the first bad value (and how to fix it)."""
@@ -78,20 +98,51 @@ class SweepPlan:
             (self.duration_per_point_s is None or self.duration_per_point_s > 0,
              f"--duration must be > 0 s, got {self.duration_per_point_s}"),
             (0.0 <= self.max_failure_rate <= 1.0, f"--max-failure-rate must be in 0..1, got {self.max_failure_rate}"),
+            (self.design in ("grid", "guided"), f"--plan must be grid or guided, got {self.design!r}"),
+            (self.order in ("auto", "interleaved", "blocks"),
+             f"--order must be auto, interleaved or blocks, got {self.order!r}"),
+            (self.objective in ("throughput", "tpot"),
+             f"--objective must be throughput or tpot for a sweep plan, got {self.objective!r} (goodput: sweep with "
+             "--plan grid and choose with spectune recommend --objective goodput)"),
+            (self.budget_points is None or self.budget_points >= 1,
+             f"--budget must be at least 1 point, got {self.budget_points}"),
+            (self.budget_s is None or self.budget_s > 0, f"--budget must be a positive time, got {self.budget_s} s"),
+            ((self.budget_points is None and self.budget_s is None) or self.design == "guided",
+             "--budget works with --plan guided only (a grid measures every point)"),
+            (0.5 <= self.confidence < 1.0, f"--confidence must be in 0.5..0.999, got {self.confidence}"),
+            (0.0 <= self.noise_band < 0.5, f"--noise-band must be in 0..50 %, got {self.noise_band * 100:g}"),
+            (self.design != "guided" or len(self.steps) >= 2, "--plan guided needs at least two --steps values"),
         ]
         for ok, message in checks:
             if not ok:
                 raise UserError(message)
 
     def to_json(self) -> dict[str, Any]:
-        """The plan as a JSON object (lists for the tuples)."""
+        """The plan as a JSON object (lists for the tuples). A plan of an older spectune lacks the newer keys: those
+        are read as their defaults (:data:`NEW_KEYS`)."""
         d = asdict(self)
         d["steps"], d["concurrency"] = list(self.steps), list(self.concurrency)
         return d
 
     def points(self) -> list[Key]:
-        """Every (steps, concurrency, repeat) in run order: for K, for concurrency, for repeat."""
+        """Every (steps, concurrency, repeat) of the grid, blocks order: for K, for concurrency, for repeat."""
         return [(k, c, r) for k in self.steps for c in self.concurrency for r in range(self.repeats)]
+
+    def order_for(self, cheap_switch: bool) -> str:
+        """``interleaved`` or ``blocks``: ``order``, or for ``auto`` interleaved when the backend switches num_steps
+        cheaply (``Backend.cheap_switch``)."""
+        if self.order != "auto":
+            return self.order
+        return "interleaved" if cheap_switch else "blocks"
+
+    def ordered(self, todo: list[Key], order: str) -> list[Key]:
+        """``todo`` in run order. ``blocks``: for K, for concurrency, for repeat (one server start per K).
+        ``interleaved``: for repeat, for concurrency, every K in turn, ascending in even repeats and descending in
+        odd ones, so num_steps is not confounded with time (the cells compared at one concurrency run minutes
+        apart at most, and a trend over the sweep hits every K alike)."""
+        if order == "blocks":
+            return sorted(todo, key=lambda k: (k[0], k[1], k[2]))
+        return sorted(todo, key=lambda k: (k[2], k[1], k[0] if k[2] % 2 == 0 else -k[0]))
 
     def requests_for(self, concurrency: int) -> int:
         """Measured requests of a point: ``requests_per_point``, else max(num_prompts, 4 * concurrency) capped at
@@ -119,6 +170,36 @@ class SweepPlan:
 
         return Constraints(max_requests=requests, max_duration_s=self.duration_per_point_s,
                            max_failures=math.floor(self.max_failure_rate * requests) + 1)
+
+
+NEW_KEYS = {"design": "grid", "order": "auto", "drift_check": True, "objective": "throughput", "budget_points": None,
+            "budget_s": None, "confidence": 0.95, "noise_band": 0.02}
+"""Plan keys added after the first release, with the value an older sweep.json means by leaving them out (``--resume``
+of an older sweep compares with these)."""
+
+
+def parse_budget(text: str | None) -> tuple[int | None, float | None]:
+    """``--budget``: ``N`` (measured points) or a time ``Ns``, ``Nm``, ``Nh`` -> (points, seconds); (None, None) for
+    None.
+
+    Raises:
+        UserError: anything else (named, with an example).
+    """
+    if text is None or not str(text).strip():
+        return None, None
+    t = str(text).strip().lower()
+    try:
+        if t[-1] in "smh":
+            seconds = float(t[:-1]) * {"s": 1, "m": 60, "h": 3600}[t[-1]]
+            if not (seconds > 0 and math.isfinite(seconds)):
+                raise ValueError
+            return None, seconds
+        points = int(t)
+        if points < 1:
+            raise ValueError
+        return points, None
+    except ValueError:
+        raise UserError(f"bad --budget {text!r}: give points (e.g. 12) or a time (e.g. 600s, 10m, 1h)") from None
 
 
 @dataclass(frozen=True)
@@ -172,6 +253,9 @@ class SweepListener:
     def point_finished(self, point: dict[str, Any]) -> None:
         """A point is durable in points.jsonl (its object is passed)."""
 
+    def drift_checked(self, check: dict[str, Any]) -> None:
+        """A drift check finished (:func:`spectune.sweep.drift.drift_check`'s object)."""
+
 
 @dataclass
 class SweepOutcome:
@@ -183,3 +267,7 @@ class SweepOutcome:
     points: list[dict[str, Any]] = field(default_factory=list)
     ran: int = 0
     interrupted: int | None = None
+    predicted: list[dict[str, Any]] = field(default_factory=list)  # a guided sweep's predicted cells
+    cost: dict[str, Any] = field(default_factory=dict)  # sweep.json ``cost`` of this run
+    drift: dict[str, Any] | None = None  # sweep.json ``drift``
+    guided: dict[str, Any] | None = None  # sweep.json ``guided``

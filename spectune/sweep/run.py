@@ -24,6 +24,7 @@ The plan, its defaults and the listener/outcome types are in :mod:`spectune.swee
 
 from __future__ import annotations
 
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
@@ -38,9 +39,12 @@ from spectune.measure.batch_size import BATCH_SIZE_INTERVAL_S
 from spectune.measure.environment import environment
 from spectune.measure.signals import run_with_signals
 from spectune.measure.window import client_config, measure_window, resolve_model
+from spectune.results.confidence import point_intervals
 from spectune.results.folder import SweepFolder
 from spectune.results.schema import KEY_COLUMNS, STATUS_COLUMNS, SUMMARY_COLUMNS, Key, now_iso
-from spectune.sweep.plan import ClientTimeouts, SweepListener, SweepOutcome, SweepPlan
+from spectune.sweep.drift import drift_check, drift_summary
+from spectune.sweep.guided import GuidedPlanner
+from spectune.sweep.plan import NEW_KEYS, ClientTimeouts, SweepListener, SweepOutcome, SweepPlan
 
 __all__ = ["Sweep", "execute", "run_blocking"]
 
@@ -65,32 +69,161 @@ class Sweep:
         self.timeouts = timeouts or ClientTimeouts()
         self.ran = 0
         self.batch_size_interval_s = BATCH_SIZE_INTERVAL_S
+        self.order = "blocks"
+        self.current: int | None = None  # num_steps of the running server
+        self.broken: dict[int, tuple[str, str]] = {}  # num_steps whose server failed -> (message, log tail)
+        self.records: dict[Key, list[dict[str, Any]]] = {}  # request objects of the points measured now
+        self.drift_checks: list[dict[str, Any]] = []
+        self.predicted: list[dict[str, Any]] = []
+        #: measuring cost: points (and drift re-measurements) measured now, server starts/switches, seconds
+        self.cost: dict[str, Any] = {"points": 0, "drift_points": 0, "launches": 0, "measure_s": 0.0,
+                                     "drift_s": 0.0, "switch_s": 0.0}
 
     async def run(self, todo: Sequence[Key]) -> None:
-        """Measure the points ``todo`` (in plan order), one num_steps at a time."""
-        for steps in sorted({k[0] for k in todo}):
-            keys = [k for k in todo if k[0] == steps]
-            self.listener.server_starting(steps)
-            try:
+        """Measure the points ``todo`` in the plan's order (grid), or let the guided planner pick them (guided);
+        then the drift check at the end. The backend is stopped at the end."""
+        self.order = self.plan.order_for(self.backend.cheap_switch)
+        self.meta["order"] = self.order
+        try:
+            if self.plan.design == "guided":
+                await self._guided()
+            else:
+                keys = self.plan.ordered(list(todo), self.order)
                 for i, key in enumerate(keys):
-                    try:
-                        endpoint = await self.backend.start(steps)
-                    except (BackendStartError, UserError) as err:
-                        self._start_failed(steps, keys[i:], err)
-                        break
-                    self._save_meta()
-                    await self._point(key, endpoint.base_url, endpoint.model)
-            finally:
-                await self.backend.stop()
-                self._save_meta()
+                    await self._measure(key)
+                    nxt = keys[i + 1] if i + 1 < len(keys) else None
+                    if self.order == "blocks" and self.plan.drift_check and (nxt is None or nxt[0] != key[0]):
+                        block = [k for k in keys[:i + 1] if k[0] == key[0]]
+                        ref = self._reference(block)
+                        if len(block) >= 2 and ref is not None:
+                            await self._drift(f"block K={key[0]}", ref)
+            if self.plan.drift_check and self.ran > 0:
+                first = [(p["steps"], p["concurrency"], p.get("repeat", 0)) for p in self.folder.points]
+                ref = self._reference(first[:max(len(self.plan.steps), len(self.plan.concurrency), 2)])
+                if ref is not None:
+                    await self._drift("end of sweep", ref)
+        finally:
+            await self.backend.stop()
+            self._save_meta()
 
-    def _start_failed(self, steps: int, keys: list[Key], err: Exception) -> None:
-        message = str(err).strip()
-        first = message.splitlines()[0] if message else type(err).__name__
-        tail = getattr(err, "log_tail", "") or ""
-        self.listener.server_failed(steps, first, tail)
-        for key in keys:
-            self._finish(failed_point(key, first, self.plan.requests_for(key[1]), tail))
+    async def _measure(self, key: Key, drift: str | None = None) -> tuple[dict[str, Any], list[dict]] | None:
+        """Start (or switch to) the server of ``key``'s num_steps and measure the point; a drift re-measurement
+        (``drift``: its label) is returned instead of being recorded as a point. None when its server failed."""
+        steps = key[0]
+        planned = self.plan.requests_for(key[1])
+        if steps in self.broken:
+            if drift is None:
+                message, tail = self.broken[steps]
+                self._finish(failed_point(key, message, planned, tail))
+            return None
+        if self.current is not None and self.current != steps:
+            await self.backend.stop()
+        if self.current != steps:
+            self.listener.server_starting(steps)
+        t = time.perf_counter()
+        try:
+            endpoint = await self.backend.start(steps)
+        except (BackendStartError, UserError) as err:
+            self.current = None
+            message = str(err).strip()
+            first = message.splitlines()[0] if message else type(err).__name__
+            tail = getattr(err, "log_tail", "") or ""
+            self.broken[steps] = (first, tail)
+            self.listener.server_failed(steps, first, tail)
+            if drift is None:
+                self._finish(failed_point(key, first, planned, tail))
+            return None
+        switch_s = 0.0
+        if self.current != steps:
+            switch_s = time.perf_counter() - t
+            self.cost["launches"] += 1
+            self.cost["switch_s"] += switch_s
+        self.current = steps
+        self._save_meta()
+        t = time.perf_counter()
+        point, records = await self._point(key, endpoint.base_url, endpoint.model, drift)
+        measure_s = time.perf_counter() - t
+        self.cost["drift_s" if drift else "measure_s"] += measure_s
+        point["timing"] = {"switch_s": switch_s, "measure_s": measure_s}
+        self.cost["drift_points" if drift else "points"] += 1
+        if drift is None:
+            self.records[key] = records
+            self._finish(point)
+        return point, records
+
+    def _reference(self, keys: Sequence[Key]) -> Key | None:
+        """The drift reference among ``keys``: the ok point with the shortest measurement window (the cheapest to
+        measure again), or None."""
+        pts = {(p["steps"], p["concurrency"], p.get("repeat", 0)): p for p in self.folder.points
+               if p.get("status") == "ok"}
+        cands = [k for k in keys if k in pts]
+        if not cands:
+            return None
+        return min(cands, key=lambda k: (pts[k].get("metrics") or {}).get("duration_s") or float("inf"))
+
+    async def _drift(self, label: str, key: Key) -> None:
+        """Re-measure ``key`` and compare it with its first measurement (:func:`spectune.sweep.drift.drift_check`)."""
+        first = next((p for p in self.folder.points if (p["steps"], p["concurrency"], p.get("repeat", 0)) == key),
+                     None)
+        if first is None or first.get("status") != "ok":
+            return
+        got = await self._measure(key, drift=label)
+        if got is None:
+            return
+        again, again_records = got
+        first_records = self.records.get(key)
+        if first_records is None:
+            first_records = [r for r in self.folder.read_requests() if (r.get("steps"), r.get("concurrency"),
+                                                                        r.get("repeat", 0)) == key]
+        check = drift_check(label, first, again, first_records, again_records, self.plan.objective,
+                            self.plan.confidence, self.plan.noise_band)
+        self.drift_checks.append(check)
+        self.meta["drift"] = drift_summary(self.drift_checks, self.order)
+        self._save_meta()
+        self.listener.drift_checked(check)
+
+    async def _guided(self) -> None:
+        """The guided plan (:mod:`spectune.sweep.guided`): rounds of cells chosen by the planner, each round in
+        num_steps order starting with the running server's, until settled or out of budget; then every unmeasured
+        cell is predicted into summary.csv."""
+        plan = self.plan
+        planner = GuidedPlanner(plan.steps, plan.concurrency, plan.repeats, plan.objective, plan.confidence,
+                                plan.noise_band)
+        tried = {(p["steps"], p["concurrency"]) for p in self.folder.points}
+        stop = ""
+        while not stop:
+            cost = self.cost
+            restart = cost["switch_s"] / cost["launches"] if cost["launches"] else 0.0
+            windows = [(p.get("metrics") or {}).get("duration_s") or 0.0 for p in self.folder.points]
+            point = sum(windows) / len(windows) if windows else 0.0  # s per point's measurement window
+            cells = planner.next_round(self.folder.points, tried, all_threats=restart > point > 0)
+            if not cells:
+                break
+            current = self.current
+            cells.sort(key=lambda kc: (kc[0] != current, kc[0], kc[1]))
+            for k, c in cells:
+                stop = self._over_budget()
+                if stop:
+                    break
+                tried.add((k, c))
+                for r in range(plan.repeats):
+                    await self._measure((k, c, r))
+        preds = planner.predict(self.folder.points)
+        measured = {(p["steps"], p["concurrency"]) for p in self.folder.points}
+        self.predicted = [pred.row() for kc, pred in sorted(preds.items()) if kc not in measured]
+        self.folder.predicted = self.predicted
+        self.folder.write_summary()
+        self.meta["guided"] = {**planner.describe(), "stopped": stop or "settled",
+                               "measured_cells": len(measured), "predicted_cells": len(self.predicted)}
+
+    def _over_budget(self) -> str:
+        """Why the guided plan must stop measuring (its budget is spent), or ""."""
+        plan, cost = self.plan, self.cost
+        if plan.budget_points is not None and cost["points"] + self.plan.repeats > plan.budget_points:
+            return f"budget of {plan.budget_points} points"
+        if plan.budget_s is not None and cost["measure_s"] + cost["drift_s"] + cost["switch_s"] >= plan.budget_s:
+            return f"budget of {plan.budget_s:g} s"
+        return ""
 
     def _finish(self, point: dict[str, Any]) -> None:
         self.folder.append_point(point)
@@ -99,24 +232,36 @@ class Sweep:
 
     def _save_meta(self) -> None:
         self.meta["backend"] = self.backend.describe()
+        c = self.cost
+        self.meta["cost"] = {**c, "total_s": c["measure_s"] + c["drift_s"] + c["switch_s"]}
         self.folder.write_meta(self.meta)
 
-    async def _point(self, key: Key, base_url: str, model: str | None) -> None:
+    async def _point(self, key: Key, base_url: str, model: str | None,
+                     drift: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Measure one point; returns its points.jsonl object and its request objects (``drift``: a drift
+        re-measurement, whose requests go to drift_requests.jsonl)."""
         steps, conc, rep = key
         plan, planned = self.plan, self.plan.requests_for(conc)
         started = now_iso()
         try:
             model = model or await resolve_model(base_url, self.model, self.api_key_env)
         except UserError as err:
-            self._finish(failed_point(key, str(err), planned) | {"stop_reason": "no_model"})
-            return
+            return failed_point(key, str(err), planned) | {"stop_reason": "no_model"}, []
         config = client_config(plan, self.backend, base_url, model, self.api_key_env, self.timeouts.request_timeout_s)
         done = 0
+
+        kept: list[dict[str, Any]] = []
 
         def on_record(rec: RequestRecord) -> None:
             nonlocal done
             done += 1
-            self.folder.append_request({"steps": steps, "concurrency": conc, "repeat": rep, **rec.to_json()})
+            obj = {"steps": steps, "concurrency": conc, "repeat": rep, **rec.to_json()}
+            if drift is None:
+                self.folder.append_request(obj)
+            else:
+                self.folder.append_drift_request({**obj, "drift_check": drift})
+            kept.append({k: v for k, v in obj.items() if k not in ("chunk_times", "chunk_tokens")}
+                        | {"chunk_times": len(rec.chunk_times)})
             self.listener.request_finished(key, rec, done, planned)
 
         mark = self.folder.request_mark()
@@ -129,17 +274,18 @@ class Sweep:
                 on_start=lambda t0: self.listener.point_started(key, planned),
                 batch_size_interval_s=self.batch_size_interval_s, warn=self.listener.warning)
         except BaseException:
-            self.folder.truncate_requests(mark)  # an unfinished point leaves no records behind
+            if drift is None:
+                self.folder.truncate_requests(mark)  # an unfinished point leaves no records behind
             raise
         if w.stuck is not None:
             self.listener.warning(f"K={steps} c={conc}: {w.stuck}")
-            self._finish(failed_point(key, w.stuck, planned) | {"stop_reason": "warmup_timeout"})
-            return
+            return failed_point(key, w.stuck, planned) | {"stop_reason": "warmup_timeout"}, kept
         result, records, acc, batch, metrics, limited = (w.result, w.records, w.acceptance, w.batch_size,
                                                          dict(w.metrics), w.client_limit)
         if limited is not None:
             self.listener.warning(f"K={steps} c={conc}: {limited}; its latencies include the client's own queueing "
                                   "(lower the concurrency, or give spectune a core of its own)")
+        metrics.update(point_intervals([r.to_json() for r in records], metrics))
         metrics.update(acceptance_length=acc.acceptance_length, acceptance_rate=acc.acceptance_rate,
                        acceptance_length_source=acc.source, batch_size_mean=batch["mean"] if batch else None,
                        batch_size_p50=batch["p50"] if batch else None,
@@ -151,7 +297,7 @@ class Sweep:
         if w.warmup and warm_failed == len(w.warmup):
             self.listener.warning(f"K={steps} c={conc}: every warm-up request failed ({w.warmup[0].error})")
         ask = lambda recs: window_acceptance(self.backend, None, None, recs)  # noqa: E731 - per-request sources
-        self._finish({
+        return {
             "steps": steps, "concurrency": conc, "repeat": rep, "status": w.status, "error": w.error,
             "metrics": metrics,
             "acceptance": {"per_position": acc.per_position, "num_drafts": acc.num_drafts, "warning": acc.warning,
@@ -163,7 +309,8 @@ class Sweep:
             "warmup": {"requests": len(w.warmup), "failed": warm_failed}, "client_limit": limited,
             "model": model, "base_url": base_url, "started": started, "finished": now_iso(),
             **({"log_tail": log_tail} if log_tail else {}),
-        })
+            **({"drift_check": drift} if drift else {}),
+        }, kept
 
 
 async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,
@@ -197,7 +344,7 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
             prompts = load_dataset(plan.dataset, plan.num_prompts, plan.seed)
         for w in caught:
             listener.warning(str(w.message))
-        kept = folder.check(plan.to_json(), resume, retry_failed)
+        kept = folder.check(plan.to_json(), resume, retry_failed, NEW_KEYS)
         for warning in await backend.preflight(list(plan.steps)):
             listener.warning(warning)
         done = {(p["steps"], p["concurrency"], p.get("repeat", 0)) for p in kept}
@@ -211,6 +358,8 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
             await sweep.run(todo)
         finally:
             outcome.ran, outcome.points = sweep.ran, list(folder.points)
+            outcome.predicted, outcome.cost = list(sweep.predicted), dict(sweep.meta.get("cost") or {})
+            outcome.drift, outcome.guided = sweep.meta.get("drift"), sweep.meta.get("guided")
     finally:
         try:
             await backend.close()

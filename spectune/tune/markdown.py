@@ -15,8 +15,9 @@ def _fmt(x: Any, spec: str = ".4g") -> str:
 
 
 def cell_grid(rec: Recommendation) -> tuple[list[str], list[list[str]]]:
-    """The concurrency x num_steps table of medians of the objective, with flags: ``*`` chosen, ``~`` noisy,
-    ``(slo)`` breaks the SLO, ``FAILED``, ``missing``, ``no data``. Returns (header, rows)."""
+    """The concurrency x num_steps table of medians of the objective with their confidence intervals
+    (``[low, high]`` where known), with flags: ``*`` chosen, ``~`` noisy, ``(slo)`` breaks the SLO, ``(pred)``
+    predicted by a guided sweep, ``FAILED``, ``missing``, ``no data``. Returns (header, rows)."""
     header = ["concurrency"] + [f"K={k}" for k in rec.steps]
     chosen = {ch.concurrency: ch.steps for ch in rec.choices}
     rows = []
@@ -28,6 +29,9 @@ def cell_grid(rec: Recommendation) -> tuple[list[str], list[list[str]]]:
                 row.append("missing")
                 continue
             text = {"failed": "FAILED", "no-data": "no data"}.get(c.status, _fmt(c.objective))
+            if c.status == "ok" and c.interval.known:
+                text += f" [{_fmt(c.ci_low)}, {_fmt(c.ci_high)}]"
+            text += " (pred)" if c.predicted else ""
             text += " ~" if c.noisy else ""
             text += " (slo)" if c.violations else ""
             text += " *" if chosen.get(conc) == k else ""
@@ -97,7 +101,10 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
            f"max spread {o.max_spread:.1%}, min SLO attainment {o.min_slo_attainment:g}, slot boundary rule "
            f"`{o.boundary}`. {slot_key_sentence(rec)}\n",
            "## Measured cells (median over repeats)\n",
-           "`*` chosen, `~` noisy (spread above the limit), `(slo)` breaks the SLO, `FAILED` a repeat failed.\n",
+           "`*` chosen, `~` noisy (spread above the limit), `(slo)` breaks the SLO, `(pred)` predicted by a guided "
+           "sweep (not measured), `FAILED` a repeat failed. "
+           f"`[low, high]`: {o.confidence:.0%} bootstrap interval (over requests and repeats; see docs/recommend.md)."
+           "\n",
            _md_table(*cell_grid(rec)), "\n## Reasoning per concurrency\n"]
     out += [f"- **concurrency {ch.concurrency}** -> {ch.reason}" for ch in rec.choices]
     presets = list(configs)

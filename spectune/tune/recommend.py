@@ -12,7 +12,13 @@ within a tolerance of the best) and extended (docs/recommend.md is the user-faci
    one whose SLO attainment is below ``min_slo_attainment``. If no num_steps at a concurrency meets the SLO the
    best by the objective is still chosen (a config needs a value there) and flagged ``slo-unmet``.
 4. Among the candidates the best median wins, but every num_steps within the noise band of it (the larger of
-   ``noise_band`` and the best cell's own spread) ties, and the smallest tied num_steps is chosen.
+   ``noise_band``, the best cell's own spread and the drift a sweep's drift check measured) ties, and the smallest
+   tied num_steps is chosen. Where the cells have bootstrap replicates (:mod:`spectune.results.confidence`: over
+   requests within a run and over repeats) a num_steps also ties when the paired ``confidence`` interval of its
+   objective ratio to the best reaches within the band of 1: the data cannot tell it is worse, so the smaller
+   num_steps wins. Every choice carries its paired comparisons (``K=2 vs K=0: 1.31x [1.24, 1.38], 95%``).
+   Predicted cells (a guided sweep's unmeasured cells) are chosen only where nothing at that concurrency was
+   measured.
 5. Slots start where the chosen num_steps changes, keyed on batch size, since SGLang and vLLM route by the batch
    they actually run. The key of a concurrency is the engine's measured running batch size of its chosen cell
    (``batch_size_mean``: the time average of the engine's running-requests gauge over the window, median over
@@ -31,7 +37,9 @@ import numpy as np
 import pandas as pd
 
 from spectune.loadgen.errors import UserError
-from spectune.results.reader import Results, summary_with_slos
+from spectune.results.confidence import (Bootstrap, Interval, RunRequests, percentile_interval, ratio_interval,
+                                         requests_by_point)
+from spectune.results.reader import Results, load_request_records, summary_with_slos
 
 #: objective name -> (summary column, direction, unit)
 OBJECTIVES = {"throughput": ("output_throughput_tok_s", "max", "tokens/s"),
@@ -55,6 +63,7 @@ class RecommendOptions:
     max_spread: float = 0.05
     boundary: str = "geometric"
     max_batch_size: int | None = None
+    confidence: float = 0.95
 
 
 @dataclass
@@ -72,11 +81,20 @@ class Cell:
     metrics: dict[str, float] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    ci_low: float = math.nan
+    ci_high: float = math.nan
+    predicted: bool = False
+    replicates: Any = field(default=None, repr=False, compare=False)  # (B,) bootstrap replicates, or None
 
     @property
     def eligible(self) -> bool:
         """Measured, not failed, finite objective and no SLO violation."""
         return self.status == "ok" and not self.violations and math.isfinite(self.objective)
+
+    @property
+    def interval(self) -> Interval:
+        """The objective with its confidence interval (bounds NaN when unknown)."""
+        return Interval(self.objective, self.ci_low, self.ci_high)
 
 
 @dataclass
@@ -87,8 +105,9 @@ class Choice:
     steps: int | None
     best_steps: int | None = None
     band: float = 0.0
-    tier: str = "none"  # "quiet" | "noisy" | "slo-unmet" | "none"
+    tier: str = "none"  # "quiet" | "noisy" | "slo-unmet" | "predicted" | "none"
     reason: str = ""
+    comparisons: list[dict[str, Any]] = field(default_factory=list)  # see :func:`compare`
 
 
 @dataclass
@@ -120,6 +139,7 @@ class Recommendation:
     findings: list[dict[str, Any]] = field(default_factory=list)  # batch-dependent acceptance (spectune.results.batch_acceptance)
     batch_sizes: dict[int, float] = field(default_factory=dict)
     batch_size_source: str = "concurrency"
+    drift: dict[str, Any] | None = None  # the sweep's drift check (sweep.json ``drift``), or None
 
     def cell(self, steps: int, concurrency: int) -> Cell | None:
         """The cell at (steps, concurrency), or None if neither was in the plan."""
@@ -145,12 +165,13 @@ class Recommendation:
             if isinstance(x, list):
                 return [clean(v) for v in x]
             return x
-        cells = [{**asdict(c), "eligible": c.eligible} for c in self.cells]
+        cells = [{**{k: v for k, v in asdict(c).items() if k != "replicates"}, "eligible": c.eligible}
+                 for c in self.cells]
         return clean({"options": asdict(self.options), "choices": [asdict(c) for c in self.choices],
                       "slots": [asdict(s) for s in self.slots], "slot_key": self.batch_size_source,
                       "batch_sizes": self.batch_sizes, "best_static_num_steps": self.best_static,
                       "static_scores": self.static_scores, "cells": cells, "warnings": self.warnings,
-                      "batch_dependent_acceptance": self.findings})
+                      "batch_dependent_acceptance": self.findings, "drift": self.drift})
 
 
 def effective_slos(results: Results, opts: RecommendOptions) -> tuple[float | None, float | None, str]:
@@ -167,8 +188,9 @@ def _cell(steps: int, conc: int, rows: pd.DataFrame, opts: RecommendOptions,
     col, _, _ = OBJECTIVES[opts.objective]
     if rows.empty:
         return Cell(steps, conc, "missing", notes=["not measured"])
+    predicted = "predicted" in rows and bool(rows["predicted"].fillna(False).astype(bool).all())
     ok = rows[rows["status"] == "ok"]
-    cell = Cell(steps, conc, "ok", n_ok=len(ok), n_runs=len(rows))
+    cell = Cell(steps, conc, "ok", n_ok=len(ok), n_runs=len(rows), predicted=predicted)
     cell.metrics = {m: float(ok[m].median()) if m in ok and ok[m].notna().any() else math.nan for m in CELL_METRICS}
     if len(ok) < len(rows):
         cell.status = "failed"
@@ -181,7 +203,11 @@ def _cell(steps: int, conc: int, rows: pd.DataFrame, opts: RecommendOptions,
             cell.notes.append(f"no {col} values")
         return cell
     cell.objective = float(np.median(vals))
-    if len(vals) >= 2 and cell.objective != 0:
+    if predicted:
+        lo, hi = _predicted_bounds(ok, opts.objective)
+        cell.ci_low, cell.ci_high = lo, hi
+        cell.notes.append("predicted, not measured")
+    if len(vals) >= 2 and cell.objective != 0 and not predicted:
         cell.spread = MAD_TO_SIGMA * float(np.median(np.abs(vals - cell.objective))) / abs(cell.objective)
         cell.noisy = cell.spread > opts.max_spread
     p99, att = cell.metrics["tpot_p99_ms"], cell.metrics["slo_attainment"]
@@ -192,6 +218,73 @@ def _cell(steps: int, conc: int, rows: pd.DataFrame, opts: RecommendOptions,
     return cell
 
 
+def _predicted_bounds(rows: pd.DataFrame, objective: str) -> tuple[float, float]:
+    """A predicted cell's interval from summary.csv's interval columns (NaN when absent)."""
+    cols = {"throughput": ("output_throughput_ci_low", "output_throughput_ci_high"),
+            "tpot": ("tpot_p50_ci_low", "tpot_p50_ci_high")}.get(objective)
+    if cols is None or not all(c in rows for c in cols):
+        return math.nan, math.nan
+    return float(rows[cols[0]].median()), float(rows[cols[1]].median())
+
+
+def attach_intervals(cells: list[Cell], df: pd.DataFrame, records: list[dict[str, Any]] | None,
+                     opts: RecommendOptions, ttft: float | None, tpot: float | None) -> None:
+    """Give every measured ok cell its bootstrap replicates and ``confidence`` interval
+    (:class:`spectune.results.confidence.Bootstrap`: over its requests, paired across cells by prompt, and over its
+    repeats). Cells keep NaN bounds when neither requests nor two repeats exist."""
+    col, _, _ = OBJECTIVES[opts.objective]
+    by_point = requests_by_point(records)
+    prompts = {r.get("prompt_id") for rs in by_point.values() for r in rs}
+    boot = Bootstrap(prompts)
+    for i, cell in enumerate(cells):
+        if cell.status != "ok" or cell.predicted or not math.isfinite(cell.objective):
+            continue
+        rows = df[(df["steps"] == cell.steps) & (df["concurrency"] == cell.concurrency) & (df["status"] == "ok")]
+        rows = rows[rows[col].notna()] if col in rows else rows.iloc[0:0]
+        runs, values = [], []
+        for _, r in rows.iterrows():
+            recs = by_point.get((cell.steps, cell.concurrency, int(r["repeat"])))
+            runs.append(RunRequests.from_records(recs, ttft, tpot) if recs else None)
+            values.append(float(r[col]))
+        cell.replicates = boot.cell_replicates(runs, values, opts.objective, seed_offset=i)
+        iv = percentile_interval(cell.replicates, cell.objective, opts.confidence)
+        cell.ci_low, cell.ci_high = iv.low, iv.high
+
+
+def compare(a: Cell, b: Cell, opts: RecommendOptions, band: float) -> dict[str, Any]:
+    """The paired comparison of cell ``a`` with cell ``b`` (same concurrency): ratio of their objectives a / b
+    with its paired bootstrap interval (:func:`spectune.results.confidence.ratio_interval`) and a verdict:
+    ``"beats"`` (the whole interval is better than 1 by more than ``band``), ``"loses"`` (the whole interval is worse
+    by more than ``band``) or ``"ties"``; without an interval the point ratio decides against the band. For a
+    minimised objective (TPOT) a ratio below 1 is better. Returns ``{"a", "b", "concurrency", "ratio", "low",
+    "high", "confidence", "verdict", "text"}``."""
+    col, direction, _ = OBJECTIVES[opts.objective]
+    value = a.objective / b.objective if b.objective else math.nan
+    iv = ratio_interval(a.replicates, b.replicates, value, opts.confidence)
+    lo, hi = (iv.low, iv.high) if iv.known else (value, value)
+    if direction == "max":
+        verdict = "beats" if lo > 1 + band else "loses" if hi < 1 - band else "ties"
+    else:
+        verdict = "beats" if hi < 1 - band else "loses" if lo > 1 + band else "ties"
+    text = (f"num_steps {a.steps} {verdict} {b.steps} at concurrency {a.concurrency}: {opts.objective} "
+            f"{iv.text('.3f')}x" + (f", {opts.confidence:.0%}" if iv.known else " (no interval)"))
+    return {"a": a.steps, "b": b.steps, "concurrency": a.concurrency, "ratio": value, "low": iv.low,
+            "high": iv.high, "confidence": opts.confidence, "verdict": verdict, "text": text}
+
+
+def _ties(c: Cell, best: Cell, band: float, direction: str, confidence: float) -> bool:
+    """``c`` ties with ``best``: its point estimate is within ``band`` of the best's, or (with replicates) the paired
+    interval of its ratio to the best reaches within the band of 1."""
+    if _within(c.objective, best.objective, band, direction):
+        return True
+    if c.replicates is None or best.replicates is None or c is best:
+        return False
+    iv = ratio_interval(c.replicates, best.replicates, c.objective / best.objective, confidence)
+    if not iv.known:
+        return False
+    return iv.high >= 1 - band if direction == "max" else iv.low <= 1 + band
+
+
 def _better(a: float, b: float, direction: str) -> bool:
     return a > b if direction == "max" else a < b
 
@@ -200,14 +293,16 @@ def _within(value: float, best: float, band: float, direction: str) -> bool:
     return value >= best * (1 - band) if direction == "max" else value <= best * (1 + band)
 
 
-def choose(cells: list[Cell], conc: int, opts: RecommendOptions) -> Choice:
-    """Choose num_steps at one concurrency (rules 2-4 of the module docstring)."""
+def choose(cells: list[Cell], conc: int, opts: RecommendOptions, drift: float = 0.0) -> Choice:
+    """Choose num_steps at one concurrency (rules 2-4 of the module docstring); ``drift`` (a fraction) widens the
+    noise band: differences smaller than the drift the sweep measured are not called."""
     col, direction, unit = OBJECTIVES[opts.objective]
     here = sorted((c for c in cells if c.concurrency == conc), key=lambda c: c.steps)
-    measured = [c for c in here if c.status == "ok" and math.isfinite(c.objective)]
+    every = [c for c in here if c.status == "ok" and math.isfinite(c.objective)]
+    measured = [c for c in every if not c.predicted]
     tiers = (("quiet", [c for c in measured if c.eligible and not c.noisy]),
              ("noisy", [c for c in measured if c.eligible and c.noisy]),
-             ("slo-unmet", measured))
+             ("slo-unmet", measured), ("predicted", [c for c in every if c.eligible]))
     tier, pool = next(((t, p) for t, p in tiers if p), ("none", []))
     notes = [f"K={c.steps} {c.status}" + (f" ({'; '.join(c.notes)})" if c.notes else "")
              for c in here if c.status != "ok"]
@@ -218,19 +313,42 @@ def choose(cells: list[Cell], conc: int, opts: RecommendOptions) -> Choice:
     for c in pool[1:]:
         if _better(c.objective, best.objective, direction):
             best = c
-    band = max(opts.noise_band, best.spread if math.isfinite(best.spread) else 0.0)
-    win = next(c for c in pool if _within(c.objective, best.objective, band, direction))
-    parts = [f"K={win.steps}: {col} {win.objective:.4g} {unit}"]
+    band = max(opts.noise_band, best.spread if math.isfinite(best.spread) else 0.0, drift)
+    win = next(c for c in pool if _ties(c, best, band, direction, opts.confidence))
+    parts = [f"K={win.steps}: {col} {win.interval.text('.4g')} {unit}"]
     if win is not best:
-        parts.append(f"within the {band:.1%} noise band of the best K={best.steps} ({best.objective:.4g}); "
-                     "the smaller num_steps is preferred")
+        if _within(win.objective, best.objective, band, direction):
+            parts.append(f"within the {band:.1%} noise band of the best K={best.steps} ({best.objective:.4g}); "
+                         "the smaller num_steps is preferred")
+        else:
+            parts.append(f"ties with the best K={best.steps} ({best.objective:.4g}) at {opts.confidence:.0%} "
+                         f"confidence (the interval of their ratio reaches within the {band:.1%} band of 1); the "
+                         "smaller num_steps is preferred")
+    comparisons = []
+    if win is not best:
+        comparisons.append(compare(win, best, opts, band))
+    base = next((c for c in measured if c.steps == 0), None) if win.steps != 0 else None
+    if base is not None:
+        comparisons.append(compare(win, base, opts, band))
+    runner = [c for c in pool if c is not win and c is not best and c is not base]
+    if runner:
+        second = runner[0]
+        for c in runner[1:]:
+            if _better(c.objective, second.objective, direction):
+                second = c
+        comparisons.append(compare(win, second, opts, band))
+    parts += [cmp["text"] for cmp in comparisons]
+    if drift > 0:
+        parts.append(f"the noise band includes the {drift:.1%} drift the sweep's drift check measured")
+    if win.predicted:
+        parts.append("predicted, not measured: nothing at this concurrency was measured")
     noisy = [c.steps for c in measured if c.noisy]
     if noisy:
         parts.append(f"noisy (spread > {opts.max_spread:.0%}): K={','.join(map(str, noisy))}"
                      + ("; chosen only because no quiet eligible K exists" if tier == "noisy" else ""))
     if tier == "slo-unmet":
         parts.append("no num_steps meets the SLO here: chosen by the objective alone")
-    return Choice(conc, win.steps, best.steps, band, tier, "; ".join(parts + notes))
+    return Choice(conc, win.steps, best.steps, band, tier, "; ".join(parts + notes), comparisons)
 
 
 def build_slots(choices: list[Choice], boundary: str = "geometric",
@@ -337,7 +455,14 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
     concs = sorted(set(df["concurrency"]) | {int(c) for c in plan.get("concurrency") or []})
     groups = dict(iter(df.groupby(["steps", "concurrency"])))
     cells = [_cell(k, c, groups.get((k, c), df.iloc[0:0]), opts, ttft, tpot) for c in concs for k in steps]
-    choices = [choose(cells, c, opts) for c in concs]
+    attach_intervals(cells, df, load_request_records(results.folder), opts, ttft, tpot)
+    drift_info = (results.sweep or {}).get("drift") or None
+    drift = 0.0
+    if drift_info and drift_info.get("drifted"):
+        drift = float(drift_info.get("change") or 0.0)
+        warnings.append(f"the drift check saw the reference cell move {drift:.1%} during the sweep "
+                        f"({drift_info.get('summary', '')}): differences smaller than that are not called")
+    choices = [choose(cells, c, opts, drift) for c in concs]
     if all(ch.steps is None for ch in choices):
         raise UserError(f"no usable measurement of {OBJECTIVES[opts.objective][0]} at any concurrency: "
                         "every cell failed, is missing or lacks that column")
@@ -366,7 +491,19 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
     from spectune.results.batch_acceptance import batch_dependent_acceptance
 
     findings = [f.to_json() for f in batch_dependent_acceptance(results.points or [])]
-    return Recommendation(opts, cells, choices, slots, static, scores, warnings, findings, batch_sizes, batch_source)
+    for ch in choices:
+        cell = next((c for c in cells if c.steps == ch.steps and c.concurrency == ch.concurrency), None)
+        if cell is None or cell.predicted:
+            continue
+        for c in cells:
+            if c.concurrency == ch.concurrency and c.predicted and c.eligible and c.interval.known and \
+                    _better(c.ci_high if direction == "max" else c.ci_low, cell.objective * (1 + ch.band)
+                            if direction == "max" else cell.objective * (1 - ch.band), direction):
+                warnings.append(f"concurrency {ch.concurrency}: the predicted K={c.steps} ({c.interval.text('.4g')}) "
+                                f"might beat the chosen K={ch.steps} ({cell.objective:.4g}); measure it "
+                                "(a larger --budget, or --plan grid) to settle it")
+    return Recommendation(opts, cells, choices, slots, static, scores, warnings, findings, batch_sizes, batch_source,
+                          drift_info)
 
 
 def versus_static(rec: Recommendation) -> list[dict[str, Any]]:

@@ -41,7 +41,7 @@ from spectune.results.schema import now_iso
 from spectune.sweep.plan import ClientTimeouts
 from spectune.validate.phases import phase_index, split_by_phase, summarize_run
 from spectune.validate.plan import ValidateListener, ValidateOutcome, ValidatePlan, config_candidates
-from spectune.validate.verdict import combine_repeats, render_markdown, verdict
+from spectune.validate.verdict import throughput_ratio, combine_repeats, render_markdown, verdict
 
 FAILURE_STOP = 100
 """A run stops sending after this many failed requests (a broken server would otherwise spin until the end)."""
@@ -217,8 +217,10 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
         folder.write(meta)
         await Validation(plan, static, adaptive, folder, prompts, meta, listener, options.model,
                          options.api_key_env, initial, timeouts).run_all()
+        requests = _read_requests(folder.requests)
         outcome.verdict = verdict(combine_repeats(meta["runs"]),
-                                  plan.slo_ttft_ms is not None or plan.slo_tpot_ms is not None, plan.tolerance)
+                                  plan.slo_ttft_ms is not None or plan.slo_tpot_ms is not None, plan.tolerance,
+                                  ratio=lambda a, b: throughput_ratio(meta["runs"], requests, a, b))
         meta.update(status="done", finished=now_iso(), verdict=asdict(outcome.verdict))
     except asyncio.CancelledError:
         meta.update(status="interrupted", finished=now_iso())
@@ -234,3 +236,22 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
             folder.write(meta)
             folder.close()
     return outcome
+
+
+def _read_requests(path: Path) -> list[dict[str, Any]]:
+    """The request objects of validate's requests.jsonl (``chunk_times``/``chunk_tokens`` dropped), [] if none."""
+    import json
+
+    out = []
+    if not Path(path).is_file():
+        return out
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            obj["chunk_times"] = len(obj.get("chunk_times") or [])
+            obj.pop("chunk_tokens", None)
+            out.append(obj)
+    return out

@@ -27,13 +27,48 @@ class Verdict:
     line: str
     best_static: int | None = None
     margin_pct: float | None = None
+    ratio_low: float | None = None
+    ratio_high: float | None = None
+    confidence: float | None = None
 
 
-def verdict(runs: Sequence[dict[str, Any]], with_slo: bool, tolerance: float = 0.0) -> Verdict:
+def throughput_ratio(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any]], a: str, b: str,
+                     confidence: float = 0.95) -> tuple[float, float] | None:
+    """The paired percentile-bootstrap interval of overall output throughput run ``a`` / run ``b`` (run names such
+    as ``config`` and ``static:2``; ``runs``: validate.json ``runs`` entries, one per repeat; ``requests``: the
+    requests.jsonl objects with ``run`` and ``repeat``): requests resampled by prompt with the same draws for both
+    runs, tokens over the fixed window (:class:`spectune.results.confidence.Bootstrap`, objective ``tokens``), then
+    the median over resampled repeats. Returns (low, high) of the ratio itself; None when either run has no
+    requests."""
+    import numpy as np
+
+    from spectune.results.confidence import Bootstrap, RunRequests, percentile_interval
+
+    boot = Bootstrap(r.get("prompt_id") for r in requests)
+    reps = []
+    for i, name in enumerate((a, b)):
+        mine = [r for r in runs if r.get("run") == name and r.get("status") == "ok"]
+        values = [(r.get("overall") or {}).get("output_throughput_tok_s") for r in mine]
+        recs = [[q for q in requests if q.get("run") == name and q.get("repeat") == r.get("repeat")] for r in mine]
+        if not mine or any(v is None for v in values) or not any(recs):
+            return None
+        reps.append(boot.cell_replicates([RunRequests.from_records(q) if q else None for q in recs], values, "tokens",
+                                         seed_offset=i))
+    if reps[0] is None or reps[1] is None:
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iv = percentile_interval(reps[0] / reps[1], 1.0, confidence)
+    return (iv.low, iv.high) if iv.known else None
+
+
+def verdict(runs: Sequence[dict[str, Any]], with_slo: bool, tolerance: float = 0.0,
+            ratio: Any = None, confidence: float = 0.95) -> Verdict:
     """Rule on finished runs (validate.json ``runs`` entries: ``run``, ``steps``, ``status``, ``error`` and
     ``overall`` with ``output_throughput_tok_s`` and ``slo_attainment``); see :class:`Verdict`.
 
-    A failed config run, or no successful static run, is a FAIL (nothing shows the config is safe).
+    A failed config run, or no successful static run, is a FAIL (nothing shows the config is safe). ``ratio``:
+    optional callable (config run name, static run name) -> (low, high) of the paired bootstrap interval of their
+    throughput ratio (:func:`throughput_ratio`) or None; the line then shows it (``1.031x [0.990, 1.072], 95%``).
     """
     config = next((r for r in runs if r.get("run") == "config"), None)
     if config is None or config.get("status") != "ok":
@@ -48,9 +83,13 @@ def verdict(runs: Sequence[dict[str, Any]], with_slo: bool, tolerance: float = 0
     k, bt = best["steps"], best["overall"]["output_throughput_tok_s"]
     ct = config["overall"].get("output_throughput_tok_s") or 0.0
     margin = (ct - bt) / bt * 100.0 if bt > 0 else 0.0
+    iv = ratio("config", best["run"]) if ratio is not None and bt > 0 else None
+    point = ct / bt if bt > 0 else 0.0
+    span = f"; config / K={k} {point:.3f}x [{iv[0]:.3f}, {iv[1]:.3f}], {confidence:.0%}" if iv else ""
+    extra = dict(ratio_low=iv[0], ratio_high=iv[1], confidence=confidence) if iv else {}
     if ct < bt * (1.0 - tolerance):
         return Verdict(False, f"FAIL: static K={k} beats the config by {-margin:.1f}% in output throughput "
-                              f"({bt:,.1f} vs {ct:,.1f} tok/s)", k, margin)
+                              f"({bt:,.1f} vs {ct:,.1f} tok/s){span}", k, margin, **extra)
     ca, slo_note = config["overall"].get("slo_attainment"), ""
     if with_slo and ca is not None:
         # the best static, and every static at least as fast as the config (throughput ties are common in open loop)
@@ -63,10 +102,10 @@ def verdict(runs: Sequence[dict[str, Any]], with_slo: bool, tolerance: float = 0
                 tm = (ct - top["overall"]["output_throughput_tok_s"]) / top["overall"]["output_throughput_tok_s"] * 100
                 return Verdict(False, f"FAIL: static K={top['steps']} meets the SLOs more often than the config "
                                       f"({ta:.1%} vs {ca:.1%}, {(ta - ca) * 100:.1f} points) at {tm:+.1f}% "
-                                      "throughput", top["steps"], tm)
+                                      "throughput" + span, top["steps"], tm, **extra)
             slo_note = f"; SLO attainment {ca:.1%} vs {ta:.1%} (K={top['steps']})"
     return Verdict(True, f"PASS: the config delivers {ct:,.1f} tok/s, {margin:+.1f}% vs the best static num_steps "
-                         f"K={k} ({bt:,.1f} tok/s){slo_note}", k, margin)
+                         f"K={k} ({bt:,.1f} tok/s){slo_note}{span}", k, margin, **extra)
 
 
 _SUMMED = ("num_requests", "num_failed", "output_tokens")

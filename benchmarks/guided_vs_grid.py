@@ -1,0 +1,198 @@
+"""Guided plan vs exhaustive grid, side by side, on the same server in the same run.
+
+    python benchmarks/guided_vs_grid.py --emulated compute-bound            # in-process emulated servers
+    python benchmarks/guided_vs_grid.py --emulated memory-bound --restart-s 60
+    python benchmarks/guided_vs_grid.py --backend local --steps 0,1,2,3,4 --concurrency 1,2,4,8,16,32 \
+        --num-prompts 8 --max-tokens 32
+    python benchmarks/guided_vs_grid.py --replay docs/examples/smollm2-cpu/sweep   # offline, on a measured grid
+
+``--replay GRID`` runs no server: the guided planner (spectune.sweep.guided) chooses its cells from a finished grid
+sweep's own measurements, round by round, and its cost is those points' measurement windows (``duration_s``); the
+guided folder (measured subset + predicted cells) is written next to a copy of nothing else. Otherwise it
+runs ``spectune sweep --plan grid`` and ``--plan guided`` (grid first), then ``spectune recommend`` on each, and
+prints per concurrency: each plan's chosen num_steps, the grid-measured objective of both choices and their ratio
+(agreement: the guided choice within 3% of the grid's), then the points, launches and measuring time of each plan
+(sweep.json ``cost``: measurement windows + server starts/switches, drift checks included). ``--restart-s`` adds a
+nominal restart cost per launch (the emulated servers switch for free; SGLang and vLLM restart with CUDA-graph
+capture per num_steps), printed as a separate column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--emulated", choices=("compute-bound", "memory-bound"), default=None)
+    p.add_argument("--backend", default="local", help="spectune backend when not --emulated")
+    p.add_argument("--steps", default="0,1,2,3,4")
+    p.add_argument("--concurrency", default="1,2,4,8,16")
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--duration", type=float, default=None, help="cap per point, s")
+    p.add_argument("--objective", default="throughput", choices=("throughput", "tpot"))
+    p.add_argument("--restart-s", type=float, default=0.0, help="nominal restart cost per launch, s")
+    p.add_argument("--output-dir", type=Path, default=None)
+    p.add_argument("--budget", default=None)
+    p.add_argument("--replay", type=Path, default=None, help="a finished grid sweep folder: replay offline")
+    return p.parse_args(argv)
+
+
+def replay(grid: Path, out: Path, objective: str) -> dict[str, object]:
+    """The guided planner on a finished grid's measurements (module docstring); writes ``out/guided`` and returns
+    {"rounds", "points", "grid_points", "seconds", "grid_seconds", "launches", "grid_launches"}."""
+    from spectune.results.folder import SweepFolder
+    from spectune.sweep.guided import GuidedPlanner
+
+    meta = json.loads((grid / "sweep.json").read_text())
+    points = [json.loads(line) for line in (grid / "points.jsonl").read_text().splitlines() if line.strip()]
+    by_cell = {(p["steps"], p["concurrency"]): p for p in points if p.get("repeat", 0) == 0}
+    plan = meta["plan"]
+    planner = GuidedPlanner(plan["steps"], plan["concurrency"], 1, objective)
+    got, tried, order = [], set(), []
+    while True:
+        cells = planner.next_round(got, tried)
+        if not cells:
+            break
+        current = order[-1][0] if order else None
+        for kc in sorted(cells, key=lambda kc: (kc[0] != current, kc[0], kc[1])):
+            tried.add(kc)
+            if kc in by_cell:
+                got.append(by_cell[kc])
+                order.append(kc)
+    folder = SweepFolder(out / "guided")
+    folder.path.mkdir(parents=True, exist_ok=True)
+    (folder.path / "sweep.json").write_text(json.dumps({**meta, "plan": {**plan, "design": "guided"},
+                                                        "guided": planner.describe()}, indent=2))
+    measured = {(p["steps"], p["concurrency"]) for p in got}
+    folder.points = got
+    folder.predicted = [pr.row() for kc, pr in sorted(planner.predict(got).items()) if kc not in measured]
+    folder.write_summary()
+    (folder.path / "points.jsonl").write_text("".join(json.dumps(p) + "\n" for p in got))
+    dur = lambda ps: sum((p.get("metrics") or {}).get("duration_s") or 0.0 for p in ps)  # noqa: E731
+    launches = sum(1 for i, kc in enumerate(order) if i == 0 or order[i - 1][0] != kc[0])
+    return {"rounds": planner.rounds, "points": len(got), "grid_points": len(by_cell), "seconds": dur(got),
+            "grid_seconds": dur(by_cell.values()), "launches": launches, "grid_launches": len(plan["steps"])}
+
+
+def run_plans(args: argparse.Namespace, out: Path) -> dict[str, object]:
+    """Run the grid, then the guided plan; returns {design: SweepOutcome} (each with ``wall_s``). A real backend runs
+    under spectune's signal handling (Ctrl-C/SIGTERM stop its servers)."""
+    from spectune.backends.base import BackendOptions
+    from spectune.sweep.plan import SweepPlan, parse_budget
+    from spectune.sweep.run import execute, run_blocking
+
+    steps = tuple(int(x) for x in args.steps.split(","))
+    concs = tuple(int(x) for x in args.concurrency.split(","))
+    points, seconds = parse_budget(args.budget)
+    base = dict(steps=steps, concurrency=concs, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
+                duration_per_point_s=args.duration, objective=args.objective, dataset="mt-bench")
+    outcomes = {}
+    for design in ("grid", "guided"):
+        extra = dict(budget_points=points, budget_s=seconds) if design == "guided" else {}
+        plan = SweepPlan(design=design, **base, **extra)
+        t = time.perf_counter()
+        if args.emulated:
+            from helpers.cost_model import COMPUTE_BOUND, MEMORY_BOUND, EmulatedServers
+
+            model = {"compute-bound": COMPUTE_BOUND, "memory-bound": MEMORY_BOUND}[args.emulated]
+
+            async def emulated() -> object:
+                async with EmulatedServers(model, steps) as urls:
+                    return await execute(plan, "openai", BackendOptions(endpoints=urls), out / design)
+
+            outcomes[design] = asyncio.run(emulated())
+        else:
+            outcomes[design] = run_blocking(plan, args.backend, BackendOptions(), out / design)
+            if outcomes[design].interrupted is not None:  # type: ignore[attr-defined]
+                raise SystemExit(130)
+        outcomes[design].wall_s = time.perf_counter() - t  # type: ignore[attr-defined]
+    return outcomes
+
+
+def compare(out: Path, objective: str, grid: Path | None = None) -> dict[str, object]:
+    """Choices per concurrency from ``spectune recommend`` on both folders (``grid``: the grid folder, default
+    ``out/grid``), and the agreement numbers."""
+    from spectune.results.reader import load_results
+    from spectune.tune.recommend import OBJECTIVES, RecommendOptions, recommend
+
+    col, direction, _ = OBJECTIVES[objective]
+    recs = {d: recommend(load_results(grid if d == "grid" and grid else out / d), RecommendOptions(objective=objective))
+            for d in ("grid", "guided")}
+    rows = []
+    for ch in recs["grid"].choices:
+        g = next(x for x in recs["guided"].choices if x.concurrency == ch.concurrency)
+        grid_best = recs["grid"].cell(ch.steps, ch.concurrency)
+        grid_of_guided = recs["grid"].cell(g.steps, ch.concurrency)
+        a, b = grid_of_guided.objective, grid_best.objective
+        ratio = a / b if direction == "max" else b / a
+        rows.append({"concurrency": ch.concurrency, "grid_steps": ch.steps, "guided_steps": g.steps,
+                     "grid_objective": b, "guided_objective_on_grid": a, "ratio": ratio, "within_3pct": ratio >= 0.97})
+    return {"rows": rows, "column": col}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    args = parse(argv)
+    out = args.output_dir or Path(tempfile.mkdtemp(prefix="guided-vs-grid-"))
+    if args.replay is not None:
+        r = replay(args.replay, out, args.objective)
+        result = compare(out, args.objective, args.replay)
+        print(f"replay of {args.replay} (no server run); objective {args.objective}; guided folder {out / 'guided'}")
+        print(f"{'concurrency':>11} | {'grid K':>6} | {'guided K':>8} | {'grid obj':>10} | {'guided K on grid':>16} | "
+              f"{'ratio':>6} | within 3%")
+        for row in result["rows"]:
+            print(f"{row['concurrency']:>11} | {row['grid_steps']!s:>6} | {row['guided_steps']!s:>8} | "
+                  f"{row['grid_objective']:>10.4g} | {row['guided_objective_on_grid']:>16.4g} | {row['ratio']:>6.3f} | "
+                  f"{'yes' if row['within_3pct'] else 'NO'}")
+        print(f"points {r['points']}/{r['grid_points']}; measuring windows {r['seconds']:.1f}/{r['grid_seconds']:.1f} s "
+              f"= {r['seconds'] / r['grid_seconds']:.1%}; launches {r['launches']}/{r['grid_launches']}; rounds "
+              f"{r['rounds']}")
+        return 0
+    outcomes = run_plans(args, out)
+    result = compare(out, args.objective)
+    print(f"server: {args.emulated or args.backend}; steps {args.steps}; concurrency {args.concurrency}; "
+          f"objective {args.objective} ({result['column']}); load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} CPUs; folders in {out}")
+    print(f"{'concurrency':>11} | {'grid K':>6} | {'guided K':>8} | {'grid obj':>10} | {'guided K on grid':>16} | "
+          f"{'ratio':>6} | within 3%")
+    for r in result["rows"]:
+        print(f"{r['concurrency']:>11} | {r['grid_steps']!s:>6} | {r['guided_steps']!s:>8} | {r['grid_objective']:>10.4g} "
+              f"| {r['guided_objective_on_grid']:>16.4g} | {r['ratio']:>6.3f} | {'yes' if r['within_3pct'] else 'NO'}")
+    print(f"{'plan':>6} | {'points':>6} | {'launches':>8} | {'measure s':>9} | {'switch s':>8} | "
+          f"{'+ restarts s':>12} | {'drift pts':>9} | {'drift s':>7} | {'wall s':>7}")
+    totals = {}
+    for design in ("grid", "guided"):
+        c = outcomes[design].cost  # type: ignore[attr-defined]
+        cost = c["measure_s"] + c["switch_s"] + c["launches"] * args.restart_s
+        totals[design] = (cost, cost + c["drift_s"], c["points"])
+        print(f"{design:>6} | {c['points']:>6} | {c['launches']:>8} | {c['measure_s']:>9.1f} | {c['switch_s']:>8.1f} | "
+              f"{cost:>12.1f} | {c['drift_points']:>9} | {c['drift_s']:>7.1f} | "
+              f"{outcomes[design].wall_s:>7.1f}")  # type: ignore[attr-defined]
+    share = totals["guided"][0] / totals["grid"][0]
+    share_drift = totals["guided"][1] / totals["grid"][1]
+    agree = all(r["within_3pct"] for r in result["rows"])
+    print(f"guided / grid measuring time (points + switches + {args.restart_s:g} s per launch): {share:.1%}; with "
+          f"the drift checks: {share_drift:.1%}; points {totals['guided'][2]}/{totals['grid'][2]}; agreement within 3% "
+          f"at every concurrency: {'yes' if agree else 'NO'}")
+    guided = json.loads((out / "guided" / "sweep.json").read_text()).get("guided") or {}
+    print(f"guided rounds: {guided.get('rounds')}; stopped: {guided.get('stopped')}; fit: "
+          f"{(guided.get('fit') or {}).get('features')}, relative error "
+          f"{(guided.get('fit') or {}).get('relative_error', float('nan')):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

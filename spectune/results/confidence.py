@@ -1,0 +1,279 @@
+"""Confidence intervals of a cell's objective and paired ratio comparisons between cells, by the bootstrap.
+
+Method (docs/recommend.md, "How sure"): the nonparametric bootstrap (Efron & Tibshirani, *An Introduction to the
+Bootstrap*, Chapman & Hall 1993, ch. 6 and 13: percentile intervals), two-level where a cell has repeats:
+
+1. **Within a run, over requests.** The measured requests of one point are resampled by prompt: each bootstrap
+   replicate draws the prompts of the sweep with replacement (counts ``M[b, prompt]``, multinomial) and gives every
+   request of a drawn prompt that weight (a cluster bootstrap; Davison & Hinkley 1997, sec. 3.8). The objective is
+   re-evaluated on the weighted requests: output throughput as the measured throughput times the ratio of
+   weighted output tokens to weighted request latency (a ratio estimator: in a closed loop throughput =
+   concurrency x tokens per request / latency per request), TPOT p50 as the weighted median of per-request TPOT,
+   goodput as the measured goodput times the weighted share of requests meeting the SLOs.
+2. **Over repeats.** With R >= 2 repeats, each replicate also draws R repeats with replacement and takes the median
+   of their replicate values (the cell's point estimate is the median over repeats, as ``spectune recommend``).
+   Without request records (a bare summary.csv) only this level is used; with one repeat and no requests a cell
+   has no interval.
+
+**Paired comparisons.** Every cell of one analysis is resampled with the *same* prompt draws ``M`` (the sweep sends
+the same prompts to every point), so the ratio of two cells' replicates is a paired bootstrap of their ratio
+(Efron & Tibshirani 1993, sec. 13.3 for percentile intervals of any function of the replicates); prompt-to-prompt
+variation (output length, difficulty) cancels in the ratio instead of widening it.
+
+What the interval does not cover: the machine changing between points (drift, checked separately by re-measuring
+a reference cell, :mod:`spectune.sweep.drift`) and dependence between requests of one batch (requests are treated
+as exchangeable within a run).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["DEFAULT_REPLICATES", "Interval", "RunRequests", "Bootstrap", "percentile_interval", "ratio_interval"]
+
+DEFAULT_REPLICATES = 2000
+DEFAULT_SEED = 20250316
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with its two-sided percentile interval at ``confidence`` (0..1); bounds NaN when unknown."""
+
+    value: float
+    low: float = math.nan
+    high: float = math.nan
+    confidence: float = 0.95
+
+    @property
+    def known(self) -> bool:
+        """True when both bounds are finite."""
+        return math.isfinite(self.low) and math.isfinite(self.high)
+
+    def holds(self, x: float) -> bool:
+        """``low <= x <= high`` (False when unknown)."""
+        return self.known and self.low <= x <= self.high
+
+    def text(self, spec: str = ".3g", unit: str = "") -> str:
+        """``"1.31x [1.24, 1.38]"``-style text: value, then the bounds when known."""
+        v = format(self.value, spec) + unit
+        return v + (f" [{format(self.low, spec)}, {format(self.high, spec)}]" if self.known else "")
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"value", "low", "high", "confidence"}`` with None for unknown numbers."""
+        def clean(x: float) -> float | None:
+            return x if math.isfinite(x) else None
+        return {"value": clean(self.value), "low": clean(self.low), "high": clean(self.high),
+                "confidence": self.confidence}
+
+
+def percentile_interval(replicates: np.ndarray | None, value: float, confidence: float = 0.95) -> Interval:
+    """The percentile interval (Efron & Tibshirani 1993, eq. 13.5) of ``replicates`` (shape (B,)) around the point
+    estimate ``value``: the (1-confidence)/2 and (1+confidence)/2 quantiles of the finite replicates. Unknown bounds
+    when there are none (or fewer than 20 finite ones)."""
+    if replicates is None:
+        return Interval(value, confidence=confidence)
+    finite = replicates[np.isfinite(replicates)]
+    if len(finite) < 20:
+        return Interval(value, confidence=confidence)
+    lo, hi = np.quantile(finite, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return Interval(value, float(lo), float(hi), confidence)
+
+
+def ratio_interval(a: np.ndarray | None, b: np.ndarray | None, value: float, confidence: float = 0.95) -> Interval:
+    """The paired percentile interval of the ratio a / b from two cells' replicates (shape (B,), drawn with the
+    same prompt draws by one :class:`Bootstrap`); ``value`` is the ratio of the point estimates."""
+    if a is None or b is None:
+        return Interval(value, confidence=confidence)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return percentile_interval(a / b, value, confidence)
+
+
+@dataclass
+class RunRequests:
+    """The measured requests of one run (one sweep point, or one validate run), for :class:`Bootstrap`.
+
+    Attributes:
+        prompt: (n,) prompt labels (any hashable; the resampling unit).
+        tokens: (n,) output tokens of each successful request (0 for failed ones).
+        latency_ms: (n,) end-to-end latency, ms (NaN for failed ones).
+        tpot_ms: (n,) TPOT, ms (NaN where none: failed, or one output token).
+        meets: (n,) bool: the request met the SLOs (all False without SLOs).
+    """
+
+    prompt: list[Any]
+    tokens: np.ndarray
+    latency_ms: np.ndarray
+    tpot_ms: np.ndarray
+    meets: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+
+    @classmethod
+    def from_records(cls, records: Iterable[dict[str, Any]], slo_ttft_ms: float | None = None,
+                     slo_tpot_ms: float | None = None) -> "RunRequests":
+        """From requests.jsonl objects (``prompt_id``, ``error``, ``completion_tokens``, ``e2e_ms``, ``tpot_ms``,
+        ``ttft_ms``); a request meets the SLOs as :func:`spectune.results.reader.summary_with_slos` counts it."""
+        prompt, tok, lat, tpot, meets = [], [], [], [], []
+        for r in records:
+            ok = r.get("error") is None and bool(r.get("chunk_times", True)) and (r.get("completion_tokens") or 0) > 0
+            prompt.append(r.get("prompt_id", len(prompt)))
+            tok.append(float(r.get("completion_tokens") or 0) if ok else 0.0)
+            lat.append(_num(r.get("e2e_ms")) if ok else math.nan)
+            tp = _num(r.get("tpot_ms")) if ok else math.nan
+            tpot.append(tp)
+            ttft = _num(r.get("ttft_ms"))
+            m = ok and (slo_ttft_ms is not None or slo_tpot_ms is not None)
+            if m and slo_ttft_ms is not None:
+                m = math.isfinite(ttft) and ttft <= slo_ttft_ms
+            if m and slo_tpot_ms is not None:
+                m = not math.isfinite(tp) or tp <= slo_tpot_ms
+            meets.append(bool(m))
+        return cls(prompt, np.array(tok, float), np.array(lat, float), np.array(tpot, float), np.array(meets, bool))
+
+    def __len__(self) -> int:
+        return len(self.prompt)
+
+
+def _num(x: Any) -> float:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return math.nan
+    return v
+
+
+def _weighted_median(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Per row of ``weights`` (B, n): the weighted median of ``values`` (n,) (lower median); NaN for an all-zero
+    row."""
+    order = np.argsort(values)
+    v, w = values[order], weights[:, order]
+    cum = np.cumsum(w, axis=1)
+    total = cum[:, -1:]
+    idx = np.argmax(cum >= total / 2.0, axis=1)
+    out = v[idx].astype(float)
+    out[total[:, 0] <= 0] = math.nan
+    return out
+
+
+class Bootstrap:
+    """Paired bootstrap replicates of the objective of many cells (module docstring).
+
+    Args:
+        prompts: every prompt label any run uses (the resampling population; labels not listed get weight 1).
+        replicates: B, the number of bootstrap replicates (2000 by default: percentile endpoints of a 95% interval
+            settle to about 1% of the interval's width; Efron & Tibshirani 1993, sec. 19.3).
+        seed: the generator's seed (results are reproducible byte for byte).
+    """
+
+    def __init__(self, prompts: Iterable[Any], replicates: int = DEFAULT_REPLICATES, seed: int = DEFAULT_SEED) -> None:
+        self.labels = {p: i for i, p in enumerate(sorted(set(prompts), key=str))}
+        self.B = replicates
+        self.rng = np.random.default_rng(seed)
+        n = max(len(self.labels), 1)
+        self.counts = self.rng.multinomial(n, np.full(n, 1.0 / n), size=self.B).astype(float)  # (B, P)
+
+    def _weights(self, run: RunRequests) -> np.ndarray:
+        idx = np.array([self.labels.get(p, -1) for p in run.prompt], int)
+        w = np.ones((self.B, len(run)), float)
+        known = idx >= 0
+        w[:, known] = self.counts[:, idx[known]]
+        return w
+
+    def run_replicates(self, run: RunRequests, objective: str, value: float) -> np.ndarray | None:
+        """(B,) replicates of one run's objective (``throughput``: tokens/s of a closed loop, ``tokens``: tokens/s
+        of an open-loop window, ``tpot``: ms, ``goodput``: req/s) around its measured ``value``; None when the run has no usable requests or ``value`` is not finite.
+
+        Raises:
+            ValueError: an unknown objective.
+        """
+        if not math.isfinite(value) or len(run) == 0:
+            return None
+        w = self._weights(run)
+        if objective == "throughput":
+            ok = np.isfinite(run.latency_ms) & (run.tokens > 0)
+            if not ok.any():
+                return None
+            tok, lat = run.tokens[ok], run.latency_ms[ok]
+            base = tok.sum() / lat.sum()
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return value * ((w[:, ok] @ tok) / (w[:, ok] @ lat)) / base
+        if objective == "tokens":  # open loop: tokens streamed over a fixed window
+            if run.tokens.sum() <= 0:
+                return None
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return value * (w @ run.tokens) / run.tokens.sum()
+        if objective == "tpot":
+            ok = np.isfinite(run.tpot_ms)
+            if not ok.any():
+                return None
+            return _weighted_median(run.tpot_ms[ok], w[:, ok])
+        if objective == "goodput":
+            n_meet = run.meets.sum()
+            if n_meet == 0:
+                return np.full(self.B, value)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return value * (w @ run.meets.astype(float)) / n_meet * (len(run) / w.sum(axis=1))
+        raise ValueError(f"unknown objective {objective!r}")
+
+    def cell_replicates(self, runs: Sequence[RunRequests | None], values: Sequence[float], objective: str,
+                        seed_offset: int = 0) -> np.ndarray | None:
+        """(B,) replicates of a cell's objective: the median over resampled repeats of the repeats' replicates
+        (``runs[i]`` the requests of repeat i or None, ``values[i]`` its measured objective). A repeat without
+        requests contributes its value unchanged; one repeat and no requests -> None.
+
+        ``seed_offset`` seeds the repeat draws (give each cell its own, so cells' repeat draws are independent)."""
+        vals = [float(v) for v in values]
+        if not vals:
+            return None
+        reps = []
+        for run, v in zip(runs, vals):
+            r = self.run_replicates(run, objective, v) if run is not None else None
+            reps.append(r if r is not None else np.full(self.B, v))
+        known = any(run is not None and len(run) > 0 for run in runs)
+        if len(vals) == 1:
+            return reps[0] if known else None
+        mat = np.stack(reps, axis=1)  # (B, R)
+        rng = np.random.default_rng(DEFAULT_SEED + 7919 * (seed_offset + 1))
+        pick = rng.integers(0, len(vals), size=(self.B, len(vals)))
+        return np.median(np.take_along_axis(mat, pick, axis=1), axis=1)
+
+
+def requests_by_point(requests: pd.DataFrame | list[dict[str, Any]] | None) -> dict[tuple[int, int, int], list[dict]]:
+    """Group requests.jsonl objects by (steps, concurrency, repeat); drift re-measurements (``drift_check`` set) are
+    left out."""
+    out: dict[tuple[int, int, int], list[dict]] = {}
+    if requests is None:
+        return out
+    rows = requests.to_dict("records") if isinstance(requests, pd.DataFrame) else requests
+    for r in rows:
+        if r.get("drift_check") is not None:
+            continue
+        try:
+            key = (int(r["steps"]), int(r["concurrency"]), int(r.get("repeat", 0) or 0))
+        except (KeyError, TypeError, ValueError):
+            continue
+        out.setdefault(key, []).append(r)
+    return out
+
+
+def point_intervals(records: Iterable[dict[str, Any]], metrics: dict[str, Any], confidence: float = 0.95,
+                    replicates: int = 1000) -> dict[str, float | None]:
+    """summary.csv's interval columns of one measured point (:data:`spectune.results.schema.INTERVAL_COLUMNS`): the
+    percentile-bootstrap bounds of its ``output_throughput_tok_s`` (tokens/s) and ``tpot_p50_ms`` (ms) over its
+    request objects (requests.jsonl form); None where the metric or the requests are missing."""
+    recs = list(records)
+    run = RunRequests.from_records(recs)
+    boot = Bootstrap((r.get("prompt_id") for r in recs), replicates=replicates)
+    out: dict[str, float | None] = {}
+    for objective, metric, prefix in (("throughput", "output_throughput_tok_s", "output_throughput"),
+                                      ("tpot", "tpot_p50_ms", "tpot_p50")):
+        value = metrics.get(metric)
+        iv = Interval(math.nan)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            iv = percentile_interval(boot.run_replicates(run, objective, float(value)), float(value), confidence)
+        out[f"{prefix}_ci_low"] = iv.low if iv.known else None
+        out[f"{prefix}_ci_high"] = iv.high if iv.known else None
+    return out

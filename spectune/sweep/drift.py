@@ -1,0 +1,77 @@
+"""Drift control of a sweep: is the machine still the one that measured the first points?
+
+A reference cell (the first point the sweep measured) is measured again at the end of the sweep, and in blocks order
+each block's first cell again at the end of its block (no restart needed). Each re-measurement is compared with the
+first by the paired bootstrap of :mod:`spectune.results.confidence` (the same prompts in the same order, resampled
+together): ``ratio`` = again / first of the objective, with its interval at the plan's confidence. The cell
+**drifted** when that whole interval lies outside the noise band around 1 (``[1 - band, 1 + band]``, the plan's
+``noise_band``): it moved more than its measurement noise explains, and by more than the differences the
+recommendation ignores anyway. The largest
+drift, ``|ratio - 1|``, is recorded in sweep.json (``drift``) and ``spectune recommend`` does not call differences
+smaller than it (its noise band widens to it).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from spectune.results.confidence import Bootstrap, RunRequests, ratio_interval
+
+__all__ = ["OBJECTIVE_COLUMNS", "drift_check", "drift_summary"]
+
+OBJECTIVE_COLUMNS = {"throughput": "output_throughput_tok_s", "tpot": "tpot_p50_ms"}
+
+
+def drift_check(label: str, first: dict[str, Any], again: dict[str, Any], first_records: Sequence[dict[str, Any]],
+                again_records: Sequence[dict[str, Any]], objective: str = "throughput",
+                confidence: float = 0.95, band: float = 0.02) -> dict[str, Any]:
+    """One drift check: the reference point ``first`` and its re-measurement ``again`` (points.jsonl-style objects
+    with ``metrics``), with their request objects (requests.jsonl form).
+
+    Returns:
+        ``{"label", "steps", "concurrency", "objective", "first", "again", "ratio", "low", "high", "confidence",
+        "drifted", "change"}``: objective values (tokens/s or ms), the ratio again / first with its paired percentile
+        interval (NaN -> None when unknown), ``drifted`` (the whole interval is outside ``[1 - band, 1 + band]``;
+        without an interval, the ratio is off 1 by more than max(band, 5%)) and ``change`` = |ratio - 1| (a
+        fraction).
+
+    Raises:
+        ValueError: an objective other than ``throughput`` or ``tpot``.
+    """
+    if objective not in OBJECTIVE_COLUMNS:
+        raise ValueError(f"unknown objective {objective!r}")
+    col = OBJECTIVE_COLUMNS[objective]
+    a = (first.get("metrics") or {}).get(col)
+    b = (again.get("metrics") or {}).get(col)
+    out: dict[str, Any] = {"label": label, "steps": first.get("steps"), "concurrency": first.get("concurrency"),
+                           "objective": objective, "first": a, "again": b, "confidence": confidence}
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or not a or first.get("status") != "ok" \
+            or again.get("status") != "ok":
+        return {**out, "ratio": None, "low": None, "high": None, "drifted": False, "change": 0.0,
+                "note": "not comparable (a failed or empty measurement)"}
+    boot = Bootstrap([r.get("prompt_id") for r in (*first_records, *again_records)])
+    reps_b = boot.run_replicates(RunRequests.from_records(again_records), objective, float(b))
+    reps_a = boot.run_replicates(RunRequests.from_records(first_records), objective, float(a))
+    iv = ratio_interval(reps_b, reps_a, b / a, confidence)
+    drifted = (iv.low > 1 + band or iv.high < 1 - band) if iv.known else abs(b / a - 1) > max(band, 0.05)
+    clean = lambda x: x if math.isfinite(x) else None  # noqa: E731
+    return {**out, "ratio": b / a, "low": clean(iv.low), "high": clean(iv.high), "drifted": bool(drifted),
+            "change": abs(b / a - 1)}
+
+
+def drift_summary(checks: Sequence[dict[str, Any]], order: str) -> dict[str, Any]:
+    """sweep.json's ``drift``: the run order, every check, ``drifted`` (any check drifted), ``change`` (the largest
+    change among drifted checks, a fraction; 0 when none drifted) and a one-line ``summary``."""
+    drifted = [c for c in checks if c.get("drifted")]
+    change = max((c["change"] for c in drifted), default=0.0)
+    lines = []
+    for c in checks:
+        if c.get("ratio") is None:
+            lines.append(f"{c['label']}: {c.get('note', 'not comparable')}")
+            continue
+        span = f" [{c['low']:.3f}, {c['high']:.3f}]" if c.get("low") is not None else ""
+        lines.append(f"{c['label']} K={c['steps']} c={c['concurrency']}: {c['objective']} {c['first']:.4g} -> "
+                     f"{c['again']:.4g}, {c['ratio']:.3f}x{span}" + (" DRIFTED" if c["drifted"] else " (within noise)"))
+    return {"order": order, "checks": list(checks), "drifted": bool(drifted), "change": change,
+            "summary": "; ".join(lines) if lines else "no drift check ran"}

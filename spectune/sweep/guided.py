@@ -1,0 +1,389 @@
+"""The model-guided sweep (``spectune sweep --plan guided``): measure only the cells that could still be the best,
+predict the others from what the engine already reports.
+
+The model (docs/sweep.md, "Guided plan"), in the quantities SpecServe (Huang et al., arXiv 2503.05096, sec. 4)
+models for the same decision:
+
+* **Acceptance length of every num_steps from one run.** For chain drafting the draft of num_steps K is the first K
+  tokens of the draft of any larger num_steps, so the per-position acceptance ``p_i`` (share of verify steps whose
+  first i+1 drafts were all accepted; ``acceptance.per_position`` of a point) measured at the largest num_steps
+  gives ``AL(K) = 1 + sum_{i<K} p_i`` for every smaller K (vLLM's "mean acceptance length" identity). Acceptance may
+  depend on the batch (spectune.results.batch_acceptance), so each ``p_i`` is the draft-weighted mean over the
+  measured cells at the nearest measured concurrency (log scale) that drafted at least i+1 tokens. Without
+  per-position counters a geometric acceptance ``p_i = a^(i+1)`` is fitted to the measured acceptance lengths.
+* **Step time.** ``tau(c, K)``, the time of one verify step seen per sequence, is derived from each measured cell:
+  ``tau = c * AL_eff / throughput`` (throughput objective: a closed loop of c sequences emits c * AL_eff tokens per
+  step, ``AL_eff = L / (1 + (L - 1) / AL)`` for requests of L output tokens whose first token takes a prefill step)
+  or ``tau = TPOT * AL`` (TPOT objective). It is fitted by weighted least squares (relative errors) on the
+  features ``[1, c, K, c*K]`` (a fixed cost, batch-proportional verify cost, per-draft-token cost, and the verify
+  cost of K extra tokens per sequence), plus ``[K>0, c*(K>0)]`` (the draft model's own per-step cost) once enough
+  cells are measured. Each concurrency's predictions are then anchored on the cells measured there (the mean ratio
+  of measured to fitted ``tau``), so the model supplies the shape in K and the measurements the level.
+* **Prediction.** ``throughput = c * AL_eff / tau``, ``TPOT = tau / AL`` (scaled by the measured TPOT / (tau / AL) of
+  the concurrency when tau was fitted on throughput). The prediction interval is
+  ``pred * (1 +- z * s)``, z the normal quantile of the confidence, ``s`` the larger of the relative residual spread
+  of the anchored fit (over concurrencies with two or more measured cells, one degree of freedom per anchor), the
+  measurements' own relative half-width and 2% (``MIN_REL_ERROR``: the model's structure is never trusted more).
+  Whether an unmeasured cell could still beat the best is a one-sided question: its optimistic value uses the
+  one-sided quantile.
+
+The loop: a seed round (:meth:`GuidedPlanner.seed`: the largest num_steps at the smallest concurrency, the smallest
+and the middle num_steps at the largest, the smallest num_steps at the middle concurrency); then rounds that, at
+each concurrency, measure the unmeasured num_steps that could still change the choice: one whose optimistic
+prediction beats the best measured cell there by more than the noise band (a larger K: a tie goes to the smaller
+num_steps) or beats it at all (a smaller K), the most promising first, one per concurrency per round (every such
+cell where a server restart costs more than a point), the model refitted between rounds. It stops when no such cell is left (the
+choice is settled at the requested confidence), or at the budget (``--budget`` points or seconds). Every
+unmeasured cell is then predicted and written to summary.csv with ``predicted`` True.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from statistics import NormalDist
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["GuidedPlanner", "Prediction", "acceptance_lengths"]
+
+MIN_REL_ERROR = 0.02
+
+
+def acceptance_lengths(per_position: Sequence[float], steps: Sequence[int]) -> dict[int, float]:
+    """AL(K) = 1 + sum of the first K per-position acceptance rates, for each K in ``steps`` (K larger than the
+    vector: the last rate repeated geometrically with the ratio of the last two, or the last rate)."""
+    p = [float(x) for x in per_position]
+    out = {}
+    for k in steps:
+        vals = list(p[:k])
+        while len(vals) < k:
+            last = vals[-1] if vals else 0.0
+            ratio = (p[-1] / p[-2]) if len(p) >= 2 and p[-2] > 0 else 1.0
+            vals.append(last * min(ratio, 1.0))
+        out[k] = 1.0 + sum(vals)
+    return out
+
+
+def geometric_rate(al: float, k: int) -> float:
+    """The per-token acceptance a with 1 + a + ... + a^k = ``al`` (bisection; 0..1)."""
+    if k <= 0 or al <= 1.0:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if 1 + sum(mid ** i for i in range(1, k + 1)) < al:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+@dataclass
+class Prediction:
+    """A predicted cell: objective value and its interval, throughput (tokens/s), TPOT p50 (ms) and acceptance
+    length with theirs (``*_low``/``*_high``)."""
+
+    steps: int
+    concurrency: int
+    acceptance_length: float
+    throughput: float
+    throughput_low: float
+    throughput_high: float
+    tpot_ms: float
+    tpot_low: float
+    tpot_high: float
+
+    def row(self) -> dict[str, Any]:
+        """A points.jsonl-like object for summary.csv (``predicted`` True, ``status`` ok)."""
+        return {"steps": self.steps, "concurrency": self.concurrency, "repeat": 0, "status": "ok", "error": "",
+                "predicted": True,
+                "metrics": {"output_throughput_tok_s": self.throughput, "tpot_p50_ms": self.tpot_ms,
+                            "acceptance_length": self.acceptance_length, "acceptance_length_source": "predicted",
+                            "output_throughput_ci_low": self.throughput_low,
+                            "output_throughput_ci_high": self.throughput_high,
+                            "tpot_p50_ci_low": self.tpot_low, "tpot_p50_ci_high": self.tpot_high}}
+
+
+@dataclass
+class _Cell:
+    steps: int
+    conc: int
+    throughput: float
+    tpot: float
+    al: float
+    per_position: list[float]
+    rel_halfwidth: float
+    tokens_per_request: float = math.nan
+    num_drafts: float = 1.0
+
+
+@dataclass
+class GuidedPlanner:
+    """Chooses what a guided sweep measures next and predicts the rest (module docstring).
+
+    Args:
+        steps, concurrency: the plan's num_steps and concurrencies (ascending). repeats: runs per measured cell.
+        objective: ``throughput`` or ``tpot``. confidence: of the prediction intervals (0..1).
+        noise_band: fraction; differences below it are ties (the smaller num_steps wins).
+    """
+
+    steps: Sequence[int]
+    concurrency: Sequence[int]
+    repeats: int = 1
+    objective: str = "throughput"
+    confidence: float = 0.95
+    noise_band: float = 0.02
+    rounds: list[list[tuple[int, int]]] = field(default_factory=list)
+    fit_info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def z(self) -> float:
+        """The two-sided normal quantile of ``confidence`` (prediction intervals)."""
+        return NormalDist().inv_cdf((1 + self.confidence) / 2)
+
+    @property
+    def z_one_sided(self) -> float:
+        """The one-sided normal quantile of ``confidence``: "could this cell still beat the best?" is a one-sided
+        question, asked of each unmeasured cell."""
+        return NormalDist().inv_cdf(self.confidence)
+
+    # -- what was measured -----------------------------------------------------------------------------------
+    def cells(self, points: Sequence[dict[str, Any]]) -> dict[tuple[int, int], _Cell]:
+        """Measured ok cells (median over repeats) keyed (steps, concurrency)."""
+        groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        for p in points:
+            if p.get("status") == "ok" and not p.get("predicted"):
+                groups.setdefault((int(p["steps"]), int(p["concurrency"])), []).append(p)
+        out = {}
+        for (k, c), ps in groups.items():
+            def med(name: str) -> float:
+                vals = [float(p["metrics"][name]) for p in ps if isinstance((p.get("metrics") or {}).get(name),
+                                                                            (int, float))]
+                return float(np.median(vals)) if vals else math.nan
+            tput, tpot, al = med("output_throughput_tok_s"), med("tpot_p50_ms"), med("acceptance_length")
+            if k == 0:
+                al = 1.0
+            pp = next((list((p.get("acceptance") or {}).get("per_position") or []) for p in ps
+                       if (p.get("acceptance") or {}).get("per_position")), [])
+            lo, hi = med("output_throughput_ci_low"), med("output_throughput_ci_high")
+            half = (hi - lo) / 2 / tput if all(map(math.isfinite, (lo, hi, tput))) and tput > 0 else math.nan
+            toks = [float(p["metrics"]["total_output_tokens"]) / float(p["metrics"]["num_requests"]) for p in ps
+                    if (p.get("metrics") or {}).get("num_requests") and
+                    isinstance(p["metrics"].get("total_output_tokens"), (int, float))]
+            drafts = sum(float((p.get("acceptance") or {}).get("num_drafts") or 0) for p in ps) or 1.0
+            if math.isfinite(tput) and tput > 0 and math.isfinite(al):
+                out[(k, c)] = _Cell(k, c, tput, tpot, al, pp, half, float(np.median(toks)) if toks else math.nan,
+                                    drafts)
+        return out
+
+    # -- the model ---------------------------------------------------------------------------------------------
+    def _al(self, cells: dict[tuple[int, int], _Cell], k: int, c: int) -> float:
+        if (k, c) in cells:
+            return cells[(k, c)].al
+        if k == 0:
+            return 1.0
+        with_pp = [x for x in cells.values() if x.per_position and x.steps >= 1]
+        if with_pp:
+            return acceptance_lengths(self._per_position(with_pp, k, c), [k])[k]
+        spec = [x for x in cells.values() if x.steps >= 1 and x.al > 1]
+        if not spec:
+            return 1.0
+        near = min(spec, key=lambda x: (abs(math.log(x.conc) - math.log(c)), -x.steps))
+        a = geometric_rate(near.al, near.steps)
+        return 1 + sum(a ** i for i in range(1, k + 1))
+
+    @staticmethod
+    def _effective(al: float, tokens: float) -> float:
+        """Output tokens per step of a request of ``tokens`` tokens: its first token takes a step of its own (the
+        prefill), the other tokens - 1 come AL per step: tokens / (1 + (tokens - 1) / AL)."""
+        if not (math.isfinite(tokens) and tokens > 1):
+            return al
+        return tokens / (1 + (tokens - 1) / al)
+
+    def _tokens(self, cells: dict[tuple[int, int], _Cell]) -> float:
+        vals = [x.tokens_per_request for x in cells.values() if math.isfinite(x.tokens_per_request)]
+        return float(np.median(vals)) if vals else math.nan
+
+    @staticmethod
+    def _per_position(with_pp: list[_Cell], k: int, c: int) -> list[float]:
+        """Per-position acceptance for positions 0..k-1 at concurrency c: for each position, the draft-weighted mean
+        over the measured cells that drafted that far at the nearest measured concurrency (log scale)."""
+        out = []
+        for i in range(k):
+            pool = [x for x in with_pp if len(x.per_position) > i]
+            if not pool:
+                break
+            d = min(abs(math.log(x.conc) - math.log(c)) for x in pool)
+            near = [x for x in pool if abs(math.log(x.conc) - math.log(c)) == d]
+            out.append(sum(x.per_position[i] * x.num_drafts for x in near) / sum(x.num_drafts for x in near))
+        return out
+
+    def _tau_obs(self, x: _Cell, tokens: float = math.nan) -> float:
+        if self.objective == "tpot":
+            return x.tpot * x.al if math.isfinite(x.tpot) else math.nan
+        return x.conc * self._effective(x.al, x.tokens_per_request) / x.throughput
+
+    @staticmethod
+    def _features(k: int, c: int, full: bool) -> list[float]:
+        f = [1.0, float(c), float(k), float(c * k)]
+        if full:
+            f += [float(k > 0), float(c * (k > 0))]
+        return f
+
+    def fit(self, cells: dict[tuple[int, int], _Cell]) -> tuple[Any, float]:
+        """Fit the step-time model; returns (tau(k, c) -> s, relative error s of the anchored model)."""
+        obs = [(x, self._tau_obs(x)) for x in cells.values()]
+        obs = [(x, t) for x, t in obs if math.isfinite(t) and t > 0]
+        if not obs:
+            raise ValueError("no measured cell to fit")
+        levels = {x.steps > 0 for x, _ in obs}
+        spec_levels = {x.steps for x, _ in obs if x.steps > 0}
+        full = len(obs) >= 8 and levels == {True, False} and len(spec_levels) >= 3  # else K>0 and K confound
+        X = np.array([self._features(x.steps, x.conc, full) for x, _ in obs])
+        y = np.array([t for _, t in obs])
+        w = 1.0 / y
+        theta, *_ = np.linalg.lstsq(X * w[:, None], y * w, rcond=None)
+
+        def raw(k: int, c: int) -> float:
+            v = float(np.dot(self._features(k, c, full), theta))
+            return v if v > 0 else math.nan
+
+        anchor: dict[int, float] = {}
+        for c in {x.conc for x, _ in obs}:
+            ratios = [t / raw(x.steps, x.conc) for x, t in obs if x.conc == c and math.isfinite(raw(x.steps, x.conc))]
+            if ratios:
+                anchor[c] = float(np.exp(np.mean(np.log(ratios))))
+        # anchors between measured concurrencies: interpolate in log c
+        known = sorted(anchor)
+
+        def anchor_at(c: int) -> float:
+            if not known:
+                return 1.0
+            if c in anchor:
+                return anchor[c]
+            lo = max((a for a in known if a < c), default=None)
+            hi = min((a for a in known if a > c), default=None)
+            if lo is None or hi is None:
+                return anchor[lo if hi is None else hi]  # type: ignore[index]
+            t = (math.log(c) - math.log(lo)) / (math.log(hi) - math.log(lo))
+            return math.exp((1 - t) * math.log(anchor[lo]) + t * math.log(anchor[hi]))
+
+        resid = []
+        for c in known:
+            here = [(x, t) for x, t in obs if x.conc == c]
+            if len(here) >= 2:
+                resid += [t / (raw(x.steps, c) * anchor[c]) - 1 for x, t in here if math.isfinite(raw(x.steps, c))]
+        s = 0.0
+        if resid:  # each anchored concurrency spends one residual degree of freedom on its anchor
+            dof = max(len(resid) - sum(1 for c in known if sum(x.conc == c for x, _ in obs) >= 2), 1)
+            s = math.sqrt(float(np.sum(np.square(resid))) / dof)
+        halves = [x.rel_halfwidth for x, _ in obs if math.isfinite(x.rel_halfwidth)]
+        meas = float(np.median(halves)) / self.z if halves else 0.0
+        s = max(s, meas, MIN_REL_ERROR)
+        self.fit_info = {"features": "1, c, K, c*K" + (", K>0, c*(K>0)" if full else ""),
+                         "theta": [float(v) for v in theta], "anchors": {str(c): anchor[c] for c in known},
+                         "relative_error": s, "cells": len(obs)}
+        return (lambda k, c: raw(k, c) * anchor_at(c)), s
+
+    def predict(self, points: Sequence[dict[str, Any]]) -> dict[tuple[int, int], Prediction]:
+        """Predictions for every cell of the plan (measured ones too), keyed (steps, concurrency); {} when nothing
+        usable was measured."""
+        cells = self.cells(points)
+        if not cells:
+            return {}
+        tau, s = self.fit(cells)
+        z = self.z
+        tokens = self._tokens(cells)
+        out = {}
+        for c in self.concurrency:
+            for k in self.steps:
+                t = tau(k, c)
+                al = self._al(cells, k, c)
+                if not (math.isfinite(t) and t > 0):
+                    continue
+                tput = c * (self._effective(al, tokens) if self.objective != "tpot" else al) / t
+                tpot = t / al * self._tpot_scale(cells, c)
+                out[(k, c)] = Prediction(k, c, al, tput, tput * (1 - z * s), tput * (1 + z * s), tpot,
+                                         tpot * (1 - z * s), tpot * (1 + z * s))
+        return out
+
+    def _tpot_scale(self, cells: dict[tuple[int, int], _Cell], c: int) -> float:
+        """TPOT from a throughput-fitted tau: the ratio of measured TPOT to tau/AL at this concurrency (1 if none)."""
+        if self.objective == "tpot":
+            return 1.0
+        here = [x for x in cells.values() if x.conc == c and math.isfinite(x.tpot)]
+        if not here:
+            near = sorted(cells.values(), key=lambda x: abs(math.log(x.conc) - math.log(c)))
+            here = [x for x in near[:2] if math.isfinite(x.tpot)]
+        ratios = [x.tpot / (self._tau_obs(x) / x.al) for x in here if self._tau_obs(x) > 0]  # tau per token vs TPOT
+        return float(np.median(ratios)) if ratios else 1.0
+
+    # -- what to measure next ------------------------------------------------------------------------------------
+    def seed(self) -> list[tuple[int, int]]:
+        """The first round: (largest K, smallest c) for the per-position acceptance, (smallest K, largest c) and
+        (middle K, largest c) for the cost of a draft token at the largest batch (where a large K is rarely a
+        contender, so the middle K is the more useful measurement), (smallest K, middle c) for the batch
+        dependence (duplicates dropped)."""
+        ks, cs = sorted(self.steps), sorted(self.concurrency)
+        mid = cs[len(cs) // 2] if len(cs) > 2 else cs[0]
+        kmid = ks[len(ks) // 2]
+        out: list[tuple[int, int]] = []
+        for cell in ((ks[-1], cs[0]), (ks[0], cs[-1]), (kmid, cs[-1]), (ks[0], mid)):
+            if cell not in out:
+                out.append(cell)
+        return out
+
+    def _value(self, p: Prediction) -> tuple[float, float, float]:
+        if self.objective == "tpot":
+            return p.tpot_ms, p.tpot_low, p.tpot_high
+        return p.throughput, p.throughput_low, p.throughput_high
+
+    def next_round(self, points: Sequence[dict[str, Any]], tried: set[tuple[int, int]],
+                   all_threats: bool = False) -> list[tuple[int, int]]:
+        """The cells to measure next (module docstring), at most one per concurrency (``all_threats``: every
+        threatening cell, for servers whose restart costs more than a point, so fewer rounds need fewer
+        restarts), most promising first; the seed when nothing was measured yet; [] when the choice is settled
+        everywhere. ``tried``: cells already attempted (measured or failed), never proposed again."""
+        cells = self.cells(points)
+        if not cells:
+            seed = [x for x in self.seed() if x not in tried]
+            self.rounds.append(seed)
+            return seed
+        preds = self.predict(points)
+        band, maximise = self.noise_band, self.objective != "tpot"
+        proposals: list[tuple[float, tuple[int, int]]] = []
+        for c in self.concurrency:
+            measured = [x for x in cells.values() if x.conc == c]
+            open_ = [k for k in self.steps if (k, c) not in tried and (k, c) in preds]
+            if not open_:
+                continue
+            if not measured:
+                best_k = max(open_, key=lambda k: self._value(preds[(k, c)])[0] * (1 if maximise else -1))
+                proposals.append((math.inf, (best_k, c)))
+                continue
+            obj = {x.steps: (x.throughput if maximise else x.tpot) for x in measured}
+            best_k = max(obj, key=lambda k: (obj[k] if maximise else -obj[k], -k))
+            best = obj[best_k]
+            threats = []
+            shrink = self.z_one_sided / self.z
+            for k in open_:
+                v, lo, hi = self._value(preds[(k, c)])
+                optimistic = v + (hi - v) * shrink if maximise else v - (v - lo) * shrink
+                gain = optimistic / best - 1 if maximise else best / optimistic - 1
+                need = band if k > best_k else 0.0
+                if gain > need:
+                    threats.append((gain, k))
+            for gain, k in (sorted(threats, reverse=True) if all_threats else [max(threats)] if threats else []):
+                proposals.append((gain, (k, c)))
+        proposals.sort(key=lambda x: -x[0])
+        out = [cell for _, cell in proposals]
+        if out:
+            self.rounds.append(out)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        """sweep.json's ``guided``: the rounds measured and the last fit."""
+        return {"objective": self.objective, "confidence": self.confidence, "noise_band": self.noise_band,
+                "rounds": [[list(x) for x in r] for r in self.rounds], "fit": self.fit_info}

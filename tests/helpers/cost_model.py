@@ -1,0 +1,274 @@
+"""Emulated speculative servers with a cost model, in-process, for the guided-plan and drift tests and
+benchmarks/guided_vs_grid.py.
+
+Each server (one per num_steps K, behind the ``openai`` backend) is a continuous-batching engine in miniature: the
+sequences in flight advance together, one verify step at a time; a step takes
+``CostModel.step_s(batch, K)`` seconds (a fixed cost, a per-sequence cost, a verify cost per token verified =
+batch x (K + 1), a per-draft-step cost and a per-draft-token cost), after which each sequence emits its accepted
+drafts plus the bonus token as one SSE chunk. A new request joins at the next step and gets its first token from it
+(its prefill). Draft tokens are accepted in a chain: position i with probability ``accept[i]`` given the previous
+ones were, drawn from a generator seeded by the prompt and K, so a request's acceptance does not depend on the
+requests beside it or on the order they ran in; every step draws the chain a draft of ``CHAIN_DRAW`` tokens would
+get accepted and keeps its first K, so the acceptance of num_steps K is the prefix of that of a larger K, as in
+chain drafting. ``/metrics`` carries vLLM's spec-decode counters (per position
+too) and the running-requests gauge (from tests/helpers/fake_server.py's ``Counters``).
+
+``drift_at_s``/``drift_after_requests`` and ``drift_factor``: every step after ``drift_at_s`` seconds (from the
+servers' start), or after the servers together received ``drift_after_requests`` requests, takes ``drift_factor``
+times as long: a machine whose speed changes halfway through a sweep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from aiohttp import web
+
+from helpers.fake_server import Counters
+
+
+CHAIN_DRAW = 8
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Step time of one verify step, ms: ``base + per_seq * b + per_token * b * (K + 1) + per_draft * K +
+    per_draft_seq * b * K`` for a batch of b sequences at num_steps K; ``accept``: the conditional acceptance of
+    draft position i (the last value repeats)."""
+
+    name: str
+    base_ms: float
+    per_seq_ms: float
+    per_token_ms: float
+    per_draft_ms: float
+    per_draft_seq_ms: float = 0.0
+    accept: tuple[float, ...] = (0.8, 0.7, 0.6, 0.5)
+
+    def step_s(self, batch: int, steps: int) -> float:
+        """Seconds of one verify step of ``batch`` sequences at num_steps ``steps``."""
+        b, k = max(batch, 1), steps
+        return (self.base_ms + self.per_seq_ms * b + self.per_token_ms * b * (k + 1) + self.per_draft_ms * k
+                + self.per_draft_seq_ms * b * k) / 1000.0
+
+    def accept_at(self, i: int) -> float:
+        return self.accept[min(i, len(self.accept) - 1)]
+
+    def acceptance_length(self, steps: int) -> float:
+        """Expected tokens per verify step at num_steps ``steps`` (1 + sum of the chain probabilities)."""
+        total, run = 1.0, 1.0
+        for i in range(steps):
+            run *= self.accept_at(i)
+            total += run
+        return total
+
+
+#: a memory-bound accelerator: verifying more tokens costs little, a draft step a fixed time; speculation pays at
+#: every batch size, the draft's falling acceptance caps the useful num_steps
+MEMORY_BOUND = CostModel("memory-bound", base_ms=6.0, per_seq_ms=0.06, per_token_ms=0.03, per_draft_ms=1.2,
+                         per_draft_seq_ms=0.01, accept=(0.85, 0.65, 0.45, 0.3))
+#: a compute-bound CPU: verify cost grows with batch x tokens; speculation pays at batch 1-2 and costs above
+COMPUTE_BOUND = CostModel("compute-bound", base_ms=3.0, per_seq_ms=0.25, per_token_ms=0.45, per_draft_ms=0.8,
+                          per_draft_seq_ms=0.08, accept=(0.7, 0.6, 0.5, 0.4))
+
+
+@dataclass
+class _Seq:
+    prompt: str
+    max_tokens: int
+    out: asyncio.Queue
+    rng: random.Random
+    done: int = 0
+
+
+@dataclass
+class EmulatedEngine:
+    """One emulated server at num_steps ``steps`` (see module docstring)."""
+
+    model: CostModel
+    steps: int
+    t0: float
+    drift_at_s: float | None = None
+    drift_factor: float = 1.0
+    shared: dict = field(default_factory=lambda: {"served": 0})
+    drift_after_requests: int | None = None
+    name: str = "emulated-model"
+    waiting: list[_Seq] = field(default_factory=list)
+    running: list[_Seq] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.counters = Counters("vllm:", self.steps, self.name)
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task | None = None
+
+    def factor(self) -> float:
+        late = self.drift_at_s is not None and time.perf_counter() - self.t0 >= self.drift_at_s
+        late = late or (self.drift_after_requests is not None and self.shared["served"] >= self.drift_after_requests)
+        return self.drift_factor if late else 1.0
+
+    async def loop(self) -> None:
+        while True:
+            if not self.running and not self.waiting:
+                self.wake.clear()
+                await self.wake.wait()
+            new, self.waiting = self.waiting, []
+            self.running += new
+            self.counters.running.set(len(self.running))
+            await asyncio.sleep(self.model.step_s(len(self.running), self.steps) * self.factor())
+            for seq in list(self.running):
+                if seq in new:
+                    n = 1
+                else:  # the chain a long draft would get accepted; K drafts keep its first K (chain drafting)
+                    chain = 0
+                    while chain < CHAIN_DRAW and seq.rng.random() < self.model.accept_at(chain):
+                        chain += 1
+                    accepted = min(chain, self.steps)
+                    if self.steps > 0:
+                        self.counters.observe(self.steps, accepted)
+                    n = accepted + 1
+                n = min(n, seq.max_tokens - seq.done)
+                seq.done += n
+                seq.out.put_nowait(n)
+                if seq.done >= seq.max_tokens:
+                    seq.out.put_nowait(None)
+                    self.running.remove(seq)
+            self.counters.running.set(len(self.running))
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        chat = request.path.endswith("/chat/completions")
+        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        prompt = json.dumps(body.get("messages") or body.get("prompt") or "")
+        seed = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "little")
+        seq = _Seq(prompt, max(1, max_tokens), asyncio.Queue(), random.Random(seed))
+        self.shared["served"] += 1
+        self.waiting.append(seq)
+        self.wake.set()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        obj = "chat.completion.chunk" if chat else "text_completion.chunk"
+        done = 0
+        while True:
+            n = await seq.out.get()
+            if n is None:
+                break
+            done += n
+            text = "tok " * n
+            choice = ({"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": None} if chat
+                      else {"index": 0, "text": text, "finish_reason": None})
+            await resp.write(f"data: {json.dumps({'id': 'x', 'object': obj, 'model': self.name, 'choices': [choice]})}"
+                             "\n\n".encode())
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = {"prompt_tokens": 8, "completion_tokens": done, "total_tokens": 8 + done}
+            await resp.write(f"data: {json.dumps({'id': 'x', 'object': obj, 'choices': [], 'usage': usage})}\n\n"
+                             .encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.name, "object": "model"}]})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.counters.text(), content_type="text/plain")
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_post("/v1/chat/completions", self.completions)
+        app.router.add_post("/v1/completions", self.completions)
+        return app
+
+
+class EmulatedServers:
+    """``async with EmulatedServers(model, steps) as urls``: one emulated server per num_steps, ``{K: base_url}``
+    for ``BackendOptions(endpoints=urls)``."""
+
+    def __init__(self, model: CostModel, steps: Sequence[int], drift_at_s: float | None = None,
+                 drift_factor: float = 1.0, drift_after_requests: int | None = None) -> None:
+        self.model, self.steps = model, list(steps)
+        self.drift_at_s, self.drift_factor = drift_at_s, drift_factor
+        self.drift_after_requests = drift_after_requests
+        self.shared = {"served": 0}
+        self.runners: list[web.AppRunner] = []
+        self.engines: list[EmulatedEngine] = []
+
+    async def __aenter__(self) -> dict[int, str]:
+        t0 = time.perf_counter()
+        urls = {}
+        for k in self.steps:
+            engine = EmulatedEngine(self.model, k, t0, self.drift_at_s, self.drift_factor, self.shared,
+                                    self.drift_after_requests)
+            engine.task = asyncio.ensure_future(engine.loop())
+            runner = web.AppRunner(engine.app(), shutdown_timeout=1.0, access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            self.runners.append(runner)
+            self.engines.append(engine)
+            urls[k] = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        return urls
+
+    async def __aexit__(self, *exc: object) -> None:
+        for engine in self.engines:
+            if engine.task is not None:
+                engine.task.cancel()
+        for runner in self.runners:
+            await runner.cleanup()
+
+
+def expected_throughput(model: CostModel, steps: int, concurrency: int) -> float:
+    """The cost model's own steady-state output throughput (tokens/s) of a closed loop of ``concurrency`` requests:
+    concurrency x acceptance length / step time (prefill steps and ramp-up ignored)."""
+    return concurrency * model.acceptance_length(steps) / model.step_s(concurrency, steps)
+
+
+def virtual_point(model: CostModel, key: tuple[int, int, int], requests: int, max_tokens: int, noise: float = 0.01,
+                  seed: int = 0) -> tuple[dict, list[dict]]:
+    """A point measured on a virtual server that runs ``model`` exactly, up to multiplicative noise ``noise``
+    (relative standard deviation of the point's throughput, seeded by the key): the closed loop's expected
+    throughput c x L / ((1 + (L - 1) / AL) x step time) for requests of L = ``max_tokens`` tokens (the first token
+    takes a prefill step), TPOT = step time / AL, per-position acceptance of the chain, and ``requests`` request
+    objects with latencies that give that throughput. Returns (points.jsonl object, request objects); its
+    ``metrics.duration_s`` is the time the point would take (requests x L / throughput)."""
+    import numpy as np
+
+    k, c, r = key
+    rng = np.random.default_rng([seed, k, c, r])
+    al = model.acceptance_length(k)
+    step = model.step_s(c, k)
+    per_request_s = (1 + (max_tokens - 1) / al) * step
+    tput = c * max_tokens / per_request_s * (1 + noise * rng.standard_normal())
+    lat = np.full(requests, c * max_tokens / tput) * (1 + 0.02 * rng.standard_normal(requests))
+    tpot = step / al * 1000
+    recs = [{"steps": k, "concurrency": c, "repeat": r, "prompt_id": f"p{i % 8}", "error": None, "chunk_times": [0.0] * 4,
+             "completion_tokens": max_tokens, "e2e_ms": float(x * 1000), "ttft_ms": step * 1000,
+             "tpot_ms": tpot} for i, x in enumerate(lat)]
+    per_pos, run = [], 1.0
+    for i in range(k):
+        run *= model.accept_at(i)
+        per_pos.append(run)
+    duration = requests * max_tokens / tput
+    metrics = {"num_requests": requests, "num_failed": 0, "duration_s": duration, "output_throughput_tok_s": tput,
+               "total_output_tokens": requests * max_tokens, "tpot_p50_ms": tpot, "tpot_p99_ms": tpot * 1.1,
+               "ttft_p50_ms": step * 1000, "acceptance_length": al, "acceptance_rate": None,
+               "acceptance_length_source": "vllm:/metrics counters", "achieved_concurrency": float(c),
+               "batch_size_mean": float(c), "batch_size_source": "vllm:num_requests_running"}
+    from spectune.results.confidence import point_intervals
+
+    metrics.update(point_intervals(recs, metrics))
+    point = {"steps": k, "concurrency": c, "repeat": r, "status": "ok", "error": "", "metrics": metrics,
+             "acceptance": {"per_position": per_pos, "num_drafts": requests * max_tokens / al, "warning": None},
+             "batch_size": None, "per_category": {}, "window": {"start_s": 0.0, "end_s": duration},
+             "requests_planned": requests, "stop_reason": "max_requests"}
+    return point, recs

@@ -1,0 +1,87 @@
+"""Drift control end to end on emulated servers (tests/helpers/cost_model.py): the run order, and a server whose
+speed changes by 20% halfway through the sweep is caught by the drift check; recommend then refuses to call
+differences smaller than the drift."""
+
+from __future__ import annotations
+
+import json
+
+from spectune.backends.base import BackendOptions
+from spectune.results.reader import load_results
+from spectune.sweep.plan import SweepPlan
+from spectune.sweep.run import execute
+from spectune.tune.recommend import RecommendOptions, recommend
+
+from helpers.cost_model import COMPUTE_BOUND, EmulatedServers
+
+STEPS, CONC, REQUESTS, WARMUP = (0, 2), (1, 2, 4), 8, 1
+
+
+def plan(**kw) -> SweepPlan:
+    return SweepPlan(steps=STEPS, concurrency=CONC, num_prompts=8, max_tokens=12, requests_per_point=REQUESTS,
+                     warmup_requests=WARMUP, **kw)
+
+
+async def sweep(tmp_path, factor: float, **kw):
+    points = len(STEPS) * len(CONC)
+    half = points * (REQUESTS + WARMUP) // 2  # the speed changes once half the points are measured
+    async with EmulatedServers(COMPUTE_BOUND, STEPS, drift_factor=factor, drift_after_requests=half) as urls:
+        outcome = await execute(plan(order="interleaved", **kw), "openai", BackendOptions(endpoints=urls),
+                                tmp_path / "out")
+    return outcome, json.loads((tmp_path / "out" / "sweep.json").read_text())
+
+
+async def test_a_server_that_slows_by_20_percent_halfway_is_caught(tmp_path):
+    outcome, meta = await sweep(tmp_path, factor=1.25)  # steps take 1.25x as long: throughput -20%
+    drift = meta["drift"]
+    (check,) = drift["checks"]
+    assert check["label"] == "end of sweep"
+    assert drift["drifted"] is True
+    assert 0.75 < check["ratio"] < 0.9  # the reference lost about 20% of its throughput
+    assert check["high"] < 0.98  # the whole interval is below the noise band
+    assert drift["change"] == check["change"]
+    assert outcome.drift == drift
+
+
+async def test_recommend_does_not_call_differences_smaller_than_the_drift(tmp_path):
+    await sweep(tmp_path, factor=1.25)
+    rec = recommend(load_results(tmp_path / "out"), RecommendOptions())
+    change = rec.drift["change"]
+    assert all(ch.band >= change for ch in rec.choices)
+    assert any("drift check" in w for w in rec.warnings)
+
+
+async def test_a_steady_server_passes_the_drift_check(tmp_path):
+    _, meta = await sweep(tmp_path, factor=1.0)
+    assert meta["drift"]["drifted"] is False
+
+
+async def test_interleaved_order_alternates_num_steps_at_each_concurrency(tmp_path):
+    _, meta = await sweep(tmp_path, factor=1.0)
+    order = [(p["steps"], p["concurrency"]) for p in map(json.loads, (tmp_path / "out" / "points.jsonl")
+                                                          .read_text().splitlines())]
+    assert order == [(0, 1), (2, 1), (0, 2), (2, 2), (0, 4), (2, 4)]
+    assert meta["order"] == "interleaved"
+    assert (tmp_path / "out" / "drift_requests.jsonl").is_file()  # the re-measurement's requests, kept apart
+
+
+async def test_blocks_order_rechecks_each_block(tmp_path):
+    async with EmulatedServers(COMPUTE_BOUND, STEPS) as urls:
+        outcome = await execute(plan(order="blocks"), "openai", BackendOptions(endpoints=urls), tmp_path / "out")
+    labels = [c["label"] for c in outcome.drift["checks"]]
+    assert labels == ["block K=0", "block K=2", "end of sweep"]
+    assert outcome.cost["drift_points"] == 3
+    assert outcome.cost["points"] == 6
+
+
+def test_order_is_interleaved_where_switching_is_cheap():
+    from spectune.backends.local.backend import LocalBackend
+    from spectune.backends.openai import OpenAIBackend
+
+    assert SweepPlan().order_for(LocalBackend.cheap_switch) == "interleaved"
+    assert SweepPlan().order_for(OpenAIBackend.cheap_switch) == "blocks"
+
+
+def test_interleaved_repeats_reverse_the_num_steps_order():
+    p = SweepPlan(steps=(0, 1, 2), concurrency=(4,), repeats=2)
+    assert p.ordered(p.points(), "interleaved") == [(0, 4, 0), (1, 4, 0), (2, 4, 0), (2, 4, 1), (1, 4, 1), (0, 4, 1)]

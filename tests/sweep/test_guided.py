@@ -1,0 +1,176 @@
+"""The guided plan (spectune.sweep.guided): on two emulated servers with different cost models it picks, at every
+concurrency, a num_steps whose grid-measured objective is within 3% of the grid's choice, using at most 40% of the
+grid's measuring time; predicted cells are marked in summary.csv with intervals and recommend works from them."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from spectune.backends.base import BackendOptions
+from spectune.loadgen.errors import UserError
+from spectune.results.reader import load_results
+from spectune.sweep.guided import GuidedPlanner, acceptance_lengths
+from spectune.sweep.plan import SweepPlan, parse_budget
+from spectune.sweep.run import execute
+from spectune.tune.recommend import RecommendOptions, recommend
+
+from helpers.cost_model import COMPUTE_BOUND, MEMORY_BOUND, EmulatedServers, virtual_point
+
+STEPS, CONC = (0, 1, 2, 3, 4), (1, 2, 4, 8, 16, 32)
+
+
+def plan(design: str, **kw) -> SweepPlan:
+    return SweepPlan(steps=STEPS, concurrency=CONC, num_prompts=8, max_tokens=16, design=design, drift_check=False,
+                     **kw)
+
+
+async def virtual_sweep(tmp_path, model, design: str, monkeypatch, noise: float = 0.01):
+    """A sweep whose every point is answered by the virtual server of ``model`` (helpers.cost_model.virtual_point:
+    the cost model's closed-loop numbers with ``noise`` relative noise, the same for a cell whichever plan asks),
+    behind the openai backend on in-process servers (start/switch as usual). Returns the outcome."""
+    from spectune.sweep.run import Sweep
+
+    async def virtual(self, key, base_url, model_name, drift=None):
+        point, recs = virtual_point(model, key, self.plan.requests_for(key[1]), self.plan.max_tokens, noise)
+        for r in recs:
+            self.folder.append_request(r)
+        return point, recs
+
+    monkeypatch.setattr(Sweep, "_point", virtual)
+    async with EmulatedServers(model, STEPS) as urls:
+        return await execute(plan(design), "openai", BackendOptions(endpoints=urls), tmp_path / design)
+
+
+@pytest.mark.parametrize("model", [COMPUTE_BOUND, MEMORY_BOUND], ids=lambda m: m.name)
+async def test_guided_agrees_with_the_grid_at_a_fraction_of_the_cost(tmp_path, model, monkeypatch):
+    grid_run = await virtual_sweep(tmp_path, model, "grid", monkeypatch)
+    guided_run = await virtual_sweep(tmp_path, model, "guided", monkeypatch)
+    grid = recommend(load_results(tmp_path / "grid"), RecommendOptions())
+    guided = recommend(load_results(tmp_path / "guided"), RecommendOptions())
+    for ch in grid.choices:
+        mine = next(x for x in guided.choices if x.concurrency == ch.concurrency)
+        on_grid = grid.cell(mine.steps, ch.concurrency).objective
+        assert on_grid >= 0.97 * grid.cell(ch.steps, ch.concurrency).objective, ch.concurrency
+    # measuring time: each point's own duration (the virtual server's), summed over the points each plan measured,
+    # plus server starts/switches
+    seconds = {d: sum(p["metrics"]["duration_s"] for p in o.points) + o.cost["switch_s"]
+               for d, o in (("grid", grid_run), ("guided", guided_run))}
+    assert seconds["guided"] <= 0.40 * seconds["grid"]
+
+
+def test_the_grid_choices_differ_between_the_two_cost_models():
+    """The two emulated servers call for different num_steps (else agreeing with the grid would be easy)."""
+    def tput(m, k, c):
+        return virtual_point(m, (k, c, 0), 8, 16, noise=0.0)[0]["metrics"]["output_throughput_tok_s"]
+
+    best = {m.name: [max(STEPS, key=lambda k: tput(m, k, c)) for c in CONC] for m in (COMPUTE_BOUND, MEMORY_BOUND)}
+    assert best["compute-bound"] != best["memory-bound"]
+    assert len(set(best["compute-bound"])) >= 2  # and the choice changes with concurrency
+
+
+async def test_predicted_cells_are_marked_with_intervals_and_never_chosen_over_measured(tmp_path):
+    async with EmulatedServers(COMPUTE_BOUND, STEPS) as urls:
+        outcome = await execute(plan("guided"), "openai", BackendOptions(endpoints=urls), tmp_path / "g")
+    with open(tmp_path / "g" / "summary.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    predicted = [r for r in rows if r["predicted"] == "True"]
+    assert len(predicted) == len(STEPS) * len(CONC) - outcome.guided["measured_cells"]
+    for r in predicted:
+        assert float(r["output_throughput_ci_low"]) < float(r["output_throughput_tok_s"]) \
+            < float(r["output_throughput_ci_high"])
+    assert all(r["predicted"] == "False" for r in rows if r not in predicted)
+    rec = recommend(load_results(tmp_path / "g"), RecommendOptions())
+    assert all(not rec.cell(ch.steps, ch.concurrency).predicted for ch in rec.choices)
+
+
+async def test_the_budget_of_points_is_kept(tmp_path):
+    async with EmulatedServers(COMPUTE_BOUND, STEPS) as urls:
+        outcome = await execute(plan("guided", budget_points=5), "openai", BackendOptions(endpoints=urls),
+                                tmp_path / "b")
+    assert outcome.cost["points"] <= 5
+    assert outcome.guided["stopped"] == "budget of 5 points"
+
+
+def test_acceptance_length_of_every_smaller_num_steps_from_per_position_acceptance():
+    # per position: share of verify steps whose first i+1 drafts were accepted
+    assert acceptance_lengths([0.8, 0.56, 0.336], [0, 1, 2, 3]) == pytest.approx({0: 1.0, 1: 1.8, 2: 2.36, 3: 2.696})
+
+
+def test_the_model_predicts_an_unmeasured_cell_of_an_exact_cost_model():
+    """Cells generated from tau = 2 + 0.5 c + 1 K + 0.2 c K (ms) and AL from per-position acceptance: the fitted
+    model recovers an unmeasured cell's throughput within 1%."""
+    pp = [0.8, 0.6, 0.4, 0.2]
+    al = acceptance_lengths(pp, range(5))
+    tau = lambda k, c: (2 + 0.5 * c + 1 * k + 0.2 * c * k) / 1000  # noqa: E731
+
+    def point(k: int, c: int) -> dict:
+        return {"steps": k, "concurrency": c, "status": "ok", "acceptance": {"per_position": pp[:k]},
+                "metrics": {"output_throughput_tok_s": c * al[k] / tau(k, c), "tpot_p50_ms": tau(k, c) / al[k] * 1e3,
+                            "acceptance_length": al[k]}}
+
+    planner = GuidedPlanner(STEPS, CONC)
+    measured = [point(4, 1), point(0, 16), point(2, 16), point(0, 4), point(1, 2)]
+    pred = planner.predict(measured)[(3, 8)]
+    assert pred.throughput == pytest.approx(8 * al[3] / tau(3, 8), rel=0.01)
+    assert pred.throughput_low < pred.throughput < pred.throughput_high
+
+
+@pytest.mark.parametrize("text,expected", [("12", (12, None)), ("600s", (None, 600.0)), ("10m", (None, 600.0)),
+                                           ("1h", (None, 3600.0)), (None, (None, None))])
+def test_budget_parsing(text, expected):
+    assert parse_budget(text) == expected
+
+
+@pytest.mark.parametrize("text", ["0", "-3s", "ten", "5x"])
+def test_bad_budget_is_a_user_error(text):
+    with pytest.raises(UserError, match="--budget"):
+        parse_budget(text)
+
+
+def test_budget_needs_the_guided_plan():
+    with pytest.raises(UserError, match="--plan guided"):
+        SweepPlan(budget_points=4).validate()
+
+
+def test_guided_plan_rejects_goodput():
+    with pytest.raises(UserError, match="goodput"):
+        SweepPlan(design="guided", objective="goodput").validate()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--plan", "foo"], "--plan must be grid or guided"),
+    (["--budget", "5"], "--budget works with --plan guided only"),
+    (["--plan", "guided", "--budget", "5x"], "bad --budget '5x'"),
+    (["--order", "random"], "--order must be auto, interleaved or blocks"),
+])
+def test_bad_plan_options_are_one_line_errors(args, message):
+    import subprocess
+    import sys
+
+    from helpers.paths import ROOT
+
+    proc = subprocess.run([sys.executable, "-m", "spectune.cli", "sweep", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"error: {proc.stderr.strip()[7:]}"]
+    assert message in proc.stderr
+
+
+def test_sweep_table_shows_intervals_and_predicted_cells():
+    from rich.console import Console
+
+    from spectune.sweep.display import summary_table
+
+    measured = {"steps": 0, "concurrency": 1, "repeat": 0, "status": "ok",
+                "metrics": {"output_throughput_tok_s": 100.0, "output_throughput_ci_low": 95.0,
+                            "output_throughput_ci_high": 104.0, "tpot_p50_ms": 10.0, "acceptance_length": 1.0}}
+    predicted = {"steps": 2, "concurrency": 1, "repeat": 0, "status": "ok", "predicted": True,
+                 "metrics": {"output_throughput_tok_s": 150.0, "tpot_p50_ms": 7.0, "acceptance_length": 1.8}}
+    console = Console(width=200, record=True)
+    console.print(summary_table([measured], (0, 2), (1,), predicted=[predicted]))
+    text = console.export_text()
+    assert "100.0 [95.0, 104.0] tok/s" in text
+    assert "predicted" in text
+    assert "150.0 tok/s *" not in text  # a predicted cell is never the row's best
