@@ -60,6 +60,11 @@ def flag(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
 
 
+def without_port(argv: list[str]) -> list[str]:
+    i = argv.index("--port")
+    return argv[:i] + argv[i + 2:]
+
+
 def chunk_acceptance(out: Path, steps: int, concurrency: int) -> tuple[float, int, int]:
     """(tokens per verify chunk, verify chunks, requests) over the point's recorded requests: the first chunk of
     each is the prefill's token, every later one a verify step's accepted drafts + 1."""
@@ -107,8 +112,10 @@ def check_stopped(engines: dict) -> None:
 def test_vllm_launch_sweep_end_to_end(engines: dict) -> None:
     out = sweep(engines, "vllm")
     seen = launches(engines)
-    assert [x["engine"] for x in seen] == ["vllm", "vllm"]  # one server per num_steps, reused across concurrencies
+    # one server per num_steps, reused across concurrencies, then the drift check relaunches its reference cell's
+    assert [x["engine"] for x in seen] == ["vllm", "vllm", "vllm"]
     plain, spec = seen[0]["argv"], seen[1]["argv"]
+    assert without_port(seen[2]["argv"]) in (without_port(plain), without_port(spec))
     assert plain == ["serve", MODEL, "--host", "127.0.0.1", "--port", flag(plain, "--port")]
     assert spec[:6] == ["serve", MODEL, "--host", "127.0.0.1", "--port", flag(spec, "--port")]
     assert json.loads(flag(spec, "--speculative-config")) == {"method": "eagle3", "model": engines["draft"],
@@ -127,8 +134,9 @@ def test_vllm_launch_sweep_end_to_end(engines: dict) -> None:
 def test_sglang_launch_sweep_end_to_end(engines: dict) -> None:
     out = sweep(engines, "sglang")
     seen = launches(engines)
-    assert [x["engine"] for x in seen] == ["sglang", "sglang"]
+    assert [x["engine"] for x in seen] == ["sglang", "sglang", "sglang"]  # K=0, K, the drift check's reference
     plain, spec = seen[0]["argv"], seen[1]["argv"]
+    assert without_port(seen[2]["argv"]) in (without_port(plain), without_port(spec))
     common = ["--model-path", MODEL, "--host", "127.0.0.1", "--port", flag(plain, "--port"), "--max-running-requests",
               str(SGLANG_SPEC_MAX_RUNNING), "--enable-metrics"]  # concurrency 2 < SGLang's 48 for speculation
     assert plain == common
