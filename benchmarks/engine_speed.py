@@ -12,9 +12,11 @@ estimates, and the engine's speculative decoding at num_steps 0-3 with the bundl
 path), as output tokens/s including prefill on the first chat prompt(s); ``benchmarks/spec_speedup.py`` measures
 the batch-1 speedup over many real prompts.
 
-To emulate an AVX2-only CPU on an AVX-512 one: ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` (ATen's and
-oneDNN's kernels then use their AVX2 code; PyTorch's own bf16-GEMM dispatch still sees the real CPU, so this is an
-approximation of an AVX2 machine, not one).
+To emulate an AVX2-only CPU on an AVX-512 one: ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+MKL_ENABLE_INSTRUCTIONS=AVX2`` (ATen's, oneDNN's and MKL's kernels then use their AVX2 code; PyTorch's own
+bf16-GEMM dispatch still sees the real CPU, so this is an approximation of an AVX2 machine, not one), with
+``--server-bin`` naming a llama-server built without AVX-512 (``cmake -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON
+-DGGML_F16C=ON -DGGML_AVX512=OFF``); the ``llama-server:`` line prints the features it was built with.
 
 CUDA part (when a GPU is present): a randomly initialised Llama-3.1-8B-shaped target in bf16, batch-1 num_steps 0
 decode, as a percentage of the HBM roofline (weights bytes / measured device-to-device copy bandwidth).
@@ -87,7 +89,7 @@ def engine_runner(engine, prompts: list[list[int]], batch: int):
 class LlamaServer:
     """``llama-server`` on the GGUF with 8 slots; :meth:`runner` times n-token generations like the engine's."""
 
-    def __init__(self, gguf: str, threads: int) -> None:
+    def __init__(self, gguf: str, threads: int, server_bin: str | None = None) -> None:
         import socket
         import subprocess
         import urllib.request
@@ -97,9 +99,9 @@ class LlamaServer:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
-        self.proc = subprocess.Popen([str(find_llama_server()), "-m", gguf, "-t", str(threads), "-tb", str(threads),
-                                      "-c", str(8 * 512), "-np", "8", "--host", "127.0.0.1", "--port",
-                                      str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.argv = [str(find_llama_server(server_bin)), "-m", gguf, "-t", str(threads), "-tb", str(threads), "-c",
+                     str(8 * 512), "-np", "8", "--host", "127.0.0.1", "--port", str(self.port)]
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(600):
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1)
@@ -128,6 +130,25 @@ class LlamaServer:
 
         run(4)
         return run
+
+    def cpu_features(self) -> str:
+        """The CPU features this llama-server was built with: its ``system_info`` line (``AVX2 = 1 | ...``), which it
+        logs at verbosity 4 only, so a second short-lived process prints it (the timed server keeps the default
+        verbosity)."""
+        import subprocess
+
+        argv = [self.argv[0], "-m", self.argv[2], "-lv", "4", "--host", "127.0.0.1", "--port", "0"]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        line = ""
+        try:
+            for ln in proc.stdout:
+                if "system_info" in ln:
+                    line = ln
+                    break
+        finally:
+            proc.kill()
+            proc.wait()
+        return " ".join(line.split("|", 1)[-1].split())[:300]
 
     def close(self) -> None:
         self.proc.terminate()
@@ -209,6 +230,9 @@ def main() -> None:
     parser.add_argument("--hf", action="store_true", help="add HF transformers (bf16) as a column")
     parser.add_argument("--skip-llamacpp", action="store_true")
     parser.add_argument("--skip-spec", action="store_true")
+    parser.add_argument("--server-bin", default=None,
+                        help="llama-server to compare with (default: PATH, then spectune's build); e.g. an AVX2-only "
+                             "build next to ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2")
     args = parser.parse_args()
     import os
 
@@ -231,7 +255,9 @@ def main() -> None:
     auto = make_engine("auto", threads)
     console.print(f"--dtype auto here: {auto.path.to_json()}", markup=False)
     del auto
-    llama = None if args.skip_llamacpp else LlamaServer(str(gguf), threads)
+    llama = None if args.skip_llamacpp else LlamaServer(str(gguf), threads, args.server_bin)
+    if llama is not None:
+        console.print(f"llama-server: {llama.cpu_features()}", markup=False)
     table = Table(title=f"SmolLM2-135M-Instruct decode tokens/s on CPU, num_steps 0, greedy, {threads} threads "
                         f"(median of {args.repeats}, interleaved)")
     cols = [f"spectune {p}" for p in paths] + ([] if llama is None else ["llama.cpp Q4_1"])

@@ -33,6 +33,8 @@ class EngineOptions:
         threads: torch CPU threads (0 = torch's default).
         seed: sampling seed.
         cuda_graphs: on CUDA, capture decode-shaped forwards per padded batch size and num_steps.
+        native_dense_above: native path: ``auto`` (measured), ``off`` or a row count above which linears use a
+            float32 copy of the int4 weights (:mod:`spectune.backends.local.quant`).
     """
 
     model: str | None = None
@@ -49,6 +51,7 @@ class EngineOptions:
     threads: int = 0
     seed: int = 0
     cuda_graphs: bool = True
+    native_dense_above: str = "auto"
 
 
 def resolve_device_dtype(device: str, dtype: str) -> tuple[Any, Any]:
@@ -119,13 +122,13 @@ def build_engine(opts: EngineOptions) -> Any:
         native_ok, reason, lm_repeat = native_support(model_path)
     folder = convert_gguf(model_path) if model_path.is_file() else model_path
     cfg = ModelConfig.from_hf(json.loads((folder / "config.json").read_text()))
-    path_choice = choose_path(opts.dtype, device, cfg, native_ok, reason, lm_repeat)
+    path_choice = choose_path(opts.dtype, device, cfg, native_ok, reason, lm_repeat, opts.native_dense_above)
     dtype = path_choice.dtype
     target, folder = load_target(model_path, dtype, device)
     if path_choice.name == "native":
         from spectune.backends.local.quant import quantize_target
 
-        quantize_target(target, model_path, dtype)
+        quantize_target(target, model_path, dtype, path_choice.dense_above)
     cfg = target.cfg
     max_len = (opts.max_model_len or min(cfg.max_position_embeddings, 4096)) + max_steps + 1
     head = load_head(head_path, target, dtype, device) if head_path is not None else None

@@ -24,6 +24,10 @@ busy one. The estimates are kept per machine (CPU model and flags, torch version
 tests) runs the same path and later starts skip the probe; delete the file to measure again. The choice and the
 timings are logged and reported in ``/server_info`` (``engine_path``), which the ``local``
 sweep backend copies into sweep.json (``backend.engine.path``). On CUDA ``auto`` is bfloat16.
+
+On the native path a second probe (:func:`dense_crossover`) finds the row count above which a float32 GEMM of the
+dequantized weights beats the int4 kernel (prefill, large verify batches; :mod:`spectune.backends.local.quant`),
+kept in the same file; ``--native-dense-above`` overrides it.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ class PathChoice:
         estimates_ms: per candidate, the estimated decode-step milliseconds at batch 1 (auto on CPU only).
         cpu_capability: ``torch.backends.cpu.get_cpu_capability()`` (the ATen kernels' ISA: AVX2, AVX512, ...).
         bf16_packed: whether oneDNN's packed bf16 linears work on this CPU.
+        dense_above: native path only: row count above which linears use a float32 copy of the int4 weights
+            (:func:`dense_crossover`; None: int4 only).
     """
 
     name: str
@@ -63,12 +69,14 @@ class PathChoice:
     estimates_ms: dict[str, float] = field(default_factory=dict)
     cpu_capability: str = ""
     bf16_packed: bool = False
+    dense_above: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready description (``/server_info`` ``engine_path``)."""
         return {"path": self.name, "dtype": str(self.dtype).removeprefix("torch."), "chosen_by": self.chosen_by,
                 "estimates_ms": {k: round(v, 3) for k, v in self.estimates_ms.items()},
-                "cpu_capability": self.cpu_capability, "bf16_packed": self.bf16_packed}
+                "cpu_capability": self.cpu_capability, "bf16_packed": self.bf16_packed,
+                "dense_above_rows": self.dense_above}
 
 
 def normalise(name: str) -> str:
@@ -168,8 +176,58 @@ def estimate_step_ms(path: str, cfg: Any, lm_repeat: int = 1, reps: int = 5) -> 
     return cfg.num_layers * (t_gu * layer_weights / (2 * inter * h) + t_att) + t_lm
 
 
+DENSE_ROWS = (2, 4, 8, 16, 32, 64, 128)
+"""Row counts the crossover probe times (int4 kernel vs float32 GEMM)."""
+DENSE_MEMORY_SHARE = 0.25
+"""The float32 copy of the native weights is kept only when it fits in this share of the available memory."""
+
+
+def dense_crossover(cfg: Any, reps: int = 5) -> int | None:
+    """The smallest row count above which a float32 GEMM of the dequantized weights beats the int4 kernel on
+    SmolLM2-style shapes of ``cfg`` (one gate|up-shaped layer, at most 4096 rows; one thread, cache-resident: the
+    many-row case is compute-bound). Rows r qualify when float32 wins at r and at every larger probed count
+    (:data:`DENSE_ROWS`); the answer is the probed count below the first qualifying one (so "dense above 16" when it
+    wins from 32 up), or None when it never wins. About 0.5 s.
+    """
+    import numpy as np
+
+    from spectune.backends.local.quant import QK, Int4Linear, QuantTensor
+
+    n, k = min(2 * cfg.intermediate_size, 4096), cfg.hidden_size
+    rng = np.random.default_rng(0)
+    qt = QuantTensor(rng.integers(0, 16, (n, k), dtype=np.uint8), np.full((n, k // QK), 0.01, np.float32),
+                     np.zeros((n, k // QK), np.float32), 1, "Q4_1")
+    int4 = Int4Linear(qt, torch.bfloat16)
+    dense = torch.from_numpy(qt.dequantize())
+    wins = []
+    for rows in DENSE_ROWS:
+        x = torch.randn(rows, k, dtype=torch.bfloat16)
+        t_int4 = _best_ms(lambda: int4(x), reps)
+        t_dense = _best_ms(lambda: F.linear(x.float(), dense).to(x.dtype), reps)
+        wins.append(t_dense < t_int4)
+    first = next((i for i in range(len(wins)) if all(wins[i:])), None)
+    if first is None:
+        return None
+    return DENSE_ROWS[first - 1] if first > 0 else 1
+
+
+def dense_fits(cfg: Any, lm_repeat: int = 1) -> bool:
+    """Whether a float32 copy of the target's linear weights (4 bytes per weight) fits in
+    :data:`DENSE_MEMORY_SHARE` of the memory available now (``os.sysconf``; True where that is unknown)."""
+    import os
+
+    h, inter = cfg.hidden_size, cfg.intermediate_size
+    q_out = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+    weights = cfg.num_layers * (h * q_out + cfg.num_heads * cfg.head_dim * h + 3 * inter * h) + cfg.vocab_size * h
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return True
+    return 4 * weights <= DENSE_MEMORY_SHARE * available
+
+
 def choose_path(requested: str, device: torch.device, cfg: Any, native_ok: bool, native_reason: str = "",
-                lm_repeat: int = 1) -> PathChoice:
+                lm_repeat: int = 1, dense_above: str = "auto") -> PathChoice:
     """Resolve ``--dtype`` into a :class:`PathChoice`.
 
     Args:
@@ -179,9 +237,12 @@ def choose_path(requested: str, device: torch.device, cfg: Any, native_ok: bool,
         native_ok: the target is a GGUF whose linear layers are all Q4_0/Q4_1/Q8_0.
         native_reason: why native is unavailable (for the error message when it is forced).
         lm_repeat: 2 when the GGUF's lm_head is Q8_0 (two int4 halves), else 1.
+        dense_above: for the native path, ``auto`` (measured by :func:`dense_crossover` where the float32 copy
+            fits, kept with the estimates), ``off`` (int4 only) or a row count.
 
     Raises:
-        UserError: an unknown value, or ``native`` where it cannot run (CUDA, a non-GGUF model, other types).
+        UserError: an unknown value, or ``native`` where it cannot run (CUDA, a non-GGUF model, other types), or a
+            ``dense_above`` that is not auto, off or a row count.
     """
     from spectune.backends.local.linear import packing_supported
 
@@ -196,7 +257,8 @@ def choose_path(requested: str, device: torch.device, cfg: Any, native_ok: bool,
                             "use --dtype bfloat16 or float32")
     if name != "auto":
         dtype = torch.float32 if name == "float32" else torch.bfloat16
-        return PathChoice(name, dtype, "flag", cpu_capability=cap, bf16_packed=packed)
+        choice = PathChoice(name, dtype, "flag", cpu_capability=cap, bf16_packed=packed)
+        return _with_dense(choice, cfg, lm_repeat, dense_above)
     if device.type != "cpu":
         return PathChoice("bfloat16", torch.bfloat16, "device")
     candidates = (["native"] if native_ok else []) + ["bfloat16", "float32"]
@@ -213,7 +275,38 @@ def choose_path(requested: str, device: torch.device, cfg: Any, native_ok: bool,
         _store_estimates(key, est)
     best = min(est, key=est.get)
     choice = PathChoice(best, torch.float32 if best == "float32" else torch.bfloat16, "measured", est, cap, packed)
-    log.info("engine path %s (%s)", best, ", ".join(f"{k} ~{v:.1f} ms/step" for k, v in est.items()))
+    choice = _with_dense(choice, cfg, lm_repeat, dense_above)
+    timings = ", ".join(f"{k} ~{v:.1f} ms/step" for k, v in est.items())
+    log.info("engine path %s (%s; dense above %s rows)", best, timings, choice.dense_above)
+    return choice
+
+
+def _with_dense(choice: PathChoice, cfg: Any, lm_repeat: int, dense_above: str) -> PathChoice:
+    """``choice`` with its ``dense_above`` set (native only; see :func:`choose_path`)."""
+    value = str(dense_above).strip().lower()
+    if value not in ("auto", "off") and not (value.isdigit() and int(value) >= 1):
+        raise UserError(f"--native-dense-above {dense_above!r}: use auto, off or a row count >= 1")
+    if choice.name != "native" or value == "off":
+        return choice
+    if value != "auto":
+        choice.dense_above = int(value)
+        return choice
+    if not dense_fits(cfg, lm_repeat):
+        log.info("no float32 copy of the native weights: it would take more than %d%% of the available memory",
+                 int(DENSE_MEMORY_SHARE * 100))
+        return choice
+    key = _probe_key(["native:dense-crossover"], cfg, lm_repeat)
+    cached = _cached_estimates(key)
+    if cached is None or "dense_above_rows" not in cached:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with torch.inference_mode():
+                cached = {"dense_above_rows": dense_crossover(cfg)}
+        finally:
+            torch.set_num_threads(threads)
+        _store_estimates(key, cached)
+    choice.dense_above = cached["dense_above_rows"]
     return choice
 
 
@@ -241,8 +334,8 @@ def _probe_key(candidates: list[str], cfg: Any, lm_repeat: int) -> str:
     except OSError:
         pass
     parts = {"cpu": cpu, "torch": torch.__version__, "cap": torch.backends.cpu.get_cpu_capability(),
-             "env": [os.environ.get(v) for v in ("ATEN_CPU_CAPABILITY",
-                                                                                    "ONEDNN_MAX_CPU_ISA")],
+             "env": [os.environ.get(v) for v in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
+                                                 "MKL_ENABLE_INSTRUCTIONS")],
              "shape": [cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_layers, cfg.num_heads,
                        cfg.num_kv_heads, cfg.head_dim, lm_repeat], "candidates": candidates}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]

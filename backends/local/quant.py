@@ -25,6 +25,17 @@ slower: ``benchmarks/engine_speed.py``), so native weights run with bf16 activat
 to bf16 is the one difference from the GGUF's exact weights; :meth:`QuantTensor.rounded` gives the weights the
 kernel really uses (``QuantTensor.rounded(torch.bfloat16).dequantize()``), which is what the greedy-equivalence test
 compares against.
+
+Many rows at once (prefill, verify of a large batch): the kernel dequantizes a block of weights for every few rows
+of the input, so its time grows linearly with the rows (SmolLM2's gate|up [576 -> 3072], one thread, AVX-512:
+0.13 ms at 1 row, 0.85 ms at 16, 6.8 ms at 128; emulated AVX2: 0.22, 1.5, 12.7 ms), while a float32 GEMM of the
+dequantized weights costs about the same from 1 to 16 rows and then grows at the CPU's FLOP rate (0.28, 0.89,
+3.2 ms). So a layer may also keep those weights dense (:class:`Int4Linear` ``dense``: exactly the kernel's weights,
+``rounded(bf16).dequantize()``, in float32; bf16 inputs cast up, the output cast back like the kernel's) and use
+them above a row count measured at start-up (``dense_above``; :func:`spectune.backends.local.paths.dense_crossover`).
+llama.cpp does the same for large batches (its CPU backend dequantizes to a float GEMM once a matmul has more than
+32 rows with a BLAS backend). It costs 4 bytes per weight of memory, so it is used only where the dense copy fits in
+a quarter of the available memory.
 """
 
 from __future__ import annotations
@@ -139,12 +150,15 @@ class Int4Linear(nn.Module):
         qt: the weights (:class:`QuantTensor`).
         dtype: activation dtype (bf16 for the vectorised kernel; scales and zeros are stored in it too).
         bias: optional [N] bias.
+        dense_above: also keep the kernel's weights as a float32 [N, K] matrix and use a float32 GEMM for inputs of
+            more than this many rows (see the module docstring); None: int4 only.
 
     Raises:
         RuntimeError: from PyTorch when the kernel cannot take this shape (out_features not a multiple of 16).
     """
 
-    def __init__(self, qt: QuantTensor, dtype: torch.dtype = torch.bfloat16, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, qt: QuantTensor, dtype: torch.dtype = torch.bfloat16, bias: torch.Tensor | None = None,
+                 dense_above: int | None = None) -> None:
         super().__init__()
         self.out_features, self.in_features = qt.shape
         self.repeat, self.qtype = qt.repeat, qt.qtype
@@ -153,10 +167,16 @@ class Int4Linear(nn.Module):
         sz = torch.stack([torch.from_numpy(qt.scale), torch.from_numpy(qt.zero)], dim=-1)  # [N, G, 2]
         self.scales_zeros = sz.transpose(0, 1).contiguous().to(dtype)  # [G, N, 2]
         self.bias = None if bias is None else bias.to(dtype)
+        self.dense_above = dense_above
+        self.dense = None if dense_above is None else torch.from_numpy(qt.rounded(dtype).dequantize())  # [N, K] fp32
+        self.dense_bias = None if self.bias is None or dense_above is None else self.bias.float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in_features] (the activation dtype) -> [..., out_features]."""
-        x2 = x.reshape(-1, self.in_features)
+        x2 = x.reshape(-1, self.in_features)  # [M, K]
+        if self.dense is not None and x2.shape[0] > self.dense_above:  # many rows: float32 GEMM, same weights
+            y = torch.nn.functional.linear(x2.float(), self.dense, self.dense_bias).to(x.dtype)
+            return y.view(*x.shape[:-1], self.out_features)
         if self.repeat > 1:
             x2 = x2.repeat(1, self.repeat)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, QK, self.scales_zeros)
@@ -165,7 +185,8 @@ class Int4Linear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype}, "
+                f"dense_above={self.dense_above}")
 
 
 @functools.lru_cache(maxsize=1)
@@ -243,7 +264,8 @@ def read_gguf_linears(path: str | Path, num_layers: int, num_heads: int, num_kv_
     return out, bad
 
 
-def quantize_target(target: nn.Module, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
+def quantize_target(target: nn.Module, path: str | Path, dtype: torch.dtype = torch.bfloat16,
+                    dense_above: int | None = None) -> dict[str, Any]:
     """Replace the target's linear layers by :class:`Int4Linear` over the GGUF's own quantized weights.
 
     The model must have been loaded from the same GGUF (by :func:`spectune.backends.local.weights.load_target`): its dense
@@ -255,13 +277,15 @@ def quantize_target(target: nn.Module, path: str | Path, dtype: torch.dtype = to
         target: a :class:`~backends.local.model.TargetModel` on CPU.
         path: its GGUF file.
         dtype: activation dtype (bf16: the kernel's vectorised variant).
+        dense_above: row count above which every layer uses a float32 copy of its weights (:class:`Int4Linear`);
+            None: int4 only.
 
     Returns:
         ``{"replaced": number of layers, "types": {qtype: count}}``.
 
     Raises:
-        UserError: a linear layer's GGUF type is not Q4_0, Q4_1 or Q8_0 (the message names it and the fix), or the
-            Q/K check fails.
+        UserError: a linear layer's GGUF type is not Q4_0, Q4_1 or Q8_0 (the message names it and the fix), the
+            Q/K check fails, or PyTorch's int4 kernel refuses a layer (its RuntimeError, in one line).
     """
     cfg = target.cfg
     quant, bad = read_gguf_linears(path, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.tie_word_embeddings)
@@ -283,7 +307,12 @@ def quantize_target(target: nn.Module, path: str | Path, dtype: torch.dtype = to
             parent = getattr(parent, part)
         old = getattr(parent, leaf)
         bias = None if getattr(old, "bias", None) is None else old.bias.detach()
-        setattr(parent, leaf, Int4Linear(qt, dtype, bias))
+        try:
+            layer = Int4Linear(qt, dtype, bias, dense_above)
+        except RuntimeError as err:  # this PyTorch's int4 kernel refuses the shape or lacks the op
+            raise UserError(f"{Path(path).name}: PyTorch's int4 CPU kernel cannot take {name} "
+                            f"({' '.join(str(err).split())[:160]}): use --dtype bfloat16 or float32") from None
+        setattr(parent, leaf, layer)
         for t in qt.qtype.split("+"):
             types[t] = types.get(t, 0) + 1
     return {"replaced": len(quant), "types": types}

@@ -44,6 +44,10 @@ def serve(
     model_name: Annotated[Optional[str], typer.Option(help="Model id served on /v1/models.")] = None,
     threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (0 = torch default).")] = 0,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    native_dense_above: Annotated[str, typer.Option(help="--dtype native: above this many rows per matmul "
+                                                    "(prefill, large verify batches) use a float32 copy of the "
+                                                    "int4 weights; auto (measured at start-up), off, or a row "
+                                                    "count.")] = "auto",
 ) -> None:
     """Serve the bundled engine: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /server_info."""
     from spectune.backends.local.build import EngineOptions, build_engine
@@ -53,7 +57,7 @@ def serve(
     engine = build_engine(EngineOptions(
         model=model, draft=draft, num_steps=num_steps, dtype=dtype, device=device, max_num_seqs=max_num_seqs,
         max_model_len=max_model_len, kv_cache_gb=kv_cache_gb, adaptive_config=adaptive_config, trace_path=trace,
-        threads=threads, seed=seed))
+        threads=threads, seed=seed, native_dense_above=native_dense_above))
     name = model_name or engine.model_name
     head = engine.runner.head
     key = resolve_api_key(api_key)

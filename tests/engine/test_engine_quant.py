@@ -59,6 +59,24 @@ def quant_and_dense():
     return quant, bad, target
 
 
+def test_a_layer_the_int4_kernel_refuses_is_a_user_error(monkeypatch) -> None:
+    """PyTorch's packing refuses out_features that are not a multiple of 16 (a RuntimeError); quantize_target turns
+    that into a one-line UserError naming the layer and the fallback."""
+    from spectune.backends.local import quant as Q
+
+    real = Q.read_gguf_linears
+
+    def with_an_odd_layer(*args, **kwargs):
+        out, bad = real(*args, **kwargs)
+        out["layers.3.down_proj"] = out["layers.3.down_proj"].rows(np.arange(8))  # 8 rows: not a multiple of 16
+        return out, bad
+
+    monkeypatch.setattr(Q, "read_gguf_linears", with_an_odd_layer)
+    target, _ = load_target(None, torch.bfloat16, "cpu")
+    with pytest.raises(UserError, match=r"layers\.3\.down_proj .*--dtype bfloat16"):
+        Q.quantize_target(target, default_model_path())
+
+
 def test_every_linear_of_the_default_target_is_native(quant_and_dense) -> None:
     quant, bad, target = quant_and_dense
     assert (bad, len(quant)) == ({}, 4 * target.cfg.num_layers + 1)
@@ -126,6 +144,42 @@ def test_greedy_native_matches_reference_with_same_dequantized_weights(native_en
     expected = [ref.generate([p], params)[0] for p in prompts]
     assert [native_engine.generate([p], params)[0] for p in prompts] == expected
     assert native_engine.generate(prompts, params) == expected
+
+
+def test_many_rows_use_the_float32_copy_of_the_same_weights(quant_and_dense) -> None:
+    """Above dense_above rows the layer is a float32 GEMM over exactly the kernel's weights (bf16-rounded scales)."""
+    quant, _, _ = quant_and_dense
+    qt = quant["layers.5.gate_up"]
+    x = torch.randn(9, qt.shape[1], dtype=torch.bfloat16)
+    ref = torch.nn.functional.linear(x.float(), torch.from_numpy(qt.rounded(torch.bfloat16).dequantize()))
+    assert torch.equal(Int4Linear(qt, torch.bfloat16, dense_above=8)(x), ref.to(torch.bfloat16))
+
+
+def test_few_rows_stay_on_the_int4_kernel(quant_and_dense) -> None:
+    quant, _, _ = quant_and_dense
+    qt = quant["layers.5.gate_up"]
+    x = torch.randn(8, qt.shape[1], dtype=torch.bfloat16)
+    assert torch.equal(Int4Linear(qt, torch.bfloat16, dense_above=8)(x), Int4Linear(qt, torch.bfloat16)(x))
+
+
+def test_native_engine_records_its_dense_crossover(native_engine) -> None:
+    rows = native_engine.path.to_json()["dense_above_rows"]
+    assert rows is None or rows >= 1
+
+
+def test_a_bad_dense_threshold_is_a_user_error() -> None:
+    with pytest.raises(UserError, match="use auto, off or a row count"):
+        build_engine(EngineOptions(num_steps=0, draft="none", dtype="native", native_dense_above="many"))
+
+
+def test_dense_copy_is_refused_when_it_cannot_fit() -> None:
+    from spectune.backends.local.config import ModelConfig
+    from spectune.backends.local.paths import dense_fits
+
+    huge = ModelConfig(model_type="llama", vocab_size=10**6, hidden_size=10**5, intermediate_size=10**6,
+                       num_layers=100, num_heads=64, num_kv_heads=8, head_dim=128, rope_theta=1e4,
+                       max_position_embeddings=128)
+    assert not dense_fits(huge)
 
 
 def test_native_is_refused_for_a_hf_folder(tmp_path) -> None:
