@@ -16,9 +16,16 @@ models for the same decision:
   step, ``AL_eff = L / (1 + (L - 1) / AL)`` for requests of L output tokens whose first token takes a prefill step)
   or ``tau = TPOT * AL`` (TPOT objective). It is fitted by weighted least squares (relative errors) on the
   features ``[1, c, K, c*K]`` (a fixed cost, batch-proportional verify cost, per-draft-token cost, and the verify
-  cost of K extra tokens per sequence), plus ``[K>0, c*(K>0)]`` (the draft model's own per-step cost) once enough
-  cells are measured. Each concurrency's predictions are then anchored on the cells measured there (the mean ratio
-  of measured to fitted ``tau``), so the model supplies the shape in K and the measurements the level.
+  cost of K extra tokens per sequence), plus ``[K>0, c*(K>0)]`` (the draft model's own fixed per-step cost: the
+  jump in step time from no speculation to one draft token, large on a CPU or for a draft with its own KV cache).
+  Which of these terms are fitted is decided by identifiability, not by a cell count: the richest of
+  ``GuidedPlanner.FEATURE_SETS`` whose design matrix on the measured cells has full column rank with at least one
+  residual degree of freedom to spare (an exactly determined fit passes through the noise and reports no residual
+  spread). So ``K>0`` enters as soon as K=0 and two num_steps >= 1 are measured at one concurrency (the seed round
+  plus one cell), instead of after eight cells with three spec levels, which left the seed's fit unable to tell the
+  draft's fixed cost from its per-token cost: it then predicted K=1 beating K=0 at every concurrency and the first
+  round went to K=1 everywhere. Each concurrency's predictions are then anchored on the cells measured there (the
+  mean ratio of measured to fitted ``tau``), so the model supplies the shape in K and the measurements the level.
 * **Prediction.** ``throughput = c * AL_eff / tau``, ``TPOT = tau / AL`` (scaled by the measured TPOT / (tau / AL) of
   the concurrency when tau was fitted on throughput). The prediction interval is
   ``pred * (1 +- z * s)``, z the normal quantile of the confidence, ``s`` the larger of the relative residual spread
@@ -27,8 +34,10 @@ models for the same decision:
   Whether an unmeasured cell could still beat the best is a one-sided question: its optimistic value uses the
   one-sided quantile.
 
-The loop: a seed round (:meth:`GuidedPlanner.seed`: the largest num_steps at the smallest concurrency, the smallest
-and the middle num_steps at the largest, the smallest num_steps at the middle concurrency); then rounds that, at
+The loop: a seed round (:meth:`GuidedPlanner.seed`: the largest num_steps at the smallest concurrency, the smallest,
+the second and the middle num_steps at the largest, the smallest num_steps at the middle concurrency; K=0 and K=1
+side by side at one concurrency identify the draft's fixed cost, and the largest concurrency is where cells are
+cheapest when every point runs the same prompts); then rounds that, at
 each concurrency, measure the unmeasured num_steps that could still change the choice: one whose optimistic
 prediction beats the best measured cell there by more than the noise band (a larger K: a tie goes to the smaller
 num_steps) or beats it at all (a smaller K), the most promising first, one per concurrency per round (every such
@@ -225,12 +234,36 @@ class GuidedPlanner:
             return x.tpot * x.al if math.isfinite(x.tpot) else math.nan
         return x.conc * self._effective(x.al, x.tokens_per_request) / x.throughput
 
+    #: candidate feature sets of tau(c, K), richest first (names in fit_info): the fit uses the first one the
+    #: measured cells identify with a residual degree of freedom to spare (module docstring)
+    FEATURE_SETS: tuple[tuple[str, ...], ...] = (
+        ("1", "c", "K", "c*K", "K>0", "c*(K>0)"),
+        ("1", "c", "K", "c*K", "K>0"),
+        ("1", "c", "K", "c*K"),
+        ("1", "c", "K"),
+        ("1", "c"),
+        ("1",),
+    )
+
     @staticmethod
-    def _features(k: int, c: int, full: bool) -> list[float]:
-        f = [1.0, float(c), float(k), float(c * k)]
-        if full:
-            f += [float(k > 0), float(c * (k > 0))]
-        return f
+    def _features(k: int, c: int, names: Sequence[str]) -> list[float]:
+        """The values of the named features at num_steps ``k``, concurrency ``c`` (FEATURE_SETS)."""
+        vals = {"1": 1.0, "c": float(c), "K": float(k), "c*K": float(c * k), "K>0": float(k > 0),
+                "c*(K>0)": float(c * (k > 0))}
+        return [vals[n] for n in names]
+
+    def _feature_set(self, cells: Sequence[_Cell]) -> tuple[str, ...]:
+        """The richest FEATURE_SETS entry whose design matrix on ``cells`` has full column rank with at least one
+        residual degree of freedom (an exactly determined fit would pass through the noise), else the richest with
+        full rank."""
+        full_rank = []
+        for names in self.FEATURE_SETS:
+            X = np.array([self._features(x.steps, x.conc, names) for x in cells])
+            if np.linalg.matrix_rank(X) == len(names):
+                if len(cells) > len(names):
+                    return names
+                full_rank.append(names)
+        return full_rank[0] if full_rank else ("1",)
 
     def fit(self, cells: dict[tuple[int, int], _Cell]) -> tuple[Any, float]:
         """Fit the step-time model; returns (tau(k, c) -> s, relative error s of the anchored model)."""
@@ -238,16 +271,14 @@ class GuidedPlanner:
         obs = [(x, t) for x, t in obs if math.isfinite(t) and t > 0]
         if not obs:
             raise ValueError("no measured cell to fit")
-        levels = {x.steps > 0 for x, _ in obs}
-        spec_levels = {x.steps for x, _ in obs if x.steps > 0}
-        full = len(obs) >= 8 and levels == {True, False} and len(spec_levels) >= 3  # else K>0 and K confound
-        X = np.array([self._features(x.steps, x.conc, full) for x, _ in obs])
+        names = self._feature_set([x for x, _ in obs])
+        X = np.array([self._features(x.steps, x.conc, names) for x, _ in obs])
         y = np.array([t for _, t in obs])
         w = 1.0 / y
         theta, *_ = np.linalg.lstsq(X * w[:, None], y * w, rcond=None)
 
         def raw(k: int, c: int) -> float:
-            v = float(np.dot(self._features(k, c, full), theta))
+            v = float(np.dot(self._features(k, c, names), theta))
             return v if v > 0 else math.nan
 
         anchor: dict[int, float] = {}
@@ -282,7 +313,7 @@ class GuidedPlanner:
         halves = [x.rel_halfwidth for x, _ in obs if math.isfinite(x.rel_halfwidth)]
         meas = float(np.median(halves)) / self.z if halves else 0.0
         s = max(s, meas, MIN_REL_ERROR)
-        self.fit_info = {"features": "1, c, K, c*K" + (", K>0, c*(K>0)" if full else ""),
+        self.fit_info = {"features": ", ".join(names),
                          "theta": [float(v) for v in theta], "anchors": {str(c): anchor[c] for c in known},
                          "relative_error": s, "cells": len(obs)}
         return (lambda k, c: raw(k, c) * anchor_at(c)), s
@@ -322,15 +353,22 @@ class GuidedPlanner:
 
     # -- what to measure next ------------------------------------------------------------------------------------
     def seed(self) -> list[tuple[int, int]]:
-        """The first round: (largest K, smallest c) for the per-position acceptance, (smallest K, largest c) and
-        (middle K, largest c) for the cost of a draft token at the largest batch (where a large K is rarely a
-        contender, so the middle K is the more useful measurement), (smallest K, middle c) for the batch
-        dependence (duplicates dropped)."""
+        """The first round (duplicates dropped), five cells:
+
+        * (largest K, smallest c): the per-position acceptance of every smaller K;
+        * (smallest K, largest c), (second K, largest c): num_steps 0 and 1 at the same concurrency, so the jump in
+          step time from no speculation to one draft token (the draft model's fixed per-step cost, ``K>0``) is
+          identified instead of being spread over the per-draft-token slope (the largest c: the cheapest cells when
+          every point runs the same number of prompts);
+        * (middle K, largest c): the per-draft-token cost at the largest batch;
+        * (smallest K, middle c): the batch dependence.
+        """
         ks, cs = sorted(self.steps), sorted(self.concurrency)
         mid = cs[len(cs) // 2] if len(cs) > 2 else cs[0]
         kmid = ks[len(ks) // 2]
+        k1 = ks[1] if len(ks) > 1 else ks[0]
         out: list[tuple[int, int]] = []
-        for cell in ((ks[-1], cs[0]), (ks[0], cs[-1]), (kmid, cs[-1]), (ks[0], mid)):
+        for cell in ((ks[-1], cs[0]), (ks[0], cs[-1]), (k1, cs[-1]), (kmid, cs[-1]), (ks[0], mid)):
             if cell not in out:
                 out.append(cell)
         return out

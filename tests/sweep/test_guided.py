@@ -174,3 +174,30 @@ def test_sweep_table_shows_intervals_and_predicted_cells():
     assert "100.0 [95.0, 104.0] tok/s" in text
     assert "predicted" in text
     assert "150.0 tok/s *" not in text  # a predicted cell is never the row's best
+
+
+def test_the_seed_measures_num_steps_0_and_1_at_the_same_concurrency():
+    """The draft model's fixed per-step cost (the jump in step time from K=0 to K=1) is identified only by K=0 and
+    K=1 measured at one concurrency."""
+    seed = GuidedPlanner(STEPS, CONC).seed()
+    assert {c for k, c in seed if k == 0} & {c for k, c in seed if k == 1}
+
+
+def test_the_seed_and_one_more_cell_identify_the_draft_models_fixed_cost():
+    """Cells generated from tau = 2 + 0.5 c + 3 (K>0) + 0.4 K + 0.1 c K (ms: a draft model with a fixed per-step
+    cost): from the seed and one more cell the fit uses the K>0 feature and predicts an unmeasured cell within 1%
+    (a model linear in K spreads the jump over the per-token slope)."""
+    pp = [0.8, 0.6, 0.4, 0.2]
+    al = acceptance_lengths(pp, range(5))
+    tau = lambda k, c: (2 + 0.5 * c + 3 * (k > 0) + 0.4 * k + 0.1 * c * k) / 1000  # noqa: E731
+
+    def point(k: int, c: int) -> dict:
+        return {"steps": k, "concurrency": c, "status": "ok", "acceptance": {"per_position": pp[:k]},
+                "metrics": {"output_throughput_tok_s": c * al[k] / tau(k, c), "tpot_p50_ms": tau(k, c) / al[k] * 1e3,
+                            "acceptance_length": al[k]}}
+
+    planner = GuidedPlanner(STEPS, CONC)
+    measured = [point(k, c) for k, c in planner.seed()] + [point(2, 2)]
+    pred = planner.predict(measured)[(1, 4)]
+    assert "K>0" in planner.fit_info["features"].split(", ")
+    assert pred.throughput == pytest.approx(4 * al[1] / tau(1, 4), rel=0.01)
