@@ -44,9 +44,10 @@ smallest, the second and the middle num_steps at the largest, the smallest num_s
 and K=1 side by side at one concurrency identify the draft's fixed cost, and the largest concurrency is where cells
 are cheapest when every point runs the same prompts). Then, one cell at a time with the model refitted after each
 (:meth:`GuidedPlanner.next_round`; where a server restart costs more than a point, a round of every such cell of
-the one num_steps with the largest summed expected improvement: one restart per round): first one cell at each concurrency with nothing measured (its predicted
-best num_steps), then the cell of the highest expected improvement per expected second among those still worth
-measuring (:meth:`GuidedPlanner.values`). A cell is worth measuring when
+the one num_steps with the largest summed expected improvement: one restart per round): first one cell at each
+concurrency with nothing measured (its predicted best num_steps), then the cell of the highest expected improvement
+per expected second among those still worth measuring (:meth:`GuidedPlanner.values`). A cell is worth measuring
+when
 
 1. its optimistic prediction (one-sided quantile of the confidence: "could it still beat the best?" is a one-sided
    question) beats the best cell measured at its concurrency by more than the noise band, for a smaller num_steps
@@ -75,10 +76,11 @@ benchmarks/guided_vs_grid.py: 10 of 30 points, 33% of the grid's measuring time,
 concurrency) and on the two emulated servers (tests/helpers/cost_model.py; virtual points with 2% and 4% noise, 96
 sweeps: the grid's choice within 3% in 82, the noise-free model's in 79, against 86 and 74 for the plan this
 replaced (a four-cell seed, then rounds of one cell per concurrency), at 32% of the grid's time on average instead of
-34%, 4 sweeps over 40% instead of 13). Without the leverage term the replay is unchanged
-but agreement drops to 74 of 96, the worst choice 17% below the best instead of 6%; with the expected-improvement
-threshold at a tenth of the band the replay measures 16 points instead of 10; at three quarters of the band it misses
-the best num_steps at one concurrency of the replay and agreement drops to 69 of 96.
+34%, 4 sweeps over 40% instead of 13). Without the leverage term the replay is unchanged but agreement drops to 74
+of 96, the worst choice 17% below the best instead of 6%; with the expected-improvement threshold at a tenth of the
+band the replay measures 16 points instead of 10; at three quarters of the band it misses the best num_steps at one
+concurrency of the replay and agreement drops to 69 of 96. Where a restart costs more than a point the saving is
+small: the seed alone launches four num_steps (the replay with a nominal 60 s per launch: 90% of the grid's time).
 """
 
 from __future__ import annotations
@@ -270,11 +272,12 @@ class GuidedPlanner:
             return x.tpot * x.al if math.isfinite(x.tpot) else math.nan
         return x.conc * self._effective(x.al, x.tokens_per_request) / x.throughput
 
-    #: candidate feature sets of tau(c, K), richest first (names in fit_info): the fit uses the first one the
-    #: measured cells identify with a residual degree of freedom to spare (module docstring)
-    #: a cell is measured only if its expected improvement is at least this share of the noise band
+    #: a cell is measured only if its expected improvement is at least this share of the noise band (module
+    #: docstring)
     EI_SHARE_OF_BAND: ClassVar[float] = 0.25
 
+    #: candidate feature sets of tau(c, K), richest first (names in fit_info): the fit uses the first one the
+    #: measured cells identify with a residual degree of freedom to spare (module docstring)
     FEATURE_SETS: ClassVar[tuple[tuple[str, ...], ...]] = (
         ("1", "c", "K", "c*K", "K>0", "c*(K>0)"),
         ("1", "c", "K", "c*K", "K>0"),
