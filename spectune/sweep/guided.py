@@ -41,8 +41,10 @@ models for the same decision:
 
 **The loop.** A seed round (:meth:`GuidedPlanner.seed`: the largest num_steps at the smallest concurrency, the
 smallest, the second and the middle num_steps at the largest, the smallest num_steps at the middle concurrency; K=0
-and K=1 side by side at one concurrency identify the draft's fixed cost, and the largest concurrency is where cells
-are cheapest when every point runs the same prompts). Then, one cell at a time with the model refitted after each
+and K=1 side by side at one concurrency identify the draft's fixed cost; of the seeds tried (the pair at the
+smallest concurrency, Kmax at the largest or the middle one) it measured least for the same agreement, with a fixed
+number of prompts per point, where the largest concurrency is the cheapest, and with spectune's default of four
+closed-loop waves per point, where it is the dearest). Then, one cell at a time with the model refitted after each
 (:meth:`GuidedPlanner.next_round`; where a server restart costs more than a point, a round of every such cell of
 the one num_steps with the largest summed expected improvement: one restart per round): first one cell at each
 concurrency with nothing measured (its predicted best num_steps), then the cell of the highest expected improvement
@@ -418,8 +420,8 @@ class GuidedPlanner:
         * (largest K, smallest c): the per-position acceptance of every smaller K;
         * (smallest K, largest c), (second K, largest c): num_steps 0 and 1 at the same concurrency, so the jump in
           step time from no speculation to one draft token (the draft model's fixed per-step cost, ``K>0``) is
-          identified instead of being spread over the per-draft-token slope (the largest c: the cheapest cells when
-          every point runs the same number of prompts);
+          identified instead of being spread over the per-draft-token slope (where a large K is rarely a
+          contender, so the pair says most about the smaller ones);
         * (middle K, largest c): the per-draft-token cost at the largest batch;
         * (smallest K, middle c): the batch dependence.
         """
