@@ -183,26 +183,6 @@ def test_the_seed_measures_num_steps_0_and_1_at_the_same_concurrency():
     assert {c for k, c in seed if k == 0} & {c for k, c in seed if k == 1}
 
 
-def test_the_seed_and_one_more_cell_identify_the_draft_models_fixed_cost():
-    """Cells generated from tau = 2 + 0.5 c + 3 (K>0) + 0.4 K + 0.1 c K (ms: a draft model with a fixed per-step
-    cost): from the seed and one more cell the fit uses the K>0 feature and predicts an unmeasured cell within 1%
-    (a model linear in K spreads the jump over the per-token slope)."""
-    pp = [0.8, 0.6, 0.4, 0.2]
-    al = acceptance_lengths(pp, range(5))
-    tau = lambda k, c: (2 + 0.5 * c + 3 * (k > 0) + 0.4 * k + 0.1 * c * k) / 1000  # noqa: E731
-
-    def point(k: int, c: int) -> dict:
-        return {"steps": k, "concurrency": c, "status": "ok", "acceptance": {"per_position": pp[:k]},
-                "metrics": {"output_throughput_tok_s": c * al[k] / tau(k, c), "tpot_p50_ms": tau(k, c) / al[k] * 1e3,
-                            "acceptance_length": al[k]}}
-
-    planner = GuidedPlanner(STEPS, CONC)
-    measured = [point(k, c) for k, c in planner.seed()] + [point(2, 2)]
-    pred = planner.predict(measured)[(1, 4)]
-    assert "K>0" in planner.fit_info["features"].split(", ")
-    assert pred.throughput == pytest.approx(4 * al[1] / tau(1, 4), rel=0.01)
-
-
 def exact_points(planner: GuidedPlanner, cells) -> list[dict]:
     """Points of an exact cost model with a draft fixed cost: tau = 2 + 0.5 c + 3 (K>0) + 0.4 K + 0.1 c K (ms)."""
     pp = [0.8, 0.6, 0.4, 0.2]
@@ -212,6 +192,17 @@ def exact_points(planner: GuidedPlanner, cells) -> list[dict]:
              "metrics": {"output_throughput_tok_s": c * al[k] / tau(k, c), "tpot_p50_ms": tau(k, c) / al[k] * 1e3,
                          "acceptance_length": al[k], "duration_s": 8 * 16 * tau(k, c) / al[k]}}
             for k, c in cells]
+
+
+def test_the_seed_and_one_more_cell_identify_the_draft_models_fixed_cost():
+    """Cells of an exact cost model with a draft fixed cost (exact_points): from the seed and one more cell the fit
+    uses the K>0 feature and predicts an unmeasured cell within 1% (a model linear in K spreads the jump over the
+    per-token slope)."""
+    planner = GuidedPlanner(STEPS, CONC)
+    pred = planner.predict(exact_points(planner, planner.seed() + [(2, 2)]))[(1, 4)]
+    expected = exact_points(planner, [(1, 4)])[0]["metrics"]["output_throughput_tok_s"]
+    assert "K>0" in planner.fit_info["features"].split(", ")
+    assert pred.throughput == pytest.approx(expected, rel=0.01)
 
 
 def test_a_prediction_far_from_the_measured_cells_gets_a_wider_interval():
