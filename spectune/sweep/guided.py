@@ -46,11 +46,11 @@ smallest concurrency, Kmax at the largest or the middle one) it measured least f
 number of prompts per point, where the largest concurrency is the cheapest, and with spectune's default of four
 closed-loop waves per point, where it is the dearest; the pair at the middle concurrency saved a point on the replay
 but cost the emulated memory-bound server 50% of the grid's time and missed the compute-bound one's choice by
-11%). Then, one cell at a time with the model refitted after each (:meth:`GuidedPlanner.next_round`; where a server restart costs more than a point, a round of every such cell of
-the one num_steps with the largest summed expected improvement: one restart per round): first one cell at each
-concurrency with nothing measured (its predicted best num_steps), then the cell of the highest expected improvement
-per expected second among those still worth measuring (:meth:`GuidedPlanner.values`). A cell is worth measuring
-when
+11%). Then, one cell at a time with the model refitted after each (:meth:`GuidedPlanner.next_round`; where a
+server restart costs more than a point, a round of every such cell of the one num_steps with the largest summed
+expected improvement: one restart per round): first one cell at each concurrency with nothing measured (its
+predicted best num_steps), then the cell of the highest expected improvement per expected second among those still
+worth measuring (:meth:`GuidedPlanner.values`). A cell is worth measuring when
 
 1. its optimistic prediction (one-sided quantile of the confidence: "could it still beat the best?" is a one-sided
    question) beats the best cell measured at its concurrency by more than the noise band, for a smaller num_steps
