@@ -14,7 +14,8 @@ prints per concurrency: each plan's chosen num_steps, the grid-measured objectiv
 (agreement: the guided choice within 3% of the grid's), then the points, launches and measuring time of each plan
 (sweep.json ``cost``: measurement windows + server starts/switches, drift checks included). ``--restart-s`` adds a
 nominal restart cost per launch (the emulated servers switch for free; SGLang and vLLM restart with CUDA-graph
-capture per num_steps), printed as a separate column.
+capture per num_steps), printed as a separate column (with ``--replay``: a line of its own, the launches counted
+as changes of num_steps in the order measured, the grid's as one per num_steps).
 """
 
 from __future__ import annotations
@@ -49,9 +50,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def replay(grid: Path, out: Path, objective: str) -> dict[str, object]:
-    """The guided planner on a finished grid's measurements (module docstring); writes ``out/guided`` and returns
-    {"rounds", "points", "grid_points", "seconds", "grid_seconds", "launches", "grid_launches"}."""
+def replay(grid: Path, out: Path, objective: str, restart_s: float = 0.0) -> dict[str, object]:
+    """The guided planner on a finished grid's measurements (module docstring), asking for every open cell at once
+    where ``restart_s`` (s per launch) exceeds the mean point's measuring window, as spectune.sweep.run does; writes
+    ``out/guided`` and returns {"rounds", "points", "grid_points", "seconds", "grid_seconds", "launches",
+    "grid_launches"}."""
     from spectune.results.folder import SweepFolder
     from spectune.sweep.guided import GuidedPlanner
 
@@ -62,7 +65,9 @@ def replay(grid: Path, out: Path, objective: str) -> dict[str, object]:
     planner = GuidedPlanner(plan["steps"], plan["concurrency"], 1, objective)
     got, tried, order = [], set(), []
     while True:
-        cells = planner.next_round(got, tried)
+        windows = [(p.get("metrics") or {}).get("duration_s") or 0.0 for p in got]
+        point = sum(windows) / len(windows) if windows else 0.0
+        cells = planner.next_round(got, tried, all_threats=restart_s > point > 0)
         if not cells:
             break
         current = order[-1][0] if order else None
@@ -148,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     out = args.output_dir or Path(tempfile.mkdtemp(prefix="guided-vs-grid-"))
     if args.replay is not None:
-        r = replay(args.replay, out, args.objective)
+        r = replay(args.replay, out, args.objective, args.restart_s)
         result = compare(out, args.objective, args.replay)
         print(f"replay of {args.replay} (no server run); objective {args.objective}; guided folder {out / 'guided'}")
         print(f"{'concurrency':>11} | {'grid K':>6} | {'guided K':>8} | {'grid obj':>10} | {'guided K on grid':>16} | "
@@ -160,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"points {r['points']}/{r['grid_points']}; measuring windows {r['seconds']:.1f}/{r['grid_seconds']:.1f} s "
               f"= {r['seconds'] / r['grid_seconds']:.1%}; launches {r['launches']}/{r['grid_launches']}; rounds "
               f"{r['rounds']}")
+        if args.restart_s:
+            g = r["seconds"] + r["launches"] * args.restart_s
+            full = r["grid_seconds"] + r["grid_launches"] * args.restart_s
+            print(f"with {args.restart_s:g} s per launch: {g:.1f}/{full:.1f} s = {g / full:.1%}")
         return 0
     outcomes = run_plans(args, out)
     result = compare(out, args.objective)

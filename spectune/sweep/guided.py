@@ -16,25 +16,74 @@ models for the same decision:
   step, ``AL_eff = L / (1 + (L - 1) / AL)`` for requests of L output tokens whose first token takes a prefill step)
   or ``tau = TPOT * AL`` (TPOT objective). It is fitted by weighted least squares (relative errors) on the
   features ``[1, c, K, c*K]`` (a fixed cost, batch-proportional verify cost, per-draft-token cost, and the verify
-  cost of K extra tokens per sequence), plus ``[K>0, c*(K>0)]`` (the draft model's own per-step cost) once enough
-  cells are measured. Each concurrency's predictions are then anchored on the cells measured there (the mean ratio
-  of measured to fitted ``tau``), so the model supplies the shape in K and the measurements the level.
+  cost of K extra tokens per sequence), plus ``[K>0, c*(K>0)]`` (the draft model's own fixed per-step cost: the
+  jump in step time from no speculation to one draft token, large on a CPU or for a draft with its own KV cache).
+  Which of these terms are fitted is decided by identifiability, not by a cell count: the richest of
+  ``GuidedPlanner.FEATURE_SETS`` whose design matrix on the measured cells has full column rank with at least one
+  residual degree of freedom to spare (an exactly determined fit passes through the noise and reports no residual
+  spread). So ``K>0`` enters as soon as K=0 and two num_steps >= 1 are measured at one concurrency (the seed round
+  plus one cell), instead of after eight cells with three spec levels, which left the seed's fit unable to tell the
+  draft's fixed cost from its per-token cost: it then predicted K=1 beating K=0 at every concurrency and the first
+  round went to K=1 everywhere. Each concurrency's predictions are then anchored on the cells measured there (the
+  mean ratio of measured to fitted ``tau``), so the model supplies the shape in K and the measurements the level.
 * **Prediction.** ``throughput = c * AL_eff / tau``, ``TPOT = tau / AL`` (scaled by the measured TPOT / (tau / AL) of
-  the concurrency when tau was fitted on throughput). The prediction interval is
-  ``pred * (1 +- z * s)``, z the normal quantile of the confidence, ``s`` the larger of the relative residual spread
-  of the anchored fit (over concurrencies with two or more measured cells, one degree of freedom per anchor), the
-  measurements' own relative half-width and 2% (``MIN_REL_ERROR``: the model's structure is never trusted more).
-  Whether an unmeasured cell could still beat the best is a one-sided question: its optimistic value uses the
-  one-sided quantile.
+  the concurrency when tau was fitted on throughput). The prediction interval is ``pred * (1 +- z * e)``, z the
+  normal quantile of the confidence and ``e`` the cell's relative standard error: ``e^2 = s^2 + g' V g``. ``s`` is
+  the larger of the relative residual spread of the anchored fit (over concurrencies with two or more measured
+  cells, one degree of freedom per anchor), the measurements' own relative half-width and 2% (``MIN_REL_ERROR``:
+  the model's structure is never trusted more). ``g' V g`` is the cell's leverage, the ordinary least-squares
+  prediction variance of the fitted parameters (``V = s^2 (X'WX)^-1``, relative units), taken on the difference
+  between the cell's features and the mean of the cells measured at its concurrency (the anchor cancels the level
+  there; at a concurrency with nothing measured the whole level is uncertain). Without it a fit identified by few
+  cells reads as certain far from them: on a noisy compute-bound server a seed that saw K=1 tie K=0 at c=32 then
+  ruled out K=1 at c=1 (where it was 18% better) at the 2% floor; with it, extrapolations in K or c get the width
+  the data give them, and cells between measured ones stay narrow.
 
-The loop: a seed round (:meth:`GuidedPlanner.seed`: the largest num_steps at the smallest concurrency, the smallest
-and the middle num_steps at the largest, the smallest num_steps at the middle concurrency); then rounds that, at
-each concurrency, measure the unmeasured num_steps that could still change the choice: one whose optimistic
-prediction beats the best measured cell there by more than the noise band (a larger K: a tie goes to the smaller
-num_steps) or beats it at all (a smaller K), the most promising first, one per concurrency per round (every such
-cell where a server restart costs more than a point), the model refitted between rounds. It stops when no such cell is left (the
-choice is settled at the requested confidence), or at the budget (``--budget`` points or seconds). Every
-unmeasured cell is then predicted and written to summary.csv with ``predicted`` True.
+**The loop.** A seed round (:meth:`GuidedPlanner.seed`: the largest num_steps at the smallest concurrency, the
+smallest, the second and the middle num_steps at the largest, the smallest num_steps at the middle concurrency; K=0
+and K=1 side by side at one concurrency identify the draft's fixed cost; of the seeds tried (the pair at the
+smallest concurrency, Kmax at the largest or the middle one) it measured least for the same agreement, with a fixed
+number of prompts per point, where the largest concurrency is the cheapest, and with spectune's default of four
+closed-loop waves per point, where it is the dearest; the pair at the middle concurrency saved a point on the replay
+but cost the emulated memory-bound server 50% of the grid's time and missed the compute-bound one's choice by
+11%). Then, one cell at a time with the model refitted after each (:meth:`GuidedPlanner.next_round`; where a
+server restart costs more than a point, a round of every such cell of the one num_steps with the largest summed
+expected improvement: one restart per round): first one cell at each concurrency with nothing measured (its
+predicted best num_steps), then the cell of the highest expected improvement per expected second among those still
+worth measuring (:meth:`GuidedPlanner.values`). A cell is worth measuring when
+
+1. its optimistic prediction (one-sided quantile of the confidence: "could it still beat the best?" is a one-sided
+   question) beats the best cell measured at its concurrency by more than the noise band, for a smaller num_steps
+   as for a larger one. A difference inside the band is not called (``spectune recommend`` calls it a tie and
+   takes the smaller num_steps), so an unmeasured cell inside the band can cost at most the band, less than the 3%
+   a choice may be off; and
+2. its expected improvement beyond the band, ``E[max(0, Y - best (1 + band))] / best`` for a normal Y with the
+   cell's prediction and standard error, is at least a quarter of the band (``EI_SHARE_OF_BAND``; 0.5% of the
+   objective at the default 2% band). Condition 1 alone keeps measuring a cell whose interval merely brushes the
+   band (optimistic 2.3% above the best, expected gain 0.06%); measuring it costs a whole point and it almost never
+   changes the choice. The threshold scales with ``--noise-band``: a user who calls smaller differences gets a
+   finer search.
+
+The expected duration of a cell (:meth:`GuidedPlanner._duration`) is the output tokens a point at the nearest
+measured concurrency produced (duration x throughput) over the cell's predicted throughput: with a fixed number of
+prompts a c=1 cell takes several times as long as a c=32 one, with a duration cap they cost the same, and the ratio
+of value to seconds prefers the cheap cell of two equally informative ones. One cell at a time matters because one
+cell moves the model everywhere: after the seed the fit cannot yet tell how the draft's fixed cost scales with the
+batch, and a round of one cell per concurrency spent four cells on K=1 where one would have shown it losing. The
+plan stops when no cell is worth measuring (the choice is settled at the requested confidence), or at the budget
+(``--budget`` points or seconds). Every unmeasured cell is then predicted and written to summary.csv with
+``predicted`` True.
+
+Checked on the measured 5x6 grid of the bundled engine on CPU (docs/examples/smollm2-cpu/sweep, replayed by
+benchmarks/guided_vs_grid.py: 10 of 30 points, 33% of the grid's measuring time, the grid's choice at every
+concurrency) and on the two emulated servers (tests/helpers/cost_model.py; virtual points with 2% and 4% noise, 96
+sweeps: the grid's choice within 3% in 82, the noise-free model's in 79, against 86 and 74 for the plan this
+replaced (a four-cell seed, then rounds of one cell per concurrency), at 32% of the grid's time on average instead of
+34%, 4 sweeps over 40% instead of 13). Without the leverage term the replay is unchanged but agreement drops to 74
+of 96, the worst choice 17% below the best instead of 6%; with the expected-improvement threshold at a tenth of the
+band the replay measures 16 points instead of 10; at three quarters of the band it misses the best num_steps at one
+concurrency of the replay and agreement drops to 69 of 96. Where a restart costs more than a point the saving is
+small: the seed alone launches four num_steps (the replay with a nominal 60 s per launch: 90% of the grid's time).
 """
 
 from __future__ import annotations
@@ -42,7 +91,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
@@ -117,6 +166,7 @@ class _Cell:
     rel_halfwidth: float
     tokens_per_request: float = math.nan
     num_drafts: float = 1.0
+    duration_s: float = math.nan
 
 
 @dataclass
@@ -175,7 +225,7 @@ class GuidedPlanner:
             drafts = sum(float((p.get("acceptance") or {}).get("num_drafts") or 0) for p in ps) or 1.0
             if math.isfinite(tput) and tput > 0 and math.isfinite(al):
                 out[(k, c)] = _Cell(k, c, tput, tpot, al, pp, half, float(np.median(toks)) if toks else math.nan,
-                                    drafts)
+                                    drafts, med("duration_s"))
         return out
 
     # -- the model ---------------------------------------------------------------------------------------------
@@ -225,29 +275,56 @@ class GuidedPlanner:
             return x.tpot * x.al if math.isfinite(x.tpot) else math.nan
         return x.conc * self._effective(x.al, x.tokens_per_request) / x.throughput
 
-    @staticmethod
-    def _features(k: int, c: int, full: bool) -> list[float]:
-        f = [1.0, float(c), float(k), float(c * k)]
-        if full:
-            f += [float(k > 0), float(c * (k > 0))]
-        return f
+    #: a cell is measured only if its expected improvement is at least this share of the noise band (module
+    #: docstring)
+    EI_SHARE_OF_BAND: ClassVar[float] = 0.25
 
-    def fit(self, cells: dict[tuple[int, int], _Cell]) -> tuple[Any, float]:
-        """Fit the step-time model; returns (tau(k, c) -> s, relative error s of the anchored model)."""
+    #: candidate feature sets of tau(c, K), richest first (names in fit_info): the fit uses the first one the
+    #: measured cells identify with a residual degree of freedom to spare (module docstring)
+    FEATURE_SETS: ClassVar[tuple[tuple[str, ...], ...]] = (
+        ("1", "c", "K", "c*K", "K>0", "c*(K>0)"),
+        ("1", "c", "K", "c*K", "K>0"),
+        ("1", "c", "K", "c*K"),
+        ("1", "c", "K"),
+        ("1", "c"),
+        ("1",),
+    )
+
+    @staticmethod
+    def _features(k: int, c: int, names: Sequence[str]) -> list[float]:
+        """The values of the named features at num_steps ``k``, concurrency ``c`` (FEATURE_SETS)."""
+        vals = {"1": 1.0, "c": float(c), "K": float(k), "c*K": float(c * k), "K>0": float(k > 0),
+                "c*(K>0)": float(c * (k > 0))}
+        return [vals[n] for n in names]
+
+    def _feature_set(self, cells: Sequence[_Cell]) -> tuple[str, ...]:
+        """The richest FEATURE_SETS entry whose design matrix on ``cells`` has full column rank with at least one
+        residual degree of freedom (an exactly determined fit would pass through the noise), else the richest with
+        full rank."""
+        full_rank = []
+        for names in self.FEATURE_SETS:
+            X = np.array([self._features(x.steps, x.conc, names) for x in cells])
+            if np.linalg.matrix_rank(X) == len(names):
+                if len(cells) > len(names):
+                    return names
+                full_rank.append(names)
+        return full_rank[0] if full_rank else ("1",)
+
+    def fit(self, cells: dict[tuple[int, int], _Cell]) -> tuple[Any, Any]:
+        """Fit the step-time model; returns (tau(k, c) -> s, err(k, c) -> relative standard error of that cell's
+        prediction: the residual spread s combined with the cell's leverage, module docstring)."""
         obs = [(x, self._tau_obs(x)) for x in cells.values()]
         obs = [(x, t) for x, t in obs if math.isfinite(t) and t > 0]
         if not obs:
             raise ValueError("no measured cell to fit")
-        levels = {x.steps > 0 for x, _ in obs}
-        spec_levels = {x.steps for x, _ in obs if x.steps > 0}
-        full = len(obs) >= 8 and levels == {True, False} and len(spec_levels) >= 3  # else K>0 and K confound
-        X = np.array([self._features(x.steps, x.conc, full) for x, _ in obs])
+        names = self._feature_set([x for x, _ in obs])
+        X = np.array([self._features(x.steps, x.conc, names) for x, _ in obs])
         y = np.array([t for _, t in obs])
         w = 1.0 / y
         theta, *_ = np.linalg.lstsq(X * w[:, None], y * w, rcond=None)
 
         def raw(k: int, c: int) -> float:
-            v = float(np.dot(self._features(k, c, full), theta))
+            v = float(np.dot(self._features(k, c, names), theta))
             return v if v > 0 else math.nan
 
         anchor: dict[int, float] = {}
@@ -282,10 +359,26 @@ class GuidedPlanner:
         halves = [x.rel_halfwidth for x, _ in obs if math.isfinite(x.rel_halfwidth)]
         meas = float(np.median(halves)) / self.z if halves else 0.0
         s = max(s, meas, MIN_REL_ERROR)
-        self.fit_info = {"features": "1, c, K, c*K" + (", K>0, c*(K>0)" if full else ""),
+        self.fit_info = {"features": ", ".join(names),
                          "theta": [float(v) for v in theta], "anchors": {str(c): anchor[c] for c in known},
                          "relative_error": s, "cells": len(obs)}
-        return (lambda k, c: raw(k, c) * anchor_at(c)), s
+        # the parameters' own uncertainty (relative units: the fit is weighted by 1/tau): a cell the measured ones
+        # pin down poorly (an extrapolation in K or c) gets a wider interval than the residual spread alone
+        Xw = X * w[:, None]
+        cov = np.linalg.pinv(Xw.T @ Xw) * s * s
+
+        def rel(k: int, c: int) -> np.ndarray:
+            r = raw(k, c)
+            return np.array(self._features(k, c, names)) / r if math.isfinite(r) else np.zeros(len(names))
+
+        def err(k: int, c: int) -> float:
+            g = rel(k, c)
+            here = [x for x, _ in obs if x.conc == c]
+            if here:  # anchored on the cells measured at c: only the shape between them and (k, c) is uncertain
+                g = g - np.mean([rel(x.steps, c) for x in here], axis=0)
+            return math.sqrt(s * s + max(float(g @ cov @ g), 0.0))
+
+        return (lambda k, c: raw(k, c) * anchor_at(c)), err
 
     def predict(self, points: Sequence[dict[str, Any]]) -> dict[tuple[int, int], Prediction]:
         """Predictions for every cell of the plan (measured ones too), keyed (steps, concurrency); {} when nothing
@@ -293,7 +386,7 @@ class GuidedPlanner:
         cells = self.cells(points)
         if not cells:
             return {}
-        tau, s = self.fit(cells)
+        tau, err = self.fit(cells)
         z = self.z
         tokens = self._tokens(cells)
         out = {}
@@ -305,8 +398,9 @@ class GuidedPlanner:
                     continue
                 tput = c * (self._effective(al, tokens) if self.objective != "tpot" else al) / t
                 tpot = t / al * self._tpot_scale(cells, c)
-                out[(k, c)] = Prediction(k, c, al, tput, tput * (1 - z * s), tput * (1 + z * s), tpot,
-                                         tpot * (1 - z * s), tpot * (1 + z * s))
+                e = err(k, c)
+                out[(k, c)] = Prediction(k, c, al, tput, tput * (1 - z * e), tput * (1 + z * e), tpot,
+                                         tpot * (1 - z * e), tpot * (1 + z * e))
         return out
 
     def _tpot_scale(self, cells: dict[tuple[int, int], _Cell], c: int) -> float:
@@ -322,15 +416,22 @@ class GuidedPlanner:
 
     # -- what to measure next ------------------------------------------------------------------------------------
     def seed(self) -> list[tuple[int, int]]:
-        """The first round: (largest K, smallest c) for the per-position acceptance, (smallest K, largest c) and
-        (middle K, largest c) for the cost of a draft token at the largest batch (where a large K is rarely a
-        contender, so the middle K is the more useful measurement), (smallest K, middle c) for the batch
-        dependence (duplicates dropped)."""
+        """The first round (duplicates dropped), five cells:
+
+        * (largest K, smallest c): the per-position acceptance of every smaller K;
+        * (smallest K, largest c), (second K, largest c): num_steps 0 and 1 at the same concurrency, so the jump in
+          step time from no speculation to one draft token (the draft model's fixed per-step cost, ``K>0``) is
+          identified instead of being spread over the per-draft-token slope (where a large K is rarely a
+          contender, so the pair says most about the smaller ones);
+        * (middle K, largest c): the per-draft-token cost at the largest batch;
+        * (smallest K, middle c): the batch dependence.
+        """
         ks, cs = sorted(self.steps), sorted(self.concurrency)
         mid = cs[len(cs) // 2] if len(cs) > 2 else cs[0]
         kmid = ks[len(ks) // 2]
+        k1 = ks[1] if len(ks) > 1 else ks[0]
         out: list[tuple[int, int]] = []
-        for cell in ((ks[-1], cs[0]), (ks[0], cs[-1]), (kmid, cs[-1]), (ks[0], mid)):
+        for cell in ((ks[-1], cs[0]), (ks[0], cs[-1]), (k1, cs[-1]), (kmid, cs[-1]), (ks[0], mid)):
             if cell not in out:
                 out.append(cell)
         return out
@@ -342,46 +443,81 @@ class GuidedPlanner:
 
     def next_round(self, points: Sequence[dict[str, Any]], tried: set[tuple[int, int]],
                    all_threats: bool = False) -> list[tuple[int, int]]:
-        """The cells to measure next (module docstring), at most one per concurrency (``all_threats``: every
-        threatening cell, for servers whose restart costs more than a point, so fewer rounds need fewer
-        restarts), most promising first; the seed when nothing was measured yet; [] when the choice is settled
-        everywhere. ``tried``: cells already attempted (measured or failed), never proposed again."""
+        """The cells to measure next (module docstring): the seed when nothing was measured yet; then the one cell
+        of the highest expected improvement per expected second (``all_threats``, for servers whose restart costs
+        more than a point: every cell worth measuring of the one num_steps with the largest summed value, most
+        valuable first, so a round costs one restart); [] when the choice is settled everywhere. ``tried``: cells
+        already attempted (measured or failed), never proposed again."""
         cells = self.cells(points)
         if not cells:
             seed = [x for x in self.seed() if x not in tried]
             self.rounds.append(seed)
             return seed
         preds = self.predict(points)
-        band, maximise = self.noise_band, self.objective != "tpot"
         proposals: list[tuple[float, tuple[int, int]]] = []
         for c in self.concurrency:
-            measured = [x for x in cells.values() if x.conc == c]
             open_ = [k for k in self.steps if (k, c) not in tried and (k, c) in preds]
             if not open_:
                 continue
-            if not measured:
+            values = self.values(cells, preds, c, open_)
+            if values is None:  # nothing measured at c yet: its predicted best first
+                maximise = self.objective != "tpot"
                 best_k = max(open_, key=lambda k: self._value(preds[(k, c)])[0] * (1 if maximise else -1))
                 proposals.append((math.inf, (best_k, c)))
                 continue
-            obj = {x.steps: (x.throughput if maximise else x.tpot) for x in measured}
-            best_k = max(obj, key=lambda k: (obj[k] if maximise else -obj[k], -k))
-            best = obj[best_k]
-            threats = []
-            shrink = self.z_one_sided / self.z
-            for k in open_:
-                v, lo, hi = self._value(preds[(k, c)])
-                optimistic = v + (hi - v) * shrink if maximise else v - (v - lo) * shrink
-                gain = optimistic / best - 1 if maximise else best / optimistic - 1
-                need = band if k > best_k else 0.0
-                if gain > need:
-                    threats.append((gain, k))
-            for gain, k in (sorted(threats, reverse=True) if all_threats else [max(threats)] if threats else []):
-                proposals.append((gain, (k, c)))
+            proposals += [(ei / self._duration(cells, preds[(k, c)]), (k, c)) for k, ei in values.items()]
         proposals.sort(key=lambda x: -x[0])
         out = [cell for _, cell in proposals]
+        if not all_threats:
+            out = out[:1]
+        elif out:  # one launch per round: every open cell of the num_steps with the most to gain
+            gain: dict[int, float] = {}
+            for v, (k, _) in proposals:
+                gain[k] = gain.get(k, 0.0) + v
+            top = max(gain, key=lambda k: (gain[k], -k))
+            out = [cell for cell in out if cell[0] == top]
         if out:
             self.rounds.append(out)
         return out
+
+    def values(self, cells: dict[tuple[int, int], _Cell], preds: dict[tuple[int, int], Prediction], c: int,
+               open_: Sequence[int]) -> dict[int, float] | None:
+        """The unmeasured num_steps at concurrency ``c`` worth measuring, with their expected improvement (a
+        fraction of the best measured objective there); None when nothing was measured at ``c``. A cell is worth
+        measuring when its optimistic prediction (one-sided ``confidence``) beats the best measured cell at ``c``
+        by more than the noise band and its expected improvement beyond the band, E[max(0, Y - best (1 +
+        band))] / best for a normal Y of the cell's prediction and standard error, is at least ``EI_SHARE_OF_BAND``
+        of the band (module docstring)."""
+        measured = [x for x in cells.values() if x.conc == c]
+        if not measured:
+            return None
+        band, maximise = self.noise_band, self.objective != "tpot"
+        obj = {x.steps: (x.throughput if maximise else x.tpot) for x in measured}
+        best = max(obj.values()) if maximise else min(obj.values())
+        target = best * (1 + band) if maximise else best / (1 + band)
+        nd = NormalDist()
+        out = {}
+        for k in open_:
+            v, lo, hi = self._value(preds[(k, c)])
+            sd = ((hi - v) if maximise else (v - lo)) / self.z
+            if not sd > 0:
+                continue
+            d = (v - target) / sd if maximise else (target - v) / sd
+            ei = sd * (d * nd.cdf(d) + nd.pdf(d)) / best
+            if d > -self.z_one_sided and ei >= self.EI_SHARE_OF_BAND * band:
+                out[k] = ei
+        return out
+
+    @staticmethod
+    def _duration(cells: dict[tuple[int, int], _Cell], p: Prediction) -> float:
+        """Expected measuring time of the predicted cell ``p``, s: the output tokens a point measured at the nearest
+        measured concurrency (log scale) produced (its duration x throughput) over ``p``'s predicted throughput."""
+        timed = [x for x in cells.values() if math.isfinite(x.duration_s) and x.duration_s > 0]
+        if not timed or not p.throughput > 0:
+            return 1.0
+        d = min(abs(math.log(x.conc) - math.log(p.concurrency)) for x in timed)
+        near = [x for x in timed if abs(math.log(x.conc) - math.log(p.concurrency)) == d]
+        return float(np.mean([x.duration_s * x.throughput for x in near])) / p.throughput
 
     def describe(self) -> dict[str, Any]:
         """sweep.json's ``guided``: the rounds measured and the last fit."""

@@ -174,3 +174,89 @@ def test_sweep_table_shows_intervals_and_predicted_cells():
     assert "100.0 [95.0, 104.0] tok/s" in text
     assert "predicted" in text
     assert "150.0 tok/s *" not in text  # a predicted cell is never the row's best
+
+
+def test_the_seed_measures_num_steps_0_and_1_at_the_same_concurrency():
+    """The draft model's fixed per-step cost (the jump in step time from K=0 to K=1) is identified only by K=0 and
+    K=1 measured at one concurrency."""
+    seed = GuidedPlanner(STEPS, CONC).seed()
+    assert {c for k, c in seed if k == 0} & {c for k, c in seed if k == 1}
+
+
+def exact_points(planner: GuidedPlanner, cells) -> list[dict]:
+    """Points of an exact cost model with a draft fixed cost: tau = 2 + 0.5 c + 3 (K>0) + 0.4 K + 0.1 c K (ms)."""
+    pp = [0.8, 0.6, 0.4, 0.2]
+    al = acceptance_lengths(pp, range(5))
+    tau = lambda k, c: (2 + 0.5 * c + 3 * (k > 0) + 0.4 * k + 0.1 * c * k) / 1000  # noqa: E731
+    return [{"steps": k, "concurrency": c, "status": "ok", "acceptance": {"per_position": pp[:k]},
+             "metrics": {"output_throughput_tok_s": c * al[k] / tau(k, c), "tpot_p50_ms": tau(k, c) / al[k] * 1e3,
+                         "acceptance_length": al[k], "duration_s": 8 * 16 * tau(k, c) / al[k]}}
+            for k, c in cells]
+
+
+def test_the_seed_and_one_more_cell_identify_the_draft_models_fixed_cost():
+    """Cells of an exact cost model with a draft fixed cost (exact_points): from the seed and one more cell the fit
+    uses the K>0 feature and predicts an unmeasured cell within 1% (a model linear in K spreads the jump over the
+    per-token slope)."""
+    planner = GuidedPlanner(STEPS, CONC)
+    pred = planner.predict(exact_points(planner, planner.seed() + [(2, 2)]))[(1, 4)]
+    expected = exact_points(planner, [(1, 4)])[0]["metrics"]["output_throughput_tok_s"]
+    assert "K>0" in planner.fit_info["features"].split(", ")
+    assert pred.throughput == pytest.approx(expected, rel=0.01)
+
+
+def test_a_prediction_far_from_the_measured_cells_gets_a_wider_interval():
+    """K=0 at a concurrency where only K=2 was measured: the jump across the draft's fixed cost comes from the fit's
+    parameters alone, so its interval is wider than the residual spread gives (leverage)."""
+    planner = GuidedPlanner(STEPS, CONC)
+    pred = planner.predict(exact_points(planner, planner.seed() + [(2, 2)]))[(0, 2)]
+    residual_band = planner.z * planner.fit_info["relative_error"]
+    assert (pred.throughput_high - pred.throughput) / pred.throughput > 2 * residual_band
+
+
+def test_one_cell_at_a_time_where_switching_is_cheap():
+    """Between cells the model is refitted, so each cell is chosen with everything measured so far."""
+    planner = GuidedPlanner(STEPS, CONC)
+    seed = planner.seed()
+    assert len(planner.next_round(exact_points(planner, seed), set(seed))) == 1
+
+
+def test_one_launch_per_round_where_a_restart_costs_more_than_a_point():
+    """Every open cell of one num_steps at once: a round costs one restart."""
+    planner = GuidedPlanner(STEPS, CONC)
+    seed = planner.seed()
+    cells = planner.next_round(exact_points(planner, seed), set(seed), all_threats=True)
+    assert len({k for k, _ in cells}) == 1
+
+
+def test_a_round_for_a_costly_restart_takes_more_than_one_cell():
+    planner = GuidedPlanner(STEPS, CONC)
+    seed = planner.seed()
+    assert len(planner.next_round(exact_points(planner, seed), set(seed), all_threats=True)) > 1
+
+
+def test_the_expected_duration_of_a_cell_is_the_nearest_points_tokens_over_its_predicted_throughput():
+    planner = GuidedPlanner(STEPS, CONC)
+    points = exact_points(planner, [(0, 1), (0, 32)])
+    cells = planner.cells(points)
+    pred = planner.predict(points)[(2, 1)]
+    tokens = points[0]["metrics"]["duration_s"] * points[0]["metrics"]["output_throughput_tok_s"]
+    assert planner._duration(cells, pred) == pytest.approx(tokens / pred.throughput)
+
+
+@pytest.mark.parametrize("k,value,sd,worth", [
+    (3, 99.0, 2.0, False),  # optimistic 102.3 beats the band (102) but expects 0.06% more: not worth a point
+    (3, 99.0, 6.0, True),  # expects 1.2% beyond the band
+    (1, 100.5, 0.5, False),  # a smaller num_steps tied with the best: at most the band to gain
+])
+def test_a_cell_is_measured_only_if_it_could_beat_the_best_by_the_band_and_is_expected_to(k, value, sd, worth):
+    """Best measured at c=4: 100 tok/s (K=2); noise band 2%, so the target is 102; worth measuring: optimistic
+    (one-sided 95%) above 102 and expected improvement beyond it at least a quarter of the band (0.5 tok/s)."""
+    from spectune.sweep.guided import Prediction
+
+    planner = GuidedPlanner(STEPS, CONC)
+    measured = {"steps": 2, "concurrency": 4, "status": "ok",
+                "metrics": {"output_throughput_tok_s": 100.0, "tpot_p50_ms": 10.0, "acceptance_length": 2.0}}
+    z = planner.z
+    preds = {(k, 4): Prediction(k, 4, 2.0, value, value - z * sd, value + z * sd, 10.0, 9.0, 11.0)}
+    assert (k in planner.values(planner.cells([measured]), preds, 4, [k])) is worth
