@@ -45,6 +45,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--objective", default="throughput", choices=("throughput", "tpot"))
     p.add_argument("--restart-s", type=float, default=0.0, help="nominal restart cost per launch, s")
     p.add_argument("--output-dir", type=Path, default=None)
+    p.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT SLO, ms (both plans' goodput columns)")
+    p.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT SLO, ms")
     p.add_argument("--budget", default=None)
     p.add_argument("--replay", type=Path, default=None, help="a finished grid sweep folder: replay offline")
     return p.parse_args(argv)
@@ -102,7 +104,8 @@ def run_plans(args: argparse.Namespace, out: Path) -> dict[str, object]:
     concs = tuple(int(x) for x in args.concurrency.split(","))
     points, seconds = parse_budget(args.budget)
     base = dict(steps=steps, concurrency=concs, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
-                duration_per_point_s=args.duration, objective=args.objective, dataset="mt-bench")
+                duration_per_point_s=args.duration, objective=args.objective, dataset="mt-bench",
+                slo_tpot_ms=args.slo_tpot_ms, slo_ttft_ms=args.slo_ttft_ms)
     outcomes = {}
     for design in ("grid", "guided"):
         extra = dict(budget_points=points, budget_s=seconds) if design == "guided" else {}

@@ -74,9 +74,10 @@ plan stops when no cell is worth measuring (the choice is settled at the request
 (``--budget`` points or seconds). Every unmeasured cell is then predicted and written to summary.csv with
 ``predicted`` True.
 
-Checked on the measured 5x6 grid of the bundled engine on CPU (docs/examples/smollm2-cpu/sweep, replayed by
-benchmarks/guided_vs_grid.py: 10 of 30 points, 33% of the grid's measuring time, the grid's choice at every
-concurrency) and on the two emulated servers (tests/helpers/cost_model.py; virtual points with 2% and 4% noise, 96
+Checked on the measured 5x6 grid of the bundled engine on CPU (the previous docs/examples/smollm2-cpu/sweep, bf16
+path, replayed by benchmarks/guided_vs_grid.py: 10 of 30 points, 33% of the grid's measuring time, the grid's choice
+at every concurrency; the current one, native path: 13 points, 41%, the same choices; run live after that grid: 12
+points, 37%, the grid's choice at 5 of 6 concurrencies, docs/examples/smollm2-cpu/README.md) and on the two emulated servers (tests/helpers/cost_model.py; virtual points with 2% and 4% noise, 96
 sweeps: the grid's choice within 3% in 82, the noise-free model's in 79, against 86 and 74 for the plan this
 replaced (a four-cell seed, then rounds of one cell per concurrency), at 32% of the grid's time on average instead of
 34%, 4 sweeps over 40% instead of 13). Without the leverage term the replay is unchanged but agreement drops to 74
@@ -215,7 +216,9 @@ class GuidedPlanner:
             tput, tpot, al = med("output_throughput_tok_s"), med("tpot_p50_ms"), med("acceptance_length")
             if k == 0:
                 al = 1.0
-            pp = next((list((p.get("acceptance") or {}).get("per_position") or []) for p in ps
+            # a cell at num_steps k drafted positions 0..k-1 only: a server whose counters cover more positions (the
+            # bundled engine sized for the largest num_steps, switched between points) reports 0 for the others
+            pp = next((list((p.get("acceptance") or {}).get("per_position") or [])[:k] for p in ps
                        if (p.get("acceptance") or {}).get("per_position")), [])
             lo, hi = med("output_throughput_ci_low"), med("output_throughput_ci_high")
             half = (hi - lo) / 2 / tput if all(map(math.isfinite, (lo, hi, tput))) and tput > 0 else math.nan

@@ -300,8 +300,10 @@ class Sweep:
         return {
             "steps": steps, "concurrency": conc, "repeat": rep, "status": w.status, "error": w.error,
             "metrics": metrics,
-            "acceptance": {"per_position": acc.per_position, "num_drafts": acc.num_drafts, "warning": acc.warning,
-                           "cross_check": acc.cross_check},
+            # positions past num_steps were not drafted at this point (a server sized for a larger num_steps reports
+            # them as 0): only the first ``steps`` are acceptance
+            "acceptance": {"per_position": acc.per_position[:steps], "num_drafts": acc.num_drafts,
+                           "warning": acc.warning, "cross_check": acc.cross_check},
             "batch_size": batch,
             "per_category": per_category_points(records, result.duration_s, steps, ask),
             "window": {"start_s": result.window_start, "end_s": result.window_end},

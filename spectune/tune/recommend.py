@@ -211,6 +211,8 @@ def _cell(steps: int, conc: int, rows: pd.DataFrame, opts: RecommendOptions,
         cell.spread = MAD_TO_SIGMA * float(np.median(np.abs(vals - cell.objective))) / abs(cell.objective)
         cell.noisy = cell.spread > opts.max_spread
     p99, att = cell.metrics["tpot_p99_ms"], cell.metrics["slo_attainment"]
+    if predicted and (ttft is not None or tpot is not None):  # the guided model predicts no tail latency
+        cell.violations.append("SLO attainment not predicted (measure the cell)")
     if tpot is not None and math.isfinite(p99) and p99 > tpot:
         cell.violations.append(f"TPOT p99 {p99:.1f} ms > SLO {tpot:g} ms")
     if (ttft is not None or tpot is not None) and math.isfinite(att) and att < opts.min_slo_attainment:

@@ -85,6 +85,18 @@ async def test_predicted_cells_are_marked_with_intervals_and_never_chosen_over_m
     assert all(not rec.cell(ch.steps, ch.concurrency).predicted for ch in rec.choices)
 
 
+async def test_under_slos_a_predicted_cell_is_never_eligible(tmp_path):
+    """The model predicts no tail latency or SLO attainment, so with SLOs a predicted cell cannot count as meeting
+    them (before: its empty SLO columns read as no violation, and a num_steps measured nowhere became the best
+    static one on docs/examples/smollm2-cpu/sweep-guided)."""
+    async with EmulatedServers(COMPUTE_BOUND, STEPS) as urls:
+        await execute(plan("guided", slo_tpot_ms=1000.0), "openai", BackendOptions(endpoints=urls), tmp_path / "g")
+    rec = recommend(load_results(tmp_path / "g"), RecommendOptions())
+    predicted = [c for c in rec.cells if c.predicted]
+    assert predicted
+    assert not any(c.eligible for c in predicted)
+
+
 async def test_the_budget_of_points_is_kept(tmp_path):
     async with EmulatedServers(COMPUTE_BOUND, STEPS) as urls:
         outcome = await execute(plan("guided", budget_points=5), "openai", BackendOptions(endpoints=urls),
@@ -96,6 +108,21 @@ async def test_the_budget_of_points_is_kept(tmp_path):
 def test_acceptance_length_of_every_smaller_num_steps_from_per_position_acceptance():
     # per position: share of verify steps whose first i+1 drafts were accepted
     assert acceptance_lengths([0.8, 0.56, 0.336], [0, 1, 2, 3]) == pytest.approx({0: 1.0, 1: 1.8, 2: 2.36, 3: 2.696})
+
+
+def test_positions_a_cell_did_not_draft_do_not_count_as_rejected():
+    """The bundled engine's counters cover every position up to the largest swept num_steps, so a K=1 point reports
+    [p0, 0, 0, 0]; the acceptance of K=2 at that concurrency must come from the cell that drafted position 1 (K=4
+    at c=1), not from those zeros (docs/examples/smollm2-cpu/sweep-guided, first run: AL(2) predicted 1.49)."""
+    def point(k: int, c: int, pp: list[float]) -> dict:
+        return {"steps": k, "concurrency": c, "status": "ok", "acceptance": {"per_position": pp},
+                "metrics": {"output_throughput_tok_s": 10.0 * c, "tpot_p50_ms": 50.0,
+                            "acceptance_length": 1 + sum(pp[:k])}}
+
+    measured = [point(4, 1, [0.49, 0.19, 0.10, 0.05]), point(1, 2, [0.48, 0.0, 0.0, 0.0]), point(0, 2, []),
+                point(0, 32, []), point(1, 32, [0.47, 0.0, 0.0, 0.0])]
+    pred = GuidedPlanner(STEPS, CONC).predict(measured)[(2, 2)]
+    assert pred.acceptance_length == pytest.approx(1 + 0.48 + 0.19)
 
 
 def test_the_model_predicts_an_unmeasured_cell_of_an_exact_cost_model():
