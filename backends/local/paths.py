@@ -211,7 +211,7 @@ def dense_crossover(cfg: Any, reps: int = 5) -> int | None:
     return DENSE_ROWS[first - 1] if first > 0 else 1
 
 
-def dense_fits(cfg: Any, lm_repeat: int = 1) -> bool:
+def dense_fits(cfg: Any) -> bool:
     """Whether a float32 copy of the target's linear weights (4 bytes per weight) fits in
     :data:`DENSE_MEMORY_SHARE` of the memory available now (``os.sysconf``; True where that is unknown)."""
     import os
@@ -291,7 +291,7 @@ def _with_dense(choice: PathChoice, cfg: Any, lm_repeat: int, dense_above: str) 
     if value != "auto":
         choice.dense_above = int(value)
         return choice
-    if not dense_fits(cfg, lm_repeat):
+    if not dense_fits(cfg):
         log.info("no float32 copy of the native weights: it would take more than %d%% of the available memory",
                  int(DENSE_MEMORY_SHARE * 100))
         return choice
