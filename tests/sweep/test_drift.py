@@ -52,7 +52,10 @@ async def test_recommend_does_not_call_differences_smaller_than_the_drift(tmp_pa
 
 
 async def test_a_steady_server_passes_the_drift_check(tmp_path):
-    _, meta = await sweep(tmp_path, factor=1.0)
+    """A 5% noise band: windows of 8 twelve-token requests on the emulated server move a few percent with the
+    scheduling of a shared 2-core CI machine alone (one clean-clone run flagged the steady server at the default 2%),
+    while the 20% change above stays far outside it."""
+    _, meta = await sweep(tmp_path, factor=1.0, noise_band=0.05)
     assert meta["drift"]["drifted"] is False
 
 
