@@ -106,21 +106,27 @@ def _best_ms(fn: Callable[[], Any], reps: int) -> float:
 STREAM_BYTES = 64 * 2**20  # weights streamed per timed pass: more than a server CPU's last-level cache
 
 
+def _random_quant(n: int, k: int, repeat: int = 1) -> Any:
+    """A random [n, k] :class:`~spectune.backends.local.quant.QuantTensor` (codes 0..15, scale 0.01, zero 0; ``repeat``
+    2 for a Q8_0-shaped one): probe weights."""
+    import numpy as np
+
+    from spectune.backends.local.quant import QK, QuantTensor
+
+    g = k * repeat // QK
+    codes = np.random.default_rng(0).integers(0, 16, (n, k * repeat), dtype=np.uint8)
+    return QuantTensor(codes, np.full((n, g), 0.01, np.float32), np.zeros((n, g), np.float32), repeat, "Q4_1")
+
+
 def _linear_ms(path: str, n: int, k: int, reps: int, lm_repeat: int = 1) -> float:
     """Milliseconds of one [1, k] x [k, n] product as ``path`` computes it, weights read from DRAM as in a decode
     step (each timed pass runs copies of the layer whose weights add up to :data:`STREAM_BYTES`; random weights)."""
     from spectune.backends.local.linear import PackedLinear, packing_supported
 
     if path == "native":
-        import numpy as np
+        from spectune.backends.local.quant import Int4Linear
 
-        from spectune.backends.local.quant import QK, Int4Linear, QuantTensor
-
-        g = k * lm_repeat // QK
-        rng = np.random.default_rng(0)
-        qt = QuantTensor(rng.integers(0, 16, (n, k * lm_repeat), dtype=np.uint8),
-                         np.full((n, g), 0.01, np.float32), np.zeros((n, g), np.float32), lm_repeat, "Q4_1")
-        base = Int4Linear(qt, torch.bfloat16)
+        base = Int4Linear(_random_quant(n, k, lm_repeat), torch.bfloat16)
         size = base.packed.nbytes + base.scales_zeros.nbytes
         copies = max(1, -(-STREAM_BYTES // size))
         mods: list[nn.Module] = []
@@ -189,22 +195,14 @@ def dense_crossover(cfg: Any, reps: int = 5) -> int | None:
     (:data:`DENSE_ROWS`); the answer is the probed count below the first qualifying one (so "dense above 16" when it
     wins from 32 up), or None when it never wins. About 0.5 s.
     """
-    import numpy as np
+    from spectune.backends.local.quant import Int4Linear
 
-    from spectune.backends.local.quant import QK, Int4Linear, QuantTensor
-
-    n, k = min(2 * cfg.intermediate_size, 4096), cfg.hidden_size
-    rng = np.random.default_rng(0)
-    qt = QuantTensor(rng.integers(0, 16, (n, k), dtype=np.uint8), np.full((n, k // QK), 0.01, np.float32),
-                     np.zeros((n, k // QK), np.float32), 1, "Q4_1")
-    int4 = Int4Linear(qt, torch.bfloat16)
-    dense = torch.from_numpy(qt.dequantize())
+    qt = _random_quant(min(2 * cfg.intermediate_size, 4096), cfg.hidden_size)
+    int4, dense = Int4Linear(qt, torch.bfloat16), Int4Linear(qt, torch.bfloat16, dense_above=0)  # dense at any rows
     wins = []
     for rows in DENSE_ROWS:
-        x = torch.randn(rows, k, dtype=torch.bfloat16)
-        t_int4 = _best_ms(lambda: int4(x), reps)
-        t_dense = _best_ms(lambda: F.linear(x.float(), dense).to(x.dtype), reps)
-        wins.append(t_dense < t_int4)
+        x = torch.randn(rows, cfg.hidden_size, dtype=torch.bfloat16)
+        wins.append(_best_ms(lambda: int4(x), reps) > _best_ms(lambda: dense(x), reps))  # float32 faster
     first = next((i for i in range(len(wins)) if all(wins[i:])), None)
     if first is None:
         return None
@@ -263,16 +261,7 @@ def choose_path(requested: str, device: torch.device, cfg: Any, native_ok: bool,
         return PathChoice("bfloat16", torch.bfloat16, "device")
     candidates = (["native"] if native_ok else []) + ["bfloat16", "float32"]
     key = _probe_key(candidates, cfg, lm_repeat)
-    est = _cached_estimates(key)
-    if est is None:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # see the module docstring: one thread ranks kernels even on a busy machine
-        try:
-            with torch.inference_mode():
-                est = {c: estimate_step_ms(c, cfg, lm_repeat) for c in candidates}
-        finally:
-            torch.set_num_threads(threads)
-        _store_estimates(key, est)
+    est = _measured(key, lambda: {c: estimate_step_ms(c, cfg, lm_repeat) for c in candidates})
     best = min(est, key=est.get)
     choice = PathChoice(best, torch.float32 if best == "float32" else torch.bfloat16, "measured", est, cap, packed)
     choice = _with_dense(choice, cfg, lm_repeat, dense_above)
@@ -296,18 +285,24 @@ def _with_dense(choice: PathChoice, cfg: Any, lm_repeat: int, dense_above: str) 
                  int(DENSE_MEMORY_SHARE * 100))
         return choice
     key = _probe_key(["native:dense-crossover"], cfg, lm_repeat)
-    cached = _cached_estimates(key)
-    if cached is None or "dense_above_rows" not in cached:
+    choice.dense_above = _measured(key, lambda: {"dense_above_rows": dense_crossover(cfg)})["dense_above_rows"]
+    return choice
+
+
+def _measured(key: str, probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The probe's result kept under ``key`` in :func:`probe_cache_file`, else ``probe()`` run now on one thread
+    (see the module docstring: one thread ranks kernels even on a busy machine) and stored."""
+    result = _cached_estimates(key)
+    if result is None:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
             with torch.inference_mode():
-                cached = {"dense_above_rows": dense_crossover(cfg)}
+                result = probe()
         finally:
             torch.set_num_threads(threads)
-        _store_estimates(key, cached)
-    choice.dense_above = cached["dense_above_rows"]
-    return choice
+        _store_estimates(key, result)
+    return result
 
 
 def probe_cache_file() -> Any:

@@ -26,16 +26,16 @@ to bf16 is the one difference from the GGUF's exact weights; :meth:`QuantTensor.
 kernel really uses (``QuantTensor.rounded(torch.bfloat16).dequantize()``), which is what the greedy-equivalence test
 compares against.
 
-Many rows at once (prefill, verify of a large batch): the kernel dequantizes a block of weights for every few rows
-of the input, so its time grows linearly with the rows (SmolLM2's gate|up [576 -> 3072], one thread, AVX-512:
-0.13 ms at 1 row, 0.85 ms at 16, 6.8 ms at 128; emulated AVX2: 0.22, 1.5, 12.7 ms), while a float32 GEMM of the
-dequantized weights starts slower and grows far less (0.28, 0.89, 3.2 ms: memory-bound at few rows, then at the
-CPU's FLOP rate). So a layer may also keep those weights dense (:class:`Int4Linear` ``dense``: exactly the kernel's weights,
-``rounded(bf16).dequantize()``, in float32; bf16 inputs cast up, the output cast back like the kernel's) and use
-them above a row count measured at start-up (``dense_above``; :func:`spectune.backends.local.paths.dense_crossover`).
-llama.cpp does the same for large batches with a BLAS backend (``ggml/src/ggml-blas/ggml-blas.cpp``: a matmul with
-at least 32 rows, columns and inputs is dequantized to float and sent to sgemm). It costs 4 bytes per weight of memory, so it is used only where the dense copy fits in
-a quarter of the available memory.
+Many rows at once (prefill, verify of a large batch): the kernel dequantizes a block of weights for every few rows of
+the input, so its time grows linearly with the rows (SmolLM2's gate|up [576 -> 3072], one thread, AVX-512: 0.13 ms at 1
+row, 0.85 ms at 16, 6.8 ms at 128; emulated AVX2: 0.22, 1.5, 12.7 ms), while a float32 GEMM of the dequantized weights
+starts slower and grows far less (0.28, 0.89, 3.2 ms: memory-bound at few rows, then at the CPU's FLOP rate). So a layer
+may also keep those weights dense (:class:`Int4Linear` ``dense``: exactly the kernel's weights,
+``rounded(bf16).dequantize()``, in float32; bf16 inputs cast up, the output cast back like the kernel's) and use them
+above a row count measured at start-up (``dense_above``; :func:`spectune.backends.local.paths.dense_crossover`).
+llama.cpp does the same for large batches with a BLAS backend (``ggml/src/ggml-blas/ggml-blas.cpp``: a matmul with at
+least 32 rows, columns and inputs is dequantized to float and sent to sgemm). It costs 4 bytes per weight of memory, so
+it is used only where the dense copy fits in a quarter of the available memory.
 """
 
 from __future__ import annotations
