@@ -74,17 +74,18 @@ plan stops when no cell is worth measuring (the choice is settled at the request
 (``--budget`` points or seconds). Every unmeasured cell is then predicted and written to summary.csv with
 ``predicted`` True.
 
-Checked on the measured 5x6 grid of the bundled engine on CPU (the previous docs/examples/smollm2-cpu/sweep, bf16
-path, replayed by benchmarks/guided_vs_grid.py: 10 of 30 points, 33% of the grid's measuring time, the grid's choice
-at every concurrency; the current one, native path: 13 points, 41%, the same choices; run live after that grid: 12
-points, 37%, the grid's choice at 5 of 6 concurrencies, docs/examples/smollm2-cpu/README.md) and on the two emulated servers (tests/helpers/cost_model.py; virtual points with 2% and 4% noise, 96
-sweeps: the grid's choice within 3% in 82, the noise-free model's in 79, against 86 and 74 for the plan this
-replaced (a four-cell seed, then rounds of one cell per concurrency), at 32% of the grid's time on average instead of
-34%, 4 sweeps over 40% instead of 13). Without the leverage term the replay is unchanged but agreement drops to 74
-of 96, the worst choice 17% below the best instead of 6%; with the expected-improvement threshold at a tenth of the
-band the replay measures 16 points instead of 10; at three quarters of the band it misses the best num_steps at one
-concurrency of the replay and agreement drops to 69 of 96. Where a restart costs more than a point the saving is
-small: the seed alone launches four num_steps (the replay with a nominal 60 s per launch: 90% of the grid's time).
+Checked on the measured 5x6 grid of the bundled engine on CPU (the previous docs/examples/smollm2-cpu/sweep, bf16 path,
+replayed by benchmarks/guided_vs_grid.py: 10 of 30 points, 33% of the grid's measuring time, the grid's choice at every
+concurrency; the current one, native path: 13 points, 41%, the same choices; run live after that grid: 12 points, 37%,
+the grid's choice at 5 of 6 concurrencies, docs/examples/smollm2-cpu/README.md) and on the two emulated servers
+(tests/helpers/cost_model.py; virtual points with 2% and 4% noise, 96 sweeps: the grid's choice within 3% in 82, the
+noise-free model's in 79, against 86 and 74 for the plan this replaced (a four-cell seed, then rounds of one cell per
+concurrency), at 32% of the grid's time on average instead of 34%, 4 sweeps over 40% instead of 13). Without the
+leverage term the replay is unchanged but agreement drops to 74 of 96, the worst choice 17% below the best instead of
+6%; with the expected-improvement threshold at a tenth of the band the replay measures 16 points instead of 10; at three
+quarters of the band it misses the best num_steps at one concurrency of the replay and agreement drops to 69 of 96.
+Where a restart costs more than a point the saving is small: the seed alone launches four num_steps (the replay with a
+nominal 60 s per launch: 90% of the grid's time).
 """
 
 from __future__ import annotations
@@ -114,6 +115,13 @@ def acceptance_lengths(per_position: Sequence[float], steps: Sequence[int]) -> d
             vals.append(last * min(ratio, 1.0))
         out[k] = 1.0 + sum(vals)
     return out
+
+
+def _nearest(cells: Sequence[Any], c: int) -> list[Any]:
+    """The cells (anything with ``conc``) at the measured concurrency nearest ``c`` on a log scale (non-empty
+    ``cells``)."""
+    d = min(abs(math.log(x.conc) - math.log(c)) for x in cells)
+    return [x for x in cells if abs(math.log(x.conc) - math.log(c)) == d]
 
 
 def geometric_rate(al: float, k: int) -> float:
@@ -268,8 +276,7 @@ class GuidedPlanner:
             pool = [x for x in with_pp if len(x.per_position) > i]
             if not pool:
                 break
-            d = min(abs(math.log(x.conc) - math.log(c)) for x in pool)
-            near = [x for x in pool if abs(math.log(x.conc) - math.log(c)) == d]
+            near = _nearest(pool, c)
             out.append(sum(x.per_position[i] * x.num_drafts for x in near) / sum(x.num_drafts for x in near))
         return out
 
@@ -518,8 +525,7 @@ class GuidedPlanner:
         timed = [x for x in cells.values() if math.isfinite(x.duration_s) and x.duration_s > 0]
         if not timed or not p.throughput > 0:
             return 1.0
-        d = min(abs(math.log(x.conc) - math.log(p.concurrency)) for x in timed)
-        near = [x for x in timed if abs(math.log(x.conc) - math.log(p.concurrency)) == d]
+        near = _nearest(timed, p.concurrency)
         return float(np.mean([x.duration_s * x.throughput for x in near])) / p.throughput
 
     def describe(self) -> dict[str, Any]:
