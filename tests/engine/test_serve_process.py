@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from helpers.engine import bundled_head_available, free_port
+from helpers.engine import bundled_head_available, free_port, wait_healthy
 
 pytestmark = pytest.mark.skipif(not bundled_head_available(), reason="the bundled SmolLM2 head is not installed")
 
@@ -37,19 +37,12 @@ class Serve:
         full_env.update(env or {})
         self.proc = subprocess.Popen([sys.executable, "-m", "spectune.cli", "serve", *args, "--port", str(self.port)],
                                      cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"spectune serve exited with {self.proc.returncode}: {self.proc.stderr.read()}")
-            try:
-                if requests.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                self.proc.kill()
-                raise RuntimeError(f"spectune serve not healthy in {timeout_s} s")
-            time.sleep(0.3)
+        why = wait_healthy(self.proc, self.url, timeout_s, interval_s=0.3)
+        if why == "exited":
+            raise RuntimeError(f"spectune serve exited with {self.proc.returncode}: {self.proc.stderr.read()}")
+        if why == "timeout":
+            self.proc.kill()
+            raise RuntimeError(f"spectune serve not healthy in {timeout_s} s")
 
     def stop(self, sig: int, timeout_s: float = 30.0) -> tuple[int, str]:
         """Send ``sig``; return (exit code, stderr)."""

@@ -102,10 +102,30 @@ def serve_in_thread(opts: EngineOptions, **kw: Any) -> Iterator[ThreadedServer]:
         server.close()
 
 
+def wait_healthy(proc: Any, url: str, timeout_s: float, interval_s: float = 0.2) -> str:
+    """Poll ``url``/health until it answers 200 while the subprocess ``proc`` runs: "" once healthy, "exited" when
+    ``proc`` ended first, "timeout" after ``timeout_s`` seconds (the caller reports and cleans up)."""
+    import time
+
+    import requests
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            return "exited"
+        try:
+            if requests.get(url + "/health", timeout=2).status_code == 200:
+                return ""
+        except requests.RequestException:
+            pass
+        if time.monotonic() > deadline:
+            return "timeout"
+        time.sleep(interval_s)
+
+
 class SubprocessServer:
     """The real ``python -m spectune.backends.local`` server process (what ``spectune serve`` and the ``local`` sweep
-    backend
-    run: the engine loop on the main thread, so an exception that escapes it ends the process).
+    backend run: the engine loop on the main thread, so an exception that escapes it ends the process).
 
     Args:
         options: EngineOptions fields as a dict (``--options`` JSON).
@@ -120,9 +140,6 @@ class SubprocessServer:
         import subprocess
         import sys
         import tempfile
-        import time
-
-        import requests
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -135,19 +152,12 @@ class SubprocessServer:
         argv = [sys.executable, "-m", "spectune.backends.local", "--options", json.dumps(options), "--port", str(self.port),
                 *(["--api-key-env", "SPECTUNE_TEST_SERVER_KEY"] if api_key else []), *extra]
         self.proc = subprocess.Popen(argv, cwd=root, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + startup_timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()[-2000:]}")
-            try:
-                if requests.get(self.url + "/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                self.close()
-                raise RuntimeError(f"server not healthy in {startup_timeout_s} s: {self.log()[-2000:]}")
-            time.sleep(0.2)
+        why = wait_healthy(self.proc, self.url, startup_timeout_s)
+        if why == "exited":
+            raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()[-2000:]}")
+        if why == "timeout":
+            self.close()
+            raise RuntimeError(f"server not healthy in {startup_timeout_s} s: {self.log()[-2000:]}")
 
     def log(self) -> str:
         """Everything the server printed so far."""
