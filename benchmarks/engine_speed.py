@@ -132,9 +132,10 @@ class LlamaServer:
         return run
 
     def cpu_features(self) -> str:
-        """The CPU features this llama-server was built with: its ``system_info`` line (``AVX2 = 1 | ...``), which it
-        logs at verbosity 4 only, so a second short-lived process prints it (the timed server keeps the default
-        verbosity)."""
+        """The CPU features this llama-server was built with: its ``system_info`` line (``AVX2 = 1 | ...``). llama.cpp
+        logs it with ``COM_TRC`` (``common/common.cpp``, ``common_params_get_system_info``), i.e. at the trace level
+        4 of ``-lv`` (``common/arg.cpp``: 3 info, the default; 4 trace), so a second short-lived process started with
+        ``-lv 4`` prints it and the timed server keeps the default verbosity."""
         import subprocess
 
         argv = [self.argv[0], "-m", self.argv[2], "-lv", "4", "--host", "127.0.0.1", "--port", "0"]
