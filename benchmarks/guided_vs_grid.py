@@ -8,7 +8,9 @@
 
 ``--replay GRID`` runs no server: the guided planner (spectune.sweep.guided) chooses its cells from a finished grid
 sweep's own measurements, round by round, and its cost is those points' measurement windows (``duration_s``); the
-guided folder (measured subset + predicted cells) is written next to a copy of nothing else. Otherwise it
+guided folder (measured subset + predicted cells) is written next to a copy of nothing else. A grid holds one run
+per cell, so the replay cannot measure a cell again: the guided plan's settle step (more runs of a pair whose tie
+rests on a wide interval, spectune.sweep.guided "Settling") runs live only. Otherwise it
 runs ``spectune sweep --plan grid`` and ``--plan guided`` (grid first), then ``spectune recommend`` on each, and
 prints per concurrency: each plan's chosen num_steps, the grid-measured objective of both choices and their ratio
 (agreement: the guided choice within 3% of the grid's), then the points, launches and measuring time of each plan

@@ -74,6 +74,23 @@ plan stops when no cell is worth measuring (the choice is settled at the request
 (``--budget`` points or seconds). Every unmeasured cell is then predicted and written to summary.csv with
 ``predicted`` True.
 
+**Settling.** When no unmeasured cell is worth measuring, each concurrency's choice is made from measured cells, and
+``spectune recommend`` prefers a smaller num_steps that ties with the best: its ratio to the best is within the noise
+band, or the paired interval of that ratio reaches the band. The second kind of tie can rest on the interval's width
+alone: on the bundled engine a guided run measured K=1 over K=0 at concurrency 1 at 1.058x [1.017, 1.099] (a tie:
+K=0 chosen) where the grid's run of the same cells had 1.107x [1.072, 1.143]. Such a comparison is *unsettled*
+(:meth:`GuidedPlanner.comparisons`: the ratio is beyond the band, its interval reaches it; more runs would narrow it
+around the ratio and make the larger num_steps win), and :meth:`GuidedPlanner.settle` measures one more run of one
+cell of the pair (the one with fewer runs, else the one with the wider interval: one point per round, then the
+comparison again), at most ``SETTLE_REPEATS`` (2) beyond ``--repeats`` per cell, until
+every deciding comparison is a tie by its ratio, a clear loss, or out of runs. The comparisons are recommend's
+(paired bootstrap over prompts and repeats, :class:`spectune.results.confidence.Bootstrap`); a ratio within the band
+is settled however wide its interval (recommend calls it a tie whatever more runs show, unless the ratio itself
+moves), and so is one whose ratio beats the band by less than ``EI_SHARE_OF_BAND`` of it (the threshold a new cell's
+expected improvement must pass: on the compute-bound emulated server a pair at 0.979 took two more points to end as a
+tie), so a pair whose true difference sits at the band's edge does not take every run it is allowed. The last
+comparisons are in sweep.json (``guided.comparisons``).
+
 Checked on the measured 5x6 grid of the bundled engine on CPU (the previous docs/examples/smollm2-cpu/sweep, bf16 path,
 replayed by benchmarks/guided_vs_grid.py: 10 of 30 points, 33% of the grid's measuring time, the grid's choice at every
 concurrency; the current one, native path: 13 points, 41%, the same choices; run live after that grid: 12 points, 37%,
@@ -96,6 +113,8 @@ from statistics import NormalDist
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
+
+from spectune.results.confidence import Bootstrap, RunRequests, ratio_interval
 
 __all__ = ["GuidedPlanner", "Prediction", "acceptance_lengths"]
 
@@ -196,6 +215,8 @@ class GuidedPlanner:
     noise_band: float = 0.02
     rounds: list[list[tuple[int, int]]] = field(default_factory=list)
     fit_info: dict[str, Any] = field(default_factory=dict)
+    #: the deciding comparisons the settle step last saw (:meth:`comparisons`), for sweep.json
+    decisions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def z(self) -> float:
@@ -528,7 +549,100 @@ class GuidedPlanner:
         near = _nearest(timed, p.concurrency)
         return float(np.mean([x.duration_s * x.throughput for x in near])) / p.throughput
 
+    # -- settling the choice by repeats ----------------------------------------------------------------------------
+    #: runs the settle step may add to one cell beyond the plan's ``repeats`` (module docstring, "Settling")
+    SETTLE_REPEATS: ClassVar[int] = 2
+
+    def comparisons(self, points: Sequence[dict[str, Any]],
+                    records: dict[tuple[int, int, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """The comparisons that decide each concurrency's choice, as ``spectune recommend`` makes them: every
+        measured num_steps smaller than the best measured one, against the best, in ascending num_steps, up to the
+        first that surely ties.
+
+        Each cell's bootstrap replicates come from its requests (``records``: requests.jsonl objects keyed
+        (steps, concurrency, repeat)), paired across cells by prompt and resampled over its repeats
+        (:class:`spectune.results.confidence.Bootstrap`, as recommend's); the ratio small / best has its percentile
+        interval at ``confidence``. Returns ``{"concurrency", "steps", "best", "ratio", "low", "high", "verdict"}``
+        per comparison, ``verdict`` one of ``tie`` (recommend prefers the smaller num_steps: the ratio is within the
+        noise band of 1, or its interval reaches the band and more runs could gain less than ``EI_SHARE_OF_BAND`` of
+        the band beyond it), ``loses`` (the whole interval is beyond the band) or ``unsettled`` (recommend calls a
+        tie only because the interval is wide, and more runs, narrowing it around the ratio, would make the larger
+        num_steps win by at least ``EI_SHARE_OF_BAND`` of the band beyond it: the threshold a new cell must pass); a
+        comparison without an interval (no requests) is decided by the ratio and never unsettled."""
+        maximise = self.objective != "tpot"
+        col = "output_throughput_tok_s" if maximise else "tpot_p50_ms"
+        runs: dict[tuple[int, int], list[tuple[int, float]]] = {}
+        for p in points:
+            v = (p.get("metrics") or {}).get(col)
+            if p.get("status") == "ok" and not p.get("predicted") and isinstance(v, (int, float)) and v > 0:
+                runs.setdefault((int(p["steps"]), int(p["concurrency"])), []).append((int(p.get("repeat", 0)), v))
+        boot = Bootstrap({r.get("prompt_id") for rs in records.values() for r in rs})
+        value, reps = {}, {}
+        for i, (k, c) in enumerate(sorted(runs)):
+            value[(k, c)] = float(np.median([v for _, v in runs[(k, c)]]))
+            reqs = [RunRequests.from_records(records[(k, c, r)]) if records.get((k, c, r)) else None
+                    for r, _ in runs[(k, c)]]
+            reps[(k, c)] = boot.cell_replicates(reqs, [v for _, v in runs[(k, c)]], self.objective, seed_offset=i)
+        band, out = self.noise_band, []
+
+        def width(k: int, c: int) -> float:  # relative width of the cell's own interval (0 without replicates)
+            r = reps[(k, c)]
+            if r is None or not np.isfinite(r).any():
+                return 0.0
+            lo, hi = np.nanpercentile(r, [50 * (1 - self.confidence), 50 * (1 + self.confidence)])
+            return float((hi - lo) / value[(k, c)])
+
+        for c in self.concurrency:
+            here = sorted(k for k, cc in runs if cc == c)
+            if len(here) < 2:
+                continue
+            best = (max if maximise else min)(here, key=lambda k: value[(k, c)])
+            for k in (k for k in here if k < best):
+                ratio = value[(k, c)] / value[(best, c)]
+                iv = ratio_interval(reps[(k, c)], reps[(best, c)], ratio, self.confidence)
+                lo, hi = (iv.low, iv.high) if iv.known else (ratio, ratio)
+                edge = 1 - band if maximise else 1 + band  # a smaller num_steps ties when its ratio reaches the edge
+                within = ratio >= edge if maximise else ratio <= edge
+                reaches = hi >= edge if maximise else lo <= edge
+                gain = (1 / ratio if maximise else ratio) - (1 + band)  # what the best gains over the band
+                settles = within or gain < self.EI_SHARE_OF_BAND * band  # more runs could win too little
+                verdict = "tie" if settles and reaches else "unsettled" if reaches else "loses"
+                out.append({"concurrency": c, "steps": k, "best": best, "ratio": ratio, "low": lo, "high": hi,
+                            "verdict": verdict, "widths": [width(k, c), width(best, c)]})
+                if verdict != "loses":
+                    break
+        return out
+
+    def settle(self, points: Sequence[dict[str, Any]],
+               records: dict[tuple[int, int, int], list[dict[str, Any]]]) -> list[tuple[int, int, int]]:
+        """The runs to add so that every concurrency's choice is settled at the requested confidence (module
+        docstring, "Settling"): for each ``unsettled`` comparison (:meth:`comparisons`), one more run (key
+        (steps, concurrency, repeat)) of one of its two cells with fewer than ``repeats + SETTLE_REPEATS`` runs: the
+        one with fewer runs, of two with as many the one whose own interval is wider (it adds more to the ratio's
+        uncertainty); [] when everything is settled or nothing may be repeated."""
+        done: dict[tuple[int, int], int] = {}
+        for p in points:
+            if not p.get("predicted"):
+                kc = (int(p["steps"]), int(p["concurrency"]))
+                done[kc] = max(done.get(kc, 0), int(p.get("repeat", 0)) + 1)
+        cap = self.repeats + self.SETTLE_REPEATS
+        out: list[tuple[int, int, int]] = []
+        self.decisions = self.comparisons(points, records)
+        for cmp in self.decisions:
+            if cmp["verdict"] != "unsettled":
+                continue
+            c = cmp["concurrency"]
+            pair = [((cmp["steps"], c), cmp["widths"][0]), ((cmp["best"], c), cmp["widths"][1])]
+            open_ = [(done[kc], -w, kc) for kc, w in pair if done[kc] < cap]
+            if open_:
+                k, c = min(open_)[2]
+                out.append((k, c, done[(k, c)]))
+        if out:
+            self.rounds.append([(k, c) for k, c, _ in out])
+        return out
+
     def describe(self) -> dict[str, Any]:
         """sweep.json's ``guided``: the rounds measured and the last fit."""
         return {"objective": self.objective, "confidence": self.confidence, "noise_band": self.noise_band,
-                "rounds": [[list(x) for x in r] for r in self.rounds], "fit": self.fit_info}
+                "rounds": [[list(x) for x in r] for r in self.rounds], "fit": self.fit_info,
+                "comparisons": self.decisions}

@@ -39,7 +39,7 @@ from spectune.measure.batch_size import BATCH_SIZE_INTERVAL_S
 from spectune.measure.environment import environment
 from spectune.measure.signals import run_with_signals
 from spectune.measure.window import client_config, measure_window, resolve_model
-from spectune.results.confidence import point_intervals
+from spectune.results.confidence import point_intervals, requests_by_point
 from spectune.results.folder import SweepFolder
 from spectune.results.schema import KEY_COLUMNS, STATUS_COLUMNS, SUMMARY_COLUMNS, Key, now_iso
 from spectune.sweep.drift import drift_check, drift_summary
@@ -197,17 +197,19 @@ class Sweep:
             windows = [(p.get("metrics") or {}).get("duration_s") or 0.0 for p in self.folder.points]
             point = sum(windows) / len(windows) if windows else 0.0  # s per point's measurement window
             cells = planner.next_round(self.folder.points, tried, all_threats=restart > point > 0)
-            if not cells:
+            keys = [(k, c, r) for k, c in cells for r in range(plan.repeats)]
+            if not cells:  # no cell left worth measuring: settle the comparisons that decide the choices
+                keys = planner.settle(self.folder.points, self._records_by_point())
+            if not keys:
                 break
             current = self.current
-            cells.sort(key=lambda kc: (kc[0] != current, kc[0], kc[1]))
-            for k, c in cells:
+            keys.sort(key=lambda key: (key[0] != current, key[0], key[1], key[2]))
+            for key in keys:
                 stop = self._over_budget()
                 if stop:
                     break
-                tried.add((k, c))
-                for r in range(plan.repeats):
-                    await self._measure((k, c, r))
+                tried.add(key[:2])
+                await self._measure(key)
         preds = planner.predict(self.folder.points)
         measured = {(p["steps"], p["concurrency"]) for p in self.folder.points}
         self.predicted = [pred.row() for kc, pred in sorted(preds.items()) if kc not in measured]
@@ -215,6 +217,17 @@ class Sweep:
         self.folder.write_summary()
         self.meta["guided"] = {**planner.describe(), "stopped": stop or "settled",
                                "measured_cells": len(measured), "predicted_cells": len(self.predicted)}
+
+    def _records_by_point(self) -> dict[Key, list[dict[str, Any]]]:
+        """Request objects of every point, keyed (steps, concurrency, repeat): those measured now, and those of a
+        resumed folder's earlier points (requests.jsonl)."""
+        out = dict(self.records)
+        missing = {(p["steps"], p["concurrency"], p.get("repeat", 0)) for p in self.folder.points} - set(out)
+        if missing:
+            for key, recs in requests_by_point(self.folder.read_requests()).items():
+                if key in missing:
+                    out[key] = recs
+        return out
 
     def _over_budget(self) -> str:
         """Why the guided plan must stop measuring (its budget is spent), or ""."""

@@ -287,3 +287,109 @@ def test_a_cell_is_measured_only_if_it_could_beat_the_best_by_the_band_and_is_ex
     z = planner.z
     preds = {(k, 4): Prediction(k, 4, 2.0, value, value - z * sd, value + z * sd, 10.0, 9.0, 11.0)}
     assert (k in planner.values(planner.cells([measured]), preds, 4, [k])) is worth
+
+
+def measured_pair(ratio: float, noise: float, runs: int = 1, requests: int = 32) -> tuple[list[dict], dict]:
+    """Points and request objects of K=0 and K=1 at concurrency 1, each run ``runs`` times: ``requests`` requests of
+    64 tokens whose latencies scatter by ``noise`` (relative standard deviation, a seeded generator) around a run
+    of exactly 100 tok/s (K=0) and ``ratio`` times that (K=1)."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    points, records = [], {}
+    for k, speed in ((0, 100.0), (1, 100.0 * ratio)):
+        for r in range(runs):
+            lat = 1 + noise * rng.standard_normal(requests)
+            lat = 64 / speed * lat / lat.mean()  # s per request: exactly ``speed`` tokens/s over the run
+            recs = [{"steps": k, "concurrency": 1, "repeat": r, "prompt_id": f"p{i}", "error": None,
+                     "chunk_times": 8, "completion_tokens": 64, "e2e_ms": float(x * 1e3)} for i, x in enumerate(lat)]
+            records[(k, 1, r)] = recs
+            points.append({"steps": k, "concurrency": 1, "repeat": r, "status": "ok",
+                           "metrics": {"output_throughput_tok_s": 64 * requests / float(lat.sum())}})
+    return points, records
+
+
+def test_a_tie_that_rests_on_a_wide_interval_is_measured_again():
+    """K=1 6% faster than K=0 with noisy requests: the interval of K=0 / K=1 reaches the 2% band, so recommend would
+    call a tie only because of the noise; the planner asks for one more run of one of the two cells."""
+    planner = GuidedPlanner(STEPS, CONC)
+    points, records = measured_pair(1.06, 0.12)
+    [cmp] = planner.comparisons(points, records)
+    assert cmp["verdict"] == "unsettled"
+    assert planner.settle(points, records) in ([(0, 1, 1)], [(1, 1, 1)])
+
+
+def test_of_two_cells_with_as_many_runs_the_noisier_is_measured_again():
+    planner = GuidedPlanner(STEPS, CONC)
+    points, records = measured_pair(1.06, 0.12)
+    for r in records[(1, 1, 0)]:  # K=1's requests scatter three times as much around the same mean
+        r["e2e_ms"] = 640.0 / 1.06 + 3 * (r["e2e_ms"] - 640.0 / 1.06)
+    assert planner.settle(points, records) == [(1, 1, 1)]
+
+
+def test_a_clear_difference_is_settled():
+    planner = GuidedPlanner(STEPS, CONC)
+    points, records = measured_pair(1.06, 0.01)
+    assert planner.settle(points, records) == []
+
+
+def test_a_difference_inside_the_band_is_a_settled_tie():
+    planner = GuidedPlanner(STEPS, CONC)
+    points, records = measured_pair(1.01, 0.12)
+    assert planner.comparisons(points, records)[0]["verdict"] == "tie"
+
+
+def test_settling_stops_at_its_share_of_repeats():
+    """Each cell gets at most SETTLE_REPEATS runs beyond the plan's repeats, however unsettled."""
+    planner = GuidedPlanner(STEPS, CONC)
+    points, records = measured_pair(1.06, 0.3, runs=1 + GuidedPlanner.SETTLE_REPEATS)
+    assert planner.comparisons(points, records)[0]["verdict"] == "unsettled"
+    assert planner.settle(points, records) == []
+
+
+def test_the_cell_with_fewer_runs_is_measured_again_first():
+    planner = GuidedPlanner(STEPS, CONC)
+    points, records = measured_pair(1.06, 0.12, runs=2)
+    points = [p for p in points if not (p["steps"] == 1 and p["repeat"] == 1)]
+    assert planner.settle(points, records) == [(1, 1, 1)]
+
+
+async def test_a_guided_sweep_measures_an_unsettled_pair_again(tmp_path, monkeypatch):
+    """A server whose K=1 is 6% faster than K=0 with noisy requests: after the seed the tie rests on the interval's
+    width, so the sweep measures the pair again (a repeat of each, one at a time) and records the deciding comparison
+    in sweep.json."""
+    import json
+
+    import numpy as np
+
+    from spectune.sweep.run import Sweep
+
+    async def noisy(self, key, base_url, model_name, drift=None):
+        k, c, r = key
+        rng = np.random.default_rng([k, r])
+        lat = 1 + 0.12 * rng.standard_normal(32)
+        lat = 64 / (100.0 * (1.06 if k else 1.0)) * lat / lat.mean()
+        recs = [{"steps": k, "concurrency": c, "repeat": r, "prompt_id": f"p{i}", "error": None, "chunk_times": 8,
+                 "completion_tokens": 64, "e2e_ms": float(x * 1e3)} for i, x in enumerate(lat)]
+        for rec in recs:
+            self.folder.append_request(rec)
+        tput = 64 * 32 / float(lat.sum())
+        return {"steps": k, "concurrency": c, "repeat": r, "status": "ok", "error": "",
+                "metrics": {"output_throughput_tok_s": tput, "tpot_p50_ms": 1e3 / tput, "acceptance_length": 1 + k,
+                            "num_requests": 32, "total_output_tokens": 64 * 32, "duration_s": float(lat.sum())},
+                "acceptance": {"per_position": [0.5][:k], "num_drafts": 100}}, recs
+
+    monkeypatch.setattr(Sweep, "_point", noisy)
+    p = SweepPlan(steps=(0, 1), concurrency=(1,), num_prompts=8, max_tokens=16, design="guided", drift_check=False)
+    async with EmulatedServers(COMPUTE_BOUND, (0, 1)) as urls:
+        outcome = await execute(p, "openai", BackendOptions(endpoints=urls), tmp_path / "g")
+    assert {(q["steps"], q["repeat"]) for q in outcome.points} >= {(0, 1), (1, 1)}
+    guided = json.loads((tmp_path / "g" / "sweep.json").read_text())["guided"]
+    assert guided["comparisons"][0]["steps"] == 0
+
+
+def test_a_pair_whose_ratio_beats_the_band_by_a_hair_is_not_measured_again():
+    """K=1 2.2% faster (0.2% beyond the 2% band, less than a quarter of it): more runs could gain too little."""
+    planner = GuidedPlanner(STEPS, CONC)
+    points, records = measured_pair(1.022, 0.12)
+    assert planner.comparisons(points, records)[0]["verdict"] == "tie"
