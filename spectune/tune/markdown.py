@@ -129,7 +129,7 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
                "to the smaller num_steps." if rec.static_scores and static is not None
                and rec.static_scores[static] < max(rec.static_scores.values()) else ""),
             "\n## Predicted performance (measured static cells)\n",
-            _md_table(["concurrency", "K rec", "tok/s rec", "TPOT ms rec", f"K static", "tok/s static",
+            _md_table(["concurrency", "K rec", "tok/s rec", "TPOT ms rec", "K static", "tok/s static",
                        "TPOT static", "tok/s K=0", "TPOT K=0", "tput vs static", "tput vs K=0", "TPOT vs K=0"],
                       [[str(r["concurrency"]), str(r["recommended"]), _fmt(r["rec_tput"]), _fmt(r["rec_tpot"]),
                         str(r["static"]), _fmt(r["static_tput"]), _fmt(r["static_tpot"]), _fmt(r["k0_tput"]),
