@@ -81,8 +81,8 @@ alone: on the bundled engine a guided run measured K=1 over K=0 at concurrency 1
 K=0 chosen) where the grid's run of the same cells had 1.107x [1.072, 1.143]. Such a comparison is *unsettled*
 (:meth:`GuidedPlanner.comparisons`: the ratio is beyond the band, its interval reaches it; more runs would narrow it
 around the ratio and make the larger num_steps win), and :meth:`GuidedPlanner.settle` measures one more run of one
-cell of the pair (the one with fewer runs, else the one with the wider interval: one point per round, then the
-comparison again), at most ``SETTLE_REPEATS`` (2) beyond ``--repeats`` per cell, until
+cell of the pair (the one with fewer runs, else the one with the wider interval: one point per unsettled pair per
+round, then the comparisons again), at most ``SETTLE_REPEATS`` (2) beyond ``--repeats`` per cell, until
 every deciding comparison is a tie by its ratio, a clear loss, or out of runs. The comparisons are recommend's
 (paired bootstrap over prompts and repeats, :class:`spectune.results.confidence.Bootstrap`); a ratio within the band
 is settled however wide its interval (recommend calls it a tie whatever more runs show, unless the ratio itself
@@ -564,13 +564,13 @@ class GuidedPlanner:
                     records: dict[tuple[int, int, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
         """The comparisons that decide each concurrency's choice, as ``spectune recommend`` makes them: every
         measured num_steps smaller than the best measured one, against the best, in ascending num_steps, up to the
-        first that surely ties.
+        first that does not lose (recommend takes the smallest that ties).
 
         Each cell's bootstrap replicates come from its requests (``records``: requests.jsonl objects keyed
         (steps, concurrency, repeat)), paired across cells by prompt and resampled over its repeats
         (:class:`spectune.results.confidence.Bootstrap`, as recommend's); the ratio small / best has its percentile
-        interval at ``confidence``. Returns ``{"concurrency", "steps", "best", "ratio", "low", "high", "verdict"}``
-        per comparison, ``verdict`` one of ``tie`` (recommend prefers the smaller num_steps: the ratio is within the
+        interval at ``confidence``. Returns ``{"concurrency", "steps", "best", "ratio", "low", "high", "verdict",
+        "widths"}`` per comparison (``widths``: the relative widths of the two cells' own intervals), ``verdict`` one of ``tie`` (recommend prefers the smaller num_steps: the ratio is within the
         noise band of 1, or its interval reaches the band and more runs could gain less than ``EI_SHARE_OF_BAND`` of
         the band beyond it), ``loses`` (the whole interval is beyond the band) or ``unsettled`` (recommend calls a
         tie only because the interval is wide, and more runs, narrowing it around the ratio, would make the larger
