@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from spectune.backends.adaptive.config import SGLANG_DEFAULT_CONFIG, parse_sglang_adaptive_config
 from spectune.cli import app
 from helpers.paths import ROOT as REPO_ROOT
+from helpers.results_folders import grid, write_sweep
 
 ROOT = REPO_ROOT
 EXAMPLE = ROOT / "docs" / "examples" / "smollm2-cpu" / "sweep"
@@ -46,8 +47,6 @@ def recommend(folder: Path, out: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory) -> dict:
-    from test_recommend import grid, write_sweep
-
     tmp = tmp_path_factory.mktemp("contract")
     configs = []
     example = recommend(EXAMPLE, tmp / "example")

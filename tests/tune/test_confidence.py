@@ -13,7 +13,7 @@ from spectune.results.confidence import Bootstrap, RunRequests, percentile_inter
 from spectune.results.reader import load_results
 from spectune.tune.recommend import RecommendOptions, recommend
 
-from test_recommend import row, write_sweep
+from helpers.results_folders import row, write_sweep
 
 
 def records(steps: int, conc: int, n: int, latency_ms: float, jitter: float, seed: int, tokens: int = 64,

@@ -10,7 +10,7 @@ import pytest
 from spectune.cli import main
 from spectune.tune.gate import GateLimits, gate_checks
 from spectune.results.reader import load_results
-from test_recommend import row, write_sweep
+from helpers.results_folders import row, write_sweep
 
 BASE = {(k, c): 100.0 * c + 10 * k for k in (0, 1, 3) for c in (1, 8)}
 

@@ -17,7 +17,7 @@ from spectune.loadgen.errors import UserError
 from spectune.tune.recommend import RecommendOptions, recommend
 from spectune.results.reader import load_results
 from spectune.validate.plan import config_candidates
-from test_recommend import row, write_sweep
+from helpers.results_folders import row, write_sweep
 
 # throughput (tok/s) per concurrency and num_steps: K=2 wins at 1, K=1 at 8, K=0 at 32
 TABLE = {1: {0: 100.0, 1: 120.0, 2: 140.0}, 8: {0: 400.0, 1: 440.0, 2: 420.0}, 32: {0: 900.0, 1: 800.0, 2: 700.0}}

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from spectune.cli import app
 from spectune.tune.report import per_category_acceptance
-from test_recommend import row, write_sweep
+from helpers.results_folders import row, write_sweep
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PLOTS = ("tpot_vs_concurrency", "throughput_vs_concurrency", "acceptance_vs_steps", "slo_attainment_vs_concurrency")
