@@ -25,7 +25,7 @@ import hashlib
 import json
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from aiohttp import web
@@ -55,6 +55,13 @@ class CostModel:
         b, k = max(batch, 1), steps
         return (self.base_ms + self.per_seq_ms * b + self.per_token_ms * b * (k + 1) + self.per_draft_ms * k
                 + self.per_draft_seq_ms * b * k) / 1000.0
+
+    def scaled(self, factor: float) -> "CostModel":
+        """The same model with every step-time term times ``factor`` (slower steps: the in-process client's fixed
+        per-step overhead, which does not scale, weighs less)."""
+        return replace(self, base_ms=self.base_ms * factor, per_seq_ms=self.per_seq_ms * factor,
+                       per_token_ms=self.per_token_ms * factor, per_draft_ms=self.per_draft_ms * factor,
+                       per_draft_seq_ms=self.per_draft_seq_ms * factor)
 
     def accept_at(self, i: int) -> float:
         return self.accept[min(i, len(self.accept) - 1)]
