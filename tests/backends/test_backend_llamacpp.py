@@ -17,7 +17,7 @@ import pytest
 
 from spectune.backends import make_backend
 from spectune.backends.base import BackendOptions, SpecSnapshot
-from spectune.backends.llamacpp.backend import LlamaCppBackend, llamacpp_argv, timings_totals
+from spectune.backends.llamacpp.backend import LlamaCppBackend, cpu_workarounds, llamacpp_argv, timings_totals
 from spectune.backends.llamacpp.install import find_llama_server, server_features
 from spectune.backends.prometheus import snapshot_from_text
 from spectune.loadgen.errors import UserError
@@ -85,6 +85,28 @@ def test_threads_leave_a_cpu_to_the_load_generator(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     argv = llamacpp_argv("llama-server", "t.gguf", 0, "127.0.0.1", 8000, 1, 100)
     assert argv[argv.index("-t") + 1] == "1"
+
+
+def test_an_amx_cpu_gets_no_repack(tmp_path, monkeypatch):
+    """ggml's AMX buffer segfaults on some AMX VMs (llama.cpp #20824): such a CPU's servers run --no-repack."""
+    monkeypatch.delenv("SPECTUNE_LLAMACPP_REPACK", raising=False)
+    info = tmp_path / "cpuinfo"
+    info.write_text("model name\t: Xeon\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile amx_int8\n")
+    assert cpu_workarounds(str(info)) == ["--no-repack"]
+
+
+def test_a_cpu_without_amx_keeps_repacking(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPECTUNE_LLAMACPP_REPACK", raising=False)
+    info = tmp_path / "cpuinfo"
+    info.write_text("model name\t: EPYC\nflags\t\t: fpu avx2 fma f16c\n")
+    assert cpu_workarounds(str(info)) == []
+
+
+def test_repack_can_be_forced_on_an_amx_cpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECTUNE_LLAMACPP_REPACK", "1")
+    info = tmp_path / "cpuinfo"
+    info.write_text("flags\t\t: avx512f amx_int8\n")
+    assert cpu_workarounds(str(info)) == []
 
 
 def test_server_args_come_last_so_they_win():
@@ -297,7 +319,7 @@ async def test_running_server_without_metrics_gets_acceptance_from_timings(tmp_p
     head = cached_head_gguf(DEFAULT_HEAD, default_model_path())
     port = free_port()
     argv = [SERVER, "-m", str(default_model_path()), "-md", str(head), "--spec-type", "draft-eagle3",
-            "--spec-draft-n-max", "2", "--port", str(port), "-np", "1", "-c", "2048", "-t", "1"]
+            "--spec-draft-n-max", "2", "--port", str(port), "-np", "1", "-c", "2048", "-t", "1", *cpu_workarounds()]
     server = ServerProcess(argv, "127.0.0.1", port, tmp_path / "s.log", ("/health",))
     await server.start(120)
     try:

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from spectune.backends.llamacpp.backend import cpu_workarounds
 from spectune.backends.llamacpp.head_gguf import cached_head_gguf, export_head_gguf
 from spectune.backends.llamacpp.install import find_llama_server, llama_cpp_source_dir, server_features
 from spectune.backends.local.build import DEFAULT_HEAD
@@ -157,7 +158,8 @@ def _serve_and_ask(binary: Path, target: Path, head: Path, log: Path) -> tuple[l
     """Greedy chat outputs (32 tokens) for PROMPTS and ``spec_decode_num_drafts_total`` from ``/metrics``."""
     port = _free_port()
     argv = [str(binary), "-m", str(target), "-md", str(head), "--spec-type", "draft-eagle3", "--spec-draft-n-max",
-            "3", "--metrics", "--host", "127.0.0.1", "--port", str(port), "-t", "1", "-c", "2048", "-np", "1"]
+            "3", "--metrics", "--host", "127.0.0.1", "--port", str(port), "-t", "1", "-c", "2048", "-np", "1",
+            *cpu_workarounds()]
     base = f"http://127.0.0.1:{port}"
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
