@@ -21,6 +21,8 @@ bf16-GEMM dispatch still sees the real CPU, so this is an approximation of an AV
 CUDA part (when a GPU is present): a randomly initialised Llama-3.1-8B-shaped target in bf16, batch-1 num_steps 0
 decode, as a percentage of the HBM roofline (weights bytes / measured device-to-device copy bandwidth).
 
+``--paths native:int4,native:int8`` compares the two kernels of a Q8_0 lm_head (``spectune serve --native-lm-head``).
+
 Usage: ``python benchmarks/engine_speed.py [--repeats 3] [--threads N] [--paths native,bfloat16,float32]
 [--hf] [--skip-llamacpp] [--skip-spec]``.
 """
@@ -65,12 +67,15 @@ def hf_decode_tok_s(folder, prompts: list[list[int]], batch: int, repeats: int) 
     return batch * 63 / statistics.median(deltas)
 
 
-def make_engine(dtype: str, threads: int, k: int = 0, capacity: int = 0):
+def make_engine(path: str, threads: int, k: int = 0, capacity: int = 0):
+    """An engine on ``path``: a ``--dtype`` value, or ``native:int4`` / ``native:int8`` to force the Q8_0 lm_head's
+    kernel (``--native-lm-head``)."""
     from spectune.backends.local.build import EngineOptions, build_engine
 
+    dtype, _, lm_head = path.partition(":")
     return build_engine(EngineOptions(num_steps=k, num_steps_capacity=capacity, draft=None if capacity else "none",
                                       dtype=dtype, max_num_seqs=8, max_model_len=512, kv_cache_gb=1.0,
-                                      threads=threads))
+                                      threads=threads, native_lm_head=lm_head or "auto"))
 
 
 def engine_runner(engine, prompts: list[list[int]], batch: int):
@@ -94,13 +99,14 @@ class LlamaServer:
         import subprocess
         import urllib.request
 
+        from spectune.backends.llamacpp.backend import cpu_workarounds
         from spectune.backends.llamacpp.install import find_llama_server
 
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         self.argv = [str(find_llama_server(server_bin)), "-m", gguf, "-t", str(threads), "-tb", str(threads), "-c",
-                     str(8 * 512), "-np", "8", "--host", "127.0.0.1", "--port", str(self.port)]
+                     str(8 * 512), "-np", "8", "--host", "127.0.0.1", "--port", str(self.port), *cpu_workarounds()]
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(600):
             try:

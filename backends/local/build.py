@@ -35,6 +35,8 @@ class EngineOptions:
         cuda_graphs: on CUDA, capture decode-shaped forwards per padded batch size and num_steps.
         native_dense_above: native path: ``auto`` (measured), ``off`` or a row count above which linears use a
             float32 copy of the int4 weights (:mod:`spectune.backends.local.quant`).
+        native_lm_head: native path with a Q8_0 lm_head: ``auto`` (measured), ``int4`` (two exact halves) or
+            ``int8`` (requantized per row; :func:`spectune.backends.local.paths.lm_head_kernel`).
     """
 
     model: str | None = None
@@ -52,6 +54,7 @@ class EngineOptions:
     seed: int = 0
     cuda_graphs: bool = True
     native_dense_above: str = "auto"
+    native_lm_head: str = "auto"
 
 
 def resolve_device_dtype(device: str, dtype: str) -> tuple[Any, Any]:
@@ -122,13 +125,14 @@ def build_engine(opts: EngineOptions) -> Any:
         native_ok, reason, lm_repeat = native_support(model_path)
     folder = convert_gguf(model_path) if model_path.is_file() else model_path
     cfg = ModelConfig.from_hf(json.loads((folder / "config.json").read_text()))
-    path_choice = choose_path(opts.dtype, device, cfg, native_ok, reason, lm_repeat, opts.native_dense_above)
+    path_choice = choose_path(opts.dtype, device, cfg, native_ok, reason, lm_repeat, opts.native_dense_above,
+                              opts.native_lm_head)
     dtype = path_choice.dtype
     target, folder = load_target(model_path, dtype, device)
     if path_choice.name == "native":
         from spectune.backends.local.quant import quantize_target
 
-        quantize_target(target, model_path, dtype, path_choice.dense_above)
+        quantize_target(target, model_path, dtype, path_choice.dense_above, path_choice.lm_head or "int4")
     cfg = target.cfg
     max_len = (opts.max_model_len or min(cfg.max_position_embeddings, 4096)) + max_steps + 1
     head = load_head(head_path, target, dtype, device) if head_path is not None else None

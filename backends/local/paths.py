@@ -61,6 +61,8 @@ class PathChoice:
         bf16_packed: whether oneDNN's packed bf16 linears work on this CPU.
         dense_above: native path only: row count above which linears use a float32 copy of the int4 weights
             (:func:`dense_crossover`; None: int4 only).
+        lm_head: native path only: the lm_head's kernel, ``int4`` or ``int8`` (a Q8_0 lm_head requantized per
+            row; :func:`lm_head_kernel`); None on other paths.
     """
 
     name: str
@@ -70,13 +72,14 @@ class PathChoice:
     cpu_capability: str = ""
     bf16_packed: bool = False
     dense_above: int | None = None
+    lm_head: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready description (``/server_info`` ``engine_path``)."""
         return {"path": self.name, "dtype": str(self.dtype).removeprefix("torch."), "chosen_by": self.chosen_by,
                 "estimates_ms": {k: round(v, 3) for k, v in self.estimates_ms.items()},
                 "cpu_capability": self.cpu_capability, "bf16_packed": self.bf16_packed,
-                "dense_above_rows": self.dense_above}
+                "dense_above_rows": self.dense_above, "lm_head": self.lm_head}
 
 
 def normalise(name: str) -> str:
@@ -209,6 +212,43 @@ def dense_crossover(cfg: Any, reps: int = 5) -> int | None:
     return DENSE_ROWS[first - 1] if first > 0 else 1
 
 
+LM_HEAD_KERNELS = ("auto", "int4", "int8")
+
+
+def _int8_linear_ms(n: int, k: int, reps: int) -> float:
+    """Milliseconds of one [1, k] x [k, n] product through :class:`~spectune.backends.local.quant.Int8RowLinear`
+    (random codes), weights streamed from DRAM like :func:`_linear_ms`."""
+    from spectune.backends.local.quant import Int8RowLinear
+
+    base = Int8RowLinear(_random_quant(n, k, 2), torch.bfloat16)
+    copies = max(1, -(-STREAM_BYTES // (base.codes.nbytes + base.scale.nbytes)))
+    mods = []
+    for _ in range(copies):
+        m = Int8RowLinear.__new__(Int8RowLinear)
+        m.__dict__.update(base.__dict__)
+        m.codes, m.scale = base.codes.clone(), base.scale.clone()
+        mods.append(m)
+    x = torch.randn(1, k, dtype=torch.bfloat16)
+
+    def run() -> None:
+        for m in mods:
+            m(x)
+
+    return _best_ms(run, reps) / copies
+
+
+def lm_head_kernel(cfg: Any, reps: int = 5) -> dict[str, Any]:
+    """Time a Q8_0 lm_head of ``cfg``'s shape (at most 8192 rows, scaled; one row, weights from DRAM) both ways:
+    two exact int4 halves (:class:`~spectune.backends.local.quant.Int4Linear`) and per-row int8
+    (:class:`~spectune.backends.local.quant.Int8RowLinear`). Returns ``{"int4_ms", "int8_ms", "kernel"}`` with
+    the faster kernel's name (int8 only when it saves at least 10%: it is a second quantization). About 0.3 s."""
+    rows = min(cfg.vocab_size, 8192)
+    scale = cfg.vocab_size / rows
+    int4 = _linear_ms("native", rows, cfg.hidden_size, reps, 2) * scale
+    int8 = _int8_linear_ms(rows, cfg.hidden_size, reps) * scale
+    return {"int4_ms": int4, "int8_ms": int8, "kernel": "int8" if int8 < 0.9 * int4 else "int4"}
+
+
 def dense_fits(cfg: Any) -> bool:
     """Whether a float32 copy of the target's linear weights (4 bytes per weight) fits in
     :data:`DENSE_MEMORY_SHARE` of the memory available now (``os.sysconf``; True where that is unknown)."""
@@ -225,7 +265,7 @@ def dense_fits(cfg: Any) -> bool:
 
 
 def choose_path(requested: str, device: torch.device, cfg: Any, native_ok: bool, native_reason: str = "",
-                lm_repeat: int = 1, dense_above: str = "auto") -> PathChoice:
+                lm_repeat: int = 1, dense_above: str = "auto", lm_head: str = "auto") -> PathChoice:
     """Resolve ``--dtype`` into a :class:`PathChoice`.
 
     Args:
@@ -237,10 +277,12 @@ def choose_path(requested: str, device: torch.device, cfg: Any, native_ok: bool,
         lm_repeat: 2 when the GGUF's lm_head is Q8_0 (two int4 halves), else 1.
         dense_above: for the native path, ``auto`` (measured by :func:`dense_crossover` where the float32 copy
             fits, kept with the estimates), ``off`` (int4 only) or a row count.
+        lm_head: for the native path with a Q8_0 lm_head (``lm_repeat`` 2): ``auto`` (:func:`lm_head_kernel`,
+            kept with the estimates), ``int4`` or ``int8``; any other lm_head is int4.
 
     Raises:
         UserError: an unknown value, or ``native`` where it cannot run (CUDA, a non-GGUF model, other types), or a
-            ``dense_above`` that is not auto, off or a row count.
+            ``dense_above`` that is not auto, off or a row count, or an ``lm_head`` not in auto, int4, int8.
     """
     from spectune.backends.local.linear import packing_supported
 
@@ -256,7 +298,7 @@ def choose_path(requested: str, device: torch.device, cfg: Any, native_ok: bool,
     if name != "auto":
         dtype = torch.float32 if name == "float32" else torch.bfloat16
         choice = PathChoice(name, dtype, "flag", cpu_capability=cap, bf16_packed=packed)
-        return _with_dense(choice, cfg, lm_repeat, dense_above)
+        return _with_lm_head(_with_dense(choice, cfg, lm_repeat, dense_above), cfg, lm_repeat, lm_head)
     if device.type != "cpu":
         return PathChoice("bfloat16", torch.bfloat16, "device")
     candidates = (["native"] if native_ok else []) + ["bfloat16", "float32"]
@@ -264,9 +306,29 @@ def choose_path(requested: str, device: torch.device, cfg: Any, native_ok: bool,
     est = _measured(key, lambda: {c: estimate_step_ms(c, cfg, lm_repeat) for c in candidates})
     best = min(est, key=est.get)
     choice = PathChoice(best, torch.float32 if best == "float32" else torch.bfloat16, "measured", est, cap, packed)
-    choice = _with_dense(choice, cfg, lm_repeat, dense_above)
+    choice = _with_lm_head(_with_dense(choice, cfg, lm_repeat, dense_above), cfg, lm_repeat, lm_head)
     timings = ", ".join(f"{k} ~{v:.1f} ms/step" for k, v in est.items())
-    log.info("engine path %s (%s; dense above %s rows)", best, timings, choice.dense_above)
+    log.info("engine path %s (%s; dense above %s rows; lm_head %s)", best, timings, choice.dense_above,
+             choice.lm_head)
+    return choice
+
+
+def _with_lm_head(choice: PathChoice, cfg: Any, lm_repeat: int, lm_head: str) -> PathChoice:
+    """``choice`` with its ``lm_head`` kernel set (native only; see :func:`choose_path`)."""
+    value = str(lm_head).strip().lower()
+    if value not in LM_HEAD_KERNELS:
+        raise UserError(f"--native-lm-head {lm_head!r}: use auto, int4 or int8")
+    if choice.name != "native":
+        return choice
+    if lm_repeat != 2:  # a 4-bit lm_head is one int4 pass already
+        choice.lm_head = "int4"
+    elif value != "auto":
+        choice.lm_head = value
+    else:
+        key = _probe_key(["native:lm-head"], cfg, lm_repeat)
+        probe = _measured(key, lambda: lm_head_kernel(cfg))
+        choice.lm_head = probe["kernel"]
+        choice.estimates_ms.update({"lm_head_int4": probe["int4_ms"], "lm_head_int8": probe["int8_ms"]})
     return choice
 
 

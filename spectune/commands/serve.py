@@ -48,6 +48,9 @@ def serve(
                                                     "(prefill, large verify batches) use a float32 copy of the "
                                                     "int4 weights; auto (measured at start-up), off, or a row "
                                                     "count.")] = "auto",
+    native_lm_head: Annotated[str, typer.Option(help="--dtype native with a Q8_0 lm_head: auto (the faster of "
+                                                "the two, measured at start-up), int4 (two exact int4 halves) or "
+                                                "int8 (requantized per row).")] = "auto",
 ) -> None:
     """Serve the bundled engine: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /server_info."""
     from spectune.backends.local.build import EngineOptions, build_engine
@@ -57,7 +60,8 @@ def serve(
     engine = build_engine(EngineOptions(
         model=model, draft=draft, num_steps=num_steps, dtype=dtype, device=device, max_num_seqs=max_num_seqs,
         max_model_len=max_model_len, kv_cache_gb=kv_cache_gb, adaptive_config=adaptive_config, trace_path=trace,
-        threads=threads, seed=seed, native_dense_above=native_dense_above))
+        threads=threads, seed=seed, native_dense_above=native_dense_above,
+        native_lm_head=native_lm_head))
     name = model_name or engine.model_name
     head = engine.runner.head
     key = resolve_api_key(api_key)
