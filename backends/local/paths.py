@@ -123,20 +123,24 @@ def _random_quant(n: int, k: int, repeat: int = 1) -> Any:
 
 def _linear_ms(path: str, n: int, k: int, reps: int, lm_repeat: int = 1) -> float:
     """Milliseconds of one [1, k] x [k, n] product as ``path`` computes it, weights read from DRAM as in a decode
-    step (each timed pass runs copies of the layer whose weights add up to :data:`STREAM_BYTES`; random weights)."""
+    step (each timed pass runs copies of the layer whose weights add up to :data:`STREAM_BYTES`; random weights).
+    ``path`` is a ``--dtype`` value, or ``native-int8`` for a Q8_0-shaped matrix as per-row int8
+    (:class:`~spectune.backends.local.quant.Int8RowLinear`)."""
     from spectune.backends.local.linear import PackedLinear, packing_supported
 
-    if path == "native":
-        from spectune.backends.local.quant import Int4Linear
+    if path in ("native", "native-int8"):
+        from spectune.backends.local.quant import Int4Linear, Int8RowLinear
 
-        base = Int4Linear(_random_quant(n, k, lm_repeat), torch.bfloat16)
-        size = base.packed.nbytes + base.scales_zeros.nbytes
-        copies = max(1, -(-STREAM_BYTES // size))
+        kind, tensors = ((Int8RowLinear, ("codes", "scale")) if path == "native-int8"
+                         else (Int4Linear, ("packed", "scales_zeros")))
+        base = kind(_random_quant(n, k, 2 if path == "native-int8" else lm_repeat), torch.bfloat16)
+        copies = max(1, -(-STREAM_BYTES // sum(getattr(base, t).nbytes for t in tensors)))
         mods: list[nn.Module] = []
         for _ in range(copies):
-            m = Int4Linear.__new__(Int4Linear)
+            m = kind.__new__(kind)
             m.__dict__.update(base.__dict__)
-            m.packed, m.scales_zeros = base.packed.clone(), base.scales_zeros.clone()
+            for t in tensors:
+                setattr(m, t, getattr(base, t).clone())
             mods.append(m)
         x = torch.randn(1, k, dtype=torch.bfloat16)
     else:
@@ -215,28 +219,6 @@ def dense_crossover(cfg: Any, reps: int = 5) -> int | None:
 LM_HEAD_KERNELS = ("auto", "int4", "int8")
 
 
-def _int8_linear_ms(n: int, k: int, reps: int) -> float:
-    """Milliseconds of one [1, k] x [k, n] product through :class:`~spectune.backends.local.quant.Int8RowLinear`
-    (random codes), weights streamed from DRAM like :func:`_linear_ms`."""
-    from spectune.backends.local.quant import Int8RowLinear
-
-    base = Int8RowLinear(_random_quant(n, k, 2), torch.bfloat16)
-    copies = max(1, -(-STREAM_BYTES // (base.codes.nbytes + base.scale.nbytes)))
-    mods = []
-    for _ in range(copies):
-        m = Int8RowLinear.__new__(Int8RowLinear)
-        m.__dict__.update(base.__dict__)
-        m.codes, m.scale = base.codes.clone(), base.scale.clone()
-        mods.append(m)
-    x = torch.randn(1, k, dtype=torch.bfloat16)
-
-    def run() -> None:
-        for m in mods:
-            m(x)
-
-    return _best_ms(run, reps) / copies
-
-
 def lm_head_kernel(cfg: Any, reps: int = 5) -> dict[str, Any]:
     """Time a Q8_0 lm_head of ``cfg``'s shape (at most 8192 rows, scaled; one row, weights from DRAM) both ways:
     two exact int4 halves (:class:`~spectune.backends.local.quant.Int4Linear`) and per-row int8
@@ -245,7 +227,7 @@ def lm_head_kernel(cfg: Any, reps: int = 5) -> dict[str, Any]:
     rows = min(cfg.vocab_size, 8192)
     scale = cfg.vocab_size / rows
     int4 = _linear_ms("native", rows, cfg.hidden_size, reps, 2) * scale
-    int8 = _int8_linear_ms(rows, cfg.hidden_size, reps) * scale
+    int8 = _linear_ms("native-int8", rows, cfg.hidden_size, reps) * scale
     return {"int4_ms": int4, "int8_ms": int8, "kernel": "int8" if int8 < 0.9 * int4 else "int4"}
 
 

@@ -143,7 +143,36 @@ def unpack(raw: np.ndarray, qtype: str, in_features: int) -> QuantTensor:
     return QuantTensor(codes, d, m + 8 * d, 1, qtype)
 
 
-class Int4Linear(nn.Module):
+class _QuantLinear(nn.Module):
+    """What the native layers share: an optional bias in the activation dtype, and the float32 copy of the kernel's
+    own weights used above ``dense_above`` rows (see the module docstring). Subclasses set ``in_features``,
+    ``out_features`` and their kernel's tensors, call :meth:`_finish`, and implement :meth:`_kernel`."""
+
+    def _finish(self, dtype: torch.dtype, bias: torch.Tensor | None, dense_above: int | None,
+                weights: Any) -> None:
+        """Store the bias and, when ``dense_above`` is set, ``weights()`` (float32 [N, K]) as the dense copy."""
+        self.bias = None if bias is None else bias.to(dtype)
+        self.dense_above = dense_above
+        self.dense = None if dense_above is None else weights()
+        self.dense_bias = None if self.bias is None or dense_above is None else self.bias.float()
+
+    def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
+        """x2 [M, K] (the activation dtype) -> [M, N] through the quantized kernel."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in_features] (the activation dtype) -> [..., out_features]."""
+        x2 = x.reshape(-1, self.in_features)  # [M, K]
+        if self.dense is not None and x2.shape[0] > self.dense_above:  # many rows: float32 GEMM, same weights
+            y = torch.nn.functional.linear(x2.float(), self.dense, self.dense_bias).to(x.dtype)
+            return y.view(*x.shape[:-1], self.out_features)
+        y = self._kernel(x2)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+class Int4Linear(_QuantLinear):
     """Inference-only linear layer over 4-bit codes with per-32 affine groups (PyTorch's CPU int4 kernel).
 
     Args:
@@ -166,23 +195,12 @@ class Int4Linear(nn.Module):
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
         sz = torch.stack([torch.from_numpy(qt.scale), torch.from_numpy(qt.zero)], dim=-1)  # [N, G, 2]
         self.scales_zeros = sz.transpose(0, 1).contiguous().to(dtype)  # [G, N, 2]
-        self.bias = None if bias is None else bias.to(dtype)
-        self.dense_above = dense_above
-        self.dense = None if dense_above is None else torch.from_numpy(qt.rounded(dtype).dequantize())  # [N, K] fp32
-        self.dense_bias = None if self.bias is None or dense_above is None else self.bias.float()
+        self._finish(dtype, bias, dense_above, lambda: torch.from_numpy(qt.rounded(dtype).dequantize()))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., in_features] (the activation dtype) -> [..., out_features]."""
-        x2 = x.reshape(-1, self.in_features)  # [M, K]
-        if self.dense is not None and x2.shape[0] > self.dense_above:  # many rows: float32 GEMM, same weights
-            y = torch.nn.functional.linear(x2.float(), self.dense, self.dense_bias).to(x.dtype)
-            return y.view(*x.shape[:-1], self.out_features)
+    def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
         if self.repeat > 1:
             x2 = x2.repeat(1, self.repeat)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, QK, self.scales_zeros)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(*x.shape[:-1], self.out_features)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, QK, self.scales_zeros)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype}, "
@@ -217,13 +235,14 @@ def requantize_rows(qt: QuantTensor, dtype: torch.dtype = torch.bfloat16) -> tup
     return codes, scale
 
 
-class Int8RowLinear(nn.Module):
+class Int8RowLinear(_QuantLinear):
     """Inference-only linear layer over per-row int8 weights (PyTorch's ``_weight_int8pack_mm``,
     aten/src/ATen/native/cpu/int8mm_kernel.cpp: ``y = (x @ codes^T) * scale``, vectorised for AVX2 and AVX-512).
 
     Used for a Q8_0 lm_head where it is faster than two int4 halves (:func:`spectune.backends.local.paths.
-    lm_head_kernel`): SmolLM2's [576 -> 49152] at one row, one thread: 2.2 vs 3.7 ms on the AVX-512 VM, 2.9 vs
-    6.8 ms with AVX2 emulated. The weights are :func:`requantize_rows` of the GGUF's (not bit-exact Q8_0).
+    lm_head_kernel`): SmolLM2 decode, one thread, with AVX2 emulated on an AVX-512 VM: +7% tokens/s at batch 1,
+    +13% at batch 8; on the AVX-512 VM itself +1% / +5%, so the probe keeps int4 there (docs/engine.md). The
+    weights are :func:`requantize_rows` of the GGUF's (not bit-exact Q8_0).
 
     Args:
         qt: the weights (:class:`QuantTensor`, any type).
@@ -240,25 +259,14 @@ class Int8RowLinear(nn.Module):
         codes, scale = requantize_rows(qt, dtype)
         self.codes = torch.from_numpy(codes)  # [N, K] int8
         self.scale = torch.from_numpy(scale).to(dtype)  # [N]
-        self.bias = None if bias is None else bias.to(dtype)
-        self.dense_above = dense_above
-        self.dense = None if dense_above is None else self.weights()
-        self.dense_bias = None if self.bias is None or dense_above is None else self.bias.float()
+        self._finish(dtype, bias, dense_above, self.weights)
 
     def weights(self) -> torch.Tensor:
         """float32 [N, K]: the weights the kernel computes with (``codes * scale``)."""
         return self.codes.float() * self.scale.float()[:, None]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., in_features] (the activation dtype) -> [..., out_features]."""
-        x2 = x.reshape(-1, self.in_features)  # [M, K]
-        if self.dense is not None and x2.shape[0] > self.dense_above:
-            y = torch.nn.functional.linear(x2.float(), self.dense, self.dense_bias).to(x.dtype)
-            return y.view(*x.shape[:-1], self.out_features)
-        y = torch.ops.aten._weight_int8pack_mm(x2, self.codes, self.scale)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(*x.shape[:-1], self.out_features)
+    def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(x2, self.codes, self.scale)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype} as per-row "
