@@ -39,14 +39,19 @@ models for the same decision:
   ruled out K=1 at c=1 (where it was 18% better) at the 2% floor; with it, extrapolations in K or c get the width
   the data give them, and cells between measured ones stay narrow.
 
-**The loop.** A seed round (:meth:`GuidedPlanner.seed`: the largest num_steps at the smallest concurrency, the
-smallest, the second and the middle num_steps at the largest, the smallest num_steps at the middle concurrency; K=0
-and K=1 side by side at one concurrency identify the draft's fixed cost; of the seeds tried (the pair at the
-smallest concurrency, Kmax at the largest or the middle one) it measured least for the same agreement, with a fixed
-number of prompts per point, where the largest concurrency is the cheapest, and with spectune's default of four
-closed-loop waves per point, where it is the dearest; the pair at the middle concurrency saved a point on the replay
-but cost the emulated memory-bound server 50% of the grid's time and missed the compute-bound one's choice by
-11%). Then, one cell at a time with the model refitted after each (:meth:`GuidedPlanner.next_round`; where a
+**The loop.** A seed round (:meth:`GuidedPlanner.seed`: the largest num_steps at the smallest concurrency, num_steps
+0 and 1 at the largest, num_steps 0 at the middle concurrency; K=0 and K=1 side by side at one concurrency identify
+the draft's fixed cost), then a fifth cell chosen by what that pair showed (:meth:`GuidedPlanner.seed_fifth`: where
+K=1 beats K=0 at the largest concurrency by more than the noise band, speculation pays at the largest batch and the
+middle num_steps there measures the per-draft-token cost; otherwise num_steps 1 at the middle concurrency shows how
+the draft's fixed cost scales with the batch, where speculation stops paying). A fixed fifth cell wasted a point
+either way: always the middle num_steps at the largest concurrency, the replay of the bundled engine's grid
+(docs/examples/smollm2-cpu/sweep, where K=0 wins from concurrency 2 up) measured 13 points, 41.1% of the grid's time
+(now 12, 37.3%, the same choices), and virtual compute-bound sweeps 36.1% (now 29.6%); always K=1 at the middle
+concurrency, virtual memory-bound sweeps (K=2 best everywhere) measured 38.3% instead of 34.6%, 16 of 48 over 40%
+(now unchanged: 34.6%, 1 of 48). The grid's choice within 3% at every concurrency: 33 and 37 of 48 virtual sweeps
+(compute- and memory-bound: 2% and 4% noise, four closed-loop waves per point), against 34 and 37 with the fixed
+cell. Then, one cell at a time with the model refitted after each (:meth:`GuidedPlanner.next_round`; where a
 server restart costs more than a point, a round of every such cell of the one num_steps with the largest summed
 expected improvement: one restart per round): first one cell at each concurrency with nothing measured (its
 predicted best num_steps), then the cell of the highest expected improvement per expected second among those still
@@ -108,8 +113,11 @@ off): the in-sample residual spread does not see that. A leave-one-out predictio
 (replays of 40 grids of the two emulated servers: every concurrency agreed in 21 of 21 compute-bound sweeps instead of
 16, 15 of 19 memory-bound instead of 14) but measures 46% and 54% of the grids' time instead of 39% and 40%; not
 used.
-Where a restart costs more than a point the saving is small: the seed alone launches four num_steps (the replay with a
-nominal 60 s per launch: 90% of the grid's time).
+Where a restart costs more than a point the saving is smaller: the seed alone launches three or four num_steps (the
+replay with a nominal 60 s per launch: 12 of 30 points, 5 launches, 50.5% of the grid's time with its 5 launches, the
+grid's choice at every concurrency). A round there goes to the num_steps that opens the most concurrencies with
+nothing measured yet, then the largest summed value: when that count was summed as infinities, every such tie went to
+the smaller num_steps, the replay never measured K=1 at concurrency 1 and chose K=0 there, 9.7% below the grid.
 """
 
 from __future__ import annotations
@@ -454,25 +462,45 @@ class GuidedPlanner:
 
     # -- what to measure next ------------------------------------------------------------------------------------
     def seed(self) -> list[tuple[int, int]]:
-        """The first round (duplicates dropped), five cells:
+        """The first round (duplicates dropped), four cells:
 
         * (largest K, smallest c): the per-position acceptance of every smaller K;
         * (smallest K, largest c), (second K, largest c): num_steps 0 and 1 at the same concurrency, so the jump in
           step time from no speculation to one draft token (the draft model's fixed per-step cost, ``K>0``) is
-          identified instead of being spread over the per-draft-token slope (where a large K is rarely a
-          contender, so the pair says most about the smaller ones);
-        * (middle K, largest c): the per-draft-token cost at the largest batch;
+          identified instead of being spread over the per-draft-token slope;
         * (smallest K, middle c): the batch dependence.
-        """
+
+        A fifth cell follows once these are measured (:meth:`seed_fifth`)."""
         ks, cs = sorted(self.steps), sorted(self.concurrency)
-        mid = cs[len(cs) // 2] if len(cs) > 2 else cs[0]
-        kmid = ks[len(ks) // 2]
-        k1 = ks[1] if len(ks) > 1 else ks[0]
         out: list[tuple[int, int]] = []
-        for cell in ((ks[-1], cs[0]), (ks[0], cs[-1]), (k1, cs[-1]), (kmid, cs[-1]), (ks[0], mid)):
+        for cell in ((ks[-1], cs[0]), (ks[0], cs[-1]), (ks[1] if len(ks) > 1 else ks[0], cs[-1]), (ks[0], self._cmid)):
             if cell not in out:
                 out.append(cell)
         return out
+
+    @property
+    def _cmid(self) -> int:
+        cs = sorted(self.concurrency)
+        return cs[len(cs) // 2] if len(cs) > 2 else cs[0]
+
+    def seed_fifth(self, cells: dict[tuple[int, int], _Cell]) -> tuple[int, int] | None:
+        """The seed's fifth cell, chosen by what the pair at the largest concurrency showed (module docstring,
+        "The loop"): where num_steps 1 beats 0 there by more than the noise band, speculation pays at the largest
+        batch and the open question is how far K goes, so the middle num_steps at the largest concurrency (the
+        per-draft-token cost at the largest batch); otherwise the open question is where speculation stops paying,
+        so num_steps 1 at the middle concurrency (how the draft's fixed cost scales with the batch). None when the
+        pair was not measured (failed cells) or the plan has fewer than three num_steps."""
+        ks, cs = sorted(self.steps), sorted(self.concurrency)
+        if len(ks) < 3:
+            return None
+        k0, k1 = cells.get((ks[0], cs[-1])), cells.get((ks[1], cs[-1]))
+        if k0 is None or k1 is None:
+            return None
+        if self.objective == "tpot":
+            pays = k1.tpot * (1 + self.noise_band) < k0.tpot
+        else:
+            pays = k1.throughput > k0.throughput * (1 + self.noise_band)
+        return (ks[len(ks) // 2], cs[-1]) if pays else (ks[1], self._cmid)
 
     def _value(self, p: Prediction) -> tuple[float, float, float]:
         if self.objective == "tpot":
@@ -491,6 +519,11 @@ class GuidedPlanner:
             seed = [x for x in self.seed() if x not in tried]
             self.rounds.append(seed)
             return seed
+        if len(self.rounds) == 1:  # the seed was measured: its fifth cell
+            fifth = self.seed_fifth(cells)
+            if fifth is not None and fifth not in tried:
+                self.rounds.append([fifth])
+                return [fifth]
         preds = self.predict(points)
         proposals: list[tuple[float, tuple[int, int]]] = []
         for c in self.concurrency:
@@ -509,10 +542,13 @@ class GuidedPlanner:
         if not all_threats:
             out = out[:1]
         elif out:  # one launch per round: every open cell of the num_steps with the most to gain
-            gain: dict[int, float] = {}
+            # a concurrency with nothing measured yet (value inf) counts first: the launch that opens the most of
+            # them, then the largest summed value of the rest (a sum of infs would tie and go to the smaller K)
+            gain: dict[int, tuple[int, float]] = {}
             for v, (k, _) in proposals:
-                gain[k] = gain.get(k, 0.0) + v
-            top = max(gain, key=lambda k: (gain[k], -k))
+                n, total = gain.get(k, (0, 0.0))
+                gain[k] = (n + 1, total) if math.isinf(v) else (n, total + v)
+            top = max(gain, key=lambda k: (*gain[k], -k))
             out = [cell for cell in out if cell[0] == top]
         if out:
             self.rounds.append(out)

@@ -210,6 +210,31 @@ def test_the_seed_measures_num_steps_0_and_1_at_the_same_concurrency():
     assert {c for k, c in seed if k == 0} & {c for k, c in seed if k == 1}
 
 
+def pair_at_largest_concurrency(ratio: float) -> list[dict]:
+    """Points of num_steps 0 and 1 at the largest concurrency, K=1's throughput ``ratio`` times K=0's."""
+    def point(k: int, tput: float) -> dict:
+        return {"steps": k, "concurrency": CONC[-1], "status": "ok",
+                "metrics": {"output_throughput_tok_s": tput, "tpot_p50_ms": 1000.0 / tput, "acceptance_length": 1.5}}
+    return [point(0, 100.0), point(1, 100.0 * ratio)]
+
+
+def test_where_speculation_pays_at_the_largest_batch_the_fifth_seed_cell_is_the_middle_num_steps_there():
+    planner = GuidedPlanner(STEPS, CONC)
+    assert planner.seed_fifth(planner.cells(pair_at_largest_concurrency(1.2))) == (2, 32)
+
+
+def test_where_speculation_does_not_pay_at_the_largest_batch_the_fifth_seed_cell_is_num_steps_1_at_the_middle():
+    """K=1 within the noise band of K=0 at the largest concurrency: does not pay there."""
+    planner = GuidedPlanner(STEPS, CONC)
+    assert planner.seed_fifth(planner.cells(pair_at_largest_concurrency(1.01))) == (1, 8)
+
+
+def test_the_fifth_seed_cell_is_the_round_after_the_seed():
+    planner = GuidedPlanner(STEPS, CONC)
+    seed = planner.next_round([], set())
+    assert planner.next_round(exact_points(planner, seed), set(seed)) == [full_seed(planner)[-1]]
+
+
 def exact_points(planner: GuidedPlanner, cells) -> list[dict]:
     """Points of an exact cost model with a draft fixed cost: tau = 2 + 0.5 c + 3 (K>0) + 0.4 K + 0.1 c K (ms)."""
     pp = [0.8, 0.6, 0.4, 0.2]
@@ -221,12 +246,18 @@ def exact_points(planner: GuidedPlanner, cells) -> list[dict]:
             for k, c in cells]
 
 
+def full_seed(planner: GuidedPlanner) -> list[tuple[int, int]]:
+    """The seed's four cells and the fifth chosen from their exact_points."""
+    seed = planner.seed()
+    return seed + [planner.seed_fifth(planner.cells(exact_points(planner, seed)))]
+
+
 def test_the_seed_and_one_more_cell_identify_the_draft_models_fixed_cost():
     """Cells of an exact cost model with a draft fixed cost (exact_points): from the seed and one more cell the fit
     uses the K>0 feature and predicts an unmeasured cell within 1% (a model linear in K spreads the jump over the
     per-token slope)."""
     planner = GuidedPlanner(STEPS, CONC)
-    pred = planner.predict(exact_points(planner, planner.seed() + [(2, 2)]))[(1, 4)]
+    pred = planner.predict(exact_points(planner, full_seed(planner) + [(2, 2)]))[(1, 4)]
     expected = exact_points(planner, [(1, 4)])[0]["metrics"]["output_throughput_tok_s"]
     assert "K>0" in planner.fit_info["features"].split(", ")
     assert pred.throughput == pytest.approx(expected, rel=0.01)
@@ -236,7 +267,7 @@ def test_a_prediction_far_from_the_measured_cells_gets_a_wider_interval():
     """K=0 at a concurrency where only K=2 was measured: the jump across the draft's fixed cost comes from the fit's
     parameters alone, so its interval is wider than the residual spread gives (leverage)."""
     planner = GuidedPlanner(STEPS, CONC)
-    pred = planner.predict(exact_points(planner, planner.seed() + [(2, 2)]))[(0, 2)]
+    pred = planner.predict(exact_points(planner, full_seed(planner) + [(2, 2)]))[(0, 2)]
     residual_band = planner.z * planner.fit_info["relative_error"]
     assert (pred.throughput_high - pred.throughput) / pred.throughput > 2 * residual_band
 
@@ -244,22 +275,45 @@ def test_a_prediction_far_from_the_measured_cells_gets_a_wider_interval():
 def test_one_cell_at_a_time_where_switching_is_cheap():
     """Between cells the model is refitted, so each cell is chosen with everything measured so far."""
     planner = GuidedPlanner(STEPS, CONC)
-    seed = planner.seed()
+    seed = full_seed(planner)
     assert len(planner.next_round(exact_points(planner, seed), set(seed))) == 1
 
 
 def test_one_launch_per_round_where_a_restart_costs_more_than_a_point():
     """Every open cell of one num_steps at once: a round costs one restart."""
     planner = GuidedPlanner(STEPS, CONC)
-    seed = planner.seed()
+    seed = full_seed(planner)
     cells = planner.next_round(exact_points(planner, seed), set(seed), all_threats=True)
     assert len({k for k, _ in cells}) == 1
 
 
 def test_a_round_for_a_costly_restart_takes_more_than_one_cell():
     planner = GuidedPlanner(STEPS, CONC)
-    seed = planner.seed()
+    seed = full_seed(planner)
     assert len(planner.next_round(exact_points(planner, seed), set(seed), all_threats=True)) > 1
+
+
+def test_a_round_for_a_costly_restart_opens_the_most_concurrencies_with_nothing_measured():
+    """After the seed, K=2 is the predicted best at two of the concurrencies with nothing measured and K=1 at one
+    (an exact model whose draft costs 0.8 ms per token per sequence): the round launches K=2 (summed as infinities,
+    the counts tied and the round went to the smaller num_steps)."""
+    pp = [0.8, 0.6, 0.4, 0.2]
+    al = acceptance_lengths(pp, range(5))
+    tau = lambda k, c: (8 + c + (k > 0) + 0.5 * k + 0.8 * c * k + 0.2 * c * (k > 0)) / 1000  # noqa: E731
+
+    def points(cells):
+        return [{"steps": k, "concurrency": c, "status": "ok", "acceptance": {"per_position": pp[:k]},
+                 "metrics": {"output_throughput_tok_s": c * al[k] / tau(k, c), "tpot_p50_ms": tau(k, c) / al[k] * 1e3,
+                             "acceptance_length": al[k], "duration_s": 8 * 16 * tau(k, c) / al[k]}} for k, c in cells]
+
+    planner = GuidedPlanner(STEPS, CONC)
+    seed = planner.next_round([], set())
+    tried = set(seed) | set(planner.next_round(points(seed), set(seed)))
+    preds = planner.predict(points(sorted(tried)))
+    open_c = [c for c in CONC if all(cc != c for _, cc in tried)]
+    best = [max(STEPS, key=lambda k: preds[(k, c)].throughput) for c in open_c]
+    top = max(set(best), key=best.count)
+    assert {k for k, _ in planner.next_round(points(sorted(tried)), tried, all_threats=True)} == {top}
 
 
 def test_the_expected_duration_of_a_cell_is_the_nearest_points_tokens_over_its_predicted_throughput():
