@@ -45,8 +45,8 @@ the draft's fixed cost), then a fifth cell chosen by what that pair showed (:met
 K=1 beats K=0 at the largest concurrency by more than the noise band, speculation pays at the largest batch and the
 middle num_steps there measures the per-draft-token cost; otherwise num_steps 1 at the middle concurrency shows how
 the draft's fixed cost scales with the batch, where speculation stops paying). A fixed fifth cell wasted a point
-either way: always the middle num_steps at the largest concurrency, the replay of the bundled engine's grid
-(docs/examples/smollm2-cpu/sweep, where K=0 wins from concurrency 2 up) measured 13 points, 41.1% of the grid's time
+either way: always the middle num_steps at the largest concurrency, the replay of the bundled engine's 2026-11-23
+grid (docs/examples/smollm2-cpu/sweep at that date, where K=0 wins from concurrency 2 up) measured 13 points, 41.1% of the grid's time
 (now 12, 37.3%, the same choices), and virtual compute-bound sweeps 36.1% (now 29.6%); always K=1 at the middle
 concurrency, virtual memory-bound sweeps (K=2 best everywhere) measured 38.3% instead of 34.6%, 16 of 48 over 40%
 (now unchanged: 34.6%, 1 of 48). The grid's choice within 3% at every concurrency: 33 and 37 of 48 virtual sweeps
@@ -96,11 +96,11 @@ expected improvement must pass: on the compute-bound emulated server a pair at 0
 tie), so a pair whose true difference sits at the band's edge does not take every run it is allowed. The last
 comparisons are in sweep.json (``guided.comparisons``).
 
-Checked on the measured 5x6 grid of the bundled engine on CPU (the previous docs/examples/smollm2-cpu/sweep, bf16 path,
-replayed by benchmarks/guided_vs_grid.py: 10 of 30 points, 33% of the grid's measuring time, the grid's choice at every
-concurrency; the current one, native path: 13 points, 41%, the same choices; run live after that grid: 12 points, 37%,
-the grid's choice at 5 of 6 concurrencies, docs/examples/smollm2-cpu/README.md; live again after a new grid, with the
-settle step: 13 points, 40.7%, the grid's choice at 6 of 6, docs/sweep.md) and on the two emulated servers
+Checked on measured 5x6 grids of the bundled engine on CPU (docs/examples/smollm2-cpu/sweep and its earlier versions
+in git, replayed by benchmarks/guided_vs_grid.py: bf16 path 10 of 30 points, 33% of the grid's measuring time, the
+grid's choice at every concurrency; native path on a Xeon 13 points, 41%, the same choices; run live: 12 points, 37%,
+5 of 6; with the settle step 13 points, 40.7%, 6 of 6; with the chosen fifth seed cell on a Zen 5 VM, live after its
+grid, 12 points, 37.4%, 6 of 6, and replayed on that grid 10 points, 32.1%, 5 of 6, docs/sweep.md) and on the two emulated servers
 (tests/helpers/cost_model.py; virtual points with 2% and 4% noise, 96 sweeps: the grid's choice within 3% in 82, the
 noise-free model's in 79, against 86 and 74 for the plan this replaced (a four-cell seed, then rounds of one cell per
 concurrency), at 32% of the grid's time on average instead of 34%, 4 sweeps over 40% instead of 13). Without the
@@ -114,8 +114,8 @@ off): the in-sample residual spread does not see that. A leave-one-out predictio
 16, 15 of 19 memory-bound instead of 14) but measures 46% and 54% of the grids' time instead of 39% and 40%; not
 used.
 Where a restart costs more than a point the saving is smaller: the seed alone launches three or four num_steps (the
-replay with a nominal 60 s per launch: 12 of 30 points, 5 launches, 50.5% of the grid's time with its 5 launches, the
-grid's choice at every concurrency). A round there goes to the num_steps that opens the most concurrencies with
+replay of the 2026-11-23 grid with a nominal 60 s per launch: 12 of 30 points, 5 launches, 50.5% of the grid's time
+with its 5 launches, the grid's choice at every concurrency). A round there goes to the num_steps that opens the most concurrencies with
 nothing measured yet, then the largest summed value: when that count was summed as infinities, every such tie went to
 the smaller num_steps, the replay never measured K=1 at concurrency 1 and chose K=0 there, 9.7% below the grid.
 """
