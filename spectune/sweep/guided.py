@@ -39,23 +39,23 @@ models for the same decision:
   ruled out K=1 at c=1 (where it was 18% better) at the 2% floor; with it, extrapolations in K or c get the width
   the data give them, and cells between measured ones stay narrow.
 
-**The loop.** A seed round (:meth:`GuidedPlanner.seed`: the largest num_steps at the smallest concurrency, num_steps
-0 and 1 at the largest, num_steps 0 at the middle concurrency; K=0 and K=1 side by side at one concurrency identify
-the draft's fixed cost), then a fifth cell chosen by what that pair showed (:meth:`GuidedPlanner.seed_fifth`: where
-K=1 beats K=0 at the largest concurrency by more than the noise band, speculation pays at the largest batch and the
-middle num_steps there measures the per-draft-token cost; otherwise num_steps 1 at the middle concurrency shows how
-the draft's fixed cost scales with the batch, where speculation stops paying). A fixed fifth cell wasted a point
-either way: always the middle num_steps at the largest concurrency, the replay of the bundled engine's 2026-11-23
-grid (docs/examples/smollm2-cpu/sweep at that date, where K=0 wins from concurrency 2 up) measured 13 points, 41.1% of the grid's time
-(now 12, 37.3%, the same choices), and virtual compute-bound sweeps 36.1% (now 29.6%); always K=1 at the middle
-concurrency, virtual memory-bound sweeps (K=2 best everywhere) measured 38.3% instead of 34.6%, 16 of 48 over 40%
+**The loop.** A seed round (:meth:`GuidedPlanner.seed`: the largest num_steps at the smallest concurrency, num_steps 0
+and 1 at the largest, num_steps 0 at the middle concurrency; K=0 and K=1 side by side at one concurrency identify the
+draft's fixed cost), then a fifth cell chosen by what that pair showed (:meth:`GuidedPlanner.seed_fifth`: where K=1
+beats K=0 at the largest concurrency by more than the noise band, speculation pays at the largest batch and the middle
+num_steps there measures the per-draft-token cost; otherwise num_steps 1 at the middle concurrency shows how the draft's
+fixed cost scales with the batch, where speculation stops paying). A fixed fifth cell wasted a point either way: always
+the middle num_steps at the largest concurrency, the replay of the bundled engine's 2026-11-23 grid
+(docs/examples/smollm2-cpu/sweep at that date, where K=0 wins from concurrency 2 up) measured 13 points, 41.1% of the
+grid's time (now 12, 37.3%, the same choices), and virtual compute-bound sweeps 36.1% (now 29.6%); always K=1 at the
+middle concurrency, virtual memory-bound sweeps (K=2 best everywhere) measured 38.3% instead of 34.6%, 16 of 48 over 40%
 (now unchanged: 34.6%, 1 of 48). The grid's choice within 3% at every concurrency: 33 and 37 of 48 virtual sweeps
-(compute- and memory-bound: 2% and 4% noise, four closed-loop waves per point), against 34 and 37 with the fixed
-cell. Then, one cell at a time with the model refitted after each (:meth:`GuidedPlanner.next_round`; where a
-server restart costs more than a point, a round of every such cell of the one num_steps with the largest summed
-expected improvement: one restart per round): first one cell at each concurrency with nothing measured (its
-predicted best num_steps), then the cell of the highest expected improvement per expected second among those still
-worth measuring (:meth:`GuidedPlanner.values`). A cell is worth measuring when
+(compute- and memory-bound: 2% and 4% noise, four closed-loop waves per point), against 34 and 37 with the fixed cell.
+Then, one cell at a time with the model refitted after each (:meth:`GuidedPlanner.next_round`; where a server restart
+costs more than a point, a round of every such cell of the one num_steps with the largest summed expected improvement:
+one restart per round): first one cell at each concurrency with nothing measured (its predicted best num_steps), then
+the cell of the highest expected improvement per expected second among those still worth measuring
+(:meth:`GuidedPlanner.values`). A cell is worth measuring when
 
 1. its optimistic prediction (one-sided quantile of the confidence: "could it still beat the best?" is a one-sided
    question) beats the best cell measured at its concurrency by more than the noise band, for a smaller num_steps
@@ -96,28 +96,28 @@ expected improvement must pass: on the compute-bound emulated server a pair at 0
 tie), so a pair whose true difference sits at the band's edge does not take every run it is allowed. The last
 comparisons are in sweep.json (``guided.comparisons``).
 
-Checked on measured 5x6 grids of the bundled engine on CPU (docs/examples/smollm2-cpu/sweep and its earlier versions
-in git, replayed by benchmarks/guided_vs_grid.py: bf16 path 10 of 30 points, 33% of the grid's measuring time, the
-grid's choice at every concurrency; native path on a Xeon 13 points, 41%, the same choices; run live: 12 points, 37%,
-5 of 6; with the settle step 13 points, 40.7%, 6 of 6; with the chosen fifth seed cell on a Zen 5 VM, live after its
-grid, 12 points, 37.4%, 6 of 6, and replayed on that grid 10 points, 32.1%, 5 of 6, docs/sweep.md) and on the two emulated servers
-(tests/helpers/cost_model.py; virtual points with 2% and 4% noise, 96 sweeps: the grid's choice within 3% in 82, the
-noise-free model's in 79, against 86 and 74 for the plan this replaced (a four-cell seed, then rounds of one cell per
-concurrency), at 32% of the grid's time on average instead of 34%, 4 sweeps over 40% instead of 13). Without the
+Checked on measured 5x6 grids of the bundled engine on CPU (docs/examples/smollm2-cpu/sweep and its earlier versions in
+git, replayed by benchmarks/guided_vs_grid.py: bf16 path 10 of 30 points, 33% of the grid's measuring time, the grid's
+choice at every concurrency; native path on a Xeon 13 points, 41%, the same choices; run live: 12 points, 37%, 5 of 6;
+with the settle step 13 points, 40.7%, 6 of 6; with the chosen fifth seed cell on a Zen 5 VM, live after its grid, 12
+points, 37.4%, 6 of 6, and replayed on that grid 10 points, 32.1%, 5 of 6, docs/sweep.md) and on the two emulated
+servers (tests/helpers/cost_model.py; virtual points with 2% and 4% noise, 96 sweeps: the grid's choice within 3% in 82,
+the noise-free model's in 79, against 86 and 74 for the plan this replaced (a four-cell seed, then rounds of one cell
+per concurrency), at 32% of the grid's time on average instead of 34%, 4 sweeps over 40% instead of 13). Without the
 leverage term the replay is unchanged but agreement drops to 74 of 96, the worst choice 17% below the best instead of
 6%; with the expected-improvement threshold at a tenth of the band the replay measures 16 points instead of 10; at three
-quarters of the band it misses the best num_steps at one concurrency of the replay and agreement drops to 69 of 96.
-A live server departs from any smooth step-time model cell by cell (the in-process emulated compute-bound server,
-64 prompts: K=1 at c=1 predicted 267 [247, 287] tok/s, measured 306 by the grid, so never measured and the choice 10%
-off): the in-sample residual spread does not see that. A leave-one-out prediction error as the floor of ``s`` does
-(replays of 40 grids of the two emulated servers: every concurrency agreed in 21 of 21 compute-bound sweeps instead of
-16, 15 of 19 memory-bound instead of 14) but measures 46% and 54% of the grids' time instead of 39% and 40%; not
-used.
+quarters of the band it misses the best num_steps at one concurrency of the replay and agreement drops to 69 of 96. A
+live server departs from any smooth step-time model cell by cell (the in-process emulated compute-bound server, 64
+prompts: K=1 at c=1 predicted 267 [247, 287] tok/s, measured 306 by the grid, so never measured and the choice 10% off):
+the in-sample residual spread does not see that. A leave-one-out prediction error as the floor of ``s`` does (replays of
+40 grids of the two emulated servers: every concurrency agreed in 21 of 21 compute-bound sweeps instead of 16, 15 of 19
+memory-bound instead of 14) but measures 46% and 54% of the grids' time instead of 39% and 40%; not used.
 Where a restart costs more than a point the saving is smaller: the seed alone launches three or four num_steps (the
-replay of the 2026-11-23 grid with a nominal 60 s per launch: 12 of 30 points, 5 launches, 50.5% of the grid's time
-with its 5 launches, the grid's choice at every concurrency). A round there goes to the num_steps that opens the most concurrencies with
-nothing measured yet, then the largest summed value: when that count was summed as infinities, every such tie went to
-the smaller num_steps, the replay never measured K=1 at concurrency 1 and chose K=0 there, 9.7% below the grid.
+replay of the 2026-11-23 grid with a nominal 60 s per launch: 12 of 30 points, 5 launches, 50.5% of the grid's time with
+its 5 launches, the grid's choice at every concurrency). A round there goes to the num_steps that opens the most
+concurrencies with nothing measured yet, then the largest summed value: when that count was summed as infinities, every
+such tie went to the smaller num_steps, the replay never measured K=1 at concurrency 1 and chose K=0 there, 9.7% below
+the grid.
 """
 
 from __future__ import annotations

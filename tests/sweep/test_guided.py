@@ -235,11 +235,17 @@ def test_the_fifth_seed_cell_is_the_round_after_the_seed():
     assert planner.next_round(exact_points(planner, seed), set(seed)) == [full_seed(planner)[-1]]
 
 
-def exact_points(planner: GuidedPlanner, cells) -> list[dict]:
-    """Points of an exact cost model with a draft fixed cost: tau = 2 + 0.5 c + 3 (K>0) + 0.4 K + 0.1 c K (ms)."""
+def draft_fixed_cost_ms(k: int, c: int) -> float:
+    """Step time of exact_points' default model, ms: 2 + 0.5 c + 3 (K>0) + 0.4 K + 0.1 c K."""
+    return 2 + 0.5 * c + 3 * (k > 0) + 0.4 * k + 0.1 * c * k
+
+
+def exact_points(planner: GuidedPlanner, cells, tau_ms=draft_fixed_cost_ms) -> list[dict]:
+    """Points of an exact cost model whose verify step takes ``tau_ms(K, c)`` ms (default: with a draft fixed
+    cost, draft_fixed_cost_ms), per-position acceptance 0.8, 0.6, 0.4, 0.2."""
     pp = [0.8, 0.6, 0.4, 0.2]
     al = acceptance_lengths(pp, range(5))
-    tau = lambda k, c: (2 + 0.5 * c + 3 * (k > 0) + 0.4 * k + 0.1 * c * k) / 1000  # noqa: E731
+    tau = lambda k, c: tau_ms(k, c) / 1000  # noqa: E731
     return [{"steps": k, "concurrency": c, "status": "ok", "acceptance": {"per_position": pp[:k]},
              "metrics": {"output_throughput_tok_s": c * al[k] / tau(k, c), "tpot_p50_ms": tau(k, c) / al[k] * 1e3,
                          "acceptance_length": al[k], "duration_s": 8 * 16 * tau(k, c) / al[k]}}
@@ -297,23 +303,18 @@ def test_a_round_for_a_costly_restart_opens_the_most_concurrencies_with_nothing_
     """After the seed, K=2 is the predicted best at two of the concurrencies with nothing measured and K=1 at one
     (an exact model whose draft costs 0.8 ms per token per sequence): the round launches K=2 (summed as infinities,
     the counts tied and the round went to the smaller num_steps)."""
-    pp = [0.8, 0.6, 0.4, 0.2]
-    al = acceptance_lengths(pp, range(5))
-    tau = lambda k, c: (8 + c + (k > 0) + 0.5 * k + 0.8 * c * k + 0.2 * c * (k > 0)) / 1000  # noqa: E731
-
-    def points(cells):
-        return [{"steps": k, "concurrency": c, "status": "ok", "acceptance": {"per_position": pp[:k]},
-                 "metrics": {"output_throughput_tok_s": c * al[k] / tau(k, c), "tpot_p50_ms": tau(k, c) / al[k] * 1e3,
-                             "acceptance_length": al[k], "duration_s": 8 * 16 * tau(k, c) / al[k]}} for k, c in cells]
+    def tau_ms(k: int, c: int) -> float:
+        return 8 + c + (k > 0) + 0.5 * k + 0.8 * c * k + 0.2 * c * (k > 0)
 
     planner = GuidedPlanner(STEPS, CONC)
     seed = planner.next_round([], set())
-    tried = set(seed) | set(planner.next_round(points(seed), set(seed)))
-    preds = planner.predict(points(sorted(tried)))
+    tried = set(seed) | set(planner.next_round(exact_points(planner, seed, tau_ms), set(seed)))
+    points = exact_points(planner, sorted(tried), tau_ms)
+    preds = planner.predict(points)
     open_c = [c for c in CONC if all(cc != c for _, cc in tried)]
     best = [max(STEPS, key=lambda k: preds[(k, c)].throughput) for c in open_c]
     top = max(set(best), key=best.count)
-    assert {k for k, _ in planner.next_round(points(sorted(tried)), tried, all_threats=True)} == {top}
+    assert {k for k, _ in planner.next_round(points, tried, all_threats=True)} == {top}
 
 
 def test_the_expected_duration_of_a_cell_is_the_nearest_points_tokens_over_its_predicted_throughput():
