@@ -23,8 +23,11 @@ decode, as a percentage of the HBM roofline (weights bytes / measured device-to-
 
 ``--paths native:int4,native:int8`` compares the two kernels of a Q8_0 lm_head (``spectune serve --native-lm-head``).
 
-Usage: ``python benchmarks/engine_speed.py [--repeats 3] [--threads N] [--paths native,bfloat16,float32]
-[--hf] [--skip-llamacpp] [--skip-spec]``.
+``native+compile`` is the native path with ``--compile on`` (the target's decode layers through torch.compile:
+``backends/local/compiled.py``); its one-off compile happens when the engine is built, before any timing.
+
+Usage: ``python benchmarks/engine_speed.py [--repeats 3] [--threads N] [--paths native+compile,native,bfloat16,float32]
+[--spec-path auto+compile] [--hf] [--skip-llamacpp] [--skip-spec]``.
 """
 
 from __future__ import annotations
@@ -68,14 +71,16 @@ def hf_decode_tok_s(folder, prompts: list[list[int]], batch: int, repeats: int) 
 
 
 def make_engine(path: str, threads: int, k: int = 0, capacity: int = 0):
-    """An engine on ``path``: a ``--dtype`` value, or ``native:int4`` / ``native:int8`` to force the Q8_0 lm_head's
-    kernel (``--native-lm-head``)."""
+    """An engine on ``path``: a ``--dtype`` value, ``native:int4`` / ``native:int8`` to force the Q8_0 lm_head's
+    kernel (``--native-lm-head``), and a ``+compile`` suffix for ``--compile on`` (otherwise off)."""
     from spectune.backends.local.build import EngineOptions, build_engine
 
+    path, plus, _ = path.partition("+compile")
     dtype, _, lm_head = path.partition(":")
     return build_engine(EngineOptions(num_steps=k, num_steps_capacity=capacity, draft=None if capacity else "none",
                                       dtype=dtype, max_num_seqs=8, max_model_len=512, kv_cache_gb=1.0,
-                                      threads=threads, native_lm_head=lm_head or "auto"))
+                                      threads=threads, native_lm_head=lm_head or "auto",
+                                      compile="on" if plus else "off"))
 
 
 def engine_runner(engine, prompts: list[list[int]], batch: int):
@@ -233,7 +238,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="engine and llama.cpp threads (0: all CPUs)")
-    parser.add_argument("--paths", default="native,bfloat16,float32")
+    parser.add_argument("--paths", default="native+compile,native,bfloat16,float32")
+    parser.add_argument("--spec-path", default="auto+compile", help="path of the speculative table (what the local "
+                        "sweep backend runs: --dtype auto, --compile auto)")
     parser.add_argument("--hf", action="store_true", help="add HF transformers (bf16) as a column")
     parser.add_argument("--skip-llamacpp", action="store_true")
     parser.add_argument("--skip-spec", action="store_true")
@@ -259,6 +266,9 @@ def main() -> None:
     console.print(f"CPU: {cpu_description()}; {threads} threads; load average {os.getloadavg()}", markup=False)
     paths = [p for p in args.paths.split(",") if p]
     engines = {p: make_engine(p, threads) for p in paths}
+    for p, e in engines.items():
+        if e.path.compile["mode"] != "off":
+            console.print(f"{p}: compile {e.path.compile}", markup=False)
     auto = make_engine("auto", threads)
     console.print(f"--dtype auto here: {auto.path.to_json()}", markup=False)
     del auto
@@ -299,13 +309,13 @@ def main() -> None:
     console.print(table)
     del engines
     if not args.skip_spec:
-        spec = Table(title="spectune output tok/s incl. prefill (64 tokens, greedy, bundled head, --dtype auto)")
+        spec = Table(title=f"spectune output tok/s incl. prefill (64 tokens, greedy, bundled head, {args.spec_path})")
         spec.add_column("batch", justify="right")
         for k in range(4):
             spec.add_column(f"K={k}", justify="right")
         spec.add_column("K=2 / K=0", justify="right")
         spec.add_column("K=3 / K=0", justify="right")
-        engine = make_engine("auto", threads, 0, 3)
+        engine = make_engine(args.spec_path, threads, 0, 3)
         for batch in (1, 8):
             run = engine_runner(engine, prompts, batch)
             vals = {k: [] for k in range(4)}

@@ -9,7 +9,8 @@ waits for); the speedup column divides by K=0's tokens/s from the same run. Acce
 drafts / verify steps (EAGLE papers' tau; SGLang's accept length).
 
 Usage: ``python benchmarks/spec_speedup.py [--dataset mt-bench] [--num-prompts 24] [--max-tokens 128]
-[--steps 0,1,2,3,4]`` (spec-bench:PATH works too). About 30 s per prompt on 2 CPU cores.
+[--steps 0,1,2,3,4] [--dtype bfloat16] [--compile off]`` (spec-bench:PATH works too; ``--dtype``, ``--compile`` as
+``spectune serve``'s). About 30 s per prompt on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--steps", default="0,1,2,3,4")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="bfloat16", help="engine compute path (auto, native, bfloat16, float32)")
+    parser.add_argument("--compile", default="off", help="torch.compile of the target's batched layers (auto, on, off)")
     args = parser.parse_args()
     steps = [int(x) for x in args.steps.split(",")]
     if 0 not in steps:
@@ -39,8 +42,8 @@ def main() -> None:
     from spectune.backends.local.sequence import SamplingParams
     from spectune.loadgen.datasets import load_dataset
 
-    engine = build_engine(EngineOptions(num_steps=0, num_steps_capacity=max(steps), dtype="bfloat16",
-                                        max_num_seqs=1, max_model_len=2048, kv_cache_gb=1.0))
+    engine = build_engine(EngineOptions(num_steps=0, num_steps_capacity=max(steps), dtype=args.dtype,
+                                        max_num_seqs=1, max_model_len=2048, kv_cache_gb=1.0, compile=args.compile))
     prompts = [engine.tokenizer.encode_chat(p.messages) for p in load_dataset(args.dataset, args.num_prompts,
                                                                               args.seed)]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
@@ -74,7 +77,8 @@ def main() -> None:
 
     base = tokens[0] / seconds[0]
     table = Table(title=f"batch 1, {args.dataset} ({len(prompts)} prompts, up to {args.max_tokens} tokens, greedy), "
-                        f"SmolLM2-135M-Instruct + bundled EAGLE-3 head, bf16, {torch.get_num_threads()} threads, "
+                        f"SmolLM2-135M-Instruct + bundled EAGLE-3 head, path {engine.path.name}, compile "
+                        f"{'on' if engine.path.compile['active'] else 'off'}, {torch.get_num_threads()} threads, "
                         f"{engine.runner.device.type}")
     for col in ("num_steps", "output tokens", "seconds", "output tok/s", "speedup vs K=0",
                 "median per-prompt speedup", "acceptance length"):

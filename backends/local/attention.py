@@ -95,9 +95,31 @@ def attend(
             mask = keys.view(1, -1) <= (start + torch.arange(s, device=q.device)).view(-1, 1)  # [s, start+s]
             out = F.scaled_dot_product_attention(q.transpose(1, 2), kc, vc, attn_mask=mask, enable_gqa=True)
         return out.transpose(1, 2).reshape(batch, s, heads * hd)
-    meta.cache.write(layer, meta.write_index, k, v)
-    kc, vc = meta.cache.view(layer, batch, meta.kv_len)  # [B, Hkv, T, hd]
+    k_cache, v_cache = meta.cache.layer(layer)
+    return attend_batched(q, k, v, k_cache, v_cache, meta.write_index, meta.mask)
+
+
+def attend_batched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   index: tuple[torch.Tensor, ...], mask: torch.Tensor) -> torch.Tensor:
+    """The batched forward's attention as a function of tensors only (what ``torch.compile`` traces:
+    :mod:`spectune.backends.local.compiled`).
+
+    Args:
+        q: [B, s, H, hd]; k, v: [B, s, Hkv, hd] (RoPE applied).
+        k_cache, v_cache: one layer's cache, [slots, Hkv, max_len, hd]; k and v are written at ``index``.
+        index: (slot [B,1,1], kv_head [1,Hkv,1], position [B,1,s]) long tensors (:meth:`AttnMeta.for_batch`).
+        mask: bool [B, 1, G*s, T]; T, the visible cache length, is its last dimension.
+
+    Returns:
+        [B, s, H*hd].
+    """
+    batch, s, heads, hd = q.shape
+    kv_heads = k.shape[2]
+    k_cache.index_put_(index, k.transpose(1, 2))
+    v_cache.index_put_(index, v.transpose(1, 2))
+    kv_len = mask.shape[-1]
+    kc, vc = k_cache[:batch, :, :kv_len], v_cache[:batch, :, :kv_len]  # [B, Hkv, T, hd]
     group = heads // kv_heads
-    qg = q.view(batch, s, kv_heads, group, hd).permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, group * s, hd)
-    out = F.scaled_dot_product_attention(qg, kc, vc, attn_mask=meta.mask)  # [B, Hkv, G*s, hd]
+    qg = q.reshape(batch, s, kv_heads, group, hd).permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, group * s, hd)
+    out = F.scaled_dot_product_attention(qg, kc, vc, attn_mask=mask)  # [B, Hkv, G*s, hd]
     return out.view(batch, kv_heads, group, s, hd).permute(0, 3, 1, 2, 4).reshape(batch, s, heads * hd)

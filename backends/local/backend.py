@@ -87,7 +87,7 @@ class LocalBackend(LaunchingBackend):
         opts = {"model": o.model, "draft": o.draft, "num_steps": steps, "num_steps_capacity": max(self.capacity, steps),
                 "dtype": o.dtype, "device": o.device, "max_num_seqs": slots, "max_model_len": max_len,
                 "kv_cache_gb": max(1.0, slots * (max_len + 8) * KV_BYTES_PER_TOKEN_GUESS / 2**30),
-                "threads": engine_threads()}
+                "threads": engine_threads(), "compile": "auto"}
         if o.adaptive_config:
             opts["adaptive_config"] = str(Path(o.adaptive_config).resolve())
         return [sys.executable, "-m", "spectune.backends.local", "--options", json.dumps(opts), "--host", host,

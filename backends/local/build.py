@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from spectune.loadgen.errors import UserError
+
+log = logging.getLogger("spectune.engine")
 
 DEFAULT_HEAD = Path(__file__).parent / "heads" / "smollm2-135m-eagle3"
 
@@ -37,6 +40,10 @@ class EngineOptions:
             float32 copy of the int4 weights (:mod:`spectune.backends.local.quant`).
         native_lm_head: native path with a Q8_0 lm_head: ``auto`` (measured), ``int4`` (two exact halves) or
             ``int8`` (requantized per row; :func:`spectune.backends.local.paths.lm_head_kernel`).
+        compile: the target's batched layers through ``torch.compile`` on CPU (:mod:`spectune.backends.local.
+            compiled`): ``auto`` (when a C++ compiler is found), ``on`` (an error without one) or ``off``. The
+            library default is ``off`` (no compile for engines built in tests and scripts); ``spectune serve`` and
+            the ``local`` sweep backend pass ``auto``.
     """
 
     model: str | None = None
@@ -55,6 +62,7 @@ class EngineOptions:
     cuda_graphs: bool = True
     native_dense_above: str = "auto"
     native_lm_head: str = "auto"
+    compile: str = "off"
 
 
 def resolve_device_dtype(device: str, dtype: str) -> tuple[Any, Any]:
@@ -154,11 +162,19 @@ def build_engine(opts: EngineOptions) -> Any:
         pack_linears(target)  # dense bf16 linears left (none on the native path)
         if head is not None and not pack_linears(head) and dtype == torch.bfloat16:
             unpack_bf16_linears(head)  # no oneDNN bf16 here: float32 weights beat the scalar bf16 GEMM
+    from spectune.backends.local.compiled import compile_target, warm_up
+
+    compile_choice = compile_target(target, opts.compile, device)
     from spectune.backends.local.cuda_graphs import GraphRunner
 
     graphs = GraphRunner(slots, max_len, capture=True) if device.type == "cuda" and opts.cuda_graphs else None
     runner = SpecRunner(target, head, slots, max_len, seeded_generator(opts.seed, device), graphs,
                         lazy_draft=policy is not None)
+    warm_up(runner, compile_choice, max_steps + 1)
+    path_choice.compile = compile_choice.to_json()
+    if compile_choice.mode != "off":
+        log.info("compile: %s (%s; warm-up %.1f s)", "on" if compile_choice.active else "off", compile_choice.reason,
+                 compile_choice.warm_up_s)
     trace = None
     if opts.trace_path:
         from spectune.backends.adaptive import TraceWriter

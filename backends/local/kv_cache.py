@@ -41,11 +41,13 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.num_slots = num_slots
         self.max_len = max_len
+        self.k_layers = tuple(self.k[i] for i in range(num_layers))  # per-layer views, made once
+        self.v_layers = tuple(self.v[i] for i in range(num_layers))
 
-    def write(self, layer: int, index: tuple[torch.Tensor, ...], k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store k, v [B, q, kv_heads, head_dim] at ``index`` = (slot [B,1,1], head [1,H,1], position [B,1,q])."""
-        self.k[layer].index_put_(index, k.transpose(1, 2))
-        self.v[layer].index_put_(index, v.transpose(1, 2))
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V views [slots, kv_heads, max_len, head_dim] of one layer (no copy; batched forwards write them with
+        ``index_put_``: :func:`spectune.backends.local.attention.attend_batched`)."""
+        return self.k_layers[layer], self.v_layers[layer]
 
     def write_prefix(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:
         """Store k, v [n, kv_heads, head_dim] at positions start..start+n-1 of ``slot``."""

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spectune.backends.local.attention import AttnMeta, attend
+from spectune.backends.local.attention import AttnMeta, attend, attend_batched
 from spectune.backends.local.config import ModelConfig
 from spectune.backends.local.rope import apply_rope, rope_table
 
@@ -35,18 +35,51 @@ class DecoderLayer(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
 
     def forward(self, x: torch.Tensor, meta: AttnMeta, index: int) -> torch.Tensor:
-        """x [B, s, hidden] -> [B, s, hidden]."""
+        """x [B, s, hidden] -> [B, s, hidden] (any forward shape; batched ones also go through :func:`decoder_step`)."""
+        q, k, v = self.qkv_rope(x, meta.cos_sin)
+        return self.output(x, attend(meta, index, q, k, v))
+
+    def qkv_rope(self, x: torch.Tensor, cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, s, hidden] -> q [B, s, heads, hd], k and v [B, s, kv_heads, hd]: input norm, the fused q|k|v
+        projection, RoPE on q and k with ``cos_sin`` [B or 1, s, 2, hd]."""
         b, s, h = x.shape
         y = F.rms_norm(x, (h,), self.input_layernorm, self.eps)
         qkv = self.qkv(y)
         n_qk = (self.num_heads + self.num_kv_heads) * self.head_dim
-        qk = apply_rope(qkv[..., :n_qk].view(b, s, -1, self.head_dim), meta.cos_sin)
+        qk = apply_rope(qkv[..., :n_qk].view(b, s, -1, self.head_dim), cos_sin)
         q, k = qk[:, :, : self.num_heads], qk[:, :, self.num_heads :]
-        v = qkv[..., n_qk:].view(b, s, self.num_kv_heads, self.head_dim)
-        x = x + self.o_proj(attend(meta, index, q, k, v))
-        y = F.rms_norm(x, (h,), self.post_attention_layernorm, self.eps)
+        return q, k, qkv[..., n_qk:].view(b, s, self.num_kv_heads, self.head_dim)
+
+    def output(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """x [B, s, hidden] + o_proj(attn [B, s, heads * hd]), then the SwiGLU MLP block -> [B, s, hidden]."""
+        x = x + self.o_proj(attn)
+        y = F.rms_norm(x, (x.shape[-1],), self.post_attention_layernorm, self.eps)
         gate, up = self.gate_up(y).chunk(2, dim=-1)
         return x + self.down_proj(F.silu(gate) * up)
+
+
+def decoder_steps(layers: tuple[DecoderLayer, ...], x: torch.Tensor, k_caches: tuple[torch.Tensor, ...],
+                  v_caches: tuple[torch.Tensor, ...], cos_sin: torch.Tensor, index: tuple[torch.Tensor, ...],
+                  mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Consecutive layers of a batched forward (decode, verify, draft extend) as a function of modules and tensors
+    only, which is what :mod:`spectune.backends.local.compiled` hands to ``torch.compile``: one compiled graph serves
+    every group of that many layers.
+
+    Args:
+        layers: the layers to run, in order.
+        x: [B, s, hidden], the input of the first.
+        k_caches, v_caches: each layer's cache, [slots, Hkv, max_len, hd] (:meth:`KVCache.layer`).
+        cos_sin, index, mask: as :func:`~spectune.backends.local.attention.attend_batched`.
+
+    Returns:
+        every layer's output, [B, s, hidden] each (EAGLE-3 reads some of them).
+    """
+    outs = []
+    for layer, k_cache, v_cache in zip(layers, k_caches, v_caches):
+        q, k, v = layer.qkv_rope(x, cos_sin)
+        x = layer.output(x, attend_batched(q, k, v, k_cache, v_cache, index, mask))
+        outs.append(x)
+    return tuple(outs)
 
 
 class TargetModel(nn.Module):
@@ -68,6 +101,8 @@ class TargetModel(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.capture_layers = tuple(capture_layers)
         self.rope: torch.Tensor | None = None
+        self.step = decoder_steps  # batched forwards' layers (compiled.compile_target may replace it)
+        self.layers_per_step = cfg.num_layers  # layers per self.step call
 
     def build_rope(self, max_positions: int) -> None:
         """Precompute RoPE rows for positions 0..max_positions-1 in the weights' dtype and device."""
@@ -88,10 +123,19 @@ class TargetModel(nn.Module):
         """
         x = self.embed_tokens(tokens)
         captured: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.layers):
-            x = layer(x, meta, i)
-            if i in self.capture_layers:
-                captured[i] = x
+        if meta.prefill_slot is None:
+            n, layers = self.layers_per_step, tuple(self.layers)
+            for start in range(0, len(layers), n):
+                ids = range(start, min(start + n, len(layers)))
+                outs = self.step(layers[start:start + n], x, tuple(meta.cache.k_layers[i] for i in ids),
+                                 tuple(meta.cache.v_layers[i] for i in ids), meta.cos_sin, meta.write_index, meta.mask)
+                captured.update((i, out) for i, out in zip(ids, outs) if i in self.capture_layers)
+                x = outs[-1]
+        else:
+            for i, layer in enumerate(self.layers):
+                x = layer(x, meta, i)
+                if i in self.capture_layers:
+                    captured[i] = x
         hidden = F.rms_norm(x, (x.shape[-1],), self.norm, self.cfg.rms_norm_eps)
         aux = torch.cat([captured[i] for i in self.capture_layers], dim=-1) if captured else None
         return hidden, aux

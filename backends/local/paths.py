@@ -63,6 +63,8 @@ class PathChoice:
             (:func:`dense_crossover`; None: int4 only).
         lm_head: native path only: the lm_head's kernel, ``int4`` or ``int8`` (a Q8_0 lm_head requantized per
             row; :func:`lm_head_kernel`); None on other paths.
+        compile: whether the batched layers run compiled (:meth:`spectune.backends.local.compiled.CompileChoice.
+            to_json`), or None before :func:`~spectune.backends.local.build.build_engine` decided.
     """
 
     name: str
@@ -73,13 +75,14 @@ class PathChoice:
     bf16_packed: bool = False
     dense_above: int | None = None
     lm_head: str | None = None
+    compile: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready description (``/server_info`` ``engine_path``)."""
         return {"path": self.name, "dtype": str(self.dtype).removeprefix("torch."), "chosen_by": self.chosen_by,
                 "estimates_ms": {k: round(v, 3) for k, v in self.estimates_ms.items()},
                 "cpu_capability": self.cpu_capability, "bf16_packed": self.bf16_packed,
-                "dense_above_rows": self.dense_above, "lm_head": self.lm_head}
+                "dense_above_rows": self.dense_above, "lm_head": self.lm_head, "compile": self.compile}
 
 
 def normalise(name: str) -> str:

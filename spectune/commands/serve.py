@@ -51,6 +51,9 @@ def serve(
     native_lm_head: Annotated[str, typer.Option(help="--dtype native with a Q8_0 lm_head: auto (the faster of "
                                                 "the two, measured at start-up), int4 (two exact int4 halves) or "
                                                 "int8 (requantized per row).")] = "auto",
+    compile: Annotated[str, typer.Option("--compile", help="CPU: run the target's decode/verify layers through "
+                                         "torch.compile (compiled at start-up, seconds with a warm cache): auto "
+                                         "(when a C++ compiler is found), on, or off.")] = "auto",
 ) -> None:
     """Serve the bundled engine: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /server_info."""
     from spectune.backends.local.build import EngineOptions, build_engine
@@ -61,7 +64,7 @@ def serve(
         model=model, draft=draft, num_steps=num_steps, dtype=dtype, device=device, max_num_seqs=max_num_seqs,
         max_model_len=max_model_len, kv_cache_gb=kv_cache_gb, adaptive_config=adaptive_config, trace_path=trace,
         threads=threads, seed=seed, native_dense_above=native_dense_above,
-        native_lm_head=native_lm_head))
+        native_lm_head=native_lm_head, compile=compile))
     name = model_name or engine.model_name
     head = engine.runner.head
     key = resolve_api_key(api_key)

@@ -1,0 +1,199 @@
+"""The target's batched forwards (decode, verify) with their layers compiled by ``torch.compile`` (inductor, CPU).
+
+Why: at batch 1 a 135M model's decode step is mostly eager per-op overhead, not arithmetic. On a 2-vCPU Zen 5 VM
+(issue #17) each of SmolLM2's 30 layers costs about 160 us in eager mode, of which the four int4 matmuls take 80 us and
+SDPA 12 us; the rest is some 40 small ops (two RMSNorms of 8 ops each, RoPE's slices, cat and multiplies, the cache
+writes, views) and the Python between them. Inductor fuses those into a few C++ loops around the same int4 and SDPA
+calls.
+
+What is compiled: :func:`spectune.backends.local.model.decoder_steps`, a group of consecutive layers of a batched
+forward as a function of modules and tensors only, so one compiled graph serves every group. Each call through
+dynamo costs some 30 us (guard checks, wrappers), so larger groups run faster but take longer to compile. Measured
+on that VM, 2 threads, the 30-layer batch-1 decode forward (lm_head excluded): eager 5.95 ms; 1 layer per graph 5.24
+ms, 2 layers 4.74, 5 layers 4.55, 10 layers 4.21; compiling the four shape classes took 21, 28, 44 and 72 s from
+scratch, 8 s for 5 layers from inductor's cache. :func:`layers_per_graph` takes the largest divisor of the layer count
+up to 5. Prefill and the draft head stay eager: prefill's matmuls dwarf its per-op overhead, and the head is one
+layer.
+
+Shapes: ``dynamic=True``, so one graph covers every batch size, query length and cache length, except that dynamo
+specialises sizes 0 and 1: batch 1 and query length 1 (plain decode) are graphs of their own. :func:`warm_up`
+compiles the four classes (B = 1 or more, s = 1 or more) before the server takes requests, so no measured request
+waits for a compile; inductor's on-disk cache (``$TORCHINDUCTOR_CACHE_DIR``, by default under ``/tmp``) makes later
+starts take seconds.
+
+Guards: dynamo checks every attribute of the layer modules on each call (15 us a layer here). When all layers have
+the same structure (module types, quantization layouts, shapes; :func:`layer_fingerprint`), those checks are skipped
+(``torch.compiler.skip_guard_on_all_nn_modules_unsafe``): any group of this model's layers may run any of its
+graphs. The
+compiled function gets its own code object per model (:func:`_private_copy`), because dynamo keeps its cache on the
+code object: another model in the same process (tests build many) never reuses these graphs.
+
+Failure: no C++ compiler, or inductor failing on this machine, falls back to the eager layer with one logged line;
+``--compile on`` makes a missing compiler an error instead. The choice and its reason are in ``/server_info``
+(``engine_path.compile``) and so in sweep.json's environment.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import types
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from spectune.loadgen.errors import UserError
+
+log = logging.getLogger("spectune.engine")
+
+MODES = ("auto", "on", "off")
+MAX_LAYERS_PER_GRAPH = 5
+
+
+@dataclass
+class CompileChoice:
+    """Whether the target's batched layers run compiled.
+
+    Attributes:
+        mode: the requested mode (``auto``, ``on``, ``off``).
+        active: compiled graphs are in use.
+        reason: why (or why not), one line.
+        uniform: all layers share one structure, so nn-module guards are skipped (see the module docstring).
+        warm_up_s: seconds :func:`warm_up` spent compiling before serving (0 when not compiled).
+    """
+
+    mode: str
+    active: bool
+    reason: str
+    uniform: bool = False
+    warm_up_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready description (``/server_info`` ``engine_path.compile``)."""
+        return {"mode": self.mode, "active": self.active, "reason": self.reason, "uniform_layers": self.uniform,
+                "warm_up_s": round(self.warm_up_s, 2)}
+
+
+def compiler_problem() -> str | None:
+    """Why inductor cannot compile CPU code here (one line), or None when it can.
+
+    Checks that ``torch._inductor`` imports and finds a C++ compiler (``torch._inductor.cpp_builder.
+    get_cpp_compiler``: ``$CXX``, else g++ / clang++ on the PATH).
+    """
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception as exc:  # noqa: BLE001 - any failure means "cannot compile here"
+        return f"no working C++ compiler for torch.compile ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
+    return None
+
+
+def layer_fingerprint(layer: torch.nn.Module) -> tuple:
+    """What must be equal for two layers to share a compiled graph without guards on their attributes: every
+    submodule's type and ``extra_repr`` (sizes, quantization type, dense_above), every tensor attribute's shape and
+    dtype, and the layer's scalar attributes (heads, head_dim, eps)."""
+    parts: list[Any] = []
+    for name, mod in layer.named_modules():
+        parts.append((name, type(mod).__name__, mod.extra_repr()))
+        for key, val in sorted(vars(mod).items()):
+            if isinstance(val, torch.Tensor):
+                parts.append((name, key, tuple(val.shape), val.dtype))
+            elif isinstance(val, (int, float, str, bool)) or val is None:
+                parts.append((name, key, val))
+        for key, val in list(mod.named_parameters(recurse=False)) + list(mod.named_buffers(recurse=False)):
+            parts.append((name, key, tuple(val.shape), val.dtype))
+    return tuple(parts)
+
+
+def _private_copy(fn: Callable) -> Callable:
+    """``fn`` with a code object of its own: dynamo's compiled graphs and guards live on the code object, so graphs
+    compiled through the copy are never looked up for another copy (another model)."""
+    code = fn.__code__.replace(co_name=fn.__name__)
+    return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+class CompiledStep:
+    """Callable with :func:`~spectune.backends.local.model.decoder_step`'s signature that runs the compiled graph,
+    or the eager function once compiling or running the graph has failed (the error is kept in ``error``).
+
+    Args:
+        eager: the layer function to compile (``decoder_step``).
+        uniform: skip dynamo's guards on nn-module attributes (all layers share one structure).
+    """
+
+    def __init__(self, eager: Callable, uniform: bool) -> None:
+        options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe} if uniform else None
+        self.eager = eager
+        self.compiled = torch.compile(_private_copy(eager), dynamic=True, fullgraph=True, options=options)
+        self.error: str | None = None
+
+    def __call__(self, *args: Any) -> torch.Tensor:
+        if self.error is None:
+            try:
+                return self.compiled(*args)
+            except Exception as exc:  # noqa: BLE001 - fall back to eager on any compile/runtime failure
+                self.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc) else ''}"
+                log.warning("torch.compile failed, running the eager layers: %s", self.error)
+        return self.eager(*args)
+
+
+def compile_target(target: torch.nn.Module, mode: str, device: torch.device) -> CompileChoice:
+    """Replace ``target.step`` (the batched forwards' layer function) by a :class:`CompiledStep` as ``mode`` says.
+
+    ``auto``: compile on CPU when a C++ compiler is found; ``on``: the same, but no compiler is an error; ``off``:
+    eager. On CUDA the engine captures CUDA graphs instead, so nothing is compiled.
+
+    Raises:
+        UserError: an unknown mode, or ``on`` without a working C++ compiler.
+    """
+    if mode not in MODES:
+        raise UserError(f"--compile {mode!r}: use auto, on or off")
+    if mode == "off":
+        return CompileChoice(mode, False, "--compile off")
+    if device.type != "cpu":
+        return CompileChoice(mode, False, "not on CPU (CUDA runs captured CUDA graphs)")
+    problem = compiler_problem()
+    if problem is not None:
+        if mode == "on":
+            raise UserError(f"--compile on: {problem}; install g++ or pass --compile off")
+        return CompileChoice(mode, False, problem)
+    uniform = len({layer_fingerprint(layer) for layer in target.layers}) == 1
+    target.step = CompiledStep(target.step, uniform)
+    target.layers_per_step = layers_per_graph(len(target.layers))
+    how = "nn-module guards skipped" if uniform else "layers differ: full guards"
+    return CompileChoice(mode, True, f"inductor, {target.layers_per_step} layers per graph ({how})", uniform)
+
+
+def layers_per_graph(num_layers: int) -> int:
+    """Layers per compiled call: the largest divisor of ``num_layers`` up to :data:`MAX_LAYERS_PER_GRAPH` (a divisor,
+    so that no shorter last group needs graphs of its own)."""
+    return max(d for d in range(1, MAX_LAYERS_PER_GRAPH + 1) if num_layers % d == 0)
+
+
+def warm_up(runner: Any, choice: CompileChoice, max_query: int) -> None:
+    """Compile the shape classes a server will meet before it takes requests: batch 1 and 2 x query length 1 and
+    (when ``max_query`` > 1) 3, on cache slots 0-1 at positions 5.. (they are empty at start-up; the sizes are
+    distinct so that dynamo does not tie them to each other). Updates ``choice`` (``warm_up_s``; ``active`` False
+    with the error as reason when compiling failed).
+
+    Args:
+        runner: the :class:`~spectune.backends.local.speculative.SpecRunner` whose target was compiled.
+        choice: what :func:`compile_target` returned.
+        max_query: the largest query length verify will use (num_steps capacity + 1).
+    """
+    step = getattr(runner.target, "step", None)
+    if not choice.active or not isinstance(step, CompiledStep):
+        return
+    start = time.perf_counter()
+    slots = runner.target_cache.num_slots
+    with torch.inference_mode():
+        for batch in (1, 2) if slots >= 2 else (1,):
+            for q in (1, 3) if max_query > 1 else (1,):
+                pos = 5 + torch.arange(q, device=runner.device).repeat(batch, 1)  # [B, q]
+                tokens = torch.zeros(batch, q, dtype=torch.long, device=runner.device)
+                runner._target_fwd(tokens, pos)
+    choice.warm_up_s = time.perf_counter() - start
+    if step.error is not None:
+        choice.active, choice.reason = False, f"torch.compile failed, eager layers: {step.error}"
