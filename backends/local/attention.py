@@ -81,7 +81,6 @@ def attend(
 ) -> torch.Tensor:
     """Store k, v and attend. q [B, s, H, hd], k/v [B, s, Hkv, hd] (RoPE applied) -> [B, s, H*hd]."""
     batch, s, heads, hd = q.shape
-    kv_heads = k.shape[2]
     if meta.prefill_slot is not None:
         start = meta.prefill_start
         meta.cache.write_prefix(layer, meta.prefill_slot, k[0], v[0], start)

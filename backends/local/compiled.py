@@ -8,12 +8,14 @@ calls.
 
 What is compiled: :func:`spectune.backends.local.model.decoder_steps`, a group of consecutive layers of a batched
 forward as a function of modules and tensors only, so one compiled graph serves every group. Each call through
-dynamo costs some 30 us (guard checks, wrappers), so larger groups run faster but take longer to compile. Measured
-on that VM, 2 threads, the 30-layer batch-1 decode forward (lm_head excluded): eager 5.95 ms; 1 layer per graph 5.24
-ms, 2 layers 4.74, 5 layers 4.55, 10 layers 4.21; compiling the four shape classes took 21, 28, 44 and 72 s from
-scratch, 8 s for 5 layers from inductor's cache. :func:`layers_per_graph` takes the largest divisor of the layer count
-up to 5. Prefill and the draft head stay eager: prefill's matmuls dwarf its per-op overhead, and the head is one
-layer.
+dynamo costs some 30 us (guard checks, wrappers), so larger groups run faster at batch 1 but take longer to compile.
+Measured on that VM, 2 threads (``python benchmarks/engine_speed.py --paths native+compile1,native+compile2,
+native+compile5,native+compile10,native --skip-llamacpp --skip-spec``, decode tokens/s at batch 1 / batch 8, median
+of 3 interleaved): eager 127.8 / 475.8; 1 layer per graph 134.1 / 499.8, 2 layers 143.2 / 519.3, 5 layers 159.2 /
+512.8, 10 layers 164.1 / 488.3. Compiling the four shape classes took about 20 s (1 layer) to 70 s (10 layers) from
+scratch, and 1.7, 2.1, 4.4 and 15.2 s from inductor's cache. :func:`layers_per_graph` takes the largest divisor of
+the layer count up to 5 (:data:`MAX_LAYERS_PER_GRAPH`). Prefill and the draft head stay eager: prefill's matmuls
+dwarf its per-op overhead, and the head is one layer.
 
 Shapes: ``dynamic=True``, so one graph covers every batch size, query length and cache length, except that dynamo
 specialises sizes 0 and 1: batch 1 and query length 1 (plain decode) are graphs of their own. :func:`warm_up`
@@ -35,6 +37,7 @@ Failure: no C++ compiler, or inductor failing on this machine, falls back to the
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import types
@@ -78,16 +81,40 @@ class CompileChoice:
 def compiler_problem() -> str | None:
     """Why inductor cannot compile CPU code here (one line), or None when it can.
 
-    Checks that ``torch._inductor`` imports and finds a C++ compiler (``torch._inductor.cpp_builder.
-    get_cpp_compiler``: ``$CXX``, else g++ / clang++ on the PATH).
+    Finds a C++ compiler (``torch._inductor.cpp_builder.get_cpp_compiler``: ``$CXX``, else g++ / clang++ on the
+    PATH), then compiles and runs a one-kernel probe, which also needs Python's headers (inductor's kernels are
+    Python extensions). The answer is kept per compiler setting: the probe costs a C++ build the first time on a
+    machine (about 3 s), then inductor's cache.
     """
+    from torch._inductor import config
+
+    return _problem(tuple(config.cpp.cxx))
+
+
+@functools.lru_cache(maxsize=8)
+def _problem(cxx: tuple) -> str | None:
     try:
         from torch._inductor.cpp_builder import get_cpp_compiler
 
         get_cpp_compiler()
     except Exception as exc:  # noqa: BLE001 - any failure means "cannot compile here"
-        return f"no working C++ compiler for torch.compile ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
+        return f"no working C++ compiler for torch.compile ({_first_line(exc)})"
+    try:
+        x = torch.arange(16.0)
+        if not torch.equal(torch.compile(_probe, fullgraph=True, dynamic=False)(x), _probe(x)):
+            return "torch.compile's probe kernel computed a wrong result"
+    except Exception as exc:  # noqa: BLE001
+        return f"torch.compile cannot build CPU kernels here ({_first_line(exc)})"
     return None
+
+
+def _probe(x: torch.Tensor) -> torch.Tensor:
+    return (x * 2 - 3).relu()
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:160] if text else ''}"
 
 
 def layer_fingerprint(layer: torch.nn.Module) -> tuple:
@@ -115,11 +142,11 @@ def _private_copy(fn: Callable) -> Callable:
 
 
 class CompiledStep:
-    """Callable with :func:`~spectune.backends.local.model.decoder_step`'s signature that runs the compiled graph,
+    """Callable with :func:`~spectune.backends.local.model.decoder_steps`'s signature that runs the compiled graph,
     or the eager function once compiling or running the graph has failed (the error is kept in ``error``).
 
     Args:
-        eager: the layer function to compile (``decoder_step``).
+        eager: the layers function to compile (``decoder_steps``).
         uniform: skip dynamo's guards on nn-module attributes (all layers share one structure).
     """
 
@@ -134,7 +161,7 @@ class CompiledStep:
             try:
                 return self.compiled(*args)
             except Exception as exc:  # noqa: BLE001 - fall back to eager on any compile/runtime failure
-                self.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc) else ''}"
+                self.error = _first_line(exc)
                 log.warning("torch.compile failed, running the eager layers: %s", self.error)
         return self.eager(*args)
 

@@ -35,7 +35,8 @@ class DecoderLayer(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
 
     def forward(self, x: torch.Tensor, meta: AttnMeta, index: int) -> torch.Tensor:
-        """x [B, s, hidden] -> [B, s, hidden] (any forward shape; batched ones also go through :func:`decoder_step`)."""
+        """x [B, s, hidden] -> [B, s, hidden], any forward shape (:class:`TargetModel` runs batched forwards through
+        :func:`decoder_steps`, which does the same math)."""
         q, k, v = self.qkv_rope(x, meta.cos_sin)
         return self.output(x, attend(meta, index, q, k, v))
 

@@ -119,6 +119,24 @@ def test_compile_auto_without_a_compiler_stays_eager(eager_engine) -> None:
     assert choice.active is False
 
 
+def test_a_probe_that_cannot_compile_is_a_compiler_problem(monkeypatch) -> None:
+    """A machine with g++ but, say, without Python's headers fails inductor's first kernel build: ``auto`` must
+    see that before it relies on compiled layers."""
+    from spectune.backends.local import compiled
+
+    def breaks(x: torch.Tensor) -> torch.Tensor:
+        torch._dynamo.graph_break()
+        return x
+
+    monkeypatch.setattr(compiled, "_probe", breaks)
+    compiled._problem.cache_clear()
+    try:
+        problem = compiled.compiler_problem()
+    finally:
+        compiled._problem.cache_clear()
+    assert problem is not None and "cannot build CPU kernels" in problem
+
+
 def test_unknown_compile_mode_is_a_user_error() -> None:
     with pytest.raises(UserError, match="auto, on or off"):
         compile_target(torch.nn.Module(), "fast", torch.device("cpu"))
