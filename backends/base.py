@@ -61,6 +61,8 @@ class BackendOptions:
         api_key_env: name of the environment variable holding the API key sent as a Bearer token.
         device: ``auto``, ``cpu`` or ``cuda`` (bundled engine).
         dtype: ``auto``, ``native``, ``bfloat16`` or ``float32`` (bundled engine; docs/engine.md "Compute paths").
+        compile: ``auto``, ``on`` or ``off``: the bundled engine's torch.compile of its decode layers on CPU
+            (docs/engine.md "Compiled decode layers").
         max_tokens: the longest output the sweep will request (servers are sized for it).
         server_bin: the server program to run (``llamacpp``: a ``llama-server`` path), or None to search for it.
         adaptive_config: path of a per-batch-size num_steps config for the server to run instead of a static
@@ -84,6 +86,7 @@ class BackendOptions:
     api_key_env: str = "OPENAI_API_KEY"
     device: str = "auto"
     dtype: str = "auto"
+    compile: str = "auto"
     max_tokens: int = 256
     adaptive_config: str | None = None
     server_bin: str | None = None

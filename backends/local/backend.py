@@ -21,6 +21,7 @@ import aiohttp
 
 from spectune.backends.base import BackendOptions, BackendStartError, Endpoint, SpecSnapshot
 from spectune.backends.launch import LaunchingBackend
+from spectune.backends.local.build import COMPILE_MODES
 from spectune.backends.prometheus import scrape_snapshot
 from spectune.loadgen.errors import UserError
 
@@ -69,6 +70,8 @@ class LocalBackend(LaunchingBackend):
             raise UserError(f"--model {options.model} does not exist: give a GGUF file or a Hugging Face folder")
         if options.draft is not None and options.draft.lower() != "none" and not Path(options.draft).is_dir():
             raise UserError(f"--draft {options.draft} is not a folder: give an EAGLE head folder")
+        if options.compile not in COMPILE_MODES:
+            raise UserError(f"--compile {options.compile!r}: use auto, on or off")
         if options.adaptive_config:
             from spectune.backends.adaptive import load_config_file
 
@@ -87,7 +90,7 @@ class LocalBackend(LaunchingBackend):
         opts = {"model": o.model, "draft": o.draft, "num_steps": steps, "num_steps_capacity": max(self.capacity, steps),
                 "dtype": o.dtype, "device": o.device, "max_num_seqs": slots, "max_model_len": max_len,
                 "kv_cache_gb": max(1.0, slots * (max_len + 8) * KV_BYTES_PER_TOKEN_GUESS / 2**30),
-                "threads": engine_threads(), "compile": "auto"}
+                "threads": engine_threads(), "compile": o.compile}
         if o.adaptive_config:
             opts["adaptive_config"] = str(Path(o.adaptive_config).resolve())
         return [sys.executable, "-m", "spectune.backends.local", "--options", json.dumps(opts), "--host", host,

@@ -13,6 +13,8 @@ from spectune.loadgen.errors import UserError
 
 log = logging.getLogger("spectune.engine")
 
+COMPILE_MODES = ("auto", "on", "off")  # EngineOptions.compile (backends/local/compiled.py)
+
 DEFAULT_HEAD = Path(__file__).parent / "heads" / "smollm2-135m-eagle3"
 
 

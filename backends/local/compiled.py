@@ -30,8 +30,11 @@ graphs. The
 compiled function gets its own code object per model (:func:`_private_copy`), because dynamo keeps its cache on the
 code object: another model in the same process (tests build many) never reuses these graphs.
 
-Failure: no C++ compiler, or inductor failing on this machine, falls back to the eager layer with one logged line;
-``--compile on`` makes a missing compiler an error instead. The choice and its reason are in ``/server_info``
+Failure: no C++ compiler, or inductor failing on this machine, falls back to the eager layers with one logged line;
+``--compile on`` makes it an error instead. :func:`compiler_problem` compiles and checks a probe kernel first, and
+that check has caught a real fault: on the Zen 5 VM with ``ATEN_CPU_CAPABILITY=avx2`` (the AVX2 emulation of
+``benchmarks/engine_speed.py``) torch 2.13's inductor returned garbage past the first 8 floats of
+``(x * 2 - 3).relu()``, so ``auto`` runs eager there. The choice and its reason are in ``/server_info``
 (``engine_path.compile``) and so in sweep.json's environment.
 """
 
@@ -46,11 +49,11 @@ from typing import Any, Callable
 
 import torch
 
+from spectune.backends.local.build import COMPILE_MODES as MODES
 from spectune.loadgen.errors import UserError
 
 log = logging.getLogger("spectune.engine")
 
-MODES = ("auto", "on", "off")
 MAX_LAYERS_PER_GRAPH = 5
 
 
@@ -100,7 +103,7 @@ def _problem(cxx: tuple) -> str | None:
     except Exception as exc:  # noqa: BLE001 - any failure means "cannot compile here"
         return f"no working C++ compiler for torch.compile ({_first_line(exc)})"
     try:
-        x = torch.arange(16.0)
+        x = torch.arange(37.0)  # not a multiple of any vector width: the tail loop runs too
         if not torch.equal(torch.compile(_probe, fullgraph=True, dynamic=False)(x), _probe(x)):
             return "torch.compile's probe kernel computed a wrong result"
     except Exception as exc:  # noqa: BLE001

@@ -43,6 +43,9 @@ Device = Annotated[str, typer.Option(help="auto, cpu or cuda (bundled engine).",
 Dtype = Annotated[str, typer.Option(help="Bundled engine compute path: auto (measured on this machine at start-up), native "
                                           "(the GGUF's Q4_0/Q4_1/Q8_0 weights), bfloat16 or float32.",
                                      rich_help_panel=SERVER_PANEL)]
+Compile = Annotated[str, typer.Option("--compile", help="Bundled engine on CPU: run the target's decode/verify "
+                                       "layers through torch.compile, compiled at start-up: auto (when a C++ compiler "
+                                       "works), on, or off.", rich_help_panel=SERVER_PANEL)]
 
 
 def split_server_args(server_args: str | None) -> list[str]:

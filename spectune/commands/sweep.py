@@ -7,7 +7,8 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from spectune.commands.options import (LOAD_PANEL, SERVER_PANEL, Device, Draft, Dtype, Host, MaxTokens, NumPrompts,
+from spectune.commands.options import (LOAD_PANEL, SERVER_PANEL, Compile, Device, Draft, Dtype, Host, MaxTokens,
+                                       NumPrompts,
                                        Port, RequestTimeout, ServerArgs, ServerBin, StartupTimeout, Temperature,
                                        WarmupTimeout,
                                        split_server_args)
@@ -121,6 +122,7 @@ def sweep(
                                              "token).")] = "OPENAI_API_KEY",
     device: Device = "auto",
     dtype: Dtype = "auto",
+    compile: Compile = "auto",
 ) -> None:
     """Measure TPOT, TTFT, ITL, throughput, acceptance length and SLO attainment for every num_steps x
     concurrency point; results go to --output-dir (sweep.json, requests.jsonl, points.jsonl, summary.csv)."""
@@ -154,7 +156,7 @@ def sweep(
     options = BackendOptions(
         endpoints=parse_endpoints(endpoint or []), launch=launch, model=model, draft=draft, algorithm=algorithm,
         host=host, port=port, server_args=extra_args, startup_timeout_s=startup_timeout, api_key_env=api_key_env,
-        device=device, dtype=dtype, server_bin=server_bin,
+        device=device, dtype=dtype, compile=compile, server_bin=server_bin,
     )
     if output_dir is None:
         if resume:

@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from spectune.commands.options import (LOAD_PANEL, SERVER_PANEL, Device, Draft, Dtype, Host, MaxTokens, NumPrompts,
+from spectune.commands.options import (LOAD_PANEL, SERVER_PANEL, Compile, Device, Draft, Dtype, Host, MaxTokens,
+                                       NumPrompts,
                                        Port, RequestTimeout, ServerArgs, ServerBin, StartupTimeout, Temperature,
                                        WarmupTimeout,
                                        split_server_args)
@@ -86,6 +87,7 @@ def validate(
     api_key_env: Annotated[str, typer.Option(help="Environment variable holding the API key.")] = "OPENAI_API_KEY",
     device: Device = "auto",
     dtype: Dtype = "auto",
+    compile: Compile = "auto",
 ) -> None:
     """Run the same changing load against every static num_steps and against a per-batch-size config (SGLang
     adaptive JSON or vLLM schedule); PASS (exit 0) when the config's output throughput is at least the best
@@ -126,7 +128,7 @@ def validate(
     extra_args = split_server_args(server_args)
     options = BackendOptions(launch=launch, model=model, draft=draft, algorithm=algorithm, host=host, port=port,
                              server_args=extra_args, startup_timeout_s=startup_timeout, api_key_env=api_key_env,
-                             device=device, dtype=dtype, server_bin=server_bin)
+                             device=device, dtype=dtype, compile=compile, server_bin=server_bin)
     output_dir = output_dir or Path("results") / time.strftime("validate-%Y%m%d-%H%M%S")
     console = Console(highlight=False)
     err = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -111,6 +111,7 @@ def _bad_cases(tmp_path: Path, prompts: str) -> list[tuple[list[str], str]]:
         ([*ok, "--endpoint", "x=http://h:1"], "bad --endpoint 'x=http://h:1'"),
         ([*ok, "--server-args", "--flag 'open"], "cannot split --server-args"),
         ([*ok, "--max-failure-rate", "2"], "--max-failure-rate must be in 0..1"),
+        (["--backend", "local", "--compile", "fast", "--dataset", prompts], "--compile 'fast': use auto, on or off"),
     ]
 
 
