@@ -115,6 +115,8 @@ def build_engine(opts: EngineOptions) -> Any:
     from spectune.backends.local.weights import convert_gguf, load_target, resolve_model_path
 
     device, _ = resolve_device_dtype(opts.device, opts.dtype)
+    if opts.compile not in COMPILE_MODES:
+        raise UserError(f"--compile {opts.compile!r}: use auto, on or off")
     if opts.threads > 0:
         torch.set_num_threads(opts.threads)
     is_default = opts.model is None or str(opts.model).lower() in ("smollm2", "default")
