@@ -21,7 +21,7 @@ import aiohttp
 
 from spectune.backends.base import BackendOptions, BackendStartError, Endpoint, SpecSnapshot
 from spectune.backends.launch import LaunchingBackend
-from spectune.backends.local.build import COMPILE_MODES
+from spectune.backends.local.build import check_compile_mode
 from spectune.backends.prometheus import scrape_snapshot
 from spectune.loadgen.errors import UserError
 
@@ -70,8 +70,7 @@ class LocalBackend(LaunchingBackend):
             raise UserError(f"--model {options.model} does not exist: give a GGUF file or a Hugging Face folder")
         if options.draft is not None and options.draft.lower() != "none" and not Path(options.draft).is_dir():
             raise UserError(f"--draft {options.draft} is not a folder: give an EAGLE head folder")
-        if options.compile not in COMPILE_MODES:
-            raise UserError(f"--compile {options.compile!r}: use auto, on or off")
+        check_compile_mode(options.compile)
         if options.adaptive_config:
             from spectune.backends.adaptive import load_config_file
 

@@ -15,6 +15,17 @@ log = logging.getLogger("spectune.engine")
 
 COMPILE_MODES = ("auto", "on", "off")  # EngineOptions.compile (backends/local/compiled.py)
 
+
+def check_compile_mode(mode: str) -> str:
+    """``mode`` if it is one of :data:`COMPILE_MODES` (torch-free, so the sweep process can check it early).
+
+    Raises:
+        UserError: any other value.
+    """
+    if mode not in COMPILE_MODES:
+        raise UserError(f"--compile {mode!r}: use auto, on or off")
+    return mode
+
 DEFAULT_HEAD = Path(__file__).parent / "heads" / "smollm2-135m-eagle3"
 
 
@@ -115,8 +126,7 @@ def build_engine(opts: EngineOptions) -> Any:
     from spectune.backends.local.weights import convert_gguf, load_target, resolve_model_path
 
     device, _ = resolve_device_dtype(opts.device, opts.dtype)
-    if opts.compile not in COMPILE_MODES:
-        raise UserError(f"--compile {opts.compile!r}: use auto, on or off")
+    check_compile_mode(opts.compile)
     if opts.threads > 0:
         torch.set_num_threads(opts.threads)
     is_default = opts.model is None or str(opts.model).lower() in ("smollm2", "default")

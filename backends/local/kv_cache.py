@@ -59,10 +59,6 @@ class KVCache:
         """K, V views [1, kv_heads, length, head_dim] of one slot (no copy)."""
         return self.k[layer, slot:slot + 1, :, :length], self.v[layer, slot:slot + 1, :, :length]
 
-    def view(self, layer: int, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V views [batch, kv_heads, length, head_dim] of slots 0..batch-1 (no copy)."""
-        return self.k[layer, :batch, :, :length], self.v[layer, :batch, :, :length]
-
     def move_slot(self, src: int, dst: int, length: int) -> None:
         """Copy the first ``length`` positions of slot ``src`` into slot ``dst`` (all layers)."""
         self.k[:, dst, :, :length] = self.k[:, src, :, :length]
