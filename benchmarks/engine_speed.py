@@ -16,7 +16,9 @@ To emulate an AVX2-only CPU on an AVX-512 one: ``ATEN_CPU_CAPABILITY=avx2 ONEDNN
 MKL_ENABLE_INSTRUCTIONS=AVX2`` (ATen's, oneDNN's and MKL's kernels then use their AVX2 code; PyTorch's own
 bf16-GEMM dispatch still sees the real CPU, so this is an approximation of an AVX2 machine, not one), with
 ``--server-bin`` naming a llama-server built without AVX-512 (``cmake -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON
--DGGML_F16C=ON -DGGML_AVX512=OFF``); the ``llama-server:`` line prints the features it was built with.
+-DGGML_F16C=ON -DGGML_AVX512=OFF``); the ``llama-server:`` line prints the features it was built with. The
+compiled paths then use an inductor cache folder of their own (``compiled.isa_cache_dir``: kernels cached
+without the override are wrong under it), so the first emulated run compiles from scratch.
 
 CUDA part (when a GPU is present): a randomly initialised Llama-3.1-8B-shaped target in bf16, batch-1 num_steps 0
 decode, as a percentage of the HBM roofline (weights bytes / measured device-to-device copy bandwidth).

@@ -1,8 +1,8 @@
 """The default pair on the bundled engine and on llama.cpp's llama-server, side by side in one run.
 
 Both engines serve the same model pair (SmolLM2-135M-Instruct + the bundled EAGLE-3 head; llama.cpp gets the head
-as a GGUF exported once, and runs the target's Q4_1 weights natively, while the bundled engine dequantizes them to
-bf16) and are driven by the same load generator on the same MT-Bench first turns, greedy, with the same windows:
+as a GGUF exported once; both run the target's Q4_1 weights natively, the bundled engine on the path its
+``--dtype auto`` / ``--compile auto`` choose, printed as ``bundled path``) and are driven by the same load generator on the same MT-Bench first turns, greedy, with the same windows:
 for each num_steps K both servers are up, and every (concurrency, repeat) cell measures the two engines back to
 back, alternating which goes first, so a drift of the machine's speed hits both alike. Per cell: output tokens/s
 (output tokens / window), TPOT p50 (ms), acceptance length (1 + accepted drafts / verify steps over the window, from
@@ -143,7 +143,10 @@ async def run(args: argparse.Namespace) -> None:
         vals = [r[key] for r in cells.get((name, k, c), []) if r[key] is not None]
         return statistics.median(vals) if vals else float("nan")
 
-    table = Table(title=f"bundled engine (bf16) vs llama.cpp, MT-Bench, greedy, {args.max_tokens} tokens, "
+    path = local.engine_path or {}
+    how = f"{path.get('path', '?')}, compile {'on' if (path.get('compile') or {}).get('active') else 'off'}"
+    console.print(f"bundled path: {path}", markup=False)
+    table = Table(title=f"bundled engine ({how}) vs llama.cpp, MT-Bench, greedy, {args.max_tokens} tokens, "
                         f"medians of {args.repeats} repeat(s), {time.monotonic() - t0:.0f} s")
     for col in ("K", "conc", "bundled tok/s", "llama tok/s", "llama/bundled", "bundled TPOT ms", "llama TPOT ms",
                 "bundled AL", "llama AL", "AL diff", "same text"):
@@ -161,7 +164,7 @@ async def run(args: argparse.Namespace) -> None:
     console.print(table)
     for c in concs:
         a, q, f = (med(n, 0, c, "tok_s") for n in ("bundled", "llama.cpp Q4_1", "llama.cpp F16"))
-        console.print(f"K=0 c={c}: bundled bf16 {a:.1f} tok/s, llama.cpp Q4_1 {q:.1f} ({q / a:.2f}x), "
+        console.print(f"K=0 c={c}: bundled ({how}) {a:.1f} tok/s, llama.cpp Q4_1 {q:.1f} ({q / a:.2f}x), "
                       f"llama.cpp F16 {f:.1f} ({f / a:.2f}x)", markup=False)
     for name in ("bundled", "llama.cpp Q4_1"):
         for c in concs:

@@ -34,7 +34,8 @@ Failure: no C++ compiler, or inductor failing on this machine, falls back to the
 ``--compile on`` makes it an error instead. :func:`compiler_problem` compiles and checks a probe kernel first, and
 that check has caught a real fault: on the Zen 5 VM with ``ATEN_CPU_CAPABILITY=avx2`` (the AVX2 emulation of
 ``benchmarks/engine_speed.py``) torch 2.13's inductor returned garbage past the first 8 floats of
-``(x * 2 - 3).relu()``, so ``auto`` runs eager there. The choice and its reason are in ``/server_info``
+``(x * 2 - 3).relu()``. The cause was inductor's cache, which reused kernels built without the override; an
+override now gets a cache folder of its own (:func:`isa_cache_dir`), and the probe stays as the check. The choice and its reason are in ``/server_info``
 (``engine_path.compile``) and so in sweep.json's environment.
 """
 
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 import types
 from dataclasses import dataclass
@@ -91,7 +93,37 @@ def compiler_problem() -> str | None:
     """
     from torch._inductor import config
 
+    isa_cache_dir()
     return _problem(tuple(config.cpp.cxx))
+
+
+def isa_cache_dir() -> str | None:
+    """Give inductor a cache folder of its own when ``ATEN_CPU_CAPABILITY`` overrides the CPU's vector ISA; returns
+    it (None: no override, or ``$TORCHINDUCTOR_CACHE_DIR`` names another folder than inductor's default).
+
+    Why: inductor generates its C++ for the ISA that ``ATEN_CPU_CAPABILITY`` names (``torch/_inductor/
+    cpu_vec_isa.py`` ``pick_vec_isa``), but its FX-graph cache does not key on that choice, so graphs compiled
+    without the override are reused under it, and the other way round. Measured with torch 2.13 on an AVX-512
+    Zen 5 VM: after an unmodified run had filled the cache, ``ATEN_CPU_CAPABILITY=avx2`` (the AVX2 emulation of
+    ``benchmarks/engine_speed.py``) computed garbage past the first 8 floats of :func:`_probe`, and the reverse order
+    aborted the process (``free(): invalid pointer``); with a fresh cache both were right. The folder is
+    ``default_cache_dir()`` (``/tmp/torchinductor_$USER``) plus ``-<capability>``. Importing dynamo already writes
+    the default into ``$TORCHINDUCTOR_CACHE_DIR`` (``torch/_inductor/runtime/cache_dir_utils.py`` ``cache_dir``,
+    called by ``torch/_dynamo/package.py``), so the default counts as not chosen; inductor's caches read the variable
+    on every use, and :func:`compiler_problem` calls this before the first compile.
+    """
+    capability = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    if not capability:
+        return None
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
+        return None
+    path = f"{default_cache_dir()}-{capability}"
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    log.info("ATEN_CPU_CAPABILITY=%s: inductor cache in %s", capability, path)
+    return path
 
 
 @functools.lru_cache(maxsize=8)

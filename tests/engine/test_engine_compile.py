@@ -4,6 +4,10 @@ no compile while serving, and a fallback to eager when compiling fails."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -135,6 +139,51 @@ def test_a_probe_that_cannot_compile_is_a_compiler_problem(monkeypatch) -> None:
     finally:
         compiled._problem.cache_clear()
     assert problem is not None and "cannot build CPU kernels" in problem
+
+
+_PROBE = "from spectune.backends.local.compiled import compiler_problem; print(compiler_problem())"
+
+
+@needs_compiler
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512",
+                    reason="ATEN_CPU_CAPABILITY=avx2 changes inductor's ISA only on an AVX-512 CPU")
+def test_an_isa_override_compiles_right_after_a_run_without_it(tmp_path) -> None:
+    """Inductor's FX-graph cache does not key on ``ATEN_CPU_CAPABILITY``: without a cache folder of its own
+    (``compiled.isa_cache_dir``) the AVX2-emulated probe reuses the AVX-512 kernel of the run before it and
+    computes garbage. Two fresh processes sharing one temp folder, as two runs on one machine do."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY")}
+    env["TMPDIR"] = str(tmp_path)
+    plain = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=300)
+    emulated = subprocess.run([sys.executable, "-c", _PROBE], env={**env, "ATEN_CPU_CAPABILITY": "avx2"},
+                              capture_output=True, text=True, timeout=300)
+    assert (plain.stdout.strip(), emulated.stdout.strip()) == ("None", "None"), emulated.stderr[-2000:]
+
+
+def test_an_isa_override_names_its_own_cache_folder(monkeypatch) -> None:
+    from spectune.backends.local import compiled
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "AVX2")
+    assert compiled.isa_cache_dir().endswith("-avx2")
+
+
+def test_an_isa_override_replaces_the_default_cache_folder(monkeypatch) -> None:
+    """Importing dynamo writes inductor's default folder into the variable; that is not a user's choice."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from spectune.backends.local import compiled
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert compiled.isa_cache_dir() == default_cache_dir() + "-avx2"
+
+
+def test_a_chosen_cache_folder_is_kept(monkeypatch, tmp_path) -> None:
+    from spectune.backends.local import compiled
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert compiled.isa_cache_dir() is None
 
 
 def test_unknown_compile_mode_is_a_user_error() -> None:
