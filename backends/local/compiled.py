@@ -18,8 +18,9 @@ the layer count up to 5 (:data:`MAX_LAYERS_PER_GRAPH`). Prefill and the draft he
 dwarf its per-op overhead, and the head is one layer.
 
 Shapes: ``dynamic=True``, so one graph covers every batch size, query length and cache length, except that dynamo
-specialises sizes 0 and 1: batch 1 and query length 1 (plain decode) are graphs of their own. :func:`warm_up`
-compiles the four classes (B = 1 or more, s = 1 or more) before the server takes requests, so no measured request
+specialises sizes 0 and 1: batch 1 and query length 1 (plain decode) are graphs of their own, and so are inputs of
+more rows than a native layer's ``dense_above`` (its kernel switch). :func:`warm_up` compiles every class
+(:func:`warm_up_shapes`: four, six with a ``dense_above``) before the server takes requests, so no measured request
 waits for a compile; inductor's on-disk cache (``$TORCHINDUCTOR_CACHE_DIR``, by default under ``/tmp``) makes later
 starts take seconds.
 
@@ -232,11 +233,37 @@ def layers_per_graph(num_layers: int) -> int:
     return max(d for d in range(1, MAX_LAYERS_PER_GRAPH + 1) if num_layers % d == 0)
 
 
+def warm_up_shapes(slots: int, max_query: int, row_limits: tuple[int, ...] = ()) -> list[tuple[int, int]]:
+    """(batch, query length) pairs that reach every graph a server with ``slots`` cache slots can meet, one each.
+
+    Dynamo specialises sizes 1 (batch 1, query length 1), and a layer that switches kernels above a row count
+    (``dense_above`` of the native linears: ``spectune.backends.local.quant``) adds a guard on batch x query length
+    there, so the graphs are told apart by (batch == 1, query == 1, rows > limit for each limit). Query length 3
+    is tried first, then 2 and the others up to ``max_query``, each with the smallest batch first; a batch never
+    equals its query length (batch 1 excepted), so dynamo does not tie the two sizes together.
+    Measured on the Zen 5 VM with the AVX2 emulation (``dense_above`` 8): without the limit's shapes, the first
+    batch of 9 at num_steps 0 waited 5 s for a compile from inductor's warm cache, inside a sweep's window.
+
+    Args:
+        slots: cache slots (the largest batch).
+        max_query: the largest query length verify will use (num_steps capacity + 1).
+        row_limits: the row counts above which some layer switches kernels.
+    """
+    queries = [1] + ([3] + [q for q in range(2, max_query + 1) if q != 3] if max_query > 1 else [])
+    shapes: dict[tuple, tuple[int, int]] = {}
+    for q in queries:
+        for batch in range(1, slots + 1):
+            if batch == q and batch > 1:
+                continue
+            key = (batch == 1, q == 1, tuple(batch * q > limit for limit in row_limits))
+            shapes.setdefault(key, (batch, q))
+    return list(shapes.values())
+
+
 def warm_up(runner: Any, choice: CompileChoice, max_query: int) -> None:
-    """Compile the shape classes a server will meet before it takes requests: batch 1 and 2 x query length 1 and
-    (when ``max_query`` > 1) 3, on cache slots 0-1 at positions 5.. (they are empty at start-up; the sizes are
-    distinct so that dynamo does not tie them to each other). Updates ``choice`` (``warm_up_s``; ``active`` False
-    with the error as reason when compiling failed).
+    """Compile the shape classes a server will meet before it takes requests (:func:`warm_up_shapes`), on cache
+    slots 0.. at positions 5.. (they are empty at start-up). Updates ``choice`` (``warm_up_s``; ``active`` False with
+    the error as reason when compiling failed).
 
     Args:
         runner: the :class:`~spectune.backends.local.speculative.SpecRunner` whose target was compiled.
@@ -247,13 +274,12 @@ def warm_up(runner: Any, choice: CompileChoice, max_query: int) -> None:
     if not choice.active or not isinstance(step, CompiledStep):
         return
     start = time.perf_counter()
-    slots = runner.target_cache.num_slots
+    limits = sorted({m.dense_above for m in runner.target.modules() if getattr(m, "dense_above", None) is not None})
     with torch.inference_mode():
-        for batch in (1, 2) if slots >= 2 else (1,):
-            for q in (1, 3) if max_query > 1 else (1,):
-                pos = 5 + torch.arange(q, device=runner.device).repeat(batch, 1)  # [B, q]
-                tokens = torch.zeros(batch, q, dtype=torch.long, device=runner.device)
-                runner._target_fwd(tokens, pos)
+        for batch, q in warm_up_shapes(runner.target_cache.num_slots, max_query, tuple(limits)):
+            pos = 5 + torch.arange(q, device=runner.device).repeat(batch, 1)  # [B, q]
+            tokens = torch.zeros(batch, q, dtype=torch.long, device=runner.device)
+            runner._target_fwd(tokens, pos)
     choice.warm_up_s = time.perf_counter() - start
     if step.error is not None:
         choice.active, choice.reason = False, f"torch.compile failed, eager layers: {step.error}"
