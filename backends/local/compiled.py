@@ -206,10 +206,13 @@ def compile_target(target: torch.nn.Module, mode: str, device: torch.device) -> 
     """Replace ``target.step`` (the batched forwards' layer function) by a :class:`CompiledStep` as ``mode`` says.
 
     ``auto``: compile on CPU when a C++ compiler is found; ``on``: the same, but no compiler is an error; ``off``:
-    eager. On CUDA the engine captures CUDA graphs instead, so nothing is compiled.
+    eager. On CUDA the engine captures CUDA graphs instead, so nothing is compiled. Layers holding oneDNN-packed
+    bf16 weights (:class:`~spectune.backends.local.linear.PackedLinear`, the ``bfloat16`` path on AVX-512) stay
+    eager: dynamo cannot trace ``mkldnn._linear_pointwise`` on an opaque packed tensor (inductor's lowering failed
+    after 3.7 s of warm-up on the Zen 5 VM before this check).
 
     Raises:
-        UserError: an unknown mode, or ``on`` without a working C++ compiler.
+        UserError: an unknown mode, or ``on`` without a working C++ compiler or with packed layers.
     """
     if check_compile_mode(mode) == "off":
         return CompileChoice(mode, False, "--compile off")
@@ -220,6 +223,13 @@ def compile_target(target: torch.nn.Module, mode: str, device: torch.device) -> 
         if mode == "on":
             raise UserError(f"--compile on: {problem}; install g++ or pass --compile off")
         return CompileChoice(mode, False, problem)
+    from spectune.backends.local.linear import PackedLinear
+
+    if any(isinstance(m, PackedLinear) for m in target.layers.modules()):
+        if mode == "on":
+            raise UserError("--compile on: the bfloat16 path's oneDNN-packed layers cannot be compiled; pass --dtype "
+                            "native or float32, or --compile auto")
+        return CompileChoice(mode, False, "oneDNN-packed bf16 layers: dynamo cannot trace their opaque weights")
     uniform = len({layer_fingerprint(layer) for layer in target.layers}) == 1
     target.step = CompiledStep(target.step, uniform)
     target.layers_per_step = layers_per_graph(len(target.layers))

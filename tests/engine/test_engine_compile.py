@@ -188,6 +188,34 @@ def test_a_chosen_cache_folder_is_kept(monkeypatch, tmp_path) -> None:
     assert compiled.isa_cache_dir() is None
 
 
+def _packed_target() -> torch.nn.Module:
+    from spectune.backends.local.linear import PackedLinear
+
+    target = torch.nn.Module()
+    target.layers = torch.nn.ModuleList([PackedLinear(torch.nn.Linear(16, 16).to(torch.bfloat16))])
+    return target
+
+
+def _packing() -> bool:
+    from spectune.backends.local.linear import packing_supported
+
+    return packing_supported(torch.bfloat16, torch.device("cpu"))
+
+
+@needs_compiler
+@pytest.mark.skipif(not _packing(), reason="no oneDNN bf16 packing on this CPU")
+def test_packed_bf16_layers_stay_eager_under_auto() -> None:
+    choice = compile_target(_packed_target(), "auto", torch.device("cpu"))
+    assert (choice.active, "oneDNN" in choice.reason) == (False, True)
+
+
+@needs_compiler
+@pytest.mark.skipif(not _packing(), reason="no oneDNN bf16 packing on this CPU")
+def test_packed_bf16_layers_are_an_error_under_on() -> None:
+    with pytest.raises(UserError, match="--dtype native or float32"):
+        compile_target(_packed_target(), "on", torch.device("cpu"))
+
+
 def test_unknown_compile_mode_is_a_user_error() -> None:
     with pytest.raises(UserError, match="auto, on or off"):
         compile_target(torch.nn.Module(), "fast", torch.device("cpu"))
