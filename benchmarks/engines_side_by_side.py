@@ -2,12 +2,13 @@
 
 Both engines serve the same model pair (SmolLM2-135M-Instruct + the bundled EAGLE-3 head; llama.cpp gets the head
 as a GGUF exported once; both run the target's Q4_1 weights natively, the bundled engine on the path its
-``--dtype auto`` / ``--compile auto`` choose, printed as ``bundled path``) and are driven by the same load generator on the same MT-Bench first turns, greedy, with the same windows:
-for each num_steps K both servers are up, and every (concurrency, repeat) cell measures the two engines back to
-back, alternating which goes first, so a drift of the machine's speed hits both alike. Per cell: output tokens/s
+``--dtype auto`` / ``--compile auto`` choose, printed as ``bundled path``) and are driven by the same load
+generator on the same MT-Bench first turns, greedy, with the same windows: for each num_steps K both servers are
+up, and every (concurrency, repeat) cell measures the two engines back to back, alternating which goes first, so a
+drift of the machine's speed hits both alike. Per cell: output tokens/s
 (output tokens / window), TPOT p50 (ms), acceptance length (1 + accepted drafts / verify steps over the window, from
 each engine's own counters) and the llama.cpp / bundled ratios. At K = 0 a third server, llama.cpp on an F16 GGUF
-of the same (dequantized) weights, shows the bundled engine's speed against llama.cpp at the same precision too.
+of the same (dequantized) weights, shows llama.cpp's own speed at 16 bits.
 
 Usage: ``python benchmarks/engines_side_by_side.py [--steps 0,1,2,3] [--concurrency 1,8] [--num-prompts 12]
 [--max-tokens 96] [--repeats 1]``. Needs ``spectune llamacpp install`` (llama-server and the llama.cpp tree, whose

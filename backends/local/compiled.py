@@ -36,8 +36,8 @@ Failure: no C++ compiler, or inductor failing on this machine, falls back to the
 that check has caught a real fault: on the Zen 5 VM with ``ATEN_CPU_CAPABILITY=avx2`` (the AVX2 emulation of
 ``benchmarks/engine_speed.py``) torch 2.13's inductor returned garbage past the first 8 floats of
 ``(x * 2 - 3).relu()``. The cause was inductor's cache, which reused kernels built without the override; an
-override now gets a cache folder of its own (:func:`isa_cache_dir`), and the probe stays as the check. The choice and its reason are in ``/server_info``
-(``engine_path.compile``) and so in sweep.json's environment.
+override now gets a cache folder of its own (:func:`isa_cache_dir`), and the probe stays as the check. The choice
+and its reason are in ``/server_info`` (``engine_path.compile``) and so in sweep.json's environment.
 """
 
 from __future__ import annotations
@@ -284,7 +284,8 @@ def warm_up(runner: Any, choice: CompileChoice, max_query: int) -> None:
     if not choice.active or not isinstance(step, CompiledStep):
         return
     start = time.perf_counter()
-    limits = sorted({m.dense_above for m in runner.target.modules() if getattr(m, "dense_above", None) is not None})
+    layers = runner.target.layers.modules()  # the lm_head's own dense_above is outside the compiled layers
+    limits = sorted({m.dense_above for m in layers if getattr(m, "dense_above", None) is not None})
     with torch.inference_mode():
         for batch, q in warm_up_shapes(runner.target_cache.num_slots, max_query, tuple(limits)):
             pos = 5 + torch.arange(q, device=runner.device).repeat(batch, 1)  # [B, q]
