@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from spectune.backends.local.attention import AttnMeta, attend
-from spectune.backends.local.rope import apply_rope, rope_table
+from spectune.backends.local.model import output_block, split_qkv_rope
+from spectune.backends.local.rope import rope_table
 
 
 @dataclass
@@ -108,19 +109,12 @@ class DraftLayer(nn.Module):
     def qkv_rope(self, y: torch.Tensor, cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """y [B, s, in] -> q [B, s, num_heads, hd], k and v [B, s, num_kv_heads, hd], RoPE applied to q and k with
         ``cos_sin`` [B or 1, s, 2, hd]."""
-        b, s, _ = y.shape
-        c, hd = self.cfg, self.cfg.head_dim
-        qkv = self.qkv(y)
-        n_qk = (c.num_heads + c.num_kv_heads) * hd
-        qk = apply_rope(qkv[..., :n_qk].view(b, s, -1, hd), cos_sin)
-        return qk[:, :, : c.num_heads], qk[:, :, c.num_heads :], qkv[..., n_qk:].view(b, s, c.num_kv_heads, hd)
+        c = self.cfg
+        return split_qkv_rope(self.qkv(y), c.num_heads, c.num_kv_heads, c.head_dim, cos_sin)
 
     def output(self, residual: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """residual [B, s, H] + o_proj(attn [B, s, num_heads * hd]), then the MLP block -> [B, s, H]."""
-        x = residual + self.o_proj(attn)
-        y = F.rms_norm(x, (x.shape[-1],), self.post_attention_layernorm, self.cfg.rms_norm_eps)
-        gate, up = self.gate_up(y).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        return output_block(self, residual, attn, self.cfg.rms_norm_eps)
 
 
 class DraftHead(nn.Module):

@@ -42,21 +42,35 @@ class DecoderLayer(nn.Module):
 
     def qkv_rope(self, x: torch.Tensor, cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, s, hidden] -> q [B, s, heads, hd], k and v [B, s, kv_heads, hd]: input norm, the fused q|k|v
-        projection, RoPE on q and k with ``cos_sin`` [B or 1, s, 2, hd]."""
-        b, s, h = x.shape
-        y = F.rms_norm(x, (h,), self.input_layernorm, self.eps)
-        qkv = self.qkv(y)
-        n_qk = (self.num_heads + self.num_kv_heads) * self.head_dim
-        qk = apply_rope(qkv[..., :n_qk].view(b, s, -1, self.head_dim), cos_sin)
-        q, k = qk[:, :, : self.num_heads], qk[:, :, self.num_heads :]
-        return q, k, qkv[..., n_qk:].view(b, s, self.num_kv_heads, self.head_dim)
+        projection, RoPE on q and k with ``cos_sin`` [B or 1, s, 2, hd] (:func:`split_qkv_rope`)."""
+        y = F.rms_norm(x, (x.shape[-1],), self.input_layernorm, self.eps)
+        return split_qkv_rope(self.qkv(y), self.num_heads, self.num_kv_heads, self.head_dim, cos_sin)
 
     def output(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """x [B, s, hidden] + o_proj(attn [B, s, heads * hd]), then the SwiGLU MLP block -> [B, s, hidden]."""
-        x = x + self.o_proj(attn)
-        y = F.rms_norm(x, (x.shape[-1],), self.post_attention_layernorm, self.eps)
-        gate, up = self.gate_up(y).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        """x [B, s, hidden] + o_proj(attn [B, s, heads * hd]), then the SwiGLU MLP block -> [B, s, hidden]
+        (:func:`output_block`)."""
+        return output_block(self, x, attn, self.eps)
+
+
+def split_qkv_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, cos_sin: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A fused projection's output qkv [B, s, (heads + 2 kv_heads) * hd] -> q [B, s, heads, hd], k and v [B, s,
+    kv_heads, hd], RoPE applied to q and k with ``cos_sin`` [B or 1, s, 2, hd]. Shared by the target's
+    :class:`DecoderLayer` and the draft head's layers (:mod:`spectune.backends.local.eagle`)."""
+    b, s, _ = qkv.shape
+    n_qk = (num_heads + num_kv_heads) * head_dim
+    qk = apply_rope(qkv[..., :n_qk].view(b, s, -1, head_dim), cos_sin)
+    return qk[:, :, :num_heads], qk[:, :, num_heads:], qkv[..., n_qk:].view(b, s, num_kv_heads, head_dim)
+
+
+def output_block(layer: nn.Module, x: torch.Tensor, attn: torch.Tensor, eps: float) -> torch.Tensor:
+    """The second half of a Llama layer: x [B, s, H] + ``layer.o_proj``(attn [B, s, heads * hd]), then the RMS-normed
+    (``layer.post_attention_layernorm``, ``eps``) SwiGLU MLP (``layer.gate_up``, ``layer.down_proj``) with its
+    residual -> [B, s, H]. Shared by :class:`DecoderLayer` and the draft head's layers."""
+    x = x + layer.o_proj(attn)
+    y = F.rms_norm(x, (x.shape[-1],), layer.post_attention_layernorm, eps)
+    gate, up = layer.gate_up(y).chunk(2, dim=-1)
+    return x + layer.down_proj(F.silu(gate) * up)
 
 
 def decoder_steps(layers: tuple[DecoderLayer, ...], x: torch.Tensor, k_caches: tuple[torch.Tensor, ...],
