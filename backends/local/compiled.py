@@ -20,16 +20,15 @@ dwarf its per-op overhead, and the head is one layer.
 Shapes: ``dynamic=True``, so one graph covers every batch size, query length and cache length, except that dynamo
 specialises sizes 0 and 1: batch 1 and query length 1 (plain decode) are graphs of their own, and so are inputs of
 more rows than a native layer's ``dense_above`` (its kernel switch). :func:`warm_up` compiles every class
-(:func:`warm_up_shapes`: four, six with a ``dense_above``) before the server takes requests, so no measured request
-waits for a compile; inductor's on-disk cache (``$TORCHINDUCTOR_CACHE_DIR``, by default under ``/tmp``) makes later
-starts take seconds.
+(:func:`warm_up_shapes`: four for a server with speculation, six with a ``dense_above`` as well) before the server
+takes requests, so no measured request waits for a compile; inductor's on-disk cache (``$TORCHINDUCTOR_CACHE_DIR``,
+by default under ``/tmp``) makes later starts take seconds.
 
 Guards: dynamo checks every attribute of the layer modules on each call (15 us a layer here). When all layers have
 the same structure (module types, quantization layouts, shapes; :func:`layer_fingerprint`), those checks are skipped
 (``torch.compiler.skip_guard_on_all_nn_modules_unsafe``): any group of this model's layers may run any of its
-graphs. The
-compiled function gets its own code object per model (:func:`_private_copy`), because dynamo keeps its cache on the
-code object: another model in the same process (tests build many) never reuses these graphs.
+graphs. The compiled function gets its own code object per model (:func:`_private_copy`), because dynamo keeps its
+cache on the code object: another model in the same process (tests build many) never reuses these graphs.
 
 Failure: no C++ compiler, or inductor failing on this machine, falls back to the eager layers with one logged line;
 ``--compile on`` makes it an error instead. :func:`compiler_problem` compiles and checks a probe kernel first, and

@@ -9,10 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from spectune.commands.options import (LOAD_PANEL, SERVER_PANEL, Compile, Device, Draft, Dtype, Host, MaxTokens,
-                                       NumPrompts,
-                                       Port, RequestTimeout, ServerArgs, ServerBin, StartupTimeout, Temperature,
-                                       WarmupTimeout,
-                                       split_server_args)
+                                       NumPrompts, Port, RequestTimeout, ServerArgs, ServerBin, StartupTimeout,
+                                       Temperature, WarmupTimeout, split_server_args)
 from spectune.loadgen.errors import UserError
 
 _WORK = "Workload"
