@@ -29,6 +29,8 @@ decode, as a percentage of the HBM roofline (weights bytes / measured device-to-
 ``backends/local/compiled.py``); its one-off compile happens when the engine is built, before any timing, and is
 printed. ``native+compile1`` (``+compile2``, ...) groups at most that many layers per compiled graph, to compare
 group sizes: ``--paths native+compile1,native+compile2,native+compile5,native --skip-llamacpp --skip-spec``.
+``native+compile+asserts`` keeps the size and stride checks of inductor's wrapper, which the engine turns off
+(``compiled.NO_WRAPPER_ASSERTS``): ``--paths native+compile,native+compile+asserts --skip-llamacpp --skip-spec``.
 
 Usage: ``python benchmarks/engine_speed.py [--repeats 3] [--threads N] [--paths native+compile,native,bfloat16,float32]
 [--spec-path auto+compile] [--hf] [--skip-llamacpp] [--skip-spec]``.
@@ -77,21 +79,24 @@ def hf_decode_tok_s(folder, prompts: list[list[int]], batch: int, repeats: int) 
 def make_engine(path: str, threads: int, k: int = 0, capacity: int = 0):
     """An engine on ``path``: a ``--dtype`` value, ``native:int4`` / ``native:int8`` to force the Q8_0 lm_head's
     kernel (``--native-lm-head``), and a ``+compile`` suffix for ``--compile on`` (otherwise off); ``+compileN``
-    compiles at most N layers per graph instead of the engine's default (``compiled.MAX_LAYERS_PER_GRAPH``)."""
+    compiles at most N layers per graph instead of the engine's default (``compiled.MAX_LAYERS_PER_GRAPH``), and a
+    final ``+asserts`` keeps the wrapper's size checks (``compiled.NO_WRAPPER_ASSERTS`` emptied)."""
     from spectune.backends.local import compiled
     from spectune.backends.local.build import EngineOptions, build_engine
 
+    path, asserts, _ = path.partition("+asserts")
     path, plus, group = path.partition("+compile")
     dtype, _, lm_head = path.partition(":")
-    default_group = compiled.MAX_LAYERS_PER_GRAPH
+    default_group, default_options = compiled.MAX_LAYERS_PER_GRAPH, compiled.NO_WRAPPER_ASSERTS
     compiled.MAX_LAYERS_PER_GRAPH = int(group) if group else default_group
+    compiled.NO_WRAPPER_ASSERTS = {} if asserts else default_options
     try:
         return build_engine(EngineOptions(num_steps=k, num_steps_capacity=capacity,
                                           draft=None if capacity else "none", dtype=dtype, max_num_seqs=8,
                                           max_model_len=512, kv_cache_gb=1.0, threads=threads,
                                           native_lm_head=lm_head or "auto", compile="on" if plus else "off"))
     finally:
-        compiled.MAX_LAYERS_PER_GRAPH = default_group
+        compiled.MAX_LAYERS_PER_GRAPH, compiled.NO_WRAPPER_ASSERTS = default_group, default_options
 
 
 def engine_runner(engine, prompts: list[list[int]], batch: int):

@@ -110,6 +110,16 @@ def test_a_step_that_cannot_compile_falls_back_to_eager() -> None:
     assert step.error is not None
 
 
+def test_a_compiled_step_runs_without_the_wrappers_size_checks() -> None:
+    from torch._inductor.utils import run_and_get_code
+
+    def mm_relu(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.mm(x, w).relu()  # an extern call: inductor checks its result's size and stride by default
+
+    _, codes = run_and_get_code(CompiledStep(mm_relu, uniform=False), torch.randn(4, 8), torch.randn(8, 16))
+    assert "assert_size_stride(" not in "".join(codes)
+
+
 def test_compile_on_without_a_compiler_is_a_user_error(eager_engine) -> None:
     from torch._inductor import config
 
