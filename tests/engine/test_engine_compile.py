@@ -110,6 +110,7 @@ def test_a_step_that_cannot_compile_falls_back_to_eager() -> None:
     assert step.error is not None
 
 
+@needs_compiler
 def test_a_compiled_step_runs_without_the_wrappers_size_checks() -> None:
     from torch._inductor.utils import run_and_get_code
 
