@@ -54,6 +54,23 @@ def draft_algorithm(description: dict | None) -> tuple[str | None, str]:
     return (cls or Backend).draft_algorithm(description)
 
 
+def draft_head(description: dict | None) -> str | None:
+    """The draft head (a path or hub id) a recorded sweep loaded, from its sweep.json ``backend`` description: its
+    ``draft``; with none recorded and no ``model`` either, on a backend that runs the embedded default pair
+    (:attr:`Backend.embeds_default_pair`), the bundled head folder on this machine; else None."""
+    if not isinstance(description, dict):
+        return None
+    if description.get("draft"):
+        return str(description["draft"])
+    cls = backend_class(str(description.get("backend", "")))
+    if cls is not None and cls.embeds_default_pair and str(description.get("model") or "default").lower() in (
+            "smollm2", "default"):
+        from spectune.backends.local.build import DEFAULT_HEAD
+
+        return str(DEFAULT_HEAD)
+    return None
+
+
 def make_backend(name: str, options: BackendOptions) -> Backend:
     """Build and validate the backend called ``name``.
 
@@ -92,4 +109,5 @@ def make_backend(name: str, options: BackendOptions) -> Backend:
     raise UserError(f"unknown backend {name!r}: use one of {', '.join(BACKEND_NAMES)}")
 
 
-__all__ = ["BACKEND_NAMES", "Backend", "BackendOptions", "backend_class", "draft_algorithm", "make_backend"]
+__all__ = ["BACKEND_NAMES", "Backend", "BackendOptions", "backend_class", "draft_algorithm", "draft_head",
+           "make_backend"]

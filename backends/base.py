@@ -355,6 +355,10 @@ class Backend(abc.ABC):
             return eagle_version(str(description["draft"]))
         return None, "unknown"
 
+    embeds_default_pair = False
+    """True for backends that run the embedded default pair (SmolLM2 + the bundled EAGLE-3 head) when no model is
+    named: :func:`spectune.backends.draft_head` then names the bundled head for a recorded run without a ``draft``."""
+
     async def close(self) -> None:
         """End of the sweep: release everything (stops a running server)."""
         await self.stop()

@@ -136,6 +136,10 @@ class LaunchingBackend(Backend):
     def check_executable(self) -> None:
         """Raise :class:`UserError` naming the package to install when the server program is missing."""
 
+    def server_env(self) -> dict[str, str]:
+        """Environment variables added for launched servers (recorded with each launch); none here."""
+        return {}
+
     async def remote_checks(self, steps_list: Sequence[int]) -> list[str]:
         """Warnings about running servers (endpoints mode), e.g. a server whose num_steps differs; none here."""
         return []
@@ -195,8 +199,11 @@ class LaunchingBackend(Backend):
         self._check_port(port)
         log_path = Path(self.options.log_dir) / f"server-steps{steps}.log" if self.options.log_dir else None
         label = f"server for num_steps {steps}"
-        server = ServerProcess(argv, self.options.host, port, log_path, self.health_paths, label)
+        env = self.server_env()
+        server = ServerProcess(argv, self.options.host, port, log_path, self.health_paths, label, env)
         record: dict[str, Any] = {"steps": steps, "command": redact_argv(argv), "port": port, "started": time.time()}
+        if env:
+            record["env"] = dict(env)
         self.launches.append(record)
         self.server, self.steps, self._windows_on_server = server, steps, 0
         try:

@@ -94,13 +94,15 @@ class ServerProcess:
         log_path: file that receives stdout and stderr (appended), or None for a new temporary file.
         health_paths: paths probed until one answers 200.
         label: a short name for messages (``"server for num_steps 3"``).
+        env: variables added to this process's environment for the server (None: none).
     """
 
     def __init__(
         self, argv: list[str], host: str, port: int, log_path: Path | None = None,
-        health_paths: tuple[str, ...] = HEALTH_PATHS, label: str = "server",
+        health_paths: tuple[str, ...] = HEALTH_PATHS, label: str = "server", env: dict[str, str] | None = None,
     ) -> None:
         self.argv = list(argv)
+        self.env = dict(env or {})
         self.host = host
         self.port = port
         self.health_paths = health_paths
@@ -158,7 +160,7 @@ class ServerProcess:
         try:
             self.proc = subprocess.Popen(
                 self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True
+                start_new_session=True, env={**os.environ, **self.env} if self.env else None
             )
         except OSError as err:  # not found / not executable
             log.close()

@@ -36,6 +36,9 @@ KNOWN_SECRET_ENV = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE
                               "ANTHROPIC_API_KEY", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "WANDB_API_KEY",
                               "SPECTUNE_API_KEY", "VLLM_API_KEY", "GITHUB_TOKEN", "GH_TOKEN", "NGC_API_KEY",
                               "AZURE_OPENAI_API_KEY", "HF_API_TOKEN"})
+NOT_SECRET_ENV = frozenset({"PWD", "OLDPWD"})
+"""POSIX shell variables holding working directories, whose last word ``pwd`` is not a password: masking their values
+would mask every path under the current folder in logs and command lines."""
 MIN_VALUE_CHARS = 6
 """Environment values shorter than this are not searched for in text (``TOKEN=1`` would mask every 1)."""
 
@@ -55,8 +58,11 @@ _PAIR = re.compile(r"(?i)\b([A-Za-z][A-Za-z0-9_.-]*)([\"']?\s*[=:]\s*)([\"']?)([
 
 def is_secret_name(name: str) -> bool:
     """True for names of secret flags or variables: ``--api-key``, ``hf_token``, ``HF_TOKEN``, ``password``; False
-    for ``--speculative-num-draft-tokens``, ``--api-key-env`` (a variable's name), ``max_num_batched_tokens``."""
+    for ``--speculative-num-draft-tokens``, ``--api-key-env`` (a variable's name), ``max_num_batched_tokens``, and the
+    shell's ``PWD``/``OLDPWD`` (:data:`NOT_SECRET_ENV`)."""
     bare = name.lstrip("-").strip()
+    if bare.upper() in NOT_SECRET_ENV:
+        return False
     if bare.upper() in KNOWN_SECRET_ENV:
         return True
     words = [w for w in _WORD_SPLIT.split(bare.lower()) if w]

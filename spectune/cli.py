@@ -13,7 +13,8 @@ import sys
 
 import typer
 
-from spectune.commands import draft, gate, llamacpp, presets, recommend, report, serve, simulate, sweep, validate
+from spectune.commands import (draft, gate, llamacpp, presets, recommend, report, serve, simulate, sweep, validate,
+                               vllm)
 from spectune.loadgen.errors import UserError
 
 app = typer.Typer(
@@ -36,6 +37,7 @@ app.command("validate")(validate.validate)
 app.add_typer(presets.app, name="presets", help="List and show built-in SGLang adaptive-speculation presets.")
 app.add_typer(draft.app, name="draft", help="Train, evaluate and export EAGLE draft heads.")
 app.add_typer(llamacpp.app, name="llamacpp", help="Build or locate llama.cpp's llama-server for --backend llamacpp.")
+app.add_typer(vllm.app, name="vllm", help="Install or locate the vLLM that --backend vllm launches.")
 
 
 def main() -> None:

@@ -140,6 +140,7 @@ class LlamaCppBackend(LaunchingBackend):
     """
 
     name = "llamacpp"
+    embeds_default_pair = True
     cheap_switch = True  # llama-server of a small model restarts in about a second
     health_paths = ("/health",)
     #: llama-server (cpp-httplib) closes the connection after a streamed response while advertising keep-alive:

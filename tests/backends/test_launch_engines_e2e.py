@@ -1,6 +1,6 @@
 """The ``vllm`` and ``sglang`` backends' launch modes end to end, as users run them: ``spectune sweep --backend vllm
 --model M --draft D`` (and ``sglang``) in a subprocess, with tests/helpers/fake_engines.py standing in for the engine
-programs (``vllm`` on PATH; the ``sglang.launch_server`` module on PYTHONPATH). Checked: the argv each engine
+programs (the ``vllm.entrypoints.openai.api_server`` and ``sglang.launch_server`` modules on PYTHONPATH). Checked: the argv each engine
 receives, the acceptance length over each measurement window against the streamed chunks (each verify step
 streams accepted + 1 tokens as one chunk) and against the acceptance probability, and that every launched server
 is stopped when the sweep ends."""
@@ -37,7 +37,7 @@ def engines(tmp_path: Path) -> dict:
     prompts.write_text("".join(json.dumps({"prompt": f"question {i}", "category": "chat"}) + "\n" for i in range(8)))
     env = dict(os.environ, PATH=f"{paths['bin']}{os.pathsep}{os.environ['PATH']}",
                PYTHONPATH=os.pathsep.join([str(paths["py"]), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               FAKE_ENGINE_ACCEPT=str(ACCEPT), FAKE_ENGINE_TPS="3000")
+               FAKE_ENGINE_ACCEPT=str(ACCEPT), FAKE_ENGINE_TPS="3000", SPECTUNE_VLLM_PYTHON=sys.executable)
     return {**paths, "draft": str(draft), "prompts": f"jsonl:{prompts}", "env": env, "tmp": tmp_path}
 
 
@@ -116,8 +116,8 @@ def test_vllm_launch_sweep_end_to_end(engines: dict) -> None:
     assert [x["engine"] for x in seen] == ["vllm", "vllm", "vllm"]
     plain, spec = seen[0]["argv"], seen[1]["argv"]
     assert without_port(seen[2]["argv"]) in (without_port(plain), without_port(spec))
-    assert plain == ["serve", MODEL, "--host", "127.0.0.1", "--port", flag(plain, "--port")]
-    assert spec[:6] == ["serve", MODEL, "--host", "127.0.0.1", "--port", flag(spec, "--port")]
+    assert plain == ["--model", MODEL, "--host", "127.0.0.1", "--port", flag(plain, "--port")]
+    assert spec[:6] == ["--model", MODEL, "--host", "127.0.0.1", "--port", flag(spec, "--port")]
     assert json.loads(flag(spec, "--speculative-config")) == {"method": "eagle3", "model": engines["draft"],
                                                              "num_speculative_tokens": K}
     assert flag(spec, "--per-request-spec-decode-metrics") == "summary"  # vLLM 0.29 "installed"
@@ -147,3 +147,55 @@ def test_sglang_launch_sweep_end_to_end(engines: dict) -> None:
                         "--speculative-num-draft-tokens", str(K + 1)]
     check_window_acceptance(out, "sglang")
     check_stopped(engines)
+
+
+def sweep_run(engines: dict, draft: str, steps: str, env: dict | None = None, *extra: str) -> tuple[Path, subprocess.CompletedProcess]:
+    out = engines["tmp"] / f"sweep-{Path(draft).name}"
+    cmd = [sys.executable, "-m", "spectune.cli", "sweep", "--backend", "vllm", "--model", MODEL, "--draft", draft,
+           "--steps", steps, "--concurrency", "1", "--dataset", engines["prompts"], "--num-prompts", "8",
+           "--max-tokens", "40", "--warmup", "1", "--startup-timeout", "30", "--no-drift-check",
+           "--output-dir", str(out), *extra]
+    run = subprocess.run(cmd, cwd=ROOT, env={**engines["env"], **(env or {})}, capture_output=True, text=True,
+                         timeout=240)
+    return out, run
+
+
+def summary_rows(out: Path) -> dict[int, dict]:
+    return {int(r["steps"]): r for r in csv.DictReader((out / "summary.csv").open())}
+
+
+def test_vllm_head_rejected_at_start_fails_its_points_and_keeps_the_rest(engines: dict) -> None:
+    """vLLM exits during start-up for a head it cannot load: that K's points are failed with the log's last lines,
+    the K=0 point before it is kept."""
+    head = engines["tmp"] / "rejected-head"
+    head.mkdir()
+    (head / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    out, run = sweep_run(engines, str(head), "0,2")
+    rows = summary_rows(out)
+    assert rows[0]["status"] == "ok"
+    assert rows[2]["status"] == "failed"
+    assert "unsupported draft head architecture" in rows[2]["error"] + run.stdout + run.stderr
+
+
+def test_vllm_server_dying_mid_point_fails_that_point_only(engines: dict) -> None:
+    out, run = sweep_run(engines, engines["draft"], "2", {"FAKE_ENGINE_EXIT_AFTER": "3"})
+    rows = summary_rows(out)
+    assert rows[2]["status"] == "failed"
+    assert "died" in run.stdout + run.stderr
+
+
+def test_vllm_start_past_the_startup_timeout_is_a_failed_point(engines: dict) -> None:
+    out, run = sweep_run(engines, engines["draft"], "2", {"FAKE_ENGINE_STARTUP_DELAY": "30"}, "--startup-timeout",
+                         "2")
+    rows = summary_rows(out)
+    assert rows[2]["status"] == "failed"
+    assert "not healthy within 2 s" in rows[2]["error"]
+
+
+def test_a_gguf_head_is_refused_before_anything_runs(engines: dict) -> None:
+    head = engines["tmp"] / "head.gguf"
+    head.write_bytes(b"GGUF")
+    out, run = sweep_run(engines, str(head), "0,2")
+    assert run.returncode == 2
+    assert "vLLM loads EAGLE heads as HF folders" in run.stderr + run.stdout
+    assert not (out / "summary.csv").exists()

@@ -14,7 +14,8 @@ ENV = {"HF_TOKEN": "hf_" + "a" * 34, "MY_SERVICE_API_KEY": "k-123456789", "TOKEN
     ("--api-key", True), ("--hf-token", True), ("--admin-api-key", True), ("--password", True), ("api_key", True),
     ("HF_TOKEN", True), ("OPENAI_API_KEY", True), ("--speculative-num-draft-tokens", False),
     ("--max-num-batched-tokens", False), ("--api-key-env", False), ("TOKENIZERS_PARALLELISM", False),
-    ("eos_token_id", False), ("--tokenizer", False), ("num_speculative_tokens", False),
+    ("eos_token_id", False), ("--tokenizer", False), ("num_speculative_tokens", False), ("DB_PWD", True),
+    ("PWD", False), ("OLDPWD", False),
 ])
 def test_secret_names(name: str, secret: bool) -> None:
     assert is_secret_name(name) is secret
@@ -54,6 +55,12 @@ def test_text_is_redacted_by_value(text: str, hidden: list[str], kept: list[str]
     for k in kept:
         assert k in out
     assert (MASK in out) is bool(hidden)
+
+
+def test_the_working_directory_is_not_masked() -> None:
+    """The shell's PWD is a folder, not a password: paths under it stay readable in logs and launch records."""
+    red = Redactor(environ={"PWD": "/work/main", "OLDPWD": "/home/user"})
+    assert red("--draft /work/main/backends/local/heads/h") == "--draft /work/main/backends/local/heads/h"
 
 
 def test_short_or_non_secret_environment_values_are_left_alone() -> None:

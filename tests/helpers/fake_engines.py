@@ -2,20 +2,24 @@
 
 :func:`install` writes, under a folder:
 
-- ``bin/vllm``: an executable that takes what ``vllm serve`` takes (``vllm_argv``: ``serve MODEL --host H --port P
-  [--max-num-seqs N] [--speculative-config JSON] [--per-request-spec-decode-metrics summary] ...``);
+- ``py/vllm/entrypoints/openai/api_server.py``: the module ``python -m vllm.entrypoints.openai.api_server`` runs
+  (``vllm_argv``: ``--model MODEL --host H --port P [--max-num-seqs N] [--speculative-config JSON]
+  [--per-request-spec-decode-metrics summary] ...``); point ``SPECTUNE_VLLM_PYTHON`` at this Python (with ``py`` on
+  PYTHONPATH) so the backend launches it;
 - ``py/sglang/launch_server.py``: the module ``python -m sglang.launch_server`` runs (``sglang_argv``:
   ``--model-path M --host H --port P [--speculative-algorithm A --speculative-draft-model-path D
   --speculative-num-steps K ...]``), found by the sglang backend's ``find_spec("sglang")``;
-- ``py/vllm-0.29.0.dist-info``: package metadata that makes ``installed_vllm_version()`` 0.29, so the backend asks
-  for per-request spec-decode metrics as it does with a real vLLM >= 0.29.
+- ``py/vllm-0.29.0.dist-info``: package metadata that makes the found vLLM 0.29 (``spectune.backends.vllm.install``
+  reads it), so the backend asks for per-request spec-decode metrics as it does with a real vLLM >= 0.29.
 
-Put ``bin`` first on PATH and ``py`` on PYTHONPATH of the spectune process. Each launch appends one JSON line to
+Put ``py`` on PYTHONPATH of the spectune process. Each launch appends one JSON line to
 ``argv.jsonl`` (its pid and its argv, exactly as received), then serves as the fake server with the num_steps
 read from the engine's own flags: vLLM's ``num_speculative_tokens`` from ``--speculative-config`` (no flag: 0,
 ``/metrics`` with ``vllm:`` counters), SGLang's ``--speculative-num-steps`` (no flag: 0; no ``/metrics``, spec
 details in the responses when asked). Acceptance probability ``FAKE_ENGINE_ACCEPT`` (default 0.7), decode speed
-``FAKE_ENGINE_TPS`` tokens/s (default 2000).
+``FAKE_ENGINE_TPS`` tokens/s (default 2000). The vLLM stand-in also fails at start when the head's path contains
+``rejected-head`` (as vLLM does for a head it cannot load), exits after ``FAKE_ENGINE_EXIT_AFTER`` completions, and
+waits ``FAKE_ENGINE_STARTUP_DELAY`` s before listening.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import stat
 import sys
 from pathlib import Path
 
@@ -37,9 +40,12 @@ def install(folder: Path) -> dict[str, Path]:
     bin_dir.mkdir(parents=True, exist_ok=True)
     log = folder / "argv.jsonl"
     boot = f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport fake_engines\n"
-    vllm = bin_dir / "vllm"
-    vllm.write_text(f"#!{sys.executable}\n{boot}fake_engines.vllm_main({str(log)!r})\n")
-    vllm.chmod(vllm.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    openai = py_dir / "vllm" / "entrypoints" / "openai"
+    openai.mkdir(parents=True, exist_ok=True)
+    for pkg in (py_dir / "vllm", py_dir / "vllm" / "entrypoints", openai):
+        (pkg / "__init__.py").write_text("")
+    (openai / "api_server.py").write_text(
+        f"{boot}if __name__ == '__main__':\n    fake_engines.vllm_main({str(log)!r})\n")
     (py_dir / "sglang" / "__init__.py").write_text("")
     (py_dir / "sglang" / "launch_server.py").write_text(
         f"{boot}if __name__ == '__main__':\n    fake_engines.sglang_main({str(log)!r})\n")
@@ -63,11 +69,10 @@ def _serve(host: str, port: int, steps: int, metrics: str, model: str, extra: li
 
 
 def vllm_main(log: str) -> None:
-    """``vllm serve MODEL ...``."""
+    """``python -m vllm.entrypoints.openai.api_server --model MODEL ...``."""
     _record(log, "vllm")
     p = argparse.ArgumentParser(prog="vllm")
-    p.add_argument("command", choices=["serve"])
-    p.add_argument("model")
+    p.add_argument("--model", required=True)
     p.add_argument("--host", required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--max-num-seqs", type=int)
@@ -76,6 +81,12 @@ def vllm_main(log: str) -> None:
     args, _ = p.parse_known_args()
     spec = json.loads(args.speculative_config) if args.speculative_config else {}
     extra = ["--per-request-metrics"] if args.per_request_spec_decode_metrics else []
+    if "rejected-head" in str(spec.get("model", "")):  # what vLLM prints for a head it cannot load, then exits 1
+        extra += ["--fail-start", "--fail-message", "ValueError: fake vLLM: unsupported draft head architecture"]
+    if os.environ.get("FAKE_ENGINE_EXIT_AFTER"):
+        extra += ["--exit-after-requests", os.environ["FAKE_ENGINE_EXIT_AFTER"]]
+    if os.environ.get("FAKE_ENGINE_STARTUP_DELAY"):
+        extra += ["--startup-delay", os.environ["FAKE_ENGINE_STARTUP_DELAY"]]
     _serve(args.host, args.port, int(spec.get("num_speculative_tokens", 0)), "vllm", args.model, extra)
 
 

