@@ -1,18 +1,20 @@
-"""The default pair on the bundled engine and on llama.cpp's llama-server, side by side in one run.
+"""The default pair on the bundled engine, llama.cpp's llama-server and vLLM, side by side in one run.
 
-Both engines serve the same model pair (SmolLM2-135M-Instruct + the bundled EAGLE-3 head; llama.cpp gets the head
-as a GGUF exported once; both run the target's Q4_1 weights natively, the bundled engine on the path its
-``--dtype auto`` / ``--compile auto`` choose, printed as ``bundled path``) and are driven by the same load
-generator on the same MT-Bench first turns, greedy, with the same windows: for each num_steps K both servers are
-up, and every (concurrency, repeat) cell measures the two engines back to back, alternating which goes first, so a
-drift of the machine's speed hits both alike. Per cell: output tokens/s
-(output tokens / window), TPOT p50 (ms), acceptance length (1 + accepted drafts / verify steps over the window, from
-each engine's own counters) and the llama.cpp / bundled ratios. At K = 0 a third server, llama.cpp on an F16 GGUF
-of the same (dequantized) weights, shows llama.cpp's own speed at 16 bits.
+The engines serve the same model pair (SmolLM2-135M-Instruct + the bundled EAGLE-3 head; llama.cpp gets the head
+as a GGUF exported once and runs the target's Q4_1 weights natively; vLLM gets the target dequantized to a bf16 HF
+folder and the head folder as it is; the bundled engine runs on the path its ``--dtype auto`` / ``--compile auto``
+choose, printed as ``bundled path``) and are driven by the same load generator on the same MT-Bench first turns,
+greedy, with the same windows: for each num_steps K every engine's server is up, and every (concurrency, repeat)
+cell measures the engines back to back, rotating which goes first, so a drift of the machine's speed hits all
+alike. Per cell and engine: output tokens/s (output tokens / window), TPOT p50 (ms), acceptance length (1 +
+accepted drafts / verify steps over the window, from each engine's own counters or per-request metrics) and the
+ratios to the bundled engine. At K = 0 llama.cpp on an F16 GGUF of the same (dequantized) weights also runs, to show
+llama.cpp's own speed at 16 bits (``--engines`` without ``llamacpp`` leaves it out).
 
-Usage: ``python benchmarks/engines_side_by_side.py [--steps 0,1,2,3] [--concurrency 1,8] [--num-prompts 12]
-[--max-tokens 96] [--repeats 1]``. Needs ``spectune llamacpp install`` (llama-server and the llama.cpp tree, whose
-converter writes the F16 GGUF). Prints the CPU model and its AVX-512/AMX flags first.
+Usage: ``python benchmarks/engines_side_by_side.py [--engines bundled,llamacpp,vllm] [--steps 0,1,2,3]
+[--concurrency 1,8] [--num-prompts 12] [--max-tokens 96] [--repeats 1]``. llama.cpp needs ``spectune llamacpp
+install`` (llama-server and the llama.cpp tree, whose converter writes the F16 GGUF), vLLM ``spectune vllm install``
+(its server starts take minutes: each K launches one). Prints the CPU model and its AVX-512/AMX flags first.
 """
 
 from __future__ import annotations
@@ -96,6 +98,10 @@ async def measure(backend: Any, steps: int, conc: int, prompts: list, n: int, ma
             "failed": m["num_failed"], "outputs": {r.prompt_id: r.output_text for r in result.records if r.ok}}
 
 
+ENGINES = {"bundled": ("local", {}), "llama.cpp Q4_1": ("llamacpp", {}), "vllm bf16": ("vllm", {})}
+"""Engine label -> (backend name, extra BackendOptions); ``--engines`` picks by backend name."""
+
+
 async def run(args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -106,68 +112,76 @@ async def run(args: argparse.Namespace) -> None:
 
     steps = [int(x) for x in args.steps.split(",")]
     concs = [int(x) for x in args.concurrency.split(",")]
-    console = Console(width=150)
+    wanted = {"bundled": "local", "local": "local", "llamacpp": "llamacpp", "llama.cpp": "llamacpp", "vllm": "vllm"}
+    picked = {wanted[e.strip()] for e in args.engines.split(",")}
+    console = Console(width=170)
     console.print(f"CPU: {cpu_line()}; {platform.platform()}")
     prompts = load_dataset("mt-bench", args.num_prompts, 0)
-    opts = dict(max_concurrency=max(concs), max_tokens=args.max_tokens)
-    local = make_backend("local", BackendOptions(**opts))
-    llama = make_backend("llamacpp", BackendOptions(**opts))
-    llama_f16 = make_backend("llamacpp", BackendOptions(model=str(f16_gguf()), draft="none", **opts))
-    await local.preflight(steps)
-    await llama.preflight(steps)
-    await llama_f16.preflight([0])
+    opts = dict(max_concurrency=max(concs), max_tokens=args.max_tokens, startup_timeout_s=1200)
+    engines = [(label, make_backend(name, BackendOptions(**opts, **extra)))
+               for label, (name, extra) in ENGINES.items() if name in picked]
+    f16 = [("llama.cpp F16", make_backend("llamacpp", BackendOptions(model=str(f16_gguf()), draft="none", **opts)))
+           ] if "llamacpp" in picked else []
+    for _, backend in engines:
+        await backend.preflight(steps)
+    for _, backend in f16:
+        await backend.preflight([0])
+    names = [label for label, _ in engines]
     cells: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
     t0 = time.monotonic()
     try:
         for k in steps:
-            engines = [("bundled", local), ("llama.cpp Q4_1", llama)]
-            engines += [("llama.cpp F16", llama_f16)] if k == 0 else []
+            here = engines + (f16 if k == 0 else [])
             for c in concs:
                 n = max(args.num_prompts, 2 * c)
                 for rep in range(args.repeats):
-                    order = engines if (rep + k + c) % 2 == 0 else engines[::-1]
-                    for name, backend in order:
+                    shift = (rep + k + c) % len(here)
+                    for name, backend in here[shift:] + here[:shift]:
                         cells.setdefault((name, k, c), []).append(
                             await measure(backend, k, c, prompts, n, args.max_tokens))
                     console.print(f"K={k} c={c} repeat {rep + 1}: " + ", ".join(
-                        f"{name} {cells[(name, k, c)][-1]['tok_s']:.1f} tok/s" for name, _ in engines),
-                        markup=False)
-            await llama.stop()
-            if k == 0:
-                await llama_f16.close()
+                        f"{name} {cells[(name, k, c)][-1]['tok_s']:.1f} tok/s" for name, _ in here), markup=False)
+            for name, backend in here:
+                if name != "bundled":  # the bundled engine switches num_steps in place; the others relaunch
+                    await backend.stop()
     finally:
-        await local.close()
-        await llama.close()
-        await llama_f16.close()
+        for _, backend in engines + f16:
+            await backend.close()
 
     def med(name: str, k: int, c: int, key: str) -> float:
         vals = [r[key] for r in cells.get((name, k, c), []) if r[key] is not None]
         return statistics.median(vals) if vals else float("nan")
 
-    path = local.engine_path or {}
+    local = dict(engines).get("bundled")
+    path = (local.engine_path or {}) if local is not None else {}
     how = f"{path.get('path', '?')}, compile {'on' if (path.get('compile') or {}).get('active') else 'off'}"
-    console.print(f"bundled path: {path}", markup=False)
-    table = Table(title=f"bundled engine ({how}) vs llama.cpp, MT-Bench, greedy, {args.max_tokens} tokens, "
-                        f"medians of {args.repeats} repeat(s), {time.monotonic() - t0:.0f} s")
-    for col in ("K", "conc", "bundled tok/s", "llama tok/s", "llama/bundled", "bundled TPOT ms", "llama TPOT ms",
-                "bundled AL", "llama AL", "AL diff", "same text"):
+    if local is not None:
+        console.print(f"bundled path: {path}", markup=False)
+    ref = names[0]
+    table = Table(title=f"{', '.join(names)} (bundled: {how}), MT-Bench, greedy, {args.max_tokens} tokens, medians of "
+                        f"{args.repeats} repeat(s), {time.monotonic() - t0:.0f} s; ratios and AL diff vs {ref}")
+    for col in ["K", "conc"] + [f"{n} tok/s" for n in names] + [f"{n}/{ref}" for n in names[1:]] \
+            + [f"{n} TPOT ms" for n in names] + [f"{n} AL" for n in names] + [f"{n} AL diff" for n in names[1:]] \
+            + [f"{n} same text" for n in names[1:]]:
         table.add_column(col, justify="right")
     for k in steps:
         for c in concs:
-            a, b = med("bundled", k, c, "tok_s"), med("llama.cpp Q4_1", k, c, "tok_s")
-            al_a, al_b = med("bundled", k, c, "al"), med("llama.cpp Q4_1", k, c, "al")
-            outs_a = cells[("bundled", k, c)][0]["outputs"]
-            outs_b = cells[("llama.cpp Q4_1", k, c)][0]["outputs"]
-            same = sum(outs_a[p] == outs_b.get(p) for p in outs_a)
-            table.add_row(str(k), str(c), f"{a:.1f}", f"{b:.1f}", f"{b / a:.2f}x",
-                          f"{med('bundled', k, c, 'tpot'):.1f}", f"{med('llama.cpp Q4_1', k, c, 'tpot'):.1f}",
-                          f"{al_a:.3f}", f"{al_b:.3f}", f"{(al_b - al_a) / al_a:+.1%}", f"{same}/{len(outs_a)}")
+            tok = {n: med(n, k, c, "tok_s") for n in names}
+            al = {n: med(n, k, c, "al") for n in names}
+            outs = {n: cells[(n, k, c)][0]["outputs"] for n in names}
+            table.add_row(str(k), str(c), *(f"{tok[n]:.1f}" for n in names),
+                          *(f"{tok[n] / tok[ref]:.2f}x" for n in names[1:]),
+                          *(f"{med(n, k, c, 'tpot'):.1f}" for n in names), *(f"{al[n]:.3f}" for n in names),
+                          *(f"{(al[n] - al[ref]) / al[ref]:+.1%}" for n in names[1:]),
+                          *(f"{sum(outs[ref][p] == outs[n].get(p) for p in outs[ref])}/{len(outs[ref])}"
+                            for n in names[1:]))
     console.print(table)
-    for c in concs:
-        a, q, f = (med(n, 0, c, "tok_s") for n in ("bundled", "llama.cpp Q4_1", "llama.cpp F16"))
-        console.print(f"K=0 c={c}: bundled ({how}) {a:.1f} tok/s, llama.cpp Q4_1 {q:.1f} ({q / a:.2f}x), "
-                      f"llama.cpp F16 {f:.1f} ({f / a:.2f}x)", markup=False)
-    for name in ("bundled", "llama.cpp Q4_1"):
+    if f16:
+        for c in concs:
+            a, q, f = (med(n, 0, c, "tok_s") for n in (ref, "llama.cpp Q4_1", "llama.cpp F16"))
+            console.print(f"K=0 c={c}: {ref} {a:.1f} tok/s, llama.cpp Q4_1 {q:.1f} ({q / a:.2f}x), "
+                          f"llama.cpp F16 {f:.1f} ({f / a:.2f}x)", markup=False)
+    for name in names:
         for c in concs:
             base = med(name, 0, c, "tok_s")
             console.print(f"{name} c={c} speculative speedup vs K=0: " + ", ".join(
@@ -176,6 +190,7 @@ async def run(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", default="bundled,llamacpp,vllm", help="bundled, llamacpp, vllm (comma-separated)")
     parser.add_argument("--steps", default="0,1,2,3")
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--num-prompts", type=int, default=12)

@@ -156,3 +156,39 @@ def test_recommendation_md_states_the_finding(tmp_path):
     paths = write_recommendation(rec, tmp_path / "out", "x")
     assert "acceptance length fell from 1.600 at concurrency 1 to 1.200 at concurrency 8" in \
         paths["recommendation.md"].read_text()
+
+
+def test_vllm_config_is_a_complete_speculative_config(tmp_path):
+    """method and model from the sweep make vllm-speculative-config.json a --speculative-config vLLM starts with as
+    written (vllm/config/speculative.py); the schedule's ranges are the slots."""
+    from spectune.tune.configs import vllm_config
+
+    cfg = vllm_config(rec_from(tmp_path, TABLE), "eagle3", "/heads/h")
+    assert cfg == {"method": "eagle3", "model": "/heads/h", "num_speculative_tokens": 2,
+                   "num_speculative_tokens_per_batch_size": [[1, 2, 2], [3, 15, 1], [16, 32, 0]]}
+
+
+def test_vllm_config_leaves_out_what_the_sweep_did_not_record(tmp_path):
+    from spectune.tune.configs import vllm_config
+
+    assert set(vllm_config(rec_from(tmp_path, TABLE))) == {"num_speculative_tokens",
+                                                           "num_speculative_tokens_per_batch_size"}
+
+
+def test_default_pair_sweeps_name_the_bundled_head():
+    from spectune.backends import draft_head
+    from spectune.backends.local.build import DEFAULT_HEAD
+
+    assert draft_head({"backend": "local", "model": None, "draft": None}) == str(DEFAULT_HEAD)
+    assert draft_head({"backend": "llamacpp", "model": "smollm2", "draft": None}) == str(DEFAULT_HEAD)
+    assert draft_head({"backend": "local", "model": "/models/llama", "draft": None}) is None
+    assert draft_head({"backend": "openai", "model": None, "draft": None}) is None
+    assert draft_head({"backend": "vllm", "model": "/t", "draft": "/heads/h"}) == "/heads/h"
+
+
+def test_recommendation_md_gives_the_vllm_launch_line(tmp_path):
+    paths = write_recommendation(rec_from(tmp_path, TABLE), tmp_path / "out", "sweep", ("eagle3", "test"), "/heads/h",
+                                 "/models/target")
+    md = paths["recommendation.md"].read_text()
+    assert 'vllm serve /models/target --speculative-config "$(cat vllm-speculative-config.json)"' in md
+    assert "`vllm-speculative-config.json`: vLLM's `--speculative-config` value, as written" in md
