@@ -8,16 +8,25 @@ from pathlib import Path
 from typing import Any
 
 from spectune.backends.adaptive.config import parse_sglang_adaptive_config, parse_vllm_speculative_config
-from spectune.tune.configs import best_static_json, llamacpp_settings, sglang_configs, trtllm_config, vllm_config
+from spectune.tune.configs import (
+    best_static_json,
+    llamacpp_settings,
+    sglang_configs,
+    trtllm_config,
+    trtllm_description,
+    vllm_config,
+)
 from spectune.tune.markdown import recommendation_markdown
 from spectune.tune.recommend import Recommendation
 
 
 def write_recommendation(rec: Recommendation, out: Path, source: str,
-                         algorithm: tuple[str | None, str] = (None, "unknown")) -> dict[str, Path]:
+                         algorithm: tuple[str | None, str] = (None, "unknown"),
+                         trtllm_version: str | None = None) -> dict[str, Path]:
     """Write every output of ``spectune recommend`` into ``out`` (created if needed); each emitted config is
     parsed back with :mod:`spectune.backends.adaptive.config` first. ``algorithm``: the sweep's draft-head method
     (``eagle``/``eagle3``, :func:`spectune.backends.draft_algorithm`) and how it was found, for the launch flags.
+    ``trtllm_version``: the TensorRT-LLM release whose ``draft_len_schedule`` form to write (None: the newest).
     Returns {file name: path}.
 
     Raises:
@@ -40,12 +49,10 @@ def write_recommendation(rec: Recommendation, out: Path, source: str,
                                                  "schedule at `--data-parallel-size` > 1")
     else:
         rec.warnings.append("no batch-size slot speculates: no vLLM schedule written (vLLM needs K >= 1)")
-    trtllm = trtllm_config(rec)
+    trtllm = trtllm_config(rec, trtllm_version)
     if trtllm is not None:
         payload["trtllm-speculative-config.json"] = trtllm
-        files["trtllm-speculative-config.json"] = ("merge into TensorRT-LLM's `speculative_config` (add "
-                                                   "`decoding_type` and `speculative_model`); schedule keys are "
-                                                   "batch-size thresholds")
+        files["trtllm-speculative-config.json"] = trtllm_description(trtllm, trtllm_version)
     llamacpp = llamacpp_settings(rec)
     if llamacpp is not None:
         payload["llamacpp-settings.json"] = llamacpp
