@@ -40,6 +40,7 @@ def write_recommendation(rec: Recommendation, out: Path, source: str,
         parse_sglang_adaptive_config(cfg, source=f"sglang-adaptive-{preset}", strict=True)
         payload[f"sglang-adaptive-{preset}.json"] = cfg
         files[f"sglang-adaptive-{preset}.json"] = f"SGLang `--speculative-adaptive-config` ({preset} ladders)"
+    strategy, strategy_why = sglang_strategy(rec, configs, payload, files)
     vllm = vllm_config(rec)
     if vllm is not None:
         parse_vllm_speculative_config(vllm)
@@ -60,13 +61,40 @@ def write_recommendation(rec: Recommendation, out: Path, source: str,
                                            "range (llama.cpp has no per-batch-size schedule)")
     payload["best-static.json"] = best_static_json(rec, algorithm[0])
     files["best-static.json"] = "the best single static num_steps and its launch flags"
-    payload["recommendation.json"] = {**rec.to_json(), "ladder_notes": notes}
+    payload["recommendation.json"] = {**rec.to_json(), "ladder_notes": notes,
+                                      "sglang_strategy": {"strategy": strategy, "reason": strategy_why}}
     files["recommendation.json"] = "every cell, choice, slot and score (machine-readable)"
     paths = {}
     for name, obj in payload.items():
         paths[name] = out / name
         paths[name].write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
     paths["recommendation.md"] = out / "recommendation.md"
-    paths["recommendation.md"].write_text(recommendation_markdown(rec, files, configs, notes, source, algorithm),
-                                          encoding="utf-8")
+    md = recommendation_markdown(rec, files, configs, notes, source, algorithm)
+    md += f"\nSGLang strategy for `sglang-adaptive-custom.json`: **{strategy}**: {strategy_why}.\n"
+    paths["recommendation.md"].write_text(md, encoding="utf-8")
     return paths
+
+
+def sglang_strategy(rec: Recommendation, configs: dict[str, dict], payload: dict[str, Any],
+                    files: dict[str, str]) -> tuple[str, str]:
+    """Choose the custom config's SGLang strategy (:func:`spectune.tune.strategy.choose_strategy`); for
+    ``throughput_aware`` rewrite ``sglang-adaptive-custom.json`` in ``payload`` with ``"strategy":
+    "throughput_aware"`` (SGLang's default, EMA, is written without the key) and add ``sglang-cost-table.json``
+    (the sweep's round times, for ``spectune simulate --cost-table``). Returns (strategy, reason)."""
+    from spectune.backends.adaptive.config import parse_any_config
+    from spectune.tune.configs import sglang_initial_steps
+    from spectune.tune.strategy import choose_strategy, cost_table_from_cells, throughput_aware_config
+
+    custom = configs.get("custom")
+    if not custom or not rec.slots:
+        return "ema", "no custom config"
+    strategy, why = choose_strategy(rec, custom, sglang_initial_steps(custom, rec.slots[0].steps))
+    if strategy == "throughput_aware":
+        cfg = throughput_aware_config(custom)
+        parse_any_config(cfg, source="sglang-adaptive-custom", strict=True)
+        payload["sglang-adaptive-custom.json"] = cfg
+        files["sglang-adaptive-custom.json"] += ", `\"strategy\": \"throughput_aware\"` (see below)"
+        payload["sglang-cost-table.json"] = cost_table_from_cells(rec).to_json()
+        files["sglang-cost-table.json"] = ("decode-round ms per (batch size, num_steps) from the sweep, for "
+                                           "`spectune simulate --cost-table`")
+    return strategy, why
