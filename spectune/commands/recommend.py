@@ -46,6 +46,9 @@ def recommend(
                                               "(over requests and repeats): a num_steps whose paired ratio to the "
                                               "best reaches within the noise band of 1 ties, and ties go to the "
                                               "smaller num_steps.")] = 0.95,
+    trtllm_version: Annotated[Optional[str], typer.Option(
+        "--trtllm-version", help="TensorRT-LLM release to write draft_len_schedule for: keys are the largest "
+        "batch size of each range from 1.3.0rc8 on, the smallest before (default: the newest).")] = None,
 ) -> None:
     """Recommend num_steps per batch size from a sweep: SGLang --speculative-adaptive-config files (custom,
     conservative, aggressive), a vLLM num_speculative_tokens_per_batch_size schedule, the best static num_steps
@@ -59,6 +62,13 @@ def recommend(
     from spectune.tune.markdown import cell_grid
     from spectune.results.reader import load_results
 
+    from spectune.backends.adaptive.trtllm import schedule_form
+    from spectune.loadgen.errors import UserError
+
+    try:
+        schedule_form(trtllm_version)
+    except ValueError as err:
+        raise UserError(f"--trtllm-version: {err}") from None
     results = load_results(results_dir)
     opts = RecommendOptions(objective=objective.value, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
                             min_slo_attainment=min_slo_attainment, noise_band=noise_band / 100,
@@ -71,7 +81,7 @@ def recommend(
     description = (results.sweep or {}).get("backend")
     target = description.get("model") if isinstance(description, dict) else None
     paths = write_recommendation(rec, out, str(results.source), draft_algorithm(description), draft_head(description),
-                                 str(target) if target else None)
+                                 str(target) if target else None, trtllm_version=trtllm_version)
     console = Console()
     header, rows = cell_grid(rec)
     table = Table(title=f"{opts.objective} per concurrency x num_steps [{opts.confidence:.0%} interval] (* chosen, "

@@ -30,6 +30,10 @@ def simulate(
     lenient: Annotated[bool, typer.Option("--lenient", help="Accept everything SGLang/vLLM accept (unknown keys, "
                                           "smallest slot above 1, unsorted vLLM ranges) with warnings.")] = False,
     max_rows: Annotated[int, typer.Option("--max-rows", min=1, help="Timeline rows to print.")] = 40,
+    cost_table: Annotated[Optional[Path], typer.Option(
+        "--cost-table", help="SGLang \"strategy\": \"throughput_aware\" configs: decode-round times in ms, "
+        "{\"batch size\": {\"num_steps\": ms}}, standing in for SGLang's start-up profile (without it the "
+        "strategy never switches).")] = None,
 ) -> None:
     """Replay a trace through SGLang's EMA num_steps policy (or a static vLLM schedule) and print the tier timeline.
 
@@ -54,9 +58,22 @@ def simulate(
     if isinstance(cfg, VllmSchedule) and (graph_bs or initial_steps is not None):
         console.print("[dim]note: --cuda-graph-bs and --initial-steps apply to SGLang configs only; vLLM looks up "
                       "the unpadded batch size in a static schedule.[/]")
-    result = run_simulation(cfg, steps, initial_steps=initial_steps, cuda_graph_bs=graph_bs)
+    table_ms = None
+    if cost_table is not None:
+        import json
 
-    kind = "SGLang EMA policy" if result.kind == "sglang" else "vLLM schedule"
+        from spectune.backends.adaptive.throughput_policy import CostTable
+        from spectune.loadgen.errors import UserError
+
+        try:
+            table_ms = CostTable.from_json(json.loads(cost_table.read_text()))
+        except (OSError, ValueError, AttributeError) as err:
+            raise UserError(f"--cost-table {cost_table}: {err}; write {{\"batch size\": {{\"num_steps\": ms}}}}") \
+                from None
+    result = run_simulation(cfg, steps, initial_steps=initial_steps, cuda_graph_bs=graph_bs, cost_table=table_ms)
+
+    kind = {"sglang": "SGLang EMA policy", "sglang-throughput": "SGLang throughput-aware strategy"}.get(
+        result.kind, "vLLM schedule")
     table = Table(title=f"num_steps timeline ({kind}, {result.num_verify_steps} verify steps)")
     for col, just in (("verify steps", "right"), ("count", "right"), ("slot", "right"), ("num_steps", "right"),
                       ("EMA at start", "right"), ("cause", "left")):

@@ -67,28 +67,53 @@ def vllm_config(rec: Recommendation, method: str | None = None, head: str | None
     return out
 
 
-def trtllm_config(rec: Recommendation) -> dict[str, Any] | None:
-    """TensorRT-LLM's ``speculative_config`` fields ``{"max_draft_len": K1, "draft_len_schedule": {"1": K1, ...}}``.
+def trtllm_config(rec: Recommendation, version: str | None = None) -> dict[str, Any] | None:
+    """TensorRT-LLM's ``speculative_config`` fields ``{"max_draft_len": K1, "draft_len_schedule": {...}}`` in the
+    form TensorRT-LLM ``version`` reads (None: the newest), :mod:`spectune.backends.adaptive.trtllm`.
 
-    ``draft_len_schedule`` maps batch-size thresholds to draft lengths: a batch of size b uses the entry with the
-    largest key <= b (``{1: 4, 4: 2, 8: 0}``: 4 drafts below batch 4, none from 8 on); TensorRT-LLM requires key 1
-    and ``schedule[smallest key] == max_draft_len`` (``tensorrt_llm/llmapi/llm_args.py``,
-    ``DecodingBaseConfig.draft_len_schedule`` and ``validate_draft_len_schedule_and_sort``). The keys are the slots'
-    lower bounds (the first forced to 1). A slot asking for more drafts than slot 1 is capped at slot 1's value
-    (with a warning). None when slot 1 does not speculate (TensorRT-LLM would not speculate at all).
+    The ranges are the slots, the last ending at ``max_batch_size`` (default: the largest measured concurrency), as
+    for vLLM. Upper-bound form (1.3.0rc8 on): keys are each slot's largest batch size, and batch sizes above the
+    last key run no drafts. Lower-bound form (older): keys are the slots' lower bounds, the first 1. TensorRT-LLM
+    requires the smallest key's draft length to equal ``max_draft_len``, so a slot asking for more drafts than the
+    batch-size-1 slot is capped at its value (with a warning). None when the batch-size-1 slot does not speculate
+    (TensorRT-LLM's EAGLE needs ``max_draft_len`` > 0).
+
+    Raises:
+        ValueError: ``version`` is not a version number.
     """
+    from spectune.backends.adaptive.trtllm import build_schedule, check_schedule, schedule_form
+
+    form = schedule_form(version)
     if not rec.slots or rec.slots[0].steps == 0:
         return None
-    top = rec.slots[0].steps
-    schedule: dict[str, int] = {}
-    for i, slot in enumerate(rec.slots):
+    first = rec.slots[0].steps
+    last = max(rec.options.max_batch_size or max(rec.concurrencies), rec.slots[-1].lower)
+    ranges = []
+    for slot in rec.slots:
         k = slot.steps
-        if k > top:
+        if k > first:
             rec.warnings.append(f"TensorRT-LLM: batch sizes from {slot.lower} asked for {k} drafts, more than "
-                                f"batch size 1's {top}: capped at {top} (its schedule cannot exceed max_draft_len)")
-            k = top
-        schedule["1" if i == 0 else str(slot.lower)] = k
-    return {"max_draft_len": top, "draft_len_schedule": schedule}
+                                f"batch size 1's {first}: capped at {first} (its schedule cannot exceed max_draft_len)")
+            k = first
+        ranges.append((slot.lower, slot.upper if slot.upper is not None else last, k))
+    schedule = build_schedule(ranges, form)
+    check_schedule(schedule, first, form)
+    return {"max_draft_len": first, "draft_len_schedule": schedule}
+
+
+def trtllm_description(config: Mapping[str, Any], version: str | None) -> str:
+    """recommendation.md's line for ``trtllm-speculative-config.json``: how to use it and how its keys read."""
+    from spectune.backends.adaptive.trtllm import UPPER_BOUND_SINCE, schedule_form
+
+    head = "merge into TensorRT-LLM's `speculative_config` (add `decoding_type` and `speculative_model`); "
+    named = f"TensorRT-LLM {version}" if version else "the newest TensorRT-LLM"
+    if schedule_form(version) == "upper":
+        top = max(int(k) for k in config["draft_len_schedule"])
+        return (head + f"written for {named}: each key is the LARGEST batch size of its range (the form of "
+                f"{UPPER_BOUND_SINCE} on); batch sizes above {top} run no drafts; for an older release rerun "
+                "with `--trtllm-version`")
+    return (head + f"written for {named}: each key is the SMALLEST batch size of its range (the form before "
+            f"{UPPER_BOUND_SINCE}); the last entry also covers larger batches")
 
 
 def llamacpp_settings(rec: Recommendation) -> dict[str, Any] | None:

@@ -8,19 +8,27 @@ from pathlib import Path
 from typing import Any
 
 from spectune.backends.adaptive.config import parse_sglang_adaptive_config, parse_vllm_speculative_config
-from spectune.tune.configs import best_static_json, llamacpp_settings, sglang_configs, trtllm_config, vllm_config
+from spectune.tune.configs import (
+    best_static_json,
+    llamacpp_settings,
+    sglang_configs,
+    trtllm_config,
+    trtllm_description,
+    vllm_config,
+)
 from spectune.tune.markdown import recommendation_markdown
 from spectune.tune.recommend import Recommendation
 
 
 def write_recommendation(rec: Recommendation, out: Path, source: str,
                          algorithm: tuple[str | None, str] = (None, "unknown"), head: str | None = None,
-                         target: str | None = None) -> dict[str, Path]:
+                         target: str | None = None, trtllm_version: str | None = None) -> dict[str, Path]:
     """Write every output of ``spectune recommend`` into ``out`` (created if needed); each emitted config is
     parsed back with :mod:`spectune.backends.adaptive.config` first. ``algorithm``: the sweep's draft-head method
     (``eagle``/``eagle3``, :func:`spectune.backends.draft_algorithm`) and how it was found, for the launch flags;
     ``head``: the draft head it loaded (:func:`spectune.backends.draft_head`) and ``target`` the target model, for
-    vLLM's complete ``--speculative-config`` and its launch line. Returns {file name: path}.
+    vLLM's complete ``--speculative-config`` and its launch line. ``trtllm_version``: the TensorRT-LLM release whose
+    ``draft_len_schedule`` form to write (None: the newest). Returns {file name: path}.
 
     Raises:
         ValueError: an emitted config fails validation (a spectune bug, never user input).
@@ -33,6 +41,7 @@ def write_recommendation(rec: Recommendation, out: Path, source: str,
         parse_sglang_adaptive_config(cfg, source=f"sglang-adaptive-{preset}", strict=True)
         payload[f"sglang-adaptive-{preset}.json"] = cfg
         files[f"sglang-adaptive-{preset}.json"] = f"SGLang `--speculative-adaptive-config` ({preset} ladders)"
+    strategy, strategy_why = sglang_strategy(rec, configs, payload, files)
     vllm = vllm_config(rec, algorithm[0], head)
     if vllm is not None:
         parse_vllm_speculative_config(vllm)
@@ -45,12 +54,10 @@ def write_recommendation(rec: Recommendation, out: Path, source: str,
                                    "`--data-parallel-size` > 1")
     else:
         rec.warnings.append("no batch-size slot speculates: no vLLM schedule written (vLLM needs K >= 1)")
-    trtllm = trtllm_config(rec)
+    trtllm = trtllm_config(rec, trtllm_version)
     if trtllm is not None:
         payload["trtllm-speculative-config.json"] = trtllm
-        files["trtllm-speculative-config.json"] = ("merge into TensorRT-LLM's `speculative_config` (add "
-                                                   "`decoding_type` and `speculative_model`); schedule keys are "
-                                                   "batch-size thresholds")
+        files["trtllm-speculative-config.json"] = trtllm_description(trtllm, trtllm_version)
     llamacpp = llamacpp_settings(rec)
     if llamacpp is not None:
         payload["llamacpp-settings.json"] = llamacpp
@@ -58,13 +65,40 @@ def write_recommendation(rec: Recommendation, out: Path, source: str,
                                            "range (llama.cpp has no per-batch-size schedule)")
     payload["best-static.json"] = best_static_json(rec, algorithm[0])
     files["best-static.json"] = "the best single static num_steps and its launch flags"
-    payload["recommendation.json"] = {**rec.to_json(), "ladder_notes": notes}
+    payload["recommendation.json"] = {**rec.to_json(), "ladder_notes": notes,
+                                      "sglang_strategy": {"strategy": strategy, "reason": strategy_why}}
     files["recommendation.json"] = "every cell, choice, slot and score (machine-readable)"
     paths = {}
     for name, obj in payload.items():
         paths[name] = out / name
         paths[name].write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
     paths["recommendation.md"] = out / "recommendation.md"
-    paths["recommendation.md"].write_text(recommendation_markdown(rec, files, configs, notes, source, algorithm,
-                                                                  target), encoding="utf-8")
+    md = recommendation_markdown(rec, files, configs, notes, source, algorithm, target)
+    md += f"\nSGLang strategy for `sglang-adaptive-custom.json`: **{strategy}**: {strategy_why}.\n"
+    paths["recommendation.md"].write_text(md, encoding="utf-8")
     return paths
+
+
+def sglang_strategy(rec: Recommendation, configs: dict[str, dict], payload: dict[str, Any],
+                    files: dict[str, str]) -> tuple[str, str]:
+    """Choose the custom config's SGLang strategy (:func:`spectune.tune.strategy.choose_strategy`); for
+    ``throughput_aware`` rewrite ``sglang-adaptive-custom.json`` in ``payload`` with ``"strategy":
+    "throughput_aware"`` (SGLang's default, EMA, is written without the key) and add ``sglang-cost-table.json``
+    (the sweep's round times, for ``spectune simulate --cost-table``). Returns (strategy, reason)."""
+    from spectune.backends.adaptive.config import parse_any_config
+    from spectune.tune.configs import sglang_initial_steps
+    from spectune.tune.strategy import choose_strategy, cost_table_from_cells, throughput_aware_config
+
+    custom = configs.get("custom")
+    if not custom or not rec.slots:
+        return "ema", "no custom config"
+    strategy, why = choose_strategy(rec, custom, sglang_initial_steps(custom, rec.slots[0].steps))
+    if strategy == "throughput_aware":
+        cfg = throughput_aware_config(custom)
+        parse_any_config(cfg, source="sglang-adaptive-custom", strict=True)
+        payload["sglang-adaptive-custom.json"] = cfg
+        files["sglang-adaptive-custom.json"] += ", `\"strategy\": \"throughput_aware\"` (see below)"
+        payload["sglang-cost-table.json"] = cost_table_from_cells(rec).to_json()
+        files["sglang-cost-table.json"] = ("decode-round ms per (batch size, num_steps) from the sweep, for "
+                                           "`spectune simulate --cost-table`")
+    return strategy, why

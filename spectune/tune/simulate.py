@@ -20,6 +20,7 @@ from typing import Sequence
 
 from spectune.backends.adaptive.config import AdaptiveConfig, VllmSchedule
 from spectune.backends.adaptive.policy import AdaptivePolicy, make_policy
+from spectune.backends.adaptive.throughput_policy import CostTable, ThroughputAwareConfig
 from spectune.backends.adaptive.trace import TraceStep
 from spectune.loadgen.errors import UserError
 
@@ -62,7 +63,7 @@ class SimulationResult:
     """What a replay produced.
 
     Attributes:
-        kind: "sglang" (EMA policy) or "vllm" (static schedule).
+        kind: "sglang" (EMA policy), "sglang-throughput" (throughput-aware strategy) or "vllm" (static schedule).
         num_verify_steps: trace length.
         segments: the tier timeline.
         switches: every tier change the policy decided.
@@ -98,8 +99,9 @@ class SimulationResult:
         return out
 
 
-def simulate(config: AdaptiveConfig | VllmSchedule, trace: Sequence[TraceStep], *, initial_steps: int | None = None,
-             cuda_graph_bs: Sequence[int] | None = None) -> SimulationResult:
+def simulate(config: AdaptiveConfig | VllmSchedule | ThroughputAwareConfig, trace: Sequence[TraceStep], *,
+             initial_steps: int | None = None, cuda_graph_bs: Sequence[int] | None = None,
+             cost_table: CostTable | None = None) -> SimulationResult:
     """Replay ``trace`` through the policy ``config`` describes (see the module docstring for the approximation).
 
     Args:
@@ -109,9 +111,16 @@ def simulate(config: AdaptiveConfig | VllmSchedule, trace: Sequence[TraceStep], 
             middle of the union of all slots' candidates (:attr:`AdaptiveConfig.server_initial_steps`); a slot
             starts there when it is one of its candidates, else at its own middle candidate.
         cuda_graph_bs: SGLang only: captured CUDA-graph batch sizes to pad to before routing.
+        cost_table: SGLang throughput-aware only: decode-round times (ms) per (batch size, num_steps), standing in
+            for SGLang's start-up profile (:mod:`spectune.backends.adaptive.throughput_policy`).
     """
-    policy = make_policy(config, initial_steps=initial_steps, cuda_graph_bs=cuda_graph_bs)
-    if isinstance(config, VllmSchedule):
+    policy = make_policy(config, initial_steps=initial_steps, cuda_graph_bs=cuda_graph_bs, cost_table=cost_table)
+    if isinstance(config, ThroughputAwareConfig):
+        kind = "sglang-throughput"
+
+        def slot_of(bs: int) -> tuple[str, float | None]:
+            return str(policy.slot_for_batch(bs)), None  # type: ignore[union-attr]
+    elif isinstance(config, VllmSchedule):
         kind = "vllm"
 
         def slot_of(bs: int) -> tuple[str, float | None]:
@@ -129,8 +138,11 @@ def simulate(config: AdaptiveConfig | VllmSchedule, trace: Sequence[TraceStep], 
     sim_sum = rec_sum = n_req = 0
     cur: dict | None = None
     for i, step in enumerate(trace):
+        before, prev = policy.switch_count, getattr(policy, "current_steps", None)
         k = policy.steps_for_batch(step.batch_size)
         slot, ema = slot_of(step.batch_size)
+        if policy.switch_count > before:  # the throughput-aware strategy decides before the round
+            res.switches.append(Switch(i, slot, prev, k, None))  # type: ignore[arg-type]
         if cur is None or (cur["slot"], cur["num_steps"]) != (slot, k):
             if cur is not None:
                 res.segments.append(Segment(**cur))

@@ -25,7 +25,7 @@ def config_candidates(path: str) -> tuple[str, tuple[int, ...]]:
         UserError: the file is missing or not a valid SGLang adaptive config / vLLM schedule / llama.cpp settings
             (:func:`spectune.backends.adaptive.load_config_file`).
     """
-    from spectune.backends.adaptive import AdaptiveConfig, load_config_file
+    from spectune.backends.adaptive import VllmSchedule, load_config_file
     from spectune.backends.llamacpp.settings import FORMAT, read_settings
 
     try:
@@ -36,7 +36,7 @@ def config_candidates(path: str) -> tuple[str, tuple[int, ...]]:
         return FORMAT, (static,)
 
     cfg = load_config_file(path)
-    if isinstance(cfg, AdaptiveConfig):
+    if not isinstance(cfg, VllmSchedule):  # an SGLang config, EMA or throughput-aware
         return "sglang-adaptive", cfg.candidate_steps
     return "vllm-schedule", tuple(sorted({r.k for r in cfg.ranges}))
 

@@ -122,12 +122,37 @@ class Validation:
         for i, d in enumerate(phases):
             self._annotate(d, backend, w.samples, i, groups[i], workload.phases[i].label)
         self._annotate(overall, backend, w.samples, None, result.records, "all", w.acceptance)
+        if name == "config":
+            self._check_schedule(backend, w.samples, phases, label)
         self._client_load(overall, w, label)
         self._finish({**base, "status": w.status, "error": w.error, "phases": phases, "overall": overall,
                       "switches_source": w.samples[0].switches_source, "model": model,
                       "base_url": endpoint.base_url, "stop_reason": result.stop_reason,
                       "t0": result.start_time,  # perf_counter s: requests.jsonl send_time - t0 gives the phase
                       "warmup": {"requests": len(w.warmup), "failed": sum(not r.ok for r in w.warmup)}})
+
+    def _check_schedule(self, backend: Backend, samples: list[Sample], phases: list[dict[str, Any]],
+                        label: str) -> None:
+        """Per phase, whether the server followed the config's per-batch-size schedule
+        (:func:`spectune.measure.schedule_check.check_schedule` at the phase's achieved concurrency): each phase's
+        ``schedule_check`` (None when not checkable), and a warning naming the backend's remedy when it did not.
+        Only a static per-batch-size schedule (vLLM's format) is checked: an adaptive policy's K varies by design."""
+        from spectune.backends.adaptive.config import VllmSchedule, load_config_file
+        from spectune.measure.schedule_check import check_schedule
+
+        try:
+            schedule = load_config_file(self.plan.config, strict=False) if self.plan.config else None
+        except UserError:
+            schedule = None
+        if not isinstance(schedule, VllmSchedule):
+            return
+        for i, d in enumerate(phases):
+            before = samples[i].snap if i < len(samples) else None
+            after = samples[i + 1].snap if i + 1 < len(samples) else None
+            check = check_schedule(schedule, before, after, d.get("achieved_concurrency"), d.get("output_tokens"))
+            d["schedule_check"] = check.to_json() if check is not None else None
+            if check is not None and not check.followed:
+                self.listener.warning(check.message(f"{label} phase {i + 1}", backend.schedule_setting()))
 
     def _client_load(self, overall: dict[str, Any], w: Window, label: str) -> None:
         """Add the load generator's own figures to the run's ``overall`` (``dispatch_delay_p90_ms``,

@@ -1,5 +1,7 @@
 """Contract with SGLang, checked by SGLang's own code: spectune's adaptive configs, launch line and EMA policy run
-through ``sglang.srt.speculative.adaptive_spec_params`` and ``sglang.srt.arg_groups.speculative_hook``.
+through ``sglang.srt.speculative.adaptive_spec_params`` and ``sglang.srt.arg_groups.speculative_hook``; its
+throughput-aware policy through ``sglang.srt.speculative.throughput_aware_controller`` when the SGLang given has one
+(SGLang main, PR 28045; the 0.5.23 release CI installs has none, so those two tests skip there).
 
 SGLang is found in ``$SPECTUNE_SGLANG_PATH`` (a ``pip install --no-deps --target`` folder, as ``.ci/run`` makes it)
 or in this environment; without either the tests are skipped. The probe (tests/sglang_contract_probe.py) runs in a
@@ -63,13 +65,41 @@ def probe(tmp_path_factory) -> dict:
     default = tmp / "spectune-default.json"
     default.write_text(json.dumps(SGLANG_DEFAULT_CONFIG))
     configs.append({"path": str(default)})
+    throughput = tmp / "throughput-aware.json"
+    throughput.write_text(json.dumps(THROUGHPUT_CONFIG))
     job = tmp / "job.json"
-    job.write_text(json.dumps({"configs": configs, "batches": 4000, "seed": 0}))
+    job.write_text(json.dumps({"configs": configs, "batches": 4000, "seed": 0,
+                               "throughput": {"configs": [str(throughput)], "cost_table": COST_TABLE,
+                                              "cuda_graph_bs": [1, 2, 4, 8, 16, 32]}}))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (SGLANG_PATH, str(ROOT)) if p)}
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "sglang_contract_probe.py"), str(job)], env=env,
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# A throughput-aware config as recommend writes one (spectune/tune/strategy.py) and round times (ms) that make the
+# best num_steps move with acceptance: drafting costs more per step at larger batch sizes.
+THROUGHPUT_CONFIG = {"strategy": "throughput_aware", "1": {"candidate_steps": [1, 2, 3]},
+                     "8": {"candidate_steps": [1, 2]}}
+COST_TABLE = {str(b): {str(s): 10.0 + b * 0.05 + s * (0.5 + b * 0.2) for s in (1, 2, 3)} for b in (1, 2, 4, 8, 16, 32)}
+
+
+def throughput(probe: dict) -> dict:
+    if not probe.get("throughput", {}).get("available"):
+        pytest.skip(f"SGLang {probe.get('sglang_version')} has no throughput-aware strategy (PR 28045; 0.5.23 has "
+                    "none): point SPECTUNE_SGLANG_PATH at an SGLang with sglang/srt/speculative/"
+                    "throughput_aware_controller.py")
+    return probe["throughput"]
+
+
+def test_sglang_reads_the_throughput_aware_candidate_union(probe):
+    assert list(throughput(probe)["union"].values()) == [[1, 2, 3]]
+
+
+def test_spectunes_throughput_aware_policy_matches_sglangs_controller(probe):
+    for path, replay in throughput(probe)["replay"].items():
+        assert replay["same"], (path, replay)
 
 
 def by_name(probe: dict, name: str) -> dict:

@@ -48,8 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fail-start", action="store_true", help="print an error and exit 1 before listening")
     p.add_argument("--fail-message", default="RuntimeError: fake_server: simulated startup failure")
     p.add_argument("--exit-after-requests", type=int, default=0, help="exit (code 3) after N completions")
-    p.add_argument("--adaptive-config", default="", help="accepted and ignored (a launch template's "
-                   "{adaptive_config})")
+    p.add_argument("--adaptive-config", default="", help="a vLLM schedule is followed (K per request from the "
+                   "requests in flight when it starts, capped at --steps); anything else accepted and ignored (a "
+                   "launch template's {adaptive_config})")
     p.add_argument("--per-request-metrics", action="store_true", help="add vLLM's metrics.speculative_decoding")
     p.add_argument("--chunk-tokens", type=int, default=1, help="merge this many steps into one streamed chunk (a "
                    "server that streams several tokens per chunk, with or without speculation)")
@@ -107,10 +108,26 @@ class FakeServer:
         prefix = {"vllm": "vllm:", "spectune": "spectune:"}.get(args.metrics)
         self.counters = Counters(prefix, args.steps, args.model) if prefix else None
         self.finished = 0
+        self.inflight = 0
+        self.schedule = None  # a vLLM num_speculative_tokens_per_batch_size schedule given as --adaptive-config
+        if args.adaptive_config:
+            from spectune.backends.adaptive.config import VllmSchedule, load_config_file
+
+            try:
+                cfg = load_config_file(args.adaptive_config, strict=False)
+            except Exception:  # noqa: BLE001 - not a config spectune reads (a llama.cpp settings file): ignored
+                cfg = None
+            self.schedule = cfg if isinstance(cfg, VllmSchedule) else None
+
+    def steps_now(self) -> int:
+        """K for a request starting now: --steps, or the vLLM schedule's K at the requests in flight (capped)."""
+        if self.schedule is None:
+            return self.args.steps
+        return min(self.args.steps, self.schedule.k_for_batch_size(max(1, self.inflight)))
 
     def plan(self, max_tokens: int) -> tuple[list[int], dict]:
         """Chunk sizes for one request and its SGLang-style spec details."""
-        k, chunks = self.args.steps, [1]
+        k, chunks = self.steps_now(), [1]
         verify = correct = 0
         hist = [0] * (k + 1)
         while sum(chunks) < max_tokens:
@@ -132,11 +149,13 @@ class FakeServer:
         return chunks, details
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        self.inflight += 1
         if self.counters:
             self.counters.running.inc()
         try:
             return await self._completions(request)
         finally:
+            self.inflight -= 1
             if self.counters:
                 self.counters.running.dec()
 

@@ -7,7 +7,10 @@ config file it reports SGLang's candidate union (``resolve_candidate_steps_from_
 check (``_init_adaptive_speculative_params``, ``arg_groups/speculative_hook.py``) does with ``launch_steps`` and
 without a value, and whether spectune's ``AdaptivePolicy`` and SGLang's ``AdaptiveSpeculativeParams`` choose the same
 num_steps over N random verify batches (random batch sizes and accepted drafts), from SGLang's initial tier. It
-also reports SGLang's ``DEFAULT_ADAPTIVE_CONFIG`` and the algorithms SGLang's ``SpeculativeAlgorithm`` parses.
+also reports SGLang's ``DEFAULT_ADAPTIVE_CONFIG`` and the algorithms SGLang's ``SpeculativeAlgorithm`` parses. With
+``"throughput": {"configs": [FILE, ...], "cost_table": {bs: {steps: ms}}, "cuda_graph_bs": [...]}`` it also replays
+each ``"strategy": "throughput_aware"`` config through SGLang's ``ThroughputAwareAdaptiveController`` and spectune's
+``ThroughputAwarePolicy`` (reported as unavailable when this SGLang has no such strategy: 0.5.23 has none).
 
 SGLang is imported from a wheel installed without its dependencies (``pip install --no-deps --target``) plus the few
 pure-Python modules its import chain needs; Triton (a GPU compiler, ~1 GB, never called by this code) is replaced by
@@ -86,6 +89,45 @@ def replay(path: str, initial: int, batches: int, seed: int) -> dict:
     return {"same": True, "batches": batches}
 
 
+def replay_throughput(path: str, cost_table: dict, graph_bs: list[int], batches: int, seed: int) -> dict:
+    """SGLang's ``ThroughputAwareAdaptiveController`` (driven through a stand-in worker: it only builds and applies
+    runtime states, and its cost table is filled from ``cost_table`` instead of GPU profiling) and spectune's
+    ``ThroughputAwarePolicy`` over the same random verify batches; the first differing batch, if any."""
+    from types import SimpleNamespace as NS
+
+    from sglang.srt.speculative.throughput_aware_controller import ThroughputAwareAdaptiveController
+
+    from spectune.backends.adaptive.config import load_config_file
+    from spectune.backends.adaptive.throughput_policy import CostTable, ThroughputAwarePolicy
+
+    cfg = load_config_file(path, strict=False)
+    worker = NS(speculative_num_steps=cfg.server_initial_steps, server_args=NS(context_length=4096))
+    worker.build_adaptive_runtime_state = lambda speculative_num_steps, speculative_num_draft_tokens, \
+        cuda_graph_bs=None: NS(speculative_num_steps=speculative_num_steps)
+    worker.apply_runtime_state = lambda state: setattr(worker, "speculative_num_steps", state.speculative_num_steps)
+    theirs = ThroughputAwareAdaptiveController(worker, path)
+    theirs.init_states(graph_bs)
+    table = CostTable.from_json(cost_table)
+    for steps, sizes in theirs._build_profile_grid().items():  # what SGLang's start-up profile would time
+        for bs in sizes:
+            if (bs, steps) in table.entries:
+                theirs._cost_table.set(bs, steps, table.entries[(bs, steps)])
+    ours = ThroughputAwarePolicy(cfg, table, initial_steps=cfg.server_initial_steps, cuda_graph_bs=graph_bs)
+    rng = random.Random(seed)
+    switches = 0
+    for i in range(batches):
+        bs = rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 24, 32])
+        theirs.activate_step_by_batch(bs)
+        k_theirs, k_ours = worker.speculative_num_steps, ours.steps_for_batch(bs)
+        if k_theirs != k_ours:
+            return {"same": False, "batch": i, "batch_size": bs, "sglang": k_theirs, "spectune": k_ours}
+        scale = 0.4 if (i // 400) % 2 else 1.0  # acceptance drops every other 400 batches: the best step moves
+        accepted = [min(k_theirs, int(rng.random() * (k_theirs + 1) * scale)) for _ in range(bs)]
+        theirs.on_verify_complete(accepted, bs)
+        ours.on_verify(accepted, bs)
+    return {"same": True, "batches": batches, "switches": ours.switch_count}
+
+
 def main() -> None:
     job = json.loads(open(sys.argv[1]).read())
     install_triton_stub()
@@ -119,6 +161,16 @@ def main() -> None:
             entry["replay_from_launch"] = replay(path, item["launch_steps"], job.get("batches", 4000),
                                                  job.get("seed", 0) + 1)
         out["configs"].append(entry)
+    if job.get("throughput"):
+        t = job["throughput"]
+        if importlib.util.find_spec("sglang.srt.speculative.throughput_aware_controller") is None:
+            out["throughput"] = {"available": False}
+        else:
+            out["throughput"] = {"available": True, "union": {}, "replay": {}}
+            for path in t["configs"]:
+                out["throughput"]["union"][path] = asp.resolve_candidate_steps_from_config(path)
+                out["throughput"]["replay"][path] = replay_throughput(path, t["cost_table"], t["cuda_graph_bs"],
+                                                                      job.get("batches", 4000), job.get("seed", 0))
     print(json.dumps(out))
 
 

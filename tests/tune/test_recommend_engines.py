@@ -29,21 +29,33 @@ def rec_from(tmp_path: Path, table: dict[int, dict[int, float]], points: list[di
     return recommend(load_results(folder), RecommendOptions())
 
 
-def test_trtllm_schedule_keys_are_slot_thresholds(tmp_path):
+def test_trtllm_schedule_keys_are_slot_upper_bounds_for_the_newest_release(tmp_path):
     cfg = trtllm_config(rec_from(tmp_path, TABLE))
-    assert cfg["draft_len_schedule"] == {"1": 2, "3": 1, "16": 0}  # geometric midpoints: sqrt(8)~3, sqrt(256)=16
+    # geometric midpoints sqrt(8)~3, sqrt(256)=16: slots 1-2, 3-15, 16-32 (the largest measured concurrency)
+    assert cfg["draft_len_schedule"] == {"2": 2, "15": 1, "32": 0}
 
 
-def test_trtllm_max_draft_len_equals_batch_one_entry(tmp_path):
-    cfg = trtllm_config(rec_from(tmp_path, TABLE))
-    assert cfg["max_draft_len"] == cfg["draft_len_schedule"]["1"]
+def test_trtllm_schedule_keys_are_slot_lower_bounds_before_1_3_0rc8(tmp_path):
+    cfg = trtllm_config(rec_from(tmp_path, TABLE), "1.3.0rc7")
+    assert cfg["draft_len_schedule"] == {"1": 2, "3": 1, "16": 0}
+
+
+@pytest.mark.parametrize("version", [None, "1.2.1"])
+def test_trtllm_max_draft_len_equals_the_smallest_keys_entry(tmp_path, version):
+    cfg = trtllm_config(rec_from(tmp_path, TABLE), version)
+    assert cfg["max_draft_len"] == cfg["draft_len_schedule"][min(cfg["draft_len_schedule"], key=int)]
 
 
 def test_trtllm_caps_a_slot_above_batch_one(tmp_path):
     table = {1: {0: 100.0, 1: 120.0, 2: 110.0}, 8: {0: 400.0, 1: 410.0, 2: 480.0}}  # K=1 at 1, K=2 at 8
     rec = rec_from(tmp_path, table)
     cfg = trtllm_config(rec)
-    assert (cfg["draft_len_schedule"], any("capped at 1" in w for w in rec.warnings)) == ({"1": 1, "3": 1}, True)
+    assert (cfg["draft_len_schedule"], any("capped at 1" in w for w in rec.warnings)) == ({"2": 1, "8": 1}, True)
+
+
+def test_trtllm_bad_version_is_a_value_error(tmp_path):
+    with pytest.raises(ValueError, match="not a version number"):
+        trtllm_config(rec_from(tmp_path, TABLE), "latest")
 
 
 def test_trtllm_not_written_when_batch_one_does_not_speculate(tmp_path):

@@ -1,0 +1,105 @@
+"""Is the server following a per-batch-size schedule? Drafted tokens per verify step over a window, from the
+spec-decode counters, against the schedule's K at the window's batch size.
+
+vLLM's counters (``vllm/v1/spec_decode/metrics.py``; :class:`~spectune.backends.base.SpecSnapshot`) count a
+*draft* per request per verify step that carried drafts and the draft tokens it carried, so over a window
+d(num_draft_tokens) / d(num_drafts) is the mean K of the steps that drafted. Under a
+``num_speculative_tokens_per_batch_size`` schedule it must not exceed the largest K the schedule gives the window's
+batch sizes (its measured batch size rounded down and up) by more than :data:`TOLERANCE`. Where that largest K is
+0 the schedule says not to draft at all; steps that drafted anyway are counted against all verify steps, estimated
+as output tokens - accepted drafts (each verify step emits one token of the target's own), and more than
+:data:`MAX_DRAFTING_SHARE` of them drafting means the schedule was not followed (a window's first requests may
+still draft at a smaller batch size). A server that fails either ignores the schedule: vLLM issue #57053 (and
+#51510) reports that Model Runner V2 (``VLLM_USE_V2_MODEL_RUNNER=1``; the default where it is supported) does not
+apply the scheduled K for EAGLE-style drafters, which then draft the static ``num_speculative_tokens`` at every
+batch size, silently.
+
+The engine-specific remedy comes from the backend (:meth:`spectune.backends.base.Backend.schedule_setting`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from spectune.backends.adaptive.config import VllmSchedule
+from spectune.backends.base import SpecSnapshot, counters_reset
+
+TOLERANCE = 0.25
+"""Drafted tokens per drafting step may exceed the schedule's largest K by this much (tokens) before it counts."""
+MAX_DRAFTING_SHARE = 0.5
+"""Where the schedule says K = 0, the largest share of verify steps that may still draft."""
+
+
+@dataclass(frozen=True)
+class ScheduleCheck:
+    """One window's check.
+
+    Attributes:
+        batch_size: the window's batch size (requests; a time average, so fractional).
+        drafted_per_step: d(draft tokens) / d(drafts): tokens per request per drafting verify step (0.0: none).
+        drafting_share: d(drafts) / verify steps (output tokens - accepted drafts), or None without output tokens.
+        k_low, k_high: the schedule's smallest and largest K over the window's batch sizes.
+        followed: see the module docstring.
+    """
+
+    batch_size: float
+    drafted_per_step: float
+    drafting_share: float | None
+    k_low: int
+    k_high: int
+    followed: bool
+
+    def to_json(self) -> dict[str, Any]:
+        """validate.json's per-phase ``schedule_check`` (docs/results-format.md)."""
+        share = None if self.drafting_share is None else round(self.drafting_share, 4)
+        return {"batch_size": round(self.batch_size, 3), "drafted_per_step": round(self.drafted_per_step, 4),
+                "drafting_share": share, "k_low": self.k_low, "k_high": self.k_high, "followed": self.followed}
+
+    def message(self, label: str, setting: str | None) -> str:
+        """The plain warning when the schedule was not followed (``setting``: the backend's remedy, or None)."""
+        k = f"{self.k_low}" if self.k_low == self.k_high else f"{self.k_low}-{self.k_high}"
+        share = "" if self.drafting_share is None else f" in {self.drafting_share:.0%} of its verify steps"
+        text = (f"{label}: the server drafted {self.drafted_per_step:.2f} tokens per step{share} at batch size "
+                f"{self.batch_size:.1f}, where the schedule gives K={k}: it is NOT following the per-batch-size "
+                "schedule, so this run measured static speculation")
+        return text + (f"; {setting}" if setting else "")
+
+
+def _deltas(before: SpecSnapshot | None, after: SpecSnapshot | None) -> tuple[float, float, float] | None:
+    """(d drafts, d draft tokens, d accepted tokens) over the window, or None without the counters or across a
+    restart."""
+    if before is None or after is None or counters_reset(before, after):
+        return None
+    pairs = [(before.num_drafts, after.num_drafts), (before.num_draft_tokens, after.num_draft_tokens),
+             (before.num_accepted_tokens, after.num_accepted_tokens)]
+    if any(b is None or a is None for b, a in pairs):
+        return None
+    return tuple(a - b for b, a in pairs)  # type: ignore[return-value,operator]
+
+
+def check_schedule(schedule: VllmSchedule, before: SpecSnapshot | None, after: SpecSnapshot | None,
+                   batch_size: float | None, output_tokens: float | None = None) -> ScheduleCheck | None:
+    """The window's :class:`ScheduleCheck`, or None when the counters or the batch size are missing.
+
+    Args:
+        schedule: the per-batch-size schedule the server was given.
+        before, after: the counter snapshots at the window's start and end.
+        batch_size: the window's batch size (requests; measured running batch, or achieved concurrency).
+        output_tokens: tokens the server emitted in the window (for the drafting share), or None.
+    """
+    d = _deltas(before, after)
+    if d is None or batch_size is None or not math.isfinite(batch_size) or batch_size <= 0:
+        return None
+    drafts, tokens, accepted = d
+    per_step = tokens / drafts if drafts > 0 else 0.0
+    steps = (output_tokens - accepted) if output_tokens is not None else None
+    share = min(1.0, drafts / steps) if steps is not None and steps > 0 else None
+    ks = [schedule.k_for_batch_size(b) for b in range(max(1, math.floor(batch_size)), math.ceil(batch_size) + 1)]
+    k_low, k_high = min(ks), max(ks)
+    if k_high > 0:
+        followed = per_step <= k_high + TOLERANCE
+    else:
+        followed = drafts == 0 or (share is not None and share <= MAX_DRAFTING_SHARE)
+    return ScheduleCheck(batch_size, per_step, share, k_low, k_high, followed)

@@ -1,0 +1,202 @@
+"""Contract with TensorRT-LLM: the ``draft_len_schedule`` that ``spectune recommend`` writes gives every batch size
+1..N the draft length the sweep chose, read the way the named TensorRT-LLM release reads it.
+
+Two layers:
+
+- Always: spectune's restated lookups (:mod:`spectune.backends.adaptive.trtllm`) reproduce TensorRT-LLM's own
+  documented examples (tests/fixtures/trtllm_draft_len_schedule.json, data with the source cited), and the written
+  schedules, read through those lookups and checked by the restated validator, give each batch size the sweep's
+  choice, for the newest release (upper-bound keys) and for 1.2.1 (lower-bound keys).
+- With TensorRT-LLM's source (``$SPECTUNE_TRTLLM_SRC``: folders, separated by ``os.pathsep``, each holding a
+  ``tensorrt_llm/`` tree, a source checkout or an installed package; ``tensorrt_llm/version.py`` names its release):
+  its own ``get_draft_len_for_batch_size`` (module-level in ``_torch/speculative/utils.py`` from 1.3.0rc8,
+  ``Drafter``'s method in ``_torch/speculative/drafter.py`` before) and ``validate_draft_len_schedule_and_sort``
+  (``llmapi/llm_args.py``) are cut out of the files with ``ast`` and run (importing ``tensorrt_llm`` needs CUDA
+  libraries; these functions need only ``bisect``). TensorRT-LLM's source is not on the package registry (its
+  registry entries are stubs that download from NVIDIA's index), so CI skips this layer; no TensorRT-LLM code is
+  kept in this repository.
+"""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import json
+import logging
+import os
+import re
+import textwrap
+import typing
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from typer.testing import CliRunner
+
+from spectune.backends.adaptive.trtllm import (
+    UPPER_BOUND_SINCE,
+    build_schedule,
+    check_schedule,
+    draft_len_for_batch_size,
+    schedule_form,
+)
+from spectune.cli import app
+from helpers.paths import ROOT
+from helpers.results_folders import grid, write_sweep
+
+CASES = json.loads((ROOT / "tests" / "fixtures" / "trtllm_draft_len_schedule.json").read_text())["forms"]
+EXAMPLE = ROOT / "docs" / "examples" / "smollm2-cpu" / "sweep"
+VERSIONS = [None, "1.2.1"]  # the newest (upper-bound keys) and the last stable release before 1.3.0rc8
+
+
+def sweeps(tmp: Path) -> dict[str, Path]:
+    """The committed example sweep and two constructed ones (three and four slots, the last not speculating)."""
+    three = {1: {0: 100, 1: 160, 3: 200}, 4: {0: 300, 1: 420, 3: 380}, 16: {0: 800, 1: 700, 3: 500}}
+    four = {1: {0: 100, 2: 180, 4: 220}, 2: {0: 190, 2: 330, 4: 360}, 8: {0: 600, 2: 800, 4: 700},
+            32: {0: 1500, 2: 1300, 4: 900}}
+    return {"example": EXAMPLE, "three": write_sweep(tmp / "three", grid(three)),
+            "four": write_sweep(tmp / "four", grid(four))}
+
+
+def recommend(folder: Path, out: Path, version: str | None) -> tuple[dict, dict]:
+    args = ["recommend", str(folder), "-o", str(out)] + (["--trtllm-version", version] if version else [])
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    return (json.loads((out / "trtllm-speculative-config.json").read_text()),
+            json.loads((out / "recommendation.json").read_text()))
+
+
+def sweep_choice(rec: dict, batch_size: int) -> int:
+    """num_steps the sweep chose for ``batch_size`` (the slot containing it; the last slot is open-ended), capped
+    at the batch-size-1 slot's (TensorRT-LLM's max_draft_len)."""
+    slots = rec["slots"]
+    slot = next(s for s in slots if s["lower"] <= batch_size and (s["upper"] is None or batch_size <= s["upper"]))
+    return min(slot["steps"], slots[0]["steps"])
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> dict:
+    """{(sweep name, version): (trtllm config, recommendation.json)} for every sweep and version."""
+    tmp = tmp_path_factory.mktemp("trtllm")
+    out = {}
+    for name, folder in sweeps(tmp).items():
+        for v in VERSIONS:
+            out[(name, v)] = recommend(folder, tmp / f"{name}-{v}", v)
+    return out
+
+
+@pytest.mark.parametrize("form", ["upper", "lower"])
+def test_spectunes_lookup_reproduces_trtllms_documented_examples(form):
+    case = CASES[form]
+    sched = {int(k): v for k, v in case["schedule"].items()}
+    got = {(lo, hi): {draft_len_for_batch_size(sched, b, form) for b in range(lo, hi + 1)}
+           for lo, hi, _ in case["ranges"]}
+    assert got == {(lo, hi): {k} for lo, hi, k in case["ranges"]}
+
+
+@pytest.mark.parametrize("form", ["upper", "lower"])
+def test_build_schedule_writes_trtllms_documented_examples(form):
+    case = CASES[form]
+    ranges = [tuple(r) for r in case["ranges"] if r[2] > 0 or form == "lower"]  # the implicit 0 tier is unwritten
+    assert build_schedule(ranges, form) == case["schedule"]
+
+
+def test_versions_map_to_the_form_they_read():
+    got = [schedule_form(v) for v in (None, "1.2.1", "1.3.0rc7", UPPER_BOUND_SINCE, "v1.3.0", "1.4.0rc1")]
+    assert got == ["upper", "lower", "lower", "upper", "upper", "upper"]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("name", ["example", "three", "four"])
+def test_every_batch_size_runs_the_sweeps_choice(written, name, version):
+    cfg, rec = written[(name, version)]
+    sched = {int(k): v for k, v in cfg["draft_len_schedule"].items()}
+    top = max(max(sched), rec["slots"][-1]["lower"])
+    wrong = {b: (draft_len_for_batch_size(sched, b, schedule_form(version)), sweep_choice(rec, b))
+             for b in range(1, top + 1)
+             if draft_len_for_batch_size(sched, b, schedule_form(version)) != sweep_choice(rec, b)}
+    assert wrong == {}, (cfg, rec["slots"])
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_written_schedules_pass_trtllms_validator_rules(written, version):
+    for (name, v), (cfg, _) in written.items():
+        if v == version:
+            check_schedule(cfg["draft_len_schedule"], cfg["max_draft_len"], schedule_form(version))
+
+
+def test_the_example_schedule_is_in_the_upper_bound_form():
+    cfg = json.loads((EXAMPLE.parent / "recommend" / "trtllm-speculative-config.json").read_text())
+    rec = json.loads((EXAMPLE.parent / "recommend" / "recommendation.json").read_text())
+    sched = {int(k): v for k, v in cfg["draft_len_schedule"].items()}
+    assert [draft_len_for_batch_size(sched, b, "upper") for b in range(1, 33)] == \
+        [sweep_choice(rec, b) for b in range(1, 33)]
+
+
+# ---- TensorRT-LLM's own functions, when its source is given ----
+
+SOURCES = [Path(p) for p in os.environ.get("SPECTUNE_TRTLLM_SRC", "").split(os.pathsep) if p]
+
+
+def cut_function(path: Path, name: str, namespace: dict) -> typing.Callable:
+    """The function (module level or a class's method) ``name`` in ``path``, without decorators, defined in
+    ``namespace``. Raises LookupError when the file has none."""
+    source = path.read_text()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            exec(compile(textwrap.dedent(ast.get_source_segment(source, node)), str(path), "exec"), namespace)
+            return namespace[name]
+    raise LookupError(f"{path} has no function {name}")
+
+
+def trtllm_functions(root: Path) -> SimpleNamespace:
+    """TensorRT-LLM's release, schedule lookup ``lookup(schedule: dict[int, int], batch_size) -> int`` and
+    validator ``validate(schedule: dict[int, int], max_draft_len) -> dict`` from the tree at ``root``."""
+    pkg = root / "tensorrt_llm"
+    version = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", (pkg / "version.py").read_text()).group(1)
+    ns = {"bisect_left": bisect.bisect_left, "bisect_right": bisect.bisect_right,
+          "logger": logging.getLogger("trtllm"), **{n: getattr(typing, n) for n in ("Dict", "Optional", "List")}}
+    try:
+        fn = cut_function(pkg / "_torch" / "speculative" / "utils.py", "get_draft_len_for_batch_size", ns)
+        lookup = lambda sched, b: fn(sched, b, max(sched.values()))  # noqa: E731
+    except (LookupError, FileNotFoundError):
+        method = cut_function(pkg / "_torch" / "speculative" / "drafter.py", "get_draft_len_for_batch_size", ns)
+        lookup = lambda sched, b: method(SimpleNamespace(draft_len_schedule=sched), b)  # noqa: E731
+    validator = cut_function(pkg / "llmapi" / "llm_args.py", "validate_draft_len_schedule_and_sort", ns)
+    validate = lambda sched, k: validator(None, sched, SimpleNamespace(data={"max_draft_len": k}))  # noqa: E731
+    return SimpleNamespace(version=version, lookup=lookup, validate=validate)
+
+
+needs_source = pytest.mark.skipif(not SOURCES, reason="TensorRT-LLM's source is not given: set SPECTUNE_TRTLLM_SRC "
+                                                      "to folders holding tensorrt_llm/ trees")
+
+
+@needs_source
+@pytest.mark.parametrize("root", SOURCES, ids=str)
+def test_trtllms_own_lookup_gives_every_batch_size_the_sweeps_choice(root, tmp_path):
+    trt = trtllm_functions(root)
+    for name, folder in sweeps(tmp_path).items():
+        cfg, rec = recommend(folder, tmp_path / name, trt.version)
+        sched = trt.validate({int(k): v for k, v in cfg["draft_len_schedule"].items()}, cfg["max_draft_len"])
+        top = max(max(sched), rec["slots"][-1]["lower"])
+        wrong = {b: (trt.lookup(sched, b), sweep_choice(rec, b)) for b in range(1, top + 1)
+                 if trt.lookup(sched, b) != sweep_choice(rec, b)}
+        assert wrong == {}, (trt.version, name, cfg)
+
+
+@needs_source
+@pytest.mark.parametrize("root", SOURCES, ids=str)
+def test_spectunes_restated_lookup_is_trtllms(root):
+    trt = trtllm_functions(root)
+    form = schedule_form(trt.version)
+    import random
+
+    rng = random.Random(0)
+    for _ in range(300):
+        keys = sorted(rng.sample(range(1, 200), rng.randint(1, 6)))
+        if form == "lower":
+            keys = sorted({1, *keys})
+        vals = sorted((rng.randint(0, 7) for _ in keys), reverse=True)
+        sched = trt.validate(dict(zip(keys, vals)), vals[0])
+        assert [trt.lookup(sched, b) for b in range(1, 256)] == \
+            [draft_len_for_batch_size(sched, b, form) for b in range(1, 256)], (trt.version, sched)
