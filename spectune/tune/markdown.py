@@ -50,6 +50,35 @@ def _ladder(slot: dict[str, Any]) -> str:
     return text + (f" ceiling {slot['ceiling_coeff']:g}" if slot.get("ceiling_coeff") else "")
 
 
+def _rate(rec: Recommendation, slot: Any, cfg: dict[str, Any]) -> str:
+    from spectune.tune.replay import slot_switch_rate
+
+    rate = slot_switch_rate(rec, slot, cfg)
+    return f", {'?' if rate is None else format(rate, '.1f')} sw/min"
+
+
+def primary_section(rec: Recommendation) -> list[str]:
+    """recommendation.md's "Primary recommendation": the per-batch-size schedule with the comparisons where it
+    beats the best static num_steps beyond the noise band, or that static num_steps for every engine and why
+    (:mod:`spectune.tune.gain`)."""
+    p = rec.primary or {}
+    if not p:
+        return []
+    if p.get("kind") == "static":
+        k = p["num_steps"]
+        before = ", ".join(f"{s.lower}-{s.upper if s.upper is not None else ''}: K={s.steps}"
+                           for s in rec.schedule_slots)
+        return ["## Primary recommendation\n",
+                f"**Static num_steps K={k} for every engine** (`best-static.json`; the SGLang, vLLM and TensorRT-LLM "
+                f"files below carry the same K at every batch size): {p['reason']}."
+                + (f" The per-batch-size choice would have been {before}." if len(rec.schedule_slots) > 1 else "")
+                + "\n"]
+    return ["## Primary recommendation\n",
+            f"**The per-batch-size schedule** (`sglang-adaptive-custom.json`, the vLLM and TensorRT-LLM schedules): "
+            f"where it differs from the best static K={rec.best_static} the sweep measured a gain beyond the noise "
+            f"band: {p.get('reason')}.\n"]
+
+
 def slot_key_sentence(rec: Recommendation) -> str:
     """What recommendation.md says the batch-size slots are keyed on: the engine's measured running batch size
     (and its gauge) or, when some chosen cell lacks it, concurrency as the proxy."""
@@ -100,6 +129,7 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
            f"({'maximise' if direction == 'max' else 'minimise'} `{col}`, {unit}). Noise band {o.noise_band:.1%}, "
            f"max spread {o.max_spread:.1%}, min SLO attainment {o.min_slo_attainment:g}, slot boundary rule "
            f"`{o.boundary}`. {slot_key_sentence(rec)}\n",
+           *primary_section(rec),
            "## Measured cells (median over repeats)\n",
            "`*` chosen, `~` noisy (spread above the limit), `(slo)` breaks the SLO, `(pred)` predicted by a guided "
            "sweep (not measured), `FAILED` a repeat failed. "
@@ -112,12 +142,16 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
     out += ["\n## Batch-size slots and SGLang ladders\n",
             "A slot starts where the chosen num_steps changes (SGLang key = lower bound); ladders are "
             "`candidate_steps` with down/up hysteresis (accepted drafts) chosen so SGLang's EMA policy settles on "
-            "the measured optimum.\n", _md_table(
+            "the measured optimum; a neighbour num_steps joins the custom and conservative ladders only where the "
+            "sweep measured it beating the slot's num_steps beyond the noise band. `sw/min`: expected num_steps "
+            "switches per minute (SGLang's EMA policy replayed on the sweep's per-request acceptance at the slot's "
+            "smallest measured concurrency; `?` without requests.jsonl).\n", _md_table(
                 ["batch sizes", "num_steps", "measured concurrencies"] + measured + presets,
                 [[f"{s.lower}-{s.upper if s.upper is not None else ''}", str(s.steps),
                   ", ".join(map(str, s.concurrencies))]
-                 + ([", ".join(f"{rec.batch_sizes[c]:.1f}" for c in s.concurrencies)] if measured else [])
-                 + [_ladder(configs[p][str(s.lower)]) for p in presets]
+                 + ([", ".join(f"{rec.batch_sizes[c]:.1f}" for c in s.concurrencies if c in rec.batch_sizes)]
+                    if measured else [])
+                 + [_ladder(configs[p][str(s.lower)]) + _rate(rec, s, configs[p][str(s.lower)]) for p in presets]
                  for s in rec.slots])]
     if "custom" in configs:
         out += [sglang_launch_line(rec, configs["custom"], algorithm)]
