@@ -170,6 +170,7 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
                         _fmt(r["k0_tpot"]), _fmt(r["tput_vs_static"], ".3f"), _fmt(r["tput_vs_k0"], ".3f"),
                         _fmt(r["tpot_vs_k0"], ".3f")] for r in versus_static(rec)]),
             ]
+    out += validate_section(rec, configs.get("custom"))
     out += llamacpp_section(rec)
     out += batch_acceptance_section(rec)
     out += ["\n## Files\n"]
@@ -179,6 +180,31 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
     if rec.warnings:
         out += ["\n## Warnings\n"] + [f"- {w}" for w in rec.warnings]
     return "\n".join(out) + "\n"
+
+
+def validate_section(rec: Recommendation, custom: dict | None) -> list[str]:
+    """recommendation.md's "What validate should measure": per phase of validate's default ``swing`` workload
+    (c=1 and c=32, 60 s each, twice; 256 max tokens), the output tok/s of the custom SGLang config and of every
+    static num_steps predicted from the cells with intervals (:func:`spectune.tune.predict.predict_validate`)."""
+    from spectune.backends.adaptive.config import parse_sglang_adaptive_config
+    from spectune.tune.predict import predict_validate
+    from spectune.validate.workload import parse_workload
+
+    if custom is None:
+        return []
+    wl = parse_workload("swing").to_json()
+    pred = predict_validate(rec.to_json()["cells"], rec.options.objective, wl, rec.steps,
+                            parse_sglang_adaptive_config(custom, strict=True), 256)
+    if not pred["runs"]:
+        return []
+    labels = [f"{p['label']} ({p['start_s']:g}-{p['end_s']:g} s)" for p in wl["phases"]]
+    cell = lambda v: f"{v[0]:.4g} [{v[1]:.4g}, {v[2]:.4g}]"  # noqa: E731
+    return ["\n## What `spectune validate` should measure (swing workload)\n",
+            "Output tok/s per phase predicted from the measured cells (a fluid model of the closed loop: the "
+            "requests in flight at a drop finish first; docs/validate.md), with the interval from the cells' own "
+            "intervals; validate prints these beside what it measures when this file sits next to the config.\n",
+            _md_table(["run", "overall"] + labels,
+                      [[name, cell(p["overall"])] + [cell(v) for v in p["phases"]] for name, p in pred["runs"].items()])]
 
 
 def llamacpp_section(rec: Recommendation) -> list[str]:

@@ -248,6 +248,9 @@ def render_markdown(meta: dict[str, Any]) -> str:
     lines += [f"**{v['line']}**" if v else f"Status: {meta.get('status')} (no verdict yet)", ""]
     if meta.get("warnings"):
         lines += ["## Warnings", ""] + [f"- {w}" for w in meta["warnings"]] + [""]
+    from spectune.validate.prediction import markdown as prediction_markdown
+
+    lines += prediction_markdown(meta)
 
     def table(title: str, pick: Any) -> None:
         rows = [(r, pick(r)) for r in runs]
