@@ -1,119 +1,166 @@
-"""What adaptive num_steps costs at high concurrency, where its policy runs num_steps 0: the bundled engine with an
-adaptive config vs static num_steps 0, measured side by side in one process.
+"""What adaptive num_steps costs while it sits at one num_steps: the bundled engine serving with an adaptive config
+that keeps num_steps k vs a static-k server, measured side by side in one process, for each k and concurrency.
 
-Three engines on the default pair (SmolLM2-135M-Instruct + bundled EAGLE-3 head, bf16): static K=0 (the baseline),
-adaptive with lazy drafting (what ``spectune serve --adaptive-config`` runs: prefills and K=0 rounds keep only the
-head's inputs), and adaptive with an always-current head (every prefill and K=0 round also runs the head, the
-engine's behaviour before lazy drafting). Each runs a closed loop of ``--concurrency`` MT-Bench requests (a
-finished request is replaced at once, greedy, up to ``--max-tokens`` tokens) in windows of ``--window`` seconds,
-rotating through the engines ``--rounds`` times, so a drift of the machine's speed hits all three alike. Output
-tokens/s = tokens emitted in an engine's windows / their total length. The config gives batch size 1-2 num_steps 2
-and 3+ num_steps 0 (``--config`` to change).
+Engines on the default pair (SmolLM2-135M-Instruct + bundled EAGLE-3 head; ``--dtype``, ``--compile`` and
+``--threads`` default to what the local backend's servers use: ``auto``, ``auto``, one fewer thread than the CPUs): one static server sized for num_steps up to 2 and switched to k while
+idle (what the local sweep and validate backends do), and per k an adaptive engine whose SGLang config gives batch
+sizes 1-63 the ladder ``[k]`` and batch sizes 64+ ``[2]`` (never reached here: it only makes the engine an adaptive,
+drafting-capable one, as a real config with a speculating slot does, so at k = 0 the engine keeps the head's inputs
+as validate's config runs do). Each (k, concurrency) runs a closed loop of MT-Bench requests (a finished request is
+replaced at once, greedy, up to ``--max-tokens`` tokens) in windows of ``--window`` seconds, alternating static and
+adaptive (the order flips every round) ``--rounds`` times, so a drift of the machine's speed hits both alike. Output
+tokens/s = tokens emitted in an engine's windows / their total length; tokens per CPU second = the same tokens /
+the CPU time the process used in them (``time.process_time``; with one torch thread the engine's work runs on
+the stepping thread), which a machine shared with other busy processes disturbs far less. The interval is a
+percentile bootstrap over the paired windows (rounds) of the ratio of the two engines' window figures.
 
-Usage: ``python benchmarks/adaptive_overhead.py [--concurrency 32] [--window 8] [--rounds 5]``.
+Usage: ``python benchmarks/adaptive_overhead.py [--steps 0,1] [--concurrency 1,32] [--window 6] [--rounds 5]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import tempfile
 import time
 from pathlib import Path
 
-DEFAULT_CONFIG = {"ema_alpha": 0.2, "update_interval": 5, "warmup_batches": 10,
-                  "1": {"candidate_steps": [2, 3]}, "3": {"candidate_steps": [0]}}
-
 
 class ClosedLoop:
-    """Keeps ``concurrency`` requests in an engine; counts the output tokens it emits."""
+    """Keeps ``concurrency`` requests in an engine; counts the output tokens it emits. :meth:`close` aborts the
+    requests in flight and steps the engine until it is idle."""
 
-    def __init__(self, engine, prompts: list[list[int]], concurrency: int, max_tokens: int) -> None:
+    def __init__(self, engine, prompts: list[list[int]], concurrency: int, max_tokens: int, tag: str) -> None:
         from spectune.backends.local.sequence import SamplingParams
 
-        self.engine, self.prompts, self.params = engine, prompts, SamplingParams(max_tokens=max_tokens,
-                                                                                temperature=0.0)
-        self.next, self.tokens, self.finished = 0, 0, 0
+        self.engine, self.prompts, self.tag = engine, prompts, tag
+        self.params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        self.next, self.tokens, self.finished, self.live = 0, 0, 0, set()
         for _ in range(concurrency):
             self._add()
 
     def _add(self) -> None:
         i, self.next = self.next, self.next + 1
+        rid = f"{self.tag}-{i}"
+        self.live.add(rid)
 
         def on_output(out) -> None:
             self.tokens += len(out.new_token_ids)
             if out.finished:
                 self.finished += 1
+                self.live.discard(out.request_id)
 
-        self.engine.add_request(str(i), self.prompts[i % len(self.prompts)], self.params, on_output)
+        self.engine.add_request(rid, self.prompts[i % len(self.prompts)], self.params, on_output)
 
-    def run(self, seconds: float) -> int:
-        """Step for ``seconds`` s; returns the tokens emitted."""
+    def run(self, seconds: float) -> tuple[int, float]:
+        """Step for ``seconds`` s of wall time; returns (tokens emitted, CPU seconds this process used)."""
         start_tokens, done = self.tokens, self.finished
-        end = time.perf_counter() + seconds
+        end, cpu = time.perf_counter() + seconds, time.process_time()
         while time.perf_counter() < end:
             self.engine.step()
             while done < self.finished:
                 done += 1
                 self._add()
-        return self.tokens - start_tokens
+        return self.tokens - start_tokens, time.process_time() - cpu
+
+    def close(self) -> None:
+        for rid in list(self.live):
+            self.engine.abort(rid)
+        while self.engine.num_running or self.engine.num_waiting or self.engine._aborts:
+            self.engine.step()
+
+
+def ratio_interval(a: list[float], b: list[float], reps: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile bootstrap of sum(a) / sum(b) over paired windows."""
+    rng = random.Random(seed)
+    n, out = len(a), []
+    for _ in range(reps):
+        idx = [rng.randrange(n) for _ in range(n)]
+        out.append(sum(a[i] for i in idx) / max(1e-9, sum(b[i] for i in idx)))
+    out.sort()
+    return out[int(0.025 * reps)], out[int(0.975 * reps) - 1]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--window", type=float, default=8.0)
+    parser.add_argument("--steps", default="0,1", help="num_steps k to sit at, comma-separated (0..2)")
+    parser.add_argument("--concurrency", default="1,32", help="closed-loop concurrencies, comma-separated")
+    parser.add_argument("--window", type=float, default=6.0)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=float, default=6.0, help="uncounted seconds per engine before each k, "
+                        "concurrency")
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--config", type=Path, default=None, help="SGLang adaptive config (default: see above)")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--compile", default="auto")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: what the local backend's "
+                        "servers use, one fewer than the CPUs)")
     args = parser.parse_args()
+    steps = [int(x) for x in args.steps.split(",")]
+    concs = [int(x) for x in args.concurrency.split(",")]
 
     import torch
     from rich.console import Console
     from rich.table import Table
 
+    from spectune.backends.local.backend import engine_threads
     from spectune.backends.local.build import EngineOptions, build_engine
     from spectune.loadgen.datasets import load_dataset
 
-    config = args.config
-    if config is None:
-        config = Path(tempfile.mkdtemp()) / "adaptive.json"
-        config.write_text(json.dumps(DEFAULT_CONFIG))
-    common = dict(max_num_seqs=args.concurrency, max_model_len=2048, num_steps_capacity=3,
-                  kv_cache_gb=args.concurrency * 2056 * 32768 / 2**30, dtype="bfloat16")
-    engines = {"static K=0": build_engine(EngineOptions(num_steps=0, **common)),
-               "adaptive, lazy drafting": build_engine(EngineOptions(num_steps=3, adaptive_config=str(config),
-                                                                     **common)),
-               "adaptive, head always current": build_engine(EngineOptions(num_steps=3,
-                                                                           adaptive_config=str(config), **common))}
-    engines["adaptive, head always current"].runner.lazy = False  # before any request: the eager path throughout
-    tok = engines["static K=0"].tokenizer
+    folder = Path(tempfile.mkdtemp())
+    common = dict(max_num_seqs=max(concs), max_model_len=1024, num_steps_capacity=2, dtype=args.dtype,
+                  compile=args.compile, kv_cache_gb=4.0, threads=args.threads or engine_threads())
+    console = Console(width=150)
+    t0 = time.perf_counter()
+    static = build_engine(EngineOptions(num_steps=0, **common))
+    adaptive = {}
+    for k in steps:
+        cfg = folder / f"sit-{k}.json"
+        cfg.write_text(json.dumps({"1": {"candidate_steps": [k]}, "64": {"candidate_steps": [2]}}))
+        adaptive[k] = build_engine(EngineOptions(num_steps=k, adaptive_config=str(cfg), **common))
+    console.print(f"engines built in {time.perf_counter() - t0:.0f} s; path {static.path.name if static.path else '?'}"
+                  f", compile {args.compile}, {torch.get_num_threads()} threads")
+    tok = static.tokenizer
     prompts = [tok.encode_chat(p.messages) for p in load_dataset("mt-bench", 80, 0)]
-    loops = {name: ClosedLoop(e, prompts, args.concurrency, args.max_tokens) for name, e in engines.items()}
-    for loop in loops.values():  # warm-up: the first window of every engine is not counted
-        loop.run(2.0)
-    tokens = dict.fromkeys(loops, 0)
-    per_window: dict[str, list[float]] = {n: [] for n in loops}
-    console = Console(width=140)
-    with console.status("") as status:
-        for r in range(args.rounds):
-            names = list(loops)
-            for name in names[r % 3:] + names[:r % 3]:
-                status.update(f"round {r + 1}/{args.rounds}: {name}")
-                n = loops[name].run(args.window)
-                tokens[name] += n
-                per_window[name].append(n / args.window)
-    base = tokens["static K=0"] / (args.window * args.rounds)
-    table = Table(title=f"closed loop at concurrency {args.concurrency}, MT-Bench, up to {args.max_tokens} tokens, "
-                        f"greedy, {args.rounds} x {args.window:g} s windows per engine, bf16, "
-                        f"{torch.get_num_threads()} threads")
-    for col in ("engine", "output tok/s", "vs static K=0", "per window", "rounds", "switches", "acceptance length"):
+    table = Table(title=f"static k vs adaptive sitting at k: closed loop, MT-Bench, up to {args.max_tokens} tokens, "
+                        f"greedy, {args.rounds} x {args.window:g} s windows per engine, alternating")
+    for col in ("k", "concurrency", "static tok/s", "adaptive tok/s", "adaptive / static, 95%", "static tok/CPU-s",
+                "adaptive tok/CPU-s", "adaptive / static, 95%", "static windows tok/s", "adaptive windows tok/s",
+                "switches"):
         table.add_column(col, justify="right")
-    for name, e in engines.items():
-        tps = tokens[name] / (args.window * args.rounds)
-        table.add_row(name, f"{tps:.1f}", f"{tps / base:.3f}x", " ".join(f"{x:.0f}" for x in per_window[name]),
-                      str(e.stats.num_rounds), str(e.stats.num_steps_switches), f"{e.stats.avg_accept_length:.2f}")
+    for k in steps:
+        static.set_num_steps(k)
+        for c in concs:
+            engines = {"static": static, "adaptive": adaptive[k]}
+            switches0 = adaptive[k].stats.num_steps_switches
+            loops = {n: ClosedLoop(e, prompts, c, args.max_tokens, f"{n}-{k}-{c}") for n, e in engines.items()}
+            for loop in loops.values():  # warm-up (new shapes, first prefills): not counted
+                loop.run(args.warmup)
+            per = {n: [] for n in loops}  # per window: (tokens, CPU s)
+            with console.status("") as status:
+                for r in range(args.rounds):
+                    order = ["static", "adaptive"] if r % 2 == 0 else ["adaptive", "static"]
+                    for name in order:
+                        status.update(f"k={k} c={c} round {r + 1}/{args.rounds}: {name}")
+                        per[name].append(loops[name].run(args.window))
+            for loop in loops.values():
+                loop.close()
+            wall = {n: [t / args.window for t, _ in v] for n, v in per.items()}
+            cpu = {n: [t / max(cs, 1e-9) for t, cs in v] for n, v in per.items()}
+            row = [str(k), str(c)]
+            for m in (wall, cpu):
+                s, a = sum(m["static"]) / len(m["static"]), sum(m["adaptive"]) / len(m["adaptive"])
+                lo, hi = ratio_interval(m["adaptive"], m["static"])
+                row += [f"{s:.1f}", f"{a:.1f}", f"{a / s:.3f}x [{lo:.3f}, {hi:.3f}]"]
+                console.print(f"k={k} c={c} {'wall' if m is wall else 'CPU'}: static {s:.1f}, adaptive {a:.1f} "
+                              f"({a / s:.3f}x [{lo:.3f}, {hi:.3f}])")
+            row += [" ".join(f"{x:.0f}" for x in wall["static"]), " ".join(f"{x:.0f}" for x in wall["adaptive"]),
+                    str(adaptive[k].stats.num_steps_switches - switches0)]
+            table.add_row(*row)
     console.print(table)
+    console.print("tok/CPU-s: output tokens per CPU second of this process (time.process_time): on a machine shared "
+                  "with other busy processes it is far steadier than wall-clock tok/s, which counts the time the "
+                  "engine waited for a core")
 
 
 if __name__ == "__main__":

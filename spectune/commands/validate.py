@@ -144,6 +144,10 @@ def validate(
     console.print(results_table(combine_repeats(outcome.runs), plan))
     v = outcome.verdict
     console.print(v.line, style="bold green" if v.passed else "bold red", markup=False, soft_wrap=True)
+    from spectune.validate.prediction import summary_lines
+
+    for line in summary_lines({"prediction": outcome.prediction}):
+        console.print(line, markup=False, soft_wrap=True)
     console.print(f"results in {output_dir} (validate.md, validate.json, requests.jsonl)", markup=False,
                   soft_wrap=True)
     if not v.passed:

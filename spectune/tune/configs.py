@@ -28,14 +28,35 @@ def slot_acceptance(rec: Recommendation, slot: Slot) -> dict[int, float]:
 
 def sglang_configs(rec: Recommendation) -> tuple[dict[str, dict], dict[str, list[str]]]:
     """The three SGLang adaptive configs ({preset: config}) and per-slot notes ({"preset slot": [notes]})."""
+    from spectune.tune.gain import gaining_steps
+    from spectune.tune.ladders import ladder_for
+    from spectune.tune.replay import AcceptancePool, ladder_noise
+
     configs: dict[str, dict] = {p: dict(SGLANG_GLOBALS) for p in PRESETS}
     notes: dict[str, list[str]] = {}
     for slot in rec.slots:
         allowed = [k for k in rec.steps if all((c := rec.cell(k, conc)) is not None and c.eligible
                                                for conc in slot.concurrencies)]
         acc = slot_acceptance(rec, slot)
+        pool = AcceptancePool(rec.requests, slot.concurrencies)
+        # custom and conservative: a neighbour only where the sweep measured it beating the slot's num_steps
+        # (spectune.tune.gain); aggressive keeps its deliberate probing
+        gain = sorted(set(gaining_steps(rec, slot, allowed)) | {slot.steps})
         for preset in PRESETS:
-            cfg, why = design_slot(preset, slot.steps, sorted(set(allowed) | {slot.steps}), acc, slot.lower)
+            cand = sorted(set(allowed) | {slot.steps}) if preset == "aggressive" else gain
+            spread, replay = ladder_noise(pool, ladder_for(preset, slot.steps, cand), slot.lower)
+            cfg, why = design_slot(preset, slot.steps, cand, acc, slot.lower, ema_spread=spread, replay=replay)
+            if preset != "aggressive":
+                skipped = [k for k in ladder_for(preset, slot.steps, sorted(set(allowed) | {slot.steps}))
+                           if k not in cand]
+                if skipped:
+                    why = [f"K={','.join(map(str, skipped))} not in the ladder: the sweep measured no gain over "
+                           f"K={slot.steps} beyond the noise band at concurrency "
+                           f"{', '.join(map(str, slot.concurrencies))}"] + why
+            if spread is not None and len(cfg["candidate_steps"]) > 1:
+                sd = max(spread(c) for c in cfg["candidate_steps"] if c > 0)
+                why = why + [f"hysteresis keeps 3 x {sd:.2f} accepted drafts of headroom: the spread of SGLang's "
+                             f"EMA at batch size {slot.lower} (the sweep's requests replayed)"]
             configs[preset][str(slot.lower)] = cfg
             if why:
                 notes[f"{preset} {slot.lower}"] = why

@@ -30,6 +30,9 @@ from spectune.backends.adaptive.policy import AdaptivePolicy
 SGLANG_GLOBALS = {"ema_alpha": 0.2, "update_interval": 5, "warmup_batches": 10}  # SGLang's defaults, explicit
 DEFAULT_DOWN, DEFAULT_UP = -0.25, 0.0
 MARGIN = 0.25  # tokens of EMA headroom kept on each side of a threshold
+HYSTERESIS_Z = 3.0
+"""With the EMA's measured spread (sd at the slot's batch size), the headroom kept on each side of a threshold, in
+standard deviations: under a normal EMA a threshold 3 sd away is crossed at about 0.1% of decisions."""
 PRESETS = ("custom", "conservative", "aggressive")
 
 
@@ -78,13 +81,15 @@ NOISY_SHARE = 0.9  # share of batches a ladder must spend at its optimum under s
 
 
 def settles(slot: Mapping[str, Any], accepted: Mapping[int, float], target: int, window: int = 100,
-            batch_size: int | None = None) -> bool:
+            batch_size: int | None = None, replay: Any = None) -> bool:
     """True when, from every start, the last ``window`` batches all run ``target`` (for target 0: at least half
     of them, since SGLang probes up from 0 at every decision). With ``batch_size`` and a target > 0, also when
     per-request acceptance is sampled (:func:`simulate_slot`) at that batch size, at least 90% of the last 500
-    of 1000 batches run ``target``."""
+    of 1000 batches run ``target``. ``replay``: optional (slot, batch size, start, batches, seed) -> num_steps per
+    batch (:meth:`spectune.tune.replay.AcceptancePool.replay`'s first item: the sweep's own per-request acceptance)
+    used instead of the chain model."""
     return _settles_on_mean(slot, accepted, target, window) and (
-        batch_size is None or _settles_under_noise(slot, accepted, target, batch_size))
+        batch_size is None or _settles_under_noise(slot, accepted, target, batch_size, replay))
 
 
 def _settles_on_mean(slot: Mapping[str, Any], accepted: Mapping[int, float], target: int, window: int = 100) -> bool:
@@ -95,22 +100,27 @@ def _settles_on_mean(slot: Mapping[str, Any], accepted: Mapping[int, float], tar
     return True
 
 
-def _settles_under_noise(slot: Mapping[str, Any], accepted: Mapping[int, float], target: int, batch_size: int) -> bool:
+def _settles_under_noise(slot: Mapping[str, Any], accepted: Mapping[int, float], target: int, batch_size: int,
+                         replay: Any = None) -> bool:
     if target == 0 or len(slot["candidate_steps"]) == 1:
         return True
     for start in slot["candidate_steps"]:
-        noisy = simulate_slot(slot, accepted, start, batches=1000, batch_size=batch_size, seed=start)[-500:]
+        noisy = (replay(slot, batch_size, start, 1000, start) if replay is not None else
+                 simulate_slot(slot, accepted, start, batches=1000, batch_size=batch_size, seed=start))[-500:]
         if noisy.count(target) < NOISY_SHARE * len(noisy):
             return False
     return True
 
 
-def design_hysteresis(cand: list[int], k: int, a: Mapping[int, float]) -> tuple[float, float] | None:
+def design_hysteresis(cand: list[int], k: int, a: Mapping[int, float],
+                      margin: float = MARGIN, strict: bool = False) -> tuple[float, float] | None:
     """(down_hysteresis, up_hysteresis) making K* = ``k`` the resting point of ladder ``cand`` given accepted
     drafts ``a[c]`` at each candidate, or None if no values can. Bounds: stay at k: e > base(prev) + down and
     e <= k - 0.5 + up for the EMA e one decision after arriving from any other candidate c (e = a[k] + (a[c] -
     a[k]) * (1 - ema_alpha)^update_interval); from c > k: base(k) + down >= a[c] > base(prev) + down; from
-    0 < c < k: a[c] > c - 0.5 + up and no step down; thresholds reachable."""
+    0 < c < k: a[c] > c - 0.5 + up and no step down; thresholds reachable. ``margin``: tokens of EMA headroom
+    wanted on each side of a threshold (:data:`MARGIN`, or a multiple of the EMA's measured spread); where the
+    bounds leave less room, half of it, or with ``strict`` None (the EMA's own swings would cross a threshold)."""
     j = cand.index(k)
     decay = (1 - SGLANG_GLOBALS["ema_alpha"]) ** SGLANG_GLOBALS["update_interval"]
     arrive = [a[k] + (a[c] - a[k]) * decay for c in cand if c not in (0, k)] + [a[k]]
@@ -135,7 +145,9 @@ def design_hysteresis(cand: list[int], k: int, a: Mapping[int, float]) -> tuple[
         low, high = max(lo, default=-math.inf), min(hi, default=math.inf)
         if high - low <= 0.02:
             return None
-        m = min(MARGIN, (high - low) / 2)
+        if strict and high - low < 2 * margin and math.isfinite(high - low):
+            return None
+        m = min(margin, (high - low) / 2)
         return round(min(max(default, low + m), high - m), 2)
 
     down, up = pick(DEFAULT_DOWN, d_lo, d_hi), pick(DEFAULT_UP, u_lo, u_hi)
@@ -174,10 +186,14 @@ def ladder_for(preset: str, k: int, allowed: list[int]) -> list[int]:
 
 
 def design_slot(preset: str, k: int, allowed: list[int], accepted: Mapping[int, float],
-                batch_size: int = 1) -> tuple[dict, list[str]]:
+                batch_size: int = 1, ema_spread: Any = None, replay: Any = None) -> tuple[dict, list[str]]:
     """One slot's config for ``preset`` and the notes explaining it. ``accepted``: measured drafts per verify
     (NaN where unknown; estimated from k's when possible). ``batch_size``: the slot's smallest batch size, at
-    which the ladder must also settle under sampled per-request acceptance (:func:`settles`)."""
+    which the ladder must also settle under sampled per-request acceptance (:func:`settles`; ``replay`` as there).
+    ``ema_spread``: optional callable num_steps -> sd of SGLang's EMA at that num_steps and batch size
+    (:meth:`spectune.tune.replay.AcceptancePool.ema_spread`); with it each threshold keeps :data:`HYSTERESIS_Z` x
+    the largest spread over the ladder's candidates (at least :data:`MARGIN`) or the farther candidate is left
+    out."""
     notes: list[str] = []
     a = dict(accepted)
     cand = ladder_for(preset, k, allowed)
@@ -196,11 +212,14 @@ def design_slot(preset: str, k: int, allowed: list[int], accepted: Mapping[int, 
 
     def build(ladder: list[int]) -> tuple[dict, bool, bool]:
         """The slot for ``ladder``; whether it settles on the mean acceptance, and also under per-request noise."""
-        hyst = design_hysteresis(ladder, k, a) if len(ladder) > 1 else (DEFAULT_DOWN, DEFAULT_UP)
+        margin = MARGIN if ema_spread is None else max(
+            [MARGIN] + [HYSTERESIS_Z * ema_spread(c) for c in ladder if c > 0 and math.isfinite(ema_spread(c))])
+        hyst = (design_hysteresis(ladder, k, a, margin, strict=ema_spread is not None) if len(ladder) > 1
+                else (DEFAULT_DOWN, DEFAULT_UP))
         slot = {"candidate_steps": ladder, "up_hysteresis": hyst[1] if hyst else DEFAULT_UP,
                 "down_hysteresis": hyst[0] if hyst else DEFAULT_DOWN, "ceiling_coeff": coeff}
         on_mean = hyst is not None and _settles_on_mean(slot, a, k)
-        return slot, on_mean, on_mean and _settles_under_noise(slot, a, k, batch_size)
+        return slot, on_mean, on_mean and _settles_under_noise(slot, a, k, batch_size, replay)
 
     slot, on_mean, ok = build(cand)
     while not ok:

@@ -50,6 +50,35 @@ def _ladder(slot: dict[str, Any]) -> str:
     return text + (f" ceiling {slot['ceiling_coeff']:g}" if slot.get("ceiling_coeff") else "")
 
 
+def _rate(rec: Recommendation, slot: Any, cfg: dict[str, Any]) -> str:
+    from spectune.tune.replay import slot_switch_rate
+
+    rate = slot_switch_rate(rec, slot, cfg)
+    return f", {'?' if rate is None else format(rate, '.1f')} sw/min"
+
+
+def primary_section(rec: Recommendation) -> list[str]:
+    """recommendation.md's "Primary recommendation": the per-batch-size schedule with the comparisons where it
+    beats the best static num_steps beyond the noise band, or that static num_steps for every engine and why
+    (:mod:`spectune.tune.gain`)."""
+    p = rec.primary or {}
+    if not p:
+        return []
+    if p.get("kind") == "static":
+        k = p["num_steps"]
+        before = ", ".join(f"{s.lower}-{s.upper if s.upper is not None else ''}: K={s.steps}"
+                           for s in rec.schedule_slots)
+        return ["## Primary recommendation\n",
+                f"**Static num_steps K={k} for every engine** (`best-static.json`; the SGLang, vLLM and TensorRT-LLM "
+                f"files below carry the same K at every batch size): {p['reason']}."
+                + (f" The per-batch-size choice would have been {before}." if len(rec.schedule_slots) > 1 else "")
+                + "\n"]
+    return ["## Primary recommendation\n",
+            f"**The per-batch-size schedule** (`sglang-adaptive-custom.json`, the vLLM and TensorRT-LLM schedules): "
+            f"where it differs from the best static K={rec.best_static} the sweep measured a gain beyond the noise "
+            f"band: {p.get('reason')}.\n"]
+
+
 def slot_key_sentence(rec: Recommendation) -> str:
     """What recommendation.md says the batch-size slots are keyed on: the engine's measured running batch size
     (and its gauge) or, when some chosen cell lacks it, concurrency as the proxy."""
@@ -112,6 +141,7 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
            f"({'maximise' if direction == 'max' else 'minimise'} `{col}`, {unit}). Noise band {o.noise_band:.1%}, "
            f"max spread {o.max_spread:.1%}, min SLO attainment {o.min_slo_attainment:g}, slot boundary rule "
            f"`{o.boundary}`. {slot_key_sentence(rec)}\n",
+           *primary_section(rec),
            "## Measured cells (median over repeats)\n",
            "`*` chosen, `~` noisy (spread above the limit), `(slo)` breaks the SLO, `(pred)` predicted by a guided "
            "sweep (not measured), `FAILED` a repeat failed. "
@@ -124,12 +154,16 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
     out += ["\n## Batch-size slots and SGLang ladders\n",
             "A slot starts where the chosen num_steps changes (SGLang key = lower bound); ladders are "
             "`candidate_steps` with down/up hysteresis (accepted drafts) chosen so SGLang's EMA policy settles on "
-            "the measured optimum.\n", _md_table(
+            "the measured optimum; a neighbour num_steps joins the custom and conservative ladders only where the "
+            "sweep measured it beating the slot's num_steps beyond the noise band. `sw/min`: expected num_steps "
+            "switches per minute (SGLang's EMA policy replayed on the sweep's per-request acceptance at the slot's "
+            "smallest measured concurrency; `?` without requests.jsonl).\n", _md_table(
                 ["batch sizes", "num_steps", "measured concurrencies"] + measured + presets,
                 [[f"{s.lower}-{s.upper if s.upper is not None else ''}", str(s.steps),
                   ", ".join(map(str, s.concurrencies))]
-                 + ([", ".join(f"{rec.batch_sizes[c]:.1f}" for c in s.concurrencies)] if measured else [])
-                 + [_ladder(configs[p][str(s.lower)]) for p in presets]
+                 + ([", ".join(f"{rec.batch_sizes[c]:.1f}" for c in s.concurrencies if c in rec.batch_sizes)]
+                    if measured else [])
+                 + [_ladder(configs[p][str(s.lower)]) + _rate(rec, s, configs[p][str(s.lower)]) for p in presets]
                  for s in rec.slots])]
     if "custom" in configs:
         out += [sglang_launch_line(rec, configs["custom"], algorithm)]
@@ -150,6 +184,7 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
                         _fmt(r["k0_tpot"]), _fmt(r["tput_vs_static"], ".3f"), _fmt(r["tput_vs_k0"], ".3f"),
                         _fmt(r["tpot_vs_k0"], ".3f")] for r in versus_static(rec)]),
             ]
+    out += validate_section(rec, configs.get("custom"))
     out += llamacpp_section(rec)
     out += batch_acceptance_section(rec)
     out += ["\n## Files\n"]
@@ -159,6 +194,31 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
     if rec.warnings:
         out += ["\n## Warnings\n"] + [f"- {w}" for w in rec.warnings]
     return "\n".join(out) + "\n"
+
+
+def validate_section(rec: Recommendation, custom: dict | None) -> list[str]:
+    """recommendation.md's "What validate should measure": per phase of validate's default ``swing`` workload
+    (c=1 and c=32, 60 s each, twice; 256 max tokens), the output tok/s of the custom SGLang config and of every
+    static num_steps predicted from the cells with intervals (:func:`spectune.tune.predict.predict_validate`)."""
+    from spectune.backends.adaptive.config import parse_sglang_adaptive_config
+    from spectune.tune.predict import predict_validate
+    from spectune.validate.workload import parse_workload
+
+    if custom is None:
+        return []
+    wl = parse_workload("swing").to_json()
+    pred = predict_validate(rec.to_json()["cells"], rec.options.objective, wl, rec.steps,
+                            parse_sglang_adaptive_config(custom, strict=True), 256)
+    if not pred["runs"]:
+        return []
+    labels = [f"{p['label']} ({p['start_s']:g}-{p['end_s']:g} s)" for p in wl["phases"]]
+    cell = lambda v: f"{v[0]:.4g} [{v[1]:.4g}, {v[2]:.4g}]"  # noqa: E731
+    return ["\n## What `spectune validate` should measure (swing workload)\n",
+            "Output tok/s per phase predicted from the measured cells (a fluid model of the closed loop: the "
+            "requests in flight at a drop finish first; docs/validate.md), with the interval from the cells' own "
+            "intervals; validate prints these beside what it measures when this file sits next to the config.\n",
+            _md_table(["run", "overall"] + labels,
+                      [[name, cell(p["overall"])] + [cell(v) for v in p["phases"]] for name, p in pred["runs"].items()])]
 
 
 def llamacpp_section(rec: Recommendation) -> list[str]:

@@ -140,6 +140,11 @@ class Recommendation:
     batch_sizes: dict[int, float] = field(default_factory=dict)
     batch_size_source: str = "concurrency"
     drift: dict[str, Any] | None = None  # the sweep's drift check (sweep.json ``drift``), or None
+    #: ``{"kind": "schedule" | "static", "num_steps", "reason"}`` (:mod:`spectune.tune.gain`): with "static" no slot
+    #: beat the best static num_steps beyond noise and ``slots`` is that one num_steps for every batch size
+    primary: dict[str, Any] = field(default_factory=dict)
+    schedule_slots: list[Slot] = field(default_factory=list)  # the per-batch-size slots before that
+    requests: Any = field(default=None, repr=False, compare=False)  # the sweep's request objects, or None
 
     def cell(self, steps: int, concurrency: int) -> Cell | None:
         """The cell at (steps, concurrency), or None if neither was in the plan."""
@@ -171,7 +176,8 @@ class Recommendation:
                       "slots": [asdict(s) for s in self.slots], "slot_key": self.batch_size_source,
                       "batch_sizes": self.batch_sizes, "best_static_num_steps": self.best_static,
                       "static_scores": self.static_scores, "cells": cells, "warnings": self.warnings,
-                      "batch_dependent_acceptance": self.findings, "drift": self.drift})
+                      "batch_dependent_acceptance": self.findings, "drift": self.drift, "primary": self.primary,
+                      "schedule_slots": [asdict(s) for s in self.schedule_slots]})
 
 
 def effective_slos(results: Results, opts: RecommendOptions) -> tuple[float | None, float | None, str]:
@@ -457,7 +463,8 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
     concs = sorted(set(df["concurrency"]) | {int(c) for c in plan.get("concurrency") or []})
     groups = dict(iter(df.groupby(["steps", "concurrency"])))
     cells = [_cell(k, c, groups.get((k, c), df.iloc[0:0]), opts, ttft, tpot) for c in concs for k in steps]
-    attach_intervals(cells, df, load_request_records(results.folder), opts, ttft, tpot)
+    records = load_request_records(results.folder)
+    attach_intervals(cells, df, records, opts, ttft, tpot)
     drift_info = (results.sweep or {}).get("drift") or None
     drift = 0.0
     if drift_info and drift_info.get("drifted"):
@@ -504,8 +511,12 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
                 warnings.append(f"concurrency {ch.concurrency}: the predicted K={c.steps} ({c.interval.text('.4g')}) "
                                 f"might beat the chosen K={ch.steps} ({cell.objective:.4g}); measure it "
                                 "(a larger --budget, or --plan grid) to settle it")
-    return Recommendation(opts, cells, choices, slots, static, scores, warnings, findings, batch_sizes, batch_source,
-                          drift_info)
+    rec = Recommendation(opts, cells, choices, slots, static, scores, warnings, findings, batch_sizes, batch_source,
+                         drift_info, requests=records)
+    from spectune.tune.gain import apply_static_primary
+
+    apply_static_primary(rec)
+    return rec
 
 
 def versus_static(rec: Recommendation) -> list[dict[str, Any]]:

@@ -36,8 +36,9 @@ def per_category_acceptance(points: list[dict[str, Any]]) -> dict[str, dict[int,
 
 
 def make_plots(results: Results, out: Path) -> list[Path]:
-    """Write tpot_vs_concurrency.png, throughput_vs_concurrency.png, acceptance_vs_steps.png and
-    slo_attainment_vs_concurrency.png into ``out``; returns their paths."""
+    """Write tpot_vs_concurrency.png, throughput_vs_concurrency.png, acceptance_vs_steps.png,
+    slo_attainment_vs_concurrency.png and the choice plots of :mod:`spectune.tune.report_choice`
+    (pareto_throughput_vs_tpot.png, speedup_heatmap.png) into ``out``; returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -76,7 +77,9 @@ def make_plots(results: Results, out: Path) -> list[Path]:
     fig.tight_layout()
     fig.savefig(paths[-1], dpi=100)
     plt.close(fig)
-    return paths
+    from spectune.tune.report_choice import make_choice_plots
+
+    return paths + make_choice_plots(results, out)
 
 
 def write_report(results: Results, out: Path) -> Path:

@@ -137,3 +137,4 @@ class ValidateOutcome:
     plan: ValidatePlan
     runs: list[dict[str, Any]] = field(default_factory=list)
     verdict: Verdict | None = None
+    prediction: dict[str, Any] | None = None  # predicted beside measured (spectune.validate.prediction)

@@ -235,6 +235,11 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
                                                "initial_steps": initial},
             "backend": {"static": static.describe(), "config": adaptive.describe()}, "runs": [], "verdict": None,
             "client": timeouts.to_json(), **environment()}
+    from spectune.validate.prediction import compare as compare_prediction, predict_for
+
+    prediction = predict_for(plan, fmt, candidates)
+    if prediction is not None:
+        meta["prediction"] = prediction
     folder.open()
     outcome = ValidateOutcome(folder.path, plan, meta["runs"])
     listener.started(plan, [n if plan.repeats == 1 else f"{n} #{r}" for n, _, r in plan.run_order(initial)])
@@ -246,6 +251,9 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
         outcome.verdict = verdict(combine_repeats(meta["runs"]),
                                   plan.slo_ttft_ms is not None or plan.slo_tpot_ms is not None, plan.tolerance,
                                   ratio=lambda a, b: throughput_ratio(meta["runs"], requests, a, b))
+        if prediction is not None and not prediction.get("error"):
+            prediction["comparison"] = compare_prediction(prediction, combine_repeats(meta["runs"]))
+            outcome.prediction = prediction
         meta.update(status="done", finished=now_iso(), verdict=asdict(outcome.verdict))
     except asyncio.CancelledError:
         meta.update(status="interrupted", finished=now_iso())

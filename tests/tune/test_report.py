@@ -40,7 +40,7 @@ def test_report_writes_valid_pngs_and_self_contained_html(tmp_path):
         width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
         assert (width, height) == (600, 400)  # 6 x 4 inches at 100 dpi
     page = (tmp_path / "out" / "report.html").read_text()
-    assert page.count('src="data:image/png;base64,') == len(PLOTS)
+    assert page.count('src="data:image/png;base64,') == len(PLOTS) + 2  # + the Pareto plot and the heatmap
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
     assert "<link" not in page
     assert "<script" not in page
@@ -53,4 +53,28 @@ def test_report_of_bare_csv_default_output(tmp_path):
     res = CliRunner().invoke(app, ["report", str(folder / "summary.csv")])
     assert res.exit_code == 0, res.output
     assert (folder / "report" / "report.html").is_file()
-    assert len(list((folder / "report").glob("*.png"))) == 4
+    assert len(list((folder / "report").glob("*.png"))) == 6  # + the Pareto plot and the speedup heatmap
+
+
+def test_report_draws_the_choice(tmp_path):
+    """The Pareto plot and the speedup heatmap are written, and the heatmap's numbers are the cells' ratios to K=0."""
+    from spectune.results.reader import load_results
+    from spectune.tune.recommend import RecommendOptions, recommend
+    from spectune.tune.report_choice import speedups
+
+    rows = [row(k, c, {0: 100.0, 1: 130.0, 2: 90.0}[k] * c ** (0.5 if k else 0.7)) for k in (0, 1, 2) for c in (1, 8)]
+    folder = write_sweep(tmp_path / "r", rows)
+    assert CliRunner().invoke(app, ["report", str(folder), "-o", str(tmp_path / "out")]).exit_code == 0
+    for name in ("pareto_throughput_vs_tpot", "speedup_heatmap"):
+        assert (tmp_path / "out" / f"{name}.png").read_bytes().startswith(PNG_MAGIC)
+    sp = speedups(recommend(load_results(folder), RecommendOptions()))
+    assert sp[(1, 1)]["ratio"] == 1.3
+    assert sp[(2, 8)]["ratio"] == (90.0 * 8 ** 0.5) / (100.0 * 8 ** 0.7)
+    assert sp[(0, 8)]["ratio"] == 1.0
+
+
+def test_report_without_num_steps_0_has_no_heatmap(tmp_path):
+    folder = write_sweep(tmp_path / "r", [row(k, c, 100.0 + k) for k in (1, 2) for c in (1, 4)])
+    assert CliRunner().invoke(app, ["report", str(folder), "-o", str(tmp_path / "out")]).exit_code == 0
+    assert (tmp_path / "out" / "pareto_throughput_vs_tpot.png").exists()
+    assert not (tmp_path / "out" / "speedup_heatmap.png").exists()

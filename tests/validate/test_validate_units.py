@@ -170,7 +170,8 @@ def test_verdict_pass_names_the_best_static():
     assert v.line.startswith("PASS")
     assert "K=1" in v.line
     assert "+6.7%" in v.line
-    assert v.line.endswith("SLO attainment 96.0% vs 95.0% (K=1)")
+    assert "SLO attainment 96.0% vs 95.0% (K=1)" in v.line
+    assert v.line.endswith("decided by throughput and SLO attainment")
 
 
 def test_verdict_fail_with_the_margin():
@@ -178,7 +179,8 @@ def test_verdict_fail_with_the_margin():
     assert not v.passed
     assert v.best_static == 1
     assert v.margin_pct == pytest.approx(-100 * 10 / 150)
-    assert v.line == "FAIL: static K=1 beats the config by 6.7% in output throughput (150.0 vs 140.0 tok/s)"
+    assert v.line == ("FAIL: static K=1 beats the config by 6.7% in output throughput (150.0 vs 140.0 tok/s); "
+                      "decided by throughput")
     assert verdict([*STATICS, run("config", 140.0)], with_slo=False, tolerance=0.1).passed  # 140 >= 0.9 x 150
 
 
@@ -196,6 +198,41 @@ def test_verdict_fails_on_lower_slo_attainment():
     assert v.margin_pct == 0.0
     assert "K=3 meets the SLOs more often than the config (77.5% vs 75.0%, 2.5 points)" in v.line
     assert verdict([*tied[:2], run("config", 340.0, 0.78)], with_slo=True).passed
+
+
+def phased(name: str, tput: float, atts: list[float], reqs: list[int]) -> dict:
+    """A run with per-phase SLO attainment (overall: the request-weighted mean)."""
+    r = run(name, tput, sum(a * n for a, n in zip(atts, reqs)) / sum(reqs))
+    r["phases"] = [{"phase": i + 1, "slo_attainment": a, "num_requests": n} for i, (a, n) in enumerate(zip(atts, reqs))]
+    return r
+
+
+def test_unattainable_slos_do_not_decide_a_phase():
+    # phase 2 (c=32): no static meets the TPOT SLO for most requests; the config's 1 point less there is noise
+    runs = [phased("static:0", 144.0, [1.00, 0.02], [40, 130]), phased("static:1", 145.0, [0.95, 0.05], [50, 130]),
+            phased("config", 146.0, [1.00, 0.01], [50, 130])]
+    v = verdict(runs, with_slo=True)
+    assert v.passed
+    assert v.decided_by == "throughput and SLO attainment"
+    assert v.slo_phases == [1]
+    assert "SLO attainment 100.0% vs 95.0% (K=1, phase 1)" in v.line
+
+
+def test_a_phase_the_slos_decide_still_fails_the_config():
+    runs = [phased("static:0", 144.0, [1.00, 0.02], [40, 130]), phased("config", 146.0, [0.90, 0.30], [50, 130])]
+    v = verdict(runs, with_slo=True)
+    assert not v.passed  # far better where nothing meets the SLOs, worse where K=0 does
+    assert "(100.0% vs 90.0%, 10.0 points, phase 1)" in v.line
+
+
+def test_throughput_decides_when_no_phase_is_attainable():
+    runs = [phased("static:0", 144.0, [0.30, 0.02], [40, 130]), phased("config", 146.0, [0.10, 0.01], [50, 130])]
+    v = verdict(runs, with_slo=True)
+    assert v.passed
+    assert v.decided_by == "throughput"
+    assert v.slo_phases == []
+    assert "SLO attainment did not count" in v.line
+    assert v.line.endswith("decided by throughput")
 
 
 def test_verdict_without_something_to_compare():

@@ -1,0 +1,92 @@
+"""Where a per-batch-size choice can gain over one static num_steps, by the sweep's paired comparisons.
+
+A comparison "beats" only when the whole paired bootstrap interval of the objective ratio clears the noise band
+(:func:`spectune.tune.recommend.compare`; without intervals the point ratio against the band). Two uses:
+
+- :func:`gaining_steps`: the num_steps worth a place in a slot's SGLang ladder beside the slot's own: those that beat
+  it at one of the slot's concurrencies. A neighbour that gains nothing only adds switches (at batch size 1 a
+  ``[1, 2]`` ladder switched 32 times in 30 s on the bundled engine and ran 3.4% behind static K=1).
+- :func:`static_primary`: when no slot's num_steps beats the best static num_steps anywhere, the schedule cannot
+  win by more than noise, so the primary recommendation is that static num_steps for every engine
+  (:func:`apply_static_primary`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spectune.tune.recommend import Recommendation, Slot, compare
+
+
+def _band(rec: Recommendation, conc: int) -> float:
+    ch = next((c for c in rec.choices if c.concurrency == conc), None)
+    return ch.band if ch is not None else rec.options.noise_band
+
+
+def gaining_steps(rec: Recommendation, slot: Slot, allowed: list[int]) -> list[int]:
+    """The num_steps in ``allowed`` (other than ``slot.steps``) that beat ``slot.steps`` beyond the noise band at
+    one of the slot's concurrencies (measured cells, not predicted), ascending."""
+    out = []
+    for k in allowed:
+        if k == slot.steps:
+            continue
+        for conc in slot.concurrencies:
+            a, b = rec.cell(k, conc), rec.cell(slot.steps, conc)
+            if a is None or b is None or not a.eligible or a.predicted or b.status != "ok" or b.predicted:
+                continue
+            if compare(a, b, rec.options, _band(rec, conc))["verdict"] == "beats":
+                out.append(k)
+                break
+    return out
+
+
+def schedule_gains(rec: Recommendation) -> list[dict[str, Any]]:
+    """The comparisons (:func:`spectune.tune.recommend.compare`) where a slot's num_steps beats the best static
+    num_steps beyond the noise band at one of the slot's measured concurrencies."""
+    k0 = rec.best_static
+    if k0 is None:
+        return []
+    out = []
+    for slot in rec.slots:
+        if slot.steps == k0:
+            continue
+        for conc in slot.concurrencies:
+            a, b = rec.cell(slot.steps, conc), rec.cell(k0, conc)
+            if a is None or b is None or a.status != "ok" or b.status != "ok" or a.predicted or b.predicted:
+                continue
+            cmp = compare(a, b, rec.options, _band(rec, conc))
+            if cmp["verdict"] == "beats":
+                out.append(cmp)
+    return out
+
+
+def static_primary(rec: Recommendation) -> str | None:
+    """Why the best static num_steps is the primary recommendation, or None when some slot gains over it."""
+    k0 = rec.best_static
+    if k0 is None or not rec.slots:
+        return None
+    if all(s.steps == k0 for s in rec.slots):
+        return f"num_steps {k0} is the choice at every measured concurrency"
+    if schedule_gains(rec):
+        return None
+    others = sorted({s.steps for s in rec.slots if s.steps != k0})
+    return (f"no batch-size slot's num_steps ({', '.join(f'K={k}' for k in others)}) beats the best static K={k0} by "
+            "more than the noise band at any of its measured concurrencies, so a per-batch-size schedule cannot "
+            "be told apart from it and would only add switching")
+
+
+def apply_static_primary(rec: Recommendation) -> None:
+    """When :func:`static_primary` gives a reason, replace ``rec.slots`` by one slot running the best static
+    num_steps at every batch size (the per-batch-size choice stays in ``rec.schedule_slots``), so every engine's
+    file carries that static num_steps; record the reason in ``rec.primary``."""
+    why = static_primary(rec)
+    rec.schedule_slots = list(rec.slots)
+    if why is None:
+        rec.primary = {"kind": "schedule", "num_steps": None,
+                       "reason": "; ".join(c["text"] for c in schedule_gains(rec))}
+        return
+    k0 = int(rec.best_static)  # type: ignore[arg-type]
+    rec.primary = {"kind": "static", "num_steps": k0, "reason": why}
+    if any(s.steps != k0 for s in rec.slots):
+        concs = sorted({c for s in rec.slots for c in s.concurrencies})
+        rec.slots = [Slot(1, None, k0, concs)]

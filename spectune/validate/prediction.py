@@ -1,0 +1,132 @@
+"""Predicted beside measured: what the sweep behind a config says each validate run should deliver
+(:func:`spectune.tune.predict.predict_validate`), and where the measurement misses it.
+
+The sweep's cells come from the ``recommendation.json`` that ``spectune recommend`` wrote next to the config (the
+config's own folder). A validate run usually comes minutes or hours after the sweep, and a shared machine's speed
+drifts by several percent in that time, equally for every run; so the comparison first takes the **speed factor**,
+the median over the static runs of measured / predicted overall throughput, and then flags a run or phase whose
+measured / (predicted x speed factor) falls outside its interval (predicted low / predicted, high / predicted).
+Such a miss is not noise the sweep knew of: either the engine behaves differently under changing load than in
+the sweep's fixed-concurrency cells (an adaptive engine's own cost, a ladder that does not settle), or the model
+(:mod:`spectune.tune.predict`) is wrong for that phase (the drain after a drop from high concurrency is modelled
+coarsely).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Sequence
+
+RECOMMENDATION = "recommendation.json"
+
+
+def find_recommendation(config: str) -> Path | None:
+    """``recommendation.json`` in the config file's folder, or None."""
+    path = Path(config).resolve().parent / RECOMMENDATION
+    return path if path.is_file() else None
+
+
+def predict_for(plan: Any, fmt: str, candidates: Sequence[int]) -> dict[str, Any] | None:
+    """Predictions (:func:`spectune.tune.predict.predict_validate`) for ``plan`` (a
+    :class:`~spectune.validate.plan.ValidatePlan`) from the recommendation.json beside its config, with ``source``;
+    None when there is none or it cannot be read (a prediction is extra information, never a reason to fail)."""
+    from spectune.backends.adaptive import load_config_file
+    from spectune.tune.predict import predict_validate
+
+    path = find_recommendation(plan.config)
+    if path is None:
+        return None
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+        if fmt == "llamacpp-settings":
+            k = int(candidates[0])
+            config: Any = type("Static", (), {"k_for_batch_size": staticmethod(lambda n: k)})()
+        else:
+            config = load_config_file(plan.config)
+        wl = plan.workload.to_json()
+        out = predict_validate(rec.get("cells") or [], (rec.get("options") or {}).get("objective", ""), wl,
+                               list(plan.steps), config, plan.max_tokens, [a.t for a in plan.workload.arrivals])
+    except Exception as err:  # noqa: BLE001 - a broken or foreign recommendation.json only loses the prediction
+        return {"source": str(path), "error": f"{type(err).__name__}: {err}", "runs": {}}
+    return {"source": str(path), **out}
+
+
+def compare(prediction: dict[str, Any], runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Measured beside predicted for combined runs (:func:`spectune.validate.verdict.combine_repeats`).
+
+    Returns ``{"speed_factor": f or None, "rows": [{"run", "window" ("overall" or the 1-based phase), "predicted",
+    "low", "high", "measured", "ratio" (measured / (predicted x f)), "miss" (bool)}], "misses": [text]}``.
+    """
+    pred = prediction.get("runs") or {}
+    ok = {r["run"]: r for r in runs if r.get("status") == "ok"}
+    factors = [ok[n]["overall"]["output_throughput_tok_s"] / p["overall"][0] for n, p in pred.items()
+               if n.startswith("static:") and n in ok and p["overall"][0] > 0
+               and ok[n]["overall"].get("output_throughput_tok_s")]
+    f = statistics.median(factors) if factors else None
+    rows, misses = [], []
+    for name, p in pred.items():
+        r = ok.get(name)
+        if r is None:
+            continue
+        windows = [("overall", p["overall"], r.get("overall") or {})]
+        windows += [(i + 1, ph, (r.get("phases") or [{}] * (i + 1))[i] if i < len(r.get("phases") or []) else {})
+                    for i, ph in enumerate(p["phases"])]
+        for label, (point, lo, hi), m in windows:
+            measured = m.get("output_throughput_tok_s")
+            if measured is None or not point or f is None:
+                continue
+            ratio = measured / (point * f)
+            miss = not (lo / point - 1e-9 <= ratio <= hi / point + 1e-9)
+            rows.append({"run": name, "window": label, "predicted": point, "low": lo, "high": hi,
+                         "measured": measured, "ratio": ratio, "miss": miss})
+            if miss:
+                where = "overall" if label == "overall" else f"phase {label}"
+                misses.append(f"{name} {where}: measured {measured:,.1f} tok/s, predicted {point * f:,.1f} "
+                              f"[{lo * f:,.1f}, {hi * f:,.1f}] (x{f:.3f} speed factor)")
+    return {"speed_factor": f, "rows": rows, "misses": misses}
+
+
+def markdown(meta: dict[str, Any]) -> list[str]:
+    """validate.md's "Predicted vs measured" section (nothing without a prediction)."""
+    pred = meta.get("prediction")
+    if not pred:
+        return []
+    if pred.get("error"):
+        return ["## Predicted vs measured", "", f"No prediction: `{pred['source']}` could not be used "
+                f"({pred['error']}).", ""]
+    cmp = pred.get("comparison") or {}
+    f = cmp.get("speed_factor")
+    lines = ["## Predicted vs measured", "",
+             f"Predicted from the sweep's cells in `{pred['source']}` ({pred.get('model')}; docs/validate.md). "
+             + (f"Speed factor {f:.3f}: the median over the static runs of measured / predicted overall output "
+                "tok/s (the machine's speed drift between the sweep and this run); predicted values below are "
+                "scaled by it. `MISS`: outside the interval, an engine or model finding rather than noise."
+                if f else "No static run finished, so no speed factor and no comparison."), ""]
+    if not cmp.get("rows"):
+        return lines
+    lines += ["| run | window | predicted tok/s | interval | measured tok/s | measured / predicted | |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in cmp["rows"]:
+        lines.append(f"| {r['run']} | {r['window']} | {r['predicted'] * f:,.1f} | [{r['low'] * f:,.1f}, "
+                     f"{r['high'] * f:,.1f}] | {r['measured']:,.1f} | {r['ratio']:.3f} | "
+                     f"{'MISS' if r['miss'] else ''} |")
+    return lines + [""]
+
+
+def summary_lines(meta: dict[str, Any]) -> list[str]:
+    """Terminal lines: predicted beside measured overall per run, and every miss."""
+    pred = meta.get("prediction") or {}
+    cmp = pred.get("comparison") or {}
+    f = cmp.get("speed_factor")
+    if not cmp.get("rows") or not f:
+        return []
+    out = [f"predicted (sweep, x{f:.3f} speed factor) vs measured overall tok/s: "
+           + "; ".join(f"{r['run']} {r['predicted'] * f:,.1f} [{r['low'] * f:,.1f}, {r['high'] * f:,.1f}] vs "
+                       f"{r['measured']:,.1f}" + (" MISS" if r["miss"] else "")
+                       for r in cmp["rows"] if r["window"] == "overall")]
+    phase_misses = [m for m in cmp.get("misses", []) if "overall" not in m]
+    if phase_misses:
+        out.append(f"{len(phase_misses)} phase(s) outside the predicted interval (validate.md lists them)")
+    return out
