@@ -197,7 +197,8 @@ class Sweep:
             restart = cost["switch_s"] / cost["launches"] if cost["launches"] else 0.0
             windows = [(p.get("metrics") or {}).get("duration_s") or 0.0 for p in self.folder.points]
             point = sum(windows) / len(windows) if windows else 0.0  # s per point's measurement window
-            cells = planner.next_round(self.folder.points, tried, all_threats=restart > point > 0)
+            cells = planner.next_round(self.folder.points, tried, all_threats=restart > point > 0,
+                                       current=self.current, launch_s=restart)
             keys = [(k, c, r) for k, c in cells for r in range(plan.repeats)]
             if not cells:  # no cell left worth measuring: settle the comparisons that decide the choices
                 keys = planner.settle(self.folder.points, self._records_by_point())
