@@ -37,7 +37,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--emulated", choices=("compute-bound", "memory-bound"), default=None)
+    p.add_argument("--emulated", choices=("compute-bound", "memory-bound", "held-out"), default=None,
+                   help="in-process emulated servers: the tests' two cost models, or the held-out one "
+                        "(benchmarks/heldout_cost_model.py, never used by tests or tuning)")
+    p.add_argument("--dataset", default="mt-bench")
+    p.add_argument("--early-stop", action="store_true", help="the grid's windows stop early too (--early-stop)")
     p.add_argument("--backend", default="local", help="spectune backend when not --emulated")
     p.add_argument("--steps", default="0,1,2,3,4")
     p.add_argument("--concurrency", default="1,2,4,8,16")
@@ -106,17 +110,21 @@ def run_plans(args: argparse.Namespace, out: Path) -> dict[str, object]:
     concs = tuple(int(x) for x in args.concurrency.split(","))
     points, seconds = parse_budget(args.budget)
     base = dict(steps=steps, concurrency=concs, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
-                duration_per_point_s=args.duration, objective=args.objective, dataset="mt-bench",
+                duration_per_point_s=args.duration, objective=args.objective, dataset=args.dataset,
                 slo_tpot_ms=args.slo_tpot_ms, slo_ttft_ms=args.slo_ttft_ms)
     outcomes = {}
     for design in ("grid", "guided"):
-        extra = dict(budget_points=points, budget_s=seconds) if design == "guided" else {}
+        extra = (dict(budget_points=points, budget_s=seconds) if design == "guided"
+                 else dict(early_stop=True) if args.early_stop else {})
         plan = SweepPlan(design=design, **base, **extra)
         t = time.perf_counter()
         if args.emulated:
             from helpers.cost_model import COMPUTE_BOUND, MEMORY_BOUND, EmulatedServers
 
-            model = {"compute-bound": COMPUTE_BOUND, "memory-bound": MEMORY_BOUND}[args.emulated]
+            sys.path.insert(0, str(ROOT / "benchmarks"))
+            from heldout_cost_model import HELD_OUT
+
+            model = {"compute-bound": COMPUTE_BOUND, "memory-bound": MEMORY_BOUND, "held-out": HELD_OUT}[args.emulated]
 
             async def emulated() -> object:
                 async with EmulatedServers(model, steps) as urls:
@@ -201,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"guided / grid measuring time (points + switches + {args.restart_s:g} s per launch): {share:.1%}; with "
           f"the drift checks: {share_drift:.1%}; points {totals['guided'][2]}/{totals['grid'][2]}; agreement within 3% "
           f"at every concurrency: {'yes' if agree else 'NO'}")
+    early = {d: sum(1 for p in outcomes[d].points if (p.get("early_stop") or {}).get("reason"))  # type: ignore
+             for d in ("grid", "guided")}
+    print(f"windows stopped early: grid {early['grid']}, guided {early['guided']}")
     guided = json.loads((out / "guided" / "sweep.json").read_text()).get("guided") or {}
     print(f"guided rounds: {guided.get('rounds')}; stopped: {guided.get('stopped')}; fit: "
           f"{(guided.get('fit') or {}).get('features')}, relative error "

@@ -448,3 +448,36 @@ def test_a_pair_whose_ratio_beats_the_band_by_a_hair_is_not_measured_again():
     planner = GuidedPlanner(STEPS, CONC)
     points, records = measured_pair(1.022, 0.12)
     assert planner.comparisons(points, records)[0]["verdict"] == "tie"
+
+
+def test_a_small_grid_gets_a_three_cell_seed():
+    """5 x 4 = 20 cells: every concurrency is opened by its predicted best right after the seed, so the seed leaves
+    out the fixed middle-concurrency cell; 5 x 6 keeps it."""
+    assert len(GuidedPlanner((0, 1, 2, 3, 5), (1, 4, 16, 64)).seed()) == 3
+    assert len(GuidedPlanner(STEPS, CONC).seed()) == 4
+
+
+def test_a_switch_makes_a_cell_of_another_num_steps_cost_more():
+    """Of the cells worth measuring (every concurrency opened), the best value per window second goes first when
+    switching is free; with a switch that costs far more than any window, a cell on the running server does."""
+    cells_ = sorted(set(full_seed(GuidedPlanner(STEPS, CONC)) + [(0, c) for c in CONC] + [(2, c) for c in CONC]))
+    planner = GuidedPlanner(STEPS, CONC)
+    planner.rounds = [[], []]
+    points = exact_points(planner, cells_)
+    cells, preds = planner.cells(points), planner.predict(points)
+    worth = {k for c in CONC for k in planner.values(cells, preds, c, [k for k in STEPS if (k, c) not in cells_])}
+    [free] = planner.next_round(points, set(cells_))
+    current = next(k for k in sorted(worth) if k != free[0])
+    [costly] = planner.next_round(points, set(cells_), current=current, launch_s=1e6)
+    assert costly[0] == current
+    assert planner.why[-1]["switch_s"] == 0.0
+
+
+async def test_sweep_json_says_why_each_cell_was_measured(tmp_path, monkeypatch):
+    import json
+
+    outcome = await virtual_sweep(tmp_path, COMPUTE_BOUND, "guided", monkeypatch)
+    why = json.loads((tmp_path / "guided" / "sweep.json").read_text())["guided"]["why"]
+    measured = [(p["steps"], p["concurrency"]) for p in outcome.points]
+    assert sorted((w["steps"], w["concurrency"]) for w in why) == sorted(measured)
+    assert all(w["reason"] for w in why)
