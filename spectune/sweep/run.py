@@ -236,10 +236,10 @@ class Sweep:
             if (p.get("status") == "ok" and int(p["concurrency"]) == conc and int(p["steps"]) != steps
                     and isinstance(v, (int, float)) and v > 0):
                 runs.setdefault(int(p["steps"]), []).append(float(v))
-        meds = [sorted(v)[len(v) // 2] for v in runs.values()]
-        reference = (max(meds) if maximise else min(meds)) if meds else None
-        return EarlyStop(plan.objective, conc, planned, reference, plan.noise_band, plan.confidence,
-                         min_s=MIN_SECONDS)
+        meds = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
+        best = ((max if maximise else min)(meds, key=lambda k: meds[k])) if meds else None
+        return EarlyStop(plan.objective, conc, planned, None if best is None else meds[best], plan.noise_band,
+                         plan.confidence, min_s=MIN_SECONDS, steps=steps, reference_steps=best)
 
     def _records_by_point(self) -> dict[Key, list[dict[str, Any]]]:
         """Request objects of every point, keyed (steps, concurrency, repeat): those measured now, and those of a

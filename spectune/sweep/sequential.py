@@ -7,10 +7,13 @@ of the window buys nothing. :class:`EarlyStop` watches the measured requests as 
 (``stop_reason`` ``early_stop``, the requests in flight still finish and count) when, after at least
 ``min_requests`` successful requests and ``min_s`` seconds:
 
-* ``below_best``: the cell's upper bound is below the reference (the best other cell measured at the concurrency)
-  by more than the noise band: it loses whatever its num_steps (``spectune recommend`` calls differences inside the
-  band ties, and a difference beyond it a loss);
-* ``above_best``: its lower bound beats the reference by more than the band: it is the new best;
+* ``below_best``: the cell's upper bound cannot take the choice from the reference (the best other cell measured at
+  the concurrency): ``spectune recommend`` calls differences inside the noise band ties and takes the smaller
+  num_steps of a tie, so a larger num_steps than the reference's must beat it by more than the band (upper bound
+  below reference x (1 + band) stops it) and a smaller one must come within the band (upper bound below
+  reference x (1 - band) stops it);
+* ``above_best``: its lower bound takes the choice from the reference by the same rule (above reference x (1 +
+  band) for a larger num_steps, above reference x (1 - band) for a smaller one);
 * ``precise``: its interval's half-width is at most ``precision`` (a fraction; default half the noise band): the
   estimate is as tight as any comparison needs.
 
@@ -89,7 +92,8 @@ class EarlyStop:
         concurrency: the closed loop's requests in flight (the throughput statistic's c).
         planned: the window's planned requests (the confidence sequence's ``t_opt``).
         reference: the best objective value measured by another cell at this concurrency (tokens/s or ms), or None
-            (only ``precise`` can stop the window then).
+            (only ``precise`` can stop the window then). steps, reference_steps: num_steps of this cell and of the
+            reference (None: the band counts against the cell both ways, as if the num_steps were unknown).
         noise_band: fraction; differences below it are ties. confidence: of the confidence sequence (0.5..1).
         precision: relative half-width at which the estimate is precise enough (default: half the noise band).
         min_requests: successful requests before any stop (default max(``MIN_WAVES`` x concurrency,
@@ -105,6 +109,8 @@ class EarlyStop:
     precision: float | None = None
     min_requests: int | None = None
     min_s: float = 0.0
+    steps: int | None = None
+    reference_steps: int | None = None
     last: dict[str, Any] = field(default_factory=dict)
     reason: str | None = None
     _seen: int = -1
@@ -159,9 +165,12 @@ class EarlyStop:
         reason = None
         if ref is not None and ref > 0:
             edge = ref if self.objective != "tpot" else 1 / ref  # in "bigger is better" units
-            if better_hi < edge * (1 - band):
+            known = self.steps is not None and self.reference_steps is not None
+            larger = known and self.steps > self.reference_steps  # type: ignore[operator]
+            smaller = known and self.steps < self.reference_steps  # type: ignore[operator]
+            if better_hi < edge * (1 + band if larger else 1 - band):
                 reason = "below_best"
-            elif better_lo > edge * (1 + band):
+            elif better_lo > edge * (1 - band if smaller else 1 + band):
                 reason = "above_best"
         if reason is None and r <= (self.precision or 0):
             reason = "precise"
