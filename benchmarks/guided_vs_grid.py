@@ -50,6 +50,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         "(benchmarks/heldout_cost_model.py, never used by tests or tuning)")
     p.add_argument("--dataset", default="mt-bench")
     p.add_argument("--early-stop", action="store_true", help="the grid's windows stop early too (--early-stop)")
+    p.add_argument("--guided-full-windows", action="store_true",
+                   help="the guided plan without early stop (--no-early-stop): what the windows' stop rule saves")
     p.add_argument("--backend", default="local", help="spectune backend when not --emulated")
     p.add_argument("--steps", default="0,1,2,3,4")
     p.add_argument("--concurrency", default="1,2,4,8,16")
@@ -208,7 +210,8 @@ def virtual(args: argparse.Namespace) -> int:
         for design in ("grid", "guided"):
             plan = SweepPlan(steps=steps, concurrency=concs, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
                              design=design, drift_check=False, objective=args.objective,
-                             **({"early_stop": True} if design == "grid" and args.early_stop else {}))
+                             **({"early_stop": True} if design == "grid" and args.early_stop else
+                                {"early_stop": False} if design == "guided" and args.guided_full_windows else {}))
             async with EmulatedServers(model, steps) as urls:  # type: ignore[arg-type]
                 res[design] = await execute(plan, "openai", BackendOptions(endpoints=urls), out / design)
         return res

@@ -76,6 +76,18 @@ def test_a_cell_clearly_above_the_best_stops_above_best():
     assert rule.check(records(20, 100.0, 0.03), 5.0) == "above_best"
 
 
+def test_a_larger_num_steps_that_cannot_beat_the_best_by_the_band_stops():
+    """recommend takes the smaller num_steps of a tie: K=3 at 101 tok/s against K=1's 100 needs more than 102 to be
+    chosen, and its upper bound is below that."""
+    rule = EarlyStop("throughput", 1, 400, reference=100.0, steps=3, reference_steps=1)
+    assert rule.check(records(300, 99.0, 0.02), 5.0) == "below_best"
+
+
+def test_a_smaller_num_steps_within_the_band_of_the_best_takes_the_choice():
+    rule = EarlyStop("throughput", 1, 400, reference=100.0, steps=0, reference_steps=1)
+    assert rule.check(records(300, 100.5, 0.02), 5.0) == "above_best"
+
+
 def test_a_near_tie_runs_on_until_its_interval_is_tight():
     rule = EarlyStop("throughput", 1, 100, reference=101.0)
     assert rule.check(records(20, 100.0, 0.05), 5.0) is None
