@@ -194,6 +194,14 @@ def virtual(args: argparse.Namespace) -> int:
     steps = tuple(int(x) for x in args.steps.split(","))
     concs = tuple(int(x) for x in args.concurrency.split(","))
     seed = [0]
+    import dataclasses
+
+    quiet = dataclasses.replace(model, noise=0.0) if hasattr(model, "noise") else model  # type: ignore[arg-type]
+
+    def exact(k: int, c: int) -> float:
+        """The noise-free model's closed-loop throughput (or 1 / TPOT), as virtual_point computes it."""
+        step, al, L = quiet.step_s(c, k), quiet.acceptance_length(k), args.max_tokens
+        return c * L / ((1 + (L - 1) / al) * step) if args.objective != "tpot" else al / step
 
     async def point(self, key, base_url, model_name, drift=None):  # noqa: ANN001 - Sweep._point's signature
         rule = self._early_stop(key, self.plan.requests_for(key[1])) if drift is None else None
@@ -229,18 +237,24 @@ def virtual(args: argparse.Namespace) -> int:
             a, b = rec["grid"].cell(mine.steps, ch.concurrency).objective, rec["grid"].cell(ch.steps,
                                                                                               ch.concurrency).objective
             worst = min(worst, a / b if args.objective != "tpot" else b / a)
+        true = {d: min(exact(mine.steps, mine.concurrency) / max(exact(k, mine.concurrency) for k in steps)
+                       for mine in rec[d].choices) for d in ("grid", "guided")}
         secs = {k: sum(p["metrics"]["duration_s"] for p in o.points) for k, o in res.items()}
         launches = {k: o.cost["launches"] for k, o in res.items()}
         early = sum(1 for p in res["guided"].points if (p.get("early_stop") or {}).get("reason"))
-        rows.append((secs["guided"] / secs["grid"], worst, len(res["guided"].points), early, launches))
+        rows.append((secs["guided"] / secs["grid"], worst, len(res["guided"].points), early, launches, true))
         print(f"seed {s}: guided {secs['guided']:.1f} s / grid {secs['grid']:.1f} s = {rows[-1][0]:.1%}; worst choice "
-              f"{worst:.3f} of the grid's; points {rows[-1][2]}/{len(res['grid'].points)}; early-stopped {early}; "
+              f"{worst:.3f} of the grid's; worst against the noise-free model: guided {true['guided']:.3f}, grid "
+              f"{true['grid']:.3f}; points {rows[-1][2]}/{len(res['grid'].points)}; early-stopped {early}; "
               f"launches {launches['guided']}/{launches['grid']}", flush=True)
     print(f"{getattr(model, 'name', model)}; steps {args.steps}; concurrency {args.concurrency}; {args.num_prompts} prompts "
           f"x {args.max_tokens} tokens; request noise {args.request_noise:g}: guided / grid time mean "
           f"{statistics.mean(r[0] for r in rows):.1%}, max {max(r[0] for r in rows):.1%}; the grid's choice within 3% "
           f"at every concurrency in {sum(r[1] >= 0.97 for r in rows)}/{len(rows)} (worst {min(r[1] for r in rows):.3f});"
-          f" points {statistics.mean(r[2] for r in rows):.1f}; early stops {statistics.mean(r[3] for r in rows):.1f}")
+          f" points {statistics.mean(r[2] for r in rows):.1f}; early stops {statistics.mean(r[3] for r in rows):.1f}; "
+          f"against the noise-free model, every choice within 3% of the best in: guided "
+          f"{sum(r[5]['guided'] >= 0.97 for r in rows)}/{len(rows)} (worst {min(r[5]['guided'] for r in rows):.3f}), "
+          f"grid {sum(r[5]['grid'] >= 0.97 for r in rows)}/{len(rows)} (worst {min(r[5]['grid'] for r in rows):.3f})")
     return 0
 
 

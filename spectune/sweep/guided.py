@@ -69,6 +69,10 @@ the cell of the highest expected improvement per expected second among those sti
    changes the choice. The threshold scales with ``--noise-band``: a user who calls smaller differences gets a
    finer search.
 
+The windows themselves stop once the decision they serve is settled (:mod:`spectune.sweep.sequential`, on by default
+for this plan), and a cell of another num_steps than the running server's costs its window plus the launch or switch
+time measured so far; ``why`` records, per measured cell, why it was chosen (sweep.json ``guided.why``).
+
 The expected duration of a cell (:meth:`GuidedPlanner._duration`) is the output tokens a point at the nearest
 measured concurrency produced (duration x throughput) over the cell's predicted throughput: with a fixed number of
 prompts a c=1 cell takes several times as long as a c=32 one, with a duration cap they cost the same, and the ratio
