@@ -16,7 +16,7 @@ from spectune.backends.base import BackendOptions
 from spectune.results.reader import load_results
 from spectune.sweep.plan import SweepPlan
 from spectune.sweep.run import execute
-from spectune.sweep.sequential import EarlyStop, cs_half_width
+from spectune.sweep.sequential import MIN_SECONDS, EarlyStop, cs_half_width
 
 from helpers.cost_model import COMPUTE_BOUND, EmulatedServers
 
@@ -98,6 +98,12 @@ def test_a_tight_estimate_stops_precise_without_a_reference():
     assert rule.check(records(40, 100.0, 0.005), 5.0) == "precise"
 
 
+def test_a_window_whose_halves_disagree_is_not_precise():
+    """Requests that barely scatter but slow down by 10% halfway (the machine drifts): not a precise result."""
+    recs = records(20, 100.0, 0.001) + records(20, 90.0, 0.001, seed=1)
+    assert EarlyStop("throughput", 1, 100).check(recs, 5.0) is None
+
+
 def test_no_stop_before_the_minimum_requests():
     rule = EarlyStop("throughput", 8, 100, reference=200.0)  # two waves of 8: 16 requests
     assert rule.check(records(12, 100.0, 0.01), 5.0) is None
@@ -150,7 +156,7 @@ async def test_windows_stop_early_and_their_estimates_agree_with_the_full_window
         recs = sorted((RequestRecord.from_json(r) for r in lines if (r["steps"], r["concurrency"]) == (k, c)),
                       key=lambda r: r.end_time)
         ref = out[False][(0, c)]["metrics"]["output_throughput_tok_s"] if k else None
-        rule = EarlyStop("throughput", c, len(recs), ref)
+        rule = EarlyStop("throughput", c, len(recs), ref, min_s=MIN_SECONDS)
         for i in range(1, len(recs) + 1):
             if rule.check(recs[:i], recs[i - 1].end_time - recs[0].send_time):
                 break
