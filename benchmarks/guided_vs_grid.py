@@ -5,6 +5,14 @@
     python benchmarks/guided_vs_grid.py --backend local --steps 0,1,2,3,4 --concurrency 1,2,4,8,16,32 \
         --num-prompts 8 --max-tokens 32
     python benchmarks/guided_vs_grid.py --replay docs/examples/smollm2-cpu/sweep   # offline, on a measured grid
+    python benchmarks/guided_vs_grid.py --virtual 8 --emulated held-out --steps 0,1,2,3,5 --concurrency 1,4,16,64
+
+``--virtual N`` runs N seeded pairs of sweeps (grid, then guided) through spectune's own sweep loop whose every
+point is answered by the cost model's virtual window (tests/helpers/cost_model.py ``virtual_point``: the model's
+closed-loop throughput with 1% noise per point and ``--request-noise`` per request, the guided plan's early-stop
+rule applied to the requests in order), so the figures do not depend on how loaded the machine is; the time is the
+points' modelled windows. It prints per seed and overall: the guided plan's share of the grid's time, whether its
+choice at every concurrency is within 3% of the grid's (recommend on both folders), points and early stops.
 
 ``--replay GRID`` runs no server: the guided planner (spectune.sweep.guided) chooses its cells from a finished grid
 sweep's own measurements, round by round, and its cost is those points' measurement windows (``duration_s``); the
@@ -37,7 +45,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--emulated", choices=("compute-bound", "memory-bound"), default=None)
+    p.add_argument("--emulated", choices=("compute-bound", "memory-bound", "held-out"), default=None,
+                   help="in-process emulated servers: the tests' two cost models, or the held-out one "
+                        "(benchmarks/heldout_cost_model.py, never used by tests or tuning)")
+    p.add_argument("--dataset", default="mt-bench")
+    p.add_argument("--early-stop", action="store_true", help="the grid's windows stop early too (--early-stop)")
+    p.add_argument("--guided-full-windows", action="store_true",
+                   help="the guided plan without early stop (--no-early-stop): what the windows' stop rule saves")
     p.add_argument("--backend", default="local", help="spectune backend when not --emulated")
     p.add_argument("--steps", default="0,1,2,3,4")
     p.add_argument("--concurrency", default="1,2,4,8,16")
@@ -51,6 +65,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT SLO, ms")
     p.add_argument("--budget", default=None)
     p.add_argument("--replay", type=Path, default=None, help="a finished grid sweep folder: replay offline")
+    p.add_argument("--virtual", type=int, default=0, help="N seeded virtual sweep pairs (module docstring)")
+    p.add_argument("--request-noise", type=float, default=0.10, help="--virtual: relative sd of a request's latency")
     return p.parse_args(argv)
 
 
@@ -106,17 +122,18 @@ def run_plans(args: argparse.Namespace, out: Path) -> dict[str, object]:
     concs = tuple(int(x) for x in args.concurrency.split(","))
     points, seconds = parse_budget(args.budget)
     base = dict(steps=steps, concurrency=concs, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
-                duration_per_point_s=args.duration, objective=args.objective, dataset="mt-bench",
+                duration_per_point_s=args.duration, objective=args.objective, dataset=args.dataset,
                 slo_tpot_ms=args.slo_tpot_ms, slo_ttft_ms=args.slo_ttft_ms)
     outcomes = {}
     for design in ("grid", "guided"):
-        extra = dict(budget_points=points, budget_s=seconds) if design == "guided" else {}
+        extra = (dict(budget_points=points, budget_s=seconds) if design == "guided"
+                 else dict(early_stop=True) if args.early_stop else {})
         plan = SweepPlan(design=design, **base, **extra)
         t = time.perf_counter()
         if args.emulated:
-            from helpers.cost_model import COMPUTE_BOUND, MEMORY_BOUND, EmulatedServers
+            from helpers.cost_model import EmulatedServers
 
-            model = {"compute-bound": COMPUTE_BOUND, "memory-bound": MEMORY_BOUND}[args.emulated]
+            model = emulated_model(args.emulated)
 
             async def emulated() -> object:
                 async with EmulatedServers(model, steps) as urls:
@@ -152,10 +169,101 @@ def compare(out: Path, objective: str, grid: Path | None = None) -> dict[str, ob
     return {"rows": rows, "column": col}
 
 
+def emulated_model(name: str) -> object:
+    """The cost model named by ``--emulated`` (the tests' two, or the held-out one in benchmarks/)."""
+    from helpers.cost_model import COMPUTE_BOUND, MEMORY_BOUND
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from heldout_cost_model import HELD_OUT
+
+    return {"compute-bound": COMPUTE_BOUND, "memory-bound": MEMORY_BOUND, "held-out": HELD_OUT}[name]
+
+
+def virtual(args: argparse.Namespace) -> int:
+    """``--virtual N``: N seeded grid/guided pairs on virtual windows (module docstring); prints the figures."""
+    import statistics
+
+    from helpers.cost_model import EmulatedServers, virtual_point
+    from spectune.backends.base import BackendOptions
+    from spectune.results.reader import load_results
+    from spectune.sweep.plan import SweepPlan
+    from spectune.sweep.run import Sweep, execute
+    from spectune.tune.recommend import RecommendOptions, recommend
+
+    model = emulated_model(args.emulated or "held-out")
+    steps = tuple(int(x) for x in args.steps.split(","))
+    concs = tuple(int(x) for x in args.concurrency.split(","))
+    seed = [0]
+    import dataclasses
+
+    quiet = dataclasses.replace(model, noise=0.0) if hasattr(model, "noise") else model  # type: ignore[arg-type]
+
+    def exact(k: int, c: int) -> float:
+        """The noise-free model's closed-loop throughput (or 1 / TPOT), as virtual_point computes it."""
+        step, al, L = quiet.step_s(c, k), quiet.acceptance_length(k), args.max_tokens
+        return c * L / ((1 + (L - 1) / al) * step) if args.objective != "tpot" else al / step
+
+    async def point(self, key, base_url, model_name, drift=None):  # noqa: ANN001 - Sweep._point's signature
+        rule = self._early_stop(key, self.plan.requests_for(key[1])) if drift is None else None
+        p, recs = virtual_point(model, key, self.plan.requests_for(key[1]), self.plan.max_tokens, 0.01, seed[0],
+                                rule, args.request_noise)
+        for r in recs:
+            self.folder.append_request(r)
+        return p, recs
+
+    Sweep._point = point  # type: ignore[method-assign]
+
+    async def pair(out: Path) -> dict[str, object]:
+        res = {}
+        for design in ("grid", "guided"):
+            plan = SweepPlan(steps=steps, concurrency=concs, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
+                             design=design, drift_check=False, objective=args.objective,
+                             **({"early_stop": True} if design == "grid" and args.early_stop else
+                                {"early_stop": False} if design == "guided" and args.guided_full_windows else {}))
+            async with EmulatedServers(model, steps) as urls:  # type: ignore[arg-type]
+                res[design] = await execute(plan, "openai", BackendOptions(endpoints=urls), out / design)
+        return res
+
+    rows = []
+    for s in range(args.virtual):
+        seed[0] = s
+        with tempfile.TemporaryDirectory() as d:
+            res = asyncio.run(pair(Path(d)))
+            rec = {k: recommend(load_results(Path(d) / k), RecommendOptions(objective=args.objective))
+                   for k in ("grid", "guided")}
+        worst = 1.0
+        for ch in rec["grid"].choices:
+            mine = next(x for x in rec["guided"].choices if x.concurrency == ch.concurrency)
+            a, b = rec["grid"].cell(mine.steps, ch.concurrency).objective, rec["grid"].cell(ch.steps,
+                                                                                              ch.concurrency).objective
+            worst = min(worst, a / b if args.objective != "tpot" else b / a)
+        true = {d: min(exact(mine.steps, mine.concurrency) / max(exact(k, mine.concurrency) for k in steps)
+                       for mine in rec[d].choices) for d in ("grid", "guided")}
+        secs = {k: sum(p["metrics"]["duration_s"] for p in o.points) for k, o in res.items()}
+        launches = {k: o.cost["launches"] for k, o in res.items()}
+        early = sum(1 for p in res["guided"].points if (p.get("early_stop") or {}).get("reason"))
+        rows.append((secs["guided"] / secs["grid"], worst, len(res["guided"].points), early, launches, true))
+        print(f"seed {s}: guided {secs['guided']:.1f} s / grid {secs['grid']:.1f} s = {rows[-1][0]:.1%}; worst choice "
+              f"{worst:.3f} of the grid's; worst against the noise-free model: guided {true['guided']:.3f}, grid "
+              f"{true['grid']:.3f}; points {rows[-1][2]}/{len(res['grid'].points)}; early-stopped {early}; "
+              f"launches {launches['guided']}/{launches['grid']}", flush=True)
+    print(f"{getattr(model, 'name', model)}; steps {args.steps}; concurrency {args.concurrency}; {args.num_prompts} prompts "
+          f"x {args.max_tokens} tokens; request noise {args.request_noise:g}: guided / grid time mean "
+          f"{statistics.mean(r[0] for r in rows):.1%}, max {max(r[0] for r in rows):.1%}; the grid's choice within 3% "
+          f"at every concurrency in {sum(r[1] >= 0.97 for r in rows)}/{len(rows)} (worst {min(r[1] for r in rows):.3f});"
+          f" points {statistics.mean(r[2] for r in rows):.1f}; early stops {statistics.mean(r[3] for r in rows):.1f}; "
+          f"against the noise-free model, every choice within 3% of the best in: guided "
+          f"{sum(r[5]['guided'] >= 0.97 for r in rows)}/{len(rows)} (worst {min(r[5]['guided'] for r in rows):.3f}), "
+          f"grid {sum(r[5]['grid'] >= 0.97 for r in rows)}/{len(rows)} (worst {min(r[5]['grid'] for r in rows):.3f})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import os
 
     args = parse(argv)
+    if args.virtual:
+        return virtual(args)
     out = args.output_dir or Path(tempfile.mkdtemp(prefix="guided-vs-grid-"))
     if args.replay is not None:
         r = replay(args.replay, out, args.objective, args.restart_s)
@@ -201,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"guided / grid measuring time (points + switches + {args.restart_s:g} s per launch): {share:.1%}; with "
           f"the drift checks: {share_drift:.1%}; points {totals['guided'][2]}/{totals['grid'][2]}; agreement within 3% "
           f"at every concurrency: {'yes' if agree else 'NO'}")
+    early = {d: sum(1 for p in outcomes[d].points if (p.get("early_stop") or {}).get("reason"))  # type: ignore
+             for d in ("grid", "guided")}
+    print(f"windows stopped early: grid {early['grid']}, guided {early['guided']}")
     guided = json.loads((out / "guided" / "sweep.json").read_text()).get("guided") or {}
     print(f"guided rounds: {guided.get('rounds')}; stopped: {guided.get('stopped')}; fit: "
           f"{(guided.get('fit') or {}).get('features')}, relative error "

@@ -3,12 +3,15 @@
 A point ends after ``max_requests`` requests or ``max_duration_s`` seconds, whichever comes first. After that no
 request is sent; requests in flight may finish for up to ``drain_timeout_s`` seconds, then they are cancelled and
 recorded as failed (their partial measurements kept). ``max_failures`` stops a point early when the server is
-clearly broken (every request failing fast would otherwise burn through the whole request budget).
+clearly broken (every request failing fast would otherwise burn through the whole request budget). ``stop_when``
+ends a point once its caller has learnt what it measures the point for (a sequential test on the finished requests,
+``spectune.sweep.sequential``); requests in flight then finish as after ``max_requests``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 from spectune.loadgen.errors import UserError
 
@@ -24,12 +27,14 @@ class RunState:
         finished: requests finished (successfully or not).
         failed: finished requests that failed.
         elapsed_s: s since the run started.
+        records: the finished requests, in the order they finished.
     """
 
     started: int = 0
     finished: int = 0
     failed: int = 0
     elapsed_s: float = 0.0
+    records: list[Any] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,9 @@ class Constraints:
         max_failures: stop sending once this many requests have failed, or None.
         drain_timeout_s: s; after sending stopped, how long requests in flight may take to finish before they are
             cancelled and recorded as failed.
+        stop_when: called with the finished records and the seconds since the run started whenever the runner
+            decides whether to send; a non-empty string it returns stops sending (``stop_reason`` ``early_stop``;
+            the string is the caller's own reason, kept by the caller), or None.
 
     Raises:
         UserError: neither ``max_requests`` nor ``max_duration_s`` given (the point would never end), or a
@@ -52,6 +60,7 @@ class Constraints:
     max_duration_s: float | None = None
     max_failures: int | None = None
     drain_timeout_s: float = 60.0
+    stop_when: Callable[[Sequence[Any], float], str | None] | None = None
 
     def __post_init__(self) -> None:
         if self.max_requests is None and self.max_duration_s is None:
@@ -64,13 +73,16 @@ class Constraints:
             raise UserError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
 
     def stop_reason(self, state: RunState) -> str | None:
-        """Why sending must stop now (``"max_requests"``, ``"max_duration"``, ``"max_failures"``), or None."""
+        """Why sending must stop now (``"max_requests"``, ``"max_duration"``, ``"max_failures"``, ``"early_stop"``),
+        or None."""
         if self.max_requests is not None and state.started >= self.max_requests:
             return "max_requests"
         if self.max_duration_s is not None and state.elapsed_s >= self.max_duration_s:
             return "max_duration"
         if self.max_failures is not None and state.failed >= self.max_failures:
             return "max_failures"
+        if self.stop_when is not None and self.stop_when(state.records, state.elapsed_s):
+            return "early_stop"
         return None
 
     def deadline(self, t0: float) -> float | None:

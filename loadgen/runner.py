@@ -44,7 +44,8 @@ class PointResult:
         window_start: s; first measured send (min ``send_time``), or None without records.
         window_end: s; last measured end (max ``end_time``), or None.
         achieved_concurrency: requests; time-average of requests in flight over the window, or None.
-        stop_reason: ``"max_requests"``, ``"max_duration"``, ``"max_failures"``, or ``"warmup_timeout"`` when the
+        stop_reason: ``"max_requests"``, ``"max_duration"``, ``"max_failures"``, ``"early_stop"`` (the constraints'
+            ``stop_when`` said the point had measured enough; the requests in flight finished), or ``"warmup_timeout"`` when the
             warm-up did not finish in time (nothing measured).
         warmup_records: the warm-up requests (for diagnostics: a failing warm-up means a broken server).
         client_cpu_share: CPU seconds of the client's event-loop thread per wall second of the measured run (0..1;
@@ -158,7 +159,7 @@ class _Run:
         self.on_record, self.prefix, self.on_start = on_record, prefix, on_start
         self.state = RunState()
         self.inflight: dict[asyncio.Task, RequestRecord] = {}
-        self.records: list[RequestRecord] = []
+        self.records: list[RequestRecord] = self.state.records
         self.changes_t: list[float] = []  # times when the in-flight count changed ...
         self.changes_n: list[int] = []  # ... and the count from then on
         self.stopped: str | None = None

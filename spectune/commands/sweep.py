@@ -83,6 +83,11 @@ def sweep(
                                               "check (0.5-0.999).")] = 0.95,
     noise_band: Annotated[float, typer.Option(help="PCT: the guided plan treats differences below this as ties "
                                               "(the smaller num_steps wins), as spectune recommend does.")] = 2.0,
+    early_stop: Annotated[Optional[bool], typer.Option("--early-stop/--no-early-stop", help="End a point's window "
+                                                       "once its interval settles the decision it serves (clearly "
+                                                       "below or above the best measured at its concurrency, or "
+                                                       "tight enough), after at least two closed-loop waves. "
+                                                       "Default: on for --plan guided, off for the grid.")] = None,
     order: Annotated[str, typer.Option(help="auto: interleave num_steps at each concurrency where the backend "
                                        "switches cheaply (local, llamacpp), else one num_steps block after another; "
                                        "or interleaved / blocks.")] = "auto",
@@ -145,7 +150,7 @@ def sweep(
         warmup_requests=warmup, requests_per_point=requests_per_point, duration_per_point_s=duration,
         max_failure_rate=max_failure_rate, design=plan_kind, order=order, drift_check=drift_check,
         objective=objective, budget_points=parse_budget(budget)[0], budget_s=parse_budget(budget)[1],
-        confidence=confidence, noise_band=noise_band / 100,
+        confidence=confidence, noise_band=noise_band / 100, early_stop=early_stop,
     )
     plan.validate()
     timeouts = ClientTimeouts(request_timeout, warmup_timeout)

@@ -102,8 +102,9 @@ def normalize_summary(df: pd.DataFrame, source: Path | str) -> pd.DataFrame:
     if (df["concurrency"] < 1).any() or (df["steps"] < 0).any():
         raise UserError(f"{source}: steps must be >= 0 and concurrency >= 1")
     df["status"] = df["status"].fillna("failed").astype(str).str.strip().str.lower()
-    if "predicted" in df.columns:
-        df["predicted"] = df["predicted"].map(lambda v: str(v).strip().lower() in ("true", "1", "1.0"))
+    for flag in ("predicted", "stopped_early"):
+        if flag in df.columns:
+            df[flag] = df[flag].map(lambda v: str(v).strip().lower() in ("true", "1", "1.0"))
     for col in df.columns:
         if col in TEXT_COLUMNS:
             df[col] = df[col].fillna("").astype(str)

@@ -30,16 +30,22 @@ for a measured point, the model's prediction interval for a predicted cell (:mod
 PLAN_COLUMNS = ("predicted",)
 """True for a cell the guided plan predicted instead of measuring (``spectune sweep --plan guided``)."""
 
+EARLY_STOP_COLUMNS = ("stopped_early", "early_stop_reason")
+"""Whether the point's window stopped before its planned requests because the decision it served was settled
+(``--early-stop``; :mod:`spectune.sweep.sequential`) and why (``below_best``, ``above_best``, ``precise``; empty when
+it ran its full window). Added after the first release: a summary.csv without them reads as False / empty."""
+
 SUMMARY_COLUMNS: tuple[str, ...] = (*KEY_COLUMNS, *STATUS_COLUMNS, *STREAM_COLUMNS, *ACCEPTANCE_COLUMNS,
                                     *SLO_CLIENT_COLUMNS, *BATCH_SIZE_COLUMNS, *DERIVED_COLUMNS, *INTERVAL_COLUMNS,
-                                    *PLAN_COLUMNS)
+                                    *PLAN_COLUMNS, *EARLY_STOP_COLUMNS)
 """summary.csv columns, in file order."""
 
 REQUIRED_COLUMNS = ("steps", "concurrency", "status")
 """Columns a summary must have to be read at all."""
-TEXT_COLUMNS = ("status", "error", "acceptance_length_source", "token_count_source", "batch_size_source")
+TEXT_COLUMNS = ("status", "error", "acceptance_length_source", "token_count_source", "batch_size_source",
+                "early_stop_reason")
 """Text columns (read as strings, empty for none)."""
-FLAG_COLUMNS = ("client_limited", "predicted")
+FLAG_COLUMNS = ("client_limited", "predicted", "stopped_early")
 """True/False columns (read as written)."""
 NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in SUMMARY_COLUMNS
                                          if c not in (*KEY_COLUMNS, *TEXT_COLUMNS, *FLAG_COLUMNS))
@@ -58,6 +64,8 @@ def summary_row(point: dict[str, Any]) -> dict[str, Any]:
     row = {c: point.get("metrics", {}).get(c) for c in SUMMARY_COLUMNS}
     row.update({c: point.get(c) for c in (*KEY_COLUMNS, *STATUS_COLUMNS)})
     row["predicted"] = bool(point.get("predicted", False))
+    why = (point.get("early_stop") or {}).get("reason")
+    row["stopped_early"], row["early_stop_reason"] = bool(why), why or ""
     return row
 
 

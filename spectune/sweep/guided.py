@@ -69,6 +69,10 @@ the cell of the highest expected improvement per expected second among those sti
    changes the choice. The threshold scales with ``--noise-band``: a user who calls smaller differences gets a
    finer search.
 
+The windows themselves stop once the decision they serve is settled (:mod:`spectune.sweep.sequential`, on by default
+for this plan), and a cell of another num_steps than the running server's costs its window plus the launch or switch
+time measured so far; ``why`` records, per measured cell, why it was chosen (sweep.json ``guided.why``).
+
 The expected duration of a cell (:meth:`GuidedPlanner._duration`) is the output tokens a point at the nearest
 measured concurrency produced (duration x throughput) over the cell's predicted throughput: with a fixed number of
 prompts a c=1 cell takes several times as long as a c=32 one, with a duration cap they cost the same, and the ratio
@@ -232,6 +236,8 @@ class GuidedPlanner:
     fit_info: dict[str, Any] = field(default_factory=dict)
     #: the deciding comparisons the settle step last saw (:meth:`comparisons`), for sweep.json
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    #: why each proposed cell was measured, in order (sweep.json ``guided.why``)
+    why: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def z(self) -> float:
@@ -468,12 +474,21 @@ class GuidedPlanner:
         * (smallest K, largest c), (second K, largest c): num_steps 0 and 1 at the same concurrency, so the jump in
           step time from no speculation to one draft token (the draft model's fixed per-step cost, ``K>0``) is
           identified instead of being spread over the per-draft-token slope;
-        * (smallest K, middle c): the batch dependence.
+        * (smallest K, middle c): the batch dependence; left out on a grid of fewer than three concurrencies (there
+          is no middle one: the other end is opened by its predicted best num_steps right after the seed). A
+          three-cell seed on every grid of at most 20 cells was tried and dropped: on replays of virtual 5 x 4
+          sweeps (concurrency 1, 4, 16, 64; 3% noise; 8 seeds per cost model) it saved no time (39% and 38% of the
+          grid's against 36% and 37%) and on the compute-bound model it once chose a num_steps 46% below the
+          grid's (worst 5.8% with the fourth cell): without K=0 measured between the ends, the draft's fixed cost
+          is extrapolated across the batch.
 
         A fifth cell follows once these are measured (:meth:`seed_fifth`)."""
         ks, cs = sorted(self.steps), sorted(self.concurrency)
+        cells = [(ks[-1], cs[0]), (ks[0], cs[-1]), (ks[1] if len(ks) > 1 else ks[0], cs[-1])]
+        if len(cs) >= 3:
+            cells.append((ks[0], self._cmid))
         out: list[tuple[int, int]] = []
-        for cell in ((ks[-1], cs[0]), (ks[0], cs[-1]), (ks[1] if len(ks) > 1 else ks[0], cs[-1]), (ks[0], self._cmid)):
+        for cell in cells:
             if cell not in out:
                 out.append(cell)
         return out
@@ -508,24 +523,37 @@ class GuidedPlanner:
         return p.throughput, p.throughput_low, p.throughput_high
 
     def next_round(self, points: Sequence[dict[str, Any]], tried: set[tuple[int, int]],
-                   all_threats: bool = False) -> list[tuple[int, int]]:
+                   all_threats: bool = False, current: int | None = None,
+                   launch_s: float = 0.0) -> list[tuple[int, int]]:
         """The cells to measure next (module docstring): the seed when nothing was measured yet; then the one cell
         of the highest expected improvement per expected second (``all_threats``, for servers whose restart costs
         more than a point: every cell worth measuring of the one num_steps with the largest summed value, most
         valuable first, so a round costs one restart); [] when the choice is settled everywhere. ``tried``: cells
-        already attempted (measured or failed), never proposed again."""
+        already attempted (measured or failed), never proposed again. ``current``: the running server's num_steps;
+        ``launch_s``: s a server launch or switch costs (measured so far): a cell of another num_steps costs its
+        window plus that, so of two equally informative cells the one on the running server goes first. Each
+        proposed cell's reason is appended to ``why`` (sweep.json ``guided.why``)."""
         cells = self.cells(points)
         if not cells:
             seed = [x for x in self.seed() if x not in tried]
+            roles = {self.seed()[0]: "seed: per-position acceptance of every smaller num_steps",
+                     self.seed()[1]: "seed: num_steps 0 at the largest concurrency"}
+            for kc in seed:
+                self.why.append({"steps": kc[0], "concurrency": kc[1], "reason": roles.get(
+                    kc, "seed: draft fixed cost (num_steps 0 and 1 side by side)" if kc[1] == max(self.concurrency)
+                    else "seed: batch dependence")})
             self.rounds.append(seed)
             return seed
         if len(self.rounds) == 1:  # the seed was measured: its fifth cell
             fifth = self.seed_fifth(cells)
             if fifth is not None and fifth not in tried:
                 self.rounds.append([fifth])
+                self.why.append({"steps": fifth[0], "concurrency": fifth[1],
+                                 "reason": "seed: fifth cell chosen by the num_steps 0/1 pair"})
                 return [fifth]
         preds = self.predict(points)
         proposals: list[tuple[float, tuple[int, int]]] = []
+        info: dict[tuple[int, int], dict[str, Any]] = {}
         for c in self.concurrency:
             open_ = [k for k in self.steps if (k, c) not in tried and (k, c) in preds]
             if not open_:
@@ -535,8 +563,14 @@ class GuidedPlanner:
                 maximise = self.objective != "tpot"
                 best_k = max(open_, key=lambda k: self._value(preds[(k, c)])[0] * (1 if maximise else -1))
                 proposals.append((math.inf, (best_k, c)))
+                info[(best_k, c)] = {"reason": "first cell at its concurrency: its predicted best num_steps"}
                 continue
-            proposals += [(ei / self._duration(cells, preds[(k, c)]), (k, c)) for k, ei in values.items()]
+            for k, ei in values.items():
+                secs = self._duration(cells, preds[(k, c)])
+                switch = launch_s if current is not None and k != current else 0.0
+                proposals.append((ei / (secs + switch), (k, c)))
+                info[(k, c)] = {"reason": "highest expected improvement per second", "expected_improvement": ei,
+                                "expected_s": secs, "switch_s": switch}
         proposals.sort(key=lambda x: -x[0])
         out = [cell for _, cell in proposals]
         if not all_threats:
@@ -552,6 +586,11 @@ class GuidedPlanner:
             out = [cell for cell in out if cell[0] == top]
         if out:
             self.rounds.append(out)
+            value = dict((cell, v) for v, cell in proposals)
+            for kc in out:
+                v = value[kc]
+                self.why.append({"steps": kc[0], "concurrency": kc[1], **info[kc],
+                                 **({"value_per_s": v} if math.isfinite(v) else {})})
         return out
 
     def values(self, cells: dict[tuple[int, int], _Cell], preds: dict[tuple[int, int], Prediction], c: int,
@@ -680,6 +719,9 @@ class GuidedPlanner:
             if open_:
                 k, c = min(open_)[2]
                 out.append((k, c, done[(k, c)]))
+                self.why.append({"steps": k, "concurrency": c, "repeat": done[(k, c)],
+                                 "reason": f"settle: num_steps {cmp['steps']} vs {cmp['best']} at ratio "
+                                           f"{cmp['ratio']:.3f} [{cmp['low']:.3f}, {cmp['high']:.3f}] reaches the band"})
         if out:
             self.rounds.append([(k, c) for k, c, _ in out])
         return out
@@ -688,4 +730,4 @@ class GuidedPlanner:
         """sweep.json's ``guided``: the rounds measured and the last fit."""
         return {"objective": self.objective, "confidence": self.confidence, "noise_band": self.noise_band,
                 "rounds": [[list(x) for x in r] for r in self.rounds], "fit": self.fit_info,
-                "comparisons": self.decisions}
+                "comparisons": self.decisions, "why": self.why}

@@ -52,6 +52,8 @@ class SweepPlan:
             of measuring (server starts and switches included); None = until the choice is settled.
         confidence: confidence of the guided plan's intervals (0..1). noise_band: differences below this fraction
             are ties (the guided plan's settling rule, as ``spectune recommend --noise-band``).
+        early_stop: end a point's window once the decision it serves is settled (:mod:`spectune.sweep.sequential`);
+            None = on for the guided plan, off for the grid (``--early-stop/--no-early-stop``).
     """
 
     steps: tuple[int, ...] = DEFAULT_STEPS
@@ -78,6 +80,12 @@ class SweepPlan:
     budget_s: float | None = None
     confidence: float = 0.95
     noise_band: float = 0.02
+    early_stop: bool | None = None
+
+    @property
+    def stops_early(self) -> bool:
+        """Whether windows stop early (``early_stop``, or by default for the guided plan only)."""
+        return self.design == "guided" if self.early_stop is None else bool(self.early_stop)
 
     def validate(self) -> None:
         """Raises UserError naming the first bad value (and how to fix it)."""
@@ -162,18 +170,19 @@ class SweepPlan:
 
         return ClosedLoop(concurrency)
 
-    def constraints(self, requests: int) -> Any:
-        """Stop rules of a point of ``requests`` requests: that many, the duration cap, and an early stop once
+    def constraints(self, requests: int, stop_when: Any = None) -> Any:
+        """Stop rules of a point of ``requests`` requests: that many, the duration cap, an early stop once
         failures exceed ``max_failure_rate`` of them (floor(rate * requests) + 1 failures: the point is failed
-        whatever happens next)."""
+        whatever happens next), and ``stop_when`` (the sequential rule of :mod:`spectune.sweep.sequential`, or
+        None)."""
         from spectune.loadgen.constraints import Constraints
 
         return Constraints(max_requests=requests, max_duration_s=self.duration_per_point_s,
-                           max_failures=math.floor(self.max_failure_rate * requests) + 1)
+                           max_failures=math.floor(self.max_failure_rate * requests) + 1, stop_when=stop_when)
 
 
 NEW_KEYS = {"design": "grid", "order": "auto", "drift_check": True, "objective": "throughput", "budget_points": None,
-            "budget_s": None, "confidence": 0.95, "noise_band": 0.02}
+            "budget_s": None, "confidence": 0.95, "noise_band": 0.02, "early_stop": None}
 """Plan keys added after the first release, with the value an older sweep.json means by leaving them out (``--resume``
 of an older sweep compares with these)."""
 

@@ -45,6 +45,7 @@ from spectune.results.schema import KEY_COLUMNS, STATUS_COLUMNS, SUMMARY_COLUMNS
 from spectune.sweep.drift import drift_check, drift_summary
 from spectune.sweep.guided import GuidedPlanner
 from spectune.sweep.plan import NEW_KEYS, ClientTimeouts, SweepListener, SweepOutcome, SweepPlan
+from spectune.sweep.sequential import MIN_SECONDS, EarlyStop
 
 __all__ = ["Sweep", "execute", "run_blocking"]
 
@@ -196,7 +197,8 @@ class Sweep:
             restart = cost["switch_s"] / cost["launches"] if cost["launches"] else 0.0
             windows = [(p.get("metrics") or {}).get("duration_s") or 0.0 for p in self.folder.points]
             point = sum(windows) / len(windows) if windows else 0.0  # s per point's measurement window
-            cells = planner.next_round(self.folder.points, tried, all_threats=restart > point > 0)
+            cells = planner.next_round(self.folder.points, tried, all_threats=restart > point > 0,
+                                       current=self.current, launch_s=restart)
             keys = [(k, c, r) for k, c in cells for r in range(plan.repeats)]
             if not cells:  # no cell left worth measuring: settle the comparisons that decide the choices
                 keys = planner.settle(self.folder.points, self._records_by_point())
@@ -217,6 +219,27 @@ class Sweep:
         self.folder.write_summary()
         self.meta["guided"] = {**planner.describe(), "stopped": stop or "settled",
                                "measured_cells": len(measured), "predicted_cells": len(self.predicted)}
+
+    def _early_stop(self, key: Key, planned: int) -> EarlyStop | None:
+        """The sequential stop rule of ``key``'s window (:mod:`spectune.sweep.sequential`), or None when the plan's
+        windows run in full: its reference is the best objective measured at the key's concurrency by another
+        num_steps (median over repeats; None before any)."""
+        plan = self.plan
+        if not plan.stops_early:
+            return None
+        steps, conc, _ = key
+        maximise = plan.objective != "tpot"
+        col = "output_throughput_tok_s" if maximise else "tpot_p50_ms"
+        runs: dict[int, list[float]] = {}
+        for p in self.folder.points:
+            v = (p.get("metrics") or {}).get(col)
+            if (p.get("status") == "ok" and int(p["concurrency"]) == conc and int(p["steps"]) != steps
+                    and isinstance(v, (int, float)) and v > 0):
+                runs.setdefault(int(p["steps"]), []).append(float(v))
+        meds = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
+        best = ((max if maximise else min)(meds, key=lambda k: meds[k])) if meds else None
+        return EarlyStop(plan.objective, conc, planned, None if best is None else meds[best], plan.noise_band,
+                         plan.confidence, min_s=MIN_SECONDS, steps=steps, reference_steps=best)
 
     def _records_by_point(self) -> dict[Key, list[dict[str, Any]]]:
         """Request objects of every point, keyed (steps, concurrency, repeat): those measured now, and those of a
@@ -277,10 +300,12 @@ class Sweep:
                         | {"chunk_times": len(rec.chunk_times)})
             self.listener.request_finished(key, rec, done, planned)
 
+        rule = self._early_stop(key, planned) if drift is None else None
+        stop_when = None if rule is None else rule.check
         mark = self.folder.request_mark()
         try:
             w = await measure_window(
-                self.backend, config, self.prompts, plan.strategy(conc), plan.constraints(planned),
+                self.backend, config, self.prompts, plan.strategy(conc), plan.constraints(planned, stop_when),
                 warmup_requests=plan.warmup_for(conc), warmup_concurrency=conc,
                 warmup_timeout_s=self.timeouts.warmup_timeout_s, max_failure_rate=plan.max_failure_rate,
                 slo_ttft_ms=plan.slo_ttft_ms, slo_tpot_ms=plan.slo_tpot_ms, on_record=on_record,
@@ -321,6 +346,7 @@ class Sweep:
             "per_category": per_category_points(records, result.duration_s, steps, ask),
             "window": {"start_s": result.window_start, "end_s": result.window_end},
             "requests_planned": planned, "stop_reason": result.stop_reason,
+            **({"early_stop": rule.describe()} if rule is not None else {}),
             "warmup": {"requests": len(w.warmup), "failed": warm_failed}, "client_limit": limited,
             "model": model, "base_url": base_url, "started": started, "finished": now_iso(),
             **({"log_tail": log_tail} if log_tail else {}),

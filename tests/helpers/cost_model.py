@@ -252,13 +252,16 @@ def expected_throughput(model: CostModel, steps: int, concurrency: int) -> float
 
 
 def virtual_point(model: CostModel, key: tuple[int, int, int], requests: int, max_tokens: int, noise: float = 0.01,
-                  seed: int = 0) -> tuple[dict, list[dict]]:
+                  seed: int = 0, rule=None, request_noise: float = 0.02) -> tuple[dict, list[dict]]:
     """A point measured on a virtual server that runs ``model`` exactly, up to multiplicative noise ``noise``
     (relative standard deviation of the point's throughput, seeded by the key): the closed loop's expected
     throughput c x L / ((1 + (L - 1) / AL) x step time) for requests of L = ``max_tokens`` tokens (the first token
     takes a prefill step), TPOT = step time / AL, per-position acceptance of the chain, and ``requests`` request
     objects with latencies that give that throughput. Returns (points.jsonl object, request objects); its
-    ``metrics.duration_s`` is the time the point would take (requests x L / throughput)."""
+    ``metrics.duration_s`` is the time the point would take (requests x L / throughput). ``request_noise``: relative
+    standard deviation of one request's latency. ``rule``: a spectune.sweep.sequential.EarlyStop fed the requests in
+    order (elapsed time: their latencies so far over c); when it stops, the c - 1 requests in flight finish too and
+    the point keeps only those (throughput, duration and intervals from them; ``early_stop`` recorded)."""
     import numpy as np
 
     k, c, r = key
@@ -267,7 +270,19 @@ def virtual_point(model: CostModel, key: tuple[int, int, int], requests: int, ma
     step = model.step_s(c, k)
     per_request_s = (1 + (max_tokens - 1) / al) * step
     tput = c * max_tokens / per_request_s * (1 + noise * rng.standard_normal())
-    lat = np.full(requests, c * max_tokens / tput) * (1 + 0.02 * rng.standard_normal(requests))
+    lat = np.full(requests, c * max_tokens / tput) * np.maximum(1 + request_noise * rng.standard_normal(requests), 0.2)
+    if rule is not None:
+        from types import SimpleNamespace
+
+        seen = []
+        for i, x in enumerate(lat):
+            seen.append(SimpleNamespace(ok=True, completion_tokens=max_tokens, e2e_s=float(x), tpot_s=None,
+                                        dispatch_delay_s=0.0))
+            if rule.check(seen, float(lat[:i + 1].sum()) / c):
+                lat = lat[:min(i + c, requests)]
+                break
+        requests = len(lat)
+        tput = c * max_tokens * len(lat) / float(lat.sum())
     tpot = step / al * 1000
     recs = [{"steps": k, "concurrency": c, "repeat": r, "prompt_id": f"p{i % 8}", "error": None, "chunk_times": [0.0] * 4,
              "completion_tokens": max_tokens, "e2e_ms": float(x * 1000), "ttft_ms": step * 1000,
@@ -288,5 +303,6 @@ def virtual_point(model: CostModel, key: tuple[int, int, int], requests: int, ma
     point = {"steps": k, "concurrency": c, "repeat": r, "status": "ok", "error": "", "metrics": metrics,
              "acceptance": {"per_position": per_pos, "num_drafts": requests * max_tokens / al, "warning": None},
              "batch_size": None, "per_category": {}, "window": {"start_s": 0.0, "end_s": duration},
-             "requests_planned": requests, "stop_reason": "max_requests"}
+             "requests_planned": requests, "stop_reason": "early_stop" if rule is not None and rule.reason
+             else "max_requests", **({"early_stop": rule.describe()} if rule is not None else {})}
     return point, recs

@@ -448,3 +448,72 @@ def test_a_pair_whose_ratio_beats_the_band_by_a_hair_is_not_measured_again():
     planner = GuidedPlanner(STEPS, CONC)
     points, records = measured_pair(1.022, 0.12)
     assert planner.comparisons(points, records)[0]["verdict"] == "tie"
+
+
+def test_a_grid_without_a_middle_concurrency_gets_a_three_cell_seed():
+    """Two concurrencies: no middle one to measure K=0 at (the other end is opened by its predicted best right after
+    the seed); with three or more the seed keeps the batch-dependence cell."""
+    assert len(GuidedPlanner((0, 1, 2, 3, 5), (1, 64)).seed()) == 3
+    assert len(GuidedPlanner((0, 1, 2, 3, 5), (1, 4, 16, 64)).seed()) == 4
+
+
+def test_a_switch_makes_a_cell_of_another_num_steps_cost_more():
+    """Of the cells worth measuring (every concurrency opened), the best value per window second goes first when
+    switching is free; with a switch that costs far more than any window, a cell on the running server does."""
+    cells_ = sorted(set(full_seed(GuidedPlanner(STEPS, CONC)) + [(0, c) for c in CONC] + [(2, c) for c in CONC]))
+    planner = GuidedPlanner(STEPS, CONC)
+    planner.rounds = [[], []]
+    points = exact_points(planner, cells_)
+    cells, preds = planner.cells(points), planner.predict(points)
+    worth = {k for c in CONC for k in planner.values(cells, preds, c, [k for k in STEPS if (k, c) not in cells_])}
+    [free] = planner.next_round(points, set(cells_))
+    current = next(k for k in sorted(worth) if k != free[0])
+    [costly] = planner.next_round(points, set(cells_), current=current, launch_s=1e6)
+    assert costly[0] == current
+    assert planner.why[-1]["switch_s"] == 0.0
+
+
+async def test_sweep_json_says_why_each_cell_was_measured(tmp_path, monkeypatch):
+    import json
+
+    outcome = await virtual_sweep(tmp_path, COMPUTE_BOUND, "guided", monkeypatch)
+    why = json.loads((tmp_path / "guided" / "sweep.json").read_text())["guided"]["why"]
+    measured = [(p["steps"], p["concurrency"]) for p in outcome.points]
+    assert sorted((w["steps"], w["concurrency"]) for w in why) == sorted(measured)
+    assert all(w["reason"] for w in why)
+
+
+@pytest.mark.parametrize("model", [COMPUTE_BOUND, MEMORY_BOUND], ids=lambda m: m.name)
+async def test_on_a_small_grid_with_windows_that_stop_early_the_guided_plan_takes_at_most_35_percent(
+        tmp_path, model, monkeypatch):
+    """5 x 4 (num_steps 0,1,2,3,5 x concurrency 1,4,16,64, 48 prompts of 48 tokens), virtual windows with 10%
+    per-request noise that the guided plan's stop rule ends early (helpers.cost_model.virtual_point with a rule):
+    the grid's choice within 3% at every concurrency, in at most 35% of the grid's measuring time (the modelled
+    windows; the emulated servers switch for free)."""
+    from spectune.sweep.run import Sweep
+
+    steps, concs = (0, 1, 2, 3, 5), (1, 4, 16, 64)
+
+    async def virtual(self, key, base_url, model_name, drift=None):
+        rule = self._early_stop(key, self.plan.requests_for(key[1])) if drift is None else None
+        point, recs = virtual_point(model, key, self.plan.requests_for(key[1]), self.plan.max_tokens, 0.01, 0, rule,
+                                    0.10)
+        for r in recs:
+            self.folder.append_request(r)
+        return point, recs
+
+    monkeypatch.setattr(Sweep, "_point", virtual)
+    runs = {}
+    for design in ("grid", "guided"):
+        p = SweepPlan(steps=steps, concurrency=concs, num_prompts=48, max_tokens=48, design=design,
+                      drift_check=False)
+        async with EmulatedServers(model, steps) as urls:
+            runs[design] = await execute(p, "openai", BackendOptions(endpoints=urls), tmp_path / design)
+    grid = recommend(load_results(tmp_path / "grid"), RecommendOptions())
+    guided = recommend(load_results(tmp_path / "guided"), RecommendOptions())
+    for ch in grid.choices:
+        mine = next(x for x in guided.choices if x.concurrency == ch.concurrency)
+        assert grid.cell(mine.steps, ch.concurrency).objective >= 0.97 * grid.cell(ch.steps, ch.concurrency).objective
+    seconds = {d: sum(p["metrics"]["duration_s"] for p in o.points) for d, o in runs.items()}
+    assert seconds["guided"] <= 0.35 * seconds["grid"]
+    assert any((p.get("early_stop") or {}).get("reason") for p in runs["guided"].points)

@@ -1,0 +1,51 @@
+"""A held-out emulated server for benchmarks/guided_vs_grid.py (``--emulated held-out``): a cost model that no test
+and no tuning of the guided plan used (tests/helpers/cost_model.py has the two the tests use). Keep it out of
+tests/ and do not tune the planner on it: it exists to check that the plan's savings and choices are not an
+artefact of the models it was developed on.
+
+Step time, ms, of a verify step of b sequences at num_steps K is a roofline, not the tests' linear sum: the verify
+pass takes ``max(compute, memory)`` with ``compute = 0.12 * b * (K + 1)`` (tokens verified) and
+``memory = 7.0 + 0.03 * b`` (weights and KV read once), the draft ``K * (0.6 + 0.015 * b)``; every step is
+multiplied by ``1 + 0.05 * N(0, 1)`` (seeded), a server whose step time scatters by 5%. Conditional acceptance of
+draft position i: 0.75, 0.6, 0.5, 0.4, 0.35 (the last repeats). The choice moves from K=3 at concurrency 1 to K=2
+near 16 and K=0 at 64.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+__all__ = ["HELD_OUT", "RooflineModel"]
+
+
+@dataclass(frozen=True)
+class RooflineModel:
+    """Duck-types tests/helpers/cost_model.py's ``CostModel`` for its ``EmulatedServers`` (``step_s``,
+    ``accept_at``, ``acceptance_length``, ``name``)."""
+
+    name: str = "held-out roofline"
+    accept: tuple[float, ...] = (0.75, 0.6, 0.5, 0.4, 0.35)
+    noise: float = 0.05
+    rng: random.Random = field(default_factory=lambda: random.Random(11), compare=False)
+
+    def step_s(self, batch: int, steps: int) -> float:
+        """Seconds of one verify step of ``batch`` sequences at num_steps ``steps`` (module docstring)."""
+        b, k = max(batch, 1), steps
+        verify = max(0.12 * b * (k + 1), 7.0 + 0.03 * b)
+        draft = k * (0.6 + 0.015 * b)
+        return max(0.1, (verify + draft) * (1 + self.noise * self.rng.gauss(0.0, 1.0))) / 1000.0
+
+    def accept_at(self, i: int) -> float:
+        return self.accept[min(i, len(self.accept) - 1)]
+
+    def acceptance_length(self, steps: int) -> float:
+        """Expected tokens per verify step at num_steps ``steps``."""
+        total, run = 1.0, 1.0
+        for i in range(steps):
+            run *= self.accept_at(i)
+            total += run
+        return total
+
+
+HELD_OUT = RooflineModel()

@@ -1,0 +1,193 @@
+"""Windows that stop when the decision they serve is settled (``spectune sweep --early-stop``; on by default for
+``--plan guided``).
+
+A point's window normally runs its planned requests (``--requests-per-point``). Most cells are measured to answer one
+question: *is this num_steps better than the best measured at its concurrency?* Once that answer is certain the rest
+of the window buys nothing. :class:`EarlyStop` watches the measured requests as they finish and ends the window
+(``stop_reason`` ``early_stop``, the requests in flight still finish and count) when, after at least
+``min_requests`` successful requests and ``min_s`` seconds:
+
+* ``below_best``: the cell's upper bound cannot take the choice from the reference (the best other cell measured at
+  the concurrency): ``spectune recommend`` calls differences inside the noise band ties and takes the smaller
+  num_steps of a tie, so a larger num_steps than the reference's must beat it by more than the band (upper bound
+  below reference x (1 + band) stops it) and a smaller one must come within the band (upper bound below
+  reference x (1 - band) stops it);
+* ``above_best``: its lower bound takes the choice from the reference by the same rule (above reference x (1 +
+  band) for a larger num_steps, above reference x (1 - band) for a smaller one);
+* ``precise``: its interval's half-width is at most ``precision`` (a fraction; default half the noise band) and the
+  window's two halves agree within it: the estimate is as tight as any comparison needs. The halves guard a cell
+  whose requests barely scatter (num_steps 0 on a deterministic server): its interval is narrow at once, and a
+  machine slowing down under it would otherwise pass for a precise result (seen on the emulated servers of a loaded
+  VM: 10% within one window).
+
+**The interval.** A decision checked after every request is a sequential test: a fixed-n 95% interval looked at
+after each of n requests would be wrong far more than 5% of the time. The bounds are an *asymptotic confidence
+sequence* (Waudby-Smith, Arbour, Sinha, Kennedy and Ramdas, "Time-uniform central limit theory and asymptotic
+confidence sequences", arXiv:2103.06476, 2021, Theorem 2.2: the two-sided boundary of Robbins' normal mixture
+applied to the running mean with its running standard deviation): with probability at least ``confidence``
+(asymptotically) the true value lies inside the bounds at *every* request count simultaneously, so stopping at the
+first request where a rule holds keeps the error rate at most ``1 - confidence`` per cell:
+
+    half-width(t) = sd_t * sqrt(2 (t rho^2 + 1) / (t^2 rho^2) * log(sqrt(t rho^2 + 1) / alpha)),
+    rho^2 = (-2 log alpha + log(-2 log alpha + 1)) / t_opt
+
+(``alpha = 1 - confidence``; ``rho^2`` makes the boundary tightest near ``t_opt`` requests, here the planned window;
+the authors' R package ``drconfseq``, ``std_conjmix_margin`` and ``best_rho2_approx``). At ``t_opt`` the half-width
+is about 1.5 times the fixed-n normal one: the price of looking after every request.
+
+**The statistic.** Throughput objective: a closed loop of c requests delivers ``c * sum(tokens) / sum(latency)``
+tokens/s (Little's law, latency counted from when the request's slot freed: ``e2e + dispatch_delay``; the window's
+own ``output_throughput_tok_s`` up to its ramp-up and drain, a few % at four waves), a ratio of means
+whose standard deviation comes from the delta method (per request ``d_i = tokens_i - R * latency_i``, relative sd
+``sd(d) / mean(tokens)``). TPOT objective: the mean of the requests' TPOT (ms), relative sd ``sd / mean``. The
+requests of one closed loop share batches, so they are not independent; the minimum of two closed-loop waves
+(``min_requests``) keeps the first wave's ramp-up and a slow start of the server from deciding alone.
+
+Error rate, stated: per cell, the reference is treated as known; a stop on ``below_best`` or ``above_best`` is wrong
+with probability at most ``1 - confidence`` (5% at the default) under the asymptotic CS's conditions, and ``precise``
+leaves the estimate inside its bounds with the same probability. The reference is itself a measurement (its own
+interval): the guided plan's settle step compares the two cells again with the paired bootstrap
+(:meth:`spectune.sweep.guided.GuidedPlanner.comparisons`) before the choice is final.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+__all__ = ["EarlyStop", "cs_half_width", "MIN_WAVES", "MIN_REQUESTS", "MIN_SECONDS"]
+
+#: closed-loop waves a window runs at least before it may stop early (the first wave ramps up)
+MIN_WAVES = 2
+#: successful requests a window measures at least before it may stop early
+MIN_REQUESTS = 8
+#: seconds a sweep's window runs at least before it may stop early (a server's first second after a switch)
+MIN_SECONDS = 1.0
+
+
+def cs_half_width(sd: float, n: int, alpha: float, t_opt: float) -> float:
+    """Half-width of the two-sided asymptotic confidence sequence after ``n`` observations of standard deviation
+    ``sd`` (same unit as ``sd``; module docstring, Waudby-Smith et al. 2021, Theorem 2.2), tightest near ``t_opt``
+    observations; inf for n < 2.
+
+    Raises:
+        ValueError: alpha not in (0, 1) or t_opt not positive.
+    """
+    if not 0 < alpha < 1 or not t_opt > 0:
+        raise ValueError(f"alpha must be in (0, 1) and t_opt > 0, got {alpha}, {t_opt}")
+    if n < 2:
+        return math.inf
+    la = -2 * math.log(alpha)
+    rho2 = (la + math.log(la + 1)) / t_opt
+    return sd * math.sqrt(2 * (n * rho2 + 1) / (n * n * rho2) * math.log(math.sqrt(n * rho2 + 1) / alpha))
+
+
+@dataclass
+class EarlyStop:
+    """The stop rule of one window (module docstring). Call :meth:`check` with the finished records (objects with
+    ``ok``, ``completion_tokens``, ``e2e_s`` and ``tpot_s``, as :class:`spectune.loadgen.record.RequestRecord`) and
+    the seconds since the window began; it returns the reason to stop (``below_best``, ``above_best``, ``precise``)
+    or None, and keeps the last estimate for the point's ``early_stop`` record (:meth:`describe`).
+
+    Args:
+        objective: ``throughput`` (max tokens/s) or ``tpot`` (min ms).
+        concurrency: the closed loop's requests in flight (the throughput statistic's c).
+        planned: the window's planned requests (the confidence sequence's ``t_opt``).
+        reference: the best objective value measured by another cell at this concurrency (tokens/s or ms), or None
+            (only ``precise`` can stop the window then). steps, reference_steps: num_steps of this cell and of the
+            reference (None: the band counts against the cell both ways, as if the num_steps were unknown).
+        noise_band: fraction; differences below it are ties. confidence: of the confidence sequence (0.5..1).
+        precision: relative half-width at which the estimate is precise enough (default: half the noise band).
+        min_requests: successful requests before any stop (default max(``MIN_WAVES`` x concurrency,
+            ``MIN_REQUESTS``)). min_s: seconds before any stop.
+    """
+
+    objective: str
+    concurrency: int
+    planned: int
+    reference: float | None = None
+    noise_band: float = 0.02
+    confidence: float = 0.95
+    precision: float | None = None
+    min_requests: int | None = None
+    min_s: float = 0.0
+    steps: int | None = None
+    reference_steps: int | None = None
+    last: dict[str, Any] = field(default_factory=dict)
+    reason: str | None = None
+    _seen: int = -1
+
+    def __post_init__(self) -> None:
+        if self.precision is None:
+            self.precision = self.noise_band / 2
+        if self.min_requests is None:
+            self.min_requests = max(MIN_WAVES * self.concurrency, MIN_REQUESTS)
+
+    def estimate(self, records: Sequence[Any]) -> tuple[float, float, int] | None:
+        """(estimate, relative sd of one request's contribution, n) of the objective from the successful
+        ``records``; None when fewer than two are usable."""
+        if self.objective == "tpot":
+            xs = [r.tpot_s * 1e3 for r in records if r.ok and r.tpot_s is not None]
+            if len(xs) < 2:
+                return None
+            m = sum(xs) / len(xs)
+            sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+            return m, sd / m if m > 0 else math.inf, len(xs)
+        pairs = [(float(r.completion_tokens), r.e2e_s + (getattr(r, "dispatch_delay_s", None) or 0.0))
+                 for r in records if r.ok and r.completion_tokens and r.e2e_s and r.e2e_s > 0]
+        n = len(pairs)
+        if n < 2:
+            return None
+        tok, lat = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+        ratio = tok / lat
+        d = [t - ratio * s for t, s in pairs]
+        md = sum(d) / n
+        sd = math.sqrt(sum((x - md) ** 2 for x in d) / (n - 1))
+        return self.concurrency * ratio, sd / (tok / n), n
+
+    def check(self, records: Sequence[Any], elapsed_s: float) -> str | None:
+        """Why the window may stop now, or None (module docstring). Evaluated once per new finished record."""
+        if self.reason is not None:
+            return self.reason
+        if len(records) == self._seen:
+            return None
+        self._seen = len(records)
+        got = self.estimate(records)
+        if got is None:
+            return None
+        value, rel_sd, n = got
+        r = cs_half_width(rel_sd, n, 1 - self.confidence, max(self.planned, n))
+        lo, hi = value * (1 - r), value * (1 + r)
+        self.last = {"estimate": value, "low": lo, "high": hi, "requests": n, "elapsed_s": elapsed_s,
+                     "reference": self.reference}
+        if n < (self.min_requests or 0) or elapsed_s < self.min_s:
+            return None
+        band, ref = self.noise_band, self.reference
+        better_hi, better_lo = (hi, lo) if self.objective != "tpot" else (1 / lo if lo > 0 else math.inf, 1 / hi)
+        reason = None
+        if ref is not None and ref > 0:
+            edge = ref if self.objective != "tpot" else 1 / ref  # in "bigger is better" units
+            known = self.steps is not None and self.reference_steps is not None
+            larger = known and self.steps > self.reference_steps  # type: ignore[operator]
+            smaller = known and self.steps < self.reference_steps  # type: ignore[operator]
+            if better_hi < edge * (1 + band if larger else 1 - band):
+                reason = "below_best"
+            elif better_lo > edge * (1 - band if smaller else 1 + band):
+                reason = "above_best"
+        if reason is None and r <= (self.precision or 0):
+            half = len(records) // 2
+            a, b = self.estimate(records[:half]), self.estimate(records[half:])
+            if a is not None and b is not None and abs(a[0] - b[0]) <= r * value:
+                reason = "precise"
+        self.reason = reason
+        return reason
+
+    def describe(self) -> dict[str, Any]:
+        """points.jsonl's ``early_stop``: the rule's settings, its ``reason`` (None: ran the full window) and the
+        last estimate with its confidence-sequence bounds (``estimate``, ``low``, ``high``, ``requests``,
+        ``elapsed_s``, ``reference``)."""
+        return {"reason": self.reason, "objective": self.objective, "confidence": self.confidence,
+                "noise_band": self.noise_band, "precision": self.precision, "min_requests": self.min_requests,
+                "min_s": self.min_s, "method": "asymptotic confidence sequence (Waudby-Smith et al. 2021)",
+                **self.last}

@@ -1,0 +1,180 @@
+"""Windows that stop when the decision is settled (spectune.sweep.sequential): the confidence sequence keeps its error
+rate when looked at after every request (a fixed-n interval does not), the rule stops for the stated reasons only
+after its minimum, and on the emulated servers an early-stopped window's estimate agrees with the full window's
+within its interval; summary.csv says which points stopped early and why, and reads back."""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from spectune.backends.base import BackendOptions
+from spectune.results.reader import load_results
+from spectune.sweep.plan import SweepPlan
+from spectune.sweep.run import execute
+from spectune.sweep.sequential import MIN_SECONDS, EarlyStop, cs_half_width
+
+from helpers.cost_model import COMPUTE_BOUND, EmulatedServers
+
+
+def _crossings(width, runs: int = 400, n: int = 200, start: int = 8) -> float:
+    """Share of simulated runs of n standard-normal draws whose running mean leaves ``width(sd, t)`` of 0 at some
+    t >= start."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((runs, n))
+    t = np.arange(1, n + 1)
+    mean = np.cumsum(x, axis=1) / t
+    sq = np.cumsum(x * x, axis=1)
+    sd = np.sqrt(np.maximum(sq - t * mean ** 2, 0) / np.maximum(t - 1, 1))
+    out = np.zeros(runs, dtype=bool)
+    for i in range(start - 1, n):
+        w = np.array([width(s, i + 1) for s in sd[:, i]])
+        out |= np.abs(mean[:, i]) > w
+    return float(out.mean())
+
+
+def test_the_confidence_sequence_keeps_its_error_rate_over_every_look():
+    assert _crossings(lambda sd, t: cs_half_width(sd, t, 0.05, 200)) <= 0.06
+
+
+def test_a_fixed_n_interval_looked_at_after_every_request_errs_far_more_often():
+    """Why the rule needs a confidence sequence: the 95% normal interval, checked after each request, excludes the
+    true mean at some point in many more runs than 5%."""
+    assert _crossings(lambda sd, t: 1.96 * sd / math.sqrt(t)) > 0.15
+
+
+def test_the_sequence_narrows_with_more_requests():
+    assert cs_half_width(1.0, 400, 0.05, 100) < cs_half_width(1.0, 100, 0.05, 100) < cs_half_width(1.0, 20, 0.05, 100)
+
+
+@dataclass
+class Rec:
+    completion_tokens: int
+    e2e_s: float
+    tpot_s: float | None = None
+    ok: bool = True
+
+
+def records(n: int, tput_per_request: float, noise: float, seed: int = 0) -> list[Rec]:
+    """n requests of 64 tokens whose latencies scatter by ``noise`` around 64 / tput_per_request s."""
+    rng = np.random.default_rng(seed)
+    lat = 64 / tput_per_request * (1 + noise * rng.standard_normal(n))
+    return [Rec(64, float(x), float(x) / 64) for x in lat]
+
+
+def test_a_cell_clearly_below_the_best_stops_below_best():
+    rule = EarlyStop("throughput", 1, 100, reference=120.0)
+    assert rule.check(records(20, 100.0, 0.03), 5.0) == "below_best"
+
+
+def test_a_cell_clearly_above_the_best_stops_above_best():
+    rule = EarlyStop("throughput", 1, 100, reference=80.0)
+    assert rule.check(records(20, 100.0, 0.03), 5.0) == "above_best"
+
+
+def test_a_larger_num_steps_that_cannot_beat_the_best_by_the_band_stops():
+    """recommend takes the smaller num_steps of a tie: K=3 at 101 tok/s against K=1's 100 needs more than 102 to be
+    chosen, and its upper bound is below that."""
+    rule = EarlyStop("throughput", 1, 400, reference=100.0, steps=3, reference_steps=1)
+    assert rule.check(records(300, 99.0, 0.02), 5.0) == "below_best"
+
+
+def test_a_smaller_num_steps_within_the_band_of_the_best_takes_the_choice():
+    rule = EarlyStop("throughput", 1, 400, reference=100.0, steps=0, reference_steps=1)
+    assert rule.check(records(300, 100.5, 0.02), 5.0) == "above_best"
+
+
+def test_a_near_tie_runs_on_until_its_interval_is_tight():
+    rule = EarlyStop("throughput", 1, 100, reference=101.0)
+    assert rule.check(records(20, 100.0, 0.05), 5.0) is None
+
+
+def test_a_tight_estimate_stops_precise_without_a_reference():
+    rule = EarlyStop("throughput", 1, 100)
+    assert rule.check(records(40, 100.0, 0.005), 5.0) == "precise"
+
+
+def test_a_window_whose_halves_disagree_is_not_precise():
+    """Requests that barely scatter but slow down by 10% halfway (the machine drifts): not a precise result."""
+    recs = records(20, 100.0, 0.001) + records(20, 90.0, 0.001, seed=1)
+    assert EarlyStop("throughput", 1, 100).check(recs, 5.0) is None
+
+
+def test_no_stop_before_the_minimum_requests():
+    rule = EarlyStop("throughput", 8, 100, reference=200.0)  # two waves of 8: 16 requests
+    assert rule.check(records(12, 100.0, 0.01), 5.0) is None
+
+
+def test_no_stop_before_the_minimum_seconds():
+    rule = EarlyStop("throughput", 1, 100, reference=200.0, min_s=2.0)
+    assert rule.check(records(20, 100.0, 0.01), 1.0) is None
+
+
+def test_tpot_objective_stops_a_slower_cell_below_best():
+    """TPOT: lower is better; a cell whose TPOT is clearly above the best's by more than the band loses."""
+    rule = EarlyStop("tpot", 1, 100, reference=0.5)  # ms; the records' TPOT is 64/100/64 s = 10 ms
+    assert rule.check(records(20, 100.0, 0.03), 5.0) == "below_best"
+
+
+async def test_windows_stop_early_and_their_estimates_agree_with_the_full_windows(tmp_path):
+    """The same cells on the emulated compute-bound server, full windows then early-stopped ones (interleaved, so
+    each concurrency's second num_steps has a reference). The early run stops the clear losers (K=4) with fewer
+    requests and says so in summary.csv. Agreement is checked within each full window (two runs seconds apart on
+    a shared 2-core VM differ by more than either's interval): its requests, fed in the order they finished to the
+    same rule, stop it early, and the estimate's confidence-sequence bounds at that request hold the estimate over the
+    full window."""
+    from spectune.loadgen.record import RequestRecord
+
+    steps = (0, 4)  # K=4 is 20% (c=4) and 33% (c=16) below K=0 on this server: clearly below the best
+    out = {}
+    for early in (False, True):
+        plan = SweepPlan(steps=steps, concurrency=(4, 16), num_prompts=48, max_tokens=16, drift_check=False,
+                         dataset="random", early_stop=early, order="interleaved")
+        async with EmulatedServers(COMPUTE_BOUND, steps) as urls:
+            o = await execute(plan, "openai", BackendOptions(endpoints=urls), tmp_path / str(early))
+        out[early] = {(p["steps"], p["concurrency"]): p for p in o.points}
+    stopped = [kc for kc, p in out[True].items() if (p.get("early_stop") or {}).get("reason")]
+    assert {kc for kc in stopped if out[True][kc]["early_stop"]["reason"] == "below_best"} == {(4, 4), (4, 16)}
+    for kc in stopped:
+        assert out[True][kc]["metrics"]["num_requests"] < out[False][kc]["metrics"]["num_requests"]
+    with open(tmp_path / "True" / "summary.csv", newline="") as fh:
+        rows = {(int(r["steps"]), int(r["concurrency"])): r for r in csv.DictReader(fh)}
+    assert {kc for kc, r in rows.items() if r["stopped_early"] == "True"} == set(stopped)
+    assert all(rows[kc]["early_stop_reason"] in ("below_best", "above_best", "precise") for kc in stopped)
+    assert load_results(tmp_path / "True").summary["stopped_early"].dtype == bool
+
+    reqs = load_results(tmp_path / "False")
+    import json
+
+    lines = [json.loads(x) for x in (tmp_path / "False" / "requests.jsonl").read_text().splitlines()]
+    checked = 0
+    for (k, c), full in out[False].items():
+        recs = sorted((RequestRecord.from_json(r) for r in lines if (r["steps"], r["concurrency"]) == (k, c)),
+                      key=lambda r: r.end_time)
+        ref = out[False][(0, c)]["metrics"]["output_throughput_tok_s"] if k else None
+        rule = EarlyStop("throughput", c, len(recs), ref, min_s=MIN_SECONDS)
+        for i in range(1, len(recs) + 1):
+            if rule.check(recs[:i], recs[i - 1].end_time - recs[0].send_time):
+                break
+        if rule.reason is not None:
+            checked += 1
+            v = rule.estimate(recs)[0]  # the same statistic over the whole window
+            assert rule.last["low"] <= v <= rule.last["high"], (k, c, rule.describe(), v)
+    assert reqs is not None and checked >= 2
+
+
+def test_the_grid_runs_full_windows_unless_asked():
+    assert not SweepPlan().stops_early
+    assert SweepPlan(early_stop=True).stops_early
+    assert SweepPlan(design="guided").stops_early
+
+
+def test_a_summary_without_the_early_stop_columns_still_reads(tmp_path):
+    (tmp_path / "summary.csv").write_text("steps,concurrency,repeat,status,output_throughput_tok_s\n"
+                                          "0,1,0,ok,100\n1,1,0,ok,120\n")
+    df = load_results(tmp_path / "summary.csv").summary
+    assert list(df["output_throughput_tok_s"]) == [100.0, 120.0]
