@@ -65,6 +65,7 @@ from typing import Any, Sequence
 from spectune.backends.base import (Acceptance, BackendOptions, SpecSnapshot, counter_acceptance, has_counters,
                            join_warnings)
 from spectune.backends.launch import LaunchingBackend, eagle_version
+from spectune.backends.local.weights import is_default_model
 from spectune.backends.prometheus import parse_metrics, scrape_snapshot
 from spectune.backends.vllm.install import VllmInstall, detect_gpu, find_vllm
 from spectune.loadgen.errors import UserError
@@ -311,12 +312,12 @@ class VLLMBackend(LaunchingBackend):
         self._vllm: VllmInstall | None = None
         self._gpu: tuple[str, float] | None | bool = False  # False: not looked up yet
         self._target: str | None = None
+        self._cpu_settings: tuple[list[str], dict[str, str], dict[str, Any]] | None = None
         self.data_parallel_size = data_parallel_size(options.server_args)
         self.schedule = None
         if self.remote is None:
             model = options.model
-            if model is not None and model.lower() not in ("smollm2", "default") and model.endswith(".gguf") \
-                    and not Path(model).expanduser().is_file():
+            if not is_default_model(model) and str(model).endswith(".gguf") and not Path(str(model)).expanduser().is_file():
                 raise UserError(f"--model {model} does not exist: give a .gguf file, an HF folder or a model name")
         if options.adaptive_config:
             from spectune.backends.adaptive import VllmSchedule, load_config_file
@@ -328,7 +329,7 @@ class VLLMBackend(LaunchingBackend):
 
     def default_pair(self) -> bool:
         """True when no target was named: the embedded SmolLM2 GGUF with the bundled EAGLE-3 head."""
-        return self.options.model is None or self.options.model.lower() in ("smollm2", "default")
+        return is_default_model(self.options.model)
 
     def target(self) -> str:
         """The ``--model`` vLLM loads: the named model, or the HF folder converted from a ``.gguf`` (the default
@@ -420,11 +421,13 @@ class VLLMBackend(LaunchingBackend):
         return None, {"value": default if gpu else None, "source": f"vLLM default ({where})"}
 
     def cpu_settings(self) -> tuple[list[str], dict[str, str], dict[str, Any]]:
-        """:func:`cpu_server_settings` for the options on a CPU server, else nothing."""
-        if not self.cpu():
-            return [], {}, {}
-        o = self.options
-        return cpu_server_settings(self.target(), self.draft(), o.max_concurrency, o.max_tokens, o.server_args)
+        """:func:`cpu_server_settings` for the options on a CPU server, else nothing; worked out once (the options,
+        target and head do not change), then shared by the command, the environment and the description."""
+        if self._cpu_settings is None:
+            o = self.options
+            self._cpu_settings = cpu_server_settings(self.target(), self.draft(), o.max_concurrency, o.max_tokens,
+                                                     o.server_args) if self.cpu() else ([], {}, {})
+        return self._cpu_settings
 
     def server_env(self) -> dict[str, str]:
         """Environment added to launched servers: the CPU server's threads (:meth:`cpu_settings`)."""
