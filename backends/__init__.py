@@ -19,6 +19,7 @@ lifecycle of :mod:`spectune.backends.base` per point.
 from __future__ import annotations
 
 from spectune.backends.base import Backend, BackendOptions
+from spectune.backends.local.weights import is_default_model
 from spectune.loadgen.errors import UserError
 
 BACKEND_NAMES = ("openai", "launch", "sglang", "vllm", "llamacpp", "local")
@@ -63,8 +64,7 @@ def draft_head(description: dict | None) -> str | None:
     if description.get("draft"):
         return str(description["draft"])
     cls = backend_class(str(description.get("backend", "")))
-    if cls is not None and cls.embeds_default_pair and str(description.get("model") or "default").lower() in (
-            "smollm2", "default"):
+    if cls is not None and cls.embeds_default_pair and is_default_model(description.get("model") or None):
         from spectune.backends.local.build import DEFAULT_HEAD
 
         return str(DEFAULT_HEAD)

@@ -53,6 +53,7 @@ from spectune.backends.base import (Acceptance, BackendOptions, SpecSnapshot, co
                            zero_steps_acceptance)
 from spectune.backends.launch import LaunchingBackend
 from spectune.backends.llamacpp.install import ServerFeatures, find_llama_server, server_features
+from spectune.backends.local.weights import is_default_model
 from spectune.backends.prometheus import scrape_snapshot
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
@@ -173,7 +174,7 @@ class LlamaCppBackend(LaunchingBackend):
         from spectune.backends.local.weights import default_model_path
 
         model = self.options.model
-        if model is None or model.lower() in ("smollm2", "default"):
+        if is_default_model(model):
             return default_model_path()
         path = Path(model).expanduser()
         if not (path.is_file() and path.suffix == ".gguf"):
@@ -182,7 +183,7 @@ class LlamaCppBackend(LaunchingBackend):
         return path.resolve()
 
     def _default_pair(self) -> bool:
-        return self.options.model is None or self.options.model.lower() in ("smollm2", "default")
+        return is_default_model(self.options.model)
 
     # -- executable and head ------------------------------------------------------------------------------
     def check_executable(self) -> None:

@@ -22,6 +22,7 @@ import aiohttp
 from spectune.backends.base import BackendOptions, BackendStartError, Endpoint, SpecSnapshot
 from spectune.backends.launch import LaunchingBackend
 from spectune.backends.local.build import check_compile_mode
+from spectune.backends.local.weights import is_default_model
 from spectune.backends.prometheus import scrape_snapshot
 from spectune.loadgen.errors import UserError
 
@@ -37,7 +38,7 @@ def _head_method(model: str | None, draft: str | None) -> tuple[str | None, str]
     if draft is not None and str(draft).lower() == "none":
         return None, "no draft head"
     if draft is None:
-        if model is not None and str(model).lower() not in ("smollm2", "default"):
+        if not is_default_model(model):
             return None, "no draft head"
         return eagle_version(str(DEFAULT_HEAD))[0], f"bundled head backends/local/heads/{DEFAULT_HEAD.name}"
     return eagle_version(str(draft))
@@ -66,8 +67,7 @@ class LocalBackend(LaunchingBackend):
 
     def __init__(self, options: BackendOptions) -> None:
         super().__init__(options)
-        if options.model is not None and not Path(options.model).expanduser().exists() and \
-                options.model.lower() not in ("smollm2", "default"):
+        if not is_default_model(options.model) and not Path(str(options.model)).expanduser().exists():
             raise UserError(f"--model {options.model} does not exist: give a GGUF file or a Hugging Face folder")
         if options.draft is not None and options.draft.lower() != "none" and not Path(options.draft).is_dir():
             raise UserError(f"--draft {options.draft} is not a folder: give an EAGLE head folder")

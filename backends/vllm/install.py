@@ -38,6 +38,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
+from spectune.backends.local.weights import cache_dir
 from spectune.loadgen.errors import UserError
 
 #: The CPU package and release spectune was checked against (PyPI, 2026-10; requires torch==2.13.0).
@@ -69,14 +70,9 @@ _PROBE = ("import importlib.metadata as m, importlib.util as u, json, sys\n"
           "                  'python_version': sys.version.split()[0]}))\n")
 
 
-def cache_root() -> Path:
-    """spectune's cache folder (``$SPECTUNE_CACHE_DIR`` or ``~/.cache/spectune``)."""
-    return Path(os.environ.get("SPECTUNE_CACHE_DIR") or Path.home() / ".cache" / "spectune")
-
-
 def vllm_root() -> Path:
     """``<cache>/vllm``: one folder per installed package, and ``current.json`` naming the one in use."""
-    return cache_root() / "vllm"
+    return cache_dir() / "vllm"
 
 
 def package_dir(package: str) -> Path:

@@ -24,6 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from spectune.backends.local.weights import cache_dir
 from spectune.loadgen.errors import UserError
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -42,8 +43,6 @@ def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
 
 def target_cache_dir() -> Path:
     """``<spectune cache>/vllm-targets``."""
-    from spectune.backends.local.weights import cache_dir
-
     return cache_dir() / "vllm-targets"
 
 

@@ -118,9 +118,10 @@ def evaluate(
         raise UserError("--steps needs num_steps values >= 1")
     if dataset.strip().lower() == "sharegpt-heldout":
         from spectune.backends.local.build import resolve_draft
+        from spectune.backends.local.weights import is_default_model
         from spectune.draft.data import heldout_sharegpt
 
-        head = resolve_draft(draft, model is None or model.lower() in ("smollm2", "default"))
+        head = resolve_draft(draft, is_default_model(model))
         if head is None:
             raise UserError("sharegpt-heldout needs a draft head: pass --draft PATH")
         prompts = heldout_sharegpt(head, num_prompts, seed)
