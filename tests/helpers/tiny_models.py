@@ -72,17 +72,22 @@ class TinyTokenizer:
 
 
 def tiny_engine(num_steps: int = 2, policy=None, slots: int = 4, graphs: bool = False, kind: str = "eagle3",
-                eos: int = 0, lazy: bool | None = None):
-    """An Engine over a tiny target + head (float32, CPU); ``graphs`` pads through an eager GraphRunner; ``lazy``
-    (default: with a policy, as the server builds it) turns on lazy drafting."""
+                eos: int = 0, lazy: bool | None = None, device: str = "cpu"):
+    """An Engine over a tiny target + head (float32); ``graphs`` pads through a GraphRunner (eager on CPU, captured
+    CUDA graphs on ``device="cuda"``); ``lazy`` (default: with a policy, as the server builds it) turns on lazy
+    drafting."""
     from spectune.backends.local.cuda_graphs import GraphRunner
     from spectune.backends.local.engine import Engine, EngineConfig
     from spectune.backends.local.speculative import SpecRunner
 
     target = tiny_target(vocab=16, layers=3)
     head = tiny_head(target, kind=kind)
-    runner = SpecRunner(target, head, slots, 256, torch.Generator().manual_seed(0),
-                        GraphRunner(slots, 256, capture=False) if graphs else None,
+    if device != "cpu":
+        target, head = target.to(device), head.to(device)
+        target.build_rope(256)
+        head.prepare(256)
+    runner = SpecRunner(target, head, slots, 256, torch.Generator(device=device).manual_seed(0),
+                        GraphRunner(slots, 256, capture=device != "cpu") if graphs else None,
                         lazy_draft=policy is not None if lazy is None else lazy)
     cfg = EngineConfig(num_steps=num_steps, max_num_seqs=slots, max_len=256, policy=policy, steps_capacity=5)
     return Engine(runner, TinyTokenizer(16, eos), cfg)
