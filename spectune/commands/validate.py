@@ -64,6 +64,10 @@ def validate(
     warmup_timeout: WarmupTimeout = 300.0,
     output_dir: Annotated[Optional[Path], typer.Option(help="Results folder (default: "
                                                        "results/validate-DATE-TIME).")] = None,
+    rule_again: Annotated[bool, typer.Option("--rule-again", help="Measure nothing: rule again on the finished "
+                                             "validation in --output-dir with this version's verdict and "
+                                             "--config's recommendation.json, rewriting validate.json and "
+                                             "validate.md.")] = False,
     backend: Annotated[str, typer.Option(help="local (bundled engine), sglang, vllm, llamacpp (llama-server, "
                                          "static num_steps only) or launch (command template).")] = "local",
     launch: Annotated[Optional[str], typer.Option(help="Server command template (launch backend) with {steps}, "
@@ -106,6 +110,9 @@ def validate(
     from spectune.validate.workload import load_arrivals, parse_workload
 
     _, candidates = config_candidates(str(config))  # a bad config fails first, before anything else
+    if rule_again:
+        _rule_again(config, output_dir)
+        return
     if arrivals is not None and workload is not None:
         raise UserError("give --workload or --arrivals, not both")
     if arrivals is not None:
@@ -150,5 +157,24 @@ def validate(
         console.print(line, markup=False, soft_wrap=True)
     console.print(f"results in {output_dir} (validate.md, validate.json, requests.jsonl)", markup=False,
                   soft_wrap=True)
+    if not v.passed:
+        raise typer.Exit(1)
+
+
+def _rule_again(config: Path, output_dir: Optional[Path]) -> None:
+    """``--rule-again``: print the new verdict and prediction lines; exit 1 on FAIL."""
+    from rich.console import Console
+
+    from spectune.validate.prediction import summary_lines
+    from spectune.validate.run import rule_again
+
+    if output_dir is None:
+        raise UserError("--rule-again needs --output-dir: the folder of the finished validation")
+    v, prediction = rule_again(output_dir, str(config))
+    console = Console(highlight=False)
+    console.print(v.line, style="bold green" if v.passed else "bold red", markup=False, soft_wrap=True)
+    for line in summary_lines({"prediction": prediction}):
+        console.print(line, markup=False, soft_wrap=True)
+    console.print(f"rewrote {output_dir}/validate.json and validate.md", markup=False, soft_wrap=True)
     if not v.passed:
         raise typer.Exit(1)

@@ -50,7 +50,7 @@ def predict_for(plan: Any, fmt: str, candidates: Sequence[int]) -> dict[str, Any
                                list(plan.steps), config, plan.max_tokens, [a.t for a in plan.workload.arrivals])
     except Exception as err:  # noqa: BLE001 - a broken or foreign recommendation.json only loses the prediction
         return {"source": str(path), "error": f"{type(err).__name__}: {err}", "runs": {}}
-    return {"source": str(path), **out}
+    return {"source": str(path), "primary": rec.get("primary"), **out}
 
 
 def compare(prediction: dict[str, Any], runs: Sequence[dict[str, Any]]) -> dict[str, Any]:

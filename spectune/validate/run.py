@@ -41,7 +41,7 @@ from spectune.results.schema import now_iso
 from spectune.sweep.plan import ClientTimeouts
 from spectune.validate.phases import phase_index, split_by_phase, summarize_run
 from spectune.validate.plan import ValidateListener, ValidateOutcome, ValidatePlan, config_candidates
-from spectune.validate.verdict import throughput_ratio, combine_repeats, render_markdown, verdict
+from spectune.validate.verdict import Verdict, throughput_ratio, combine_repeats, render_markdown, verdict
 
 FAILURE_STOP = 100
 """A run stops sending after this many failed requests (a broken server would otherwise spin until the end)."""
@@ -250,7 +250,8 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
         requests = _read_requests(folder.requests)
         outcome.verdict = verdict(combine_repeats(meta["runs"]),
                                   plan.slo_ttft_ms is not None or plan.slo_tpot_ms is not None, plan.tolerance,
-                                  ratio=lambda a, b: throughput_ratio(meta["runs"], requests, a, b))
+                                  ratio=lambda a, b: throughput_ratio(meta["runs"], requests, a, b),
+                                  recommended=(prediction or {}).get("primary"))
         if prediction is not None and not prediction.get("error"):
             prediction["comparison"] = compare_prediction(prediction, combine_repeats(meta["runs"]))
             outcome.prediction = prediction
@@ -269,6 +270,45 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
             folder.write(meta)
             folder.close()
     return outcome
+
+
+def rule_again(output_dir: Path, config: str) -> tuple[Verdict, dict[str, Any] | None]:
+    """Rule again on a finished validation without measuring: re-read ``validate.json`` and ``requests.jsonl`` in
+    ``output_dir``, apply this version's verdict (with recommendation.json's primary recommendation beside
+    ``config``) and prediction comparison, and rewrite validate.json and validate.md (requests.jsonl untouched).
+
+    Returns:
+        the verdict and the prediction (with its comparison), or None where validate.json has none.
+
+    Raises:
+        UserError: no finished validation in ``output_dir``.
+    """
+    import json
+
+    from spectune.validate.prediction import compare as compare_prediction, find_recommendation
+
+    folder = ValidateFolder(Path(output_dir), render_markdown)
+    try:
+        meta = json.loads(folder.json_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UserError(f"no validation to rule on in {output_dir} ({type(err).__name__}): pass the --output-dir "
+                        "of a finished spectune validate") from None
+    runs, plan = meta.get("runs") or [], meta.get("plan") or {}
+    if not any(r.get("run") == "config" for r in runs):
+        raise UserError(f"{output_dir}/validate.json has no config run: rule again only on a finished validation")
+    requests = _read_requests(folder.requests)
+    rec = find_recommendation(config)
+    primary = json.loads(rec.read_text(encoding="utf-8")).get("primary") if rec is not None else None
+    prediction = meta.get("prediction")
+    if prediction is not None and not prediction.get("error"):
+        prediction["primary"] = primary
+        prediction["comparison"] = compare_prediction(prediction, combine_repeats(runs))
+    v = verdict(combine_repeats(runs), plan.get("slo_ttft_ms") is not None or plan.get("slo_tpot_ms") is not None,
+                plan.get("tolerance") or 0.0, ratio=lambda a, b: throughput_ratio(runs, requests, a, b),
+                recommended=primary)
+    meta.update(verdict=asdict(v), ruled_again=now_iso())
+    folder.write(meta)
+    return v, prediction
 
 
 def _read_requests(path: Path) -> list[dict[str, Any]]:

@@ -25,6 +25,8 @@ class Verdict:
         decided_by: ``"throughput"`` or ``"throughput and SLO attainment"`` (:func:`slo_phases`).
         slo_phases: 1-based phases whose SLO attainment counted (some static num_steps met the SLOs for most of
             their requests); empty when throughput alone decided.
+        recommended_static: K when recommend's primary recommendation was that static num_steps (no per-batch-size
+            gain beyond the noise band: :func:`static_agreement` ruled), else None.
     """
 
     passed: bool
@@ -36,6 +38,7 @@ class Verdict:
     confidence: float | None = None
     decided_by: str = "throughput"
     slo_phases: list[int] = field(default_factory=list)
+    recommended_static: int | None = None
 
 
 SLO_DECIDES = 0.5
@@ -101,13 +104,15 @@ def throughput_ratio(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str
 
 
 def verdict(runs: Sequence[dict[str, Any]], with_slo: bool, tolerance: float = 0.0,
-            ratio: Any = None, confidence: float = 0.95) -> Verdict:
+            ratio: Any = None, confidence: float = 0.95, recommended: dict[str, Any] | None = None) -> Verdict:
     """Rule on finished runs (validate.json ``runs`` entries: ``run``, ``steps``, ``status``, ``error`` and
     ``overall`` with ``output_throughput_tok_s`` and ``slo_attainment``); see :class:`Verdict`.
 
     A failed config run, or no successful static run, is a FAIL (nothing shows the config is safe). ``ratio``:
     optional callable (config run name, static run name) -> (low, high) of the paired bootstrap interval of their
     throughput ratio (:func:`throughput_ratio`) or None; the line then shows it (``1.031x [0.990, 1.072], 95%``).
+    ``recommended``: recommendation.json's ``primary`` beside the config; when it is a static num_steps (recommend
+    predicted no per-batch-size gain) and ``ratio`` is given, :func:`static_agreement` rules instead.
     """
     config = next((r for r in runs if r.get("run") == "config"), None)
     if config is None or config.get("status") != "ok":
@@ -119,6 +124,10 @@ def verdict(runs: Sequence[dict[str, Any]], with_slo: bool, tolerance: float = 0
         return Verdict(False, "FAIL: no static num_steps run succeeded, so there is nothing to compare the config "
                               "with")
     best = max(statics, key=lambda r: r["overall"]["output_throughput_tok_s"])  # first max: the smaller K
+    if recommended and recommended.get("kind") == "static" and ratio is not None:
+        agreed = static_agreement(statics, best, config, int(recommended["num_steps"]), ratio, confidence, tolerance)
+        if agreed is not None:
+            return agreed
     k, bt = best["steps"], best["overall"]["output_throughput_tok_s"]
     ct = config["overall"].get("output_throughput_tok_s") or 0.0
     margin = (ct - bt) / bt * 100.0 if bt > 0 else 0.0
@@ -155,6 +164,46 @@ def verdict(runs: Sequence[dict[str, Any]], with_slo: bool, tolerance: float = 0
     return Verdict(True, f"PASS: the config delivers {ct:,.1f} tok/s, {margin:+.1f}% vs the best static num_steps "
                          f"K={k} ({bt:,.1f} tok/s){slo_note}{span}; decided by {decided}", k, margin,
                    decided_by=decided, slo_phases=[i + 1 for i in counted] if decided != "throughput" else [], **extra)
+
+
+def static_agreement(statics: Sequence[dict[str, Any]], best: dict[str, Any], config: dict[str, Any], k: int,
+                     ratio: Any, confidence: float, tolerance: float) -> Verdict | None:
+    """The ruling when recommend's primary recommendation was static num_steps ``k``: it had found no batch-size
+    slot where another num_steps beats K=k beyond the noise band, so the config (K=k wherever it was measured) can
+    only tie K=k, and "the config beats every static" is not the claim to test. Validate agrees when (1) no static
+    num_steps beats K=k (the paired interval of static / K=k does not lie wholly above 1.0) and (2) the config does
+    not fall behind K=k (config / K=k does not lie wholly below 1 - ``tolerance``). ``ratio(a, b)``: the paired
+    bootstrap interval of run a / run b (:func:`throughput_ratio`). Returns None when K=k was not run or an interval
+    cannot be computed (the ordinary rule then applies)."""
+    rec = next((r for r in statics if r["steps"] == k), None)
+    if rec is None:
+        return None
+    rt = rec["overall"]["output_throughput_tok_s"]
+    ct = config["overall"].get("output_throughput_tok_s") or 0.0
+    margin = (ct - rt) / rt * 100.0 if rt > 0 else 0.0
+    iv = ratio("config", rec["run"])
+    if iv is None or rt <= 0:
+        return None
+    extra = dict(ratio_low=iv[0], ratio_high=iv[1], confidence=confidence, recommended_static=k)
+    span = f"config / K={k} {ct / rt:.3f}x [{iv[0]:.3f}, {iv[1]:.3f}], {confidence:.0%}"
+    for r in sorted(statics, key=lambda r: -r["overall"]["output_throughput_tok_s"]):
+        if r is rec:
+            continue
+        other = ratio(r["run"], rec["run"])
+        if other is not None and other[0] > 1.0:
+            ot = r["overall"]["output_throughput_tok_s"]
+            return Verdict(False, f"FAIL: recommend named static K={k} (no per-batch-size gain), but static "
+                                  f"K={r['steps']} beats it: {ot / rt:.3f}x [{other[0]:.3f}, {other[1]:.3f}], "
+                                  f"{confidence:.0%} ({ot:,.1f} vs {rt:,.1f} tok/s); decided by throughput",
+                           r["steps"], (ct - ot) / ot * 100.0, **extra)
+    if iv[1] < 1.0 - tolerance:
+        return Verdict(False, f"FAIL: the config falls behind static K={k}, the num_steps it stands for: {span} "
+                              f"({ct:,.1f} vs {rt:,.1f} tok/s); decided by throughput", k, margin, **extra)
+    lead = "" if best is rec else (f"; K={best['steps']} measured {best['overall']['output_throughput_tok_s']:,.1f}"
+                                   " tok/s, not beyond the interval")
+    return Verdict(True, f"PASS: agrees with recommend, which named static K={k} (no per-batch-size gain beyond "
+                         f"the noise band): no static num_steps beats K={k} ({rt:,.1f} tok/s{lead}) and the config "
+                         f"ties it, {ct:,.1f} tok/s, {span}; decided by throughput", k, margin, **extra)
 
 
 def _phase_list(counted: Sequence[int], config: dict[str, Any]) -> str:

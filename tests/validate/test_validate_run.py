@@ -94,6 +94,29 @@ def test_validate_fail_exit_code_and_margin(setup):
     assert meta["verdict"]["margin_pct"] < 0
 
 
+def test_rule_again_applies_a_static_recommendation_without_measuring(setup):
+    """recommend's primary recommendation beside the config is static K=3: --rule-again re-reads the finished runs,
+    rules that the config falls behind the static it stands for, and rewrites validate.json and validate.md while
+    requests.jsonl stays as measured."""
+    tmp, args = setup
+    out = tmp / "out"
+    proc = cli(*args, "--steps", "3", "--launch", template(5000), "--config-launch", template(300),
+               "--output-dir", str(out))
+    assert proc.returncode == 1, proc.stderr
+    measured = (out / "requests.jsonl").read_bytes()
+    (tmp / "recommendation.json").write_text(json.dumps({"primary": {"kind": "static", "num_steps": 3}}))
+    again = cli(*args, "--rule-again", "--output-dir", str(out))
+    assert again.returncode == 1, again.stderr
+    assert again.stdout.startswith("FAIL: the config falls behind static K=3, the num_steps it stands for")
+    meta = json.loads((out / "validate.json").read_text())
+    assert meta["verdict"]["recommended_static"] == 3
+    assert "the num_steps it stands for" in (out / "validate.md").read_text()
+    assert (out / "requests.jsonl").read_bytes() == measured
+    empty = cli(*args, "--rule-again", "--output-dir", str(tmp / "nothing"))
+    assert empty.returncode == 2
+    assert "no validation to rule on" in empty.stderr
+
+
 def test_validate_repeats_interleave_and_average(setup):
     tmp, args = setup
     out = tmp / "out"

@@ -357,3 +357,48 @@ def test_local_backend_launches_the_engine_with_the_config(tmp_path):
     cfg.write_text("[[1, 4, 2], [3, 8, 1]]")  # overlapping ranges
     with pytest.raises(UserError, match="overlap"):
         make_backend("local", BackendOptions(adaptive_config=str(cfg)))
+
+
+RECOMMENDED_K1 = {"kind": "static", "num_steps": 1, "reason": "no slot gains"}
+
+
+def intervals(table: dict[tuple[str, str], tuple[float, float]]):
+    """A ``ratio(a, b)`` callable from fixed paired intervals (run a / run b)."""
+    return lambda a, b: table.get((a, b))
+
+
+def test_static_recommendation_agreed_when_no_static_beats_it_and_the_config_ties():
+    runs = [run("static:0", 140.0), run("static:1", 150.0), run("static:2", 152.0), run("config", 149.0)]
+    ratio = intervals({("config", "static:1"): (0.97, 1.02), ("static:2", "static:1"): (0.98, 1.05),
+                       ("static:0", "static:1"): (0.90, 0.96)})
+    v = verdict(runs, with_slo=False, ratio=ratio, recommended=RECOMMENDED_K1)
+    assert v.passed
+    assert v.recommended_static == 1
+    assert v.line.startswith("PASS: agrees with recommend, which named static K=1")
+    assert "K=2 measured 152.0 tok/s, not beyond the interval" in v.line
+    assert (v.ratio_low, v.ratio_high) == (0.97, 1.02)
+
+
+def test_static_recommendation_refuted_by_a_faster_static():
+    runs = [run("static:0", 140.0), run("static:1", 150.0), run("static:2", 160.0), run("config", 150.0)]
+    ratio = intervals({("config", "static:1"): (0.98, 1.02), ("static:2", "static:1"): (1.03, 1.10)})
+    v = verdict(runs, with_slo=False, ratio=ratio, recommended=RECOMMENDED_K1)
+    assert not v.passed
+    assert v.best_static == 2
+    assert "recommend named static K=1 (no per-batch-size gain), but static K=2 beats it" in v.line
+
+
+def test_static_recommendation_fails_when_the_config_falls_behind_its_num_steps():
+    runs = [run("static:1", 150.0), run("config", 140.0)]
+    v = verdict(runs, with_slo=False, ratio=intervals({("config", "static:1"): (0.90, 0.96)}),
+                recommended=RECOMMENDED_K1)
+    assert not v.passed
+    assert v.line.startswith("FAIL: the config falls behind static K=1, the num_steps it stands for")
+
+
+def test_schedule_recommendation_keeps_the_ordinary_rule():
+    runs = [run("static:1", 150.0), run("config", 149.0)]
+    ratio = intervals({("config", "static:1"): (0.97, 1.02)})
+    v = verdict(runs, with_slo=False, ratio=ratio, recommended={"kind": "schedule"})
+    assert not v.passed  # 149 < 150 with no tolerance: the schedule was meant to beat every static
+    assert v.recommended_static is None
