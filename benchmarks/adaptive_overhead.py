@@ -1,20 +1,30 @@
 """What adaptive num_steps costs while it sits at one num_steps: the bundled engine serving with an adaptive config
-that keeps num_steps k vs a static-k server, measured side by side in one process, for each k and concurrency.
+that keeps num_steps k vs a static-k engine, measured side by side in one process, for each k and batch size.
 
 Engines on the default pair (SmolLM2-135M-Instruct + bundled EAGLE-3 head; ``--dtype``, ``--compile`` and
-``--threads`` default to what the local backend's servers use: ``auto``, ``auto``, one fewer thread than the CPUs): one static server sized for num_steps up to 2 and switched to k while
-idle (what the local sweep and validate backends do), and per k an adaptive engine whose SGLang config gives batch
-sizes 1-63 the ladder ``[k]`` and batch sizes 64+ ``[2]`` (never reached here: it only makes the engine an adaptive,
-drafting-capable one, as a real config with a speculating slot does, so at k = 0 the engine keeps the head's inputs
-as validate's config runs do). Each (k, concurrency) runs a closed loop of MT-Bench requests (a finished request is
-replaced at once, greedy, up to ``--max-tokens`` tokens) in windows of ``--window`` seconds, alternating static and
-adaptive (the order flips every round) ``--rounds`` times, so a drift of the machine's speed hits both alike. Output
-tokens/s = tokens emitted in an engine's windows / their total length; tokens per CPU second = the same tokens /
-the CPU time the process used in them (``time.process_time``; with one torch thread the engine's work runs on
-the stepping thread), which a machine shared with other busy processes disturbs far less. The interval is a
-percentile bootstrap over the paired windows (rounds) of the ratio of the two engines' window figures.
+``--threads`` default to what the local backend's servers use: ``auto``, ``auto``, one fewer thread than the CPUs):
 
-Usage: ``python benchmarks/adaptive_overhead.py [--steps 0,1] [--concurrency 1,32] [--window 6] [--rounds 5]``.
+- ``static``: one engine sized for num_steps up to 2 and switched to k while idle (what the local sweep and validate
+  backends do);
+- ``adaptive``: per k, an engine whose SGLang config gives batch sizes 1-63 the ladder ``[k]`` and 64+ ``[2]`` (never
+  reached here: it only makes the engine an adaptive, drafting-capable one, as a real config with a speculating
+  slot does), with lazy drafting (the default: prefills and num_steps 0 rounds keep only the head's inputs);
+- ``upkeep`` (the engine before lazy drafting, and SGLang's behaviour at num_steps 0: a draft extend every round,
+  ``python/sglang/srt/speculative/eagle_worker_v2.py``): the same config with ``EngineOptions.draft_upkeep``.
+
+Two measurements:
+
+1. **Per round at a fixed batch** (the engine's own cost, no arrivals): each engine holds the same B greedy requests
+   (MT-Bench prompts, ``ignore_eos``), all prefilled and past their first rounds; then chunks of ``--chunk-rounds``
+   decode rounds run in turn on each engine (order rotating every chunk) ``--chunks`` times. Because the engines
+   generate the same tokens, chunk i of every engine covers the same positions, so the per-chunk time ratios are
+   paired exactly; the interval is the mean ratio +- 1.96 standard errors over the chunks.
+2. **Closed-loop windows** (``--windows``; what a server sees: finished requests replaced at once, prefills mixed in):
+   static vs adaptive, ``--rounds`` windows of ``--window`` s each, alternating; output tokens/s and output tokens per
+   CPU second of this process (``time.process_time``), with a percentile bootstrap over the paired windows. At
+   concurrency 32 the windows swing by 20-30% with the requests' life cycles, so this needs many rounds for 1%.
+
+Usage: ``python benchmarks/adaptive_overhead.py [--steps 0,1] [--batch 1,32] [--chunks 20] [--windows]``.
 """
 
 from __future__ import annotations
@@ -82,14 +92,62 @@ def ratio_interval(a: list[float], b: list[float], reps: int = 2000, seed: int =
     return out[int(0.025 * reps)], out[int(0.975 * reps) - 1]
 
 
+def fixed_batch(engines: dict, prompts: list[list[int]], k: int, batch: int, chunk_rounds: int, chunks: int,
+                warm_rounds: int = 6) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per-round time (ms) of each engine in chunks of ``chunk_rounds`` rounds at a fixed batch of ``batch`` requests.
+
+    Returns:
+        wall-clock and CPU (``time.process_time`` of this process) ms per round: engine name -> one value per chunk
+        (``chunks`` values, chunk i of every engine at the same positions).
+    """
+    from spectune.backends.local.sequence import SamplingParams
+
+    params = SamplingParams(max_tokens=(warm_rounds + chunk_rounds * chunks) * (k + 1) + 8, temperature=0.0,
+                            ignore_eos=True)
+    names = list(engines)
+    for name, engine in engines.items():
+        for i in range(batch):
+            engine.add_request(f"fixed-{name}-{k}-{batch}-{i}", prompts[i % len(prompts)], params, lambda out: None)
+        for _ in range(warm_rounds):  # prefills, the catch-up of lazy drafting, new shapes
+            engine.step()
+        if engine.num_running != batch:
+            raise SystemExit(f"{name}: {engine.num_running} of {batch} requests running (raise --kv-cache-gb)")
+    ms, cpu_ms = {n: [] for n in names}, {n: [] for n in names}
+    for c in range(chunks):
+        for name in names[c % len(names):] + names[: c % len(names)]:
+            engine, t0, c0 = engines[name], time.perf_counter(), time.process_time()
+            for _ in range(chunk_rounds):
+                engine.step()
+            ms[name].append((time.perf_counter() - t0) * 1000 / chunk_rounds)
+            cpu_ms[name].append((time.process_time() - c0) * 1000 / chunk_rounds)
+    for name, engine in engines.items():
+        for i in range(batch):
+            engine.abort(f"fixed-{name}-{k}-{batch}-{i}")
+        while engine.num_running or engine.num_waiting or engine._aborts:
+            engine.step()
+    return ms, cpu_ms
+
+
+def mean_interval(ratios: list[float]) -> tuple[float, float, float]:
+    """Mean of paired ratios and its 95% normal interval (mean +- 1.96 standard errors)."""
+    n = len(ratios)
+    m = sum(ratios) / n
+    sd = (sum((r - m) ** 2 for r in ratios) / max(1, n - 1)) ** 0.5
+    return m, m - 1.96 * sd / n**0.5, m + 1.96 * sd / n**0.5
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", default="0,1", help="num_steps k to sit at, comma-separated (0..2)")
+    parser.add_argument("--batch", default="1,32", help="fixed batch sizes for the per-round measurement")
+    parser.add_argument("--chunks", type=int, default=20, help="chunks per engine (per-round measurement)")
+    parser.add_argument("--chunk-rounds", type=int, default=8, help="decode rounds per chunk")
+    parser.add_argument("--windows", action="store_true", help="also run the closed-loop windows")
     parser.add_argument("--concurrency", default="1,32", help="closed-loop concurrencies, comma-separated")
     parser.add_argument("--window", type=float, default=6.0)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=float, default=6.0, help="uncounted seconds per engine before each k, "
-                        "concurrency")
+                        "closed loop")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--compile", default="auto")
@@ -97,7 +155,8 @@ def main() -> None:
                         "servers use, one fewer than the CPUs)")
     args = parser.parse_args()
     steps = [int(x) for x in args.steps.split(",")]
-    concs = [int(x) for x in args.concurrency.split(",")]
+    batches = [int(x) for x in args.batch.split(",")]
+    concs = [int(x) for x in args.concurrency.split(",")] if args.windows else []
 
     import torch
     from rich.console import Console
@@ -108,20 +167,46 @@ def main() -> None:
     from spectune.loadgen.datasets import load_dataset
 
     folder = Path(tempfile.mkdtemp())
-    common = dict(max_num_seqs=max(concs), max_model_len=1024, num_steps_capacity=2, dtype=args.dtype,
+    common = dict(max_num_seqs=max(batches + concs), max_model_len=1024, num_steps_capacity=2, dtype=args.dtype,
                   compile=args.compile, kv_cache_gb=4.0, threads=args.threads or engine_threads())
     console = Console(width=150)
     t0 = time.perf_counter()
     static = build_engine(EngineOptions(num_steps=0, **common))
-    adaptive = {}
+    adaptive, upkeep = {}, {}
     for k in steps:
         cfg = folder / f"sit-{k}.json"
         cfg.write_text(json.dumps({"1": {"candidate_steps": [k]}, "64": {"candidate_steps": [2]}}))
         adaptive[k] = build_engine(EngineOptions(num_steps=k, adaptive_config=str(cfg), **common))
+        upkeep[k] = build_engine(EngineOptions(num_steps=k, adaptive_config=str(cfg), draft_upkeep=True, **common))
     console.print(f"engines built in {time.perf_counter() - t0:.0f} s; path {static.path.name if static.path else '?'}"
                   f", compile {args.compile}, {torch.get_num_threads()} threads")
     tok = static.tokenizer
     prompts = [tok.encode_chat(p.messages) for p in load_dataset("mt-bench", 80, 0)]
+
+    rounds = Table(title=f"per round at a fixed batch: {args.chunks} chunks of {args.chunk_rounds} rounds per engine, "
+                         "rotating order; time ratio vs static (< 1 is faster), mean [95%]")
+    for col in ("k", "batch", "clock", "static ms/round", "adaptive ms/round", "adaptive / static",
+                "upkeep ms/round", "upkeep / static"):
+        rounds.add_column(col, justify="right")
+    for k in steps:
+        static.set_num_steps(k)
+        for b in batches:
+            with console.status(f"k={k} batch {b}: per-round chunks"):
+                both = fixed_batch({"static": static, "adaptive": adaptive[k], "upkeep": upkeep[k]}, prompts, k,
+                                   b, args.chunk_rounds, args.chunks)
+            for clock, ms in zip(("wall", "CPU"), both):
+                row = [str(k), str(b), clock, f"{sorted(ms['static'])[len(ms['static']) // 2]:.2f}"]
+                for name in ("adaptive", "upkeep"):
+                    m, lo, hi = mean_interval([x / y for x, y in zip(ms[name], ms["static"])])
+                    row += [f"{sorted(ms[name])[len(ms[name]) // 2]:.2f}", f"{m:.4f} [{lo:.4f}, {hi:.4f}]"]
+                    console.print(f"k={k} batch={b} {clock}: {name}/static time per round {m:.4f} [{lo:.4f}, "
+                                  f"{hi:.4f}]")
+                rounds.add_row(*row)
+    console.print(rounds)
+    console.print("ms/round: medians over the chunks; CPU: this process's CPU time (time.process_time), which a "
+                  "machine shared with other busy processes disturbs far less than the wall clock")
+    if not concs:
+        return
     table = Table(title=f"static k vs adaptive sitting at k: closed loop, MT-Bench, up to {args.max_tokens} tokens, "
                         f"greedy, {args.rounds} x {args.window:g} s windows per engine, alternating")
     for col in ("k", "concurrency", "static tok/s", "adaptive tok/s", "adaptive / static, 95%", "static tok/CPU-s",

@@ -58,6 +58,11 @@ class EngineOptions:
             compiled`): ``auto`` (when a C++ compiler is found), ``on`` (an error without one) or ``off``. The
             library default is ``off`` (no compile for engines built in tests and scripts); ``spectune serve`` and
             the ``local`` sweep backend pass ``auto``.
+        draft_upkeep: adaptive mode only: run the head's draft extend on every prefill and num_steps 0 round, as
+            SGLang does at num_steps 0 (``_build_trivial_verify_input`` then ``_draft_extend_for_decode`` in
+            ``python/sglang/srt/speculative/eagle_worker_v2.py``), instead of lazy drafting (the default, which
+            keeps only the head's inputs and catches up when drafting starts). For measuring what that upkeep
+            costs (``benchmarks/adaptive_overhead.py``); the engine before lazy drafting behaved this way.
     """
 
     model: str | None = None
@@ -77,6 +82,7 @@ class EngineOptions:
     native_dense_above: str = "auto"
     native_lm_head: str = "auto"
     compile: str = "off"
+    draft_upkeep: bool = False
 
 
 def resolve_device_dtype(device: str, dtype: str) -> tuple[Any, Any]:
@@ -164,7 +170,7 @@ def build_engine(opts: EngineOptions) -> Any:
     per_token = bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
     if head is not None:
         per_token += bytes_per_token(head.cfg.num_layers, head.cfg.num_kv_heads, head.cfg.head_dim, dtype)
-        if policy is not None:  # lazy drafting keeps the head's inputs per position (SpecRunner feat_buf, tok_buf)
+        if policy is not None and not opts.draft_upkeep:  # lazy drafting keeps the head's inputs per position (SpecRunner feat_buf, tok_buf)
             per_token += head.feature_dim * torch.empty((), dtype=dtype).element_size() + 8
     slots = min(opts.max_num_seqs, int(opts.kv_cache_gb * 2**30 // (per_token * max_len)))
     if slots < 1:
@@ -184,7 +190,7 @@ def build_engine(opts: EngineOptions) -> Any:
 
     graphs = GraphRunner(slots, max_len, capture=True) if device.type == "cuda" and opts.cuda_graphs else None
     runner = SpecRunner(target, head, slots, max_len, seeded_generator(opts.seed, device), graphs,
-                        lazy_draft=policy is not None)
+                        lazy_draft=policy is not None and not opts.draft_upkeep)
     warm_up(runner, compile_choice, max_steps + 1)
     path_choice.compile = compile_choice.to_json()
     if compile_choice.mode != "off":
