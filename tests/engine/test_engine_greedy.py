@@ -62,3 +62,23 @@ def test_greedy_output_matches_hf_at_batch_1_and_8(reference, k: int) -> None:
     assert singles == expected
     if k > 0:  # drafts were really accepted: the check covered the accept path, not only corrections
         assert engine.stats.avg_accept_length > 1.3
+
+
+@pytest.mark.parametrize("upkeep", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_adaptive_schedule_matches_hf_with_lazy_drafting_or_draft_upkeep(reference, tmp_path, upkeep: bool) -> None:
+    """An adaptive engine (vLLM schedule: K=0 at batch 4, K=2 below) is lossless both ways it keeps the head
+    current: lazy drafting (the default) and SGLang's draft extend on every num_steps 0 round
+    (``EngineOptions.draft_upkeep``, what benchmarks/adaptive_overhead.py prices)."""
+    import json
+
+    prompts, expected = reference
+    cfg = tmp_path / "schedule.json"
+    cfg.write_text(json.dumps({"num_speculative_tokens": 2,
+                               "num_speculative_tokens_per_batch_size": [[1, 3, 2], [4, 8, 0]]}))
+    engine = build_engine(EngineOptions(num_steps=0, dtype="float32", device="cpu", max_num_seqs=4,
+                                        max_model_len=512, kv_cache_gb=1.0, adaptive_config=str(cfg),
+                                        draft_upkeep=upkeep))
+    assert engine.runner.lazy is not upkeep
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    assert engine.generate(prompts[:4], params) == expected[:4]  # batch 4 -> K=0; from the first finish on -> K=2
+    assert engine.stats.num_steps_switches >= 1
