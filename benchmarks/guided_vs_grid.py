@@ -10,15 +10,18 @@
 ``--virtual N`` runs N seeded pairs of sweeps (grid, then guided) through spectune's own sweep loop whose every
 point is answered by the cost model's virtual window (tests/helpers/cost_model.py ``virtual_point``: the model's
 closed-loop throughput with 1% noise per point and ``--request-noise`` per request, the guided plan's early-stop
-rule applied to the requests in order), so the figures do not depend on how loaded the machine is; the time is the
-points' modelled windows. It prints per seed and overall: the guided plan's share of the grid's time, whether its
-choice at every concurrency is within 3% of the grid's (recommend on both folders), points and early stops.
+rule applied to the requests in order), so the figures do not depend on how loaded the machine is (nothing sleeps:
+a 5 x 6 pair takes seconds); the time is the points' modelled windows plus ``--restart-s`` per launch (default 0:
+the in-process servers switch for free). It prints per seed and overall: the guided plan's share of the grid's
+time, whether its choice at every concurrency is within 3% of the grid's (recommend on both folders), points,
+launches, early stops, and how many early-stopped windows' confidence-sequence bounds hold the grid's full window
+of the same cell; ``--show-cells`` adds every guided point with its window, stop reason and why it was measured.
 
 ``--replay GRID`` runs no server: the guided planner (spectune.sweep.guided) chooses its cells from a finished grid
 sweep's own measurements, round by round, and its cost is those points' measurement windows (``duration_s``); the
 guided folder (measured subset + predicted cells) is written next to a copy of nothing else. A grid holds one run
 per cell, so the replay cannot measure a cell again: the guided plan's settle step (more runs of a pair whose tie
-rests on a wide interval, spectune.sweep.guided "Settling") runs live only. Otherwise it
+rests on a wide interval, spectune.sweep.guided.settle) runs live only. Otherwise it
 runs ``spectune sweep --plan grid`` and ``--plan guided`` (grid first), then ``spectune recommend`` on each, and
 prints per concurrency: each plan's chosen num_steps, the grid-measured objective of both choices and their ratio
 (agreement: the guided choice within 3% of the grid's), then the points, launches and measuring time of each plan
@@ -67,6 +70,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--replay", type=Path, default=None, help="a finished grid sweep folder: replay offline")
     p.add_argument("--virtual", type=int, default=0, help="N seeded virtual sweep pairs (module docstring)")
     p.add_argument("--request-noise", type=float, default=0.10, help="--virtual: relative sd of a request's latency")
+    p.add_argument("--show-cells", action="store_true",
+                   help="--virtual: per seed, every guided point in the order measured (window, requests, early "
+                        "stop, why) and where the time went by role")
     return p.parse_args(argv)
 
 
@@ -179,6 +185,51 @@ def emulated_model(name: str) -> object:
     return {"compute-bound": COMPUTE_BOUND, "memory-bound": MEMORY_BOUND, "held-out": HELD_OUT}[name]
 
 
+def early_vs_full(guided: list[dict], grid: list[dict], objective: str) -> tuple[int, int, int, int]:
+    """(held, stopped, held_grid, stopped_grid): of the guided plan's early-stopped points, how many have inside
+    their confidence-sequence bounds (points.jsonl ``early_stop`` ``low``, ``high``; the throughput or TPOT statistic
+    of spectune.sweep.sequential) the same window's statistic had it run in full (the virtual window's
+    ``full_window_estimate``), and how many the grid's full window of the same (num_steps, concurrency, repeat) (a
+    separate draw of any per-point noise the cost model has: the held-out model's step noise)."""
+    col = "output_throughput_tok_s" if objective != "tpot" else "tpot_p50_ms"
+    full = {(p["steps"], p["concurrency"], p.get("repeat", 0)): p["metrics"][col] for p in grid}
+    held = stopped = held_grid = stopped_grid = 0
+    for p in guided:
+        es = p.get("early_stop") or {}
+        key = (p["steps"], p["concurrency"], p.get("repeat", 0))
+        if not es.get("reason") or es.get("low") is None:
+            continue
+        if es.get("full_window_estimate") is not None:
+            stopped += 1
+            held += es["low"] <= es["full_window_estimate"] <= es["high"]
+        if key in full:
+            stopped_grid += 1
+            held_grid += es["low"] <= full[key] <= es["high"]
+    return held, stopped, held_grid, stopped_grid
+
+
+def show_cells(points: list[dict], meta: dict, grid_s: float) -> None:
+    """``--show-cells``: the guided plan's points in the order measured, each with its window (s, share of the
+    grid's time), requests, early-stop reason and why it was measured (sweep.json ``guided.why``), then the time
+    summed by why (seed, first cell at a concurrency, expected improvement, settle)."""
+    why = list((meta.get("guided") or {}).get("why") or [])
+    by_role: dict[str, float] = {}
+    for p in points:
+        key = (p["steps"], p["concurrency"])
+        w = next((x for x in why if (x["steps"], x["concurrency"]) == key
+                  and x.get("repeat", 0) == p.get("repeat", 0)), None)
+        if w is not None:
+            why.remove(w)
+        reason = (w or {}).get("reason", "?")
+        role = reason.split(":")[0] if reason.startswith(("seed", "settle")) else reason.split(" at ")[0][:30]
+        m = p["metrics"]
+        by_role[role] = by_role.get(role, 0.0) + m["duration_s"]
+        print(f"  K={p['steps']} c={p['concurrency']} r={p.get('repeat', 0)}: {m['duration_s']:6.2f} s "
+              f"({m['duration_s'] / grid_s:5.1%}) {m['num_requests']:>4} req, stop "
+              f"{(p.get('early_stop') or {}).get('reason')}; {reason}")
+    print("  by role: " + ", ".join(f"{k} {v / grid_s:.1%}" for k, v in by_role.items()))
+
+
 def virtual(args: argparse.Namespace) -> int:
     """``--virtual N``: N seeded grid/guided pairs on virtual windows (module docstring); prints the figures."""
     import statistics
@@ -204,6 +255,11 @@ def virtual(args: argparse.Namespace) -> int:
         return c * L / ((1 + (L - 1) / al) * step) if args.objective != "tpot" else al / step
 
     async def point(self, key, base_url, model_name, drift=None):  # noqa: ANN001 - Sweep._point's signature
+        # a launch since the last point costs --restart-s (the in-process servers switch for free): the sweep's
+        # cost, which the guided plan weighs a switch by, counts it
+        fresh = self.cost["launches"] - getattr(self, "_virtual_launches", 0)
+        self.cost["switch_s"] += fresh * args.restart_s
+        self._virtual_launches = self.cost["launches"]
         rule = self._early_stop(key, self.plan.requests_for(key[1])) if drift is None else None
         p, recs = virtual_point(model, key, self.plan.requests_for(key[1]), self.plan.max_tokens, 0.01, seed[0],
                                 rule, args.request_noise)
@@ -231,6 +287,9 @@ def virtual(args: argparse.Namespace) -> int:
             res = asyncio.run(pair(Path(d)))
             rec = {k: recommend(load_results(Path(d) / k), RecommendOptions(objective=args.objective))
                    for k in ("grid", "guided")}
+            if args.show_cells:
+                show_cells(res["guided"].points, json.loads((Path(d) / "guided" / "sweep.json").read_text()),
+                           sum(p["metrics"]["duration_s"] for p in res["grid"].points))
         worst = 1.0
         for ch in rec["grid"].choices:
             mine = next(x for x in rec["guided"].choices if x.concurrency == ch.concurrency)
@@ -242,11 +301,14 @@ def virtual(args: argparse.Namespace) -> int:
         secs = {k: sum(p["metrics"]["duration_s"] for p in o.points) for k, o in res.items()}
         launches = {k: o.cost["launches"] for k, o in res.items()}
         early = sum(1 for p in res["guided"].points if (p.get("early_stop") or {}).get("reason"))
-        rows.append((secs["guided"] / secs["grid"], worst, len(res["guided"].points), early, launches, true))
+        agree = early_vs_full(res["guided"].points, res["grid"].points, args.objective)
+        secs = {k: v + launches[k] * args.restart_s for k, v in secs.items()}  # launches counted (--restart-s)
+        rows.append((secs["guided"] / secs["grid"], worst, len(res["guided"].points), early, launches, true, agree))
         print(f"seed {s}: guided {secs['guided']:.1f} s / grid {secs['grid']:.1f} s = {rows[-1][0]:.1%}; worst choice "
               f"{worst:.3f} of the grid's; worst against the noise-free model: guided {true['guided']:.3f}, grid "
               f"{true['grid']:.3f}; points {rows[-1][2]}/{len(res['grid'].points)}; early-stopped {early}; "
-              f"launches {launches['guided']}/{launches['grid']}", flush=True)
+              f"launches {launches['guided']}/{launches['grid']}; early-stopped estimates whose interval holds the "
+              f"same window run in full: {agree[0]}/{agree[1]}, the grid's window: {agree[2]}/{agree[3]}", flush=True)
     print(f"{getattr(model, 'name', model)}; steps {args.steps}; concurrency {args.concurrency}; {args.num_prompts} prompts "
           f"x {args.max_tokens} tokens; request noise {args.request_noise:g}: guided / grid time mean "
           f"{statistics.mean(r[0] for r in rows):.1%}, max {max(r[0] for r in rows):.1%}; the grid's choice within 3% "
@@ -254,7 +316,12 @@ def virtual(args: argparse.Namespace) -> int:
           f" points {statistics.mean(r[2] for r in rows):.1f}; early stops {statistics.mean(r[3] for r in rows):.1f}; "
           f"against the noise-free model, every choice within 3% of the best in: guided "
           f"{sum(r[5]['guided'] >= 0.97 for r in rows)}/{len(rows)} (worst {min(r[5]['guided'] for r in rows):.3f}), "
-          f"grid {sum(r[5]['grid'] >= 0.97 for r in rows)}/{len(rows)} (worst {min(r[5]['grid'] for r in rows):.3f})")
+          f"grid {sum(r[5]['grid'] >= 0.97 for r in rows)}/{len(rows)} (worst {min(r[5]['grid'] for r in rows):.3f}); "
+          f"launches guided {statistics.mean(r[4]['guided'] for r in rows):.1f}, grid "
+          f"{statistics.mean(r[4]['grid'] for r in rows):.1f} ({args.restart_s:g} s each in the times); early-stopped "
+          f"estimates whose interval holds the same window run in full: {sum(r[6][0] for r in rows)}/"
+          f"{sum(r[6][1] for r in rows)}, the grid's window of the cell: {sum(r[6][2] for r in rows)}/"
+          f"{sum(r[6][3] for r in rows)}")
     return 0
 
 

@@ -76,6 +76,7 @@ class Sweep:
         self.records: dict[Key, list[dict[str, Any]]] = {}  # request objects of the points measured now
         self.drift_checks: list[dict[str, Any]] = []
         self.predicted: list[dict[str, Any]] = []
+        self.planner: GuidedPlanner | None = None  # the guided plan's, while it runs
         #: measuring cost: points (and drift re-measurements) measured now, server starts/switches, seconds
         self.cost: dict[str, Any] = {"points": 0, "drift_points": 0, "launches": 0, "measure_s": 0.0,
                                      "drift_s": 0.0, "switch_s": 0.0}
@@ -190,6 +191,7 @@ class Sweep:
         plan = self.plan
         planner = GuidedPlanner(plan.steps, plan.concurrency, plan.repeats, plan.objective, plan.confidence,
                                 plan.noise_band)
+        self.planner = planner
         tried = {(p["steps"], p["concurrency"]) for p in self.folder.points}
         stop = ""
         while not stop:
@@ -238,8 +240,9 @@ class Sweep:
                 runs.setdefault(int(p["steps"]), []).append(float(v))
         meds = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
         best = ((max if maximise else min)(meds, key=lambda k: meds[k])) if meds else None
+        goal = self.planner.window_goal(key) if self.planner is not None else None
         return EarlyStop(plan.objective, conc, planned, None if best is None else meds[best], plan.noise_band,
-                         plan.confidence, min_s=MIN_SECONDS, steps=steps, reference_steps=best)
+                         plan.confidence, min_s=MIN_SECONDS, steps=steps, reference_steps=best, at_minimum=goal)
 
     def _records_by_point(self) -> dict[Key, list[dict[str, Any]]]:
         """Request objects of every point, keyed (steps, concurrency, repeat): those measured now, and those of a

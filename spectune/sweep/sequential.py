@@ -14,6 +14,9 @@ of the window buys nothing. :class:`EarlyStop` watches the measured requests as 
   reference x (1 - band) stops it);
 * ``above_best``: its lower bound takes the choice from the reference by the same rule (above reference x (1 +
   band) for a larger num_steps, above reference x (1 - band) for a smaller one);
+* ``seed_acceptance``: the window was measured for the engine's per-position acceptance counters (the guided
+  plan's first cell, :meth:`spectune.sweep.guided.seed.Seeding.window_goal`), which its first requests give: it stops
+  as soon as the minimum is reached; its throughput is kept with its wider interval;
 * ``precise``: its interval's half-width is at most ``precision`` (a fraction; default half the noise band) and the
   window's two halves agree within it: the estimate is as tight as any comparison needs. The halves guard a cell
   whose requests barely scatter (num_steps 0 on a deterministic server): its interval is narrow at once, and a
@@ -101,6 +104,8 @@ class EarlyStop:
         precision: relative half-width at which the estimate is precise enough (default: half the noise band).
         min_requests: successful requests before any stop (default max(``MIN_WAVES`` x concurrency,
             ``MIN_REQUESTS``)). min_s: seconds before any stop.
+        at_minimum: a reason to stop as soon as the minimum is reached (``seed_acceptance``: the window is measured
+            for what its first requests already give), or None.
     """
 
     objective: str
@@ -114,6 +119,7 @@ class EarlyStop:
     min_s: float = 0.0
     steps: int | None = None
     reference_steps: int | None = None
+    at_minimum: str | None = None
     last: dict[str, Any] = field(default_factory=dict)
     reason: str | None = None
     _seen: int = -1
@@ -163,6 +169,9 @@ class EarlyStop:
                      "reference": self.reference}
         if n < (self.min_requests or 0) or elapsed_s < self.min_s:
             return None
+        if self.at_minimum:
+            self.reason = self.at_minimum
+            return self.reason
         band, ref = self.noise_band, self.reference
         better_hi, better_lo = (hi, lo) if self.objective != "tpot" else (1 / lo if lo > 0 else math.inf, 1 / hi)
         reason = None

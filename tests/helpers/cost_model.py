@@ -261,7 +261,9 @@ def virtual_point(model: CostModel, key: tuple[int, int, int], requests: int, ma
     ``metrics.duration_s`` is the time the point would take (requests x L / throughput). ``request_noise``: relative
     standard deviation of one request's latency. ``rule``: a spectune.sweep.sequential.EarlyStop fed the requests in
     order (elapsed time: their latencies so far over c); when it stops, the c - 1 requests in flight finish too and
-    the point keeps only those (throughput, duration and intervals from them; ``early_stop`` recorded)."""
+    the point keeps only those (throughput, duration and intervals from them; ``early_stop`` recorded, with
+    ``full_window_estimate``: the statistic over the whole planned window, what the point would have measured without
+    the rule)."""
     import numpy as np
 
     k, c, r = key
@@ -271,6 +273,7 @@ def virtual_point(model: CostModel, key: tuple[int, int, int], requests: int, ma
     per_request_s = (1 + (max_tokens - 1) / al) * step
     tput = c * max_tokens / per_request_s * (1 + noise * rng.standard_normal())
     lat = np.full(requests, c * max_tokens / tput) * np.maximum(1 + request_noise * rng.standard_normal(requests), 0.2)
+    full = c * max_tokens * len(lat) / float(lat.sum())  # the whole window's statistic (the rule's, at every request)
     if rule is not None:
         from types import SimpleNamespace
 
@@ -304,5 +307,6 @@ def virtual_point(model: CostModel, key: tuple[int, int, int], requests: int, ma
              "acceptance": {"per_position": per_pos, "num_drafts": requests * max_tokens / al, "warning": None},
              "batch_size": None, "per_category": {}, "window": {"start_s": 0.0, "end_s": duration},
              "requests_planned": requests, "stop_reason": "early_stop" if rule is not None and rule.reason
-             else "max_requests", **({"early_stop": rule.describe()} if rule is not None else {})}
+             else "max_requests",
+             **({"early_stop": {**rule.describe(), "full_window_estimate": full}} if rule is not None else {})}
     return point, recs

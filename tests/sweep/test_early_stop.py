@@ -114,6 +114,14 @@ def test_no_stop_before_the_minimum_seconds():
     assert rule.check(records(20, 100.0, 0.01), 1.0) is None
 
 
+def test_a_window_measured_for_its_counters_stops_at_the_minimum():
+    """The guided seed's acceptance cell (``at_minimum``): it stops as soon as the minimum is reached, whatever its
+    interval, and not before."""
+    rule = EarlyStop("throughput", 4, 100, at_minimum="seed_acceptance", min_s=1.0)
+    assert rule.check(records(7, 100.0, 0.10), 5.0) is None  # two waves of 4: 8 requests
+    assert rule.check(records(8, 100.0, 0.10), 5.0) == "seed_acceptance"
+
+
 def test_tpot_objective_stops_a_slower_cell_below_best():
     """TPOT: lower is better; a cell whose TPOT is clearly above the best's by more than the band loses."""
     rule = EarlyStop("tpot", 1, 100, reference=0.5)  # ms; the records' TPOT is 64/100/64 s = 10 ms

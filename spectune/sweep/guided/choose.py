@@ -1,0 +1,167 @@
+"""Which cell the guided plan measures next: expected improvement per expected second.
+
+After the seed (:mod:`spectune.sweep.guided.seed`), one cell at a time with the model refitted after each: first one
+cell at each concurrency with nothing measured (its predicted best num_steps), then the cell of the highest expected
+improvement per expected second among those still worth measuring. Where a server restart costs more than a point,
+a round is every such cell of the one num_steps with the most to gain (one restart per round). A cell is worth
+measuring when
+
+1. its optimistic prediction (one-sided quantile of the confidence: "could it still beat the best?") beats the best
+   cell measured at its concurrency by more than the noise band, for a smaller num_steps as for a larger one (a
+   difference inside the band is a tie to ``spectune recommend``, so missing it costs at most the band); and
+2. its expected improvement beyond the band, ``E[max(0, Y - best (1 + band))] / best`` for a normal Y with the
+   cell's prediction and standard error, is at least :attr:`Choosing.EI_SHARE_OF_BAND` of the band (0.5% of the
+   objective at the default 2% band): a cell whose interval merely brushes the band costs a whole point and almost
+   never changes the choice.
+
+A cell's expected seconds (:meth:`Choosing._duration`) are the output tokens a point at the nearest measured
+concurrency produced over the cell's predicted throughput (with a fixed number of prompts low concurrency costs
+most), plus the launch or switch time measured so far when it needs another num_steps than the running server's.
+``why`` records why each cell was proposed (sweep.json ``guided.why``). The thresholds' history: docs/sweep.md,
+"How the guided plan was tuned".
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from spectune.sweep.guided.acceptance import nearest
+from spectune.sweep.guided.model import Cell, Prediction
+
+__all__ = ["Choosing"]
+
+
+class Choosing:
+    """The next round of cells (module docstring); a mixin of :class:`spectune.sweep.guided.GuidedPlanner`, whose
+    model (:class:`spectune.sweep.guided.model.StepTimeModel`) and seed (:class:`spectune.sweep.guided.seed.Seeding`)
+    it uses."""
+
+    steps: Sequence[int]
+    concurrency: Sequence[int]
+    objective: str
+    noise_band: float
+    rounds: list[list[tuple[int, int]]]
+    why: list[dict[str, Any]]
+
+    #: a cell is measured only if its expected improvement is at least this share of the noise band (module
+    #: docstring)
+    EI_SHARE_OF_BAND: ClassVar[float] = 0.25
+
+    def _value(self, p: Prediction) -> tuple[float, float, float]:
+        if self.objective == "tpot":
+            return p.tpot_ms, p.tpot_low, p.tpot_high
+        return p.throughput, p.throughput_low, p.throughput_high
+
+    def next_round(self, points: Sequence[dict[str, Any]], tried: set[tuple[int, int]],
+                   all_threats: bool = False, current: int | None = None,
+                   launch_s: float = 0.0) -> list[tuple[int, int]]:
+        """The cells to measure next (module docstring): the seed when nothing was measured yet; then the one cell
+        of the highest expected improvement per expected second (``all_threats``, for servers whose restart costs
+        more than a point: every cell worth measuring of the one num_steps with the largest summed value, most
+        valuable first, so a round costs one restart); [] when the choice is settled everywhere. ``tried``: cells
+        already attempted (measured or failed), never proposed again. ``current``: the running server's num_steps;
+        ``launch_s``: s a server launch or switch costs (measured so far): a cell of another num_steps costs its
+        window plus that, so of two equally informative cells the one on the running server goes first. Each
+        proposed cell's reason is appended to ``why`` (sweep.json ``guided.why``)."""
+        cells = self.cells(points)
+        if not cells:
+            seed = [x for x in self.seed() if x not in tried]
+            roles = {self.seed()[0]: "seed: per-position acceptance of every smaller num_steps",
+                     self.seed()[1]: "seed: num_steps 0 at the largest concurrency"}
+            for kc in seed:
+                self.why.append({"steps": kc[0], "concurrency": kc[1], "reason": roles.get(
+                    kc, "seed: draft fixed cost (num_steps 0 and 1 side by side)" if kc[1] == max(self.concurrency)
+                    else "seed: batch dependence")})
+            self.rounds.append(seed)
+            return seed
+        if len(self.rounds) == 1:  # the seed was measured: its fifth cell
+            fifth = self.seed_fifth(cells)
+            if fifth is not None and fifth not in tried:
+                self.rounds.append([fifth])
+                self.why.append({"steps": fifth[0], "concurrency": fifth[1],
+                                 "reason": "seed: fifth cell chosen by the num_steps 0/1 pair"})
+                return [fifth]
+        preds = self.predict(points)
+        proposals: list[tuple[float, tuple[int, int]]] = []
+        info: dict[tuple[int, int], dict[str, Any]] = {}
+        for c in self.concurrency:
+            open_ = [k for k in self.steps if (k, c) not in tried and (k, c) in preds]
+            if not open_:
+                continue
+            values = self.values(cells, preds, c, open_)
+            if values is None:  # nothing measured at c yet: its predicted best first
+                maximise = self.objective != "tpot"
+                best_k = max(open_, key=lambda k: self._value(preds[(k, c)])[0] * (1 if maximise else -1))
+                proposals.append((math.inf, (best_k, c)))
+                info[(best_k, c)] = {"reason": "first cell at its concurrency: its predicted best num_steps"}
+                continue
+            for k, ei in values.items():
+                secs = self._duration(cells, preds[(k, c)])
+                switch = launch_s if current is not None and k != current else 0.0
+                proposals.append((ei / (secs + switch), (k, c)))
+                info[(k, c)] = {"reason": "highest expected improvement per second", "expected_improvement": ei,
+                                "expected_s": secs, "switch_s": switch}
+        proposals.sort(key=lambda x: -x[0])
+        out = [cell for _, cell in proposals]
+        if not all_threats:
+            out = out[:1]
+        elif out:  # one launch per round: every open cell of the num_steps with the most to gain
+            # a concurrency with nothing measured yet (value inf) counts first: the launch that opens the most of
+            # them, then the largest summed value of the rest (a sum of infs would tie and go to the smaller K)
+            gain: dict[int, tuple[int, float]] = {}
+            for v, (k, _) in proposals:
+                n, total = gain.get(k, (0, 0.0))
+                gain[k] = (n + 1, total) if math.isinf(v) else (n, total + v)
+            top = max(gain, key=lambda k: (*gain[k], -k))
+            out = [cell for cell in out if cell[0] == top]
+        if out:
+            self.rounds.append(out)
+            value = dict((cell, v) for v, cell in proposals)
+            for kc in out:
+                v = value[kc]
+                self.why.append({"steps": kc[0], "concurrency": kc[1], **info[kc],
+                                 **({"value_per_s": v} if math.isfinite(v) else {})})
+        return out
+
+    def values(self, cells: dict[tuple[int, int], Cell], preds: dict[tuple[int, int], Prediction], c: int,
+               open_: Sequence[int]) -> dict[int, float] | None:
+        """The unmeasured num_steps at concurrency ``c`` worth measuring, with their expected improvement (a
+        fraction of the best measured objective there); None when nothing was measured at ``c``. A cell is worth
+        measuring when its optimistic prediction (one-sided ``confidence``) beats the best measured cell at ``c``
+        by more than the noise band and its expected improvement beyond the band, E[max(0, Y - best (1 +
+        band))] / best for a normal Y of the cell's prediction and standard error, is at least ``EI_SHARE_OF_BAND``
+        of the band (module docstring)."""
+        measured = [x for x in cells.values() if x.conc == c]
+        if not measured:
+            return None
+        band, maximise = self.noise_band, self.objective != "tpot"
+        obj = {x.steps: (x.throughput if maximise else x.tpot) for x in measured}
+        best = max(obj.values()) if maximise else min(obj.values())
+        target = best * (1 + band) if maximise else best / (1 + band)
+        nd = NormalDist()
+        out = {}
+        for k in open_:
+            v, lo, hi = self._value(preds[(k, c)])
+            sd = ((hi - v) if maximise else (v - lo)) / self.z
+            if not sd > 0:
+                continue
+            d = (v - target) / sd if maximise else (target - v) / sd
+            ei = sd * (d * nd.cdf(d) + nd.pdf(d)) / best
+            if d > -self.z_one_sided and ei >= self.EI_SHARE_OF_BAND * band:
+                out[k] = ei
+        return out
+
+    @staticmethod
+    def _duration(cells: dict[tuple[int, int], Cell], p: Prediction) -> float:
+        """Expected measuring time of the predicted cell ``p``, s: the output tokens a point measured at the nearest
+        measured concurrency (log scale) produced (its duration x throughput) over ``p``'s predicted throughput."""
+        timed = [x for x in cells.values() if math.isfinite(x.duration_s) and x.duration_s > 0]
+        if not timed or not p.throughput > 0:
+            return 1.0
+        near = nearest(timed, p.concurrency)
+        return float(np.mean([x.duration_s * x.throughput for x in near])) / p.throughput
+

@@ -1,0 +1,307 @@
+"""The step-time model of the guided plan: what each measured cell says, and a prediction with its interval for every
+cell of the plan.
+
+* **Step time.** ``tau(c, K)``, the time of one verify step seen per sequence, is derived from each measured cell:
+  ``tau = c * AL_eff / throughput`` (a closed loop of c sequences emits c * AL_eff tokens per step; ``AL_eff = L /
+  (1 + (L - 1) / AL)`` for requests of L output tokens whose first token takes a prefill step) or ``tau = TPOT *
+  AL`` (TPOT objective). It is fitted by weighted least squares (relative errors) on the features ``[1, c, K,
+  c*K]`` (fixed cost, batch-proportional verify cost, per-draft-token cost, verify cost of K extra tokens per
+  sequence) plus ``[K>0, c*(K>0)]`` (the draft model's fixed per-step cost). Which terms are fitted is decided by
+  identifiability: the richest of :attr:`StepTimeModel.FEATURE_SETS` whose design matrix on the measured cells has
+  full column rank with a residual degree of freedom to spare. Each concurrency's predictions are anchored on the
+  cells measured there (geometric mean ratio of measured to fitted ``tau``): the model gives the shape in K, the
+  measurements the level.
+* **Prediction.** ``throughput = c * AL_eff / tau``, ``TPOT = tau / AL`` (scaled by the measured TPOT / (tau / AL) of
+  the concurrency when tau was fitted on throughput), AL from :mod:`spectune.sweep.guided.acceptance`. The interval
+  is ``pred * (1 +- z * e)``, z the normal quantile of the confidence, ``e^2 = s^2 + g' V g``: ``s`` the largest of
+  the anchored fit's relative residual spread, the measurements' own relative half-width and ``MIN_REL_ERROR``;
+  ``g' V g`` the cell's leverage (the least-squares parameter covariance ``V = s^2 (X'WX)^-1`` on the difference
+  between the cell's features and the mean of those measured at its concurrency), so an extrapolation in K or c gets
+  the width the data give it. SpecServe (Huang et al., arXiv 2503.05096, sec. 4) models the same quantities.
+
+Why each piece is there (what was tried and measured without it): docs/sweep.md, "How the guided plan was tuned".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any, Callable, ClassVar, Sequence
+
+import numpy as np
+
+from spectune.sweep.guided.acceptance import acceptance_lengths, geometric_rate, per_position
+
+__all__ = ["Cell", "MIN_REL_ERROR", "Prediction", "StepTimeModel"]
+
+#: the model's relative standard error is never taken below this (its structure is never trusted more)
+MIN_REL_ERROR = 0.02
+
+
+@dataclass
+class Prediction:
+    """A predicted cell: objective value and its interval, throughput (tokens/s), TPOT p50 (ms) and acceptance
+    length with theirs (``*_low``/``*_high``)."""
+
+    steps: int
+    concurrency: int
+    acceptance_length: float
+    throughput: float
+    throughput_low: float
+    throughput_high: float
+    tpot_ms: float
+    tpot_low: float
+    tpot_high: float
+
+    def row(self) -> dict[str, Any]:
+        """A points.jsonl-like object for summary.csv (``predicted`` True, ``status`` ok)."""
+        return {"steps": self.steps, "concurrency": self.concurrency, "repeat": 0, "status": "ok", "error": "",
+                "predicted": True,
+                "metrics": {"output_throughput_tok_s": self.throughput, "tpot_p50_ms": self.tpot_ms,
+                            "acceptance_length": self.acceptance_length, "acceptance_length_source": "predicted",
+                            "output_throughput_ci_low": self.throughput_low,
+                            "output_throughput_ci_high": self.throughput_high,
+                            "tpot_p50_ci_low": self.tpot_low, "tpot_p50_ci_high": self.tpot_high}}
+
+
+@dataclass
+class Cell:
+    """A measured cell (median over its ok repeats): throughput (tokens/s), TPOT p50 (ms), acceptance length,
+    per-position acceptance, relative half-width of its throughput interval, output tokens per request, drafts
+    counted and window length (s)."""
+
+    steps: int
+    conc: int
+    throughput: float
+    tpot: float
+    al: float
+    per_position: list[float]
+    rel_halfwidth: float
+    tokens_per_request: float = math.nan
+    num_drafts: float = 1.0
+    duration_s: float = math.nan
+
+
+class StepTimeModel:
+    """The measured cells and the fitted step-time model (module docstring); a mixin of
+    :class:`spectune.sweep.guided.GuidedPlanner`, which holds the attributes below."""
+
+    steps: Sequence[int]
+    concurrency: Sequence[int]
+    objective: str
+    confidence: float
+    #: the last fit, for sweep.json (features, parameters, anchors, relative error, cells)
+    fit_info: dict[str, Any]
+
+    @property
+    def z(self) -> float:
+        """The two-sided normal quantile of ``confidence`` (prediction intervals)."""
+        return NormalDist().inv_cdf((1 + self.confidence) / 2)
+
+    @property
+    def z_one_sided(self) -> float:
+        """The one-sided normal quantile of ``confidence``: "could this cell still beat the best?" is a one-sided
+        question, asked of each unmeasured cell."""
+        return NormalDist().inv_cdf(self.confidence)
+
+    # -- what was measured -----------------------------------------------------------------------------------
+    def cells(self, points: Sequence[dict[str, Any]]) -> dict[tuple[int, int], Cell]:
+        """Measured ok cells (median over repeats) keyed (steps, concurrency)."""
+        groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        for p in points:
+            if p.get("status") == "ok" and not p.get("predicted"):
+                groups.setdefault((int(p["steps"]), int(p["concurrency"])), []).append(p)
+        out = {}
+        for (k, c), ps in groups.items():
+            def med(name: str) -> float:
+                vals = [float(p["metrics"][name]) for p in ps if isinstance((p.get("metrics") or {}).get(name),
+                                                                            (int, float))]
+                return float(np.median(vals)) if vals else math.nan
+            tput, tpot, al = med("output_throughput_tok_s"), med("tpot_p50_ms"), med("acceptance_length")
+            if k == 0:
+                al = 1.0
+            # a cell at num_steps k drafted positions 0..k-1 only: a server whose counters cover more positions (the
+            # bundled engine sized for the largest num_steps, switched between points) reports 0 for the others
+            pp = next((list((p.get("acceptance") or {}).get("per_position") or [])[:k] for p in ps
+                       if (p.get("acceptance") or {}).get("per_position")), [])
+            lo, hi = med("output_throughput_ci_low"), med("output_throughput_ci_high")
+            half = (hi - lo) / 2 / tput if all(map(math.isfinite, (lo, hi, tput))) and tput > 0 else math.nan
+            toks = [float(p["metrics"]["total_output_tokens"]) / float(p["metrics"]["num_requests"]) for p in ps
+                    if (p.get("metrics") or {}).get("num_requests") and
+                    isinstance(p["metrics"].get("total_output_tokens"), (int, float))]
+            drafts = sum(float((p.get("acceptance") or {}).get("num_drafts") or 0) for p in ps) or 1.0
+            if math.isfinite(tput) and tput > 0 and math.isfinite(al):
+                out[(k, c)] = Cell(k, c, tput, tpot, al, pp, half, float(np.median(toks)) if toks else math.nan,
+                                    drafts, med("duration_s"))
+        return out
+
+    # -- the model ---------------------------------------------------------------------------------------------
+    def _al(self, cells: dict[tuple[int, int], Cell], k: int, c: int) -> float:
+        if (k, c) in cells:
+            return cells[(k, c)].al
+        if k == 0:
+            return 1.0
+        with_pp = [x for x in cells.values() if x.per_position and x.steps >= 1]
+        if with_pp:
+            return acceptance_lengths(per_position(with_pp, k, c), [k])[k]
+        spec = [x for x in cells.values() if x.steps >= 1 and x.al > 1]
+        if not spec:
+            return 1.0
+        near = min(spec, key=lambda x: (abs(math.log(x.conc) - math.log(c)), -x.steps))
+        a = geometric_rate(near.al, near.steps)
+        return 1 + sum(a ** i for i in range(1, k + 1))
+
+    @staticmethod
+    def _effective(al: float, tokens: float) -> float:
+        """Output tokens per step of a request of ``tokens`` tokens: its first token takes a step of its own (the
+        prefill), the other tokens - 1 come AL per step: tokens / (1 + (tokens - 1) / AL)."""
+        if not (math.isfinite(tokens) and tokens > 1):
+            return al
+        return tokens / (1 + (tokens - 1) / al)
+
+    def _tokens(self, cells: dict[tuple[int, int], Cell]) -> float:
+        vals = [x.tokens_per_request for x in cells.values() if math.isfinite(x.tokens_per_request)]
+        return float(np.median(vals)) if vals else math.nan
+
+    def _tau_obs(self, x: Cell, tokens: float = math.nan) -> float:
+        if self.objective == "tpot":
+            return x.tpot * x.al if math.isfinite(x.tpot) else math.nan
+        return x.conc * self._effective(x.al, x.tokens_per_request) / x.throughput
+
+    #: candidate feature sets of tau(c, K), richest first (names in fit_info): the fit uses the first one the
+    #: measured cells identify with a residual degree of freedom to spare (module docstring)
+    FEATURE_SETS: ClassVar[tuple[tuple[str, ...], ...]] = (
+        ("1", "c", "K", "c*K", "K>0", "c*(K>0)"),
+        ("1", "c", "K", "c*K", "K>0"),
+        ("1", "c", "K", "c*K"),
+        ("1", "c", "K"),
+        ("1", "c"),
+        ("1",),
+    )
+
+    @staticmethod
+    def _features(k: int, c: int, names: Sequence[str]) -> list[float]:
+        """The values of the named features at num_steps ``k``, concurrency ``c`` (FEATURE_SETS)."""
+        vals = {"1": 1.0, "c": float(c), "K": float(k), "c*K": float(c * k), "K>0": float(k > 0),
+                "c*(K>0)": float(c * (k > 0))}
+        return [vals[n] for n in names]
+
+    def _feature_set(self, cells: Sequence[Cell]) -> tuple[str, ...]:
+        """The richest FEATURE_SETS entry whose design matrix on ``cells`` has full column rank with at least one
+        residual degree of freedom (an exactly determined fit would pass through the noise), else the richest with
+        full rank."""
+        full_rank = []
+        for names in self.FEATURE_SETS:
+            X = np.array([self._features(x.steps, x.conc, names) for x in cells])
+            if np.linalg.matrix_rank(X) == len(names):
+                if len(cells) > len(names):
+                    return names
+                full_rank.append(names)
+        return full_rank[0] if full_rank else ("1",)
+
+    def fit(self, cells: dict[tuple[int, int], Cell]) -> tuple[Callable[[int, int], float],
+                                                              Callable[[int, int], float]]:
+        """Fit the step-time model; returns (tau(k, c) -> s, err(k, c) -> relative standard error of that cell's
+        prediction: the residual spread s combined with the cell's leverage, module docstring)."""
+        obs = [(x, self._tau_obs(x)) for x in cells.values()]
+        obs = [(x, t) for x, t in obs if math.isfinite(t) and t > 0]
+        if not obs:
+            raise ValueError("no measured cell to fit")
+        names = self._feature_set([x for x, _ in obs])
+        X = np.array([self._features(x.steps, x.conc, names) for x, _ in obs])
+        y = np.array([t for _, t in obs])
+        w = 1.0 / y
+        theta, *_ = np.linalg.lstsq(X * w[:, None], y * w, rcond=None)
+
+        def raw(k: int, c: int) -> float:
+            v = float(np.dot(self._features(k, c, names), theta))
+            return v if v > 0 else math.nan
+
+        anchor: dict[int, float] = {}
+        for c in {x.conc for x, _ in obs}:
+            ratios = [t / raw(x.steps, x.conc) for x, t in obs if x.conc == c and math.isfinite(raw(x.steps, x.conc))]
+            if ratios:
+                anchor[c] = float(np.exp(np.mean(np.log(ratios))))
+        # anchors between measured concurrencies: interpolate in log c
+        known = sorted(anchor)
+
+        def anchor_at(c: int) -> float:
+            if not known:
+                return 1.0
+            if c in anchor:
+                return anchor[c]
+            lo = max((a for a in known if a < c), default=None)
+            hi = min((a for a in known if a > c), default=None)
+            if lo is None or hi is None:
+                return anchor[lo if hi is None else hi]  # type: ignore[index]
+            t = (math.log(c) - math.log(lo)) / (math.log(hi) - math.log(lo))
+            return math.exp((1 - t) * math.log(anchor[lo]) + t * math.log(anchor[hi]))
+
+        resid = []
+        for c in known:
+            here = [(x, t) for x, t in obs if x.conc == c]
+            if len(here) >= 2:
+                resid += [t / (raw(x.steps, c) * anchor[c]) - 1 for x, t in here if math.isfinite(raw(x.steps, c))]
+        s = 0.0
+        if resid:  # each anchored concurrency spends one residual degree of freedom on its anchor
+            dof = max(len(resid) - sum(1 for c in known if sum(x.conc == c for x, _ in obs) >= 2), 1)
+            s = math.sqrt(float(np.sum(np.square(resid))) / dof)
+        halves = [x.rel_halfwidth for x, _ in obs if math.isfinite(x.rel_halfwidth)]
+        meas = float(np.median(halves)) / self.z if halves else 0.0
+        s = max(s, meas, MIN_REL_ERROR)
+        self.fit_info = {"features": ", ".join(names),
+                         "theta": [float(v) for v in theta], "anchors": {str(c): anchor[c] for c in known},
+                         "relative_error": s, "cells": len(obs)}
+        # the parameters' own uncertainty (relative units: the fit is weighted by 1/tau): a cell the measured ones
+        # pin down poorly (an extrapolation in K or c) gets a wider interval than the residual spread alone
+        Xw = X * w[:, None]
+        cov = np.linalg.pinv(Xw.T @ Xw) * s * s
+
+        def rel(k: int, c: int) -> np.ndarray:
+            r = raw(k, c)
+            return np.array(self._features(k, c, names)) / r if math.isfinite(r) else np.zeros(len(names))
+
+        def err(k: int, c: int) -> float:
+            g = rel(k, c)
+            here = [x for x, _ in obs if x.conc == c]
+            if here:  # anchored on the cells measured at c: only the shape between them and (k, c) is uncertain
+                g = g - np.mean([rel(x.steps, c) for x in here], axis=0)
+            return math.sqrt(s * s + max(float(g @ cov @ g), 0.0))
+
+        return (lambda k, c: raw(k, c) * anchor_at(c)), err
+
+    def predict(self, points: Sequence[dict[str, Any]]) -> dict[tuple[int, int], Prediction]:
+        """Predictions for every cell of the plan (measured ones too), keyed (steps, concurrency); {} when nothing
+        usable was measured."""
+        cells = self.cells(points)
+        if not cells:
+            return {}
+        tau, err = self.fit(cells)
+        z = self.z
+        tokens = self._tokens(cells)
+        out = {}
+        for c in self.concurrency:
+            for k in self.steps:
+                t = tau(k, c)
+                al = self._al(cells, k, c)
+                if not (math.isfinite(t) and t > 0):
+                    continue
+                tput = c * (self._effective(al, tokens) if self.objective != "tpot" else al) / t
+                tpot = t / al * self._tpot_scale(cells, c)
+                e = err(k, c)
+                out[(k, c)] = Prediction(k, c, al, tput, tput * (1 - z * e), tput * (1 + z * e), tpot,
+                                         tpot * (1 - z * e), tpot * (1 + z * e))
+        return out
+
+    def _tpot_scale(self, cells: dict[tuple[int, int], Cell], c: int) -> float:
+        """TPOT from a throughput-fitted tau: the ratio of measured TPOT to tau/AL at this concurrency (1 if none)."""
+        if self.objective == "tpot":
+            return 1.0
+        here = [x for x in cells.values() if x.conc == c and math.isfinite(x.tpot)]
+        if not here:
+            near = sorted(cells.values(), key=lambda x: abs(math.log(x.conc) - math.log(c)))
+            here = [x for x in near[:2] if math.isfinite(x.tpot)]
+        ratios = [x.tpot / (self._tau_obs(x) / x.al) for x in here if self._tau_obs(x) > 0]  # tau per token vs TPOT
+        return float(np.median(ratios)) if ratios else 1.0
+

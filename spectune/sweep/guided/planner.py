@@ -1,0 +1,50 @@
+"""The guided planner: the step-time model, the seed, the choice of the next cell and the settle step in one object
+(:class:`GuidedPlanner`), as :mod:`spectune.sweep.run` drives it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from spectune.sweep.guided.choose import Choosing
+from spectune.sweep.guided.model import StepTimeModel
+from spectune.sweep.guided.seed import Seeding
+from spectune.sweep.guided.settle import Settling
+
+__all__ = ["GuidedPlanner"]
+
+
+@dataclass
+class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
+    """Chooses what a guided sweep measures next and predicts the rest (:mod:`spectune.sweep.guided`).
+
+    The model and its predictions: :class:`spectune.sweep.guided.model.StepTimeModel` (``cells``, ``fit``,
+    ``predict``); the first cells: :class:`spectune.sweep.guided.seed.Seeding` (``seed``, ``seed_fifth``); the next
+    cell by expected improvement per second: :class:`spectune.sweep.guided.choose.Choosing` (``next_round``,
+    ``values``); more runs where a tie rests on a wide interval: :class:`spectune.sweep.guided.settle.Settling`
+    (``comparisons``, ``settle``).
+
+    Args:
+        steps, concurrency: the plan's num_steps and concurrencies (ascending). repeats: runs per measured cell.
+        objective: ``throughput`` or ``tpot``. confidence: of the prediction intervals (0..1).
+        noise_band: fraction; differences below it are ties (the smaller num_steps wins).
+    """
+
+    steps: Sequence[int]
+    concurrency: Sequence[int]
+    repeats: int = 1
+    objective: str = "throughput"
+    confidence: float = 0.95
+    noise_band: float = 0.02
+    rounds: list[list[tuple[int, int]]] = field(default_factory=list)
+    fit_info: dict[str, Any] = field(default_factory=dict)
+    #: the deciding comparisons the settle step last saw (:meth:`comparisons`), for sweep.json
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    #: why each proposed cell was measured, in order (sweep.json ``guided.why``)
+    why: list[dict[str, Any]] = field(default_factory=list)
+
+    def describe(self) -> dict[str, Any]:
+        """sweep.json's ``guided``: the rounds measured and the last fit."""
+        return {"objective": self.objective, "confidence": self.confidence, "noise_band": self.noise_band,
+                "rounds": [[list(x) for x in r] for r in self.rounds], "fit": self.fit_info,
+                "comparisons": self.decisions, "why": self.why}

@@ -1,0 +1,86 @@
+"""The guided plan's seed: the first cells measured, before the model can say anything.
+
+Four cells: the largest num_steps at the smallest concurrency (the per-position acceptance of every smaller
+num_steps), num_steps 0 and 1 side by side at the largest concurrency (the jump in step time from no speculation to
+one draft token, the draft's fixed cost, is measured rather than guessed), num_steps 0 at the middle concurrency (the
+batch dependence; left out without a middle concurrency). Then a fifth chosen by what the pair at the largest
+concurrency showed: where num_steps 1 beats 0 there by more than the noise band, the middle num_steps there (how far
+K goes); otherwise num_steps 1 at the middle concurrency (where speculation stops paying).
+
+What the other seeds tried cost (a fixed fifth cell, a three-cell seed on small grids): docs/sweep.md, "How the
+guided plan was tuned".
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from spectune.sweep.guided.model import Cell
+
+__all__ = ["Seeding"]
+
+
+class Seeding:
+    """The seed cells (module docstring); a mixin of :class:`spectune.sweep.guided.GuidedPlanner`."""
+
+    steps: Sequence[int]
+    concurrency: Sequence[int]
+    objective: str
+    noise_band: float
+
+    def seed(self) -> list[tuple[int, int]]:
+        """The first round (duplicates dropped), four cells:
+
+        * (largest K, smallest c): the per-position acceptance of every smaller K;
+        * (smallest K, largest c), (second K, largest c): num_steps 0 and 1 at the same concurrency, so the jump in
+          step time from no speculation to one draft token (the draft model's fixed per-step cost, ``K>0``) is
+          identified instead of being spread over the per-draft-token slope;
+        * (smallest K, middle c): the batch dependence; left out on a grid of fewer than three concurrencies (there
+          is no middle one: the other end is opened by its predicted best num_steps right after the seed).
+
+        A fifth cell follows once these are measured (:meth:`seed_fifth`)."""
+        ks, cs = sorted(self.steps), sorted(self.concurrency)
+        cells = [(ks[-1], cs[0]), (ks[0], cs[-1]), (ks[1] if len(ks) > 1 else ks[0], cs[-1])]
+        if len(cs) >= 3:
+            cells.append((ks[0], self._cmid))
+        out: list[tuple[int, int]] = []
+        for cell in cells:
+            if cell not in out:
+                out.append(cell)
+        return out
+
+    def window_goal(self, key: tuple[int, int, int]) -> str | None:
+        """``seed_acceptance`` for the first run of the seed's first cell (the largest num_steps at the smallest
+        concurrency), else None: that cell is measured for the per-position acceptance of every smaller num_steps,
+        which the engine's counters give from the window's first requests, so its window stops at the early-stop
+        minimum (:class:`spectune.sweep.sequential.EarlyStop` ``at_minimum``). At the smallest concurrency it is
+        the grid's most expensive kind of cell: a full window of it was 6% of a 5 x 6 grid's time and 7% of a 5 x 4
+        one's on the compute-bound emulated server, where it is 22-31% below the best. Its throughput is kept with
+        its wider interval: a later cell at its concurrency stops early against it, and the settle step measures it
+        again where a deciding comparison rests on that width."""
+        return "seed_acceptance" if key[2] == 0 and tuple(key[:2]) == self.seed()[0] else None
+
+    @property
+    def _cmid(self) -> int:
+        cs = sorted(self.concurrency)
+        return cs[len(cs) // 2] if len(cs) > 2 else cs[0]
+
+    def seed_fifth(self, cells: dict[tuple[int, int], Cell]) -> tuple[int, int] | None:
+        """The seed's fifth cell, chosen by what the pair at the largest concurrency showed (module docstring):
+        where num_steps 1 beats 0 there by more than the noise band, speculation pays at the largest batch and the
+        open question is how far K goes, so the middle num_steps at the largest concurrency (the
+        per-draft-token cost at the largest batch); otherwise the open question is where speculation stops paying,
+        so num_steps 1 at the middle concurrency (how the draft's fixed cost scales with the batch). None when the
+        pair was not measured (failed cells) or the plan has fewer than three num_steps."""
+        ks, cs = sorted(self.steps), sorted(self.concurrency)
+        if len(ks) < 3:
+            return None
+        k0, k1 = cells.get((ks[0], cs[-1])), cells.get((ks[1], cs[-1]))
+        if k0 is None or k1 is None:
+            return None
+        if self.objective == "tpot":
+            pays = k1.tpot * (1 + self.noise_band) < k0.tpot
+        else:
+            pays = k1.throughput > k0.throughput * (1 + self.noise_band)
+        return (ks[len(ks) // 2], cs[-1]) if pays else (ks[1], self._cmid)
+

@@ -1,0 +1,138 @@
+"""Settling the guided plan's choice by more runs, where a tie rests only on a wide interval.
+
+When no unmeasured cell is worth measuring, each concurrency's choice is made from the measured cells as ``spectune
+recommend`` makes it: a smaller num_steps that ties with the best wins, a tie being a ratio to the best within the
+noise band or a paired interval of that ratio that reaches the band. The second kind can rest on the interval's width
+alone. Such a comparison is *unsettled* (:meth:`Settling.comparisons`: the ratio is beyond the band, its interval
+reaches it, and more runs narrowing it around the ratio would make the larger num_steps win by at least
+``EI_SHARE_OF_BAND`` of the band beyond it); :meth:`Settling.settle` measures one more run of one cell of each
+unsettled pair (the one with fewer runs, else the one with the wider interval), at most :attr:`Settling.SETTLE_REPEATS`
+beyond ``--repeats`` per cell, until every deciding comparison is a tie, a clear loss, or out of runs. The
+comparisons are recommend's: paired bootstrap over prompts and repeats
+(:class:`spectune.results.confidence.Bootstrap`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from spectune.results.confidence import Bootstrap, RunRequests, ratio_interval
+
+__all__ = ["Settling"]
+
+
+class Settling:
+    """The deciding comparisons and the runs that settle them (module docstring); a mixin of
+    :class:`spectune.sweep.guided.GuidedPlanner`."""
+
+    concurrency: Sequence[int]
+    repeats: int
+    objective: str
+    confidence: float
+    noise_band: float
+    rounds: list[list[tuple[int, int]]]
+    why: list[dict[str, Any]]
+    #: the deciding comparisons the settle step last saw (:meth:`comparisons`), for sweep.json
+    decisions: list[dict[str, Any]]
+    EI_SHARE_OF_BAND: ClassVar[float]
+
+    #: runs the settle step may add to one cell beyond the plan's ``repeats`` (module docstring): one, so a pair
+    #: gets at most two. With two per cell, on virtual 5 x 6 sweeps of the compute-bound emulated server (48
+    #: prompts x 48 tokens, 10% noise per request) the pair K=0/K=1 at concurrency 8 (true ratio 0.946) took all
+    #: four runs and was still unsettled, 6.8% of the grid's time in one sweep, 1.7% on average over six; in none
+    #: of the 24 virtual sweeps of both test cost models (5 x 6 and 5 x 4) did the worst choice, against the grid's
+    #: or the noise-free model's, change without the second run
+    SETTLE_REPEATS: ClassVar[int] = 1
+
+    def comparisons(self, points: Sequence[dict[str, Any]],
+                    records: dict[tuple[int, int, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """The comparisons that decide each concurrency's choice, as ``spectune recommend`` makes them: every
+        measured num_steps smaller than the best measured one, against the best, in ascending num_steps, up to the
+        first that does not lose (recommend takes the smallest that ties).
+
+        Each cell's bootstrap replicates come from its requests (``records``: requests.jsonl objects keyed
+        (steps, concurrency, repeat)), paired across cells by prompt and resampled over its repeats
+        (:class:`spectune.results.confidence.Bootstrap`, as recommend's); the ratio small / best has its percentile
+        interval at ``confidence``. Returns ``{"concurrency", "steps", "best", "ratio", "low", "high", "verdict",
+        "widths"}`` per comparison (``widths``: the relative widths of the two cells' own intervals), ``verdict`` one of ``tie`` (recommend prefers the smaller num_steps: the ratio is within the
+        noise band of 1, or its interval reaches the band and more runs could gain less than ``EI_SHARE_OF_BAND`` of
+        the band beyond it), ``loses`` (the whole interval is beyond the band) or ``unsettled`` (recommend calls a
+        tie only because the interval is wide, and more runs, narrowing it around the ratio, would make the larger
+        num_steps win by at least ``EI_SHARE_OF_BAND`` of the band beyond it: the threshold a new cell must pass); a
+        comparison without an interval (no requests) is decided by the ratio and never unsettled."""
+        maximise = self.objective != "tpot"
+        col = "output_throughput_tok_s" if maximise else "tpot_p50_ms"
+        runs: dict[tuple[int, int], list[tuple[int, float]]] = {}
+        for p in points:
+            v = (p.get("metrics") or {}).get(col)
+            if p.get("status") == "ok" and not p.get("predicted") and isinstance(v, (int, float)) and v > 0:
+                runs.setdefault((int(p["steps"]), int(p["concurrency"])), []).append((int(p.get("repeat", 0)), v))
+        boot = Bootstrap({r.get("prompt_id") for rs in records.values() for r in rs})
+        value, reps = {}, {}
+        for i, (k, c) in enumerate(sorted(runs)):
+            value[(k, c)] = float(np.median([v for _, v in runs[(k, c)]]))
+            reqs = [RunRequests.from_records(records[(k, c, r)]) if records.get((k, c, r)) else None
+                    for r, _ in runs[(k, c)]]
+            reps[(k, c)] = boot.cell_replicates(reqs, [v for _, v in runs[(k, c)]], self.objective, seed_offset=i)
+        band, out = self.noise_band, []
+
+        def width(k: int, c: int) -> float:  # relative width of the cell's own interval (0 without replicates)
+            r = reps[(k, c)]
+            if r is None or not np.isfinite(r).any():
+                return 0.0
+            lo, hi = np.nanpercentile(r, [50 * (1 - self.confidence), 50 * (1 + self.confidence)])
+            return float((hi - lo) / value[(k, c)])
+
+        for c in self.concurrency:
+            here = sorted(k for k, cc in runs if cc == c)
+            if len(here) < 2:
+                continue
+            best = (max if maximise else min)(here, key=lambda k: value[(k, c)])
+            for k in (k for k in here if k < best):
+                ratio = value[(k, c)] / value[(best, c)]
+                iv = ratio_interval(reps[(k, c)], reps[(best, c)], ratio, self.confidence)
+                lo, hi = (iv.low, iv.high) if iv.known else (ratio, ratio)
+                edge = 1 - band if maximise else 1 + band  # a smaller num_steps ties when its ratio reaches the edge
+                within = ratio >= edge if maximise else ratio <= edge
+                reaches = hi >= edge if maximise else lo <= edge
+                gain = (1 / ratio if maximise else ratio) - (1 + band)  # what the best gains over the band
+                settles = within or gain < self.EI_SHARE_OF_BAND * band  # more runs could win too little
+                verdict = "tie" if settles and reaches else "unsettled" if reaches else "loses"
+                out.append({"concurrency": c, "steps": k, "best": best, "ratio": ratio, "low": lo, "high": hi,
+                            "verdict": verdict, "widths": [width(k, c), width(best, c)]})
+                if verdict != "loses":
+                    break
+        return out
+
+    def settle(self, points: Sequence[dict[str, Any]],
+               records: dict[tuple[int, int, int], list[dict[str, Any]]]) -> list[tuple[int, int, int]]:
+        """The runs to add so that every concurrency's choice is settled at the requested confidence (module
+        docstring): for each ``unsettled`` comparison (:meth:`comparisons`), one more run (key
+        (steps, concurrency, repeat)) of one of its two cells with fewer than ``repeats + SETTLE_REPEATS`` runs: the
+        one with fewer runs, of two with as many the one whose own interval is wider (it adds more to the ratio's
+        uncertainty); [] when everything is settled or nothing may be repeated."""
+        done: dict[tuple[int, int], int] = {}
+        for p in points:
+            if not p.get("predicted"):
+                kc = (int(p["steps"]), int(p["concurrency"]))
+                done[kc] = max(done.get(kc, 0), int(p.get("repeat", 0)) + 1)
+        cap = self.repeats + self.SETTLE_REPEATS
+        out: list[tuple[int, int, int]] = []
+        self.decisions = self.comparisons(points, records)
+        for cmp in self.decisions:
+            if cmp["verdict"] != "unsettled":
+                continue
+            c = cmp["concurrency"]
+            pair = [((cmp["steps"], c), cmp["widths"][0]), ((cmp["best"], c), cmp["widths"][1])]
+            open_ = [(done[kc], -w, kc) for kc, w in pair if done[kc] < cap]
+            if open_:
+                k, c = min(open_)[2]
+                out.append((k, c, done[(k, c)]))
+                self.why.append({"steps": k, "concurrency": c, "repeat": done[(k, c)],
+                                 "reason": f"settle: num_steps {cmp['steps']} vs {cmp['best']} at ratio "
+                                           f"{cmp['ratio']:.3f} [{cmp['low']:.3f}, {cmp['high']:.3f}] reaches the band"})
+        if out:
+            self.rounds.append([(k, c) for k, c, _ in out])
+        return out
