@@ -48,6 +48,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
+    import os
+
+    # keep every Ray node and the driver on 127.0.0.1 (Ray otherwise maps loopback to the machine's address)
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
     from ray.cluster_utils import Cluster
 

@@ -208,6 +208,8 @@ class RaySweep:
         self.backend_description: dict[str, Any] | None = None
         self._ray: Any = None
         self._remote: Any = None
+        self._fn: Any = None  # ray.remote(block_events)
+        self._opts: dict[str, Any] = {}  # its task options
         self._aux: list[asyncio.Future] = []  # calibration tasks started on the way
 
     # -- the run ----------------------------------------------------------------------------------------------------
@@ -229,8 +231,9 @@ class RaySweep:
         try:
             # a streaming generator (every point reaches the driver as it is yielded); no automatic retries: a lost
             # block is submitted again by _block with only its unfinished points
-            self._remote = ray.remote(block_events).options(num_returns="streaming", max_retries=0,
-                                                            **self.ray_options.task_options())
+            self._fn = ray.remote(block_events)
+            self._opts = {"num_returns": "streaming", "max_retries": 0, **self.ray_options.task_options()}
+            self._remote = self._fn.options(**self._opts)
             hosts = [n for n in ray.nodes() if n.get("Alive") and self.ray_options.fits(n.get("Resources") or {})]
             if not hosts:
                 raise UserError(f"no node of the Ray cluster has the resources of one server "
@@ -389,7 +392,8 @@ class RaySweep:
 
         plan = replace(self.plan, steps=(0,), drift_check=False)
         key: Key = (0, min(self.plan.concurrency), 0)
-        remote = self._remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+        remote = self._fn.options(**self._opts,
+                                  scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
         got: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
         label = f"calibration (K=0 c={key[1]})"
         lost = await self._stream(remote, self._payload([key], plan) | {"points": []}, None, label,

@@ -24,6 +24,10 @@ from pathlib import Path
 
 import pytest
 
+# Ray maps 127.0.0.1 to the machine's "remotely reachable" address unless this is off (ray._private.services
+# get_node_ip_address / resolve_ip_for_localhost): with it, the nodes, the driver and the CLI's driver (a child
+# process, it inherits the variable) stay on loopback. Read when ray is imported.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
@@ -65,6 +69,7 @@ def cluster():
     for _ in range(2):
         add_worker(c)
     c.wait_for_nodes()
+    assert c.address.startswith("127.0.0.1:"), c.address  # loopback only
     yield c
     if ray.is_initialized():
         ray.shutdown()
