@@ -19,10 +19,11 @@ Failures and cancelling:
   :data:`CANCEL_WAIT_S` for them to end, then force-kills what is left (Ray then kills the worker's child processes,
   docs.ray.io "Lifetimes of a User-Spawn Process").
 
-Calibration (:mod:`spectune.results.nodes`): one extra task per node that can host a server measures num_steps 0
-at the plan's lowest concurrency there (pinned with ``NodeAffinitySchedulingStrategy(soft=False)``); a node that
-joins later is calibrated when its first point arrives. At the end every node gets its verdict and the points of
-unlike nodes are marked.
+Calibration (:mod:`spectune.results.nodes`): every node that runs a block measures the calibration cell, num_steps 0
+at the plan's lowest concurrency: one extra task pinned there (``NodeAffinitySchedulingStrategy(soft=False)``),
+submitted when its first block starts there, so it runs after that block (the node that runs num_steps 0's block
+uses that block's own point instead). At the end every node gets its verdict and the points of unlike nodes are
+marked. Blocks are submitted largest num_steps first (the slowest blocks start first).
 
 Ray (``pip install -e ".[ray]"``) is imported only here and only for ``--ray``. Sources: Ray's generator and
 cancellation documentation (docs.ray.io ray-core/ray-generator.html, api/doc/ray.cancel.html,
@@ -244,10 +245,10 @@ class RaySweep:
             blocks: dict[int, list[Key]] = {}
             for key in sorted(todo):
                 blocks.setdefault(key[0], []).append(key)
-            jobs = [asyncio.ensure_future(self._block(steps, keys)) for steps, keys in sorted(blocks.items())]
-            if self.ray_options.calibrate and todo:
-                for n in hosts:
-                    self._calibrate_later(n["NodeID"], n.get("NodeManagerAddress"), n.get("NodeManagerHostname"))
+            # the longest blocks (largest num_steps: the slowest verify steps) first, so they are not the last to
+            # start; a node is calibrated once its first block runs there (_node_seen)
+            jobs = [asyncio.ensure_future(self._block(steps, keys))
+                    for steps, keys in sorted(blocks.items(), reverse=True)]
             try:
                 await asyncio.gather(*jobs)
                 while any(not f.done() for f in self._aux):
@@ -314,7 +315,7 @@ class RaySweep:
                 kind = event.get("kind")
                 if kind == "node":
                     node = _node_ref(event)
-                    self._node_seen(node, label)
+                    self._node_seen(node, label, [tuple(k) for k in payload["keys"]])
                 elif kind == "point":
                     point = {**event["point"], "node": node}
                     if on_point is not None:
@@ -322,6 +323,10 @@ class RaySweep:
                     else:
                         self._record(point, event["requests"], node)
                         key = point_key(point)
+                        node_id = (node or {}).get("id")
+                        if (key == self._calibration_key() and node_id and self.ray_options.calibrate
+                                and node_id not in self.calibrations):
+                            self._save_calibration(node_id, point)  # the K=0 block's point: this node's calibration
                         if remaining is not None and key in remaining:
                             remaining.remove(key)
                 elif kind == "drift":
@@ -378,12 +383,29 @@ class RaySweep:
             if isinstance(obj, dict) and isinstance(obj.get("node"), dict) and obj["node"].get("id"):
                 self.calibrations[str(obj["node"]["id"])] = obj
 
-    def _calibrate_later(self, node_id: str, ip: str | None = None, hostname: str | None = None) -> None:
+    def _calibrate_later(self, node_id: str) -> None:
         """Start the calibration task of ``node_id`` unless it has one (done or running)."""
         if not self.ray_options.calibrate or node_id in self.calibrations or node_id in self.calibrating:
             return
         self.calibrating.add(node_id)
         self._aux.append(asyncio.ensure_future(self._calibrate(node_id)))
+
+    def _calibration_key(self) -> Key:
+        """The calibration cell: num_steps 0 at the plan's lowest concurrency, first repeat."""
+        return (0, min(self.plan.concurrency), 0)
+
+    def _save_calibration(self, node_id: str, point: dict[str, Any]) -> None:
+        """Record ``point`` (measured on ``node_id``) as its calibration: calibration.jsonl rewritten atomically."""
+        line = {"node": point.get("node") or {"id": node_id}, **{k: v for k, v in point.items() if k != "node"}}
+        self.calibrations[node_id] = line
+        path = self.folder.path / "calibration.jsonl"
+        lines = [json.dumps(obj) + "\n" for obj in self.calibrations.values()]
+        with writing(path, self.folder.path):
+            atomic_write(path, lambda fh: fh.writelines(lines))
+        m = point.get("metrics") or {}
+        tput = m.get("output_throughput_tok_s")
+        self.listener.note(f"calibration on {self._where(point.get('node'))}: K=0 c={point.get('concurrency')} "
+                           + (f"{tput:,.1f} tok/s" if isinstance(tput, (int, float)) else str(point.get("status"))))
 
     async def _calibrate(self, node_id: str) -> None:
         """Measure num_steps 0 at the lowest concurrency on ``node_id`` (one task pinned there) into
@@ -391,7 +413,7 @@ class RaySweep:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         plan = replace(self.plan, steps=(0,), drift_check=False)
-        key: Key = (0, min(self.plan.concurrency), 0)
+        key = self._calibration_key()
         remote = self._fn.options(**self._opts,
                                   scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
         got: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
@@ -402,17 +424,7 @@ class RaySweep:
             self.listener.warning(f"{label} on node {node_id[:8]} did not finish"
                                   + (f": {lost['error']}" if lost else ""))
             return
-        point, _ = got[-1]
-        line = {"node": point.get("node") or {"id": node_id}, **{k: v for k, v in point.items() if k != "node"}}
-        self.calibrations[node_id] = line
-        path = self.folder.path / "calibration.jsonl"
-        lines = [json.dumps(obj) + "\n" for obj in self.calibrations.values()]
-        with writing(path, self.folder.path):
-            atomic_write(path, lambda fh: fh.writelines(lines))
-        m = point.get("metrics") or {}
-        tput = m.get("output_throughput_tok_s")
-        self.listener.note(f"calibration on {self._where(point.get('node'))}: K=0 c={key[1]} "
-                           + (f"{tput:,.1f} tok/s" if isinstance(tput, (int, float)) else str(point.get("status"))))
+        self._save_calibration(node_id, got[-1][0])
 
     def _verdicts(self) -> None:
         """Every node's verdict from the calibrations (:func:`spectune.results.nodes.node_verdicts`) into
@@ -462,7 +474,7 @@ class RaySweep:
         host = node.get("hostname") or node.get("ip") or "?"
         return f"node {ident} ({host})" if ident else str(host)
 
-    def _node_seen(self, node: dict[str, Any], label: str) -> None:
+    def _node_seen(self, node: dict[str, Any], label: str, keys: Sequence[Key] = ()) -> None:
         node_id = node.get("id")
         if not node_id:
             return
@@ -471,7 +483,8 @@ class RaySweep:
         if label.startswith("block"):
             entry.setdefault("blocks", []).append(label)
             self.listener.note(f"{label} started on {self._where(node)}")
-            self._calibrate_later(node_id)
+            if self._calibration_key() not in keys:  # else the block's own point is the node's calibration
+                self._calibrate_later(node_id)
         self._save_meta()
 
     def _record(self, point: dict[str, Any], requests: list[dict[str, Any]], node: dict[str, Any] | None) -> None:
