@@ -35,13 +35,14 @@ sys.path.insert(0, str(ROOT / "tests"))
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", default="0,1,2,3,5")
-    p.add_argument("--concurrency", default="1,4,8")
+    p.add_argument("--concurrency", default="2,4,8")
     p.add_argument("--nodes", type=int, default=5, help="worker nodes of the local cluster")
     p.add_argument("--slots", type=int, default=1, help="servers one node fits")
     p.add_argument("--scale", type=float, default=2.0, help="the cost model's step times x this")
     p.add_argument("--startup-s", type=float, default=2.0, help="s an emulated server takes to start")
-    p.add_argument("--requests", type=int, default=16, help="measured requests per point")
-    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--requests", type=int, default=None, help="measured requests per point (default: spectune's, "
+                   "max(8 prompts, 4 x concurrency))")
+    p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--output", type=Path, default=None, help="folder for both results folders (default: a temp dir)")
     return p.parse_args(argv)
 
@@ -67,10 +68,10 @@ def main(argv: list[str] | None = None) -> None:
     base = args.output or Path(tempfile.mkdtemp(prefix="ray-sweep-"))
     base.mkdir(parents=True, exist_ok=True)
     prompts = base / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"question {i}", "category": "chat"}) + "\n" for i in range(16)))
+    prompts.write_text("".join(json.dumps({"prompt": f"question {i}", "category": "chat"}) + "\n" for i in range(8)))
     plan = SweepPlan(steps=tuple(parse_int_list(args.steps, "steps", 0)),
                      concurrency=tuple(parse_int_list(args.concurrency, "concurrency", 1)),
-                     dataset=f"jsonl:{prompts}", num_prompts=16, max_tokens=args.max_tokens,
+                     dataset=f"jsonl:{prompts}", num_prompts=8, max_tokens=args.max_tokens,
                      requests_per_point=args.requests, warmup_requests=1, drift_check=False)
 
     def options(name: str) -> BackendOptions:
@@ -105,8 +106,10 @@ def main(argv: list[str] | None = None) -> None:
 
     (ws, cs, _, _), (wr, cr, _, _) = runs["serial"], runs["ray"]
     print()
-    print(f"plan: num_steps {args.steps} x concurrency {args.concurrency}, {args.requests} requests x "
-          f"{args.max_tokens} tokens per point, server start {args.startup_s:g} s, step times x{args.scale:g}")
+    per_point = ", ".join(f"c={c}: {plan.requests_for(c)}" for c in plan.concurrency)
+    print(f"plan: num_steps {args.steps} x concurrency {args.concurrency}, requests per point {per_point}, "
+          f"{args.max_tokens} tokens each; server start {args.startup_s:g} s; step times x{args.scale:g} "
+          f"(compute-bound cost model)")
     print(f"{'':>22}{'serial':>10}{'--ray':>10}")
     print(f"{'wall time, s':>22}{ws:>10.1f}{wr:>10.1f}")
     print(f"{'ray / serial':>22}{'':>10}{wr / ws:>10.1%}")
