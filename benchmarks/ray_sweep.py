@@ -38,8 +38,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", default="2,4,8")
     p.add_argument("--nodes", type=int, default=5, help="worker nodes of the local cluster")
     p.add_argument("--slots", type=int, default=1, help="servers one node fits")
-    p.add_argument("--scale", type=float, default=4.0, help="the cost model's step times x this (4: steps of 18-135 ms, "
-                   "so the sleeps dwarf the CPU a step costs on a busy 2-core machine)")
+    p.add_argument("--scale", type=float, default=4.0, help="the cost model's step times x this (4: steps of "
+                   "18-135 ms, so the sleeps dwarf the CPU a step costs on a busy 2-core machine)")
     p.add_argument("--startup-s", type=float, default=2.0, help="s an emulated server takes to start")
     p.add_argument("--requests", type=int, default=None, help="measured requests per point (default: spectune's, "
                    "max(8 prompts, 4 x concurrency))")

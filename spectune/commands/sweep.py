@@ -128,11 +128,12 @@ def sweep(
     device: Device = "auto",
     dtype: Dtype = "auto",
     compile: Compile = "auto",
+    # (\\[ in the help: rich markup's escape of a literal bracket)
     ray: Annotated[Optional[str], typer.Option("--ray", help="Spread the num_steps blocks over a Ray cluster: "
                                                "ADDRESS (ray://host:10001, host:6379) or auto (RAY_ADDRESS, else a "
                                                "local Ray). Each block (server start, its points, server stop) runs "
                                                "as one task on a node, the load generator beside its server "
-                                               "(docs/distributed.md; needs pip install -e \".[ray]\").",
+                                               "(docs/distributed.md; needs pip install -e \".\\[ray]\").",
                                                rich_help_panel=RAY_PANEL)] = None,
     ray_resources: Annotated[Optional[str], typer.Option(help="JSON: the Ray resources one server needs, e.g. "
                                                          "'{\"GPU\": 1}' (default '{\"CPU\": 1}').",

@@ -30,6 +30,7 @@ import asyncio
 import os
 import queue
 import socket
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -49,14 +50,13 @@ def node_identity() -> dict[str, Any]:
     """Where this task runs: ``{"node_id", "ip", "hostname", "pid"}`` (the Ray node id and IP address when inside
     a Ray worker, else None)."""
     node_id = ip = None
-    try:
-        import ray
-
-        ctx = ray.get_runtime_context()
-        node_id = ctx.get_node_id()
-        ip = ray.util.get_node_ip_address()
-    except Exception:  # noqa: BLE001 - outside Ray (unit tests): no node id
-        pass
+    ray = sys.modules.get("ray")
+    if ray is not None and getattr(ray, "is_initialized", lambda: False)():  # never start Ray just to ask
+        try:
+            node_id = ray.get_runtime_context().get_node_id()
+            ip = ray.util.get_node_ip_address()
+        except Exception:  # noqa: BLE001 - not a worker of a cluster: no node id
+            pass
     return {"node_id": node_id, "ip": ip, "hostname": socket.gethostname(), "pid": os.getpid()}
 
 
