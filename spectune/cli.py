@@ -46,8 +46,11 @@ def main() -> None:
         app()
     except UserError as err:
         from rich.console import Console
+        from rich.markup import escape
 
-        Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {err.message}", markup=True)
+        # escaped: a message may hold square brackets (pip install -e ".[ray]") that are not markup
+        Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {escape(err.message)}",
+                                                                    markup=True)
         sys.exit(err.exit_code)
 
 

@@ -49,6 +49,9 @@ def recommend(
     trtllm_version: Annotated[Optional[str], typer.Option(
         "--trtllm-version", help="TensorRT-LLM release to write draft_len_schedule for: keys are the largest "
         "batch size of each range from 1.3.0rc8 on, the smallest before (default: the newest).")] = None,
+    allow_mixed_nodes: Annotated[bool, typer.Option("--allow-mixed-nodes", help="Compare num_steps measured on "
+                                                    "nodes whose calibration cells differ beyond the noise band "
+                                                    "(a --ray sweep; refused by default).")] = False,
 ) -> None:
     """Recommend num_steps per batch size from a sweep: SGLang --speculative-adaptive-config files (custom,
     conservative, aggressive), a vLLM num_speculative_tokens_per_batch_size schedule, the best static num_steps
@@ -73,7 +76,7 @@ def recommend(
     opts = RecommendOptions(objective=objective.value, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
                             min_slo_attainment=min_slo_attainment, noise_band=noise_band / 100,
                             max_spread=max_spread / 100, boundary=boundary.value, max_batch_size=max_batch_size,
-                            confidence=confidence)
+                            confidence=confidence, allow_mixed_nodes=allow_mixed_nodes)
     rec = run(results, opts)
     out = output or (results_dir if results_dir.is_dir() else results_dir.parent) / "recommendation"
     from spectune.backends import draft_algorithm, draft_head

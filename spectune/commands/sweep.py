@@ -12,6 +12,8 @@ from spectune.commands.options import (LOAD_PANEL, SERVER_PANEL, Compile, Device
                                        Temperature, WarmupTimeout, split_server_args)
 from spectune.loadgen.errors import UserError
 
+RAY_PANEL = "Ray cluster"
+
 
 def parse_endpoints(values: list[str]) -> dict[int, str] | None:
     """``--endpoint [K=]URL`` values -> {K: URL}, with -1 for a URL given without ``K=`` (every num_steps).
@@ -126,6 +128,16 @@ def sweep(
     device: Device = "auto",
     dtype: Dtype = "auto",
     compile: Compile = "auto",
+    # (\\[ in the help: rich markup's escape of a literal bracket)
+    ray: Annotated[Optional[str], typer.Option("--ray", help="Spread the num_steps blocks over a Ray cluster: "
+                                               "ADDRESS (ray://host:10001, host:6379) or auto (RAY_ADDRESS, else a "
+                                               "local Ray). Each block (server start, its points, server stop) runs "
+                                               "as one task on a node, the load generator beside its server "
+                                               "(docs/distributed.md; needs pip install -e \".\\[ray]\").",
+                                               rich_help_panel=RAY_PANEL)] = None,
+    ray_resources: Annotated[Optional[str], typer.Option(help="JSON: the Ray resources one server needs, e.g. "
+                                                         "'{\"GPU\": 1}' (default '{\"CPU\": 1}').",
+                                                         rich_help_panel=RAY_PANEL)] = None,
 ) -> None:
     """Measure TPOT, TTFT, ITL, throughput, acceptance length and SLO attainment for every num_steps x
     concurrency point; results go to --output-dir (sweep.json, requests.jsonl, points.jsonl, summary.csv)."""
@@ -140,6 +152,13 @@ def sweep(
     from spectune.commands.options import parse_int_list
     from spectune.sweep.plan import ClientTimeouts, SweepPlan, parse_budget
 
+    ray_options = None
+    if ray is not None:
+        from spectune.sweep.distributed import RayOptions, parse_resources
+
+        ray_options = RayOptions(address=ray.strip() or "auto", resources=parse_resources(ray_resources))
+    elif ray_resources is not None:
+        raise UserError("--ray-resources works with --ray ADDRESS|auto only")
     if retry_failed and not resume:
         raise UserError("--retry-failed only works with --resume --output-dir DIR")
     plan = SweepPlan(
@@ -168,7 +187,8 @@ def sweep(
     console = Console(highlight=False)
     try:
         with LiveDisplay(console) as display:
-            outcome = run_blocking(plan, backend, options, output_dir, resume, retry_failed, display, timeouts)
+            outcome = run_blocking(plan, backend, options, output_dir, resume, retry_failed, display, timeouts,
+                                   ray_options)
     except KeyboardInterrupt:
         Console(stderr=True, highlight=False, soft_wrap=True).print(
             f"interrupted (launched servers are killed on exit); resume with --resume --output-dir {output_dir}",

@@ -281,6 +281,23 @@ class SweepFolder(RunFolder):
         with writing(self.summary, self.path):
             self.write_summary()
 
+    def rewrite_points(self) -> None:
+        """Rewrite ``points.jsonl`` atomically from :attr:`points` (changed in place: a distributed sweep marks the
+        points of unlike nodes, :mod:`spectune.sweep.distributed`), reopen it for appending and rewrite
+        ``summary.csv``.
+
+        Raises:
+            UserError: a write failed (the previous points.jsonl stays whole).
+        """
+        points = [redact_obj(p, self.redactor) for p in self.points]
+        with writing(self.points_file, self.path):
+            if self._pt_fh is not None:
+                self._pt_fh.close()
+            atomic_write(self.points_file, lambda fh: fh.writelines(json.dumps(p) + "\n" for p in points))
+            self._pt_fh = open(self.points_file, "a", encoding="utf-8")
+        with writing(self.summary, self.path):
+            self.write_summary()
+
     def write_summary(self, points: Iterable[dict[str, Any]] | None = None) -> None:
         """Rewrite ``summary.csv`` atomically: one row per finished point, sorted by steps, concurrency, repeat."""
         from spectune.results.batch_acceptance import acceptance_vs_c1

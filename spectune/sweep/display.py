@@ -50,6 +50,9 @@ class LiveDisplay(LiveProgress, SweepListener):
     def warning(self, message: str) -> None:
         self.console.print(f"[yellow]warning:[/] {message}", markup=True)
 
+    def note(self, message: str) -> None:
+        self.console.print(message, markup=False)
+
     def server_starting(self, steps: int) -> None:
         if self.point_task is not None:
             self.progress.reset(self.point_task, description=f"starting server K={steps}", total=None, rate="",
@@ -124,9 +127,11 @@ def point_line(point: dict[str, Any]) -> str:
     body = (f"{_fmt(m.get('output_throughput_tok_s'), ',.0f')} tok/s, TPOT p50 {_fmt(m.get('tpot_p50_ms'), '.2f')} ms, "
             f"AL {_fmt(m.get('acceptance_length'), '.2f')} ({m.get('num_requests') or 0} req, "
             f"{m.get('num_failed') or 0} failed)")
+    node = point.get("node")
+    where = f" @ node {str(node.get('id') or '')[:8]}" if isinstance(node, dict) and node.get("id") else ""  # --ray
     if point.get("status") != "ok":
-        return f"{head}: {point.get('error') or 'failed'} ({m.get('num_requests') or 0} req)"
-    return f"{head}: {body}" + (" [client-limited]" if m.get("client_limited") else "")
+        return f"{head}: {point.get('error') or 'failed'} ({m.get('num_requests') or 0} req){where}"
+    return f"{head}: {body}" + (" [client-limited]" if m.get("client_limited") else "") + where
 
 
 @dataclass

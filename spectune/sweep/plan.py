@@ -247,6 +247,9 @@ class SweepListener:
     def warning(self, message: str) -> None:
         """Something the user should know (preflight warnings, a failed warm-up)."""
 
+    def note(self, message: str) -> None:
+        """Progress that is not a problem: a distributed sweep's blocks starting on their nodes, calibrations."""
+
     def server_starting(self, steps: int) -> None:
         """``backend.start(steps)`` is about to be called for the first point of num_steps ``steps``."""
 

@@ -91,14 +91,12 @@ class Sweep:
                 await self._guided()
             else:
                 keys = self.plan.ordered(list(todo), self.order)
-                for i, key in enumerate(keys):
-                    await self._measure(key)
-                    nxt = keys[i + 1] if i + 1 < len(keys) else None
-                    if self.order == "blocks" and self.plan.drift_check and (nxt is None or nxt[0] != key[0]):
-                        block = [k for k in keys[:i + 1] if k[0] == key[0]]
-                        ref = self._reference(block)
-                        if len(block) >= 2 and ref is not None:
-                            await self._drift(f"block K={key[0]}", ref)
+                if self.order == "blocks":
+                    for steps in dict.fromkeys(k[0] for k in keys):
+                        await self.measure_block([k for k in keys if k[0] == steps])
+                else:
+                    for key in keys:
+                        await self._measure(key)
             if self.plan.drift_check and self.ran > 0:
                 first = [(p["steps"], p["concurrency"], p.get("repeat", 0)) for p in self.folder.points]
                 ref = self._reference(first[:max(len(self.plan.steps), len(self.plan.concurrency), 2)])
@@ -107,6 +105,17 @@ class Sweep:
         finally:
             await self.backend.stop()
             self._save_meta()
+
+    async def measure_block(self, keys: Sequence[Key]) -> None:
+        """One num_steps block: the points ``keys`` (one num_steps, in run order) on its server, then, with the drift
+        check on and two or more points, the block's reference cell again (label ``block K=<steps>``). The server is
+        left running (:meth:`run` or the caller stops it). Also the body of one Ray task of a distributed sweep
+        (:mod:`spectune.sweep.ray_block`)."""
+        for key in keys:
+            await self._measure(key)
+        ref = self._reference(keys)
+        if self.plan.drift_check and len(keys) >= 2 and ref is not None:
+            await self._drift(f"block K={keys[0][0]}", ref)
 
     async def _measure(self, key: Key, drift: str | None = None) -> tuple[dict[str, Any], list[dict]] | None:
         """Start (or switch to) the server of ``key``'s num_steps and measure the point; a drift re-measurement
@@ -359,13 +368,17 @@ class Sweep:
 
 async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,
                   resume: bool = False, retry_failed: bool = False,
-                  listener: SweepListener | None = None, timeouts: ClientTimeouts | None = None) -> SweepOutcome:
+                  listener: SweepListener | None = None, timeouts: ClientTimeouts | None = None,
+                  ray: Any = None) -> SweepOutcome:
     """Check everything, then run the sweep: the whole of ``spectune sweep`` except signals and rendering.
 
     Order of checks (each a one-line :class:`UserError`, before anything is measured or written): the plan, the
     backend options (``make_backend``), the dataset, the output folder (plan and finished points), and the
     backend's ``preflight`` (endpoints reachable, executables present). Then sweep.json is written and the
     missing points run. The backend is always closed (servers stopped), also when cancelled.
+
+    ``ray``: a :class:`spectune.sweep.distributed.RayOptions` to run each num_steps block as a Ray task
+    (docs/distributed.md; the backend's preflight then runs inside each task, on its node), or None.
 
     Raises:
         UserError: see above. asyncio.CancelledError: the sweep was cancelled (finished points are kept).
@@ -381,6 +394,8 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
     options.max_tokens = plan.max_tokens
     options.log_dir = folder.logs
     backend = make_backend(backend_name, options)
+    if ray is not None:
+        ray.check(plan, backend)
     outcome = SweepOutcome(folder.path, plan)
     try:
         with warnings.catch_warnings(record=True) as caught:  # e.g. 'random' prompts: shown as sweep warnings
@@ -389,7 +404,7 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
         for w in caught:
             listener.warning(str(w.message))
         kept = folder.check(plan.to_json(), resume, retry_failed, NEW_KEYS)
-        for warning in await backend.preflight(list(plan.steps)):
+        for warning in await backend.preflight(list(plan.steps)) if ray is None else []:
             listener.warning(warning)
         done = {(p["steps"], p["concurrency"], p.get("repeat", 0)) for p in kept}
         todo = [k for k in plan.points() if k not in done]
@@ -397,7 +412,13 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
         meta["client"] = timeouts.to_json()
         folder.open(meta, kept)
         listener.sweep_started(plan, todo, kept)
-        sweep = Sweep(plan, backend, folder, prompts, meta, listener, options.model, options.api_key_env, timeouts)
+        if ray is None:
+            sweep: Any = Sweep(plan, backend, folder, prompts, meta, listener, options.model, options.api_key_env,
+                               timeouts)
+        else:
+            from spectune.sweep.distributed import RaySweep
+
+            sweep = RaySweep(plan, backend_name, options, folder, prompts, meta, listener, timeouts, ray)
         try:
             await sweep.run(todo)
         finally:
@@ -430,7 +451,8 @@ def _meta(folder: SweepFolder, plan: SweepPlan, backend: Backend) -> dict[str, A
 
 def run_blocking(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,
                  resume: bool = False, retry_failed: bool = False,
-                 listener: SweepListener | None = None, timeouts: ClientTimeouts | None = None) -> SweepOutcome:
+                 listener: SweepListener | None = None, timeouts: ClientTimeouts | None = None,
+                 ray: Any = None) -> SweepOutcome:
     """Run :func:`execute` under :func:`run_with_signals`: SIGINT/SIGTERM cancel it cleanly (the current point is
     dropped, finished points stay, servers are stopped) and the outcome's ``interrupted`` holds the signal number.
 
@@ -438,7 +460,7 @@ def run_blocking(plan: SweepPlan, backend_name: str, options: BackendOptions, ou
         UserError: from :func:`execute`.
     """
     outcome, sig = run_with_signals(
-        lambda: execute(plan, backend_name, options, output_dir, resume, retry_failed, listener, timeouts))
+        lambda: execute(plan, backend_name, options, output_dir, resume, retry_failed, listener, timeouts, ray))
     if sig is not None:
         return SweepOutcome(Path(output_dir), plan, SweepFolder(output_dir).read_points(), 0, sig)
     assert outcome is not None

@@ -64,6 +64,7 @@ class RecommendOptions:
     boundary: str = "geometric"
     max_batch_size: int | None = None
     confidence: float = 0.95
+    allow_mixed_nodes: bool = False  # compare points of a --ray sweep's unlike nodes (spectune.results.nodes)
 
 
 @dataclass
@@ -447,11 +448,14 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
     """Run the whole recommendation on loaded results.
 
     Raises:
-        UserError: unknown objective, goodput without SLOs, or no concurrency with any usable measurement.
+        UserError: unknown objective, goodput without SLOs, no concurrency with any usable measurement, or points
+            of a distributed sweep from unlike nodes without ``allow_mixed_nodes``.
     """
     if opts.objective not in OBJECTIVES:
         raise UserError(f"unknown objective '{opts.objective}': use one of {', '.join(OBJECTIVES)}")
-    warnings: list[str] = []
+    from spectune.results.nodes import check_mixed_nodes
+
+    warnings: list[str] = check_mixed_nodes(results.sweep, results.points or [], opts.allow_mixed_nodes)
     ttft, tpot, slo_src = effective_slos(results, opts)
     if opts.objective == "goodput" and ttft is None and tpot is None:
         raise UserError("--objective goodput needs --slo-ttft-ms and/or --slo-tpot-ms (the sweep had no SLOs)")

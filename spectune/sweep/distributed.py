@@ -1,0 +1,534 @@
+"""The driver of a distributed sweep: ``spectune sweep --ray ADDRESS|auto`` (docs/distributed.md).
+
+Each num_steps block of the grid (server start, its concurrencies and repeats, the block's drift check, server
+stop) runs as one Ray task (:func:`spectune.sweep.ray_block.block_events`) on a node that has the resources one
+server needs (``--ray-resources``, default ``{"CPU": 1}``); the load generator runs in that task, beside its server.
+The tasks stream their points back (a Ray streaming generator) and this driver writes the one results folder as they
+arrive: the same files as a serial sweep (:class:`spectune.results.folder.SweepFolder`), each point with the
+``node`` it was measured on, plus ``calibration.jsonl`` and sweep.json's ``nodes``.
+
+Failures and cancelling:
+
+- a block whose task is lost (its node died, its worker crashed: a Ray system error) is submitted again with only
+  its points not yet received, and Ray places it on a node that is alive; after ``max_attempts`` submissions its
+  remaining points are written as failed (``stop_reason`` ``node_lost``; ``--resume --retry-failed`` measures them);
+- a :class:`UserError` inside a task (a missing program on that node, a bad template) stops the sweep with that
+  error, naming the node;
+- cancelling (Ctrl-C, SIGTERM: the driver's asyncio task is cancelled) cancels every Ray task
+  (``ray.cancel``: KeyboardInterrupt inside the task, whose sweep then stops its server), waits up to
+  :data:`CANCEL_WAIT_S` for them to end, then force-kills what is left (Ray then kills the worker's child processes,
+  docs.ray.io "Lifetimes of a User-Spawn Process").
+
+Calibration (:mod:`spectune.results.nodes`): every node that runs a block measures the calibration cell, num_steps 0
+at the plan's lowest concurrency: one extra task pinned there (``NodeAffinitySchedulingStrategy(soft=False)``),
+submitted when its first block starts there, so it runs after that block (the node that runs num_steps 0's block
+uses that block's own point instead). At the end every node gets its verdict and the points of unlike nodes are
+marked. Blocks are submitted largest num_steps first (the slowest blocks start first).
+
+Ray (``pip install -e ".[ray]"``) is imported only here and only for ``--ray``. Sources: Ray's generator and
+cancellation documentation (docs.ray.io ray-core/ray-generator.html, api/doc/ray.cancel.html,
+fault_tolerance/tasks.html).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+from spectune.backends.base import BackendOptions
+from spectune.loadgen.datasets import Prompt
+from spectune.loadgen.errors import UserError
+from spectune.results.durable import atomic_write, writing
+from spectune.results.folder import SweepFolder
+from spectune.results.nodes import node_verdicts
+from spectune.results.schema import Key, point_key
+from spectune.sweep.drift import drift_summary
+from spectune.sweep.plan import ClientTimeouts, SweepListener, SweepPlan
+
+__all__ = ["RayOptions", "RaySweep", "parse_resources", "RAY_EXTRA"]
+
+RAY_EXTRA = 'pip install -e ".[ray]"'
+#: s a cancelled task gets to stop its server before it is force-killed
+CANCEL_WAIT_S = 60.0
+_COST_KEYS = ("points", "drift_points", "launches", "measure_s", "drift_s", "switch_s")
+
+
+def import_ray() -> Any:
+    """The ``ray`` module.
+
+    Raises:
+        UserError: Ray is not installed (names the extra to install).
+    """
+    try:
+        import ray
+    except ImportError:
+        raise UserError(f'--ray needs Ray, an optional extra: {RAY_EXTRA} (or pip install "spectune[ray]")') from None
+    return ray
+
+
+def parse_resources(text: str | None) -> dict[str, float]:
+    """``--ray-resources JSON``: what one server needs, e.g. ``{"GPU": 1}`` or ``{"CPU": 4, "GPU": 2}``, as Ray
+    resource names (``CPU``, ``GPU``, ``memory`` in bytes, or a custom resource) -> amounts; ``CPU`` defaults to 1.
+
+    Raises:
+        UserError: not a JSON object of non-negative numbers.
+    """
+    out: dict[str, float] = {"CPU": 1.0}
+    if text is None or not str(text).strip():
+        return out
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        obj = None
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, (int, float))
+                                            and not isinstance(v, bool) and v >= 0 for k, v in obj.items()):
+        raise UserError(f"bad --ray-resources {text!r}: give a JSON object of resource amounts, e.g. "
+                        "'{\"GPU\": 1}' or '{\"CPU\": 8, \"GPU\": 2}'")
+    out.update({k: float(v) for k, v in obj.items()})
+    return out
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """How a sweep uses a Ray cluster.
+
+    Attributes:
+        address: ``auto`` (``RAY_ADDRESS`` when set, else a Ray instance started on this machine) or a cluster
+            address (``ray://host:10001``, ``host:6379``).
+        resources: what one server (one block task) needs: Ray resource name -> amount (:func:`parse_resources`).
+        max_attempts: submissions of one block (the first + re-runs after its task was lost).
+        calibrate: measure the calibration cell on every node used.
+    """
+
+    address: str = "auto"
+    resources: dict[str, float] = field(default_factory=lambda: {"CPU": 1.0})
+    max_attempts: int = 3
+    calibrate: bool = True
+
+    def check(self, plan: SweepPlan, backend: Any = None) -> None:
+        """What a distributed sweep cannot do with this plan and backend, before anything is written.
+
+        Raises:
+            UserError: Ray missing; a guided plan; ``--order interleaved``; a backend that launches no server (the
+                ``openai`` backend's running endpoints: a task would measure them across the network).
+        """
+        import_ray()
+        from spectune.backends.launch import LaunchingBackend
+
+        if backend is not None and not isinstance(backend, LaunchingBackend):
+            raise UserError(f"--ray needs a backend that launches its servers (launch, sglang, vllm, llamacpp, local), "
+                            f"not {getattr(backend, 'name', backend)!r}: each task starts its server beside its load "
+                            "generator")
+        if plan.design != "grid":
+            raise UserError("--ray runs --plan grid (each num_steps block a task); drop --ray for --plan guided")
+        if plan.order == "interleaved":
+            raise UserError("--ray measures one num_steps block per task: use --order blocks or auto with --ray")
+
+    def task_options(self) -> dict[str, Any]:
+        """``.options(...)`` of a block task: ``num_cpus``, ``num_gpus``, ``memory`` and custom ``resources``."""
+        res = dict(self.resources)
+        opts: dict[str, Any] = {"num_cpus": res.pop("CPU", 1.0)}
+        if "GPU" in res:
+            opts["num_gpus"] = res.pop("GPU")
+        if "memory" in res:
+            opts["memory"] = res.pop("memory")
+        if res:
+            opts["resources"] = res
+        return opts
+
+    def fits(self, node_resources: dict[str, float]) -> bool:
+        """Whether a node with these total resources can host one server."""
+        return all(float(node_resources.get(k, 0.0)) >= v for k, v in self.resources.items() if v > 0)
+
+
+def connect(ray: Any, address: str) -> bool:
+    """Connect this process to Ray: an existing connection is used as it is; ``auto`` is ``ray.init()``
+    (``RAY_ADDRESS``, else a local instance), anything else ``ray.init(address=...)``. Returns whether this call
+    connected (so the caller disconnects).
+
+    Raises:
+        UserError: the cluster cannot be reached.
+    """
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = {"log_to_driver": False}
+    target = os.environ.get("RAY_ADDRESS") if address == "auto" else address
+    if address != "auto":
+        kwargs["address"] = address
+    if target and _host(target) in ("127.0.0.1", "localhost"):  # a cluster on this machine bound to loopback
+        kwargs["_node_ip_address"] = "127.0.0.1"
+    try:
+        ray.init(**kwargs)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserError(f"cannot connect to the Ray cluster at {address}: {first} (check --ray, or RAY_ADDRESS for "
+                        "auto)") from None
+    return True
+
+
+def _host(address: str) -> str:
+    """The host of a Ray address (``ray://host:10001``, ``host:6379``)."""
+    rest = address.split("://", 1)[-1]
+    return rest.rsplit(":", 1)[0] if ":" in rest else rest
+
+
+def _node_ref(event: dict[str, Any]) -> dict[str, Any]:
+    """A point's ``node`` object from a task's ``node`` event."""
+    return {"id": event.get("node_id"), "ip": event.get("ip"), "hostname": event.get("hostname")}
+
+
+class RaySweep:
+    """Runs a grid sweep's missing points as one Ray task per num_steps block (module docstring); the same surface
+    as :class:`spectune.sweep.run.Sweep` for :func:`spectune.sweep.run.execute` (``run``, ``ran``, ``predicted``,
+    ``meta``).
+
+    Args:
+        plan, backend_name, options, folder, prompts, meta, listener, timeouts: as for the serial sweep (the backend
+            is built inside each task, from ``backend_name`` and ``options``).
+        ray_options: the cluster and the resources of one server.
+    """
+
+    def __init__(self, plan: SweepPlan, backend_name: str, options: BackendOptions, folder: SweepFolder,
+                 prompts: list[Prompt], meta: dict[str, Any], listener: SweepListener | None,
+                 timeouts: ClientTimeouts, ray_options: RayOptions) -> None:
+        self.plan, self.backend_name, self.options, self.folder = plan, backend_name, options, folder
+        self.prompts, self.meta, self.timeouts, self.ray_options = prompts, meta, timeouts, ray_options
+        self.listener = listener or SweepListener()
+        self.ran = 0
+        self.predicted: list[dict[str, Any]] = []
+        self.cost: dict[str, Any] = {k: 0 if k in ("points", "drift_points", "launches") else 0.0 for k in _COST_KEYS}
+        self.drift_checks: list[dict[str, Any]] = []
+        old = meta.get("nodes")
+        self.nodes: dict[str, dict[str, Any]] = dict(old) if isinstance(old, dict) else {}
+        self.calibrating: set[str] = set()
+        self.calibrations: dict[str, dict[str, Any]] = {}
+        self.backend_description: dict[str, Any] | None = None
+        self._ray: Any = None
+        self._remote: Any = None
+        self._fn: Any = None  # ray.remote(block_events)
+        self._opts: dict[str, Any] = {}  # its task options
+        self._aux: list[asyncio.Future] = []  # calibration tasks started on the way
+
+    # -- the run ----------------------------------------------------------------------------------------------------
+    async def run(self, todo: Sequence[Key]) -> None:
+        """Measure the points ``todo``: one task per num_steps block, every block at once (Ray queues what the
+        cluster cannot place yet), plus the calibration tasks; then the nodes' verdicts.
+
+        Raises:
+            UserError: no node has the resources of one server; a task's configuration problem.
+            asyncio.CancelledError: cancelled (every task cancelled and waited for first).
+        """
+        ray = self._ray = import_ray()
+        from spectune.sweep.ray_block import block_events
+
+        self.meta["order"] = "blocks"
+        self.meta["ray"] = {"address": self.ray_options.address, "resources": self.ray_options.resources}
+        connected = connect(ray, self.ray_options.address)  # before any task; ray.init wants the main thread
+        t0 = time.perf_counter()
+        try:
+            # a streaming generator (every point reaches the driver as it is yielded); no automatic retries: a lost
+            # block is submitted again by _block with only its unfinished points
+            self._fn = ray.remote(block_events)
+            self._opts = {"num_returns": "streaming", "max_retries": 0, **self.ray_options.task_options()}
+            self._remote = self._fn.options(**self._opts)
+            hosts = [n for n in ray.nodes() if n.get("Alive") and self.ray_options.fits(n.get("Resources") or {})]
+            if not hosts:
+                raise UserError(f"no node of the Ray cluster has the resources of one server "
+                                f"({self.ray_options.resources}): set --ray-resources to what a node offers "
+                                "(`ray status` lists them)")
+            self.meta["ray"]["nodes_available"] = len(hosts)
+            self._load_calibrations()
+            blocks: dict[int, list[Key]] = {}
+            for key in sorted(todo):
+                blocks.setdefault(key[0], []).append(key)
+            # the longest blocks (largest num_steps: the slowest verify steps) first, so they are not the last to
+            # start; a node is calibrated once its first block runs there (_node_seen)
+            jobs = [asyncio.ensure_future(self._block(steps, keys))
+                    for steps, keys in sorted(blocks.items(), reverse=True)]
+            try:
+                await asyncio.gather(*jobs)
+                while any(not f.done() for f in self._aux):
+                    await asyncio.gather(*self._aux)
+                for f in self._aux:
+                    f.result()
+            except BaseException:
+                for job in [*jobs, *self._aux]:
+                    job.cancel()
+                await asyncio.gather(*jobs, *self._aux, return_exceptions=True)
+                raise
+            self._verdicts()
+        finally:
+            self.cost["wall_s"] = time.perf_counter() - t0
+            self._save_meta()
+            if connected:
+                ray.shutdown()
+
+    def _payload(self, keys: Sequence[Key], plan: SweepPlan | None = None) -> dict[str, Any]:
+        return {"plan": plan or self.plan, "backend": self.backend_name, "options": replace(self.options),
+                "keys": [list(k) for k in keys], "prompts": self.prompts, "timeouts": self.timeouts,
+                "points": list(self.folder.points)}
+
+    async def _block(self, steps: int, keys: list[Key]) -> None:
+        """Measure one block, submitting it again (its points not yet received) when its task is lost."""
+        remaining = list(keys)
+        for attempt in range(1, self.ray_options.max_attempts + 1):
+            lost = await self._stream(self._remote, self._payload(remaining), remaining, f"block K={steps}")
+            if lost is None:
+                return
+            if not remaining:
+                return
+            again = attempt < self.ray_options.max_attempts
+            self.listener.warning(f"block K={steps} lost on {lost['where']} ({lost['error']}); "
+                                  + (f"re-running its {len(remaining)} unfinished point(s) on another node"
+                                     if again else f"{len(remaining)} point(s) left failed after "
+                                     f"{attempt} attempts (--resume --retry-failed measures them)"))
+            self.meta.setdefault("lost_blocks", []).append({"steps": steps, "node": lost["node"],
+                                                            "error": lost["error"], "points_left": len(remaining)})
+        from spectune.sweep.run import failed_point
+
+        for key in list(remaining):
+            point = failed_point(key, "its node was lost", self.plan.requests_for(key[1])) | {
+                "stop_reason": "node_lost", "node": None}
+            self._record(point, [], None)
+
+    async def _stream(self, remote: Any, payload: dict[str, Any], remaining: list[Key] | None,
+                      label: str, on_point: Any = None) -> dict[str, Any] | None:
+        """Submit one task and handle its events until it ends. Returns None when it ended normally, or what was
+        lost (``{"node", "where", "error"}``) when Ray reports a system failure (node or worker died).
+
+        Raises:
+            UserError: the task raised one (named with its node). RuntimeError: the task failed with another
+                error (a bug). asyncio.CancelledError: cancelled (the task is cancelled and waited for).
+        """
+        ray = self._ray
+        from ray.exceptions import RayError, RayTaskError
+
+        gen = remote.remote(payload)
+        node: dict[str, Any] | None = None
+        try:
+            async for ref in gen:
+                event = await ref
+                kind = event.get("kind")
+                if kind == "node":
+                    node = _node_ref(event)
+                    self._node_seen(node, label, [tuple(k) for k in payload["keys"]])
+                elif kind == "point":
+                    point = {**event["point"], "node": node}
+                    if on_point is not None:
+                        on_point(point, event["requests"])
+                    else:
+                        self._record(point, event["requests"], node)
+                        key = point_key(point)
+                        node_id = (node or {}).get("id")
+                        if (key == self._calibration_key() and node_id and self.ray_options.calibrate
+                                and node_id not in self.calibrations):
+                            self._save_calibration(node_id, point)  # the K=0 block's point: this node's calibration
+                        if remaining is not None and key in remaining:
+                            remaining.remove(key)
+                elif kind == "drift":
+                    self._drift(event, node)
+                elif kind == "log":
+                    self._log(event, node)
+                elif kind == "done":
+                    self._done(event)
+                elif kind == "server_starting":
+                    self.listener.server_starting(int(event["steps"]))
+                elif kind == "server_failed":
+                    self.listener.server_failed(int(event["steps"]), f"{self._where(node)}: {event['message']}",
+                                                event.get("log_tail") or "")
+                elif kind == "point_started":
+                    self.listener.point_started(tuple(event["key"]), int(event["planned"]))  # type: ignore[arg-type]
+                elif kind == "warning":
+                    self.listener.warning(f"{self._where(node)}: {event['message']}")
+        except asyncio.CancelledError:
+            await self._cancel(gen)
+            raise
+        except RayTaskError as err:
+            cause = getattr(err, "cause", None)
+            if isinstance(cause, UserError) or isinstance(err, UserError):
+                raise UserError(f"{label} on {self._where(node)}: {cause if cause is not None else err}") from None
+            if isinstance(cause, (KeyboardInterrupt, asyncio.CancelledError)):
+                return {"node": node, "where": self._where(node), "error": "the task was interrupted"}
+            raise RuntimeError(f"{label} on {self._where(node)} failed: {err}") from None
+        except RayError as err:  # the node or the worker died: a system failure
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            return {"node": node, "where": self._where(node), "error": f"{type(err).__name__}: {first[:200]}"}
+        return None
+
+    async def _cancel(self, gen: Any) -> None:
+        """Cancel a running task (KeyboardInterrupt inside it: its sweep stops the server), wait up to
+        :data:`CANCEL_WAIT_S` for it to end, then force-kill it."""
+        ray = self._ray
+        try:
+            ray.cancel(gen)
+        except Exception:  # noqa: BLE001 - already finished
+            return
+        done = await asyncio.to_thread(lambda: ray.wait([gen.completed()], timeout=CANCEL_WAIT_S)[0])
+        if not done:
+            try:
+                ray.cancel(gen, force=True)
+            except Exception:  # noqa: BLE001 - finished meanwhile
+                pass
+
+    # -- calibration ------------------------------------------------------------------------------------------------
+    def _load_calibrations(self) -> None:
+        """calibration.jsonl of a resumed sweep: the calibrations of the nodes that measured its earlier points."""
+        from spectune.results.durable import iter_jsonl
+
+        for _, obj in iter_jsonl(self.folder.path / "calibration.jsonl"):
+            if isinstance(obj, dict) and isinstance(obj.get("node"), dict) and obj["node"].get("id"):
+                self.calibrations[str(obj["node"]["id"])] = obj
+
+    def _calibrate_later(self, node_id: str) -> None:
+        """Start the calibration task of ``node_id`` unless it has one (done or running)."""
+        if not self.ray_options.calibrate or node_id in self.calibrations or node_id in self.calibrating:
+            return
+        self.calibrating.add(node_id)
+        self._aux.append(asyncio.ensure_future(self._calibrate(node_id)))
+
+    def _calibration_key(self) -> Key:
+        """The calibration cell: num_steps 0 at the plan's lowest concurrency, first repeat."""
+        return (0, min(self.plan.concurrency), 0)
+
+    def _save_calibration(self, node_id: str, point: dict[str, Any]) -> None:
+        """Record ``point`` (measured on ``node_id``) as its calibration: calibration.jsonl rewritten atomically."""
+        line = {"node": point.get("node") or {"id": node_id}, **{k: v for k, v in point.items() if k != "node"}}
+        self.calibrations[node_id] = line
+        path = self.folder.path / "calibration.jsonl"
+        lines = [json.dumps(obj) + "\n" for obj in self.calibrations.values()]
+        with writing(path, self.folder.path):
+            atomic_write(path, lambda fh: fh.writelines(lines))
+        m = point.get("metrics") or {}
+        tput = m.get("output_throughput_tok_s")
+        self.listener.note(f"calibration on {self._where(point.get('node'))}: K=0 c={point.get('concurrency')} "
+                           + (f"{tput:,.1f} tok/s" if isinstance(tput, (int, float)) else str(point.get("status"))))
+
+    async def _calibrate(self, node_id: str) -> None:
+        """Measure num_steps 0 at the lowest concurrency on ``node_id`` (one task pinned there) into
+        calibration.jsonl; a failed or lost calibration leaves the node unknown."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        plan = replace(self.plan, steps=(0,), drift_check=False)
+        key = self._calibration_key()
+        remote = self._fn.options(**self._opts,
+                                  scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+        got: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+        label = f"calibration (K=0 c={key[1]})"
+        lost = await self._stream(remote, self._payload([key], plan) | {"points": []}, None, label,
+                                  on_point=lambda p, r: got.append((p, r)))
+        if lost is not None or not got:
+            self.listener.warning(f"{label} on node {node_id[:8]} did not finish"
+                                  + (f": {lost['error']}" if lost else ""))
+            return
+        self._save_calibration(node_id, got[-1][0])
+
+    def _verdicts(self) -> None:
+        """Every node's verdict from the calibrations (:func:`spectune.results.nodes.node_verdicts`) into
+        sweep.json ``nodes``; the points of unlike nodes get ``"alike": false`` in their ``node`` (points.jsonl
+        rewritten) and a warning names each unlike node."""
+        if not self.calibrations:
+            return
+        verdicts = node_verdicts(self.calibrations, self.plan.noise_band)
+        for node_id, v in verdicts.items():
+            cal = self.calibrations[node_id]
+            known = cal.get("node") or {}
+            entry = self.nodes.setdefault(node_id, {"id": node_id, "ip": known.get("ip"),
+                                                    "hostname": known.get("hostname"), "blocks": [], "points": 0})
+            m = cal.get("metrics") or {}
+            entry["calibration"] = {"steps": cal.get("steps"), "concurrency": cal.get("concurrency"),
+                                    "status": cal.get("status"),
+                                    "output_throughput_tok_s": m.get("output_throughput_tok_s"),
+                                    "output_throughput_ci_low": m.get("output_throughput_ci_low"),
+                                    "output_throughput_ci_high": m.get("output_throughput_ci_high"),
+                                    "tpot_p50_ms": m.get("tpot_p50_ms")}
+            entry.update(v)
+            if v["alike"] is False:
+                self.listener.warning(f"node {self._where(entry)} is outside the nodes' noise band: its "
+                                      f"calibration is {v['ratio']:.3f}x the median node's [{v['low']:.3f}, "
+                                      f"{v['high']:.3f}] (band {self.plan.noise_band:.0%}); its points are marked "
+                                      "and spectune recommend refuses to compare across it without "
+                                      "--allow-mixed-nodes")
+        unlike = {n for n, v in verdicts.items() if v["alike"] is False}
+        self.meta["calibration"] = {"noise_band": self.plan.noise_band, "unlike": sorted(unlike),
+                                    "nodes": len(verdicts)}
+        changed = False
+        for p in self.folder.points:
+            node = p.get("node")
+            if isinstance(node, dict) and node.get("id") in verdicts:
+                alike = verdicts[node["id"]]["alike"]
+                if node.get("alike") != alike:
+                    p["node"] = {**node, "alike": alike}
+                    changed = True
+        if changed:
+            self.folder.rewrite_points()
+
+    # -- events -----------------------------------------------------------------------------------------------------
+    def _where(self, node: dict[str, Any] | None) -> str:
+        if not node:
+            return "a node"
+        ident = str(node.get("id") or "")[:8]
+        host = node.get("hostname") or node.get("ip") or "?"
+        return f"node {ident} ({host})" if ident else str(host)
+
+    def _node_seen(self, node: dict[str, Any], label: str, keys: Sequence[Key] = ()) -> None:
+        node_id = node.get("id")
+        if not node_id:
+            return
+        entry = self.nodes.setdefault(node_id, {"id": node_id, "ip": node.get("ip"),
+                                                "hostname": node.get("hostname"), "blocks": [], "points": 0})
+        if label.startswith("block"):
+            entry.setdefault("blocks", []).append(label)
+            self.listener.note(f"{label} started on {self._where(node)}")
+            if self._calibration_key() not in keys:  # else the block's own point is the node's calibration
+                self._calibrate_later(node_id)
+        self._save_meta()
+
+    def _record(self, point: dict[str, Any], requests: list[dict[str, Any]], node: dict[str, Any] | None) -> None:
+        """Write a finished point and its request objects into the folder (durable, summary.csv rewritten)."""
+        for obj in requests:
+            self.folder.append_request(obj)
+        self.folder.append_point(point)
+        self.ran += 1
+        if node and node.get("id") in self.nodes:
+            self.nodes[node["id"]]["points"] = int(self.nodes[node["id"]].get("points") or 0) + 1
+        self.listener.point_finished(point)
+
+    def _drift(self, event: dict[str, Any], node: dict[str, Any] | None) -> None:
+        for obj in event.get("requests") or []:
+            self.folder.append_drift_request(obj)
+        check = {**event["check"], "node": node}
+        self.drift_checks.append(check)
+        self.meta["drift"] = drift_summary(self.drift_checks, "blocks")
+        self.listener.drift_checked(check)
+
+    def _log(self, event: dict[str, Any], node: dict[str, Any] | None) -> None:
+        """A server's log from a task: logs/<name> with the node id before the suffix, appended (a block re-run
+        on the same node adds to it)."""
+        name = os.path.basename(str(event.get("name") or "server.log"))
+        stem, dot, suffix = name.rpartition(".")
+        ident = str((node or {}).get("id") or "node")[:8]
+        path = self.folder.logs / (f"{stem}@{ident}.{suffix}" if dot else f"{name}@{ident}")
+        with writing(path, self.folder.path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(event.get("text") or "")
+
+    def _done(self, event: dict[str, Any]) -> None:
+        for k in _COST_KEYS:
+            self.cost[k] += (event.get("cost") or {}).get(k) or 0
+        desc = event.get("backend")
+        if isinstance(desc, dict):  # every block's server launches, in the order the blocks ended
+            launches = list((self.backend_description or {}).get("launches") or []) + list(desc.get("launches") or [])
+            self.backend_description = {**desc, **({"launches": launches} if launches else {})}
+
+    def _save_meta(self) -> None:
+        c = self.cost
+        self.meta["cost"] = {**c, "total_s": c["measure_s"] + c["drift_s"] + c["switch_s"]}
+        self.meta["nodes"] = self.nodes
+        if self.backend_description is not None:
+            self.meta["backend"] = self.backend_description
+        self.folder.write_meta(self.meta)

@@ -1,0 +1,234 @@
+"""The worker side of a distributed sweep (docs/distributed.md): one num_steps block measured inside one Ray task.
+
+:func:`block_events` is the body of the Ray task that :mod:`spectune.sweep.distributed` submits (a Ray streaming
+generator: every ``yield`` reaches the driver before the task ends). It builds the backend on the node the task
+landed on, checks it (``preflight``), then runs :meth:`spectune.sweep.run.Sweep.measure_block`: the server for the
+block's num_steps is started on this node, the load generator runs here beside it (requests go to loopback, never
+across the network, so a point is measured exactly as on one machine), and the server is stopped at the end. What
+the sweep would write into the results folder is yielded instead, one event (a plain dict) at a time:
+
+- ``{"kind": "node", "node_id", "ip", "hostname", "pid"}``: first, where the block runs;
+- ``{"kind": "server_starting", "steps"}``, ``{"kind": "server_failed", "steps", "message", "log_tail"}``,
+  ``{"kind": "warning", "message"}``, ``{"kind": "point_started", "key", "planned"}``: progress;
+- ``{"kind": "point", "point", "requests"}``: a finished point (its points.jsonl object) with its request objects
+  (requests.jsonl form), yielded once the point is complete (a point cut short leaves nothing);
+- ``{"kind": "drift", "check", "requests"}``: the block's drift check with the re-measurement's requests;
+- ``{"kind": "log", "name", "text"}``: each launched server's log file (from a folder local to the task);
+- ``{"kind": "done", "cost", "backend"}``: last; the block's measuring cost and the backend's description.
+
+The sweep runs on an event loop in a thread of the task; the task's own thread hands its events on. A cancelled
+task (``ray.cancel``: KeyboardInterrupt in the task) or a closed generator cancels the sweep, whose ``finally``
+stops the server, and waits for that before it returns. A :class:`UserError` (a configuration problem: a missing
+program, a bad template) ends the task with that error, which the driver re-raises.
+
+Ray is not imported here: the driver wraps :func:`block_events` with ``ray.remote``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import socket
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+from spectune.loadgen.record import RequestRecord
+from spectune.results.schema import Key
+from spectune.sweep.plan import SweepListener
+
+__all__ = ["block_events", "BlockFolder", "node_identity"]
+
+#: s to wait for the sweep's ``finally`` (the server's stop) after a cancel, before the task returns anyway
+STOP_GRACE_S = 90.0
+
+
+def node_identity() -> dict[str, Any]:
+    """Where this task runs: ``{"node_id", "ip", "hostname", "pid"}`` (the Ray node id and IP address when inside
+    a Ray worker, else None)."""
+    node_id = ip = None
+    ray = sys.modules.get("ray")
+    if ray is not None and getattr(ray, "is_initialized", lambda: False)():  # never start Ray just to ask
+        try:
+            node_id = ray.get_runtime_context().get_node_id()
+            ip = ray.util.get_node_ip_address()
+        except Exception:  # noqa: BLE001 - not a worker of a cluster: no node id
+            pass
+    return {"node_id": node_id, "ip": ip, "hostname": socket.gethostname(), "pid": os.getpid()}
+
+
+class BlockFolder:
+    """What :class:`spectune.sweep.run.Sweep` writes into, inside a task: the same methods as
+    :class:`spectune.results.folder.SweepFolder` that a block uses, holding the block's points (for the drift
+    reference and the early-stop rule) and handing each finished point, with its request objects, to ``emit``.
+
+    Args:
+        emit: called with each event dict (thread-safe; see :func:`block_events`).
+        points: finished points known before the block (a resumed sweep's, the early-stop rule's references).
+    """
+
+    def __init__(self, emit: Any, points: list[dict[str, Any]] | None = None) -> None:
+        self.emit = emit
+        self.points: list[dict[str, Any]] = list(points or [])
+        self.predicted: list[dict[str, Any]] = []
+        self._requests: list[dict[str, Any]] = []  # the current point's request objects
+        self._done: list[dict[str, Any]] = []  # request objects of this block's finished points
+        self._drift: list[dict[str, Any]] = []
+        self.meta: dict[str, Any] = {}
+
+    def request_mark(self) -> int:
+        """Where the current point's request objects start (see :meth:`truncate_requests`)."""
+        return len(self._requests)
+
+    def truncate_requests(self, mark: int) -> None:
+        """Drop the request objects after ``mark`` (a point that did not finish)."""
+        del self._requests[mark:]
+
+    def append_request(self, obj: dict[str, Any]) -> None:
+        """Hold one measured request object until its point finishes."""
+        self._requests.append(obj)
+
+    def append_drift_request(self, obj: dict[str, Any]) -> None:
+        """Hold one request object of the drift re-measurement (sent with the drift check)."""
+        self._drift.append(obj)
+
+    def take_drift_requests(self) -> list[dict[str, Any]]:
+        """The drift re-measurement's request objects held so far (and forget them)."""
+        out, self._drift = self._drift, []
+        return out
+
+    def append_point(self, point: dict[str, Any]) -> None:
+        """A finished point: emitted with its request objects."""
+        self.points.append(point)
+        self._done += self._requests
+        self.emit({"kind": "point", "point": point, "requests": self._requests})
+        self._requests = []
+
+    def read_requests(self) -> list[dict[str, Any]]:
+        """The request objects of this block's finished points."""
+        return list(self._done)
+
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        """Keep the sweep's meta (its ``backend`` and ``cost`` are sent with the ``done`` event)."""
+        self.meta = meta
+
+    def write_summary(self, points: Any = None) -> None:
+        """Nothing to write inside a task (the driver writes summary.csv)."""
+
+
+class _Events(SweepListener):
+    """The sweep's progress events as event dicts (request-level events stay in the task)."""
+
+    def __init__(self, emit: Any, folder: BlockFolder) -> None:
+        self.emit, self.folder = emit, folder
+
+    def warning(self, message: str) -> None:
+        self.emit({"kind": "warning", "message": message})
+
+    def server_starting(self, steps: int) -> None:
+        self.emit({"kind": "server_starting", "steps": steps})
+
+    def server_failed(self, steps: int, message: str, log_tail: str) -> None:
+        self.emit({"kind": "server_failed", "steps": steps, "message": message, "log_tail": log_tail})
+
+    def point_started(self, key: Key, planned: int) -> None:
+        self.emit({"kind": "point_started", "key": list(key), "planned": planned})
+
+    def request_finished(self, key: Key, record: RequestRecord, done: int, planned: int) -> None:
+        pass
+
+    def drift_checked(self, check: dict[str, Any]) -> None:
+        self.emit({"kind": "drift", "check": check, "requests": self.folder.take_drift_requests()})
+
+
+async def _measure(payload: dict[str, Any], emit: Any) -> None:
+    """Build the backend on this node, check it, measure the block, stop the server; emit events on the way."""
+    from spectune.backends import make_backend
+    from spectune.sweep.run import Sweep
+
+    plan, options, keys = payload["plan"], payload["options"], [tuple(k) for k in payload["keys"]]
+    folder = BlockFolder(emit, payload.get("points"))
+    events = _Events(emit, folder)
+    with tempfile.TemporaryDirectory(prefix="spectune-block-") as logs:
+        options.log_dir = Path(logs)
+        backend = make_backend(payload["backend"], options)
+        sweep = Sweep(plan, backend, folder, payload["prompts"], {}, events, options.model, options.api_key_env,
+                      payload["timeouts"])
+        sweep.order = "blocks"
+        try:
+            for warning in await backend.preflight(sorted({k[0] for k in keys})):
+                events.warning(warning)
+            await sweep.measure_block(keys)
+        finally:
+            try:
+                await backend.stop()
+            finally:
+                await backend.close()
+                for log in sorted(Path(logs).glob("*.log")):
+                    emit({"kind": "log", "name": log.name, "text": log.read_text(encoding="utf-8", errors="replace")})
+        c = sweep.cost
+        emit({"kind": "done", "cost": {**c, "total_s": c["measure_s"] + c["drift_s"] + c["switch_s"]},
+              "backend": backend.describe()})
+
+
+_END = object()
+
+
+def block_events(payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Measure one num_steps block on this node and yield its events (module docstring).
+
+    Args:
+        payload: ``{"plan": SweepPlan, "backend": name, "options": BackendOptions, "keys": [(steps, concurrency,
+            repeat), ...] of one num_steps, "prompts": [Prompt], "timeouts": ClientTimeouts, "points": the finished
+            points known to the driver}``.
+
+    Raises:
+        UserError: a configuration problem (from ``make_backend``, ``preflight`` or ``start``).
+        KeyboardInterrupt: the task was cancelled (after the server was stopped).
+    """
+    out: queue.Queue = queue.Queue()
+    loop = asyncio.new_event_loop()
+    failure: list[BaseException] = []
+    main: list[asyncio.Task] = []
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            main.append(loop.create_task(_measure(payload, out.put)))
+            loop.run_until_complete(main[0])
+        except BaseException as err:  # noqa: BLE001 - handed to the task's thread
+            failure.append(err)
+        finally:
+            try:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()
+                out.put(_END)
+
+    thread = threading.Thread(target=run, name="spectune-block", daemon=True)
+    yield {"kind": "node", **node_identity()}
+    thread.start()
+    try:
+        while True:
+            try:
+                event = out.get(timeout=0.2)  # a timeout, so a cancel's KeyboardInterrupt is seen at once
+            except queue.Empty:
+                continue
+            if event is _END:
+                break
+            yield event
+    finally:
+        if thread.is_alive():  # cancelled (KeyboardInterrupt) or the generator was closed: stop the server first
+            def cancel() -> None:
+                if main:
+                    main[0].cancel()
+            try:
+                loop.call_soon_threadsafe(cancel)
+            except RuntimeError:  # the loop already closed
+                pass
+            thread.join(STOP_GRACE_S)
+    if failure and not isinstance(failure[0], asyncio.CancelledError):
+        raise failure[0]

@@ -1,0 +1,238 @@
+"""A distributed sweep (``--ray``) on a real multi-node Ray cluster on this machine (Ray's own
+``ray.cluster_utils.Cluster``: a head without resources for servers and two worker nodes with one ``CPU`` and a
+custom ``emulated_server`` resource each, all bound to 127.0.0.1, no dashboard, small object stores), against emulated
+servers launched per num_steps (tests/helpers/emulated_server.py: the cost model's step times as sleeps, so two
+servers run side by side on two cores for real).
+
+Claims: the same points and choices as a serial sweep, every point naming the node it ran on, one calibration per
+node; a node killed mid-sweep gets its block re-run elsewhere and the folder completes; Ctrl-C of the CLI cancels
+the tasks and stops every server, and ``--resume`` then finishes; a slower node is found unlike and recommend
+refuses to compare across it. Skipped without Ray (``pip install -e ".[ray]"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+# Ray maps 127.0.0.1 to the machine's "remotely reachable" address unless this is off (ray._private.services
+# get_node_ip_address / resolve_ip_for_localhost): with it, the nodes, the driver and the CLI's driver (a child
+# process, it inherits the variable) stay on loopback. Read when ray is imported.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from spectune.backends.base import BackendOptions  # noqa: E402
+from spectune.loadgen.errors import UserError  # noqa: E402
+from spectune.results.reader import load_results  # noqa: E402
+from spectune.sweep.distributed import RayOptions  # noqa: E402
+from spectune.sweep.plan import SweepListener, SweepPlan  # noqa: E402
+from spectune.sweep.run import execute  # noqa: E402
+from spectune.tune.recommend import RecommendOptions, recommend  # noqa: E402
+
+from helpers.emulated_server import launch_template  # noqa: E402
+from helpers.paths import ROOT  # noqa: E402
+
+STORE = 80 * 1024 * 1024  # bytes: Ray's smallest object store is 75 MiB
+LOOPBACK = {"node_ip_address": "127.0.0.1", "object_store_memory": STORE}
+SERVER = {"emulated_server": 1, "fast": 1}  # what a worker node offers; "fast": not slowed down
+RESOURCES = {"CPU": 1.0, "fast": 1.0}  # what one block task asks for
+
+
+def add_worker(cluster: Cluster, resources: dict | None = None, env: dict | None = None):
+    """One worker node with a CPU and ``resources`` (default :data:`SERVER`); ``env``: variables its processes
+    (raylet, workers, the servers they launch) inherit."""
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try:
+        return cluster.add_node(num_cpus=1, resources=resources or SERVER, **LOOPBACK)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False, **LOOPBACK})
+    for _ in range(2):
+        add_worker(c)
+    c.wait_for_nodes()
+    assert c.address.startswith("127.0.0.1:"), c.address  # loopback only
+    yield c
+    if ray.is_initialized():
+        ray.shutdown()
+    c.shutdown()
+
+
+@pytest.fixture
+def prompts(tmp_path) -> str:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"question {i}", "category": "chat"}) + "\n" for i in range(8)))
+    return f"jsonl:{path}"
+
+
+def make_plan(prompts: str, steps=(0, 3), concurrency=(1, 8), **kw) -> SweepPlan:
+    """compute-bound cost model: K=3 beats K=0 by ~12% at concurrency 1, K=0 beats K=3 by ~18% at 8."""
+    return SweepPlan(steps=tuple(steps), concurrency=tuple(concurrency), dataset=prompts, num_prompts=8,
+                     max_tokens=24, requests_per_point=16, warmup_requests=1, drift_check=False, **kw)
+
+
+def options(pids: Path, startup_s: float = 0.3) -> BackendOptions:
+    return BackendOptions(launch=launch_template(f"--scale 2 --startup-s {startup_s} --pid-dir {pids}"),
+                          startup_timeout_s=60)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def servers_alive(pids: Path, wait_s: float = 0.0) -> list[int]:
+    """Emulated servers (their pid files in ``pids``) still running after up to ``wait_s`` s."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = [int(p.name) for p in pids.iterdir() if alive(int(p.name))] if pids.exists() else []
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.2)
+
+
+def choices(folder: Path, **kw) -> dict[int, int | None]:
+    rec = recommend(load_results(folder), RecommendOptions(**kw))
+    return {ch.concurrency: ch.steps for ch in rec.choices}
+
+
+def keys(points: list[dict]) -> set[tuple[int, int, int]]:
+    return {(p["steps"], p["concurrency"], p["repeat"]) for p in points}
+
+
+def worker_ids(cluster: Cluster) -> set[str]:
+    return {n.node_id for n in cluster.worker_nodes}
+
+
+async def test_ray_sweep_same_points_and_choices_as_serial(cluster, prompts, tmp_path):
+    plan = make_plan(prompts)
+    serial = await execute(plan, "launch", options(tmp_path / "pids-serial"), tmp_path / "serial")
+    spread = await execute(plan, "launch", options(tmp_path / "pids-ray"), tmp_path / "ray",
+                           ray=RayOptions(address=cluster.address, resources=RESOURCES))
+    assert keys(spread.points) == keys(serial.points) == set(plan.points())
+    assert all(p["status"] == "ok" for p in spread.points)
+    assert {p["node"]["id"] for p in spread.points} <= worker_ids(cluster)  # every point names its node
+    assert choices(tmp_path / "ray") == choices(tmp_path / "serial") == {1: 3, 8: 0}
+    cal = [json.loads(line) for line in (tmp_path / "ray" / "calibration.jsonl").read_text().splitlines()]
+    used = {p["node"]["id"] for p in spread.points}
+    assert {c["node"]["id"] for c in cal} == used  # K=0 at concurrency 1 on every node used
+    assert all((c["steps"], c["concurrency"]) == (0, 1) for c in cal)
+    meta = json.loads((tmp_path / "ray" / "sweep.json").read_text())
+    assert all(meta["nodes"][n]["alike"] is not None for n in used) or len(used) == 1
+    logs = sorted(p.name for p in (tmp_path / "ray" / "logs").iterdir())
+    assert any(name.startswith("server-steps3@") for name in logs)  # the servers' logs came back
+    assert servers_alive(tmp_path / "pids-ray") == []
+
+
+class KillFirstNode(SweepListener):
+    """Kills the node that measured the sweep's first point (from a thread: the driver's loop goes on)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.killed: str | None = None
+        self.thread: threading.Thread | None = None
+
+    def point_finished(self, point: dict) -> None:
+        node_id = (point.get("node") or {}).get("id")
+        if self.killed is None and node_id:
+            self.killed = node_id
+            victim = next(n for n in self.cluster.worker_nodes if n.node_id == node_id)
+            self.thread = threading.Thread(target=self.cluster.remove_node, args=(victim, False))
+            self.thread.start()
+
+
+@pytest.mark.slow
+async def test_node_killed_mid_sweep_gets_its_block_rerun(cluster, prompts, tmp_path):
+    plan = make_plan(prompts, steps=(0, 1, 3), concurrency=(1, 4, 8))
+    killer = KillFirstNode(cluster)
+    try:
+        out = await execute(plan, "launch", options(tmp_path / "pids"), tmp_path / "out", listener=killer,
+                            ray=RayOptions(address=cluster.address, resources=RESOURCES))
+    finally:
+        if killer.thread is not None:
+            killer.thread.join()
+        add_worker(cluster)  # the module's cluster has two worker nodes again
+    assert killer.killed is not None
+    assert keys(out.points) == set(plan.points())  # the folder is complete
+    assert all(p["status"] == "ok" for p in out.points)
+    meta = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    lost = meta["lost_blocks"]
+    assert [b["node"]["id"] for b in lost] == [killer.killed]
+    steps = lost[0]["steps"]
+    nodes = {p["node"]["id"] for p in out.points if p["steps"] == steps}
+    assert killer.killed in nodes and len(nodes) == 2  # measured partly there, the rest elsewhere
+    assert servers_alive(tmp_path / "pids", wait_s=20) == []  # the killed node's server too
+
+
+@pytest.mark.slow
+def test_ctrl_c_cancels_tasks_stops_servers_and_resume_finishes(cluster, prompts, tmp_path):
+    pids, out = tmp_path / "pids", tmp_path / "out"
+    args = ["--backend", "launch", "--launch", launch_template(f"--scale 2 --startup-s 0.3 --pid-dir {pids}"),
+            "--steps", "0,3", "--concurrency", "1,8", "--dataset", prompts, "--num-prompts", "8", "--max-tokens",
+            "24", "--requests-per-point", "16", "--warmup", "1", "--no-drift-check", "--output-dir", str(out),
+            "--ray", cluster.address, "--ray-resources", json.dumps(RESOURCES)]
+    proc = subprocess.Popen([sys.executable, "-m", "spectune.cli", "sweep", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    points = out / "points.jsonl"
+    deadline = time.monotonic() + 90
+    while not (points.exists() and points.read_text().count("\n") >= 1):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
+        time.sleep(0.05)
+    assert servers_alive(pids)  # servers are running on the nodes now
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert servers_alive(pids, wait_s=10) == []  # every server stopped
+    kept = [json.loads(line) for line in points.read_text().splitlines()]
+    assert 1 <= len(kept) < 4
+    assert all(p["node"]["id"] in worker_ids(cluster) for p in kept)
+    done = subprocess.run([sys.executable, "-m", "spectune.cli", "sweep", *args, "--resume"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    final = [json.loads(line) for line in points.read_text().splitlines()]
+    assert keys(final) == {(k, c, 0) for k in (0, 3) for c in (1, 8)}
+    assert keys(kept) <= keys(final)
+    assert servers_alive(pids) == []
+
+
+@pytest.mark.slow
+async def test_a_slower_node_is_unlike_and_recommend_refuses_it(cluster, prompts, tmp_path):
+    slow = add_worker(cluster, {"emulated_server": 1}, env={"EMULATED_SLOWDOWN": "1.5"})
+    cluster.wait_for_nodes()
+    try:
+        # three blocks on three nodes (one CPU each), the slow one among them
+        await execute(make_plan(prompts, steps=(0, 1, 3)), "launch", options(tmp_path / "pids"), tmp_path / "out",
+                      ray=RayOptions(address=cluster.address, resources={"CPU": 1.0, "emulated_server": 1.0}))
+    finally:
+        cluster.remove_node(slow)
+    meta = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    assert meta["nodes"][slow.node_id]["alike"] is False
+    assert slow.node_id in meta["calibration"]["unlike"]  # (a loaded 2-core machine may push another out too)
+    points = [json.loads(line) for line in (tmp_path / "out" / "points.jsonl").read_text().splitlines()]
+    marked = {p["node"]["id"] for p in points if p["node"].get("alike") is False}
+    assert slow.node_id in marked  # calibrated, so a block ran there: its points are marked
+    with pytest.raises(UserError, match="--allow-mixed-nodes"):
+        choices(tmp_path / "out")
+    assert choices(tmp_path / "out", allow_mixed_nodes=True)
