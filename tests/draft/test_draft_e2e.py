@@ -13,7 +13,6 @@ target with a real chat template and tokenizer), at toy sizes: 4 ShareGPT prompt
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,8 +30,7 @@ SIZES = ["--num-prompts", "4", "--max-new-tokens", "12", "--epochs", "1", "--dra
 
 
 def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-m", "spectune.cli", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "spectune.cli", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
 
 

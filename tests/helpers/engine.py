@@ -146,7 +146,6 @@ class SubprocessServer:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         env = dict(os.environ, SPECTUNE_TEST_SERVER_KEY=api_key or "")
         root = Path(__file__).resolve().parents[2]
-        env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         self.log_path = log_path or Path(tempfile.mkstemp(prefix="spectune-test-server-", suffix=".log")[1])
         self._log = open(self.log_path, "wb")
         argv = [sys.executable, "-m", "spectune.backends.local", "--options", json.dumps(options), "--port", str(self.port),
