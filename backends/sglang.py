@@ -45,7 +45,8 @@ from typing import Any, Sequence
 from spectune.backends.base import (Acceptance, BackendOptions, SpecSnapshot, chunk_proxy_acceptance,
                                     zero_steps_acceptance)
 from spectune.backends.http import get
-from spectune.backends.launch import LaunchingBackend, eagle_version
+from spectune.backends.eagle_heads import eagle_version
+from spectune.backends.launch import LaunchingBackend
 from spectune.backends.prometheus import gauge_values, parse_metrics
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord

@@ -32,7 +32,7 @@ KV_BYTES_PER_TOKEN_GUESS = 32 * 1024  # SmolLM2 target + draft use ~24 KB per to
 def _head_method(model: str | None, draft: str | None) -> tuple[str | None, str]:
     """(EAGLE version of the head the bundled engine loads for ``model``/``draft``, where it came from); (None, why)
     when it loads none. The head is chosen as :func:`spectune.backends.local.build.resolve_draft` does."""
-    from spectune.backends.launch import eagle_version
+    from spectune.backends.eagle_heads import eagle_version
     from spectune.backends.local.build import DEFAULT_HEAD
 
     if draft is not None and str(draft).lower() == "none":

@@ -64,7 +64,8 @@ from typing import Any, Sequence
 
 from spectune.backends.base import (Acceptance, BackendOptions, SpecSnapshot, counter_acceptance, has_counters,
                            join_warnings)
-from spectune.backends.launch import LaunchingBackend, eagle_version
+from spectune.backends.eagle_heads import eagle_version
+from spectune.backends.launch import LaunchingBackend
 from spectune.backends.local.weights import is_default_model
 from spectune.backends.prometheus import parse_metrics, scrape_snapshot
 from spectune.backends.vllm.install import VllmInstall, detect_gpu, find_vllm
