@@ -65,7 +65,7 @@ def draft_head(description: dict | None) -> str | None:
         return str(description["draft"])
     cls = backend_class(str(description.get("backend", "")))
     if cls is not None and cls.embeds_default_pair and is_default_model(description.get("model") or None):
-        from spectune.backends.local.build import DEFAULT_HEAD
+        from spectune.backends.local.options import DEFAULT_HEAD
 
         return str(DEFAULT_HEAD)
     return None

@@ -104,7 +104,8 @@ def main() -> None:
     from rich.table import Table
 
     from spectune.backends.local.backend import engine_threads
-    from spectune.backends.local.build import EngineOptions, build_engine
+    from spectune.backends.local.build import build_engine
+    from spectune.backends.local.options import EngineOptions
     from spectune.loadgen.datasets import load_dataset
 
     folder = Path(tempfile.mkdtemp())

@@ -82,7 +82,8 @@ def make_engine(path: str, threads: int, k: int = 0, capacity: int = 0):
     compiles at most N layers per graph instead of the engine's default (``compiled.MAX_LAYERS_PER_GRAPH``), and a
     final ``+asserts`` keeps the wrapper's size checks (``compiled.NO_WRAPPER_ASSERTS`` emptied)."""
     from spectune.backends.local import compiled
-    from spectune.backends.local.build import EngineOptions, build_engine
+    from spectune.backends.local.build import build_engine
+    from spectune.backends.local.options import EngineOptions
 
     path, asserts, _ = path.partition("+asserts")
     path, plus, group = path.partition("+compile")

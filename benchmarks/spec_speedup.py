@@ -38,7 +38,8 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from spectune.backends.local.build import EngineOptions, build_engine
+    from spectune.backends.local.build import build_engine
+    from spectune.backends.local.options import EngineOptions
     from spectune.backends.local.sequence import SamplingParams
     from spectune.loadgen.datasets import load_dataset
 

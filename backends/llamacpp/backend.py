@@ -218,7 +218,7 @@ class LlamaCppBackend(LaunchingBackend):
             if draft is None:
                 if not self._default_pair():
                     return None
-                from spectune.backends.local.build import DEFAULT_HEAD
+                from spectune.backends.local.options import DEFAULT_HEAD
 
                 folder: Path | None = DEFAULT_HEAD
             else:

@@ -21,7 +21,7 @@ import aiohttp
 
 from spectune.backends.base import BackendOptions, BackendStartError, Endpoint, SpecSnapshot
 from spectune.backends.launch import LaunchingBackend
-from spectune.backends.local.build import check_compile_mode
+from spectune.backends.local.options import check_compile_mode
 from spectune.backends.local.weights import is_default_model
 from spectune.backends.prometheus import scrape_snapshot
 from spectune.loadgen.errors import UserError
@@ -31,9 +31,9 @@ KV_BYTES_PER_TOKEN_GUESS = 32 * 1024  # SmolLM2 target + draft use ~24 KB per to
 
 def _head_method(model: str | None, draft: str | None) -> tuple[str | None, str]:
     """(EAGLE version of the head the bundled engine loads for ``model``/``draft``, where it came from); (None, why)
-    when it loads none. The head is chosen as :func:`spectune.backends.local.build.resolve_draft` does."""
+    when it loads none. The head is chosen as :func:`spectune.backends.local.options.resolve_draft` does."""
     from spectune.backends.eagle_heads import eagle_version
-    from spectune.backends.local.build import DEFAULT_HEAD
+    from spectune.backends.local.options import DEFAULT_HEAD
 
     if draft is not None and str(draft).lower() == "none":
         return None, "no draft head"

@@ -51,7 +51,7 @@ from typing import Any, Callable
 
 import torch
 
-from spectune.backends.local.build import check_compile_mode
+from spectune.backends.local.options import check_compile_mode
 from spectune.loadgen.errors import UserError
 
 log = logging.getLogger("spectune.engine")

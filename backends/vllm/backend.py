@@ -356,7 +356,7 @@ class VLLMBackend(LaunchingBackend):
         if self.options.draft:
             return self.options.draft
         if self.default_pair():
-            from spectune.backends.local.build import DEFAULT_HEAD
+            from spectune.backends.local.options import DEFAULT_HEAD
 
             return str(DEFAULT_HEAD)
         return None

@@ -72,7 +72,7 @@ def export(
 ) -> None:
     """Write an EAGLE-3 head as a GGUF that llama.cpp's llama-server loads (BF16, d2t as target ids)."""
     from spectune.backends.llamacpp.head_gguf import export_head_gguf
-    from spectune.backends.local.build import DEFAULT_HEAD
+    from spectune.backends.local.options import DEFAULT_HEAD
     from spectune.backends.local.weights import resolve_model_path
 
     written = export_head_gguf(head if head is not None else DEFAULT_HEAD, resolve_model_path(model), output,
@@ -106,7 +106,8 @@ def evaluate(
     from rich.console import Console
     from rich.table import Table
 
-    from spectune.backends.local.build import EngineOptions, build_engine
+    from spectune.backends.local.build import build_engine
+    from spectune.backends.local.options import EngineOptions
     from spectune.loadgen.datasets import load_dataset
     from spectune.draft.evaluate import measure_acceptance
 
@@ -117,7 +118,7 @@ def evaluate(
     if not ks or min(ks) < 1:
         raise UserError("--steps needs num_steps values >= 1")
     if dataset.strip().lower() == "sharegpt-heldout":
-        from spectune.backends.local.build import resolve_draft
+        from spectune.backends.local.options import resolve_draft
         from spectune.backends.local.weights import is_default_model
         from spectune.draft.data import heldout_sharegpt
 

@@ -56,7 +56,8 @@ def serve(
                                          "(when a C++ compiler is found), on, or off.")] = "auto",
 ) -> None:
     """Serve the bundled engine: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /server_info."""
-    from spectune.backends.local.build import EngineOptions, build_engine
+    from spectune.backends.local.build import build_engine
+    from spectune.backends.local.options import EngineOptions
     from spectune.backends.local.server import serve as run_server
     from rich.console import Console
 

@@ -51,7 +51,8 @@ def run_pipeline(opts: PipelineOptions, train_cfg: Any, say: Callable[[str], Non
     """Run the requested stages; returns the training card (also written to the output folder)."""
     import torch
 
-    from spectune.backends.local.build import EngineOptions, build_engine
+    from spectune.backends.local.build import build_engine
+    from spectune.backends.local.options import EngineOptions
     from spectune.backends.local.weights import load_target
     from spectune.draft.data import evaluation_texts, generate_responses, magpie_prompts, read_jsonl, \
         require_rows, training_prompts, write_jsonl

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from spectune.backends.local.attention import AttnMeta
-from spectune.backends.local.build import EngineOptions, build_engine
+from spectune.backends.local.build import build_engine
+from spectune.backends.local.options import EngineOptions
 from spectune.backends.local.compiled import (CompiledStep, compile_target, compiler_problem, layer_fingerprint,
                                               layers_per_graph)
 from spectune.backends.local.model import decoder_steps

@@ -18,7 +18,8 @@ PROMPTS = [[{"role": "user", "content": "Name three rivers in Europe."}],
 def test_cuda_speculative_greedy_equals_plain_greedy(k: int) -> None:
     """Speculation is lossless: with the bundled head at num_steps K (CUDA graphs, float32) greedy decoding emits
     the same tokens as the target alone on the same device, and drafts were accepted."""
-    from spectune.backends.local.build import EngineOptions, build_engine
+    from spectune.backends.local.build import build_engine
+    from spectune.backends.local.options import EngineOptions
     from spectune.backends.local.sequence import SamplingParams
 
     opts = dict(dtype="float32", device="cuda", max_num_seqs=4, max_model_len=512, kv_cache_gb=1.0)

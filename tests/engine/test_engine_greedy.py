@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectune.backends.local.build import EngineOptions, build_engine
+from spectune.backends.local.build import build_engine
+from spectune.backends.local.options import EngineOptions
 from spectune.backends.local.sequence import SamplingParams
 from helpers.engine import bundled_head_available
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from spectune.backends.local.build import EngineOptions, build_engine
+from spectune.backends.local.build import build_engine
+from spectune.backends.local.options import EngineOptions
 from spectune.backends.local.linear import Float32Linear
 from spectune.backends.local.paths import choose_path
 from spectune.backends.local.quant import (Int4Linear, Int8RowLinear, native_support, read_gguf_linears,

@@ -10,7 +10,8 @@ from typing import Any, Iterator
 
 import torch
 
-from spectune.backends.local.build import DEFAULT_HEAD, EngineOptions, build_engine
+from spectune.backends.local.build import build_engine
+from spectune.backends.local.options import DEFAULT_HEAD, EngineOptions
 
 
 def random_smollm2_head(folder: Path) -> Path:
