@@ -19,7 +19,7 @@ lifecycle of :mod:`spectune.backends.base` per point.
 from __future__ import annotations
 
 from spectune.backends.base import Backend, BackendOptions
-from spectune.backends.local.weights import is_default_model
+from spectune.backends.local.weights.loader import is_default_model
 from spectune.loadgen.errors import UserError
 
 BACKEND_NAMES = ("openai", "launch", "sglang", "vllm", "llamacpp", "local")

@@ -208,7 +208,7 @@ class SGLangBackend(LaunchingBackend):
         self.candidate_union: tuple[int, ...] = ()
         self.remote_adaptive: bool | None = None  # what a running server's /server_info said, when read
         if options.adaptive_config:
-            from spectune.backends.adaptive import AdaptiveConfig, load_config_file
+            from spectune.backends.num_steps import AdaptiveConfig, load_config_file
 
             config = load_config_file(options.adaptive_config)
             if not isinstance(config, AdaptiveConfig):

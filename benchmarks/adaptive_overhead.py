@@ -32,7 +32,7 @@ class ClosedLoop:
     requests in flight and steps the engine until it is idle."""
 
     def __init__(self, engine, prompts: list[list[int]], concurrency: int, max_tokens: int, tag: str) -> None:
-        from spectune.backends.local.sequence import SamplingParams
+        from spectune.backends.local.engine.sequence import SamplingParams
 
         self.engine, self.prompts, self.tag = engine, prompts, tag
         self.params = SamplingParams(max_tokens=max_tokens, temperature=0.0)

@@ -48,7 +48,7 @@ def f16_gguf() -> Path:
     import sys
 
     from spectune.backends.llamacpp.install import cache_root, llama_cpp_source_dir
-    from spectune.backends.local.weights import convert_gguf, default_model_path
+    from spectune.backends.local.weights.loader import convert_gguf, default_model_path
 
     out = cache_root() / "llamacpp-models" / "SmolLM2-135M-Instruct.from-Q4_1.F16.gguf"
     if out.is_file():

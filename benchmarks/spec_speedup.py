@@ -40,7 +40,7 @@ def main() -> None:
 
     from spectune.backends.local.build import build_engine
     from spectune.backends.local.options import EngineOptions
-    from spectune.backends.local.sequence import SamplingParams
+    from spectune.backends.local.engine.sequence import SamplingParams
     from spectune.loadgen.datasets import load_dataset
 
     engine = build_engine(EngineOptions(num_steps=0, num_steps_capacity=max(steps), dtype=args.dtype,

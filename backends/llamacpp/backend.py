@@ -53,7 +53,7 @@ from spectune.backends.base import (Acceptance, BackendOptions, SpecSnapshot, co
                            zero_steps_acceptance)
 from spectune.backends.launch import LaunchingBackend
 from spectune.backends.llamacpp.install import ServerFeatures, find_llama_server, server_features
-from spectune.backends.local.weights import is_default_model
+from spectune.backends.local.weights.loader import is_default_model
 from spectune.backends.prometheus import scrape_snapshot
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
@@ -171,7 +171,7 @@ class LlamaCppBackend(LaunchingBackend):
                     raise UserError(f"--draft {draft} is neither a .gguf file nor an EAGLE-3 head folder")
 
     def _resolve_model(self) -> Path:
-        from spectune.backends.local.weights import default_model_path
+        from spectune.backends.local.weights.loader import default_model_path
 
         model = self.options.model
         if is_default_model(model):

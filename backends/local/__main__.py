@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from spectune.backends.local.build import build_engine
     from spectune.backends.local.options import EngineOptions
-    from spectune.backends.local.server import serve
+    from spectune.backends.local.server.app import serve
 
     try:
         engine = build_engine(EngineOptions(**json.loads(args.options)))

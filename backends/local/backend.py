@@ -22,7 +22,7 @@ import aiohttp
 from spectune.backends.base import BackendOptions, BackendStartError, Endpoint, SpecSnapshot
 from spectune.backends.launch import LaunchingBackend
 from spectune.backends.local.options import check_compile_mode
-from spectune.backends.local.weights import is_default_model
+from spectune.backends.local.weights.loader import is_default_model
 from spectune.backends.prometheus import scrape_snapshot
 from spectune.loadgen.errors import UserError
 
@@ -73,7 +73,7 @@ class LocalBackend(LaunchingBackend):
             raise UserError(f"--draft {options.draft} is not a folder: give an EAGLE head folder")
         check_compile_mode(options.compile)
         if options.adaptive_config:
-            from spectune.backends.adaptive import load_config_file
+            from spectune.backends.num_steps import load_config_file
 
             load_config_file(options.adaptive_config)  # a bad file fails here, not in the server process
         self.capacity = 0
@@ -164,7 +164,8 @@ class LocalBackend(LaunchingBackend):
 
     def describe(self) -> dict[str, Any]:
         """Launching description plus the engine options (model, draft, device, dtype, max_concurrency) and, once
-        the server is up, the compute path it runs (``engine.path``: see ``backends/local/paths.py``)."""
+        the server is up, the compute path it runs (``engine.path``: see
+        ``backends/local/weights/compute_paths.py``)."""
         d = super().describe()
         d["engine"] = {k: v for k, v in dataclasses.asdict(self.options).items()
                        if k in ("model", "draft", "device", "dtype", "max_concurrency")}

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from spectune.backends.local.options import EngineOptions, check_compile_mode, resolve_draft
-from spectune.backends.local.weights import is_default_model
+from spectune.backends.local.weights.loader import is_default_model
 from spectune.loadgen.errors import UserError
 
 log = logging.getLogger("spectune.engine")
@@ -25,29 +25,29 @@ def resolve_device_dtype(device: str, dtype: str) -> tuple[Any, Any]:
         raise UserError(f"unknown --device {device!r}: use auto, cpu or cuda")
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda but no CUDA device is available: use --device cpu")
-    from spectune.backends.local.paths import normalise
+    from spectune.backends.local.weights.compute_paths import normalise
 
     name = normalise(dtype)
     return torch.device(device), torch.float32 if name == "float32" else torch.bfloat16
 
 
 def build_engine(opts: EngineOptions) -> Any:
-    """Load everything and return a ready :class:`~spectune.backends.local.engine.Engine` (not started).
+    """Load everything and return a ready :class:`~spectune.backends.local.engine.loop.Engine` (not started).
 
     Raises:
         UserError: bad paths or options (num_steps > 0 without a head, a config file that does not parse, ...).
     """
     import torch
 
-    from spectune.backends.local.engine import Engine, EngineConfig, seeded_generator
-    from spectune.backends.local.heads import load_head
-    from spectune.backends.local.kv_cache import bytes_per_token
-    from spectune.backends.local.config import ModelConfig
-    from spectune.backends.local.linear import pack_linears, unpack_bf16_linears
-    from spectune.backends.local.paths import choose_path
-    from spectune.backends.local.speculative import SpecRunner
-    from spectune.backends.local.tokenizer import Tokenizer
-    from spectune.backends.local.weights import convert_gguf, load_target, resolve_model_path
+    from spectune.backends.local.engine.loop import Engine, EngineConfig, seeded_generator
+    from spectune.backends.local.weights.heads import load_head
+    from spectune.backends.local.model.kv_cache import bytes_per_token
+    from spectune.backends.local.model.config import ModelConfig
+    from spectune.backends.local.model.linear import pack_linears, unpack_bf16_linears
+    from spectune.backends.local.weights.compute_paths import choose_path
+    from spectune.backends.local.engine.speculative import SpecRunner
+    from spectune.backends.local.engine.tokenizer import Tokenizer
+    from spectune.backends.local.weights.loader import convert_gguf, load_target, resolve_model_path
 
     device, _ = resolve_device_dtype(opts.device, opts.dtype)
     check_compile_mode(opts.compile)
@@ -57,7 +57,7 @@ def build_engine(opts: EngineOptions) -> Any:
     head_path = resolve_draft(opts.draft, is_default)
     policy = None
     if opts.adaptive_config:
-        from spectune.backends.adaptive import load_config_file, make_policy
+        from spectune.backends.num_steps import load_config_file, make_policy
 
         policy = make_policy(load_config_file(opts.adaptive_config), initial_steps=opts.num_steps or None)
     max_steps = max(opts.num_steps, opts.num_steps_capacity, getattr(policy, "max_steps", 0) or 0)
@@ -66,7 +66,7 @@ def build_engine(opts: EngineOptions) -> Any:
     model_path = resolve_model_path(opts.model)
     native_ok, reason, lm_repeat = False, "not a GGUF file", 1
     if model_path.is_file() and device.type == "cpu":
-        from spectune.backends.local.quant import native_support
+        from spectune.backends.local.weights.quant import native_support
 
         native_ok, reason, lm_repeat = native_support(model_path)
     folder = convert_gguf(model_path) if model_path.is_file() else model_path
@@ -76,7 +76,7 @@ def build_engine(opts: EngineOptions) -> Any:
     dtype = path_choice.dtype
     target, folder = load_target(model_path, dtype, device)
     if path_choice.name == "native":
-        from spectune.backends.local.quant import quantize_target
+        from spectune.backends.local.weights.quant import quantize_target
 
         quantize_target(target, model_path, dtype, path_choice.dense_above, path_choice.lm_head or "int4")
     cfg = target.cfg
@@ -100,10 +100,10 @@ def build_engine(opts: EngineOptions) -> Any:
         pack_linears(target)  # dense bf16 linears left (none on the native path)
         if head is not None and not pack_linears(head) and dtype == torch.bfloat16:
             unpack_bf16_linears(head)  # no oneDNN bf16 here: float32 weights beat the scalar bf16 GEMM
-    from spectune.backends.local.compiled import compile_target, warm_up
+    from spectune.backends.local.engine.compiled import compile_target, warm_up
 
     compile_choice = compile_target(target, opts.compile, device)
-    from spectune.backends.local.cuda_graphs import GraphRunner
+    from spectune.backends.local.engine.cuda_graphs import GraphRunner
 
     graphs = GraphRunner(slots, max_len, capture=True) if device.type == "cuda" and opts.cuda_graphs else None
     runner = SpecRunner(target, head, slots, max_len, seeded_generator(opts.seed, device), graphs,
@@ -115,7 +115,7 @@ def build_engine(opts: EngineOptions) -> Any:
                  compile_choice.warm_up_s)
     trace = None
     if opts.trace_path:
-        from spectune.backends.adaptive import TraceWriter
+        from spectune.backends.num_steps import TraceWriter
 
         trace = TraceWriter(opts.trace_path)
     ecfg = EngineConfig(num_steps=opts.num_steps, max_num_seqs=slots, max_len=max_len, policy=policy, trace=trace,

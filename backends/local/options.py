@@ -9,7 +9,7 @@ from pathlib import Path
 
 from spectune.loadgen.errors import UserError
 
-COMPILE_MODES = ("auto", "on", "off")  # EngineOptions.compile (backends/local/compiled.py)
+COMPILE_MODES = ("auto", "on", "off")  # EngineOptions.compile (backends/local/engine/compiled.py)
 
 
 def check_compile_mode(mode: str) -> str:
@@ -36,8 +36,9 @@ class EngineOptions:
         draft: EAGLE head folder; None picks the bundled head when the target is the default one; "none" disables.
         num_steps: static num_steps K.
         num_steps_capacity: the largest K the server may be switched to later (sizes the cache); 0 = num_steps.
-        dtype: the compute path (:mod:`spectune.backends.local.paths`): ``auto`` (measured per machine at start-up),
-            ``native`` (the GGUF's Q4_0/Q4_1/Q8_0 weights, bf16 activations, CPU), ``bfloat16`` or ``float32``.
+        dtype: the compute path (:mod:`spectune.backends.local.weights.compute_paths`): ``auto`` (measured per machine
+            at start-up), ``native`` (the GGUF's Q4_0/Q4_1/Q8_0 weights, bf16 activations, CPU), ``bfloat16`` or
+            ``float32``.
         device: ``auto`` (cuda when available), ``cpu`` or ``cuda``.
         max_num_seqs: the largest batch size (cache slots).
         max_model_len: tokens per sequence (prompt + output); default min(model max, 4096).
@@ -48,9 +49,9 @@ class EngineOptions:
         seed: sampling seed.
         cuda_graphs: on CUDA, capture decode-shaped forwards per padded batch size and num_steps.
         native_dense_above: native path: ``auto`` (measured), ``off`` or a row count above which linears use a
-            float32 copy of the int4 weights (:mod:`spectune.backends.local.quant`).
+            float32 copy of the int4 weights (:mod:`spectune.backends.local.weights.quant`).
         native_lm_head: native path with a Q8_0 lm_head: ``auto`` (measured), ``int4`` (two exact halves) or
-            ``int8`` (requantized per row; :func:`spectune.backends.local.paths.lm_head_kernel`).
+            ``int8`` (requantized per row; :func:`spectune.backends.local.weights.compute_paths.lm_head_kernel`).
         compile: the target's batched layers through ``torch.compile`` on CPU (:mod:`spectune.backends.local.
             compiled`): ``auto`` (when a C++ compiler is found), ``on`` (an error without one) or ``off``. The
             library default is ``off`` (no compile for engines built in tests and scripts); ``spectune serve`` and

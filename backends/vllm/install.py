@@ -38,7 +38,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from spectune.backends.local.weights import cache_dir
+from spectune.backends.local.weights.loader import cache_dir
 from spectune.loadgen.errors import UserError
 
 #: The CPU package and release spectune was checked against (PyPI, 2026-10; requires torch==2.13.0).

@@ -73,7 +73,7 @@ def export(
     """Write an EAGLE-3 head as a GGUF that llama.cpp's llama-server loads (BF16, d2t as target ids)."""
     from spectune.backends.llamacpp.head_gguf import export_head_gguf
     from spectune.backends.local.options import DEFAULT_HEAD
-    from spectune.backends.local.weights import resolve_model_path
+    from spectune.backends.local.weights.loader import resolve_model_path
 
     written = export_head_gguf(head if head is not None else DEFAULT_HEAD, resolve_model_path(model), output,
                                llama_cpp_dir)
@@ -119,7 +119,7 @@ def evaluate(
         raise UserError("--steps needs num_steps values >= 1")
     if dataset.strip().lower() == "sharegpt-heldout":
         from spectune.backends.local.options import resolve_draft
-        from spectune.backends.local.weights import is_default_model
+        from spectune.backends.local.weights.loader import is_default_model
         from spectune.draft.data import heldout_sharegpt
 
         head = resolve_draft(draft, is_default_model(model))

@@ -58,7 +58,7 @@ def serve(
     """Serve the bundled engine: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /server_info."""
     from spectune.backends.local.build import build_engine
     from spectune.backends.local.options import EngineOptions
-    from spectune.backends.local.server import serve as run_server
+    from spectune.backends.local.server.app import serve as run_server
     from rich.console import Console
 
     engine = build_engine(EngineOptions(

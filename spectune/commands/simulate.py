@@ -43,8 +43,8 @@ def simulate(
     from rich.console import Console
     from rich.table import Table
 
-    from spectune.backends.adaptive.config import VllmSchedule, load_config_file
-    from spectune.backends.adaptive.trace import read_trace
+    from spectune.backends.num_steps.sglang_config import VllmSchedule, load_config_file
+    from spectune.backends.num_steps.trace import read_trace
     from spectune.commands.options import parse_int_list
     from spectune.tune.simulate import simulate as run_simulation
     from spectune.tune.simulate import write_result_json
@@ -62,7 +62,7 @@ def simulate(
     if cost_table is not None:
         import json
 
-        from spectune.backends.adaptive.throughput_policy import CostTable
+        from spectune.backends.num_steps.throughput_policy import CostTable
         from spectune.loadgen.errors import UserError
 
         try:

@@ -77,7 +77,7 @@ def magpie_prompts(engine: Any, limit: int, max_prompt_tokens: int, exclude: set
         UserError: the model has no chat template with a user turn to open, or 20 rounds in a row added no new
             prompt before ``limit`` was reached (what was found stays stored).
     """
-    from spectune.backends.local.sequence import SamplingParams
+    from spectune.backends.local.engine.sequence import SamplingParams
 
     tok = engine.tokenizer
     marker = "MAGPIE-USER-MESSAGE"
@@ -177,7 +177,7 @@ def generate_responses(engine: Any, prompts: list[dict], out: Path, max_tokens: 
 
     Returns the number of response tokens generated now.
     """
-    from spectune.backends.local.sequence import SamplingParams
+    from spectune.backends.local.engine.sequence import SamplingParams
 
     done = {r["id"] for r in read_jsonl(out)}
     todo = [p for p in prompts if p["id"] not in done]

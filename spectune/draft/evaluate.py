@@ -42,7 +42,7 @@ def measure_acceptance(engine: Any, prompts: list[Prompt], num_steps: int, max_t
     """Run ``prompts`` greedily at ``num_steps`` on ``engine`` (a built Engine with a head) and count acceptance."""
     import time
 
-    from spectune.backends.local.sequence import SamplingParams
+    from spectune.backends.local.engine.sequence import SamplingParams
 
     engine.set_num_steps(num_steps)
     stats: dict[str, Any] = {}

@@ -53,7 +53,7 @@ def run_pipeline(opts: PipelineOptions, train_cfg: Any, say: Callable[[str], Non
 
     from spectune.backends.local.build import build_engine
     from spectune.backends.local.options import EngineOptions
-    from spectune.backends.local.weights import load_target
+    from spectune.backends.local.weights.loader import load_target
     from spectune.draft.data import evaluation_texts, generate_responses, magpie_prompts, read_jsonl, \
         require_rows, training_prompts, write_jsonl
     from spectune.draft.features import FeatureStore, extract_features
@@ -132,8 +132,8 @@ def run_pipeline(opts: PipelineOptions, train_cfg: Any, say: Callable[[str], Non
 def _export(opts: PipelineOptions, train_cfg: Any, card: dict[str, Any]) -> None:
     import torch
 
-    from spectune.backends.local.heads import save_head
-    from spectune.backends.local.weights import load_target
+    from spectune.backends.local.weights.heads import save_head
+    from spectune.backends.local.weights.loader import load_target
     from spectune.draft.train import new_head
 
     state_path = opts.work_dir / "head_state.pt"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from spectune.backends.adaptive.config import parse_sglang_adaptive_config
+from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config
 from spectune.tune.ladders import PRESETS, SGLANG_GLOBALS, design_slot
 from spectune.tune.recommend import OBJECTIVES, Recommendation, Slot
 
@@ -90,7 +90,7 @@ def vllm_config(rec: Recommendation, method: str | None = None, head: str | None
 
 def trtllm_config(rec: Recommendation, version: str | None = None) -> dict[str, Any] | None:
     """TensorRT-LLM's ``speculative_config`` fields ``{"max_draft_len": K1, "draft_len_schedule": {...}}`` in the
-    form TensorRT-LLM ``version`` reads (None: the newest), :mod:`spectune.backends.adaptive.trtllm`.
+    form TensorRT-LLM ``version`` reads (None: the newest), :mod:`spectune.backends.num_steps.trtllm_schedule`.
 
     The ranges are the slots, the last ending at ``max_batch_size`` (default: the largest measured concurrency), as
     for vLLM. Upper-bound form (1.3.0rc8 on): keys are each slot's largest batch size, and batch sizes above the
@@ -102,7 +102,7 @@ def trtllm_config(rec: Recommendation, version: str | None = None) -> dict[str, 
     Raises:
         ValueError: ``version`` is not a version number.
     """
-    from spectune.backends.adaptive.trtllm import build_schedule, check_schedule, schedule_form
+    from spectune.backends.num_steps.trtllm_schedule import build_schedule, check_schedule, schedule_form
 
     form = schedule_form(version)
     if not rec.slots or rec.slots[0].steps == 0:
@@ -124,7 +124,7 @@ def trtllm_config(rec: Recommendation, version: str | None = None) -> dict[str, 
 
 def trtllm_description(config: Mapping[str, Any], version: str | None) -> str:
     """recommendation.md's line for ``trtllm-speculative-config.json``: how to use it and how its keys read."""
-    from spectune.backends.adaptive.trtllm import UPPER_BOUND_SINCE, schedule_form
+    from spectune.backends.num_steps.trtllm_schedule import UPPER_BOUND_SINCE, schedule_form
 
     head = "merge into TensorRT-LLM's `speculative_config` (add `decoding_type` and `speculative_model`); "
     named = f"TensorRT-LLM {version}" if version else "the newest TensorRT-LLM"

@@ -200,7 +200,7 @@ def validate_section(rec: Recommendation, custom: dict | None) -> list[str]:
     """recommendation.md's "What validate should measure": per phase of validate's default ``swing`` workload
     (c=1 and c=32, 60 s each, twice; 256 max tokens), the output tok/s of the custom SGLang config and of every
     static num_steps predicted from the cells with intervals (:func:`spectune.tune.predict.predict_validate`)."""
-    from spectune.backends.adaptive.config import parse_sglang_adaptive_config
+    from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config
     from spectune.tune.predict import predict_validate
     from spectune.validate.workload import parse_workload
 

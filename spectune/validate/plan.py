@@ -23,9 +23,9 @@ def config_candidates(path: str) -> tuple[str, tuple[int, ...]]:
 
     Raises:
         UserError: the file is missing or not a valid SGLang adaptive config / vLLM schedule / llama.cpp settings
-            (:func:`spectune.backends.adaptive.load_config_file`).
+            (:func:`spectune.backends.num_steps.load_config_file`).
     """
-    from spectune.backends.adaptive import VllmSchedule, load_config_file
+    from spectune.backends.num_steps import VllmSchedule, load_config_file
     from spectune.backends.llamacpp.settings import FORMAT, read_settings
 
     try:

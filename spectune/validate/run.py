@@ -137,7 +137,7 @@ class Validation:
         (:func:`spectune.measure.schedule_check.check_schedule` at the phase's achieved concurrency): each phase's
         ``schedule_check`` (None when not checkable), and a warning naming the backend's remedy when it did not.
         Only a static per-batch-size schedule (vLLM's format) is checked: an adaptive policy's K varies by design."""
-        from spectune.backends.adaptive.config import VllmSchedule, load_config_file
+        from spectune.backends.num_steps.sglang_config import VllmSchedule, load_config_file
         from spectune.measure.schedule_check import check_schedule
 
         try:

@@ -90,7 +90,7 @@ def test_interrupted_run_resumes_to_the_straight_result(straight) -> None:
 def test_exported_head_drafts_losslessly_in_the_engine(straight) -> None:
     from spectune.backends.local.build import build_engine
     from spectune.backends.local.options import EngineOptions
-    from spectune.backends.local.sequence import SamplingParams
+    from spectune.backends.local.engine.sequence import SamplingParams
     from spectune.draft.data import TRAINING_IDS_FILE
 
     responses = rows(straight["work"] / "responses.jsonl")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spectune.backends.local.sequence import SamplingParams
+from spectune.backends.local.engine.sequence import SamplingParams
 from spectune.loadgen.datasets import user_prompt
 from spectune.draft import data
 from spectune.draft.features import FeatureStore, extract_features
@@ -46,8 +46,8 @@ CFG = TrainConfig(draft_vocab_size=16, ttt_steps=2, epochs=4, lr=1e-2, warmup_st
 
 def acceptance_length(target, head, k: int = 2) -> float:
     """Mean acceptance length of ``head`` drafting for ``target`` in the engine, greedy, 8 fresh prompts."""
-    from spectune.backends.local.engine import Engine, EngineConfig
-    from spectune.backends.local.speculative import SpecRunner
+    from spectune.backends.local.engine.loop import Engine, EngineConfig
+    from spectune.backends.local.engine.speculative import SpecRunner
     from helpers.tiny_models import TinyTokenizer
 
     head = head.float().eval().requires_grad_(False)
@@ -63,8 +63,8 @@ def acceptance_length(target, head, k: int = 2) -> float:
 def test_stored_features_are_the_targets(store) -> None:
     target, fs = store
     toks, feats, prompt_len = fs[3]
-    from spectune.backends.local.attention import AttnMeta
-    from spectune.backends.local.kv_cache import KVCache
+    from spectune.backends.local.model.attention import AttnMeta
+    from spectune.backends.local.model.kv_cache import KVCache
 
     c = target.cfg
     cache = KVCache(c.num_layers, 1, 64, c.num_kv_heads, c.head_dim, torch.float32)

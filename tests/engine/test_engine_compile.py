@@ -1,4 +1,4 @@
-"""``--compile``: the target's batched layers through torch.compile (backends/local/compiled.py), on the real
+"""``--compile``: the target's batched layers through torch.compile (backends/local/engine/compiled.py), on the real
 SmolLM2-135M-Instruct GGUF with the native int4 path: compiled before serving, as accurate as the eager layers,
 no compile while serving, and a fallback to eager when compiling fails."""
 
@@ -11,13 +11,13 @@ import sys
 import pytest
 import torch
 
-from spectune.backends.local.attention import AttnMeta
+from spectune.backends.local.model.attention import AttnMeta
 from spectune.backends.local.build import build_engine
 from spectune.backends.local.options import EngineOptions
-from spectune.backends.local.compiled import (CompiledStep, compile_target, compiler_problem, layer_fingerprint,
+from spectune.backends.local.engine.compiled import (CompiledStep, compile_target, compiler_problem, layer_fingerprint,
                                               layers_per_graph)
-from spectune.backends.local.model import decoder_steps
-from spectune.backends.local.sequence import SamplingParams
+from spectune.backends.local.model.target import decoder_steps
+from spectune.backends.local.engine.sequence import SamplingParams
 from spectune.loadgen.errors import UserError
 
 PROMPTS = ["What is the capital of Japan?", "Write a Python function that returns the n-th Fibonacci number.",
@@ -140,7 +140,7 @@ def test_compile_auto_without_a_compiler_stays_eager(eager_engine) -> None:
 def test_a_probe_that_cannot_compile_is_a_compiler_problem(monkeypatch) -> None:
     """A machine with g++ but, say, without Python's headers fails inductor's first kernel build: ``auto`` must
     see that before it relies on compiled layers."""
-    from spectune.backends.local import compiled
+    from spectune.backends.local.engine import compiled
 
     def breaks(x: torch.Tensor) -> torch.Tensor:
         torch._dynamo.graph_break()
@@ -155,7 +155,7 @@ def test_a_probe_that_cannot_compile_is_a_compiler_problem(monkeypatch) -> None:
     assert problem is not None and "cannot build CPU kernels" in problem
 
 
-_PROBE = "from spectune.backends.local.compiled import compiler_problem; print(compiler_problem())"
+_PROBE = "from spectune.backends.local.engine.compiled import compiler_problem; print(compiler_problem())"
 
 
 @needs_compiler
@@ -174,7 +174,7 @@ def test_an_isa_override_compiles_right_after_a_run_without_it(tmp_path) -> None
 
 
 def test_an_isa_override_names_its_own_cache_folder(monkeypatch) -> None:
-    from spectune.backends.local import compiled
+    from spectune.backends.local.engine import compiled
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "AVX2")
@@ -185,7 +185,7 @@ def test_an_isa_override_replaces_the_default_cache_folder(monkeypatch) -> None:
     """Importing dynamo writes inductor's default folder into the variable; that is not a user's choice."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    from spectune.backends.local import compiled
+    from spectune.backends.local.engine import compiled
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
@@ -193,7 +193,7 @@ def test_an_isa_override_replaces_the_default_cache_folder(monkeypatch) -> None:
 
 
 def test_a_chosen_cache_folder_is_kept(monkeypatch, tmp_path) -> None:
-    from spectune.backends.local import compiled
+    from spectune.backends.local.engine import compiled
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
@@ -201,7 +201,7 @@ def test_a_chosen_cache_folder_is_kept(monkeypatch, tmp_path) -> None:
 
 
 def _packed_target() -> torch.nn.Module:
-    from spectune.backends.local.linear import PackedLinear
+    from spectune.backends.local.model.linear import PackedLinear
 
     target = torch.nn.Module()
     target.layers = torch.nn.ModuleList([PackedLinear(torch.nn.Linear(16, 16).to(torch.bfloat16))])
@@ -209,7 +209,7 @@ def _packed_target() -> torch.nn.Module:
 
 
 def _packing() -> bool:
-    from spectune.backends.local.linear import packing_supported
+    from spectune.backends.local.model.linear import packing_supported
 
     return packing_supported(torch.bfloat16, torch.device("cpu"))
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from spectune.backends.adaptive import make_policy, parse_sglang_adaptive_config, parse_vllm_speculative_config
-from spectune.backends.local.sequence import SamplingParams
+from spectune.backends.num_steps import make_policy, parse_sglang_adaptive_config, parse_vllm_speculative_config
+from spectune.backends.local.engine.sequence import SamplingParams
 from helpers.tiny_models import tiny_engine
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11, 12], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [7], [2, 9, 4, 1, 8]]

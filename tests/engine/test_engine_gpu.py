@@ -20,7 +20,7 @@ def test_cuda_speculative_greedy_equals_plain_greedy(k: int) -> None:
     the same tokens as the target alone on the same device, and drafts were accepted."""
     from spectune.backends.local.build import build_engine
     from spectune.backends.local.options import EngineOptions
-    from spectune.backends.local.sequence import SamplingParams
+    from spectune.backends.local.engine.sequence import SamplingParams
 
     opts = dict(dtype="float32", device="cuda", max_num_seqs=4, max_model_len=512, kv_cache_gb=1.0)
     spec = build_engine(EngineOptions(num_steps=k, **opts))

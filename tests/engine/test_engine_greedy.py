@@ -9,7 +9,7 @@ import torch
 
 from spectune.backends.local.build import build_engine
 from spectune.backends.local.options import EngineOptions
-from spectune.backends.local.sequence import SamplingParams
+from spectune.backends.local.engine.sequence import SamplingParams
 from helpers.engine import bundled_head_available
 
 PROMPTS = [
@@ -35,8 +35,8 @@ def reference() -> tuple[list[list[int]], list[list[int]]]:
     """Prompt ids and HF transformers greedy outputs (fp32, one prompt at a time)."""
     from transformers import AutoModelForCausalLM
 
-    from spectune.backends.local.tokenizer import Tokenizer
-    from spectune.backends.local.weights import convert_gguf, default_model_path
+    from spectune.backends.local.engine.tokenizer import Tokenizer
+    from spectune.backends.local.weights.loader import convert_gguf, default_model_path
 
     folder = convert_gguf(default_model_path())
     tok = Tokenizer(folder)

@@ -10,12 +10,12 @@ import torch
 
 from spectune.backends.local.build import build_engine
 from spectune.backends.local.options import EngineOptions
-from spectune.backends.local.linear import Float32Linear
-from spectune.backends.local.paths import choose_path
-from spectune.backends.local.quant import (Int4Linear, Int8RowLinear, native_support, read_gguf_linears,
+from spectune.backends.local.model.linear import Float32Linear
+from spectune.backends.local.weights.compute_paths import choose_path
+from spectune.backends.local.weights.quant import (Int4Linear, Int8RowLinear, native_support, read_gguf_linears,
                                            requantize_rows, unpack)
-from spectune.backends.local.sequence import SamplingParams
-from spectune.backends.local.weights import default_model_path, load_target
+from spectune.backends.local.engine.sequence import SamplingParams
+from spectune.backends.local.weights.loader import default_model_path, load_target
 from spectune.loadgen.errors import UserError
 
 PROMPTS = ["What is the capital of Japan?", "Write a Python function that returns the n-th Fibonacci number.",
@@ -64,7 +64,7 @@ def quant_and_dense():
 def test_a_layer_the_int4_kernel_refuses_is_a_user_error(monkeypatch) -> None:
     """PyTorch's packing refuses out_features that are not a multiple of 16 (a RuntimeError); quantize_target turns
     that into a one-line UserError naming the layer and the fallback."""
-    from spectune.backends.local import quant as Q
+    from spectune.backends.local.weights import quant as Q
 
     real = Q.read_gguf_linears
 
@@ -171,7 +171,7 @@ def test_a_bad_lm_head_kernel_is_a_user_error() -> None:
 
 def test_auto_lm_head_takes_the_faster_kernel(tmp_path, monkeypatch) -> None:
     """A Q8_0 lm_head (lm_repeat 2): both kernels timed, int8 only when it saves at least 10%."""
-    from spectune.backends.local.config import ModelConfig
+    from spectune.backends.local.model.config import ModelConfig
 
     monkeypatch.setenv("SPECTUNE_CACHE_DIR", str(tmp_path))
     cfg = ModelConfig(model_type="llama", vocab_size=4096, hidden_size=64, intermediate_size=128, num_layers=2,
@@ -206,7 +206,7 @@ def _teacher_forced_logits(engine, ids: list[int], start: int) -> torch.Tensor:
     """float32 [len(ids) - start, vocab]: the logits after ids[:start] (one prefill), then after each further id fed
     one at a time as a batch-1 decode step (so every linear runs at one row: the int4/int8 kernels, not the float32
     copy)."""
-    from spectune.backends.local.attention import AttnMeta
+    from spectune.backends.local.model.attention import AttnMeta
 
     r, t = engine.runner, engine.runner.target
     group = t.cfg.num_heads // t.cfg.num_kv_heads
@@ -287,8 +287,8 @@ def test_a_bad_dense_threshold_is_a_user_error() -> None:
 
 
 def test_dense_copy_is_refused_when_it_cannot_fit() -> None:
-    from spectune.backends.local.config import ModelConfig
-    from spectune.backends.local.paths import dense_fits
+    from spectune.backends.local.model.config import ModelConfig
+    from spectune.backends.local.weights.compute_paths import dense_fits
 
     huge = ModelConfig(model_type="llama", vocab_size=10**6, hidden_size=10**5, intermediate_size=10**6,
                        num_layers=100, num_heads=64, num_kv_heads=8, head_dim=128, rope_theta=1e4,
@@ -297,7 +297,7 @@ def test_dense_copy_is_refused_when_it_cannot_fit() -> None:
 
 
 def test_native_is_refused_for_a_hf_folder(tmp_path) -> None:
-    from spectune.backends.local.config import ModelConfig
+    from spectune.backends.local.model.config import ModelConfig
 
     cfg = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=1,
                       num_heads=2, num_kv_heads=1, head_dim=32, rope_theta=1e4, max_position_embeddings=128)
@@ -311,7 +311,7 @@ def test_unknown_dtype_names_the_choices() -> None:
 
 
 def test_auto_picks_a_measured_path() -> None:
-    from spectune.backends.local.config import ModelConfig
+    from spectune.backends.local.model.config import ModelConfig
 
     cfg = ModelConfig(model_type="llama", vocab_size=1024, hidden_size=64, intermediate_size=128, num_layers=2,
                       num_heads=2, num_kv_heads=1, head_dim=32, rope_theta=1e4, max_position_embeddings=128)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from spectune.backends.local.attention import AttnMeta
-from spectune.backends.local.kv_cache import KVCache
-from spectune.backends.local.sampling import SamplingTensors, target_probs, verify
-from spectune.backends.local.speculative import SpecRunner
+from spectune.backends.local.model.attention import AttnMeta
+from spectune.backends.local.model.kv_cache import KVCache
+from spectune.backends.local.engine.sampling import SamplingTensors, target_probs, verify
+from spectune.backends.local.engine.speculative import SpecRunner
 from helpers.tiny_models import tiny_head, tiny_target
 
 

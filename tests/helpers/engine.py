@@ -16,9 +16,9 @@ from spectune.backends.local.options import DEFAULT_HEAD, EngineOptions
 
 def random_smollm2_head(folder: Path) -> Path:
     """A random EAGLE-3 head shaped for SmolLM2-135M (draft vocab 1024), saved in the published layout."""
-    from spectune.backends.local.eagle import DraftConfig, DraftHead
-    from spectune.backends.local.heads import save_head
-    from spectune.backends.local.weights import load_target
+    from spectune.backends.local.model.eagle import DraftConfig, DraftHead
+    from spectune.backends.local.weights.heads import save_head
+    from spectune.backends.local.weights.loader import load_target
 
     if (folder / "config.json").is_file():
         return folder
@@ -50,14 +50,14 @@ def free_port() -> int:
 
 
 class ThreadedServer:
-    """Runs :class:`spectune.backends.local.server.Server` on its own event loop in a daemon thread."""
+    """Runs :class:`spectune.backends.local.server.app.Server` on its own event loop in a daemon thread."""
 
     def __init__(self, opts: EngineOptions | Any, model_name: str = "smollm2-test", api_key: str | None = None,
                  metrics_without_key: bool = False) -> None:
         """``opts``: EngineOptions to build the engine from, or an already built engine (tests/tiny_models.py)."""
         from aiohttp import web
 
-        from spectune.backends.local.server import Server
+        from spectune.backends.local.server.app import Server
 
         self.engine = build_engine(opts) if isinstance(opts, EngineOptions) else opts
         self.port = free_port()

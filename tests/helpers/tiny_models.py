@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from spectune.backends.local.config import ModelConfig
-from spectune.backends.local.eagle import DraftConfig, DraftHead
-from spectune.backends.local.model import TargetModel
+from spectune.backends.local.model.config import ModelConfig
+from spectune.backends.local.model.eagle import DraftConfig, DraftHead
+from spectune.backends.local.model.target import TargetModel
 
 
 def tiny_target(vocab: int = 16, hidden: int = 32, layers: int = 2, seed: int = 0, scale: float = 1.0,
@@ -75,9 +75,9 @@ def tiny_engine(num_steps: int = 2, policy=None, slots: int = 4, graphs: bool = 
                 eos: int = 0, lazy: bool | None = None):
     """An Engine over a tiny target + head (float32, CPU); ``graphs`` pads through an eager GraphRunner; ``lazy``
     (default: with a policy, as the server builds it) turns on lazy drafting."""
-    from spectune.backends.local.cuda_graphs import GraphRunner
-    from spectune.backends.local.engine import Engine, EngineConfig
-    from spectune.backends.local.speculative import SpecRunner
+    from spectune.backends.local.engine.cuda_graphs import GraphRunner
+    from spectune.backends.local.engine.loop import Engine, EngineConfig
+    from spectune.backends.local.engine.speculative import SpecRunner
 
     target = tiny_target(vocab=16, layers=3)
     head = tiny_head(target, kind=kind)

@@ -3,7 +3,7 @@
 It runs in its own thread (:meth:`Engine.start`) so the HTTP server's event loop stays responsive (torch releases
 the GIL inside kernels), or synchronously through :meth:`Engine.generate` for tests, benchmarks and data
 generation. num_steps per round comes from a static value, an SGLang-style adaptive policy or a vLLM per-batch-size
-schedule (:mod:`spectune.backends.adaptive`).
+schedule (:mod:`spectune.backends.num_steps`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any, Callable
 
 import torch
 
-from spectune.backends.local.sampling import SamplingTensors
-from spectune.backends.local.scheduler import Scheduler
-from spectune.backends.local.sequence import RequestOutput, SamplingParams, Sequence, SpecStats
-from spectune.backends.local.speculative import SpecRunner
-from spectune.backends.local.tokenizer import IncrementalText, Tokenizer
+from spectune.backends.local.engine.sampling import SamplingTensors
+from spectune.backends.local.engine.scheduler import Scheduler
+from spectune.backends.local.engine.sequence import RequestOutput, SamplingParams, Sequence, SpecStats
+from spectune.backends.local.engine.speculative import SpecRunner
+from spectune.backends.local.engine.tokenizer import IncrementalText, Tokenizer
 
 
 class EngineFull(RuntimeError):
@@ -72,8 +72,8 @@ class EngineConfig:
         max_len: tokens per slot (prompt + output + K + 1 must fit).
         max_waiting: queued requests beyond which new ones are refused.
         max_prefill_tokens: prompt tokens prefilled per iteration.
-        policy: an object with ``steps_for_batch(bs)`` and ``on_verify(accepted, bs)`` (backends.adaptive), or None.
-        trace: an object with ``record(bs, accepted, num_steps)`` (backends.adaptive.trace.TraceWriter), or None.
+        policy: an object with ``steps_for_batch(bs)`` and ``on_verify(accepted, bs)`` (backends.num_steps), or None.
+        trace: an object with ``record(bs, accepted, num_steps)`` (backends.num_steps.trace.TraceWriter), or None.
         steps_capacity: the largest num_steps the cache was sized for (``max_len`` keeps K+1 spare positions).
     """
 
@@ -93,8 +93,9 @@ class Engine:
     Args:
         runner: the model runner (target, head, KV cache). tokenizer: the target's tokenizer. cfg: limits and policy.
         model_name: the name the server answers to (``/v1/models``) unless the command line names another.
-        path: the compute path the weights run on (:class:`spectune.backends.local.paths.PathChoice`: native int4,
-            bfloat16 or float32, and why), reported in ``/server_info``; None when unknown (tests' tiny engines).
+        path: the compute path the weights run on
+            (:class:`spectune.backends.local.weights.compute_paths.PathChoice`: native int4, bfloat16 or float32, and
+            why), reported in ``/server_info``; None when unknown (tests' tiny engines).
     """
 
     def __init__(self, runner: SpecRunner, tokenizer: Tokenizer, cfg: EngineConfig,

@@ -117,7 +117,7 @@ class Sequence:
     finished: bool = False
     finish_reason: str | None = None
     spec: SpecStats = field(default_factory=SpecStats)
-    detok: Any = None  # backends.local.tokenizer.IncrementalText, set by the engine
+    detok: Any = None  # backends.local.engine.tokenizer.IncrementalText, set by the engine
     generator: Any = None  # torch.Generator of a seeded request, set by the engine
 
     @property

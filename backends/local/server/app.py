@@ -9,9 +9,9 @@ Hardening (docs/engine.md, "Bad requests"):
 
 - every error, whatever raised it (validation, an unknown route, a body over the size limit, a bug), is an
   OpenAI-style JSON body ``{"error": {"message", "type", "param", "code"}}`` (:meth:`Server._errors`);
-- request bodies are parsed and validated in one step (:mod:`spectune.backends.local.protocol`), then checked against
-the
-  engine's limits (:meth:`spectune.backends.local.engine.Engine.check_request`): 400 before anything reaches the engine;
+- request bodies are parsed and validated in one step (:mod:`spectune.backends.local.server.protocol`), then checked
+  against the engine's limits (:meth:`spectune.backends.local.engine.loop.Engine.check_request`): 400 before anything
+  reaches the engine;
 - a request that still fails inside the engine fails alone (500 JSON, or an ``error`` event in a stream) and
   the engine keeps serving;
 - with an API key, every route except ``/health`` (and ``/metrics`` when ``metrics_without_key``) needs
@@ -42,10 +42,10 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 from pydantic import ValidationError
 
-from spectune.backends.local import protocol as P
-from spectune.backends.local.engine import Engine, EngineFull, InvalidRequest
-from spectune.backends.local.metrics import ServerMetrics
-from spectune.backends.local.sequence import RequestOutput, SamplingParams
+from spectune.backends.local.server import protocol as P
+from spectune.backends.local.engine.loop import Engine, EngineFull, InvalidRequest
+from spectune.backends.local.server.metrics import ServerMetrics
+from spectune.backends.local.engine.sequence import RequestOutput, SamplingParams
 
 BIG_BODY_BYTES = 64 * 1024
 """Bodies larger than this are parsed on the worker thread (a few MB of JSON take tens of ms to parse)."""

@@ -1,7 +1,7 @@
 """Prometheus metrics of the bundled engine (prometheus-client), named after vLLM's with a ``spectune:`` prefix.
 
-Engine counters are read from :class:`~spectune.backends.local.engine.EngineStats` at scrape time (no per-step cost);
-latency histograms are observed by the server per request. Spec-decode counters follow vLLM V1
+Engine counters are read from :class:`~spectune.backends.local.engine.loop.EngineStats` at scrape time (no per-step
+cost); latency histograms are observed by the server per request. Spec-decode counters follow vLLM V1
 (vllm/v1/spec_decode/metrics.py): ``spectune:spec_decode_num_drafts_total`` (verify steps with drafting, per
 request), ``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total`` (bonus token excluded) and
 ``..._num_accepted_tokens_per_pos_total{position="i"}`` (drafts whose first i+1 tokens were accepted), so a window's

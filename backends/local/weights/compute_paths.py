@@ -2,10 +2,10 @@
 
 Paths (``--dtype`` values):
 
-- ``native``: the GGUF's own Q4_0/Q4_1/Q8_0 weights through PyTorch's int4 CPU kernel (:mod:`spectune.backends.local.quant`),
-  bf16 activations. GGUF targets on CPU only.
+- ``native``: the GGUF's own Q4_0/Q4_1/Q8_0 weights through PyTorch's int4 CPU kernel
+  (:mod:`spectune.backends.local.weights.quant`), bf16 activations. GGUF targets on CPU only.
 - ``bfloat16``: weights dequantized to bf16; on CPUs where oneDNN packs bf16 (AVX-512 BW/VL/DQ or AVX-NE-CONVERT)
-  linears use the packed layout (:mod:`spectune.backends.local.linear`).
+  linears use the packed layout (:mod:`spectune.backends.local.model.linear`).
 - ``float32``: weights dequantized to float32.
 
 Why not one constant: bf16 dense matmuls need oneDNN's bf16 kernels, which need AVX-512 (BW, VL, DQ) or
@@ -26,7 +26,7 @@ timings are logged and reported in ``/server_info`` (``engine_path``), which the
 sweep backend copies into sweep.json (``backend.engine.path``). On CUDA ``auto`` is bfloat16.
 
 On the native path a second probe (:func:`dense_crossover`) finds the row count above which a float32 GEMM of the
-dequantized weights beats the int4 kernel (prefill, large verify batches; :mod:`spectune.backends.local.quant`),
+dequantized weights beats the int4 kernel (prefill, large verify batches; :mod:`spectune.backends.local.weights.quant`),
 kept in the same file; ``--native-dense-above`` overrides it.
 """
 
@@ -63,7 +63,7 @@ class PathChoice:
             (:func:`dense_crossover`; None: int4 only).
         lm_head: native path only: the lm_head's kernel, ``int4`` or ``int8`` (a Q8_0 lm_head requantized per
             row; :func:`lm_head_kernel`); None on other paths.
-        compile: whether the batched layers run compiled (:meth:`spectune.backends.local.compiled.CompileChoice.
+        compile: whether the batched layers run compiled (:meth:`spectune.backends.local.engine.compiled.CompileChoice.
             to_json`), or None before :func:`~spectune.backends.local.build.build_engine` decided.
     """
 
@@ -113,11 +113,11 @@ STREAM_BYTES = 64 * 2**20  # weights streamed per timed pass: more than a server
 
 
 def _random_quant(n: int, k: int, repeat: int = 1) -> Any:
-    """A random [n, k] :class:`~spectune.backends.local.quant.QuantTensor` (codes 0..15, scale 0.01, zero 0; ``repeat``
-    2 for a Q8_0-shaped one): probe weights."""
+    """A random [n, k] :class:`~spectune.backends.local.weights.quant.QuantTensor` (codes 0..15, scale 0.01, zero 0;
+    ``repeat`` 2 for a Q8_0-shaped one): probe weights."""
     import numpy as np
 
-    from spectune.backends.local.quant import QK, QuantTensor
+    from spectune.backends.local.weights.quant import QK, QuantTensor
 
     g = k * repeat // QK
     codes = np.random.default_rng(0).integers(0, 16, (n, k * repeat), dtype=np.uint8)
@@ -128,11 +128,11 @@ def _linear_ms(path: str, n: int, k: int, reps: int, lm_repeat: int = 1) -> floa
     """Milliseconds of one [1, k] x [k, n] product as ``path`` computes it, weights read from DRAM as in a decode
     step (each timed pass runs copies of the layer whose weights add up to :data:`STREAM_BYTES`; random weights).
     ``path`` is a ``--dtype`` value, or ``native-int8`` for a Q8_0-shaped matrix as per-row int8
-    (:class:`~spectune.backends.local.quant.Int8RowLinear`)."""
-    from spectune.backends.local.linear import PackedLinear, packing_supported
+    (:class:`~spectune.backends.local.weights.quant.Int8RowLinear`)."""
+    from spectune.backends.local.model.linear import PackedLinear, packing_supported
 
     if path in ("native", "native-int8"):
-        from spectune.backends.local.quant import Int4Linear, Int8RowLinear
+        from spectune.backends.local.weights.quant import Int4Linear, Int8RowLinear
 
         kind, tensors = ((Int8RowLinear, ("codes", "scale")) if path == "native-int8"
                          else (Int4Linear, ("packed", "scales_zeros")))
@@ -205,7 +205,7 @@ def dense_crossover(cfg: Any, reps: int = 5) -> int | None:
     (:data:`DENSE_ROWS`); the answer is the probed count below the first qualifying one (so "dense above 16" when it
     wins from 32 up), or None when it never wins. About 0.5 s.
     """
-    from spectune.backends.local.quant import Int4Linear
+    from spectune.backends.local.weights.quant import Int4Linear
 
     qt = _random_quant(min(2 * cfg.intermediate_size, 4096), cfg.hidden_size)
     int4, dense = Int4Linear(qt, torch.bfloat16), Int4Linear(qt, torch.bfloat16, dense_above=0)  # dense at any rows
@@ -224,8 +224,8 @@ LM_HEAD_KERNELS = ("auto", "int4", "int8")
 
 def lm_head_kernel(cfg: Any, reps: int = 5) -> dict[str, Any]:
     """Time a Q8_0 lm_head of ``cfg``'s shape (at most 8192 rows, scaled; one row, weights from DRAM) both ways:
-    two exact int4 halves (:class:`~spectune.backends.local.quant.Int4Linear`) and per-row int8
-    (:class:`~spectune.backends.local.quant.Int8RowLinear`). Returns ``{"int4_ms", "int8_ms", "kernel"}`` with
+    two exact int4 halves (:class:`~spectune.backends.local.weights.quant.Int4Linear`) and per-row int8
+    (:class:`~spectune.backends.local.weights.quant.Int8RowLinear`). Returns ``{"int4_ms", "int8_ms", "kernel"}`` with
     the faster kernel's name (int8 only when it saves at least 10%: it is a second quantization). About 0.3 s."""
     rows = min(cfg.vocab_size, 8192)
     scale = cfg.vocab_size / rows
@@ -256,7 +256,7 @@ def choose_path(requested: str, device: torch.device, cfg: Any, native_ok: bool,
     Args:
         requested: a ``--dtype`` value (see :data:`PATHS`).
         device: the engine's device.
-        cfg: the target's :class:`~backends.local.config.ModelConfig` (shapes for the probe).
+        cfg: the target's :class:`~backends.local.model.config.ModelConfig` (shapes for the probe).
         native_ok: the target is a GGUF whose linear layers are all Q4_0/Q4_1/Q8_0.
         native_reason: why native is unavailable (for the error message when it is forced).
         lm_repeat: 2 when the GGUF's lm_head is Q8_0 (two int4 halves), else 1.
@@ -269,7 +269,7 @@ def choose_path(requested: str, device: torch.device, cfg: Any, native_ok: bool,
         UserError: an unknown value, or ``native`` where it cannot run (CUDA, a non-GGUF model, other types), or a
             ``dense_above`` that is not auto, off or a row count, or an ``lm_head`` not in auto, int4, int8.
     """
-    from spectune.backends.local.linear import packing_supported
+    from spectune.backends.local.model.linear import packing_supported
 
     name = normalise(requested)
     cap = torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else ""
@@ -355,7 +355,7 @@ def _measured(key: str, probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 def probe_cache_file() -> Any:
     """Where measured estimates are kept per machine: ``$SPECTUNE_CACHE_DIR/engine-paths.json`` (delete it to
     measure again)."""
-    from spectune.backends.local.weights import cache_dir
+    from spectune.backends.local.weights.loader import cache_dir
 
     return cache_dir() / "engine-paths.json"
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from spectune.backends.local.eagle import DraftConfig, DraftHead
+from spectune.backends.local.model.eagle import DraftConfig, DraftHead
 from spectune.loadgen.errors import UserError
 
 
@@ -122,7 +122,7 @@ def _engine_state(cfg: DraftConfig, t: dict[str, torch.Tensor]) -> dict[str, tor
 
 
 def load_head(path: str | Path, target: Any, dtype: torch.dtype, device: Any) -> DraftHead:
-    """Load an EAGLE head for ``target`` (a :class:`~spectune.backends.local.model.TargetModel`).
+    """Load an EAGLE head for ``target`` (a :class:`~spectune.backends.local.model.target.TargetModel`).
 
     Raises:
         UserError: missing folder or files, a missing tensor, or a tensor whose shape does not match the config

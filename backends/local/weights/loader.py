@@ -166,7 +166,7 @@ def load_target(
     device: Any,
     capture_layers: tuple[int, ...] = (),
 ) -> tuple[Any, Path]:
-    """Build a :class:`~spectune.backends.local.model.TargetModel` with weights in ``dtype`` on ``device``.
+    """Build a :class:`~spectune.backends.local.model.target.TargetModel` with weights in ``dtype`` on ``device``.
 
     Returns the model and the HF-style folder it was read from (holding config.json and the tokenizer).
 
@@ -175,8 +175,8 @@ def load_target(
     """
     import torch
 
-    from spectune.backends.local.config import ModelConfig
-    from spectune.backends.local.model import TargetModel
+    from spectune.backends.local.model.config import ModelConfig
+    from spectune.backends.local.model.target import TargetModel
 
     path = resolve_model_path(model)
     folder = convert_gguf(path) if path.is_file() else path
