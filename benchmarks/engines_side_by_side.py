@@ -80,7 +80,7 @@ async def measure(backend: Any, steps: int, conc: int, prompts: list, n: int, ma
     """One window on ``backend`` at num_steps ``steps`` and concurrency ``conc``: warm-up, snapshots, ``n``
     requests; returns tokens/s, TPOT p50 (ms) and acceptance length."""
     from spectune.loadgen import ClientConfig, ClosedLoop, Constraints, StreamingClient, compute_metrics, run_point
-    from spectune.loadgen.runner import warmup_prompt
+    from spectune.loadgen.send_loop import warmup_prompt
 
     endpoint = await backend.start(steps)
     config = ClientConfig(endpoint.base_url, model=None, max_tokens=max_tokens, temperature=0.0,
