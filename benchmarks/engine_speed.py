@@ -100,7 +100,7 @@ def make_engine(path: str, threads: int, k: int = 0, capacity: int = 0):
         compiled.MAX_LAYERS_PER_GRAPH, compiled.NO_WRAPPER_ASSERTS = default_group, default_options
 
 
-def engine_runner(engine, prompts: list[list[int]], batch: int):
+def engine_timer(engine, prompts: list[list[int]], batch: int):
     """A function n -> seconds to generate n tokens for the first ``batch`` prompts (warmed up)."""
     from spectune.backends.local.engine.sequence import SamplingParams
 
@@ -114,7 +114,7 @@ def engine_runner(engine, prompts: list[list[int]], batch: int):
 
 
 class LlamaServer:
-    """``llama-server`` on the GGUF with 8 slots; :meth:`runner` times n-token generations like the engine's."""
+    """``llama-server`` on the GGUF with 8 slots; :meth:`timer` times n-token generations like the engine's."""
 
     def __init__(self, gguf: str, threads: int, server_bin: str | None = None) -> None:
         import socket
@@ -148,7 +148,7 @@ class LlamaServer:
                                      {"Content-Type": "application/json"})
         urllib.request.urlopen(req, timeout=600).read()
 
-    def runner(self, prompts: list[list[int]], batch: int):
+    def timer(self, prompts: list[list[int]], batch: int):
         from concurrent.futures import ThreadPoolExecutor
 
         pool = ThreadPoolExecutor(batch)
@@ -223,9 +223,9 @@ def cuda_roofline_percent(repeats: int) -> str:
     torch.cuda.synchronize()
     copy_bw = 2 * src.numel() * 10 / (time.perf_counter() - t)  # read + write bytes/s
     cache = KVCache(cfg.num_layers, 1, 2048, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, "cuda")
-    from spectune.backends.local.engine.cuda_graphs import GraphRunner
+    from spectune.backends.local.engine.cuda_graphs import CapturedGraphs
 
-    graphs = GraphRunner(num_slots=1, max_len=2048, capture=True)
+    graphs = CapturedGraphs(num_slots=1, max_len=2048, capture=True)
 
     def forward(tokens, positions, _features, kv):
         meta = AttnMeta.for_batch(cache, model.rope, positions, cfg.num_heads // cfg.num_kv_heads, kv)
@@ -304,9 +304,9 @@ def main() -> None:
             table.add_column(f"{p} / llama.cpp", justify="right")
     try:
         for batch in (1, 8):
-            runs = {f"spectune {p}": engine_runner(e, prompts, batch) for p, e in engines.items()}
+            runs = {f"spectune {p}": engine_timer(e, prompts, batch) for p, e in engines.items()}
             if llama is not None:
-                runs["llama.cpp Q4_1"] = llama.runner(prompts, batch)
+                runs["llama.cpp Q4_1"] = llama.timer(prompts, batch)
             vals: dict[str, list[float]] = {c: [] for c in runs}
             for _ in range(args.repeats):
                 for c, run in runs.items():
@@ -334,7 +334,7 @@ def main() -> None:
         spec.add_column("K=3 / K=0", justify="right")
         engine = make_engine(args.spec_path, threads, 0, 3)
         for batch in (1, 8):
-            run = engine_runner(engine, prompts, batch)
+            run = engine_timer(engine, prompts, batch)
             vals = {k: [] for k in range(4)}
             for _ in range(args.repeats):
                 for k in range(4):

@@ -45,7 +45,7 @@ def build_engine(opts: EngineOptions) -> Any:
     from spectune.backends.local.model.config import ModelConfig
     from spectune.backends.local.model.linear import pack_linears, unpack_bf16_linears
     from spectune.backends.local.weights.compute_paths import choose_path
-    from spectune.backends.local.engine.speculative import SpecRunner
+    from spectune.backends.local.engine.speculative import SpeculativeDecoder
     from spectune.backends.local.engine.tokenizer import Tokenizer
     from spectune.backends.local.weights.loader import convert_gguf, load_target, resolve_model_path
 
@@ -87,7 +87,8 @@ def build_engine(opts: EngineOptions) -> Any:
     per_token = bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
     if head is not None:
         per_token += bytes_per_token(head.cfg.num_layers, head.cfg.num_kv_heads, head.cfg.head_dim, dtype)
-        if policy is not None:  # lazy drafting keeps the head's inputs per position (SpecRunner feat_buf, tok_buf)
+        if policy is not None:  # lazy drafting keeps the head's inputs per position (SpeculativeDecoder's feat_buf,
+            # tok_buf)
             per_token += head.feature_dim * torch.empty((), dtype=dtype).element_size() + 8
     slots = min(opts.max_num_seqs, int(opts.kv_cache_gb * 2**30 // (per_token * max_len)))
     if slots < 1:
@@ -103,12 +104,12 @@ def build_engine(opts: EngineOptions) -> Any:
     from spectune.backends.local.engine.compiled import compile_target, warm_up
 
     compile_choice = compile_target(target, opts.compile, device)
-    from spectune.backends.local.engine.cuda_graphs import GraphRunner
+    from spectune.backends.local.engine.cuda_graphs import CapturedGraphs
 
-    graphs = GraphRunner(slots, max_len, capture=True) if device.type == "cuda" and opts.cuda_graphs else None
-    runner = SpecRunner(target, head, slots, max_len, seeded_generator(opts.seed, device), graphs,
+    graphs = CapturedGraphs(slots, max_len, capture=True) if device.type == "cuda" and opts.cuda_graphs else None
+    decoder = SpeculativeDecoder(target, head, slots, max_len, seeded_generator(opts.seed, device), graphs,
                         lazy_draft=policy is not None)
-    warm_up(runner, compile_choice, max_steps + 1)
+    warm_up(decoder, compile_choice, max_steps + 1)
     path_choice.compile = compile_choice.to_json()
     if compile_choice.mode != "off":
         log.info("compile: %s (%s; warm-up %.1f s)", "on" if compile_choice.active else "off", compile_choice.reason,
@@ -121,4 +122,4 @@ def build_engine(opts: EngineOptions) -> Any:
     ecfg = EngineConfig(num_steps=opts.num_steps, max_num_seqs=slots, max_len=max_len, policy=policy, trace=trace,
                         steps_capacity=max_steps)
     name = os.path.basename(str(opts.model)) if opts.model else "SmolLM2-135M-Instruct"
-    return Engine(runner, Tokenizer(folder), ecfg, model_name=name, path=path_choice)
+    return Engine(decoder, Tokenizer(folder), ecfg, model_name=name, path=path_choice)

@@ -67,10 +67,10 @@ def serve(
         threads=threads, seed=seed, native_dense_above=native_dense_above,
         native_lm_head=native_lm_head, compile=compile))
     name = model_name or engine.model_name
-    head = engine.runner.head
+    head = engine.decoder.head
     key = resolve_api_key(api_key)
     Console(stderr=True).print(
         f"serving [bold]{name}[/] on http://{host}:{port} | draft: {head.cfg.kind if head else 'none'} | "
         f"num_steps: {'adaptive' if adaptive_config else num_steps} | slots: {engine.cfg.max_num_seqs} | "
-        f"device: {engine.runner.device}" + (" | API key required" if key else ""))
+        f"device: {engine.decoder.device}" + (" | API key required" if key else ""))
     run_server(engine, name, host, port, key, metrics_without_key)

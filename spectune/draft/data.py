@@ -98,7 +98,7 @@ def magpie_prompts(engine: Any, limit: int, max_prompt_tokens: int, exclude: set
         if barren >= 20:
             raise UserError(f"the target wrote only {len(rows)} distinct usable prompts in {rounds} rounds: lower "
                             f"--magpie-prompts to at most {len(rows)}")
-        engine.runner.generator.manual_seed(seed * 1_000_003 + rounds)  # each round's draw is reproducible
+        engine.decoder.generator.manual_seed(seed * 1_000_003 + rounds)  # each round's draw is reproducible
         outputs = engine.generate([opening] * chunk, params)
         fresh = []
         for o in outputs:

@@ -98,7 +98,7 @@ def test_exported_head_drafts_losslessly_in_the_engine(straight) -> None:
     assert sorted(ids) == sorted(r["id"] for r in rows(straight["work"] / "prompts.jsonl"))
     opts = dict(dtype="float32", device="cpu", max_num_seqs=2, max_model_len=256, kv_cache_gb=0.2)
     spec = build_engine(EngineOptions(draft=str(straight["head"]), num_steps=2, **opts))
-    head = spec.runner.head
+    head = spec.decoder.head
     assert head.cfg.kind == "eagle3"
     vocab = (head.d2t.long().cpu() + torch.arange(head.cfg.draft_vocab_size)).tolist()
     assert len(vocab) == 64

@@ -46,7 +46,7 @@ def compiled_engine():
 
 def _decode_logits(engine, prompt: list[int], steps: int) -> list[torch.Tensor]:
     """Prefill ``prompt`` into slot 0, then ``steps`` greedy batched decode forwards; float32 logits [V] each."""
-    r, t = engine.runner, engine.runner.target
+    r, t = engine.decoder, engine.decoder.target
     out = []
     with torch.inference_mode():
         t(torch.tensor([prompt]), AttnMeta.for_prefill(r.target_cache, t.rope, 0, len(prompt)))
@@ -73,7 +73,7 @@ def test_compiled_layers_are_as_close_to_float32_as_the_eager_layers(compiled_en
     ids = compiled_engine.tokenizer.encode(PROMPTS[0])
     reference = _decode_logits(_engine("off", "float32"), ids, 8)
     compiled = _decode_logits(compiled_engine, ids, 8)
-    target = compiled_engine.runner.target
+    target = compiled_engine.decoder.target
     step = target.step
     target.step, n = decoder_steps, target.layers_per_step
     try:
@@ -126,14 +126,14 @@ def test_compile_on_without_a_compiler_is_a_user_error(eager_engine) -> None:
     from torch._inductor import config
 
     with config.patch({"cpp.cxx": (None, "/nonexistent/c++")}), pytest.raises(UserError, match="--compile off"):
-        compile_target(eager_engine.runner.target, "on", torch.device("cpu"))
+        compile_target(eager_engine.decoder.target, "on", torch.device("cpu"))
 
 
 def test_compile_auto_without_a_compiler_stays_eager(eager_engine) -> None:
     from torch._inductor import config
 
     with config.patch({"cpp.cxx": (None, "/nonexistent/c++")}):
-        choice = compile_target(eager_engine.runner.target, "auto", torch.device("cpu"))
+        choice = compile_target(eager_engine.decoder.target, "auto", torch.device("cpu"))
     assert choice.active is False
 
 
@@ -239,12 +239,12 @@ def test_layers_per_graph_divides_the_layer_count(layers: int, per_graph: int) -
 
 
 def test_the_default_models_layers_share_one_fingerprint(eager_engine) -> None:
-    layers = eager_engine.runner.target.layers
+    layers = eager_engine.decoder.target.layers
     assert len({layer_fingerprint(layer) for layer in layers}) == 1
 
 
 def test_a_layer_with_another_quantization_has_another_fingerprint() -> None:
-    target = _engine("off").runner.target
+    target = _engine("off").decoder.target
     a, b = target.layers[0], target.layers[1]
     b.o_proj = torch.nn.Linear(b.o_proj.in_features, b.o_proj.out_features, bias=False)
     assert layer_fingerprint(a) != layer_fingerprint(b)

@@ -25,7 +25,7 @@ def test_cuda_speculative_greedy_equals_plain_greedy(k: int) -> None:
     opts = dict(dtype="float32", device="cuda", max_num_seqs=4, max_model_len=512, kv_cache_gb=1.0)
     spec = build_engine(EngineOptions(num_steps=k, **opts))
     plain = build_engine(EngineOptions(draft="none", num_steps=0, **opts))
-    assert spec.runner.device.type == "cuda"
+    assert spec.decoder.device.type == "cuda"
     ids = [spec.tokenizer.encode_chat(m) for m in PROMPTS]
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     assert spec.generate(ids, params) == plain.generate(ids, params)

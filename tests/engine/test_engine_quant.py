@@ -148,8 +148,8 @@ def native_engine_int8():
 
 
 def test_native_engine_uses_int4_linears(native_engine) -> None:
-    mods = list(native_engine.runner.target.modules())
-    assert sum(isinstance(m, Int4Linear) for m in mods) == 4 * native_engine.runner.target.cfg.num_layers + 1
+    mods = list(native_engine.decoder.target.modules())
+    assert sum(isinstance(m, Int4Linear) for m in mods) == 4 * native_engine.decoder.target.cfg.num_layers + 1
 
 
 def test_native_engine_records_its_path(native_engine) -> None:
@@ -157,7 +157,7 @@ def test_native_engine_records_its_path(native_engine) -> None:
 
 
 def test_int8_lm_head_is_used_when_asked(native_engine_int8) -> None:
-    assert isinstance(native_engine_int8.runner.target.lm_head, Int8RowLinear)
+    assert isinstance(native_engine_int8.decoder.target.lm_head, Int8RowLinear)
 
 
 def test_the_engine_records_its_lm_head_kernel(native_engine_int8) -> None:
@@ -186,11 +186,11 @@ def _reference_engine(native) -> object:
     codes times bf16-rounded scales (plus zeros) for int4 layers, ``weights()`` for an int8 lm_head."""
     ref = build_engine(EngineOptions(num_steps=0, draft="none", dtype="bfloat16", max_num_seqs=4, max_model_len=256,
                                      kv_cache_gb=0.5))
-    c = ref.runner.target.cfg
+    c = ref.decoder.target.cfg
     quant, _ = read_gguf_linears(default_model_path(), c.num_layers, c.num_heads, c.num_kv_heads, True)
     for name, qt in quant.items():
         *parents, leaf = name.split(".")
-        parent, mine = ref.runner.target, native.runner.target
+        parent, mine = ref.decoder.target, native.decoder.target
         for p in parents:
             parent, mine = getattr(parent, p), getattr(mine, p)
         kernel = getattr(mine, leaf)
@@ -208,7 +208,7 @@ def _teacher_forced_logits(engine, ids: list[int], start: int) -> torch.Tensor:
     copy)."""
     from spectune.backends.local.model.attention import AttnMeta
 
-    r, t = engine.runner, engine.runner.target
+    r, t = engine.decoder, engine.decoder.target
     group = t.cfg.num_heads // t.cfg.num_kv_heads
     with torch.inference_mode():
         hidden, _ = t(torch.tensor([ids[:start]]), AttnMeta.for_prefill(r.target_cache, t.rope, 0, start))

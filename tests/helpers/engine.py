@@ -64,15 +64,15 @@ class ThreadedServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.loop = asyncio.new_event_loop()
         self.server = Server(self.engine, model_name, api_key, metrics_without_key)
-        self.runner = self.server.runner()
+        self.app_runner = self.server.app_runner()
         ready = threading.Event()
         failure: list[BaseException] = []
 
         def run() -> None:
             asyncio.set_event_loop(self.loop)
             try:
-                self.loop.run_until_complete(self.runner.setup())
-                self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
+                self.loop.run_until_complete(self.app_runner.setup())
+                self.loop.run_until_complete(web.TCPSite(self.app_runner, "127.0.0.1", self.port).start())
             except BaseException as err:  # noqa: BLE001 - handed to the constructor, which raises it
                 failure.append(err)
                 return
@@ -88,7 +88,7 @@ class ThreadedServer:
             raise RuntimeError(f"the test server failed to start: {failure[0]!r}") from failure[0]
 
     def close(self) -> None:
-        fut = asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop)
+        fut = asyncio.run_coroutine_threadsafe(self.app_runner.cleanup(), self.loop)
         fut.result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)

@@ -73,16 +73,16 @@ class TinyTokenizer:
 
 def tiny_engine(num_steps: int = 2, policy=None, slots: int = 4, graphs: bool = False, kind: str = "eagle3",
                 eos: int = 0, lazy: bool | None = None):
-    """An Engine over a tiny target + head (float32, CPU); ``graphs`` pads through an eager GraphRunner; ``lazy``
+    """An Engine over a tiny target + head (float32, CPU); ``graphs`` pads through an eager CapturedGraphs; ``lazy``
     (default: with a policy, as the server builds it) turns on lazy drafting."""
-    from spectune.backends.local.engine.cuda_graphs import GraphRunner
+    from spectune.backends.local.engine.cuda_graphs import CapturedGraphs
     from spectune.backends.local.engine.loop import Engine, EngineConfig
-    from spectune.backends.local.engine.speculative import SpecRunner
+    from spectune.backends.local.engine.speculative import SpeculativeDecoder
 
     target = tiny_target(vocab=16, layers=3)
     head = tiny_head(target, kind=kind)
-    runner = SpecRunner(target, head, slots, 256, torch.Generator().manual_seed(0),
-                        GraphRunner(slots, 256, capture=False) if graphs else None,
+    decoder = SpeculativeDecoder(target, head, slots, 256, torch.Generator().manual_seed(0),
+                        CapturedGraphs(slots, 256, capture=False) if graphs else None,
                         lazy_draft=policy is not None if lazy is None else lazy)
     cfg = EngineConfig(num_steps=num_steps, max_num_seqs=slots, max_len=256, policy=policy, steps_capacity=5)
-    return Engine(runner, TinyTokenizer(16, eos), cfg)
+    return Engine(decoder, TinyTokenizer(16, eos), cfg)

@@ -47,12 +47,15 @@ import os
 import time
 import types
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from spectune.backends.local.options import check_compile_mode
 from spectune.loadgen.errors import UserError
+
+if TYPE_CHECKING:
+    from spectune.backends.local.engine.speculative import SpeculativeDecoder
 
 log = logging.getLogger("spectune.engine")
 
@@ -282,27 +285,27 @@ def warm_up_shapes(slots: int, max_query: int, row_limits: tuple[int, ...] = ())
     return list(shapes.values())
 
 
-def warm_up(runner: Any, choice: CompileChoice, max_query: int) -> None:
+def warm_up(decoder: SpeculativeDecoder, choice: CompileChoice, max_query: int) -> None:
     """Compile the shape classes a server will meet before it takes requests (:func:`warm_up_shapes`), on cache
     slots 0.. at positions 5.. (they are empty at start-up). Updates ``choice`` (``warm_up_s``; ``active`` False with
     the error as reason when compiling failed).
 
     Args:
-        runner: the :class:`~spectune.backends.local.engine.speculative.SpecRunner` whose target was compiled.
+        decoder: the :class:`~spectune.backends.local.engine.speculative.SpeculativeDecoder` whose target was compiled.
         choice: what :func:`compile_target` returned.
         max_query: the largest query length verify will use (num_steps capacity + 1).
     """
-    step = getattr(runner.target, "step", None)
+    step = getattr(decoder.target, "step", None)
     if not choice.active or not isinstance(step, CompiledStep):
         return
     start = time.perf_counter()
-    layers = runner.target.layers.modules()  # the lm_head's own dense_above is outside the compiled layers
+    layers = decoder.target.layers.modules()  # the lm_head's own dense_above is outside the compiled layers
     limits = sorted({m.dense_above for m in layers if getattr(m, "dense_above", None) is not None})
     with torch.inference_mode():
-        for batch, q in warm_up_shapes(runner.target_cache.num_slots, max_query, tuple(limits)):
-            pos = 5 + torch.arange(q, device=runner.device).repeat(batch, 1)  # [B, q]
-            tokens = torch.zeros(batch, q, dtype=torch.long, device=runner.device)
-            runner._target_fwd(tokens, pos)
+        for batch, q in warm_up_shapes(decoder.target_cache.num_slots, max_query, tuple(limits)):
+            pos = 5 + torch.arange(q, device=decoder.device).repeat(batch, 1)  # [B, q]
+            tokens = torch.zeros(batch, q, dtype=torch.long, device=decoder.device)
+            decoder._target_fwd(tokens, pos)
     choice.warm_up_s = time.perf_counter() - start
     if step.error is not None:
         choice.active, choice.reason = False, f"torch.compile failed, eager layers: {step.error}"

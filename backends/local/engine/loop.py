@@ -17,7 +17,7 @@ import torch
 from spectune.backends.local.engine.sampling import SamplingTensors
 from spectune.backends.local.engine.scheduler import Scheduler
 from spectune.backends.local.engine.sequence import RequestOutput, SamplingParams, Sequence, SpecStats
-from spectune.backends.local.engine.speculative import SpecRunner
+from spectune.backends.local.engine.speculative import SpeculativeDecoder
 from spectune.backends.local.engine.tokenizer import IncrementalText, Tokenizer
 
 
@@ -88,24 +88,25 @@ class EngineConfig:
 
 
 class Engine:
-    """Continuous-batching EAGLE engine over a :class:`SpecRunner`.
+    """Continuous-batching EAGLE engine over a :class:`SpeculativeDecoder`.
 
     Args:
-        runner: the model runner (target, head, KV cache). tokenizer: the target's tokenizer. cfg: limits and policy.
+        decoder: the speculative decoder (target, head, KV caches). tokenizer: the target's tokenizer. cfg: limits and
+            policy.
         model_name: the name the server answers to (``/v1/models``) unless the command line names another.
         path: the compute path the weights run on
             (:class:`spectune.backends.local.weights.compute_paths.PathChoice`: native int4, bfloat16 or float32, and
             why), reported in ``/server_info``; None when unknown (tests' tiny engines).
     """
 
-    def __init__(self, runner: SpecRunner, tokenizer: Tokenizer, cfg: EngineConfig,
+    def __init__(self, decoder: SpeculativeDecoder, tokenizer: Tokenizer, cfg: EngineConfig,
                  model_name: str = "spectune-engine", path: Any = None) -> None:
-        self.runner, self.tokenizer, self.cfg, self.model_name, self.path = runner, tokenizer, cfg, model_name, path
+        self.decoder, self.tokenizer, self.cfg, self.model_name, self.path = decoder, tokenizer, cfg, model_name, path
         self.scheduler = Scheduler(cfg.max_num_seqs, cfg.max_waiting, cfg.max_prefill_tokens)
         self.stats = EngineStats(active_num_steps=cfg.num_steps)
         self.max_steps = max(getattr(cfg.policy, "max_steps", 0) or 0, cfg.num_steps)  # the largest K in use
         self.capacity = max(self.max_steps, cfg.steps_capacity)  # the largest K the cache leaves room for
-        if self.max_steps > 0 and runner.head is None:
+        if self.max_steps > 0 and decoder.head is None:
             raise ValueError("num_steps > 0 needs a draft head")
         self._lock = threading.Condition()
         self._incoming: list[Sequence] = []
@@ -113,7 +114,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stop = False
         self.error: BaseException | None = None
-        self.vocab_size = int(runner.target.cfg.vocab_size)
+        self.vocab_size = int(decoder.target.cfg.vocab_size)
         self.num_request_errors = 0  # requests failed by an exception inside a step (the engine kept serving)
         self.last_request_error: str | None = None
         self._last_exc: Exception | None = None
@@ -132,7 +133,7 @@ class Engine:
         seq = Sequence(request_id, list(prompt_ids), params, on_output)
         seq.detok = IncrementalText(self.tokenizer, params.stop)
         if params.seed is not None:
-            seq.generator = seeded_generator(params.seed % 2**64, self.runner.device)
+            seq.generator = seeded_generator(params.seed % 2**64, self.decoder.device)
         with self._lock:
             if len(self.scheduler.waiting) + len(self._incoming) >= self.cfg.max_waiting:
                 raise EngineFull("the request queue is full")
@@ -171,7 +172,7 @@ class Engine:
         with self._lock:
             if self.scheduler.running or self.scheduler.waiting or self._incoming:
                 raise RuntimeError("num_steps can only change while no request is in flight")
-            if k > 0 and self.runner.head is None:
+            if k > 0 and self.decoder.head is None:
                 raise ValueError("num_steps > 0 needs a draft head")
             if k > self.capacity:
                 raise ValueError(f"num_steps {k} exceeds the {self.capacity} this server was sized for")
@@ -243,7 +244,7 @@ class Engine:
         for seq in self.scheduler.admit():
             try:
                 st = self._sampling([seq])
-                first = self.runner.prefill(seq.slot, seq.prompt_ids, st, drafting)
+                first = self.decoder.prefill(seq.slot, seq.prompt_ids, st, drafting)
                 self.stats.num_prefills += 1
                 self.stats.prompt_tokens += len(seq.prompt_ids)
                 self._emit(seq, [first])
@@ -265,7 +266,7 @@ class Engine:
         if k != self.stats.active_num_steps:
             self.stats.num_steps_switches += 1
             self.stats.active_num_steps = k
-        accepted, tokens = self.runner.decode_round(batch, k, self._sampling(running), keep_draft=drafting)
+        accepted, tokens = self.decoder.decode_round(batch, k, self._sampling(running), keep_draft=drafting)
         self.stats.num_rounds += 1
         for seq, a, toks in zip(running, accepted, tokens):
             self._count(seq, k, a)
@@ -312,7 +313,7 @@ class Engine:
     def _sampling(self, seqs: list[Sequence]) -> SamplingTensors:
         p = [s.params for s in seqs]
         return SamplingTensors.build([x.temperature for x in p], [max(x.top_k, 0) for x in p],
-                                     [x.top_p for x in p], self.runner.device, [s.generator for s in seqs])
+                                     [x.top_p for x in p], self.decoder.device, [s.generator for s in seqs])
 
     def _count(self, seq: Sequence, k: int, accepted: int) -> None:
         seq.spec.record(k, accepted)
@@ -350,7 +351,7 @@ class Engine:
 
     def _release(self) -> None:
         for src, dst in self.scheduler.release_finished():
-            self.runner.move_slot(src, dst)
+            self.decoder.move_slot(src, dst)
 
 
 def seeded_generator(seed: int, device: torch.device) -> torch.Generator:

@@ -28,14 +28,14 @@ from __future__ import annotations
 import torch
 
 from spectune.backends.local.model.attention import AttnMeta
-from spectune.backends.local.engine.cuda_graphs import GraphRunner
+from spectune.backends.local.engine.cuda_graphs import CapturedGraphs
 from spectune.backends.local.model.eagle import DraftHead
 from spectune.backends.local.model.kv_cache import KVCache
 from spectune.backends.local.model.target import TargetModel
 from spectune.backends.local.engine.sampling import SamplingTensors, verify
 
 
-class SpecRunner:
+class SpeculativeDecoder:
     """Runs prefill and decode rounds for sequences living in cache slots 0..B-1.
 
     Args:
@@ -43,7 +43,7 @@ class SpecRunner:
         head: the draft head, or None for plain decoding only.
         num_slots, max_len: cache geometry (slots = the most sequences at once; tokens per slot).
         generator: random source for sampling.
-        graphs: a :class:`GraphRunner` to run decode-shaped forwards on padded, captured shapes (CUDA graphs), or
+        graphs: a :class:`CapturedGraphs` to run decode-shaped forwards on padded, captured shapes (CUDA graphs), or
             None for plain eager forwards.
         lazy_draft: keep the head's inputs instead of running it in prefills and K = 0 rounds (see the module
             docstring); costs ``num_slots * max_len * feature_dim`` more cache elements.
@@ -56,7 +56,7 @@ class SpecRunner:
         num_slots: int,
         max_len: int,
         generator: torch.Generator | None = None,
-        graphs: GraphRunner | None = None,
+        graphs: CapturedGraphs | None = None,
         lazy_draft: bool = False,
     ) -> None:
         c = target.cfg
