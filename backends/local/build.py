@@ -5,16 +5,21 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from spectune.backends.local.options import EngineOptions, check_compile_mode, resolve_draft
 from spectune.backends.local.weights.loader import is_default_model
 from spectune.loadgen.errors import UserError
 
+if TYPE_CHECKING:
+    import torch
+
+    from spectune.backends.local.engine.loop import Engine
+
 log = logging.getLogger("spectune.engine")
 
 
-def resolve_device_dtype(device: str, dtype: str) -> tuple[Any, Any]:
+def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
     """Map option strings to torch objects (``auto`` and ``native`` give bf16; :func:`build_engine` resolves
     ``auto`` per machine). Raises UserError for unknown values or CUDA without a GPU."""
     import torch
@@ -31,7 +36,7 @@ def resolve_device_dtype(device: str, dtype: str) -> tuple[Any, Any]:
     return torch.device(device), torch.float32 if name == "float32" else torch.bfloat16
 
 
-def build_engine(opts: EngineOptions) -> Any:
+def build_engine(opts: EngineOptions) -> Engine:
     """Load everything and return a ready :class:`~spectune.backends.local.engine.loop.Engine` (not started).
 
     Raises:

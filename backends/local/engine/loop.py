@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -19,6 +19,10 @@ from spectune.backends.local.engine.scheduler import Scheduler
 from spectune.backends.local.engine.sequence import RequestOutput, SamplingParams, Sequence, SpecStats
 from spectune.backends.local.engine.speculative import SpeculativeDecoder
 from spectune.backends.local.engine.tokenizer import IncrementalText, Tokenizer
+
+if TYPE_CHECKING:
+    from spectune.backends.local.weights.compute_paths import PathChoice
+    from spectune.backends.num_steps import NumStepsPolicy, TraceWriter
 
 
 class EngineFull(RuntimeError):
@@ -82,8 +86,8 @@ class EngineConfig:
     max_len: int = 2048
     max_waiting: int = 1024
     max_prefill_tokens: int = 1024
-    policy: Any = None
-    trace: Any = None
+    policy: NumStepsPolicy | None = None
+    trace: TraceWriter | None = None
     steps_capacity: int = 0
 
 
@@ -100,7 +104,7 @@ class Engine:
     """
 
     def __init__(self, decoder: SpeculativeDecoder, tokenizer: Tokenizer, cfg: EngineConfig,
-                 model_name: str = "spectune-engine", path: Any = None) -> None:
+                 model_name: str = "spectune-engine", path: PathChoice | None = None) -> None:
         self.decoder, self.tokenizer, self.cfg, self.model_name, self.path = decoder, tokenizer, cfg, model_name, path
         self.scheduler = Scheduler(cfg.max_num_seqs, cfg.max_waiting, cfg.max_prefill_tokens)
         self.stats = EngineStats(active_num_steps=cfg.num_steps)

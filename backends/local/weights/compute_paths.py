@@ -35,13 +35,18 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from spectune.loadgen.errors import UserError
+
+if TYPE_CHECKING:
+    from spectune.backends.local.model.config import ModelConfig
+    from spectune.backends.local.weights.quant import QuantTensor
 
 PATHS = ("auto", "native", "bfloat16", "float32")
 ALIASES = {"bf16": "bfloat16", "fp32": "float32", "q": "native", "gguf": "native"}
@@ -112,7 +117,7 @@ def _best_ms(fn: Callable[[], Any], reps: int) -> float:
 STREAM_BYTES = 64 * 2**20  # weights streamed per timed pass: more than a server CPU's last-level cache
 
 
-def _random_quant(n: int, k: int, repeat: int = 1) -> Any:
+def _random_quant(n: int, k: int, repeat: int = 1) -> QuantTensor:
     """A random [n, k] :class:`~spectune.backends.local.weights.quant.QuantTensor` (codes 0..15, scale 0.01, zero 0;
     ``repeat`` 2 for a Q8_0-shaped one): probe weights."""
     import numpy as np
@@ -173,7 +178,7 @@ def _attention_fn(dtype: torch.dtype, kv_heads: int, group: int, head_dim: int, 
     return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def estimate_step_ms(path: str, cfg: Any, lm_repeat: int = 1, reps: int = 5) -> float:
+def estimate_step_ms(path: str, cfg: ModelConfig, lm_repeat: int = 1, reps: int = 5) -> float:
     """Estimated batch-1 decode step of ``path`` for a model of shape ``cfg`` (:class:`ModelConfig`), in ms.
 
     Large matrices are timed on at most 4096 rows (gate|up) and 8192 rows (lm_head) and scaled by rows, so the
@@ -198,7 +203,7 @@ DENSE_MEMORY_SHARE = 0.25
 """The float32 copy of the native weights is kept only when it fits in this share of the available memory."""
 
 
-def dense_crossover(cfg: Any, reps: int = 5) -> int | None:
+def dense_crossover(cfg: ModelConfig, reps: int = 5) -> int | None:
     """The smallest row count above which a float32 GEMM of the dequantized weights beats the int4 kernel on
     SmolLM2-style shapes of ``cfg`` (one gate|up-shaped layer, at most 4096 rows; one thread, cache-resident: the
     many-row case is compute-bound). Rows r qualify when float32 wins at r and at every larger probed count
@@ -222,7 +227,7 @@ def dense_crossover(cfg: Any, reps: int = 5) -> int | None:
 LM_HEAD_KERNELS = ("auto", "int4", "int8")
 
 
-def lm_head_kernel(cfg: Any, reps: int = 5) -> dict[str, Any]:
+def lm_head_kernel(cfg: ModelConfig, reps: int = 5) -> dict[str, Any]:
     """Time a Q8_0 lm_head of ``cfg``'s shape (at most 8192 rows, scaled; one row, weights from DRAM) both ways:
     two exact int4 halves (:class:`~spectune.backends.local.weights.quant.Int4Linear`) and per-row int8
     (:class:`~spectune.backends.local.weights.quant.Int8RowLinear`). Returns ``{"int4_ms", "int8_ms", "kernel"}`` with
@@ -234,7 +239,7 @@ def lm_head_kernel(cfg: Any, reps: int = 5) -> dict[str, Any]:
     return {"int4_ms": int4, "int8_ms": int8, "kernel": "int8" if int8 < 0.9 * int4 else "int4"}
 
 
-def dense_fits(cfg: Any) -> bool:
+def dense_fits(cfg: ModelConfig) -> bool:
     """Whether a float32 copy of the target's linear weights (4 bytes per weight) fits in
     :data:`DENSE_MEMORY_SHARE` of the memory available now (``os.sysconf``; True where that is unknown)."""
     import os
@@ -249,7 +254,7 @@ def dense_fits(cfg: Any) -> bool:
     return 4 * weights <= DENSE_MEMORY_SHARE * available
 
 
-def choose_path(requested: str, device: torch.device, cfg: Any, native_ok: bool, native_reason: str = "",
+def choose_path(requested: str, device: torch.device, cfg: ModelConfig, native_ok: bool, native_reason: str = "",
                 lm_repeat: int = 1, dense_above: str = "auto", lm_head: str = "auto") -> PathChoice:
     """Resolve ``--dtype`` into a :class:`PathChoice`.
 
@@ -298,7 +303,7 @@ def choose_path(requested: str, device: torch.device, cfg: Any, native_ok: bool,
     return choice
 
 
-def _with_lm_head(choice: PathChoice, cfg: Any, lm_repeat: int, lm_head: str) -> PathChoice:
+def _with_lm_head(choice: PathChoice, cfg: ModelConfig, lm_repeat: int, lm_head: str) -> PathChoice:
     """``choice`` with its ``lm_head`` kernel set (native only; see :func:`choose_path`)."""
     value = str(lm_head).strip().lower()
     if value not in LM_HEAD_KERNELS:
@@ -317,7 +322,7 @@ def _with_lm_head(choice: PathChoice, cfg: Any, lm_repeat: int, lm_head: str) ->
     return choice
 
 
-def _with_dense(choice: PathChoice, cfg: Any, lm_repeat: int, dense_above: str) -> PathChoice:
+def _with_dense(choice: PathChoice, cfg: ModelConfig, lm_repeat: int, dense_above: str) -> PathChoice:
     """``choice`` with its ``dense_above`` set (native only; see :func:`choose_path`)."""
     value = str(dense_above).strip().lower()
     if value not in ("auto", "off") and not (value.isdigit() and int(value) >= 1):
@@ -352,7 +357,7 @@ def _measured(key: str, probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def probe_cache_file() -> Any:
+def probe_cache_file() -> Path:
     """Where measured estimates are kept per machine: ``$SPECTUNE_CACHE_DIR/engine-paths.json`` (delete it to
     measure again)."""
     from spectune.backends.local.weights.loader import cache_dir
@@ -360,7 +365,7 @@ def probe_cache_file() -> Any:
     return cache_dir() / "engine-paths.json"
 
 
-def _probe_key(candidates: list[str], cfg: Any, lm_repeat: int) -> str:
+def _probe_key(candidates: list[str], cfg: ModelConfig, lm_repeat: int) -> str:
     """What the estimates depend on: the CPU (model name and flags), torch's version and capability, the ISA
     overrides in the environment, and the model's shapes."""
     import hashlib

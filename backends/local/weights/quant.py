@@ -44,13 +44,16 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from spectune.loadgen.errors import UserError
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
 
 QK = 32  # weights per GGML block
 NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0")
@@ -275,7 +278,7 @@ class Int8RowLinear(_QuantLinear):
 
 
 @functools.lru_cache(maxsize=1)
-def _reader(path: str) -> Any:
+def _reader(path: str) -> GGUFReader:
     """A ``gguf.GGUFReader`` (memory-mapped), kept for the next call: parsing the metadata (the tokenizer's
     vocabulary and merges) takes seconds, and start-up reads the file twice (:func:`native_support`, then
     :func:`read_gguf_linears`)."""
