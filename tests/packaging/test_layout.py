@@ -12,11 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers.import_graph import FOLDERS
 from helpers.paths import ROOT
 
-FOLDERS = {"spectune": "spectune", "loadgen": "spectune.loadgen", "backends": "spectune.backends",
-           "presets": "spectune.presets"}
-"""Source folder -> installed package."""
 OLD_TOP_LEVEL = ("loadgen", "backends", "presets")
 
 
