@@ -52,10 +52,10 @@ class EngineOptions:
             float32 copy of the int4 weights (:mod:`spectune.backends.local.weights.quant`).
         native_lm_head: native path with a Q8_0 lm_head: ``auto`` (measured), ``int4`` (two exact halves) or
             ``int8`` (requantized per row; :func:`spectune.backends.local.weights.compute_paths.lm_head_kernel`).
-        compile: the target's batched layers through ``torch.compile`` on CPU (:mod:`spectune.backends.local.
-            compiled`): ``auto`` (when a C++ compiler is found), ``on`` (an error without one) or ``off``. The
-            library default is ``off`` (no compile for engines built in tests and scripts); ``spectune serve`` and
-            the ``local`` sweep backend pass ``auto``.
+        compile: the target's batched layers through ``torch.compile`` on CPU
+            (:mod:`spectune.backends.local.engine.compiled`): ``auto`` (when a C++ compiler is found), ``on`` (an error
+            without one) or ``off``. The library default is ``off`` (no compile for engines built in tests and scripts);
+            ``spectune serve`` and the ``local`` sweep backend pass ``auto``.
     """
 
     model: str | None = None
