@@ -7,8 +7,11 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+from spectune.backends.local.engine.tokenizer import Tokenizer
+from spectune.backends.local.model.config import ModelConfig
 from spectune.backends.local.options import EngineOptions, check_compile_mode, resolve_draft
-from spectune.backends.local.weights.loader import is_default_model
+from spectune.backends.local.weights.loader import convert_gguf, is_default_model, load_target, resolve_model_path
+from spectune.backends.num_steps import TraceWriter, load_config_file, make_policy
 from spectune.loadgen.errors import UserError
 
 if TYPE_CHECKING:
@@ -47,12 +50,9 @@ def build_engine(opts: EngineOptions) -> Engine:
     from spectune.backends.local.engine.loop import Engine, EngineConfig, seeded_generator
     from spectune.backends.local.weights.heads import load_head
     from spectune.backends.local.model.kv_cache import bytes_per_token
-    from spectune.backends.local.model.config import ModelConfig
     from spectune.backends.local.model.linear import pack_linears, unpack_bf16_linears
     from spectune.backends.local.weights.compute_paths import choose_path
     from spectune.backends.local.engine.speculative import SpeculativeDecoder
-    from spectune.backends.local.engine.tokenizer import Tokenizer
-    from spectune.backends.local.weights.loader import convert_gguf, load_target, resolve_model_path
 
     device, _ = resolve_device_dtype(opts.device, opts.dtype)
     check_compile_mode(opts.compile)
@@ -62,8 +62,6 @@ def build_engine(opts: EngineOptions) -> Engine:
     head_path = resolve_draft(opts.draft, is_default)
     policy = None
     if opts.adaptive_config:
-        from spectune.backends.num_steps import load_config_file, make_policy
-
         policy = make_policy(load_config_file(opts.adaptive_config), initial_steps=opts.num_steps or None)
     max_steps = max(opts.num_steps, opts.num_steps_capacity, getattr(policy, "max_steps", 0) or 0)
     if max_steps > 0 and head_path is None:
@@ -121,8 +119,6 @@ def build_engine(opts: EngineOptions) -> Engine:
                  compile_choice.warm_up_s)
     trace = None
     if opts.trace_path:
-        from spectune.backends.num_steps import TraceWriter
-
         trace = TraceWriter(opts.trace_path)
     ecfg = EngineConfig(num_steps=opts.num_steps, max_num_seqs=slots, max_len=max_len, policy=policy, trace=trace,
                         steps_capacity=max_steps)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from spectune.backends.num_steps.sglang_config import AdaptiveConfig, SlotConfig, VllmSchedule
+from spectune.backends.num_steps.throughput_policy import CostTable, ThroughputAwareConfig, ThroughputAwarePolicy
 from spectune.backends.num_steps.vllm_schedule import SchedulePolicy
 
 
@@ -218,8 +219,6 @@ def make_policy(config: AdaptiveConfig | VllmSchedule, *, initial_steps: int | N
     :class:`~spectune.backends.num_steps.throughput_policy.ThroughputAwarePolicy` for a throughput-aware SGLang
     config (``cost_table``: its decode-round times; None: empty, so it never switches, as SGLang without CUDA
     graphs)."""
-    from spectune.backends.num_steps.throughput_policy import CostTable, ThroughputAwareConfig, ThroughputAwarePolicy
-
     if isinstance(config, ThroughputAwareConfig):
         return ThroughputAwarePolicy(config, cost_table or CostTable(), initial_steps=initial_steps,  # type: ignore
                                      cuda_graph_bs=cuda_graph_bs)

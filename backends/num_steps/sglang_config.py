@@ -32,12 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spectune.backends.num_steps.throughput_policy import parse_throughput_aware_config
 from spectune.backends.num_steps.vllm_schedule import (  # re-exported: the one place to import formats from
     VllmRange,
     VllmSchedule,
     parse_vllm_schedule,
     parse_vllm_speculative_config,
 )
+from spectune.loadgen.errors import UserError
 
 __all__ = [
     "DEFAULTS", "SGLANG_DEFAULT_CONFIG", "AdaptiveConfig", "SlotConfig", "VllmRange", "VllmSchedule",
@@ -268,8 +270,6 @@ def parse_any_config(obj: object, *, source: str = "config", strict: bool = True
     "throughput_aware"`` an SGLang throughput-aware config (``ThroughputAwareConfig``), any other object an SGLang
     EMA config."""
     if isinstance(obj, dict) and obj.get("strategy") == "throughput_aware":
-        from spectune.backends.num_steps.throughput_policy import parse_throughput_aware_config
-
         return parse_throughput_aware_config(obj, source=source)  # type: ignore[return-value]
     try:
         if isinstance(obj, list):
@@ -287,8 +287,6 @@ def load_config_file(path: str | Path, *, strict: bool = True) -> AdaptiveConfig
     Raises:
         loadgen.errors.UserError: missing/unreadable file, bad JSON or an invalid config (one line, with the path).
     """
-    from spectune.loadgen.errors import UserError
-
     p = Path(path)
     try:
         obj = json.loads(p.read_text())

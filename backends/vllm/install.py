@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -111,8 +112,6 @@ class VllmInstall:
 
     def version_tuple(self) -> tuple[int, ...] | None:
         """The version as integers ((0, 32, 0)), or None when unknown."""
-        import re
-
         match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", self.version or "")
         return tuple(int(g) for g in match.groups() if g is not None) if match else None
 

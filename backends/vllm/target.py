@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from spectune.backends.local.weights.loader import cache_dir
+from spectune.backends.local.weights.loader import cache_dir, convert_gguf
 from spectune.loadgen.errors import UserError
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -73,8 +73,6 @@ def hf_target_folder(gguf: Path, dtype: str = "bfloat16") -> Path:
     import transformers
     from safetensors.torch import load_file, save_file
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    from spectune.backends.local.weights.loader import convert_gguf
 
     dense = convert_gguf(gguf)
     config = json.loads((dense / "config.json").read_text())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -100,9 +102,6 @@ def evaluate(
     seed: Annotated[int, typer.Option(help="Seed of the prompt sample.")] = 0,
 ) -> None:
     """Greedy acceptance length per num_steps, per draft position and per prompt category."""
-    import json
-    from dataclasses import asdict
-
     from rich.console import Console
     from rich.table import Table
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -60,8 +61,6 @@ def simulate(
                       "the unpadded batch size in a static schedule.[/]")
     table_ms = None
     if cost_table is not None:
-        import json
-
         from spectune.backends.num_steps.throughput_policy import CostTable
         from spectune.loadgen.errors import UserError
 

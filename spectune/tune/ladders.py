@@ -21,10 +21,11 @@ always does).
 from __future__ import annotations
 
 import math
+import random
 from typing import Any, Mapping
 
-from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config
 from spectune.backends.num_steps.ema_policy import AdaptivePolicy
+from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config
 
 
 SGLANG_GLOBALS = {"ema_alpha": 0.2, "update_interval": 5, "warmup_batches": 10}  # SGLang's defaults, explicit
@@ -51,8 +52,6 @@ def simulate_slot(slot: Mapping[str, Any], accepted: Mapping[int, float], initia
 
     Returns the num_steps used by each of ``batches`` verify batches. Raises ValueError for an invalid slot.
     """
-    import random
-
     config = parse_sglang_adaptive_config({**SGLANG_GLOBALS, "1": dict(slot)}, source="slot", strict=True)
     policy = AdaptivePolicy(config, initial_steps=initial_steps)
     rng = random.Random(seed)

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config, parse_vllm_speculative_config
+from spectune.backends.num_steps.sglang_config import (parse_any_config, parse_sglang_adaptive_config,
+                                                       parse_vllm_speculative_config)
 from spectune.tune.configs import (
     best_static_json,
     llamacpp_settings,
@@ -85,7 +86,6 @@ def sglang_strategy(rec: Recommendation, configs: dict[str, dict], payload: dict
     ``throughput_aware`` rewrite ``sglang-adaptive-custom.json`` in ``payload`` with ``"strategy":
     "throughput_aware"`` (SGLang's default, EMA, is written without the key) and add ``sglang-cost-table.json``
     (the sweep's round times, for ``spectune simulate --cost-table``). Returns (strategy, reason)."""
-    from spectune.backends.num_steps.sglang_config import parse_any_config
     from spectune.tune.configs import sglang_initial_steps
     from spectune.tune.strategy import choose_strategy, cost_table_from_cells, throughput_aware_config
 

@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from spectune.loadgen.errors import UserError
+from spectune.results.batch_acceptance import batch_dependent_acceptance
 from spectune.results.confidence import (Bootstrap, Interval, RunRequests, percentile_interval, ratio_interval,
                                          requests_by_point)
 from spectune.results.reader import Results, load_request_records, summary_with_slos
@@ -502,7 +503,6 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
         warnings.append(f"the sweep ran at data-parallel size {dp}: vLLM ignores num_speculative_tokens_per_batch_size "
                         "there (static num_speculative_tokens), and SGLang's adaptive mode does not run with "
                         "attention DP; validate the configs on the deployment they are meant for")
-    from spectune.results.batch_acceptance import batch_dependent_acceptance
 
     findings = [f.to_json() for f in batch_dependent_acceptance(results.points or [])]
     for ch in choices:

