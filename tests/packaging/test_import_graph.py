@@ -4,6 +4,8 @@ depends on no backend, and only installed names import (no checkout folder leaks
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 
 import pytest
 
@@ -59,3 +61,13 @@ def test_the_backend_interface_imports_no_backend(graph):
 @pytest.mark.parametrize("name", ["spectune.tests", "spectune.docs", "spectune.benchmarks", "spectune.spectune"])
 def test_checkout_folders_are_not_spectune_modules(name):
     assert importlib.util.find_spec(name) is None
+
+
+def test_the_cli_starts_without_heavy_packages():
+    """``spectune --help`` imports every command module; none may pull in a heavy package at import time."""
+    heavy = ("torch", "transformers", "pandas", "numpy", "matplotlib", "aiohttp", "pydantic", "safetensors", "gguf")
+    code = ("import sys, spectune.cli; "
+            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r})))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
