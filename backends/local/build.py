@@ -111,7 +111,7 @@ def build_engine(opts: EngineOptions) -> Engine:
 
     graphs = CapturedGraphs(slots, max_len, capture=True) if device.type == "cuda" and opts.cuda_graphs else None
     decoder = SpeculativeDecoder(target, head, slots, max_len, seeded_generator(opts.seed, device), graphs,
-                        lazy_draft=policy is not None)
+                                 lazy_draft=policy is not None)
     warm_up(decoder, compile_choice, max_steps + 1)
     path_choice.compile = compile_choice.to_json()
     if compile_choice.mode != "off":

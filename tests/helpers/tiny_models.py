@@ -82,7 +82,7 @@ def tiny_engine(num_steps: int = 2, policy=None, slots: int = 4, graphs: bool = 
     target = tiny_target(vocab=16, layers=3)
     head = tiny_head(target, kind=kind)
     decoder = SpeculativeDecoder(target, head, slots, 256, torch.Generator().manual_seed(0),
-                        CapturedGraphs(slots, 256, capture=False) if graphs else None,
-                        lazy_draft=policy is not None if lazy is None else lazy)
+                                 CapturedGraphs(slots, 256, capture=False) if graphs else None,
+                                 lazy_draft=policy is not None if lazy is None else lazy)
     cfg = EngineConfig(num_steps=num_steps, max_num_seqs=slots, max_len=256, policy=policy, steps_capacity=5)
     return Engine(decoder, TinyTokenizer(16, eos), cfg)
