@@ -18,29 +18,39 @@ lifecycle of :mod:`spectune.backends.base` per point.
 
 from __future__ import annotations
 
+import importlib
+
 from spectune.backends.base import Backend, BackendOptions
-from spectune.backends.local.weights import is_default_model
+from spectune.backends.local.options import DEFAULT_HEAD
+from spectune.backends.local.weights.loader import is_default_model
 from spectune.loadgen.errors import UserError
 
-BACKEND_NAMES = ("openai", "launch", "sglang", "vllm", "llamacpp", "local")
+BACKENDS: dict[str, tuple[str, str]] = {
+    "openai": ("spectune.backends.openai", "OpenAIBackend"),
+    "launch": ("spectune.backends.launch", "LaunchBackend"),
+    "sglang": ("spectune.backends.sglang", "SGLangBackend"),
+    "vllm": ("spectune.backends.vllm", "VLLMBackend"),
+    "llamacpp": ("spectune.backends.llamacpp.backend", "LlamaCppBackend"),
+    "local": ("spectune.backends.local.backend", "LocalBackend"),
+}
+"""The one registry: backend name (``--backend``, sweep.json's ``backend.backend``) -> (module, class). Modules are
+imported only when their backend is asked for, so ``spectune --help`` and a remote sweep never import an engine's
+package."""
+BACKEND_NAMES = tuple(BACKENDS)
+
+
+def _load(key: str) -> type[Backend]:
+    module, cls = BACKENDS[key]
+    return getattr(importlib.import_module(module), cls)
 
 
 def backend_class(name: str) -> type[Backend] | None:
     """The class of the backend called ``name`` (as in sweep.json's ``backend.backend``), or None if unknown."""
     key = (name or "").strip().lower()
-    modules = {"openai": ("spectune.backends.openai", "OpenAIBackend"),
-               "launch": ("spectune.backends.launch", "LaunchBackend"),
-               "sglang": ("spectune.backends.sglang", "SGLangBackend"),
-               "vllm": ("spectune.backends.vllm", "VLLMBackend"),
-               "llamacpp": ("spectune.backends.llamacpp.backend", "LlamaCppBackend"),
-               "local": ("spectune.backends.local.backend", "LocalBackend")}
-    if key not in modules:
+    if key not in BACKENDS:
         return None
-    import importlib
-
-    module, cls = modules[key]
     try:
-        return getattr(importlib.import_module(module), cls)
+        return _load(key)
     except ModuleNotFoundError:
         return None
 
@@ -65,8 +75,6 @@ def draft_head(description: dict | None) -> str | None:
         return str(description["draft"])
     cls = backend_class(str(description.get("backend", "")))
     if cls is not None and cls.embeds_default_pair and is_default_model(description.get("model") or None):
-        from spectune.backends.local.build import DEFAULT_HEAD
-
         return str(DEFAULT_HEAD)
     return None
 
@@ -82,32 +90,10 @@ def make_backend(name: str, options: BackendOptions) -> Backend:
     key = (name or "").strip().lower()
     if options.max_concurrency < 1:
         raise UserError(f"max concurrency must be >= 1, got {options.max_concurrency}")
-    if key == "openai":
-        from spectune.backends.openai import OpenAIBackend
-
-        return OpenAIBackend(options)
-    if key == "launch":
-        from spectune.backends.launch import LaunchBackend
-
-        return LaunchBackend(options)
-    if key == "sglang":
-        from spectune.backends.sglang import SGLangBackend
-
-        return SGLangBackend(options)
-    if key == "vllm":
-        from spectune.backends.vllm import VLLMBackend
-
-        return VLLMBackend(options)
-    if key == "llamacpp":
-        from spectune.backends.llamacpp.backend import LlamaCppBackend
-
-        return LlamaCppBackend(options)
-    if key == "local":
-        from spectune.backends.local.backend import LocalBackend
-
-        return LocalBackend(options)
-    raise UserError(f"unknown backend {name!r}: use one of {', '.join(BACKEND_NAMES)}")
+    if key not in BACKENDS:
+        raise UserError(f"unknown backend {name!r}: use one of {', '.join(BACKEND_NAMES)}")
+    return _load(key)(options)
 
 
-__all__ = ["BACKEND_NAMES", "Backend", "BackendOptions", "backend_class", "draft_algorithm", "draft_head",
+__all__ = ["BACKENDS", "BACKEND_NAMES", "Backend", "BackendOptions", "backend_class", "draft_algorithm", "draft_head",
            "make_backend"]

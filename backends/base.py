@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
+from spectune.backends.eagle_heads import eagle_version
 from spectune.loadgen.record import RequestRecord
 
 
@@ -348,15 +349,12 @@ class Backend(abc.ABC):
         :meth:`describe` result read back from sweep.json) does not tell.
 
         Reads ``draft_algorithm`` (written by launching backends), else the head's config.json or name
-        (:func:`spectune.backends.launch.eagle_version`) when the description names a ``draft``. Backends that record
-        the
-        method under their own key override this.
+        (:func:`spectune.backends.eagle_heads.eagle_version`) when the description names a ``draft``. Backends
+        that record the method under their own key override this.
         """
         if description.get("draft_algorithm"):
             return str(description["draft_algorithm"]).lower(), "sweep.json draft_algorithm"
         if description.get("draft"):
-            from spectune.backends.launch import eagle_version
-
             return eagle_version(str(description["draft"]))
         return None, "unknown"
 

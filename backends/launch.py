@@ -8,7 +8,6 @@ and pid are recorded for ``describe()``. Subclasses build the argv (:meth:`Launc
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import shutil
@@ -19,6 +18,7 @@ from typing import Any, Sequence
 
 from spectune.backends.base import (Acceptance, Backend, BackendOptions, BackendStartError, Endpoint, SpecSnapshot,
                            has_counters, zero_steps_acceptance)
+from spectune.backends.eagle_heads import eagle_version
 from spectune.backends.http import HEALTH_PATHS, auth_headers, check_reachable
 from spectune.backends.openai import EndpointSet
 from spectune.backends.process import ServerProcess, free_port, port_in_use, redact_argv
@@ -40,37 +40,6 @@ def find_executable(name: str, install_hint: str) -> str:
     if path is None:
         raise UserError(f"{name} not found: {install_hint}")
     return path
-
-
-def eagle_version(draft: str) -> tuple[str, str]:
-    """``"eagle3"`` or ``"eagle"`` for a draft head, and what decided it.
-
-    EAGLE-3 when the head's config.json lists an architecture containing ``Eagle3`` (``LlamaForCausalLMEagle3``,
-    ``Eagle3LlamaForCausalLM``) or has a ``draft_vocab_size`` key (background §5). The config is read from a
-    local folder, else from the Hugging Face cache (never downloaded); without one, a name containing
-    ``eagle3`` decides.
-    """
-    config_path = Path(draft) / "config.json"
-    if not config_path.is_file():
-        config_path = None
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            cached = try_to_load_from_cache(draft, "config.json")
-            config_path = Path(cached) if isinstance(cached, str) else None
-        except Exception:  # not a repo id, or huggingface_hub missing
-            config_path = None
-    if config_path is not None:
-        try:
-            config = json.loads(config_path.read_text())
-        except (OSError, ValueError):
-            config = None
-        if isinstance(config, dict):
-            archs = " ".join(str(a) for a in config.get("architectures") or []).lower()
-            is3 = "eagle3" in archs or "draft_vocab_size" in config
-            return ("eagle3" if is3 else "eagle"), str(config_path)
-    squashed = draft.lower().replace("-", "").replace("_", "")
-    return ("eagle3" if "eagle3" in squashed else "eagle"), "name"
 
 
 def split_template(template: str) -> list[str]:

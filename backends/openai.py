@@ -18,6 +18,7 @@ from spectune.backends.base import (Acceptance, Backend, BackendOptions, Endpoin
                            zero_steps_acceptance)
 from spectune.backends.http import auth_headers, check_reachable, normalize_base_url
 from spectune.backends.prometheus import scrape_running, scrape_snapshot
+from spectune.backends.redact import redact_text
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
 
@@ -54,8 +55,6 @@ class EndpointSet:
 
     def describe(self) -> dict[str, str]:
         """JSON-friendly mapping (``"all"`` for the shared URL); credentials in URLs are masked."""
-        from spectune.backends.redact import redact_text
-
         return {("all" if k == ALL_STEPS else str(k)): redact_text(v) for k, v in sorted(self.urls.items())}
 
 

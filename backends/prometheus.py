@@ -87,7 +87,7 @@ def gauge_values(families: Iterable[Metric], name: str) -> list[float]:
 RUNNING_GAUGES = ("vllm:num_requests_running", "sglang:num_running_reqs", "spectune:num_requests_running",
                   "llamacpp:requests_processing")
 """Gauges of requests in an engine's running batch: vLLM (``vllm/v1/metrics/loggers.py``), SGLang
-(``python/sglang/srt/metrics/collector.py``), the bundled engine (``backends/local/metrics.py``) and llama.cpp's
+(``python/sglang/srt/metrics/collector.py``), the bundled engine (``backends/local/server/metrics.py``) and llama.cpp's
 ``llama-server --metrics`` (requests in busy slots)."""
 
 
@@ -116,7 +116,7 @@ async def scrape_running(base_url: str, names: Iterable[str] = RUNNING_GAUGES, h
 
 
 SWITCHES_COUNTER = "spectune:spec_num_steps_switches"
-"""The bundled engine's counter of adaptive num_steps tier changes (``backends/local/metrics.py``)."""
+"""The bundled engine's counter of adaptive num_steps tier changes (``backends/local/server/metrics.py``)."""
 
 
 async def scrape_switches(base_url: str, headers: dict[str, str] | None = None,

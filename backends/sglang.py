@@ -44,8 +44,10 @@ from typing import Any, Sequence
 
 from spectune.backends.base import (Acceptance, BackendOptions, SpecSnapshot, chunk_proxy_acceptance,
                                     zero_steps_acceptance)
+from spectune.backends.eagle_heads import eagle_version
 from spectune.backends.http import get
-from spectune.backends.launch import LaunchingBackend, eagle_version
+from spectune.backends.launch import LaunchingBackend
+from spectune.backends.num_steps import AdaptiveConfig, load_config_file
 from spectune.backends.prometheus import gauge_values, parse_metrics
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
@@ -207,8 +209,6 @@ class SGLangBackend(LaunchingBackend):
         self.candidate_union: tuple[int, ...] = ()
         self.remote_adaptive: bool | None = None  # what a running server's /server_info said, when read
         if options.adaptive_config:
-            from spectune.backends.adaptive import AdaptiveConfig, load_config_file
-
             config = load_config_file(options.adaptive_config)
             if not isinstance(config, AdaptiveConfig):
                 raise UserError(f"{options.adaptive_config} is a vLLM schedule: the sglang backend needs an SGLang "

@@ -42,7 +42,7 @@ class ClosedLoop:
     requests in flight and steps the engine until it is idle."""
 
     def __init__(self, engine, prompts: list[list[int]], concurrency: int, max_tokens: int, tag: str) -> None:
-        from spectune.backends.local.sequence import SamplingParams
+        from spectune.backends.local.engine.sequence import SamplingParams
 
         self.engine, self.prompts, self.tag = engine, prompts, tag
         self.params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
@@ -100,7 +100,7 @@ def fixed_batch(engines: dict, prompts: list[list[int]], k: int, batch: int, chu
         wall-clock and CPU (``time.process_time`` of this process) ms per round: engine name -> one value per chunk
         (``chunks`` values, chunk i of every engine at the same positions).
     """
-    from spectune.backends.local.sequence import SamplingParams
+    from spectune.backends.local.engine.sequence import SamplingParams
 
     params = SamplingParams(max_tokens=(warm_rounds + chunk_rounds * chunks) * (k + 1) + 8, temperature=0.0,
                             ignore_eos=True)
@@ -163,7 +163,8 @@ def main() -> None:
     from rich.table import Table
 
     from spectune.backends.local.backend import engine_threads
-    from spectune.backends.local.build import EngineOptions, build_engine
+    from spectune.backends.local.build import build_engine
+    from spectune.backends.local.options import EngineOptions
     from spectune.loadgen.datasets import load_dataset
 
     folder = Path(tempfile.mkdtemp())

@@ -2,9 +2,9 @@
 
 CPU part (always): SmolLM2-135M-Instruct (the embedded default, its Q4_1 GGUF with a Q8_0 embedding), greedy.
 For batch 1 and 8, every available engine path (``--dtype native``, ``bfloat16``, ``float32``; see
-``backends/local/paths.py``) and llama.cpp's ``llama-server`` on the same GGUF generate 64 new tokens (EOS ignored)
-from the same chat prompts; decode tokens/s = batch * 63 / (t(64 new tokens) - t(1 new token)), so prefill is
-excluded for all of them; llama.cpp is timed the same way over HTTP (8 slots, continuous batching, raw token-id
+``backends/local/weights/compute_paths.py``) and llama.cpp's ``llama-server`` on the same GGUF generate 64 new tokens
+(EOS ignored) from the same chat prompts; decode tokens/s = batch * 63 / (t(64 new tokens) - t(1 new token)), so prefill
+is excluded for all of them; llama.cpp is timed the same way over HTTP (8 slots, continuous batching, raw token-id
 prompts, no prompt cache). Repeats are interleaved (path A, B, C, llama.cpp, A, B, ...) and the median is printed,
 so a busy neighbour on the machine hits every column alike. Both use ``--threads`` threads (default: all CPUs).
 Also printed: the CPU model and vector flags, torch's ATen CPU capability, what ``--dtype auto`` picks here and its
@@ -26,7 +26,7 @@ decode, as a percentage of the HBM roofline (weights bytes / measured device-to-
 ``--paths native:int4,native:int8`` compares the two kernels of a Q8_0 lm_head (``spectune serve --native-lm-head``).
 
 ``native+compile`` is the native path with ``--compile on`` (the target's decode layers through torch.compile:
-``backends/local/compiled.py``); its one-off compile happens when the engine is built, before any timing, and is
+``backends/local/engine/compiled.py``); its one-off compile happens when the engine is built, before any timing, and is
 printed. ``native+compile1`` (``+compile2``, ...) groups at most that many layers per compiled graph, to compare
 group sizes: ``--paths native+compile1,native+compile2,native+compile5,native --skip-llamacpp --skip-spec``.
 ``native+compile+asserts`` keeps the size and stride checks of inductor's wrapper, which the engine turns off
@@ -81,8 +81,9 @@ def make_engine(path: str, threads: int, k: int = 0, capacity: int = 0):
     kernel (``--native-lm-head``), and a ``+compile`` suffix for ``--compile on`` (otherwise off); ``+compileN``
     compiles at most N layers per graph instead of the engine's default (``compiled.MAX_LAYERS_PER_GRAPH``), and a
     final ``+asserts`` keeps the wrapper's size checks (``compiled.NO_WRAPPER_ASSERTS`` emptied)."""
-    from spectune.backends.local import compiled
-    from spectune.backends.local.build import EngineOptions, build_engine
+    from spectune.backends.local.engine import compiled
+    from spectune.backends.local.build import build_engine
+    from spectune.backends.local.options import EngineOptions
 
     path, asserts, _ = path.partition("+asserts")
     path, plus, group = path.partition("+compile")
@@ -99,9 +100,9 @@ def make_engine(path: str, threads: int, k: int = 0, capacity: int = 0):
         compiled.MAX_LAYERS_PER_GRAPH, compiled.NO_WRAPPER_ASSERTS = default_group, default_options
 
 
-def engine_runner(engine, prompts: list[list[int]], batch: int):
+def engine_timer(engine, prompts: list[list[int]], batch: int):
     """A function n -> seconds to generate n tokens for the first ``batch`` prompts (warmed up)."""
-    from spectune.backends.local.sequence import SamplingParams
+    from spectune.backends.local.engine.sequence import SamplingParams
 
     ids = prompts[:batch]
 
@@ -113,7 +114,7 @@ def engine_runner(engine, prompts: list[list[int]], batch: int):
 
 
 class LlamaServer:
-    """``llama-server`` on the GGUF with 8 slots; :meth:`runner` times n-token generations like the engine's."""
+    """``llama-server`` on the GGUF with 8 slots; :meth:`timer` times n-token generations like the engine's."""
 
     def __init__(self, gguf: str, threads: int, server_bin: str | None = None) -> None:
         import socket
@@ -147,7 +148,7 @@ class LlamaServer:
                                      {"Content-Type": "application/json"})
         urllib.request.urlopen(req, timeout=600).read()
 
-    def runner(self, prompts: list[list[int]], batch: int):
+    def timer(self, prompts: list[list[int]], batch: int):
         from concurrent.futures import ThreadPoolExecutor
 
         pool = ThreadPoolExecutor(batch)
@@ -201,10 +202,10 @@ def cpu_description() -> str:
 
 def cuda_roofline_percent(repeats: int) -> str:
     """Batch-1 decode of a random Llama-3.1-8B-shaped bf16 model on CUDA as % of the HBM roofline."""
-    from spectune.backends.local.attention import AttnMeta
-    from spectune.backends.local.config import ModelConfig
-    from spectune.backends.local.kv_cache import KVCache
-    from spectune.backends.local.model import TargetModel
+    from spectune.backends.local.model.attention import AttnMeta
+    from spectune.backends.local.model.config import ModelConfig
+    from spectune.backends.local.model.kv_cache import KVCache
+    from spectune.backends.local.model.target import TargetModel
 
     cfg = ModelConfig(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                       num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=500000.0,
@@ -222,9 +223,9 @@ def cuda_roofline_percent(repeats: int) -> str:
     torch.cuda.synchronize()
     copy_bw = 2 * src.numel() * 10 / (time.perf_counter() - t)  # read + write bytes/s
     cache = KVCache(cfg.num_layers, 1, 2048, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, "cuda")
-    from spectune.backends.local.cuda_graphs import GraphRunner
+    from spectune.backends.local.engine.cuda_graphs import CapturedGraphs
 
-    graphs = GraphRunner(num_slots=1, max_len=2048, capture=True)
+    graphs = CapturedGraphs(num_slots=1, max_len=2048, capture=True)
 
     def forward(tokens, positions, _features, kv):
         meta = AttnMeta.for_batch(cache, model.rope, positions, cfg.num_heads // cfg.num_kv_heads, kv)
@@ -269,8 +270,8 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from spectune.backends.local.tokenizer import Tokenizer
-    from spectune.backends.local.weights import convert_gguf, default_model_path
+    from spectune.backends.local.engine.tokenizer import Tokenizer
+    from spectune.backends.local.weights.loader import convert_gguf, default_model_path
 
     threads = args.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
@@ -303,9 +304,9 @@ def main() -> None:
             table.add_column(f"{p} / llama.cpp", justify="right")
     try:
         for batch in (1, 8):
-            runs = {f"spectune {p}": engine_runner(e, prompts, batch) for p, e in engines.items()}
+            runs = {f"spectune {p}": engine_timer(e, prompts, batch) for p, e in engines.items()}
             if llama is not None:
-                runs["llama.cpp Q4_1"] = llama.runner(prompts, batch)
+                runs["llama.cpp Q4_1"] = llama.timer(prompts, batch)
             vals: dict[str, list[float]] = {c: [] for c in runs}
             for _ in range(args.repeats):
                 for c, run in runs.items():
@@ -333,7 +334,7 @@ def main() -> None:
         spec.add_column("K=3 / K=0", justify="right")
         engine = make_engine(args.spec_path, threads, 0, 3)
         for batch in (1, 8):
-            run = engine_runner(engine, prompts, batch)
+            run = engine_timer(engine, prompts, batch)
             vals = {k: [] for k in range(4)}
             for _ in range(args.repeats):
                 for k in range(4):

@@ -48,7 +48,7 @@ def f16_gguf() -> Path:
     import sys
 
     from spectune.backends.llamacpp.install import cache_root, llama_cpp_source_dir
-    from spectune.backends.local.weights import convert_gguf, default_model_path
+    from spectune.backends.local.weights.loader import convert_gguf, default_model_path
 
     out = cache_root() / "llamacpp-models" / "SmolLM2-135M-Instruct.from-Q4_1.F16.gguf"
     if out.is_file():
@@ -80,7 +80,7 @@ async def measure(backend: Any, steps: int, conc: int, prompts: list, n: int, ma
     """One window on ``backend`` at num_steps ``steps`` and concurrency ``conc``: warm-up, snapshots, ``n``
     requests; returns tokens/s, TPOT p50 (ms) and acceptance length."""
     from spectune.loadgen import ClientConfig, ClosedLoop, Constraints, StreamingClient, compute_metrics, run_point
-    from spectune.loadgen.runner import warmup_prompt
+    from spectune.loadgen.send_loop import warmup_prompt
 
     endpoint = await backend.start(steps)
     config = ClientConfig(endpoint.base_url, model=None, max_tokens=max_tokens, temperature=0.0,

@@ -38,8 +38,9 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from spectune.backends.local.build import EngineOptions, build_engine
-    from spectune.backends.local.sequence import SamplingParams
+    from spectune.backends.local.build import build_engine
+    from spectune.backends.local.options import EngineOptions
+    from spectune.backends.local.engine.sequence import SamplingParams
     from spectune.loadgen.datasets import load_dataset
 
     engine = build_engine(EngineOptions(num_steps=0, num_steps_capacity=max(steps), dtype=args.dtype,
@@ -79,7 +80,7 @@ def main() -> None:
     table = Table(title=f"batch 1, {args.dataset} ({len(prompts)} prompts, up to {args.max_tokens} tokens, greedy), "
                         f"SmolLM2-135M-Instruct + bundled EAGLE-3 head, path {engine.path.name}, compile "
                         f"{'on' if engine.path.compile['active'] else 'off'}, {torch.get_num_threads()} threads, "
-                        f"{engine.runner.device.type}")
+                        f"{engine.decoder.device.type}")
     for col in ("num_steps", "output tokens", "seconds", "output tok/s", "speedup vs K=0",
                 "median per-prompt speedup", "acceptance length"):
         table.add_column(col, justify="right")

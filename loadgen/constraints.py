@@ -47,7 +47,7 @@ class Constraints:
         max_failures: stop sending once this many requests have failed, or None.
         drain_timeout_s: s; after sending stopped, how long requests in flight may take to finish before they are
             cancelled and recorded as failed.
-        stop_when: called with the finished records and the seconds since the run started whenever the runner
+        stop_when: called with the finished records and the seconds since the run started whenever the sending loop
             decides whether to send; a non-empty string it returns stops sending (``stop_reason`` ``early_stop``;
             the string is the caller's own reason, kept by the caller), or None.
 

@@ -13,7 +13,7 @@ SLO, as in vLLM's goodput). Goodput = SLO-meeting requests / window duration (vL
 The acceptance columns are not computed here: the sweep fills them from the backend.
 
 The client's own load: ``dispatch_delay_*`` over the records' ``dispatch_delay_s`` (failed requests included: the
-delay is the client's, whatever the server did), ``client_cpu_share`` copied from the runner, and
+delay is the client's, whatever the server did), ``client_cpu_share`` copied from the sending loop, and
 ``client_limited`` (:func:`client_limit`): True when the client's event loop used at least
 :data:`CPU_SHARE_LIMIT` of a core, or its p90 dispatch delay exceeded both :data:`DISPATCH_FLOOR_MS` and
 :data:`DISPATCH_SHARE` of the median end-to-end latency (requests waited for the client long enough to change the
@@ -69,9 +69,9 @@ def compute_metrics(
     Args:
         records: the measured requests of the point (warm-up excluded), failed ones included.
         window_start, window_end: s, the measurement window; None takes first send / last end of ``records``.
-        achieved_concurrency: requests in flight, time-averaged (from the runner), copied through.
+        achieved_concurrency: requests in flight, time-averaged (from the sending loop), copied through.
         slo_ttft_ms, slo_tpot_ms: SLO limits in ms, or None.
-        client_cpu_share: the runner's ``client_cpu_share`` (0..1), copied through, or None.
+        client_cpu_share: the sending loop's ``client_cpu_share`` (0..1), copied through, or None.
     """
     ok = [r for r in records if r.ok]
     if window_start is None:

@@ -43,7 +43,7 @@ class RequestRecord:
             ``spec_decode`` object or SGLang's ``meta_info`` spec counters), or None.
         dispatch_delay_s: s the client itself held the request back: from when it was due (an open-loop arrival's
             scheduled time; in a closed loop, when the request before it in its slot ended) to when the client
-            posted it; None when unknown (no runner). Large values mean the load generator, not the server, was
+            posted it; None when unknown (no sending loop). Large values mean the load generator, not the server, was
             the bottleneck.
     """
 

@@ -1,12 +1,12 @@
-"""Load strategies: WHEN to send (guidellm's split: strategies time requests, the runner sends, constraints stop).
+"""Load strategies: WHEN to send (guidellm's split: strategies time requests, the sending loop sends, constraints stop).
 
-A strategy answers two questions the runner asks whenever something changes (a request finished, a timer fired):
+A strategy answers two questions the sending loop asks whenever something changes (a request finished, a timer fired):
 
 - :meth:`Strategy.next_arrival`: the scheduled time of the next request, or None for "as soon as a slot is free"
   (closed loop);
 - :meth:`Strategy.limit`: how many requests may be in flight now, or None for no limit.
 
-The runner sends the pending arrival once its time has come *and* the in-flight count is below the limit, then
+The sending loop sends the pending arrival once its time has come *and* the in-flight count is below the limit, then
 calls :meth:`Strategy.consume`. :meth:`Strategy.next_change` tells it when the answers change by themselves (a phase
 boundary), so it can sleep until then.
 

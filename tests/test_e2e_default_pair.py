@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from spectune.backends.adaptive import parse_sglang_adaptive_config, parse_vllm_speculative_config
+from spectune.backends.num_steps import parse_sglang_adaptive_config, parse_vllm_speculative_config
 from helpers.engine import bundled_head_available
 
 pytestmark = pytest.mark.skipif(not bundled_head_available(), reason="the bundled SmolLM2 head is not installed")

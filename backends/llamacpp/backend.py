@@ -52,8 +52,10 @@ from typing import Any, Sequence
 from spectune.backends.base import (Acceptance, BackendOptions, SpecSnapshot, counter_acceptance, has_counters,
                            zero_steps_acceptance)
 from spectune.backends.launch import LaunchingBackend
+from spectune.backends.llamacpp.head_gguf import cached_head_gguf
 from spectune.backends.llamacpp.install import ServerFeatures, find_llama_server, server_features
-from spectune.backends.local.weights import is_default_model
+from spectune.backends.local.options import DEFAULT_HEAD
+from spectune.backends.local.weights.loader import default_model_path, is_default_model
 from spectune.backends.prometheus import scrape_snapshot
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
@@ -171,8 +173,6 @@ class LlamaCppBackend(LaunchingBackend):
                     raise UserError(f"--draft {draft} is neither a .gguf file nor an EAGLE-3 head folder")
 
     def _resolve_model(self) -> Path:
-        from spectune.backends.local.weights import default_model_path
-
         model = self.options.model
         if is_default_model(model):
             return default_model_path()
@@ -218,7 +218,6 @@ class LlamaCppBackend(LaunchingBackend):
             if draft is None:
                 if not self._default_pair():
                     return None
-                from spectune.backends.local.build import DEFAULT_HEAD
 
                 folder: Path | None = DEFAULT_HEAD
             else:
@@ -227,7 +226,6 @@ class LlamaCppBackend(LaunchingBackend):
                     self._head = str(path.resolve())
                     return self._head
                 folder = path
-            from spectune.backends.llamacpp.head_gguf import cached_head_gguf
 
             self._head = str(cached_head_gguf(folder, Path(self._model or "")))
         return self._head

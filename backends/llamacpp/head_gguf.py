@@ -451,7 +451,7 @@ def target_hf_dir(target: str | os.PathLike[str]) -> Path:
     """An HF-style folder of the target (``config.json`` + tokenizer) for llama.cpp's converter.
 
     An HF folder is returned as is. For a GGUF file: spectune's dequantized cache
-    (``spectune.backends.local.weights.convert_gguf``) when it already exists, else a light folder with only
+    (``spectune.backends.local.weights.loader.convert_gguf``) when it already exists, else a light folder with only
     ``config.json`` and the tokenizer (what ``--target-model-dir`` reads), made once under
     ``$SPECTUNE_CACHE_DIR/llamacpp-heads/targets/`` with the same transformers calls as ``convert_gguf``.
 
@@ -462,7 +462,7 @@ def target_hf_dir(target: str | os.PathLike[str]) -> Path:
     if path.is_dir():
         return path
     from spectune.backends.llamacpp.install import cache_root
-    from spectune.backends.local.weights import _gguf_cache_folder
+    from spectune.backends.local.weights.loader import _gguf_cache_folder
 
     full = _gguf_cache_folder(path)
     if (full / "config.json").is_file() and (full / "tokenizer.json").is_file():

@@ -9,6 +9,8 @@ import json
 import os
 import sys
 
+from spectune.backends.local.build import build_engine
+from spectune.backends.local.options import EngineOptions
 from spectune.loadgen.errors import UserError
 
 
@@ -24,8 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--api-key-env", default=None)
     parser.add_argument("--metrics-without-key", action="store_true")
     args = parser.parse_args(argv)
-    from spectune.backends.local.build import EngineOptions, build_engine
-    from spectune.backends.local.server import serve
+    from spectune.backends.local.server.app import serve
 
     try:
         engine = build_engine(EngineOptions(**json.loads(args.options)))

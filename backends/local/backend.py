@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -20,9 +21,11 @@ from typing import Any, Sequence
 import aiohttp
 
 from spectune.backends.base import BackendOptions, BackendStartError, Endpoint, SpecSnapshot
+from spectune.backends.eagle_heads import eagle_version
 from spectune.backends.launch import LaunchingBackend
-from spectune.backends.local.build import check_compile_mode
-from spectune.backends.local.weights import is_default_model
+from spectune.backends.local.options import DEFAULT_HEAD, check_compile_mode
+from spectune.backends.local.weights.loader import is_default_model
+from spectune.backends.num_steps import load_config_file
 from spectune.backends.prometheus import scrape_snapshot
 from spectune.loadgen.errors import UserError
 
@@ -31,10 +34,7 @@ KV_BYTES_PER_TOKEN_GUESS = 32 * 1024  # SmolLM2 target + draft use ~24 KB per to
 
 def _head_method(model: str | None, draft: str | None) -> tuple[str | None, str]:
     """(EAGLE version of the head the bundled engine loads for ``model``/``draft``, where it came from); (None, why)
-    when it loads none. The head is chosen as :func:`spectune.backends.local.build.resolve_draft` does."""
-    from spectune.backends.launch import eagle_version
-    from spectune.backends.local.build import DEFAULT_HEAD
-
+    when it loads none. The head is chosen as :func:`spectune.backends.local.options.resolve_draft` does."""
     if draft is not None and str(draft).lower() == "none":
         return None, "no draft head"
     if draft is None:
@@ -51,8 +51,6 @@ def engine_threads() -> int:
     Measured on the 2-core development VM with other processes busy: the README's main job decoded about
     2 tokens/s per request with 2 threads (6 requests in 7 minutes) where one thread decodes 22 tokens/s
     (``benchmarks/engine_speed.py --threads 1``)."""
-    import os
-
     return max(1, (os.cpu_count() or 1) - 1)
 
 
@@ -73,8 +71,6 @@ class LocalBackend(LaunchingBackend):
             raise UserError(f"--draft {options.draft} is not a folder: give an EAGLE head folder")
         check_compile_mode(options.compile)
         if options.adaptive_config:
-            from spectune.backends.adaptive import load_config_file
-
             load_config_file(options.adaptive_config)  # a bad file fails here, not in the server process
         self.capacity = 0
         self.engine_path: dict[str, Any] | None = None
@@ -164,7 +160,8 @@ class LocalBackend(LaunchingBackend):
 
     def describe(self) -> dict[str, Any]:
         """Launching description plus the engine options (model, draft, device, dtype, max_concurrency) and, once
-        the server is up, the compute path it runs (``engine.path``: see ``backends/local/paths.py``)."""
+        the server is up, the compute path it runs (``engine.path``: see
+        ``backends/local/weights/compute_paths.py``)."""
         d = super().describe()
         d["engine"] = {k: v for k, v in dataclasses.asdict(self.options).items()
                        if k in ("model", "draft", "device", "dtype", "max_concurrency")}

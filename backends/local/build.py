@@ -5,87 +5,24 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from spectune.backends.local.weights import is_default_model
+from spectune.backends.local.engine.tokenizer import Tokenizer
+from spectune.backends.local.model.config import ModelConfig
+from spectune.backends.local.options import EngineOptions, check_compile_mode, resolve_draft
+from spectune.backends.local.weights.loader import convert_gguf, is_default_model, load_target, resolve_model_path
+from spectune.backends.num_steps import TraceWriter, load_config_file, make_policy
 from spectune.loadgen.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+    from spectune.backends.local.engine.loop import Engine
 
 log = logging.getLogger("spectune.engine")
 
-COMPILE_MODES = ("auto", "on", "off")  # EngineOptions.compile (backends/local/compiled.py)
 
-
-def check_compile_mode(mode: str) -> str:
-    """``mode`` if it is one of :data:`COMPILE_MODES` (torch-free, so the sweep process can check it early).
-
-    Raises:
-        UserError: any other value.
-    """
-    if mode not in COMPILE_MODES:
-        raise UserError(f"--compile {mode!r}: use auto, on or off")
-    return mode
-
-DEFAULT_HEAD = Path(__file__).parent / "heads" / "smollm2-135m-eagle3"
-
-
-@dataclass
-class EngineOptions:
-    """What ``spectune serve`` and the ``local`` sweep backend configure.
-
-    Attributes:
-        model: target GGUF file or HF folder (None: the embedded SmolLM2-135M-Instruct).
-        draft: EAGLE head folder; None picks the bundled head when the target is the default one; "none" disables.
-        num_steps: static num_steps K.
-        num_steps_capacity: the largest K the server may be switched to later (sizes the cache); 0 = num_steps.
-        dtype: the compute path (:mod:`spectune.backends.local.paths`): ``auto`` (measured per machine at start-up),
-            ``native`` (the GGUF's Q4_0/Q4_1/Q8_0 weights, bf16 activations, CPU), ``bfloat16`` or ``float32``.
-        device: ``auto`` (cuda when available), ``cpu`` or ``cuda``.
-        max_num_seqs: the largest batch size (cache slots).
-        max_model_len: tokens per sequence (prompt + output); default min(model max, 4096).
-        kv_cache_gb: memory budget for the target + draft KV caches; slots are reduced to fit.
-        adaptive_config: an SGLang adaptive JSON or vLLM schedule file (adaptive / per-batch-size num_steps).
-        trace_path: where to record a verify trace (JSONL), or None.
-        threads: torch CPU threads (0 = torch's default).
-        seed: sampling seed.
-        cuda_graphs: on CUDA, capture decode-shaped forwards per padded batch size and num_steps.
-        native_dense_above: native path: ``auto`` (measured), ``off`` or a row count above which linears use a
-            float32 copy of the int4 weights (:mod:`spectune.backends.local.quant`).
-        native_lm_head: native path with a Q8_0 lm_head: ``auto`` (measured), ``int4`` (two exact halves) or
-            ``int8`` (requantized per row; :func:`spectune.backends.local.paths.lm_head_kernel`).
-        compile: the target's batched layers through ``torch.compile`` on CPU (:mod:`spectune.backends.local.
-            compiled`): ``auto`` (when a C++ compiler is found), ``on`` (an error without one) or ``off``. The
-            library default is ``off`` (no compile for engines built in tests and scripts); ``spectune serve`` and
-            the ``local`` sweep backend pass ``auto``.
-        draft_upkeep: adaptive mode only: run the head's draft extend on every prefill and num_steps 0 round, as
-            SGLang does at num_steps 0 (``_build_trivial_verify_input`` then ``_draft_extend_for_decode`` in
-            ``python/sglang/srt/speculative/eagle_worker_v2.py``), instead of lazy drafting (the default, which
-            keeps only the head's inputs and catches up when drafting starts). For measuring what that upkeep
-            costs (``benchmarks/adaptive_overhead.py``); the engine before lazy drafting behaved this way.
-    """
-
-    model: str | None = None
-    draft: str | None = None
-    num_steps: int = 0
-    num_steps_capacity: int = 0
-    dtype: str = "auto"
-    device: str = "auto"
-    max_num_seqs: int = 64
-    max_model_len: int | None = None
-    kv_cache_gb: float = 2.0
-    adaptive_config: str | None = None
-    trace_path: str | None = None
-    threads: int = 0
-    seed: int = 0
-    cuda_graphs: bool = True
-    native_dense_above: str = "auto"
-    native_lm_head: str = "auto"
-    compile: str = "off"
-    draft_upkeep: bool = False
-
-
-def resolve_device_dtype(device: str, dtype: str) -> tuple[Any, Any]:
+def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
     """Map option strings to torch objects (``auto`` and ``native`` give bf16; :func:`build_engine` resolves
     ``auto`` per machine). Raises UserError for unknown values or CUDA without a GPU."""
     import torch
@@ -96,41 +33,26 @@ def resolve_device_dtype(device: str, dtype: str) -> tuple[Any, Any]:
         raise UserError(f"unknown --device {device!r}: use auto, cpu or cuda")
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda but no CUDA device is available: use --device cpu")
-    from spectune.backends.local.paths import normalise
+    from spectune.backends.local.weights.compute_paths import normalise
 
     name = normalise(dtype)
     return torch.device(device), torch.float32 if name == "float32" else torch.bfloat16
 
 
-def resolve_draft(draft: str | None, model_is_default: bool) -> Path | None:
-    """The head folder to load, or None for no head."""
-    if draft is not None and draft.lower() == "none":
-        return None
-    if draft is None:
-        return DEFAULT_HEAD if (model_is_default and (DEFAULT_HEAD / "config.json").is_file()) else None
-    path = Path(draft).expanduser()
-    if not path.is_dir():
-        raise UserError(f"draft head {path} is not a folder: give an EAGLE head folder (config.json + safetensors)")
-    return path
-
-
-def build_engine(opts: EngineOptions) -> Any:
-    """Load everything and return a ready :class:`~spectune.backends.local.engine.Engine` (not started).
+def build_engine(opts: EngineOptions) -> Engine:
+    """Load everything and return a ready :class:`~spectune.backends.local.engine.loop.Engine` (not started).
 
     Raises:
         UserError: bad paths or options (num_steps > 0 without a head, a config file that does not parse, ...).
     """
     import torch
 
-    from spectune.backends.local.engine import Engine, EngineConfig, seeded_generator
-    from spectune.backends.local.heads import load_head
-    from spectune.backends.local.kv_cache import bytes_per_token
-    from spectune.backends.local.config import ModelConfig
-    from spectune.backends.local.linear import pack_linears, unpack_bf16_linears
-    from spectune.backends.local.paths import choose_path
-    from spectune.backends.local.speculative import SpecRunner
-    from spectune.backends.local.tokenizer import Tokenizer
-    from spectune.backends.local.weights import convert_gguf, load_target, resolve_model_path
+    from spectune.backends.local.engine.loop import Engine, EngineConfig, seeded_generator
+    from spectune.backends.local.weights.heads import load_head
+    from spectune.backends.local.model.kv_cache import bytes_per_token
+    from spectune.backends.local.model.linear import pack_linears, unpack_bf16_linears
+    from spectune.backends.local.weights.compute_paths import choose_path
+    from spectune.backends.local.engine.speculative import SpeculativeDecoder
 
     device, _ = resolve_device_dtype(opts.device, opts.dtype)
     check_compile_mode(opts.compile)
@@ -140,8 +62,6 @@ def build_engine(opts: EngineOptions) -> Any:
     head_path = resolve_draft(opts.draft, is_default)
     policy = None
     if opts.adaptive_config:
-        from spectune.backends.adaptive import load_config_file, make_policy
-
         policy = make_policy(load_config_file(opts.adaptive_config), initial_steps=opts.num_steps or None)
     max_steps = max(opts.num_steps, opts.num_steps_capacity, getattr(policy, "max_steps", 0) or 0)
     if max_steps > 0 and head_path is None:
@@ -149,7 +69,7 @@ def build_engine(opts: EngineOptions) -> Any:
     model_path = resolve_model_path(opts.model)
     native_ok, reason, lm_repeat = False, "not a GGUF file", 1
     if model_path.is_file() and device.type == "cpu":
-        from spectune.backends.local.quant import native_support
+        from spectune.backends.local.weights.quant import native_support
 
         native_ok, reason, lm_repeat = native_support(model_path)
     folder = convert_gguf(model_path) if model_path.is_file() else model_path
@@ -159,7 +79,7 @@ def build_engine(opts: EngineOptions) -> Any:
     dtype = path_choice.dtype
     target, folder = load_target(model_path, dtype, device)
     if path_choice.name == "native":
-        from spectune.backends.local.quant import quantize_target
+        from spectune.backends.local.weights.quant import quantize_target
 
         quantize_target(target, model_path, dtype, path_choice.dense_above, path_choice.lm_head or "int4")
     cfg = target.cfg
@@ -170,7 +90,8 @@ def build_engine(opts: EngineOptions) -> Any:
     per_token = bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
     if head is not None:
         per_token += bytes_per_token(head.cfg.num_layers, head.cfg.num_kv_heads, head.cfg.head_dim, dtype)
-        if policy is not None and not opts.draft_upkeep:  # lazy drafting keeps the head's inputs per position (SpecRunner feat_buf, tok_buf)
+        if policy is not None and not opts.draft_upkeep:
+            # lazy drafting keeps the head's inputs per position (SpeculativeDecoder's feat_buf, tok_buf)
             per_token += head.feature_dim * torch.empty((), dtype=dtype).element_size() + 8
     slots = min(opts.max_num_seqs, int(opts.kv_cache_gb * 2**30 // (per_token * max_len)))
     if slots < 1:
@@ -183,25 +104,23 @@ def build_engine(opts: EngineOptions) -> Any:
         pack_linears(target)  # dense bf16 linears left (none on the native path)
         if head is not None and not pack_linears(head) and dtype == torch.bfloat16:
             unpack_bf16_linears(head)  # no oneDNN bf16 here: float32 weights beat the scalar bf16 GEMM
-    from spectune.backends.local.compiled import compile_target, warm_up
+    from spectune.backends.local.engine.compiled import compile_target, warm_up
 
     compile_choice = compile_target(target, opts.compile, device)
-    from spectune.backends.local.cuda_graphs import GraphRunner
+    from spectune.backends.local.engine.cuda_graphs import CapturedGraphs
 
-    graphs = GraphRunner(slots, max_len, capture=True) if device.type == "cuda" and opts.cuda_graphs else None
-    runner = SpecRunner(target, head, slots, max_len, seeded_generator(opts.seed, device), graphs,
-                        lazy_draft=policy is not None and not opts.draft_upkeep)
-    warm_up(runner, compile_choice, max_steps + 1)
+    graphs = CapturedGraphs(slots, max_len, capture=True) if device.type == "cuda" and opts.cuda_graphs else None
+    decoder = SpeculativeDecoder(target, head, slots, max_len, seeded_generator(opts.seed, device), graphs,
+                                 lazy_draft=policy is not None and not opts.draft_upkeep)
+    warm_up(decoder, compile_choice, max_steps + 1)
     path_choice.compile = compile_choice.to_json()
     if compile_choice.mode != "off":
         log.info("compile: %s (%s; warm-up %.1f s)", "on" if compile_choice.active else "off", compile_choice.reason,
                  compile_choice.warm_up_s)
     trace = None
     if opts.trace_path:
-        from spectune.backends.adaptive import TraceWriter
-
         trace = TraceWriter(opts.trace_path)
     ecfg = EngineConfig(num_steps=opts.num_steps, max_num_seqs=slots, max_len=max_len, policy=policy, trace=trace,
                         steps_capacity=max_steps)
     name = os.path.basename(str(opts.model)) if opts.model else "SmolLM2-135M-Instruct"
-    return Engine(runner, Tokenizer(folder), ecfg, model_name=name, path=path_choice)
+    return Engine(decoder, Tokenizer(folder), ecfg, model_name=name, path=path_choice)

@@ -64,8 +64,11 @@ from typing import Any, Sequence
 
 from spectune.backends.base import (Acceptance, BackendOptions, SpecSnapshot, counter_acceptance, has_counters,
                            join_warnings)
-from spectune.backends.launch import LaunchingBackend, eagle_version
-from spectune.backends.local.weights import is_default_model
+from spectune.backends.eagle_heads import eagle_version
+from spectune.backends.launch import LaunchingBackend
+from spectune.backends.local.options import DEFAULT_HEAD
+from spectune.backends.local.weights.loader import default_model_path, is_default_model
+from spectune.backends.num_steps import VllmSchedule, load_config_file
 from spectune.backends.prometheus import parse_metrics, scrape_snapshot
 from spectune.backends.vllm.install import VllmInstall, detect_gpu, find_vllm
 from spectune.loadgen.errors import UserError
@@ -320,8 +323,6 @@ class VLLMBackend(LaunchingBackend):
             if not is_default_model(model) and str(model).endswith(".gguf") and not Path(str(model)).expanduser().is_file():
                 raise UserError(f"--model {model} does not exist: give a .gguf file, an HF folder or a model name")
         if options.adaptive_config:
-            from spectune.backends.adaptive import VllmSchedule, load_config_file
-
             self.schedule = load_config_file(options.adaptive_config)
             if not isinstance(self.schedule, VllmSchedule):
                 raise UserError(f"{options.adaptive_config} is an SGLang adaptive config: the vllm backend needs a "
@@ -341,7 +342,6 @@ class VLLMBackend(LaunchingBackend):
         if self._target is None:
             model = self.options.model
             if self.default_pair() or (model or "").endswith(".gguf"):
-                from spectune.backends.local.weights import default_model_path
                 from spectune.backends.vllm.target import hf_target_folder
 
                 gguf = default_model_path() if self.default_pair() else Path(model or "").expanduser()
@@ -355,8 +355,6 @@ class VLLMBackend(LaunchingBackend):
         if self.options.draft:
             return self.options.draft
         if self.default_pair():
-            from spectune.backends.local.build import DEFAULT_HEAD
-
             return str(DEFAULT_HEAD)
         return None
 

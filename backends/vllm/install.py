@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,7 +39,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from spectune.backends.local.weights import cache_dir
+from spectune.backends.local.weights.loader import cache_dir
 from spectune.loadgen.errors import UserError
 
 #: The CPU package and release spectune was checked against (PyPI, 2026-10; requires torch==2.13.0).
@@ -111,8 +112,6 @@ class VllmInstall:
 
     def version_tuple(self) -> tuple[int, ...] | None:
         """The version as integers ((0, 32, 0)), or None when unknown."""
-        import re
-
         match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", self.version or "")
         return tuple(int(g) for g in match.groups() if g is not None) if match else None
 

@@ -1,7 +1,7 @@
 """A GGUF target as the Hugging Face safetensors folder vLLM loads (the embedded default pair's target included).
 
-vLLM's EAGLE-3 path wants an HF target folder (``config.json`` with ``architectures``, safetensors, tokenizer). The
-GGUF is dequantized once by transformers' GGUF loader (:func:`spectune.backends.local.weights.convert_gguf`: float32
+vLLM's EAGLE-3 path wants an HF target folder (``config.json`` with ``architectures``, safetensors, tokenizer). The GGUF
+is dequantized once by transformers' GGUF loader (:func:`spectune.backends.local.weights.loader.convert_gguf`: float32
 safetensors, llama.cpp's Q/K permutation undone, tokenizer and chat template saved), then written here in ``dtype``
 (bfloat16 by default, vLLM's CPU dtype) with:
 
@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from spectune.backends.local.weights import cache_dir
+from spectune.backends.local.weights.loader import cache_dir, convert_gguf
 from spectune.loadgen.errors import UserError
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -60,7 +60,7 @@ def hf_target_folder(gguf: Path, dtype: str = "bfloat16") -> Path:
 
     Raises:
         UserError: ``dtype`` is not one of :data:`DTYPES`, or the GGUF is not a Llama-family model
-            (:func:`~spectune.backends.local.weights.convert_gguf`).
+            (:func:`~spectune.backends.local.weights.loader.convert_gguf`).
     """
     if dtype not in DTYPES:
         raise UserError(f"unknown target dtype {dtype!r}: use one of {', '.join(DTYPES)}")
@@ -73,8 +73,6 @@ def hf_target_folder(gguf: Path, dtype: str = "bfloat16") -> Path:
     import transformers
     from safetensors.torch import load_file, save_file
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    from spectune.backends.local.weights import convert_gguf
 
     dense = convert_gguf(gguf)
     config = json.loads((dense / "config.json").read_text())

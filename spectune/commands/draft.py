@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -72,8 +74,8 @@ def export(
 ) -> None:
     """Write an EAGLE-3 head as a GGUF that llama.cpp's llama-server loads (BF16, d2t as target ids)."""
     from spectune.backends.llamacpp.head_gguf import export_head_gguf
-    from spectune.backends.local.build import DEFAULT_HEAD
-    from spectune.backends.local.weights import resolve_model_path
+    from spectune.backends.local.options import DEFAULT_HEAD
+    from spectune.backends.local.weights.loader import resolve_model_path
 
     written = export_head_gguf(head if head is not None else DEFAULT_HEAD, resolve_model_path(model), output,
                                llama_cpp_dir)
@@ -100,13 +102,11 @@ def evaluate(
     seed: Annotated[int, typer.Option(help="Seed of the prompt sample.")] = 0,
 ) -> None:
     """Greedy acceptance length per num_steps, per draft position and per prompt category."""
-    import json
-    from dataclasses import asdict
-
     from rich.console import Console
     from rich.table import Table
 
-    from spectune.backends.local.build import EngineOptions, build_engine
+    from spectune.backends.local.build import build_engine
+    from spectune.backends.local.options import EngineOptions
     from spectune.loadgen.datasets import load_dataset
     from spectune.draft.evaluate import measure_acceptance
 
@@ -117,8 +117,8 @@ def evaluate(
     if not ks or min(ks) < 1:
         raise UserError("--steps needs num_steps values >= 1")
     if dataset.strip().lower() == "sharegpt-heldout":
-        from spectune.backends.local.build import resolve_draft
-        from spectune.backends.local.weights import is_default_model
+        from spectune.backends.local.options import resolve_draft
+        from spectune.backends.local.weights.loader import is_default_model
         from spectune.draft.data import heldout_sharegpt
 
         head = resolve_draft(draft, is_default_model(model))

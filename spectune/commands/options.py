@@ -9,6 +9,7 @@ None``). typer copies the option for every command, so one alias serves both.
 
 from __future__ import annotations
 
+import shlex
 from typing import Annotated, Optional
 
 import typer
@@ -54,8 +55,6 @@ def split_server_args(server_args: str | None) -> list[str]:
     Raises:
         UserError: unbalanced quotes (the fix: check them).
     """
-    import shlex
-
     try:
         return shlex.split(server_args or "")
     except ValueError as err:

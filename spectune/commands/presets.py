@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 import typer
@@ -21,8 +22,6 @@ def list_presets() -> None:
 @app.command("show")
 def show(name: Annotated[str, typer.Argument(help="Preset name, as printed by 'spectune presets list'.")]) -> None:
     """Print a preset's JSON (save it and pass it to SGLang's --speculative-adaptive-config)."""
-    import json
-
     from spectune.presets import load_preset
 
     typer.echo(json.dumps(load_preset(name), indent=2))

@@ -65,7 +65,7 @@ def recommend(
     from spectune.tune.markdown import cell_grid
     from spectune.results.reader import load_results
 
-    from spectune.backends.adaptive.trtllm import schedule_form
+    from spectune.backends.num_steps.trtllm_schedule import schedule_form
     from spectune.loadgen.errors import UserError
 
     try:

@@ -56,8 +56,9 @@ def serve(
                                          "(when a C++ compiler is found), on, or off.")] = "auto",
 ) -> None:
     """Serve the bundled engine: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /server_info."""
-    from spectune.backends.local.build import EngineOptions, build_engine
-    from spectune.backends.local.server import serve as run_server
+    from spectune.backends.local.build import build_engine
+    from spectune.backends.local.options import EngineOptions
+    from spectune.backends.local.server.app import serve as run_server
     from rich.console import Console
 
     engine = build_engine(EngineOptions(
@@ -66,10 +67,10 @@ def serve(
         threads=threads, seed=seed, native_dense_above=native_dense_above,
         native_lm_head=native_lm_head, compile=compile))
     name = model_name or engine.model_name
-    head = engine.runner.head
+    head = engine.decoder.head
     key = resolve_api_key(api_key)
     Console(stderr=True).print(
         f"serving [bold]{name}[/] on http://{host}:{port} | draft: {head.cfg.kind if head else 'none'} | "
         f"num_steps: {'adaptive' if adaptive_config else num_steps} | slots: {engine.cfg.max_num_seqs} | "
-        f"device: {engine.runner.device}" + (" | API key required" if key else ""))
+        f"device: {engine.decoder.device}" + (" | API key required" if key else ""))
     run_server(engine, name, host, port, key, metrics_without_key)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -43,8 +44,8 @@ def simulate(
     from rich.console import Console
     from rich.table import Table
 
-    from spectune.backends.adaptive.config import VllmSchedule, load_config_file
-    from spectune.backends.adaptive.trace import read_trace
+    from spectune.backends.num_steps.sglang_config import VllmSchedule, load_config_file
+    from spectune.backends.num_steps.trace import read_trace
     from spectune.commands.options import parse_int_list
     from spectune.tune.simulate import simulate as run_simulation
     from spectune.tune.simulate import write_result_json
@@ -60,9 +61,7 @@ def simulate(
                       "the unpadded batch size in a static schedule.[/]")
     table_ms = None
     if cost_table is not None:
-        import json
-
-        from spectune.backends.adaptive.throughput_policy import CostTable
+        from spectune.backends.num_steps.throughput_policy import CostTable
         from spectune.loadgen.errors import UserError
 
         try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import time
 from pathlib import Path
 from typing import Annotated, List, Optional
 
@@ -141,9 +143,6 @@ def sweep(
 ) -> None:
     """Measure TPOT, TTFT, ITL, throughput, acceptance length and SLO attainment for every num_steps x
     concurrency point; results go to --output-dir (sweep.json, requests.jsonl, points.jsonl, summary.csv)."""
-    import signal
-    import time
-
     from rich.console import Console
 
     from spectune.backends.base import BackendOptions

@@ -3,6 +3,8 @@ say whether the config wins (docs/validate.md). Exit codes: 0 PASS, 1 FAIL, 2 ba
 
 from __future__ import annotations
 
+import signal
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -94,9 +96,6 @@ def validate(
     """Run the same changing load against every static num_steps and against a per-batch-size config (SGLang
     adaptive JSON or vLLM schedule); PASS (exit 0) when the config's output throughput is at least the best
     static's (and, with SLOs, its SLO attainment no lower), else FAIL (exit 1)."""
-    import signal
-    import time
-
     from rich.console import Console
 
     from spectune.backends.base import BackendOptions

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+import time
 from typing import Annotated, Optional
 
 import typer
@@ -19,8 +21,6 @@ def install(
 ) -> None:
     """Install vLLM into its own virtual environment in spectune's cache (reused when present), or adopt a Python
     that has it; --backend vllm then launches it."""
-    import time
-
     from rich.console import Console
 
     from spectune.backends.vllm.install import install_vllm
@@ -35,8 +35,6 @@ def install(
 @app.command("where")
 def where() -> None:
     """Print the vLLM that --backend vllm would launch, and how it starts its servers."""
-    import shlex
-
     from rich.console import Console
 
     from spectune.backends.vllm.install import current_record, find_vllm

@@ -17,6 +17,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
+from spectune.backends.local.engine.sequence import SamplingParams
+from spectune.loadgen.datasets import load_dataset
 from spectune.loadgen.errors import UserError
 
 
@@ -27,8 +29,6 @@ def normalise(text: str) -> str:
 
 def evaluation_texts(spec_bench: Path | None = None) -> set[str]:
     """Normalised first-turn texts of every evaluation set (MT-Bench, HumanEval and Spec-Bench if given)."""
-    from spectune.loadgen.datasets import load_dataset
-
     texts: set[str] = set()
     specs = ["mt-bench", "humaneval"] + ([f"spec-bench:{spec_bench}"] if spec_bench and spec_bench.is_file() else [])
     for spec in specs:  # 1000 >= every set's size; sampling cycles, the set removes repeats
@@ -77,8 +77,6 @@ def magpie_prompts(engine: Any, limit: int, max_prompt_tokens: int, exclude: set
         UserError: the model has no chat template with a user turn to open, or 20 rounds in a row added no new
             prompt before ``limit`` was reached (what was found stays stored).
     """
-    from spectune.backends.local.sequence import SamplingParams
-
     tok = engine.tokenizer
     marker = "MAGPIE-USER-MESSAGE"
     try:
@@ -98,7 +96,7 @@ def magpie_prompts(engine: Any, limit: int, max_prompt_tokens: int, exclude: set
         if barren >= 20:
             raise UserError(f"the target wrote only {len(rows)} distinct usable prompts in {rounds} rounds: lower "
                             f"--magpie-prompts to at most {len(rows)}")
-        engine.runner.generator.manual_seed(seed * 1_000_003 + rounds)  # each round's draw is reproducible
+        engine.decoder.generator.manual_seed(seed * 1_000_003 + rounds)  # each round's draw is reproducible
         outputs = engine.generate([opening] * chunk, params)
         fresh = []
         for o in outputs:
@@ -177,8 +175,6 @@ def generate_responses(engine: Any, prompts: list[dict], out: Path, max_tokens: 
 
     Returns the number of response tokens generated now.
     """
-    from spectune.backends.local.sequence import SamplingParams
-
     done = {r["id"] for r in read_jsonl(out)}
     todo = [p for p in prompts if p["id"] not in done]
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)

@@ -7,10 +7,12 @@ greedy acceptance does not depend on the batch.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from spectune.backends.local.engine.sequence import SamplingParams
 from spectune.loadgen.datasets import Prompt
 
 
@@ -40,10 +42,6 @@ class AcceptanceResult:
 def measure_acceptance(engine: Any, prompts: list[Prompt], num_steps: int, max_tokens: int,
                        progress: Callable[[int], None] | None = None) -> AcceptanceResult:
     """Run ``prompts`` greedily at ``num_steps`` on ``engine`` (a built Engine with a head) and count acceptance."""
-    import time
-
-    from spectune.backends.local.sequence import SamplingParams
-
     engine.set_num_steps(num_steps)
     stats: dict[str, Any] = {}
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)

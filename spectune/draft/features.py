@@ -19,8 +19,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from spectune.backends.local.attention import AttnMeta
-from spectune.backends.local.kv_cache import KVCache
+from spectune.backends.local.model.attention import AttnMeta
+from spectune.backends.local.model.kv_cache import KVCache
 
 
 def _index(folder: Path) -> dict[str, Any]:

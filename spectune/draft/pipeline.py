@@ -13,6 +13,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from spectune.backends.local.build import build_engine
+from spectune.backends.local.options import EngineOptions
+from spectune.backends.local.weights.loader import load_target
+from spectune.draft.data import (TRAINING_IDS_FILE, evaluation_texts, generate_responses, magpie_prompts, read_jsonl,
+                                 require_rows, training_prompts, write_jsonl)
 from spectune.loadgen.errors import UserError
 
 STAGES = ("data", "features", "train", "export")
@@ -51,10 +56,6 @@ def run_pipeline(opts: PipelineOptions, train_cfg: Any, say: Callable[[str], Non
     """Run the requested stages; returns the training card (also written to the output folder)."""
     import torch
 
-    from spectune.backends.local.build import EngineOptions, build_engine
-    from spectune.backends.local.weights import load_target
-    from spectune.draft.data import evaluation_texts, generate_responses, magpie_prompts, read_jsonl, \
-        require_rows, training_prompts, write_jsonl
     from spectune.draft.features import FeatureStore, extract_features
     from spectune.draft.train import train
 
@@ -131,8 +132,7 @@ def run_pipeline(opts: PipelineOptions, train_cfg: Any, say: Callable[[str], Non
 def _export(opts: PipelineOptions, train_cfg: Any, card: dict[str, Any]) -> None:
     import torch
 
-    from spectune.backends.local.heads import save_head
-    from spectune.backends.local.weights import load_target
+    from spectune.backends.local.weights.heads import save_head
     from spectune.draft.train import new_head
 
     state_path = opts.work_dir / "head_state.pt"
@@ -147,7 +147,6 @@ def _export(opts: PipelineOptions, train_cfg: Any, card: dict[str, Any]) -> None
     head = head.to(torch.bfloat16)
     save_head(head, opts.output)
     (opts.output / "training.json").write_text(json.dumps(card, indent=2) + "\n")
-    from spectune.draft.data import TRAINING_IDS_FILE, read_jsonl
 
     ids = [row["id"] for row in read_jsonl(opts.work_dir / "responses.jsonl")]  # the sequences trained on
     (opts.output / TRAINING_IDS_FILE).write_text("".join(f"{i}\n" for i in ids))

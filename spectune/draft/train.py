@@ -25,8 +25,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from spectune.backends.local.eagle import DraftConfig, DraftHead
-from spectune.backends.local.rope import rope_table
+from spectune.backends.local.model.eagle import DraftConfig, DraftHead
+from spectune.backends.local.model.rope import rope_table
 
 
 @dataclass
@@ -114,7 +114,7 @@ def ttt_loss(head: DraftHead, embed: torch.Tensor, tokens: torch.Tensor, feats: 
     causal = rows.view(1, t) <= rows.view(t, 1)  # [T, T] key s visible to query t
     for j in range(steps):
         emb_j = F.pad(emb[:, 1 + j :], (0, 0, 0, j))[:, :t]  # x_{t+j+1}, zero past the end
-        residual, y = layer.inputs(h, emb_j)  # the engine's own layer code (backends/local/eagle.py)
+        residual, y = layer.inputs(h, emb_j)  # the engine's own layer code (backends/local/model/eagle.py)
         q, k, v = layer.qkv_rope(y, rope[rows + j].unsqueeze(0))  # [B, T, nh|nkv, hd]
         q = q.transpose(1, 2)  # [B, nh, T, hd]
         keys.append(k.repeat_interleave(nh // nkv, dim=2).transpose(1, 2))

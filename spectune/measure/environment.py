@@ -6,14 +6,13 @@ import os
 import platform
 import socket
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 
 def environment() -> dict[str, Any]:
     """``host`` and ``versions`` for sweep.json and validate.json (package versions read from metadata: nothing
     is imported)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     def ver(name: str) -> str | None:
         try:
             return version(name)

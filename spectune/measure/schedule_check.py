@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from spectune.backends.adaptive.config import VllmSchedule
+from spectune.backends.num_steps.sglang_config import VllmSchedule
 from spectune.backends.base import SpecSnapshot, counters_reset
 
 TOLERANCE = 0.25

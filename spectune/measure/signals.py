@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 from typing import Awaitable, Callable, TypeVar
 
 T = TypeVar("T")
@@ -15,8 +16,6 @@ def run_with_signals(make: Callable[[], Awaitable[T]]) -> tuple[T | None, int | 
     signal raises KeyboardInterrupt at once (launched servers are then killed at interpreter exit by
     ``spectune.backends.process``).
     """
-    import signal
-
     async def main() -> tuple[T | None, int | None]:
         loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(make())

@@ -88,7 +88,7 @@ class Window:
     """What :func:`measure_window` measured.
 
     Attributes:
-        result: the load generator's :class:`~spectune.loadgen.runner.PointResult` (records, window, t0...).
+        result: the load generator's :class:`~spectune.loadgen.send_loop.PointResult` (records, window, t0...).
         warmup: the warm-up records. stuck: why nothing was measured (the warm-up timed out), else None.
         samples: ``samples[0]`` before the run, then one per boundary reached (a run cut short has fewer).
         after: the sample taken after the run.

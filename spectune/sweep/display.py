@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import TaskID
 from rich.table import Table
 
+from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.progress import LiveProgress
 from spectune.results.schema import Key
@@ -260,7 +261,6 @@ def throughput_intervals(folder: Any) -> dict[tuple[int, int], tuple[float, floa
     """(concurrency, steps) -> the 95% bootstrap interval of the cell's output throughput (tokens/s) over its
     requests and repeats, as ``spectune recommend`` computes it (:func:`spectune.tune.recommend.attach_intervals`);
     {} when the folder cannot be read."""
-    from spectune.loadgen.errors import UserError
     from spectune.results.reader import load_request_records, load_results
     from spectune.tune.recommend import RecommendOptions, _cell, attach_intervals
 

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spectune.loadgen.constraints import Constraints
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.results.schema import Key
@@ -175,8 +176,6 @@ class SweepPlan:
         failures exceed ``max_failure_rate`` of them (floor(rate * requests) + 1 failures: the point is failed
         whatever happens next), and ``stop_when`` (the sequential rule of :mod:`spectune.sweep.sequential`, or
         None)."""
-        from spectune.loadgen.constraints import Constraints
-
         return Constraints(max_requests=requests, max_duration_s=self.duration_per_point_s,
                            max_failures=math.floor(self.max_failure_rate * requests) + 1, stop_when=stop_when)
 

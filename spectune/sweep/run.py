@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 from spectune.backends import make_backend
 from spectune.backends.base import Backend, BackendOptions, BackendStartError
-from spectune.loadgen.datasets import Prompt
+from spectune.loadgen.datasets import Prompt, load_dataset
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.acceptance import per_category_points, window_acceptance
@@ -383,8 +383,6 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
     Raises:
         UserError: see above. asyncio.CancelledError: the sweep was cancelled (finished points are kept).
     """
-    from spectune.loadgen.datasets import load_dataset
-
     listener = listener or SweepListener()
     timeouts = timeouts or ClientTimeouts()
     plan.validate()

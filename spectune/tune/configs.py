@@ -10,9 +10,13 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from spectune.backends.adaptive.config import parse_sglang_adaptive_config
-from spectune.tune.ladders import PRESETS, SGLANG_GLOBALS, design_slot
+from spectune.backends.llamacpp.settings import settings_json
+from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config
+from spectune.backends.num_steps.trtllm_schedule import UPPER_BOUND_SINCE, build_schedule, check_schedule, schedule_form
+from spectune.tune.gain import gaining_steps
+from spectune.tune.ladders import PRESETS, SGLANG_GLOBALS, design_slot, ladder_for
 from spectune.tune.recommend import OBJECTIVES, Recommendation, Slot
+from spectune.tune.replay import AcceptancePool, ladder_noise
 
 
 def slot_acceptance(rec: Recommendation, slot: Slot) -> dict[int, float]:
@@ -28,10 +32,6 @@ def slot_acceptance(rec: Recommendation, slot: Slot) -> dict[int, float]:
 
 def sglang_configs(rec: Recommendation) -> tuple[dict[str, dict], dict[str, list[str]]]:
     """The three SGLang adaptive configs ({preset: config}) and per-slot notes ({"preset slot": [notes]})."""
-    from spectune.tune.gain import gaining_steps
-    from spectune.tune.ladders import ladder_for
-    from spectune.tune.replay import AcceptancePool, ladder_noise
-
     configs: dict[str, dict] = {p: dict(SGLANG_GLOBALS) for p in PRESETS}
     notes: dict[str, list[str]] = {}
     for slot in rec.slots:
@@ -90,7 +90,7 @@ def vllm_config(rec: Recommendation, method: str | None = None, head: str | None
 
 def trtllm_config(rec: Recommendation, version: str | None = None) -> dict[str, Any] | None:
     """TensorRT-LLM's ``speculative_config`` fields ``{"max_draft_len": K1, "draft_len_schedule": {...}}`` in the
-    form TensorRT-LLM ``version`` reads (None: the newest), :mod:`spectune.backends.adaptive.trtllm`.
+    form TensorRT-LLM ``version`` reads (None: the newest), :mod:`spectune.backends.num_steps.trtllm_schedule`.
 
     The ranges are the slots, the last ending at ``max_batch_size`` (default: the largest measured concurrency), as
     for vLLM. Upper-bound form (1.3.0rc8 on): keys are each slot's largest batch size, and batch sizes above the
@@ -102,8 +102,6 @@ def trtllm_config(rec: Recommendation, version: str | None = None) -> dict[str, 
     Raises:
         ValueError: ``version`` is not a version number.
     """
-    from spectune.backends.adaptive.trtllm import build_schedule, check_schedule, schedule_form
-
     form = schedule_form(version)
     if not rec.slots or rec.slots[0].steps == 0:
         return None
@@ -124,8 +122,6 @@ def trtllm_config(rec: Recommendation, version: str | None = None) -> dict[str, 
 
 def trtllm_description(config: Mapping[str, Any], version: str | None) -> str:
     """recommendation.md's line for ``trtllm-speculative-config.json``: how to use it and how its keys read."""
-    from spectune.backends.adaptive.trtllm import UPPER_BOUND_SINCE, schedule_form
-
     head = "merge into TensorRT-LLM's `speculative_config` (add `decoding_type` and `speculative_model`); "
     named = f"TensorRT-LLM {version}" if version else "the newest TensorRT-LLM"
     if schedule_form(version) == "upper":
@@ -143,8 +139,6 @@ def llamacpp_settings(rec: Recommendation) -> dict[str, Any] | None:
     so the best single static num_steps over the measured concurrency range, with each concurrency's own winner
     and what the static choice keeps of it (``static_vs_best``: objective ratio, inverted for minimised
     objectives, 1.0 = no loss). None when no static num_steps was measured ok everywhere."""
-    from spectune.backends.llamacpp.settings import settings_json
-
     if rec.best_static is None:
         return None
     _, direction, _ = OBJECTIVES[rec.options.objective]

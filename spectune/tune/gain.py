@@ -13,9 +13,11 @@ A comparison "beats" only when the whole paired bootstrap interval of the object
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
-from spectune.tune.recommend import Recommendation, Slot, compare
+if TYPE_CHECKING:
+    from spectune.tune.recommend import Recommendation, Slot
 
 
 def _band(rec: Recommendation, conc: int) -> float:
@@ -34,7 +36,7 @@ def gaining_steps(rec: Recommendation, slot: Slot, allowed: list[int]) -> list[i
             a, b = rec.cell(k, conc), rec.cell(slot.steps, conc)
             if a is None or b is None or not a.eligible or a.predicted or b.status != "ok" or b.predicted:
                 continue
-            if compare(a, b, rec.options, _band(rec, conc))["verdict"] == "beats":
+            if rec.compare(a, b, _band(rec, conc))["verdict"] == "beats":
                 out.append(k)
                 break
     return out
@@ -54,7 +56,7 @@ def schedule_gains(rec: Recommendation) -> list[dict[str, Any]]:
             a, b = rec.cell(slot.steps, conc), rec.cell(k0, conc)
             if a is None or b is None or a.status != "ok" or b.status != "ok" or a.predicted or b.predicted:
                 continue
-            cmp = compare(a, b, rec.options, _band(rec, conc))
+            cmp = rec.compare(a, b, _band(rec, conc))
             if cmp["verdict"] == "beats":
                 out.append(cmp)
     return out
@@ -89,4 +91,4 @@ def apply_static_primary(rec: Recommendation) -> None:
     rec.primary = {"kind": "static", "num_steps": k0, "reason": why}
     if any(s.steps != k0 for s in rec.slots):
         concs = sorted({c for s in rec.slots for c in s.concurrencies})
-        rec.slots = [Slot(1, None, k0, concs)]
+        rec.slots = [dataclasses.replace(rec.slots[0], lower=1, upper=None, steps=k0, concurrencies=concs)]

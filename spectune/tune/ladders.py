@@ -11,7 +11,7 @@ a(c) = measured acceptance_length - 1 at each candidate c, :func:`design_hystere
 the two hysteresis values that make K* a fixed point and every other candidate move to it, keeps SGLang's
 defaults (-0.25, 0.0) where they satisfy the bounds with a 0.25-token margin, and otherwise moves the least
 distance needed. :func:`simulate_slot` then replays the policy (spectune's restatement in
-:mod:`spectune.backends.adaptive.policy`) batch by batch from every start, once on the mean acceptance and once on
+:mod:`spectune.backends.num_steps.ema_policy`) batch by batch from every start, once on the mean acceptance and once on
 per-request accepted counts drawn at the slot's smallest batch size (at batch 1 the EMA of single requests swings
 by about a third of a token: with a 0.4-token acceptance it moved 44 times in 30 s on the bundled engine);
 candidates that still stop it from settling are dropped (farthest first) until it does (a one-candidate ladder
@@ -21,10 +21,11 @@ always does).
 from __future__ import annotations
 
 import math
+import random
 from typing import Any, Mapping
 
-from spectune.backends.adaptive.config import parse_sglang_adaptive_config
-from spectune.backends.adaptive.policy import AdaptivePolicy
+from spectune.backends.num_steps.ema_policy import AdaptivePolicy
+from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config
 
 
 SGLANG_GLOBALS = {"ema_alpha": 0.2, "update_interval": 5, "warmup_batches": 10}  # SGLang's defaults, explicit
@@ -42,7 +43,7 @@ def _base(p: int) -> float:
 
 def simulate_slot(slot: Mapping[str, Any], accepted: Mapping[int, float], initial_steps: int,
                   batches: int = 400, batch_size: int | None = None, seed: int = 0) -> list[int]:
-    """Replay SGLang's EMA policy (:class:`spectune.backends.adaptive.policy.AdaptivePolicy`) for one slot.
+    """Replay SGLang's EMA policy (:class:`spectune.backends.num_steps.ema_policy.AdaptivePolicy`) for one slot.
 
     With ``batch_size`` None every verify batch reports the mean, ``accepted[s]`` accepted drafts at num_steps s.
     Otherwise each of ``batch_size`` requests per verify batch reports a count drawn from the chain model of
@@ -51,8 +52,6 @@ def simulate_slot(slot: Mapping[str, Any], accepted: Mapping[int, float], initia
 
     Returns the num_steps used by each of ``batches`` verify batches. Raises ValueError for an invalid slot.
     """
-    import random
-
     config = parse_sglang_adaptive_config({**SGLANG_GLOBALS, "1": dict(slot)}, source="slot", strict=True)
     policy = AdaptivePolicy(config, initial_steps=initial_steps)
     rng = random.Random(seed)

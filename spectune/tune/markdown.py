@@ -6,8 +6,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config
+from spectune.results.batch_acceptance import BatchAcceptanceFinding
 from spectune.tune.configs import SGLANG_ADAPTIVE_ALGORITHMS, llamacpp_settings, sglang_algorithm, sglang_launch_args
+from spectune.tune.predict import predict_validate
 from spectune.tune.recommend import OBJECTIVES, Recommendation, versus_static
+from spectune.tune.replay import slot_switch_rate
 
 
 def _fmt(x: Any, spec: str = ".4g") -> str:
@@ -51,8 +55,6 @@ def _ladder(slot: dict[str, Any]) -> str:
 
 
 def _rate(rec: Recommendation, slot: Any, cfg: dict[str, Any]) -> str:
-    from spectune.tune.replay import slot_switch_rate
-
     rate = slot_switch_rate(rec, slot, cfg)
     return f", {'?' if rate is None else format(rate, '.1f')} sw/min"
 
@@ -200,8 +202,6 @@ def validate_section(rec: Recommendation, custom: dict | None) -> list[str]:
     """recommendation.md's "What validate should measure": per phase of validate's default ``swing`` workload
     (c=1 and c=32, 60 s each, twice; 256 max tokens), the output tok/s of the custom SGLang config and of every
     static num_steps predicted from the cells with intervals (:func:`spectune.tune.predict.predict_validate`)."""
-    from spectune.backends.adaptive.config import parse_sglang_adaptive_config
-    from spectune.tune.predict import predict_validate
     from spectune.validate.workload import parse_workload
 
     if custom is None:
@@ -245,7 +245,6 @@ def batch_acceptance_section(rec: Recommendation) -> list[str]:
     (:mod:`spectune.results.batch_acceptance`); nothing when it did not."""
     if not rec.findings:
         return []
-    from spectune.results.batch_acceptance import BatchAcceptanceFinding
 
     out = ["\n## Finding: acceptance depends on the batch\n",
            "Under greedy decoding a request's accepted drafts should not depend on the requests beside it. Here they "

@@ -1,5 +1,5 @@
 """Every file ``spectune recommend`` writes: the engines' configs (each parsed back by the engine-format readers of
-:mod:`spectune.backends.adaptive.config` first), recommendation.json and recommendation.md."""
+:mod:`spectune.backends.num_steps.sglang_config` first), recommendation.json and recommendation.md."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from spectune.backends.adaptive.config import parse_sglang_adaptive_config, parse_vllm_speculative_config
+from spectune.backends.num_steps.sglang_config import (parse_any_config, parse_sglang_adaptive_config,
+                                                       parse_vllm_speculative_config)
 from spectune.tune.configs import (
     best_static_json,
     llamacpp_settings,
@@ -24,8 +25,8 @@ def write_recommendation(rec: Recommendation, out: Path, source: str,
                          algorithm: tuple[str | None, str] = (None, "unknown"), head: str | None = None,
                          target: str | None = None, trtllm_version: str | None = None) -> dict[str, Path]:
     """Write every output of ``spectune recommend`` into ``out`` (created if needed); each emitted config is
-    parsed back with :mod:`spectune.backends.adaptive.config` first. ``algorithm``: the sweep's draft-head method
-    (``eagle``/``eagle3``, :func:`spectune.backends.draft_algorithm`) and how it was found, for the launch flags;
+    parsed back with :mod:`spectune.backends.num_steps.sglang_config` first. ``algorithm``: the sweep's draft-head
+    method (``eagle``/``eagle3``, :func:`spectune.backends.draft_algorithm`) and how it was found, for the launch flags;
     ``head``: the draft head it loaded (:func:`spectune.backends.draft_head`) and ``target`` the target model, for
     vLLM's complete ``--speculative-config`` and its launch line. ``trtllm_version``: the TensorRT-LLM release whose
     ``draft_len_schedule`` form to write (None: the newest). Returns {file name: path}.
@@ -85,7 +86,6 @@ def sglang_strategy(rec: Recommendation, configs: dict[str, dict], payload: dict
     ``throughput_aware`` rewrite ``sglang-adaptive-custom.json`` in ``payload`` with ``"strategy":
     "throughput_aware"`` (SGLang's default, EMA, is written without the key) and add ``sglang-cost-table.json``
     (the sweep's round times, for ``spectune simulate --cost-table``). Returns (strategy, reason)."""
-    from spectune.backends.adaptive.config import parse_any_config
     from spectune.tune.configs import sglang_initial_steps
     from spectune.tune.strategy import choose_strategy, cost_table_from_cells, throughput_aware_config
 

@@ -67,7 +67,8 @@ def rate_of(table: Mapping[int, float]) -> Rate:
 
 def config_steps(config: Any, table: Mapping[int, Mapping[int, float]]) -> Callable[[int], int]:
     """n requests in flight -> num_steps a config runs there (module docstring). ``config``: a parsed
-    :class:`~spectune.backends.adaptive.config.AdaptiveConfig` or :class:`~spectune.backends.adaptive.config.VllmSchedule`."""
+    :class:`~spectune.backends.num_steps.sglang_config.AdaptiveConfig` or
+    :class:`~spectune.backends.num_steps.vllm_schedule.VllmSchedule`."""
     if hasattr(config, "k_for_batch_size"):
         return lambda n: int(config.k_for_batch_size(max(1, n)))
     bounds = [s.lower_bound for s in config.slots]

@@ -37,9 +37,11 @@ import numpy as np
 import pandas as pd
 
 from spectune.loadgen.errors import UserError
+from spectune.results.batch_acceptance import batch_dependent_acceptance
 from spectune.results.confidence import (Bootstrap, Interval, RunRequests, percentile_interval, ratio_interval,
                                          requests_by_point)
 from spectune.results.reader import Results, load_request_records, summary_with_slos
+from spectune.tune.gain import apply_static_primary
 
 #: objective name -> (summary column, direction, unit)
 OBJECTIVES = {"throughput": ("output_throughput_tok_s", "max", "tokens/s"),
@@ -150,6 +152,10 @@ class Recommendation:
     def cell(self, steps: int, concurrency: int) -> Cell | None:
         """The cell at (steps, concurrency), or None if neither was in the plan."""
         return next((c for c in self.cells if c.steps == steps and c.concurrency == concurrency), None)
+
+    def compare(self, a: Cell, b: Cell, band: float) -> dict[str, Any]:
+        """:func:`compare` of cell ``a`` with cell ``b`` under this recommendation's options."""
+        return compare(a, b, self.options, band)
 
     @property
     def steps(self) -> list[int]:
@@ -501,7 +507,6 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
         warnings.append(f"the sweep ran at data-parallel size {dp}: vLLM ignores num_speculative_tokens_per_batch_size "
                         "there (static num_speculative_tokens), and SGLang's adaptive mode does not run with "
                         "attention DP; validate the configs on the deployment they are meant for")
-    from spectune.results.batch_acceptance import batch_dependent_acceptance
 
     findings = [f.to_json() for f in batch_dependent_acceptance(results.points or [])]
     for ch in choices:
@@ -517,8 +522,6 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
                                 "(a larger --budget, or --plan grid) to settle it")
     rec = Recommendation(opts, cells, choices, slots, static, scores, warnings, findings, batch_sizes, batch_source,
                          drift_info, requests=records)
-    from spectune.tune.gain import apply_static_primary
-
     apply_static_primary(rec)
     return rec
 

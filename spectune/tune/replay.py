@@ -11,7 +11,7 @@ its place, so the EMA sees the same between-request swings the engine does (a re
 batch-1 slot for its whole length). A request is kept by prompt across num_steps: after a switch to num_steps s it
 draws from the same prompt's distribution at s when the sweep measured it there, else from another request at s.
 
-The policy is :class:`spectune.backends.adaptive.policy.AdaptivePolicy` (SGLang's
+The policy is :class:`spectune.backends.num_steps.ema_policy.AdaptivePolicy` (SGLang's
 ``python/sglang/srt/speculative/adaptive_spec_params.py``, restated).
 """
 
@@ -21,8 +21,8 @@ import math
 import random
 from typing import Any, Iterable, Mapping
 
-from spectune.backends.adaptive.config import parse_sglang_adaptive_config
-from spectune.backends.adaptive.policy import AdaptivePolicy
+from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config
+from spectune.backends.num_steps.ema_policy import AdaptivePolicy
 from spectune.tune.ladders import SGLANG_GLOBALS
 
 

@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from spectune.backends.adaptive.config import AdaptiveConfig, VllmSchedule
-from spectune.backends.adaptive.policy import AdaptivePolicy, make_policy
-from spectune.backends.adaptive.throughput_policy import CostTable, ThroughputAwareConfig
-from spectune.backends.adaptive.trace import TraceStep
+from spectune.backends.num_steps.sglang_config import AdaptiveConfig, VllmSchedule
+from spectune.backends.num_steps.ema_policy import AdaptivePolicy, make_policy
+from spectune.backends.num_steps.throughput_policy import CostTable, ThroughputAwareConfig
+from spectune.backends.num_steps.trace import TraceStep
 from spectune.loadgen.errors import UserError
 
 
@@ -112,7 +112,7 @@ def simulate(config: AdaptiveConfig | VllmSchedule | ThroughputAwareConfig, trac
             starts there when it is one of its candidates, else at its own middle candidate.
         cuda_graph_bs: SGLang only: captured CUDA-graph batch sizes to pad to before routing.
         cost_table: SGLang throughput-aware only: decode-round times (ms) per (batch size, num_steps), standing in
-            for SGLang's start-up profile (:mod:`spectune.backends.adaptive.throughput_policy`).
+            for SGLang's start-up profile (:mod:`spectune.backends.num_steps.throughput_policy`).
     """
     policy = make_policy(config, initial_steps=initial_steps, cuda_graph_bs=cuda_graph_bs, cost_table=cost_table)
     if isinstance(config, ThroughputAwareConfig):

@@ -1,5 +1,5 @@
 """Which SGLang adaptive strategy ``spectune recommend`` writes: the EMA policy (SGLang's default) or
-``"strategy": "throughput_aware"`` (:mod:`spectune.backends.adaptive.throughput_policy`), decided from the sweep.
+``"strategy": "throughput_aware"`` (:mod:`spectune.backends.num_steps.throughput_policy`), decided from the sweep.
 
 Both run the custom config's per-slot ladders. Per measured concurrency c, with the cells' medians:
 
@@ -25,7 +25,7 @@ import math
 from collections import Counter
 from typing import Any, Mapping
 
-from spectune.backends.adaptive.throughput_policy import CostTable
+from spectune.backends.num_steps.throughput_policy import CostTable
 from spectune.tune.recommend import Recommendation
 
 STRATEGY_NOTE = ("it times every (CUDA-graph batch size, num_steps) of the ladders at start-up, so it needs CUDA "
@@ -42,7 +42,7 @@ def _cell_metric(rec: Recommendation, k: int, conc: int, name: str) -> float:
 def ema_settles_at(slot_cfg: Mapping[str, Any], accepted: Mapping[int, float], start: int) -> tuple[int, ...]:
     """Tiers the EMA policy ends on (one when it settles, the cycle otherwise), deciding with the EMA equal to the
     accepted drafts ``accepted[s]`` measured at the current tier s (source of the rule: the module docstring and
-    :mod:`spectune.backends.adaptive.policy`). A tier without a measurement counts as accepting nothing."""
+    :mod:`spectune.backends.num_steps.ema_policy`). A tier without a measurement counts as accepting nothing."""
     steps = sorted(slot_cfg["candidate_steps"])
     down, up = slot_cfg.get("down_hysteresis", -0.25), slot_cfg.get("up_hysteresis", 0.0)
     idx = steps.index(start) if start in steps else len(steps) // 2

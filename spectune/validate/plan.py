@@ -10,6 +10,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from spectune.backends.llamacpp.settings import FORMAT, read_settings
+from spectune.backends.num_steps import VllmSchedule, load_config_file
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.validate.verdict import Verdict
@@ -23,11 +25,8 @@ def config_candidates(path: str) -> tuple[str, tuple[int, ...]]:
 
     Raises:
         UserError: the file is missing or not a valid SGLang adaptive config / vLLM schedule / llama.cpp settings
-            (:func:`spectune.backends.adaptive.load_config_file`).
+            (:func:`spectune.backends.num_steps.load_config_file`).
     """
-    from spectune.backends.adaptive import VllmSchedule, load_config_file
-    from spectune.backends.llamacpp.settings import FORMAT, read_settings
-
     try:
         static = read_settings(path)
     except ValueError as err:

@@ -19,6 +19,10 @@ import statistics
 from pathlib import Path
 from typing import Any, Sequence
 
+from spectune.tune.predict import predict_validate
+
+from spectune.backends.num_steps import load_config_file
+
 RECOMMENDATION = "recommendation.json"
 
 
@@ -32,9 +36,6 @@ def predict_for(plan: Any, fmt: str, candidates: Sequence[int]) -> dict[str, Any
     """Predictions (:func:`spectune.tune.predict.predict_validate`) for ``plan`` (a
     :class:`~spectune.validate.plan.ValidatePlan`) from the recommendation.json beside its config, with ``source``;
     None when there is none or it cannot be read (a prediction is extra information, never a reason to fail)."""
-    from spectune.backends.adaptive import load_config_file
-    from spectune.tune.predict import predict_validate
-
     path = find_recommendation(plan.config)
     if path is None:
         return None

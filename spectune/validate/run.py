@@ -26,21 +26,29 @@ the per-phase numbers in :mod:`spectune.validate.phases`.
 from __future__ import annotations
 
 import asyncio
+import json
+import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from spectune.backends import make_backend
 from spectune.backends.base import Acceptance, Backend, BackendOptions, BackendStartError
-from spectune.loadgen.datasets import Prompt
+from spectune.backends.llamacpp.settings import FORMAT as LLAMACPP_SETTINGS
+from spectune.backends.num_steps.sglang_config import VllmSchedule, load_config_file
+from spectune.loadgen.datasets import Prompt, load_dataset
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.acceptance import window_acceptance
+from spectune.measure.environment import environment
+from spectune.measure.schedule_check import check_schedule
 from spectune.measure.window import Sample, Window, client_config, measure_window, resolve_model
 from spectune.results.folder import ValidateFolder
 from spectune.results.schema import now_iso
 from spectune.sweep.plan import ClientTimeouts
 from spectune.validate.phases import phase_index, split_by_phase, summarize_run
 from spectune.validate.plan import ValidateListener, ValidateOutcome, ValidatePlan, config_candidates
+from spectune.validate.prediction import compare as compare_prediction, find_recommendation, predict_for
 from spectune.validate.verdict import Verdict, throughput_ratio, combine_repeats, render_markdown, verdict
 
 FAILURE_STOP = 100
@@ -137,9 +145,6 @@ class Validation:
         (:func:`spectune.measure.schedule_check.check_schedule` at the phase's achieved concurrency): each phase's
         ``schedule_check`` (None when not checkable), and a warning naming the backend's remedy when it did not.
         Only a static per-batch-size schedule (vLLM's format) is checked: an adaptive policy's K varies by design."""
-        from spectune.backends.adaptive.config import VllmSchedule, load_config_file
-        from spectune.measure.schedule_check import check_schedule
-
         try:
             schedule = load_config_file(self.plan.config, strict=False) if self.plan.config else None
         except UserError:
@@ -198,13 +203,7 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
     Raises:
         UserError: see above. asyncio.CancelledError: cancelled (validate.json then says ``interrupted``).
     """
-    import warnings
-
     import spectune
-    from spectune.backends import make_backend
-    from spectune.backends.llamacpp.settings import FORMAT as LLAMACPP_SETTINGS
-    from spectune.loadgen.datasets import load_dataset
-    from spectune.measure.environment import environment
     from spectune.validate.workload import arrange_prompts
 
     listener = listener or ValidateListener()
@@ -235,7 +234,6 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
                                                "initial_steps": initial},
             "backend": {"static": static.describe(), "config": adaptive.describe()}, "runs": [], "verdict": None,
             "client": timeouts.to_json(), **environment()}
-    from spectune.validate.prediction import compare as compare_prediction, predict_for
 
     prediction = predict_for(plan, fmt, candidates)
     if prediction is not None:
@@ -283,10 +281,6 @@ def rule_again(output_dir: Path, config: str) -> tuple[Verdict, dict[str, Any] |
     Raises:
         UserError: no finished validation in ``output_dir``.
     """
-    import json
-
-    from spectune.validate.prediction import compare as compare_prediction, find_recommendation
-
     folder = ValidateFolder(Path(output_dir), render_markdown)
     try:
         meta = json.loads(folder.json_path.read_text(encoding="utf-8"))
@@ -313,8 +307,6 @@ def rule_again(output_dir: Path, config: str) -> tuple[Verdict, dict[str, Any] |
 
 def _read_requests(path: Path) -> list[dict[str, Any]]:
     """The request objects of validate's requests.jsonl (``chunk_times``/``chunk_tokens`` dropped), [] if none."""
-    import json
-
     out = []
     if not Path(path).is_file():
         return out

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from spectune.validate.prediction import markdown as prediction_markdown
+
 
 @dataclass
 class Verdict:
@@ -297,7 +299,6 @@ def render_markdown(meta: dict[str, Any]) -> str:
     lines += [f"**{v['line']}**" if v else f"Status: {meta.get('status')} (no verdict yet)", ""]
     if meta.get("warnings"):
         lines += ["## Warnings", ""] + [f"- {w}" for w in meta["warnings"]] + [""]
-    from spectune.validate.prediction import markdown as prediction_markdown
 
     lines += prediction_markdown(meta)
 

@@ -1,4 +1,4 @@
-"""SGLang adaptive config and vLLM schedule validation (backends.adaptive.config / schedule)."""
+"""SGLang adaptive config and vLLM schedule validation (backends.num_steps.sglang_config / schedule)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from spectune.backends.adaptive.config import (
+from spectune.backends.num_steps.sglang_config import (
     SGLANG_DEFAULT_CONFIG,
     AdaptiveConfig,
     VllmSchedule,
@@ -16,7 +16,7 @@ from spectune.backends.adaptive.config import (
     parse_vllm_schedule,
     parse_vllm_speculative_config,
 )
-from spectune.backends.adaptive.schedule import SchedulePolicy
+from spectune.backends.num_steps.vllm_schedule import SchedulePolicy
 from spectune.loadgen.errors import UserError
 
 # SGLang docs, "Recommended configs".

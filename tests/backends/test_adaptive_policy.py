@@ -1,4 +1,4 @@
-"""SGLang's EMA num_steps policy (backends.adaptive.policy) on hand-built verify sequences.
+"""SGLang's EMA num_steps policy (backends.num_steps.ema_policy) on hand-built verify sequences.
 
 Every expected EMA is worked out in the comments: EMA' = (1 - alpha) * EMA + alpha * mean(accepted drafts).
 Values are chosen to be exact in binary floating point, so equality checks at the thresholds are exact.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from spectune.backends.adaptive.config import parse_sglang_adaptive_config
-from spectune.backends.adaptive.policy import AdaptivePolicy
+from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config
+from spectune.backends.num_steps.ema_policy import AdaptivePolicy
 
 
 def policy(steps: list[int], *, initial: int | None = None, graphs: list[int] | None = None,

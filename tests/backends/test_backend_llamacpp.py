@@ -310,8 +310,8 @@ async def test_server_that_crashes_mid_point_fails_the_point_with_its_log(tmp_pa
 @needs_server
 async def test_running_server_without_metrics_gets_acceptance_from_timings(tmp_path):
     from spectune.backends.llamacpp.head_gguf import cached_head_gguf
-    from spectune.backends.local.build import DEFAULT_HEAD
-    from spectune.backends.local.weights import default_model_path
+    from spectune.backends.local.options import DEFAULT_HEAD
+    from spectune.backends.local.weights.loader import default_model_path
     from spectune.backends.process import ServerProcess, free_port
     from spectune.loadgen import ClientConfig, ClosedLoop, Constraints, StreamingClient, run_point
     from spectune.loadgen.datasets import load_dataset

@@ -126,7 +126,7 @@ def test_running_batch_gauges_of_each_engine():
 
 
 async def test_bundled_engine_backend_reads_its_own_gauge():
-    """The bundled engine publishes spectune:num_requests_running (backends/local/metrics.py); LocalBackend reads
+    """The bundled engine publishes spectune:num_requests_running (backends/local/server/metrics.py); LocalBackend reads
     only that one."""
     from types import SimpleNamespace
 

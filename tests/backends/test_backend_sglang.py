@@ -8,7 +8,7 @@ import pytest
 
 from spectune.backends import make_backend
 from spectune.backends.base import BackendOptions, SpecSnapshot
-from spectune.backends.launch import eagle_version
+from spectune.backends.eagle_heads import eagle_version
 from spectune.backends.sglang import per_request_acceptance, server_info_stats, sglang_argv, spec_details
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord

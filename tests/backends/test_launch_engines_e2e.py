@@ -36,7 +36,7 @@ def engines(tmp_path: Path) -> dict:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"question {i}", "category": "chat"}) + "\n" for i in range(8)))
     env = dict(os.environ, PATH=f"{paths['bin']}{os.pathsep}{os.environ['PATH']}",
-               PYTHONPATH=os.pathsep.join([str(paths["py"]), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               PYTHONPATH=os.pathsep.join([str(paths["py"]), os.environ.get("PYTHONPATH", "")]),
                FAKE_ENGINE_ACCEPT=str(ACCEPT), FAKE_ENGINE_TPS="3000", SPECTUNE_VLLM_PYTHON=sys.executable)
     return {**paths, "draft": str(draft), "prompts": f"jsonl:{prompts}", "env": env, "tmp": tmp_path}
 

@@ -4,7 +4,6 @@ server every llama.cpp test uses."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +25,7 @@ def _server() -> str | None:
 
 @pytest.mark.skipif(_server() is None, reason="no llama-server (spectune llamacpp install builds one)")
 def test_where_names_the_server_and_its_features() -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    run = subprocess.run([sys.executable, "-m", "spectune.cli", "llamacpp", "where"], cwd=ROOT, env=env,
+    run = subprocess.run([sys.executable, "-m", "spectune.cli", "llamacpp", "where"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()

@@ -8,7 +8,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from spectune.backends.adaptive.config import parse_sglang_adaptive_config
+from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config
 from spectune.cli import app, main
 from spectune.presets import load_preset, preset_names
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from spectune.backends.adaptive.config import SGLANG_DEFAULT_CONFIG, parse_sglang_adaptive_config
+from spectune.backends.num_steps.sglang_config import SGLANG_DEFAULT_CONFIG, parse_sglang_adaptive_config
 from spectune.cli import app
 from helpers.paths import ROOT as REPO_ROOT
 from helpers.results_folders import grid, write_sweep
@@ -71,7 +71,7 @@ def probe(tmp_path_factory) -> dict:
     job.write_text(json.dumps({"configs": configs, "batches": 4000, "seed": 0,
                                "throughput": {"configs": [str(throughput)], "cost_table": COST_TABLE,
                                               "cuda_graph_bs": [1, 2, 4, 8, 16, 32]}}))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (SGLANG_PATH, str(ROOT)) if p)}
+    env = {**os.environ, "PYTHONPATH": SGLANG_PATH}
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "sglang_contract_probe.py"), str(job)], env=env,
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]

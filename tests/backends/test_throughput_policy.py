@@ -1,4 +1,4 @@
-"""SGLang's throughput-aware strategy restated (spectune/backends/adaptive/throughput_policy.py): config rules,
+"""SGLang's throughput-aware strategy restated (spectune/backends/num_steps/throughput_policy.py): config rules,
 per-position acceptance, cost lookups and decisions, on hand-computed cases; and `spectune simulate` with it."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from spectune.backends.adaptive.config import parse_any_config
-from spectune.backends.adaptive.throughput_policy import (
+from spectune.backends.num_steps.sglang_config import parse_any_config
+from spectune.backends.num_steps.throughput_policy import (
     CostTable,
     PositionTracker,
     ThroughputAwareConfig,
     ThroughputAwarePolicy,
     parse_throughput_aware_config,
 )
-from spectune.backends.adaptive.trace import TraceStep
+from spectune.backends.num_steps.trace import TraceStep
 from spectune.cli import app
 from spectune.tune.simulate import simulate
 

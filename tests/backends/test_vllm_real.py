@@ -52,7 +52,7 @@ PROMPTS = ["Write a haiku about the sea.", "Explain what a hash table is in two 
 @pytest.fixture(scope="module")
 def recommended(tmp_path_factory) -> Path:
     """``spectune recommend`` on a constructed vLLM sweep of the default pair: the vllm-speculative-config.json."""
-    from spectune.backends.local.build import DEFAULT_HEAD
+    from spectune.backends.local.options import DEFAULT_HEAD
 
     tmp = tmp_path_factory.mktemp("vllm-real")
     folder = write_sweep(tmp / "sweep", [row(k, c, thr) for c, by_k in TABLE.items() for k, thr in by_k.items()])

@@ -13,7 +13,6 @@ target with a real chat template and tokenizer), at toy sizes: 4 ShareGPT prompt
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,8 +30,7 @@ SIZES = ["--num-prompts", "4", "--max-new-tokens", "12", "--epochs", "1", "--dra
 
 
 def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-m", "spectune.cli", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "spectune.cli", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -90,8 +88,9 @@ def test_interrupted_run_resumes_to_the_straight_result(straight) -> None:
 
 
 def test_exported_head_drafts_losslessly_in_the_engine(straight) -> None:
-    from spectune.backends.local.build import EngineOptions, build_engine
-    from spectune.backends.local.sequence import SamplingParams
+    from spectune.backends.local.build import build_engine
+    from spectune.backends.local.options import EngineOptions
+    from spectune.backends.local.engine.sequence import SamplingParams
     from spectune.draft.data import TRAINING_IDS_FILE
 
     responses = rows(straight["work"] / "responses.jsonl")
@@ -99,7 +98,7 @@ def test_exported_head_drafts_losslessly_in_the_engine(straight) -> None:
     assert sorted(ids) == sorted(r["id"] for r in rows(straight["work"] / "prompts.jsonl"))
     opts = dict(dtype="float32", device="cpu", max_num_seqs=2, max_model_len=256, kv_cache_gb=0.2)
     spec = build_engine(EngineOptions(draft=str(straight["head"]), num_steps=2, **opts))
-    head = spec.runner.head
+    head = spec.decoder.head
     assert head.cfg.kind == "eagle3"
     vocab = (head.d2t.long().cpu() + torch.arange(head.cfg.draft_vocab_size)).tolist()
     assert len(vocab) == 64

@@ -47,16 +47,16 @@ class CharTokenizer:
 
 
 class PoolEngine:
-    """Stands in for the bundled engine: each request samples a POOL message with the runner's generator."""
+    """Stands in for the bundled engine: each request samples a POOL message with the decoder's generator."""
 
     def __init__(self) -> None:
         self.tokenizer = CharTokenizer()
-        self.runner = type("Runner", (), {"generator": torch.Generator().manual_seed(123)})()
+        self.decoder = type("Decoder", (), {"generator": torch.Generator().manual_seed(123)})()
         self.openings: list[list[int]] = []
 
     def generate(self, prompts: list[list[int]], params) -> list[list[int]]:
         self.openings += prompts
-        picks = torch.randint(len(POOL), (len(prompts),), generator=self.runner.generator).tolist()
+        picks = torch.randint(len(POOL), (len(prompts),), generator=self.decoder.generator).tolist()
         out = []
         for i in picks:
             ids = self.tokenizer.encode(POOL[i])[: params.max_tokens]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spectune.backends.local.sequence import SamplingParams
+from spectune.backends.local.engine.sequence import SamplingParams
 from spectune.loadgen.datasets import user_prompt
 from spectune.draft import data
 from spectune.draft.features import FeatureStore, extract_features
@@ -25,7 +25,7 @@ def store(tmp_path_factory) -> tuple[object, FeatureStore]:
     from a few hundred tokens), and their stored features."""
     engine = tiny_engine(num_steps=0, slots=8)
     with torch.no_grad():
-        for layer in engine.runner.target.layers:
+        for layer in engine.decoder.target.layers:
             layer.o_proj.weight.zero_()
             layer.down_proj.weight.zero_()
     rng = random.Random(0)
@@ -33,7 +33,7 @@ def store(tmp_path_factory) -> tuple[object, FeatureStore]:
     outputs = engine.generate(prompts, SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))
     rows = [{"prompt_ids": p, "output_ids": o} for p, o in zip(prompts, outputs)]
     folder = tmp_path_factory.mktemp("features")
-    target = engine.runner.target
+    target = engine.decoder.target
     index = extract_features(target, rows, folder, max_len=64)
     assert len(index["sequences"]) == 40
     assert index["feature_dim"] == 3 * target.cfg.hidden_size
@@ -46,13 +46,13 @@ CFG = TrainConfig(draft_vocab_size=16, ttt_steps=2, epochs=4, lr=1e-2, warmup_st
 
 def acceptance_length(target, head, k: int = 2) -> float:
     """Mean acceptance length of ``head`` drafting for ``target`` in the engine, greedy, 8 fresh prompts."""
-    from spectune.backends.local.engine import Engine, EngineConfig
-    from spectune.backends.local.speculative import SpecRunner
+    from spectune.backends.local.engine.loop import Engine, EngineConfig
+    from spectune.backends.local.engine.speculative import SpeculativeDecoder
     from helpers.tiny_models import TinyTokenizer
 
     head = head.float().eval().requires_grad_(False)
     head.prepare(256)
-    engine = Engine(SpecRunner(target, head, 8, 256, torch.Generator().manual_seed(0)), TinyTokenizer(16, 0),
+    engine = Engine(SpeculativeDecoder(target, head, 8, 256, torch.Generator().manual_seed(0)), TinyTokenizer(16, 0),
                     EngineConfig(num_steps=k, max_num_seqs=8, max_len=256))
     rng = random.Random(99)
     prompts = [[rng.randrange(1, 16) for _ in range(5)] for _ in range(8)]
@@ -63,8 +63,8 @@ def acceptance_length(target, head, k: int = 2) -> float:
 def test_stored_features_are_the_targets(store) -> None:
     target, fs = store
     toks, feats, prompt_len = fs[3]
-    from spectune.backends.local.attention import AttnMeta
-    from spectune.backends.local.kv_cache import KVCache
+    from spectune.backends.local.model.attention import AttnMeta
+    from spectune.backends.local.model.kv_cache import KVCache
 
     c = target.cfg
     cache = KVCache(c.num_layers, 1, 64, c.num_kv_heads, c.head_dim, torch.float32)

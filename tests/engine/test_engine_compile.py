@@ -1,4 +1,4 @@
-"""``--compile``: the target's batched layers through torch.compile (backends/local/compiled.py), on the real
+"""``--compile``: the target's batched layers through torch.compile (backends/local/engine/compiled.py), on the real
 SmolLM2-135M-Instruct GGUF with the native int4 path: compiled before serving, as accurate as the eager layers,
 no compile while serving, and a fallback to eager when compiling fails."""
 
@@ -11,12 +11,13 @@ import sys
 import pytest
 import torch
 
-from spectune.backends.local.attention import AttnMeta
-from spectune.backends.local.build import EngineOptions, build_engine
-from spectune.backends.local.compiled import (CompiledStep, compile_target, compiler_problem, layer_fingerprint,
+from spectune.backends.local.model.attention import AttnMeta
+from spectune.backends.local.build import build_engine
+from spectune.backends.local.options import EngineOptions
+from spectune.backends.local.engine.compiled import (CompiledStep, compile_target, compiler_problem, layer_fingerprint,
                                               layers_per_graph)
-from spectune.backends.local.model import decoder_steps
-from spectune.backends.local.sequence import SamplingParams
+from spectune.backends.local.model.target import decoder_steps
+from spectune.backends.local.engine.sequence import SamplingParams
 from spectune.loadgen.errors import UserError
 
 PROMPTS = ["What is the capital of Japan?", "Write a Python function that returns the n-th Fibonacci number.",
@@ -45,7 +46,7 @@ def compiled_engine():
 
 def _decode_logits(engine, prompt: list[int], steps: int) -> list[torch.Tensor]:
     """Prefill ``prompt`` into slot 0, then ``steps`` greedy batched decode forwards; float32 logits [V] each."""
-    r, t = engine.runner, engine.runner.target
+    r, t = engine.decoder, engine.decoder.target
     out = []
     with torch.inference_mode():
         t(torch.tensor([prompt]), AttnMeta.for_prefill(r.target_cache, t.rope, 0, len(prompt)))
@@ -72,7 +73,7 @@ def test_compiled_layers_are_as_close_to_float32_as_the_eager_layers(compiled_en
     ids = compiled_engine.tokenizer.encode(PROMPTS[0])
     reference = _decode_logits(_engine("off", "float32"), ids, 8)
     compiled = _decode_logits(compiled_engine, ids, 8)
-    target = compiled_engine.runner.target
+    target = compiled_engine.decoder.target
     step = target.step
     target.step, n = decoder_steps, target.layers_per_step
     try:
@@ -125,21 +126,21 @@ def test_compile_on_without_a_compiler_is_a_user_error(eager_engine) -> None:
     from torch._inductor import config
 
     with config.patch({"cpp.cxx": (None, "/nonexistent/c++")}), pytest.raises(UserError, match="--compile off"):
-        compile_target(eager_engine.runner.target, "on", torch.device("cpu"))
+        compile_target(eager_engine.decoder.target, "on", torch.device("cpu"))
 
 
 def test_compile_auto_without_a_compiler_stays_eager(eager_engine) -> None:
     from torch._inductor import config
 
     with config.patch({"cpp.cxx": (None, "/nonexistent/c++")}):
-        choice = compile_target(eager_engine.runner.target, "auto", torch.device("cpu"))
+        choice = compile_target(eager_engine.decoder.target, "auto", torch.device("cpu"))
     assert choice.active is False
 
 
 def test_a_probe_that_cannot_compile_is_a_compiler_problem(monkeypatch) -> None:
     """A machine with g++ but, say, without Python's headers fails inductor's first kernel build: ``auto`` must
     see that before it relies on compiled layers."""
-    from spectune.backends.local import compiled
+    from spectune.backends.local.engine import compiled
 
     def breaks(x: torch.Tensor) -> torch.Tensor:
         torch._dynamo.graph_break()
@@ -154,7 +155,7 @@ def test_a_probe_that_cannot_compile_is_a_compiler_problem(monkeypatch) -> None:
     assert problem is not None and "cannot build CPU kernels" in problem
 
 
-_PROBE = "from spectune.backends.local.compiled import compiler_problem; print(compiler_problem())"
+_PROBE = "from spectune.backends.local.engine.compiled import compiler_problem; print(compiler_problem())"
 
 
 @needs_compiler
@@ -173,7 +174,7 @@ def test_an_isa_override_compiles_right_after_a_run_without_it(tmp_path) -> None
 
 
 def test_an_isa_override_names_its_own_cache_folder(monkeypatch) -> None:
-    from spectune.backends.local import compiled
+    from spectune.backends.local.engine import compiled
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "AVX2")
@@ -184,7 +185,7 @@ def test_an_isa_override_replaces_the_default_cache_folder(monkeypatch) -> None:
     """Importing dynamo writes inductor's default folder into the variable; that is not a user's choice."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    from spectune.backends.local import compiled
+    from spectune.backends.local.engine import compiled
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
@@ -192,7 +193,7 @@ def test_an_isa_override_replaces_the_default_cache_folder(monkeypatch) -> None:
 
 
 def test_a_chosen_cache_folder_is_kept(monkeypatch, tmp_path) -> None:
-    from spectune.backends.local import compiled
+    from spectune.backends.local.engine import compiled
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
@@ -200,7 +201,7 @@ def test_a_chosen_cache_folder_is_kept(monkeypatch, tmp_path) -> None:
 
 
 def _packed_target() -> torch.nn.Module:
-    from spectune.backends.local.linear import PackedLinear
+    from spectune.backends.local.model.linear import PackedLinear
 
     target = torch.nn.Module()
     target.layers = torch.nn.ModuleList([PackedLinear(torch.nn.Linear(16, 16).to(torch.bfloat16))])
@@ -208,7 +209,7 @@ def _packed_target() -> torch.nn.Module:
 
 
 def _packing() -> bool:
-    from spectune.backends.local.linear import packing_supported
+    from spectune.backends.local.model.linear import packing_supported
 
     return packing_supported(torch.bfloat16, torch.device("cpu"))
 
@@ -238,12 +239,12 @@ def test_layers_per_graph_divides_the_layer_count(layers: int, per_graph: int) -
 
 
 def test_the_default_models_layers_share_one_fingerprint(eager_engine) -> None:
-    layers = eager_engine.runner.target.layers
+    layers = eager_engine.decoder.target.layers
     assert len({layer_fingerprint(layer) for layer in layers}) == 1
 
 
 def test_a_layer_with_another_quantization_has_another_fingerprint() -> None:
-    target = _engine("off").runner.target
+    target = _engine("off").decoder.target
     a, b = target.layers[0], target.layers[1]
     b.o_proj = torch.nn.Linear(b.o_proj.in_features, b.o_proj.out_features, bias=False)
     assert layer_fingerprint(a) != layer_fingerprint(b)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from spectune.backends.adaptive import make_policy, parse_sglang_adaptive_config, parse_vllm_speculative_config
-from spectune.backends.local.sequence import SamplingParams
+from spectune.backends.num_steps import make_policy, parse_sglang_adaptive_config, parse_vllm_speculative_config
+from spectune.backends.local.engine.sequence import SamplingParams
 from helpers.tiny_models import tiny_engine
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11, 12], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [7], [2, 9, 4, 1, 8]]
@@ -35,8 +35,8 @@ def test_batched_spec_decoding_equals_plain_decoding(expected, k: int) -> None:
 def test_padded_graph_shapes_give_identical_outputs(expected) -> None:
     engine = tiny_engine(num_steps=3, slots=8, graphs=True)  # batch 6 padded to 8, cache length bucketed to 256
     assert engine.generate(PROMPTS, GREEDY) == expected
-    assert engine.runner.graphs.padded_batch(6) == 8
-    assert engine.runner.graphs.kv_bucket(40) == 256
+    assert engine.decoder.graphs.padded_batch(6) == 8
+    assert engine.decoder.graphs.kv_bucket(40) == 256
 
 
 def test_requests_joining_mid_decode_and_leaving_early(expected) -> None:
@@ -114,8 +114,8 @@ def test_lazy_drafting_catches_up_to_the_head_state_of_an_always_current_head() 
     sched = parse_vllm_speculative_config({"num_speculative_tokens": 2,
                                            "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 2, 1], [3, 8, 0]]})
     engines = [tiny_engine(num_steps=0, policy=make_policy(sched), lazy=lazy) for lazy in (False, True)]
-    assert not engines[0].runner.lazy
-    assert engines[1].runner.lazy
+    assert not engines[0].decoder.lazy
+    assert engines[1].decoder.lazy
     outs: list[dict[str, list[int]]] = [{}, {}]
     requests = [("a", PROMPTS[1], 30), ("b", PROMPTS[3], 5), ("c", PROMPTS[0], 60)]
     caught_up, steps = 0, 0
@@ -127,7 +127,7 @@ def test_lazy_drafting_catches_up_to_the_head_state_of_an_always_current_head() 
                               lambda o, out=out: out[o.request_id].extend(o.new_token_ids))
             e.step()
         steps += 1
-        eager, lazy = (e.runner for e in engines)
+        eager, lazy = (e.decoder for e in engines)
         assert eager.lengths == lazy.lengths
         for slot in range(engines[1].num_running):
             if lazy.draft_len[slot] == lazy.lengths[slot]:  # current: drafts from here must be the eager head's

@@ -24,13 +24,14 @@ PROMPTS = [[{"role": "user", "content": "Name three rivers in Europe."}],
 def test_cuda_speculative_greedy_equals_plain_greedy(k: int) -> None:
     """Speculation is lossless: with the bundled head at num_steps K (CUDA graphs, float32) greedy decoding emits
     the same tokens as the target alone on the same device, and drafts were accepted."""
-    from spectune.backends.local.build import EngineOptions, build_engine
-    from spectune.backends.local.sequence import SamplingParams
+    from spectune.backends.local.build import build_engine
+    from spectune.backends.local.options import EngineOptions
+    from spectune.backends.local.engine.sequence import SamplingParams
 
     opts = dict(dtype="float32", device="cuda", max_num_seqs=4, max_model_len=512, kv_cache_gb=1.0)
     spec = build_engine(EngineOptions(num_steps=k, **opts))
     plain = build_engine(EngineOptions(draft="none", num_steps=0, **opts))
-    assert spec.runner.device.type == "cuda"
+    assert spec.decoder.device.type == "cuda"
     ids = [spec.tokenizer.encode_chat(m) for m in PROMPTS]
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     assert spec.generate(ids, params) == plain.generate(ids, params)
@@ -42,7 +43,7 @@ TINY_PROMPTS = [[3, 5, 7, 2], [9, 1, 4], [6, 6, 8, 10, 12, 2, 3], [11, 13]]
 
 def _tiny_generate(engine, lengths: tuple[int, ...] = (12, 24, 36, 48)) -> list[list[int]]:
     """Greedy outputs of TINY_PROMPTS with ``lengths`` tokens each, so the batch drains 4 -> 3 -> 2 -> 1."""
-    from spectune.backends.local.sequence import SamplingParams
+    from spectune.backends.local.engine.sequence import SamplingParams
 
     outs: dict[str, list[int]] = {}
     for i, (prompt, n) in enumerate(zip(TINY_PROMPTS, lengths)):
@@ -60,21 +61,21 @@ def test_cuda_graphs_speculative_greedy_equals_plain_greedy_tiny(k: int) -> None
     target + EAGLE-3 head at num_steps K emits what the same target emits at K = 0, on the GPU."""
     spec = tiny_engine(num_steps=k, graphs=True, device="cuda")
     plain = tiny_engine(num_steps=0, graphs=True, device="cuda")
-    assert spec.runner.graphs.graphs == {}  # nothing captured before the first round
+    assert spec.decoder.graphs.graphs == {}  # nothing captured before the first round
     out = _tiny_generate(spec)
     assert out == _tiny_generate(plain)
-    assert len(spec.runner.graphs.graphs) > 0  # the rounds ran through captured graphs
+    assert len(spec.decoder.graphs.graphs) > 0  # the rounds ran through captured graphs
 
 
 def test_cuda_lazy_adaptive_schedule_is_lossless_tiny() -> None:
     """Adaptive mode on the GPU: a vLLM-style schedule (K=2 at batch 1, 1 at 2, 0 from 3) with lazy drafting and the
     head's catch-up emits what plain decoding emits, and it switched num_steps as the batch drained."""
-    from spectune.backends.adaptive import make_policy, parse_vllm_speculative_config
+    from spectune.backends.num_steps import make_policy, parse_vllm_speculative_config
 
     sched = parse_vllm_speculative_config({"num_speculative_tokens": 2,
                                            "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 2, 1], [3, 8, 0]]})
     engine = tiny_engine(num_steps=0, policy=make_policy(sched), graphs=True, device="cuda")
-    assert engine.runner.lazy
+    assert engine.decoder.lazy
     plain = tiny_engine(num_steps=0, graphs=True, device="cuda")
     assert _tiny_generate(engine) == _tiny_generate(plain)
     assert engine.stats.num_steps_switches >= 2  # 0 at batch 3-4, 1 at 2, 2 at 1

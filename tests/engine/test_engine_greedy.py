@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectune.backends.local.build import EngineOptions, build_engine
-from spectune.backends.local.sequence import SamplingParams
+from spectune.backends.local.build import build_engine
+from spectune.backends.local.options import EngineOptions
+from spectune.backends.local.engine.sequence import SamplingParams
 from helpers.engine import bundled_head_available
 
 PROMPTS = [
@@ -34,8 +35,8 @@ def reference() -> tuple[list[list[int]], list[list[int]]]:
     """Prompt ids and HF transformers greedy outputs (fp32, one prompt at a time)."""
     from transformers import AutoModelForCausalLM
 
-    from spectune.backends.local.tokenizer import Tokenizer
-    from spectune.backends.local.weights import convert_gguf, default_model_path
+    from spectune.backends.local.engine.tokenizer import Tokenizer
+    from spectune.backends.local.weights.loader import convert_gguf, default_model_path
 
     folder = convert_gguf(default_model_path())
     tok = Tokenizer(folder)
@@ -78,7 +79,7 @@ def test_adaptive_schedule_matches_hf_with_lazy_drafting_or_draft_upkeep(referen
     engine = build_engine(EngineOptions(num_steps=0, dtype="float32", device="cpu", max_num_seqs=4,
                                         max_model_len=512, kv_cache_gb=1.0, adaptive_config=str(cfg),
                                         draft_upkeep=upkeep))
-    assert engine.runner.lazy is not upkeep
+    assert engine.decoder.lazy is not upkeep
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
     assert engine.generate(prompts[:4], params) == expected[:4]  # batch 4 -> K=0; from the first finish on -> K=2
     assert engine.stats.num_steps_switches >= 1

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from spectune.backends.local.attention import AttnMeta
-from spectune.backends.local.heads import load_head, save_head
-from spectune.backends.local.kv_cache import KVCache
+from spectune.backends.local.model.attention import AttnMeta
+from spectune.backends.local.weights.heads import load_head, save_head
+from spectune.backends.local.model.kv_cache import KVCache
 from spectune.loadgen.errors import UserError
 from helpers.tiny_models import tiny_head, tiny_target
 

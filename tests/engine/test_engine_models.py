@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from spectune.backends.local.attention import AttnMeta
-from spectune.backends.local.kv_cache import KVCache
-from spectune.backends.local.weights import load_target
+from spectune.backends.local.model.attention import AttnMeta
+from spectune.backends.local.model.kv_cache import KVCache
+from spectune.backends.local.weights.loader import load_target
 from spectune.loadgen.errors import UserError
 
 
@@ -79,7 +79,7 @@ def test_missing_tensor_and_bad_paths_are_user_errors(tmp_path: Path) -> None:
 def test_gguf_conversion_is_cached(monkeypatch: pytest.MonkeyPatch) -> None:
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
 
-    from spectune.backends.local.weights import convert_gguf, default_model_path
+    from spectune.backends.local.weights.loader import convert_gguf, default_model_path
 
     folder = convert_gguf(default_model_path())  # converts once per machine (the shared cache)
 

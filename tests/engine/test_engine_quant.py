@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from spectune.backends.local.build import EngineOptions, build_engine
-from spectune.backends.local.linear import Float32Linear
-from spectune.backends.local.paths import choose_path
-from spectune.backends.local.quant import (Int4Linear, Int8RowLinear, native_support, read_gguf_linears,
+from spectune.backends.local.build import build_engine
+from spectune.backends.local.options import EngineOptions
+from spectune.backends.local.model.linear import Float32Linear
+from spectune.backends.local.weights.compute_paths import choose_path
+from spectune.backends.local.weights.quant import (Int4Linear, Int8RowLinear, native_support, read_gguf_linears,
                                            requantize_rows, unpack)
-from spectune.backends.local.sequence import SamplingParams
-from spectune.backends.local.weights import default_model_path, load_target
+from spectune.backends.local.engine.sequence import SamplingParams
+from spectune.backends.local.weights.loader import default_model_path, load_target
 from spectune.loadgen.errors import UserError
 
 PROMPTS = ["What is the capital of Japan?", "Write a Python function that returns the n-th Fibonacci number.",
@@ -63,7 +64,7 @@ def quant_and_dense():
 def test_a_layer_the_int4_kernel_refuses_is_a_user_error(monkeypatch) -> None:
     """PyTorch's packing refuses out_features that are not a multiple of 16 (a RuntimeError); quantize_target turns
     that into a one-line UserError naming the layer and the fallback."""
-    from spectune.backends.local import quant as Q
+    from spectune.backends.local.weights import quant as Q
 
     real = Q.read_gguf_linears
 
@@ -147,8 +148,8 @@ def native_engine_int8():
 
 
 def test_native_engine_uses_int4_linears(native_engine) -> None:
-    mods = list(native_engine.runner.target.modules())
-    assert sum(isinstance(m, Int4Linear) for m in mods) == 4 * native_engine.runner.target.cfg.num_layers + 1
+    mods = list(native_engine.decoder.target.modules())
+    assert sum(isinstance(m, Int4Linear) for m in mods) == 4 * native_engine.decoder.target.cfg.num_layers + 1
 
 
 def test_native_engine_records_its_path(native_engine) -> None:
@@ -156,7 +157,7 @@ def test_native_engine_records_its_path(native_engine) -> None:
 
 
 def test_int8_lm_head_is_used_when_asked(native_engine_int8) -> None:
-    assert isinstance(native_engine_int8.runner.target.lm_head, Int8RowLinear)
+    assert isinstance(native_engine_int8.decoder.target.lm_head, Int8RowLinear)
 
 
 def test_the_engine_records_its_lm_head_kernel(native_engine_int8) -> None:
@@ -170,7 +171,7 @@ def test_a_bad_lm_head_kernel_is_a_user_error() -> None:
 
 def test_auto_lm_head_takes_the_faster_kernel(tmp_path, monkeypatch) -> None:
     """A Q8_0 lm_head (lm_repeat 2): both kernels timed, int8 only when it saves at least 10%."""
-    from spectune.backends.local.config import ModelConfig
+    from spectune.backends.local.model.config import ModelConfig
 
     monkeypatch.setenv("SPECTUNE_CACHE_DIR", str(tmp_path))
     cfg = ModelConfig(model_type="llama", vocab_size=4096, hidden_size=64, intermediate_size=128, num_layers=2,
@@ -185,11 +186,11 @@ def _reference_engine(native) -> object:
     codes times bf16-rounded scales (plus zeros) for int4 layers, ``weights()`` for an int8 lm_head."""
     ref = build_engine(EngineOptions(num_steps=0, draft="none", dtype="bfloat16", max_num_seqs=4, max_model_len=256,
                                      kv_cache_gb=0.5))
-    c = ref.runner.target.cfg
+    c = ref.decoder.target.cfg
     quant, _ = read_gguf_linears(default_model_path(), c.num_layers, c.num_heads, c.num_kv_heads, True)
     for name, qt in quant.items():
         *parents, leaf = name.split(".")
-        parent, mine = ref.runner.target, native.runner.target
+        parent, mine = ref.decoder.target, native.decoder.target
         for p in parents:
             parent, mine = getattr(parent, p), getattr(mine, p)
         kernel = getattr(mine, leaf)
@@ -205,9 +206,9 @@ def _teacher_forced_logits(engine, ids: list[int], start: int) -> torch.Tensor:
     """float32 [len(ids) - start, vocab]: the logits after ids[:start] (one prefill), then after each further id fed
     one at a time as a batch-1 decode step (so every linear runs at one row: the int4/int8 kernels, not the float32
     copy)."""
-    from spectune.backends.local.attention import AttnMeta
+    from spectune.backends.local.model.attention import AttnMeta
 
-    r, t = engine.runner, engine.runner.target
+    r, t = engine.decoder, engine.decoder.target
     group = t.cfg.num_heads // t.cfg.num_kv_heads
     with torch.inference_mode():
         hidden, _ = t(torch.tensor([ids[:start]]), AttnMeta.for_prefill(r.target_cache, t.rope, 0, start))
@@ -286,8 +287,8 @@ def test_a_bad_dense_threshold_is_a_user_error() -> None:
 
 
 def test_dense_copy_is_refused_when_it_cannot_fit() -> None:
-    from spectune.backends.local.config import ModelConfig
-    from spectune.backends.local.paths import dense_fits
+    from spectune.backends.local.model.config import ModelConfig
+    from spectune.backends.local.weights.compute_paths import dense_fits
 
     huge = ModelConfig(model_type="llama", vocab_size=10**6, hidden_size=10**5, intermediate_size=10**6,
                        num_layers=100, num_heads=64, num_kv_heads=8, head_dim=128, rope_theta=1e4,
@@ -296,7 +297,7 @@ def test_dense_copy_is_refused_when_it_cannot_fit() -> None:
 
 
 def test_native_is_refused_for_a_hf_folder(tmp_path) -> None:
-    from spectune.backends.local.config import ModelConfig
+    from spectune.backends.local.model.config import ModelConfig
 
     cfg = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=1,
                       num_heads=2, num_kv_heads=1, head_dim=32, rope_theta=1e4, max_position_embeddings=128)
@@ -310,7 +311,7 @@ def test_unknown_dtype_names_the_choices() -> None:
 
 
 def test_auto_picks_a_measured_path() -> None:
-    from spectune.backends.local.config import ModelConfig
+    from spectune.backends.local.model.config import ModelConfig
 
     cfg = ModelConfig(model_type="llama", vocab_size=1024, hidden_size=64, intermediate_size=128, num_layers=2,
                       num_heads=2, num_kv_heads=1, head_dim=32, rope_theta=1e4, max_position_embeddings=128)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from spectune.backends.local.attention import AttnMeta
-from spectune.backends.local.kv_cache import KVCache
-from spectune.backends.local.sampling import SamplingTensors, target_probs, verify
-from spectune.backends.local.speculative import SpecRunner
+from spectune.backends.local.model.attention import AttnMeta
+from spectune.backends.local.model.kv_cache import KVCache
+from spectune.backends.local.engine.sampling import SamplingTensors, target_probs, verify
+from spectune.backends.local.engine.speculative import SpeculativeDecoder
 from helpers.tiny_models import tiny_head, tiny_target
 
 
@@ -78,15 +78,15 @@ def test_spec_decoding_end_to_end_matches_target_marginals() -> None:
     head = tiny_head(target, draft_vocab=6)
     prompt, temp, batch, reps = [1, 2, 3, 4, 5], 1.0, 512, 12
     g = torch.Generator().manual_seed(1)
-    runner = SpecRunner(target, head, batch, 64, g)
+    decoder = SpeculativeDecoder(target, head, batch, 64, g)
     samples = []
     for _ in range(reps):  # x_n greedy (fixed), the state copied into every slot, then sampled decode rounds
-        first = runner.prefill(0, prompt, _st(1, 0.0), draft=True)
+        first = decoder.prefill(0, prompt, _st(1, 0.0), draft=True)
         for s in range(1, batch):
-            runner.move_slot(0, s)
+            decoder.move_slot(0, s)
         out: list[list[int]] = [[] for _ in range(batch)]
         while min(len(o) for o in out) < 2:
-            _, toks = runner.decode_round(batch, 2, _st(batch, temp))
+            _, toks = decoder.decode_round(batch, 2, _st(batch, temp))
             for o, t in zip(out, toks):
                 o.extend(t)
         samples.extend(o[:2] for o in out)

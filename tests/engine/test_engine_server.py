@@ -10,7 +10,7 @@ import openai
 import pytest
 import requests
 
-from spectune.backends.local.build import EngineOptions
+from spectune.backends.local.options import EngineOptions
 from helpers.engine import random_smollm2_head, serve_in_thread
 
 MODEL = "smollm2-test"

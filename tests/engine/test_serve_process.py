@@ -32,7 +32,7 @@ class Serve:
     def __init__(self, args: list[str], env: dict[str, str] | None = None, timeout_s: float = 180.0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        full_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        full_env = dict(os.environ)
         full_env.pop("SPECTUNE_API_KEY", None)
         full_env.update(env or {})
         self.proc = subprocess.Popen([sys.executable, "-m", "spectune.cli", "serve", *args, "--port", str(self.port)],

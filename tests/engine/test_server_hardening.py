@@ -179,14 +179,14 @@ def test_tokenization_runs_off_the_event_loop(tiny, monkeypatch) -> None:
 
 
 def test_an_engine_failure_stays_with_its_request(tiny, monkeypatch) -> None:
-    prefill = tiny.engine.runner.prefill
+    prefill = tiny.engine.decoder.prefill
 
     def faulty(slot, prompt, st, draft):
         if 13 in prompt:  # "t13" marks the request to fail
             raise RuntimeError("injected fault")
         return prefill(slot, prompt, st, draft)
 
-    monkeypatch.setattr(tiny.engine.runner, "prefill", faulty)
+    monkeypatch.setattr(tiny.engine.decoder, "prefill", faulty)
     bad = {"messages": [{"role": "user", "content": "t1 t13"}], "max_tokens": 4}
     r = _post(tiny, CHAT, bad)
     assert r.status_code == 500
@@ -203,7 +203,7 @@ def test_an_engine_failure_stays_with_its_request(tiny, monkeypatch) -> None:
 
 
 def test_the_key_is_compared_in_constant_time(tiny, monkeypatch) -> None:
-    import spectune.backends.local.server as server_module
+    import spectune.backends.local.server.app as server_module
 
     calls: list[tuple] = []
     real_compare = server_module.hmac.compare_digest
@@ -261,8 +261,8 @@ def test_the_served_key_comes_from_the_flag_or_the_environment(monkeypatch) -> N
     ([1, 2], {"max_tokens": 10_000}, "max_tokens"),
 ])
 def test_the_engine_refuses_what_it_cannot_run(prompt, params, param) -> None:
-    from spectune.backends.local.engine import InvalidRequest
-    from spectune.backends.local.sequence import SamplingParams
+    from spectune.backends.local.engine.loop import InvalidRequest
+    from spectune.backends.local.engine.sequence import SamplingParams
 
     engine = tiny_engine(num_steps=0)
     with pytest.raises(InvalidRequest) as info:

@@ -10,14 +10,15 @@ from typing import Any, Iterator
 
 import torch
 
-from spectune.backends.local.build import DEFAULT_HEAD, EngineOptions, build_engine
+from spectune.backends.local.build import build_engine
+from spectune.backends.local.options import DEFAULT_HEAD, EngineOptions
 
 
 def random_smollm2_head(folder: Path) -> Path:
     """A random EAGLE-3 head shaped for SmolLM2-135M (draft vocab 1024), saved in the published layout."""
-    from spectune.backends.local.eagle import DraftConfig, DraftHead
-    from spectune.backends.local.heads import save_head
-    from spectune.backends.local.weights import load_target
+    from spectune.backends.local.model.eagle import DraftConfig, DraftHead
+    from spectune.backends.local.weights.heads import save_head
+    from spectune.backends.local.weights.loader import load_target
 
     if (folder / "config.json").is_file():
         return folder
@@ -49,29 +50,29 @@ def free_port() -> int:
 
 
 class ThreadedServer:
-    """Runs :class:`spectune.backends.local.server.Server` on its own event loop in a daemon thread."""
+    """Runs :class:`spectune.backends.local.server.app.Server` on its own event loop in a daemon thread."""
 
     def __init__(self, opts: EngineOptions | Any, model_name: str = "smollm2-test", api_key: str | None = None,
                  metrics_without_key: bool = False) -> None:
         """``opts``: EngineOptions to build the engine from, or an already built engine (tests/tiny_models.py)."""
         from aiohttp import web
 
-        from spectune.backends.local.server import Server
+        from spectune.backends.local.server.app import Server
 
         self.engine = build_engine(opts) if isinstance(opts, EngineOptions) else opts
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.loop = asyncio.new_event_loop()
         self.server = Server(self.engine, model_name, api_key, metrics_without_key)
-        self.runner = self.server.runner()
+        self.app_runner = self.server.app_runner()
         ready = threading.Event()
         failure: list[BaseException] = []
 
         def run() -> None:
             asyncio.set_event_loop(self.loop)
             try:
-                self.loop.run_until_complete(self.runner.setup())
-                self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
+                self.loop.run_until_complete(self.app_runner.setup())
+                self.loop.run_until_complete(web.TCPSite(self.app_runner, "127.0.0.1", self.port).start())
             except BaseException as err:  # noqa: BLE001 - handed to the constructor, which raises it
                 failure.append(err)
                 return
@@ -87,7 +88,7 @@ class ThreadedServer:
             raise RuntimeError(f"the test server failed to start: {failure[0]!r}") from failure[0]
 
     def close(self) -> None:
-        fut = asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop)
+        fut = asyncio.run_coroutine_threadsafe(self.app_runner.cleanup(), self.loop)
         fut.result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
@@ -146,7 +147,6 @@ class SubprocessServer:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         env = dict(os.environ, SPECTUNE_TEST_SERVER_KEY=api_key or "")
         root = Path(__file__).resolve().parents[2]
-        env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         self.log_path = log_path or Path(tempfile.mkstemp(prefix="spectune-test-server-", suffix=".log")[1])
         self._log = open(self.log_path, "wb")
         argv = [sys.executable, "-m", "spectune.backends.local", "--options", json.dumps(options), "--port", str(self.port),

@@ -111,7 +111,7 @@ class FakeServer:
         self.inflight = 0
         self.schedule = None  # a vLLM num_speculative_tokens_per_batch_size schedule given as --adaptive-config
         if args.adaptive_config:
-            from spectune.backends.adaptive.config import VllmSchedule, load_config_file
+            from spectune.backends.num_steps.sglang_config import VllmSchedule, load_config_file
 
             try:
                 cfg = load_config_file(args.adaptive_config, strict=False)

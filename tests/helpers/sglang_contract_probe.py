@@ -72,8 +72,8 @@ def replay(path: str, initial: int, batches: int, seed: int) -> dict:
     """Both policies over the same random verify batches; the first differing batch, if any."""
     from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams
 
-    from spectune.backends.adaptive.config import load_config_file
-    from spectune.backends.adaptive.policy import AdaptivePolicy
+    from spectune.backends.num_steps.sglang_config import load_config_file
+    from spectune.backends.num_steps.ema_policy import AdaptivePolicy
 
     theirs = AdaptiveSpeculativeParams(initial_steps=initial, cfg_path=path)
     ours = AdaptivePolicy(load_config_file(path, strict=False), initial_steps=initial)
@@ -97,8 +97,8 @@ def replay_throughput(path: str, cost_table: dict, graph_bs: list[int], batches:
 
     from sglang.srt.speculative.throughput_aware_controller import ThroughputAwareAdaptiveController
 
-    from spectune.backends.adaptive.config import load_config_file
-    from spectune.backends.adaptive.throughput_policy import CostTable, ThroughputAwarePolicy
+    from spectune.backends.num_steps.sglang_config import load_config_file
+    from spectune.backends.num_steps.throughput_policy import CostTable, ThroughputAwarePolicy
 
     cfg = load_config_file(path, strict=False)
     worker = NS(speculative_num_steps=cfg.server_initial_steps, server_args=NS(context_length=4096))
@@ -135,7 +135,7 @@ def main() -> None:
     from sglang.srt.speculative import adaptive_spec_params as asp
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from spectune.backends.adaptive.config import load_config_file
+    from spectune.backends.num_steps.sglang_config import load_config_file
 
     import sglang
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from spectune.backends.local.config import ModelConfig
-from spectune.backends.local.eagle import DraftConfig, DraftHead
-from spectune.backends.local.model import TargetModel
+from spectune.backends.local.model.config import ModelConfig
+from spectune.backends.local.model.eagle import DraftConfig, DraftHead
+from spectune.backends.local.model.target import TargetModel
 
 
 def tiny_target(vocab: int = 16, hidden: int = 32, layers: int = 2, seed: int = 0, scale: float = 1.0,
@@ -73,12 +73,12 @@ class TinyTokenizer:
 
 def tiny_engine(num_steps: int = 2, policy=None, slots: int = 4, graphs: bool = False, kind: str = "eagle3",
                 eos: int = 0, lazy: bool | None = None, device: str = "cpu"):
-    """An Engine over a tiny target + head (float32); ``graphs`` pads through a GraphRunner (eager on CPU, captured
+    """An Engine over a tiny target + head (float32); ``graphs`` pads through CapturedGraphs (eager on CPU, captured
     CUDA graphs on ``device="cuda"``); ``lazy`` (default: with a policy, as the server builds it) turns on lazy
     drafting."""
-    from spectune.backends.local.cuda_graphs import GraphRunner
-    from spectune.backends.local.engine import Engine, EngineConfig
-    from spectune.backends.local.speculative import SpecRunner
+    from spectune.backends.local.engine.cuda_graphs import CapturedGraphs
+    from spectune.backends.local.engine.loop import Engine, EngineConfig
+    from spectune.backends.local.engine.speculative import SpeculativeDecoder
 
     target = tiny_target(vocab=16, layers=3)
     head = tiny_head(target, kind=kind)
@@ -86,8 +86,8 @@ def tiny_engine(num_steps: int = 2, policy=None, slots: int = 4, graphs: bool = 
         target, head = target.to(device), head.to(device)
         target.build_rope(256)
         head.prepare(256)
-    runner = SpecRunner(target, head, slots, 256, torch.Generator(device=device).manual_seed(0),
-                        GraphRunner(slots, 256, capture=device != "cpu") if graphs else None,
-                        lazy_draft=policy is not None if lazy is None else lazy)
+    decoder = SpeculativeDecoder(target, head, slots, 256, torch.Generator(device=device).manual_seed(0),
+                                 CapturedGraphs(slots, 256, capture=device != "cpu") if graphs else None,
+                                 lazy_draft=policy is not None if lazy is None else lazy)
     cfg = EngineConfig(num_steps=num_steps, max_num_seqs=slots, max_len=256, policy=policy, steps_capacity=5)
-    return Engine(runner, TinyTokenizer(16, eos), cfg)
+    return Engine(decoder, TinyTokenizer(16, eos), cfg)

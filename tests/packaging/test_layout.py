@@ -12,11 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers.import_graph import FOLDERS
 from helpers.paths import ROOT
 
-FOLDERS = {"spectune": "spectune", "loadgen": "spectune.loadgen", "backends": "spectune.backends",
-           "presets": "spectune.presets"}
-"""Source folder -> installed package."""
 OLD_TOP_LEVEL = ("loadgen", "backends", "presets")
 
 
@@ -75,8 +73,9 @@ def test_one_import_spelling(folder):
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    """spectune's wheel, built by setuptools (PEP 517 ``build_wheel``) from a copy of the source tree."""
+def wheel_build(tmp_path_factory) -> tuple[Path, str]:
+    """spectune's wheel, built by setuptools (PEP 517 ``build_wheel``) from a copy of the source tree, and the
+    build's stderr."""
     src = tmp_path_factory.mktemp("src")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
@@ -86,7 +85,18 @@ def wheel(tmp_path_factory) -> Path:
     code = f"from setuptools import build_meta; print(build_meta.build_wheel({str(out)!r}))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=src, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return out / proc.stdout.strip().splitlines()[-1]
+    return out / proc.stdout.strip().splitlines()[-1], proc.stderr
+
+
+@pytest.fixture(scope="module")
+def wheel(wheel_build) -> Path:
+    return wheel_build[0]
+
+
+def test_every_folder_with_files_is_a_listed_package(wheel_build):
+    """setuptools names folders it would ship but that pyproject.toml does not list (the bundled head's folder was
+    one): the package list is complete."""
+    assert "absent from the `packages` configuration" not in wheel_build[1]
 
 
 def test_the_wheel_installs_one_import_name(wheel):

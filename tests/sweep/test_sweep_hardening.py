@@ -142,9 +142,8 @@ def _cli(*args: str, fsize: int | None = None, timeout: float = 120) -> subproce
     if fsize is not None:
         code = (f"import resource, signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
                 f"resource.setrlimit(resource.RLIMIT_FSIZE, ({fsize}, {fsize})); " + code)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     return subprocess.run([sys.executable, "-c", code, "sweep", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+                          timeout=timeout)
 
 
 def _launch_args(prompts: str, out: Path) -> list[str]:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from spectune.backends.adaptive.config import parse_sglang_adaptive_config, parse_vllm_speculative_config
-from spectune.backends.adaptive.policy import AdaptivePolicy
+from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config, parse_vllm_speculative_config
+from spectune.backends.num_steps.ema_policy import AdaptivePolicy
 from spectune.cli import app, main
 from spectune.loadgen.errors import UserError
 from spectune.results.reader import load_results

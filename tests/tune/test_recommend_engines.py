@@ -189,7 +189,7 @@ def test_vllm_config_leaves_out_what_the_sweep_did_not_record(tmp_path):
 
 def test_default_pair_sweeps_name_the_bundled_head():
     from spectune.backends import draft_head
-    from spectune.backends.local.build import DEFAULT_HEAD
+    from spectune.backends.local.options import DEFAULT_HEAD
 
     assert draft_head({"backend": "local", "model": None, "draft": None}) == str(DEFAULT_HEAD)
     assert draft_head({"backend": "llamacpp", "model": "smollm2", "draft": None}) == str(DEFAULT_HEAD)

@@ -1,4 +1,4 @@
-"""Trace format (backends.adaptive.trace) and `spectune simulate` (spectune.tune.simulate + the CLI command)."""
+"""Trace format (backends.num_steps.trace) and `spectune simulate` (spectune.tune.simulate + the CLI command)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from spectune.backends.adaptive.config import parse_sglang_adaptive_config, parse_vllm_schedule
-from spectune.backends.adaptive.trace import TraceStep, TraceWriter, read_trace, write_trace
+from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config, parse_vllm_schedule
+from spectune.backends.num_steps.trace import TraceStep, TraceWriter, read_trace, write_trace
 from spectune.cli import app
 from spectune.loadgen.errors import UserError
 from spectune.tune.simulate import Segment, Switch, simulate
@@ -93,7 +93,7 @@ def test_default_config_starts_slots_where_sglang_does() -> None:
     """Without --initial-steps SGLang sets num_steps to the middle of the union of all slots' candidates
     (speculative_hook.py, _init_adaptive_speculative_params): union [0, 1, 3, 5, 7] -> 3. Slots "1" and "8" list 3
     and start there; "32" ([0, 1]) does not and starts at its own middle, 1."""
-    from spectune.backends.adaptive.config import SGLANG_DEFAULT_CONFIG
+    from spectune.backends.num_steps.sglang_config import SGLANG_DEFAULT_CONFIG
 
     cfg = parse_sglang_adaptive_config(SGLANG_DEFAULT_CONFIG)
     trace = [TraceStep(1, (1,), 3), TraceStep(8, (1,) * 8, 3), TraceStep(32, (0,) * 32, 3)]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from spectune.backends.adaptive.config import parse_any_config
-from spectune.backends.adaptive.throughput_policy import ThroughputAwareConfig
+from spectune.backends.num_steps.sglang_config import parse_any_config
+from spectune.backends.num_steps.throughput_policy import ThroughputAwareConfig
 from spectune.results.reader import load_results
 from spectune.tune.output import sglang_strategy, write_recommendation
 from spectune.tune.recommend import RecommendOptions, recommend

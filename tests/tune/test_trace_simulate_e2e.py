@@ -1,5 +1,5 @@
 """The engine -> trace file -> ``spectune simulate`` path with the real pieces: the bundled engine (tiny fixture)
-records every verify through :class:`spectune.backends.adaptive.trace.TraceWriter`, and the CLI replays that file."""
+records every verify through :class:`spectune.backends.num_steps.trace.TraceWriter`, and the CLI replays that file."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from spectune.backends.adaptive.trace import TraceWriter, read_trace
-from spectune.backends.local.sequence import SamplingParams
+from spectune.backends.num_steps.trace import TraceWriter, read_trace
+from spectune.backends.local.engine.sequence import SamplingParams
 from spectune.cli import app
 from helpers.tiny_models import tiny_engine
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from spectune.backends.adaptive.config import parse_vllm_schedule
+from spectune.backends.num_steps.sglang_config import parse_vllm_schedule
 from spectune.backends.base import BackendOptions, SpecSnapshot
 from spectune.backends.vllm import VLLMBackend
 from spectune.measure.schedule_check import check_schedule

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from spectune.backends.local.eagle import DraftConfig, DraftHead
+from spectune.backends.local.model.eagle import DraftConfig, DraftHead
 from spectune.loadgen.errors import UserError
+
+if TYPE_CHECKING:
+    from spectune.backends.local.model.target import TargetModel
 
 
 def _flat_config(raw: dict[str, Any]) -> dict[str, Any]:
@@ -121,8 +124,8 @@ def _engine_state(cfg: DraftConfig, t: dict[str, torch.Tensor]) -> dict[str, tor
     return state
 
 
-def load_head(path: str | Path, target: Any, dtype: torch.dtype, device: Any) -> DraftHead:
-    """Load an EAGLE head for ``target`` (a :class:`~spectune.backends.local.model.TargetModel`).
+def load_head(path: str | Path, target: TargetModel, dtype: torch.dtype, device: torch.device) -> DraftHead:
+    """Load an EAGLE head for ``target`` (a :class:`~spectune.backends.local.model.target.TargetModel`).
 
     Raises:
         UserError: missing folder or files, a missing tensor, or a tensor whose shape does not match the config

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    import torch
+
+    from spectune.backends.local.engine.tokenizer import IncrementalText
 
 
 @dataclass
@@ -117,8 +122,8 @@ class Sequence:
     finished: bool = False
     finish_reason: str | None = None
     spec: SpecStats = field(default_factory=SpecStats)
-    detok: Any = None  # backends.local.tokenizer.IncrementalText, set by the engine
-    generator: Any = None  # torch.Generator of a seeded request, set by the engine
+    detok: IncrementalText | None = None  # set by the engine
+    generator: torch.Generator | None = None  # of a seeded request, set by the engine
 
     @property
     def num_tokens(self) -> int:

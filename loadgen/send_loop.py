@@ -10,7 +10,7 @@ open-loop arrival, phase boundary, duration deadline).
 Cancelling the task that awaits :func:`run_point` (Ctrl-C in the sweep) cancels every request in flight, waits for
 their connections to close and re-raises; records of unfinished requests are dropped.
 
-The runner also watches itself, since a saturated client inflates the latencies it reports: each record gets its
+The sending loop also watches itself, since a saturated client inflates the latencies it reports: each record gets its
 ``dispatch_delay_s`` (due time to actual POST: an open-loop arrival's scheduled time, or in a closed loop the end
 of the request that freed the slot), and the point its ``client_cpu_share``, the CPU time of the event loop's
 thread over the point's wall time (1.0 = one core saturated: the loop cannot use more).

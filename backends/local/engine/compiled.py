@@ -6,7 +6,7 @@ SDPA 12 us; the rest is some 40 small ops (two RMSNorms of 8 ops each, RoPE's sl
 writes, views) and the Python between them. Inductor fuses those into a few C++ loops around the same int4 and SDPA
 calls.
 
-What is compiled: :func:`spectune.backends.local.model.decoder_steps`, a group of consecutive layers of a batched
+What is compiled: :func:`spectune.backends.local.model.target.decoder_steps`, a group of consecutive layers of a batched
 forward as a function of modules and tensors only, so one compiled graph serves every group. Each call through
 dynamo costs some 30 us (guard checks, wrappers), so larger groups run faster at batch 1 but take longer to compile.
 Measured on that VM, 2 threads (``python benchmarks/engine_speed.py --paths native+compile1,native+compile2,
@@ -47,12 +47,15 @@ import os
 import time
 import types
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from spectune.backends.local.build import check_compile_mode
+from spectune.backends.local.options import check_compile_mode
 from spectune.loadgen.errors import UserError
+
+if TYPE_CHECKING:
+    from spectune.backends.local.engine.speculative import SpeculativeDecoder
 
 log = logging.getLogger("spectune.engine")
 
@@ -186,8 +189,8 @@ def _private_copy(fn: Callable) -> Callable:
 
 
 class CompiledStep:
-    """Callable with :func:`~spectune.backends.local.model.decoder_steps`'s signature that runs the compiled graph,
-    or the eager function once compiling or running the graph has failed (the error is kept in ``error``).
+    """Callable with :func:`~spectune.backends.local.model.target.decoder_steps`'s signature that runs the compiled
+    graph, or the eager function once compiling or running the graph has failed (the error is kept in ``error``).
 
     Args:
         eager: the layers function to compile (``decoder_steps``).
@@ -219,7 +222,7 @@ def compile_target(target: torch.nn.Module, mode: str, device: torch.device) -> 
 
     ``auto``: compile on CPU when a C++ compiler is found; ``on``: the same, but no compiler is an error; ``off``:
     eager. On CUDA the engine captures CUDA graphs instead, so nothing is compiled. Layers holding oneDNN-packed
-    bf16 weights (:class:`~spectune.backends.local.linear.PackedLinear`, the ``bfloat16`` path on AVX-512) stay
+    bf16 weights (:class:`~spectune.backends.local.model.linear.PackedLinear`, the ``bfloat16`` path on AVX-512) stay
     eager: dynamo cannot trace ``mkldnn._linear_pointwise`` on an opaque packed tensor (inductor's lowering failed
     after 3.7 s of warm-up on the Zen 5 VM before this check).
 
@@ -235,7 +238,7 @@ def compile_target(target: torch.nn.Module, mode: str, device: torch.device) -> 
         if mode == "on":
             raise UserError(f"--compile on: {problem}; install g++ or pass --compile off")
         return CompileChoice(mode, False, problem)
-    from spectune.backends.local.linear import PackedLinear
+    from spectune.backends.local.model.linear import PackedLinear
 
     if any(isinstance(m, PackedLinear) for m in target.layers.modules()):
         if mode == "on":
@@ -259,8 +262,8 @@ def warm_up_shapes(slots: int, max_query: int, row_limits: tuple[int, ...] = ())
     """(batch, query length) pairs that reach every graph a server with ``slots`` cache slots can meet, one each.
 
     Dynamo specialises sizes 1 (batch 1, query length 1), and a layer that switches kernels above a row count
-    (``dense_above`` of the native linears: ``spectune.backends.local.quant``) adds a guard on batch x query length
-    there, so the graphs are told apart by (batch == 1, query == 1, rows > limit for each limit). Query length 3
+    (``dense_above`` of the native linears: ``spectune.backends.local.weights.quant``) adds a guard on batch x query
+    length there, so the graphs are told apart by (batch == 1, query == 1, rows > limit for each limit). Query length 3
     is tried first, then 2 and the others up to ``max_query``, each with the smallest batch first; a batch never
     equals its query length (batch 1 excepted), so dynamo does not tie the two sizes together.
     Measured on the Zen 5 VM with the AVX2 emulation (``dense_above`` 8): without the limit's shapes, the first
@@ -282,27 +285,27 @@ def warm_up_shapes(slots: int, max_query: int, row_limits: tuple[int, ...] = ())
     return list(shapes.values())
 
 
-def warm_up(runner: Any, choice: CompileChoice, max_query: int) -> None:
+def warm_up(decoder: SpeculativeDecoder, choice: CompileChoice, max_query: int) -> None:
     """Compile the shape classes a server will meet before it takes requests (:func:`warm_up_shapes`), on cache
     slots 0.. at positions 5.. (they are empty at start-up). Updates ``choice`` (``warm_up_s``; ``active`` False with
     the error as reason when compiling failed).
 
     Args:
-        runner: the :class:`~spectune.backends.local.speculative.SpecRunner` whose target was compiled.
+        decoder: the :class:`~spectune.backends.local.engine.speculative.SpeculativeDecoder` whose target was compiled.
         choice: what :func:`compile_target` returned.
         max_query: the largest query length verify will use (num_steps capacity + 1).
     """
-    step = getattr(runner.target, "step", None)
+    step = getattr(decoder.target, "step", None)
     if not choice.active or not isinstance(step, CompiledStep):
         return
     start = time.perf_counter()
-    layers = runner.target.layers.modules()  # the lm_head's own dense_above is outside the compiled layers
+    layers = decoder.target.layers.modules()  # the lm_head's own dense_above is outside the compiled layers
     limits = sorted({m.dense_above for m in layers if getattr(m, "dense_above", None) is not None})
     with torch.inference_mode():
-        for batch, q in warm_up_shapes(runner.target_cache.num_slots, max_query, tuple(limits)):
-            pos = 5 + torch.arange(q, device=runner.device).repeat(batch, 1)  # [B, q]
-            tokens = torch.zeros(batch, q, dtype=torch.long, device=runner.device)
-            runner._target_fwd(tokens, pos)
+        for batch, q in warm_up_shapes(decoder.target_cache.num_slots, max_query, tuple(limits)):
+            pos = 5 + torch.arange(q, device=decoder.device).repeat(batch, 1)  # [B, q]
+            tokens = torch.zeros(batch, q, dtype=torch.long, device=decoder.device)
+            decoder._target_fwd(tokens, pos)
     choice.warm_up_s = time.perf_counter() - start
     if step.error is not None:
         choice.active, choice.reason = False, f"torch.compile failed, eager layers: {step.error}"

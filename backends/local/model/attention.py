@@ -4,8 +4,8 @@ Two shapes of forward:
 
 - *prefill*: one sequence, tokens at positions start..start+n-1 of its slot; K/V copied into the slot, then causal
   attention over positions 0..start+n-1 (its own keys alone when start is 0: no cache reads). start > 0 is how a
-  draft head catches up on positions it skipped (:class:`~spectune.backends.local.speculative.SpecRunner`, lazy
-  drafting).
+  draft head catches up on positions it skipped
+  (:class:`~spectune.backends.local.engine.speculative.SpeculativeDecoder`, lazy drafting).
 - *batched*: B sequences in slots 0..B-1, q new tokens each at arbitrary positions (decode q = 1, verify q = K+1,
   draft extend q = K+1); K/V written at (slot, position), then each query attends to cache positions <= its own.
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from spectune.backends.local.kv_cache import KVCache
+from spectune.backends.local.model.kv_cache import KVCache
 
 
 @dataclass
@@ -101,7 +101,7 @@ def attend(
 def attend_batched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    index: tuple[torch.Tensor, ...], mask: torch.Tensor) -> torch.Tensor:
     """The batched forward's attention as a function of tensors only (what ``torch.compile`` traces:
-    :mod:`spectune.backends.local.compiled`).
+    :mod:`spectune.backends.local.engine.compiled`).
 
     Args:
         q: [B, s, H, hd]; k, v: [B, s, Hkv, hd] (RoPE applied).

@@ -2,7 +2,7 @@
 
 Fused projections (q|k|v in one matrix, gate|up in one) keep the number of kernel launches per layer small, which
 matters on CPU where eager per-op overhead is a few microseconds. Weights use Hugging Face names after fusion
-(``layers.{i}.qkv.weight`` ...); :mod:`spectune.backends.local.weights` converts checkpoints into this layout.
+(``layers.{i}.qkv.weight`` ...); :mod:`spectune.backends.local.weights.loader` converts checkpoints into this layout.
 
 Besides logits the forward returns the features an EAGLE head needs: the final hidden state after the last norm
 (EAGLE-1/2, Li et al. 2024) and, for EAGLE-3 (Li et al. 2025), the outputs of selected layers concatenated.
@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spectune.backends.local.attention import AttnMeta, attend, attend_batched
-from spectune.backends.local.config import ModelConfig
-from spectune.backends.local.rope import apply_rope, rope_table
+from spectune.backends.local.model.attention import AttnMeta, attend, attend_batched
+from spectune.backends.local.model.config import ModelConfig
+from spectune.backends.local.model.rope import apply_rope, rope_table
 
 
 class DecoderLayer(nn.Module):
@@ -56,7 +56,7 @@ def split_qkv_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_di
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A fused projection's output qkv [B, s, (heads + 2 kv_heads) * hd] -> q [B, s, heads, hd], k and v [B, s,
     kv_heads, hd], RoPE applied to q and k with ``cos_sin`` [B or 1, s, 2, hd]. Shared by the target's
-    :class:`DecoderLayer` and the draft head's layers (:mod:`spectune.backends.local.eagle`)."""
+    :class:`DecoderLayer` and the draft head's layers (:mod:`spectune.backends.local.model.eagle`)."""
     b, s, _ = qkv.shape
     n_qk = (num_heads + num_kv_heads) * head_dim
     qk = apply_rope(qkv[..., :n_qk].view(b, s, -1, head_dim), cos_sin)
@@ -77,14 +77,14 @@ def decoder_steps(layers: tuple[DecoderLayer, ...], x: torch.Tensor, k_caches: t
                   v_caches: tuple[torch.Tensor, ...], cos_sin: torch.Tensor, index: tuple[torch.Tensor, ...],
                   mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Consecutive layers of a batched forward (decode, verify, draft extend) as a function of modules and tensors
-    only, which is what :mod:`spectune.backends.local.compiled` hands to ``torch.compile``: one compiled graph serves
-    every group of that many layers.
+    only, which is what :mod:`spectune.backends.local.engine.compiled` hands to ``torch.compile``: one compiled graph
+    serves every group of that many layers.
 
     Args:
         layers: the layers to run, in order.
         x: [B, s, hidden], the input of the first.
         k_caches, v_caches: each layer's cache, [slots, Hkv, max_len, hd] (:meth:`KVCache.layer`).
-        cos_sin, index, mask: as :func:`~spectune.backends.local.attention.attend_batched`.
+        cos_sin, index, mask: as :func:`~spectune.backends.local.model.attention.attend_batched`.
 
     Returns:
         every layer's output, [B, s, hidden] each (EAGLE-3 reads some of them).

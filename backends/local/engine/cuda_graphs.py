@@ -1,7 +1,7 @@
-"""Captured forwards for decode-shaped batches, as SGLang's CUDA-graph runner captures them.
+"""Captured forwards for decode-shaped batches, as SGLang's CUDA-graph runner (``CudaGraphRunner``) captures them.
 
 A decode round runs three kinds of forwards whose shapes depend only on (batch, tokens per sequence, visible cache
-length): the target verify ([B, K+1]), draft steps ([B, 1]) and the draft extend ([B, K+1]). :class:`GraphRunner`
+length): the target verify ([B, K+1]), draft steps ([B, 1]) and the draft extend ([B, K+1]). :class:`CapturedGraphs`
 pads the batch up to a captured size and the cache length up to a power-of-two bucket, captures each shape once with
 ``torch.cuda.graph`` (a shared memory pool), and replays it; every candidate num_steps therefore owns its graphs and
 switching num_steps between rounds is a dictionary lookup. Padded rows use free cache slots at position 0, whose
@@ -23,7 +23,7 @@ GRAPH_BATCH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 12
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor | tuple]
 
 
-class GraphRunner:
+class CapturedGraphs:
     """Runs ``forward(tokens [Bp, q], positions [Bp, q], features [Bp, q, F] | None, kv_len)`` on static shapes.
 
     Args:

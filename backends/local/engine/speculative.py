@@ -7,7 +7,7 @@ yet run through the target, and (when drafting) the head has run its entry (x_m,
 1. draft d_1 = argmax of the head's logits on ``draft_feature``, then d_2..d_K: the head's entry at position m+j-1
    reads (d_j, its previous output feature);
 2. verify: the target runs [x_m, d_1..d_K] at positions m..m+K -> K+1 distributions; accept a prefix of a drafts and
-   emit a+1 tokens x_{m+1..m+a+1} (:func:`~spectune.backends.local.sampling.verify`);
+   emit a+1 tokens x_{m+1..m+a+1} (:func:`~spectune.backends.local.engine.sampling.verify`);
 3. draft extend: the head re-runs entries m..m+K on (x_{p+1}, f_p) with the target's real features; the entry at
    m+a yields the feature for the next round's d_1 (EAGLE's draft extend fused with the next round's first step).
    d_1 is taken from that feature only when a round drafts, so K = 0 rounds that keep the head current never pay for
@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import torch
 
-from spectune.backends.local.attention import AttnMeta
-from spectune.backends.local.cuda_graphs import GraphRunner
-from spectune.backends.local.eagle import DraftHead
-from spectune.backends.local.kv_cache import KVCache
-from spectune.backends.local.model import TargetModel
-from spectune.backends.local.sampling import SamplingTensors, verify
+from spectune.backends.local.model.attention import AttnMeta
+from spectune.backends.local.engine.cuda_graphs import CapturedGraphs
+from spectune.backends.local.model.eagle import DraftHead
+from spectune.backends.local.model.kv_cache import KVCache
+from spectune.backends.local.model.target import TargetModel
+from spectune.backends.local.engine.sampling import SamplingTensors, verify
 
 
-class SpecRunner:
+class SpeculativeDecoder:
     """Runs prefill and decode rounds for sequences living in cache slots 0..B-1.
 
     Args:
@@ -43,7 +43,7 @@ class SpecRunner:
         head: the draft head, or None for plain decoding only.
         num_slots, max_len: cache geometry (slots = the most sequences at once; tokens per slot).
         generator: random source for sampling.
-        graphs: a :class:`GraphRunner` to run decode-shaped forwards on padded, captured shapes (CUDA graphs), or
+        graphs: a :class:`CapturedGraphs` to run decode-shaped forwards on padded, captured shapes (CUDA graphs), or
             None for plain eager forwards.
         lazy_draft: keep the head's inputs instead of running it in prefills and K = 0 rounds (see the module
             docstring); costs ``num_slots * max_len * feature_dim`` more cache elements.
@@ -56,7 +56,7 @@ class SpecRunner:
         num_slots: int,
         max_len: int,
         generator: torch.Generator | None = None,
-        graphs: GraphRunner | None = None,
+        graphs: CapturedGraphs | None = None,
         lazy_draft: bool = False,
     ) -> None:
         c = target.cfg

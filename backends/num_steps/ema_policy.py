@@ -30,8 +30,9 @@ import math
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from spectune.backends.adaptive.config import AdaptiveConfig, SlotConfig, VllmSchedule
-from spectune.backends.adaptive.schedule import SchedulePolicy
+from spectune.backends.num_steps.sglang_config import AdaptiveConfig, SlotConfig, VllmSchedule
+from spectune.backends.num_steps.throughput_policy import CostTable, ThroughputAwareConfig, ThroughputAwarePolicy
+from spectune.backends.num_steps.vllm_schedule import SchedulePolicy
 
 
 class NumStepsPolicy(Protocol):
@@ -215,11 +216,9 @@ def make_policy(config: AdaptiveConfig | VllmSchedule, *, initial_steps: int | N
                 cuda_graph_bs: Sequence[int] | None = None, cost_table=None) -> AdaptivePolicy | SchedulePolicy:
     """The policy a config describes: :class:`AdaptivePolicy` for an SGLang config, :class:`SchedulePolicy` for a
     vLLM schedule (which ignores ``initial_steps`` and ``cuda_graph_bs``: vLLM looks up the unpadded batch size),
-    :class:`~spectune.backends.adaptive.throughput_policy.ThroughputAwarePolicy` for a throughput-aware SGLang
+    :class:`~spectune.backends.num_steps.throughput_policy.ThroughputAwarePolicy` for a throughput-aware SGLang
     config (``cost_table``: its decode-round times; None: empty, so it never switches, as SGLang without CUDA
     graphs)."""
-    from spectune.backends.adaptive.throughput_policy import CostTable, ThroughputAwareConfig, ThroughputAwarePolicy
-
     if isinstance(config, ThroughputAwareConfig):
         return ThroughputAwarePolicy(config, cost_table or CostTable(), initial_steps=initial_steps,  # type: ignore
                                      cuda_graph_bs=cuda_graph_bs)

@@ -3,22 +3,26 @@
 It runs in its own thread (:meth:`Engine.start`) so the HTTP server's event loop stays responsive (torch releases
 the GIL inside kernels), or synchronously through :meth:`Engine.generate` for tests, benchmarks and data
 generation. num_steps per round comes from a static value, an SGLang-style adaptive policy or a vLLM per-batch-size
-schedule (:mod:`spectune.backends.adaptive`).
+schedule (:mod:`spectune.backends.num_steps`).
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from spectune.backends.local.sampling import SamplingTensors
-from spectune.backends.local.scheduler import Scheduler
-from spectune.backends.local.sequence import RequestOutput, SamplingParams, Sequence, SpecStats
-from spectune.backends.local.speculative import SpecRunner
-from spectune.backends.local.tokenizer import IncrementalText, Tokenizer
+from spectune.backends.local.engine.sampling import SamplingTensors
+from spectune.backends.local.engine.scheduler import Scheduler
+from spectune.backends.local.engine.sequence import RequestOutput, SamplingParams, Sequence, SpecStats
+from spectune.backends.local.engine.speculative import SpeculativeDecoder
+from spectune.backends.local.engine.tokenizer import IncrementalText, Tokenizer
+
+if TYPE_CHECKING:
+    from spectune.backends.local.weights.compute_paths import PathChoice
+    from spectune.backends.num_steps import NumStepsPolicy, TraceWriter
 
 
 class EngineFull(RuntimeError):
@@ -72,8 +76,8 @@ class EngineConfig:
         max_len: tokens per slot (prompt + output + K + 1 must fit).
         max_waiting: queued requests beyond which new ones are refused.
         max_prefill_tokens: prompt tokens prefilled per iteration.
-        policy: an object with ``steps_for_batch(bs)`` and ``on_verify(accepted, bs)`` (backends.adaptive), or None.
-        trace: an object with ``record(bs, accepted, num_steps)`` (backends.adaptive.trace.TraceWriter), or None.
+        policy: an object with ``steps_for_batch(bs)`` and ``on_verify(accepted, bs)`` (backends.num_steps), or None.
+        trace: an object with ``record(bs, accepted, num_steps)`` (backends.num_steps.trace.TraceWriter), or None.
         steps_capacity: the largest num_steps the cache was sized for (``max_len`` keeps K+1 spare positions).
     """
 
@@ -82,29 +86,31 @@ class EngineConfig:
     max_len: int = 2048
     max_waiting: int = 1024
     max_prefill_tokens: int = 1024
-    policy: Any = None
-    trace: Any = None
+    policy: NumStepsPolicy | None = None
+    trace: TraceWriter | None = None
     steps_capacity: int = 0
 
 
 class Engine:
-    """Continuous-batching EAGLE engine over a :class:`SpecRunner`.
+    """Continuous-batching EAGLE engine over a :class:`SpeculativeDecoder`.
 
     Args:
-        runner: the model runner (target, head, KV cache). tokenizer: the target's tokenizer. cfg: limits and policy.
+        decoder: the speculative decoder (target, head, KV caches). tokenizer: the target's tokenizer. cfg: limits and
+            policy.
         model_name: the name the server answers to (``/v1/models``) unless the command line names another.
-        path: the compute path the weights run on (:class:`spectune.backends.local.paths.PathChoice`: native int4,
-            bfloat16 or float32, and why), reported in ``/server_info``; None when unknown (tests' tiny engines).
+        path: the compute path the weights run on
+            (:class:`spectune.backends.local.weights.compute_paths.PathChoice`: native int4, bfloat16 or float32, and
+            why), reported in ``/server_info``; None when unknown (tests' tiny engines).
     """
 
-    def __init__(self, runner: SpecRunner, tokenizer: Tokenizer, cfg: EngineConfig,
-                 model_name: str = "spectune-engine", path: Any = None) -> None:
-        self.runner, self.tokenizer, self.cfg, self.model_name, self.path = runner, tokenizer, cfg, model_name, path
+    def __init__(self, decoder: SpeculativeDecoder, tokenizer: Tokenizer, cfg: EngineConfig,
+                 model_name: str = "spectune-engine", path: PathChoice | None = None) -> None:
+        self.decoder, self.tokenizer, self.cfg, self.model_name, self.path = decoder, tokenizer, cfg, model_name, path
         self.scheduler = Scheduler(cfg.max_num_seqs, cfg.max_waiting, cfg.max_prefill_tokens)
         self.stats = EngineStats(active_num_steps=cfg.num_steps)
         self.max_steps = max(getattr(cfg.policy, "max_steps", 0) or 0, cfg.num_steps)  # the largest K in use
         self.capacity = max(self.max_steps, cfg.steps_capacity)  # the largest K the cache leaves room for
-        if self.max_steps > 0 and runner.head is None:
+        if self.max_steps > 0 and decoder.head is None:
             raise ValueError("num_steps > 0 needs a draft head")
         self._lock = threading.Condition()
         self._incoming: list[Sequence] = []
@@ -112,7 +118,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stop = False
         self.error: BaseException | None = None
-        self.vocab_size = int(runner.target.cfg.vocab_size)
+        self.vocab_size = int(decoder.target.cfg.vocab_size)
         self.num_request_errors = 0  # requests failed by an exception inside a step (the engine kept serving)
         self.last_request_error: str | None = None
         self._last_exc: Exception | None = None
@@ -131,7 +137,7 @@ class Engine:
         seq = Sequence(request_id, list(prompt_ids), params, on_output)
         seq.detok = IncrementalText(self.tokenizer, params.stop)
         if params.seed is not None:
-            seq.generator = seeded_generator(params.seed % 2**64, self.runner.device)
+            seq.generator = seeded_generator(params.seed % 2**64, self.decoder.device)
         with self._lock:
             if len(self.scheduler.waiting) + len(self._incoming) >= self.cfg.max_waiting:
                 raise EngineFull("the request queue is full")
@@ -170,7 +176,7 @@ class Engine:
         with self._lock:
             if self.scheduler.running or self.scheduler.waiting or self._incoming:
                 raise RuntimeError("num_steps can only change while no request is in flight")
-            if k > 0 and self.runner.head is None:
+            if k > 0 and self.decoder.head is None:
                 raise ValueError("num_steps > 0 needs a draft head")
             if k > self.capacity:
                 raise ValueError(f"num_steps {k} exceeds the {self.capacity} this server was sized for")
@@ -242,7 +248,7 @@ class Engine:
         for seq in self.scheduler.admit():
             try:
                 st = self._sampling([seq])
-                first = self.runner.prefill(seq.slot, seq.prompt_ids, st, drafting)
+                first = self.decoder.prefill(seq.slot, seq.prompt_ids, st, drafting)
                 self.stats.num_prefills += 1
                 self.stats.prompt_tokens += len(seq.prompt_ids)
                 self._emit(seq, [first])
@@ -264,7 +270,7 @@ class Engine:
         if k != self.stats.active_num_steps:
             self.stats.num_steps_switches += 1
             self.stats.active_num_steps = k
-        accepted, tokens = self.runner.decode_round(batch, k, self._sampling(running), keep_draft=drafting)
+        accepted, tokens = self.decoder.decode_round(batch, k, self._sampling(running), keep_draft=drafting)
         self.stats.num_rounds += 1
         for seq, a, toks in zip(running, accepted, tokens):
             self._count(seq, k, a)
@@ -311,7 +317,7 @@ class Engine:
     def _sampling(self, seqs: list[Sequence]) -> SamplingTensors:
         p = [s.params for s in seqs]
         return SamplingTensors.build([x.temperature for x in p], [max(x.top_k, 0) for x in p],
-                                     [x.top_p for x in p], self.runner.device, [s.generator for s in seqs])
+                                     [x.top_p for x in p], self.decoder.device, [s.generator for s in seqs])
 
     def _count(self, seq: Sequence, k: int, accepted: int) -> None:
         seq.spec.record(k, accepted)
@@ -349,7 +355,7 @@ class Engine:
 
     def _release(self) -> None:
         for src, dst in self.scheduler.release_finished():
-            self.runner.move_slot(src, dst)
+            self.decoder.move_slot(src, dst)
 
 
 def seeded_generator(seed: int, device: torch.device) -> torch.Generator:

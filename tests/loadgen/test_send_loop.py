@@ -15,7 +15,7 @@ from spectune.loadgen.client import ClientConfig, StreamingClient
 from spectune.loadgen.constraints import Constraints
 from spectune.loadgen.datasets import user_prompt
 from spectune.loadgen.errors import UserError
-from spectune.loadgen.runner import run_point, time_average
+from spectune.loadgen.send_loop import run_point, time_average
 from spectune.loadgen.strategy import ClosedLoop, OpenLoop, Phase, Phased, TraceArrivals
 
 PROMPTS = [user_prompt(str(i), "c%d" % (i % 2), f"prompt {i}") for i in range(5)]

@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spectune.backends.local.attention import AttnMeta, attend
-from spectune.backends.local.model import output_block, split_qkv_rope
-from spectune.backends.local.rope import rope_table
+from spectune.backends.local.model.attention import AttnMeta, attend
+from spectune.backends.local.model.target import output_block, split_qkv_rope
+from spectune.backends.local.model.rope import rope_table
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Prometheus metrics of the bundled engine (prometheus-client), named after vLLM's with a ``spectune:`` prefix.
 
-Engine counters are read from :class:`~spectune.backends.local.engine.EngineStats` at scrape time (no per-step cost);
-latency histograms are observed by the server per request. Spec-decode counters follow vLLM V1
+Engine counters are read from :class:`~spectune.backends.local.engine.loop.EngineStats` at scrape time (no per-step
+cost); latency histograms are observed by the server per request. Spec-decode counters follow vLLM V1
 (vllm/v1/spec_decode/metrics.py): ``spectune:spec_decode_num_drafts_total`` (verify steps with drafting, per
 request), ``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total`` (bonus token excluded) and
 ``..._num_accepted_tokens_per_pos_total{position="i"}`` (drafts whose first i+1 tokens were accepted), so a window's
@@ -11,17 +11,20 @@ acceptance length is 1 + d(accepted) / d(drafts).
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+if TYPE_CHECKING:
+    from spectune.backends.local.engine.loop import Engine
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
                    20.0, 40.0, 80.0)
 
 
 class _EngineCollector:
-    def __init__(self, engine: Any, model_name: str) -> None:
+    def __init__(self, engine: Engine, model_name: str) -> None:
         self.engine, self.labels = engine, {"model_name": model_name}
         self.started = time.time()
 
@@ -67,7 +70,7 @@ class ServerMetrics:
         model_name: value of the ``model_name`` label.
     """
 
-    def __init__(self, engine: Any, model_name: str) -> None:
+    def __init__(self, engine: Engine, model_name: str) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(engine, model_name))
         names = ["model_name"]

@@ -9,14 +9,14 @@ Hardening (docs/engine.md, "Bad requests"):
 
 - every error, whatever raised it (validation, an unknown route, a body over the size limit, a bug), is an
   OpenAI-style JSON body ``{"error": {"message", "type", "param", "code"}}`` (:meth:`Server._errors`);
-- request bodies are parsed and validated in one step (:mod:`spectune.backends.local.protocol`), then checked against
-the
-  engine's limits (:meth:`spectune.backends.local.engine.Engine.check_request`): 400 before anything reaches the engine;
+- request bodies are parsed and validated in one step (:mod:`spectune.backends.local.server.protocol`), then checked
+  against the engine's limits (:meth:`spectune.backends.local.engine.loop.Engine.check_request`): 400 before anything
+  reaches the engine;
 - a request that still fails inside the engine fails alone (500 JSON, or an ``error`` event in a stream) and
   the engine keeps serving;
 - with an API key, every route except ``/health`` (and ``/metrics`` when ``metrics_without_key``) needs
   ``Authorization: Bearer KEY``, compared in constant time (:func:`hmac.compare_digest`);
-- a client that disconnects, streaming or not, has its sequence aborted: the runner sets aiohttp's
+- a client that disconnects, streaming or not, has its sequence aborted: the app runner sets aiohttp's
   ``handler_cancellation`` (aiohttp docs, Web Server Advanced, "Peer disconnection": off by default since 3.9,
   where only a later read or write raises), so the handler of a non-streaming request is cancelled when its
   connection closes;
@@ -33,6 +33,8 @@ import concurrent.futures
 import hmac
 import json
 import logging
+import signal
+import threading
 import time
 import uuid
 from typing import Any, Callable
@@ -42,10 +44,10 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 from pydantic import ValidationError
 
-from spectune.backends.local import protocol as P
-from spectune.backends.local.engine import Engine, EngineFull, InvalidRequest
-from spectune.backends.local.metrics import ServerMetrics
-from spectune.backends.local.sequence import RequestOutput, SamplingParams
+from spectune.backends.local.engine.loop import Engine, EngineFull, InvalidRequest
+from spectune.backends.local.engine.sequence import RequestOutput, SamplingParams
+from spectune.backends.local.server import protocol as P
+from spectune.backends.local.server.metrics import ServerMetrics
 
 BIG_BODY_BYTES = 64 * 1024
 """Bodies larger than this are parsed on the worker thread (a few MB of JSON take tens of ms to parse)."""
@@ -120,7 +122,7 @@ class Server:
 
         With ``own_engine_thread`` it starts the engine's background thread on startup and stops it on cleanup;
         :func:`serve` passes False and runs the engine loop on the main thread itself. Serve it through
-        :meth:`runner` (which turns on handler cancellation).
+        :meth:`app_runner` (which turns on handler cancellation).
         """
         app = web.Application(middlewares=[self._errors, self._auth], client_max_size=MAX_BODY_BYTES)
         app.add_routes([
@@ -139,7 +141,7 @@ class Server:
         app.on_cleanup.append(self._stop_worker)
         return app
 
-    def runner(self, own_engine_thread: bool = True) -> web.AppRunner:
+    def app_runner(self, own_engine_thread: bool = True) -> web.AppRunner:
         """An :class:`aiohttp.web.AppRunner` for :meth:`app` with ``handler_cancellation=True``: a handler is
         cancelled when its client disconnects, so a non-streaming request is aborted too (aiohttp docs, "Web
         handler cancellation")."""
@@ -198,7 +200,7 @@ class Server:
 
     async def server_info(self, _: web.Request) -> web.Response:
         s, e = self.engine.stats, self.engine
-        head = e.runner.head
+        head = e.decoder.head
         return web.json_response({
             "model_path": self.model_name,
             "speculative_algorithm": None if head is None else head.cfg.kind.upper(),
@@ -360,13 +362,10 @@ def serve(engine: Engine, model_name: str, host: str, port: int, api_key: str | 
     Raises:
         OSError: the port cannot be bound.
     """
-    import signal
-    import threading
-
     loop = asyncio.new_event_loop()
-    runner = Server(engine, model_name, api_key, metrics_without_key).runner(own_engine_thread=False)
-    loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.TCPSite(runner, host, port).start())  # raises here if the port is taken
+    app_runner = Server(engine, model_name, api_key, metrics_without_key).app_runner(own_engine_thread=False)
+    loop.run_until_complete(app_runner.setup())
+    loop.run_until_complete(web.TCPSite(app_runner, host, port).start())  # raises here if the port is taken
     threading.Thread(target=loop.run_forever, name="spectune-http", daemon=True).start()
 
     def _stop(*_: object) -> None:
@@ -378,6 +377,6 @@ def serve(engine: Engine, model_name: str, host: str, port: int, api_key: str | 
         engine.run()
     finally:
         try:
-            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=5)
+            asyncio.run_coroutine_threadsafe(app_runner.cleanup(), loop).result(timeout=5)
         except Exception:  # noqa: BLE001 - exiting anyway; open streams are simply cut
             pass

@@ -5,8 +5,8 @@ RFC 8259 JSON in UTF-8; a ``charset`` in Content-Type is ignored), in strict mod
 type (``"max_tokens": "5"``, ``5.0`` or ``true`` are refused, as are ``Infinity``/``NaN`` and integers with
 thousands of digits). Integers are bounded here (:data:`INT32_MAX`, the seed to 64 bits); what depends on the
 engine (top_k and token ids against the vocabulary, lengths against the context) is checked by
-:meth:`spectune.backends.local.engine.Engine.add_request`. ``null`` for any field means its default (some clients send
-every field). Field meanings follow the OpenAI API reference (Chat Completions and Completions) and vLLM's
+:meth:`spectune.backends.local.engine.loop.Engine.add_request`. ``null`` for any field means its default (some
+clients send every field). Field meanings follow the OpenAI API reference (Chat Completions and Completions) and vLLM's
 extensions (``top_k``, ``stop_token_ids``, ``ignore_eos``, ``stream_options.continuous_usage_stats``).
 
 Extra per-request field in responses: ``spec_decode`` (top level of the final chunk and of non-stream responses):

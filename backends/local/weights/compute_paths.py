@@ -2,10 +2,10 @@
 
 Paths (``--dtype`` values):
 
-- ``native``: the GGUF's own Q4_0/Q4_1/Q8_0 weights through PyTorch's int4 CPU kernel (:mod:`spectune.backends.local.quant`),
-  bf16 activations. GGUF targets on CPU only.
+- ``native``: the GGUF's own Q4_0/Q4_1/Q8_0 weights through PyTorch's int4 CPU kernel
+  (:mod:`spectune.backends.local.weights.quant`), bf16 activations. GGUF targets on CPU only.
 - ``bfloat16``: weights dequantized to bf16; on CPUs where oneDNN packs bf16 (AVX-512 BW/VL/DQ or AVX-NE-CONVERT)
-  linears use the packed layout (:mod:`spectune.backends.local.linear`).
+  linears use the packed layout (:mod:`spectune.backends.local.model.linear`).
 - ``float32``: weights dequantized to float32.
 
 Why not one constant: bf16 dense matmuls need oneDNN's bf16 kernels, which need AVX-512 (BW, VL, DQ) or
@@ -26,22 +26,32 @@ timings are logged and reported in ``/server_info`` (``engine_path``), which the
 sweep backend copies into sweep.json (``backend.engine.path``). On CUDA ``auto`` is bfloat16.
 
 On the native path a second probe (:func:`dense_crossover`) finds the row count above which a float32 GEMM of the
-dequantized weights beats the int4 kernel (prefill, large verify batches; :mod:`spectune.backends.local.quant`),
+dequantized weights beats the int4 kernel (prefill, large verify batches; :mod:`spectune.backends.local.weights.quant`),
 kept in the same file; ``--native-dense-above`` overrides it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
+import platform
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from spectune.backends.local.weights.loader import cache_dir
 from spectune.loadgen.errors import UserError
+
+if TYPE_CHECKING:
+    from spectune.backends.local.model.config import ModelConfig
+    from spectune.backends.local.weights.quant import QuantTensor
 
 PATHS = ("auto", "native", "bfloat16", "float32")
 ALIASES = {"bf16": "bfloat16", "fp32": "float32", "q": "native", "gguf": "native"}
@@ -63,7 +73,7 @@ class PathChoice:
             (:func:`dense_crossover`; None: int4 only).
         lm_head: native path only: the lm_head's kernel, ``int4`` or ``int8`` (a Q8_0 lm_head requantized per
             row; :func:`lm_head_kernel`); None on other paths.
-        compile: whether the batched layers run compiled (:meth:`spectune.backends.local.compiled.CompileChoice.
+        compile: whether the batched layers run compiled (:meth:`spectune.backends.local.engine.compiled.CompileChoice.
             to_json`), or None before :func:`~spectune.backends.local.build.build_engine` decided.
     """
 
@@ -112,12 +122,12 @@ def _best_ms(fn: Callable[[], Any], reps: int) -> float:
 STREAM_BYTES = 64 * 2**20  # weights streamed per timed pass: more than a server CPU's last-level cache
 
 
-def _random_quant(n: int, k: int, repeat: int = 1) -> Any:
-    """A random [n, k] :class:`~spectune.backends.local.quant.QuantTensor` (codes 0..15, scale 0.01, zero 0; ``repeat``
-    2 for a Q8_0-shaped one): probe weights."""
+def _random_quant(n: int, k: int, repeat: int = 1) -> QuantTensor:
+    """A random [n, k] :class:`~spectune.backends.local.weights.quant.QuantTensor` (codes 0..15, scale 0.01, zero 0;
+    ``repeat`` 2 for a Q8_0-shaped one): probe weights."""
     import numpy as np
 
-    from spectune.backends.local.quant import QK, QuantTensor
+    from spectune.backends.local.weights.quant import QK, QuantTensor
 
     g = k * repeat // QK
     codes = np.random.default_rng(0).integers(0, 16, (n, k * repeat), dtype=np.uint8)
@@ -128,11 +138,11 @@ def _linear_ms(path: str, n: int, k: int, reps: int, lm_repeat: int = 1) -> floa
     """Milliseconds of one [1, k] x [k, n] product as ``path`` computes it, weights read from DRAM as in a decode
     step (each timed pass runs copies of the layer whose weights add up to :data:`STREAM_BYTES`; random weights).
     ``path`` is a ``--dtype`` value, or ``native-int8`` for a Q8_0-shaped matrix as per-row int8
-    (:class:`~spectune.backends.local.quant.Int8RowLinear`)."""
-    from spectune.backends.local.linear import PackedLinear, packing_supported
+    (:class:`~spectune.backends.local.weights.quant.Int8RowLinear`)."""
+    from spectune.backends.local.model.linear import PackedLinear, packing_supported
 
     if path in ("native", "native-int8"):
-        from spectune.backends.local.quant import Int4Linear, Int8RowLinear
+        from spectune.backends.local.weights.quant import Int4Linear, Int8RowLinear
 
         kind, tensors = ((Int8RowLinear, ("codes", "scale")) if path == "native-int8"
                          else (Int4Linear, ("packed", "scales_zeros")))
@@ -173,7 +183,7 @@ def _attention_fn(dtype: torch.dtype, kv_heads: int, group: int, head_dim: int, 
     return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def estimate_step_ms(path: str, cfg: Any, lm_repeat: int = 1, reps: int = 5) -> float:
+def estimate_step_ms(path: str, cfg: ModelConfig, lm_repeat: int = 1, reps: int = 5) -> float:
     """Estimated batch-1 decode step of ``path`` for a model of shape ``cfg`` (:class:`ModelConfig`), in ms.
 
     Large matrices are timed on at most 4096 rows (gate|up) and 8192 rows (lm_head) and scaled by rows, so the
@@ -198,14 +208,14 @@ DENSE_MEMORY_SHARE = 0.25
 """The float32 copy of the native weights is kept only when it fits in this share of the available memory."""
 
 
-def dense_crossover(cfg: Any, reps: int = 5) -> int | None:
+def dense_crossover(cfg: ModelConfig, reps: int = 5) -> int | None:
     """The smallest row count above which a float32 GEMM of the dequantized weights beats the int4 kernel on
     SmolLM2-style shapes of ``cfg`` (one gate|up-shaped layer, at most 4096 rows; one thread, cache-resident: the
     many-row case is compute-bound). Rows r qualify when float32 wins at r and at every larger probed count
     (:data:`DENSE_ROWS`); the answer is the probed count below the first qualifying one (so "dense above 16" when it
     wins from 32 up), or None when it never wins. About 0.5 s.
     """
-    from spectune.backends.local.quant import Int4Linear
+    from spectune.backends.local.weights.quant import Int4Linear
 
     qt = _random_quant(min(2 * cfg.intermediate_size, 4096), cfg.hidden_size)
     int4, dense = Int4Linear(qt, torch.bfloat16), Int4Linear(qt, torch.bfloat16, dense_above=0)  # dense at any rows
@@ -222,10 +232,10 @@ def dense_crossover(cfg: Any, reps: int = 5) -> int | None:
 LM_HEAD_KERNELS = ("auto", "int4", "int8")
 
 
-def lm_head_kernel(cfg: Any, reps: int = 5) -> dict[str, Any]:
+def lm_head_kernel(cfg: ModelConfig, reps: int = 5) -> dict[str, Any]:
     """Time a Q8_0 lm_head of ``cfg``'s shape (at most 8192 rows, scaled; one row, weights from DRAM) both ways:
-    two exact int4 halves (:class:`~spectune.backends.local.quant.Int4Linear`) and per-row int8
-    (:class:`~spectune.backends.local.quant.Int8RowLinear`). Returns ``{"int4_ms", "int8_ms", "kernel"}`` with
+    two exact int4 halves (:class:`~spectune.backends.local.weights.quant.Int4Linear`) and per-row int8
+    (:class:`~spectune.backends.local.weights.quant.Int8RowLinear`). Returns ``{"int4_ms", "int8_ms", "kernel"}`` with
     the faster kernel's name (int8 only when it saves at least 10%: it is a second quantization). About 0.3 s."""
     rows = min(cfg.vocab_size, 8192)
     scale = cfg.vocab_size / rows
@@ -234,11 +244,9 @@ def lm_head_kernel(cfg: Any, reps: int = 5) -> dict[str, Any]:
     return {"int4_ms": int4, "int8_ms": int8, "kernel": "int8" if int8 < 0.9 * int4 else "int4"}
 
 
-def dense_fits(cfg: Any) -> bool:
+def dense_fits(cfg: ModelConfig) -> bool:
     """Whether a float32 copy of the target's linear weights (4 bytes per weight) fits in
     :data:`DENSE_MEMORY_SHARE` of the memory available now (``os.sysconf``; True where that is unknown)."""
-    import os
-
     h, inter = cfg.hidden_size, cfg.intermediate_size
     q_out = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
     weights = cfg.num_layers * (h * q_out + cfg.num_heads * cfg.head_dim * h + 3 * inter * h) + cfg.vocab_size * h
@@ -249,14 +257,14 @@ def dense_fits(cfg: Any) -> bool:
     return 4 * weights <= DENSE_MEMORY_SHARE * available
 
 
-def choose_path(requested: str, device: torch.device, cfg: Any, native_ok: bool, native_reason: str = "",
+def choose_path(requested: str, device: torch.device, cfg: ModelConfig, native_ok: bool, native_reason: str = "",
                 lm_repeat: int = 1, dense_above: str = "auto", lm_head: str = "auto") -> PathChoice:
     """Resolve ``--dtype`` into a :class:`PathChoice`.
 
     Args:
         requested: a ``--dtype`` value (see :data:`PATHS`).
         device: the engine's device.
-        cfg: the target's :class:`~backends.local.config.ModelConfig` (shapes for the probe).
+        cfg: the target's :class:`~backends.local.model.config.ModelConfig` (shapes for the probe).
         native_ok: the target is a GGUF whose linear layers are all Q4_0/Q4_1/Q8_0.
         native_reason: why native is unavailable (for the error message when it is forced).
         lm_repeat: 2 when the GGUF's lm_head is Q8_0 (two int4 halves), else 1.
@@ -269,7 +277,7 @@ def choose_path(requested: str, device: torch.device, cfg: Any, native_ok: bool,
         UserError: an unknown value, or ``native`` where it cannot run (CUDA, a non-GGUF model, other types), or a
             ``dense_above`` that is not auto, off or a row count, or an ``lm_head`` not in auto, int4, int8.
     """
-    from spectune.backends.local.linear import packing_supported
+    from spectune.backends.local.model.linear import packing_supported
 
     name = normalise(requested)
     cap = torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else ""
@@ -298,7 +306,7 @@ def choose_path(requested: str, device: torch.device, cfg: Any, native_ok: bool,
     return choice
 
 
-def _with_lm_head(choice: PathChoice, cfg: Any, lm_repeat: int, lm_head: str) -> PathChoice:
+def _with_lm_head(choice: PathChoice, cfg: ModelConfig, lm_repeat: int, lm_head: str) -> PathChoice:
     """``choice`` with its ``lm_head`` kernel set (native only; see :func:`choose_path`)."""
     value = str(lm_head).strip().lower()
     if value not in LM_HEAD_KERNELS:
@@ -317,7 +325,7 @@ def _with_lm_head(choice: PathChoice, cfg: Any, lm_repeat: int, lm_head: str) ->
     return choice
 
 
-def _with_dense(choice: PathChoice, cfg: Any, lm_repeat: int, dense_above: str) -> PathChoice:
+def _with_dense(choice: PathChoice, cfg: ModelConfig, lm_repeat: int, dense_above: str) -> PathChoice:
     """``choice`` with its ``dense_above`` set (native only; see :func:`choose_path`)."""
     value = str(dense_above).strip().lower()
     if value not in ("auto", "off") and not (value.isdigit() and int(value) >= 1):
@@ -352,22 +360,15 @@ def _measured(key: str, probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def probe_cache_file() -> Any:
+def probe_cache_file() -> Path:
     """Where measured estimates are kept per machine: ``$SPECTUNE_CACHE_DIR/engine-paths.json`` (delete it to
     measure again)."""
-    from spectune.backends.local.weights import cache_dir
-
     return cache_dir() / "engine-paths.json"
 
 
-def _probe_key(candidates: list[str], cfg: Any, lm_repeat: int) -> str:
+def _probe_key(candidates: list[str], cfg: ModelConfig, lm_repeat: int) -> str:
     """What the estimates depend on: the CPU (model name and flags), torch's version and capability, the ISA
     overrides in the environment, and the model's shapes."""
-    import hashlib
-    import json
-    import os
-    import platform
-
     cpu = platform.processor()
     try:
         with open("/proc/cpuinfo") as f:
@@ -384,8 +385,6 @@ def _probe_key(candidates: list[str], cfg: Any, lm_repeat: int) -> str:
 
 
 def _cached_estimates(key: str) -> dict[str, float] | None:
-    import json
-
     try:
         return json.loads(probe_cache_file().read_text()).get(key)
     except (OSError, ValueError, AttributeError):
@@ -394,9 +393,6 @@ def _cached_estimates(key: str) -> dict[str, float] | None:
 
 def _store_estimates(key: str, est: dict[str, float]) -> None:
     """Add ``est`` under ``key`` (atomic rename; a failure to write only costs a probe next time)."""
-    import json
-    import os
-
     path = probe_cache_file()
     try:
         try:

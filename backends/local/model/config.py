@@ -2,7 +2,7 @@
 
 Read from a Hugging Face ``config.json`` (old ``rope_scaling`` + ``rope_theta`` keys or transformers 5's
 ``rope_parameters``) or from GGUF metadata (through transformers' GGUF reader, see
-:mod:`spectune.backends.local.weights`).
+:mod:`spectune.backends.local.weights.loader`).
 """
 
 from __future__ import annotations

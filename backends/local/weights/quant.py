@@ -32,7 +32,8 @@ row, 0.85 ms at 16, 6.8 ms at 128; emulated AVX2: 0.22, 1.5, 12.7 ms), while a f
 starts slower and grows far less (0.28, 0.89, 3.2 ms: memory-bound at few rows, then at the CPU's FLOP rate). So a layer
 may also keep those weights dense (:class:`Int4Linear` ``dense``: exactly the kernel's weights,
 ``rounded(bf16).dequantize()``, in float32; bf16 inputs cast up, the output cast back like the kernel's) and use them
-above a row count measured at start-up (``dense_above``; :func:`spectune.backends.local.paths.dense_crossover`).
+above a row count measured at start-up (``dense_above``;
+:func:`spectune.backends.local.weights.compute_paths.dense_crossover`).
 llama.cpp does the same for large batches with a BLAS backend (``ggml/src/ggml-blas/ggml-blas.cpp``: a matmul with at
 least 32 rows, columns and inputs is dequantized to float and sent to sgemm). It costs 4 bytes per weight of memory, so
 it is used only where the dense copy fits in a quarter of the available memory.
@@ -43,13 +44,16 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from spectune.loadgen.errors import UserError
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
 
 QK = 32  # weights per GGML block
 NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0")
@@ -239,9 +243,9 @@ class Int8RowLinear(_QuantLinear):
     """Inference-only linear layer over per-row int8 weights (PyTorch's ``_weight_int8pack_mm``,
     aten/src/ATen/native/cpu/int8mm_kernel.cpp: ``y = (x @ codes^T) * scale``, vectorised for AVX2 and AVX-512).
 
-    Used for a Q8_0 lm_head where it is faster than two int4 halves (:func:`spectune.backends.local.paths.
-    lm_head_kernel`): SmolLM2 decode, one thread, with AVX2 emulated on an AVX-512 VM: +7% tokens/s at batch 1,
-    +13% at batch 8; on the AVX-512 VM itself +1% / +5%, so the probe keeps int4 there (docs/engine.md). The
+    Used for a Q8_0 lm_head where it is faster than two int4 halves (:func:`spectune.backends.local.weights.
+    compute_paths.lm_head_kernel`): SmolLM2 decode, one thread, with AVX2 emulated on an AVX-512 VM: +7% tokens/s at
+    batch 1, +13% at batch 8; on the AVX-512 VM itself +1% / +5%, so the probe keeps int4 there (docs/engine.md). The
     weights are :func:`requantize_rows` of the GGUF's (not bit-exact Q8_0).
 
     Args:
@@ -274,7 +278,7 @@ class Int8RowLinear(_QuantLinear):
 
 
 @functools.lru_cache(maxsize=1)
-def _reader(path: str) -> Any:
+def _reader(path: str) -> GGUFReader:
     """A ``gguf.GGUFReader`` (memory-mapped), kept for the next call: parsing the metadata (the tokenizer's
     vocabulary and merges) takes seconds, and start-up reads the file twice (:func:`native_support`, then
     :func:`read_gguf_linears`)."""
@@ -353,13 +357,13 @@ def quantize_target(target: nn.Module, path: str | Path, dtype: torch.dtype = to
     """Replace the target's linear layers by :class:`Int4Linear` over the GGUF's own quantized weights (and a Q8_0
     lm_head by :class:`Int8RowLinear` when ``lm_head`` is ``int8``).
 
-    The model must have been loaded from the same GGUF (by :func:`spectune.backends.local.weights.load_target`): its dense
-    weights check the Q/K row order (layer 0's q rows must match the dequantized GGUF rows, else the GGUF's
+    The model must have been loaded from the same GGUF (by :func:`spectune.backends.local.weights.loader.load_target`):
+    its dense weights check the Q/K row order (layer 0's q rows must match the dequantized GGUF rows, else the GGUF's
     layout is not the one transformers assumes) and supply biases. The token embedding stays dense (a lookup reads
     one row per token).
 
     Args:
-        target: a :class:`~backends.local.model.TargetModel` on CPU.
+        target: a :class:`~backends.local.model.target.TargetModel` on CPU.
         path: its GGUF file.
         dtype: activation dtype (bf16: the kernel's vectorised variant).
         dense_above: row count above which every layer uses a float32 copy of its weights (:class:`Int4Linear`);

@@ -46,7 +46,7 @@ class KVCache:
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V views [slots, kv_heads, max_len, head_dim] of one layer (no copy; batched forwards write them with
-        ``index_put_``: :func:`spectune.backends.local.attention.attend_batched`)."""
+        ``index_put_``: :func:`spectune.backends.local.model.attention.attend_batched`)."""
         return self.k_layers[layer], self.v_layers[layer]
 
     def write_prefix(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:

@@ -11,7 +11,7 @@ instead of clamping silently, rejects non-integers (vLLM calls ``int()`` on each
 5-item context-bucketed entries ``[bs_lo, bs_hi, ctx_lo, ctx_hi, K]``.
 
 :class:`SchedulePolicy` puts the schedule behind the same interface as
-:class:`spectune.backends.adaptive.policy.AdaptivePolicy` so an engine can run either.
+:class:`spectune.backends.num_steps.ema_policy.AdaptivePolicy` so an engine can run either.
 """
 
 from __future__ import annotations

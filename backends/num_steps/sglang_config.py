@@ -6,7 +6,7 @@ BS 1-7 use slot 1, BS 8+ use slot 8). At least one slot is required. Each slot n
 non-empty list of non-negative ints (0 = no drafting). Every other top-level key is merged into every slot
 (``{**top, **slot}``), so a slot overrides a global. Parameters and SGLang's defaults: see :data:`DEFAULTS`.
 A top-level ``strategy`` must be ``"ema"`` or ``"throughput_aware"``; this module parses ``"ema"`` configs, and
-:func:`parse_any_config` hands ``"throughput_aware"`` ones to :mod:`spectune.backends.adaptive.throughput_policy`.
+:func:`parse_any_config` hands ``"throughput_aware"`` ones to :mod:`spectune.backends.num_steps.throughput_policy`.
 
 What spectune checks beyond SGLang, always: a slot is an object; parameters have the right type and range
 (``update_interval`` >= 1, ``warmup_batches`` >= 0, ``0 <= ema_alpha <= 1``, finite floats; bools are not
@@ -17,9 +17,9 @@ slot keys are positive and written canonically (no leading zeros, no "0"), ``ema
 0. With
 ``strict=False`` those become entries in :attr:`AdaptiveConfig.warnings`, accepting everything SGLang accepts.
 
-vLLM schedules are parsed in :mod:`spectune.backends.adaptive.schedule` (re-exported here): ``parse_vllm_schedule``,
-``parse_vllm_speculative_config``, ``VllmSchedule``; :func:`parse_any_config` and :func:`load_config_file` detect
-which format a file holds.
+vLLM schedules are parsed in :mod:`spectune.backends.num_steps.vllm_schedule` (re-exported here):
+``parse_vllm_schedule``, ``parse_vllm_speculative_config``, ``VllmSchedule``; :func:`parse_any_config` and
+:func:`load_config_file` detect which format a file holds.
 
 All parse functions raise ``ValueError`` with one line naming the slot/key/entry and the fix.
 """
@@ -32,12 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spectune.backends.adaptive.schedule import (  # re-exported: config.py is the one place to import formats from
+from spectune.backends.num_steps.throughput_policy import parse_throughput_aware_config
+from spectune.backends.num_steps.vllm_schedule import (  # re-exported: the one place to import formats from
     VllmRange,
     VllmSchedule,
     parse_vllm_schedule,
     parse_vllm_speculative_config,
 )
+from spectune.loadgen.errors import UserError
 
 __all__ = [
     "DEFAULTS", "SGLANG_DEFAULT_CONFIG", "AdaptiveConfig", "SlotConfig", "VllmRange", "VllmSchedule",
@@ -126,7 +128,7 @@ class AdaptiveConfig:
         Source: ``python/sglang/srt/arg_groups/speculative_hook.py``, ``_init_adaptive_speculative_params``
         (``candidate_steps[len(candidate_steps) // 2]``); a given ``--speculative-num-steps`` outside that union is
         a start-up ``ValueError`` there. Each slot then starts at this value when it is one of its candidates, else
-        at its own middle candidate (:class:`spectune.backends.adaptive.policy.AdaptivePolicy`).
+        at its own middle candidate (:class:`spectune.backends.num_steps.ema_policy.AdaptivePolicy`).
         """
         union = self.candidate_steps
         return union[len(union) // 2]
@@ -206,7 +208,7 @@ def parse_sglang_adaptive_config(obj: object, *, source: str = "config", strict:
     strategy = obj.get("strategy", "ema")
     if strategy == "throughput_aware":
         raise ValueError(f"{source}: strategy 'throughput_aware' is not the EMA strategy: read it with "
-                         "parse_any_config (spectune.backends.adaptive.throughput_policy)")
+                         "parse_any_config (spectune.backends.num_steps.throughput_policy)")
     if strategy != "ema":
         raise ValueError(f"{source}: 'strategy' must be 'ema' or 'throughput_aware', got {strategy!r}")
     slot_keys = [k for k in obj if isinstance(k, str) and k.isascii() and k.isdigit()]
@@ -268,8 +270,6 @@ def parse_any_config(obj: object, *, source: str = "config", strict: bool = True
     "throughput_aware"`` an SGLang throughput-aware config (``ThroughputAwareConfig``), any other object an SGLang
     EMA config."""
     if isinstance(obj, dict) and obj.get("strategy") == "throughput_aware":
-        from spectune.backends.adaptive.throughput_policy import parse_throughput_aware_config
-
         return parse_throughput_aware_config(obj, source=source)  # type: ignore[return-value]
     try:
         if isinstance(obj, list):
@@ -287,8 +287,6 @@ def load_config_file(path: str | Path, *, strict: bool = True) -> AdaptiveConfig
     Raises:
         loadgen.errors.UserError: missing/unreadable file, bad JSON or an invalid config (one line, with the path).
     """
-    from spectune.loadgen.errors import UserError
-
     p = Path(path)
     try:
         obj = json.loads(p.read_text())

@@ -1,0 +1,38 @@
+"""Which EAGLE version a draft head is, from its config.json or its name: torch-free, so the backend interface
+(:meth:`spectune.backends.base.Backend.draft_algorithm`) and every backend that launches a head can ask it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def eagle_version(draft: str) -> tuple[str, str]:
+    """``"eagle3"`` or ``"eagle"`` for a draft head, and what decided it.
+
+    EAGLE-3 when the head's config.json lists an architecture containing ``Eagle3`` (``LlamaForCausalLMEagle3``,
+    ``Eagle3LlamaForCausalLM``) or has a ``draft_vocab_size`` key (background §5). The config is read from a
+    local folder, else from the Hugging Face cache (never downloaded); without one, a name containing
+    ``eagle3`` decides.
+    """
+    config_path = Path(draft) / "config.json"
+    if not config_path.is_file():
+        config_path = None
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(draft, "config.json")
+            config_path = Path(cached) if isinstance(cached, str) else None
+        except Exception:  # not a repo id, or huggingface_hub missing
+            config_path = None
+    if config_path is not None:
+        try:
+            config = json.loads(config_path.read_text())
+        except (OSError, ValueError):
+            config = None
+        if isinstance(config, dict):
+            archs = " ".join(str(a) for a in config.get("architectures") or []).lower()
+            is3 = "eagle3" in archs or "draft_vocab_size" in config
+            return ("eagle3" if is3 else "eagle"), str(config_path)
+    squashed = draft.lower().replace("-", "").replace("_", "")
+    return ("eagle3" if "eagle3" in squashed else "eagle"), "name"

@@ -1,0 +1,95 @@
+"""What an engine is built from: :class:`EngineOptions` (``spectune serve``'s and the ``local`` sweep backend's
+settings), the bundled draft head, and the checks on them that need no torch (the sweep process makes them before
+it launches a server)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from spectune.loadgen.errors import UserError
+
+COMPILE_MODES = ("auto", "on", "off")  # EngineOptions.compile (backends/local/engine/compiled.py)
+
+
+def check_compile_mode(mode: str) -> str:
+    """``mode`` if it is one of :data:`COMPILE_MODES` (torch-free, so the sweep process can check it early).
+
+    Raises:
+        UserError: any other value.
+    """
+    if mode not in COMPILE_MODES:
+        raise UserError(f"--compile {mode!r}: use auto, on or off")
+    return mode
+
+
+DEFAULT_HEAD = Path(__file__).parent / "heads" / "smollm2-135m-eagle3"
+"""The bundled EAGLE-3 head for the embedded default target (SmolLM2-135M-Instruct)."""
+
+
+@dataclass
+class EngineOptions:
+    """What ``spectune serve`` and the ``local`` sweep backend configure.
+
+    Attributes:
+        model: target GGUF file or HF folder (None: the embedded SmolLM2-135M-Instruct).
+        draft: EAGLE head folder; None picks the bundled head when the target is the default one; "none" disables.
+        num_steps: static num_steps K.
+        num_steps_capacity: the largest K the server may be switched to later (sizes the cache); 0 = num_steps.
+        dtype: the compute path (:mod:`spectune.backends.local.weights.compute_paths`): ``auto`` (measured per machine
+            at start-up), ``native`` (the GGUF's Q4_0/Q4_1/Q8_0 weights, bf16 activations, CPU), ``bfloat16`` or
+            ``float32``.
+        device: ``auto`` (cuda when available), ``cpu`` or ``cuda``.
+        max_num_seqs: the largest batch size (cache slots).
+        max_model_len: tokens per sequence (prompt + output); default min(model max, 4096).
+        kv_cache_gb: memory budget for the target + draft KV caches; slots are reduced to fit.
+        adaptive_config: an SGLang adaptive JSON or vLLM schedule file (adaptive / per-batch-size num_steps).
+        trace_path: where to record a verify trace (JSONL), or None.
+        threads: torch CPU threads (0 = torch's default).
+        seed: sampling seed.
+        cuda_graphs: on CUDA, capture decode-shaped forwards per padded batch size and num_steps.
+        native_dense_above: native path: ``auto`` (measured), ``off`` or a row count above which linears use a
+            float32 copy of the int4 weights (:mod:`spectune.backends.local.weights.quant`).
+        native_lm_head: native path with a Q8_0 lm_head: ``auto`` (measured), ``int4`` (two exact halves) or
+            ``int8`` (requantized per row; :func:`spectune.backends.local.weights.compute_paths.lm_head_kernel`).
+        compile: the target's batched layers through ``torch.compile`` on CPU
+            (:mod:`spectune.backends.local.engine.compiled`): ``auto`` (when a C++ compiler is found), ``on`` (an error
+            without one) or ``off``. The library default is ``off`` (no compile for engines built in tests and scripts);
+            ``spectune serve`` and the ``local`` sweep backend pass ``auto``.
+        draft_upkeep: adaptive mode only: run the head's draft extend on every prefill and num_steps 0 round, as
+            SGLang does at num_steps 0 (``_build_trivial_verify_input`` then ``_draft_extend_for_decode`` in
+            ``python/sglang/srt/speculative/eagle_worker_v2.py``), instead of lazy drafting (the default, which
+            keeps only the head's inputs and catches up when drafting starts). For measuring what that upkeep
+            costs (``benchmarks/adaptive_overhead.py``); the engine before lazy drafting behaved this way.
+    """
+
+    model: str | None = None
+    draft: str | None = None
+    num_steps: int = 0
+    num_steps_capacity: int = 0
+    dtype: str = "auto"
+    device: str = "auto"
+    max_num_seqs: int = 64
+    max_model_len: int | None = None
+    kv_cache_gb: float = 2.0
+    adaptive_config: str | None = None
+    trace_path: str | None = None
+    threads: int = 0
+    seed: int = 0
+    cuda_graphs: bool = True
+    native_dense_above: str = "auto"
+    native_lm_head: str = "auto"
+    compile: str = "off"
+    draft_upkeep: bool = False
+
+
+def resolve_draft(draft: str | None, model_is_default: bool) -> Path | None:
+    """The head folder to load, or None for no head."""
+    if draft is not None and draft.lower() == "none":
+        return None
+    if draft is None:
+        return DEFAULT_HEAD if (model_is_default and (DEFAULT_HEAD / "config.json").is_file()) else None
+    path = Path(draft).expanduser()
+    if not path.is_dir():
+        raise UserError(f"draft head {path} is not a folder: give an EAGLE head folder (config.json + safetensors)")
+    return path
