@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 from spectune.backends.base import (Acceptance, Backend, BackendOptions, BackendStartError, Endpoint, SpecSnapshot,
                            has_counters, zero_steps_acceptance)
+from spectune.backends.head_config import head_eagle_version
 from spectune.backends.http import HEALTH_PATHS, auth_headers, check_reachable
 from spectune.backends.openai import EndpointSet
 from spectune.backends.process import ServerProcess, free_port, port_in_use, redact_argv
@@ -45,8 +46,8 @@ def find_executable(name: str, install_hint: str) -> str:
 def eagle_version(draft: str) -> tuple[str, str]:
     """``"eagle3"`` or ``"eagle"`` for a draft head, and what decided it.
 
-    EAGLE-3 when the head's config.json lists an architecture containing ``Eagle3`` (``LlamaForCausalLMEagle3``,
-    ``Eagle3LlamaForCausalLM``) or has a ``draft_vocab_size`` key (background §5). The config is read from a
+    The head's config.json decides (:func:`spectune.backends.head_config.head_eagle_version`: an ``Eagle3``
+    architecture or a ``draft_vocab_size`` key, background §5). The config is read from a
     local folder, else from the Hugging Face cache (never downloaded); without one, a name containing
     ``eagle3`` decides.
     """
@@ -66,9 +67,7 @@ def eagle_version(draft: str) -> tuple[str, str]:
         except (OSError, ValueError):
             config = None
         if isinstance(config, dict):
-            archs = " ".join(str(a) for a in config.get("architectures") or []).lower()
-            is3 = "eagle3" in archs or "draft_vocab_size" in config
-            return ("eagle3" if is3 else "eagle"), str(config_path)
+            return head_eagle_version(config), str(config_path)
     squashed = draft.lower().replace("-", "").replace("_", "")
     return ("eagle3" if "eagle3" in squashed else "eagle"), "name"
 
