@@ -5,6 +5,7 @@ converter (``--target-model-dir``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -90,6 +91,14 @@ def read_target(target: str | os.PathLike[str]) -> TargetInfo:
                             "model folder or the target's GGUF file") from None
     if not path.is_file():
         raise UserError(f"target {path} does not exist: give the target's GGUF file or Hugging Face folder")
+    st = path.stat()
+    return _read_gguf_target(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_gguf_target(path: Path, _size: int, _mtime_ns: int) -> TargetInfo:
+    """:func:`read_target` of a GGUF file, kept per (path, size, mtime): ``GGUFReader`` takes seconds on a 49k-token
+    vocabulary (it splits every string into its own array)."""
     try:
         kv = read_gguf_kv(path)
         arch = kv["general.architecture"][0].decode()
