@@ -17,6 +17,7 @@ a point loses nothing.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,8 +71,9 @@ class SweepPoint:
     drift_check: str | None = None
     timing: dict[str, float] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    #: fields the file it was read from lacked (an older format): left out again by :meth:`to_dict`
-    absent: frozenset[str] = field(default=frozenset(), repr=False)
+    #: fields the file it was read from lacked (an older format) -> the value filled in: left out again by
+    #: :meth:`to_dict` while they keep that value
+    absent: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def key(self) -> Key:
@@ -104,21 +106,27 @@ class SweepPoint:
             "error": self.error, "metrics": self.metrics, "acceptance": self.acceptance,
             "batch_size": self.batch_size, "per_category": self.per_category, "window": self.window,
             "requests_planned": self.requests_planned, "stop_reason": self.stop_reason}
+        if self.early_stop is not None:
+            d["early_stop"] = self.early_stop
         if self.measured:
-            if self.early_stop is not None:
-                d["early_stop"] = self.early_stop
             d.update(warmup=self.warmup, client_limit=self.client_limit, model=self.model, base_url=self.base_url,
                      started=self.started, finished=self.finished)
             if self.log_tail:
                 d["log_tail"] = self.log_tail
             if self.drift_check:
                 d["drift_check"] = self.drift_check
-        else:
+        else:  # what a point that measured nothing has (any other field set on it is kept, in the same order)
+            d.update({k: v for k, v in (("warmup", self.warmup), ("client_limit", self.client_limit),
+                                        ("model", self.model), ("base_url", self.base_url)) if v is not None})
             d.update(log_tail=self.log_tail, finished=self.finished)
+            if self.drift_check:
+                d["drift_check"] = self.drift_check
         if self.timing is not None:
             d["timing"] = self.timing
         d.update(self.extra)
-        return {k: v for k, v in d.items() if k not in self.absent} if self.absent else d
+        if self.absent:
+            d = {k: v for k, v in d.items() if k not in self.absent or v != self.absent[k]}
+        return d
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> SweepPoint:
@@ -137,8 +145,9 @@ class SweepPoint:
             known.setdefault(name, default)
         if known.get("log_tail") is None:
             known["log_tail"] = ""
-        return cls(**known, extra={k: v for k, v in obj.items() if k not in names},
-                   absent=frozenset(names - set(obj)))
+        record = cls(**known, extra={k: v for k, v in obj.items() if k not in names})
+        record.absent = {name: copy.deepcopy(getattr(record, name)) for name in names - set(obj)}
+        return record
 
     def summary_row(self) -> dict[str, Any]:
         """The point's summary.csv row (:func:`spectune.results.schema.summary_row`; ``acceptance_vs_c1`` is

@@ -13,6 +13,7 @@ Keys this version does not know are kept in ``extra`` and written last.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,8 +56,9 @@ class ValidateRun:
     warmup: dict[str, Any] | None = None
     finished: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    #: fields the file it was read from lacked (an older format): left out again by :meth:`to_dict`
-    absent: frozenset[str] = field(default=frozenset(), repr=False)
+    #: fields the file it was read from lacked (an older format) -> the value filled in: left out again by
+    #: :meth:`to_dict` while they keep that value
+    absent: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def measured(self) -> bool:
@@ -79,7 +81,9 @@ class ValidateRun:
         if self.finished is not None:
             d["finished"] = self.finished
         d.update(self.extra)
-        return {k: v for k, v in d.items() if k not in self.absent} if self.absent else d
+        if self.absent:
+            d = {k: v for k, v in d.items() if k not in self.absent or v != self.absent[k]}
+        return d
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> ValidateRun:
@@ -91,5 +95,6 @@ class ValidateRun:
         names = {f.name for f in dataclasses.fields(cls)} - {"extra", "absent"}
         known = {k: v for k, v in obj.items() if k in names}
         known.setdefault("repeat", 1)
-        return cls(**known, extra={k: v for k, v in obj.items() if k not in names},
-                   absent=frozenset(names - set(obj)))
+        record = cls(**known, extra={k: v for k, v in obj.items() if k not in names})
+        record.absent = {name: copy.deepcopy(getattr(record, name)) for name in names - set(obj)}
+        return record

@@ -63,3 +63,12 @@ def test_measured_validate_run_key_order():
                       finished="t2")
     assert list(run.to_dict()) == ["run", "steps", "repeat", "started", "status", "error", "phases", "overall",
                                    "switches_source", "model", "base_url", "stop_reason", "t0", "warmup", "finished"]
+
+
+def test_a_field_an_older_file_lacked_is_written_once_it_is_set():
+    old = {k: v for k, v in failed_point((1, 1, 0), "x", 4).to_dict().items() if k != "log_tail"}
+    point = SweepPoint.from_dict(old)
+    assert "log_tail" not in point.to_dict()
+    assert "timing" not in point.to_dict()
+    point.timing = {"switch_s": 0.0, "measure_s": 1.0}
+    assert point.to_dict()["timing"] == {"switch_s": 0.0, "measure_s": 1.0}
