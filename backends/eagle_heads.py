@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from spectune.backends.head_config import head_eagle_version
+
 
 def eagle_version(draft: str) -> tuple[str, str]:
     """``"eagle3"`` or ``"eagle"`` for a draft head, and what decided it.
 
-    EAGLE-3 when the head's config.json lists an architecture containing ``Eagle3`` (``LlamaForCausalLMEagle3``,
-    ``Eagle3LlamaForCausalLM``) or has a ``draft_vocab_size`` key (background §5). The config is read from a
+    The head's config.json decides (:func:`spectune.backends.head_config.head_eagle_version`, the one EAGLE version
+    rule: an ``Eagle3`` architecture or a ``draft_vocab_size`` key, background §5). The config is read from a
     local folder, else from the Hugging Face cache (never downloaded); without one, a name containing
     ``eagle3`` decides.
     """
@@ -31,8 +33,6 @@ def eagle_version(draft: str) -> tuple[str, str]:
         except (OSError, ValueError):
             config = None
         if isinstance(config, dict):
-            archs = " ".join(str(a) for a in config.get("architectures") or []).lower()
-            is3 = "eagle3" in archs or "draft_vocab_size" in config
-            return ("eagle3" if is3 else "eagle"), str(config_path)
+            return head_eagle_version(config), str(config_path)
     squashed = draft.lower().replace("-", "").replace("_", "")
     return ("eagle3" if "eagle3" in squashed else "eagle"), "name"

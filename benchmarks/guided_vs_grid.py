@@ -234,6 +234,7 @@ def virtual(args: argparse.Namespace) -> int:
     import statistics
 
     from helpers.cost_model import EmulatedServers, virtual_point
+    from spectune.results.point import SweepPoint
     from spectune.backends.base import BackendOptions
     from spectune.results.reader import load_results
     from spectune.sweep.plan import SweepPlan
@@ -264,7 +265,7 @@ def virtual(args: argparse.Namespace) -> int:
                                 rule, args.request_noise)
         for r in recs:
             self.folder.append_request(r)
-        return p, recs
+        return SweepPoint.from_dict(p), recs  # Sweep._point returns the typed record
 
     Sweep._point = point  # type: ignore[method-assign]
 

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.skipif(not bundled_head_available(), reason="the bundle
 def test_default_pair_sweep_then_recommend(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "spectune.cli", "sweep", "--steps", "0,3", "--concurrency", "1,4",
-           "--num-prompts", "8", "--max-tokens", "32", "--device", "cpu", "--output-dir", str(out)]
+           "--num-prompts", "8", "--max-tokens", "32", "--device", "cpu", "--output-dir", str(out),
+           "--compile", "off"]  # uncompiled (a minute per server start on 2 cores): test_engine_compile.py tests it
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "K=0" in run.stdout

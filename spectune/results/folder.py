@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable
 from spectune.backends.redact import Redactor, redact_obj
 from spectune.loadgen.errors import UserError
 from spectune.results.durable import atomic_write, iter_jsonl, writing
+from spectune.results.point import SweepPoint
 from spectune.results.schema import Key, SUMMARY_COLUMNS, point_key, summary_row
 
 
@@ -261,14 +262,16 @@ class SweepFolder(RunFolder):
         self.sync_requests()
         return [obj for _, obj in iter_jsonl(self.requests) if obj is not None]
 
-    def append_point(self, point: dict[str, Any]) -> None:
-        """Make a finished point durable: fsync its requests, append it to ``points.jsonl`` (fsynced), then
-        rewrite ``summary.csv`` atomically. String values are redacted.
+    def append_point(self, point: SweepPoint | dict[str, Any]) -> None:
+        """Make a finished point durable: fsync its requests, append it (:meth:`SweepPoint.to_dict`) to
+        ``points.jsonl`` (fsynced), then rewrite ``summary.csv`` atomically. String values are redacted.
 
         Raises:
             UserError: a write failed (full disk...): the points written before stay; ``--resume`` finishes.
         """
         assert self._req_fh is not None and self._pt_fh is not None
+        if isinstance(point, SweepPoint):
+            point = point.to_dict()
         point = redact_obj(point, self.redactor)
         with writing(self.requests, self.path):
             self._req_fh.flush()

@@ -59,6 +59,12 @@ def point_key(obj: dict[str, Any]) -> Key | None:
         return None
 
 
+def key_fields(key: Key) -> dict[str, int]:
+    """``{"steps": K, "concurrency": c, "repeat": r}``: a point key as the leading fields of a points.jsonl /
+    requests.jsonl object (the inverse of :func:`point_key`)."""
+    return dict(zip(KEY_COLUMNS, key))
+
+
 def summary_row(point: dict[str, Any]) -> dict[str, Any]:
     """One summary.csv row from a points.jsonl object (its keys, status, error and ``metrics``)."""
     row = {c: point.get("metrics", {}).get(c) for c in SUMMARY_COLUMNS}

@@ -45,6 +45,7 @@ from spectune.loadgen.errors import UserError
 from spectune.results.durable import atomic_write, writing
 from spectune.results.folder import SweepFolder
 from spectune.results.nodes import node_verdicts
+from spectune.results.point import SweepPoint
 from spectune.results.schema import Key, point_key
 from spectune.sweep.drift import drift_summary
 from spectune.sweep.plan import ClientTimeouts, SweepListener, SweepPlan
@@ -108,6 +109,12 @@ class RayOptions:
     resources: dict[str, float] = field(default_factory=lambda: {"CPU": 1.0})
     max_attempts: int = 3
     calibrate: bool = True
+
+    def sweep(self, plan: SweepPlan, backend_name: str, options: Any, folder: SweepFolder, prompts: list[Any],
+              meta: dict[str, Any], listener: Any, timeouts: Any) -> "RaySweep":
+        """The distributed sweep :func:`spectune.sweep.run.execute` runs instead of a serial one (run.py asks this
+        object for it, so the serial sweep's module never imports this one)."""
+        return RaySweep(plan, backend_name, options, folder, prompts, meta, listener, timeouts, self)
 
     def check(self, plan: SweepPlan, backend: Any = None) -> None:
         """What a distributed sweep cannot do with this plan and backend, before anything is written.
@@ -288,10 +295,8 @@ class RaySweep:
                                      f"{attempt} attempts (--resume --retry-failed measures them)"))
             self.meta.setdefault("lost_blocks", []).append({"steps": steps, "node": lost["node"],
                                                             "error": lost["error"], "points_left": len(remaining)})
-        from spectune.sweep.run import failed_point
-
         for key in list(remaining):
-            point = failed_point(key, "its node was lost", self.plan.requests_for(key[1])) | {
+            point = SweepPoint.failed(key, "its node was lost", self.plan.requests_for(key[1])).to_dict() | {
                 "stop_reason": "node_lost", "node": None}
             self._record(point, [], None)
 

@@ -41,7 +41,8 @@ from spectune.measure.signals import run_with_signals
 from spectune.measure.window import client_config, measure_window, resolve_model
 from spectune.results.confidence import point_intervals, requests_by_point
 from spectune.results.folder import SweepFolder
-from spectune.results.schema import KEY_COLUMNS, STATUS_COLUMNS, SUMMARY_COLUMNS, Key, now_iso
+from spectune.results.point import SweepPoint
+from spectune.results.schema import Key, key_fields, now_iso, point_key
 from spectune.sweep.drift import drift_check, drift_summary
 from spectune.sweep.guided import GuidedPlanner
 from spectune.sweep.plan import NEW_KEYS, ClientTimeouts, SweepListener, SweepOutcome, SweepPlan
@@ -98,7 +99,7 @@ class Sweep:
                     for key in keys:
                         await self._measure(key)
             if self.plan.drift_check and self.ran > 0:
-                first = [(p["steps"], p["concurrency"], p.get("repeat", 0)) for p in self.folder.points]
+                first = [point_key(p) for p in self.folder.points]
                 ref = self._reference(first[:max(len(self.plan.steps), len(self.plan.concurrency), 2)])
                 if ref is not None:
                     await self._drift("end of sweep", ref)
@@ -117,7 +118,7 @@ class Sweep:
         if self.plan.drift_check and len(keys) >= 2 and ref is not None:
             await self._drift(f"block K={keys[0][0]}", ref)
 
-    async def _measure(self, key: Key, drift: str | None = None) -> tuple[dict[str, Any], list[dict]] | None:
+    async def _measure(self, key: Key, drift: str | None = None) -> tuple[SweepPoint, list[dict]] | None:
         """Start (or switch to) the server of ``key``'s num_steps and measure the point; a drift re-measurement
         (``drift``: its label) is returned instead of being recorded as a point. None when its server failed."""
         steps = key[0]
@@ -155,7 +156,7 @@ class Sweep:
         point, records = await self._point(key, endpoint.base_url, endpoint.model, drift)
         measure_s = time.perf_counter() - t
         self.cost["drift_s" if drift else "measure_s"] += measure_s
-        point["timing"] = {"switch_s": switch_s, "measure_s": measure_s}
+        point.timing = {"switch_s": switch_s, "measure_s": measure_s}
         self.cost["drift_points" if drift else "points"] += 1
         if drift is None:
             self.records[key] = records
@@ -165,8 +166,7 @@ class Sweep:
     def _reference(self, keys: Sequence[Key]) -> Key | None:
         """The drift reference among ``keys``: the ok point with the shortest measurement window (the cheapest to
         measure again), or None."""
-        pts = {(p["steps"], p["concurrency"], p.get("repeat", 0)): p for p in self.folder.points
-               if p.get("status") == "ok"}
+        pts = {point_key(p): p for p in self.folder.points if p.get("status") == "ok"}
         cands = [k for k in keys if k in pts]
         if not cands:
             return None
@@ -174,8 +174,7 @@ class Sweep:
 
     async def _drift(self, label: str, key: Key) -> None:
         """Re-measure ``key`` and compare it with its first measurement (:func:`spectune.sweep.drift.drift_check`)."""
-        first = next((p for p in self.folder.points if (p["steps"], p["concurrency"], p.get("repeat", 0)) == key),
-                     None)
+        first = next((p for p in self.folder.points if point_key(p) == key), None)
         if first is None or first.get("status") != "ok":
             return
         got = await self._measure(key, drift=label)
@@ -184,9 +183,8 @@ class Sweep:
         again, again_records = got
         first_records = self.records.get(key)
         if first_records is None:
-            first_records = [r for r in self.folder.read_requests() if (r.get("steps"), r.get("concurrency"),
-                                                                        r.get("repeat", 0)) == key]
-        check = drift_check(label, first, again, first_records, again_records, self.plan.objective,
+            first_records = [r for r in self.folder.read_requests() if point_key(r) == key]
+        check = drift_check(label, first, again.to_dict(), first_records, again_records, self.plan.objective,
                             self.plan.confidence, self.plan.noise_band)
         self.drift_checks.append(check)
         self.meta["drift"] = drift_summary(self.drift_checks, self.order)
@@ -257,7 +255,7 @@ class Sweep:
         """Request objects of every point, keyed (steps, concurrency, repeat): those measured now, and those of a
         resumed folder's earlier points (requests.jsonl)."""
         out = dict(self.records)
-        missing = {(p["steps"], p["concurrency"], p.get("repeat", 0)) for p in self.folder.points} - set(out)
+        missing = {point_key(p) for p in self.folder.points} - set(out)
         if missing:
             for key, recs in requests_by_point(self.folder.read_requests()).items():
                 if key in missing:
@@ -273,10 +271,11 @@ class Sweep:
             return f"budget of {plan.budget_s:g} s"
         return ""
 
-    def _finish(self, point: dict[str, Any]) -> None:
-        self.folder.append_point(point)
+    def _finish(self, point: SweepPoint) -> None:
+        obj = point.to_dict()
+        self.folder.append_point(obj)
         self.ran += 1
-        self.listener.point_finished(point)
+        self.listener.point_finished(obj)
 
     def _save_meta(self) -> None:
         self.meta["backend"] = self.backend.describe()
@@ -285,8 +284,8 @@ class Sweep:
         self.folder.write_meta(self.meta)
 
     async def _point(self, key: Key, base_url: str, model: str | None,
-                     drift: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """Measure one point; returns its points.jsonl object and its request objects (``drift``: a drift
+                     drift: str | None = None) -> tuple[SweepPoint, list[dict[str, Any]]]:
+        """Measure one point; returns its points.jsonl record and its request objects (``drift``: a drift
         re-measurement, whose requests go to drift_requests.jsonl)."""
         steps, conc, rep = key
         plan, planned = self.plan, self.plan.requests_for(conc)
@@ -294,7 +293,7 @@ class Sweep:
         try:
             model = model or await resolve_model(base_url, self.model, self.api_key_env)
         except UserError as err:
-            return failed_point(key, str(err), planned) | {"stop_reason": "no_model"}, []
+            return SweepPoint.failed(key, str(err), planned, stop_reason="no_model"), []
         config = client_config(plan, self.backend, base_url, model, self.api_key_env, self.timeouts.request_timeout_s)
         done = 0
 
@@ -303,7 +302,7 @@ class Sweep:
         def on_record(rec: RequestRecord) -> None:
             nonlocal done
             done += 1
-            obj = {"steps": steps, "concurrency": conc, "repeat": rep, **rec.to_json()}
+            obj = {**key_fields(key), **rec.to_json()}
             if drift is None:
                 self.folder.append_request(obj)
             else:
@@ -329,7 +328,7 @@ class Sweep:
             raise
         if w.stuck is not None:
             self.listener.warning(f"K={steps} c={conc}: {w.stuck}")
-            return failed_point(key, w.stuck, planned) | {"stop_reason": "warmup_timeout"}, kept
+            return SweepPoint.failed(key, w.stuck, planned, stop_reason="warmup_timeout"), kept
         result, records, acc, batch, metrics, limited = (w.result, w.records, w.acceptance, w.batch_size,
                                                          dict(w.metrics), w.client_limit)
         if limited is not None:
@@ -347,23 +346,19 @@ class Sweep:
         if w.warmup and warm_failed == len(w.warmup):
             self.listener.warning(f"K={steps} c={conc}: every warm-up request failed ({w.warmup[0].error})")
         ask = lambda recs: window_acceptance(self.backend, None, None, recs)  # noqa: E731 - per-request sources
-        return {
-            "steps": steps, "concurrency": conc, "repeat": rep, "status": w.status, "error": w.error,
-            "metrics": metrics,
+        return SweepPoint(
+            steps, conc, rep, w.status, w.error, metrics,
             # positions past num_steps were not drafted at this point (a server sized for a larger num_steps reports
             # them as 0): only the first ``steps`` are acceptance
-            "acceptance": {"per_position": acc.per_position[:steps], "num_drafts": acc.num_drafts,
-                           "warning": acc.warning, "cross_check": acc.cross_check},
-            "batch_size": batch,
-            "per_category": per_category_points(records, result.duration_s, steps, ask),
-            "window": {"start_s": result.window_start, "end_s": result.window_end},
-            "requests_planned": planned, "stop_reason": result.stop_reason,
-            **({"early_stop": rule.describe()} if rule is not None else {}),
-            "warmup": {"requests": len(w.warmup), "failed": warm_failed}, "client_limit": limited,
-            "model": model, "base_url": base_url, "started": started, "finished": now_iso(),
-            **({"log_tail": log_tail} if log_tail else {}),
-            **({"drift_check": drift} if drift else {}),
-        }, kept
+            acceptance={"per_position": acc.per_position[:steps], "num_drafts": acc.num_drafts,
+                        "warning": acc.warning, "cross_check": acc.cross_check},
+            batch_size=batch, per_category=per_category_points(records, result.duration_s, steps, ask),
+            window={"start_s": result.window_start, "end_s": result.window_end},
+            requests_planned=planned, stop_reason=result.stop_reason,
+            early_stop=rule.describe() if rule is not None else None,
+            warmup={"requests": len(w.warmup), "failed": warm_failed}, client_limit=limited,
+            model=model, base_url=base_url, started=started, finished=now_iso(), log_tail=log_tail,
+            drift_check=drift), kept
 
 
 async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,
@@ -404,7 +399,7 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
         kept = folder.check(plan.to_json(), resume, retry_failed, NEW_KEYS)
         for warning in await backend.preflight(list(plan.steps)) if ray is None else []:
             listener.warning(warning)
-        done = {(p["steps"], p["concurrency"], p.get("repeat", 0)) for p in kept}
+        done = {point_key(p) for p in kept}
         todo = [k for k in plan.points() if k not in done]
         meta = _meta(folder, plan, backend)
         meta["client"] = timeouts.to_json()
@@ -414,9 +409,7 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
             sweep: Any = Sweep(plan, backend, folder, prompts, meta, listener, options.model, options.api_key_env,
                                timeouts)
         else:
-            from spectune.sweep.distributed import RaySweep
-
-            sweep = RaySweep(plan, backend_name, options, folder, prompts, meta, listener, timeouts, ray)
+            sweep = ray.sweep(plan, backend_name, options, folder, prompts, meta, listener, timeouts)
         try:
             await sweep.run(todo)
         finally:
@@ -465,14 +458,6 @@ def run_blocking(plan: SweepPlan, backend_name: str, options: BackendOptions, ou
     return outcome
 
 
-def failed_point(key: Key, error: str, planned: int, log_tail: str = "") -> dict[str, Any]:
-    """A points.jsonl object for a point that measured nothing (its server never came up)."""
-    metrics: dict[str, Any] = {c: None for c in SUMMARY_COLUMNS if c not in (*KEY_COLUMNS, *STATUS_COLUMNS)}
-    metrics.update(num_requests=0, num_failed=0, total_output_tokens=0, acceptance_length_source="none",
-                   batch_size_source="none")
-    steps, conc, rep = key
-    return {"steps": steps, "concurrency": conc, "repeat": rep, "status": "failed", "error": error,
-            "metrics": metrics, "acceptance": {"per_position": [], "num_drafts": None, "warning": None},
-            "batch_size": None,
-            "per_category": {}, "window": {"start_s": None, "end_s": None}, "requests_planned": planned,
-            "stop_reason": "server_start_failed", "log_tail": log_tail, "finished": now_iso()}
+def failed_point(key: Key, error: str, planned: int, log_tail: str = "") -> SweepPoint:
+    """The record of a point that measured nothing (its server never came up): :meth:`SweepPoint.failed`."""
+    return SweepPoint.failed(key, error, planned, log_tail)

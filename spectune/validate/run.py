@@ -45,6 +45,7 @@ from spectune.measure.schedule_check import check_schedule
 from spectune.measure.window import Sample, Window, client_config, measure_window, resolve_model
 from spectune.results.folder import ValidateFolder
 from spectune.results.schema import now_iso
+from spectune.results.validate_run import ValidateRun
 from spectune.sweep.plan import ClientTimeouts
 from spectune.validate.phases import phase_index, split_by_phase, summarize_run
 from spectune.validate.plan import ValidateListener, ValidateOutcome, ValidatePlan, config_candidates
@@ -86,7 +87,7 @@ class Validation:
         from spectune.loadgen import Constraints
 
         plan, workload = self.plan, self.plan.workload
-        base = {"run": name, "steps": steps, "repeat": repeat, "started": now_iso()}
+        started = now_iso()
         label = name if plan.repeats == 1 else f"{name} #{repeat}"
         self.listener.server_starting(label)
         try:
@@ -94,8 +95,8 @@ class Validation:
             model = endpoint.model or await resolve_model(endpoint.base_url, self.model, self.api_key_env)
         except (BackendStartError, UserError) as err:
             lines = str(err).strip().splitlines() or [type(err).__name__]
-            self._finish({**base, "status": "failed", "error": lines[0], "phases": [], "overall": {},
-                          "log_tail": getattr(err, "log_tail", "")})
+            self._finish(ValidateRun(name, steps, repeat, started, "failed", lines[0],
+                                     log_tail=getattr(err, "log_tail", "")))
             return
         config = client_config(plan, backend, endpoint.base_url, model, self.api_key_env,
                                self.timeouts.request_timeout_s)
@@ -120,8 +121,7 @@ class Validation:
             boundaries_s=[end for _, end in workload.bounds], switches=True, batch_size_interval_s=None,
             warn=self.listener.warning)
         if w.stuck is not None:
-            self._finish({**base, "status": "failed", "error": w.stuck, "phases": [], "overall": {},
-                          "stop_reason": "warmup_timeout"})
+            self._finish(ValidateRun(name, steps, repeat, started, "failed", w.stuck, stop_reason="warmup_timeout"))
             return
         result = w.result
         phases, overall = summarize_run(result.records, result.start_time, workload.bounds, plan.slo_ttft_ms,
@@ -133,11 +133,12 @@ class Validation:
         if name == "config":
             self._check_schedule(backend, w.samples, phases, label)
         self._client_load(overall, w, label)
-        self._finish({**base, "status": w.status, "error": w.error, "phases": phases, "overall": overall,
-                      "switches_source": w.samples[0].switches_source, "model": model,
-                      "base_url": endpoint.base_url, "stop_reason": result.stop_reason,
-                      "t0": result.start_time,  # perf_counter s: requests.jsonl send_time - t0 gives the phase
-                      "warmup": {"requests": len(w.warmup), "failed": sum(not r.ok for r in w.warmup)}})
+        self._finish(ValidateRun(
+            name, steps, repeat, started, w.status, w.error, phases, overall,
+            switches_source=w.samples[0].switches_source, model=model, base_url=endpoint.base_url,
+            stop_reason=result.stop_reason,
+            t0=result.start_time,  # perf_counter s: requests.jsonl send_time - t0 gives the phase
+            warmup={"requests": len(w.warmup), "failed": sum(not r.ok for r in w.warmup)}))
 
     def _check_schedule(self, backend: Backend, samples: list[Sample], phases: list[dict[str, Any]],
                         label: str) -> None:
@@ -183,8 +184,9 @@ class Validation:
         d.update(label=label, acceptance_length=acc.acceptance_length, acceptance_length_source=acc.source,
                  num_steps_switches=switches)
 
-    def _finish(self, result: dict[str, Any]) -> None:
-        result["finished"] = now_iso()
+    def _finish(self, run: ValidateRun) -> None:
+        run.finished = now_iso()
+        result = run.to_dict()
         self.runs.append(result)
         self.meta["backend"] = {"static": self.static.describe(), "config": self.adaptive.describe()}
         self.folder.write(self.meta)

@@ -3,14 +3,14 @@ through ``sglang.srt.speculative.adaptive_spec_params`` and ``sglang.srt.arg_gro
 throughput-aware policy through ``sglang.srt.speculative.throughput_aware_controller`` when the SGLang given has one
 (SGLang main, PR 28045; the 0.5.23 release CI installs has none, so those two tests skip there).
 
-SGLang is found in ``$SPECTUNE_SGLANG_PATH`` (a ``pip install --no-deps --target`` folder, as ``.ci/run`` makes it)
-or in this environment; without either the tests are skipped. The probe (tests/sglang_contract_probe.py) runs in a
+SGLang's code is found or fetched once by tests/helpers/sglang_code.py: ``$SPECTUNE_SGLANG_PATH``, this environment,
+or spectune's cache, filled by ``pip install --no-deps --target`` of the pinned wheel (skipped only when pip cannot
+fetch it). The probe (tests/sglang_contract_probe.py) runs in a
 subprocess: importing SGLang patches torch and transformers process-wide.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -25,15 +25,10 @@ from spectune.backends.num_steps.sglang_config import SGLANG_DEFAULT_CONFIG, par
 from spectune.cli import app
 from helpers.paths import ROOT as REPO_ROOT
 from helpers.results_folders import grid, write_sweep
+from helpers.sglang_code import sglang_path
 
 ROOT = REPO_ROOT
 EXAMPLE = ROOT / "docs" / "examples" / "smollm2-cpu" / "sweep"
-SGLANG_PATH = os.environ.get("SPECTUNE_SGLANG_PATH", "")
-
-pytestmark = pytest.mark.skipif(
-    not SGLANG_PATH and importlib.util.find_spec("sglang") is None,
-    reason="SGLang's code is not installed: set SPECTUNE_SGLANG_PATH to a 'pip install --no-deps --target DIR "
-           "sglang ...' folder (see .ci/run)")
 
 
 def launch_steps(md: str) -> int:
@@ -49,6 +44,9 @@ def recommend(folder: Path, out: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory) -> dict:
+    sglang_dir, why = sglang_path()
+    if sglang_dir is None:
+        pytest.skip(why)
     tmp = tmp_path_factory.mktemp("contract")
     configs = []
     example = recommend(EXAMPLE, tmp / "example")
@@ -71,7 +69,7 @@ def probe(tmp_path_factory) -> dict:
     job.write_text(json.dumps({"configs": configs, "batches": 4000, "seed": 0,
                                "throughput": {"configs": [str(throughput)], "cost_table": COST_TABLE,
                                               "cuda_graph_bs": [1, 2, 4, 8, 16, 32]}}))
-    env = {**os.environ, "PYTHONPATH": SGLANG_PATH}
+    env = {**os.environ, "PYTHONPATH": sglang_dir}  # "" when this environment has SGLang installed
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "sglang_contract_probe.py"), str(job)], env=env,
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]

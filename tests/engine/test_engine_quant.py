@@ -328,7 +328,7 @@ async def test_local_sweep_backend_records_the_servers_path() -> None:
     from spectune.backends import make_backend
     from spectune.backends.base import BackendOptions
 
-    backend = make_backend("local", BackendOptions(dtype="native", max_concurrency=1, draft="none"))
+    backend = make_backend("local", BackendOptions(dtype="native", max_concurrency=1, draft="none", compile="off"))
     await backend.preflight([0])
     try:
         await backend.start(0)

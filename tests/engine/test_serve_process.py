@@ -23,7 +23,9 @@ pytestmark = pytest.mark.skipif(not bundled_head_available(), reason="the bundle
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "sk-test-7f3a"
 CHAT = "/v1/chat/completions"
-SMALL = ["--device", "cpu", "--max-num-seqs", "2", "--max-model-len", "256", "--kv-cache-gb", "0.2"]
+# uncompiled: these tests are about the process, not torch.compile (engine/test_engine_compile.py tests that)
+SMALL = ["--device", "cpu", "--max-num-seqs", "2", "--max-model-len", "256", "--kv-cache-gb", "0.2",
+         "--compile", "off"]
 
 
 class Serve:

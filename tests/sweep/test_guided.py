@@ -10,6 +10,7 @@ import pytest
 
 from spectune.backends.base import BackendOptions
 from spectune.loadgen.errors import UserError
+from spectune.results.point import SweepPoint
 from spectune.results.reader import load_results
 from spectune.sweep.guided import GuidedPlanner, acceptance_lengths
 from spectune.sweep.plan import SweepPlan, parse_budget
@@ -36,7 +37,7 @@ async def virtual_sweep(tmp_path, model, design: str, monkeypatch, noise: float 
         point, recs = virtual_point(model, key, self.plan.requests_for(key[1]), self.plan.max_tokens, noise)
         for r in recs:
             self.folder.append_request(r)
-        return point, recs
+        return SweepPoint.from_dict(point), recs
 
     monkeypatch.setattr(Sweep, "_point", virtual)
     async with EmulatedServers(model, STEPS) as urls:
@@ -437,10 +438,11 @@ async def test_a_guided_sweep_measures_an_unsettled_pair_again(tmp_path, monkeyp
         for rec in recs:
             self.folder.append_request(rec)
         tput = 64 * 32 / float(lat.sum())
-        return {"steps": k, "concurrency": c, "repeat": r, "status": "ok", "error": "",
-                "metrics": {"output_throughput_tok_s": tput, "tpot_p50_ms": 1e3 / tput, "acceptance_length": 1 + k,
-                            "num_requests": 32, "total_output_tokens": 64 * 32, "duration_s": float(lat.sum())},
-                "acceptance": {"per_position": [0.5][:k], "num_drafts": 100}}, recs
+        return SweepPoint.from_dict({
+            "steps": k, "concurrency": c, "repeat": r, "status": "ok", "error": "",
+            "metrics": {"output_throughput_tok_s": tput, "tpot_p50_ms": 1e3 / tput, "acceptance_length": 1 + k,
+                        "num_requests": 32, "total_output_tokens": 64 * 32, "duration_s": float(lat.sum())},
+            "acceptance": {"per_position": [0.5][:k], "num_drafts": 100}}), recs
 
     monkeypatch.setattr(Sweep, "_point", noisy)
     p = SweepPlan(steps=(0, 1), concurrency=(1,), num_prompts=8, max_tokens=16, design="guided", drift_check=False)
@@ -508,7 +510,7 @@ async def test_with_windows_that_stop_early_the_guided_plan_takes_a_quarter_to_a
                                     0.10)
         for r in recs:
             self.folder.append_request(r)
-        return point, recs
+        return SweepPoint.from_dict(point), recs
 
     monkeypatch.setattr(Sweep, "_point", virtual)
     runs = {}

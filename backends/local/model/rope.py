@@ -3,15 +3,16 @@
 Scaling variants: ``linear`` (positions divided by ``factor``) and ``llama3`` (Meta's frequency-dependent scaling
 from the Llama 3.1 release: wavelengths longer than ``original_max_position_embeddings / low_freq_factor`` are
 divided by ``factor``, shorter than ``.../high_freq_factor`` kept, smooth interpolation between; the same formula as
-transformers' ``_compute_llama3_parameters``).
+transformers' ``_compute_llama3_parameters``; :func:`spectune.backends.head_config.llama3_rope_factors`).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
+
+from spectune.backends.head_config import llama3_rope_factors
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -27,15 +28,8 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | N
     factor = float(scaling.get("factor", 1.0))
     if kind == "linear":
         return inv / factor
-    if kind == "llama3":
-        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
-        old_ctx = float(scaling["original_max_position_embeddings"])
-        wavelen = 2 * math.pi / inv
-        smooth = (old_ctx / wavelen - low) / (high - low)
-        scaled = torch.where(wavelen > old_ctx / low, inv / factor, inv)
-        mid = (1 - smooth) * inv / factor + smooth * inv
-        is_mid = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
-        return torch.where(is_mid, mid, scaled)
+    if kind == "llama3":  # the one Llama-3 formula, shared with llama.cpp's rope_freqs.weight
+        return inv / llama3_rope_factors(inv, scaling)
     raise ValueError(f"unsupported rope_type {kind!r} (supported: default, linear, llama3)")
 
 

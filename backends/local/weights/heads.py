@@ -23,17 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from spectune.backends.head_config import flat_head_config, head_eagle_version
 from spectune.backends.local.model.eagle import DraftConfig, DraftHead
 from spectune.loadgen.errors import UserError
 
 if TYPE_CHECKING:
     from spectune.backends.local.model.target import TargetModel
-
-
-def _flat_config(raw: dict[str, Any]) -> dict[str, Any]:
-    inner = raw.get("transformer_layer_config") or {}
-    eagle = raw.get("eagle_config") or {}
-    return {**inner, **{k: v for k, v in raw.items() if k != "transformer_layer_config"}, **eagle}
 
 
 def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -60,15 +55,16 @@ def _normalise_keys(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
 
 def draft_config_from(raw: dict[str, Any], tensors: dict[str, torch.Tensor], target_cfg: Any) -> DraftConfig:
-    """Infer the head's :class:`DraftConfig` from its config.json and tensors (kind from the q_proj width)."""
-    c = _flat_config(raw)
+    """Infer the head's :class:`DraftConfig` from its config.json and tensors (kind:
+    :func:`spectune.backends.head_config.head_eagle_version`)."""
+    c = flat_head_config(raw)
     hidden = int(c.get("hidden_size", target_cfg.hidden_size))
     heads = int(c.get("num_attention_heads", target_cfg.num_heads))
     q = tensors.get("layers.0.self_attn.q_proj.weight")
     if q is None:
         raise UserError("draft head lacks tensor 'layers.0.self_attn.q_proj.weight' (or 'midlayer.self_attn.q_proj"
                         ".weight'): is this an EAGLE checkpoint?")
-    kind = "eagle3" if q.shape[1] == 2 * hidden or "d2t" in tensors else "eagle1"
+    kind = "eagle3" if head_eagle_version(raw, tensors, hidden) == "eagle3" else "eagle1"
     layers = 1 + max(int(k.split(".")[1]) for k in tensors if k.startswith("layers."))
     num_target_layers = target_cfg.num_layers
     aux = c.get("eagle_aux_hidden_state_layer_ids")

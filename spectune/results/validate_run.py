@@ -1,0 +1,100 @@
+"""A validate run as a typed record: :class:`ValidateRun` is one entry of validate.json's ``runs``.
+
+The entry's keys and their order are those the first release wrote (docs/validate.md, docs/results-format.md), so
+validate.json files written before and after this record read the same:
+
+- a measured run: ``run``, ``steps``, ``repeat``, ``started``, ``status``, ``error``, ``phases``, ``overall``,
+  ``switches_source``, ``model``, ``base_url``, ``stop_reason``, ``t0``, ``warmup``, ``finished``;
+- a run whose server never came up: ``run`` ... ``overall``, ``log_tail``, ``finished``;
+- a run whose warm-up ran past its limit: ``run`` ... ``overall``, ``stop_reason``, ``finished``.
+
+Keys this version does not know are kept in ``extra`` and written last.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ValidateRun"]
+
+
+@dataclass
+class ValidateRun:
+    """One run of ``spectune validate``: one static num_steps (``static:K``) or the config (``config``), one repeat.
+
+    Attributes:
+        run: the run's name. steps: num_steps it started the server with. repeat: 1-based repeat.
+        started, finished: UTC ISO-8601 times. status: ``ok`` or ``failed``. error: why it failed, or None.
+        phases: per-phase numbers (:func:`spectune.validate.phases.summarize_run`, annotated). overall: the same
+            over the whole run.
+        t0: perf_counter s of the run's first send (requests.jsonl ``send_time - t0`` gives the phase); None for a
+            run that measured nothing (then ``switches_source``, ``model``, ``base_url``, ``warmup`` are not
+            written).
+        switches_source: where num_steps switches were counted. model, base_url: what was sent where.
+        stop_reason: why the run ended (None: not written for a run whose server never came up).
+        warmup: ``{"requests": N, "failed": M}``. log_tail: the server log's last lines (failed start), or None.
+        extra: keys of a newer format. absent: fields an older file lacked (not written back).
+    """
+
+    run: str
+    steps: int
+    repeat: int
+    started: str
+    status: str = "ok"
+    error: str | None = None
+    phases: list[dict[str, Any]] = field(default_factory=list)
+    overall: dict[str, Any] = field(default_factory=dict)
+    log_tail: str | None = None
+    switches_source: str | None = None
+    model: str | None = None
+    base_url: str | None = None
+    stop_reason: str | None = None
+    t0: float | None = None
+    warmup: dict[str, Any] | None = None
+    finished: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    #: fields the file it was read from lacked (an older format) -> the value filled in: left out again by
+    #: :meth:`to_dict` while they keep that value
+    absent: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def measured(self) -> bool:
+        """True when the run sent its workload (it has ``t0``)."""
+        return self.t0 is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The validate.json ``runs`` entry, keys in the file's order (module docstring)."""
+        d: dict[str, Any] = {"run": self.run, "steps": self.steps, "repeat": self.repeat, "started": self.started,
+                             "status": self.status, "error": self.error, "phases": self.phases,
+                             "overall": self.overall}
+        if self.measured:
+            d.update(switches_source=self.switches_source, model=self.model, base_url=self.base_url,
+                     stop_reason=self.stop_reason, t0=self.t0, warmup=self.warmup)
+        else:
+            if self.log_tail is not None:
+                d["log_tail"] = self.log_tail
+            if self.stop_reason is not None:
+                d["stop_reason"] = self.stop_reason
+        if self.finished is not None:
+            d["finished"] = self.finished
+        d.update(self.extra)
+        if self.absent:
+            d = {k: v for k, v in d.items() if k not in self.absent or v != self.absent[k]}
+        return d
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any]) -> ValidateRun:
+        """A validate.json ``runs`` entry as a record (unknown keys kept in ``extra``).
+
+        Raises:
+            TypeError: the entry lacks ``run``, ``steps`` or ``started``.
+        """
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "absent"}
+        known = {k: v for k, v in obj.items() if k in names}
+        known.setdefault("repeat", 1)
+        record = cls(**known, extra={k: v for k, v in obj.items() if k not in names})
+        record.absent = {name: copy.deepcopy(getattr(record, name)) for name in names - set(obj)}
+        return record
