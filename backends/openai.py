@@ -113,6 +113,11 @@ class OpenAIBackend(Backend):
             return zero_steps_acceptance(records)
         return super().acceptance(before, after, records)
 
+    def schedule_setting(self) -> str | None:
+        """The servers are not spectune's: what they draft is set where they were started."""
+        return ("the server behind that --endpoint was started with another num_steps or schedule (or ignores it): "
+                "check its speculative flags, or give each num_steps its own server with --endpoint K=URL")
+
     def describe(self) -> dict[str, Any]:
         """Backend name and endpoint URLs (never the API key)."""
         return {"backend": self.name, "endpoints": self.endpoints.describe(), "api_key_env": self.options.api_key_env}

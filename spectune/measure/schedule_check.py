@@ -14,6 +14,13 @@ still draft at a smaller batch size). A server that fails either ignores the sch
 apply the scheduled K for EAGLE-style drafters, which then draft the static ``num_speculative_tokens`` at every
 batch size, silently.
 
+``spectune sweep`` checks every point the same way against the static num_steps K its server was given
+(:func:`check_num_steps`: K at every batch size): a server drafting more than K tokens per step, or drafting at all
+in most steps at K = 0, is not running the num_steps the point is labelled with (an engine that ignores the K it is
+given, a running server of another K behind ``--endpoint K=URL``, a launch template without ``{steps}``). Drafting
+*fewer* than K is not flagged: an engine may cut a draft short (a llama-server started with ``--spec-draft-p-min``
+above 0 stops drafting once the draft's top probability falls below it, ``common/speculative.cpp``).
+
 The engine-specific remedy comes from the backend (:meth:`spectune.backends.base.Backend.schedule_setting`).
 """
 
@@ -23,7 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from spectune.backends.num_steps.sglang_config import VllmSchedule
+from spectune.backends.num_steps.sglang_config import VllmRange, VllmSchedule
 from spectune.backends.base import SpecSnapshot, counters_reset
 
 TOLERANCE = 0.25
@@ -52,7 +59,7 @@ class ScheduleCheck:
     followed: bool
 
     def to_json(self) -> dict[str, Any]:
-        """validate.json's per-phase ``schedule_check`` (docs/results-format.md)."""
+        """validate.json's per-phase and points.jsonl's per-point ``schedule_check`` (docs/results-format.md)."""
         share = None if self.drafting_share is None else round(self.drafting_share, 4)
         return {"batch_size": round(self.batch_size, 3), "drafted_per_step": round(self.drafted_per_step, 4),
                 "drafting_share": share, "k_low": self.k_low, "k_high": self.k_high, "followed": self.followed}
@@ -64,6 +71,14 @@ class ScheduleCheck:
         text = (f"{label}: the server drafted {self.drafted_per_step:.2f} tokens per step{share} at batch size "
                 f"{self.batch_size:.1f}, where the schedule gives K={k}: it is NOT following the per-batch-size "
                 "schedule, so this run measured static speculation")
+        return text + (f"; {setting}" if setting else "")
+
+    def steps_message(self, label: str, setting: str | None) -> str:
+        """The plain warning when a sweep point's server did not run the static num_steps it was given."""
+        share = "" if self.drafting_share is None else f" in {self.drafting_share:.0%} of its verify steps"
+        text = (f"{label}: the server drafted {self.drafted_per_step:.2f} tokens per step{share}, but it was given "
+                f"num_steps {self.k_high}: it is NOT running the num_steps it was given, so this point measured "
+                "another num_steps")
         return text + (f"; {setting}" if setting else "")
 
 
@@ -103,3 +118,23 @@ def check_schedule(schedule: VllmSchedule, before: SpecSnapshot | None, after: S
     else:
         followed = drafts == 0 or (share is not None and share <= MAX_DRAFTING_SHARE)
     return ScheduleCheck(batch_size, per_step, share, k_low, k_high, followed)
+
+
+def check_num_steps(steps: int, before: SpecSnapshot | None, after: SpecSnapshot | None, batch_size: float | None,
+                    output_tokens: float | None = None) -> ScheduleCheck | None:
+    """A sweep point's :class:`ScheduleCheck`: :func:`check_schedule` against the static num_steps ``steps`` (the same
+    K at every batch size), or None when the counters or the batch size are missing.
+
+    Args:
+        steps: the num_steps K (draft tokens per verify step) the point's server was given.
+        before, after: the counter snapshots at the window's start and end.
+        batch_size: the window's batch size (requests); only its presence matters for a static K.
+        output_tokens: tokens the server emitted in the window (for the drafting share at K = 0), or None.
+
+    Raises:
+        ValueError: ``steps`` < 0.
+    """
+    if steps < 0:
+        raise ValueError(f"num_steps must be >= 0, got {steps}")
+    static = VllmSchedule((VllmRange(1, 1 << 30, steps),), max_k=steps)
+    return check_schedule(static, before, after, batch_size, output_tokens)

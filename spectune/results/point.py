@@ -6,7 +6,7 @@ and after this record read (and diff) the same:
 
 - a measured point: ``steps``, ``concurrency``, ``repeat``, ``status``, ``error``, ``metrics``, ``acceptance``,
   ``batch_size``, ``per_category``, ``window``, ``requests_planned``, ``stop_reason``, [``early_stop``], ``warmup``,
-  ``client_limit``, ``model``, ``base_url``, ``started``, ``finished``, [``log_tail``], [``drift_check``],
+  ``client_limit``, [``schedule_check``], ``model``, ``base_url``, ``started``, ``finished``, [``log_tail``], [``drift_check``],
   [``timing``];
 - a point that measured nothing (its server never came up, no model, a warm-up past its limit; no ``started``):
   ``steps`` ... ``stop_reason``, ``log_tail``, ``finished``, [``timing``].
@@ -41,7 +41,9 @@ class SweepPoint:
         requests_planned: measured requests the point was allowed. stop_reason: why its window ended.
         early_stop: the sequential rule's last look (``--early-stop``), or None (not written).
         warmup: ``{"requests": N, "failed": M}`` (measured points). client_limit: why the load generator limited
-            the point, or None. model, base_url: what was sent where. started, finished: UTC ISO-8601 times;
+            the point, or None. schedule_check: whether the server drafted the point's num_steps
+            (:func:`spectune.measure.schedule_check.check_num_steps`), or None (no spec-decode counters; absent in
+            files before it). model, base_url: what was sent where. started, finished: UTC ISO-8601 times;
             ``started`` is None for a point that measured nothing.
         log_tail: the server log's last lines ("" for none). drift_check: the label of a drift re-measurement.
         timing: ``switch_s``, ``measure_s`` (s), or None (not written). extra: keys of a newer format.
@@ -63,6 +65,7 @@ class SweepPoint:
     early_stop: dict[str, Any] | None = None
     warmup: dict[str, Any] | None = None
     client_limit: str | None = None
+    schedule_check: dict[str, Any] | None = None
     model: str | None = None
     base_url: str | None = None
     started: str | None = None
@@ -109,15 +112,16 @@ class SweepPoint:
         if self.early_stop is not None:
             d["early_stop"] = self.early_stop
         if self.measured:
-            d.update(warmup=self.warmup, client_limit=self.client_limit, model=self.model, base_url=self.base_url,
-                     started=self.started, finished=self.finished)
+            d.update(warmup=self.warmup, client_limit=self.client_limit, schedule_check=self.schedule_check,
+                     model=self.model, base_url=self.base_url, started=self.started, finished=self.finished)
             if self.log_tail:
                 d["log_tail"] = self.log_tail
             if self.drift_check:
                 d["drift_check"] = self.drift_check
         else:  # what a point that measured nothing has (any other field set on it is kept, in the same order)
             d.update({k: v for k, v in (("warmup", self.warmup), ("client_limit", self.client_limit),
-                                        ("model", self.model), ("base_url", self.base_url)) if v is not None})
+                                        ("schedule_check", self.schedule_check), ("model", self.model),
+                                        ("base_url", self.base_url)) if v is not None})
             d.update(log_tail=self.log_tail, finished=self.finished)
             if self.drift_check:
                 d["drift_check"] = self.drift_check

@@ -35,15 +35,20 @@ EARLY_STOP_COLUMNS = ("stopped_early", "early_stop_reason")
 (``--early-stop``; :mod:`spectune.sweep.sequential`) and why (``below_best``, ``above_best``, ``precise``, ``seed_acceptance``;
 empty when it ran its full window). Added after the first release: a summary.csv without them reads as False / empty."""
 
+SCHEDULE_COLUMNS = ("schedule_check",)
+"""Whether the point's server drafted the num_steps it was given (points.jsonl ``schedule_check``;
+:func:`spectune.measure.schedule_check.check_num_steps`): ``followed``, ``not_followed``, or empty where it could
+not be checked (no spec-decode counters). Added after the first release: a summary.csv without it reads as empty."""
+
 SUMMARY_COLUMNS: tuple[str, ...] = (*KEY_COLUMNS, *STATUS_COLUMNS, *STREAM_COLUMNS, *ACCEPTANCE_COLUMNS,
                                     *SLO_CLIENT_COLUMNS, *BATCH_SIZE_COLUMNS, *DERIVED_COLUMNS, *INTERVAL_COLUMNS,
-                                    *PLAN_COLUMNS, *EARLY_STOP_COLUMNS)
+                                    *PLAN_COLUMNS, *EARLY_STOP_COLUMNS, *SCHEDULE_COLUMNS)
 """summary.csv columns, in file order."""
 
 REQUIRED_COLUMNS = ("steps", "concurrency", "status")
 """Columns a summary must have to be read at all."""
 TEXT_COLUMNS = ("status", "error", "acceptance_length_source", "token_count_source", "batch_size_source",
-                "early_stop_reason")
+                "early_stop_reason", "schedule_check")
 """Text columns (read as strings, empty for none)."""
 FLAG_COLUMNS = ("client_limited", "predicted", "stopped_early")
 """True/False columns (read as written)."""
@@ -72,6 +77,8 @@ def summary_row(point: dict[str, Any]) -> dict[str, Any]:
     row["predicted"] = bool(point.get("predicted", False))
     why = (point.get("early_stop") or {}).get("reason")
     row["stopped_early"], row["early_stop_reason"] = bool(why), why or ""
+    check = point.get("schedule_check")
+    row["schedule_check"] = "" if not check else ("followed" if check.get("followed") else "not_followed")
     return row
 
 

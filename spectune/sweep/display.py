@@ -100,8 +100,8 @@ def drift_line(check: dict[str, Any]) -> str:
 
 
 def outcome_lines(outcome: Any) -> list[str]:
-    """The summary lines after the table: the order and drift verdict, the guided plan's outcome and the measuring
-    cost (points, launches, seconds)."""
+    """The summary lines after the table: the order and drift verdict, the guided plan's outcome, the points whose
+    server did not run the num_steps it was given, and the measuring cost (points, launches, seconds)."""
     lines = []
     drift = outcome.drift
     if drift:
@@ -113,6 +113,11 @@ def outcome_lines(outcome: Any) -> list[str]:
         lines.append(f"guided plan: {g.get('measured_cells')} cells measured in {len(g.get('rounds') or [])} rounds, "
                      f"{g.get('predicted_cells')} predicted (marked predicted in summary.csv); stopped: "
                      f"{g.get('stopped')}")
+    wrong = [p for p in outcome.points if (p.get("schedule_check") or {}).get("followed") is False]
+    if wrong:
+        keys = ", ".join(f"K={p['steps']} c={p['concurrency']}" for p in wrong)
+        lines.append(f"num_steps check: {len(wrong)} point(s) drafted more than the num_steps they were given "
+                     f"({keys}): they measured another num_steps (schedule_check in points.jsonl and summary.csv)")
     c = outcome.cost
     if c:
         lines.append(f"measuring cost: {c['points']} points, {c['drift_points']} drift re-measurements, "
@@ -132,7 +137,10 @@ def point_line(point: dict[str, Any]) -> str:
     where = f" @ node {str(node.get('id') or '')[:8]}" if isinstance(node, dict) and node.get("id") else ""  # --ray
     if point.get("status") != "ok":
         return f"{head}: {point.get('error') or 'failed'} ({m.get('num_requests') or 0} req){where}"
-    return f"{head}: {body}" + (" [client-limited]" if m.get("client_limited") else "") + where
+    check = point.get("schedule_check") or {}
+    wrong = f" [NOT at num_steps {point['steps']}: drafted {check['drafted_per_step']:.2f}/step]" \
+        if check and not check.get("followed") else ""
+    return f"{head}: {body}" + (" [client-limited]" if m.get("client_limited") else "") + wrong + where
 
 
 @dataclass

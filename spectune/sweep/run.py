@@ -8,7 +8,8 @@ Order: for each num_steps K (ascending) the backend starts a server once (``star
    (``warmup_requests``, not recorded; a warm-up past ``warmup_timeout_s`` fails the point at once,
    ``stop_reason`` ``warmup_timeout``), counter snapshots around the measured requests (each record appended to
    requests.jsonl as it finishes), the engine's running batch size over the window, the load metrics, the
-   window's acceptance and its status;
+   window's acceptance and its status; whether the server drafted the K it was given
+   (:func:`spectune.measure.schedule_check.check_num_steps`, ``schedule_check``, a warning when it did not);
 3. per-category numbers (:func:`spectune.measure.acceptance.per_category_points`); the point is appended to
    points.jsonl and summary.csv is rewritten (:class:`spectune.results.folder.SweepFolder`). A point the load
    generator itself limited (:func:`spectune.loadgen.metrics.client_limit`) is marked ``client_limited`` and
@@ -30,13 +31,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from spectune.backends import make_backend
-from spectune.backends.base import Backend, BackendOptions, BackendStartError
+from spectune.backends.base import Backend, BackendOptions, BackendStartError, SpecSnapshot
 from spectune.loadgen.datasets import Prompt, load_dataset
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.acceptance import per_category_points, window_acceptance
 from spectune.measure.batch_size import BATCH_SIZE_INTERVAL_S
 from spectune.measure.environment import environment
+from spectune.measure.schedule_check import check_num_steps
 from spectune.measure.signals import run_with_signals
 from spectune.measure.window import client_config, measure_window, resolve_model
 from spectune.results.confidence import point_intervals, requests_by_point
@@ -345,6 +347,9 @@ class Sweep:
         warm_failed = sum(not r.ok for r in w.warmup)
         if w.warmup and warm_failed == len(w.warmup):
             self.listener.warning(f"K={steps} c={conc}: every warm-up request failed ({w.warmup[0].error})")
+        check = self._check_steps(key, w.samples[0].snap if w.samples else None, w.after.snap if w.after else None,
+                                  batch["mean"] if batch else metrics.get("achieved_concurrency"),
+                                  metrics.get("total_output_tokens"))
         ask = lambda recs: window_acceptance(self.backend, None, None, recs)  # noqa: E731 - per-request sources
         return SweepPoint(
             steps, conc, rep, w.status, w.error, metrics,
@@ -356,9 +361,21 @@ class Sweep:
             window={"start_s": result.window_start, "end_s": result.window_end},
             requests_planned=planned, stop_reason=result.stop_reason,
             early_stop=rule.describe() if rule is not None else None,
-            warmup={"requests": len(w.warmup), "failed": warm_failed}, client_limit=limited,
+            warmup={"requests": len(w.warmup), "failed": warm_failed}, client_limit=limited, schedule_check=check,
             model=model, base_url=base_url, started=started, finished=now_iso(), log_tail=log_tail,
             drift_check=drift), kept
+
+    def _check_steps(self, key: Key, before: SpecSnapshot | None, after: SpecSnapshot | None,
+                     batch_size: float | None, output_tokens: float | None) -> dict[str, Any] | None:
+        """Did the point's server run the num_steps it was given? The window's counters against K
+        (:func:`spectune.measure.schedule_check.check_num_steps`): points.jsonl's ``schedule_check`` (None when the
+        server has no spec-decode counters), and a warning naming the backend's remedy when it did not."""
+        check = check_num_steps(key[0], before, after, batch_size, output_tokens)
+        if check is None:
+            return None
+        if not check.followed:
+            self.listener.warning(check.steps_message(f"K={key[0]} c={key[1]}", self.backend.schedule_setting()))
+        return check.to_json()
 
 
 async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,

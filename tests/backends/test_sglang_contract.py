@@ -85,9 +85,11 @@ COST_TABLE = {str(b): {str(s): 10.0 + b * 0.05 + s * (0.5 + b * 0.2) for s in (1
 
 def throughput(probe: dict) -> dict:
     if not probe.get("throughput", {}).get("available"):
-        pytest.skip(f"SGLang {probe.get('sglang_version')} has no throughput-aware strategy (PR 28045; 0.5.23 has "
-                    "none): point SPECTUNE_SGLANG_PATH at an SGLang with sglang/srt/speculative/"
-                    "throughput_aware_controller.py")
+        pytest.skip(f"SGLang {probe.get('sglang_version')} has no throughput-aware strategy: set "
+                    "SPECTUNE_SGLANG_PATH to an SGLang tree with sglang/srt/speculative/throughput_aware_controller.py "
+                    "and throughput_aware_spec_params.py (SGLang main, PR 28045); CI cannot: it installs the "
+                    "registry's newest sglang, 0.5.23, which predates PR 28045, and SGLang's code may not be "
+                    "committed here")
     return probe["throughput"]
 
 

@@ -12,23 +12,17 @@ Two layers:
   its own ``get_draft_len_for_batch_size`` (module-level in ``_torch/speculative/utils.py`` from 1.3.0rc8,
   ``Drafter``'s method in ``_torch/speculative/drafter.py`` before) and ``validate_draft_len_schedule_and_sort``
   (``llmapi/llm_args.py``) are cut out of the files with ``ast`` and run (importing ``tensorrt_llm`` needs CUDA
-  libraries; these functions need only ``bisect``). TensorRT-LLM's source is not on the package registry (its
+  libraries; these functions need only ``bisect``) by tests/helpers/trtllm_lookup.py, which also checks one
+  recommend output folder from the command line. TensorRT-LLM's source is not on the package registry (its
   registry entries are stubs that download from NVIDIA's index), so CI skips this layer; no TensorRT-LLM code is
   kept in this repository.
 """
 
 from __future__ import annotations
 
-import ast
-import bisect
 import json
-import logging
 import os
-import re
-import textwrap
-import typing
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -43,6 +37,7 @@ from spectune.backends.num_steps.trtllm_schedule import (
 from spectune.cli import app
 from helpers.paths import ROOT
 from helpers.results_folders import grid, write_sweep
+from helpers.trtllm_lookup import read_back, sweep_choice, trtllm_functions
 
 CASES = json.loads((ROOT / "tests" / "fixtures" / "trtllm_draft_len_schedule.json").read_text())["forms"]
 EXAMPLE = ROOT / "docs" / "examples" / "smollm2-cpu" / "sweep"
@@ -64,14 +59,6 @@ def recommend(folder: Path, out: Path, version: str | None) -> tuple[dict, dict]
     assert res.exit_code == 0, res.output
     return (json.loads((out / "trtllm-speculative-config.json").read_text()),
             json.loads((out / "recommendation.json").read_text()))
-
-
-def sweep_choice(rec: dict, batch_size: int) -> int:
-    """num_steps the sweep chose for ``batch_size`` (the slot containing it; the last slot is open-ended), capped
-    at the batch-size-1 slot's (TensorRT-LLM's max_draft_len)."""
-    slots = rec["slots"]
-    slot = next(s for s in slots if s["lower"] <= batch_size and (s["upper"] is None or batch_size <= s["upper"]))
-    return min(slot["steps"], slots[0]["steps"])
 
 
 @pytest.fixture(scope="module")
@@ -137,38 +124,12 @@ def test_the_example_schedule_is_in_the_upper_bound_form():
 
 SOURCES = [Path(p) for p in os.environ.get("SPECTUNE_TRTLLM_SRC", "").split(os.pathsep) if p]
 
-
-def cut_function(path: Path, name: str, namespace: dict) -> typing.Callable:
-    """The function (module level or a class's method) ``name`` in ``path``, without decorators, defined in
-    ``namespace``. Raises LookupError when the file has none."""
-    source = path.read_text()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.FunctionDef) and node.name == name:
-            exec(compile(textwrap.dedent(ast.get_source_segment(source, node)), str(path), "exec"), namespace)
-            return namespace[name]
-    raise LookupError(f"{path} has no function {name}")
-
-
-def trtllm_functions(root: Path) -> SimpleNamespace:
-    """TensorRT-LLM's release, schedule lookup ``lookup(schedule: dict[int, int], batch_size) -> int`` and
-    validator ``validate(schedule: dict[int, int], max_draft_len) -> dict`` from the tree at ``root``."""
-    pkg = root / "tensorrt_llm"
-    version = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", (pkg / "version.py").read_text()).group(1)
-    ns = {"bisect_left": bisect.bisect_left, "bisect_right": bisect.bisect_right,
-          "logger": logging.getLogger("trtllm"), **{n: getattr(typing, n) for n in ("Dict", "Optional", "List")}}
-    try:
-        fn = cut_function(pkg / "_torch" / "speculative" / "utils.py", "get_draft_len_for_batch_size", ns)
-        lookup = lambda sched, b: fn(sched, b, max(sched.values()))  # noqa: E731
-    except (LookupError, FileNotFoundError):
-        method = cut_function(pkg / "_torch" / "speculative" / "drafter.py", "get_draft_len_for_batch_size", ns)
-        lookup = lambda sched, b: method(SimpleNamespace(draft_len_schedule=sched), b)  # noqa: E731
-    validator = cut_function(pkg / "llmapi" / "llm_args.py", "validate_draft_len_schedule_and_sort", ns)
-    validate = lambda sched, k: validator(None, sched, SimpleNamespace(data={"max_draft_len": k}))  # noqa: E731
-    return SimpleNamespace(version=version, lookup=lookup, validate=validate)
-
-
-needs_source = pytest.mark.skipif(not SOURCES, reason="TensorRT-LLM's source is not given: set SPECTUNE_TRTLLM_SRC "
-                                                      "to folders holding tensorrt_llm/ trees")
+needs_source = pytest.mark.skipif(
+    not SOURCES,
+    reason="TensorRT-LLM's own lookup is not run: set SPECTUNE_TRTLLM_SRC to folders (separated by os.pathsep), each "
+           "holding a tensorrt_llm/ tree with version.py, llmapi/llm_args.py and _torch/speculative/utils.py (1.3.0rc8 "
+           "and later) or drafter.py (before); CI cannot: the registry's tensorrt-llm is a stub that downloads from "
+           "NVIDIA's own index, and TensorRT-LLM's code may not be committed here")
 
 
 @needs_source
@@ -176,11 +137,8 @@ needs_source = pytest.mark.skipif(not SOURCES, reason="TensorRT-LLM's source is 
 def test_trtllms_own_lookup_gives_every_batch_size_the_sweeps_choice(root, tmp_path):
     trt = trtllm_functions(root)
     for name, folder in sweeps(tmp_path).items():
-        cfg, rec = recommend(folder, tmp_path / name, trt.version)
-        sched = trt.validate({int(k): v for k, v in cfg["draft_len_schedule"].items()}, cfg["max_draft_len"])
-        top = max(max(sched), rec["slots"][-1]["lower"])
-        wrong = {b: (trt.lookup(sched, b), sweep_choice(rec, b)) for b in range(1, top + 1)
-                 if trt.lookup(sched, b) != sweep_choice(rec, b)}
+        cfg, _ = recommend(folder, tmp_path / name, trt.version)
+        wrong = {b: pair for b, pair in read_back(trt, tmp_path / name).items() if pair[0] != pair[1]}
         assert wrong == {}, (trt.version, name, cfg)
 
 

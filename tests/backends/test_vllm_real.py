@@ -6,6 +6,8 @@ One server start (2.5-4 minutes on 2 cores: vLLM compiles the target and the hea
 
 - the recommend file is accepted by vLLM as written (method, model, ``num_speculative_tokens``, the schedule);
 - sequential requests (batch size 1) draft at the schedule's K for batch 1 (2): drafted tokens per spec step = 2;
+- the schedule check that ``spectune validate`` and ``sweep`` apply (:mod:`spectune.measure.schedule_check`) finds
+  the schedule followed at batch size 1, and finds that this server does not run num_steps 1 (it drafts 2);
 - the per-request ``metrics.speculative_decoding`` sums over the window equal the ``/metrics`` counter deltas
   (``docs/features/speculative_decoding/acceptance_metrics.md``: they reconcile), through the backend's own
   acceptance (:meth:`VLLMBackend.acceptance`);
@@ -27,6 +29,7 @@ from typer.testing import CliRunner
 
 from helpers.results_folders import row, write_sweep
 from spectune.backends import make_backend
+from spectune.backends.adaptive.config import load_config_file
 from spectune.backends.base import BackendOptions
 from spectune.backends.vllm import find_vllm
 from spectune.backends.vllm.backend import spec_decoding_metrics
@@ -34,6 +37,7 @@ from spectune.cli import app
 from spectune.loadgen.client import ClientConfig, StreamingClient
 from spectune.loadgen.datasets import Prompt
 from spectune.loadgen.errors import UserError
+from spectune.measure.schedule_check import check_num_steps, check_schedule
 
 try:
     VLLM = find_vllm()
@@ -127,6 +131,18 @@ def test_batch_size_one_drafts_the_schedules_k(served):
     drafted = sum(d["num_draft_tokens"] for d in found)
     steps = sum(d["num_spec_steps"] for d in found)
     assert drafted == 2 * steps
+
+
+def test_the_schedule_check_finds_the_schedule_followed(served, recommended):
+    schedule = load_config_file(recommended)
+    output = sum(r.completion_tokens for r in served["records"])
+    check = check_schedule(schedule, served["before"], served["after"], 1.0, output)
+    assert (check.k_high, check.followed) == (2, True)
+
+
+def test_the_num_steps_check_passes_at_the_k_served_and_fails_below_it(served):
+    before, after, output = served["before"], served["after"], sum(r.completion_tokens for r in served["records"])
+    assert [check_num_steps(k, before, after, 1.0, output).followed for k in (2, 1)] == [True, False]
 
 
 def test_per_request_sums_equal_the_counter_deltas(served):

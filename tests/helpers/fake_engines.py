@@ -18,8 +18,10 @@ read from the engine's own flags: vLLM's ``num_speculative_tokens`` from ``--spe
 ``/metrics`` with ``vllm:`` counters), SGLang's ``--speculative-num-steps`` (no flag: 0; no ``/metrics``, spec
 details in the responses when asked). Acceptance probability ``FAKE_ENGINE_ACCEPT`` (default 0.7), decode speed
 ``FAKE_ENGINE_TPS`` tokens/s (default 2000). The vLLM stand-in also fails at start when the head's path contains
-``rejected-head`` (as vLLM does for a head it cannot load), exits after ``FAKE_ENGINE_EXIT_AFTER`` completions, and
-waits ``FAKE_ENGINE_STARTUP_DELAY`` s before listening.
+``rejected-head`` (as vLLM does for a head it cannot load), exits after ``FAKE_ENGINE_EXIT_AFTER`` completions,
+waits ``FAKE_ENGINE_STARTUP_DELAY`` s before listening, and with ``FAKE_ENGINE_IGNORE_K=N`` drafts N tokens per
+step whenever it has a speculative config, whatever its ``num_speculative_tokens`` (an engine that ignores the K it
+was given, what ``spectune sweep``'s schedule check must catch).
 """
 
 from __future__ import annotations
@@ -87,7 +89,10 @@ def vllm_main(log: str) -> None:
         extra += ["--exit-after-requests", os.environ["FAKE_ENGINE_EXIT_AFTER"]]
     if os.environ.get("FAKE_ENGINE_STARTUP_DELAY"):
         extra += ["--startup-delay", os.environ["FAKE_ENGINE_STARTUP_DELAY"]]
-    _serve(args.host, args.port, int(spec.get("num_speculative_tokens", 0)), "vllm", args.model, extra)
+    steps = int(spec.get("num_speculative_tokens", 0))
+    if steps > 0 and os.environ.get("FAKE_ENGINE_IGNORE_K"):
+        steps = int(os.environ["FAKE_ENGINE_IGNORE_K"])
+    _serve(args.host, args.port, steps, "vllm", args.model, extra)
 
 
 def sglang_main(log: str) -> None:
