@@ -44,10 +44,8 @@ Acceptance, best first:
 2. the V1 spec-decode counters on ``/metrics`` (``vllm/v1/spec_decode/metrics.py``), as deltas over the window:
    acceptance length = 1 + d(accepted) / d(drafts), rate = d(accepted) / d(draft tokens), per position =
    d(accepted_per_pos[i]) / d(drafts), summed over engines (:mod:`spectune.backends.prometheus`). A counter that went
-   down or
-   a new process start time (server restart) is handled by :func:`spectune.backends.base.counter_acceptance`
-   (after-values
-   used, with a warning); without counters: 1.0 at num_steps 0, else the tokens-per-chunk proxy
+   down or a new process start time (server restart) is handled by :func:`spectune.backends.base.counter_acceptance`
+   (after-values used, with a warning); without counters: 1.0 at num_steps 0, else the tokens-per-chunk proxy
    (:meth:`spectune.backends.launch.LaunchingBackend.acceptance`).
 
 Running batch size: the ``vllm:num_requests_running`` gauge (summed over engines).

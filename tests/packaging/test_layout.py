@@ -54,6 +54,17 @@ def test_presets_import_only_loadgen():
     assert _violations("presets", ("spectune.presets", "spectune.loadgen")) == []
 
 
+MAX_MODULE_LINES = 600
+"""Issue 31: no module of the installed package over this many lines (split it by concern instead)."""
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_no_module_over_the_line_limit(folder):
+    long = {str(p.relative_to(ROOT)): n for p in _modules(folder)
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
+
+
 def test_feature_packages_never_import_the_cli():
     features = [p for p in (ROOT / "spectune").iterdir() if p.is_dir() and p.name not in ("commands", "__pycache__")]
     bad = [v for f in features for v in _violations(f"spectune/{f.name}", ("spectune.backends", "spectune.loadgen",
