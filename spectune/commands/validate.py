@@ -104,7 +104,7 @@ def validate(
     from spectune.sweep.plan import ClientTimeouts
     from spectune.validate.run import execute
     from spectune.validate.plan import ValidatePlan, config_candidates
-    from spectune.validate.verdict import combine_repeats
+    from spectune.validate.repeats import combine_repeats
     from spectune.validate.display import LiveValidateDisplay, results_table
     from spectune.validate.workload import load_arrivals, parse_workload
 
@@ -150,6 +150,8 @@ def validate(
     console.print(results_table(combine_repeats(outcome.runs), plan))
     v = outcome.verdict
     console.print(v.line, style="bold green" if v.passed else "bold red", markup=False, soft_wrap=True)
+    if outcome.phase_check:
+        console.print(f"per phase: {outcome.phase_check['line']}", markup=False, soft_wrap=True)
     from spectune.validate.prediction import summary_lines
 
     for line in summary_lines({"prediction": outcome.prediction}):
@@ -169,9 +171,11 @@ def _rule_again(config: Path, output_dir: Optional[Path]) -> None:
 
     if output_dir is None:
         raise UserError("--rule-again needs --output-dir: the folder of the finished validation")
-    v, prediction = rule_again(output_dir, str(config))
+    v, prediction, phases = rule_again(output_dir, str(config))
     console = Console(highlight=False)
     console.print(v.line, style="bold green" if v.passed else "bold red", markup=False, soft_wrap=True)
+    if phases:
+        console.print(f"per phase: {phases['line']}", markup=False, soft_wrap=True)
     for line in summary_lines({"prediction": prediction}):
         console.print(line, markup=False, soft_wrap=True)
     console.print(f"rewrote {output_dir}/validate.json and validate.md", markup=False, soft_wrap=True)

@@ -4,6 +4,14 @@ Records are assigned to phases by send time (:func:`phase_index`, :func:`split_b
 phase counts the tokens streamed inside the phase (:func:`tokens_between`); achieved concurrency is the
 time-average of requests in flight (:func:`inflight_average`). :func:`summarize_run` puts them together per phase
 and over the whole run.
+
+A phase's window also holds the spill-over of the phase before: requests sent earlier and still streaming (after a
+drop from concurrency 32 to 1, every request in flight finishes first). A slower engine carries more of it into
+the next phase and so streams more tokens there, at the earlier phase's concurrency: the phase's output tok/s
+credits it. The *steady* numbers leave the spill-over out: the window starts when the spill-over has ended
+(:func:`settle_time`), and the steady output tok/s counts the tokens streamed from then to the
+phase's end over that shorter window; ``settle_s`` says how long the spill-over took. In a closed-loop phase the
+spill-over has ended once no more than the phase's concurrency of it is left.
 """
 
 from __future__ import annotations
@@ -40,6 +48,28 @@ def inflight_average(records: Sequence[RequestRecord], start: float, end: float)
     return busy / (end - start)
 
 
+def settle_time(records: Sequence[RequestRecord], start: float, end: float,
+                concurrency: int | None = None) -> float | None:
+    """When the spill-over into the window [start, end) has ended (s, the records' clock).
+
+    The spill-over is the records sent before ``start`` and still in flight at ``start``. In a closed-loop phase of
+    ``concurrency`` N it has ended once at most N of them are left (a rise from 1 to 32 is steady at once: the
+    client fills up to 32); otherwise (open loop, ``concurrency`` None) once all have ended. Returns ``start`` when
+    there is none, None when it ends at or after ``end`` (the window never settled). A record without an end time
+    ends at its last chunk (one that never streamed was never in flight on the server)."""
+    ends = []
+    for r in records:
+        if r.send_time < start:
+            done = r.end_time if r.end_time is not None else (r.chunk_times[-1] if r.chunk_times else None)
+            if done is not None and done > start:
+                ends.append(done)
+    allowed = concurrency or 0
+    if len(ends) <= allowed:
+        return start
+    settle = sorted(ends)[len(ends) - allowed - 1]
+    return settle if settle < end else None
+
+
 def split_by_phase(records: Sequence[RequestRecord], t0: float,
                    bounds: Sequence[tuple[float, float]]) -> list[list[RequestRecord]]:
     """Records grouped by the phase they were sent in (:func:`phase_index` of ``send_time - t0``), in order."""
@@ -50,13 +80,15 @@ def split_by_phase(records: Sequence[RequestRecord], t0: float,
 
 
 def summarize_run(records: Sequence[RequestRecord], t0: float, bounds: Sequence[tuple[float, float]],
-                  slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None
+                  slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
+                  concurrencies: Sequence[int | None] | None = None
                   ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Per-phase and overall numbers of one run from its records.
 
     Args:
         records: measured requests (times in s on the perf_counter clock). t0: s, the measured run's start.
         bounds: (start_s, end_s) per phase, s from ``t0``. slo_ttft_ms, slo_tpot_ms: SLOs in ms, or None.
+        concurrencies: each phase's closed-loop concurrency (None for open loop), for :func:`settle_time`.
 
     Returns:
         (one dict per phase, the overall dict over [first start, last end)), each with ``phase`` (1-based, or
@@ -65,7 +97,10 @@ def summarize_run(records: Sequence[RequestRecord], t0: float, bounds: Sequence[
         ``output_tokens`` and ``output_throughput_tok_s`` (tokens streamed inside the window / its length, s); over
         the requests sent in the window
         ``ttft_p50_ms``, ``ttft_p99_ms``, ``tpot_p50_ms``, ``tpot_p99_ms`` and ``slo_attainment``
-        (:func:`spectune.loadgen.compute_metrics` definitions; None without SLOs).
+        (:func:`spectune.loadgen.compute_metrics` definitions; None without SLOs). Each phase also has
+        ``settle_s`` (s from the phase's start until the spill-over of earlier phases ended: :func:`settle_time`;
+        None if it never did) and ``steady_output_throughput_tok_s`` (tokens streamed from then to the phase's end
+        / that window, s; None if it never settled).
     """
     from spectune.loadgen.metrics import compute_metrics
 
@@ -77,6 +112,14 @@ def summarize_run(records: Sequence[RequestRecord], t0: float, bounds: Sequence[
                 "output_throughput_tok_s": tokens / (b - a),
                 **{k: m[k] for k in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "slo_attainment")}}
 
-    phases = [{"phase": i + 1, **window(recs, a, b)}
-              for i, (recs, (a, b)) in enumerate(zip(split_by_phase(records, t0, bounds), bounds))]
+    def steady(a: float, b: float, c: int | None) -> dict[str, Any]:
+        settle = settle_time(records, t0 + a, t0 + b, c)
+        if settle is None:
+            return {"settle_s": None, "steady_output_throughput_tok_s": None}
+        return {"settle_s": settle - (t0 + a),
+                "steady_output_throughput_tok_s": tokens_between(records, settle, t0 + b) / (t0 + b - settle)}
+
+    cs = list(concurrencies or [None] * len(bounds))
+    phases = [{"phase": i + 1, **window(recs, a, b), **steady(a, b, c)}
+              for i, (recs, (a, b), c) in enumerate(zip(split_by_phase(records, t0, bounds), bounds, cs))]
     return phases, {"phase": "all", **window(records, bounds[0][0], bounds[-1][1])}

@@ -52,7 +52,7 @@ class ValidatePlan:
         tolerance: the config passes at >= (1 - tolerance) x the best static's throughput (0..1).
         max_failure_rate: a run with a larger share of failed requests is ``failed``.
         repeats: times every run is measured, in alternating order (:meth:`run_order`); tables and the verdict
-            use the means over repeats (:func:`spectune.validate.verdict.combine_repeats`).
+            use the means over repeats (:func:`spectune.validate.repeats.combine_repeats`).
     """
 
     config: str
@@ -137,3 +137,4 @@ class ValidateOutcome:
     runs: list[dict[str, Any]] = field(default_factory=list)
     verdict: Verdict | None = None
     prediction: dict[str, Any] | None = None  # predicted beside measured (spectune.validate.prediction)
+    phase_check: dict[str, Any] | None = None  # each phase vs its best static (spectune.validate.phase_check)

@@ -55,7 +55,7 @@ def predict_for(plan: Any, fmt: str, candidates: Sequence[int]) -> dict[str, Any
 
 
 def compare(prediction: dict[str, Any], runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Measured beside predicted for combined runs (:func:`spectune.validate.verdict.combine_repeats`).
+    """Measured beside predicted for combined runs (:func:`spectune.validate.repeats.combine_repeats`).
 
     Returns ``{"speed_factor": f or None, "rows": [{"run", "window" ("overall" or the 1-based phase), "predicted",
     "low", "high", "measured", "ratio" (measured / (predicted x f)), "miss" (bool)}], "misses": [text]}``.

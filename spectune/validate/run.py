@@ -7,7 +7,7 @@ config (``run`` ``config``: a second backend launched with ``BackendOptions.adap
 config's largest candidate step, which SGLang and the bundled engine take as the initial tier and vLLM as
 ``num_speculative_tokens``); with ``plan.repeats`` > 1 all of that repeats in alternating order
 (:meth:`~spectune.validate.plan.ValidatePlan.run_order`) and the tables and the verdict use the means
-(:func:`~spectune.validate.verdict.combine_repeats`). Per run and per phase it reports output throughput, TPOT
+(:func:`~spectune.validate.repeats.combine_repeats`). Per run and per phase it reports output throughput, TPOT
 p50/p99, SLO attainment, acceptance length and, where the server exposes them, num_steps switches
 (``Backend.switches``, read at the phase boundaries);
 :func:`~spectune.validate.verdict.verdict` rules on the overall numbers.
@@ -47,10 +47,12 @@ from spectune.results.folder import ValidateFolder
 from spectune.results.schema import now_iso
 from spectune.results.validate_run import ValidateRun
 from spectune.sweep.plan import ClientTimeouts
+from spectune.validate.phase_check import STEADY, phase_check, to_json as phase_check_json
 from spectune.validate.phases import phase_index, split_by_phase, summarize_run
 from spectune.validate.plan import ValidateListener, ValidateOutcome, ValidatePlan, config_candidates
 from spectune.validate.prediction import compare as compare_prediction, find_recommendation, predict_for
-from spectune.validate.verdict import Verdict, throughput_ratio, combine_repeats, render_markdown, verdict
+from spectune.validate.repeats import combine_repeats, throughput_ratio
+from spectune.validate.verdict import Verdict, render_markdown, verdict
 
 FAILURE_STOP = 100
 """A run stops sending after this many failed requests (a broken server would otherwise spin until the end)."""
@@ -125,7 +127,7 @@ class Validation:
             return
         result = w.result
         phases, overall = summarize_run(result.records, result.start_time, workload.bounds, plan.slo_ttft_ms,
-                                        plan.slo_tpot_ms)
+                                        plan.slo_tpot_ms, [p.concurrency for p in workload.phases])
         groups = split_by_phase(result.records, result.start_time, workload.bounds)
         for i, d in enumerate(phases):
             self._annotate(d, backend, w.samples, i, groups[i], workload.phases[i].label)
@@ -247,15 +249,11 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
         folder.write(meta)
         await Validation(plan, static, adaptive, folder, prompts, meta, listener, options.model,
                          options.api_key_env, initial, timeouts).run_all()
-        requests = _read_requests(folder.requests)
-        outcome.verdict = verdict(combine_repeats(meta["runs"]),
-                                  plan.slo_ttft_ms is not None or plan.slo_tpot_ms is not None, plan.tolerance,
-                                  ratio=lambda a, b: throughput_ratio(meta["runs"], requests, a, b),
-                                  recommended=(prediction or {}).get("primary"))
+        outcome.verdict = rule(meta, _read_requests(folder.requests), (prediction or {}).get("primary"))
         if prediction is not None and not prediction.get("error"):
-            prediction["comparison"] = compare_prediction(prediction, combine_repeats(meta["runs"]))
             outcome.prediction = prediction
-        meta.update(status="done", finished=now_iso(), verdict=asdict(outcome.verdict))
+        outcome.phase_check = meta.get("phase_check")
+        meta.update(status="done", finished=now_iso())
     except asyncio.CancelledError:
         meta.update(status="interrupted", finished=now_iso())
         raise
@@ -272,13 +270,16 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
     return outcome
 
 
-def rule_again(output_dir: Path, config: str) -> tuple[Verdict, dict[str, Any] | None]:
+def rule_again(output_dir: Path, config: str) -> tuple[Verdict, dict[str, Any] | None, dict[str, Any] | None]:
     """Rule again on a finished validation without measuring: re-read ``validate.json`` and ``requests.jsonl`` in
     ``output_dir``, apply this version's verdict (with recommendation.json's primary recommendation beside
     ``config``) and prediction comparison, and rewrite validate.json and validate.md (requests.jsonl untouched).
 
+    Runs measured before the steady per-phase numbers existed get them from requests.jsonl first.
+
     Returns:
-        the verdict and the prediction (with its comparison), or None where validate.json has none.
+        the verdict, the prediction (with its comparison; None where validate.json has none) and the phase check
+        (validate.json's ``phase_check``).
 
     Raises:
         UserError: no finished validation in ``output_dir``.
@@ -292,23 +293,57 @@ def rule_again(output_dir: Path, config: str) -> tuple[Verdict, dict[str, Any] |
     runs, plan = meta.get("runs") or [], meta.get("plan") or {}
     if not any(r.get("run") == "config" for r in runs):
         raise UserError(f"{output_dir}/validate.json has no config run: rule again only on a finished validation")
-    requests = _read_requests(folder.requests)
+    requests = _read_requests(folder.requests, chunks=True)
+    _resummarize(meta, requests)
     rec = find_recommendation(config)
     primary = json.loads(rec.read_text(encoding="utf-8")).get("primary") if rec is not None else None
     prediction = meta.get("prediction")
     if prediction is not None and not prediction.get("error"):
         prediction["primary"] = primary
-        prediction["comparison"] = compare_prediction(prediction, combine_repeats(runs))
-    v = verdict(combine_repeats(runs), plan.get("slo_ttft_ms") is not None or plan.get("slo_tpot_ms") is not None,
+    v = rule(meta, _drop_chunks(requests), primary)
+    meta.update(ruled_again=now_iso())
+    folder.write(meta)
+    return v, prediction, meta.get("phase_check")
+
+
+def rule(meta: dict[str, Any], requests: list[dict[str, Any]], primary: dict[str, Any] | None) -> Verdict:
+    """Rule on the finished runs in ``meta`` (validate.json), in place: the verdict (``meta["verdict"]``), each
+    phase against its best static num_steps (``meta["phase_check"]``,
+    :func:`spectune.validate.phase_check.phase_check`) and, where validate.json has a prediction, measured beside
+    predicted (``meta["prediction"]["comparison"]``). ``requests``: requests.jsonl objects; ``primary``:
+    recommendation.json's primary recommendation beside the config, or None. Returns the verdict."""
+    runs, plan = meta.get("runs") or [], meta.get("plan") or {}
+    combined = combine_repeats(runs)
+    v = verdict(combined, plan.get("slo_ttft_ms") is not None or plan.get("slo_tpot_ms") is not None,
                 plan.get("tolerance") or 0.0, ratio=lambda a, b: throughput_ratio(runs, requests, a, b),
                 recommended=primary)
-    meta.update(verdict=asdict(v), ruled_again=now_iso())
-    folder.write(meta)
-    return v, prediction
+    meta["verdict"] = asdict(v)
+    meta["phase_check"] = phase_check_json(phase_check(runs, requests))
+    prediction = meta.get("prediction")
+    if prediction is not None and not prediction.get("error"):
+        prediction["comparison"] = compare_prediction(prediction, combined)
+    return v
 
 
-def _read_requests(path: Path) -> list[dict[str, Any]]:
-    """The request objects of validate's requests.jsonl (``chunk_times``/``chunk_tokens`` dropped), [] if none."""
+def _resummarize(meta: dict[str, Any], requests: list[dict[str, Any]]) -> None:
+    """Add the steady per-phase numbers (``settle_s``, ``steady_output_throughput_tok_s``) to runs measured before
+    they existed, from requests.jsonl (with chunk times) and each run's ``t0``; other numbers stay as measured."""
+    specs = (meta.get("plan") or {}).get("workload", {}).get("phases") or []
+    bounds = [(p["start_s"], p["end_s"]) for p in specs]
+    for run in meta.get("runs") or []:
+        if run.get("status") != "ok" or run.get("t0") is None or not bounds:
+            continue
+        records = [RequestRecord.from_json(q) for q in requests
+                   if q.get("run") == run.get("run") and q.get("repeat", 1) == run.get("repeat", 1)]
+        fresh, _ = summarize_run(records, run["t0"], bounds, concurrencies=[p.get("concurrency") for p in specs])
+        for have, new in zip(run.get("phases") or [], fresh):
+            have.setdefault("settle_s", new["settle_s"])
+            have.setdefault(STEADY, new[STEADY])
+
+
+def _read_requests(path: Path, chunks: bool = False) -> list[dict[str, Any]]:
+    """The request objects of validate's requests.jsonl, [] if none; without ``chunks``, ``chunk_times`` becomes
+    its count and ``chunk_tokens`` is dropped (:func:`_drop_chunks`)."""
     out = []
     if not Path(path).is_file():
         return out
@@ -318,7 +353,16 @@ def _read_requests(path: Path) -> list[dict[str, Any]]:
         except ValueError:
             continue
         if isinstance(obj, dict):
-            obj["chunk_times"] = len(obj.get("chunk_times") or [])
-            obj.pop("chunk_tokens", None)
             out.append(obj)
+    return out if chunks else _drop_chunks(out)
+
+
+def _drop_chunks(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of request objects with ``chunk_times`` replaced by its count and ``chunk_tokens`` dropped (what the
+    bootstrap reads)."""
+    out = []
+    for q in requests:
+        q = {k: v for k, v in q.items() if k != "chunk_tokens"}
+        q["chunk_times"] = len(q.get("chunk_times") or [])
+        out.append(q)
     return out

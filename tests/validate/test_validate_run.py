@@ -78,6 +78,9 @@ def test_validate_end_to_end_pass(setup):
                for i, n in enumerate(t0) for p in (1, 2))
     md = (out / "validate.md").read_text()
     assert "## Phase 1: c=1 (0-1 s)" in md
+    assert [r["phase"] for r in meta["phase_check"]["phases"]] == [1, 2]
+    assert any(line.startswith("per phase: ") for line in proc.stdout.splitlines())
+    assert "## Each phase: the config vs that phase's best static num_steps" in md
     assert "## Phase 2: c=4 (1-2 s)" in md
     assert "**PASS: " in md
 

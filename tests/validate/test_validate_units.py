@@ -16,7 +16,8 @@ from spectune.loadgen.datasets import user_prompt
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.validate.plan import ValidatePlan
-from spectune.validate.verdict import combine_repeats, render_markdown, verdict
+from spectune.validate.repeats import combine_repeats
+from spectune.validate.verdict import render_markdown, verdict
 from spectune.validate.phases import inflight_average, phase_index, summarize_run, tokens_between
 from spectune.validate.workload import Arrival
 from spectune.validate.workload import arrange_prompts, load_arrivals, parse_workload

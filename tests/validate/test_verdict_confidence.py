@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from spectune.validate.verdict import throughput_ratio, verdict
+from spectune.validate.repeats import throughput_ratio
+from spectune.validate.verdict import verdict
 
 
 def requests(run: str, n: int, tokens_mean: float, seed: int) -> list[dict]:

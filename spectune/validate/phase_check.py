@@ -1,0 +1,149 @@
+"""The config against each phase's best static num_steps, on the phases' steady windows.
+
+The overall verdict (:func:`spectune.validate.verdict.verdict`) asks whether the config beats every static num_steps
+over the whole run. A per-batch-size config must also hold each phase: at concurrency 1 it should run like the best
+num_steps for concurrency 1, at 32 like the best for 32. :func:`phase_check` compares, in every phase, the config's
+steady output tok/s (:func:`spectune.validate.phases.summarize_run`: the tokens streamed after the spill-over of
+the earlier phases ended, so a slow engine's backlog does not count as speed) with the best static run's, with the
+paired bootstrap interval of their ratio (:func:`spectune.validate.repeats.paired_ratio`: the requests sent in the
+phase resampled by prompt, the same draws for both runs, the median over resampled repeats).
+
+Each phase gets one of three rulings, for a tolerance ``within`` (3% by default):
+
+- ``holds``: the config's steady tok/s is at least (1 - within) x the best static's;
+- ``noise``: it is lower, but the ratio's interval reaches 1 - within: the phase cannot tell them apart;
+- ``behind``: the interval lies wholly below 1 - within: the config lost that phase.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+from spectune.validate.repeats import combine_repeats, paired_ratio
+
+WITHIN = 0.03
+"""Default tolerance of a phase: the config within 3% of the phase's best static num_steps."""
+
+STEADY = "steady_output_throughput_tok_s"
+
+
+@dataclass
+class PhaseRuling:
+    """One phase of :func:`phase_check`.
+
+    Attributes:
+        phase: 1-based. label: the phase's load (``c=32``).
+        best_static: K of the static run with the highest steady output tok/s in the phase (ties: smaller K).
+        best_tok_s, config_tok_s: steady output tok/s (tokens/s) of that static run and of the config (means over
+            repeats).
+        ratio: config / best; low, high: its paired bootstrap interval (None when it cannot be computed).
+        settle_s: s from the phase's start until the earlier phases' spill-over ended, config run (mean).
+        ruling: ``holds``, ``noise`` or ``behind`` (module docstring).
+    """
+
+    phase: int
+    label: str
+    best_static: int
+    best_tok_s: float
+    config_tok_s: float
+    ratio: float
+    low: float | None
+    high: float | None
+    settle_s: float | None
+    ruling: str
+
+
+def phase_check(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any]], within: float = WITHIN,
+                confidence: float = 0.95) -> list[PhaseRuling]:
+    """Rule every phase (module docstring).
+
+    Args:
+        runs: validate.json ``runs`` entries, one per repeat, whose ``phases`` carry
+            ``steady_output_throughput_tok_s`` (runs measured before that field existed give no rulings).
+        requests: requests.jsonl objects (``run``, ``repeat``, ``phase``, ``prompt_id``, ``completion_tokens``).
+        within: the phase tolerance (fraction). confidence: of the intervals.
+
+    Returns:
+        one ruling per phase where the config and at least one static run have a steady tok/s; [] otherwise.
+    """
+    combined = combine_repeats(runs)
+    config = next((r for r in combined if r.get("run") == "config" and r.get("status") == "ok"), None)
+    statics = sorted((r for r in combined if str(r.get("run", "")).startswith("static:") and r.get("status") == "ok"),
+                     key=lambda r: r["steps"])
+    if config is None or not statics:
+        return []
+    out = []
+    for i, cp in enumerate(config.get("phases") or []):
+        ct = cp.get(STEADY)
+        scored = [(r, (r.get("phases") or [{}] * (i + 1))[i].get(STEADY) if len(r.get("phases") or []) > i else None)
+                  for r in statics]
+        scored = [(r, v) for r, v in scored if v is not None]
+        if ct is None or not scored:
+            continue
+        best, bt = max(scored, key=lambda rv: rv[1])  # first max: the smaller K
+        if bt <= 0:
+            continue
+
+        def steady(run: dict[str, Any], i: int = i) -> float | None:
+            ps = run.get("phases") or []
+            return ps[i].get(STEADY) if len(ps) > i else None
+
+        iv = paired_ratio(runs, requests, "config", best["run"], steady, lambda q, i=i: q.get("phase") == i + 1,
+                          confidence)
+        ratio = ct / bt
+        if ratio >= 1.0 - within:
+            ruling = "holds"
+        elif iv is not None and iv[1] >= 1.0 - within:
+            ruling = "noise"
+        else:
+            ruling = "behind"
+        out.append(PhaseRuling(i + 1, str(cp.get("label") or ""), int(best["steps"]), bt, ct, ratio,
+                               iv[0] if iv else None, iv[1] if iv else None, cp.get("settle_s"), ruling))
+    return out
+
+
+def summary_line(rulings: Sequence[PhaseRuling], within: float = WITHIN) -> str:
+    """One line: how many phases hold, and which do not (``"3 of 4 phases within 3% of their best static ..."``)."""
+    if not rulings:
+        return "no per-phase steady numbers (runs measured before steady windows existed)"
+    held = [r for r in rulings if r.ruling == "holds"]
+    text = f"{len(held)} of {len(rulings)} phases within {within:.0%} of their best static num_steps (steady windows)"
+    rest = [f"phase {r.phase} {r.ruling} ({r.ratio:.3f}x K={r.best_static})" for r in rulings if r.ruling != "holds"]
+    return text + (": " + ", ".join(rest) if rest else "")
+
+
+def to_json(rulings: Sequence[PhaseRuling], within: float = WITHIN) -> dict[str, Any]:
+    """validate.json's ``phase_check``: the tolerance, the summary line and the rulings."""
+    return {"within": within, "line": summary_line(rulings, within), "phases": [asdict(r) for r in rulings]}
+
+
+def markdown(meta: dict[str, Any]) -> list[str]:
+    """validate.md's section for ``meta["phase_check"]`` (empty without it): a row per phase with every run's steady
+    output tok/s, the best static, config / best with its interval, the settle time and the ruling."""
+    check = meta.get("phase_check") or {}
+    rulings = check.get("phases") or []
+    if not rulings:
+        return []
+    runs = combine_repeats(meta.get("runs") or [])
+    names = [r["run"] for r in runs if r.get("status") == "ok"]
+    by_name = {r["run"]: r for r in runs}
+    lines = [f"## Each phase: the config vs that phase's best static num_steps", "",
+             f"{check.get('line')}. Steady output tok/s: the tokens streamed after the earlier phases' requests "
+             "ended (their spill-over would credit a slow engine's backlog as speed; `settled` is how long it took "
+             f"in the config run); `holds` = within {check.get('within', WITHIN):.0%}, `noise` = behind by more but "
+             "the paired 95% interval reaches it, `behind` = the interval lies below it.", "",
+             "| phase | " + " | ".join(names) + " | best static | config / best [95%] | settled s | ruling |",
+             "|" + " --- |" * (len(names) + 5)]
+    for r in rulings:
+        i = r["phase"] - 1
+        cells = []
+        for n in names:
+            ps = by_name[n].get("phases") or []
+            v = ps[i].get(STEADY) if len(ps) > i else None
+            cells.append("-" if v is None else f"{v:,.1f}")
+        iv = f" [{r['low']:.3f}, {r['high']:.3f}]" if r.get("low") is not None else ""
+        settle = "-" if r.get("settle_s") is None else f"{r['settle_s']:.1f}"
+        lines.append(f"| {r['phase']}: {r['label']} | " + " | ".join(cells) +
+                     f" | K={r['best_static']} | {r['ratio']:.3f}x{iv} | {settle} | {r['ruling']} |")
+    return lines + [""]
