@@ -10,7 +10,14 @@ Engines on the default pair (SmolLM2-135M-Instruct + bundled EAGLE-3 head; ``--d
   reached here: it only makes the engine an adaptive, drafting-capable one, as a real config with a speculating
   slot does), with lazy drafting (the default: prefills and num_steps 0 rounds keep only the head's inputs);
 - ``upkeep`` (the engine before lazy drafting, and SGLang's behaviour at num_steps 0: a draft extend every round,
-  ``python/sglang/srt/speculative/eagle_worker_v2.py``): the same config with ``EngineOptions.draft_upkeep``.
+  ``python/sglang/srt/speculative/eagle_worker_v2.py``): the same config with ``EngineOptions.draft_upkeep``;
+- ``static2`` (the A/A control): a second static engine, the same as ``static``; its ratio is the noise floor.
+
+The adaptive, upkeep and static2 engines share the static engine's weights (``build_engine(..., weights_of=static)``:
+the same target and head modules, their own caches and policy), so they differ from it only in how they schedule
+num_steps. Separately loaded copies of the weights (``--separate-weights``) ran 2.4% (k=1) and 3.8% (k=0) apart at
+batch 1 on the Zen 5 VM, static against static: an instance effect (where each copy's pages landed) that swamped the
+1% question.
 
 Two measurements:
 
@@ -153,6 +160,8 @@ def main() -> None:
     parser.add_argument("--compile", default="auto")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: what the local backend's "
                         "servers use, one fewer than the CPUs)")
+    parser.add_argument("--separate-weights", action="store_true", help="load the weights once per engine (the "
+                        "instance effect included) instead of sharing the static engine's")
     args = parser.parse_args()
     steps = [int(x) for x in args.steps.split(",")]
     batches = [int(x) for x in args.batch.split(",")]
@@ -173,31 +182,36 @@ def main() -> None:
     console = Console(width=150)
     t0 = time.perf_counter()
     static = build_engine(EngineOptions(num_steps=0, **common))
+    shared = None if args.separate_weights else static
+    static2 = build_engine(EngineOptions(num_steps=0, **common), weights_of=shared)
     adaptive, upkeep = {}, {}
     for k in steps:
         cfg = folder / f"sit-{k}.json"
         cfg.write_text(json.dumps({"1": {"candidate_steps": [k]}, "64": {"candidate_steps": [2]}}))
-        adaptive[k] = build_engine(EngineOptions(num_steps=k, adaptive_config=str(cfg), **common))
-        upkeep[k] = build_engine(EngineOptions(num_steps=k, adaptive_config=str(cfg), draft_upkeep=True, **common))
+        adaptive[k] = build_engine(EngineOptions(num_steps=k, adaptive_config=str(cfg), **common), weights_of=shared)
+        upkeep[k] = build_engine(EngineOptions(num_steps=k, adaptive_config=str(cfg), draft_upkeep=True, **common),
+                                 weights_of=shared)
     console.print(f"engines built in {time.perf_counter() - t0:.0f} s; path {static.path.name if static.path else '?'}"
-                  f", compile {args.compile}, {torch.get_num_threads()} threads")
+                  f", compile {args.compile}, {torch.get_num_threads()} threads; weights "
+                  f"{'loaded per engine' if args.separate_weights else 'shared with the static engine'}")
     tok = static.tokenizer
     prompts = [tok.encode_chat(p.messages) for p in load_dataset("mt-bench", 80, 0)]
 
     rounds = Table(title=f"per round at a fixed batch: {args.chunks} chunks of {args.chunk_rounds} rounds per engine, "
                          "rotating order; time ratio vs static (< 1 is faster), mean [95%]")
-    for col in ("k", "batch", "clock", "static ms/round", "adaptive ms/round", "adaptive / static",
-                "upkeep ms/round", "upkeep / static"):
+    for col in ("k", "batch", "clock", "static ms/round", "static2 ms/round", "static2 / static (A/A)",
+                "adaptive ms/round", "adaptive / static", "upkeep ms/round", "upkeep / static"):
         rounds.add_column(col, justify="right")
     for k in steps:
         static.set_num_steps(k)
+        static2.set_num_steps(k)
         for b in batches:
             with console.status(f"k={k} batch {b}: per-round chunks"):
-                both = fixed_batch({"static": static, "adaptive": adaptive[k], "upkeep": upkeep[k]}, prompts, k,
-                                   b, args.chunk_rounds, args.chunks)
+                both = fixed_batch({"static": static, "static2": static2, "adaptive": adaptive[k],
+                                    "upkeep": upkeep[k]}, prompts, k, b, args.chunk_rounds, args.chunks)
             for clock, ms in zip(("wall", "CPU"), both):
                 row = [str(k), str(b), clock, f"{sorted(ms['static'])[len(ms['static']) // 2]:.2f}"]
-                for name in ("adaptive", "upkeep"):
+                for name in ("static2", "adaptive", "upkeep"):
                     m, lo, hi = mean_interval([x / y for x, y in zip(ms[name], ms["static"])])
                     row += [f"{sorted(ms[name])[len(ms[name]) // 2]:.2f}", f"{m:.4f} [{lo:.4f}, {hi:.4f}]"]
                     console.print(f"k={k} batch={b} {clock}: {name}/static time per round {m:.4f} [{lo:.4f}, "

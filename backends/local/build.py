@@ -39,11 +39,18 @@ def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.d
     return torch.device(device), torch.float32 if name == "float32" else torch.bfloat16
 
 
-def build_engine(opts: EngineOptions) -> Engine:
+def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engine:
     """Load everything and return a ready :class:`~spectune.backends.local.engine.loop.Engine` (not started).
+
+    ``weights_of``: an engine built from the same model, head, dtype and ``max_model_len`` whose target and head
+    modules (weights, compiled layers, RoPE tables) and tokenizer the new engine shares; it gets its own caches,
+    scheduler and num_steps policy. Two engines in one process that differ only in how they schedule num_steps then
+    run on the very same weight memory: benchmarks/adaptive_overhead.py compares them so, because separately loaded
+    copies of the weights ran 2.4% apart at batch 1 on the Zen 5 VM (an instance effect, not the engine's).
 
     Raises:
         UserError: bad paths or options (num_steps > 0 without a head, a config file that does not parse, ...).
+        ValueError: ``weights_of`` has no head where one is needed, or another cache length.
     """
     import torch
 
@@ -66,6 +73,8 @@ def build_engine(opts: EngineOptions) -> Engine:
     max_steps = max(opts.num_steps, opts.num_steps_capacity, getattr(policy, "max_steps", 0) or 0)
     if max_steps > 0 and head_path is None:
         raise UserError("num_steps > 0 needs a draft head: pass --draft PATH (no bundled head for this model)")
+    if weights_of is not None:
+        return _sharing(weights_of, opts, policy, max_steps)
     model_path = resolve_model_path(opts.model)
     native_ok, reason, lm_repeat = False, "not a GGUF file", 1
     if model_path.is_file() and device.type == "cpu":
@@ -124,3 +133,36 @@ def build_engine(opts: EngineOptions) -> Engine:
                         steps_capacity=max_steps)
     name = os.path.basename(str(opts.model)) if opts.model else "SmolLM2-135M-Instruct"
     return Engine(decoder, Tokenizer(folder), ecfg, model_name=name, path=path_choice)
+
+
+def _sharing(source: Engine, opts: EngineOptions, policy: object, max_steps: int) -> Engine:
+    """:func:`build_engine` around ``source``'s target and head modules and tokenizer (see there): new KV caches for
+    ``opts.max_num_seqs`` sequences within ``opts.kv_cache_gb``, a new decoder (lazy drafting as ``opts`` says) and
+    engine configuration; no loading, packing, compiling or warm-up (the shared modules have had theirs)."""
+    from spectune.backends.local.engine.loop import Engine, EngineConfig, seeded_generator
+    from spectune.backends.local.engine.speculative import SpeculativeDecoder
+    from spectune.backends.local.model.kv_cache import bytes_per_token
+
+    target, head = source.decoder.target, source.decoder.head
+    if max_steps > 0 and head is None:
+        raise ValueError("num_steps > 0 needs a draft head, and the engine whose weights are shared has none")
+    cfg, dtype = target.cfg, source.decoder.target_cache.k.dtype
+    max_len = (opts.max_model_len or min(cfg.max_position_embeddings, 4096)) + max_steps + 1
+    if max_len != source.cfg.max_len:
+        raise ValueError(f"cache length {max_len} differs from the shared engine's {source.cfg.max_len}: give both the "
+                         "same max_model_len and num_steps capacity")
+    per_token = bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
+    lazy = head is not None and policy is not None and not opts.draft_upkeep
+    if head is not None:
+        per_token += bytes_per_token(head.cfg.num_layers, head.cfg.num_kv_heads, head.cfg.head_dim, dtype)
+        if lazy:
+            per_token += head.feature_dim * source.decoder.target_cache.k.element_size() + 8
+    slots = min(opts.max_num_seqs, int(opts.kv_cache_gb * 2**30 // (per_token * max_len)))
+    if slots < 1:
+        raise UserError(f"--kv-cache-gb {opts.kv_cache_gb} cannot hold one sequence of {max_len} tokens: raise it "
+                        "or lower --max-model-len")
+    decoder = SpeculativeDecoder(target, head, slots, max_len, seeded_generator(opts.seed, source.decoder.device),
+                                 None, lazy_draft=lazy)
+    ecfg = EngineConfig(num_steps=opts.num_steps, max_num_seqs=slots, max_len=max_len, policy=policy, trace=None,
+                        steps_capacity=max_steps)
+    return Engine(decoder, source.tokenizer, ecfg, model_name=source.model_name, path=source.path)

@@ -83,3 +83,32 @@ def test_adaptive_schedule_matches_hf_with_lazy_drafting_or_draft_upkeep(referen
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
     assert engine.generate(prompts[:4], params) == expected[:4]  # batch 4 -> K=0; from the first finish on -> K=2
     assert engine.stats.num_steps_switches >= 1
+
+
+def test_an_engine_sharing_weights_is_lossless_and_owns_its_caches(reference, tmp_path) -> None:
+    """``build_engine(..., weights_of=engine)`` (what benchmarks/adaptive_overhead.py compares on): the same target
+    module, its own KV cache, and an adaptive schedule on the shared weights still matches HF greedy output."""
+    import json
+
+    prompts, expected = reference
+    source = build_engine(EngineOptions(num_steps=0, dtype="float32", device="cpu", max_num_seqs=4, max_model_len=512,
+                                        kv_cache_gb=1.0, num_steps_capacity=2))
+    cfg = tmp_path / "schedule.json"
+    cfg.write_text(json.dumps({"num_speculative_tokens": 2,
+                               "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 8, 0]]}))
+    shared = build_engine(EngineOptions(num_steps=0, dtype="float32", device="cpu", max_num_seqs=4,
+                                        max_model_len=512, kv_cache_gb=1.0, adaptive_config=str(cfg)),
+                          weights_of=source)
+    assert shared.decoder.target is source.decoder.target
+    assert shared.decoder.target_cache.k.data_ptr() != source.decoder.target_cache.k.data_ptr()
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    assert shared.generate(prompts[:2], params) == expected[:2]  # batch 2 -> K=0, then K=2 after the first finish
+    assert shared.stats.spec.verify_steps > 0
+
+
+def test_sharing_weights_needs_the_same_cache_length() -> None:
+    source = build_engine(EngineOptions(num_steps=0, dtype="float32", device="cpu", max_num_seqs=2, max_model_len=256,
+                                        kv_cache_gb=0.5))
+    with pytest.raises(ValueError, match="cache length"):
+        build_engine(EngineOptions(num_steps=0, dtype="float32", device="cpu", max_num_seqs=2, max_model_len=512,
+                                   kv_cache_gb=0.5), weights_of=source)
