@@ -18,9 +18,12 @@ Each phase gets one of three rulings, for a tolerance ``within`` (3% by default)
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from spectune.validate.repeats import combine_repeats, paired_ratio
+
+if TYPE_CHECKING:
+    from spectune.results.confidence import RunRequests
 
 WITHIN = 0.03
 """Default tolerance of a phase: the config within 3% of the phase's best static num_steps."""
@@ -55,14 +58,17 @@ class PhaseRuling:
 
 
 def phase_check(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any]], within: float = WITHIN,
-                confidence: float = 0.95) -> list[PhaseRuling]:
+                confidence: float = 0.95, concurrencies: Sequence[int | None] | None = None) -> list[PhaseRuling]:
     """Rule every phase (module docstring).
 
     Args:
         runs: validate.json ``runs`` entries, one per repeat, whose ``phases`` carry
             ``steady_output_throughput_tok_s`` (runs measured before that field existed give no rulings).
-        requests: requests.jsonl objects (``run``, ``repeat``, ``phase``, ``prompt_id``, ``completion_tokens``).
+        requests: requests.jsonl objects (``run``, ``repeat``, ``prompt_id``, ``send_time``, ``end_time``,
+            ``chunk_times``, ``chunk_tokens``); runs need their ``t0``.
         within: the phase tolerance (fraction). confidence: of the intervals.
+        concurrencies: each phase's closed-loop concurrency, None for an open-loop phase (the plan's workload);
+            without them every phase counts as open loop.
 
     Returns:
         one ruling per phase where the config and at least one static run have a steady tok/s; [] otherwise.
@@ -89,8 +95,10 @@ def phase_check(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any
             ps = run.get("phases") or []
             return ps[i].get(STEADY) if len(ps) > i else None
 
-        iv = paired_ratio(runs, requests, "config", best["run"], steady, lambda q, i=i: q.get("phase") == i + 1,
-                          confidence)
+        closed = concurrencies is not None and i < len(concurrencies) and concurrencies[i] is not None
+        iv = paired_ratio(runs, requests, "config", best["run"], steady,
+                          lambda run, qs, i=i: window_requests(run, qs, i), confidence,
+                          "throughput" if closed else "tokens")
         ratio = ct / bt
         if ratio >= 1.0 - within:
             ruling = "holds"
@@ -101,6 +109,38 @@ def phase_check(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any
         out.append(PhaseRuling(i + 1, str(cp.get("label") or ""), int(best["steps"]), bt, ct, ratio,
                                iv[0] if iv else None, iv[1] if iv else None, cp.get("settle_s"), ruling))
     return out
+
+
+def window_requests(run: dict[str, Any], requests: Sequence[dict[str, Any]], phase: int) -> RunRequests | None:
+    """The requests of one run and repeat as they were inside the steady window of ``phase`` (0-based): per request
+    the tokens streamed in [t0 + start_s + settle_s, t0 + end_s) and the time it was in flight there (ms, as
+    ``latency_ms``); requests with no time there are left out. None when the run has no ``t0``, the phase no
+    settle time, or no request was in flight there."""
+    import numpy as np
+
+    from spectune.results.confidence import RunRequests
+
+    phases = run.get("phases") or []
+    if run.get("t0") is None or phase >= len(phases) or phases[phase].get("settle_s") is None:
+        return None
+    p = phases[phase]
+    lo, hi = run["t0"] + p["start_s"] + p["settle_s"], run["t0"] + p["end_s"]
+    prompt, tokens, times = [], [], []
+    for q in requests:
+        times_q, toks_q = q.get("chunk_times") or [], q.get("chunk_tokens") or []
+        if q.get("error") is not None or not isinstance(times_q, list) or not times_q:
+            continue
+        end = q.get("end_time") if q.get("end_time") is not None else times_q[-1]
+        inside = min(end, hi) - max(q["send_time"], lo)
+        if inside <= 0:
+            continue
+        prompt.append(q.get("prompt_id"))
+        tokens.append(float(sum(n for t, n in zip(times_q, toks_q) if lo <= t < hi)))
+        times.append(inside * 1000.0)
+    if not prompt:
+        return None
+    n = len(prompt)
+    return RunRequests(prompt, np.array(tokens), np.array(times), np.full(n, np.nan), np.zeros(n, bool))
 
 
 def summary_line(rulings: Sequence[PhaseRuling], within: float = WITHIN) -> str:

@@ -5,7 +5,10 @@ window (:func:`paired_ratio`).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:
+    from spectune.results.confidence import RunRequests
 
 
 def throughput_ratio(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any]], a: str, b: str,
@@ -16,31 +19,37 @@ def throughput_ratio(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str
     runs, tokens over the fixed window (:class:`spectune.results.confidence.Bootstrap`, objective ``tokens``), then
     the median over resampled repeats. Returns (low, high) of the ratio itself; None when either run has no
     requests."""
+    from spectune.results.confidence import RunRequests
+
     return paired_ratio(runs, requests, a, b, lambda r: (r.get("overall") or {}).get("output_throughput_tok_s"),
-                        lambda q: True, confidence)
+                        lambda r, qs: RunRequests.from_records(qs) if qs else None, confidence)
 
 
 def paired_ratio(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any]], a: str, b: str,
-                 value: Callable[[dict[str, Any]], float | None], keep: Callable[[dict[str, Any]], bool],
-                 confidence: float = 0.95) -> tuple[float, float] | None:
+                 value: Callable[[dict[str, Any]], float | None],
+                 select: Callable[[dict[str, Any], list[dict[str, Any]]], RunRequests | None],
+                 confidence: float = 0.95, objective: str = "tokens") -> tuple[float, float] | None:
     """:func:`throughput_ratio` for any window: ``value(run entry)`` is a repeat's tokens/s in the window and
-    ``keep(request)`` picks the requests that stream in it (e.g. those sent in one phase). Returns (low, high) of
-    the ratio a / b, or None when either run has no such requests or values."""
+    ``select(run entry, its requests)`` the requests that made it, as the bootstrap resamples them (e.g. only the
+    tokens and time each request spent inside one phase). ``objective``: how a resample moves the value
+    (:meth:`spectune.results.confidence.Bootstrap.run_replicates`): ``tokens`` (tokens streamed over a fixed
+    window: open loop) or ``throughput`` (tokens over the requests' times: a closed loop, where a request with fewer
+    tokens also took less time). Returns (low, high) of the ratio a / b, or None when either run has no such
+    requests or values."""
     import numpy as np
 
-    from spectune.results.confidence import Bootstrap, RunRequests, percentile_interval
+    from spectune.results.confidence import Bootstrap, percentile_interval
 
     boot = Bootstrap(r.get("prompt_id") for r in requests)
     reps = []
     for i, name in enumerate((a, b)):
         mine = [r for r in runs if r.get("run") == name and r.get("status") == "ok"]
         values = [value(r) for r in mine]
-        recs = [[q for q in requests if q.get("run") == name and q.get("repeat") == r.get("repeat") and keep(q)]
-                for r in mine]
-        if not mine or any(v is None for v in values) or not any(recs):
+        cells = [select(r, [q for q in requests if q.get("run") == name and q.get("repeat") == r.get("repeat")])
+                 for r in mine]
+        if not mine or any(v is None for v in values) or not any(c is not None and len(c) for c in cells):
             return None
-        reps.append(boot.cell_replicates([RunRequests.from_records(q) if q else None for q in recs], values, "tokens",
-                                         seed_offset=i))
+        reps.append(boot.cell_replicates(cells, values, objective, seed_offset=i))
     if reps[0] is None or reps[1] is None:
         return None
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -293,14 +293,14 @@ def rule_again(output_dir: Path, config: str) -> tuple[Verdict, dict[str, Any] |
     runs, plan = meta.get("runs") or [], meta.get("plan") or {}
     if not any(r.get("run") == "config" for r in runs):
         raise UserError(f"{output_dir}/validate.json has no config run: rule again only on a finished validation")
-    requests = _read_requests(folder.requests, chunks=True)
+    requests = _read_requests(folder.requests)
     _resummarize(meta, requests)
     rec = find_recommendation(config)
     primary = json.loads(rec.read_text(encoding="utf-8")).get("primary") if rec is not None else None
     prediction = meta.get("prediction")
     if prediction is not None and not prediction.get("error"):
         prediction["primary"] = primary
-    v = rule(meta, _drop_chunks(requests), primary)
+    v = rule(meta, requests, primary)
     meta.update(ruled_again=now_iso())
     folder.write(meta)
     return v, prediction, meta.get("phase_check")
@@ -310,7 +310,8 @@ def rule(meta: dict[str, Any], requests: list[dict[str, Any]], primary: dict[str
     """Rule on the finished runs in ``meta`` (validate.json), in place: the verdict (``meta["verdict"]``), each
     phase against its best static num_steps (``meta["phase_check"]``,
     :func:`spectune.validate.phase_check.phase_check`) and, where validate.json has a prediction, measured beside
-    predicted (``meta["prediction"]["comparison"]``). ``requests``: requests.jsonl objects; ``primary``:
+    predicted (``meta["prediction"]["comparison"]``). ``requests``: requests.jsonl objects (with chunk times);
+    ``primary``:
     recommendation.json's primary recommendation beside the config, or None. Returns the verdict."""
     runs, plan = meta.get("runs") or [], meta.get("plan") or {}
     combined = combine_repeats(runs)
@@ -318,7 +319,9 @@ def rule(meta: dict[str, Any], requests: list[dict[str, Any]], primary: dict[str
                 plan.get("tolerance") or 0.0, ratio=lambda a, b: throughput_ratio(runs, requests, a, b),
                 recommended=primary)
     meta["verdict"] = asdict(v)
-    meta["phase_check"] = phase_check_json(phase_check(runs, requests))
+    specs = (plan.get("workload") or {}).get("phases") or []
+    meta["phase_check"] = phase_check_json(phase_check(runs, requests,
+                                                       concurrencies=[p.get("concurrency") for p in specs]))
     prediction = meta.get("prediction")
     if prediction is not None and not prediction.get("error"):
         prediction["comparison"] = compare_prediction(prediction, combined)
@@ -341,9 +344,8 @@ def _resummarize(meta: dict[str, Any], requests: list[dict[str, Any]]) -> None:
             have.setdefault(STEADY, new[STEADY])
 
 
-def _read_requests(path: Path, chunks: bool = False) -> list[dict[str, Any]]:
-    """The request objects of validate's requests.jsonl, [] if none; without ``chunks``, ``chunk_times`` becomes
-    its count and ``chunk_tokens`` is dropped (:func:`_drop_chunks`)."""
+def _read_requests(path: Path) -> list[dict[str, Any]]:
+    """The request objects of validate's requests.jsonl (with their chunk times), [] if none."""
     out = []
     if not Path(path).is_file():
         return out
@@ -354,15 +356,4 @@ def _read_requests(path: Path, chunks: bool = False) -> list[dict[str, Any]]:
             continue
         if isinstance(obj, dict):
             out.append(obj)
-    return out if chunks else _drop_chunks(out)
-
-
-def _drop_chunks(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Copies of request objects with ``chunk_times`` replaced by its count and ``chunk_tokens`` dropped (what the
-    bootstrap reads)."""
-    out = []
-    for q in requests:
-        q = {k: v for k, v in q.items() if k != "chunk_tokens"}
-        q["chunk_times"] = len(q.get("chunk_times") or [])
-        out.append(q)
     return out

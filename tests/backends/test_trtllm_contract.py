@@ -14,8 +14,9 @@ Two layers:
   (``llmapi/llm_args.py``) are cut out of the files with ``ast`` and run (importing ``tensorrt_llm`` needs CUDA
   libraries; these functions need only ``bisect``) by tests/helpers/trtllm_lookup.py, which also checks one
   recommend output folder from the command line. TensorRT-LLM's source is not on the package registry (its
-  registry entries are stubs that download from NVIDIA's index), so CI skips this layer; no TensorRT-LLM code is
-  kept in this repository.
+  registry entries are stubs that download from NVIDIA's index), so this layer is marked ``engine_source``, which
+  the default test command deselects (``python -m pytest -m engine_source`` with the variable set runs it); no
+  TensorRT-LLM code is kept in this repository.
 """
 
 from __future__ import annotations
@@ -132,6 +133,7 @@ needs_source = pytest.mark.skipif(
            "NVIDIA's own index, and TensorRT-LLM's code may not be committed here")
 
 
+@pytest.mark.engine_source
 @needs_source
 @pytest.mark.parametrize("root", SOURCES, ids=str)
 def test_trtllms_own_lookup_gives_every_batch_size_the_sweeps_choice(root, tmp_path):
@@ -142,6 +144,7 @@ def test_trtllms_own_lookup_gives_every_batch_size_the_sweeps_choice(root, tmp_p
         assert wrong == {}, (trt.version, name, cfg)
 
 
+@pytest.mark.engine_source
 @needs_source
 @pytest.mark.parametrize("root", SOURCES, ids=str)
 def test_spectunes_restated_lookup_is_trtllms(root):

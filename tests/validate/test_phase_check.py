@@ -8,7 +8,7 @@ import random
 import pytest
 
 from spectune.loadgen.record import RequestRecord
-from spectune.validate.phase_check import markdown, phase_check, summary_line, to_json
+from spectune.validate.phase_check import markdown, phase_check, summary_line, to_json, window_requests
 from spectune.validate.phases import settle_time, summarize_run
 
 
@@ -51,24 +51,38 @@ def test_steady_throughput_leaves_out_the_backlog():
     # chunk at 12.0 (one request left, the phase's concurrency) and the new request's
 
 
+PHASE_S = 10.0
+
+
 def _runs(values: dict[str, list[float]], repeats: int = 2) -> list[dict]:
-    """validate.json runs with steady tok/s per phase (the same in every repeat)."""
+    """validate.json runs with steady tok/s per phase (the same in every repeat), phases of PHASE_S s from t0 = 0."""
     out = []
     for r in range(1, repeats + 1):
         for name, vs in values.items():
             steps = int(name.split(":")[1]) if name.startswith("static:") else 1
-            out.append({"run": name, "steps": steps, "repeat": r, "status": "ok",
+            out.append({"run": name, "steps": steps, "repeat": r, "status": "ok", "t0": 0.0,
                         "overall": {"output_throughput_tok_s": sum(vs)},
-                        "phases": [{"phase": i + 1, "label": f"c={1 if i % 2 == 0 else 32}", "settle_s": 0.0,
+                        "phases": [{"phase": i + 1, "label": f"c={1 if i % 2 == 0 else 32}", "start_s": i * PHASE_S,
+                                    "end_s": (i + 1) * PHASE_S, "settle_s": 0.0,
                                     "steady_output_throughput_tok_s": v} for i, v in enumerate(vs)]})
     return out
 
 
 def _requests(names: list[str], phases: int, per_phase: int, repeats: int = 2, seed: int = 0) -> list[dict]:
+    """Requests back to back in every phase, each streaming its tokens in 4 chunks at a rate drawn around 70 tok/s."""
     rng = random.Random(seed)
-    return [{"run": n, "repeat": r, "phase": p, "prompt_id": str(i), "completion_tokens": rng.randint(60, 128),
-             "error": None, "chunk_times": 1}
-            for n in names for r in range(1, repeats + 1) for p in range(1, phases + 1) for i in range(per_phase)]
+    out = []
+    for n in names:
+        for r in range(1, repeats + 1):
+            for p in range(phases):
+                span = PHASE_S / per_phase
+                for i in range(per_phase):
+                    start = p * PHASE_S + i * span
+                    tokens = int(span * rng.uniform(60, 80))
+                    out.append({"run": n, "repeat": r, "prompt_id": f"{p}-{i}", "error": None, "send_time": start,
+                                "end_time": start + span, "chunk_times": [start + span * (j + 1) / 4 for j in range(4)],
+                                "chunk_tokens": [tokens // 4] * 4})
+    return out
 
 
 def test_the_config_holds_a_phase_within_the_tolerance():
@@ -91,12 +105,18 @@ def test_a_config_far_behind_in_a_phase_is_behind():
 
 def test_a_small_lag_with_few_requests_is_noise():
     runs = _runs({"static:2": [70.0], "config": [66.0]})
-    # the two runs finished different prompts in the phase: the resampled token counts do not cancel
-    tokens = {"static:2": [5, 128, 20, 128, 3], "config": [128, 4, 128, 9, 100]}
-    requests = [{"run": n, "repeat": r, "phase": 1, "prompt_id": str(i), "completion_tokens": t, "error": None,
-                 "chunk_times": 1}
-                for n in ("static:2", "config") for r in (1, 2) for i, t in enumerate(tokens[n])]
-    assert phase_check(runs, requests)[0].ruling == "noise"
+    requests = _requests(["static:2", "config"], 1, 3, seed=1)  # three requests per run: a wide interval
+    for q in requests:  # request speeds far apart: 30 to 110 tok/s
+        q["chunk_tokens"] = [int(random.Random(q["prompt_id"] + q["run"]).uniform(10, 40))] * 4
+    assert phase_check(runs, requests, concurrencies=[1])[0].ruling == "noise"
+
+
+def test_a_request_counts_only_its_time_inside_the_window():
+    run = _runs({"config": [70.0, 250.0]}, repeats=1)[0]
+    slow = {"run": "config", "repeat": 1, "prompt_id": "x", "error": None, "send_time": 9.0, "end_time": 19.0,
+            "chunk_times": [9.5, 10.0, 18.0], "chunk_tokens": [10, 10, 30]}  # sent in phase 1, slow in phase 2
+    one = window_requests(run, [slow], 0)
+    assert (one.tokens.tolist(), one.latency_ms.tolist()) == ([10.0], [1000.0])  # 9.5 s chunk; 9-10 s in flight
 
 
 def test_summary_and_markdown_name_the_phases_that_do_not_hold():
@@ -112,5 +132,5 @@ def test_runs_without_steady_numbers_give_no_rulings():
     runs = _runs({"static:0": [50.0], "config": [60.0]})
     for r in runs:
         r["phases"][0].pop("steady_output_throughput_tok_s")
-    rulings = phase_check(runs, _requests(["static:0", "config"], 1, 10))
+    rulings = phase_check(runs, _requests(["static:0", "config"], 1, 10), concurrencies=[1])
     assert summary_line(rulings).startswith("no per-phase steady numbers")

@@ -108,11 +108,19 @@ def test_rule_again_applies_a_static_recommendation_without_measuring(setup):
     assert proc.returncode == 1, proc.stderr
     measured = (out / "requests.jsonl").read_bytes()
     (tmp / "recommendation.json").write_text(json.dumps({"primary": {"kind": "static", "num_steps": 3}}))
+    before = json.loads((out / "validate.json").read_text())
+    steady = [p.pop("steady_output_throughput_tok_s") for r in before["runs"] for p in r["phases"]]
+    for r in before["runs"]:
+        for p in r["phases"]:
+            p.pop("settle_s")
+    (out / "validate.json").write_text(json.dumps(before))  # as a validation from before the steady windows
     again = cli(*args, "--rule-again", "--output-dir", str(out))
     assert again.returncode == 1, again.stderr
     assert again.stdout.startswith("FAIL: the config falls behind static K=3, the num_steps it stands for")
     meta = json.loads((out / "validate.json").read_text())
     assert meta["verdict"]["recommended_static"] == 3
+    assert [p["steady_output_throughput_tok_s"] for r in meta["runs"] for p in r["phases"]] == pytest.approx(steady)
+    assert any(line.startswith("per phase: ") for line in again.stdout.splitlines())
     assert "the num_steps it stands for" in (out / "validate.md").read_text()
     assert (out / "requests.jsonl").read_bytes() == measured
     empty = cli(*args, "--rule-again", "--output-dir", str(tmp / "nothing"))
