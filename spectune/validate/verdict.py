@@ -178,7 +178,8 @@ def static_agreement(statics: Sequence[dict[str, Any]], best: dict[str, Any], co
                                    " tok/s, not beyond the interval")
     return Verdict(True, f"PASS: agrees with recommend, which named static K={k} (no per-batch-size gain beyond "
                          f"the noise band): no static num_steps beats K={k} ({rt:,.1f} tok/s{lead}) and the config "
-                         f"ties it, {ct:,.1f} tok/s, {span}; decided by throughput", k, margin, **extra)
+                         f"{'runs ahead of' if iv[0] > 1.0 else 'ties'} it, {ct:,.1f} tok/s, {span}; decided by "
+                         "throughput", k, margin, **extra)
 
 
 def _phase_list(counted: Sequence[int], config: dict[str, Any]) -> str:

@@ -377,7 +377,16 @@ def test_static_recommendation_agreed_when_no_static_beats_it_and_the_config_tie
     assert v.recommended_static == 1
     assert v.line.startswith("PASS: agrees with recommend, which named static K=1")
     assert "K=2 measured 152.0 tok/s, not beyond the interval" in v.line
+    assert "and the config ties it, 149.0 tok/s" in v.line
     assert (v.ratio_low, v.ratio_high) == (0.97, 1.02)
+
+
+def test_a_config_wholly_ahead_of_the_recommended_static_is_said_to_run_ahead():
+    runs = [run("static:0", 140.0), run("static:1", 150.0), run("config", 155.0)]
+    ratio = intervals({("config", "static:1"): (1.01, 1.06), ("static:0", "static:1"): (0.90, 0.96)})
+    v = verdict(runs, with_slo=False, ratio=ratio, recommended=RECOMMENDED_K1)
+    assert v.passed
+    assert "and the config runs ahead of it, 155.0 tok/s" in v.line
 
 
 def test_static_recommendation_refuted_by_a_faster_static():
