@@ -1,8 +1,19 @@
-"""Shared pytest configuration: GPU tests are skipped without CUDA."""
+"""Shared pytest configuration: GPU tests are skipped without CUDA; under pytest-xdist (README's ``-n 2``) each
+worker's torch gets its share of the CPUs, so two workers do not run 2 x N threads on N cores."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 def _cuda_available() -> bool:

@@ -12,7 +12,7 @@ Each phase gets one of three rulings, for a tolerance ``within`` (3% by default)
 
 - ``holds``: the config's steady tok/s is at least (1 - within) x the best static's;
 - ``noise``: it is lower, but the ratio's interval reaches 1 - within: the phase cannot tell them apart;
-- ``behind``: the interval lies wholly below 1 - within: the config lost that phase.
+- ``behind``: the interval lies wholly below 1 - within (or none could be computed): the config lost that phase.
 """
 
 from __future__ import annotations
@@ -81,20 +81,18 @@ def phase_check(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any
         return []
     out = []
     for i, cp in enumerate(config.get("phases") or []):
-        ct = cp.get(STEADY)
-        scored = [(r, (r.get("phases") or [{}] * (i + 1))[i].get(STEADY) if len(r.get("phases") or []) > i else None)
-                  for r in statics]
-        scored = [(r, v) for r, v in scored if v is not None]
-        if ct is None or not scored:
-            continue
-        best, bt = max(scored, key=lambda rv: rv[1])  # first max: the smaller K
-        if bt <= 0:
-            continue
 
         def steady(run: dict[str, Any], i: int = i) -> float | None:
             ps = run.get("phases") or []
             return ps[i].get(STEADY) if len(ps) > i else None
 
+        ct = steady(config)
+        scored = [(r, steady(r)) for r in statics if steady(r) is not None]
+        if ct is None or not scored:
+            continue
+        best, bt = max(scored, key=lambda rv: rv[1])  # first max: the smaller K
+        if bt <= 0:
+            continue
         closed = concurrencies is not None and i < len(concurrencies) and concurrencies[i] is not None
         iv = paired_ratio(runs, requests, "config", best["run"], steady,
                           lambda run, qs, i=i: window_requests(run, qs, i), confidence,
