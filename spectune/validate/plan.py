@@ -74,8 +74,8 @@ class ValidatePlan:
 
     def run_order(self, config_steps: int) -> list[tuple[str, int, int]]:
         """(run name, num_steps, repeat 1..n) in execution order: static runs by K, then the config; every second
-        repeat reversed (config first), so a slow drift of the machine's speed does not favour one side and the
-        server of the last run of a repeat is reused by the first run of the next."""
+        repeat reversed (config first), so a slow drift of the machine's speed does not favour one side (each repeat
+        starts its servers afresh: :meth:`spectune.validate.run.Validation.run_all`)."""
         once = [*((f"static:{k}", k) for k in self.steps), ("config", config_steps)]
         return [(name, k, r + 1) for r in range(self.repeats) for name, k in (once if r % 2 == 0 else once[::-1])]
 

@@ -72,14 +72,18 @@ class Validation:
 
     async def run_all(self) -> None:
         """Every run of :meth:`ValidatePlan.run_order`; only one of the two servers is up at a time (a GPU may
-        hold only one)."""
+        hold only one), and every repeat starts its servers afresh: a server process's own speed is a constant of
+        that process (on the 2-vCPU Zen 5 VM two engines with their own copies of the weights ran 2.4-3.8% apart at
+        batch 1, docs/engine.md), so a config server kept for two repeats in a row would carry one draw of it
+        into both; restarted, it varies between repeats, where the intervals see it."""
         active: Backend | None = None
+        last_repeat = None
         try:
             for name, k, repeat in self.plan.run_order(self.initial_steps):
                 backend = self.adaptive if name == "config" else self.static
-                if active is not None and active is not backend:
+                if active is not None and (active is not backend or repeat != last_repeat):
                     await active.close()
-                active = backend
+                active, last_repeat = backend, repeat
                 await self._run(backend, k, name, repeat)
         finally:
             await self.static.close()
