@@ -56,7 +56,6 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
 
     from spectune.backends.local.engine.loop import Engine, EngineConfig, seeded_generator
     from spectune.backends.local.weights.heads import load_head
-    from spectune.backends.local.model.kv_cache import bytes_per_token
     from spectune.backends.local.model.linear import pack_linears, unpack_bf16_linears
     from spectune.backends.local.weights.compute_paths import choose_path
     from spectune.backends.local.engine.speculative import SpeculativeDecoder
@@ -91,21 +90,11 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
         from spectune.backends.local.weights.quant import quantize_target
 
         quantize_target(target, model_path, dtype, path_choice.dense_above, path_choice.lm_head or "int4")
-    cfg = target.cfg
-    max_len = (opts.max_model_len or min(cfg.max_position_embeddings, 4096)) + max_steps + 1
     head = load_head(head_path, target, dtype, device) if head_path is not None else None
     if head is not None:
         target.capture_layers = head.cfg.aux_layers  # EAGLE-3 features (empty for EAGLE-1)
-    per_token = bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
-    if head is not None:
-        per_token += bytes_per_token(head.cfg.num_layers, head.cfg.num_kv_heads, head.cfg.head_dim, dtype)
-        if policy is not None and not opts.draft_upkeep:
-            # lazy drafting keeps the head's inputs per position (SpeculativeDecoder's feat_buf, tok_buf)
-            per_token += head.feature_dim * torch.empty((), dtype=dtype).element_size() + 8
-    slots = min(opts.max_num_seqs, int(opts.kv_cache_gb * 2**30 // (per_token * max_len)))
-    if slots < 1:
-        raise UserError(f"--kv-cache-gb {opts.kv_cache_gb} cannot hold one sequence of {max_len} tokens: raise it "
-                        "or lower --max-model-len")
+    lazy = head is not None and policy is not None and not opts.draft_upkeep
+    max_len, slots = _cache_geometry(opts, target.cfg, head, dtype, max_steps, lazy)
     target.build_rope(max_len)
     if head is not None:
         head.prepare(max_len)
@@ -120,17 +109,14 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
 
     graphs = CapturedGraphs(slots, max_len, capture=True) if device.type == "cuda" and opts.cuda_graphs else None
     decoder = SpeculativeDecoder(target, head, slots, max_len, seeded_generator(opts.seed, device), graphs,
-                                 lazy_draft=policy is not None and not opts.draft_upkeep)
+                                 lazy_draft=lazy)
     warm_up(decoder, compile_choice, max_steps + 1)
     path_choice.compile = compile_choice.to_json()
     if compile_choice.mode != "off":
         log.info("compile: %s (%s; warm-up %.1f s)", "on" if compile_choice.active else "off", compile_choice.reason,
                  compile_choice.warm_up_s)
-    trace = None
-    if opts.trace_path:
-        trace = TraceWriter(opts.trace_path)
-    ecfg = EngineConfig(num_steps=opts.num_steps, max_num_seqs=slots, max_len=max_len, policy=policy, trace=trace,
-                        steps_capacity=max_steps)
+    ecfg = EngineConfig(num_steps=opts.num_steps, max_num_seqs=slots, max_len=max_len, policy=policy,
+                        trace=TraceWriter(opts.trace_path) if opts.trace_path else None, steps_capacity=max_steps)
     name = os.path.basename(str(opts.model)) if opts.model else "SmolLM2-135M-Instruct"
     return Engine(decoder, Tokenizer(folder), ecfg, model_name=name, path=path_choice)
 
@@ -141,28 +127,43 @@ def _sharing(source: Engine, opts: EngineOptions, policy: object, max_steps: int
     engine configuration; no loading, packing, compiling or warm-up (the shared modules have had theirs)."""
     from spectune.backends.local.engine.loop import Engine, EngineConfig, seeded_generator
     from spectune.backends.local.engine.speculative import SpeculativeDecoder
-    from spectune.backends.local.model.kv_cache import bytes_per_token
 
     target, head = source.decoder.target, source.decoder.head
     if max_steps > 0 and head is None:
         raise ValueError("num_steps > 0 needs a draft head, and the engine whose weights are shared has none")
-    cfg, dtype = target.cfg, source.decoder.target_cache.k.dtype
-    max_len = (opts.max_model_len or min(cfg.max_position_embeddings, 4096)) + max_steps + 1
+    lazy = head is not None and policy is not None and not opts.draft_upkeep
+    max_len, slots = _cache_geometry(opts, target.cfg, head, source.decoder.target_cache.k.dtype, max_steps, lazy)
     if max_len != source.cfg.max_len:
         raise ValueError(f"cache length {max_len} differs from the shared engine's {source.cfg.max_len}: give both the "
                          "same max_model_len and num_steps capacity")
+    decoder = SpeculativeDecoder(target, head, slots, max_len, seeded_generator(opts.seed, source.decoder.device),
+                                 None, lazy_draft=lazy)
+    ecfg = EngineConfig(num_steps=opts.num_steps, max_num_seqs=slots, max_len=max_len, policy=policy,
+                        trace=TraceWriter(opts.trace_path) if opts.trace_path else None, steps_capacity=max_steps)
+    return Engine(decoder, source.tokenizer, ecfg, model_name=source.model_name, path=source.path)
+
+
+def _cache_geometry(opts: EngineOptions, cfg: ModelConfig, head: object, dtype: torch.dtype, max_steps: int,
+                    lazy: bool) -> tuple[int, int]:
+    """(max_len, slots): tokens per sequence (``max_model_len``, else the model's limit up to 4,096, plus room for
+    ``max_steps`` drafts and the bonus token) and how many sequences the target's and head's KV caches (and, with
+    ``lazy`` drafting, the head's kept inputs) hold within ``opts.kv_cache_gb``, at most ``opts.max_num_seqs``.
+
+    Raises:
+        UserError: not even one sequence fits.
+    """
+    import torch
+
+    from spectune.backends.local.model.kv_cache import bytes_per_token
+
+    max_len = (opts.max_model_len or min(cfg.max_position_embeddings, 4096)) + max_steps + 1
     per_token = bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
-    lazy = head is not None and policy is not None and not opts.draft_upkeep
     if head is not None:
         per_token += bytes_per_token(head.cfg.num_layers, head.cfg.num_kv_heads, head.cfg.head_dim, dtype)
-        if lazy:
-            per_token += head.feature_dim * source.decoder.target_cache.k.element_size() + 8
+        if lazy:  # lazy drafting keeps the head's inputs per position (SpeculativeDecoder's feat_buf, tok_buf)
+            per_token += head.feature_dim * torch.empty((), dtype=dtype).element_size() + 8
     slots = min(opts.max_num_seqs, int(opts.kv_cache_gb * 2**30 // (per_token * max_len)))
     if slots < 1:
         raise UserError(f"--kv-cache-gb {opts.kv_cache_gb} cannot hold one sequence of {max_len} tokens: raise it "
                         "or lower --max-model-len")
-    decoder = SpeculativeDecoder(target, head, slots, max_len, seeded_generator(opts.seed, source.decoder.device),
-                                 None, lazy_draft=lazy)
-    ecfg = EngineConfig(num_steps=opts.num_steps, max_num_seqs=slots, max_len=max_len, policy=policy, trace=None,
-                        steps_capacity=max_steps)
-    return Engine(decoder, source.tokenizer, ecfg, model_name=source.model_name, path=source.path)
+    return max_len, slots
