@@ -47,9 +47,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--emulated", choices=("compute-bound", "memory-bound", "held-out"), default=None,
-                   help="in-process emulated servers: the tests' two cost models, or the held-out one "
-                        "(benchmarks/heldout_cost_model.py, never used by tests or tuning)")
+    p.add_argument("--emulated", choices=("compute-bound", "memory-bound", "held-out", "held-out-2"),
+                   default=None, help="in-process emulated servers: the tests' two cost models, or a held-out one "
+                                      "(benchmarks/heldout_cost_model.py, never used by tests or tuning)")
     p.add_argument("--dataset", default="mt-bench")
     p.add_argument("--early-stop", action="store_true", help="the grid's windows stop early too (--early-stop)")
     p.add_argument("--guided-full-windows", action="store_true",
@@ -67,6 +67,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT SLO, ms")
     p.add_argument("--budget", default=None)
     p.add_argument("--replay", type=Path, default=None, help="a finished grid sweep folder: replay offline")
+    p.add_argument("--recorded", type=Path, nargs="+", default=None,
+                   help="finished grid sweeps: run the guided plan on their recorded windows (module docstring)")
     p.add_argument("--virtual", type=int, default=0, help="N seeded virtual sweep pairs (module docstring)")
     p.add_argument("--request-noise", type=float, default=0.10, help="--virtual: relative sd of a request's latency")
     p.add_argument("--show-cells", action="store_true",
@@ -179,9 +181,10 @@ def emulated_model(name: str) -> object:
     from helpers.cost_model import COMPUTE_BOUND, MEMORY_BOUND
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from heldout_cost_model import HELD_OUT
+    from heldout_cost_model import HELD_OUT, HELD_OUT_2
 
-    return {"compute-bound": COMPUTE_BOUND, "memory-bound": MEMORY_BOUND, "held-out": HELD_OUT}[name]
+    return {"compute-bound": COMPUTE_BOUND, "memory-bound": MEMORY_BOUND, "held-out": HELD_OUT,
+            "held-out-2": HELD_OUT_2}[name]
 
 
 def early_vs_full(guided: list[dict], grid: list[dict], objective: str) -> tuple[int, int, int, int]:
@@ -227,6 +230,108 @@ def show_cells(points: list[dict], meta: dict, grid_s: float) -> None:
               f"({m['duration_s'] / grid_s:5.1%}) {m['num_requests']:>4} req, stop "
               f"{(p.get('early_stop') or {}).get('reason')}; {reason}")
     print("  by role: " + ", ".join(f"{k} {v / grid_s:.1%}" for k, v in by_role.items()))
+
+
+def recorded(args: argparse.Namespace) -> int:
+    """``--recorded GRID...``: the guided plan run through spectune's own sweep loop on each finished grid sweep's
+    recorded windows (module docstring); prints the figures per grid."""
+    from types import SimpleNamespace
+
+    from helpers.cost_model import COMPUTE_BOUND, EmulatedServers
+    from spectune.backends.base import BackendOptions
+    from spectune.results.confidence import point_intervals
+    from spectune.results.point import SweepPoint
+    from spectune.results.reader import load_results
+    from spectune.sweep.plan import SweepPlan
+    from spectune.sweep.run import Sweep, execute
+    from spectune.tune.recommend import RecommendOptions, recommend
+
+    state: dict[str, object] = {}
+
+    async def point(self, key, base_url, model_name, drift=None):  # noqa: ANN001 - Sweep._point's signature
+        fresh = self.cost["launches"] - getattr(self, "_recorded_launches", 0)
+        self.cost["switch_s"] += fresh * state["launch_s"]  # type: ignore[operator]
+        self._recorded_launches = self.cost["launches"]
+        k, c, _ = key
+        # a repeat (the settle step's) gets the cell's one recorded window again: a grid has one run per cell
+        gp = {**json.loads(json.dumps(state["points"][(k, c)])), "repeat": key[2]}  # type: ignore[index]
+        recs = sorted(state["requests"].get((k, c), []), key=lambda r: r["end_time"])  # type: ignore[union-attr]
+        t0 = gp["window"]["start_s"]
+        rule = self._early_stop(key, self.plan.requests_for(c)) if drift is None else None
+        kept = recs
+        if rule is not None:
+            seen = []
+            for r in recs:
+                seen.append(SimpleNamespace(ok=not r.get("error"), completion_tokens=r.get("completion_tokens"),
+                                            e2e_s=(r.get("e2e_ms") or 0) / 1000,
+                                            tpot_s=None if r.get("tpot_ms") is None else r["tpot_ms"] / 1000,
+                                            dispatch_delay_s=r.get("dispatch_delay_s") or 0.0))
+                if rule.check(seen, r["end_time"] - t0):
+                    kept = [x for x in recs if x["send_time"] <= r["end_time"]]  # those in flight finish too
+                    break
+            m = gp["metrics"]
+            full = m["output_throughput_tok_s"]
+            if rule.reason:
+                end = max(x["end_time"] for x in kept)
+                tokens = sum(x.get("completion_tokens") or 0 for x in kept)
+                m.update(num_requests=len(kept), total_output_tokens=tokens, duration_s=end - t0,
+                         output_throughput_tok_s=tokens / (end - t0))
+                m.update(point_intervals([{**x, "steps": k, "concurrency": c} for x in kept], m))
+                gp.update(stop_reason="early_stop", window={"start_s": t0, "end_s": end})
+            gp["early_stop"] = {**rule.describe(), "full_window_estimate": full}
+        for r in kept:
+            self.folder.append_request({kk: v for kk, v in r.items() if kk not in ("chunk_times", "chunk_tokens")}
+                                       | {"repeat": key[2]})
+        return SweepPoint.from_dict(gp), kept
+
+    Sweep._point = point  # type: ignore[method-assign]
+    for grid in args.recorded:
+        meta = json.loads((grid / "sweep.json").read_text())
+        plan_meta = meta["plan"]
+        pts = [json.loads(x) for x in (grid / "points.jsonl").read_text().splitlines() if x.strip()]
+        state["points"] = {(p["steps"], p["concurrency"]): p for p in pts if p.get("repeat", 0) == 0}
+        reqs: dict[tuple[int, int], list[dict]] = {}
+        for line in (grid / "requests.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            if r.get("repeat", 0) == 0:
+                reqs.setdefault((r["steps"], r["concurrency"]), []).append(r)
+        state["requests"] = reqs
+        cost = meta.get("cost") or {}
+        state["launch_s"] = (cost.get("switch_s") or 0.0) / max(cost.get("launches") or 1, 1) + args.restart_s
+        steps, concs = tuple(plan_meta["steps"]), tuple(plan_meta["concurrency"])
+        plan = SweepPlan(steps=steps, concurrency=concs, num_prompts=plan_meta["num_prompts"],
+                         max_tokens=plan_meta["max_tokens"], duration_per_point_s=plan_meta.get("duration_per_point_s"),
+                         design="guided", drift_check=False, objective=args.objective, dataset=plan_meta["dataset"],
+                         slo_tpot_ms=plan_meta.get("slo_tpot_ms"), slo_ttft_ms=plan_meta.get("slo_ttft_ms"))
+
+        async def run(out: Path) -> object:
+            async with EmulatedServers(COMPUTE_BOUND, steps) as urls:  # endpoints only: every point is recorded
+                return await execute(plan, "openai", BackendOptions(endpoints=urls), out)
+
+        with tempfile.TemporaryDirectory() as d:
+            res = run_guided = asyncio.run(run(Path(d) / "guided"))
+            rec = {"grid": recommend(load_results(grid), RecommendOptions(objective=args.objective)),
+                   "guided": recommend(load_results(Path(d) / "guided"), RecommendOptions(objective=args.objective))}
+            if args.show_cells:
+                show_cells(res.points, json.loads((Path(d) / "guided" / "sweep.json").read_text()),  # type: ignore
+                           sum(p["metrics"]["duration_s"] for p in state["points"].values()))  # type: ignore
+        grid_s = sum(p["metrics"]["duration_s"] for p in state["points"].values()) + \
+            (cost.get("launches") or len(steps)) * state["launch_s"]  # type: ignore
+        g = run_guided.cost  # type: ignore[attr-defined]
+        guided_s = sum(p["metrics"]["duration_s"] for p in run_guided.points) + g["switch_s"]  # type: ignore
+        worst = 1.0
+        for ch in rec["grid"].choices:
+            mine = next(x for x in rec["guided"].choices if x.concurrency == ch.concurrency)
+            a, b = rec["grid"].cell(mine.steps, ch.concurrency).objective, rec["grid"].cell(ch.steps,
+                                                                                              ch.concurrency).objective
+            worst = min(worst, a / b if args.objective != "tpot" else b / a)
+        early = sum(1 for p in run_guided.points if (p.get("early_stop") or {}).get("reason"))  # type: ignore
+        print(f"{grid}: guided {guided_s:.1f} s / grid {grid_s:.1f} s = {guided_s / grid_s:.1%} (launches "
+              f"{g['launches']}, {state['launch_s']:.2f} s each); points {len(run_guided.points)}/"  # type: ignore
+              f"{len(state['points'])}; early-stopped {early}; worst choice {worst:.3f} of the grid's; choices "
+              f"guided {[ (x.concurrency, x.steps) for x in rec['guided'].choices]}, grid "
+              f"{[(x.concurrency, x.steps) for x in rec['grid'].choices]}", flush=True)
+    return 0
 
 
 def virtual(args: argparse.Namespace) -> int:
@@ -331,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.virtual:
         return virtual(args)
+    if args.recorded:
+        return recorded(args)
     out = args.output_dir or Path(tempfile.mkdtemp(prefix="guided-vs-grid-"))
     if args.replay is not None:
         r = replay(args.replay, out, args.objective, args.restart_s)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-__all__ = ["HELD_OUT", "RooflineModel"]
+__all__ = ["HELD_OUT", "HELD_OUT_2", "QuadraticModel", "RooflineModel"]
 
 
 @dataclass(frozen=True)
@@ -29,12 +29,24 @@ class RooflineModel:
     noise: float = 0.05
     rng: random.Random = field(default_factory=lambda: random.Random(11), compare=False)
 
-    def step_s(self, batch: int, steps: int) -> float:
-        """Seconds of one verify step of ``batch`` sequences at num_steps ``steps`` (module docstring)."""
+    @property
+    def step_noise(self) -> float:
+        """Relative standard deviation of one step's time (tests/helpers/cost_model.py ``virtual_point`` averages
+        it over a window's steps)."""
+        return self.noise
+
+    def expected_step_s(self, batch: int, steps: int) -> float:
+        """Mean seconds of one verify step of ``batch`` sequences at num_steps ``steps`` (module docstring), without
+        the step noise."""
         b, k = max(batch, 1), steps
         verify = max(0.12 * b * (k + 1), 7.0 + 0.03 * b)
         draft = k * (0.6 + 0.015 * b)
-        return max(0.1, (verify + draft) * (1 + self.noise * self.rng.gauss(0.0, 1.0))) / 1000.0
+        return (verify + draft) / 1000.0
+
+    def step_s(self, batch: int, steps: int) -> float:
+        """Seconds of one verify step of ``batch`` sequences at num_steps ``steps``: the mean times ``1 + noise *
+        N(0, 1)`` (module docstring), at least 0.1 ms."""
+        return max(0.0001, self.expected_step_s(batch, steps) * (1 + self.noise * self.rng.gauss(0.0, 1.0)))
 
     def accept_at(self, i: int) -> float:
         return self.accept[min(i, len(self.accept) - 1)]
@@ -49,3 +61,25 @@ class RooflineModel:
 
 
 HELD_OUT = RooflineModel()
+
+
+@dataclass(frozen=True)
+class QuadraticModel(RooflineModel):
+    """The second held-out model (``--emulated held-out-2``), written before the guided plan was changed on the
+    first one's results and run once with the final plan: the step time of a verify step, ms, grows with the square
+    of the batch (attention over every sequence's KV cache, ``0.0009 * b^2 * (K + 1)``) on top of ``5.0 + 0.04 * b``,
+    and each of the K draft steps costs ``0.9 + 0.02 * b``; every step scatters by 3%; conditional acceptance 0.82,
+    0.66, 0.55, 0.45, 0.38 (the last repeats)."""
+
+    name: str = "held-out quadratic"
+    accept: tuple[float, ...] = (0.82, 0.66, 0.55, 0.45, 0.38)
+    noise: float = 0.03
+    rng: random.Random = field(default_factory=lambda: random.Random(23), compare=False)
+
+    def expected_step_s(self, batch: int, steps: int) -> float:
+        """Mean seconds of one verify step of ``batch`` sequences at num_steps ``steps`` (class docstring)."""
+        b, k = max(batch, 1), steps
+        return (5.0 + 0.04 * b + 0.0009 * b * b * (k + 1) + k * (0.9 + 0.02 * b)) / 1000.0
+
+
+HELD_OUT_2 = QuadraticModel()

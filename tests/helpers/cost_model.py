@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import json
 import random
 import time
@@ -263,15 +264,21 @@ def virtual_point(model: CostModel, key: tuple[int, int, int], requests: int, ma
     order (elapsed time: their latencies so far over c); when it stops, the c - 1 requests in flight finish too and
     the point keeps only those (throughput, duration and intervals from them; ``early_stop`` recorded, with
     ``full_window_estimate``: the statistic over the whole planned window, what the point would have measured without
-    the rule)."""
+    the rule). A model with per-step noise (``step_noise``, relative sd of one step, and ``expected_step_s``, the
+    mean; benchmarks/heldout_cost_model.py) adds ``step_noise / sqrt(steps in the window)`` to the point's noise, what
+    a live window of that many steps averages it to."""
     import numpy as np
 
     k, c, r = key
     rng = np.random.default_rng([seed, k, c, r])
     al = model.acceptance_length(k)
-    step = model.step_s(c, k)
+    step = getattr(model, "expected_step_s", model.step_s)(c, k)
     per_request_s = (1 + (max_tokens - 1) / al) * step
-    tput = c * max_tokens / per_request_s * (1 + noise * rng.standard_normal())
+    # a model whose every step scatters (``step_noise``, relative sd per step) moves a window by that over the
+    # square root of the window's steps: requests x (1 + (L - 1) / AL) / c of them
+    steps_in_window = max(requests * (1 + (max_tokens - 1) / al) / c, 1.0)
+    sd = math.sqrt(noise ** 2 + getattr(model, "step_noise", 0.0) ** 2 / steps_in_window)
+    tput = c * max_tokens / per_request_s * (1 + sd * rng.standard_normal())
     lat = np.full(requests, c * max_tokens / tput) * np.maximum(1 + request_noise * rng.standard_normal(requests), 0.2)
     full = c * max_tokens * len(lat) / float(lat.sum())  # the whole window's statistic (the rule's, at every request)
     if rule is not None:

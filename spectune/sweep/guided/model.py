@@ -10,11 +10,16 @@ cell of the plan.
   identifiability: the richest of :attr:`StepTimeModel.FEATURE_SETS` whose design matrix on the measured cells has
   full column rank with a residual degree of freedom to spare. Each concurrency's predictions are anchored on the
   cells measured there (geometric mean ratio of measured to fitted ``tau``): the model gives the shape in K, the
-  measurements the level.
+  measurements the level. From seven cells on, a roofline step time (:mod:`spectune.sweep.guided.roofline`: the
+  verify pass memory-bound below a ridge in ``c * (K + 1)``, compute-bound above it) replaces the linear terms
+  where its leave-one-out error is lower.
 * **Prediction.** ``throughput = c * AL_eff / tau``, ``TPOT = tau / AL`` (scaled by the measured TPOT / (tau / AL) of
   the concurrency when tau was fitted on throughput), AL from :mod:`spectune.sweep.guided.acceptance`. The interval
   is ``pred * (1 +- z * e)``, z the normal quantile of the confidence, ``e^2 = s^2 + g' V g``: ``s`` the largest of
-  the anchored fit's relative residual spread, the measurements' own relative half-width and ``MIN_REL_ERROR``;
+  the anchored fit's relative residual spread, its leave-one-out misfit (the relative RMS error of each cell
+  predicted from the others, less the cells' own measurement noise: what an unmeasured cell's prediction can be
+  off by where the model's shape is wrong, which the residuals of the cells it was fitted to hide), the
+  measurements' own relative half-width and ``MIN_REL_ERROR``;
   ``g' V g`` the cell's leverage (the least-squares parameter covariance ``V = s^2 (X'WX)^-1`` on the difference
   between the cell's features and the mean of those measured at its concurrency), so an extrapolation in K or c gets
   the width the data give it. SpecServe (Huang et al., arXiv 2503.05096, sec. 4) models the same quantities.
@@ -32,6 +37,7 @@ from typing import Any, Callable, ClassVar, Sequence
 import numpy as np
 
 from spectune.sweep.guided.acceptance import acceptance_lengths, geometric_rate, per_position
+from spectune.sweep.guided.roofline import ROOFLINE_PARAMS, fit_roofline
 
 __all__ = ["Cell", "MIN_REL_ERROR", "Prediction", "StepTimeModel"]
 
@@ -200,22 +206,37 @@ class StepTimeModel:
                 full_rank.append(names)
         return full_rank[0] if full_rank else ("1",)
 
-    def fit(self, cells: dict[tuple[int, int], Cell]) -> tuple[Callable[[int, int], float],
-                                                              Callable[[int, int], float]]:
-        """Fit the step-time model; returns (tau(k, c) -> s, err(k, c) -> relative standard error of that cell's
-        prediction: the residual spread s combined with the cell's leverage, module docstring)."""
-        obs = [(x, self._tau_obs(x)) for x in cells.values()]
-        obs = [(x, t) for x, t in obs if math.isfinite(t) and t > 0]
-        if not obs:
-            raise ValueError("no measured cell to fit")
-        names = self._feature_set([x for x, _ in obs])
-        X = np.array([self._features(x.steps, x.conc, names) for x, _ in obs])
-        y = np.array([t for _, t in obs])
-        w = 1.0 / y
-        theta, *_ = np.linalg.lstsq(X * w[:, None], y * w, rcond=None)
+    def _fit_core(self, obs: Sequence[tuple[Cell, float]], family: str = "linear",
+                  names: Sequence[str] | None = None) -> \
+            tuple[str, Callable[[int, int], list[float]], np.ndarray, Callable[[int, int], float], dict[int, float]] | None:
+        """The weighted least-squares fit of ``obs`` ((cell, observed tau) pairs) in one model family, ``linear``
+        (the richest identifiable :attr:`FEATURE_SETS` entry) or ``roofline``
+        (:func:`spectune.sweep.guided.roofline.fit_roofline`): (the features' names, features(k, c), parameters,
+        raw tau(k, c) in s (nan where the fit is not positive), anchor per measured concurrency: the geometric mean
+        ratio of observed to raw tau there); None where the family cannot be fitted to these cells. ``names``: the
+        linear family's feature set (default: the richest :meth:`_feature_set` identifies); None where these cells
+        do not identify it with a residual degree of freedom to spare."""
+        if family == "roofline":
+            rf = fit_roofline([x.steps for x, _ in obs], [x.conc for x, _ in obs], [t for _, t in obs])
+            if rf is None:
+                return None
+            label, feat, theta = "roofline: " + ", ".join(ROOFLINE_PARAMS), rf.features, np.array(rf.theta)
+        else:
+            if names is None:
+                names = self._feature_set([x for x, _ in obs])
+            else:
+                X = np.array([self._features(x.steps, x.conc, names) for x, _ in obs])
+                if len(obs) <= len(names) or np.linalg.matrix_rank(X) < len(names):
+                    return None
+            label = ", ".join(names)
+            feat = lambda k, c: self._features(k, c, names)  # noqa: E731
+            X = np.array([feat(x.steps, x.conc) for x, _ in obs])
+            y = np.array([t for _, t in obs])
+            w = 1.0 / y
+            theta, *_ = np.linalg.lstsq(X * w[:, None], y * w, rcond=None)
 
         def raw(k: int, c: int) -> float:
-            v = float(np.dot(self._features(k, c, names), theta))
+            v = float(np.dot(feat(k, c), theta))
             return v if v > 0 else math.nan
 
         anchor: dict[int, float] = {}
@@ -223,6 +244,55 @@ class StepTimeModel:
             ratios = [t / raw(x.steps, x.conc) for x, t in obs if x.conc == c and math.isfinite(raw(x.steps, x.conc))]
             if ratios:
                 anchor[c] = float(np.exp(np.mean(np.log(ratios))))
+        return label, feat, theta, raw, anchor
+
+    def _loo_error(self, obs: Sequence[tuple[Cell, float]], family: str = "linear",
+                   names: Sequence[str] | None = None) -> tuple[float, int]:
+        """(relative RMS error, cells) of leave-one-out predictions: each cell measured at a concurrency with another
+        measured cell is predicted by the fit of every other cell (the same model: ``names``, the linear family's
+        feature set, skipping a cell without which the others no longer identify it with a degree of freedom to
+        spare), anchored on the others at its concurrency, as an unmeasured num_steps there is predicted. The in-sample residuals cannot
+        show a step time whose shape in K changes with the batch (a roofline's kink between memory- and
+        compute-bound steps, which no candidate feature set has): the fit follows the cells it was given, and only
+        a cell it was not given shows the misfit (Allen's PRESS, Technometrics 16(1), 1974). (nan, 0) with fewer
+        than two such cells."""
+        errs = []
+        for i, (x, t) in enumerate(obs):
+            rest = [o for j, o in enumerate(obs) if j != i]
+            if not any(y.conc == x.conc for y, _ in rest) or len(rest) < 2:
+                continue
+            core = self._fit_core(rest, family, names)
+            if core is None:
+                continue
+            _, _, _, raw, anchor = core
+            pred = raw(x.steps, x.conc) * anchor.get(x.conc, math.nan)
+            if math.isfinite(pred) and pred > 0:
+                errs.append(t / pred - 1)
+        if len(errs) < 2:
+            return math.nan, len(errs)
+        return math.sqrt(float(np.mean(np.square(errs)))), len(errs)
+
+    def fit(self, cells: dict[tuple[int, int], Cell]) -> tuple[Callable[[int, int], float],
+                                                              Callable[[int, int], float]]:
+        """Fit the step-time model; returns (tau(k, c) -> s, err(k, c) -> relative standard error of that cell's
+        prediction: the larger of the residual spread and the leave-one-out error, combined with the cell's
+        leverage, module docstring)."""
+        obs = [(x, self._tau_obs(x)) for x in cells.values()]
+        obs = [(x, t) for x, t in obs if math.isfinite(t) and t > 0]
+        if not obs:
+            raise ValueError("no measured cell to fit")
+        # the model family: the linear sum of terms, or the roofline where it predicts left-out cells better
+        core = self._fit_core(obs, "linear")
+        assert core is not None  # the linear family always fits (at worst its constant term)
+        loo, loo_cells = self._loo_error(obs, "linear", core[0].split(", "))
+        roof = self._fit_core(obs, "roofline")
+        if roof is not None:
+            roof_loo, roof_cells = self._loo_error(obs, "roofline")
+            if math.isfinite(roof_loo) and (not math.isfinite(loo) or roof_loo < loo):
+                core, loo, loo_cells = roof, roof_loo, roof_cells
+        label, feat, theta, raw, anchor = core
+        X = np.array([feat(x.steps, x.conc) for x, _ in obs])
+        w = 1.0 / np.array([t for _, t in obs])
         # anchors between measured concurrencies: interpolate in log c
         known = sorted(anchor)
 
@@ -249,10 +319,15 @@ class StepTimeModel:
             s = math.sqrt(float(np.sum(np.square(resid))) / dof)
         halves = [x.rel_halfwidth for x, _ in obs if math.isfinite(x.rel_halfwidth)]
         meas = float(np.median(halves)) / self.z if halves else 0.0
-        s = max(s, meas, MIN_REL_ERROR)
-        self.fit_info = {"features": ", ".join(names),
+        # a left-out cell's own measurement noise is in its leave-one-out error; what is left is the model's
+        loo_noise = float(np.mean([np.square(x.rel_halfwidth / self.z) for x, _ in obs
+                                   if math.isfinite(x.rel_halfwidth)] or [0.0]))
+        misfit = math.sqrt(max(loo * loo - loo_noise, 0.0)) if math.isfinite(loo) else 0.0
+        s = max(s, misfit, meas, MIN_REL_ERROR)
+        self.fit_info = {"features": label,
                          "theta": [float(v) for v in theta], "anchors": {str(c): anchor[c] for c in known},
-                         "relative_error": s, "cells": len(obs)}
+                         "relative_error": s, "loo_error": None if math.isnan(loo) else loo, "loo_cells": loo_cells,
+                         "cells": len(obs)}
         # the parameters' own uncertainty (relative units: the fit is weighted by 1/tau): a cell the measured ones
         # pin down poorly (an extrapolation in K or c) gets a wider interval than the residual spread alone
         Xw = X * w[:, None]
@@ -260,7 +335,7 @@ class StepTimeModel:
 
         def rel(k: int, c: int) -> np.ndarray:
             r = raw(k, c)
-            return np.array(self._features(k, c, names)) / r if math.isfinite(r) else np.zeros(len(names))
+            return np.array(feat(k, c)) / r if math.isfinite(r) else np.zeros(len(theta))
 
         def err(k: int, c: int) -> float:
             g = rel(k, c)

@@ -1,0 +1,116 @@
+"""The guided plan's step-time model on a roofline step time (spectune.sweep.guided.roofline) and its leave-one-out
+error (StepTimeModel._loo_error): a verify step that is memory-bound at small batch x tokens and compute-bound above
+the ridge has a gain of a draft token that changes sign with the batch, which the linear feature sets cannot follow."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from spectune.sweep.guided import GuidedPlanner, acceptance_lengths
+from spectune.sweep.guided.roofline import fit_roofline
+
+STEPS, CONC = (0, 1, 2, 3, 4), (1, 2, 4, 8, 16, 32)
+PP = [0.8, 0.65, 0.5, 0.4]
+AL = acceptance_lengths(PP, range(5))
+
+
+def roofline_ms(k: int, c: int) -> float:
+    """A roofline step, ms: memory-bound 6 + 0.05 c, compute-bound 0.3 c (K + 1), drafts K (0.5 + 0.01 c)."""
+    return max(6 + 0.05 * c, 0.3 * c * (k + 1)) + k * (0.5 + 0.01 * c)
+
+
+def linear_ms(k: int, c: int) -> float:
+    """A step linear in every term, ms (the tests' kind of cost model)."""
+    return 2 + 0.5 * c + 3 * (k > 0) + 0.4 * k + 0.1 * c * k
+
+
+def points(cells, tau_ms, noise: float = 0.0, seed: int = 0) -> list[dict]:
+    """Closed-loop points of the step time ``tau_ms(K, c)`` with relative noise ``noise`` on the throughput."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k, c in cells:
+        tau = tau_ms(k, c) / 1000 * (1 + noise * rng.standard_normal())
+        out.append({"steps": k, "concurrency": c, "status": "ok", "acceptance": {"per_position": PP[:k]},
+                    "metrics": {"output_throughput_tok_s": c * AL[k] / tau, "tpot_p50_ms": tau / AL[k] * 1e3,
+                                "acceptance_length": AL[k]}})
+    return out
+
+
+def linear_only() -> GuidedPlanner:
+    """A planner whose model never takes the roofline family (the linear terms it replaces where they misfit)."""
+    planner = GuidedPlanner(STEPS, CONC)
+    core = planner._fit_core
+    planner._fit_core = lambda obs, family="linear", names=None: core(obs, "linear", names)
+    return planner
+
+
+def test_the_roofline_fit_recovers_an_exact_roofline():
+    cells = list(itertools.product(STEPS, CONC))
+    fit = fit_roofline([k for k, _ in cells], [c for _, c in cells], [roofline_ms(k, c) / 1000 for k, c in cells])
+    assert fit is not None
+    assert fit.theta == pytest.approx((0.006, 0.00005, 0.0003, 0.0005, 0.00001), rel=1e-6)
+
+
+def test_the_roofline_fit_needs_seven_cells():
+    cells = list(itertools.product((0, 4), (1, 8, 32)))
+    assert fit_roofline([k for k, _ in cells], [c for _, c in cells],
+                        [roofline_ms(k, c) / 1000 for k, c in cells]) is None
+
+
+def test_the_roofline_fit_places_each_cell_on_its_side_of_the_ridge():
+    cells = list(itertools.product(STEPS, CONC))
+    fit = fit_roofline([k for k, _ in cells], [c for _, c in cells], [roofline_ms(k, c) / 1000 for k, c in cells])
+    assert [fit.compute_bound(k, c) for k, c in cells] == [0.3 * c * (k + 1) > 6 + 0.05 * c for k, c in cells]
+
+
+# cells a guided run measures on the way: the seed, one or more at every concurrency
+KINKED = [(4, 1), (0, 32), (1, 32), (0, 8), (2, 32), (2, 2), (1, 4), (1, 16), (2, 8), (3, 1), (2, 1)]
+
+
+def test_on_a_roofline_server_the_fit_takes_the_roofline():
+    planner = GuidedPlanner(STEPS, CONC)
+    planner.predict(points(KINKED, roofline_ms, noise=0.01))
+    assert planner.fit_info["features"].startswith("roofline")
+
+
+def test_on_a_linear_server_the_fit_keeps_the_linear_terms():
+    planner = GuidedPlanner(STEPS, CONC)
+    planner.predict(points(KINKED, linear_ms, noise=0.01))
+    assert not planner.fit_info["features"].startswith("roofline")
+
+
+def test_the_roofline_fit_predicts_the_best_num_steps_the_linear_terms_miss():
+    """At concurrency 8 the roofline server's best num_steps is 2 (K=1 and K=3 at 0.88 and 0.89 of it); with only
+    K=0 measured there (noise-free), the roofline fit predicts K=2 best, where the linear terms predict K=1."""
+    cells = [x for x in KINKED if x != (2, 8)]
+    planner = GuidedPlanner(STEPS, CONC)
+    pred = planner.predict(points(cells, roofline_ms))
+    assert max(STEPS, key=lambda k: pred[(k, 8)].throughput) == 2
+    pred = linear_only().predict(points(cells, roofline_ms))
+    assert max(STEPS, key=lambda k: pred[(k, 8)].throughput) == 1
+
+
+def test_the_leave_one_out_error_is_the_misfit_the_residuals_hide():
+    """Fitted with the linear terms only, the roofline server's cells leave a leave-one-out error several times
+    their in-sample residual spread; an exactly linear server leaves none."""
+    planner = GuidedPlanner(STEPS, CONC)
+    cells = planner.cells(points(KINKED, roofline_ms))
+    obs = [(x, planner._tau_obs(x)) for x in cells.values()]
+    loo, n = planner._loo_error(obs, "linear")
+    assert n >= 5
+    assert loo > 0.05
+    exact = planner.cells(points(KINKED, linear_ms))
+    loo_exact, _ = planner._loo_error([(x, planner._tau_obs(x)) for x in exact.values()], "linear")
+    assert loo_exact < 1e-6
+
+
+def test_a_misfit_sets_the_relative_error_of_unmeasured_cells():
+    """The roofline server's cells fitted with the linear terms only (noise-free): the leave-one-out misfit, not the
+    in-sample residual spread, sets the relative error of every prediction."""
+    planner = linear_only()
+    planner.predict(points(KINKED, roofline_ms))
+    assert planner.fit_info["loo_error"] > 0.05
+    assert planner.fit_info["relative_error"] == pytest.approx(planner.fit_info["loo_error"], rel=1e-6)
