@@ -5,6 +5,7 @@
     python benchmarks/guided_vs_grid.py --backend local --steps 0,1,2,3,4 --concurrency 1,2,4,8,16,32 \
         --num-prompts 8 --max-tokens 32
     python benchmarks/guided_vs_grid.py --replay docs/examples/smollm2-cpu/sweep   # offline, on a measured grid
+    python benchmarks/guided_vs_grid.py --recorded docs/examples/smollm2-cpu/sweep # offline, windows that stop early
     python benchmarks/guided_vs_grid.py --virtual 8 --emulated held-out --steps 0,1,2,3,5 --concurrency 1,4,16,64
 
 ``--virtual N`` runs N seeded pairs of sweeps (grid, then guided) through spectune's own sweep loop whose every
@@ -16,6 +17,14 @@ the in-process servers switch for free). It prints per seed and overall: the gui
 time, whether its choice at every concurrency is within 3% of the grid's (recommend on both folders), points,
 launches, early stops, and how many early-stopped windows' confidence-sequence bounds hold the grid's full window
 of the same cell; ``--show-cells`` adds every guided point with its window, stop reason and why it was measured.
+
+``--recorded GRID...`` runs no server either: the guided plan runs through spectune's own sweep loop (early stop,
+settle step, switch costs) with every point answered from a finished grid's recorded window of that cell: its
+requests fed to the early-stop rule in the order they finished (elapsed time from the window's start), and when the
+rule stops the window, the requests in flight then still count (the point's throughput, duration and intervals
+from those); a settle run gets the cell's one recorded window again. Each launch costs the grid's own measured
+switch time (sweep.json ``cost``) plus ``--restart-s``. It prints per grid the guided plan's share of the grid's
+time, points, early stops and the choices of both (``spectune recommend``).
 
 ``--replay GRID`` runs no server: the guided planner (spectune.sweep.guided) chooses its cells from a finished grid
 sweep's own measurements, round by round, and its cost is those points' measurement windows (``duration_s``); the
