@@ -241,6 +241,18 @@ def show_cells(points: list[dict], meta: dict, grid_s: float) -> None:
     print("  by role: " + ", ".join(f"{k} {v / grid_s:.1%}" for k, v in by_role.items()))
 
 
+def worst_choice(grid: object, guided: object, objective: str) -> float:
+    """The lowest, over the concurrencies, of the guided plan's choice measured on the grid over the grid's choice
+    (``spectune recommend`` results of both folders; TPOT inverted so that 1 is as good, below 1 worse)."""
+    worst = 1.0
+    for ch in grid.choices:  # type: ignore[attr-defined]
+        mine = next(x for x in guided.choices if x.concurrency == ch.concurrency)  # type: ignore[attr-defined]
+        a = grid.cell(mine.steps, ch.concurrency).objective  # type: ignore[attr-defined]
+        b = grid.cell(ch.steps, ch.concurrency).objective  # type: ignore[attr-defined]
+        worst = min(worst, a / b if objective != "tpot" else b / a)
+    return worst
+
+
 def recorded(args: argparse.Namespace) -> int:
     """``--recorded GRID...``: the guided plan run through spectune's own sweep loop on each finished grid sweep's
     recorded windows (module docstring); prints the figures per grid."""
@@ -318,22 +330,17 @@ def recorded(args: argparse.Namespace) -> int:
                 return await execute(plan, "openai", BackendOptions(endpoints=urls), out)
 
         with tempfile.TemporaryDirectory() as d:
-            res = run_guided = asyncio.run(run(Path(d) / "guided"))
+            run_guided = asyncio.run(run(Path(d) / "guided"))
             rec = {"grid": recommend(load_results(grid), RecommendOptions(objective=args.objective)),
                    "guided": recommend(load_results(Path(d) / "guided"), RecommendOptions(objective=args.objective))}
             if args.show_cells:
-                show_cells(res.points, json.loads((Path(d) / "guided" / "sweep.json").read_text()),  # type: ignore
+                show_cells(run_guided.points, json.loads((Path(d) / "guided" / "sweep.json").read_text()),  # type: ignore
                            sum(p["metrics"]["duration_s"] for p in state["points"].values()))  # type: ignore
         grid_s = sum(p["metrics"]["duration_s"] for p in state["points"].values()) + \
             (cost.get("launches") or len(steps)) * state["launch_s"]  # type: ignore
         g = run_guided.cost  # type: ignore[attr-defined]
         guided_s = sum(p["metrics"]["duration_s"] for p in run_guided.points) + g["switch_s"]  # type: ignore
-        worst = 1.0
-        for ch in rec["grid"].choices:
-            mine = next(x for x in rec["guided"].choices if x.concurrency == ch.concurrency)
-            a, b = rec["grid"].cell(mine.steps, ch.concurrency).objective, rec["grid"].cell(ch.steps,
-                                                                                              ch.concurrency).objective
-            worst = min(worst, a / b if args.objective != "tpot" else b / a)
+        worst = worst_choice(rec["grid"], rec["guided"], args.objective)
         early = sum(1 for p in run_guided.points if (p.get("early_stop") or {}).get("reason"))  # type: ignore
         print(f"{grid}: guided {guided_s:.1f} s / grid {grid_s:.1f} s = {guided_s / grid_s:.1%} (launches "
               f"{g['launches']}, {state['launch_s']:.2f} s each); points {len(run_guided.points)}/"  # type: ignore
@@ -404,12 +411,7 @@ def virtual(args: argparse.Namespace) -> int:
             if args.show_cells:
                 show_cells(res["guided"].points, json.loads((Path(d) / "guided" / "sweep.json").read_text()),
                            sum(p["metrics"]["duration_s"] for p in res["grid"].points))
-        worst = 1.0
-        for ch in rec["grid"].choices:
-            mine = next(x for x in rec["guided"].choices if x.concurrency == ch.concurrency)
-            a, b = rec["grid"].cell(mine.steps, ch.concurrency).objective, rec["grid"].cell(ch.steps,
-                                                                                              ch.concurrency).objective
-            worst = min(worst, a / b if args.objective != "tpot" else b / a)
+        worst = worst_choice(rec["grid"], rec["guided"], args.objective)
         true = {d: min(exact(mine.steps, mine.concurrency) / max(exact(k, mine.concurrency) for k in steps)
                        for mine in rec[d].choices) for d in ("grid", "guided")}
         secs = {k: sum(p["metrics"]["duration_s"] for p in o.points) for k, o in res.items()}
