@@ -1,4 +1,4 @@
-"""A real multi-node Ray cluster on this machine for the ``--ray`` tests (Ray's own ``ray.cluster_utils.Cluster``): a
+"""A real multi-node Ray cluster on this machine for the ``--ray`` tests (and how they compare two folders' choices) (Ray's own ``ray.cluster_utils.Cluster``): a
 head without resources for servers and worker nodes with one ``CPU`` and custom resources each, all bound to
 127.0.0.1, no dashboard, small object stores.
 
@@ -59,3 +59,19 @@ def stop_cluster(cluster) -> None:
 def worker_ids(cluster) -> set[str]:
     """The node ids of the cluster's worker nodes."""
     return {n.node_id for n in cluster.worker_nodes}
+
+
+def recommended(folder) -> dict:
+    """concurrency -> ``spectune recommend``'s choice for a sweep folder (its ``steps`` and the best measured
+    ``best_steps``)."""
+    from spectune.results.reader import load_results
+    from spectune.tune.recommend import RecommendOptions, recommend
+
+    return {ch.concurrency: ch for ch in recommend(load_results(folder), RecommendOptions()).choices}
+
+
+def agree(a, b) -> bool:
+    """Two folders' choices at one concurrency agree: the same num_steps, or the same best measured num_steps where
+    one of them chose a smaller one because the best was within its noise (recommend's tie rule)."""
+    return a.steps == b.steps or (a.best_steps == b.best_steps and (a.steps != a.best_steps
+                                                                    or b.steps != b.best_steps))

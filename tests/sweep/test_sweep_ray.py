@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.ray_cluster import RESOURCES, add_worker, start_cluster, stop_cluster, worker_ids  # before Ray: loopback
+from helpers.ray_cluster import (RESOURCES, add_worker, agree, recommended, start_cluster,  # before Ray: loopback
+                                 stop_cluster, worker_ids)
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -89,18 +90,6 @@ def servers_alive(pids: Path, wait_s: float = 0.0) -> list[int]:
 def choices(folder: Path, **kw) -> dict[int, int | None]:
     rec = recommend(load_results(folder), RecommendOptions(**kw))
     return {ch.concurrency: ch.steps for ch in rec.choices}
-
-
-def recommended(folder: Path) -> dict:
-    """concurrency -> recommend's choice (its ``steps`` and the best measured ``best_steps``)."""
-    return {ch.concurrency: ch for ch in recommend(load_results(folder), RecommendOptions()).choices}
-
-
-def agree(a, b) -> bool:
-    """Two folders' choices at one concurrency agree: the same num_steps, or the same best measured num_steps where
-    one of them chose a smaller one because the best was within its noise (recommend's tie rule)."""
-    return a.steps == b.steps or (a.best_steps == b.best_steps and (a.steps != a.best_steps
-                                                                    or b.steps != b.best_steps))
 
 
 def keys(points: list[dict]) -> set[tuple[int, int, int]]:
