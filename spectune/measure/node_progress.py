@@ -45,14 +45,14 @@ class NodeTask:
 
 
 def node_line(task: NodeTask) -> str:
-    """One task as a line: ``node 1a2b3c4d (gpu-1): block K=3, 2/6 points, on K=3 c=4 r=0`` (seconds of a
-    validate run: ``node 1a2b3c4d (gpu-1): static:3 #1, 12/30 s, on phase 2/3``; ``done`` when finished)."""
+    """One task as a line: ``node 1a2b3c4d (gpu-1): block K=3, 2/6 points: K=3 c=4 r=0`` (seconds of a validate
+    run: ``node 1a2b3c4d (gpu-1): static:3 #1, 12/30 s: phase 2/3``; ``: done`` when finished)."""
     if task.unit == "s":
         amount = f"{task.done:.0f}/{task.total:.0f} s"
     else:
         amount = f"{task.done:g}/{task.total:g} {task.unit}"
-    tail = "done" if task.finished else (f"on {task.current}" if task.current else "")
-    return f"node {task.node_name}: {task.label}, {amount}" + (f", {tail}" if tail else "")
+    tail = "done" if task.finished else task.current
+    return f"node {task.node_name}: {task.label}, {amount}" + (f": {tail}" if tail else "")
 
 
 class NodeBoard:

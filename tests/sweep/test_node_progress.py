@@ -20,13 +20,13 @@ def test_a_block_row_shows_its_node_points_and_current_point():
     task = board.start(NODE_A, "block K=3", 6)
     board.advance(board.advance(task))
     board.update(task, current="K=3 c=4 r=0")
-    assert node_line(task) == "node a1b2c3d4 (gpu-1): block K=3, 2/6 points, on K=3 c=4 r=0"
+    assert node_line(task) == "node a1b2c3d4 (gpu-1): block K=3, 2/6 points: K=3 c=4 r=0"
 
 
 def test_a_validate_row_counts_seconds_and_its_phase():
     board = NodeBoard()
     task = board.update(board.start(NODE_B, "static:3 #1", 30, "s"), done=12.4, current="phase 2/3")
-    assert node_line(task) == "node ffff0000 (10.0.0.2): static:3 #1, 12/30 s, on phase 2/3"
+    assert node_line(task) == "node ffff0000 (10.0.0.2): static:3 #1, 12/30 s: phase 2/3"
 
 
 def test_done_is_capped_at_the_total():
@@ -43,7 +43,7 @@ def test_an_ended_task_leaves_the_board_and_says_done():
     board.end(b)
     assert board_lines(board) == ["node a1b2c3d4 (gpu-1): block K=0, 0/2 points",
                                   "node a1b2c3d4 (gpu-1): block K=5, 0/2 points"]
-    assert node_line(b).endswith(", done")
+    assert node_line(b).endswith(": done")
     assert a.ident != b.ident
 
 
