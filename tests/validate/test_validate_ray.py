@@ -122,3 +122,49 @@ def test_ray_resources_without_ray_is_refused(setup):
                            str(tmp / "out")], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "--ray-resources works with --ray" in done.stderr
+
+
+@pytest.mark.slow
+async def test_a_run_whose_node_dies_runs_again_elsewhere(cluster, setup):
+    """The node of the first run to start is killed as that run starts measuring: the run is submitted again, lands
+    on the other node, and the validation completes with every run ok and the loss recorded."""
+    import threading
+
+    from helpers.ray_cluster import add_worker
+    from spectune.sweep.distributed import RayOptions
+    from spectune.validate.plan import ValidateListener
+    from spectune.validate.run import execute
+
+    class KillFirst(ValidateListener):
+        def __init__(self) -> None:
+            self.killed: tuple[str, str] | None = None  # (run label, node id)
+            self.thread: threading.Thread | None = None
+
+        def node_progress(self, task) -> None:
+            if self.killed is None and task.current.startswith("phase"):
+                self.killed = (task.label, task.node["id"])
+                victim = next(n for n in cluster.worker_nodes if n.node_id == task.node["id"])
+                self.thread = threading.Thread(target=cluster.remove_node, args=(victim, False))
+                self.thread.start()
+
+    tmp, prompts, config = setup
+    plan, options = plan_and_options(prompts, config)
+    killer = KillFirst()
+    try:
+        out = await execute(plan, "launch", options, tmp / "out", listener=killer, config_launch=template(5000),
+                            ray=RayOptions(address=cluster.address, resources=RESOURCES))
+    finally:
+        if killer.thread is not None:
+            killer.thread.join()
+        add_worker(cluster)  # the module's cluster has two worker nodes again
+    assert killer.killed is not None
+    meta = json.loads((tmp / "out" / "validate.json").read_text())
+    assert [(r["run"], r["status"]) for r in meta["runs"]] == [("static:0", "ok"), ("static:3", "ok"),
+                                                               ("config", "ok")]
+    label, node = killer.killed
+    assert [(x["run"], x["node"]["id"]) for x in meta["lost_runs"]] == [(label, node)]
+    assert next(r for r in meta["runs"] if r["run"] == label)["node"]["id"] != node  # measured again elsewhere
+    records = [json.loads(line) for line in (tmp / "out" / "requests.jsonl").read_text().splitlines()]
+    lost_run = next(r for r in meta["runs"] if r["run"] == label)
+    assert sum(q["run"] == label for q in records) == sum(p["num_requests"] for p in lost_run["phases"])  # once
+    assert out.verdict is not None and out.verdict.passed
