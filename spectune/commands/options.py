@@ -1,7 +1,8 @@
 """Options that ``spectune sweep`` and ``spectune validate`` share, written once: the launched servers' settings
 (host, port, extra arguments, start-up timeout, device, dtype, draft head), the request settings with the same
 meaning in both (prompts sampled, output tokens, temperature), their help panels, the splitting of
-``--server-args`` and the parsing of integer lists (``--steps``, ``--concurrency``, ``--cuda-graph-bs``).
+``--server-args``, the parsing of integer lists (``--steps``, ``--concurrency``, ``--cuda-graph-bs``) and the Ray
+cluster options (``--ray-resources`` and :func:`ray_options`).
 
 Each alias is a typer ``Annotated`` type; the command gives the default in its own signature (``port: Port =
 None``). typer copies the option for every command, so one alias serves both.
@@ -18,6 +19,7 @@ from spectune.loadgen.errors import UserError
 
 SERVER_PANEL = "Server options (launch, sglang, vllm, llamacpp, local backends)"
 LOAD_PANEL = "Load"
+RAY_PANEL = "Ray cluster"
 
 NumPrompts = Annotated[int, typer.Option(help="Prompts sampled from the dataset (seeded).",
                                          rich_help_panel=LOAD_PANEL)]
@@ -47,6 +49,26 @@ Dtype = Annotated[str, typer.Option(help="Bundled engine compute path: auto (mea
 Compile = Annotated[str, typer.Option("--compile", help="Bundled engine on CPU: run the target's decode/verify "
                                        "layers through torch.compile, compiled at start-up: auto (when a C++ compiler "
                                        "works), on, or off.", rich_help_panel=SERVER_PANEL)]
+
+RayResources = Annotated[Optional[str], typer.Option(help="JSON: the Ray resources one server needs, e.g. "
+                                                     "'{\"GPU\": 1}' (default '{\"CPU\": 1}').",
+                                                     rich_help_panel=RAY_PANEL)]
+
+
+def ray_options(address: str | None, resources: str | None):  # -> RayOptions | None (imported only for --ray)
+    """``--ray ADDRESS|auto`` and ``--ray-resources JSON`` -> a :class:`spectune.sweep.distributed.RayOptions`, or
+    None without ``--ray``.
+
+    Raises:
+        UserError: ``--ray-resources`` without ``--ray``; bad resources JSON.
+    """
+    if address is None:
+        if resources is not None:
+            raise UserError("--ray-resources works with --ray ADDRESS|auto only")
+        return None
+    from spectune.sweep.distributed import RayOptions, parse_resources
+
+    return RayOptions(address=address.strip() or "auto", resources=parse_resources(resources))
 
 
 def split_server_args(server_args: str | None) -> list[str]:

@@ -9,12 +9,11 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from spectune.commands.options import (LOAD_PANEL, SERVER_PANEL, Compile, Device, Draft, Dtype, Host, MaxTokens,
-                                       NumPrompts, Port, RequestTimeout, ServerArgs, ServerBin, StartupTimeout,
-                                       Temperature, WarmupTimeout, split_server_args)
+from spectune.commands.options import (LOAD_PANEL, RAY_PANEL, SERVER_PANEL, Compile, Device, Draft, Dtype, Host,
+                                       MaxTokens, NumPrompts, Port, RayResources, RequestTimeout, ServerArgs,
+                                       ServerBin, StartupTimeout, Temperature, WarmupTimeout, ray_options,
+                                       split_server_args)
 from spectune.loadgen.errors import UserError
-
-RAY_PANEL = "Ray cluster"
 
 
 def parse_endpoints(values: list[str]) -> dict[int, str] | None:
@@ -137,9 +136,7 @@ def sweep(
                                                "as one task on a node, the load generator beside its server "
                                                "(docs/distributed.md; needs pip install -e \".\\[ray]\").",
                                                rich_help_panel=RAY_PANEL)] = None,
-    ray_resources: Annotated[Optional[str], typer.Option(help="JSON: the Ray resources one server needs, e.g. "
-                                                         "'{\"GPU\": 1}' (default '{\"CPU\": 1}').",
-                                                         rich_help_panel=RAY_PANEL)] = None,
+    ray_resources: RayResources = None,
 ) -> None:
     """Measure TPOT, TTFT, ITL, throughput, acceptance length and SLO attainment for every num_steps x
     concurrency point; results go to --output-dir (sweep.json, requests.jsonl, points.jsonl, summary.csv)."""
@@ -151,13 +148,7 @@ def sweep(
     from spectune.commands.options import parse_int_list
     from spectune.sweep.plan import ClientTimeouts, SweepPlan, parse_budget
 
-    ray_options = None
-    if ray is not None:
-        from spectune.sweep.distributed import RayOptions, parse_resources
-
-        ray_options = RayOptions(address=ray.strip() or "auto", resources=parse_resources(ray_resources))
-    elif ray_resources is not None:
-        raise UserError("--ray-resources works with --ray ADDRESS|auto only")
+    cluster = ray_options(ray, ray_resources)
     if retry_failed and not resume:
         raise UserError("--retry-failed only works with --resume --output-dir DIR")
     plan = SweepPlan(
@@ -187,7 +178,7 @@ def sweep(
     try:
         with LiveDisplay(console) as display:
             outcome = run_blocking(plan, backend, options, output_dir, resume, retry_failed, display, timeouts,
-                                   ray_options)
+                                   cluster)
     except KeyboardInterrupt:
         Console(stderr=True, highlight=False, soft_wrap=True).print(
             f"interrupted (launched servers are killed on exit); resume with --resume --output-dir {output_dir}",

@@ -10,9 +10,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from spectune.commands.options import (LOAD_PANEL, SERVER_PANEL, Compile, Device, Draft, Dtype, Host, MaxTokens,
-                                       NumPrompts, Port, RequestTimeout, ServerArgs, ServerBin, StartupTimeout,
-                                       Temperature, WarmupTimeout, split_server_args)
+from spectune.commands.options import (LOAD_PANEL, RAY_PANEL, SERVER_PANEL, Compile, Device, Draft, Dtype, Host,
+                                       MaxTokens, NumPrompts, Port, RayResources, RequestTimeout, ServerArgs,
+                                       ServerBin, StartupTimeout, Temperature, WarmupTimeout, ray_options,
+                                       split_server_args)
 from spectune.loadgen.errors import UserError
 
 _WORK = "Workload"
@@ -92,6 +93,14 @@ def validate(
     device: Device = "auto",
     dtype: Dtype = "auto",
     compile: Compile = "auto",
+    # (\\[ in the help: rich markup's escape of a literal bracket)
+    ray: Annotated[Optional[str], typer.Option("--ray", help="Run the static and config runs in parallel on a Ray "
+                                               "cluster: ADDRESS (ray://host:10001, host:6379) or auto (RAY_ADDRESS, "
+                                               "else a local Ray). Each run (server start, its workload, server stop) "
+                                               "is one task on a node, the load generator beside its server "
+                                               "(docs/distributed.md; needs pip install -e \".\\[ray]\").",
+                                               rich_help_panel=RAY_PANEL)] = None,
+    ray_resources: RayResources = None,
 ) -> None:
     """Run the same changing load against every static num_steps and against a per-batch-size config (SGLang
     adaptive JSON or vLLM schedule); PASS (exit 0) when the config's output throughput is at least the best
@@ -112,6 +121,7 @@ def validate(
     if rule_again:
         _rule_again(config, output_dir)
         return
+    cluster = ray_options(ray, ray_resources)
     if arrivals is not None and workload is not None:
         raise UserError("give --workload or --arrivals, not both")
     if arrivals is not None:
@@ -139,7 +149,7 @@ def validate(
     try:
         with LiveValidateDisplay(console) as display:
             outcome, sig = run_with_signals(
-                lambda: execute(plan, backend, options, output_dir, display, config_launch, timeouts))
+                lambda: execute(plan, backend, options, output_dir, display, config_launch, timeouts, cluster))
     except KeyboardInterrupt:
         err.print(f"interrupted (launched servers are killed on exit); partial results in {output_dir}", markup=False)
         raise typer.Exit(130) from None

@@ -31,6 +31,8 @@ def _fmt(v: float | None, spec: str) -> str:
 class LiveDisplay(LiveProgress, SweepListener):
     """Live progress: points done / planned, the current point's requests done / planned, elapsed time and the
     running output throughput (tokens/s of the current point's finished requests); one line per finished point.
+    A distributed sweep (``--ray``) shows one bar per running block instead of the current point's: its node, its
+    points done / total and its current point (:meth:`LiveProgress.node_progress`).
 
     Use as a context manager around the sweep; without a terminal rich prints only the per-point lines.
     """
@@ -57,7 +59,7 @@ class LiveDisplay(LiveProgress, SweepListener):
     def server_starting(self, steps: int) -> None:
         if self.point_task is not None:
             self.progress.reset(self.point_task, description=f"starting server K={steps}", total=None, rate="",
-                                visible=True)
+                                visible=not self.node_bars)  # --ray: the nodes' bars say it
 
     def server_failed(self, steps: int, message: str, log_tail: str) -> None:
         self.console.print(f"[red]server for num_steps {steps} failed:[/] {message}", markup=True)
@@ -69,7 +71,7 @@ class LiveDisplay(LiveProgress, SweepListener):
         if self.point_task is not None:
             k, c, r = key
             self.progress.reset(self.point_task, description=f"K={k} c={c} r={r}", total=planned, rate="",
-                                visible=True)
+                                visible=not self.node_bars)
 
     def request_finished(self, key: Key, record: RequestRecord, done: int, planned: int) -> None:
         if record.ok:

@@ -16,8 +16,11 @@ Failures and cancelling:
   error, naming the node;
 - cancelling (Ctrl-C, SIGTERM: the driver's asyncio task is cancelled) cancels every Ray task
   (``ray.cancel``: KeyboardInterrupt inside the task, whose sweep then stops its server), waits up to
-  :data:`CANCEL_WAIT_S` for them to end, then force-kills what is left (Ray then kills the worker's child processes,
-  docs.ray.io "Lifetimes of a User-Spawn Process").
+  :data:`spectune.measure.ray_cluster.CANCEL_WAIT_S` for them to end, then force-kills what is left (Ray then
+  kills the worker's child processes, docs.ray.io "Lifetimes of a User-Spawn Process").
+
+Progress: each task's node, label, points done / total and current point go to the listener's ``node_progress``
+(:class:`spectune.measure.node_progress.NodeBoard`; the display draws one bar per running task).
 
 Calibration (:mod:`spectune.results.nodes`): every node that runs a block measures the calibration cell, num_steps 0
 at the plan's lowest concurrency: one extra task pinned there (``NodeAffinitySchedulingStrategy(soft=False)``),
@@ -25,7 +28,8 @@ submitted when its first block starts there, so it runs after that block (the no
 uses that block's own point instead). At the end every node gets its verdict and the points of unlike nodes are
 marked. Blocks are submitted largest num_steps first (the slowest blocks start first).
 
-Ray (``pip install -e ".[ray]"``) is imported only here and only for ``--ray``. Sources: Ray's generator and
+Ray (``pip install -e ".[ray]"``) is imported only for ``--ray`` (the pieces this driver shares with
+``spectune validate --ray`` are in :mod:`spectune.measure.ray_cluster`). Sources: Ray's generator and
 cancellation documentation (docs.ray.io ray-core/ray-generator.html, api/doc/ray.cancel.html,
 fault_tolerance/tasks.html).
 """
@@ -42,6 +46,9 @@ from typing import Any, Sequence
 from spectune.backends.base import BackendOptions
 from spectune.loadgen.datasets import Prompt
 from spectune.loadgen.errors import UserError
+from spectune.measure.node_progress import NodeBoard
+from spectune.measure.ray_cluster import (RAY_EXTRA, connect, fits, hosts, import_ray, parse_resources, stream_task,
+                                          task_options, where)
 from spectune.results.durable import atomic_write, writing
 from spectune.results.folder import SweepFolder
 from spectune.results.nodes import node_verdicts
@@ -52,45 +59,7 @@ from spectune.sweep.plan import ClientTimeouts, SweepListener, SweepPlan
 
 __all__ = ["RayOptions", "RaySweep", "parse_resources", "RAY_EXTRA"]
 
-RAY_EXTRA = 'pip install -e ".[ray]"'
-#: s a cancelled task gets to stop its server before it is force-killed
-CANCEL_WAIT_S = 60.0
 _COST_KEYS = ("points", "drift_points", "launches", "measure_s", "drift_s", "switch_s")
-
-
-def import_ray() -> Any:
-    """The ``ray`` module.
-
-    Raises:
-        UserError: Ray is not installed (names the extra to install).
-    """
-    try:
-        import ray
-    except ImportError:
-        raise UserError(f'--ray needs Ray, an optional extra: {RAY_EXTRA} (or pip install "spectune[ray]")') from None
-    return ray
-
-
-def parse_resources(text: str | None) -> dict[str, float]:
-    """``--ray-resources JSON``: what one server needs, e.g. ``{"GPU": 1}`` or ``{"CPU": 4, "GPU": 2}``, as Ray
-    resource names (``CPU``, ``GPU``, ``memory`` in bytes, or a custom resource) -> amounts; ``CPU`` defaults to 1.
-
-    Raises:
-        UserError: not a JSON object of non-negative numbers.
-    """
-    out: dict[str, float] = {"CPU": 1.0}
-    if text is None or not str(text).strip():
-        return out
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        obj = None
-    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, (int, float))
-                                            and not isinstance(v, bool) and v >= 0 for k, v in obj.items()):
-        raise UserError(f"bad --ray-resources {text!r}: give a JSON object of resource amounts, e.g. "
-                        "'{\"GPU\": 1}' or '{\"CPU\": 8, \"GPU\": 2}'")
-    out.update({k: float(v) for k, v in obj.items()})
-    return out
 
 
 @dataclass(frozen=True)
@@ -116,12 +85,21 @@ class RayOptions:
         object for it, so the serial sweep's module never imports this one)."""
         return RaySweep(plan, backend_name, options, folder, prompts, meta, listener, timeouts, self)
 
-    def check(self, plan: SweepPlan, backend: Any = None) -> None:
-        """What a distributed sweep cannot do with this plan and backend, before anything is written.
+    def validation(self, plan: Any, backend_name: str, static_options: Any, config_options: Any, folder: Any,
+                   prompts: list[Any], meta: dict[str, Any], listener: Any, initial: int, timeouts: Any) -> Any:
+        """The distributed validation :func:`spectune.validate.run.execute` runs instead of a serial one
+        (:class:`spectune.validate.distributed.RayValidation`: every run a task)."""
+        from spectune.validate.distributed import RayValidation
+
+        return RayValidation(plan, backend_name, static_options, config_options, folder, prompts, meta, listener,
+                             initial, timeouts, self)
+
+    def check_backend(self, backend: Any) -> None:
+        """Ray is installed and ``backend`` launches its servers.
 
         Raises:
-            UserError: Ray missing; a guided plan; ``--order interleaved``; a backend that launches no server (the
-                ``openai`` backend's running endpoints: a task would measure them across the network).
+            UserError: Ray missing (names the extra); a backend that launches no server (the ``openai`` backend's
+                running endpoints: a task would measure them across the network).
         """
         import_ray()
         from spectune.backends.launch import LaunchingBackend
@@ -130,62 +108,25 @@ class RayOptions:
             raise UserError(f"--ray needs a backend that launches its servers (launch, sglang, vllm, llamacpp, local), "
                             f"not {getattr(backend, 'name', backend)!r}: each task starts its server beside its load "
                             "generator")
-        if plan.design != "grid":
-            raise UserError("--ray runs --plan grid (each num_steps block a task); drop --ray for --plan guided")
+
+    def check(self, plan: SweepPlan, backend: Any = None) -> None:
+        """What a distributed sweep cannot do with this plan and backend, before anything is written.
+
+        Raises:
+            UserError: Ray missing; ``--order interleaved``; a backend that launches no server
+                (:meth:`check_backend`).
+        """
+        self.check_backend(backend)
         if plan.order == "interleaved":
             raise UserError("--ray measures one num_steps block per task: use --order blocks or auto with --ray")
 
     def task_options(self) -> dict[str, Any]:
         """``.options(...)`` of a block task: ``num_cpus``, ``num_gpus``, ``memory`` and custom ``resources``."""
-        res = dict(self.resources)
-        opts: dict[str, Any] = {"num_cpus": res.pop("CPU", 1.0)}
-        if "GPU" in res:
-            opts["num_gpus"] = res.pop("GPU")
-        if "memory" in res:
-            opts["memory"] = res.pop("memory")
-        if res:
-            opts["resources"] = res
-        return opts
+        return task_options(self.resources)
 
     def fits(self, node_resources: dict[str, float]) -> bool:
         """Whether a node with these total resources can host one server."""
-        return all(float(node_resources.get(k, 0.0)) >= v for k, v in self.resources.items() if v > 0)
-
-
-def connect(ray: Any, address: str) -> bool:
-    """Connect this process to Ray: an existing connection is used as it is; ``auto`` is ``ray.init()``
-    (``RAY_ADDRESS``, else a local instance), anything else ``ray.init(address=...)``. Returns whether this call
-    connected (so the caller disconnects).
-
-    Raises:
-        UserError: the cluster cannot be reached.
-    """
-    if ray.is_initialized():
-        return False
-    kwargs: dict[str, Any] = {"log_to_driver": False}
-    target = os.environ.get("RAY_ADDRESS") if address == "auto" else address
-    if address != "auto":
-        kwargs["address"] = address
-    if target and _host(target) in ("127.0.0.1", "localhost"):  # a cluster on this machine bound to loopback
-        kwargs["_node_ip_address"] = "127.0.0.1"
-    try:
-        ray.init(**kwargs)
-    except (ConnectionError, RuntimeError, ValueError) as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise UserError(f"cannot connect to the Ray cluster at {address}: {first} (check --ray, or RAY_ADDRESS for "
-                        "auto)") from None
-    return True
-
-
-def _host(address: str) -> str:
-    """The host of a Ray address (``ray://host:10001``, ``host:6379``)."""
-    rest = address.split("://", 1)[-1]
-    return rest.rsplit(":", 1)[0] if ":" in rest else rest
-
-
-def _node_ref(event: dict[str, Any]) -> dict[str, Any]:
-    """A point's ``node`` object from a task's ``node`` event."""
-    return {"id": event.get("node_id"), "ip": event.get("ip"), "hostname": event.get("hostname")}
+        return fits(self.resources, node_resources)
 
 
 class RaySweep:
@@ -219,6 +160,8 @@ class RaySweep:
         self._fn: Any = None  # ray.remote(block_events)
         self._opts: dict[str, Any] = {}  # its task options
         self._aux: list[asyncio.Future] = []  # calibration tasks started on the way
+        self.board = NodeBoard()  # what each node runs now (the per-node progress)
+        self.planner: Any = None  # the guided plan's GuidedPlanner, while it runs
 
     # -- the run ----------------------------------------------------------------------------------------------------
     async def run(self, todo: Sequence[Key]) -> None:
@@ -242,30 +185,21 @@ class RaySweep:
             self._fn = ray.remote(block_events)
             self._opts = {"num_returns": "streaming", "max_retries": 0, **self.ray_options.task_options()}
             self._remote = self._fn.options(**self._opts)
-            hosts = [n for n in ray.nodes() if n.get("Alive") and self.ray_options.fits(n.get("Resources") or {})]
-            if not hosts:
-                raise UserError(f"no node of the Ray cluster has the resources of one server "
-                                f"({self.ray_options.resources}): set --ray-resources to what a node offers "
-                                "(`ray status` lists them)")
-            self.meta["ray"]["nodes_available"] = len(hosts)
+            self.meta["ray"]["nodes_available"] = len(hosts(ray, self.ray_options.resources))
             self._load_calibrations()
-            blocks: dict[int, list[Key]] = {}
-            for key in sorted(todo):
-                blocks.setdefault(key[0], []).append(key)
-            # the longest blocks (largest num_steps: the slowest verify steps) first, so they are not the last to
-            # start; a node is calibrated once its first block runs there (_node_seen)
-            jobs = [asyncio.ensure_future(self._block(steps, keys))
-                    for steps, keys in sorted(blocks.items(), reverse=True)]
             try:
-                await asyncio.gather(*jobs)
+                if self.plan.design == "guided":
+                    await self._guided()
+                else:
+                    await self._run_blocks(todo)
                 while any(not f.done() for f in self._aux):
                     await asyncio.gather(*self._aux)
                 for f in self._aux:
                     f.result()
             except BaseException:
-                for job in [*jobs, *self._aux]:
+                for job in self._aux:
                     job.cancel()
-                await asyncio.gather(*jobs, *self._aux, return_exceptions=True)
+                await asyncio.gather(*self._aux, return_exceptions=True)
                 raise
             self._verdicts()
         finally:
@@ -274,10 +208,90 @@ class RaySweep:
             if connected:
                 ray.shutdown()
 
+    async def _run_blocks(self, keys: Sequence[Key]) -> None:
+        """Measure ``keys``: one task per num_steps block, every block at once (Ray queues what the cluster cannot
+        place yet), the longest blocks (largest num_steps: the slowest verify steps) first, so they are not the
+        last to start; a node is calibrated once its first block runs there (:meth:`_node_seen`)."""
+        blocks: dict[int, list[Key]] = {}
+        for key in sorted(keys):
+            blocks.setdefault(key[0], []).append(key)
+        jobs = [asyncio.ensure_future(self._block(steps, ks)) for steps, ks in sorted(blocks.items(), reverse=True)]
+        try:
+            await asyncio.gather(*jobs)
+        except BaseException:
+            for job in jobs:
+                job.cancel()
+            await asyncio.gather(*jobs, return_exceptions=True)
+            raise
+
+    async def _guided(self) -> None:
+        """The guided plan (:mod:`spectune.sweep.guided`) round by round: each round's cells (the planner's
+        ``next_round``, or its settle step's re-runs) measured as one task per num_steps block, all at once; the
+        planner sees every result of a round before it chooses the next. Rounds stop when settled or when the next
+        would pass the budget (points: the round is cut to what fits; time: the blocks' summed measuring time, as
+        a serial sweep counts it). Then every unmeasured cell is predicted into summary.csv, as
+        :meth:`spectune.sweep.run.Sweep._guided` does."""
+        from spectune.results.confidence import requests_by_point
+        from spectune.sweep.guided import GuidedPlanner
+
+        plan = self.plan
+        planner = self.planner = GuidedPlanner(plan.steps, plan.concurrency, plan.repeats, plan.objective,
+                                               plan.confidence, plan.noise_band)
+        tried = {(p["steps"], p["concurrency"]) for p in self.folder.points}
+        stop = ""
+        while not stop:
+            cost = self.cost
+            restart = cost["switch_s"] / cost["launches"] if cost["launches"] else 0.0
+            windows = [(p.get("metrics") or {}).get("duration_s") or 0.0 for p in self.folder.points]
+            point = sum(windows) / len(windows) if windows else 0.0  # s per point's measurement window
+            cells = planner.next_round(self.folder.points, tried, all_threats=restart > point > 0, current=None,
+                                       launch_s=restart)
+            keys = [(k, c, r) for k, c in cells for r in range(plan.repeats)]
+            if not cells:  # no cell left worth measuring: settle the comparisons that decide the choices
+                by_point = requests_by_point(self.folder.read_requests())
+                keys = planner.settle(self.folder.points, by_point)
+            if not keys:
+                break
+            batch: list[Key] = []
+            for key in keys:
+                stop = self._over_budget(len(batch))
+                if stop:
+                    break
+                batch.append(key)
+            if not batch:
+                break
+            tried |= {key[:2] for key in batch}
+            await self._run_blocks(batch)
+        preds = planner.predict(self.folder.points)
+        measured = {(p["steps"], p["concurrency"]) for p in self.folder.points}
+        self.predicted = [pred.row() for kc, pred in sorted(preds.items()) if kc not in measured]
+        self.folder.predicted = self.predicted
+        self.folder.write_summary()
+        self.meta["guided"] = {**planner.describe(), "stopped": stop or "settled",
+                               "measured_cells": len(measured), "predicted_cells": len(self.predicted),
+                               "parallel_rounds": True}
+
+    def _over_budget(self, queued: int) -> str:
+        """Why the guided plan must not measure one more cell's runs (``queued`` points already in this round):
+        its budget is spent, or ""."""
+        plan, cost = self.plan, self.cost
+        if plan.budget_points is not None and cost["points"] + queued + plan.repeats > plan.budget_points:
+            return f"budget of {plan.budget_points} points"
+        if plan.budget_s is not None and cost["measure_s"] + cost["drift_s"] + cost["switch_s"] >= plan.budget_s:
+            return f"budget of {plan.budget_s:g} s"
+        return ""
+
     def _payload(self, keys: Sequence[Key], plan: SweepPlan | None = None) -> dict[str, Any]:
-        return {"plan": plan or self.plan, "backend": self.backend_name, "options": replace(self.options),
+        """A block task's payload (:func:`spectune.sweep.ray_block.block_events`). A guided round's block carries
+        no drift check (a round's block is a few cells) and the planner's window goals of its keys."""
+        plan = plan or self.plan
+        goals: dict[Key, str] = {}
+        if self.planner is not None:
+            plan = replace(plan, drift_check=False)
+            goals = {k: g for k in keys if (g := self.planner.window_goal(k)) is not None}
+        return {"plan": plan, "backend": self.backend_name, "options": replace(self.options),
                 "keys": [list(k) for k in keys], "prompts": self.prompts, "timeouts": self.timeouts,
-                "points": list(self.folder.points)}
+                "points": list(self.folder.points), "goals": goals}
 
     async def _block(self, steps: int, keys: list[Key]) -> None:
         """Measure one block, submitting it again (its points not yet received) when its task is lost."""
@@ -302,82 +316,64 @@ class RaySweep:
 
     async def _stream(self, remote: Any, payload: dict[str, Any], remaining: list[Key] | None,
                       label: str, on_point: Any = None) -> dict[str, Any] | None:
-        """Submit one task and handle its events until it ends. Returns None when it ended normally, or what was
-        lost (``{"node", "where", "error"}``) when Ray reports a system failure (node or worker died).
+        """Submit one task and handle its events until it ends (:func:`spectune.measure.ray_cluster.stream_task`).
+        Returns None when it ended normally, or what was lost (``{"node", "where", "error"}``) when Ray reports a
+        system failure (node or worker died).
 
         Raises:
             UserError: the task raised one (named with its node). RuntimeError: the task failed with another
                 error (a bug). asyncio.CancelledError: cancelled (the task is cancelled and waited for).
         """
-        ray = self._ray
-        from ray.exceptions import RayError, RayTaskError
+        keys = [tuple(k) for k in payload["keys"]]
+        bar: list[Any] = []  # this task's row of the per-node progress, once its node is known
 
-        gen = remote.remote(payload)
-        node: dict[str, Any] | None = None
-        try:
-            async for ref in gen:
-                event = await ref
-                kind = event.get("kind")
-                if kind == "node":
-                    node = _node_ref(event)
-                    self._node_seen(node, label, [tuple(k) for k in payload["keys"]])
-                elif kind == "point":
-                    point = {**event["point"], "node": node}
-                    if on_point is not None:
-                        on_point(point, event["requests"])
-                    else:
-                        self._record(point, event["requests"], node)
-                        key = point_key(point)
-                        node_id = (node or {}).get("id")
-                        if (key == self._calibration_key() and node_id and self.ray_options.calibrate
-                                and node_id not in self.calibrations):
-                            self._save_calibration(node_id, point)  # the K=0 block's point: this node's calibration
-                        if remaining is not None and key in remaining:
-                            remaining.remove(key)
-                elif kind == "drift":
-                    self._drift(event, node)
-                elif kind == "log":
-                    self._log(event, node)
-                elif kind == "done":
-                    self._done(event)
-                elif kind == "server_starting":
-                    self.listener.server_starting(int(event["steps"]))
-                elif kind == "server_failed":
-                    self.listener.server_failed(int(event["steps"]), f"{self._where(node)}: {event['message']}",
-                                                event.get("log_tail") or "")
-                elif kind == "point_started":
-                    self.listener.point_started(tuple(event["key"]), int(event["planned"]))  # type: ignore[arg-type]
-                elif kind == "warning":
-                    self.listener.warning(f"{self._where(node)}: {event['message']}")
-        except asyncio.CancelledError:
-            await self._cancel(gen)
-            raise
-        except RayTaskError as err:
-            cause = getattr(err, "cause", None)
-            if isinstance(cause, UserError) or isinstance(err, UserError):
-                raise UserError(f"{label} on {self._where(node)}: {cause if cause is not None else err}") from None
-            if isinstance(cause, (KeyboardInterrupt, asyncio.CancelledError)):
-                return {"node": node, "where": self._where(node), "error": "the task was interrupted"}
-            raise RuntimeError(f"{label} on {self._where(node)} failed: {err}") from None
-        except RayError as err:  # the node or the worker died: a system failure
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            return {"node": node, "where": self._where(node), "error": f"{type(err).__name__}: {first[:200]}"}
-        return None
+        def on_event(event: dict[str, Any], node: dict[str, Any] | None) -> None:
+            kind = event.get("kind")
+            if kind == "node":
+                self._node_seen(node or {}, label, keys)
+                bar.append(self.board.start(node or {}, label, len(keys), "points"))
+                self.listener.node_progress(bar[0])
+            elif kind == "point":
+                point = {**event["point"], "node": node}
+                if on_point is not None:
+                    on_point(point, event["requests"])
+                else:
+                    self._record(point, event["requests"], node)
+                    key = point_key(point)
+                    node_id = (node or {}).get("id")
+                    if (key == self._calibration_key() and node_id and self.ray_options.calibrate
+                            and node_id not in self.calibrations):
+                        self._save_calibration(node_id, point)  # the K=0 block's point: this node's calibration
+                    if remaining is not None and key in remaining:
+                        remaining.remove(key)
+                if bar:
+                    self.listener.node_progress(self.board.advance(bar[0]))
+            elif kind == "drift":
+                self._drift(event, node)
+            elif kind == "log":
+                self._log(event, node)
+            elif kind == "done":
+                self._done(event)
+            elif kind == "server_starting":
+                self.listener.server_starting(int(event["steps"]))
+                if bar:
+                    self.listener.node_progress(self.board.update(bar[0], current="starting the server"))
+            elif kind == "server_failed":
+                self.listener.server_failed(int(event["steps"]), f"{where(node)}: {event['message']}",
+                                            event.get("log_tail") or "")
+            elif kind == "point_started":
+                k, c, r = event["key"]
+                self.listener.point_started((k, c, r), int(event["planned"]))
+                if bar:
+                    self.listener.node_progress(self.board.update(bar[0], current=f"K={k} c={c} r={r}"))
+            elif kind == "warning":
+                self.listener.warning(f"{where(node)}: {event['message']}")
 
-    async def _cancel(self, gen: Any) -> None:
-        """Cancel a running task (KeyboardInterrupt inside it: its sweep stops the server), wait up to
-        :data:`CANCEL_WAIT_S` for it to end, then force-kill it."""
-        ray = self._ray
         try:
-            ray.cancel(gen)
-        except Exception:  # noqa: BLE001 - already finished
-            return
-        done = await asyncio.to_thread(lambda: ray.wait([gen.completed()], timeout=CANCEL_WAIT_S)[0])
-        if not done:
-            try:
-                ray.cancel(gen, force=True)
-            except Exception:  # noqa: BLE001 - finished meanwhile
-                pass
+            return await stream_task(self._ray, remote, payload, on_event, label)
+        finally:
+            if bar:
+                self.listener.node_progress(self.board.end(bar[0]))
 
     # -- calibration ------------------------------------------------------------------------------------------------
     def _load_calibrations(self) -> None:
@@ -409,7 +405,7 @@ class RaySweep:
             atomic_write(path, lambda fh: fh.writelines(lines))
         m = point.get("metrics") or {}
         tput = m.get("output_throughput_tok_s")
-        self.listener.note(f"calibration on {self._where(point.get('node'))}: K=0 c={point.get('concurrency')} "
+        self.listener.note(f"calibration on {where(point.get('node'))}: K=0 c={point.get('concurrency')} "
                            + (f"{tput:,.1f} tok/s" if isinstance(tput, (int, float)) else str(point.get("status"))))
 
     async def _calibrate(self, node_id: str) -> None:
@@ -423,7 +419,7 @@ class RaySweep:
                                   scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
         got: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
         label = f"calibration (K=0 c={key[1]})"
-        lost = await self._stream(remote, self._payload([key], plan) | {"points": []}, None, label,
+        lost = await self._stream(remote, self._payload([key], plan) | {"points": [], "goals": {}}, None, label,
                                   on_point=lambda p, r: got.append((p, r)))
         if lost is not None or not got:
             self.listener.warning(f"{label} on node {node_id[:8]} did not finish"
@@ -452,7 +448,7 @@ class RaySweep:
                                     "tpot_p50_ms": m.get("tpot_p50_ms")}
             entry.update(v)
             if v["alike"] is False:
-                self.listener.warning(f"node {self._where(entry)} is outside the nodes' noise band: its "
+                self.listener.warning(f"node {where(entry)} is outside the nodes' noise band: its "
                                       f"calibration is {v['ratio']:.3f}x the median node's [{v['low']:.3f}, "
                                       f"{v['high']:.3f}] (band {self.plan.noise_band:.0%}); its points are marked "
                                       "and spectune recommend refuses to compare across it without "
@@ -472,13 +468,6 @@ class RaySweep:
             self.folder.rewrite_points()
 
     # -- events -----------------------------------------------------------------------------------------------------
-    def _where(self, node: dict[str, Any] | None) -> str:
-        if not node:
-            return "a node"
-        ident = str(node.get("id") or "")[:8]
-        host = node.get("hostname") or node.get("ip") or "?"
-        return f"node {ident} ({host})" if ident else str(host)
-
     def _node_seen(self, node: dict[str, Any], label: str, keys: Sequence[Key] = ()) -> None:
         node_id = node.get("id")
         if not node_id:
@@ -487,7 +476,7 @@ class RaySweep:
                                                 "hostname": node.get("hostname"), "blocks": [], "points": 0})
         if label.startswith("block"):
             entry.setdefault("blocks", []).append(label)
-            self.listener.note(f"{label} started on {self._where(node)}")
+            self.listener.note(f"{label} started on {where(node)}")
             if self._calibration_key() not in keys:  # else the block's own point is the node's calibration
                 self._calibrate_later(node_id)
         self._save_meta()

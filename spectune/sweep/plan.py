@@ -267,6 +267,10 @@ class SweepListener:
     def drift_checked(self, check: dict[str, Any]) -> None:
         """A drift check finished (:func:`spectune.sweep.drift.drift_check`'s object)."""
 
+    def node_progress(self, task: Any) -> None:
+        """A distributed sweep's task changed on its node (a :class:`spectune.measure.node_progress.NodeTask`:
+        started, a point started or finished, ended)."""
+
 
 @dataclass
 class SweepOutcome:

@@ -16,9 +16,10 @@ the sweep would write into the results folder is yielded instead, one event (a p
 - ``{"kind": "log", "name", "text"}``: each launched server's log file (from a folder local to the task);
 - ``{"kind": "done", "cost", "backend"}``: last; the block's measuring cost and the backend's description.
 
-The sweep runs on an event loop in a thread of the task; the task's own thread hands its events on. A cancelled
-task (``ray.cancel``: KeyboardInterrupt in the task) or a closed generator cancels the sweep, whose ``finally``
-stops the server, and waits for that before it returns. A :class:`UserError` (a configuration problem: a missing
+The sweep runs on an event loop in a thread of the task; the task's own thread hands its events on
+(:func:`spectune.measure.ray_cluster.task_events`). A cancelled task (``ray.cancel``: KeyboardInterrupt in the
+task) or a closed generator cancels the sweep, whose ``finally`` stops the server, and waits for that before it
+returns. A :class:`UserError` (a configuration problem: a missing
 program, a bad template) ends the task with that error, which the driver re-raises.
 
 Ray is not imported here: the driver wraps :func:`block_events` with ``ray.remote``.
@@ -26,38 +27,16 @@ Ray is not imported here: the driver wraps :func:`block_events` with ``ray.remot
 
 from __future__ import annotations
 
-import asyncio
-import os
-import queue
-import socket
-import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any, Iterator
 
 from spectune.loadgen.record import RequestRecord
+from spectune.measure.ray_cluster import STOP_GRACE_S, node_identity, task_events
 from spectune.results.schema import Key
 from spectune.sweep.plan import SweepListener
 
-__all__ = ["block_events", "BlockFolder", "node_identity"]
-
-#: s to wait for the sweep's ``finally`` (the server's stop) after a cancel, before the task returns anyway
-STOP_GRACE_S = 90.0
-
-
-def node_identity() -> dict[str, Any]:
-    """Where this task runs: ``{"node_id", "ip", "hostname", "pid"}`` (the Ray node id and IP address when inside
-    a Ray worker, else None)."""
-    node_id = ip = None
-    ray = sys.modules.get("ray")
-    if ray is not None and getattr(ray, "is_initialized", lambda: False)():  # never start Ray just to ask
-        try:
-            node_id = ray.get_runtime_context().get_node_id()
-            ip = ray.util.get_node_ip_address()
-        except Exception:  # noqa: BLE001 - not a worker of a cluster: no node id
-            pass
-    return {"node_id": node_id, "ip": ip, "hostname": socket.gethostname(), "pid": os.getpid()}
+__all__ = ["block_events", "BlockFolder", "node_identity", "STOP_GRACE_S"]
 
 
 class BlockFolder:
@@ -144,6 +123,17 @@ class _Events(SweepListener):
         self.emit({"kind": "drift", "check": check, "requests": self.folder.take_drift_requests()})
 
 
+class _Goals:
+    """The one part of the guided planner a block's early-stop rule asks (``window_goal``), from the goals the
+    driver's planner gave the block's keys (:meth:`spectune.sweep.guided.seed.Seeding.window_goal`)."""
+
+    def __init__(self, goals: dict[Key, str]) -> None:
+        self.goals = {tuple(k): v for k, v in goals.items()}
+
+    def window_goal(self, key: Key) -> str | None:
+        return self.goals.get(tuple(key))
+
+
 async def _measure(payload: dict[str, Any], emit: Any) -> None:
     """Build the backend on this node, check it, measure the block, stop the server; emit events on the way."""
     from spectune.backends import make_backend
@@ -158,6 +148,8 @@ async def _measure(payload: dict[str, Any], emit: Any) -> None:
         sweep = Sweep(plan, backend, folder, payload["prompts"], {}, events, options.model, options.api_key_env,
                       payload["timeouts"])
         sweep.order = "blocks"
+        if payload.get("goals"):  # a guided round's block: the planner's window goals of its keys
+            sweep.planner = _Goals(payload["goals"])  # type: ignore[assignment]
         try:
             for warning in await backend.preflight(sorted({k[0] for k in keys})):
                 events.warning(warning)
@@ -174,61 +166,16 @@ async def _measure(payload: dict[str, Any], emit: Any) -> None:
               "backend": backend.describe()})
 
 
-_END = object()
-
-
 def block_events(payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Measure one num_steps block on this node and yield its events (module docstring).
 
     Args:
         payload: ``{"plan": SweepPlan, "backend": name, "options": BackendOptions, "keys": [(steps, concurrency,
             repeat), ...] of one num_steps, "prompts": [Prompt], "timeouts": ClientTimeouts, "points": the finished
-            points known to the driver}``.
+            points known to the driver, "goals": {key: window goal} of a guided round's keys (optional)}``.
 
     Raises:
         UserError: a configuration problem (from ``make_backend``, ``preflight`` or ``start``).
         KeyboardInterrupt: the task was cancelled (after the server was stopped).
     """
-    out: queue.Queue = queue.Queue()
-    loop = asyncio.new_event_loop()
-    failure: list[BaseException] = []
-    main: list[asyncio.Task] = []
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            main.append(loop.create_task(_measure(payload, out.put)))
-            loop.run_until_complete(main[0])
-        except BaseException as err:  # noqa: BLE001 - handed to the task's thread
-            failure.append(err)
-        finally:
-            try:
-                loop.run_until_complete(loop.shutdown_asyncgens())
-            finally:
-                loop.close()
-                out.put(_END)
-
-    thread = threading.Thread(target=run, name="spectune-block", daemon=True)
-    yield {"kind": "node", **node_identity()}
-    thread.start()
-    try:
-        while True:
-            try:
-                event = out.get(timeout=0.2)  # a timeout, so a cancel's KeyboardInterrupt is seen at once
-            except queue.Empty:
-                continue
-            if event is _END:
-                break
-            yield event
-    finally:
-        if thread.is_alive():  # cancelled (KeyboardInterrupt) or the generator was closed: stop the server first
-            def cancel() -> None:
-                if main:
-                    main[0].cancel()
-            try:
-                loop.call_soon_threadsafe(cancel)
-            except RuntimeError:  # the loop already closed
-                pass
-            thread.join(STOP_GRACE_S)
-    if failure and not isinstance(failure[0], asyncio.CancelledError):
-        raise failure[0]
+    yield from task_events(lambda emit: _measure(payload, emit))

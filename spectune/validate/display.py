@@ -15,7 +15,8 @@ from spectune.validate.verdict import row_cells
 
 class LiveValidateDisplay(LiveProgress, ValidateListener):
     """A live rich display of a validation: runs done / planned, the current run's elapsed time over its scheduled
-    length with its phase and running output tok/s, and one line per finished run. Use as a context manager."""
+    length with its phase and running output tok/s, and one line per finished run (with ``--ray``: one bar per
+    running run with its node instead of the current run's). Use as a context manager."""
 
     def __init__(self, console: Console | None = None) -> None:
         super().__init__(console)
@@ -52,7 +53,17 @@ class LiveValidateDisplay(LiveProgress, ValidateListener):
             c = dict(zip(("tok", "p50", "p99", "slo", "al", "sw"), row_cells(result["overall"])))
             line = (f"{result['run']} ok: {c['tok']} tok/s, TPOT p50 {c['p50']} ms, p99 {c['p99']} ms, "
                     f"SLO {c['slo']}, AL {c['al']}, switches {c['sw']}")
+        node = result.get("node")
+        if isinstance(node, dict) and node.get("id"):  # --ray
+            line += f" @ node {str(node['id'])[:8]}"
         self.console.print(line, markup=False, soft_wrap=True)
+
+    def node_progress(self, task: Any) -> None:
+        """--ray: one bar per running run (its node, seconds of the workload done, its phase) instead of the one
+        current run's bar (:meth:`LiveProgress.node_progress`)."""
+        if self.run_task is not None:
+            self.progress.update(self.run_task, visible=False)
+        super().node_progress(task)
 
 
 def results_table(runs: list[dict[str, Any]], plan: Any) -> Any:

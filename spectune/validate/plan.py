@@ -127,6 +127,10 @@ class ValidateListener:
     def run_finished(self, result: dict[str, Any]) -> None:
         """A run is finished (its validate.json entry)."""
 
+    def node_progress(self, task: Any) -> None:
+        """A distributed validation's run changed on its node (a :class:`spectune.measure.node_progress.NodeTask`:
+        started, its phase and seconds, ended)."""
+
 
 @dataclass
 class ValidateOutcome:

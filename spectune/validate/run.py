@@ -84,12 +84,15 @@ class Validation:
                 if active is not None and (active is not backend or repeat != last_repeat):
                     await active.close()
                 active, last_repeat = backend, repeat
-                await self._run(backend, k, name, repeat)
+                await self.run_one(backend, k, name, repeat)
         finally:
             await self.static.close()
             await self.adaptive.close()
 
-    async def _run(self, backend: Backend, steps: int, name: str, repeat: int = 1) -> None:
+    async def run_one(self, backend: Backend, steps: int, name: str, repeat: int = 1) -> None:
+        """One run: ``backend``'s server started at ``steps`` (or the running one), the workload sent, the run's
+        numbers per phase and overall written as run ``name`` (repeat ``repeat``). Also the body of one Ray task
+        of a distributed validation (:mod:`spectune.validate.distributed`)."""
         from spectune.loadgen import Constraints
 
         plan, workload = self.plan, self.plan.workload
@@ -201,12 +204,16 @@ class Validation:
 
 async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions, output_dir: Path,
                   listener: ValidateListener | None = None, config_launch: str | None = None,
-                  timeouts: ClientTimeouts | None = None) -> ValidateOutcome:
+                  timeouts: ClientTimeouts | None = None, ray: Any = None) -> ValidateOutcome:
     """Check everything, then run every static num_steps and the config under the workload, and rule.
 
     Checks, in order, each a one-line UserError before anything runs or is written: the config file, the plan,
     the output folder, both backends' options (the config backend gets ``adaptive_config`` and, for ``launch``,
-    ``config_launch`` as its template when given), the dataset (and the trace's categories), both preflights.
+    ``config_launch`` as its template when given), Ray and a backend that launches its servers (with ``ray``), the
+    dataset (and the trace's categories), both preflights (with ``ray``: inside each task, on its node).
+
+    ``ray``: a :class:`spectune.sweep.distributed.RayOptions` to run every run as a Ray task, in parallel
+    (:mod:`spectune.validate.distributed`; docs/distributed.md), or None.
 
     Raises:
         UserError: see above. asyncio.CancelledError: cancelled (validate.json then says ``interrupted``).
@@ -228,12 +235,14 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
     adaptive_options = replace(options, adaptive_config=None if static_config else str(Path(plan.config).resolve()),
                                log_dir=folder.logs / "config", launch=config_launch or options.launch)
     static, adaptive = make_backend(backend_name, options), make_backend(backend_name, adaptive_options)
+    if ray is not None:
+        ray.check_backend(static)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         prompts = arrange_prompts(load_dataset(plan.dataset, plan.num_prompts, plan.seed), plan.workload.arrivals)
     for w in caught:
         listener.warning(str(w.message))
-    preflight = [*await static.preflight(list(plan.steps)), *await adaptive.preflight([initial])]
+    preflight = [*await static.preflight(list(plan.steps)), *await adaptive.preflight([initial])] if ray is None else []
     for message in preflight:
         listener.warning(message)
     meta = {"spectune_version": spectune.__version__, "created": now_iso(), "status": "running",
@@ -251,8 +260,12 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
     listener.started(plan, [n if plan.repeats == 1 else f"{n} #{r}" for n, _, r in plan.run_order(initial)])
     try:
         folder.write(meta)
-        await Validation(plan, static, adaptive, folder, prompts, meta, listener, options.model,
-                         options.api_key_env, initial, timeouts).run_all()
+        if ray is None:
+            await Validation(plan, static, adaptive, folder, prompts, meta, listener, options.model,
+                             options.api_key_env, initial, timeouts).run_all()
+        else:
+            await ray.validation(plan, backend_name, options, adaptive_options, folder, prompts, meta, listener,
+                                 initial, timeouts).run_all()
         outcome.verdict = rule(meta, _read_requests(folder.requests), (prediction or {}).get("primary"))
         if prediction is not None and not prediction.get("error"):
             outcome.prediction = prediction

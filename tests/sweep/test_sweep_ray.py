@@ -24,15 +24,15 @@ from pathlib import Path
 
 import pytest
 
-# Ray maps 127.0.0.1 to the machine's "remotely reachable" address unless this is off (ray._private.services
-# get_node_ip_address / resolve_ip_for_localhost): with it, the nodes, the driver and the CLI's driver (a child
-# process, it inherits the variable) stay on loopback. Read when ray is imported.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+from helpers.ray_cluster import (RESOURCES, add_worker, agree, recommended, start_cluster,  # before Ray: loopback
+                                 stop_cluster, worker_ids)
+
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from spectune.backends.base import BackendOptions  # noqa: E402
 from spectune.loadgen.errors import UserError  # noqa: E402
+from spectune.measure.node_progress import NodeTask  # noqa: E402
 from spectune.results.reader import load_results  # noqa: E402
 from spectune.sweep.distributed import RayOptions  # noqa: E402
 from spectune.sweep.plan import SweepListener, SweepPlan  # noqa: E402
@@ -42,38 +42,12 @@ from spectune.tune.recommend import RecommendOptions, recommend  # noqa: E402
 from helpers.emulated_server import launch_template  # noqa: E402
 from helpers.paths import ROOT  # noqa: E402
 
-STORE = 80 * 1024 * 1024  # bytes: Ray's smallest object store is 75 MiB
-LOOPBACK = {"node_ip_address": "127.0.0.1", "object_store_memory": STORE}
-SERVER = {"emulated_server": 1, "fast": 1}  # what a worker node offers; "fast": not slowed down
-RESOURCES = {"CPU": 1.0, "fast": 1.0}  # what one block task asks for
-
-
-def add_worker(cluster: Cluster, resources: dict | None = None, env: dict | None = None):
-    """One worker node with a CPU and ``resources`` (default :data:`SERVER`); ``env``: variables its processes
-    (raylet, workers, the servers they launch) inherit."""
-    saved = {k: os.environ.get(k) for k in env or {}}
-    os.environ.update(env or {})
-    try:
-        return cluster.add_node(num_cpus=1, resources=resources or SERVER, **LOOPBACK)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False, **LOOPBACK})
-    for _ in range(2):
-        add_worker(c)
-    c.wait_for_nodes()
-    assert c.address.startswith("127.0.0.1:"), c.address  # loopback only
+    c = start_cluster(2)
     yield c
-    if ray.is_initialized():
-        ray.shutdown()
-    c.shutdown()
+    stop_cluster(c)
 
 
 @pytest.fixture
@@ -85,8 +59,9 @@ def prompts(tmp_path) -> str:
 
 def make_plan(prompts: str, steps=(0, 3), concurrency=(1, 8), **kw) -> SweepPlan:
     """compute-bound cost model: K=3 beats K=0 by ~12% at concurrency 1, K=0 beats K=3 by ~18% at 8."""
+    kw = {"requests_per_point": 16, **kw}
     return SweepPlan(steps=tuple(steps), concurrency=tuple(concurrency), dataset=prompts, num_prompts=8,
-                     max_tokens=24, requests_per_point=16, warmup_requests=1, drift_check=False, **kw)
+                     max_tokens=24, warmup_requests=1, drift_check=False, **kw)
 
 
 def options(pids: Path, startup_s: float = 0.3, cost: str = "compute-bound") -> BackendOptions:
@@ -121,8 +96,30 @@ def keys(points: list[dict]) -> set[tuple[int, int, int]]:
     return {(p["steps"], p["concurrency"], p["repeat"]) for p in points}
 
 
-def worker_ids(cluster: Cluster) -> set[str]:
-    return {n.node_id for n in cluster.worker_nodes}
+class NodeRows(SweepListener):
+    """Every change of the per-node progress (the display's bars)."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict] = []
+
+    def node_progress(self, task: NodeTask) -> None:
+        self.seen.append({"task": task.ident, "label": task.label, "node": task.node.get("id"), "done": task.done,
+                          "total": task.total, "finished": task.finished, "t": time.monotonic()})
+
+    def spans(self, prefix: str = "block") -> list[dict]:
+        """Each task whose label starts with ``prefix``: its label, node and (first, last) change."""
+        out: dict[int, dict] = {}
+        for row in self.seen:
+            if row["label"].startswith(prefix):
+                span = out.setdefault(row["task"], {"label": row["label"], "node": row["node"], "from": row["t"]})
+                span["to"] = row["t"]
+        return list(out.values())
+
+    def overlapping(self) -> list[tuple[str, str]]:
+        """Pairs of blocks that ran at the same time on two nodes."""
+        spans = self.spans()
+        return [(a["label"], b["label"]) for i, a in enumerate(spans) for b in spans[i + 1:]
+                if a["node"] != b["node"] and a["from"] < b["to"] and b["from"] < a["to"]]
 
 
 async def test_ray_sweep_same_points_and_choices_as_serial(cluster, prompts, tmp_path):
@@ -130,8 +127,13 @@ async def test_ray_sweep_same_points_and_choices_as_serial(cluster, prompts, tmp
     a loaded 2-core CI machine cannot flip (the compute-bound model's 12% at concurrency 1 did, once)."""
     plan = make_plan(prompts)
     serial = await execute(plan, "launch", options(tmp_path / "pids-serial", cost="memory-bound"), tmp_path / "serial")
+    rows = NodeRows()
     spread = await execute(plan, "launch", options(tmp_path / "pids-ray", cost="memory-bound"), tmp_path / "ray",
-                           ray=RayOptions(address=cluster.address, resources=RESOURCES))
+                           listener=rows, ray=RayOptions(address=cluster.address, resources=RESOURCES))
+    assert sorted(s["label"] for s in rows.spans()) == ["block K=0", "block K=3"]  # a progress row per block
+    ends = [(r["done"], r["total"]) for r in rows.seen if r["finished"] and r["label"].startswith("block")]
+    assert ends == [(2.0, 2.0), (2.0, 2.0)]  # each ended with its 2 points done of 2
+    assert rows.overlapping()  # the two blocks ran at the same time, on two nodes
     assert keys(spread.points) == keys(serial.points) == set(plan.points())
     assert all(p["status"] == "ok" for p in spread.points)
     assert {p["node"]["id"] for p in spread.points} <= worker_ids(cluster)  # every point names its node
@@ -144,6 +146,27 @@ async def test_ray_sweep_same_points_and_choices_as_serial(cluster, prompts, tmp
     assert all(meta["nodes"][n]["alike"] is not None for n in used) or len(used) == 1
     logs = sorted(p.name for p in (tmp_path / "ray" / "logs").iterdir())
     assert any(name.startswith("server-steps3@") for name in logs)  # the servers' logs came back
+    assert servers_alive(tmp_path / "pids-ray") == []
+
+
+async def test_guided_ray_rounds_run_in_parallel_with_the_serial_choices(cluster, prompts, tmp_path):
+    """``--plan guided --ray``: each round's cells as one task per num_steps block, the blocks of a round at the
+    same time on two nodes, the planner choosing after each round; the same choices as the serial guided sweep."""
+    plan = make_plan(prompts, steps=(0, 1, 3), design="guided", requests_per_point=12)
+    await execute(plan, "launch", options(tmp_path / "pids-serial", cost="memory-bound"), tmp_path / "serial")
+    rows = NodeRows()
+    await execute(plan, "launch", options(tmp_path / "pids-ray", cost="memory-bound"), tmp_path / "ray",
+                  listener=rows, ray=RayOptions(address=cluster.address, resources=RESOURCES))
+    serial, spread = recommended(tmp_path / "serial"), recommended(tmp_path / "ray")
+    for c in plan.concurrency:
+        assert agree(serial[c], spread[c]), (c, serial[c], spread[c])
+    meta = json.loads((tmp_path / "ray" / "sweep.json").read_text())
+    seed = meta["guided"]["rounds"][0]
+    assert len({k for k, _ in seed}) >= 2  # the seed round spans num_steps: several blocks
+    assert rows.overlapping()  # blocks of a round ran at the same time on two nodes
+    points = [json.loads(line) for line in (tmp_path / "ray" / "points.jsonl").read_text().splitlines()]
+    measured = {(p["steps"], p["concurrency"]) for p in points}
+    assert measured == {tuple(c) for r in meta["guided"]["rounds"] for c in r}  # every round's cells, no others
     assert servers_alive(tmp_path / "pids-ray") == []
 
 
