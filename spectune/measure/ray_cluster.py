@@ -33,7 +33,7 @@ from spectune.loadgen.errors import UserError
 
 __all__ = ["RAY_EXTRA", "CANCEL_WAIT_S", "STOP_GRACE_S", "import_ray", "parse_resources", "task_options",
            "fits", "connect", "hosts", "node_identity", "node_ref", "where", "task_events", "stream_task",
-           "cancel_task"]
+           "cancel_task", "server_slots"]
 
 RAY_EXTRA = 'pip install -e ".[ray]"'
 #: s a cancelled task gets to stop its server before it is force-killed
@@ -140,6 +140,20 @@ def hosts(ray: Any, resources: dict[str, float]) -> list[dict[str, Any]]:
         raise UserError(f"no node of the Ray cluster has the resources of one server ({resources}): set "
                         "--ray-resources to what a node offers (`ray status` lists them)")
     return found
+
+
+def server_slots(ray: Any, resources: dict[str, float]) -> int:
+    """How many servers needing ``resources`` the live nodes can run side by side: per node the fewest times each
+    resource fits (``{"GPU": 1}`` on an 8-GPU node: 8), summed; at least 1.
+
+    Raises:
+        UserError: no node can host one (:func:`hosts`).
+    """
+    total = 0
+    for node in hosts(ray, resources):
+        have = node.get("Resources") or {}
+        total += int(min((have.get(k, 0.0) / v for k, v in resources.items() if v > 0), default=1.0))
+    return max(total, 1)
 
 
 def node_identity() -> Event:

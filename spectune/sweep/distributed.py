@@ -47,8 +47,8 @@ from spectune.backends.base import BackendOptions
 from spectune.loadgen.datasets import Prompt
 from spectune.loadgen.errors import UserError
 from spectune.measure.node_progress import NodeBoard
-from spectune.measure.ray_cluster import (RAY_EXTRA, connect, fits, hosts, import_ray, parse_resources, stream_task,
-                                          task_options, where)
+from spectune.measure.ray_cluster import (RAY_EXTRA, connect, fits, hosts, import_ray, parse_resources, server_slots,
+                                          stream_task, task_options, where)
 from spectune.results.durable import atomic_write, writing
 from spectune.results.folder import SweepFolder
 from spectune.results.nodes import node_verdicts
@@ -157,6 +157,7 @@ class RaySweep:
         self.backend_description: dict[str, Any] | None = None
         self._ray: Any = None
         self._remote: Any = None
+        self.slots = 1  # servers the cluster runs side by side (set once connected): a guided round's width
         self._fn: Any = None  # ray.remote(block_events)
         self._opts: dict[str, Any] = {}  # its task options
         self._aux: list[asyncio.Future] = []  # calibration tasks started on the way
@@ -186,6 +187,7 @@ class RaySweep:
             self._opts = {"num_returns": "streaming", "max_retries": 0, **self.ray_options.task_options()}
             self._remote = self._fn.options(**self._opts)
             self.meta["ray"]["nodes_available"] = len(hosts(ray, self.ray_options.resources))
+            self.slots = self.meta["ray"]["server_slots"] = server_slots(ray, self.ray_options.resources)
             self._load_calibrations()
             try:
                 if self.plan.design == "guided":
@@ -226,7 +228,8 @@ class RaySweep:
 
     async def _guided(self) -> None:
         """The guided plan (:mod:`spectune.sweep.guided`) round by round: each round's cells (the planner's
-        ``next_round``, or its settle step's re-runs) measured as one task per num_steps block, all at once; the
+        ``next_round`` with a width of the cluster's server slots: as many cells, or num_steps where a restart costs
+        more than a point, as servers can run side by side; or its settle step's re-runs) measured as one task per num_steps block, all at once; the
         planner sees every result of a round before it chooses the next. Rounds stop when settled or when the next
         would pass the budget (points: the round is cut to what fits; time: the blocks' summed measuring time, as
         a serial sweep counts it). Then every unmeasured cell is predicted into summary.csv, as
@@ -245,7 +248,7 @@ class RaySweep:
             windows = [(p.get("metrics") or {}).get("duration_s") or 0.0 for p in self.folder.points]
             point = sum(windows) / len(windows) if windows else 0.0  # s per point's measurement window
             cells = planner.next_round(self.folder.points, tried, all_threats=restart > point > 0, current=None,
-                                       launch_s=restart)
+                                       launch_s=restart, width=self.slots)
             keys = [(k, c, r) for k, c in cells for r in range(plan.repeats)]
             if not cells:  # no cell left worth measuring: settle the comparisons that decide the choices
                 by_point = requests_by_point(self.folder.read_requests())
@@ -269,7 +272,7 @@ class RaySweep:
         self.folder.write_summary()
         self.meta["guided"] = {**planner.describe(), "stopped": stop or "settled",
                                "measured_cells": len(measured), "predicted_cells": len(self.predicted),
-                               "parallel_rounds": True}
+                               "parallel_rounds": True, "width": self.slots}
 
     def _over_budget(self, queued: int) -> str:
         """Why the guided plan must not measure one more cell's runs (``queued`` points already in this round):

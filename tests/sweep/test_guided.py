@@ -302,6 +302,25 @@ def test_one_launch_per_round_where_a_restart_costs_more_than_a_point():
     assert len({k for k, _ in cells}) == 1
 
 
+def test_a_round_as_wide_as_the_servers_takes_the_most_valuable_cells_first():
+    """``width`` servers side by side (a Ray cluster): the round is that many cells, the first of them the cell a
+    one-server round takes."""
+    planner = GuidedPlanner(STEPS, CONC)
+    seed = full_seed(planner)
+    points = exact_points(planner, seed)
+    one = planner.next_round(points, set(seed))
+    three = planner.next_round(points, set(seed), width=3)
+    assert len(set(three)) == 3
+    assert three[0] == one[0]
+
+
+def test_a_wide_round_for_a_costly_restart_takes_that_many_num_steps():
+    planner = GuidedPlanner(STEPS, CONC)
+    seed = full_seed(planner)
+    points = exact_points(planner, seed)
+    assert len({k for k, _ in planner.next_round(points, set(seed), all_threats=True, width=2)}) == 2
+
+
 def test_a_round_for_a_costly_restart_takes_more_than_one_cell():
     planner = GuidedPlanner(STEPS, CONC)
     seed = full_seed(planner)

@@ -163,6 +163,7 @@ async def test_guided_ray_rounds_run_in_parallel_with_the_serial_choices(cluster
     meta = json.loads((tmp_path / "ray" / "sweep.json").read_text())
     seed = meta["guided"]["rounds"][0]
     assert len({k for k, _ in seed}) >= 2  # the seed round spans num_steps: several blocks
+    assert meta["guided"]["width"] == 2  # later rounds propose a cell per server slot: one per worker node
     assert rows.overlapping()  # blocks of a round ran at the same time on two nodes
     points = [json.loads(line) for line in (tmp_path / "ray" / "points.jsonl").read_text().splitlines()]
     measured = {(p["steps"], p["concurrency"]) for p in points}

@@ -58,15 +58,18 @@ class Choosing:
 
     def next_round(self, points: Sequence[dict[str, Any]], tried: set[tuple[int, int]],
                    all_threats: bool = False, current: int | None = None,
-                   launch_s: float = 0.0) -> list[tuple[int, int]]:
+                   launch_s: float = 0.0, width: int = 1) -> list[tuple[int, int]]:
         """The cells to measure next (module docstring): the seed when nothing was measured yet; then the one cell
         of the highest expected improvement per expected second (``all_threats``, for servers whose restart costs
         more than a point: every cell worth measuring of the one num_steps with the largest summed value, most
         valuable first, so a round costs one restart); [] when the choice is settled everywhere. ``tried``: cells
         already attempted (measured or failed), never proposed again. ``current``: the running server's num_steps;
         ``launch_s``: s a server launch or switch costs (measured so far): a cell of another num_steps costs its
-        window plus that, so of two equally informative cells the one on the running server goes first. Each
-        proposed cell's reason is appended to ``why`` (sweep.json ``guided.why``)."""
+        window plus that, so of two equally informative cells the one on the running server goes first. ``width``:
+        servers that measure side by side (a Ray cluster's, ``spectune sweep --plan guided --ray``): a round is the
+        ``width`` most valuable cells (``all_threats``: every cell worth measuring of the ``width`` num_steps with
+        the most to gain), measured at once, so each server gets one. Each proposed cell's reason is appended to
+        ``why`` (sweep.json ``guided.why``)."""
         cells = self.cells(points)
         if not cells:
             seed = [x for x in self.seed() if x not in tried]
@@ -108,7 +111,7 @@ class Choosing:
         proposals.sort(key=lambda x: -x[0])
         out = [cell for _, cell in proposals]
         if not all_threats:
-            out = out[:1]
+            out = out[:max(width, 1)]
         elif out:  # one launch per round: every open cell of the num_steps with the most to gain
             # a concurrency with nothing measured yet (value inf) counts first: the launch that opens the most of
             # them, then the largest summed value of the rest (a sum of infs would tie and go to the smaller K)
@@ -116,8 +119,8 @@ class Choosing:
             for v, (k, _) in proposals:
                 n, total = gain.get(k, (0, 0.0))
                 gain[k] = (n + 1, total) if math.isinf(v) else (n, total + v)
-            top = max(gain, key=lambda k: (*gain[k], -k))
-            out = [cell for cell in out if cell[0] == top]
+            top = sorted(gain, key=lambda k: (*gain[k], -k), reverse=True)[:max(width, 1)]
+            out = [cell for cell in out if cell[0] in top]
         if out:
             self.rounds.append(out)
             value = dict((cell, v) for v, cell in proposals)
