@@ -27,13 +27,13 @@ import queue
 import socket
 import sys
 import threading
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 from spectune.loadgen.errors import UserError
 
 __all__ = ["RAY_EXTRA", "CANCEL_WAIT_S", "STOP_GRACE_S", "import_ray", "parse_resources", "task_options",
            "fits", "connect", "hosts", "node_identity", "node_ref", "where", "task_events", "stream_task",
-           "cancel_task", "server_slots"]
+           "cancel_task", "server_slots", "run_together"]
 
 RAY_EXTRA = 'pip install -e ".[ray]"'
 #: s a cancelled task gets to stop its server before it is force-killed
@@ -279,6 +279,19 @@ async def stream_task(ray: Any, remote: Any, payload: Any, on_event: Callable[[E
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         return {"node": node, "where": where(node), "error": f"{type(err).__name__}: {first[:200]}"}
     return None
+
+
+async def run_together(coros: Sequence[Awaitable[Any]]) -> None:
+    """Run ``coros`` (the driver's per-task streams) concurrently until all end; when one raises, or the caller is
+    cancelled (Ctrl-C), cancel the others and wait for them (each stops its task and server) before raising."""
+    jobs = [asyncio.ensure_future(c) for c in coros]
+    try:
+        await asyncio.gather(*jobs)
+    except BaseException:
+        for job in jobs:
+            job.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
+        raise
 
 
 async def cancel_task(ray: Any, gen: Any) -> None:

@@ -47,8 +47,8 @@ from spectune.backends.base import BackendOptions
 from spectune.loadgen.datasets import Prompt
 from spectune.loadgen.errors import UserError
 from spectune.measure.node_progress import NodeBoard
-from spectune.measure.ray_cluster import (RAY_EXTRA, connect, fits, hosts, import_ray, parse_resources, server_slots,
-                                          stream_task, task_options, where)
+from spectune.measure.ray_cluster import (RAY_EXTRA, connect, fits, hosts, import_ray, parse_resources, run_together,
+                                          server_slots, stream_task, task_options, where)
 from spectune.results.durable import atomic_write, writing
 from spectune.results.folder import SweepFolder
 from spectune.results.nodes import node_verdicts
@@ -217,14 +217,7 @@ class RaySweep:
         blocks: dict[int, list[Key]] = {}
         for key in sorted(keys):
             blocks.setdefault(key[0], []).append(key)
-        jobs = [asyncio.ensure_future(self._block(steps, ks)) for steps, ks in sorted(blocks.items(), reverse=True)]
-        try:
-            await asyncio.gather(*jobs)
-        except BaseException:
-            for job in jobs:
-                job.cancel()
-            await asyncio.gather(*jobs, return_exceptions=True)
-            raise
+        await run_together([self._block(steps, ks) for steps, ks in sorted(blocks.items(), reverse=True)])
 
     async def _guided(self) -> None:
         """The guided plan (:mod:`spectune.sweep.guided`) round by round: each round's cells (the planner's

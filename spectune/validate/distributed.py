@@ -32,7 +32,6 @@ share the driver's files), so the config run's launch command names that copy.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import tempfile
 import time
@@ -44,8 +43,8 @@ from spectune.backends.base import BackendOptions
 from spectune.loadgen.datasets import Prompt
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.node_progress import NodeBoard
-from spectune.measure.ray_cluster import (connect, hosts, import_ray, stream_task, task_events, task_options,
-                                          where)
+from spectune.measure.ray_cluster import (connect, hosts, import_ray, run_together, stream_task, task_events,
+                                          task_options, where)
 from spectune.results.durable import writing
 from spectune.results.folder import ValidateFolder
 from spectune.results.schema import now_iso
@@ -197,14 +196,7 @@ class RayValidation:
                                                            **task_options(self.ray_options.resources))
             self.meta["ray"]["nodes_available"] = len(hosts(ray, self.ray_options.resources))
             self.folder.write(self.meta)
-            jobs = [asyncio.ensure_future(self._run(i)) for i in range(len(self.order))]
-            try:
-                await asyncio.gather(*jobs)
-            except BaseException:
-                for job in jobs:
-                    job.cancel()
-                await asyncio.gather(*jobs, return_exceptions=True)
-                raise
+            await run_together([self._run(i) for i in range(len(self.order))])
         finally:
             self.meta["ray"]["wall_s"] = time.perf_counter() - t0
             if connected:
