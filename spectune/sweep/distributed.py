@@ -236,12 +236,7 @@ class RaySweep:
         tried = {(p["steps"], p["concurrency"]) for p in self.folder.points}
         stop = ""
         while not stop:
-            cost = self.cost
-            restart = cost["switch_s"] / cost["launches"] if cost["launches"] else 0.0
-            windows = [(p.get("metrics") or {}).get("duration_s") or 0.0 for p in self.folder.points]
-            point = sum(windows) / len(windows) if windows else 0.0  # s per point's measurement window
-            cells = planner.next_round(self.folder.points, tried, all_threats=restart > point > 0, current=None,
-                                       launch_s=restart, width=self.slots)
+            cells = planner.next_cells(self.folder.points, tried, self.cost, width=self.slots)
             keys = [(k, c, r) for k, c in cells for r in range(plan.repeats)]
             if not cells:  # no cell left worth measuring: settle the comparisons that decide the choices
                 by_point = requests_by_point(self.folder.read_requests())
@@ -258,14 +253,10 @@ class RaySweep:
                 break
             tried |= {key[:2] for key in batch}
             await self._run_blocks(batch)
-        preds = planner.predict(self.folder.points)
-        measured = {(p["steps"], p["concurrency"]) for p in self.folder.points}
-        self.predicted = [pred.row() for kc, pred in sorted(preds.items()) if kc not in measured]
+        self.predicted, guided = planner.finish(self.folder.points, stop)
         self.folder.predicted = self.predicted
         self.folder.write_summary()
-        self.meta["guided"] = {**planner.describe(), "stopped": stop or "settled",
-                               "measured_cells": len(measured), "predicted_cells": len(self.predicted),
-                               "parallel_rounds": True, "width": self.slots}
+        self.meta["guided"] = {**guided, "parallel_rounds": True, "width": self.slots}
 
     def _over_budget(self, queued: int) -> str:
         """Why the guided plan must not measure one more cell's runs (``queued`` points already in this round):

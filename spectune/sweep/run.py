@@ -204,12 +204,7 @@ class Sweep:
         tried = {(p["steps"], p["concurrency"]) for p in self.folder.points}
         stop = ""
         while not stop:
-            cost = self.cost
-            restart = cost["switch_s"] / cost["launches"] if cost["launches"] else 0.0
-            windows = [(p.get("metrics") or {}).get("duration_s") or 0.0 for p in self.folder.points]
-            point = sum(windows) / len(windows) if windows else 0.0  # s per point's measurement window
-            cells = planner.next_round(self.folder.points, tried, all_threats=restart > point > 0,
-                                       current=self.current, launch_s=restart)
+            cells = planner.next_cells(self.folder.points, tried, self.cost, current=self.current)
             keys = [(k, c, r) for k, c in cells for r in range(plan.repeats)]
             if not cells:  # no cell left worth measuring: settle the comparisons that decide the choices
                 keys = planner.settle(self.folder.points, self._records_by_point())
@@ -223,13 +218,10 @@ class Sweep:
                     break
                 tried.add(key[:2])
                 await self._measure(key)
-        preds = planner.predict(self.folder.points)
-        measured = {(p["steps"], p["concurrency"]) for p in self.folder.points}
-        self.predicted = [pred.row() for kc, pred in sorted(preds.items()) if kc not in measured]
+        self.predicted, guided = planner.finish(self.folder.points, stop)
         self.folder.predicted = self.predicted
         self.folder.write_summary()
-        self.meta["guided"] = {**planner.describe(), "stopped": stop or "settled",
-                               "measured_cells": len(measured), "predicted_cells": len(self.predicted)}
+        self.meta["guided"] = guided
 
     def _early_stop(self, key: Key, planned: int) -> EarlyStop | None:
         """The sequential stop rule of ``key``'s window (:mod:`spectune.sweep.sequential`), or None when the plan's

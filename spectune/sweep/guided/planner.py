@@ -43,6 +43,28 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
     #: why each proposed cell was measured, in order (sweep.json ``guided.why``)
     why: list[dict[str, Any]] = field(default_factory=list)
 
+    def next_cells(self, points: Sequence[dict[str, Any]], tried: set[tuple[int, int]], cost: dict[str, Any],
+                   current: int | None = None, width: int = 1) -> list[tuple[int, int]]:
+        """The next round of a running sweep (:meth:`next_round`), its launch cost taken from the sweep's ``cost``
+        (sweep.json ``cost``: ``switch_s`` over ``launches``, s per launch) and the mean window of the ``points``
+        measured so far (``duration_s``): where a launch costs more than a point, a round is whole num_steps (one
+        launch each). ``current``: the running server's num_steps; ``width``: servers side by side."""
+        restart = cost["switch_s"] / cost["launches"] if cost["launches"] else 0.0
+        windows = [(p.get("metrics") or {}).get("duration_s") or 0.0 for p in points]
+        point = sum(windows) / len(windows) if windows else 0.0  # s per point's measurement window
+        return self.next_round(points, tried, all_threats=restart > point > 0, current=current, launch_s=restart,
+                               width=width)
+
+    def finish(self, points: Sequence[dict[str, Any]], stop: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """At the end of a guided sweep: (the predicted rows of every unmeasured cell, for summary.csv; sweep.json's
+        ``guided``: :meth:`describe` plus why it stopped, ``stop`` or ``settled``, and the measured and predicted
+        cell counts)."""
+        preds = self.predict(points)
+        measured = {(p["steps"], p["concurrency"]) for p in points}
+        rows = [pred.row() for kc, pred in sorted(preds.items()) if kc not in measured]
+        return rows, {**self.describe(), "stopped": stop or "settled", "measured_cells": len(measured),
+                      "predicted_cells": len(rows)}
+
     def describe(self) -> dict[str, Any]:
         """sweep.json's ``guided``: the rounds measured and the last fit."""
         return {"objective": self.objective, "confidence": self.confidence, "noise_band": self.noise_band,
