@@ -27,13 +27,15 @@ import queue
 import socket
 import sys
 import threading
+from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 from spectune.loadgen.errors import UserError
+from spectune.results.durable import writing
 
 __all__ = ["RAY_EXTRA", "CANCEL_WAIT_S", "STOP_GRACE_S", "import_ray", "parse_resources", "task_options",
            "fits", "connect", "hosts", "node_identity", "node_ref", "where", "task_events", "stream_task",
-           "cancel_task", "server_slots", "run_together"]
+           "cancel_task", "server_slots", "run_together", "append_node_log"]
 
 RAY_EXTRA = 'pip install -e ".[ray]"'
 #: s a cancelled task gets to stop its server before it is force-killed
@@ -142,15 +144,11 @@ def hosts(ray: Any, resources: dict[str, float]) -> list[dict[str, Any]]:
     return found
 
 
-def server_slots(ray: Any, resources: dict[str, float]) -> int:
-    """How many servers needing ``resources`` the live nodes can run side by side: per node the fewest times each
-    resource fits (``{"GPU": 1}`` on an 8-GPU node: 8), summed; at least 1.
-
-    Raises:
-        UserError: no node can host one (:func:`hosts`).
-    """
+def server_slots(nodes: Sequence[dict[str, Any]], resources: dict[str, float]) -> int:
+    """How many servers needing ``resources`` the ``nodes`` (:func:`hosts`) can run side by side: per node the
+    fewest times each resource fits (``{"GPU": 1}`` on an 8-GPU node: 8), summed; at least 1."""
     total = 0
-    for node in hosts(ray, resources):
+    for node in nodes:
         have = node.get("Resources") or {}
         total += int(min((have.get(k, 0.0) / v for k, v in resources.items() if v > 0), default=1.0))
     return max(total, 1)
@@ -182,6 +180,23 @@ def where(node: dict[str, Any] | None) -> str:
     ident = str(node.get("id") or "")[:8]
     host = node.get("hostname") or node.get("ip") or "?"
     return f"node {ident} ({host})" if ident else str(host)
+
+
+def append_node_log(logs: Path, event: Event, node: dict[str, Any] | None, resume_hint: Path | None = None) -> None:
+    """A server's log from a task's ``log`` event (``name``, ``text``), appended to ``logs``/<name> with the node id
+    before the suffix (``server-steps3@1a2b3c4d.log``): a run or block measured again on the same node adds to it.
+
+    Raises:
+        UserError: the file cannot be written (:func:`spectune.results.durable.writing`, with ``resume_hint``).
+    """
+    name = os.path.basename(str(event.get("name") or "server.log"))
+    stem, dot, suffix = name.rpartition(".")
+    ident = str((node or {}).get("id") or "node")[:8]
+    path = logs / (f"{stem}@{ident}.{suffix}" if dot else f"{name}@{ident}")
+    with writing(path, resume_hint):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(event.get("text") or "")
 
 
 _END = object()

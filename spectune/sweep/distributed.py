@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
@@ -48,7 +47,7 @@ from spectune.loadgen.datasets import Prompt
 from spectune.loadgen.errors import UserError
 from spectune.measure.node_progress import NodeBoard
 from spectune.measure.ray_cluster import (RAY_EXTRA, connect, fits, hosts, import_ray, parse_resources, run_together,
-                                          server_slots, stream_task, task_options, where)
+                                          append_node_log, server_slots, stream_task, task_options, where)
 from spectune.results.durable import atomic_write, writing
 from spectune.results.folder import SweepFolder
 from spectune.results.nodes import node_verdicts
@@ -186,8 +185,9 @@ class RaySweep:
             self._fn = ray.remote(block_events)
             self._opts = {"num_returns": "streaming", "max_retries": 0, **self.ray_options.task_options()}
             self._remote = self._fn.options(**self._opts)
-            self.meta["ray"]["nodes_available"] = len(hosts(ray, self.ray_options.resources))
-            self.slots = self.meta["ray"]["server_slots"] = server_slots(ray, self.ray_options.resources)
+            nodes = hosts(ray, self.ray_options.resources)
+            self.meta["ray"]["nodes_available"] = len(nodes)
+            self.slots = self.meta["ray"]["server_slots"] = server_slots(nodes, self.ray_options.resources)
             self._load_calibrations()
             try:
                 if self.plan.design == "guided":
@@ -487,16 +487,8 @@ class RaySweep:
         self.listener.drift_checked(check)
 
     def _log(self, event: dict[str, Any], node: dict[str, Any] | None) -> None:
-        """A server's log from a task: logs/<name> with the node id before the suffix, appended (a block re-run
-        on the same node adds to it)."""
-        name = os.path.basename(str(event.get("name") or "server.log"))
-        stem, dot, suffix = name.rpartition(".")
-        ident = str((node or {}).get("id") or "node")[:8]
-        path = self.folder.logs / (f"{stem}@{ident}.{suffix}" if dot else f"{name}@{ident}")
-        with writing(path, self.folder.path):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a", encoding="utf-8") as fh:
-                fh.write(event.get("text") or "")
+        """A server's log from a task, appended to logs/ (:func:`spectune.measure.ray_cluster.append_node_log`)."""
+        append_node_log(self.folder.logs, event, node, self.folder.path)
 
     def _done(self, event: dict[str, Any]) -> None:
         for k in _COST_KEYS:

@@ -32,7 +32,6 @@ share the driver's files), so the config run's launch command names that copy.
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from dataclasses import replace
@@ -43,9 +42,8 @@ from spectune.backends.base import BackendOptions
 from spectune.loadgen.datasets import Prompt
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.node_progress import NodeBoard
-from spectune.measure.ray_cluster import (connect, hosts, import_ray, run_together, stream_task, task_events,
-                                          task_options, where)
-from spectune.results.durable import writing
+from spectune.measure.ray_cluster import (append_node_log, connect, hosts, import_ray, run_together, stream_task,
+                                          task_events, task_options, where)
 from spectune.results.folder import ValidateFolder
 from spectune.results.schema import now_iso
 from spectune.results.validate_run import ValidateRun
@@ -298,13 +296,6 @@ class RayValidation:
         backends[side] = {**desc, "launches": before + list(desc.get("launches") or [])}
 
     def _log(self, event: dict[str, Any], node: dict[str, Any] | None, config: bool) -> None:
-        """A server's log from a task: logs/[config/]<name> with the node id before the suffix, appended."""
-        name = os.path.basename(str(event.get("name") or "server.log"))
-        stem, dot, suffix = name.rpartition(".")
-        ident = str((node or {}).get("id") or "node")[:8]
-        folder = self.folder.logs / "config" if config else self.folder.logs
-        path = folder / (f"{stem}@{ident}.{suffix}" if dot else f"{name}@{ident}")
-        with writing(path):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a", encoding="utf-8") as fh:
-                fh.write(event.get("text") or "")
+        """A server's log from a task, appended to logs/ (the config run's to logs/config/;
+        :func:`spectune.measure.ray_cluster.append_node_log`)."""
+        append_node_log(self.folder.logs / "config" if config else self.folder.logs, event, node)
