@@ -213,21 +213,15 @@ class StepTimeModel:
         (the richest identifiable :attr:`FEATURE_SETS` entry) or ``roofline``
         (:func:`spectune.sweep.guided.roofline.fit_roofline`): (the features' names, features(k, c), parameters,
         raw tau(k, c) in s (nan where the fit is not positive), anchor per measured concurrency: the geometric mean
-        ratio of observed to raw tau there); None where the family cannot be fitted to these cells. ``names``: the
-        linear family's feature set (default: the richest :meth:`_feature_set` identifies); None where these cells
-        do not identify it with a residual degree of freedom to spare."""
+        ratio of observed to raw tau there); None where the roofline cannot be fitted to these cells. ``names``: the
+        linear family's feature set (default: the richest :meth:`_feature_set` identifies)."""
         if family == "roofline":
             rf = fit_roofline([x.steps for x, _ in obs], [x.conc for x, _ in obs], [t for _, t in obs])
             if rf is None:
                 return None
             label, feat, theta = "roofline: " + ", ".join(ROOFLINE_PARAMS), rf.features, np.array(rf.theta)
         else:
-            if names is None:
-                names = self._feature_set([x for x, _ in obs])
-            else:
-                X = np.array([self._features(x.steps, x.conc, names) for x, _ in obs])
-                if len(obs) <= len(names) or np.linalg.matrix_rank(X) < len(names):
-                    return None
+            names = tuple(names) if names is not None else self._feature_set([x for x, _ in obs])
             label = ", ".join(names)
             feat = lambda k, c: self._features(k, c, names)  # noqa: E731
             X = np.array([feat(x.steps, x.conc) for x, _ in obs])
@@ -261,6 +255,10 @@ class StepTimeModel:
             rest = [o for j, o in enumerate(obs) if j != i]
             if not any(y.conc == x.conc for y, _ in rest) or len(rest) < 2:
                 continue
+            if names is not None:  # the same feature set, identified by the others with a degree of freedom to spare
+                X = np.array([self._features(y.steps, y.conc, names) for y, _ in rest])
+                if len(rest) <= len(names) or np.linalg.matrix_rank(X) < len(names):
+                    continue
             core = self._fit_core(rest, family, names)
             if core is None:
                 continue
@@ -282,9 +280,10 @@ class StepTimeModel:
         if not obs:
             raise ValueError("no measured cell to fit")
         # the model family: the linear sum of terms, or the roofline where it predicts left-out cells better
-        core = self._fit_core(obs, "linear")
-        assert core is not None  # the linear family always fits (at worst its constant term)
-        loo, loo_cells = self._loo_error(obs, "linear", core[0].split(", "))
+        names = self._feature_set([x for x, _ in obs])
+        core = self._fit_core(obs, "linear", names)
+        assert core is not None  # only the roofline family can fail to fit
+        loo, loo_cells = self._loo_error(obs, "linear", names)
         roof = self._fit_core(obs, "roofline")
         if roof is not None:
             roof_loo, roof_cells = self._loo_error(obs, "roofline")
