@@ -230,17 +230,12 @@ class RaySweep:
         from spectune.results.confidence import requests_by_point
         from spectune.sweep.guided import GuidedPlanner
 
-        plan = self.plan
-        planner = self.planner = GuidedPlanner(plan.steps, plan.concurrency, plan.repeats, plan.objective,
-                                               plan.confidence, plan.noise_band)
+        planner = self.planner = GuidedPlanner.for_plan(self.plan)
         tried = {(p["steps"], p["concurrency"]) for p in self.folder.points}
         stop = ""
         while not stop:
-            cells = planner.next_cells(self.folder.points, tried, self.cost, width=self.slots)
-            keys = [(k, c, r) for k, c in cells for r in range(plan.repeats)]
-            if not cells:  # no cell left worth measuring: settle the comparisons that decide the choices
-                by_point = requests_by_point(self.folder.read_requests())
-                keys = planner.settle(self.folder.points, by_point)
+            keys = planner.next_keys(self.folder.points, tried, self.cost,
+                                     lambda: requests_by_point(self.folder.read_requests()), width=self.slots)
             if not keys:
                 break
             batch: list[Key] = []

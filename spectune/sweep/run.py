@@ -197,17 +197,12 @@ class Sweep:
         """The guided plan (:mod:`spectune.sweep.guided`): rounds of cells chosen by the planner, each round in
         num_steps order starting with the running server's, until settled or out of budget; then every unmeasured
         cell is predicted into summary.csv."""
-        plan = self.plan
-        planner = GuidedPlanner(plan.steps, plan.concurrency, plan.repeats, plan.objective, plan.confidence,
-                                plan.noise_band)
-        self.planner = planner
+        planner = self.planner = GuidedPlanner.for_plan(self.plan)
         tried = {(p["steps"], p["concurrency"]) for p in self.folder.points}
         stop = ""
         while not stop:
-            cells = planner.next_cells(self.folder.points, tried, self.cost, current=self.current)
-            keys = [(k, c, r) for k, c in cells for r in range(plan.repeats)]
-            if not cells:  # no cell left worth measuring: settle the comparisons that decide the choices
-                keys = planner.settle(self.folder.points, self._records_by_point())
+            keys = planner.next_keys(self.folder.points, tried, self.cost, self._records_by_point,
+                                     current=self.current)
             if not keys:
                 break
             current = self.current

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from spectune.sweep.guided.choose import Choosing
 from spectune.sweep.guided.model import StepTimeModel
@@ -43,17 +43,30 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
     #: why each proposed cell was measured, in order (sweep.json ``guided.why``)
     why: list[dict[str, Any]] = field(default_factory=list)
 
-    def next_cells(self, points: Sequence[dict[str, Any]], tried: set[tuple[int, int]], cost: dict[str, Any],
-                   current: int | None = None, width: int = 1) -> list[tuple[int, int]]:
-        """The next round of a running sweep (:meth:`next_round`), its launch cost taken from the sweep's ``cost``
-        (sweep.json ``cost``: ``switch_s`` over ``launches``, s per launch) and the mean window of the ``points``
-        measured so far (``duration_s``): where a launch costs more than a point, a round is whole num_steps (one
-        launch each). ``current``: the running server's num_steps; ``width``: servers side by side."""
+    @classmethod
+    def for_plan(cls, plan: Any) -> "GuidedPlanner":
+        """The planner of a guided sweep plan (:class:`spectune.sweep.plan.SweepPlan`: its num_steps, concurrencies,
+        repeats, objective, confidence and noise band)."""
+        return cls(plan.steps, plan.concurrency, plan.repeats, plan.objective, plan.confidence, plan.noise_band)
+
+    def next_keys(self, points: Sequence[dict[str, Any]], tried: set[tuple[int, int]], cost: dict[str, Any],
+                  records: Callable[[], dict[tuple[int, int, int], list[dict[str, Any]]]],
+                  current: int | None = None, width: int = 1) -> list[tuple[int, int, int]]:
+        """The points (steps, concurrency, repeat) a running sweep measures next: every repeat of the next round's
+        cells (:meth:`next_round`), or, when no cell is worth measuring, the settle step's runs (:meth:`settle`,
+        fed ``records()``: request objects by point, read only then); [] when the plan is done. The round's launch
+        cost comes from the sweep's ``cost`` (sweep.json ``cost``: ``switch_s`` over ``launches``, s per launch) and
+        the mean window of the ``points`` measured so far (``duration_s``): where a launch costs more than a point, a
+        round is whole num_steps (one launch each). ``current``: the running server's num_steps; ``width``: servers
+        side by side."""
         restart = cost["switch_s"] / cost["launches"] if cost["launches"] else 0.0
         windows = [(p.get("metrics") or {}).get("duration_s") or 0.0 for p in points]
         point = sum(windows) / len(windows) if windows else 0.0  # s per point's measurement window
-        return self.next_round(points, tried, all_threats=restart > point > 0, current=current, launch_s=restart,
-                               width=width)
+        cells = self.next_round(points, tried, all_threats=restart > point > 0, current=current, launch_s=restart,
+                                width=width)
+        if not cells:  # no cell left worth measuring: settle the comparisons that decide the choices
+            return self.settle(points, records())
+        return [(k, c, r) for k, c in cells for r in range(self.repeats)]
 
     def finish(self, points: Sequence[dict[str, Any]], stop: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """At the end of a guided sweep: (the predicted rows of every unmeasured cell, for summary.csv; sweep.json's
