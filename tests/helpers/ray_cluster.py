@@ -35,6 +35,29 @@ def add_worker(cluster, resources: dict | None = None, env: dict | None = None):
                 os.environ[k] = v
 
 
+class NodeKiller:
+    """Removes one worker node of ``cluster`` mid-run, from a thread (the driver's loop goes on), and puts a worker
+    back afterwards (:meth:`restore`), so a module's cluster keeps its size."""
+
+    def __init__(self, cluster) -> None:
+        self.cluster = cluster
+        self.thread = None
+
+    def kill(self, node_id: str) -> None:
+        """Start removing the worker node ``node_id``."""
+        import threading
+
+        victim = next(n for n in self.cluster.worker_nodes if n.node_id == node_id)
+        self.thread = threading.Thread(target=self.cluster.remove_node, args=(victim, False))
+        self.thread.start()
+
+    def restore(self) -> None:
+        """Wait for the removal (if one was started) and add a worker node in its place."""
+        if self.thread is not None:
+            self.thread.join()
+        add_worker(self.cluster)
+
+
 def start_cluster(workers: int = 2):
     """A started ``Cluster`` with ``workers`` worker nodes (:func:`add_worker`), its address on loopback."""
     from ray.cluster_utils import Cluster

@@ -18,14 +18,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers.ray_cluster import (RESOURCES, add_worker, agree, recommended, start_cluster,  # before Ray: loopback
-                                 stop_cluster, worker_ids)
+from helpers.ray_cluster import (RESOURCES, NodeKiller, add_worker, agree, recommended,  # before Ray: loopback
+                                 start_cluster, stop_cluster, worker_ids)
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -175,17 +174,14 @@ class KillFirstNode(SweepListener):
     """Kills the node that measured the sweep's first point (from a thread: the driver's loop goes on)."""
 
     def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
+        self.killer = NodeKiller(cluster)
         self.killed: str | None = None
-        self.thread: threading.Thread | None = None
 
     def point_finished(self, point: dict) -> None:
         node_id = (point.get("node") or {}).get("id")
         if self.killed is None and node_id:
             self.killed = node_id
-            victim = next(n for n in self.cluster.worker_nodes if n.node_id == node_id)
-            self.thread = threading.Thread(target=self.cluster.remove_node, args=(victim, False))
-            self.thread.start()
+            self.killer.kill(node_id)
 
 
 @pytest.mark.slow
@@ -196,9 +192,7 @@ async def test_node_killed_mid_sweep_gets_its_block_rerun(cluster, prompts, tmp_
         out = await execute(plan, "launch", options(tmp_path / "pids"), tmp_path / "out", listener=killer,
                             ray=RayOptions(address=cluster.address, resources=RESOURCES))
     finally:
-        if killer.thread is not None:
-            killer.thread.join()
-        add_worker(cluster)  # the module's cluster has two worker nodes again
+        killer.killer.restore()  # the module's cluster has two worker nodes again
     assert killer.killed is not None
     assert keys(out.points) == set(plan.points())  # the folder is complete
     assert all(p["status"] == "ok" for p in out.points)

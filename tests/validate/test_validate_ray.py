@@ -128,9 +128,7 @@ def test_ray_resources_without_ray_is_refused(setup):
 async def test_a_run_whose_node_dies_runs_again_elsewhere(cluster, setup):
     """The node of the first run to start is killed as that run starts measuring: the run is submitted again, lands
     on the other node, and the validation completes with every run ok and the loss recorded."""
-    import threading
-
-    from helpers.ray_cluster import add_worker
+    from helpers.ray_cluster import NodeKiller
     from spectune.sweep.distributed import RayOptions
     from spectune.validate.plan import ValidateListener
     from spectune.validate.run import execute
@@ -138,14 +136,12 @@ async def test_a_run_whose_node_dies_runs_again_elsewhere(cluster, setup):
     class KillFirst(ValidateListener):
         def __init__(self) -> None:
             self.killed: tuple[str, str] | None = None  # (run label, node id)
-            self.thread: threading.Thread | None = None
+            self.killer = NodeKiller(cluster)
 
         def node_progress(self, task) -> None:
             if self.killed is None and task.current.startswith("phase"):
                 self.killed = (task.label, task.node["id"])
-                victim = next(n for n in cluster.worker_nodes if n.node_id == task.node["id"])
-                self.thread = threading.Thread(target=cluster.remove_node, args=(victim, False))
-                self.thread.start()
+                self.killer.kill(task.node["id"])
 
     tmp, prompts, config = setup
     plan, options = plan_and_options(prompts, config)
@@ -154,9 +150,7 @@ async def test_a_run_whose_node_dies_runs_again_elsewhere(cluster, setup):
         out = await execute(plan, "launch", options, tmp / "out", listener=killer, config_launch=template(5000),
                             ray=RayOptions(address=cluster.address, resources=RESOURCES))
     finally:
-        if killer.thread is not None:
-            killer.thread.join()
-        add_worker(cluster)  # the module's cluster has two worker nodes again
+        killer.killer.restore()  # the module's cluster has two worker nodes again
     assert killer.killed is not None
     meta = json.loads((tmp / "out" / "validate.json").read_text())
     assert [(r["run"], r["status"]) for r in meta["runs"]] == [("static:0", "ok"), ("static:3", "ok"),
