@@ -241,6 +241,15 @@ def show_cells(points: list[dict], meta: dict, grid_s: float) -> None:
     print("  by role: " + ", ".join(f"{k} {v / grid_s:.1%}" for k, v in by_role.items()))
 
 
+def charge_launches(sweep: object, seconds: float) -> None:
+    """Add ``seconds`` per server launch since the last call to the sweep's ``cost["switch_s"]`` (a
+    spectune.sweep.run.Sweep answering its points without servers): the cost the guided plan weighs a switch by,
+    and the benchmark's time, count what a launch would have cost."""
+    cost = sweep.cost  # type: ignore[attr-defined]
+    cost["switch_s"] += (cost["launches"] - getattr(sweep, "_charged_launches", 0)) * seconds
+    sweep._charged_launches = cost["launches"]  # type: ignore[attr-defined]
+
+
 def worst_choice(grid: object, guided: object, objective: str) -> float:
     """The lowest, over the concurrencies, of the guided plan's choice measured on the grid over the grid's choice
     (``spectune recommend`` results of both folders; TPOT inverted so that 1 is as good, below 1 worse)."""
@@ -270,9 +279,7 @@ def recorded(args: argparse.Namespace) -> int:
     state: dict[str, object] = {}
 
     async def point(self, key, base_url, model_name, drift=None):  # noqa: ANN001 - Sweep._point's signature
-        fresh = self.cost["launches"] - getattr(self, "_recorded_launches", 0)
-        self.cost["switch_s"] += fresh * state["launch_s"]  # type: ignore[operator]
-        self._recorded_launches = self.cost["launches"]
+        charge_launches(self, state["launch_s"])  # type: ignore[arg-type]
         k, c, _ = key
         # a repeat (the settle step's) gets the cell's one recorded window again: a grid has one run per cell
         gp = {**json.loads(json.dumps(state["points"][(k, c)])), "repeat": key[2]}  # type: ignore[index]
@@ -376,11 +383,7 @@ def virtual(args: argparse.Namespace) -> int:
         return c * L / ((1 + (L - 1) / al) * step) if args.objective != "tpot" else al / step
 
     async def point(self, key, base_url, model_name, drift=None):  # noqa: ANN001 - Sweep._point's signature
-        # a launch since the last point costs --restart-s (the in-process servers switch for free): the sweep's
-        # cost, which the guided plan weighs a switch by, counts it
-        fresh = self.cost["launches"] - getattr(self, "_virtual_launches", 0)
-        self.cost["switch_s"] += fresh * args.restart_s
-        self._virtual_launches = self.cost["launches"]
+        charge_launches(self, args.restart_s)  # the in-process servers switch for free
         rule = self._early_stop(key, self.plan.requests_for(key[1])) if drift is None else None
         p, recs = virtual_point(model, key, self.plan.requests_for(key[1]), self.plan.max_tokens, 0.01, seed[0],
                                 rule, args.request_noise)

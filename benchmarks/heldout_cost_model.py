@@ -66,7 +66,7 @@ HELD_OUT = RooflineModel()
 @dataclass(frozen=True)
 class QuadraticModel(RooflineModel):
     """The second held-out model (``--emulated held-out-2``), written before the guided plan was changed on the
-    first one's results and run once with the final plan: the step time of a verify step, ms, grows with the square
+    first one's results, and run twice with the changed plan (docs/sweep.md says with which forms): the step time of a verify step, ms, grows with the square
     of the batch (attention over every sequence's KV cache, ``0.0009 * b^2 * (K + 1)``) on top of ``5.0 + 0.04 * b``,
     and each of the K draft steps costs ``0.9 + 0.02 * b``; every step scatters by 3%; conditional acceptance 0.82,
     0.66, 0.55, 0.45, 0.38 (the last repeats)."""
