@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from spectune.loadgen.record import RequestRecord
-from spectune.measure.ray_cluster import STOP_GRACE_S, node_identity, task_events
+from spectune.measure.ray_cluster import task_events
 from spectune.results.schema import Key
 from spectune.sweep.plan import SweepListener
 
-__all__ = ["block_events", "BlockFolder", "node_identity", "STOP_GRACE_S"]
+__all__ = ["block_events", "BlockFolder"]
 
 
 class BlockFolder:
