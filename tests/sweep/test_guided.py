@@ -83,7 +83,8 @@ async def test_predicted_cells_are_marked_with_intervals_and_never_chosen_over_m
             < float(r["output_throughput_ci_high"])
     assert all(r["predicted"] == "False" for r in rows if r not in predicted)
     rec = recommend(load_results(tmp_path / "g"), RecommendOptions())
-    assert all(not rec.cell(ch.steps, ch.concurrency).predicted for ch in rec.choices)
+    measured_c = {int(r["concurrency"]) for r in rows if r["predicted"] == "False"}
+    assert all(not rec.cell(ch.steps, ch.concurrency).predicted for ch in rec.choices if ch.concurrency in measured_c)
 
 
 async def test_under_slos_a_predicted_cell_is_never_eligible(tmp_path):
@@ -278,6 +279,59 @@ def test_the_seed_and_one_more_cell_identify_the_draft_models_fixed_cost():
     assert pred.throughput == pytest.approx(expected, rel=0.01)
 
 
+def settled_after_seed(planner: GuidedPlanner) -> tuple[list[dict], list[tuple[int, int]], list[int]]:
+    """(exact points of the full seed and K=1, 2 at the seed's middle concurrency, those cells, the concurrencies
+    with nothing measured whose choice the model settles from them)."""
+    seed = full_seed(planner) + [(1, 8), (2, 8)]
+    points = exact_points(planner, seed)
+    preds = planner.predict(points)
+    settled = [c for c in CONC if all(cc != c for _, cc in seed)
+               and planner.settled_by_model(preds, c, STEPS) is not None]
+    return points, seed, settled
+
+
+def test_after_seven_exact_cells_the_model_settles_some_concurrency():
+    assert settled_after_seed(GuidedPlanner(STEPS, CONC))[2]
+
+
+def test_a_concurrency_the_model_settles_gets_no_cell():
+    planner = GuidedPlanner(STEPS, CONC)
+    points, seed, settled = settled_after_seed(planner)
+    proposed = planner.next_round(points, set(seed), width=len(STEPS) * len(CONC))
+    assert not [c for _, c in proposed if c in settled]
+
+
+def test_with_slos_a_concurrency_the_model_settles_still_gets_its_predicted_best():
+    """SLO attainment is measured, never predicted: each concurrency opens with its predicted best num_steps."""
+    planner = GuidedPlanner(STEPS, CONC, measure_every_concurrency=True)
+    points, seed, settled = settled_after_seed(planner)
+    preds = planner.predict(points)
+    proposed = planner.next_round(points, set(seed), width=len(STEPS) * len(CONC))
+    assert {(planner.settled_by_model(preds, c, STEPS), c) for c in settled} <= set(proposed)
+
+
+def test_a_plan_with_an_slo_measures_every_concurrency():
+    assert GuidedPlanner.for_plan(plan("guided", slo_ttft_ms=500.0)).measure_every_concurrency
+
+
+def test_a_plan_without_slos_may_leave_a_concurrency_to_the_model():
+    assert not GuidedPlanner.for_plan(plan("guided")).measure_every_concurrency
+
+
+async def test_a_concurrency_left_to_the_model_gets_its_predicted_best_as_the_choice(tmp_path, monkeypatch):
+    """A guided sweep without SLOs on the compute-bound virtual server: where nothing was measured, recommend
+    chooses among the predicted cells (the best, or a smaller num_steps within the band of it) and says so."""
+    await virtual_sweep(tmp_path, COMPUTE_BOUND, "guided", monkeypatch)
+    rec = recommend(load_results(tmp_path / "guided"), RecommendOptions())
+    unmeasured = [ch for ch in rec.choices
+                  if all(rec.cell(k, ch.concurrency).predicted for k in STEPS if rec.cell(k, ch.concurrency))]
+    assert unmeasured, "every concurrency was measured: the test shows nothing"
+    for ch in unmeasured:
+        best = max(rec.cell(k, ch.concurrency).objective for k in STEPS)
+        assert ch.tier == "predicted", ch.concurrency
+        assert rec.cell(ch.steps, ch.concurrency).objective >= (1 - ch.band) * best, ch.concurrency
+
+
 def test_a_prediction_far_from_the_measured_cells_gets_a_wider_interval():
     """K=0 at a concurrency where only K=2 was measured: the jump across the draft's fixed cost comes from the fit's
     parameters alone, so its interval is wider than the residual spread gives (leverage)."""
@@ -334,7 +388,7 @@ def test_a_round_for_a_costly_restart_opens_the_most_concurrencies_with_nothing_
     def tau_ms(k: int, c: int) -> float:
         return 8 + c + (k > 0) + 0.5 * k + 0.8 * c * k + 0.2 * c * (k > 0)
 
-    planner = GuidedPlanner(STEPS, CONC)
+    planner = GuidedPlanner(STEPS, CONC, measure_every_concurrency=True)  # the model would settle some of them
     seed = planner.next_round([], set())
     tried = set(seed) | set(planner.next_round(exact_points(planner, seed, tau_ms), set(seed)))
     points = exact_points(planner, sorted(tried), tau_ms)

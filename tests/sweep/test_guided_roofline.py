@@ -99,11 +99,11 @@ def test_the_leave_one_out_error_is_the_misfit_the_residuals_hide():
     planner = GuidedPlanner(STEPS, CONC)
     cells = planner.cells(points(KINKED, roofline_ms))
     obs = [(x, planner._tau_obs(x)) for x in cells.values()]
-    loo, n = planner._loo_error(obs, "linear")
+    loo, n, _ = planner._loo_error(obs, "linear")
     assert n >= 5
     assert loo > 0.05
     exact = planner.cells(points(KINKED, linear_ms))
-    loo_exact, _ = planner._loo_error([(x, planner._tau_obs(x)) for x in exact.values()], "linear")
+    loo_exact, _, _ = planner._loo_error([(x, planner._tau_obs(x)) for x in exact.values()], "linear")
     assert loo_exact < 1e-6
 
 
@@ -114,3 +114,40 @@ def test_a_misfit_sets_the_relative_error_of_unmeasured_cells():
     planner.predict(points(KINKED, roofline_ms))
     assert planner.fit_info["loo_error"] > 0.05
     assert planner.fit_info["relative_error"] == pytest.approx(planner.fit_info["loo_error"], rel=1e-6)
+
+
+def noisy_points(tau_ms, seed: int, noise: float = 0.03) -> list[dict]:
+    """points() of the KINKED cells with relative noise ``noise``, each with its 95% interval (+- 1.96 noise)."""
+    out = points(KINKED, tau_ms, noise=noise, seed=seed)
+    for p in out:
+        m = p["metrics"]
+        v = m["output_throughput_tok_s"]
+        m["output_throughput_ci_low"], m["output_throughput_ci_high"] = v * (1 - 1.96 * noise), v * (1 + 1.96 * noise)
+    return out
+
+
+def linear_misfit(tau_ms, seed: int) -> tuple[float, float]:
+    """(the misfit the leave-one-out error shows beyond what a correct model would show, the square root of that
+    expected squared error) of the linear terms on noisy_points, as StepTimeModel.fit computes them."""
+    planner = linear_only()
+    cells = planner.cells(noisy_points(tau_ms, seed))
+    obs = [(x, planner._tau_obs(x)) for x in cells.values()]
+    loo, _, expected = planner._loo_error(obs, "linear", planner._feature_set([x for x, _ in obs]))
+    return max(loo * loo - expected, 0.0) ** 0.5, expected ** 0.5
+
+
+def test_a_left_out_cell_is_expected_to_miss_by_more_than_its_own_noise():
+    """With 3% noise per cell, a left-out prediction of a correct model also carries its anchors' noise and the
+    reduced fit's at its leverage: the expected error exceeds the cell's own 3%."""
+    assert min(linear_misfit(linear_ms, seed)[1] for seed in range(8)) > 0.04
+
+
+def test_a_correct_model_shows_next_to_no_misfit_on_noisy_cells():
+    """The linear terms on a linear server, 3% noise, 8 draws: the misfit beyond the expected error averages under
+    1% (the cells' own noise alone subtracted, as before 2026-11-26, left 1-5.5% in each draw)."""
+    assert np.mean([linear_misfit(linear_ms, seed)[0] for seed in range(8)]) < 0.01
+
+
+def test_a_wrong_shape_shows_its_misfit_through_the_noise():
+    """The linear terms on the roofline server, 3% noise: a misfit over 30% in every one of 8 draws."""
+    assert min(linear_misfit(roofline_ms, seed)[0] for seed in range(8)) > 0.3

@@ -2,7 +2,11 @@
 
 After the seed (:mod:`spectune.sweep.guided.seed`), one cell at a time with the model refitted after each: first one
 cell at each concurrency with nothing measured (its predicted best num_steps), then the cell of the highest expected
-improvement per expected second among those still worth measuring. Where a server restart costs more than a point,
+improvement per expected second among those still worth measuring. A concurrency with nothing measured is left to the
+model when no other num_steps there is worth measuring against its predicted best (:meth:`Choosing.settled_by_model`;
+the choice there depends on the ratios between num_steps, which the model predicts with the error of its
+leave-one-out misfit, not on the level): ``spectune recommend`` then chooses among its predicted cells and says so.
+A plan with SLOs opens every concurrency all the same (SLO attainment is measured, never predicted). Where a server restart costs more than a point,
 a round is every such cell of the one num_steps with the most to gain (one restart per round). A cell is worth
 measuring when
 
@@ -46,6 +50,7 @@ class Choosing:
     noise_band: float
     rounds: list[list[tuple[int, int]]]
     why: list[dict[str, Any]]
+    measure_every_concurrency: bool
 
     #: a cell is measured only if its expected improvement is at least this share of the noise band (module
     #: docstring)
@@ -96,9 +101,11 @@ class Choosing:
             if not open_:
                 continue
             values = self.values(cells, preds, c, open_)
-            if values is None:  # nothing measured at c yet: its predicted best first
-                maximise = self.objective != "tpot"
-                best_k = max(open_, key=lambda k: self._value(preds[(k, c)])[0] * (1 if maximise else -1))
+            if values is None:  # nothing measured at c yet: its predicted best first, unless the model settles it
+                if not self.measure_every_concurrency and self.settled_by_model(preds, c, open_) is not None:
+                    continue
+                sign = 1 if self.objective != "tpot" else -1
+                best_k = max(open_, key=lambda k: sign * self._value(preds[(k, c)])[0])
                 proposals.append((math.inf, (best_k, c)))
                 info[(best_k, c)] = {"reason": "first cell at its concurrency: its predicted best num_steps"}
                 continue
@@ -141,9 +148,25 @@ class Choosing:
         measured = [x for x in cells.values() if x.conc == c]
         if not measured:
             return None
+        obj = [x.throughput if self.objective != "tpot" else x.tpot for x in measured]
+        return self._worth(preds, c, open_, max(obj) if self.objective != "tpot" else min(obj))
+
+    def settled_by_model(self, preds: dict[tuple[int, int], Prediction], c: int, open_: Sequence[int]) -> int | None:
+        """At a concurrency with nothing measured: its predicted best num_steps, or None when another could beat it
+        by more than the band (the test of :meth:`values`, the predicted best's value standing in for a measured
+        best's). The prediction errors of two num_steps at one concurrency are the shape's, not the level's: the
+        leave-one-out misfit in them is measured exactly so, a left-out cell predicted from the others at its
+        concurrency (:meth:`spectune.sweep.guided.model.StepTimeModel.fit`)."""
+        sign = 1 if self.objective != "tpot" else -1
+        best_k = max(open_, key=lambda k: sign * self._value(preds[(k, c)])[0])
+        rest = [k for k in open_ if k != best_k]
+        return None if self._worth(preds, c, rest, self._value(preds[(best_k, c)])[0]) else best_k
+
+    def _worth(self, preds: dict[tuple[int, int], Prediction], c: int, open_: Sequence[int],
+               best: float) -> dict[int, float]:
+        """The num_steps of ``open_`` at ``c`` worth measuring against the objective value ``best`` (tokens/s or
+        ms), with their expected improvement beyond the band as a fraction of ``best`` (:meth:`values`)."""
         band, maximise = self.noise_band, self.objective != "tpot"
-        obj = {x.steps: (x.throughput if maximise else x.tpot) for x in measured}
-        best = max(obj.values()) if maximise else min(obj.values())
         target = best * (1 + band) if maximise else best / (1 + band)
         nd = NormalDist()
         out = {}

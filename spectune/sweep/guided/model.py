@@ -17,7 +17,8 @@ cell of the plan.
   the concurrency when tau was fitted on throughput), AL from :mod:`spectune.sweep.guided.acceptance`. The interval
   is ``pred * (1 +- z * e)``, z the normal quantile of the confidence, ``e^2 = s^2 + g' V g``: ``s`` the largest of
   the anchored fit's relative residual spread, its leave-one-out misfit (the relative RMS error of each cell
-  predicted from the others, less the cells' own measurement noise: what an unmeasured cell's prediction can be
+  predicted from the others, less what a correct model would miss by too: the cell's and its anchors' measurement
+  noise and the reduced fit's at the cell's leverage; what is left is what an unmeasured cell's prediction can be
   off by where the model's shape is wrong, which the residuals of the cells it was fitted to hide), the
   measurements' own relative half-width and ``MIN_REL_ERROR``;
   ``g' V g`` the cell's leverage (the least-squares parameter covariance ``V = s^2 (X'WX)^-1`` on the difference
@@ -240,20 +241,33 @@ class StepTimeModel:
                 anchor[c] = float(np.exp(np.mean(np.log(ratios))))
         return label, feat, theta, raw, anchor
 
+    def _noise(self, x: Cell) -> float:
+        """The relative variance of cell ``x``'s own measurement (its interval's half-width over z, squared; 0 when
+        the point has no interval)."""
+        return float((x.rel_halfwidth / self.z) ** 2) if math.isfinite(x.rel_halfwidth) else 0.0
+
     def _loo_error(self, obs: Sequence[tuple[Cell, float]], family: str = "linear",
-                   names: Sequence[str] | None = None) -> tuple[float, int]:
-        """(relative RMS error, cells) of leave-one-out predictions: each cell measured at a concurrency with another
-        measured cell is predicted by the fit of every other cell (the same model: ``names``, the linear family's
-        feature set, skipping a cell without which the others no longer identify it with a degree of freedom to
-        spare), anchored on the others at its concurrency, as an unmeasured num_steps there is predicted. The in-sample residuals cannot
-        show a step time whose shape in K changes with the batch (a roofline's kink between memory- and
-        compute-bound steps, which no candidate feature set has): the fit follows the cells it was given, and only
-        a cell it was not given shows the misfit (Allen's PRESS, Technometrics 16(1), 1974). (nan, 0) with fewer
-        than two such cells."""
-        errs = []
+                   names: Sequence[str] | None = None) -> tuple[float, int, float]:
+        """(relative RMS error, cells, the mean squared error a correct model would show) of leave-one-out
+        predictions: each cell measured at a concurrency with another measured cell is predicted by the fit of every
+        other cell (the same model: ``names``, the linear family's feature set, skipping a cell without which the
+        others no longer identify it with a degree of freedom to spare), anchored on the others at its concurrency,
+        as an unmeasured num_steps there is predicted. The in-sample residuals cannot show a step time whose shape
+        in K changes with the batch (a roofline's kink between memory- and compute-bound steps, which no candidate
+        feature set has): the fit follows the cells it was given, and only a cell it was not given shows the misfit
+        (Allen's PRESS, Technometrics 16(1), 1974).
+
+        A left-out prediction errs even where the model's shape is right: by the cell's own measurement noise, its
+        anchors' noise, and the reduced fit's parameter noise at the cell (its leverage: with few cells a left-out
+        one is an extrapolation, and PRESS residuals grow as ``1 / (1 - h_ii)``). The third value is that expected
+        squared error, summed per cell from the cells' measured noise (``_noise``) and the reduced fit's weighted
+        least-squares covariance; the misfit is what the RMS error shows beyond it. (nan, 0, 0) with fewer than two
+        such cells."""
+        errs, expected = [], []
         for i, (x, t) in enumerate(obs):
             rest = [o for j, o in enumerate(obs) if j != i]
-            if not any(y.conc == x.conc for y, _ in rest) or len(rest) < 2:
+            here = [y for y, _ in rest if y.conc == x.conc]
+            if not here or len(rest) < 2:
                 continue
             if names is not None:  # the same feature set, identified by the others with a degree of freedom to spare
                 X = np.array([self._features(y.steps, y.conc, names) for y, _ in rest])
@@ -262,13 +276,21 @@ class StepTimeModel:
             core = self._fit_core(rest, family, names)
             if core is None:
                 continue
-            _, _, _, raw, anchor = core
+            _, feat, _, raw, anchor = core
             pred = raw(x.steps, x.conc) * anchor.get(x.conc, math.nan)
-            if math.isfinite(pred) and pred > 0:
-                errs.append(t / pred - 1)
+            if not (math.isfinite(pred) and pred > 0) or not all(math.isfinite(raw(y.steps, y.conc)) for y in here):
+                continue
+            errs.append(t / pred - 1)
+            noise = [self._noise(y) for y, _ in rest]
+            Xw = np.array([feat(y.steps, y.conc) for y, _ in rest]) / np.array([ty for _, ty in rest])[:, None]
+            cov = np.linalg.pinv(Xw.T @ Xw) * float(np.mean(noise))
+            g = np.array(feat(x.steps, x.conc)) / raw(x.steps, x.conc) - np.mean(
+                [np.array(feat(y.steps, y.conc)) / raw(y.steps, y.conc) for y in here], axis=0)
+            expected.append(self._noise(x) + float(np.mean([self._noise(y) for y in here])) / len(here)
+                            + max(float(g @ cov @ g), 0.0))
         if len(errs) < 2:
-            return math.nan, len(errs)
-        return math.sqrt(float(np.mean(np.square(errs)))), len(errs)
+            return math.nan, len(errs), 0.0
+        return math.sqrt(float(np.mean(np.square(errs)))), len(errs), float(np.mean(expected))
 
     def fit(self, cells: dict[tuple[int, int], Cell]) -> tuple[Callable[[int, int], float],
                                                               Callable[[int, int], float]]:
@@ -283,12 +305,12 @@ class StepTimeModel:
         names = self._feature_set([x for x, _ in obs])
         core = self._fit_core(obs, "linear", names)
         assert core is not None  # only the roofline family can fail to fit
-        loo, loo_cells = self._loo_error(obs, "linear", names)
+        loo, loo_cells, loo_noise = self._loo_error(obs, "linear", names)
         roof = self._fit_core(obs, "roofline")
         if roof is not None:
-            roof_loo, roof_cells = self._loo_error(obs, "roofline")
+            roof_loo, roof_cells, roof_noise = self._loo_error(obs, "roofline")
             if math.isfinite(roof_loo) and (not math.isfinite(loo) or roof_loo < loo):
-                core, loo, loo_cells = roof, roof_loo, roof_cells
+                core, loo, loo_cells, loo_noise = roof, roof_loo, roof_cells, roof_noise
         label, feat, theta, raw, anchor = core
         X = np.array([feat(x.steps, x.conc) for x, _ in obs])
         w = 1.0 / np.array([t for _, t in obs])
@@ -318,9 +340,8 @@ class StepTimeModel:
             s = math.sqrt(float(np.sum(np.square(resid))) / dof)
         halves = [x.rel_halfwidth for x, _ in obs if math.isfinite(x.rel_halfwidth)]
         meas = float(np.median(halves)) / self.z if halves else 0.0
-        # a left-out cell's own measurement noise is in its leave-one-out error; what is left is the model's
-        loo_noise = float(np.mean([np.square(x.rel_halfwidth / self.z) for x, _ in obs
-                                   if math.isfinite(x.rel_halfwidth)] or [0.0]))
+        # a left-out cell's error a correct model would show too (its noise, its anchors', the reduced fit's at its
+        # leverage); what is left is the model's
         misfit = math.sqrt(max(loo * loo - loo_noise, 0.0)) if math.isfinite(loo) else 0.0
         s = max(s, misfit, meas, MIN_REL_ERROR)
         self.fit_info = {"features": label,

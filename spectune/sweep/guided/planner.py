@@ -28,6 +28,8 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
         steps, concurrency: the plan's num_steps and concurrencies (ascending). repeats: runs per measured cell.
         objective: ``throughput`` or ``tpot``. confidence: of the prediction intervals (0..1).
         noise_band: fraction; differences below it are ties (the smaller num_steps wins).
+        measure_every_concurrency: open every concurrency with a measured cell, even where the model settles the
+            choice there (a plan with SLOs: recommend needs each chosen cell's measured SLO attainment).
     """
 
     steps: Sequence[int]
@@ -42,12 +44,17 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
     decisions: list[dict[str, Any]] = field(default_factory=list)
     #: why each proposed cell was measured, in order (sweep.json ``guided.why``)
     why: list[dict[str, Any]] = field(default_factory=list)
+    #: every concurrency gets a measured cell even where the model settles its choice (:meth:`next_round`): the
+    #: plan has SLOs, whose attainment is measured, never predicted
+    measure_every_concurrency: bool = False
 
     @classmethod
     def for_plan(cls, plan: Any) -> "GuidedPlanner":
         """The planner of a guided sweep plan (:class:`spectune.sweep.plan.SweepPlan`: its num_steps, concurrencies,
-        repeats, objective, confidence and noise band)."""
-        return cls(plan.steps, plan.concurrency, plan.repeats, plan.objective, plan.confidence, plan.noise_band)
+        repeats, objective, confidence and noise band; with SLOs every concurrency is measured)."""
+        slo = plan.slo_tpot_ms is not None or plan.slo_ttft_ms is not None
+        return cls(plan.steps, plan.concurrency, plan.repeats, plan.objective, plan.confidence, plan.noise_band,
+                   measure_every_concurrency=slo)
 
     def next_keys(self, points: Sequence[dict[str, Any]], tried: set[tuple[int, int]], cost: dict[str, Any],
                   records: Callable[[], dict[tuple[int, int, int], list[dict[str, Any]]]],
