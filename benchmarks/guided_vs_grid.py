@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--emulated", choices=("compute-bound", "memory-bound", "held-out", "held-out-2", "held-out-3"),
+    p.add_argument("--emulated", choices=("compute-bound", "memory-bound", "held-out", "held-out-2", "held-out-3", "held-out-4"),
                    default=None, help="in-process emulated servers: the tests' two cost models, or a held-out one "
                                       "(benchmarks/heldout_cost_model.py, never used by tests or tuning)")
     p.add_argument("--dataset", default="mt-bench")
@@ -190,10 +190,10 @@ def emulated_model(name: str) -> object:
     from helpers.cost_model import COMPUTE_BOUND, MEMORY_BOUND
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from heldout_cost_model import HELD_OUT, HELD_OUT_2, HELD_OUT_3
+    from heldout_cost_model import HELD_OUT, HELD_OUT_2, HELD_OUT_3, HELD_OUT_4
 
     return {"compute-bound": COMPUTE_BOUND, "memory-bound": MEMORY_BOUND, "held-out": HELD_OUT,
-            "held-out-2": HELD_OUT_2, "held-out-3": HELD_OUT_3}[name]
+            "held-out-2": HELD_OUT_2, "held-out-3": HELD_OUT_3, "held-out-4": HELD_OUT_4}[name]
 
 
 def early_vs_full(guided: list[dict], grid: list[dict], objective: str) -> tuple[int, int, int, int]:
