@@ -56,7 +56,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--emulated", choices=("compute-bound", "memory-bound", "held-out", "held-out-2", "held-out-3", "held-out-4"),
+    p.add_argument("--emulated", choices=("compute-bound", "memory-bound", "held-out", "held-out-2", "held-out-3",
+                                          "held-out-4"),
                    default=None, help="in-process emulated servers: the tests' two cost models, or a held-out one "
                                       "(benchmarks/heldout_cost_model.py, never used by tests or tuning)")
     p.add_argument("--dataset", default="mt-bench")
@@ -78,6 +79,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--replay", type=Path, default=None, help="a finished grid sweep folder: replay offline")
     p.add_argument("--recorded", type=Path, nargs="+", default=None,
                    help="finished grid sweeps: run the guided plan on their recorded windows (module docstring)")
+    p.add_argument("--without-slo", action="store_true",
+                   help="--recorded: the guided plan without the grid's SLOs (it may then leave a concurrency to the "
+                        "model; with SLOs every concurrency is measured)")
     p.add_argument("--virtual", type=int, default=0, help="N seeded virtual sweep pairs (module docstring)")
     p.add_argument("--request-noise", type=float, default=0.10, help="--virtual: relative sd of a request's latency")
     p.add_argument("--show-cells", action="store_true",
@@ -330,7 +334,8 @@ def recorded(args: argparse.Namespace) -> int:
         plan = SweepPlan(steps=steps, concurrency=concs, num_prompts=plan_meta["num_prompts"],
                          max_tokens=plan_meta["max_tokens"], duration_per_point_s=plan_meta.get("duration_per_point_s"),
                          design="guided", drift_check=False, objective=args.objective, dataset=plan_meta["dataset"],
-                         slo_tpot_ms=plan_meta.get("slo_tpot_ms"), slo_ttft_ms=plan_meta.get("slo_ttft_ms"))
+                         slo_tpot_ms=None if args.without_slo else plan_meta.get("slo_tpot_ms"),
+                         slo_ttft_ms=None if args.without_slo else plan_meta.get("slo_ttft_ms"))
 
         async def run(out: Path) -> object:
             async with EmulatedServers(COMPUTE_BOUND, steps) as urls:  # endpoints only: every point is recorded
