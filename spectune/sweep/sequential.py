@@ -13,10 +13,19 @@ of the window buys nothing. :class:`EarlyStop` watches the measured requests as 
   below reference x (1 + band) stops it) and a smaller one must come within the band (upper bound below
   reference x (1 - band) stops it);
 * ``above_best``: its lower bound takes the choice from the reference by the same rule (above reference x (1 +
-  band) for a larger num_steps, above reference x (1 - band) for a smaller one);
+  band) for a larger num_steps, above reference x (1 - band) for a smaller one), once half its window is measured:
+  the cell becomes the reference of every later comparison at its concurrency and a side of the deciding one, which
+  an interval from the early-stop minimum leaves so wide that recommend's interval-tie rule hands the choice to a
+  worse smaller num_steps (seen on the held-out quadratic model, 5 x 4: K=2 at concurrency 1 stopped at 11 of 48
+  requests, and K=1, 10% below it, was chosen even after both were measured again);
 * ``seed_acceptance``: the window was measured for the engine's per-position acceptance counters (the guided
   plan's first cell, :meth:`spectune.sweep.guided.seed.Seeding.window_goal`), which its first requests give: it stops
   as soon as the minimum is reached; its throughput is kept with its wider interval;
+* ``futile``: the rest of the window could not let the cell take the choice: the predictive probability that the
+  full window's estimate would pass the reference's edge (reference x (1 + band) for a larger num_steps, x (1 -
+  band) for a smaller one) is under ``1 - confidence`` (below). A cell near the best but not beyond the band (a
+  near-tie, which no window of its length resolves) stops there instead of running to the end of its window for a
+  call that cannot change; the choice stays with the reference, as recommend would leave it;
 * ``precise``: its interval's half-width is at most ``precision`` (a fraction; default half the noise band) and the
   window's two halves agree within it: the estimate is as tight as any comparison needs. The halves guard a cell
   whose requests barely scatter (num_steps 0 on a deterministic server): its interval is narrow at once, and a
@@ -46,6 +55,16 @@ whose standard deviation comes from the delta method (per request ``d_i = tokens
 requests of one closed loop share batches, so they are not independent; the minimum of two closed-loop waves
 (``min_requests``) keeps the first wave's ramp-up and a slow start of the server from deciding alone.
 
+**Futility.** ``futile`` is stochastic curtailment by predictive probability (Spiegelhalter, Freedman and
+Blackburn, "Monitoring clinical trials: conditional or predictive power?", Controlled Clinical Trials 7(1), 1986):
+after n of the window's N requests with estimate m and per-request relative sd s, the full window's estimate is
+predicted normal around m with relative sd ``s * sqrt((N - n) / (N n))`` (the mean's own uncertainty and the
+requests still to come), and the window stops when the probability that it ends beyond the edge is under ``1 -
+confidence``. N is the planned requests, or, for a window capped by ``--duration``, the requests its rate so far
+reaches by the cap. It never moves the choice to the cell (only the confidence sequence's ``above_best`` does):
+a wrong ``futile`` stop keeps the reference where the full window would have found the cell better than it by
+more than the band, with probability at most ``1 - confidence`` under the normal approximation.
+
 Error rate, stated: per cell, the reference is treated as known; a stop on ``below_best`` or ``above_best`` is wrong
 with probability at most ``1 - confidence`` (5% at the default) under the asymptotic CS's conditions, and ``precise``
 leaves the estimate inside its bounds with the same probability. The reference is itself a measurement (its own
@@ -57,9 +76,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any, Sequence
 
-__all__ = ["EarlyStop", "cs_half_width", "MIN_WAVES", "MIN_REQUESTS", "MIN_SECONDS"]
+__all__ = ["EarlyStop", "cs_half_width", "FULL_WINDOW", "MIN_WAVES", "MIN_REQUESTS", "MIN_SECONDS"]
 
 #: closed-loop waves a window runs at least before it may stop early (the first wave ramps up)
 MIN_WAVES = 2
@@ -67,6 +87,9 @@ MIN_WAVES = 2
 MIN_REQUESTS = 8
 #: seconds a sweep's window runs at least before it may stop early (a server's first second after a switch)
 MIN_SECONDS = 1.0
+#: a window goal (:meth:`spectune.sweep.guided.seed.Seeding.window_goal`): the window runs in full, no stop rule
+#: (the guided plan's settle runs, measured to narrow a comparison's interval)
+FULL_WINDOW = "full_window"
 
 
 def cs_half_width(sd: float, n: int, alpha: float, t_opt: float) -> float:
@@ -106,6 +129,8 @@ class EarlyStop:
             ``MIN_REQUESTS``)). min_s: seconds before any stop.
         at_minimum: a reason to stop as soon as the minimum is reached (``seed_acceptance``: the window is measured
             for what its first requests already give), or None.
+        max_s: the window's cap in seconds (``--duration``), or None: the futility rule's N is the requests the
+            window reaches by then at its rate so far, when fewer than ``planned``.
     """
 
     objective: str
@@ -120,6 +145,7 @@ class EarlyStop:
     steps: int | None = None
     reference_steps: int | None = None
     at_minimum: str | None = None
+    max_s: float | None = None
     last: dict[str, Any] = field(default_factory=dict)
     reason: str | None = None
     _seen: int = -1
@@ -183,7 +209,9 @@ class EarlyStop:
             if better_hi < edge * (1 + band if larger else 1 - band):
                 reason = "below_best"
             elif better_lo > edge * (1 - band if smaller else 1 + band):
-                reason = "above_best"
+                reason = "above_best" if 2 * n >= self._total(n, elapsed_s) else None
+            elif not smaller:  # can the rest of the window still let it pass the edge above_best uses?
+                reason = self._futile(value, rel_sd, n, elapsed_s, smaller)
         if reason is None and r <= (self.precision or 0):
             half = len(records) // 2
             a, b = self.estimate(records[:half]), self.estimate(records[half:])
@@ -191,6 +219,26 @@ class EarlyStop:
                 reason = "precise"
         self.reason = reason
         return reason
+
+    def _total(self, n: int, elapsed_s: float) -> float:
+        """The requests the window will have measured at its end: ``planned``, or, for a window capped by ``max_s``
+        seconds, the ``n`` measured in ``elapsed_s`` extrapolated to the cap, whichever is fewer."""
+        if self.max_s and elapsed_s > 0:
+            return min(float(self.planned), n * self.max_s / elapsed_s)
+        return float(self.planned)
+
+    def _futile(self, value: float, rel_sd: float, n: int, elapsed_s: float, smaller: bool) -> str | None:
+        """``futile`` when the rest of the window would let the cell pass the reference's edge with predictive
+        probability under ``1 - confidence`` (module docstring), else None."""
+        total = self._total(n, elapsed_s)
+        if total <= n or not rel_sd > 0:
+            return None
+        ref = self.reference or 0.0
+        ratio = value / ref if self.objective != "tpot" else ref / value  # the cell over the reference, "better" up
+        edge = 1 - self.noise_band if smaller else 1 + self.noise_band
+        sd = rel_sd * ratio * math.sqrt((total - n) / (total * n))
+        z = NormalDist().inv_cdf(self.confidence)
+        return "futile" if edge - ratio > z * sd else None
 
     def describe(self) -> dict[str, Any]:
         """points.jsonl's ``early_stop``: the rule's settings, its ``reason`` (None: ran the full window) and the

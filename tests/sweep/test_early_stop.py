@@ -71,9 +71,15 @@ def test_a_cell_clearly_below_the_best_stops_below_best():
     assert rule.check(records(20, 100.0, 0.03), 5.0) == "below_best"
 
 
-def test_a_cell_clearly_above_the_best_stops_above_best():
+def test_a_cell_clearly_above_the_best_stops_above_best_at_half_its_window():
     rule = EarlyStop("throughput", 1, 100, reference=80.0)
-    assert rule.check(records(20, 100.0, 0.03), 5.0) == "above_best"
+    assert rule.check(records(50, 100.0, 0.03), 5.0) == "above_best"
+
+
+def test_a_cell_above_the_best_runs_on_before_half_its_window():
+    """It becomes the reference of its concurrency: a few requests would leave its interval too wide for that."""
+    rule = EarlyStop("throughput", 1, 100, reference=80.0)
+    assert rule.check(records(20, 100.0, 0.03), 5.0) is None
 
 
 def test_a_larger_num_steps_that_cannot_beat_the_best_by_the_band_stops():
@@ -88,9 +94,55 @@ def test_a_smaller_num_steps_within_the_band_of_the_best_takes_the_choice():
     assert rule.check(records(300, 100.5, 0.02), 5.0) == "above_best"
 
 
-def test_a_near_tie_runs_on_until_its_interval_is_tight():
-    rule = EarlyStop("throughput", 1, 100, reference=101.0)
-    assert rule.check(records(20, 100.0, 0.05), 5.0) is None
+def at_ratio(recs: list[Rec], ratio: float, planned: int, **kw) -> EarlyStop:
+    """A throughput rule at concurrency 1 whose reference puts the estimate of ``recs`` at exactly ``ratio`` of it
+    (the records' own draw decides no test)."""
+    value = EarlyStop("throughput", 1, planned).estimate(recs)[0]
+    return EarlyStop("throughput", 1, planned, reference=value / ratio, **kw)
+
+
+LARGER = {"steps": 3, "reference_steps": 1}  # a larger num_steps than the reference's: its edge is 2% above
+SMALLER = {"steps": 0, "reference_steps": 1}  # a smaller one: its edge is 2% below
+
+
+def test_a_near_tie_that_could_still_take_the_choice_runs_on():
+    """1.5% above the reference at 20 of 100 requests, the edge at 2%: the window may well end beyond it."""
+    recs = records(20, 100.0, 0.05)
+    assert at_ratio(recs, 1.015, 100, **LARGER).check(recs, 5.0) is None
+
+
+def test_a_near_tie_that_cannot_take_the_choice_in_its_window_stops_futile():
+    """1% below the reference at 20 of 100 requests (5% per request): neither bound settles it, and the predictive
+    probability that the full window ends 2% above the reference is far under 5%."""
+    recs = records(20, 100.0, 0.05)
+    assert at_ratio(recs, 0.99, 100, **LARGER).check(recs, 5.0) == "futile"
+
+
+def test_a_futile_stop_weighs_the_estimates_own_uncertainty():
+    """The same near-tie after the minimum 8 requests at 10% per request, of 400: the estimate itself may be 3.5%
+    off, so the window runs on (the conditional power at the estimate, sd x sqrt(N - n) / N, would stop it)."""
+    recs = records(8, 100.0, 0.10)
+    assert at_ratio(recs, 0.99, 400, **LARGER).check(recs, 5.0) is None
+
+
+def test_a_near_tie_with_many_requests_to_come_runs_on():
+    """1% above the reference at 20 of 1000 requests: the rest of the window may still take it past the edge."""
+    recs = records(20, 100.0, 0.05)
+    assert at_ratio(recs, 1.01, 1000, **LARGER).check(recs, 5.0) is None
+
+
+def test_a_window_capped_by_time_has_fewer_requests_left_to_change_the_call():
+    """The same near-tie with a 6 s cap at 5 s: four requests to come at its rate, too few to pass the edge."""
+    recs = records(20, 100.0, 0.05)
+    assert at_ratio(recs, 1.01, 1000, max_s=6.0, **LARGER).check(recs, 5.0) == "futile"
+
+
+def test_a_smaller_num_steps_is_never_stopped_futile():
+    """K=0 4% below K=1 at 20 of 100 requests: the rest of the window would not bring it within the band, but a
+    window cut short would leave an interval wide enough for recommend's tie rule to hand it the choice; it runs on
+    to ``below_best`` or its end."""
+    recs = records(20, 100.0, 0.05)
+    assert at_ratio(recs, 0.96, 100, **SMALLER).check(recs, 5.0) is None
 
 
 def test_a_tight_estimate_stops_precise_without_a_reference():

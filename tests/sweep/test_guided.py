@@ -14,6 +14,7 @@ from spectune.results.point import SweepPoint
 from spectune.results.reader import load_results
 from spectune.sweep.guided import GuidedPlanner, acceptance_lengths
 from spectune.sweep.plan import SweepPlan, parse_budget
+from spectune.sweep.sequential import FULL_WINDOW
 from spectune.sweep.run import execute
 from spectune.tune.recommend import RecommendOptions, recommend
 
@@ -216,8 +217,24 @@ def test_only_the_first_run_of_the_seeds_acceptance_cell_stops_at_the_minimum():
     """The largest num_steps at the smallest concurrency is measured for its per-position acceptance counters."""
     planner = GuidedPlanner(STEPS, CONC)
     assert planner.window_goal((STEPS[-1], CONC[0], 0)) == "seed_acceptance"
-    assert planner.window_goal((STEPS[-1], CONC[0], 1)) is None  # a settle run is not cut at the minimum
     assert planner.window_goal((1, CONC[0], 0)) is None
+
+
+def test_a_settle_run_runs_its_full_window():
+    """A run beyond --repeats narrows a deciding comparison: no stop rule cuts it short."""
+    assert GuidedPlanner(STEPS, CONC).window_goal((STEPS[-1], CONC[0], 1)) == FULL_WINDOW
+
+
+def test_a_full_window_goal_leaves_the_window_without_a_stop_rule():
+    """The sweep asks its planner for the window's goal before it builds the stop rule (no backend, no points)."""
+    from types import SimpleNamespace
+
+    from spectune.sweep.run import Sweep
+
+    sweep = Sweep(plan("guided"), None, SimpleNamespace(points=[]), [], {})  # type: ignore[arg-type]
+    sweep.planner = GuidedPlanner(STEPS, CONC)
+    assert sweep._early_stop((1, CONC[0], 0), 8) is not None  # a first run's window has its rule
+    assert sweep._early_stop((STEPS[-1], CONC[0], 1), 8) is None
 
 
 def pair_at_largest_concurrency(ratio: float) -> list[dict]:
@@ -321,11 +338,12 @@ def test_a_plan_without_slos_may_leave_a_concurrency_to_the_model():
 async def test_a_concurrency_left_to_the_model_gets_its_predicted_best_as_the_choice(tmp_path, monkeypatch):
     """A guided sweep without SLOs on the compute-bound virtual server: where nothing was measured, recommend
     chooses among the predicted cells (the best, or a smaller num_steps within the band of it) and says so."""
-    await virtual_sweep(tmp_path, COMPUTE_BOUND, "guided", monkeypatch)
+    outcome = await virtual_sweep(tmp_path, COMPUTE_BOUND, "guided", monkeypatch)
     rec = recommend(load_results(tmp_path / "guided"), RecommendOptions())
     unmeasured = [ch for ch in rec.choices
                   if all(rec.cell(k, ch.concurrency).predicted for k in STEPS if rec.cell(k, ch.concurrency))]
     assert unmeasured, "every concurrency was measured: the test shows nothing"
+    assert outcome.guided["predicted_concurrencies"] == [ch.concurrency for ch in unmeasured]
     for ch in unmeasured:
         best = max(rec.cell(k, ch.concurrency).objective for k in STEPS)
         assert ch.tier == "predicted", ch.concurrency

@@ -77,13 +77,14 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
 
     def finish(self, points: Sequence[dict[str, Any]], stop: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """At the end of a guided sweep: (the predicted rows of every unmeasured cell, for summary.csv; sweep.json's
-        ``guided``: :meth:`describe` plus why it stopped, ``stop`` or ``settled``, and the measured and predicted
-        cell counts)."""
+        ``guided``: :meth:`describe` plus why it stopped, ``stop`` or ``settled``, the measured and predicted cell
+        counts, and the concurrencies left to the model, with nothing measured)."""
         preds = self.predict(points)
         measured = {(p["steps"], p["concurrency"]) for p in points}
         rows = [pred.row() for kc, pred in sorted(preds.items()) if kc not in measured]
         return rows, {**self.describe(), "stopped": stop or "settled", "measured_cells": len(measured),
-                      "predicted_cells": len(rows)}
+                      "predicted_cells": len(rows),
+                      "predicted_concurrencies": [c for c in self.concurrency if all(cc != c for _, cc in measured)]}
 
     def describe(self) -> dict[str, Any]:
         """sweep.json's ``guided``: the rounds measured and the last fit."""
