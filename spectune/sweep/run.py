@@ -48,7 +48,7 @@ from spectune.results.schema import Key, key_fields, now_iso, point_key
 from spectune.sweep.drift import drift_check, drift_summary
 from spectune.sweep.guided import GuidedPlanner
 from spectune.sweep.plan import NEW_KEYS, ClientTimeouts, SweepListener, SweepOutcome, SweepPlan
-from spectune.sweep.sequential import FULL_WINDOW, MIN_SECONDS, EarlyStop
+from spectune.sweep.sequential import MIN_SECONDS, EarlyStop
 
 __all__ = ["Sweep", "execute", "run_blocking"]
 
@@ -237,8 +237,6 @@ class Sweep:
         meds = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
         best = ((max if maximise else min)(meds, key=lambda k: meds[k])) if meds else None
         goal = self.planner.window_goal(key) if self.planner is not None else None
-        if goal == FULL_WINDOW:
-            return None
         return EarlyStop(plan.objective, conc, planned, None if best is None else meds[best], plan.noise_band,
                          plan.confidence, min_s=MIN_SECONDS, steps=steps, reference_steps=best, at_minimum=goal,
                          max_s=plan.duration_per_point_s)

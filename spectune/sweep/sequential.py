@@ -21,11 +21,14 @@ of the window buys nothing. :class:`EarlyStop` watches the measured requests as 
 * ``seed_acceptance``: the window was measured for the engine's per-position acceptance counters (the guided
   plan's first cell, :meth:`spectune.sweep.guided.seed.Seeding.window_goal`), which its first requests give: it stops
   as soon as the minimum is reached; its throughput is kept with its wider interval;
-* ``futile``: the rest of the window could not let the cell take the choice: the predictive probability that the
-  full window's estimate would pass the reference's edge (reference x (1 + band) for a larger num_steps, x (1 -
-  band) for a smaller one) is under ``1 - confidence`` (below). A cell near the best but not beyond the band (a
-  near-tie, which no window of its length resolves) stops there instead of running to the end of its window for a
-  call that cannot change; the choice stays with the reference, as recommend would leave it;
+* ``futile`` (a num_steps larger than the reference's, or either unknown): the rest of the window could not let the
+  cell take the choice: the predictive probability that the full window's estimate would pass the edge
+  ``above_best`` uses (reference x (1 + band)) is under ``1 - confidence`` (below). A cell near the best but not
+  beyond the band (a near-tie, which no window of its length resolves) stops there instead of running to the end of
+  its window for a call that cannot change; the choice stays with the reference, as recommend would leave it. A
+  smaller num_steps is never stopped so: cut short, its wide interval would reach the band and recommend's
+  interval-tie rule would hand it the choice (seen on the tests' compute-bound model and the held-out quadratic
+  one: a choice 0.891 of the grid's);
 * ``precise``: its interval's half-width is at most ``precision`` (a fraction; default half the noise band) and the
   window's two halves agree within it: the estimate is as tight as any comparison needs. The halves guard a cell
   whose requests barely scatter (num_steps 0 on a deterministic server): its interval is narrow at once, and a
@@ -79,7 +82,7 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any, Sequence
 
-__all__ = ["EarlyStop", "cs_half_width", "FULL_WINDOW", "MIN_WAVES", "MIN_REQUESTS", "MIN_SECONDS"]
+__all__ = ["EarlyStop", "cs_half_width", "MIN_WAVES", "MIN_REQUESTS", "MIN_SECONDS"]
 
 #: closed-loop waves a window runs at least before it may stop early (the first wave ramps up)
 MIN_WAVES = 2
@@ -87,9 +90,6 @@ MIN_WAVES = 2
 MIN_REQUESTS = 8
 #: seconds a sweep's window runs at least before it may stop early (a server's first second after a switch)
 MIN_SECONDS = 1.0
-#: a window goal (:meth:`spectune.sweep.guided.seed.Seeding.window_goal`): the window runs in full, no stop rule
-#: (the guided plan's settle runs, measured to narrow a comparison's interval)
-FULL_WINDOW = "full_window"
 
 
 def cs_half_width(sd: float, n: int, alpha: float, t_opt: float) -> float:

@@ -6,9 +6,9 @@ improvement per expected second among those still worth measuring. A concurrency
 model when no other num_steps there is worth measuring against its predicted best (:meth:`Choosing.settled_by_model`;
 the choice there depends on the ratios between num_steps, which the model predicts with the error of its
 leave-one-out misfit, not on the level): ``spectune recommend`` then chooses among its predicted cells and says so.
-A plan with SLOs opens every concurrency all the same (SLO attainment is measured, never predicted). Where a server restart costs more than a point,
-a round is every such cell of the one num_steps with the most to gain (one restart per round). A cell is worth
-measuring when
+A plan with SLOs opens every concurrency all the same (SLO attainment is measured, never predicted). Where a server
+restart costs more than a point, a round is every such cell of the one num_steps with the most to gain (one restart
+per round). A cell is worth measuring when
 
 1. its optimistic prediction (one-sided quantile of the confidence: "could it still beat the best?") beats the best
    cell measured at its concurrency by more than the noise band, for a smaller num_steps as for a larger one (a

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Sequence
 
 from spectune.sweep.guided.model import Cell
-from spectune.sweep.sequential import FULL_WINDOW
 
 __all__ = ["Seeding"]
 
@@ -26,7 +25,6 @@ class Seeding:
 
     steps: Sequence[int]
     concurrency: Sequence[int]
-    repeats: int
     objective: str
     noise_band: float
 
@@ -52,18 +50,14 @@ class Seeding:
         return out
 
     def window_goal(self, key: tuple[int, int, int]) -> str | None:
-        """What ``key``'s window is measured for, where its stop rule must know: ``FULL_WINDOW`` for a settle run (a
-        repeat beyond ``repeats``: measured to narrow a deciding comparison's interval, which a window cut short
-        against the reference would leave wide); ``seed_acceptance`` for the first run of the seed's first cell (the
-        largest num_steps at the smallest concurrency); else None. The seed's first cell is measured for the per-position acceptance of every smaller num_steps,
+        """``seed_acceptance`` for the first run of the seed's first cell (the largest num_steps at the smallest
+        concurrency), else None: that cell is measured for the per-position acceptance of every smaller num_steps,
         which the engine's counters give from the window's first requests, so its window stops at the early-stop
         minimum (:class:`spectune.sweep.sequential.EarlyStop` ``at_minimum``). At the smallest concurrency it is
         the grid's most expensive kind of cell: a full window of it was 6% of a 5 x 6 grid's time and 7% of a 5 x 4
         one's on the compute-bound emulated server, where it is 22-31% below the best. Its throughput is kept with
         its wider interval: a later cell at its concurrency stops early against it, and the settle step measures it
         again where a deciding comparison rests on that width."""
-        if key[2] >= self.repeats:  # a settle run: measured to narrow a comparison, so never cut short
-            return FULL_WINDOW
         return "seed_acceptance" if key[2] == 0 and tuple(key[:2]) == self.seed()[0] else None
 
     @property
