@@ -6,7 +6,10 @@ noise band or a paired interval of that ratio that reaches the band. The second 
 alone. Such a comparison is *unsettled* (:meth:`Settling.comparisons`: the ratio is beyond the band, its interval
 reaches it, and more runs narrowing it around the ratio would make the larger num_steps win by at least
 ``EI_SHARE_OF_BAND`` of the band beyond it); :meth:`Settling.settle` measures one more run of one cell of each
-unsettled pair (the one with fewer runs, else the one with the wider interval), at most :attr:`Settling.SETTLE_REPEATS`
+unsettled pair (the one with fewer runs, else the smaller num_steps: recommend widens its tie band to the best cell's
+own run-to-run spread, so a second run of the best on a drifting engine can turn a clear loss into a tie; seen on the
+bundled engine, 2026-11-26: two runs of K=1 at concurrency 8, 195.6 and 208.0 tok/s, made K=0 at 0.926 [0.868,
+0.974] of it a tie by a 4.5% band), at most :attr:`Settling.SETTLE_REPEATS`
 beyond ``--repeats`` per cell, until every deciding comparison is a tie, a clear loss, or out of runs. The
 comparisons are recommend's: paired bootstrap over prompts and repeats
 (:class:`spectune.results.confidence.Bootstrap`).
@@ -111,8 +114,8 @@ class Settling:
         """The runs to add so that every concurrency's choice is settled at the requested confidence (module
         docstring): for each ``unsettled`` comparison (:meth:`comparisons`), one more run (key
         (steps, concurrency, repeat)) of one of its two cells with fewer than ``repeats + SETTLE_REPEATS`` runs: the
-        one with fewer runs, of two with as many the one whose own interval is wider (it adds more to the ratio's
-        uncertainty); [] when everything is settled or nothing may be repeated."""
+        one with fewer runs, of two with as many the smaller num_steps (module docstring: a second run of the best
+        can widen recommend's band); [] when everything is settled or nothing may be repeated."""
         done: dict[tuple[int, int], int] = {}
         for p in points:
             if not p.get("predicted"):
@@ -126,7 +129,7 @@ class Settling:
                 continue
             c = cmp["concurrency"]
             pair = [((cmp["steps"], c), cmp["widths"][0]), ((cmp["best"], c), cmp["widths"][1])]
-            open_ = [(done[kc], -w, kc) for kc, w in pair if done[kc] < cap]
+            open_ = [(done[kc], i, kc) for i, (kc, _) in enumerate(pair) if done[kc] < cap]  # the smaller K is first
             if open_:
                 k, c = min(open_)[2]
                 out.append((k, c, done[(k, c)]))
