@@ -115,7 +115,8 @@ HELD_OUT_3 = PaddedModel()
 class LaunchBoundModel(RooflineModel):
     """The fourth held-out model (``--emulated held-out-4``), written on 2026-11-26 after the third one's runs had
     been looked at again while the guided plan changed (its leave-one-out misfit net of leverage, concurrencies left
-    to the model), and run once with the plan as committed next: each of the K draft steps is launch-bound at small
+    to the model), kept out of the early-stop changes that followed, and run with the plan at 173e581 and with the
+    final one of that stop (the same figures; docs/sweep.md): each of the K draft steps is launch-bound at small
     batch, ``max(0.8, 0.025 * b)`` ms; the verify pass costs ``5.0 + 0.02 * b + 0.035 * b * (K + 1)^1.5`` ms (tree
     attention over the drafted tokens growing faster than their count); a scheduler step adds ``0.4 * log2(1 + b)``
     ms; every step scatters by 4%; conditional acceptance 0.8, 0.62, 0.5, 0.42, 0.38 (the last repeats)."""
