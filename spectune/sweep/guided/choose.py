@@ -104,8 +104,7 @@ class Choosing:
             if values is None:  # nothing measured at c yet: its predicted best first, unless the model settles it
                 if not self.measure_every_concurrency and self.settled_by_model(preds, c, open_) is not None:
                     continue
-                sign = 1 if self.objective != "tpot" else -1
-                best_k = max(open_, key=lambda k: sign * self._value(preds[(k, c)])[0])
+                best_k = self._predicted_best(preds, c, open_)
                 proposals.append((math.inf, (best_k, c)))
                 info[(best_k, c)] = {"reason": "first cell at its concurrency: its predicted best num_steps"}
                 continue
@@ -157,10 +156,14 @@ class Choosing:
         best's). The prediction errors of two num_steps at one concurrency are the shape's, not the level's: the
         leave-one-out misfit in them is measured exactly so, a left-out cell predicted from the others at its
         concurrency (:meth:`spectune.sweep.guided.model.StepTimeModel.fit`)."""
-        sign = 1 if self.objective != "tpot" else -1
-        best_k = max(open_, key=lambda k: sign * self._value(preds[(k, c)])[0])
+        best_k = self._predicted_best(preds, c, open_)
         rest = [k for k in open_ if k != best_k]
         return None if self._worth(preds, c, rest, self._value(preds[(best_k, c)])[0]) else best_k
+
+    def _predicted_best(self, preds: dict[tuple[int, int], Prediction], c: int, open_: Sequence[int]) -> int:
+        """The num_steps of ``open_`` whose predicted objective at ``c`` is best (highest throughput, lowest TPOT)."""
+        sign = 1 if self.objective != "tpot" else -1
+        return max(open_, key=lambda k: sign * self._value(preds[(k, c)])[0])
 
     def _worth(self, preds: dict[tuple[int, int], Prediction], c: int, open_: Sequence[int],
                best: float) -> dict[int, float]:

@@ -46,6 +46,28 @@ __all__ = ["Cell", "MIN_REL_ERROR", "Prediction", "StepTimeModel"]
 MIN_REL_ERROR = 0.02
 
 
+def _covariance(feat: Callable[[int, int], list[float]], obs: Sequence[tuple[Cell, float]],
+                var: float) -> np.ndarray:
+    """The parameter covariance ``var * (X'WX)^-1`` of the weighted least-squares fit of ``obs`` ((cell, tau s)
+    pairs, weights 1 / tau: relative units) with features ``feat(k, c)`` and relative residual variance ``var``."""
+    Xw = np.array([feat(x.steps, x.conc) for x, _ in obs]) / np.array([t for _, t in obs])[:, None]
+    return np.linalg.pinv(Xw.T @ Xw) * var
+
+
+def _gradient(feat: Callable[[int, int], list[float]], raw: Callable[[int, int], float], k: int, c: int,
+              here: Sequence[Cell]) -> np.ndarray:
+    """The relative gradient of tau(k, c) in the parameters (``feat / raw``; zeros where the fit is not positive),
+    less its mean over the cells ``here`` measured at c, which anchor the level there (only the shape between them
+    and (k, c) is uncertain; with none, the level is too)."""
+    def rel(kk: int) -> np.ndarray:
+        r = raw(kk, c)
+        f = np.array(feat(kk, c), dtype=float)
+        return f / r if math.isfinite(r) else np.zeros(len(f))
+
+    g = rel(k)
+    return g - np.mean([rel(x.steps) for x in here], axis=0) if here else g
+
+
 @dataclass
 class Prediction:
     """A predicted cell: objective value and its interval, throughput (tokens/s), TPOT p50 (ms) and acceptance
@@ -281,11 +303,8 @@ class StepTimeModel:
             if not (math.isfinite(pred) and pred > 0) or not all(math.isfinite(raw(y.steps, y.conc)) for y in here):
                 continue
             errs.append(t / pred - 1)
-            noise = [self._noise(y) for y, _ in rest]
-            Xw = np.array([feat(y.steps, y.conc) for y, _ in rest]) / np.array([ty for _, ty in rest])[:, None]
-            cov = np.linalg.pinv(Xw.T @ Xw) * float(np.mean(noise))
-            g = np.array(feat(x.steps, x.conc)) / raw(x.steps, x.conc) - np.mean(
-                [np.array(feat(y.steps, y.conc)) / raw(y.steps, y.conc) for y in here], axis=0)
+            cov = _covariance(feat, rest, float(np.mean([self._noise(y) for y, _ in rest])))
+            g = _gradient(feat, raw, x.steps, x.conc, here)
             expected.append(self._noise(x) + float(np.mean([self._noise(y) for y in here])) / len(here)
                             + max(float(g @ cov @ g), 0.0))
         if len(errs) < 2:
@@ -312,8 +331,6 @@ class StepTimeModel:
             if math.isfinite(roof_loo) and (not math.isfinite(loo) or roof_loo < loo):
                 core, loo, loo_cells, loo_noise = roof, roof_loo, roof_cells, roof_noise
         label, feat, theta, raw, anchor = core
-        X = np.array([feat(x.steps, x.conc) for x, _ in obs])
-        w = 1.0 / np.array([t for _, t in obs])
         # anchors between measured concurrencies: interpolate in log c
         known = sorted(anchor)
 
@@ -350,18 +367,10 @@ class StepTimeModel:
                          "cells": len(obs)}
         # the parameters' own uncertainty (relative units: the fit is weighted by 1/tau): a cell the measured ones
         # pin down poorly (an extrapolation in K or c) gets a wider interval than the residual spread alone
-        Xw = X * w[:, None]
-        cov = np.linalg.pinv(Xw.T @ Xw) * s * s
-
-        def rel(k: int, c: int) -> np.ndarray:
-            r = raw(k, c)
-            return np.array(feat(k, c)) / r if math.isfinite(r) else np.zeros(len(theta))
+        cov = _covariance(feat, obs, s * s)
 
         def err(k: int, c: int) -> float:
-            g = rel(k, c)
-            here = [x for x, _ in obs if x.conc == c]
-            if here:  # anchored on the cells measured at c: only the shape between them and (k, c) is uncertain
-                g = g - np.mean([rel(x.steps, c) for x in here], axis=0)
+            g = _gradient(feat, raw, k, c, [x for x, _ in obs if x.conc == c])
             return math.sqrt(s * s + max(float(g @ cov @ g), 0.0))
 
         return (lambda k, c: raw(k, c) * anchor_at(c)), err
