@@ -308,6 +308,7 @@ def recorded(args: argparse.Namespace) -> int:
                 tokens = sum(x.get("completion_tokens") or 0 for x in kept)
                 m.update(num_requests=len(kept), total_output_tokens=tokens, duration_s=end - t0,
                          output_throughput_tok_s=tokens / (end - t0))
+                self._as_full_window(key, kept, m, rule)  # as Sweep._point does
                 m.update(point_intervals([{**x, "steps": k, "concurrency": c} for x in kept], m))
                 gp.update(stop_reason="early_stop", window={"start_s": t0, "end_s": end})
             gp["early_stop"] = {**rule.describe(), "full_window_estimate": full}

@@ -48,7 +48,7 @@ from spectune.results.schema import Key, key_fields, now_iso, point_key
 from spectune.sweep.drift import drift_check, drift_summary
 from spectune.sweep.guided import GuidedPlanner
 from spectune.sweep.plan import NEW_KEYS, ClientTimeouts, SweepListener, SweepOutcome, SweepPlan
-from spectune.sweep.sequential import MIN_SECONDS, EarlyStop
+from spectune.sweep.sequential import MIN_SECONDS, EarlyStop, full_window_equivalent
 
 __all__ = ["Sweep", "execute", "run_blocking"]
 
@@ -241,6 +241,22 @@ class Sweep:
                          plan.confidence, min_s=MIN_SECONDS, steps=steps, reference_steps=best, at_minimum=goal,
                          max_s=plan.duration_per_point_s)
 
+    def _as_full_window(self, key: Key, records: list[dict[str, Any]], metrics: dict[str, Any], rule: EarlyStop) -> None:
+        """An early-stopped window's ``output_throughput_tok_s`` as its full window would read it
+        (:func:`spectune.sweep.sequential.full_window_equivalent`, scaled by the full windows measured at its
+        concurrency), so that recommend compares it with them like for like; the window's own figure and the scale
+        go to its ``early_stop`` record (``window_output_throughput_tok_s``, ``drain_scale``)."""
+        conc = key[1]
+        recs = self._records_by_point()
+        peers = [((p.get("metrics") or {}).get("output_throughput_tok_s"), recs.get(point_key(p), []))
+                 for p in self.folder.points
+                 if int(p["concurrency"]) == conc and p.get("status") == "ok" and not p.get("predicted")
+                 and not (p.get("early_stop") or {}).get("reason") and p.get("drift_check") is None]
+        got = full_window_equivalent(records, conc, peers)
+        if got is not None:
+            rule.last.update(window_output_throughput_tok_s=metrics.get("output_throughput_tok_s"), drain_scale=got[1])
+            metrics["output_throughput_tok_s"] = got[0]
+
     def _records_by_point(self) -> dict[Key, list[dict[str, Any]]]:
         """Request objects of every point, keyed (steps, concurrency, repeat): those measured now, and those of a
         resumed folder's earlier points (requests.jsonl)."""
@@ -324,6 +340,8 @@ class Sweep:
         if limited is not None:
             self.listener.warning(f"K={steps} c={conc}: {limited}; its latencies include the client's own queueing "
                                   "(lower the concurrency, or give spectune a core of its own)")
+        if rule is not None and rule.reason:
+            self._as_full_window(key, [r.to_json() for r in records], metrics, rule)
         metrics.update(point_intervals([r.to_json() for r in records], metrics))
         metrics.update(acceptance_length=acc.acceptance_length, acceptance_rate=acc.acceptance_rate,
                        acceptance_length_source=acc.source, batch_size_mean=batch["mean"] if batch else None,
