@@ -16,7 +16,8 @@ from spectune.backends.base import BackendOptions
 from spectune.results.reader import load_results
 from spectune.sweep.plan import SweepPlan
 from spectune.sweep.run import execute
-from spectune.sweep.sequential import MIN_SECONDS, EarlyStop, cs_half_width
+from spectune.sweep.sequential import (MIN_SECONDS, EarlyStop, closed_loop_throughput, cs_half_width,
+                                       full_window_equivalent)
 
 from helpers.cost_model import COMPUTE_BOUND, EmulatedServers
 
@@ -145,6 +146,87 @@ def test_a_smaller_num_steps_is_never_stopped_futile():
     assert at_ratio(recs, 0.96, 100, **SMALLER).check(recs, 5.0) is None
 
 
+def test_a_smaller_num_steps_the_full_window_would_leave_within_the_band_stops_within_band():
+    """K=0 0.5% below K=1 at 60 of 100 requests (8% per request): its confidence sequence still reaches under
+    0.98 of K=1 (no above_best), but the full window ends above 0.98 with predictive probability over 99%, so
+    recommend would give K=0 the choice either way."""
+    recs = records(60, 100.0, 0.08)
+    assert at_ratio(recs, 0.995, 100, **SMALLER).check(recs, 5.0) == "within_band"
+
+
+def test_a_smaller_num_steps_near_the_edge_runs_on():
+    """K=0 1.5% below K=1 at 20 of 100 requests (5% per request): the full window may still end beyond the band."""
+    recs = records(20, 100.0, 0.05)
+    assert at_ratio(recs, 0.985, 100, **SMALLER).check(recs, 5.0) is None
+
+
+def test_a_smaller_num_steps_above_the_reference_waits_for_half_its_window():
+    """K=0 0.5% above K=1 at 40 of 100 requests (8% per request): it would become its concurrency's reference, so,
+    as above_best, it runs at least half its window; at 60 of 100 it stops."""
+    recs = records(40, 100.0, 0.08)
+    assert at_ratio(recs, 1.005, 100, **SMALLER).check(recs, 5.0) is None
+    recs = records(60, 100.0, 0.08)
+    assert at_ratio(recs, 1.005, 100, **SMALLER).check(recs, 5.0) == "within_band"
+
+
+def test_a_larger_num_steps_is_never_stopped_within_band():
+    """K=3 1% below K=1: a tie, which recommend gives to the smaller K=1; the rule that can stop it is futile."""
+    recs = records(60, 100.0, 0.02)
+    assert at_ratio(recs, 0.99, 100, **LARGER).check(recs, 5.0) != "within_band"
+
+
+def closed_loop(c: int, n: int, stop_after: int | None = None, per_token_s: float = 0.01,
+                seed: int = 0) -> tuple[list[dict], float]:
+    """requests.jsonl objects of a closed loop of ``c`` slots sending ``n`` requests of 16-128 tokens at
+    ``per_token_s`` each, and the window's own tokens/s (tokens over first send to last end). ``stop_after``: the
+    window stops once that many have finished; the requests in flight finish and count, nothing more is sent."""
+    import heapq
+
+    rng = np.random.default_rng(seed)
+    toks = rng.integers(16, 129, n)
+    free = [(0.0, i) for i in range(c)]  # (time the slot frees, slot)
+    recs: list[dict] = []
+    ends: list[float] = []
+    for i in range(n):
+        t, slot = heapq.heappop(free)
+        if stop_after is not None and sum(e <= t for e in ends) >= stop_after:
+            break
+        lat = float(toks[i]) * per_token_s
+        recs.append({"prompt_id": str(i % 32), "error": None, "completion_tokens": int(toks[i]),
+                     "e2e_ms": lat * 1e3, "dispatch_delay_s": 0.0, "send": t, "end": t + lat})
+        ends.append(t + lat)
+        heapq.heappush(free, (t + lat, slot))
+    return recs, sum(r["completion_tokens"] for r in recs) / max(r["end"] for r in recs)
+
+
+def test_the_closed_loop_throughput_is_littles_law():
+    recs, _ = closed_loop(4, 40)
+    want = 4 * sum(r["completion_tokens"] for r in recs) / sum(r["e2e_ms"] / 1e3 for r in recs)
+    assert closed_loop_throughput(recs + [{"error": "boom", "completion_tokens": 0}], 4) == pytest.approx(want)
+
+
+def test_a_window_cut_short_reads_low_against_its_full_window():
+    """Why the sweep scales an early-stopped window: the same closed loop of 4, stopped after 12 of 32 requests,
+    reads lower by its drain (the last requests finishing with the loop no longer full weigh more in it)."""
+    _, full = closed_loop(4, 32)
+    _, cut = closed_loop(4, 32, stop_after=12)
+    assert cut < 0.95 * full
+
+
+def test_an_early_stopped_window_reads_as_its_full_window_would():
+    """Scaled by the full window's own ratio of reported to Little's-law throughput, the cut window reads what the
+    full one did (each request's speed is the same here, so Little's law is exact for both)."""
+    full_recs, full = closed_loop(4, 32)
+    cut_recs, _ = closed_loop(4, 32, stop_after=12)
+    value, _ = full_window_equivalent(cut_recs, 4, [(full, full_recs)])
+    assert value == pytest.approx(full, rel=1e-9)
+
+
+def test_without_a_full_window_the_cut_window_keeps_its_own_figure():
+    cut_recs, _ = closed_loop(4, 32, stop_after=12)
+    assert full_window_equivalent(cut_recs, 4, []) is None
+
+
 def test_a_tight_estimate_stops_precise_without_a_reference():
     rule = EarlyStop("throughput", 1, 100)
     assert rule.check(records(40, 100.0, 0.005), 5.0) == "precise"
@@ -204,7 +286,24 @@ async def test_windows_stop_early_and_their_estimates_agree_with_the_full_window
     with open(tmp_path / "True" / "summary.csv", newline="") as fh:
         rows = {(int(r["steps"]), int(r["concurrency"])): r for r in csv.DictReader(fh)}
     assert {kc for kc, r in rows.items() if r["stopped_early"] == "True"} == set(stopped)
-    assert all(rows[kc]["early_stop_reason"] in ("below_best", "above_best", "precise") for kc in stopped)
+    assert all(rows[kc]["early_stop_reason"] in ("below_best", "above_best", "futile", "within_band", "precise")
+               for kc in stopped)
+    # an early-stopped window reads as its full window would: its Little's-law throughput, scaled by the full
+    # windows' own reported / Little's-law ratio at its concurrency (spectune.sweep.sequential.full_window_equivalent)
+    import json as _json
+
+    early_reqs = [_json.loads(x) for x in (tmp_path / "True" / "requests.jsonl").read_text().splitlines()]
+    scaled = 0
+    for kc in stopped:
+        es, m = out[True][kc]["early_stop"], out[True][kc]["metrics"]
+        if "drain_scale" in es:
+            scaled += 1
+            mine = [r for r in early_reqs if (r["steps"], r["concurrency"]) == kc]
+            assert m["output_throughput_tok_s"] == pytest.approx(
+                closed_loop_throughput(mine, kc[1]) * es["drain_scale"], rel=1e-9)
+            assert es["window_output_throughput_tok_s"] == pytest.approx(
+                m["total_output_tokens"] / m["duration_s"], rel=1e-9)
+    assert scaled >= 1
     assert load_results(tmp_path / "True").summary["stopped_early"].dtype == bool
 
     reqs = load_results(tmp_path / "False")
