@@ -33,8 +33,8 @@ PLAN_COLUMNS = ("predicted",)
 EARLY_STOP_COLUMNS = ("stopped_early", "early_stop_reason")
 """Whether the point's window stopped before its planned requests because the decision it served was settled
 (``--early-stop``; :mod:`spectune.sweep.sequential`) and why (``below_best``, ``above_best``, ``futile``,
-``within_band``, ``precise``, ``seed_acceptance``; empty when it ran its full window). Added after the first release: a summary.csv without them
-reads as False / empty."""
+``within_band``, ``precise``, ``seed_acceptance``; empty when it ran its full window). Added after the first
+release: a summary.csv without them reads as False / empty."""
 
 SCHEDULE_COLUMNS = ("schedule_check",)
 """Whether the point's server drafted the num_steps it was given (points.jsonl ``schedule_check``;

@@ -241,7 +241,8 @@ class Sweep:
                          plan.confidence, min_s=MIN_SECONDS, steps=steps, reference_steps=best, at_minimum=goal,
                          max_s=plan.duration_per_point_s)
 
-    def _as_full_window(self, key: Key, records: list[dict[str, Any]], metrics: dict[str, Any], rule: EarlyStop) -> None:
+    def _as_full_window(self, key: Key, records: list[dict[str, Any]], metrics: dict[str, Any],
+                        rule: EarlyStop) -> None:
         """An early-stopped window's ``output_throughput_tok_s`` as its full window would read it
         (:func:`spectune.sweep.sequential.full_window_equivalent`, scaled by the full windows measured at its
         concurrency), so that recommend compares it with them like for like; the window's own figure and the scale

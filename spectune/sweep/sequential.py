@@ -102,8 +102,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["EarlyStop", "cs_half_width", "closed_loop_throughput", "full_window_equivalent", "MIN_WAVES", "MIN_REQUESTS",
-           "MIN_SECONDS"]
+__all__ = ["EarlyStop", "cs_half_width", "closed_loop_throughput", "full_window_equivalent", "MIN_WAVES",
+           "MIN_REQUESTS", "MIN_SECONDS"]
 
 #: closed-loop waves a window runs at least before it may stop early (the first wave ramps up)
 MIN_WAVES = 2
@@ -134,9 +134,9 @@ def cs_half_width(sd: float, n: int, alpha: float, t_opt: float) -> float:
 class EarlyStop:
     """The stop rule of one window (module docstring). Call :meth:`check` with the finished records (objects with
     ``ok``, ``completion_tokens``, ``e2e_s`` and ``tpot_s``, as :class:`spectune.loadgen.record.RequestRecord`) and
-    the seconds since the window began; it returns the reason to stop (``below_best``, ``above_best``, ``futile``, ``within_band``,
-    ``precise``, or the ``at_minimum`` reason)
-    or None, and keeps the last estimate for the point's ``early_stop`` record (:meth:`describe`).
+    the seconds since the window began; it returns the reason to stop (``below_best``, ``above_best``, ``futile``,
+    ``within_band``, ``precise``, or the ``at_minimum`` reason) or None, and keeps the last estimate for the point's
+    ``early_stop`` record (:meth:`describe`).
 
     Args:
         objective: ``throughput`` (max tokens/s) or ``tpot`` (min ms).
