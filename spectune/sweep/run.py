@@ -341,9 +341,10 @@ class Sweep:
         if limited is not None:
             self.listener.warning(f"K={steps} c={conc}: {limited}; its latencies include the client's own queueing "
                                   "(lower the concurrency, or give spectune a core of its own)")
+        as_json = [r.to_json() for r in records]
         if rule is not None and rule.reason:
-            self._as_full_window(key, [r.to_json() for r in records], metrics, rule)
-        metrics.update(point_intervals([r.to_json() for r in records], metrics))
+            self._as_full_window(key, as_json, metrics, rule)
+        metrics.update(point_intervals(as_json, metrics))
         metrics.update(acceptance_length=acc.acceptance_length, acceptance_rate=acc.acceptance_rate,
                        acceptance_length_source=acc.source, batch_size_mean=batch["mean"] if batch else None,
                        batch_size_p50=batch["p50"] if batch else None,

@@ -188,8 +188,7 @@ class EarlyStop:
             m = sum(xs) / len(xs)
             sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
             return m, sd / m if m > 0 else math.inf, len(xs)
-        pairs = [(float(r.completion_tokens), r.e2e_s + (getattr(r, "dispatch_delay_s", None) or 0.0))
-                 for r in records if r.ok and r.completion_tokens and r.e2e_s and r.e2e_s > 0]
+        pairs = _tokens_and_latency(records)
         n = len(pairs)
         if n < 2:
             return None
@@ -233,7 +232,7 @@ class EarlyStop:
             elif better_lo > edge * (1 - band if smaller else 1 + band):
                 reason = "above_best" if 2 * n >= self._total(n, elapsed_s) else None
             elif not smaller:  # can the rest of the window still let it pass the edge above_best uses?
-                reason = self._futile(value, rel_sd, n, elapsed_s, smaller)
+                reason = self._futile(value, rel_sd, n, elapsed_s)
             else:  # a smaller num_steps: will the full window leave it within the band, where it takes the choice?
                 reason = self._within_band(value, rel_sd, n, elapsed_s)
         if reason is None and r <= (self.precision or 0):
@@ -251,33 +250,37 @@ class EarlyStop:
             return min(float(self.planned), n * self.max_s / elapsed_s)
         return float(self.planned)
 
-    def _futile(self, value: float, rel_sd: float, n: int, elapsed_s: float, smaller: bool) -> str | None:
-        """``futile`` when the rest of the window would let the cell pass the reference's edge with predictive
-        probability under ``1 - confidence`` (module docstring), else None."""
+    def _predicted(self, value: float, rel_sd: float, n: int, elapsed_s: float) -> tuple[float, float, float] | None:
+        """The full window's estimate as predicted after ``n`` requests (module docstring, "Futility"): (the cell
+        over the reference now, "better" up; z x the predictive sd of that ratio at the window's end, z the
+        one-sided ``confidence`` quantile; the requests the window will have measured), or None when no request
+        is left to come or the requests do not scatter."""
         total = self._total(n, elapsed_s)
         if total <= n or not rel_sd > 0:
             return None
         ref = self.reference or 0.0
         ratio = value / ref if self.objective != "tpot" else ref / value  # the cell over the reference, "better" up
-        edge = 1 - self.noise_band if smaller else 1 + self.noise_band
         sd = rel_sd * ratio * math.sqrt((total - n) / (total * n))
-        z = NormalDist().inv_cdf(self.confidence)
-        return "futile" if edge - ratio > z * sd else None
+        return ratio, NormalDist().inv_cdf(self.confidence) * sd, total
+
+    def _futile(self, value: float, rel_sd: float, n: int, elapsed_s: float) -> str | None:
+        """``futile`` (a larger num_steps than the reference's, or either unknown) when the rest of the window would
+        let the cell pass the reference x (1 + band) edge with predictive probability under ``1 - confidence``
+        (module docstring), else None."""
+        got = self._predicted(value, rel_sd, n, elapsed_s)
+        return "futile" if got is not None and 1 + self.noise_band - got[0] > got[1] else None
 
     def _within_band(self, value: float, rel_sd: float, n: int, elapsed_s: float) -> str | None:
         """``within_band`` (a smaller num_steps than the reference's) when the full window's estimate would end above
         the reference x (1 - band) with predictive probability at least ``confidence`` (module docstring), else
         None."""
-        total = self._total(n, elapsed_s)
-        if total <= n or not rel_sd > 0:
+        got = self._predicted(value, rel_sd, n, elapsed_s)
+        if got is None:
             return None
-        ref = self.reference or 0.0
-        ratio = value / ref if self.objective != "tpot" else ref / value  # the cell over the reference, "better" up
+        ratio, margin, total = got
         if ratio > 1 and 2 * n < total:
             return None  # it would become its concurrency's reference: as above_best, not before half its window
-        sd = rel_sd * ratio * math.sqrt((total - n) / (total * n))
-        z = NormalDist().inv_cdf(self.confidence)
-        return "within_band" if ratio - (1 - self.noise_band) > z * sd else None
+        return "within_band" if ratio - (1 - self.noise_band) > margin else None
 
     def describe(self) -> dict[str, Any]:
         """points.jsonl's ``early_stop``: the rule's settings, its ``reason`` (None: ran the full window) and the
@@ -296,12 +299,27 @@ def closed_loop_throughput(records: Iterable[dict[str, Any]], concurrency: int) 
     the queuing formula L = lambda W", Operations Research 9(3), 1961). It has no drain: a window's own
     ``output_throughput_tok_s`` (tokens over the window's length) counts the last requests finishing with the loop
     no longer full, a share that grows as the window shrinks. None without usable requests."""
-    tok = lat = 0.0
+    pairs = _tokens_and_latency(records)
+    lat = sum(x for _, x in pairs)
+    return concurrency * sum(t for t, _ in pairs) / lat if lat > 0 else None
+
+
+def _tokens_and_latency(records: Iterable[Any]) -> list[tuple[float, float]]:
+    """(output tokens, latency s from when the request's slot freed: end-to-end + dispatch delay) of each
+    successful request with both, the throughput statistic's parts (module docstring). ``records``:
+    :class:`spectune.loadgen.record.RequestRecord`-like objects (``ok``, ``completion_tokens``, ``e2e_s``,
+    ``dispatch_delay_s``) or requests.jsonl objects (``error``, ``completion_tokens``, ``e2e_ms``,
+    ``dispatch_delay_s``)."""
+    out = []
     for r in records:
-        if r.get("error") is None and (r.get("completion_tokens") or 0) > 0 and (r.get("e2e_ms") or 0) > 0:
-            tok += float(r["completion_tokens"])
-            lat += float(r["e2e_ms"]) / 1e3 + float(r.get("dispatch_delay_s") or 0.0)
-    return concurrency * tok / lat if lat > 0 else None
+        if isinstance(r, dict):
+            ok, tok = r.get("error") is None, r.get("completion_tokens")
+            e2e, delay = (r.get("e2e_ms") or 0) / 1e3, r.get("dispatch_delay_s")
+        else:
+            ok, tok, e2e, delay = r.ok, r.completion_tokens, r.e2e_s, getattr(r, "dispatch_delay_s", None)
+        if ok and tok and e2e and e2e > 0:
+            out.append((float(tok), e2e + (delay or 0.0)))
+    return out
 
 
 def full_window_equivalent(records: Iterable[dict[str, Any]], concurrency: int,
