@@ -461,14 +461,47 @@ def test_a_tie_that_rests_on_a_wide_interval_is_measured_again():
 
 
 def test_of_two_cells_with_as_many_runs_the_smaller_num_steps_is_measured_again():
-    """Even where the best's requests scatter three times as much: a second run of the best would widen recommend's
-    tie band by the best cell's own run-to-run spread (a drifting engine's 6% between two runs of K=1 made K=0, 10%
-    slower, a tie on the bundled engine, 2026-11-26)."""
+    """Even where the best's requests scatter more: a second run of the best would widen recommend's tie band by the
+    best cell's own run-to-run spread (a drifting engine's 6% between two runs of K=1 made K=0, 10% slower, a tie on
+    the bundled engine, 2026-11-26)."""
+    planner = GuidedPlanner(STEPS, CONC)
+    points, records = measured_pair(1.07, 0.10)
+    for r in records[(1, 1, 0)]:  # K=1's requests scatter 1.5 times as much around the same mean
+        r["e2e_ms"] = 640.0 / 1.07 + 1.5 * (r["e2e_ms"] - 640.0 / 1.07)
+    assert planner.settle(points, records) == [(0, 1, 1)]
+
+
+def test_a_tie_one_more_run_could_not_turn_is_not_measured_again():
+    """K=1 6% faster, its requests scattering three times as much as K=0's: one more run of K=0 narrows the ratio's
+    interval too little to leave the band, so the tie stands without it (switch probability under 1%)."""
     planner = GuidedPlanner(STEPS, CONC)
     points, records = measured_pair(1.06, 0.12)
-    for r in records[(1, 1, 0)]:  # K=1's requests scatter three times as much around the same mean
+    for r in records[(1, 1, 0)]:
         r["e2e_ms"] = 640.0 / 1.06 + 3 * (r["e2e_ms"] - 640.0 / 1.06)
-    assert planner.settle(points, records) == [(0, 1, 1)]
+    [cmp] = planner.comparisons(points, records)
+    assert cmp["switch_probability"] < 0.01
+    assert cmp["verdict"] == "tie"
+
+
+def with_windows(points: list[dict], pair_s: float, others_s: float) -> list[dict]:
+    """``points`` (measured_pair's) with windows of ``pair_s`` seconds, and K=0 measured in full at concurrencies 2,
+    4 and 8 in windows of ``others_s`` seconds."""
+    out = [{**p, "metrics": {**p["metrics"], "duration_s": pair_s}} for p in points]
+    return out + [{"steps": 0, "concurrency": c, "repeat": 0, "status": "ok",
+                   "metrics": {"output_throughput_tok_s": 100.0, "duration_s": others_s}} for c in (2, 4, 8)]
+
+
+def test_an_unsettled_pair_of_long_windows_is_not_measured_again():
+    """The pair of test_a_tie_that_rests_on_a_wide_interval_is_measured_again, its windows 40 s against 2 s for the
+    plan's other full windows: one more run costs 2.3 mean windows, and its expected gain (its switch probability x
+    what the best gains beyond the band) is under a quarter of the band per mean window. With windows as long as
+    the others it is measured again."""
+    planner = GuidedPlanner(STEPS, CONC)
+    points, records = measured_pair(1.06, 0.12)
+    [cmp] = planner.comparisons(with_windows(points, 40.0, 2.0), records)
+    assert cmp["settle_cost"] > 2
+    assert cmp["verdict"] == "tie"
+    assert planner.comparisons(with_windows(points, 2.0, 2.0), records)[0]["verdict"] == "unsettled"
 
 
 def test_a_clear_difference_is_settled():
@@ -486,7 +519,7 @@ def test_a_difference_inside_the_band_is_a_settled_tie():
 def test_settling_stops_at_its_share_of_repeats():
     """Each cell gets at most SETTLE_REPEATS runs beyond the plan's repeats, however unsettled."""
     planner = GuidedPlanner(STEPS, CONC)
-    points, records = measured_pair(1.06, 0.3, runs=1 + GuidedPlanner.SETTLE_REPEATS)
+    points, records = measured_pair(1.07, 0.15, runs=1 + GuidedPlanner.SETTLE_REPEATS)
     assert planner.comparisons(points, records)[0]["verdict"] == "unsettled"
     assert planner.settle(points, records) == []
 

@@ -4,8 +4,10 @@ When no unmeasured cell is worth measuring, each concurrency's choice is made fr
 recommend`` makes it: a smaller num_steps that ties with the best wins, a tie being a ratio to the best within the
 noise band or a paired interval of that ratio that reaches the band. The second kind can rest on the interval's width
 alone. Such a comparison is *unsettled* (:meth:`Settling.comparisons`: the ratio is beyond the band, its interval
-reaches it, and more runs narrowing it around the ratio would make the larger num_steps win by at least
-``EI_SHARE_OF_BAND`` of the band beyond it); :meth:`Settling.settle` measures one more run of one cell of each
+reaches it, and one more run is worth its seconds: the probability that the run turns the tie into a loss
+(:meth:`Settling.switch_probability`, preposterior analysis) times what the best gains beyond the band is at least
+``EI_SHARE_OF_BAND`` of the band, the bar a new cell passes, per mean window: the run's window over the mean of the
+plan's full windows); :meth:`Settling.settle` measures one more run of one cell of each
 unsettled pair (the one with fewer runs, else the smaller num_steps: recommend widens its tie band to the best cell's
 own run-to-run spread, so a second run of the best on a drifting engine can turn a clear loss into a tie; seen on the
 bundled engine, 2026-11-26: two runs of K=1 at concurrency 8, 195.6 and 208.0 tok/s, made K=0 at 0.926 [0.868,
@@ -13,10 +15,19 @@ bundled engine, 2026-11-26: two runs of K=1 at concurrency 8, 195.6 and 208.0 to
 beyond ``--repeats`` per cell, until every deciding comparison is a tie, a clear loss, or out of runs. The
 comparisons are recommend's: paired bootstrap over prompts and repeats
 (:class:`spectune.results.confidence.Bootstrap`).
+
+Why the value per window: without it, a settle pair at the bundled engine's largest concurrency (two windows of
+37-40 s, 4% of a 5 x 6 grid each) was measured whenever its interval reached the band, though one more run could
+not take its upper end out of the band (switch probability 0.03 on the recorded grid of 2026-11-26 13:32); it was
+8% of the grid's time in the quiet live run of stop 40 and left the choice as it was. On the emulated servers a
+pair a run can resolve (ratio 0.947 [0.911, 0.981] at concurrency 16 on the held-out quadratic model, 5 x 4, 1.2%
+of the grid) is still measured again; without it one sweep chose 0.927 of the grid's choice (docs/sweep.md).
 """
 
 from __future__ import annotations
 
+import math
+from statistics import NormalDist
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
@@ -60,18 +71,29 @@ class Settling:
         (:class:`spectune.results.confidence.Bootstrap`, as recommend's); the ratio small / best has its percentile
         interval at ``confidence``. Returns ``{"concurrency", "steps", "best", "ratio", "low", "high", "verdict",
         "widths"}`` per comparison (``widths``: the relative widths of the two cells' own intervals), ``verdict`` one of ``tie`` (recommend prefers the smaller num_steps: the ratio is within the
-        noise band of 1, or its interval reaches the band and more runs could gain less than ``EI_SHARE_OF_BAND`` of
-        the band beyond it), ``loses`` (the whole interval is beyond the band) or ``unsettled`` (recommend calls a
-        tie only because the interval is wide, and more runs, narrowing it around the ratio, would make the larger
-        num_steps win by at least ``EI_SHARE_OF_BAND`` of the band beyond it: the threshold a new cell must pass); a
-        comparison without an interval (no requests) is decided by the ratio and never unsettled."""
+        noise band of 1, or its interval reaches the band and one more run is not worth it, below), ``loses`` (the
+        whole interval is beyond the band) or ``unsettled`` (recommend calls a tie only because the interval is
+        wide, and one more run is worth it: its ``switch_probability`` (:meth:`switch_probability`) times what the
+        best gains beyond the band (``settle_value``, a fraction of the objective) is at least ``EI_SHARE_OF_BAND``
+        of the band, the bar a new cell passes, times ``settle_cost``, the run's seconds (the longest window of the
+        cell :meth:`settle` would measure) over the mean window of the measured cells that ran in full (1.0 without
+        one); the three go with the comparison); a comparison without an interval (no requests) is decided by the
+        ratio and never unsettled."""
         maximise = self.objective != "tpot"
         col = "output_throughput_tok_s" if maximise else "tpot_p50_ms"
         runs: dict[tuple[int, int], list[tuple[int, float]]] = {}
+        secs: dict[tuple[int, int], float] = {}  # the longest window of each cell, s
+        full: list[float] = []  # the lengths of the windows that ran in full, s
         for p in points:
             v = (p.get("metrics") or {}).get(col)
             if p.get("status") == "ok" and not p.get("predicted") and isinstance(v, (int, float)) and v > 0:
-                runs.setdefault((int(p["steps"]), int(p["concurrency"])), []).append((int(p.get("repeat", 0)), v))
+                kc = (int(p["steps"]), int(p["concurrency"]))
+                runs.setdefault(kc, []).append((int(p.get("repeat", 0)), v))
+                d = float((p.get("metrics") or {}).get("duration_s") or 0.0)
+                secs[kc] = max(secs.get(kc, 0.0), d)
+                if d > 0 and not (p.get("early_stop") or {}).get("reason"):
+                    full.append(d)
+        mean_s = float(np.mean(full)) if full else 0.0
         boot = Bootstrap({r.get("prompt_id") for rs in records.values() for r in rs})
         value, reps = {}, {}
         for i, (k, c) in enumerate(sorted(runs)):
@@ -102,12 +124,46 @@ class Settling:
                 reaches = hi >= edge if maximise else lo <= edge
                 gain = (1 / ratio if maximise else ratio) - (1 + band)  # what the best gains over the band
                 settles = within or gain < self.EI_SHARE_OF_BAND * band  # more runs could win too little
+                widths = [width(k, c), width(best, c)]
+                extra: dict[str, float] = {}
+                if reaches and not settles:  # is one more run worth its seconds?
+                    runs_of = [len(runs[(k, c)]), len(runs[(best, c)])]
+                    pick = 0 if runs_of[0] <= runs_of[1] else 1  # the cell settle() would run again
+                    p_switch = self.switch_probability(ratio, lo, hi, widths, runs_of, pick)
+                    cost = secs[((k, best)[pick], c)] / mean_s if mean_s > 0 else 1.0
+                    extra = {"switch_probability": p_switch, "settle_value": p_switch * gain, "settle_cost": cost}
+                    settles = p_switch * gain < self.EI_SHARE_OF_BAND * band * cost
                 verdict = "tie" if settles and reaches else "unsettled" if reaches else "loses"
                 out.append({"concurrency": c, "steps": k, "best": best, "ratio": ratio, "low": lo, "high": hi,
-                            "verdict": verdict, "widths": [width(k, c), width(best, c)]})
+                            "verdict": verdict, "widths": widths, **extra})
                 if verdict != "loses":
                     break
         return out
+
+    def switch_probability(self, ratio: float, low: float, high: float, widths: Sequence[float],
+                           runs: Sequence[int], pick: int) -> float:
+        """The probability that one more run of cell ``pick`` (0: the smaller num_steps, 1: the best) turns a tie
+        that rests on its interval's width into a loss (recommend then takes the best): preposterior analysis
+        (Raiffa and Schlaifer, "Applied Statistical Decision Theory", 1961, ch. 5), under the normal approximation
+        of the ratio's interval ``[low, high]`` around ``ratio`` (small / best).
+
+        The ratio's variance is the two cells' own (``widths``: their relative interval widths, from ``runs`` runs
+        each); one more run of cell ``pick`` scales its share by ``runs / (runs + 1)``, so the interval's half-width
+        towards the band shrinks by ``f = sqrt(v' / v)``. The ratio after the run is normal around today's with the
+        preposterior sd ``sd * sqrt(1 - f^2)`` (``sd``: the interval's half-width over z), and the tie turns when its
+        edge, ``ratio' +- f * half-width``, passes the band's edge (1 - band for throughput, 1 + band for TPOT)."""
+        maximise = self.objective != "tpot"
+        var = [w * w for w in widths]
+        total = var[0] + var[1]
+        f = math.sqrt((total - var[pick] / (runs[pick] + 1)) / total) if total > 0 else 1.0
+        z = NormalDist().inv_cdf(0.5 + self.confidence / 2)
+        pre = (high - low) / (2 * z) * math.sqrt(max(1 - f * f, 0.0))
+        half = (high - ratio) if maximise else (ratio - low)
+        edge = 1 - self.noise_band if maximise else 1 + self.noise_band
+        margin = (edge - (ratio + f * half)) if maximise else ((ratio - f * half) - edge)
+        if pre <= 0:
+            return 1.0 if margin > 0 else 0.0
+        return NormalDist().cdf(margin / pre)
 
     def settle(self, points: Sequence[dict[str, Any]],
                records: dict[tuple[int, int, int], list[dict[str, Any]]]) -> list[tuple[int, int, int]]:
