@@ -640,3 +640,16 @@ async def test_with_windows_that_stop_early_the_guided_plan_takes_a_quarter_to_a
     seconds = {d: sum(p["metrics"]["duration_s"] for p in o.points) for d, o in runs.items()}
     assert seconds["guided"] <= share * seconds["grid"]
     assert any((p.get("early_stop") or {}).get("reason") for p in runs["guided"].points)
+
+
+def test_a_cells_expected_seconds_stop_at_the_window_cap_plus_its_drain():
+    """The nearest measured window (concurrency 8: 4096 tokens in 20.48 s, 128 per request) predicts 64 s for a
+    concurrency-1 cell at 64 tok/s; with --duration 30 the window ends at 30 s plus one request's drain (128 tokens
+    at 64 tok/s: 2 s), as the bundled engine's concurrency-1 windows do (30-31.6 s on 2026-11-26)."""
+    from spectune.sweep.guided import Prediction
+    from spectune.sweep.guided.model import Cell
+
+    cells = {(0, 8): Cell(0, 8, 200.0, 40.0, 1.0, [], 0.05, 128.0, 1.0, 20.48)}
+    pred = Prediction(1, 1, 1.5, 64.0, 60.0, 68.0, 15.0, 14.0, 16.0)
+    assert GuidedPlanner(STEPS, CONC)._duration(cells, pred) == pytest.approx(64.0)
+    assert GuidedPlanner(STEPS, CONC, window_cap_s=30.0)._duration(cells, pred) == pytest.approx(32.0)

@@ -20,7 +20,8 @@ per round). A cell is worth measuring when
 
 A cell's expected seconds (:meth:`Choosing._duration`) are the output tokens a point at the nearest measured
 concurrency produced over the cell's predicted throughput (with a fixed number of prompts low concurrency costs
-most), plus the launch or switch time measured so far when it needs another num_steps than the running server's.
+most; with ``--duration``, at most the cap plus the drain of the requests in flight at it), plus the launch or switch
+time measured so far when it needs another num_steps than the running server's.
 ``why`` records why each cell was proposed (sweep.json ``guided.why``). The thresholds' history: docs/sweep.md,
 "How the guided plan was tuned".
 """
@@ -51,6 +52,7 @@ class Choosing:
     rounds: list[list[tuple[int, int]]]
     why: list[dict[str, Any]]
     measure_every_concurrency: bool
+    window_cap_s: float | None
 
     #: a cell is measured only if its expected improvement is at least this share of the noise band (module
     #: docstring)
@@ -184,13 +186,19 @@ class Choosing:
                 out[k] = ei
         return out
 
-    @staticmethod
-    def _duration(cells: dict[tuple[int, int], Cell], p: Prediction) -> float:
+    def _duration(self, cells: dict[tuple[int, int], Cell], p: Prediction) -> float:
         """Expected measuring time of the predicted cell ``p``, s: the output tokens a point measured at the nearest
-        measured concurrency (log scale) produced (its duration x throughput) over ``p``'s predicted throughput."""
+        measured concurrency (log scale) produced (its duration x throughput) over ``p``'s predicted throughput;
+        with a window cap (``window_cap_s``, ``--duration``) at most the cap plus the drain, the requests in flight
+        at the cap finishing: one request's latency by Little's law, c x output tokens per request / throughput
+        (the nearest cells' tokens per request)."""
         timed = [x for x in cells.values() if math.isfinite(x.duration_s) and x.duration_s > 0]
         if not timed or not p.throughput > 0:
             return 1.0
         near = nearest(timed, p.concurrency)
-        return float(np.mean([x.duration_s * x.throughput for x in near])) / p.throughput
+        secs = float(np.mean([x.duration_s * x.throughput for x in near])) / p.throughput
+        tpr = [x.tokens_per_request for x in near if math.isfinite(x.tokens_per_request)]
+        if self.window_cap_s and tpr:
+            secs = min(secs, self.window_cap_s + p.concurrency * float(np.mean(tpr)) / p.throughput)
+        return secs
 

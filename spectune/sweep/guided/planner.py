@@ -30,6 +30,7 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
         noise_band: fraction; differences below it are ties (the smaller num_steps wins).
         measure_every_concurrency: open every concurrency with a measured cell, even where the model settles the
             choice there (a plan with SLOs: recommend needs each chosen cell's measured SLO attainment).
+        window_cap_s: s, the plan's cap on a point's sending time (``--duration``), or None.
     """
 
     steps: Sequence[int]
@@ -47,6 +48,9 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
     #: every concurrency gets a measured cell even where the model settles its choice (:meth:`next_round`): the
     #: plan has SLOs, whose attainment is measured, never predicted
     measure_every_concurrency: bool = False
+    #: s, the plan's cap on a point's sending time (``--duration``), or None: a cell's expected seconds
+    #: (:meth:`spectune.sweep.guided.choose.Choosing._duration`) are at most the cap plus the drain
+    window_cap_s: float | None = None
 
     @classmethod
     def for_plan(cls, plan: Any) -> "GuidedPlanner":
@@ -54,7 +58,7 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
         repeats, objective, confidence and noise band; with SLOs every concurrency is measured)."""
         slo = plan.slo_tpot_ms is not None or plan.slo_ttft_ms is not None
         return cls(plan.steps, plan.concurrency, plan.repeats, plan.objective, plan.confidence, plan.noise_band,
-                   measure_every_concurrency=slo)
+                   measure_every_concurrency=slo, window_cap_s=plan.duration_per_point_s)
 
     def next_keys(self, points: Sequence[dict[str, Any]], tried: set[tuple[int, int]], cost: dict[str, Any],
                   records: Callable[[], dict[tuple[int, int, int], list[dict[str, Any]]]],
