@@ -128,7 +128,9 @@ class Settling:
                 extra: dict[str, float] = {}
                 if reaches and not settles:  # is one more run worth its seconds?
                     runs_of = [len(runs[(k, c)]), len(runs[(best, c)])]
-                    pick = 0 if runs_of[0] <= runs_of[1] else 1  # the cell settle() would run again
+                    pick = 0 if runs_of[0] <= runs_of[1] else 1  # the cell settle() would run again ...
+                    if runs_of[pick] >= self.repeats + self.SETTLE_REPEATS:
+                        pick = 1 - pick  # ... unless it is out of runs
                     p_switch = self.switch_probability(ratio, lo, hi, widths, runs_of, pick)
                     cost = secs[((k, best)[pick], c)] / mean_s if mean_s > 0 else 1.0
                     extra = {"switch_probability": p_switch, "settle_value": p_switch * gain, "settle_cost": cost}
