@@ -128,9 +128,7 @@ class Settling:
                 extra: dict[str, float] = {}
                 if reaches and not settles:  # is one more run worth its seconds?
                     runs_of = [len(runs[(k, c)]), len(runs[(best, c)])]
-                    pick = 0 if runs_of[0] <= runs_of[1] else 1  # the cell settle() would run again ...
-                    if runs_of[pick] >= self.repeats + self.SETTLE_REPEATS:
-                        pick = 1 - pick  # ... unless it is out of runs
+                    pick = self._rerun(runs_of)  # the cell settle() would run again
                     p_switch = self.switch_probability(ratio, lo, hi, widths, runs_of, pick)
                     cost = secs[((k, best)[pick], c)] / mean_s if mean_s > 0 else 1.0
                     extra = {"switch_probability": p_switch, "settle_value": p_switch * gain, "settle_cost": cost}
@@ -158,14 +156,21 @@ class Settling:
         var = [w * w for w in widths]
         total = var[0] + var[1]
         f = math.sqrt((total - var[pick] / (runs[pick] + 1)) / total) if total > 0 else 1.0
-        z = NormalDist().inv_cdf(0.5 + self.confidence / 2)
-        pre = (high - low) / (2 * z) * math.sqrt(max(1 - f * f, 0.0))
+        pre = (high - low) / (2 * self.z) * math.sqrt(max(1 - f * f, 0.0))
         half = (high - ratio) if maximise else (ratio - low)
         edge = 1 - self.noise_band if maximise else 1 + self.noise_band
         margin = (edge - (ratio + f * half)) if maximise else ((ratio - f * half) - edge)
         if pre <= 0:
             return 1.0 if margin > 0 else 0.0
         return NormalDist().cdf(margin / pre)
+
+    def _rerun(self, runs: Sequence[int]) -> int:
+        """Which of a comparison's two cells (0: the smaller num_steps, 1: the best; ``runs`` each) one more run
+        goes to (module docstring): the one with fewer runs, of two with as many the smaller num_steps, unless it
+        has its ``repeats + SETTLE_REPEATS`` runs already, then the other (which :meth:`settle` runs only if it has
+        fewer)."""
+        i = 0 if runs[0] <= runs[1] else 1
+        return 1 - i if runs[i] >= self.repeats + self.SETTLE_REPEATS else i
 
     def settle(self, points: Sequence[dict[str, Any]],
                records: dict[tuple[int, int, int], list[dict[str, Any]]]) -> list[tuple[int, int, int]]:
@@ -186,10 +191,9 @@ class Settling:
             if cmp["verdict"] != "unsettled":
                 continue
             c = cmp["concurrency"]
-            pair = [((cmp["steps"], c), cmp["widths"][0]), ((cmp["best"], c), cmp["widths"][1])]
-            open_ = [(done[kc], i, kc) for i, (kc, _) in enumerate(pair) if done[kc] < cap]  # the smaller K is first
-            if open_:
-                k, c = min(open_)[2]
+            pair = [(cmp["steps"], c), (cmp["best"], c)]
+            k, c = pair[self._rerun([done[kc] for kc in pair])]
+            if done[(k, c)] < cap:
                 out.append((k, c, done[(k, c)]))
                 self.why.append({"steps": k, "concurrency": c, "repeat": done[(k, c)],
                                  "reason": f"settle: num_steps {cmp['steps']} vs {cmp['best']} at ratio "
