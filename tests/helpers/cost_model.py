@@ -35,6 +35,8 @@ from helpers.fake_server import Counters
 
 
 CHAIN_DRAW = 8
+#: prompts of a virtual window (virtual_point): request i has prompt ``p{i % PROMPTS}``
+PROMPTS = 8
 
 
 @dataclass(frozen=True)
@@ -253,14 +255,19 @@ def expected_throughput(model: CostModel, steps: int, concurrency: int) -> float
 
 
 def virtual_point(model: CostModel, key: tuple[int, int, int], requests: int, max_tokens: int, noise: float = 0.01,
-                  seed: int = 0, rule=None, request_noise: float = 0.02) -> tuple[dict, list[dict]]:
+                  seed: int = 0, rule=None, request_noise: float = 0.02,
+                  prompt_noise: float = 0.0) -> tuple[dict, list[dict]]:
     """A point measured on a virtual server that runs ``model`` exactly, up to multiplicative noise ``noise``
     (relative standard deviation of the point's throughput, seeded by the key): the closed loop's expected
     throughput c x L / ((1 + (L - 1) / AL) x step time) for requests of L = ``max_tokens`` tokens (the first token
     takes a prefill step), TPOT = step time / AL, per-position acceptance of the chain, and ``requests`` request
-    objects with latencies that give that throughput. Returns (points.jsonl object, request objects); its
+    objects with latencies that give that throughput. The point reads what its requests give (c x L / mean
+    latency, Little's law), whether a rule watched the window or not, so a grid's window and a guided plan's read a
+    cell alike. Returns (points.jsonl object, request objects); its
     ``metrics.duration_s`` is the time the point would take (requests x L / throughput). ``request_noise``: relative
-    standard deviation of one request's latency. ``rule``: a spectune.sweep.sequential.EarlyStop fed the requests in
+    standard deviation of one request's latency. ``prompt_noise``: relative sd of a prompt's own factor on its
+    latency (its output's difficulty for the draft), drawn once per prompt of the 8 (``p0``..``p7``, request i has
+    prompt i mod 8) and the same in every cell, scaled to mean 1: what a comparison paired by prompt cancels. ``rule``: a spectune.sweep.sequential.EarlyStop fed the requests in
     order (elapsed time: their latencies so far over c); when it stops, the c - 1 requests in flight finish too and
     the point keeps only those (throughput, duration and intervals from them; ``early_stop`` recorded, with
     ``full_window_estimate``: the statistic over the whole planned window, what the point would have measured without
@@ -280,21 +287,26 @@ def virtual_point(model: CostModel, key: tuple[int, int, int], requests: int, ma
     sd = math.sqrt(noise ** 2 + getattr(model, "step_noise", 0.0) ** 2 / steps_in_window)
     tput = c * max_tokens / per_request_s * (1 + sd * rng.standard_normal())
     lat = np.full(requests, c * max_tokens / tput) * np.maximum(1 + request_noise * rng.standard_normal(requests), 0.2)
+    if prompt_noise > 0:  # each prompt's own factor, the same in every cell of the sweep
+        f = np.maximum(1 + prompt_noise * np.random.default_rng([seed, 7919]).standard_normal(PROMPTS), 0.3)
+        lat = lat * (f / f.mean())[np.arange(requests) % PROMPTS]
     full = c * max_tokens * len(lat) / float(lat.sum())  # the whole window's statistic (the rule's, at every request)
     if rule is not None:
         from types import SimpleNamespace
 
         seen = []
         for i, x in enumerate(lat):
-            seen.append(SimpleNamespace(ok=True, completion_tokens=max_tokens, e2e_s=float(x), tpot_s=None,
-                                        dispatch_delay_s=0.0))
+            seen.append(SimpleNamespace(ok=True, prompt_id=f"p{i % PROMPTS}", completion_tokens=max_tokens,
+                                        e2e_s=float(x), tpot_s=None, dispatch_delay_s=0.0))
             if rule.check(seen, float(lat[:i + 1].sum()) / c):
                 lat = lat[:min(i + c, requests)]
                 break
-        requests = len(lat)
-        tput = c * max_tokens * len(lat) / float(lat.sum())
+    # the window reads what its requests give, watched by a rule or not (a grid's window and a guided one alike)
+    requests = len(lat)
+    tput = c * max_tokens * len(lat) / float(lat.sum())
     tpot = step / al * 1000
-    recs = [{"steps": k, "concurrency": c, "repeat": r, "prompt_id": f"p{i % 8}", "error": None, "chunk_times": [0.0] * 4,
+    recs = [{"steps": k, "concurrency": c, "repeat": r, "prompt_id": f"p{i % PROMPTS}", "error": None,
+             "chunk_times": [0.0] * 4,
              "completion_tokens": max_tokens, "e2e_ms": float(x * 1000), "ttft_ms": step * 1000,
              "tpot_ms": tpot} for i, x in enumerate(lat)]
     per_pos, run = [], 1.0

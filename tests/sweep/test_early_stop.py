@@ -262,6 +262,90 @@ def test_tpot_objective_stops_a_slower_cell_below_best():
     assert rule.check(records(20, 100.0, 0.03), 5.0) == "below_best"
 
 
+@dataclass
+class PromptRec(Rec):
+    prompt_id: str = ""
+
+
+def prompt_records(n: int, tput_per_request: float, prompt_sd: float, noise: float, seed: int = 0,
+                   prompts: int = 16) -> list[PromptRec]:
+    """n requests of 64 tokens on prompts p0..p15 in turn: each prompt's own latency factor (sd ``prompt_sd``, the
+    same in every cell: drawn from a fixed seed) times the request's own scatter (sd ``noise``, seeded by ``seed``),
+    around 64 / tput_per_request s."""
+    factor = 1 + prompt_sd * np.random.default_rng(99).standard_normal(prompts)
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        lat = 64 / tput_per_request * factor[i % prompts] * (1 + noise * rng.standard_normal())
+        out.append(PromptRec(64, float(lat), float(lat) / 64, prompt_id=f"p{i % prompts}"))
+    return out
+
+
+def _first_stop(rule: EarlyStop, recs: list) -> tuple[str | None, int]:
+    """(reason, requests seen) of the first stop when ``recs`` are fed one at a time."""
+    for i in range(1, len(recs) + 1):
+        if rule.check(recs[:i], 5.0):
+            return rule.reason, i
+    return None, len(recs)
+
+
+def _as_dicts(recs: list[PromptRec]) -> list[dict]:
+    return [{"prompt_id": r.prompt_id, "error": None, "completion_tokens": r.completion_tokens,
+             "e2e_ms": r.e2e_s * 1e3, "tpot_ms": r.tpot_s * 1e3, "dispatch_delay_s": 0.0} for r in recs]
+
+
+def test_a_comparison_paired_by_prompt_stops_sooner_where_prompts_differ_more_than_requests():
+    """Prompts whose own latencies differ by 30% widen a cell's interval; on the same prompts the reference's
+    requests cancel that (the bundled engine's recorded grids: per-request sd 0.25-0.34 unpaired, 0.04-0.17
+    paired)."""
+    ref = prompt_records(64, 110.0, 0.3, 0.03, seed=1)
+    cell = prompt_records(64, 100.0, 0.3, 0.03, seed=2)
+    ref_value = closed_loop_throughput(_as_dicts(ref), 1)
+    paired = EarlyStop("throughput", 1, 64, reference=ref_value, reference_requests=_as_dicts(ref))
+    alone = EarlyStop("throughput", 1, 64, reference=ref_value)
+    got_paired, got_alone = _first_stop(paired, cell), _first_stop(alone, cell)
+    assert got_paired[0] == "below_best"
+    assert got_paired[1] < got_alone[1]
+
+
+def test_the_paired_comparison_is_recorded_with_its_bounds():
+    ref = prompt_records(32, 110.0, 0.3, 0.03, seed=1)
+    rule = EarlyStop("throughput", 1, 64, reference=closed_loop_throughput(_as_dicts(ref), 1),
+                     reference_requests=_as_dicts(ref))
+    rule.check(prompt_records(16, 100.0, 0.3, 0.03, seed=2), 5.0)
+    pair = rule.describe()["paired"]
+    assert pair["low"] < 100 / 110 < pair["high"]
+
+
+def test_a_request_on_a_prompt_the_reference_did_not_measure_leaves_the_comparison_unpaired():
+    ref = prompt_records(8, 110.0, 0.3, 0.03, seed=1)  # prompts p0..p7 only
+    rule = EarlyStop("throughput", 1, 64, reference=100.0, reference_requests=_as_dicts(ref))
+    rule.check(prompt_records(12, 100.0, 0.3, 0.03, seed=2), 5.0)  # p8..p11 unmeasured by the reference
+    assert rule.describe()["paired"] is None
+
+
+def test_the_paired_comparison_keeps_its_error_rate():
+    """A cell as fast as its reference on the same prompts (true ratio 1, a larger num_steps: it stops below_best
+    only with an upper bound under 1.02, wrongly): over 200 simulated windows looked at after every request, the
+    paired rule stops there in at most 1 - confidence of them (the reference's own scatter counted)."""
+    wrong = 0
+    for seed in range(200):
+        ref = prompt_records(48, 100.0, 0.3, 0.05, seed=1000 + seed)
+        rule = EarlyStop("throughput", 1, 48, reference=closed_loop_throughput(_as_dicts(ref), 1),
+                         reference_requests=_as_dicts(ref), steps=2, reference_steps=1, noise_band=0.0)
+        reason, _ = _first_stop(rule, prompt_records(48, 100.0, 0.3, 0.05, seed=seed))
+        wrong += reason == "below_best"
+    assert wrong / 200 <= 0.05
+
+
+def test_tpot_objective_pairs_by_prompt_too():
+    ref = prompt_records(32, 110.0, 0.3, 0.03, seed=1)
+    tpot_ref = float(np.median([r.tpot_s * 1e3 for r in ref]))
+    rule = EarlyStop("tpot", 1, 64, reference=tpot_ref, reference_requests=_as_dicts(ref))
+    rule.check(prompt_records(16, 100.0, 0.3, 0.03, seed=2), 5.0)
+    assert rule.describe()["paired"]["ratio"] == pytest.approx(1.1, rel=0.03)
+
+
 async def test_windows_stop_early_and_their_estimates_agree_with_the_full_windows(tmp_path):
     """The same cells on the emulated compute-bound server, full windows then early-stopped ones (interleaved, so
     each concurrency's second num_steps has a reference). The early run stops the clear losers (K=4) with fewer
