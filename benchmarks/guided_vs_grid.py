@@ -10,8 +10,9 @@
 
 ``--virtual N`` runs N seeded pairs of sweeps (grid, then guided) through spectune's own sweep loop whose every
 point is answered by the cost model's virtual window (tests/helpers/cost_model.py ``virtual_point``: the model's
-closed-loop throughput with 1% noise per point and ``--request-noise`` per request, the guided plan's early-stop
-rule applied to the requests in order), so the figures do not depend on how loaded the machine is (nothing sleeps:
+closed-loop throughput with 1% noise per point, ``--request-noise`` per request and ``--prompt-noise`` per prompt (the
+same in every cell), the guided plan's early-stop rule applied to the requests in order; a grid's window and a guided
+one read the same cell alike), so the figures do not depend on how loaded the machine is (nothing sleeps:
 a 5 x 6 pair takes seconds); the time is the points' modelled windows plus ``--restart-s`` per launch (default 0:
 the in-process servers switch for free). It prints per seed and overall: the guided plan's share of the grid's
 time, whether its choice at every concurrency is within 3% of the grid's (recommend on both folders), points,
@@ -85,8 +86,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--virtual", type=int, default=0, help="N seeded virtual sweep pairs (module docstring)")
     p.add_argument("--request-noise", type=float, default=0.10, help="--virtual: relative sd of a request's latency")
     p.add_argument("--prompt-noise", type=float, default=0.0,
-                   help="--virtual: relative sd of a prompt's own latency factor, the same in every cell (what a "
-                        "comparison paired by prompt cancels; 0.2-0.3 on the bundled engine's recorded grids)")
+                   help="--virtual: relative sd of a prompt's own latency factor, the same in every cell (default 0)")
     p.add_argument("--show-cells", action="store_true",
                    help="--virtual: per seed, every guided point in the order measured (window, requests, early "
                         "stop, why) and where the time went by role")
@@ -297,8 +297,7 @@ def recorded(args: argparse.Namespace) -> int:
         if rule is not None:
             seen = []
             for r in recs:
-                seen.append(SimpleNamespace(ok=not r.get("error"), prompt_id=r.get("prompt_id"),
-                                            completion_tokens=r.get("completion_tokens"),
+                seen.append(SimpleNamespace(ok=not r.get("error"), completion_tokens=r.get("completion_tokens"),
                                             e2e_s=(r.get("e2e_ms") or 0) / 1000,
                                             tpot_s=None if r.get("tpot_ms") is None else r["tpot_ms"] / 1000,
                                             dispatch_delay_s=r.get("dispatch_delay_s") or 0.0))
@@ -439,7 +438,8 @@ def virtual(args: argparse.Namespace) -> int:
               f"launches {launches['guided']}/{launches['grid']}; early-stopped estimates whose interval holds the "
               f"same window run in full: {agree[0]}/{agree[1]}, the grid's window: {agree[2]}/{agree[3]}", flush=True)
     print(f"{getattr(model, 'name', model)}; steps {args.steps}; concurrency {args.concurrency}; {args.num_prompts} prompts "
-          f"x {args.max_tokens} tokens; request noise {args.request_noise:g}, prompt noise {args.prompt_noise:g}: guided / grid time mean "
+          f"x {args.max_tokens} tokens; request noise {args.request_noise:g}, prompt noise {args.prompt_noise:g}: "
+          f"guided / grid time mean "
           f"{statistics.mean(r[0] for r in rows):.1%}, max {max(r[0] for r in rows):.1%}; the grid's choice within 3% "
           f"at every concurrency in {sum(r[1] >= 0.97 for r in rows)}/{len(rows)} (worst {min(r[1] for r in rows):.3f});"
           f" points {statistics.mean(r[2] for r in rows):.1f}; early stops {statistics.mean(r[3] for r in rows):.1f}; "

@@ -237,13 +237,9 @@ class Sweep:
         meds = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
         best = ((max if maximise else min)(meds, key=lambda k: meds[k])) if meds else None
         goal = self.planner.window_goal(key) if self.planner is not None else None
-        ref_requests = None
-        if best is not None:  # the reference's requests, for comparisons paired by prompt
-            ref_requests = [r for (k, c, _), recs in self._records_by_point().items() if k == best and c == conc
-                            for r in recs]
         return EarlyStop(plan.objective, conc, planned, None if best is None else meds[best], plan.noise_band,
                          plan.confidence, min_s=MIN_SECONDS, steps=steps, reference_steps=best, at_minimum=goal,
-                         max_s=plan.duration_per_point_s, reference_requests=ref_requests)
+                         max_s=plan.duration_per_point_s)
 
     def _as_full_window(self, key: Key, records: list[dict[str, Any]], metrics: dict[str, Any],
                         rule: EarlyStop) -> None:

@@ -153,9 +153,6 @@ class EarlyStop:
             for what its first requests already give), or None.
         max_s: the window's cap in seconds (``--duration``), or None: the futility rule's N is the requests the
             window reaches by then at its rate so far, when fewer than ``planned``.
-        reference_requests: the reference cell's measured requests (requests.jsonl objects or records with
-            ``prompt_id``), or None: with them the comparisons are paired by prompt (module docstring, "Paired with
-            the reference") while every request of this window so far has a prompt the reference measured.
     """
 
     objective: str
@@ -171,7 +168,6 @@ class EarlyStop:
     reference_steps: int | None = None
     at_minimum: str | None = None
     max_s: float | None = None
-    reference_requests: Sequence[Any] | None = None
     last: dict[str, Any] = field(default_factory=dict)
     reason: str | None = None
     _seen: int = -1
@@ -181,7 +177,6 @@ class EarlyStop:
             self.precision = self.noise_band / 2
         if self.min_requests is None:
             self.min_requests = max(MIN_WAVES * self.concurrency, MIN_REQUESTS)
-        self._by_prompt = _per_prompt(self.reference_requests or (), self.objective)
 
     def estimate(self, records: Sequence[Any]) -> tuple[float, float, int] | None:
         """(estimate, relative sd of one request's contribution, n) of the objective from the successful
@@ -204,32 +199,6 @@ class EarlyStop:
         sd = math.sqrt(sum((x - md) ** 2 for x in d) / (n - 1))
         return self.concurrency * ratio, sd / (tok / n), n
 
-    def paired(self, records: Sequence[Any]) -> tuple[float, float, int] | None:
-        """(this cell's objective over the reference's on the same prompts, relative sd of one request's share of
-        that ratio, n) from the successful ``records`` (module docstring, "Paired with the reference"); None without
-        reference requests, when a request here has a prompt the reference did not measure, or with fewer than two
-        prompts."""
-        if not self._by_prompt:
-            return None
-        rows = _rows(records, self.objective)
-        if len(rows) < 2 or any(p not in self._by_prompt for p, _, _ in rows):
-            return None
-        ref = [self._by_prompt[p] for p, _, _ in rows]
-        a, b = np.array([x for _, x, _ in rows]), np.array([y for _, _, y in rows])
-        ra, rb = np.array([x for x, _ in ref]), np.array([y for _, y in ref])
-        if not (a.mean() > 0 and b.mean() > 0 and ra.mean() > 0 and rb.mean() > 0):
-            return None
-        ratio = (a.sum() / b.sum()) / (ra.sum() / rb.sum())
-        u = a / a.mean() - b / b.mean() - (ra / ra.mean() - rb / rb.mean())  # delta method for log(ratio)
-        clusters: dict[Any, float] = {}
-        for (p, _, _), x in zip(rows, u - u.mean()):
-            clusters[p] = clusters.get(p, 0.0) + float(x)
-        m, n = len(clusters), len(rows)
-        if m < 2:
-            return None
-        var = m / (m - 1) * sum(x * x for x in clusters.values()) / (n * n)  # cluster-robust, by prompt
-        return float(ratio), math.sqrt(var * n), n
-
     def check(self, records: Sequence[Any], elapsed_s: float) -> str | None:
         """Why the window may stop now, or None (module docstring). Evaluated once per new finished record."""
         if self.reason is not None:
@@ -251,14 +220,6 @@ class EarlyStop:
             self.reason = self.at_minimum
             return self.reason
         band, ref = self.noise_band, self.reference
-        pair = self.paired(records) if ref is not None and ref > 0 else None
-        self.last["paired"] = None
-        if pair is not None:  # the comparison on the same prompts: this cell's value on the reference's scale
-            ratio, pair_sd, n = pair
-            pr = cs_half_width(pair_sd, n, 1 - self.confidence, max(self.planned, n))
-            value, rel_sd = ref * ratio, pair_sd  # type: ignore[operator]
-            lo, hi = value * (1 - pr), value * (1 + pr)
-            self.last["paired"] = {"ratio": ratio, "low": ratio * (1 - pr), "high": ratio * (1 + pr), "requests": n}
         better_hi, better_lo = (hi, lo) if self.objective != "tpot" else (1 / lo if lo > 0 else math.inf, 1 / hi)
         reason = None
         if ref is not None and ref > 0:
@@ -277,7 +238,7 @@ class EarlyStop:
         if reason is None and r <= (self.precision or 0):
             half = len(records) // 2
             a, b = self.estimate(records[:half]), self.estimate(records[half:])
-            if a is not None and b is not None and abs(a[0] - b[0]) <= r * got[0]:
+            if a is not None and b is not None and abs(a[0] - b[0]) <= r * value:
                 reason = "precise"
         self.reason = reason
         return reason
@@ -341,39 +302,6 @@ def closed_loop_throughput(records: Iterable[dict[str, Any]], concurrency: int) 
     pairs = _tokens_and_latency(records)
     lat = sum(x for _, x in pairs)
     return concurrency * sum(t for t, _ in pairs) / lat if lat > 0 else None
-
-
-def _rows(records: Iterable[Any], objective: str) -> list[tuple[Any, float, float]]:
-    """(prompt id, numerator, denominator) of each usable successful request for the paired ratio: (tokens, latency
-    s) as :func:`_tokens_and_latency` for throughput, (TPOT ms, 1) for TPOT. ``records``: requests.jsonl objects or
-    :class:`spectune.loadgen.record.RequestRecord`-like objects; one without a prompt id gets None (never matched)."""
-    out: list[tuple[Any, float, float]] = []
-    for r in records:
-        pid = r.get("prompt_id") if isinstance(r, dict) else getattr(r, "prompt_id", None)
-        if objective == "tpot":
-            if isinstance(r, dict):
-                ok, tpot = r.get("error") is None, r.get("tpot_ms")
-            else:
-                ok, tpot = r.ok, None if r.tpot_s is None else r.tpot_s * 1e3
-            if ok and tpot is not None and tpot > 0:
-                out.append((pid, float(tpot), 1.0))
-        else:
-            got = _tokens_and_latency([r])
-            if got:
-                out.append((pid, *got[0]))
-    return out
-
-
-def _per_prompt(records: Iterable[Any], objective: str) -> dict[Any, tuple[float, float]]:
-    """The reference's mean (numerator, denominator) per prompt id (:func:`_rows`), for the paired ratio."""
-    sums: dict[Any, list[float]] = {}
-    for pid, x, y in _rows(records, objective):
-        if pid is not None:
-            acc = sums.setdefault(pid, [0.0, 0.0, 0.0])
-            acc[0] += x
-            acc[1] += y
-            acc[2] += 1
-    return {pid: (a / k, b / k) for pid, (a, b, k) in sums.items()}
 
 
 def _tokens_and_latency(records: Iterable[Any]) -> list[tuple[float, float]]:

@@ -267,8 +267,10 @@ def virtual_point(model: CostModel, key: tuple[int, int, int], requests: int, ma
     ``metrics.duration_s`` is the time the point would take (requests x L / throughput). ``request_noise``: relative
     standard deviation of one request's latency. ``prompt_noise``: relative sd of a prompt's own factor on its
     latency (its output's difficulty for the draft), drawn once per prompt of the 8 (``p0``..``p7``, request i has
-    prompt i mod 8) and the same in every cell, scaled to mean 1: what a comparison paired by prompt cancels. ``rule``: a spectune.sweep.sequential.EarlyStop fed the requests in
-    order (elapsed time: their latencies so far over c); when it stops, the c - 1 requests in flight finish too and
+    prompt i mod 8) and the same in every cell, scaled to mean 1 (a full window of a multiple of 8 requests reads
+    the same with it or without; its bootstrap interval, by prompt, widens).
+    ``rule``: a spectune.sweep.sequential.EarlyStop fed the requests in order (elapsed time: their latencies so far
+    over c); when it stops, the c - 1 requests in flight finish too and
     the point keeps only those (throughput, duration and intervals from them; ``early_stop`` recorded, with
     ``full_window_estimate``: the statistic over the whole planned window, what the point would have measured without
     the rule). A model with per-step noise (``step_noise``, relative sd of one step, and ``expected_step_s``, the
@@ -296,8 +298,8 @@ def virtual_point(model: CostModel, key: tuple[int, int, int], requests: int, ma
 
         seen = []
         for i, x in enumerate(lat):
-            seen.append(SimpleNamespace(ok=True, prompt_id=f"p{i % PROMPTS}", completion_tokens=max_tokens,
-                                        e2e_s=float(x), tpot_s=None, dispatch_delay_s=0.0))
+            seen.append(SimpleNamespace(ok=True, completion_tokens=max_tokens, e2e_s=float(x), tpot_s=None,
+                                        dispatch_delay_s=0.0))
             if rule.check(seen, float(lat[:i + 1].sum()) / c):
                 lat = lat[:min(i + c, requests)]
                 break

@@ -61,6 +61,31 @@ async def test_guided_agrees_with_the_grid_at_a_fraction_of_the_cost(tmp_path, m
     assert seconds["guided"] <= 0.40 * seconds["grid"]
 
 
+def test_a_virtual_window_reads_the_same_whether_a_rule_watched_it_or_not():
+    """The grid's windows (no rule) and the guided plan's (a rule that did not stop them) of one cell are the same
+    window: both read what their requests give, so neither plan's cells scatter more than the other's."""
+    from spectune.sweep.sequential import EarlyStop
+
+    never = EarlyStop("throughput", 8, 48, min_requests=10_000)
+    plain = virtual_point(COMPUTE_BOUND, (1, 8, 0), 48, 48, 0.01, 3, None, 0.1)[0]["metrics"]
+    watched = virtual_point(COMPUTE_BOUND, (1, 8, 0), 48, 48, 0.01, 3, never, 0.1)[0]["metrics"]
+    assert watched["output_throughput_tok_s"] == pytest.approx(plain["output_throughput_tok_s"], rel=1e-12)
+
+
+def test_prompt_noise_widens_a_virtual_windows_interval_not_its_full_window():
+    """A prompt's own factor is the same in every cell and scaled to mean 1: a window of whole turns of the 8
+    prompts reads the same with it, while its interval (bootstrap over prompts) widens."""
+    def metrics(request_noise: float, prompt_noise: float) -> dict:
+        return virtual_point(COMPUTE_BOUND, (1, 8, 0), 48, 48, 0.0, 3, None, request_noise,
+                             prompt_noise=prompt_noise)[0]["metrics"]
+
+    assert metrics(0.0, 0.3)["output_throughput_tok_s"] == pytest.approx(
+        metrics(0.0, 0.0)["output_throughput_tok_s"], rel=1e-9)
+    width = {p: metrics(0.05, p)["output_throughput_ci_high"] - metrics(0.05, p)["output_throughput_ci_low"]
+             for p in (0.0, 0.3)}
+    assert width[0.3] > 3 * width[0.0]
+
+
 def test_the_grid_choices_differ_between_the_two_cost_models():
     """The two emulated servers call for different num_steps (else agreeing with the grid would be easy)."""
     def tput(m, k, c):
