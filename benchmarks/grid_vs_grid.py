@@ -21,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # guided_vs_grid, beside this script
 
 AGREE = 0.97  # within 3%, as benchmarks/guided_vs_grid.py counts agreement
 
@@ -33,23 +34,17 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.grids) < 2:
         p.error("give at least two grid folders")
 
+    from guided_vs_grid import choice_ratios  # the guided plan's score against its grid, the same ratio
+
     from spectune.results.reader import load_results
     from spectune.tune.recommend import RecommendOptions, recommend
 
     rec = {g: recommend(load_results(g), RecommendOptions(objective=args.objective)) for g in args.grids}
-
-    def ratio(a, b, conc: int) -> float:
-        """A's choice at ``conc`` scored on B's measurements against B's choice (1.0: as good; higher is better)."""
-        mine = next(x for x in rec[a].choices if x.concurrency == conc)
-        theirs = next(x for x in rec[b].choices if x.concurrency == conc)
-        x, y = rec[b].cell(mine.steps, conc).objective, rec[b].cell(theirs.steps, conc).objective
-        return x / y if args.objective != "tpot" else y / x
-
     concs = sorted(ch.concurrency for ch in rec[args.grids[0]].choices)
     per: dict[int, list[float]] = {c: [] for c in concs}
     worst_pair = []
     for a, b in itertools.permutations(args.grids, 2):
-        got = {c: ratio(a, b, c) for c in concs}
+        got = choice_ratios(rec[b], rec[a], args.objective)  # A's choices scored on B's measurements
         for c, v in got.items():
             per[c].append(v)
         worst_pair.append(min(got.values()))

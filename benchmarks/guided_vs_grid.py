@@ -257,16 +257,21 @@ def charge_launches(sweep: object, seconds: float) -> None:
     sweep._charged_launches = cost["launches"]  # type: ignore[attr-defined]
 
 
-def worst_choice(grid: object, guided: object, objective: str) -> float:
-    """The lowest, over the concurrencies, of the guided plan's choice measured on the grid over the grid's choice
-    (``spectune recommend`` results of both folders; TPOT inverted so that 1 is as good, below 1 worse)."""
-    worst = 1.0
+def choice_ratios(grid: object, other: object, objective: str) -> dict[int, float]:
+    """Per concurrency, ``other``'s choice measured on ``grid`` over ``grid``'s own choice (``spectune recommend``
+    results of both folders; TPOT inverted so that 1 is as good, below 1 worse, above 1 better)."""
+    out = {}
     for ch in grid.choices:  # type: ignore[attr-defined]
-        mine = next(x for x in guided.choices if x.concurrency == ch.concurrency)  # type: ignore[attr-defined]
+        mine = next(x for x in other.choices if x.concurrency == ch.concurrency)  # type: ignore[attr-defined]
         a = grid.cell(mine.steps, ch.concurrency).objective  # type: ignore[attr-defined]
         b = grid.cell(ch.steps, ch.concurrency).objective  # type: ignore[attr-defined]
-        worst = min(worst, a / b if objective != "tpot" else b / a)
-    return worst
+        out[ch.concurrency] = a / b if objective != "tpot" else b / a
+    return out
+
+
+def worst_choice(grid: object, guided: object, objective: str) -> float:
+    """The lowest, over the concurrencies, of :func:`choice_ratios` (at most 1)."""
+    return min([1.0, *choice_ratios(grid, guided, objective).values()])
 
 
 def recorded(args: argparse.Namespace) -> int:

@@ -164,13 +164,18 @@ class Settling:
             return 1.0 if margin > 0 else 0.0
         return NormalDist().cdf(margin / pre)
 
+    @property
+    def _run_cap(self) -> int:
+        """Runs a cell may have at most: ``repeats`` plus the settle step's ``SETTLE_REPEATS``."""
+        return self.repeats + self.SETTLE_REPEATS
+
     def _rerun(self, runs: Sequence[int]) -> int:
         """Which of a comparison's two cells (0: the smaller num_steps, 1: the best; ``runs`` each) one more run
         goes to (module docstring): the one with fewer runs, of two with as many the smaller num_steps, unless it
         has its ``repeats + SETTLE_REPEATS`` runs already, then the other (which :meth:`settle` runs only if it has
         fewer)."""
         i = 0 if runs[0] <= runs[1] else 1
-        return 1 - i if runs[i] >= self.repeats + self.SETTLE_REPEATS else i
+        return 1 - i if runs[i] >= self._run_cap else i
 
     def settle(self, points: Sequence[dict[str, Any]],
                records: dict[tuple[int, int, int], list[dict[str, Any]]]) -> list[tuple[int, int, int]]:
@@ -184,7 +189,6 @@ class Settling:
             if not p.get("predicted"):
                 kc = (int(p["steps"]), int(p["concurrency"]))
                 done[kc] = max(done.get(kc, 0), int(p.get("repeat", 0)) + 1)
-        cap = self.repeats + self.SETTLE_REPEATS
         out: list[tuple[int, int, int]] = []
         self.decisions = self.comparisons(points, records)
         for cmp in self.decisions:
@@ -193,7 +197,7 @@ class Settling:
             c = cmp["concurrency"]
             pair = [(cmp["steps"], c), (cmp["best"], c)]
             k, c = pair[self._rerun([done[kc] for kc in pair])]
-            if done[(k, c)] < cap:
+            if done[(k, c)] < self._run_cap:
                 out.append((k, c, done[(k, c)]))
                 self.why.append({"steps": k, "concurrency": c, "repeat": done[(k, c)],
                                  "reason": f"settle: num_steps {cmp['steps']} vs {cmp['best']} at ratio "
