@@ -62,7 +62,10 @@ own ``output_throughput_tok_s`` up to its ramp-up and drain, a few % at four wav
 whose standard deviation comes from the delta method (per request ``d_i = tokens_i - R * latency_i``, relative sd
 ``sd(d) / mean(tokens)``). TPOT objective: the mean of the requests' TPOT (ms), relative sd ``sd / mean``. The
 requests of one closed loop share batches, so they are not independent; the minimum of two closed-loop waves
-(``min_requests``) keeps the first wave's ramp-up and a slow start of the server from deciding alone.
+(``min_requests``) keeps the first wave's ramp-up and a slow start of the server from deciding alone. Where the
+window's ``--duration`` cap ends it before two waves finish (at its rate so far), the minimum is one wave: the
+full window itself is then less than two, and a minimum of two would forbid every stop before the cap (on the
+bundled engine, 32 prompts of 128 tokens at concurrency 32 finish about 41 requests in a 30 s window).
 
 **Futility.** ``futile`` is stochastic curtailment by predictive probability (Spiegelhalter, Freedman and
 Blackburn, "Monitoring clinical trials: conditional or predictive power?", Controlled Clinical Trials 7(1), 1986):
@@ -148,7 +151,8 @@ class EarlyStop:
         noise_band: fraction; differences below it are ties. confidence: of the confidence sequence (0.5..1).
         precision: relative half-width at which the estimate is precise enough (default: half the noise band).
         min_requests: successful requests before any stop (default max(``MIN_WAVES`` x concurrency,
-            ``MIN_REQUESTS``)). min_s: seconds before any stop.
+            ``MIN_REQUESTS``); one wave where the cap ``max_s`` ends the window before that many,
+            :meth:`_minimum`). min_s: seconds before any stop.
         at_minimum: a reason to stop as soon as the minimum is reached (``seed_acceptance``: the window is measured
             for what its first requests already give), or None.
         max_s: the window's cap in seconds (``--duration``), or None: the futility rule's N is the requests the
@@ -214,7 +218,7 @@ class EarlyStop:
         lo, hi = value * (1 - r), value * (1 + r)
         self.last = {"estimate": value, "low": lo, "high": hi, "requests": n, "elapsed_s": elapsed_s,
                      "reference": self.reference}
-        if n < (self.min_requests or 0) or elapsed_s < self.min_s:
+        if n < self._minimum(n, elapsed_s) or elapsed_s < self.min_s:
             return None
         if self.at_minimum:
             self.reason = self.at_minimum
@@ -242,6 +246,15 @@ class EarlyStop:
                 reason = "precise"
         self.reason = reason
         return reason
+
+    def _minimum(self, n: int, elapsed_s: float) -> int:
+        """Successful requests before any stop: ``min_requests``, or one closed-loop wave (at least
+        ``MIN_REQUESTS``) where the window's cap ends it before that many (:meth:`_total`): a window the cap holds
+        to fewer than two waves would otherwise never stop before it."""
+        mn = self.min_requests or 0
+        if self.max_s and elapsed_s > 0 and mn > self._total(n, elapsed_s):
+            return min(mn, max(self.concurrency, MIN_REQUESTS))
+        return mn
 
     def _total(self, n: int, elapsed_s: float) -> float:
         """The requests the window will have measured at its end: ``planned``, or, for a window capped by ``max_s``

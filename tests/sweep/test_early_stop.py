@@ -243,6 +243,19 @@ def test_no_stop_before_the_minimum_requests():
     assert rule.check(records(12, 100.0, 0.01), 5.0) is None
 
 
+def test_a_window_its_cap_holds_to_under_two_waves_may_stop_after_one():
+    """c=8 with a 6 s cap, 12 requests at 5 s: 14.4 by the cap at this rate, under two waves (16), so one wave is
+    the minimum and a cell at half the best stops."""
+    rule = EarlyStop("throughput", 8, 100, reference=1600.0, max_s=6.0)
+    assert rule.check(records(12, 100.0, 0.01), 5.0) == "below_best"
+
+
+def test_a_window_its_cap_lets_reach_two_waves_waits_for_them():
+    """The same window with a 60 s cap reaches 144 requests by it: two waves stay the minimum."""
+    rule = EarlyStop("throughput", 8, 100, reference=1600.0, max_s=60.0)
+    assert rule.check(records(12, 100.0, 0.01), 5.0) is None
+
+
 def test_no_stop_before_the_minimum_seconds():
     rule = EarlyStop("throughput", 1, 100, reference=200.0, min_s=2.0)
     assert rule.check(records(20, 100.0, 0.01), 1.0) is None
