@@ -216,9 +216,10 @@ class EarlyStop:
         value, rel_sd, n = got
         r = cs_half_width(rel_sd, n, 1 - self.confidence, max(self.planned, n))
         lo, hi = value * (1 - r), value * (1 + r)
+        minimum = self._minimum(n, elapsed_s)
         self.last = {"estimate": value, "low": lo, "high": hi, "requests": n, "elapsed_s": elapsed_s,
-                     "reference": self.reference}
-        if n < self._minimum(n, elapsed_s) or elapsed_s < self.min_s:
+                     "reference": self.reference, "minimum": minimum}
+        if n < minimum or elapsed_s < self.min_s:
             return None
         if self.at_minimum:
             self.reason = self.at_minimum
@@ -298,7 +299,8 @@ class EarlyStop:
     def describe(self) -> dict[str, Any]:
         """points.jsonl's ``early_stop``: the rule's settings, its ``reason`` (None: ran the full window) and the
         last estimate with its confidence-sequence bounds (``estimate``, ``low``, ``high``, ``requests``,
-        ``elapsed_s``, ``reference``)."""
+        ``elapsed_s``, ``reference``) and the minimum in force then (``minimum``: ``min_requests``, or one wave where
+        the cap binds, :meth:`_minimum`)."""
         return {"reason": self.reason, "objective": self.objective, "confidence": self.confidence,
                 "noise_band": self.noise_band, "precision": self.precision, "min_requests": self.min_requests,
                 "min_s": self.min_s, "method": "asymptotic confidence sequence (Waudby-Smith et al. 2021)",

@@ -250,6 +250,12 @@ def test_a_window_its_cap_holds_to_under_two_waves_may_stop_after_one():
     assert rule.check(records(12, 100.0, 0.01), 5.0) == "below_best"
 
 
+def test_points_jsonl_names_the_minimum_in_force():
+    rule = EarlyStop("throughput", 8, 100, reference=1600.0, max_s=6.0)
+    rule.check(records(12, 100.0, 0.01), 5.0)
+    assert rule.describe()["minimum"] == 8
+
+
 def test_a_window_its_cap_lets_reach_two_waves_waits_for_them():
     """The same window with a 60 s cap reaches 144 requests by it: two waves stay the minimum."""
     rule = EarlyStop("throughput", 8, 100, reference=1600.0, max_s=60.0)
