@@ -22,8 +22,8 @@ of the same cell; ``--show-cells`` adds every guided point with its window, stop
 ``--recorded GRID...`` runs no server either: the guided plan runs through spectune's own sweep loop (early stop,
 settle step, switch costs) with every point answered from a finished grid's recorded window of that cell: its
 requests fed to the early-stop rule in the order they finished (elapsed time from the window's start), and when the
-rule stops the window, the requests in flight then still count (the point's throughput, duration and intervals
-from those); a settle run gets the cell's one recorded window again. Each launch costs the grid's own measured
+rule stops the window, the requests in flight then are dropped, as the sweep cancels them (the point's throughput,
+duration and intervals from the finished ones, the window ending at the stop); a settle run gets the cell's one recorded window again. Each launch costs the grid's own measured
 switch time (sweep.json ``cost``) plus ``--restart-s``. It prints per grid the guided plan's share of the grid's
 time, points, early stops and the choices of both (``spectune recommend``).
 
@@ -307,7 +307,7 @@ def recorded(args: argparse.Namespace) -> int:
                                             tpot_s=None if r.get("tpot_ms") is None else r["tpot_ms"] / 1000,
                                             dispatch_delay_s=r.get("dispatch_delay_s") or 0.0))
                 if rule.check(seen, r["end_time"] - t0):
-                    kept = [x for x in recs if x["send_time"] <= r["end_time"]]  # those in flight finish too
+                    kept = recs[:len(seen)]  # those in flight are cancelled (Constraints.cancel_on_early_stop)
                     break
             m = gp["metrics"]
             full = m["output_throughput_tok_s"]
@@ -316,7 +316,7 @@ def recorded(args: argparse.Namespace) -> int:
                 tokens = sum(x.get("completion_tokens") or 0 for x in kept)
                 m.update(num_requests=len(kept), total_output_tokens=tokens, duration_s=end - t0,
                          output_throughput_tok_s=tokens / (end - t0))
-                self._as_full_window(key, kept, m, rule)  # as Sweep._point does
+                self._as_statistic(key, kept, m, rule)  # as Sweep._point does
                 m.update(point_intervals([{**x, "steps": k, "concurrency": c} for x in kept], m))
                 gp.update(stop_reason="early_stop", window={"start_s": t0, "end_s": end})
             gp["early_stop"] = {**rule.describe(), "full_window_estimate": full}

@@ -5,7 +5,10 @@ request is sent; requests in flight may finish for up to ``drain_timeout_s`` sec
 recorded as failed (their partial measurements kept). ``max_failures`` stops a point early when the server is
 clearly broken (every request failing fast would otherwise burn through the whole request budget). ``stop_when``
 ends a point once its caller has learnt what it measures the point for (a sequential test on the finished requests,
-``spectune.sweep.sequential``); requests in flight then finish as after ``max_requests``.
+``spectune.sweep.sequential``); requests in flight then finish as after ``max_requests``, or, with
+``cancel_on_early_stop``, are cancelled at once and left out of the point (their connections closed, which a server
+takes as an abort: vLLM and SGLang abort a request whose client disconnected, the bundled engine too,
+``spectune/backends/local/server/app.py``).
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ class Constraints:
         stop_when: called with the finished records and the seconds since the run started whenever the sending loop
             decides whether to send; a non-empty string it returns stops sending (``stop_reason`` ``early_stop``;
             the string is the caller's own reason, kept by the caller), or None.
+        cancel_on_early_stop: when ``stop_when`` stops the run, cancel the requests in flight at once and record
+            nothing of them (the caller's estimate needs only the finished ones), instead of waiting for them.
 
     Raises:
         UserError: neither ``max_requests`` nor ``max_duration_s`` given (the point would never end), or a
@@ -61,6 +66,7 @@ class Constraints:
     max_failures: int | None = None
     drain_timeout_s: float = 60.0
     stop_when: Callable[[Sequence[Any], float], str | None] | None = None
+    cancel_on_early_stop: bool = False
 
     def __post_init__(self) -> None:
         if self.max_requests is None and self.max_duration_s is None:

@@ -45,7 +45,8 @@ class PointResult:
         window_end: s; last measured end (max ``end_time``), or None.
         achieved_concurrency: requests; time-average of requests in flight over the window, or None.
         stop_reason: ``"max_requests"``, ``"max_duration"``, ``"max_failures"``, ``"early_stop"`` (the constraints'
-            ``stop_when`` said the point had measured enough; the requests in flight finished), or ``"warmup_timeout"`` when the
+            ``stop_when`` said the point had measured enough; the requests in flight finished, or were cancelled
+            and left out under ``cancel_on_early_stop``), or ``"warmup_timeout"`` when the
             warm-up did not finish in time (nothing measured).
         warmup_records: the warm-up requests (for diagnostics: a failing warm-up means a broken server).
         client_cpu_share: CPU seconds of the client's event-loop thread per wall second of the measured run (0..1;
@@ -190,7 +191,8 @@ class _Run:
                 if timer is not None:
                     timer.cancel()
                 self._pump()
-            if self.error is None and self.inflight:
+            cut = self.stopped == "early_stop" and self.constraints.cancel_on_early_stop
+            if self.error is None and self.inflight and not cut:  # a cut run's requests in flight: dropped below
                 bounded = self.stopped in ("max_duration", "max_failures")
                 await asyncio.wait(list(self.inflight), timeout=self.constraints.drain_timeout_s if bounded else None)
                 await self._cancel_inflight(record_as_failed=True)

@@ -175,9 +175,10 @@ class SweepPlan:
         """Stop rules of a point of ``requests`` requests: that many, the duration cap, an early stop once
         failures exceed ``max_failure_rate`` of them (floor(rate * requests) + 1 failures: the point is failed
         whatever happens next), and ``stop_when`` (the sequential rule of :mod:`spectune.sweep.sequential`, or
-        None)."""
+        None), whose stop cancels the requests in flight (its statistic needs only the finished ones)."""
         return Constraints(max_requests=requests, max_duration_s=self.duration_per_point_s,
-                           max_failures=math.floor(self.max_failure_rate * requests) + 1, stop_when=stop_when)
+                           max_failures=math.floor(self.max_failure_rate * requests) + 1, stop_when=stop_when,
+                           cancel_on_early_stop=True)
 
 
 NEW_KEYS = {"design": "grid", "order": "auto", "drift_check": True, "objective": "throughput", "budget_points": None,

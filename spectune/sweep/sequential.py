@@ -4,7 +4,7 @@
 A point's window normally runs its planned requests (``--requests-per-point``). Most cells are measured to answer one
 question: *is this num_steps better than the best measured at its concurrency?* Once that answer is certain the rest
 of the window buys nothing. :class:`EarlyStop` watches the measured requests as they finish and ends the window
-(``stop_reason`` ``early_stop``, the requests in flight still finish and count) when, after at least
+(``stop_reason`` ``early_stop``; the requests in flight are cancelled and left out, below) when, after at least
 ``min_requests`` successful requests and ``min_s`` seconds:
 
 * ``below_best``: the cell's upper bound cannot take the choice from the reference (the best other cell measured at
@@ -77,17 +77,23 @@ reaches by the cap. It never moves the choice to the cell (only the confidence s
 a wrong ``futile`` stop keeps the reference where the full window would have found the cell better than it by
 more than the band, with probability at most ``1 - confidence`` under the normal approximation.
 
-**What an early-stopped window reports.** A window's ``output_throughput_tok_s`` is its tokens over its length,
-ramp-up and drain included (vLLM's ``benchmarks/serve.py`` definition). A window cut short ends with the same
-drain over fewer requests, so it reads low against its concurrency's full windows, and a cell that ties or wins
-would read as a loss: on the bundled engine K=1 at concurrency 4 read 161.2 tokens/s after 19 of 32 requests
-against 171.4 over all 32, while the statistic above (Little's law, no drain) gave 176.2 and 176.8. The sweep
-therefore records an early-stopped window's throughput as its full window would read it
-(:func:`full_window_equivalent`): its Little's-law throughput times the full windows' own ratio of reported to
-Little's-law throughput at that concurrency; the window's own figure stays in its ``early_stop`` record
-(``window_output_throughput_tok_s``, ``drain_scale``). On six recorded bundled-engine grids this alone took the
-guided plan from 39.2, 18.5, 50.6, 64.6, 39.5 and 36.2% of the grid's time to 31.2, 18.5, 35.2, 48.4, 38.3 and
-26.3%, every choice still within 3% of the grid's (docs/sweep.md).
+**What an early-stopped window reports.** The statistic itself: its Little's-law throughput over the requests that
+finished by the stop (:func:`closed_loop_throughput`; ``metrics.output_throughput_tok_s``, the window's own tokens
+over its length kept in its ``early_stop`` record as ``window_output_throughput_tok_s``). The requests still in
+flight are cancelled at the stop (``Constraints.cancel_on_early_stop``), not waited for: the statistic needs only
+the finished ones, and waiting costs up to one request's latency, the length of a whole closed-loop wave (about 18 s
+at concurrency 32 on the bundled engine). A full window's own figure, tokens over its length, counts its ramp-up
+(the first wave's prefills share the loop's first steps) and its drain (the last requests finishing with the loop
+no longer full); the statistic of a window's first requests weighs the ramp-up more than a full window does and
+counts no drain, and on the bundled engine the two roughly offset. Against the full windows' own figures on five
+bundled-engine 5 x 6 grids (each full window at concurrency 4-32 cut after its first one or two waves of finished
+requests; ``benchmarks/early_stop_estimates.py``), it read 0.956-1.038 of them on average per concurrency and
+number of waves, 2.9-5.8% RMS. What it replaced read 0.907-1.020 and 3.5-9.5%: the window's requests in flight
+finishing too, scaled by the full windows' ratio of their own figure to the statistic over all their requests
+(their drain only: the first wave weighs more in a window cut short, so at concurrency 8 after one wave it read 9%
+low, and a cell that tied read as a loss). A scale matched to the same number of first requests of the full
+windows was unbiased but scattered more (4.4-9.2% RMS with one full window to scale by), and the guided plan
+measured more cells with it (docs/sweep.md, "Changes of 2026-11-27 (stop 44)").
 
 Error rate, stated: per cell, the reference is treated as known; a stop on ``below_best`` or ``above_best`` is wrong
 with probability at most ``1 - confidence`` (5% at the default) under the asymptotic CS's conditions, and ``precise``
@@ -103,10 +109,8 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any, Iterable, Sequence
 
-import numpy as np
 
-__all__ = ["EarlyStop", "cs_half_width", "closed_loop_throughput", "full_window_equivalent", "MIN_WAVES",
-           "MIN_REQUESTS", "MIN_SECONDS"]
+__all__ = ["EarlyStop", "cs_half_width", "closed_loop_throughput", "MIN_WAVES", "MIN_REQUESTS", "MIN_SECONDS"]
 
 #: closed-loop waves a window runs at least before it may stop early (the first wave ramps up)
 MIN_WAVES = 2
@@ -311,9 +315,9 @@ def closed_loop_throughput(records: Iterable[dict[str, Any]], concurrency: int) 
     """Little's-law output throughput (tokens/s) of a closed loop of ``concurrency`` requests from requests.jsonl
     objects (``error``, ``completion_tokens``, ``e2e_ms``, ``dispatch_delay_s``): ``c * sum(tokens) / sum(latency)``,
     latency counted from when the request's slot freed (the rule's statistic, module docstring; Little, "A proof for
-    the queuing formula L = lambda W", Operations Research 9(3), 1961). It has no drain: a window's own
-    ``output_throughput_tok_s`` (tokens over the window's length) counts the last requests finishing with the loop
-    no longer full, a share that grows as the window shrinks. None without usable requests."""
+    the queuing formula L = lambda W", Operations Research 9(3), 1961), and an early-stopped window's reported
+    throughput. It has neither the ramp-up nor the drain that a window's own ``output_throughput_tok_s`` (tokens over
+    the window's length) counts. None without usable requests."""
     pairs = _tokens_and_latency(records)
     lat = sum(x for _, x in pairs)
     return concurrency * sum(t for t, _ in pairs) / lat if lat > 0 else None
@@ -335,25 +339,3 @@ def _tokens_and_latency(records: Iterable[Any]) -> list[tuple[float, float]]:
         if ok and tok and e2e and e2e > 0:
             out.append((float(tok), e2e + (delay or 0.0)))
     return out
-
-
-def full_window_equivalent(records: Iterable[dict[str, Any]], concurrency: int,
-                           peers: Iterable[tuple[float, Iterable[dict[str, Any]]]]) -> tuple[float, float] | None:
-    """What an early-stopped window's ``output_throughput_tok_s`` would read had it run its full window: its
-    Little's-law throughput (:func:`closed_loop_throughput`) times the full windows' own ratio of reported to
-    Little's-law throughput at the same concurrency (the median over ``peers``: (reported tokens/s, request
-    objects) of the full windows measured there). A window cut short ends with the same drain as a full one over
-    fewer requests, so its own figure reads low against full windows (seen on the bundled engine, K=1 at concurrency
-    4: 161.2 tokens/s after 19 of 32 requests, 171.4 over all 32; Little's law gave 176.2 and 176.8): compared with
-    them as it is, a cell that ties or wins reads as a loss. Returns (tokens/s, the ratio used), or None without a
-    full window to scale by (the window's own figure stands)."""
-    mine = closed_loop_throughput(records, concurrency)
-    ratios = []
-    for reported, recs in peers:
-        little = closed_loop_throughput(recs, concurrency)
-        if little and reported and reported > 0:
-            ratios.append(reported / little)
-    if mine is None or not ratios:
-        return None
-    factor = float(np.median(ratios))
-    return mine * factor, factor

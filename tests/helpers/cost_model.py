@@ -270,8 +270,8 @@ def virtual_point(model: CostModel, key: tuple[int, int, int], requests: int, ma
     prompt i mod 8) and the same in every cell, scaled to mean 1 (a full window of a multiple of 8 requests reads
     the same with it or without; its bootstrap interval, by prompt, widens).
     ``rule``: a spectune.sweep.sequential.EarlyStop fed the requests in order (elapsed time: their latencies so far
-    over c); when it stops, the c - 1 requests in flight finish too and
-    the point keeps only those (throughput, duration and intervals from them; ``early_stop`` recorded, with
+    over c); when it stops, the requests in flight are cancelled (as the sweep's are) and
+    the point keeps the finished ones (throughput, duration and intervals from them; ``early_stop`` recorded, with
     ``full_window_estimate``: the statistic over the whole planned window, what the point would have measured without
     the rule). A model with per-step noise (``step_noise``, relative sd of one step, and ``expected_step_s``, the
     mean; benchmarks/heldout_cost_model.py) adds ``step_noise / sqrt(steps in the window)`` to the point's noise, what
@@ -301,7 +301,7 @@ def virtual_point(model: CostModel, key: tuple[int, int, int], requests: int, ma
             seen.append(SimpleNamespace(ok=True, completion_tokens=max_tokens, e2e_s=float(x), tpot_s=None,
                                         dispatch_delay_s=0.0))
             if rule.check(seen, float(lat[:i + 1].sum()) / c):
-                lat = lat[:min(i + c, requests)]
+                lat = lat[:i + 1]  # those in flight are cancelled (Constraints.cancel_on_early_stop)
                 break
     # the window reads what its requests give, watched by a rule or not (a grid's window and a guided one alike)
     requests = len(lat)

@@ -22,7 +22,8 @@ PROMPTS = [user_prompt(str(i), "c%d" % (i % 2), f"prompt {i}") for i in range(5)
 
 
 class CountingServer:
-    """Streams ``chunks`` one-token chunks ``gap_ms`` apart (extra body fields); counts requests in flight."""
+    """Streams ``chunks`` one-token chunks ``gap_ms`` apart (extra body fields; ``chunks_for``: chunks by prompt
+    content, for some prompts only); counts requests in flight."""
 
     def __init__(self) -> None:
         self.in_flight = self.max_in_flight = self.served = 0
@@ -41,7 +42,8 @@ class CountingServer:
         try:
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
-            for i in range(body.get("chunks", 3)):
+            chunks = (body.get("chunks_for") or {}).get(body["messages"][-1]["content"], body.get("chunks", 3))
+            for i in range(chunks):
                 await asyncio.sleep(body.get("gap_ms", 20) / 1000)
                 obj = {"choices": [{"delta": {"content": "t"}}], "usage": {"completion_tokens": i + 1}}
                 await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
@@ -150,6 +152,32 @@ async def test_drain_timeout_cancels_and_records_failures(server: CountingServer
     assert all(5 <= len(r.chunk_times) <= 20 for r in res.records)  # partial data kept
     await asyncio.sleep(0.1)
     assert server.in_flight == 0  # connections closed
+
+
+async def test_an_early_stop_that_cancels_drops_the_requests_in_flight(server: CountingServer) -> None:
+    """``cancel_on_early_stop``: once ``stop_when`` says stop, the requests in flight (2 s each here) are cancelled
+    at once, not waited for, and left out of the point (not recorded as failures); their connections close."""
+    settled = lambda recs, elapsed: "settled" if recs else None  # noqa: E731 - stop at the first finished request
+    async with client(server, chunks=100, gap_ms=20, chunks_for={"prompt 0": 1}) as c:
+        t = time.perf_counter()
+        res = await run_point(c, PROMPTS, ClosedLoop(3), Constraints(max_requests=10, stop_when=settled,
+                                                                     cancel_on_early_stop=True))
+        took = time.perf_counter() - t
+    assert res.stop_reason == "early_stop"
+    assert [r.prompt_id for r in res.records] == ["0"]
+    assert took < 1.0
+    for _ in range(50):
+        if server.in_flight == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert server.in_flight == 0
+
+
+async def test_an_early_stop_waits_for_the_requests_in_flight_by_default(server: CountingServer) -> None:
+    settled = lambda recs, elapsed: "settled" if recs else None  # noqa: E731
+    async with client(server, chunks=10, gap_ms=20, chunks_for={"prompt 0": 1}) as c:  # 0.2 s each but prompt 0
+        res = await run_point(c, PROMPTS, ClosedLoop(3), Constraints(max_requests=10, stop_when=settled))
+    assert sorted(r.prompt_id for r in res.records if r.ok) == ["0", "1", "2"]
 
 
 async def test_max_failures_stops_early(server: CountingServer) -> None:

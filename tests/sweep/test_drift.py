@@ -94,3 +94,19 @@ def test_order_is_interleaved_where_switching_is_cheap():
 def test_interleaved_repeats_reverse_the_num_steps_order():
     p = SweepPlan(steps=(0, 1, 2), concurrency=(4,), repeats=2)
     assert p.ordered(p.points(), "interleaved") == [(0, 4, 0), (1, 4, 0), (2, 4, 0), (2, 4, 1), (1, 4, 1), (0, 4, 1)]
+
+
+async def test_a_guided_sweeps_drift_reference_is_a_window_measured_in_full(tmp_path):
+    """The guided plan's early-stopped windows are its shortest, but each reports its rule's statistic over its
+    first requests, which a full re-measurement would not read like: the end-of-sweep check re-measures the
+    shortest window that ran in full."""
+    guided = SweepPlan(steps=(0, 1, 2, 4), concurrency=(1, 2), num_prompts=32, max_tokens=16, design="guided",
+                       dataset="random")
+    async with EmulatedServers(COMPUTE_BOUND, guided.steps) as urls:
+        await execute(guided, "openai", BackendOptions(endpoints=urls), tmp_path / "g")
+    points = [json.loads(x) for x in (tmp_path / "g" / "points.jsonl").read_text().splitlines()]
+    (check,) = json.loads((tmp_path / "g" / "sweep.json").read_text())["drift"]["checks"]
+    measured = [p for p in points if p.get("drift_check") is None]
+    ref = next(p for p in measured if (p["steps"], p["concurrency"]) == (check["steps"], check["concurrency"]))
+    assert any((p.get("early_stop") or {}).get("reason") for p in measured)  # there were shorter ones to avoid
+    assert not (ref.get("early_stop") or {}).get("reason")

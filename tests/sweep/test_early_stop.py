@@ -16,8 +16,7 @@ from spectune.backends.base import BackendOptions
 from spectune.results.reader import load_results
 from spectune.sweep.plan import SweepPlan
 from spectune.sweep.run import execute
-from spectune.sweep.sequential import (MIN_SECONDS, EarlyStop, closed_loop_throughput, cs_half_width,
-                                       full_window_equivalent)
+from spectune.sweep.sequential import MIN_SECONDS, EarlyStop, closed_loop_throughput, cs_half_width
 
 from helpers.cost_model import COMPUTE_BOUND, EmulatedServers
 
@@ -206,25 +205,12 @@ def test_the_closed_loop_throughput_is_littles_law():
 
 
 def test_a_window_cut_short_reads_low_against_its_full_window():
-    """Why the sweep scales an early-stopped window: the same closed loop of 4, stopped after 12 of 32 requests,
-    reads lower by its drain (the last requests finishing with the loop no longer full weigh more in it)."""
+    """Why an early-stopped window reports the rule's statistic, not its own figure: the same closed loop of 4,
+    stopped after 12 of 32 requests with those in flight finishing, reads lower by its drain (the last requests
+    finishing with the loop no longer full weigh more in it)."""
     _, full = closed_loop(4, 32)
     _, cut = closed_loop(4, 32, stop_after=12)
     assert cut < 0.95 * full
-
-
-def test_an_early_stopped_window_reads_as_its_full_window_would():
-    """Scaled by the full window's own ratio of reported to Little's-law throughput, the cut window reads what the
-    full one did (each request's speed is the same here, so Little's law is exact for both)."""
-    full_recs, full = closed_loop(4, 32)
-    cut_recs, _ = closed_loop(4, 32, stop_after=12)
-    value, _ = full_window_equivalent(cut_recs, 4, [(full, full_recs)])
-    assert value == pytest.approx(full, rel=1e-9)
-
-
-def test_without_a_full_window_the_cut_window_keeps_its_own_figure():
-    cut_recs, _ = closed_loop(4, 32, stop_after=12)
-    assert full_window_equivalent(cut_recs, 4, []) is None
 
 
 def test_a_tight_estimate_stops_precise_without_a_reference():
@@ -307,22 +293,19 @@ async def test_windows_stop_early_and_their_estimates_agree_with_the_full_window
     assert {kc for kc, r in rows.items() if r["stopped_early"] == "True"} == set(stopped)
     assert all(rows[kc]["early_stop_reason"] in ("below_best", "above_best", "futile", "within_band", "precise")
                for kc in stopped)
-    # an early-stopped window reads as its full window would: its Little's-law throughput, scaled by the full
-    # windows' own reported / Little's-law ratio at its concurrency (spectune.sweep.sequential.full_window_equivalent)
+    # an early-stopped window reports the rule's statistic, Little's-law throughput over the requests finished by the
+    # stop; those in flight were cancelled, not recorded (failed or not)
     import json as _json
 
     early_reqs = [_json.loads(x) for x in (tmp_path / "True" / "requests.jsonl").read_text().splitlines()]
-    scaled = 0
     for kc in stopped:
         es, m = out[True][kc]["early_stop"], out[True][kc]["metrics"]
-        if "drain_scale" in es:
-            scaled += 1
-            mine = [r for r in early_reqs if (r["steps"], r["concurrency"]) == kc]
-            assert m["output_throughput_tok_s"] == pytest.approx(
-                closed_loop_throughput(mine, kc[1]) * es["drain_scale"], rel=1e-9)
-            assert es["window_output_throughput_tok_s"] == pytest.approx(
-                m["total_output_tokens"] / m["duration_s"], rel=1e-9)
-    assert scaled >= 1
+        mine = [r for r in early_reqs if (r["steps"], r["concurrency"]) == kc]
+        assert m["output_throughput_tok_s"] == pytest.approx(closed_loop_throughput(mine, kc[1]), rel=1e-9)
+        assert es["window_output_throughput_tok_s"] == pytest.approx(
+            m["total_output_tokens"] / m["duration_s"], rel=1e-9)
+        assert m["num_failed"] == 0
+        assert len(mine) == m["num_requests"]
     assert load_results(tmp_path / "True").summary["stopped_early"].dtype == bool
 
     reqs = load_results(tmp_path / "False")
