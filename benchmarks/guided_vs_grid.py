@@ -302,7 +302,8 @@ def recorded(args: argparse.Namespace) -> int:
         if rule is not None:
             seen = []
             for r in recs:
-                seen.append(SimpleNamespace(ok=not r.get("error"), completion_tokens=r.get("completion_tokens"),
+                seen.append(SimpleNamespace(ok=not r.get("error"), prompt_id=r.get("prompt_id"),
+                                            completion_tokens=r.get("completion_tokens"),
                                             e2e_s=(r.get("e2e_ms") or 0) / 1000,
                                             tpot_s=None if r.get("tpot_ms") is None else r["tpot_ms"] / 1000,
                                             dispatch_delay_s=r.get("dispatch_delay_s") or 0.0))

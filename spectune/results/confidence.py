@@ -20,6 +20,17 @@ the same prompts to every point), so the ratio of two cells' replicates is a pai
 (Efron & Tibshirani 1993, sec. 13.3 for percentile intervals of any function of the replicates); prompt-to-prompt
 variation (output length, difficulty) cancels in the ratio instead of widening it.
 
+**On the prompts both cells measured** (:meth:`Bootstrap.matched_ratio`). Two windows need not cover the same
+prompts: a window capped by ``--duration`` ends after fewer requests at a slower num_steps, and an early-stopped
+window (:mod:`spectune.sweep.sequential`) covers only the first prompts of the list. The ratio of the two cells'
+whole-window figures then compares different prompt sets, and prompts differ in cost (the prompt's length, the
+output's). So a comparison restricts both cells to the prompts every run of both measured: each run's figure is
+rescaled by its own ratio estimator on those prompts (output tokens over request latency for throughput, the
+median TPOT, the share meeting the SLOs) and the paired bootstrap runs on the restricted requests. Seen on the
+bundled engine (2026-11-27 01:48, concurrency 1): an early-stopped window of num_steps 0 over 13 prompts read 97.4
+tokens/s and the full window of num_steps 1 over 26 prompts 101.3 (0.961 [0.888, 1.053], a tie); on the 13 prompts
+both measured num_steps 1 took 1.20x less time, as every grid measured that day (1.14-1.26x).
+
 What the interval does not cover: the machine changing between points (drift, checked separately by re-measuring
 a reference cell, :mod:`spectune.sweep.drift`) and dependence between requests of one batch (requests are treated
 as exchangeable within a run).
@@ -29,12 +40,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["DEFAULT_REPLICATES", "Interval", "RunRequests", "Bootstrap", "percentile_interval", "ratio_interval"]
+__all__ = ["DEFAULT_REPLICATES", "Interval", "RunRequests", "Bootstrap", "CellRuns", "best_by_pairs",
+           "percentile_interval", "ratio_interval", "restricted_value"]
 
 DEFAULT_REPLICATES = 2000
 DEFAULT_SEED = 20250316
@@ -239,6 +251,105 @@ class Bootstrap:
         rng = np.random.default_rng(DEFAULT_SEED + 7919 * (seed_offset + 1))
         pick = rng.integers(0, len(vals), size=(self.B, len(vals)))
         return np.median(np.take_along_axis(mat, pick, axis=1), axis=1)
+
+    def matched_ratio(self, a: "CellRuns", b: "CellRuns", objective: str,
+                      confidence: float = 0.95) -> tuple[Interval, int] | None:
+        """The paired ratio a / b of two cells' objectives on the prompts every run of both measured (module
+        docstring, "On the prompts both cells measured"), with its percentile interval, and the number of those
+        prompts; None where the restriction does not apply: a run without requests, an objective other than
+        ``throughput``, ``tpot`` or ``goodput``, or fewer than two usable requests of a run on the shared prompts
+        (the caller then compares the whole windows).
+
+        Each run's figure is rescaled by :func:`restricted_value`; the cells' replicates are
+        :meth:`cell_replicates` of the restricted runs with the cells' own ``seed_offset``."""
+        if objective not in ("throughput", "tpot", "goodput"):
+            return None
+        runs = list(a.runs) + list(b.runs)
+        if not runs or any(r is None or len(r) == 0 for r in runs):
+            return None
+        shared = set.intersection(*(set(r.prompt) for r in runs))
+        if not shared:
+            return None
+        cut = []
+        for cell in (a, b):
+            got = [restricted_value(run, shared, objective, v) for run, v in zip(cell.runs, cell.values)]
+            if any(g is None for g in got):
+                return None
+            sub = [g[0] for g in got]
+            vals = [g[1] for g in got]
+            reps = self.cell_replicates(sub, vals, objective, seed_offset=cell.seed_offset)
+            cut.append((float(np.median(vals)), reps))
+        (va, ra), (vb, rb) = cut
+        value = va / vb if vb else math.nan
+        return ratio_interval(ra, rb, value, confidence), len(shared)
+
+
+def best_by_pairs(items: Sequence[Any], value: Callable[[Any], float], ratio: Callable[[Any, Any], float],
+                  maximise: bool = True) -> Any:
+    """The best of ``items`` (non-empty) when pairs are compared on the prompts both measured (module docstring):
+    start from the best ``value`` (the whole windows' figure); while another item beats the current one on their
+    ``ratio(other, current)`` (> 1 when ``maximise``, < 1 otherwise), move to the one that beats it by most. Ratios
+    on different shared prompts need not be transitive, so the walk stops where it would visit an item twice."""
+    pick = max if maximise else min
+    best = pick(items, key=value)
+    seen = {id(best)}
+    while True:
+        r = {id(x): ratio(x, best) for x in items if x is not best}
+        better = [x for x in items if x is not best and math.isfinite(r[id(x)])
+                  and (r[id(x)] > 1 if maximise else r[id(x)] < 1)]
+        if not better:
+            return best
+        nxt = pick(better, key=lambda x: r[id(x)])
+        if id(nxt) in seen:
+            return best
+        best = nxt
+        seen.add(id(best))
+
+
+@dataclass(frozen=True)
+class CellRuns:
+    """One cell's runs for :meth:`Bootstrap.matched_ratio`: ``runs[i]`` the requests of repeat i (or None),
+    ``values[i]`` its measured objective (tokens/s, ms or req/s), ``seed_offset`` the cell's repeat-draw seed (as
+    given to :meth:`Bootstrap.cell_replicates`)."""
+
+    runs: Sequence[RunRequests | None]
+    values: Sequence[float]
+    seed_offset: int = 0
+
+
+def restricted_value(run: RunRequests, prompts: set[Any], objective: str,
+                     value: float) -> tuple[RunRequests, float] | None:
+    """The run's requests of ``prompts`` and its measured ``value`` rescaled to them: throughput (tokens/s) by the
+    ratio estimator (output tokens over request latency on the prompts, over the same on the whole run; a closed
+    loop's throughput is concurrency x tokens per request / latency per request), TPOT p50 (ms) by the ratio of the
+    medians, goodput (req/s) by the ratio of the shares meeting the SLOs. None when fewer than two usable requests
+    are left (or the whole run has none)."""
+    keep = np.array([p in prompts for p in run.prompt], bool)
+    if not len(keep):
+        return None
+    sub = RunRequests([p for p, k in zip(run.prompt, keep) if k], run.tokens[keep], run.latency_ms[keep],
+                      run.tpot_ms[keep], run.meets[keep] if len(run.meets) == len(run) else run.meets)
+    if objective == "throughput":
+        ok_all = np.isfinite(run.latency_ms) & (run.tokens > 0)
+        ok = ok_all & keep
+        if ok.sum() < 2:
+            return None
+        whole = run.tokens[ok_all].sum() / run.latency_ms[ok_all].sum()
+        part = run.tokens[ok].sum() / run.latency_ms[ok].sum()
+        return sub, value * part / whole
+    if objective == "tpot":
+        ok_all = np.isfinite(run.tpot_ms)
+        ok = ok_all & keep
+        if ok.sum() < 2:
+            return None
+        whole = float(np.median(run.tpot_ms[ok_all]))
+        return (sub, value * float(np.median(run.tpot_ms[ok])) / whole) if whole > 0 else None
+    if objective == "goodput":
+        if keep.sum() < 2 or len(run.meets) != len(run):
+            return None
+        whole = run.meets.mean()
+        return sub, (value * run.meets[keep].mean() / whole) if whole > 0 else value
+    return None
 
 
 def requests_by_point(requests: pd.DataFrame | list[dict[str, Any]] | None) -> dict[tuple[int, int, int], list[dict]]:

@@ -95,6 +95,15 @@ low, and a cell that tied read as a loss). A scale matched to the same number of
 windows was unbiased but scattered more (4.4-9.2% RMS with one full window to scale by), and the guided plan
 measured more cells with it (docs/sweep.md, "Changes of 2026-11-27 (stop 44)").
 
+**The reference.** The best other cell at the concurrency, compared on the prompts both measured: each check
+rescales the reference's figure by its own statistic on the prompts this window has finished over its statistic on
+all of its prompts (:func:`prompt_sums`), as ``spectune recommend`` compares two cells
+(:meth:`spectune.results.confidence.Bootstrap.matched_ratio`). A window's first requests are its first prompts,
+and prompts differ in cost; against the reference's whole figure, a window's first wave on costly prompts reads as
+a loss. Seen on the bundled engine (2026-11-27 01:48): num_steps 1 at concurrency 2 and 4 stopped ``futile`` after
+8 requests at 0.87 and 0.85 of num_steps 0's whole windows, where on those 8 prompts the two were 0.93 and 0.92
+[0.81, 1.07] apart, and every grid of that day had num_steps 1 ahead at concurrency 2.
+
 Error rate, stated: per cell, the reference is treated as known; a stop on ``below_best`` or ``above_best`` is wrong
 with probability at most ``1 - confidence`` (5% at the default) under the asymptotic CS's conditions, and ``precise``
 leaves the estimate inside its bounds with the same probability. The reference is itself a measurement (its own
@@ -110,7 +119,8 @@ from statistics import NormalDist
 from typing import Any, Iterable, Sequence
 
 
-__all__ = ["EarlyStop", "cs_half_width", "closed_loop_throughput", "MIN_WAVES", "MIN_REQUESTS", "MIN_SECONDS"]
+__all__ = ["EarlyStop", "cs_half_width", "closed_loop_throughput", "prompt_sums", "MIN_WAVES", "MIN_REQUESTS",
+           "MIN_SECONDS"]
 
 #: closed-loop waves a window runs at least before it may stop early (the first wave ramps up)
 MIN_WAVES = 2
@@ -161,6 +171,9 @@ class EarlyStop:
             for what its first requests already give), or None.
         max_s: the window's cap in seconds (``--duration``), or None: the futility rule's N is the requests the
             window reaches by then at its rate so far, when fewer than ``planned``.
+        reference_prompts: the reference cell's requests summed per prompt (:func:`prompt_sums`), or None: each
+            check compares the cell with the reference on the prompts both measured (module docstring, "The
+            reference"); without it, or with fewer than two shared prompts, with the reference's whole figure.
     """
 
     objective: str
@@ -176,6 +189,7 @@ class EarlyStop:
     reference_steps: int | None = None
     at_minimum: str | None = None
     max_s: float | None = None
+    reference_prompts: dict[Any, tuple[float, float]] | None = None
     last: dict[str, Any] = field(default_factory=dict)
     reason: str | None = None
     _seen: int = -1
@@ -228,7 +242,8 @@ class EarlyStop:
         if self.at_minimum:
             self.reason = self.at_minimum
             return self.reason
-        band, ref = self.noise_band, self.reference
+        band, ref = self.noise_band, self._matched_reference(records)
+        self.last["reference"] = ref
         better_hi, better_lo = (hi, lo) if self.objective != "tpot" else (1 / lo if lo > 0 else math.inf, 1 / hi)
         reason = None
         if ref is not None and ref > 0:
@@ -241,9 +256,9 @@ class EarlyStop:
             elif better_lo > edge * (1 - band if smaller else 1 + band):
                 reason = "above_best" if 2 * n >= self._total(n, elapsed_s) else None
             elif not smaller:  # can the rest of the window still let it pass the edge above_best uses?
-                reason = self._futile(value, rel_sd, n, elapsed_s)
+                reason = self._futile(value, rel_sd, n, elapsed_s, ref)
             else:  # a smaller num_steps: will the full window leave it within the band, where it takes the choice?
-                reason = self._within_band(value, rel_sd, n, elapsed_s)
+                reason = self._within_band(value, rel_sd, n, elapsed_s, ref)
         if reason is None and r <= (self.precision or 0):
             half = len(records) // 2
             a, b = self.estimate(records[:half]), self.estimate(records[half:])
@@ -251,6 +266,22 @@ class EarlyStop:
                 reason = "precise"
         self.reason = reason
         return reason
+
+    def _matched_reference(self, records: Sequence[Any]) -> float | None:
+        """The reference on the prompts of ``records`` it measured too (module docstring, "The reference"): its
+        figure times its statistic on those prompts over its statistic on all of its own (:func:`prompt_sums`); the
+        whole figure without ``reference_prompts`` or with fewer than two shared prompts."""
+        ref, sums = self.reference, self.reference_prompts
+        if ref is None or not sums:
+            return ref
+        mine = {_prompt_of(r) for r in records}
+        shared = [sums[p] for p in mine if p in sums]
+        whole_b = sum(b for _, b in sums.values())
+        part_b = sum(b for _, b in shared)
+        if len(shared) < 2 or whole_b <= 0 or part_b <= 0:
+            return ref
+        whole = sum(a for a, _ in sums.values()) / whole_b
+        return ref * (sum(a for a, _ in shared) / part_b) / whole if whole > 0 else ref
 
     def _minimum(self, n: int, elapsed_s: float) -> int:
         """Successful requests before any stop: ``min_requests``, or one closed-loop wave (at least
@@ -268,31 +299,32 @@ class EarlyStop:
             return min(float(self.planned), n * self.max_s / elapsed_s)
         return float(self.planned)
 
-    def _predicted(self, value: float, rel_sd: float, n: int, elapsed_s: float) -> tuple[float, float, float] | None:
+    def _predicted(self, value: float, rel_sd: float, n: int, elapsed_s: float,
+                   ref: float | None) -> tuple[float, float, float] | None:
         """The full window's estimate as predicted after ``n`` requests (module docstring, "Futility"): (the cell
-        over the reference now, "better" up; z x the predictive sd of that ratio at the window's end, z the
+        over the reference ``ref`` now, "better" up; z x the predictive sd of that ratio at the window's end, z the
         one-sided ``confidence`` quantile; the requests the window will have measured), or None when no request
         is left to come or the requests do not scatter."""
         total = self._total(n, elapsed_s)
         if total <= n or not rel_sd > 0:
             return None
-        ref = self.reference or 0.0
+        ref = ref or 0.0
         ratio = value / ref if self.objective != "tpot" else ref / value  # the cell over the reference, "better" up
         sd = rel_sd * ratio * math.sqrt((total - n) / (total * n))
         return ratio, NormalDist().inv_cdf(self.confidence) * sd, total
 
-    def _futile(self, value: float, rel_sd: float, n: int, elapsed_s: float) -> str | None:
+    def _futile(self, value: float, rel_sd: float, n: int, elapsed_s: float, ref: float | None) -> str | None:
         """``futile`` (a larger num_steps than the reference's, or either unknown) when the rest of the window would
-        let the cell pass the reference x (1 + band) edge with predictive probability under ``1 - confidence``
-        (module docstring), else None."""
-        got = self._predicted(value, rel_sd, n, elapsed_s)
+        let the cell pass the reference ``ref`` x (1 + band) edge with predictive probability under ``1 -
+        confidence`` (module docstring), else None."""
+        got = self._predicted(value, rel_sd, n, elapsed_s, ref)
         return "futile" if got is not None and 1 + self.noise_band - got[0] > got[1] else None
 
-    def _within_band(self, value: float, rel_sd: float, n: int, elapsed_s: float) -> str | None:
+    def _within_band(self, value: float, rel_sd: float, n: int, elapsed_s: float, ref: float | None) -> str | None:
         """``within_band`` (a smaller num_steps than the reference's) when the full window's estimate would end above
-        the reference x (1 - band) with predictive probability at least ``confidence`` (module docstring), else
-        None."""
-        got = self._predicted(value, rel_sd, n, elapsed_s)
+        the reference ``ref`` x (1 - band) with predictive probability at least ``confidence`` (module docstring),
+        else None."""
+        got = self._predicted(value, rel_sd, n, elapsed_s, ref)
         if got is None:
             return None
         ratio, margin, total = got
@@ -321,6 +353,30 @@ def closed_loop_throughput(records: Iterable[dict[str, Any]], concurrency: int) 
     pairs = _tokens_and_latency(records)
     lat = sum(x for _, x in pairs)
     return concurrency * sum(t for t, _ in pairs) / lat if lat > 0 else None
+
+
+def prompt_sums(records: Iterable[dict[str, Any]], objective: str) -> dict[Any, tuple[float, float]]:
+    """A reference cell's requests (requests.jsonl objects, every repeat) summed per ``prompt_id`` as the parts of
+    the rule's statistic, ``(a, b)`` with statistic ``sum(a) / sum(b)``: throughput (output tokens, latency s from
+    when the slot freed), TPOT (TPOT ms, 1). :meth:`EarlyStop._matched_reference` rescales the reference by them."""
+    out: dict[Any, tuple[float, float]] = {}
+    for r in records:
+        p = r.get("prompt_id")
+        if objective == "tpot":
+            t = r.get("tpot_ms")
+            part = (float(t), 1.0) if r.get("error") is None and isinstance(t, (int, float)) else None
+        else:
+            got = _tokens_and_latency([r])
+            part = got[0] if got else None
+        if p is not None and part is not None:
+            a, b = out.get(p, (0.0, 0.0))
+            out[p] = (a + part[0], b + part[1])
+    return out
+
+
+def _prompt_of(r: Any) -> Any:
+    """A finished record's prompt id (RequestRecord-like object or requests.jsonl object), or None."""
+    return r.get("prompt_id") if isinstance(r, dict) else getattr(r, "prompt_id", None)
 
 
 def _tokens_and_latency(records: Iterable[Any]) -> list[tuple[float, float]]:

@@ -11,12 +11,15 @@ within a tolerance of the best) and extended (docs/recommend.md is the user-faci
 3. SLO rule (SpecServe, Huang et al.): a num_steps whose TPOT p99 exceeds the TPOT SLO is not allowed; neither is
    one whose SLO attainment is below ``min_slo_attainment``. If no num_steps at a concurrency meets the SLO the
    best by the objective is still chosen (a config needs a value there) and flagged ``slo-unmet``.
-4. Among the candidates the best median wins, but every num_steps within the noise band of it (the larger of
-   ``noise_band``, the best cell's own spread and the drift a sweep's drift check measured) ties, and the smallest
-   tied num_steps is chosen. Where the cells have bootstrap replicates (:mod:`spectune.results.confidence`: over
-   requests within a run and over repeats) a num_steps also ties when the paired ``confidence`` interval of its
-   objective ratio to the best reaches within the band of 1: the data cannot tell it is worse, so the smaller
-   num_steps wins. Every choice carries its paired comparisons (``K=2 vs K=0: 1.31x [1.24, 1.38], 95%``).
+4. Among the candidates the best median wins (where windows cover different prompts, the one no other beats on
+   the prompts both measured: :func:`spectune.results.confidence.best_by_pairs`), but every num_steps within the
+   noise band of it (the larger of ``noise_band``, the best cell's own spread and the drift a sweep's drift check
+   measured) ties, and the smallest tied num_steps is chosen. Where the cells have bootstrap replicates
+   (:mod:`spectune.results.confidence`: over requests within a run and over repeats) a num_steps also ties when the
+   paired ``confidence`` interval of its objective ratio to the best reaches within the band of 1: the data cannot
+   tell it is worse, so the smaller num_steps wins. Both the ratio and its interval are taken on the prompts every run of the two cells measured
+   (:meth:`spectune.results.confidence.Bootstrap.matched_ratio`; windows capped by time or stopped early cover
+   different prompts). Every choice carries its paired comparisons (``K=2 vs K=0: 1.31x [1.24, 1.38], 95%``).
    Predicted cells (a guided sweep's unmeasured cells) are chosen only where nothing at that concurrency was
    measured.
 5. Slots start where the chosen num_steps changes, keyed on batch size, since SGLang and vLLM route by the batch
@@ -29,8 +32,9 @@ within a tolerance of the best) and extended (docs/recommend.md is the user-faci
 
 from __future__ import annotations
 
+import copy
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -38,8 +42,8 @@ import pandas as pd
 
 from spectune.loadgen.errors import UserError
 from spectune.results.batch_acceptance import batch_dependent_acceptance
-from spectune.results.confidence import (Bootstrap, Interval, RunRequests, percentile_interval, ratio_interval,
-                                         requests_by_point)
+from spectune.results.confidence import (Bootstrap, CellRuns, Interval, RunRequests, best_by_pairs,
+                                         percentile_interval, ratio_interval, requests_by_point)
 from spectune.results.reader import Results, load_request_records, summary_with_slos
 from spectune.tune.gain import apply_static_primary
 
@@ -88,6 +92,9 @@ class Cell:
     ci_high: float = math.nan
     predicted: bool = False
     replicates: Any = field(default=None, repr=False, compare=False)  # (B,) bootstrap replicates, or None
+    #: the cell's runs for comparisons on shared prompts, and the analysis's Bootstrap; None without requests
+    runs: CellRuns | None = field(default=None, repr=False, compare=False)
+    bootstrap: Bootstrap | None = field(default=None, repr=False, compare=False)
 
     @property
     def eligible(self) -> bool:
@@ -177,8 +184,9 @@ class Recommendation:
             if isinstance(x, list):
                 return [clean(v) for v in x]
             return x
-        cells = [{**{k: v for k, v in asdict(c).items() if k != "replicates"}, "eligible": c.eligible}
-                 for c in self.cells]
+        skip = ("replicates", "runs", "bootstrap")  # working data of the comparisons, not results
+        cells = [{**{f.name: copy.deepcopy(getattr(c, f.name)) for f in fields(c) if f.name not in skip},
+                  "eligible": c.eligible} for c in self.cells]
         return clean({"options": asdict(self.options), "choices": [asdict(c) for c in self.choices],
                       "slots": [asdict(s) for s in self.slots], "slot_key": self.batch_size_source,
                       "batch_sizes": self.batch_sizes, "best_static_num_steps": self.best_static,
@@ -262,39 +270,55 @@ def attach_intervals(cells: list[Cell], df: pd.DataFrame, records: list[dict[str
             runs.append(RunRequests.from_records(recs, ttft, tpot) if recs else None)
             values.append(float(r[col]))
         cell.replicates = boot.cell_replicates(runs, values, opts.objective, seed_offset=i)
+        cell.runs, cell.bootstrap = CellRuns(runs, values, seed_offset=i), boot
         iv = percentile_interval(cell.replicates, cell.objective, opts.confidence)
         cell.ci_low, cell.ci_high = iv.low, iv.high
 
 
+def ratio(a: Cell, b: Cell, objective: str, confidence: float) -> tuple[Interval, int | None]:
+    """The ratio a / b of two cells' objectives at one concurrency with its paired bootstrap interval, and the
+    number of prompts it rests on: on the prompts every run of both cells measured where both have requests
+    (:meth:`spectune.results.confidence.Bootstrap.matched_ratio`), else the whole windows' figures
+    (:func:`spectune.results.confidence.ratio_interval`; prompts None). Bounds NaN without replicates."""
+    if a.runs is not None and b.runs is not None and a.bootstrap is not None and a.bootstrap is b.bootstrap:
+        got = a.bootstrap.matched_ratio(a.runs, b.runs, objective, confidence)
+        if got is not None:
+            return got
+    value = a.objective / b.objective if b.objective else math.nan
+    return ratio_interval(a.replicates, b.replicates, value, confidence), None
+
+
 def compare(a: Cell, b: Cell, opts: RecommendOptions, band: float) -> dict[str, Any]:
     """The paired comparison of cell ``a`` with cell ``b`` (same concurrency): ratio of their objectives a / b
-    with its paired bootstrap interval (:func:`spectune.results.confidence.ratio_interval`) and a verdict:
+    on the prompts both measured, with its paired bootstrap interval (:func:`ratio`), and a verdict:
     ``"beats"`` (the whole interval is better than 1 by more than ``band``), ``"loses"`` (the whole interval is worse
     by more than ``band``) or ``"ties"``; without an interval the point ratio decides against the band. For a
     minimised objective (TPOT) a ratio below 1 is better. Returns ``{"a", "b", "concurrency", "ratio", "low",
-    "high", "confidence", "verdict", "text"}``."""
+    "high", "confidence", "verdict", "prompts", "text"}`` (``prompts``: the shared prompts the ratio rests on, None
+    for whole windows)."""
     col, direction, _ = OBJECTIVES[opts.objective]
-    value = a.objective / b.objective if b.objective else math.nan
-    iv = ratio_interval(a.replicates, b.replicates, value, opts.confidence)
+    iv, prompts = ratio(a, b, opts.objective, opts.confidence)
+    value = iv.value
     lo, hi = (iv.low, iv.high) if iv.known else (value, value)
     if direction == "max":
         verdict = "beats" if lo > 1 + band else "loses" if hi < 1 - band else "ties"
     else:
         verdict = "beats" if hi < 1 - band else "loses" if lo > 1 + band else "ties"
     text = (f"num_steps {a.steps} {verdict} {b.steps} at concurrency {a.concurrency}: {opts.objective} "
-            f"{iv.text('.3f')}x" + (f", {opts.confidence:.0%}" if iv.known else " (no interval)"))
+            f"{iv.text('.3f')}x" + (f", {opts.confidence:.0%}" if iv.known else " (no interval)")
+            + (f", on the {prompts} prompts both measured" if prompts is not None else ""))
     return {"a": a.steps, "b": b.steps, "concurrency": a.concurrency, "ratio": value, "low": iv.low,
-            "high": iv.high, "confidence": opts.confidence, "verdict": verdict, "text": text}
+            "high": iv.high, "confidence": opts.confidence, "verdict": verdict, "prompts": prompts, "text": text}
 
 
-def _ties(c: Cell, best: Cell, band: float, direction: str, confidence: float) -> bool:
-    """``c`` ties with ``best``: its point estimate is within ``band`` of the best's, or (with replicates) the paired
-    interval of its ratio to the best reaches within the band of 1."""
-    if _within(c.objective, best.objective, band, direction):
+def _ties(c: Cell, best: Cell, band: float, direction: str, opts: RecommendOptions) -> bool:
+    """``c`` ties with ``best``: its ratio to the best (:func:`ratio`, on the prompts both measured) is within
+    ``band`` of 1, or (with replicates) the paired interval of that ratio reaches within the band of 1."""
+    if c is best:
         return True
-    if c.replicates is None or best.replicates is None or c is best:
-        return False
-    iv = ratio_interval(c.replicates, best.replicates, c.objective / best.objective, confidence)
+    iv, _ = ratio(c, best, opts.objective, opts.confidence)
+    if _within(iv.value, 1.0, band, direction):
+        return True
     if not iv.known:
         return False
     return iv.high >= 1 - band if direction == "max" else iv.low <= 1 + band
@@ -324,15 +348,13 @@ def choose(cells: list[Cell], conc: int, opts: RecommendOptions, drift: float = 
     notes += [f"K={c.steps} excluded: {'; '.join(c.violations)}" for c in measured if c.violations]
     if not pool:
         return Choice(conc, None, reason="no usable measurement: " + "; ".join(notes))
-    best = pool[0]
-    for c in pool[1:]:
-        if _better(c.objective, best.objective, direction):
-            best = c
+    best = best_by_pairs(pool, lambda c: c.objective,
+                         lambda a, b: ratio(a, b, opts.objective, opts.confidence)[0].value, direction == "max")
     band = max(opts.noise_band, best.spread if math.isfinite(best.spread) else 0.0, drift)
-    win = next(c for c in pool if _ties(c, best, band, direction, opts.confidence))
+    win = next(c for c in pool if _ties(c, best, band, direction, opts))
     parts = [f"K={win.steps}: {col} {win.interval.text('.4g')} {unit}"]
     if win is not best:
-        if _within(win.objective, best.objective, band, direction):
+        if _within(ratio(win, best, opts.objective, opts.confidence)[0].value, 1.0, band, direction):
             parts.append(f"within the {band:.1%} noise band of the best K={best.steps} ({best.objective:.4g}); "
                          "the smaller num_steps is preferred")
         else:

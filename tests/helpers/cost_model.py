@@ -298,8 +298,8 @@ def virtual_point(model: CostModel, key: tuple[int, int, int], requests: int, ma
 
         seen = []
         for i, x in enumerate(lat):
-            seen.append(SimpleNamespace(ok=True, completion_tokens=max_tokens, e2e_s=float(x), tpot_s=None,
-                                        dispatch_delay_s=0.0))
+            seen.append(SimpleNamespace(ok=True, prompt_id=f"p{i % PROMPTS}", completion_tokens=max_tokens,
+                                        e2e_s=float(x), tpot_s=None, dispatch_delay_s=0.0))
             if rule.check(seen, float(lat[:i + 1].sum()) / c):
                 lat = lat[:i + 1]  # those in flight are cancelled (Constraints.cancel_on_early_stop)
                 break

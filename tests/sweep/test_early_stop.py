@@ -16,7 +16,7 @@ from spectune.backends.base import BackendOptions
 from spectune.results.reader import load_results
 from spectune.sweep.plan import SweepPlan
 from spectune.sweep.run import execute
-from spectune.sweep.sequential import MIN_SECONDS, EarlyStop, closed_loop_throughput, cs_half_width
+from spectune.sweep.sequential import MIN_SECONDS, EarlyStop, closed_loop_throughput, cs_half_width, prompt_sums
 
 from helpers.cost_model import COMPUTE_BOUND, EmulatedServers
 
@@ -57,6 +57,7 @@ class Rec:
     e2e_s: float
     tpot_s: float | None = None
     ok: bool = True
+    prompt_id: str | None = None
 
 
 def records(n: int, tput_per_request: float, noise: float, seed: int = 0) -> list[Rec]:
@@ -259,6 +260,34 @@ def test_a_window_measured_for_its_counters_stops_at_the_minimum():
     rule = EarlyStop("throughput", 4, 100, at_minimum="seed_acceptance", min_s=1.0)
     assert rule.check(records(7, 100.0, 0.10), 5.0) is None  # two waves of 4: 8 requests
     assert rule.check(records(8, 100.0, 0.10), 5.0) == "seed_acceptance"
+
+
+def costly_first(n: int, speed: float) -> tuple[list[Rec], list[dict]]:
+    """n requests of prompts p0.. at ``speed`` tokens/s per request, the first 20 prompts 1.3 times as slow: as
+    records of a window and as requests.jsonl objects (the reference cell's)."""
+    lat = [64 / speed * (1.3 if i < 20 else 1.0) for i in range(n)]
+    recs = [Rec(64, x, x / 64, prompt_id=f"p{i}") for i, x in enumerate(lat)]
+    return recs, [{"prompt_id": f"p{i}", "error": None, "completion_tokens": 64, "e2e_ms": x * 1e3}
+                  for i, x in enumerate(lat)]
+
+
+def test_a_window_on_costly_first_prompts_is_compared_with_the_reference_on_those_prompts():
+    """num_steps 0 as fast as the reference K=1 on every prompt, its window's first 20 prompts the costly ones: on
+    those prompts it ties with the reference and takes the choice (the smaller num_steps of a tie)."""
+    mine, _ = costly_first(20, 100.0)
+    ref_recs, ref_json = costly_first(40, 100.0)
+    whole = EarlyStop("throughput", 1, 40).estimate(ref_recs)[0]
+    rule = EarlyStop("throughput", 1, 40, reference=whole, steps=0, reference_steps=1,
+                     reference_prompts=prompt_sums(ref_json, "throughput"))
+    assert rule.check(mine, 5.0) in ("above_best", "within_band")
+
+
+def test_against_the_references_whole_figure_the_same_window_reads_as_a_loss():
+    mine, _ = costly_first(20, 100.0)
+    ref_recs, _ = costly_first(40, 100.0)
+    whole = EarlyStop("throughput", 1, 40).estimate(ref_recs)[0]
+    rule = EarlyStop("throughput", 1, 40, reference=whole, steps=0, reference_steps=1)
+    assert rule.check(mine, 5.0) == "below_best"
 
 
 def test_tpot_objective_stops_a_slower_cell_below_best():

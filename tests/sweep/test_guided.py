@@ -530,6 +530,24 @@ def test_an_unsettled_pair_of_long_windows_is_not_measured_again():
     assert planner.comparisons(with_windows(points, 2.0, 2.0), records)[0]["verdict"] == "unsettled"
 
 
+def test_an_early_stopped_window_is_compared_on_the_prompts_both_cells_measured():
+    """K=0 stopped early after its first 13 prompts, K=1 15% faster on every prompt and run over 26, the last six
+    1.6 times as costly: over the whole windows K=0 / K=1 is 0.99 (a tie); on the 13 prompts both measured it is
+    1 / 1.15, and the comparison that decides the choice finds K=0 loses, as recommend does."""
+    planner = GuidedPlanner(STEPS, CONC)
+    points, records = [], {}
+    for k, n, speed in ((0, 13, 100.0), (1, 26, 115.0)):
+        lat = [64 / speed * (1.6 if i >= 20 else 1.0) for i in range(n)]
+        records[(k, 1, 0)] = [{"steps": k, "concurrency": 1, "repeat": 0, "prompt_id": f"p{i}", "error": None,
+                               "chunk_times": 8, "completion_tokens": 64, "e2e_ms": x * 1e3} for i, x in enumerate(lat)]
+        points.append({"steps": k, "concurrency": 1, "repeat": 0, "status": "ok",
+                       "metrics": {"output_throughput_tok_s": 64 * n / sum(lat)}})
+    assert points[0]["metrics"]["output_throughput_tok_s"] / points[1]["metrics"]["output_throughput_tok_s"] > 0.98
+    [cmp] = planner.comparisons(points, records)
+    assert cmp["ratio"] == pytest.approx(1 / 1.15)
+    assert cmp["verdict"] == "loses"
+
+
 def test_a_clear_difference_is_settled():
     planner = GuidedPlanner(STEPS, CONC)
     points, records = measured_pair(1.06, 0.01)

@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from spectune.results.confidence import Bootstrap, RunRequests, percentile_interval
+from spectune.results.confidence import (Bootstrap, CellRuns, RunRequests, best_by_pairs, percentile_interval,
+                                         restricted_value)
 from spectune.results.reader import load_results
 from spectune.tune.recommend import RecommendOptions, recommend
 
@@ -107,3 +108,67 @@ def test_repeats_alone_give_an_interval(tmp_path):
     folder = write_sweep(tmp_path / "s", rows, plan={"steps": [0, 2], "concurrency": [1]})
     cell = recommend(load_results(folder), RecommendOptions()).cell(2, 1)
     assert 118.0 <= cell.ci_low <= cell.objective <= cell.ci_high <= 123.0
+
+
+def prefix_and_full(tmp_path, gain: float = 1.15):
+    """Concurrency 1, prompts p0..p25, the last six (p20..p25) 1.6 times as costly as the rest: K=0 stopped early
+    after the first 13 prompts, K=1 ``gain`` times faster on every prompt and run over all 26 (the shape of an
+    early-stopped window against a full one on the bundled engine, 2026-11-27). Returns the recommendation and
+    the two cells' whole-window throughputs (tokens/s)."""
+    def recs(steps: int, n: int, speed: float) -> list[dict]:
+        out = records(steps, 1, n, 1000.0 / speed, 0.01, seed=steps + 3)
+        for r in out:
+            if int(r["prompt_id"][1:]) >= 20:
+                r["e2e_ms"] *= 1.6
+        return out
+
+    r0, r1 = recs(0, 13, 1.0), recs(1, 26, gain)
+    t0, t1 = throughput(r0, 1), throughput(r1, 1)
+    rows = [row(0, 1, t0), row(1, 1, t1)]
+    folder = write_sweep(tmp_path / "sweep", rows, plan={"steps": [0, 1], "concurrency": [1]}, requests=r0 + r1)
+    return recommend(load_results(folder), RecommendOptions()), t0, t1
+
+
+def test_an_early_stopped_window_is_compared_on_the_prompts_both_cells_measured(tmp_path):
+    rec, t0, t1 = prefix_and_full(tmp_path)
+    assert t1 / t0 < 1.02  # the whole windows alone: a tie, so the smaller num_steps would win
+    assert rec.choices[0].steps == 1
+
+
+def test_the_comparison_names_the_prompts_it_rests_on(tmp_path):
+    rec, _, _ = prefix_and_full(tmp_path)
+    [cmp] = rec.choices[0].comparisons
+    assert cmp["prompts"] == 13
+    assert cmp["ratio"] == pytest.approx(1.15, rel=0.01)
+    assert "on the 13 prompts both measured" in rec.choices[0].reason
+
+
+def test_the_best_is_the_cell_no_other_beats_on_the_prompts_both_measured(tmp_path):
+    """K=0's early-stopped window on the cheap prompts reads above K=1's full window, yet K=1 is 1.1x on the
+    prompts both measured: K=1 is the best."""
+    rec, t0, t1 = prefix_and_full(tmp_path, gain=1.1)
+    assert t1 < t0  # the whole windows alone would make K=0 the best
+    assert rec.choices[0].best_steps == 1
+
+
+def test_a_cell_without_requests_is_compared_on_its_whole_window():
+    boot = Bootstrap(["p0", "p1", "p2"])
+    run = RunRequests.from_records(records(0, 1, 3, 1000.0, 0.0, seed=1))
+    got = boot.matched_ratio(CellRuns([run], [64.0]), CellRuns([None], [60.0], seed_offset=1), "throughput")
+    assert got is None
+
+
+def test_restricting_a_run_rescales_its_throughput_by_the_prompts_tokens_over_latency():
+    recs = records(0, 4, 3, 1000.0, 0.0, seed=1)
+    recs[2]["e2e_ms"] = 3000.0  # p2 three times as slow: the whole run's tokens / latency is 192 / 5000 ms
+    sub, value = restricted_value(RunRequests.from_records(recs), {"p0", "p1"}, "throughput", 100.0)
+    assert value == pytest.approx(100.0 * (128 / 2000) / (192 / 5000))
+    assert sub.prompt == ["p0", "p1"]
+
+
+def test_the_walk_to_the_best_stops_where_pairs_go_round():
+    """a has the best whole window; b beats a on their shared prompts and a beats b on theirs (ratios on different
+    prompts need not be transitive): the walk moves to b and stops there instead of going back."""
+    ratios = {("b", "a"): 1.05, ("c", "a"): 0.9, ("a", "b"): 1.1, ("c", "b"): 0.9}
+    values = {"a": 100.0, "b": 90.0, "c": 80.0}
+    assert best_by_pairs(["a", "b", "c"], values.get, lambda x, y: ratios[(x, y)]) == "b"

@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from spectune.results.confidence import Bootstrap, RunRequests, ratio_interval
+from spectune.results.confidence import Bootstrap, CellRuns, Interval, RunRequests, best_by_pairs, ratio_interval
 
 __all__ = ["Settling"]
 
@@ -64,7 +64,8 @@ class Settling:
                     records: dict[tuple[int, int, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
         """The comparisons that decide each concurrency's choice, as ``spectune recommend`` makes them: every
         measured num_steps smaller than the best measured one, against the best, in ascending num_steps, up to the
-        first that does not lose (recommend takes the smallest that ties).
+        first that does not lose (recommend takes the smallest that ties); each ratio on the prompts both cells
+        measured (:meth:`spectune.results.confidence.Bootstrap.matched_ratio`).
 
         Each cell's bootstrap replicates come from its requests (``records``: requests.jsonl objects keyed
         (steps, concurrency, repeat)), paired across cells by prompt and resampled over its repeats
@@ -95,12 +96,13 @@ class Settling:
                     full.append(d)
         mean_s = float(np.mean(full)) if full else 0.0
         boot = Bootstrap({r.get("prompt_id") for rs in records.values() for r in rs})
-        value, reps = {}, {}
+        value, reps, cell_runs = {}, {}, {}
         for i, (k, c) in enumerate(sorted(runs)):
             value[(k, c)] = float(np.median([v for _, v in runs[(k, c)]]))
             reqs = [RunRequests.from_records(records[(k, c, r)]) if records.get((k, c, r)) else None
                     for r, _ in runs[(k, c)]]
             reps[(k, c)] = boot.cell_replicates(reqs, [v for _, v in runs[(k, c)]], self.objective, seed_offset=i)
+            cell_runs[(k, c)] = CellRuns(reqs, [v for _, v in runs[(k, c)]], seed_offset=i)
         band, out = self.noise_band, []
 
         def width(k: int, c: int) -> float:  # relative width of the cell's own interval (0 without replicates)
@@ -114,10 +116,15 @@ class Settling:
             here = sorted(k for k, cc in runs if cc == c)
             if len(here) < 2:
                 continue
-            best = (max if maximise else min)(here, key=lambda k: value[(k, c)])
+            def paired(k: int, b: int, c: int = c) -> Interval:  # k / b on the prompts both cells measured
+                got = boot.matched_ratio(cell_runs[(k, c)], cell_runs[(b, c)], self.objective, self.confidence)
+                return got[0] if got is not None else ratio_interval(
+                    reps[(k, c)], reps[(b, c)], value[(k, c)] / value[(b, c)], self.confidence)
+
+            best = best_by_pairs(here, lambda k: value[(k, c)], lambda a, b: paired(a, b).value, maximise)
             for k in (k for k in here if k < best):
-                ratio = value[(k, c)] / value[(best, c)]
-                iv = ratio_interval(reps[(k, c)], reps[(best, c)], ratio, self.confidence)
+                iv = paired(k, best)
+                ratio = iv.value
                 lo, hi = (iv.low, iv.high) if iv.known else (ratio, ratio)
                 edge = 1 - band if maximise else 1 + band  # a smaller num_steps ties when its ratio reaches the edge
                 within = ratio >= edge if maximise else ratio <= edge
