@@ -11,7 +11,7 @@
 ``--virtual N`` runs N seeded pairs of sweeps (grid, then guided) through spectune's own sweep loop whose every
 point is answered by the cost model's virtual window (tests/helpers/cost_model.py ``virtual_point``: the model's
 closed-loop throughput with 1% noise per point, ``--request-noise`` per request and ``--prompt-noise`` per prompt (the
-same in every cell), the guided plan's early-stop rule applied to the requests in order; a grid's window and a guided
+same in every cell; ``--prompts`` distinct prompts, 8 by default), the guided plan's early-stop rule applied to the requests in order; a grid's window and a guided
 one read the same cell alike), so the figures do not depend on how loaded the machine is (nothing sleeps:
 a 5 x 6 pair takes seconds); the time is the points' modelled windows plus ``--restart-s`` per launch (default 0:
 the in-process servers switch for free). It prints per seed and overall: the guided plan's share of the grid's
@@ -87,6 +87,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--request-noise", type=float, default=0.10, help="--virtual: relative sd of a request's latency")
     p.add_argument("--prompt-noise", type=float, default=0.0,
                    help="--virtual: relative sd of a prompt's own latency factor, the same in every cell (default 0)")
+    p.add_argument("--prompts", type=int, default=8,
+                   help="--virtual: distinct prompts a virtual window's requests cycle over (default 8; "
+                        "tests/helpers/cost_model.py PROMPTS)")
     p.add_argument("--show-cells", action="store_true",
                    help="--virtual: per seed, every guided point in the order measured (window, requests, early "
                         "stop, why) and where the time went by role")
@@ -376,7 +379,10 @@ def virtual(args: argparse.Namespace) -> int:
     """``--virtual N``: N seeded grid/guided pairs on virtual windows (module docstring); prints the figures."""
     import statistics
 
+    import helpers.cost_model as cost_model
     from helpers.cost_model import EmulatedServers, virtual_point
+
+    cost_model.PROMPTS = args.prompts  # virtual_point reads it per call
     from spectune.results.point import SweepPoint
     from spectune.backends.base import BackendOptions
     from spectune.results.reader import load_results
@@ -444,7 +450,8 @@ def virtual(args: argparse.Namespace) -> int:
               f"launches {launches['guided']}/{launches['grid']}; early-stopped estimates whose interval holds the "
               f"same window run in full: {agree[0]}/{agree[1]}, the grid's window: {agree[2]}/{agree[3]}", flush=True)
     print(f"{getattr(model, 'name', model)}; steps {args.steps}; concurrency {args.concurrency}; {args.num_prompts} prompts "
-          f"x {args.max_tokens} tokens; request noise {args.request_noise:g}, prompt noise {args.prompt_noise:g}: "
+          f"x {args.max_tokens} tokens; request noise {args.request_noise:g}, prompt noise {args.prompt_noise:g} "
+          f"over {args.prompts} prompts: "
           f"guided / grid time mean "
           f"{statistics.mean(r[0] for r in rows):.1%}, max {max(r[0] for r in rows):.1%}; the grid's choice within 3% "
           f"at every concurrency in {sum(r[1] >= 0.97 for r in rows)}/{len(rows)} (worst {min(r[1] for r in rows):.3f});"

@@ -101,8 +101,8 @@ all of its prompts (:func:`prompt_sums`), as ``spectune recommend`` compares two
 (:meth:`spectune.results.confidence.Bootstrap.matched_ratio`). A window's first requests are its first prompts,
 and prompts differ in cost; against the reference's whole figure, a window's first wave on costly prompts reads as
 a loss. Seen on the bundled engine (2026-11-27 01:48): num_steps 1 at concurrency 2 and 4 stopped ``futile`` after
-8 requests at 0.87 and 0.85 of num_steps 0's whole windows, where on those 8 prompts the two were 0.93 and 0.92
-[0.81, 1.07] apart, and every grid of that day had num_steps 1 ahead at concurrency 2.
+8 requests at 0.87 and 0.85 of num_steps 0's whole windows, where on those 8 prompts they were 0.93 [0.80, 1.07]
+and 0.92 [0.81, 1.07] of it, and every grid of that day had num_steps 1 ahead at concurrency 2.
 
 Error rate, stated: per cell, the reference is treated as known; a stop on ``below_best`` or ``above_best`` is wrong
 with probability at most ``1 - confidence`` (5% at the default) under the asymptotic CS's conditions, and ``precise``
