@@ -10,10 +10,10 @@
 
 ``--virtual N`` runs N seeded pairs of sweeps (grid, then guided) through spectune's own sweep loop whose every
 point is answered by the cost model's virtual window (tests/helpers/cost_model.py ``virtual_point``: the model's
-closed-loop throughput with 1% noise per point, ``--request-noise`` per request and ``--prompt-noise`` per prompt (the
-same in every cell; ``--prompts`` distinct prompts, 8 by default), the guided plan's early-stop rule applied to the requests in order; a grid's window and a guided
-one read the same cell alike), so the figures do not depend on how loaded the machine is (nothing sleeps:
-a 5 x 6 pair takes seconds); the time is the points' modelled windows plus ``--restart-s`` per launch (default 0:
+closed-loop throughput with 1% noise per point, ``--request-noise`` per request and ``--prompt-noise`` per prompt
+(the same in every cell; ``--prompts`` distinct prompts, 8 by default), the guided plan's early-stop rule applied to
+the requests in order; a grid's window and a guided one read the same cell alike), so the figures do not depend on
+how loaded the machine is (nothing sleeps: a 5 x 6 pair takes seconds); the time is the points' modelled windows plus ``--restart-s`` per launch (default 0:
 the in-process servers switch for free). It prints per seed and overall: the guided plan's share of the grid's
 time, whether its choice at every concurrency is within 3% of the grid's (recommend on both folders), points,
 launches, early stops, and how many early-stopped windows' confidence-sequence bounds hold the grid's full window
@@ -23,8 +23,9 @@ of the same cell; ``--show-cells`` adds every guided point with its window, stop
 settle step, switch costs) with every point answered from a finished grid's recorded window of that cell: its
 requests fed to the early-stop rule in the order they finished (elapsed time from the window's start), and when the
 rule stops the window, the requests in flight then are dropped, as the sweep cancels them (the point's throughput,
-duration and intervals from the finished ones, the window ending at the stop); a settle run gets the cell's one recorded window again. Each launch costs the grid's own measured
-switch time (sweep.json ``cost``) plus ``--restart-s``. It prints per grid the guided plan's share of the grid's
+duration and intervals from the finished ones, the window ending at the stop); a settle run gets the cell's one
+recorded window again. Each launch costs the grid's own measured switch time (sweep.json ``cost``) plus
+``--restart-s``. It prints per grid the guided plan's share of the grid's
 time, points, early stops and the choices of both (``spectune recommend``).
 
 ``--replay GRID`` runs no server: the guided planner (spectune.sweep.guided) chooses its cells from a finished grid
