@@ -13,11 +13,12 @@ point is answered by the cost model's virtual window (tests/helpers/cost_model.p
 closed-loop throughput with 1% noise per point, ``--request-noise`` per request and ``--prompt-noise`` per prompt
 (the same in every cell; ``--prompts`` distinct prompts, 8 by default), the guided plan's early-stop rule applied to
 the requests in order; a grid's window and a guided one read the same cell alike), so the figures do not depend on
-how loaded the machine is (nothing sleeps: a 5 x 6 pair takes seconds); the time is the points' modelled windows plus ``--restart-s`` per launch (default 0:
-the in-process servers switch for free). It prints per seed and overall: the guided plan's share of the grid's
-time, whether its choice at every concurrency is within 3% of the grid's (recommend on both folders), points,
-launches, early stops, and how many early-stopped windows' confidence-sequence bounds hold the grid's full window
-of the same cell; ``--show-cells`` adds every guided point with its window, stop reason and why it was measured.
+how loaded the machine is (nothing sleeps: a 5 x 6 pair takes seconds); the time is the points' modelled windows
+plus ``--restart-s`` per launch (default 0: the in-process servers switch for free). It prints per seed and
+overall: the guided plan's share of the grid's time, whether its choice at every concurrency is within 3% of the
+grid's (recommend on both folders), points, launches, early stops, and how many early-stopped windows'
+confidence-sequence bounds hold the grid's full window of the same cell; ``--show-cells`` adds every guided point
+with its window, stop reason and why it was measured.
 
 ``--recorded GRID...`` runs no server either: the guided plan runs through spectune's own sweep loop (early stop,
 settle step, switch costs) with every point answered from a finished grid's recorded window of that cell: its
@@ -25,8 +26,8 @@ requests fed to the early-stop rule in the order they finished (elapsed time fro
 rule stops the window, the requests in flight then are dropped, as the sweep cancels them (the point's throughput,
 duration and intervals from the finished ones, the window ending at the stop); a settle run gets the cell's one
 recorded window again. Each launch costs the grid's own measured switch time (sweep.json ``cost``) plus
-``--restart-s``. It prints per grid the guided plan's share of the grid's
-time, points, early stops and the choices of both (``spectune recommend``).
+``--restart-s``. It prints per grid the guided plan's share of the grid's time, points, early stops and the choices
+of both (``spectune recommend``).
 
 ``--replay GRID`` runs no server: the guided planner (spectune.sweep.guided) chooses its cells from a finished grid
 sweep's own measurements, round by round, and its cost is those points' measurement windows (``duration_s``); the
@@ -382,14 +383,14 @@ def virtual(args: argparse.Namespace) -> int:
 
     import helpers.cost_model as cost_model
     from helpers.cost_model import EmulatedServers, virtual_point
-
-    cost_model.PROMPTS = args.prompts  # virtual_point reads it per call
     from spectune.results.point import SweepPoint
     from spectune.backends.base import BackendOptions
     from spectune.results.reader import load_results
     from spectune.sweep.plan import SweepPlan
     from spectune.sweep.run import Sweep, execute
     from spectune.tune.recommend import RecommendOptions, recommend
+
+    cost_model.PROMPTS = args.prompts  # virtual_point reads it per call
 
     model = emulated_model(args.emulated or "held-out")
     steps = tuple(int(x) for x in args.steps.split(","))

@@ -174,9 +174,9 @@ class Sweep:
         recommend's tie band past a 1.17x win of K=1 at concurrency 1."""
         pts = {point_key(p): p for p in self.folder.points if p.get("status") == "ok"}
         cands = [k for k in keys if k in pts]
-        full = [k for k in cands if not (pts[k].get("early_stop") or {}).get("reason")]
         if not cands:
             return None
+        full = [k for k in cands if not (pts[k].get("early_stop") or {}).get("reason")]
         return min(full or cands, key=lambda k: (pts[k].get("metrics") or {}).get("duration_s") or float("inf"))
 
     async def _drift(self, label: str, key: Key) -> None:
