@@ -54,7 +54,9 @@ class Constraints:
             decides whether to send; a non-empty string it returns stops sending (``stop_reason`` ``early_stop``;
             the string is the caller's own reason, kept by the caller), or None.
         cancel_on_early_stop: when ``stop_when`` stops the run, cancel the requests in flight at once and record
-            nothing of them (the caller's estimate needs only the finished ones), instead of waiting for them.
+            nothing of them (the caller's estimate needs only the finished ones), instead of waiting for them;
+            ``stop_when`` is then also asked as each request in flight after ``max_requests`` or
+            ``max_duration_s`` finishes (``spectune.loadgen.send_loop``), and may end that drain the same way.
 
     Raises:
         UserError: neither ``max_requests`` nor ``max_duration_s`` given (the point would never end), or a
