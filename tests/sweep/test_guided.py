@@ -347,6 +347,64 @@ def test_a_plan_without_slos_may_leave_a_concurrency_to_the_model():
     assert not GuidedPlanner.for_plan(plan("guided")).measure_every_concurrency
 
 
+def compute_bound_ms(k: int, c: int) -> float:
+    """Step time of a compute-bound exact model, ms: 2 + 0.5 c (K + 1) + 1 (K>0). Its best num_steps falls with
+    concurrency: 3 at 1, 2 at 2 and 4, 0 from 8 up (exact_points' acceptance)."""
+    return 2 + 0.5 * c * (k + 1) + 1.0 * (k > 0)
+
+
+def neighbours_case(cells: list[tuple[int, int]]) -> tuple[GuidedPlanner, dict, dict, set]:
+    """A planner fed compute_bound_ms's exact points of ``cells``: (planner, its cells, its predictions, tried)."""
+    planner = GuidedPlanner(STEPS, CONC)
+    points = exact_points(planner, cells, compute_bound_ms)
+    return planner, planner.cells(points), planner.predict(points), set(cells)
+
+
+BRACKET_CELLS = [(4, 1), (0, 32), (1, 32), (0, 8), (1, 8), (0, 1), (1, 1), (2, 1), (3, 1)]
+
+
+def test_a_concurrency_between_two_that_settled_on_the_same_num_steps_is_settled_on_it():
+    """num_steps 0 won at 8 and at 32 (nothing else worth measuring there): 16 between them gets 0 (the best
+    num_steps does not rise with concurrency)."""
+    planner, cells, preds, tried = neighbours_case(BRACKET_CELLS)
+    assert planner.settled_by_neighbours(cells, preds, 16, tried) == 0
+
+
+def test_a_concurrency_between_two_that_settled_on_different_num_steps_is_not_settled_by_them():
+    planner, cells, preds, tried = neighbours_case(BRACKET_CELLS)  # 3 at concurrency 1, 0 at 8
+    assert planner.settled_by_neighbours(cells, preds, 4, tried) is None
+
+
+def test_above_a_concurrency_settled_on_no_speculation_every_larger_one_is_settled_on_it():
+    planner, cells, preds, tried = neighbours_case([(4, 1), (0, 1), (1, 1), (2, 1), (3, 1), (0, 8), (1, 8)])
+    assert planner.settled_by_neighbours(cells, preds, 32, tried) == 0
+
+
+def test_a_neighbour_with_a_num_steps_still_worth_measuring_settles_nothing(monkeypatch):
+    planner, cells, preds, tried = neighbours_case(BRACKET_CELLS)
+    real = planner.values
+    monkeypatch.setattr(planner, "values", lambda cells, preds, c, open_: {2: 0.01} if c == 8 else real(
+        cells, preds, c, open_))
+    assert planner.settled_by_neighbours(cells, preds, 16, tried) is None
+
+
+def test_neighbours_settle_nothing_the_model_predicts_otherwise(monkeypatch):
+    planner, cells, preds, tried = neighbours_case(BRACKET_CELLS)
+    monkeypatch.setattr(planner, "_predicted_best", lambda preds, c, open_: 1)
+    assert planner.settled_by_neighbours(cells, preds, 16, tried) is None
+
+
+def test_a_concurrency_its_neighbours_settle_gets_no_cell_and_sweep_json_says_so(monkeypatch):
+    """With the model's own test out of the way (settled_by_model None), 16 is still left to the model: by its
+    neighbours, as sweep.json's ``guided.left_to_model`` records."""
+    planner = GuidedPlanner(STEPS, CONC)
+    monkeypatch.setattr(planner, "settled_by_model", lambda preds, c, open_: None)
+    points = exact_points(planner, BRACKET_CELLS, compute_bound_ms)
+    proposed = planner.next_round(points, set(BRACKET_CELLS), width=len(STEPS) * len(CONC))
+    assert not [c for _, c in proposed if c == 16]
+    assert planner.describe()["left_to_model"]["16"] == {"steps": 0, "by": "neighbours"}
+
+
 async def test_a_concurrency_left_to_the_model_gets_its_predicted_best_as_the_choice(tmp_path, monkeypatch):
     """A guided sweep without SLOs on the compute-bound virtual server: where nothing was measured, recommend
     chooses among the predicted cells (the best, or a smaller num_steps within the band of it) and says so."""

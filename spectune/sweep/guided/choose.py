@@ -8,7 +8,8 @@ the choice there depends on the ratios between num_steps, which the model predic
 leave-one-out misfit, not on the level): ``spectune recommend`` then chooses among its predicted cells and says so.
 A plan with SLOs opens every concurrency all the same (SLO attainment is measured, never predicted). Where a server
 restart costs more than a point, a round is every such cell of the one num_steps with the most to gain (one restart
-per round). A cell is worth measuring when
+per round). A concurrency with nothing measured is left to the model too where its measured neighbours settled it
+(:meth:`Choosing.settled_by_neighbours`: the best num_steps does not rise with concurrency). A cell is worth measuring when
 
 1. its optimistic prediction (one-sided quantile of the confidence: "could it still beat the best?") beats the best
    cell measured at its concurrency by more than the noise band, for a smaller num_steps as for a larger one (a
@@ -51,6 +52,7 @@ class Choosing:
     noise_band: float
     rounds: list[list[tuple[int, int]]]
     why: list[dict[str, Any]]
+    left_to_model: dict[int, dict[str, Any]]
     measure_every_concurrency: bool
     window_cap_s: float | None
 
@@ -103,9 +105,15 @@ class Choosing:
             if not open_:
                 continue
             values = self.values(cells, preds, c, open_)
+            self.left_to_model.pop(c, None)
             if values is None:  # nothing measured at c yet: its predicted best first, unless the model settles it
-                if not self.measure_every_concurrency and self.settled_by_model(preds, c, open_) is not None:
-                    continue
+                if not self.measure_every_concurrency:
+                    k, by = self.settled_by_model(preds, c, open_), "model"
+                    if k is None:
+                        k, by = self.settled_by_neighbours(cells, preds, c, tried), "neighbours"
+                    if k is not None:
+                        self.left_to_model[c] = {"steps": k, "by": by}
+                        continue
                 best_k = self._predicted_best(preds, c, open_)
                 proposals.append((math.inf, (best_k, c)))
                 info[(best_k, c)] = {"reason": "first cell at its concurrency: its predicted best num_steps"}
@@ -161,6 +169,49 @@ class Choosing:
         best_k = self._predicted_best(preds, c, open_)
         rest = [k for k in open_ if k != best_k]
         return None if self._worth(preds, c, rest, self._value(preds[(best_k, c)])[0]) else best_k
+
+    def settled_by_neighbours(self, cells: dict[tuple[int, int], Cell], preds: dict[tuple[int, int], Prediction],
+                              c: int, tried: set[tuple[int, int]]) -> int | None:
+        """At a concurrency ``c`` with nothing measured: the num_steps K* the measured concurrencies around it have
+        settled on, or None. The best num_steps does not rise with concurrency (background: verifying rejected drafts
+        costs compute multiplied by the batch; SpecServe's optimum shifts down with batch size), so where the nearest
+        measured concurrencies below and above ``c`` both settled on K*, so does ``c``; above one settled on the
+        plan's smallest num_steps (0: no speculation) or below one settled on its largest, likewise. A concurrency
+        is settled when no unmeasured num_steps there is worth measuring (:meth:`values`); its K* is the smallest
+        measured num_steps within the noise band of its best (``spectune recommend``'s tie rule). The model's
+        predicted best at ``c`` must be K* too (recommend chooses among the predicted cells there)."""
+        measured = sorted({x.conc for x in cells.values()})
+        lo = max((m for m in measured if m < c), default=None)
+        hi = min((m for m in measured if m > c), default=None)
+        k_lo = None if lo is None else self._settled_best(cells, preds, lo, tried)
+        k_hi = None if hi is None else self._settled_best(cells, preds, hi, tried)
+        ks = sorted(self.steps)
+        if k_lo is not None and k_hi is not None:
+            k = k_lo if k_lo == k_hi else None
+        elif k_lo is not None and hi is None:
+            k = k_lo if k_lo == ks[0] else None
+        elif k_hi is not None and lo is None:
+            k = k_hi if k_hi == ks[-1] else None
+        else:
+            k = None
+        open_ = [kk for kk in self.steps if (kk, c) in preds]
+        if k is None or not open_ or self._predicted_best(preds, c, open_) != k:
+            return None
+        return k
+
+    def _settled_best(self, cells: dict[tuple[int, int], Cell], preds: dict[tuple[int, int], Prediction], c: int,
+                      tried: set[tuple[int, int]]) -> int | None:
+        """The settled choice at the measured concurrency ``c`` (:meth:`settled_by_neighbours`), or None while an
+        unmeasured num_steps there is still worth measuring."""
+        open_ = [k for k in self.steps if (k, c) not in tried and (k, c) in preds]
+        if open_ and self.values(cells, preds, c, open_):
+            return None
+        measured = {x.steps: (x.throughput if self.objective != "tpot" else 1 / x.tpot)
+                    for x in cells.values() if x.conc == c}
+        if not measured:
+            return None
+        top = max(measured.values())
+        return min(k for k, v in measured.items() if v >= top * (1 - self.noise_band))
 
     def _predicted_best(self, preds: dict[tuple[int, int], Prediction], c: int, open_: Sequence[int]) -> int:
         """The num_steps of ``open_`` whose predicted objective at ``c`` is best (highest throughput, lowest TPOT)."""

@@ -45,6 +45,10 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
     decisions: list[dict[str, Any]] = field(default_factory=list)
     #: why each proposed cell was measured, in order (sweep.json ``guided.why``)
     why: list[dict[str, Any]] = field(default_factory=list)
+    #: the concurrencies with nothing measured whose choice was left to the model when last looked at: concurrency
+    #: -> {"steps": the predicted choice, "by": "model" (no other num_steps worth measuring against its predicted
+    #: best) or "neighbours" (between measured concurrencies that settled on it)} (sweep.json ``guided.left_to_model``)
+    left_to_model: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: every concurrency gets a measured cell even where the model settles its choice (:meth:`next_round`): the
     #: plan has SLOs, whose attainment is measured, never predicted
     measure_every_concurrency: bool = False
@@ -94,4 +98,5 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
         """sweep.json's ``guided``: the rounds measured and the last fit."""
         return {"objective": self.objective, "confidence": self.confidence, "noise_band": self.noise_band,
                 "rounds": [[list(x) for x in r] for r in self.rounds], "fit": self.fit_info,
-                "comparisons": self.decisions, "why": self.why}
+                "comparisons": self.decisions, "why": self.why,
+                "left_to_model": {str(c): v for c, v in sorted(self.left_to_model.items())}}
