@@ -173,13 +173,15 @@ class Choosing:
     def settled_by_neighbours(self, cells: dict[tuple[int, int], Cell], preds: dict[tuple[int, int], Prediction],
                               c: int, tried: set[tuple[int, int]]) -> int | None:
         """At a concurrency ``c`` with nothing measured: the num_steps K* the measured concurrencies around it have
-        settled on, or None. The best num_steps does not rise with concurrency (background: verifying rejected drafts
-        costs compute multiplied by the batch; SpecServe's optimum shifts down with batch size), so where the nearest
-        measured concurrencies below and above ``c`` both settled on K*, so does ``c``; above one settled on the
-        plan's smallest num_steps (0: no speculation) or below one settled on its largest, likewise. A concurrency
-        is settled when no unmeasured num_steps there is worth measuring (:meth:`values`); its K* is the smallest
-        measured num_steps within the noise band of its best (``spectune recommend``'s tie rule). The model's
-        predicted best at ``c`` must be K* too (recommend chooses among the predicted cells there)."""
+        settled on, or None. The best num_steps does not rise with concurrency: verifying rejected drafts costs
+        compute multiplied by the batch, so the optimum shifts down as the batch grows (SpecServe, Huang et al.,
+        arXiv:2503.05096; docs/sweep.md "Guided plan"). So where the nearest measured concurrencies below and above
+        ``c`` both settled on K*, so does ``c``; above one settled on the plan's smallest num_steps (0: no
+        speculation) or below one settled on its largest, likewise. A concurrency is settled when no unmeasured
+        num_steps there is worth measuring (:meth:`values`); its K* is the smallest measured num_steps within the
+        noise band of its best (``spectune recommend``'s tie rule). The model's predicted best at ``c`` must be K*
+        too (recommend chooses among the predicted cells there). ``cells``: the measured cells; ``preds``: the
+        model's predictions of every cell; ``tried``: the cells already attempted."""
         measured = sorted({x.conc for x in cells.values()})
         lo = max((m for m in measured if m < c), default=None)
         hi = min((m for m in measured if m > c), default=None)
