@@ -9,7 +9,8 @@ leave-one-out misfit, not on the level): ``spectune recommend`` then chooses amo
 A plan with SLOs opens every concurrency all the same (SLO attainment is measured, never predicted). Where a server
 restart costs more than a point, a round is every such cell of the one num_steps with the most to gain (one restart
 per round). A concurrency with nothing measured is left to the model too where its measured neighbours settled it
-(:meth:`Choosing.settled_by_neighbours`: the best num_steps does not rise with concurrency). A cell is worth measuring when
+(:meth:`Choosing.settled_by_neighbours`: the best num_steps does not rise with concurrency). A cell is worth
+measuring when
 
 1. its optimistic prediction (one-sided quantile of the confidence: "could it still beat the best?") beats the best
    cell measured at its concurrency by more than the noise band, for a smaller num_steps as for a larger one (a
