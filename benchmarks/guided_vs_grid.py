@@ -22,8 +22,9 @@ with its window, stop reason and why it was measured.
 
 ``--recorded GRID...`` runs no server either: the guided plan runs through spectune's own sweep loop (early stop,
 settle step, switch costs) with every point answered from a finished grid's recorded window of that cell: its
-requests fed to the early-stop rule in the order they finished (elapsed time from the window's start), and when the
-rule stops the window, the requests in flight then are dropped, as the sweep cancels them (the point's throughput,
+requests fed to the early-stop rule in the order they finished (elapsed time from the window's start; a window that
+ended at its request count is not asked about the requests finishing after its last send, as in a live sweep), and
+when the rule stops the window, the requests in flight then are dropped, as the sweep cancels them (the point's throughput,
 duration and intervals from the finished ones, the window ending at the stop); a settle run gets the cell's one
 recorded window again. Each launch costs the grid's own measured switch time (sweep.json ``cost``) plus
 ``--restart-s``. It prints per grid the guided plan's share of the grid's time, points, early stops and the choices
@@ -304,6 +305,10 @@ def recorded(args: argparse.Namespace) -> int:
         t0 = gp["window"]["start_s"]
         rule = self._early_stop(key, self.plan.requests_for(c)) if drift is None else None
         kept = recs
+        # a window that sent its planned requests runs them to the end (loadgen/send_loop.py, _Run._drain): the
+        # rule is not asked about those finishing after its last send; after the --duration cap it is
+        last_send = max((r["send_time"] for r in recs), default=0.0) if gp.get("stop_reason") == "max_requests" \
+            else float("inf")
         if rule is not None:
             seen = []
             for r in recs:
@@ -312,6 +317,8 @@ def recorded(args: argparse.Namespace) -> int:
                                             e2e_s=(r.get("e2e_ms") or 0) / 1000,
                                             tpot_s=None if r.get("tpot_ms") is None else r["tpot_ms"] / 1000,
                                             dispatch_delay_s=r.get("dispatch_delay_s") or 0.0))
+                if r["end_time"] > last_send:
+                    continue
                 if rule.check(seen, r["end_time"] - t0):
                     kept = recs[:len(seen)]  # those in flight are cancelled (Constraints.cancel_on_early_stop)
                     break

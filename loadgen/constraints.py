@@ -55,8 +55,9 @@ class Constraints:
             the string is the caller's own reason, kept by the caller), or None.
         cancel_on_early_stop: when ``stop_when`` stops the run, cancel the requests in flight at once and record
             nothing of them (the caller's estimate needs only the finished ones), instead of waiting for them;
-            ``stop_when`` is then also asked as each request in flight after ``max_requests`` or
-            ``max_duration_s`` finishes (``spectune.loadgen.send_loop``), and may end that drain the same way.
+            ``stop_when`` is then also asked as each request in flight at the ``max_duration_s`` cap finishes
+            (``spectune.loadgen.send_loop``), and may end that drain the same way (not after ``max_requests``:
+            those requests run to the end).
 
     Raises:
         UserError: neither ``max_requests`` nor ``max_duration_s`` given (the point would never end), or a

@@ -47,7 +47,7 @@ class PointResult:
         stop_reason: ``"max_requests"``, ``"max_duration"``, ``"max_failures"``, ``"early_stop"`` (the constraints'
             ``stop_when`` said the point had measured enough; the requests in flight finished, or were cancelled
             and left out under ``cancel_on_early_stop``, which also lets it say so while the requests in flight
-            after the request count or the cap drain), or ``"warmup_timeout"`` when the
+            at the duration cap drain), or ``"warmup_timeout"`` when the
             warm-up did not finish in time (nothing measured).
         warmup_records: the warm-up requests (for diagnostics: a failing warm-up means a broken server).
         client_cpu_share: CPU seconds of the client's event-loop thread per wall second of the measured run (0..1;
@@ -210,15 +210,16 @@ class _Run:
     async def _drain(self, timeout: float | None) -> None:
         """Wait up to ``timeout`` s (None: as long as it takes) for the requests in flight after sending stopped.
 
-        A run that stopped at its request count or its duration cap, with ``stop_when`` and
-        ``cancel_on_early_stop``, keeps asking ``stop_when`` as each of them finishes: when it says stop, the rest
-        are cancelled and left out (``stopped`` becomes ``"early_stop"``), as when it says so while sending. A
-        closed loop's last wave takes up to one request's latency to drain (about 15 s at concurrency 32 on the
-        bundled engine), and its first finished requests often settle what the caller measures the point for.
+        A run that stopped at its duration cap, with ``stop_when`` and ``cancel_on_early_stop``, keeps asking
+        ``stop_when`` as each of them finishes: when it says stop, the rest are cancelled and left out (``stopped``
+        becomes ``"early_stop"``), as when it says so while sending. The cap cut the sending, and a closed loop's
+        requests in flight then take up to one request's latency to drain (about 15 s at concurrency 32 on the
+        bundled engine), while their first finished ones often settle what the caller measures the point for. A
+        run that sent its ``max_requests`` runs them all to the end: it measures what was asked of it, every
+        planned prompt (which the caller's comparisons pair on).
         """
         c = self.constraints
-        watch = (c.stop_when is not None and c.cancel_on_early_stop
-                 and self.stopped in ("max_requests", "max_duration"))
+        watch = c.stop_when is not None and c.cancel_on_early_stop and self.stopped == "max_duration"
         end = None if timeout is None else time.perf_counter() + timeout
         while self.inflight:
             left = None if end is None else end - time.perf_counter()

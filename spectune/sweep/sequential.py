@@ -77,14 +77,17 @@ reaches by the cap. It never moves the choice to the cell (only the confidence s
 a wrong ``futile`` stop keeps the reference where the full window would have found the cell better than it by
 more than the band, with probability at most ``1 - confidence`` under the normal approximation.
 
-**Through the drain.** The rule is asked as each request finishes, after sending has stopped too: a window that
-reached its request count or its ``--duration`` cap waits for its requests in flight, and a stop while they finish
-cancels the rest (``Constraints.cancel_on_early_stop``, ``spectune/loadgen/send_loop.py``). A closed loop's last
-wave takes up to one request's latency to drain, and its first finished requests often settle the cell: on the
-bundled engine the seed's K=1 at concurrency 32, whose first wave of 32 finishes near the 30 s cap, stopped
-``below_best`` at 32 requests and 32.4 s where it had drained to 42-43 s (2026-11-27, docs/sweep.md "Changes of
-2026-11-27 (stop 46)"). The recorded and virtual windows of ``benchmarks/guided_vs_grid.py`` fed the rule every
-request in order already, so the replays did not see the difference.
+**Through the drain.** The rule is asked as each request finishes after the ``--duration`` cap too: the window
+waits for its requests in flight, and a stop while they finish cancels the rest
+(``Constraints.cancel_on_early_stop``, ``spectune/loadgen/send_loop.py``). Those requests take up to one request's
+latency to drain, and the first of them often settle the cell: on the bundled engine the seed's K=1 at concurrency
+32, whose first wave of 32 finishes near the 30 s cap, stopped ``below_best`` at 32 requests and 32.4 s where it
+had drained to 42-43 s (2026-11-27, docs/sweep.md "Changes of 2026-11-27 (stop 46)"). A window that sent all its
+planned requests runs them to the end: it is then measured in full, every planned prompt in it (the comparisons
+pair on prompts, and the end-of-sweep drift check re-measures a full window, ``Sweep._reference``; letting the
+rule stop a deterministic emulated server's reference-less window ``precise`` in that last wave left a guided
+sweep with no full window at all). The recorded windows of ``benchmarks/guided_vs_grid.py`` feed the rule every
+request in order, the drain after the cap included, so the replays did not see the difference.
 
 **What an early-stopped window reports.** The statistic itself: its Little's-law throughput over the requests that
 finished by the stop (:func:`closed_loop_throughput`; ``metrics.output_throughput_tok_s``, the window's own tokens

@@ -173,25 +173,26 @@ async def test_an_early_stop_that_cancels_drops_the_requests_in_flight(server: C
     assert server.in_flight == 0
 
 
-async def test_an_early_stop_rule_still_watches_the_drain_after_the_request_count(server: CountingServer) -> None:
-    """With ``cancel_on_early_stop``, sending stopped at ``max_requests`` (3 sent, prompt 0 fast, the other two 2 s
-    each): the rule is asked again as each request in flight finishes, and its stop after prompt 0 cancels the
+async def test_an_early_stop_rule_still_watches_the_drain_after_the_duration_cap(server: CountingServer) -> None:
+    """With ``cancel_on_early_stop``, sending stopped at the cap (5 ms: the first 3 sent, prompt 0 fast, the other two
+    2 s each): the rule is asked again as each request in flight finishes, and its stop after prompt 0 cancels the
     other two instead of waiting for them."""
     settled = lambda recs, elapsed: "settled" if recs else None  # noqa: E731 - stop at the first finished request
     async with client(server, chunks=100, gap_ms=20, chunks_for={"prompt 0": 1}) as c:
-        res = await run_point(c, PROMPTS, ClosedLoop(3), Constraints(max_requests=3, stop_when=settled,
+        res = await run_point(c, PROMPTS, ClosedLoop(3), Constraints(max_duration_s=0.005, stop_when=settled,
                                                                      cancel_on_early_stop=True))
     assert res.stop_reason == "early_stop"
     assert [r.prompt_id for r in res.records] == ["0"]
 
 
-async def test_a_drain_the_rule_does_not_stop_runs_to_its_end(server: CountingServer) -> None:
-    never = lambda recs, elapsed: None  # noqa: E731
-    async with client(server, chunks=3, gap_ms=20) as c:
-        res = await run_point(c, PROMPTS, ClosedLoop(3), Constraints(max_requests=5, stop_when=never,
+async def test_the_requests_sent_up_to_the_request_count_all_finish(server: CountingServer) -> None:
+    """A window that sent its ``max_requests`` runs them to the end: the rule is not asked in that drain."""
+    settled = lambda recs, elapsed: "settled" if recs else None  # noqa: E731
+    async with client(server, chunks=10, gap_ms=20, chunks_for={"prompt 0": 1}) as c:  # 0.2 s each but prompt 0
+        res = await run_point(c, PROMPTS, ClosedLoop(3), Constraints(max_requests=3, stop_when=settled,
                                                                      cancel_on_early_stop=True))
     assert res.stop_reason == "max_requests"
-    assert sorted(r.prompt_id for r in res.records if r.ok) == ["0", "1", "2", "3", "4"]
+    assert sorted(r.prompt_id for r in res.records if r.ok) == ["0", "1", "2"]
 
 
 async def test_an_early_stop_waits_for_the_requests_in_flight_by_default(server: CountingServer) -> None:
