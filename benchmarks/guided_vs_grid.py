@@ -24,9 +24,9 @@ with its window, stop reason and why it was measured.
 settle step, switch costs) with every point answered from a finished grid's recorded window of that cell: its
 requests fed to the early-stop rule in the order they finished (elapsed time from the window's start; a window that
 ended at its request count is not asked about the requests finishing after its last send, as in a live sweep), and
-when the rule stops the window, the requests in flight then are dropped, as the sweep cancels them (the point's throughput,
-duration and intervals from the finished ones, the window ending at the stop); a settle run gets the cell's one
-recorded window again. Each launch costs the grid's own measured switch time (sweep.json ``cost``) plus
+when the rule stops the window, the requests in flight then are dropped, as the sweep cancels them (the point's
+throughput, duration and intervals from the finished ones, the window ending at the stop); a settle run gets the
+cell's one recorded window again. Each launch costs the grid's own measured switch time (sweep.json ``cost``) plus
 ``--restart-s``. It prints per grid the guided plan's share of the grid's time, points, early stops and the choices
 of both (``spectune recommend``).
 

@@ -79,7 +79,7 @@ more than the band, with probability at most ``1 - confidence`` under the normal
 
 **Through the drain.** The rule is asked as each request finishes after the ``--duration`` cap too: the window
 waits for its requests in flight, and a stop while they finish cancels the rest
-(``Constraints.cancel_on_early_stop``, ``spectune/loadgen/send_loop.py``). Those requests take up to one request's
+(``Constraints.cancel_on_early_stop``, ``loadgen/send_loop.py``). Those requests take up to one request's
 latency to drain, and the first of them often settle the cell: on the bundled engine the seed's K=1 at concurrency
 32, whose first wave of 32 finishes near the 30 s cap, stopped ``below_best`` at 32 requests and 32.4 s where it
 had drained to 42-43 s (2026-11-27, docs/sweep.md "Changes of 2026-11-27 (stop 46)"). A window that sent all its
