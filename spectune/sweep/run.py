@@ -48,7 +48,7 @@ from spectune.results.schema import Key, key_fields, now_iso, point_key
 from spectune.sweep.drift import drift_check, drift_summary
 from spectune.sweep.guided import GuidedPlanner
 from spectune.sweep.plan import NEW_KEYS, ClientTimeouts, SweepListener, SweepOutcome, SweepPlan
-from spectune.sweep.sequential import MIN_SECONDS, EarlyStop, closed_loop_throughput, prompt_sums
+from spectune.sweep.sequential import MIN_SECONDS, EarlyStop, closed_loop_throughput, prompt_sums, request_parts
 
 __all__ = ["Sweep", "execute", "run_blocking"]
 
@@ -242,13 +242,16 @@ class Sweep:
         meds = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
         best = ((max if maximise else min)(meds, key=lambda k: meds[k])) if meds else None
         goal = self.planner.window_goal(key) if self.planner is not None else None
-        sums = None
+        sums = pairs = None
         if best is not None:  # the reference's requests, to compare on the prompts both measured
-            recs = [r for (k, c, _), rs in self._records_by_point().items() if k == best and c == conc for r in rs]
+            recs = [r for (k, c, _), rs in sorted(self._records_by_point().items(), key=lambda x: x[0])
+                    if k == best and c == conc for r in rs]
             sums = prompt_sums(recs, plan.objective) or None
+            pairs = request_parts(recs, plan.objective) or None
         return EarlyStop(plan.objective, conc, planned, None if best is None else meds[best], plan.noise_band,
                          plan.confidence, min_s=MIN_SECONDS, steps=steps, reference_steps=best, at_minimum=goal,
-                         max_s=plan.duration_per_point_s, reference_prompts=sums)
+                         max_s=plan.duration_per_point_s, reference_prompts=sums,
+                         reference_requests=pairs)
 
     @staticmethod
     def _as_statistic(key: Key, records: list[dict[str, Any]], metrics: dict[str, Any], rule: EarlyStop) -> None:

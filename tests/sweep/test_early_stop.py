@@ -16,7 +16,8 @@ from spectune.backends.base import BackendOptions
 from spectune.results.reader import load_results
 from spectune.sweep.plan import SweepPlan
 from spectune.sweep.run import execute
-from spectune.sweep.sequential import MIN_SECONDS, EarlyStop, closed_loop_throughput, cs_half_width, prompt_sums
+from spectune.sweep.sequential import (MIN_SECONDS, EarlyStop, closed_loop_throughput, cs_half_width, prompt_sums,
+                                       request_parts)
 
 from helpers.cost_model import COMPUTE_BOUND, EmulatedServers
 
@@ -294,6 +295,85 @@ def test_tpot_objective_stops_a_slower_cell_below_best():
     """TPOT: lower is better; a cell whose TPOT is clearly above the best's by more than the band loses."""
     rule = EarlyStop("tpot", 1, 100, reference=0.5)  # ms; the records' TPOT is 64/100/64 s = 10 ms
     assert rule.check(records(20, 100.0, 0.03), 5.0) == "below_best"
+
+
+def prompt_costs(n: int, speed: float, noise: float = 0.02, seed: int = 0) -> list[Rec]:
+    """n requests of 64 tokens, prompt i of 16 (``p0``..``p15``, each sent in turn) costing 0.5-2 times the mean:
+    latencies 64 / ``speed`` x the prompt's cost x (1 + ``noise`` x a normal draw). Prompts differ far more than two
+    num_steps on one prompt do, as on the bundled engine (relative sd per request 0.20-0.26 in a window, 0.10-0.15
+    paired with another num_steps' window on the same prompts at concurrency 1-8)."""
+    cost = np.geomspace(0.5, 2.0, 16)
+    rng = np.random.default_rng(seed)
+    return [Rec(64, float(64 / speed * cost[i % 16] * (1 + noise * rng.standard_normal())),
+                prompt_id=f"p{i % 16}") for i in range(n)]
+
+
+def paired_rule(ref: list[Rec], planned: int, pairs: bool = True, **kw) -> EarlyStop:
+    """A throughput rule whose reference is the window ``ref`` (its figure, its prompts, and with ``pairs`` its
+    requests for the paired test)."""
+    as_json = [{"prompt_id": r.prompt_id, "error": None, "completion_tokens": r.completion_tokens,
+                "e2e_ms": r.e2e_s * 1e3} for r in ref]
+    whole = EarlyStop("throughput", 1, planned).estimate(ref)[0]
+    return EarlyStop("throughput", 1, planned, reference=whole, reference_prompts=prompt_sums(as_json, "throughput"),
+                     reference_requests=request_parts(as_json, "throughput") if pairs else None, **kw)
+
+
+def test_a_cell_faster_on_every_prompt_stops_above_best_by_the_paired_test():
+    """8% faster than the reference on each of its prompts, whose costs differ fourfold: paired on the prompts, half
+    the window settles it."""
+    rule = paired_rule(prompt_costs(64, 100.0, seed=1), 64)
+    assert rule.check(prompt_costs(32, 108.0, seed=2), 5.0) == "above_best"
+
+
+def test_the_same_window_without_the_pairs_runs_on():
+    """The unpaired test's interval carries the prompts' spread: at half the window it still reaches the band."""
+    rule = paired_rule(prompt_costs(64, 100.0, seed=1), 64, pairs=False)
+    assert rule.check(prompt_costs(32, 108.0, seed=2), 5.0) is None
+
+
+def test_a_cell_slower_on_every_prompt_stops_below_best_after_the_minimum():
+    rule = paired_rule(prompt_costs(64, 100.0, seed=1), 64, steps=2, reference_steps=1)
+    assert rule.check(prompt_costs(16, 93.0, seed=2), 5.0) == "below_best"
+
+
+def test_the_early_stop_record_gives_the_paired_ratio_and_its_pairs():
+    rule = paired_rule(prompt_costs(64, 100.0, seed=1), 64)
+    rule.check(prompt_costs(20, 100.0, seed=2), 5.0)
+    assert rule.describe()["paired"]["pairs"] == 20
+
+
+def test_the_paired_ratio_is_the_cells_figure_over_the_references_on_the_shared_requests():
+    rule = paired_rule(prompt_costs(64, 100.0, noise=0.0), 64)
+    rule.check(prompt_costs(20, 110.0, noise=0.0), 5.0)
+    assert rule.describe()["paired"]["ratio"] == pytest.approx(1.1)
+
+
+def test_a_window_with_fewer_than_the_minimum_pairs_has_no_paired_test():
+    rule = paired_rule(prompt_costs(4, 100.0, seed=1), 64)
+    rule.check(prompt_costs(20, 100.0, seed=2), 5.0)
+    assert "paired" not in rule.describe()
+
+
+def test_the_ith_request_of_a_prompt_is_paired_with_the_references_ith():
+    recs = [{"prompt_id": p, "error": None, "completion_tokens": 10, "e2e_ms": 1000.0} for p in ("a", "b", "a")]
+    assert list(request_parts(recs, "throughput")) == [("a", 0), ("b", 0), ("a", 1)]
+
+
+def test_the_paired_test_keeps_its_error_rate_where_the_cell_equals_the_reference():
+    """A cell as fast as its reference on every prompt (unknown num_steps: the band counts both ways), looked at after
+    every request: the share of windows stopped ``below_best`` or ``above_best`` (both wrong here) stays under
+    1 - confidence, the two tests (unpaired and paired, each at half of it) together. With 20% noise per request a
+    fixed-n 95% interval in place of the confidence sequence stops 20 of these 200 windows so."""
+    wrong = 0
+    runs = 200
+    for seed in range(runs):
+        rule = paired_rule(prompt_costs(64, 100.0, noise=0.2, seed=10_000 + seed), 64)
+        window = prompt_costs(64, 100.0, noise=0.2, seed=seed)
+        for n in range(2, 65):
+            if rule.check(window[:n], 5.0) is not None:
+                break
+        wrong += rule.reason in ("below_best", "above_best")
+    assert wrong / runs <= 0.05
 
 
 async def test_windows_stop_early_and_their_estimates_agree_with_the_full_windows(tmp_path):

@@ -755,3 +755,59 @@ def test_a_cells_expected_seconds_stop_at_the_window_cap_plus_its_drain():
     pred = Prediction(1, 1, 1.5, 64.0, 60.0, 68.0, 15.0, 14.0, 16.0)
     assert GuidedPlanner(STEPS, CONC)._duration(cells, pred) == pytest.approx(64.0)
     assert GuidedPlanner(STEPS, CONC, window_cap_s=30.0)._duration(cells, pred) == pytest.approx(32.0)
+
+
+def turn_case(c1: dict[int, float]) -> tuple[GuidedPlanner, dict, dict, set]:
+    """num_steps 0-2 at concurrency 1, 4, 16, by hand: at 1 every num_steps measured (``c1``: num_steps ->
+    tokens/s), at 16 num_steps 0 and 1 (300, 280; 2 predicted at 250 [240, 260]: settled on 0), at 4 only num_steps 1
+    (200), with num_steps 0 predicted at 198 [185, 211] (its optimistic bound past 200 x 1.02, its expected
+    improvement beyond the band 0.33% of 200, under the 0.5% bar) and 2 at 170 [160, 180]. (planner, cells, preds,
+    tried)."""
+    from spectune.sweep.guided.model import Cell, Prediction
+
+    planner = GuidedPlanner((0, 1, 2), (1, 4, 16))
+    measured = {**{(k, 1): v for k, v in c1.items()}, (0, 16): 300.0, (1, 16): 280.0, (1, 4): 200.0}
+    cells = {kc: Cell(kc[0], kc[1], v, 10.0, 1.0 + kc[0] / 2, [], 0.05) for kc, v in measured.items()}
+
+    def pred(k: int, c: int, v: float, lo: float, hi: float) -> Prediction:
+        return Prediction(k, c, 1.0 + k / 2, v, lo, hi, 10.0, 9.0, 11.0)
+
+    preds = {kc: pred(*kc, v, v * 0.95, v * 1.05) for kc, v in measured.items()}
+    preds.update({(2, 16): pred(2, 16, 250.0, 240.0, 260.0), (0, 4): pred(0, 4, 198.0, 185.0, 211.0),
+                  (2, 4): pred(2, 4, 170.0, 160.0, 180.0)})
+    return planner, cells, preds, set(measured)
+
+
+TURNS = {0: 100.0, 1: 120.0, 2: 110.0}  # concurrency 1 settles on num_steps 1, 16 on 0: the choice turns at 4
+
+
+def test_the_usual_rules_leave_a_rival_under_the_expected_improvement_bar_unmeasured():
+    planner, cells, preds, tried = turn_case(TURNS)
+    assert planner.values(cells, preds, 4, [0, 2]) == {}
+
+
+def test_where_the_choice_turns_the_neighbours_num_steps_is_measured_however_small_its_expected_improvement():
+    planner, cells, preds, tried = turn_case(TURNS)
+    assert set(planner.turn_rivals(cells, preds, 4, tried, [0, 2])) == {0}
+
+
+def test_where_the_choice_turns_a_neighbours_num_steps_the_model_puts_past_the_band_is_measured_too():
+    """The model's interval is what a turn sharper than its shape defeats: 180 [170, 190] against the measured 200."""
+    from spectune.sweep.guided.model import Prediction
+
+    planner, cells, preds, tried = turn_case(TURNS)
+    preds[(0, 4)] = Prediction(0, 4, 1.0, 180.0, 170.0, 190.0, 10.0, 9.0, 11.0)
+    assert set(planner.turn_rivals(cells, preds, 4, tried, [0, 2])) == {0}
+
+
+def test_where_the_neighbours_settled_on_the_same_num_steps_nothing_turns():
+    planner, cells, preds, tried = turn_case({0: 120.0, 1: 100.0, 2: 90.0})  # 1 settles on 0 too
+    assert planner.turn_rivals(cells, preds, 4, tried, [0, 2]) == {}
+
+
+def test_where_two_num_steps_were_measured_the_turn_adds_nothing():
+    from spectune.sweep.guided.model import Cell
+
+    planner, cells, preds, tried = turn_case(TURNS)
+    cells[(2, 4)] = Cell(2, 4, 170.0, 10.0, 2.0, [], 0.05)
+    assert planner.turn_rivals(cells, preds, 4, tried | {(2, 4)}, [0]) == {}

@@ -19,6 +19,10 @@ measuring when
    cell's prediction and standard error, is at least :attr:`Choosing.EI_SHARE_OF_BAND` of the band (0.5% of the
    objective at the default 2% band): a cell whose interval merely brushes the band costs a whole point and almost
    never changes the choice.
+3. Where the choice turns, rules 1 and 2 are waived (:meth:`Choosing.turn_rivals`): at a concurrency where one
+   num_steps was measured, between measured concurrencies that settled on different num_steps, each of those
+   num_steps is worth measuring whatever the model predicts for it. The model is smooth in concurrency, and a turn
+   can be sharper than its shape (the bundled engine's concurrency 4).
 
 A cell's expected seconds (:meth:`Choosing._duration`) are the output tokens a point at the nearest measured
 concurrency produced over the cell's predicted throughput (with a fixed number of prompts low concurrency costs
@@ -60,6 +64,9 @@ class Choosing:
     #: a cell is measured only if its expected improvement is at least this share of the noise band (module
     #: docstring)
     EI_SHARE_OF_BAND: ClassVar[float] = 0.25
+    #: the value of a cell where the choice turns that the model puts past the band (:meth:`turn_rivals`: measured
+    #: all the same, after every cell of some value)
+    TURN_FLOOR: ClassVar[float] = 1e-9
 
     def _value(self, p: Prediction) -> tuple[float, float, float]:
         if self.objective == "tpot":
@@ -101,6 +108,7 @@ class Choosing:
         preds = self.predict(points)
         proposals: list[tuple[float, tuple[int, int]]] = []
         info: dict[tuple[int, int], dict[str, Any]] = {}
+        turns: set[tuple[int, int]] = set()
         for c in self.concurrency:
             open_ = [k for k in self.steps if (k, c) not in tried and (k, c) in preds]
             if not open_:
@@ -119,11 +127,17 @@ class Choosing:
                 proposals.append((math.inf, (best_k, c)))
                 info[(best_k, c)] = {"reason": "first cell at its concurrency: its predicted best num_steps"}
                 continue
+            for k, ei in self.turn_rivals(cells, preds, c, tried, open_).items():
+                if k not in values:  # rule 3 of the module docstring: the choice turns at c
+                    values[k] = ei
+                    turns.add((k, c))
             for k, ei in values.items():
                 secs = self._duration(cells, preds[(k, c)])
                 switch = launch_s if current is not None and k != current else 0.0
                 proposals.append((ei / (secs + switch), (k, c)))
-                info[(k, c)] = {"reason": "highest expected improvement per second", "expected_improvement": ei,
+                info[(k, c)] = {"reason": ("the choice turns here: the neighbours settled on different num_steps"
+                                           if (k, c) in turns else "highest expected improvement per second"),
+                                "expected_improvement": ei,
                                 "expected_s": secs, "switch_s": switch}
         proposals.sort(key=lambda x: -x[0])
         out = [cell for _, cell in proposals]
@@ -202,6 +216,39 @@ class Choosing:
             return None
         return k
 
+    def turn_rivals(self, cells: dict[tuple[int, int], Cell], preds: dict[tuple[int, int], Prediction], c: int,
+                    tried: set[tuple[int, int]], open_: Sequence[int]) -> dict[int, float]:
+        """At a concurrency ``c`` where one num_steps was measured, between measured concurrencies that settled on
+        different num_steps (the choice turns at ``c`` or next to it): those num_steps not yet tried at ``c``, with
+        their expected improvement (:meth:`values`; at least ``TURN_FLOOR``), whatever the model predicts for them
+        (rules 1 and 2 waived). The model is smooth in concurrency; where the choice turns, a dip sharper than its shape
+        decides it, and the model's interval there is the one not to trust: on the bundled engine num_steps 1 over 0 at
+        concurrency 4 read 0.88-0.94 in every recorded grid, below both neighbours (1.01-1.18 at 2, 0.90-0.99 at 8); a
+        guided run that measured only num_steps 1 there chose it at 0.882 of the grid's choice (num_steps 0 past the
+        band, under the expected-improvement bar), and a replay of a later grid at 0.919 (num_steps 0's optimistic bound
+        short of the band) (docs/sweep.md, "Changes of 2026-11-27 (stop 47)"). {} elsewhere. ``cells``: the measured
+        cells; ``preds``: the model's predictions; ``tried``: the cells already attempted; ``open_``: the num_steps not
+        tried at ``c``."""
+        here = {x.steps for x in cells.values() if x.conc == c}
+        if len(here) != 1:
+            return {}
+        measured = sorted({x.conc for x in cells.values()})
+        lo = max((m for m in measured if m < c), default=None)
+        hi = min((m for m in measured if m > c), default=None)
+        if lo is None or hi is None:
+            return {}
+        k_lo, k_hi = self._settled_best(cells, preds, lo, tried), self._settled_best(cells, preds, hi, tried)
+        if k_lo is None or k_hi is None or k_lo == k_hi:
+            return {}
+        rivals = [k for k in (k_lo, k_hi) if k not in here and k in open_ and (k, c) in preds]
+        obj = [x.throughput if self.objective != "tpot" else x.tpot for x in cells.values() if x.conc == c]
+        best = max(obj) if self.objective != "tpot" else min(obj)
+        out = {}
+        for k in rivals:  # its value orders it among the plan's cells: one the model puts past the band comes last
+            got = self._improvement(preds[(k, c)], best)
+            out[k] = max(got[1], self.TURN_FLOOR) if got is not None and got[0] > -self.z_one_sided else self.TURN_FLOOR
+        return out
+
     def _settled_best(self, cells: dict[tuple[int, int], Cell], preds: dict[tuple[int, int], Prediction], c: int,
                       tried: set[tuple[int, int]]) -> int | None:
         """The settled choice at the measured concurrency ``c`` (:meth:`settled_by_neighbours`), or None while an
@@ -225,20 +272,26 @@ class Choosing:
                best: float) -> dict[int, float]:
         """The num_steps of ``open_`` at ``c`` worth measuring against the objective value ``best`` (tokens/s or
         ms), with their expected improvement beyond the band as a fraction of ``best`` (:meth:`values`)."""
-        band, maximise = self.noise_band, self.objective != "tpot"
-        target = best * (1 + band) if maximise else best / (1 + band)
-        nd = NormalDist()
         out = {}
         for k in open_:
-            v, lo, hi = self._value(preds[(k, c)])
-            sd = ((hi - v) if maximise else (v - lo)) / self.z
-            if not sd > 0:
-                continue
-            d = (v - target) / sd if maximise else (target - v) / sd
-            ei = sd * (d * nd.cdf(d) + nd.pdf(d)) / best
-            if d > -self.z_one_sided and ei >= self.EI_SHARE_OF_BAND * band:
-                out[k] = ei
+            got = self._improvement(preds[(k, c)], best)
+            if got is not None and got[0] > -self.z_one_sided and got[1] >= self.EI_SHARE_OF_BAND * self.noise_band:
+                out[k] = got[1]
         return out
+
+    def _improvement(self, p: Prediction, best: float) -> tuple[float, float] | None:
+        """(d, the prediction's distance past ``best`` x (1 + band) in its standard errors; the expected improvement
+        beyond the band, ``E[max(0, Y - best (1 + band))] / best`` for a normal Y of the prediction and its standard
+        error) of the predicted cell ``p`` against the objective value ``best``; None without a standard error."""
+        band, maximise = self.noise_band, self.objective != "tpot"
+        target = best * (1 + band) if maximise else best / (1 + band)
+        v, lo, hi = self._value(p)
+        sd = ((hi - v) if maximise else (v - lo)) / self.z
+        if not sd > 0:
+            return None
+        d = (v - target) / sd if maximise else (target - v) / sd
+        nd = NormalDist()
+        return d, sd * (d * nd.cdf(d) + nd.pdf(d)) / best
 
     def _duration(self, cells: dict[tuple[int, int], Cell], p: Prediction) -> float:
         """Expected measuring time of the predicted cell ``p``, s: the output tokens a point measured at the nearest
