@@ -197,11 +197,7 @@ class Choosing:
         noise band of its best (``spectune recommend``'s tie rule). The model's predicted best at ``c`` must be K*
         too (recommend chooses among the predicted cells there). ``cells``: the measured cells; ``preds``: the
         model's predictions of every cell; ``tried``: the cells already attempted."""
-        measured = sorted({x.conc for x in cells.values()})
-        lo = max((m for m in measured if m < c), default=None)
-        hi = min((m for m in measured if m > c), default=None)
-        k_lo = None if lo is None else self._settled_best(cells, preds, lo, tried)
-        k_hi = None if hi is None else self._settled_best(cells, preds, hi, tried)
+        (lo, k_lo), (hi, k_hi) = self._neighbours(cells, preds, c, tried)
         ks = sorted(self.steps)
         if k_lo is not None and k_hi is not None:
             k = k_lo if k_lo == k_hi else None
@@ -232,12 +228,7 @@ class Choosing:
         here = {x.steps for x in cells.values() if x.conc == c}
         if len(here) != 1:
             return {}
-        measured = sorted({x.conc for x in cells.values()})
-        lo = max((m for m in measured if m < c), default=None)
-        hi = min((m for m in measured if m > c), default=None)
-        if lo is None or hi is None:
-            return {}
-        k_lo, k_hi = self._settled_best(cells, preds, lo, tried), self._settled_best(cells, preds, hi, tried)
+        (_, k_lo), (_, k_hi) = self._neighbours(cells, preds, c, tried)
         if k_lo is None or k_hi is None or k_lo == k_hi:
             return {}
         rivals = [k for k in (k_lo, k_hi) if k not in here and k in open_ and (k, c) in preds]
@@ -248,6 +239,16 @@ class Choosing:
             got = self._improvement(preds[(k, c)], best)
             out[k] = max(got[1], self.TURN_FLOOR) if got is not None and got[0] > -self.z_one_sided else self.TURN_FLOOR
         return out
+
+    def _neighbours(self, cells: dict[tuple[int, int], Cell], preds: dict[tuple[int, int], Prediction], c: int,
+                    tried: set[tuple[int, int]]) -> tuple[tuple[int | None, int | None], tuple[int | None, int | None]]:
+        """((the nearest measured concurrency below ``c``, its settled choice), (the nearest above, its settled
+        choice)) (:meth:`_settled_best`); None for a side with no measured concurrency or no settled choice."""
+        measured = sorted({x.conc for x in cells.values()})
+        lo = max((m for m in measured if m < c), default=None)
+        hi = min((m for m in measured if m > c), default=None)
+        return ((lo, None if lo is None else self._settled_best(cells, preds, lo, tried)),
+                (hi, None if hi is None else self._settled_best(cells, preds, hi, tried)))
 
     def _settled_best(self, cells: dict[tuple[int, int], Cell], preds: dict[tuple[int, int], Prediction], c: int,
                       tried: set[tuple[int, int]]) -> int | None:
