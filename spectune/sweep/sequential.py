@@ -130,7 +130,7 @@ statistic's parts, primed for the reference), and its bounds the same confidence
 ``within_band`` alike, the futility prediction over the pairs still to come), each at half the error rate
 (Bonferroni), so the pair together keeps it. Replayed on ten recorded bundled-engine grids it took the guided plan
 from 24.6% to 23.9% of the grids' time with the same choices; on virtual windows whose prompts differ
-(``--prompt-noise 0.3``) from 28.3% to 26.5%; without prompt effects it costs nothing (19.1% both)
+(``--prompt-noise 0.3``) from 28.3% to 26.5%; without prompt effects it costs next to nothing (19.1% and 19.2%)
 (docs/sweep.md, "Changes of 2026-11-27 (stop 47)"). ``early_stop.paired`` in points.jsonl keeps the paired ratio, its
 bounds and the pairs.
 
