@@ -441,19 +441,12 @@ def closed_loop_throughput(records: Iterable[dict[str, Any]], concurrency: int) 
 def prompt_sums(records: Iterable[dict[str, Any]], objective: str) -> dict[Any, tuple[float, float]]:
     """A reference cell's requests (requests.jsonl objects, every repeat) summed per ``prompt_id`` as the parts of
     the rule's statistic, ``(a, b)`` with statistic ``sum(a) / sum(b)``: throughput (output tokens, latency s from
-    when the slot freed), TPOT (TPOT ms, 1). :meth:`EarlyStop._matched_reference` rescales the reference by them."""
+    when the slot freed), TPOT (TPOT ms, 1); the sums over each prompt's requests of :func:`request_parts`.
+    :meth:`EarlyStop._matched_reference` rescales the reference by them."""
     out: dict[Any, tuple[float, float]] = {}
-    for r in records:
-        p = r.get("prompt_id")
-        if objective == "tpot":
-            t = r.get("tpot_ms")
-            part = (float(t), 1.0) if r.get("error") is None and isinstance(t, (int, float)) else None
-        else:
-            got = _tokens_and_latency([r])
-            part = got[0] if got else None
-        if p is not None and part is not None:
-            a, b = out.get(p, (0.0, 0.0))
-            out[p] = (a + part[0], b + part[1])
+    for (p, _), (x, y) in request_parts(records, objective).items():
+        a, b = out.get(p, (0.0, 0.0))
+        out[p] = (a + x, b + y)
     return out
 
 

@@ -19,7 +19,8 @@ within a tolerance of the best) and extended (docs/recommend.md is the user-faci
    paired ``confidence`` interval of its objective ratio to the best reaches within the band of 1: the data cannot
    tell it is worse, so the smaller num_steps wins. Both the ratio and its interval are taken on the prompts every
    run of the two cells measured (:meth:`spectune.results.confidence.Bootstrap.matched_ratio`; windows capped by
-   time or stopped early cover different prompts). Every choice carries its paired comparisons (``K=2 vs K=0: 1.31x [1.24, 1.38], 95%``).
+   time or stopped early cover different prompts). Every choice carries its paired comparisons (``K=2 vs K=0:
+   1.31x [1.24, 1.38], 95%``).
    Predicted cells (a guided sweep's unmeasured cells) are chosen only where nothing at that concurrency was
    measured.
 5. Slots start where the chosen num_steps changes, keyed on batch size, since SGLang and vLLM route by the batch

@@ -169,11 +169,16 @@ class Choosing:
         by more than the noise band and its expected improvement beyond the band, E[max(0, Y - best (1 +
         band))] / best for a normal Y of the cell's prediction and standard error, is at least ``EI_SHARE_OF_BAND``
         of the band (module docstring)."""
-        measured = [x for x in cells.values() if x.conc == c]
-        if not measured:
+        best = self._best_measured(cells, c)
+        return None if best is None else self._worth(preds, c, open_, best)
+
+    def _best_measured(self, cells: dict[tuple[int, int], Cell], c: int) -> float | None:
+        """The best objective measured at concurrency ``c`` (highest throughput, tokens/s; lowest TPOT, ms), or None
+        when nothing was measured there."""
+        obj = [x.throughput if self.objective != "tpot" else x.tpot for x in cells.values() if x.conc == c]
+        if not obj:
             return None
-        obj = [x.throughput if self.objective != "tpot" else x.tpot for x in measured]
-        return self._worth(preds, c, open_, max(obj) if self.objective != "tpot" else min(obj))
+        return max(obj) if self.objective != "tpot" else min(obj)
 
     def settled_by_model(self, preds: dict[tuple[int, int], Prediction], c: int, open_: Sequence[int]) -> int | None:
         """At a concurrency with nothing measured: its predicted best num_steps, or None when another could beat it
@@ -232,8 +237,7 @@ class Choosing:
         if k_lo is None or k_hi is None or k_lo == k_hi:
             return {}
         rivals = [k for k in (k_lo, k_hi) if k not in here and k in open_ and (k, c) in preds]
-        obj = [x.throughput if self.objective != "tpot" else x.tpot for x in cells.values() if x.conc == c]
-        best = max(obj) if self.objective != "tpot" else min(obj)
+        best = self._best_measured(cells, c)
         out = {}
         for k in rivals:  # its value orders it among the plan's cells: one the model puts past the band comes last
             got = self._improvement(preds[(k, c)], best)
