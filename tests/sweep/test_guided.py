@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 
+import numpy as np
 import pytest
 
 from spectune.backends.base import BackendOptions
@@ -13,6 +14,7 @@ from spectune.loadgen.errors import UserError
 from spectune.results.point import SweepPoint
 from spectune.results.reader import load_results
 from spectune.sweep.guided import GuidedPlanner, acceptance_lengths
+from spectune.sweep.guided.model import Cell, _covariance
 from spectune.sweep.plan import SweepPlan, parse_budget
 from spectune.sweep.run import execute
 from spectune.tune.recommend import RecommendOptions, recommend
@@ -308,6 +310,34 @@ def test_the_seed_and_one_more_cell_identify_the_draft_models_fixed_cost():
     assert pred.throughput == pytest.approx(expected, rel=0.01)
 
 
+def with_interval(point: dict, rel_halfwidth: float, scale: float = 1.0) -> dict:
+    """``point`` with its throughput scaled by ``scale`` and a throughput interval of relative half-width
+    ``rel_halfwidth`` around it."""
+    m = dict(point["metrics"])
+    t = m["output_throughput_tok_s"] * scale
+    m.update(output_throughput_tok_s=t, output_throughput_ci_low=t * (1 - rel_halfwidth),
+             output_throughput_ci_high=t * (1 + rel_halfwidth))
+    return {**point, "metrics": m}
+
+
+def off_by(outlier_halfwidth: float) -> float:
+    """Relative error of the prediction of the unmeasured (1, 4) when, of eight exact cells measured within +-2%,
+    (2, 2) reads 15% high with an interval of half-width ``outlier_halfwidth``."""
+    planner = GuidedPlanner(STEPS, CONC)
+    cells = full_seed(planner) + [(2, 2), (0, 2), (1, 16)]
+    points = [with_interval(p, outlier_halfwidth, 1.15) if (p["steps"], p["concurrency"]) == (2, 2)
+              else with_interval(p, 0.02) for p in exact_points(planner, cells)]
+    pred = planner.predict(points)[(1, 4)]
+    return abs(pred.throughput / exact_points(planner, [(1, 4)])[0]["metrics"]["output_throughput_tok_s"] - 1)
+
+
+def test_a_cell_measured_with_a_wide_interval_pulls_the_fit_less_than_a_precise_one():
+    """Inverse-variance weights: the same 15% misreading moves an unmeasured cell's prediction less when its
+    window's interval says it is that uncertain (an early-stopped window of a few requests) than when it claims
+    +-2%."""
+    assert off_by(0.16) < 0.5 * off_by(0.02)
+
+
 def settled_after_seed(planner: GuidedPlanner) -> tuple[list[dict], list[tuple[int, int]], list[int]]:
     """(exact points of the full seed and K=1, 2 at the seed's middle concurrency, those cells, the concurrencies
     with nothing measured whose choice the model settles from them)."""
@@ -518,7 +548,6 @@ def measured_pair(ratio: float, noise: float, runs: int = 1, requests: int = 32)
     """Points and request objects of K=0 and K=1 at concurrency 1, each run ``runs`` times: ``requests`` requests of
     64 tokens whose latencies scatter by ``noise`` (relative standard deviation, a seeded generator) around a run
     of exactly 100 tok/s (K=0) and ``ratio`` times that (K=1)."""
-    import numpy as np
 
     rng = np.random.default_rng(7)
     points, records = [], {}
@@ -639,7 +668,6 @@ async def test_a_guided_sweep_measures_an_unsettled_pair_again(tmp_path, monkeyp
     in sweep.json."""
     import json
 
-    import numpy as np
 
     from spectune.sweep.run import Sweep
 
@@ -811,3 +839,32 @@ def test_where_two_num_steps_were_measured_the_turn_adds_nothing():
     planner, cells, preds, tried = turn_case(TURNS)
     cells[(2, 4)] = Cell(2, 4, 170.0, 10.0, 2.0, [], 0.05)
     assert planner.turn_rivals(cells, preds, 4, tried | {(2, 4)}, [0]) == {}
+
+
+def test_the_parameter_covariance_is_that_of_the_weighted_fit_under_each_cells_noise():
+    """The sandwich (spectune.sweep.guided.model._covariance) against 4000 weighted least-squares fits of cells
+    whose relative errors have the given variances (0.02 to 0.15 sd): every parameter's variance within 10%."""
+    names = ("1", "c", "K", "c*K", "K>0")
+    cells = [(4, 1), (0, 32), (1, 32), (0, 8), (1, 8), (1, 1), (0, 1), (2, 4), (0, 4)]
+    obs = [(Cell(k, c, 1.0, 1.0, 1.0, [], 0.0), draft_fixed_cost_ms(k, c) / 1000) for k, c in cells]
+    sd = np.array([0.08, 0.01, 0.02, 0.025, 0.03, 0.05, 0.05, 0.04, 0.05])
+    weights_sd = np.sqrt(sd ** 2 + 0.02 ** 2)  # the fit's weights need not match the noise
+    feat = lambda k, c: GuidedPlanner._features(k, c, names)  # noqa: E731
+    X = np.array([feat(x.steps, x.conc) for x, _ in obs])
+    y = np.array([t for _, t in obs])
+    w = 1 / (y * weights_sd)
+    rng = np.random.default_rng(7)
+    thetas = [np.linalg.lstsq(X * w[:, None], y * (1 + sd * rng.standard_normal(len(y))) * w, rcond=None)[0]
+              for _ in range(4000)]
+    empirical = np.var(thetas, axis=0, ddof=1)
+    predicted = np.diag(_covariance(feat, obs, sd ** 2, weights_sd))
+    assert predicted == pytest.approx(empirical, rel=0.1)
+
+
+def test_with_equal_weights_and_one_variance_the_covariance_is_var_times_the_inverse_design():
+    names = ("1", "c", "K")
+    cells = [(0, 1), (1, 4), (2, 16), (3, 2)]
+    obs = [(Cell(k, c, 1.0, 1.0, 1.0, [], 0.0), 0.001 * (1 + c + k)) for k, c in cells]
+    feat = lambda k, c: GuidedPlanner._features(k, c, names)  # noqa: E731
+    Z = np.array([feat(x.steps, x.conc) for x, _ in obs]) / np.array([t for _, t in obs])[:, None]
+    assert _covariance(feat, obs, 0.03 ** 2) == pytest.approx(0.03 ** 2 * np.linalg.inv(Z.T @ Z))

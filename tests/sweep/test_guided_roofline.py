@@ -151,3 +151,17 @@ def test_a_correct_model_shows_next_to_no_misfit_on_noisy_cells():
 def test_a_wrong_shape_shows_its_misfit_through_the_noise():
     """The linear terms on the roofline server, 3% noise: a misfit over 30% in every one of 8 draws."""
     assert min(linear_misfit(roofline_ms, seed)[0] for seed in range(8)) > 0.3
+
+
+def test_a_roofline_cell_given_a_wide_deviation_pulls_the_fit_less():
+    """A cell read 20% slow moves the fitted parameters less when its relative standard deviation says it is that
+    uncertain (sd 0.15 against 0.02 for the others) than with equal weights."""
+    cells = list(itertools.product(STEPS, CONC))
+    taus = [roofline_ms(k, c) / 1000 * (1.2 if (k, c) == (2, 4) else 1.0) for k, c in cells]
+    exact = np.array((0.006, 0.00005, 0.0003, 0.0005, 0.00001))
+
+    def off(sd) -> float:
+        fit = fit_roofline([k for k, _ in cells], [c for _, c in cells], taus, sd)
+        return float(np.max(np.abs(np.array(fit.theta) / exact - 1)))
+
+    assert off([0.15 if kc == (2, 4) else 0.02 for kc in cells]) < 0.5 * off(None)

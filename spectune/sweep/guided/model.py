@@ -1,29 +1,30 @@
 """The step-time model of the guided plan: what each measured cell says, and a prediction with its interval for every
 cell of the plan.
 
-* **Step time.** ``tau(c, K)``, the time of one verify step seen per sequence, is derived from each measured cell:
-  ``tau = c * AL_eff / throughput`` (a closed loop of c sequences emits c * AL_eff tokens per step; ``AL_eff = L /
-  (1 + (L - 1) / AL)`` for requests of L output tokens whose first token takes a prefill step) or ``tau = TPOT *
-  AL`` (TPOT objective). It is fitted by weighted least squares (relative errors) on the features ``[1, c, K,
-  c*K]`` (fixed cost, batch-proportional verify cost, per-draft-token cost, verify cost of K extra tokens per
-  sequence) plus ``[K>0, c*(K>0)]`` (the draft model's fixed per-step cost). Which terms are fitted is decided by
-  identifiability: the richest of :attr:`StepTimeModel.FEATURE_SETS` whose design matrix on the measured cells has
-  full column rank with a residual degree of freedom to spare. Each concurrency's predictions are anchored on the
-  cells measured there (geometric mean ratio of measured to fitted ``tau``): the model gives the shape in K, the
-  measurements the level. From seven cells on, a roofline step time (:mod:`spectune.sweep.guided.roofline`: the
-  verify pass memory-bound below a ridge in ``c * (K + 1)``, compute-bound above it) replaces the linear terms
-  where its leave-one-out error is lower.
+* **Step time.** ``tau(c, K)``, the time of one verify step seen per sequence, is derived from each measured cell: ``tau
+  = c * AL_eff / throughput`` (a closed loop of c sequences emits c * AL_eff tokens per step; ``AL_eff = L / (1 + (L -
+  1) / AL)`` for requests of L output tokens whose first token takes a prefill step) or ``tau = TPOT * AL`` (TPOT
+  objective). It is fitted by weighted least squares (relative errors, each cell weighted by the inverse of its relative
+  variance, its window's own from its interval plus ``MIN_REL_ERROR`` squared, :meth:`StepTimeModel._sd`) on the
+  features ``[1, c, K, c*K]`` (fixed cost, batch-proportional verify cost, per-draft-token cost, verify cost of K extra
+  tokens per sequence) plus ``[K>0, c*(K>0)]`` (the draft model's fixed per-step cost). Which terms are fitted is
+  decided by identifiability: the richest of :attr:`StepTimeModel.FEATURE_SETS` whose design matrix on the measured
+  cells has full column rank with a residual degree of freedom to spare. Each concurrency's predictions are anchored on
+  the cells measured there (geometric mean ratio of measured to fitted ``tau``, weighted as the fit): the model gives
+  the shape in K, the measurements the level. From seven cells on, a roofline step time
+  (:mod:`spectune.sweep.guided.roofline`: the verify pass memory-bound below a ridge in ``c * (K + 1)``, compute-bound
+  above it) replaces the linear terms where its leave-one-out error is lower.
 * **Prediction.** ``throughput = c * AL_eff / tau``, ``TPOT = tau / AL`` (scaled by the measured TPOT / (tau / AL) of
-  the concurrency when tau was fitted on throughput), AL from :mod:`spectune.sweep.guided.acceptance`. The interval
-  is ``pred * (1 +- z * e)``, z the normal quantile of the confidence, ``e^2 = s^2 + g' V g``: ``s`` the largest of
-  the anchored fit's relative residual spread, its leave-one-out misfit (the relative RMS error of each cell
-  predicted from the others, less what a correct model would miss by too: the cell's and its anchors' measurement
-  noise and the reduced fit's at the cell's leverage; what is left is what an unmeasured cell's prediction can be
-  off by where the model's shape is wrong, which the residuals of the cells it was fitted to hide), the
-  measurements' own relative half-width and ``MIN_REL_ERROR``;
-  ``g' V g`` the cell's leverage (the least-squares parameter covariance ``V = s^2 (X'WX)^-1`` on the difference
-  between the cell's features and the mean of those measured at its concurrency), so an extrapolation in K or c gets
-  the width the data give it. SpecServe (Huang et al., arXiv 2503.05096, sec. 4) models the same quantities.
+  the concurrency when tau was fitted on throughput), AL from :mod:`spectune.sweep.guided.acceptance`. The interval is
+  ``pred * (1 +- z * e)``, z the normal quantile of the confidence, ``e^2 = s^2 + g' V g``: ``s`` the largest of the
+  anchored fit's relative residual spread, its leave-one-out misfit (the relative RMS error of each cell predicted from
+  the others, less what a correct model would miss by too: the cell's and its anchors' measurement noise and the reduced
+  fit's at the cell's leverage; what is left is what an unmeasured cell's prediction can be off by where the model's
+  shape is wrong, which the residuals of the cells it was fitted to hide), the measurements' own relative half-width and
+  ``MIN_REL_ERROR``; ``g' V g`` the cell's leverage (the parameter covariance ``V = s^2 (Z'Z)^-1``, ``Z`` the features
+  over tau, on the difference between the cell's features and the mean of those measured at its concurrency), so an
+  extrapolation in K or c gets the width the data give it. SpecServe (Huang et al., arXiv 2503.05096, sec. 4) models the
+  same quantities.
 
 Why each piece is there (what was tried and measured without it): docs/sweep.md, "How the guided plan was tuned".
 """
@@ -46,12 +47,20 @@ __all__ = ["Cell", "MIN_REL_ERROR", "Prediction", "StepTimeModel"]
 MIN_REL_ERROR = 0.02
 
 
-def _covariance(feat: Callable[[int, int], list[float]], obs: Sequence[tuple[Cell, float]],
-                var: float) -> np.ndarray:
-    """The parameter covariance ``var * (X'WX)^-1`` of the weighted least-squares fit of ``obs`` ((cell, tau s)
-    pairs, weights 1 / tau: relative units) with features ``feat(k, c)`` and relative residual variance ``var``."""
-    Xw = np.array([feat(x.steps, x.conc) for x, _ in obs]) / np.array([t for _, t in obs])[:, None]
-    return np.linalg.pinv(Xw.T @ Xw) * var
+def _covariance(feat: Callable[[int, int], list[float]], obs: Sequence[tuple[Cell, float]], var: Any,
+                sd: Sequence[float] | None = None) -> np.ndarray:
+    """The parameter covariance of the weighted least-squares fit of ``obs`` ((cell, tau s) pairs) with features
+    ``feat(k, c)``, in relative units (rows ``z = x / tau``), each cell weighted by ``1 / sd^2`` (``sd``: its relative
+    standard deviation, :meth:`StepTimeModel._sd`; None: equal weights), when each cell's relative error has variance
+    ``var`` (a float: every cell's; an array: each cell's): the sandwich ``A^-1 Z'W S W Z A^-1``, ``W = diag(1 /
+    sd^2)``, ``S = diag(var)``, ``A = Z'WZ`` (Huber, "The behavior of maximum likelihood estimates under nonstandard
+    conditions", Proc. Fifth Berkeley Symposium 1, 1967); with equal weights and one ``var`` it is ``var *
+    (Z'Z)^-1``."""
+    Z = np.array([feat(x.steps, x.conc) for x, _ in obs]) / np.array([t for _, t in obs])[:, None]
+    w = np.ones(len(obs)) if sd is None else 1.0 / np.square(np.asarray(sd, dtype=float))
+    v = np.broadcast_to(np.asarray(var, dtype=float), w.shape)
+    a_inv = np.linalg.pinv(Z.T @ (Z * w[:, None]))
+    return a_inv @ (Z.T @ (Z * (w * w * v)[:, None])) @ a_inv
 
 
 def _gradient(feat: Callable[[int, int], list[float]], raw: Callable[[int, int], float], k: int, c: int,
@@ -232,14 +241,16 @@ class StepTimeModel:
     def _fit_core(self, obs: Sequence[tuple[Cell, float]], family: str = "linear",
                   names: Sequence[str] | None = None) -> \
             tuple[str, Callable[[int, int], list[float]], np.ndarray, Callable[[int, int], float], dict[int, float]] | None:
-        """The weighted least-squares fit of ``obs`` ((cell, observed tau) pairs) in one model family, ``linear``
-        (the richest identifiable :attr:`FEATURE_SETS` entry) or ``roofline``
-        (:func:`spectune.sweep.guided.roofline.fit_roofline`): (the features' names, features(k, c), parameters,
-        raw tau(k, c) in s (nan where the fit is not positive), anchor per measured concurrency: the geometric mean
-        ratio of observed to raw tau there); None where the roofline cannot be fitted to these cells. ``names``: the
-        linear family's feature set (default: the richest :meth:`_feature_set` identifies)."""
+        """The weighted least-squares fit of ``obs`` ((cell, observed tau) pairs) in one model family, ``linear`` (the
+        richest identifiable :attr:`FEATURE_SETS` entry) or ``roofline``
+        (:func:`spectune.sweep.guided.roofline.fit_roofline`): (the features' names, features(k, c), parameters, raw
+        tau(k, c) in s (nan where the fit is not positive), anchor per measured concurrency: the geometric mean ratio of
+        observed to raw tau there, each cell weighted by ``1 / sd^2`` (:meth:`_sd`)); None where the roofline cannot be
+        fitted to these cells. ``names``: the linear family's feature set (default: the richest :meth:`_feature_set`
+        identifies)."""
         if family == "roofline":
-            rf = fit_roofline([x.steps for x, _ in obs], [x.conc for x, _ in obs], [t for _, t in obs])
+            rf = fit_roofline([x.steps for x, _ in obs], [x.conc for x, _ in obs], [t for _, t in obs],
+                              [self._sd(x) for x, _ in obs])
             if rf is None:
                 return None
             label, feat, theta = "roofline: " + ", ".join(ROOFLINE_PARAMS), rf.features, np.array(rf.theta)
@@ -249,7 +260,7 @@ class StepTimeModel:
             feat = lambda k, c: self._features(k, c, names)  # noqa: E731
             X = np.array([feat(x.steps, x.conc) for x, _ in obs])
             y = np.array([t for _, t in obs])
-            w = 1.0 / y
+            w = 1.0 / (y * np.array([self._sd(x) for x, _ in obs]))  # relative units, inverse-variance weighted
             theta, *_ = np.linalg.lstsq(X * w[:, None], y * w, rcond=None)
 
         def raw(k: int, c: int) -> float:
@@ -258,10 +269,20 @@ class StepTimeModel:
 
         anchor: dict[int, float] = {}
         for c in {x.conc for x, _ in obs}:
-            ratios = [t / raw(x.steps, x.conc) for x, t in obs if x.conc == c and math.isfinite(raw(x.steps, x.conc))]
-            if ratios:
-                anchor[c] = float(np.exp(np.mean(np.log(ratios))))
+            here = [(t / raw(x.steps, x.conc), self._sd(x) ** -2) for x, t in obs
+                    if x.conc == c and math.isfinite(raw(x.steps, x.conc))]
+            if here:
+                anchor[c] = float(np.exp(np.average(np.log([r for r, _ in here]), weights=[u for _, u in here])))
         return label, feat, theta, raw, anchor
+
+    def _sd(self, x: Cell) -> float:
+        """Cell ``x``'s relative standard deviation as the fit weighs it: ``sqrt(noise + MIN_REL_ERROR^2)``, its own
+        measurement's variance (:meth:`_noise`) and what no window removes (the model's structure). The fit, the
+        roofline's and the anchors weigh each cell by ``1 / sd^2`` (inverse-variance weighting, Aitken, "On least
+        squares and linear combination of observations", Proc. R. Soc. Edinburgh 55, 1935): on the bundled engine a
+        window stopped early after eight requests at concurrency 1 reads +-10-16%, a full window at concurrency 32
+        +-2%, and equal weights let the first pull the fit as hard as the second."""
+        return math.sqrt(self._noise(x) + MIN_REL_ERROR ** 2)
 
     def _noise(self, x: Cell) -> float:
         """The relative variance of cell ``x``'s own measurement (its interval's half-width over z, squared; 0 when
@@ -277,14 +298,12 @@ class StepTimeModel:
         as an unmeasured num_steps there is predicted. The in-sample residuals cannot show a step time whose shape
         in K changes with the batch (a roofline's kink between memory- and compute-bound steps, which no candidate
         feature set has): the fit follows the cells it was given, and only a cell it was not given shows the misfit
-        (Allen's PRESS, Technometrics 16(1), 1974).
-
-        A left-out prediction errs even where the model's shape is right: by the cell's own measurement noise, its
-        anchors' noise, and the reduced fit's parameter noise at the cell (its leverage: with few cells a left-out
-        one is an extrapolation, and PRESS residuals grow as ``1 / (1 - h_ii)``). The third value is that expected
-        squared error, summed per cell from the cells' measured noise (``_noise``) and the reduced fit's weighted
-        least-squares covariance; the misfit is what the RMS error shows beyond it. (nan, 0, 0) with fewer than two
-        such cells."""
+        (Allen's PRESS, Technometrics 16(1), 1974).  A left-out prediction errs even where the model's shape is right:
+        by the cell's own measurement noise, its anchors' noise, and the reduced fit's parameter noise at the cell (its
+        leverage: with few cells a left-out one is an extrapolation, and PRESS residuals grow as ``1 / (1 - h_ii)``).
+        The third value is that expected squared error, summed per cell from the cells' measured noise (``_noise``) and
+        the reduced fit's parameter covariance under that noise (the weighted fit's sandwich, :func:`_covariance`); the
+        misfit is what the RMS error shows beyond it. (nan, 0, 0) with fewer than two such cells."""
         errs, expected = [], []
         for i, (x, t) in enumerate(obs):
             rest = [o for j, o in enumerate(obs) if j != i]
@@ -303,7 +322,7 @@ class StepTimeModel:
             if not (math.isfinite(pred) and pred > 0) or not all(math.isfinite(raw(y.steps, y.conc)) for y in here):
                 continue
             errs.append(t / pred - 1)
-            cov = _covariance(feat, rest, float(np.mean([self._noise(y) for y, _ in rest])))
+            cov = _covariance(feat, rest, np.array([self._noise(y) for y, _ in rest]), [self._sd(y) for y, _ in rest])
             g = _gradient(feat, raw, x.steps, x.conc, here)
             expected.append(self._noise(x) + float(np.mean([self._noise(y) for y in here])) / len(here)
                             + max(float(g @ cov @ g), 0.0))
@@ -365,8 +384,9 @@ class StepTimeModel:
                          "theta": [float(v) for v in theta], "anchors": {str(c): anchor[c] for c in known},
                          "relative_error": s, "loo_error": None if math.isnan(loo) else loo, "loo_cells": loo_cells,
                          "cells": len(obs)}
-        # the parameters' own uncertainty (relative units: the fit is weighted by 1/tau): a cell the measured ones
-        # pin down poorly (an extrapolation in K or c) gets a wider interval than the residual spread alone
+        # the parameters' own uncertainty from the model's error s, which is the structure's and the same at every
+        # cell however precise its window (so the equal-weight design's, s^2 (Z'Z)^-1): a cell the measured ones pin
+        # down poorly (an extrapolation in K or c) gets a wider interval than the residual spread alone
         cov = _covariance(feat, obs, s * s)
 
         def err(k: int, c: int) -> float:

@@ -9,11 +9,12 @@ multicore architectures", CACM 52(4), 2009) applied to one decode step: a GPU de
 bandwidth and a large one at its FLOP rate, so the gain of a draft token changes sign where the batch crosses the
 ridge, which a sum of linear terms (:attr:`spectune.sweep.guided.model.StepTimeModel.FEATURE_SETS`) cannot follow.
 
-Given which cells lie on which side of the ridge the model is linear in its five parameters; the fit tries every
-split of the cells by ``c * (K + 1)`` (at least two cells on each side), refines it by reassigning each cell to the
-branch that is larger under the fitted parameters, and keeps the split of least weighted (relative) squared error
-whose parameters are positive. :meth:`spectune.sweep.guided.model.StepTimeModel.fit` uses it instead of the linear
-model where its leave-one-out error is lower.
+Given which cells lie on which side of the ridge the model is linear in its five parameters; the fit tries every split
+of the cells by ``c * (K + 1)`` (at least two cells on each side), refines it by reassigning each cell to the branch
+that is larger under the fitted parameters, and keeps the split of least weighted squared error (relative, over each
+cell's relative standard deviation when given) whose parameters are positive.
+:meth:`spectune.sweep.guided.model.StepTimeModel.fit` uses it instead of the linear model where its leave-one-out error
+is lower.
 """
 
 from __future__ import annotations
@@ -56,23 +57,28 @@ class RooflineFit:
         return float(np.dot(self.features(k, c), self.theta))
 
 
-def _solve(ks: Sequence[int], cs: Sequence[int], taus: np.ndarray, compute: Sequence[bool]) -> np.ndarray | None:
+def _solve(ks: Sequence[int], cs: Sequence[int], taus: np.ndarray, compute: Sequence[bool],
+           sd: np.ndarray) -> np.ndarray | None:
     X = np.array([_features(k, c, b) for k, c, b in zip(ks, cs, compute)])
     if np.linalg.matrix_rank(X) < X.shape[1]:
         return None
-    w = 1.0 / taus
+    w = 1.0 / (taus * sd)
     theta, *_ = np.linalg.lstsq(X * w[:, None], taus * w, rcond=None)
     return theta
 
 
-def fit_roofline(ks: Sequence[int], cs: Sequence[int], taus: Sequence[float]) -> RooflineFit | None:
+def fit_roofline(ks: Sequence[int], cs: Sequence[int], taus: Sequence[float],
+                 sd: Sequence[float] | None = None) -> RooflineFit | None:
     """The least-squares roofline through the cells (num_steps ``ks``, concurrencies ``cs``, observed step times
-    ``taus`` in s, all of one length), or None: fewer than seven cells (five parameters and two residual degrees of
-    freedom), or no split of the cells with two on each side gives full-rank designs and positive ``m0``, ``v``."""
+    ``taus`` in s, all of one length; ``sd``: each cell's relative standard deviation, the weights' inverse in
+    relative units, as :meth:`spectune.sweep.guided.model.StepTimeModel._weights`; None: equal), or None: fewer
+    than seven cells (five parameters and two residual degrees of freedom), or no split of the cells with two on each
+    side gives full-rank designs and positive ``m0``, ``v``."""
     n = len(taus)
     if n < 7:
         return None
     y = np.asarray(taus, dtype=float)
+    sdv = np.ones(n) if sd is None else np.asarray(sd, dtype=float)
     u = [c * (k + 1) for k, c in zip(ks, cs)]
     best: tuple[float, RooflineFit] | None = None
     for thr in sorted(set(u)):
@@ -80,7 +86,7 @@ def fit_roofline(ks: Sequence[int], cs: Sequence[int], taus: Sequence[float]) ->
         if sum(compute) < 2 or n - sum(compute) < 2:
             continue
         for _ in range(6):  # refine the split: each cell to the branch that is larger under the fitted parameters
-            theta = _solve(ks, cs, y, compute)
+            theta = _solve(ks, cs, y, compute, sdv)
             if theta is None:
                 break
             fit = RooflineFit(tuple(float(t) for t in theta))
@@ -93,7 +99,7 @@ def fit_roofline(ks: Sequence[int], cs: Sequence[int], taus: Sequence[float]) ->
         pred = np.array([fit.tau(k, c) for k, c in zip(ks, cs)])
         if np.any(pred <= 0):
             continue
-        sse = float(np.sum(np.square(y / pred - 1)))
+        sse = float(np.sum(np.square((y / pred - 1) / sdv)))
         if best is None or sse < best[0]:
             best = (sse, fit)
     return None if best is None else best[1]
