@@ -47,7 +47,7 @@ __all__ = ["Cell", "MIN_REL_ERROR", "Prediction", "StepTimeModel"]
 MIN_REL_ERROR = 0.02
 
 
-def _covariance(feat: Callable[[int, int], list[float]], obs: Sequence[tuple[Cell, float]], var: Any,
+def _covariance(feat: Callable[[int, int], list[float]], obs: Sequence[tuple[Cell, float]], var: float | np.ndarray,
                 sd: Sequence[float] | None = None) -> np.ndarray:
     """The parameter covariance of the weighted least-squares fit of ``obs`` ((cell, tau s) pairs) with features
     ``feat(k, c)``, in relative units (rows ``z = x / tau``), each cell weighted by ``1 / sd^2`` (``sd``: its relative
