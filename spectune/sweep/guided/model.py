@@ -298,12 +298,14 @@ class StepTimeModel:
         as an unmeasured num_steps there is predicted. The in-sample residuals cannot show a step time whose shape
         in K changes with the batch (a roofline's kink between memory- and compute-bound steps, which no candidate
         feature set has): the fit follows the cells it was given, and only a cell it was not given shows the misfit
-        (Allen's PRESS, Technometrics 16(1), 1974).  A left-out prediction errs even where the model's shape is right:
-        by the cell's own measurement noise, its anchors' noise, and the reduced fit's parameter noise at the cell (its
-        leverage: with few cells a left-out one is an extrapolation, and PRESS residuals grow as ``1 / (1 - h_ii)``).
-        The third value is that expected squared error, summed per cell from the cells' measured noise (``_noise``) and
-        the reduced fit's parameter covariance under that noise (the weighted fit's sandwich, :func:`_covariance`); the
-        misfit is what the RMS error shows beyond it. (nan, 0, 0) with fewer than two such cells."""
+        (Allen's PRESS, Technometrics 16(1), 1974).
+
+        A left-out prediction errs even where the model's shape is right: by the cell's own measurement noise, its
+        anchors' noise, and the reduced fit's parameter noise at the cell (its leverage: with few cells a left-out one
+        is an extrapolation, and PRESS residuals grow as ``1 / (1 - h_ii)``). The third value is that expected squared
+        error, summed per cell from the cells' measured noise (``_noise``) and the reduced fit's parameter covariance
+        under that noise (the weighted fit's sandwich, :func:`_covariance`); the misfit is what the RMS error shows
+        beyond it. (nan, 0, 0) with fewer than two such cells."""
         errs, expected = [], []
         for i, (x, t) in enumerate(obs):
             rest = [o for j, o in enumerate(obs) if j != i]
