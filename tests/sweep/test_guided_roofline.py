@@ -22,6 +22,10 @@ def roofline_ms(k: int, c: int) -> float:
     return max(6 + 0.05 * c, 0.3 * c * (k + 1)) + k * (0.5 + 0.01 * c)
 
 
+#: roofline_ms's parameters in RooflineFit.theta's order and unit (s): m0, m1, v, d0, d1
+ROOFLINE_THETA = (0.006, 0.00005, 0.0003, 0.0005, 0.00001)
+
+
 def linear_ms(k: int, c: int) -> float:
     """A step linear in every term, ms (the tests' kind of cost model)."""
     return 2 + 0.5 * c + 3 * (k > 0) + 0.4 * k + 0.1 * c * k
@@ -51,7 +55,7 @@ def test_the_roofline_fit_recovers_an_exact_roofline():
     cells = list(itertools.product(STEPS, CONC))
     fit = fit_roofline([k for k, _ in cells], [c for _, c in cells], [roofline_ms(k, c) / 1000 for k, c in cells])
     assert fit is not None
-    assert fit.theta == pytest.approx((0.006, 0.00005, 0.0003, 0.0005, 0.00001), rel=1e-6)
+    assert fit.theta == pytest.approx(ROOFLINE_THETA, rel=1e-6)
 
 
 def test_the_roofline_fit_needs_seven_cells():
@@ -158,7 +162,7 @@ def test_a_roofline_cell_given_a_wide_deviation_pulls_the_fit_less():
     uncertain (sd 0.15 against 0.02 for the others) than with equal weights."""
     cells = list(itertools.product(STEPS, CONC))
     taus = [roofline_ms(k, c) / 1000 * (1.2 if (k, c) == (2, 4) else 1.0) for k, c in cells]
-    exact = np.array((0.006, 0.00005, 0.0003, 0.0005, 0.00001))
+    exact = np.array(ROOFLINE_THETA)
 
     def off(sd) -> float:
         fit = fit_roofline([k for k, _ in cells], [c for _, c in cells], taus, sd)
