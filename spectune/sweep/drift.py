@@ -6,9 +6,10 @@ first by the paired bootstrap of :mod:`spectune.results.confidence` (the same pr
 together): ``ratio`` = again / first of the objective, with its interval at the plan's confidence. The cell
 **drifted** when that whole interval lies outside the noise band around 1 (``[1 - band, 1 + band]``, the plan's
 ``noise_band``): it moved more than its measurement noise explains, and by more than the differences the
-recommendation ignores anyway. The largest
-drift, ``|ratio - 1|``, is recorded in sweep.json (``drift``) and ``spectune recommend`` does not call differences
-smaller than it (its noise band widens to it).
+recommendation ignores anyway. Each check's drift, ``|ratio - 1|``, and the seconds between its two measurements
+are recorded in sweep.json (``drift``); ``spectune recommend`` does not call a difference between two cells smaller
+than the share of that drift the time between the two cells' measurements carries
+(:class:`spectune.results.drift.DriftBand`: the change scaled by the square root of that time over the check's).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import math
 from typing import Any, Sequence
 
 from spectune.results.confidence import Bootstrap, RunRequests, ratio_interval
+from spectune.results.drift import midpoint_s
 
 __all__ = ["OBJECTIVE_COLUMNS", "drift_check", "drift_summary"]
 
@@ -31,10 +33,11 @@ def drift_check(label: str, first: dict[str, Any], again: dict[str, Any], first_
 
     Returns:
         ``{"label", "steps", "concurrency", "objective", "first", "again", "ratio", "low", "high", "confidence",
-        "drifted", "change"}``: objective values (tokens/s or ms), the ratio again / first with its paired percentile
-        interval (NaN -> None when unknown), ``drifted`` (the whole interval is outside ``[1 - band, 1 + band]``;
-        without an interval, the ratio is off 1 by more than max(band, 5%)) and ``change`` = |ratio - 1| (a
-        fraction).
+        "drifted", "change", "span_s"}``: objective values (tokens/s or ms), the ratio again / first with its paired
+        percentile interval (NaN -> None when unknown), ``drifted`` (the whole interval is outside
+        ``[1 - band, 1 + band]``; without an interval, the ratio is off 1 by more than max(band, 5%)), ``change`` =
+        |ratio - 1| (a fraction) and ``span_s``, the seconds between the middles of the two measurements (their
+        ``started`` and ``finished`` stamps; None without them).
 
     Raises:
         ValueError: an objective other than ``throughput`` or ``tpot``.
@@ -46,6 +49,8 @@ def drift_check(label: str, first: dict[str, Any], again: dict[str, Any], first_
     b = (again.get("metrics") or {}).get(col)
     out: dict[str, Any] = {"label": label, "steps": first.get("steps"), "concurrency": first.get("concurrency"),
                            "objective": objective, "first": a, "again": b, "confidence": confidence}
+    t0, t1 = midpoint_s(first), midpoint_s(again)
+    out["span_s"] = t1 - t0 if t0 is not None and t1 is not None else None
     if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or not a or first.get("status") != "ok" \
             or again.get("status") != "ok":
         return {**out, "ratio": None, "low": None, "high": None, "drifted": False, "change": 0.0,

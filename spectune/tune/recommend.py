@@ -13,8 +13,9 @@ within a tolerance of the best) and extended (docs/recommend.md is the user-faci
    best by the objective is still chosen (a config needs a value there) and flagged ``slo-unmet``.
 4. Among the candidates the best median wins (where windows cover different prompts, the one no other beats on
    the prompts both measured: :func:`spectune.results.confidence.best_by_pairs`), but every num_steps within the
-   noise band of it (the larger of ``noise_band``, the best cell's own spread and the drift a sweep's drift check
-   measured) ties, and the smallest tied num_steps is chosen. Where the cells have bootstrap replicates
+   noise band of it (the larger of ``noise_band``, the best cell's own spread and the share of the drift a sweep's
+   drift check measured that the time between the two cells' measurements carries:
+   :class:`spectune.results.drift.DriftBand`) ties, and the smallest tied num_steps is chosen. Where the cells have bootstrap replicates
    (:mod:`spectune.results.confidence`: over requests within a run and over repeats) a num_steps also ties when the
    paired ``confidence`` interval of its objective ratio to the best reaches within the band of 1: the data cannot
    tell it is worse, so the smaller num_steps wins. Both the ratio and its interval are taken on the prompts every
@@ -45,6 +46,7 @@ from spectune.loadgen.errors import UserError
 from spectune.results.batch_acceptance import batch_dependent_acceptance
 from spectune.results.confidence import (Bootstrap, CellRuns, Interval, RunRequests, best_by_pairs,
                                          percentile_interval, ratio_interval, requests_by_point)
+from spectune.results.drift import DriftBand, cell_times
 from spectune.results.reader import Results, load_request_records, summary_with_slos
 from spectune.tune.gain import apply_static_primary
 
@@ -96,6 +98,9 @@ class Cell:
     #: the cell's runs for comparisons on shared prompts, and the analysis's Bootstrap; None without requests
     runs: CellRuns | None = field(default=None, repr=False, compare=False)
     bootstrap: Bootstrap | None = field(default=None, repr=False, compare=False)
+    #: s since the epoch, the middle of the cell's measurements (mean over its points; None when unknown or
+    #: predicted): how far apart two cells were measured, for the drift share of their comparison
+    at_s: float | None = None
 
     @property
     def eligible(self) -> bool:
@@ -333,9 +338,12 @@ def _within(value: float, best: float, band: float, direction: str) -> bool:
     return value >= best * (1 - band) if direction == "max" else value <= best * (1 + band)
 
 
-def choose(cells: list[Cell], conc: int, opts: RecommendOptions, drift: float = 0.0) -> Choice:
-    """Choose num_steps at one concurrency (rules 2-4 of the module docstring); ``drift`` (a fraction) widens the
-    noise band: differences smaller than the drift the sweep measured are not called."""
+def choose(cells: list[Cell], conc: int, opts: RecommendOptions, drift: DriftBand | None = None) -> Choice:
+    """Choose num_steps at one concurrency (rules 2-4 of the module docstring). ``drift`` (the sweep's drifted
+    checks; None: none) widens the band of each comparison by the drift expected between the two cells' measurement
+    times (:meth:`spectune.results.drift.DriftBand.between`): differences smaller than what the machine may have
+    moved between them are not called. The choice's ``band`` is the one its winner was compared with the best at."""
+    drift = drift or DriftBand()
     col, direction, unit = OBJECTIVES[opts.objective]
     here = sorted((c for c in cells if c.concurrency == conc), key=lambda c: c.steps)
     every = [c for c in here if c.status == "ok" and math.isfinite(c.objective)]
@@ -351,8 +359,13 @@ def choose(cells: list[Cell], conc: int, opts: RecommendOptions, drift: float = 
         return Choice(conc, None, reason="no usable measurement: " + "; ".join(notes))
     best = best_by_pairs(pool, lambda c: c.objective,
                          lambda a, b: ratio(a, b, opts.objective, opts.confidence)[0].value, direction == "max")
-    band = max(opts.noise_band, best.spread if math.isfinite(best.spread) else 0.0, drift)
-    win = next(c for c in pool if _ties(c, best, band, direction, opts))
+    own = max(opts.noise_band, best.spread if math.isfinite(best.spread) else 0.0)
+
+    def pair_band(a: Cell, b: Cell) -> float:  # the noise band of comparing a with b
+        return max(own, drift.between(a.at_s, b.at_s))
+
+    win = next(c for c in pool if _ties(c, best, pair_band(c, best), direction, opts))
+    band = pair_band(win, best)
     parts = [f"K={win.steps}: {col} {win.interval.text('.4g')} {unit}"]
     if win is not best:
         if _within(ratio(win, best, opts.objective, opts.confidence)[0].value, 1.0, band, direction):
@@ -367,17 +380,18 @@ def choose(cells: list[Cell], conc: int, opts: RecommendOptions, drift: float = 
         comparisons.append(compare(win, best, opts, band))
     base = next((c for c in measured if c.steps == 0), None) if win.steps != 0 else None
     if base is not None:
-        comparisons.append(compare(win, base, opts, band))
+        comparisons.append(compare(win, base, opts, pair_band(win, base)))
     runner = [c for c in pool if c is not win and c is not best and c is not base]
     if runner:
         second = runner[0]
         for c in runner[1:]:
             if _better(c.objective, second.objective, direction):
                 second = c
-        comparisons.append(compare(win, second, opts, band))
+        comparisons.append(compare(win, second, opts, pair_band(win, second)))
     parts += [cmp["text"] for cmp in comparisons]
-    if drift > 0:
-        parts.append(f"the noise band includes the {drift:.1%} drift the sweep's drift check measured")
+    if win is not best and band > own:
+        parts.append(f"the band includes {band:.1%} of drift, the share of the {drift.change:.1%} the sweep's drift "
+                     "check measured that the time between the two cells' measurements carries")
     if win.predicted:
         parts.append("predicted, not measured: nothing at this concurrency was measured")
     noisy = [c.steps for c in measured if c.noisy]
@@ -499,11 +513,14 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
     records = load_request_records(results.folder)
     attach_intervals(cells, df, records, opts, ttft, tpot)
     drift_info = (results.sweep or {}).get("drift") or None
-    drift = 0.0
-    if drift_info and drift_info.get("drifted"):
-        drift = float(drift_info.get("change") or 0.0)
-        warnings.append(f"the drift check saw the reference cell move {drift:.1%} during the sweep "
-                        f"({drift_info.get('summary', '')}): differences smaller than that are not called")
+    drift = DriftBand.from_sweep(drift_info)
+    times = cell_times(results.points or [])
+    for cell in cells:
+        cell.at_s = None if cell.predicted else times.get((cell.steps, cell.concurrency))
+    if drift.change > 0:
+        warnings.append(f"the drift check saw the reference cell move {drift.change:.1%} during the sweep "
+                        f"({drift_info.get('summary', '') if drift_info else ''}): a difference between two cells "
+                        "smaller than the drift expected over the time between their measurements is not called")
     choices = [choose(cells, c, opts, drift) for c in concs]
     if all(ch.steps is None for ch in choices):
         raise UserError(f"no usable measurement of {OBJECTIVES[opts.objective][0]} at any concurrency: "

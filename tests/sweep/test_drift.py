@@ -1,16 +1,19 @@
 """Drift control end to end on emulated servers (tests/helpers/cost_model.py): the run order, and a server whose
 speed changes by 20% halfway through the sweep is caught by the drift check; recommend then refuses to call
-differences smaller than the drift."""
+differences smaller than the drift expected between the two cells' measurements (spectune.results.drift)."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from spectune.backends.base import BackendOptions
+from spectune.results.drift import DriftBand, midpoint_s
 from spectune.results.reader import load_results
 from spectune.sweep.plan import SweepPlan
 from spectune.sweep.run import execute
-from spectune.tune.recommend import RecommendOptions, recommend
+from spectune.tune.recommend import Cell, RecommendOptions, choose, recommend
 
 from helpers.cost_model import COMPUTE_BOUND, EmulatedServers
 
@@ -49,12 +52,58 @@ async def test_a_server_that_slows_by_20_percent_halfway_is_caught(tmp_path):
     assert outcome.drift == drift
 
 
-async def test_recommend_does_not_call_differences_smaller_than_the_drift(tmp_path):
+async def test_the_drift_check_records_the_seconds_between_its_two_measurements(tmp_path):
+    _, meta = await sweep(tmp_path, factor=1.25)
+    (check,) = meta["drift"]["checks"]
+    points = [json.loads(x) for x in (tmp_path / "out" / "points.jsonl").read_text().splitlines()]
+    ref = next(p for p in points if (p["steps"], p["concurrency"]) == (check["steps"], check["concurrency"]))
+    # the re-measurement runs after every point: the span reaches past the last point's start
+    last = max(midpoint_s(p) for p in points)
+    assert check["span_s"] >= last - midpoint_s(ref)
+
+
+async def test_recommend_warns_of_the_drift(tmp_path):
     await sweep(tmp_path, factor=1.25)
     rec = recommend(load_results(tmp_path / "out"), RecommendOptions())
-    change = rec.drift["change"]
-    assert all(ch.band >= change for ch in rec.choices)
     assert any("drift check" in w for w in rec.warnings)
+
+
+def cells(gap_s: float) -> list[Cell]:
+    """K=0 at 0.93 of K=1 at concurrency 1 (no intervals: the point ratio decides), measured ``gap_s`` apart."""
+    return [Cell(0, 1, "ok", 1, 1, objective=93.0, at_s=1000.0), Cell(1, 1, "ok", 1, 1, objective=100.0,
+                                                                     at_s=1000.0 + gap_s)]
+
+
+#: a check that moved 10% over 900 s
+DRIFT = DriftBand.from_sweep({"checks": [{"drifted": True, "change": 0.10, "span_s": 900.0}]})
+
+
+def test_cells_measured_back_to_back_are_compared_within_the_noise_band():
+    """10 s of a 900-s drift of 10%: sqrt(10 / 900) * 10% = 1.1% of drift, under the 2% band; K=0 at 0.93 loses."""
+    assert choose(cells(10.0), 1, RecommendOptions(), DRIFT).steps == 1
+
+
+def test_cells_measured_the_whole_span_apart_tie_within_the_drift():
+    assert choose(cells(900.0), 1, RecommendOptions(), DRIFT).steps == 0
+
+
+def test_the_drift_share_grows_with_the_square_root_of_the_gap():
+    assert DRIFT.between(0.0, 225.0) == pytest.approx(0.05)  # a quarter of the span: half the change
+
+
+def test_the_drift_share_is_at_most_the_checks_change():
+    assert DRIFT.between(0.0, 3600.0) == pytest.approx(0.10)
+
+
+def test_a_check_without_its_span_widens_every_comparison_by_its_change():
+    """sweep.json written before the span was recorded: the whole change, as recommend did then."""
+    old = DriftBand.from_sweep({"checks": [{"drifted": True, "change": 0.10}]})
+    assert choose(cells(10.0), 1, RecommendOptions(), old).steps == 0
+
+
+def test_checks_within_noise_add_no_drift():
+    steady = DriftBand.from_sweep({"checks": [{"drifted": False, "change": 0.10, "span_s": 900.0}]})
+    assert steady.between(0.0, 900.0) == 0.0
 
 
 async def test_a_steady_server_passes_the_drift_check(tmp_path):
