@@ -15,12 +15,13 @@ within a tolerance of the best) and extended (docs/recommend.md is the user-faci
    the prompts both measured: :func:`spectune.results.confidence.best_by_pairs`), but every num_steps within the
    noise band of it (the larger of ``noise_band``, the best cell's own spread and the share of the drift a sweep's
    drift check measured that the time between the two cells' measurements carries:
-   :class:`spectune.results.drift.DriftBand`) ties, and the smallest tied num_steps is chosen. Where the cells have bootstrap replicates
-   (:mod:`spectune.results.confidence`: over requests within a run and over repeats) a num_steps also ties when the
-   paired ``confidence`` interval of its objective ratio to the best reaches within the band of 1: the data cannot
-   tell it is worse, so the smaller num_steps wins. Both the ratio and its interval are taken on the prompts every
-   run of the two cells measured (:meth:`spectune.results.confidence.Bootstrap.matched_ratio`; windows capped by
-   time or stopped early cover different prompts). Every choice carries its paired comparisons (``K=2 vs K=0:
+   :class:`spectune.results.drift.DriftBand`) ties, and the smallest tied num_steps is chosen. Where the cells have
+   bootstrap replicates (:mod:`spectune.results.confidence`: over requests within a run and over repeats) a
+   num_steps also ties when the paired ``confidence`` interval of its objective ratio to the best reaches within the
+   band of 1: the data cannot tell it is worse, so the smaller num_steps wins. Both the ratio and its interval are
+   taken on the prompts every run of the two cells measured
+   (:meth:`spectune.results.confidence.Bootstrap.matched_ratio`; windows capped by time or stopped early cover
+   different prompts). Every choice carries its paired comparisons (``K=2 vs K=0:
    1.31x [1.24, 1.38], 95%``).
    Predicted cells (a guided sweep's unmeasured cells) are chosen only where nothing at that concurrency was
    measured.

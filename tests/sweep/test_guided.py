@@ -420,7 +420,7 @@ def test_a_neighbour_with_a_num_steps_still_worth_measuring_settles_nothing(monk
 
 def test_neighbours_settle_nothing_the_model_predicts_otherwise(monkeypatch):
     planner, cells, preds, tried = neighbours_case(BRACKET_CELLS)
-    monkeypatch.setattr(planner, "_predicted_best", lambda preds, c, open_: 1)
+    monkeypatch.setattr(planner, "_predicted_choice", lambda preds, c, open_: 1)
     assert planner.settled_by_neighbours(cells, preds, 16, tried) is None
 
 
@@ -783,6 +783,29 @@ def test_a_cells_expected_seconds_stop_at_the_window_cap_plus_its_drain():
     pred = Prediction(1, 1, 1.5, 64.0, 60.0, 68.0, 15.0, 14.0, 16.0)
     assert GuidedPlanner(STEPS, CONC)._duration(cells, pred) == pytest.approx(64.0)
     assert GuidedPlanner(STEPS, CONC, window_cap_s=30.0)._duration(cells, pred) == pytest.approx(32.0)
+
+
+def model_case(k0: tuple[float, float, float], k1: tuple[float, float, float]) -> tuple[GuidedPlanner, dict]:
+    """num_steps 0-2 at an unmeasured concurrency 16, predicted: 0 at ``k0``, 1 at ``k1`` (tokens/s, low, high), 2 at
+    188.1 [172.3, 203.9]. (planner, preds)."""
+    from spectune.sweep.guided.model import Prediction
+
+    planner = GuidedPlanner((0, 1, 2), (1, 16))
+    rows = {0: k0, 1: k1, 2: (188.1, 172.3, 203.9)}
+    return planner, {(k, 16): Prediction(k, 16, 1.0 + k / 2, *v, 10.0, 9.0, 11.0) for k, v in rows.items()}
+
+
+def test_a_concurrency_is_not_left_to_the_model_where_recommends_tie_could_cost_more_than_the_band():
+    """The docs example grid replayed (2026-11-27): at concurrency 16 the model put num_steps 1 at 212.6 [199.2,
+    226.1] and 0 at 209.8 [196.6, 223.0]. Its predicted best, 1, had no rival worth measuring, but recommend takes the
+    smaller num_steps of a tie, 0, and 1 may beat that by more than the band (the grid measured 0.891 of 1 there)."""
+    planner, preds = model_case((209.8, 196.6, 223.0), (212.6, 199.2, 226.1))
+    assert planner.settled_by_model(preds, 16, [0, 1, 2]) is None
+
+
+def test_left_to_the_model_the_choice_is_recommends_the_smaller_num_steps_within_the_band():
+    planner, preds = model_case((209.8, 208.0, 211.6), (212.6, 210.8, 214.4))  # 1 is 1.3% ahead: a tie
+    assert planner.settled_by_model(preds, 16, [0, 1, 2]) == 0
 
 
 def turn_case(c1: dict[int, float]) -> tuple[GuidedPlanner, dict, dict, set]:

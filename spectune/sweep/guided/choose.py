@@ -3,9 +3,10 @@
 After the seed (:mod:`spectune.sweep.guided.seed`), one cell at a time with the model refitted after each: first one
 cell at each concurrency with nothing measured (its predicted best num_steps), then the cell of the highest expected
 improvement per expected second among those still worth measuring. A concurrency with nothing measured is left to the
-model when no other num_steps there is worth measuring against its predicted best (:meth:`Choosing.settled_by_model`;
-the choice there depends on the ratios between num_steps, which the model predicts with the error of its
-leave-one-out misfit, not on the level): ``spectune recommend`` then chooses among its predicted cells and says so.
+model when no other num_steps there is worth measuring against the one ``spectune recommend`` would choose among its
+predicted cells (:meth:`Choosing.settled_by_model`: the smallest num_steps within the noise band of the predicted
+best; the choice there depends on the ratios between num_steps, which the model predicts with the error of its
+leave-one-out misfit, not on the level): recommend then chooses among the predicted cells and says so.
 A plan with SLOs opens every concurrency all the same (SLO attainment is measured, never predicted). Where a server
 restart costs more than a point, a round is every such cell of the one num_steps with the most to gain (one restart
 per round). A concurrency with nothing measured is left to the model too where its measured neighbours settled it
@@ -181,14 +182,17 @@ class Choosing:
         return max(obj) if self.objective != "tpot" else min(obj)
 
     def settled_by_model(self, preds: dict[tuple[int, int], Prediction], c: int, open_: Sequence[int]) -> int | None:
-        """At a concurrency with nothing measured: its predicted best num_steps, or None when another could beat it
-        by more than the band (the test of :meth:`values`, the predicted best's value standing in for a measured
-        best's). The prediction errors of two num_steps at one concurrency are the shape's, not the level's: the
-        leave-one-out misfit in them is measured exactly so, a left-out cell predicted from the others at its
-        concurrency (:meth:`spectune.sweep.guided.model.StepTimeModel.fit`)."""
-        best_k = self._predicted_best(preds, c, open_)
-        rest = [k for k in open_ if k != best_k]
-        return None if self._worth(preds, c, rest, self._value(preds[(best_k, c)])[0]) else best_k
+        """At a concurrency with nothing measured: the num_steps recommend would choose among its predicted cells
+        (:meth:`_predicted_choice`: the smallest within the noise band of the predicted best), or None when another
+        could beat it by more than the band (the test of :meth:`values`, that num_steps' predicted value standing in
+        for a measured best's; the predicted best itself is one of the others: on the docs example grid replayed on
+        2026-11-27 the model put num_steps 1 at concurrency 16 1.3% above 0, recommend chose 0 by its tie rule, and
+        the grid measured 0 at 0.891 of 1). The prediction errors of two num_steps at one concurrency are the
+        shape's, not the level's: the leave-one-out misfit in them is measured exactly so, a left-out cell predicted
+        from the others at its concurrency (:meth:`spectune.sweep.guided.model.StepTimeModel.fit`)."""
+        k = self._predicted_choice(preds, c, open_)
+        rest = [kk for kk in open_ if kk != k]
+        return None if self._worth(preds, c, rest, self._value(preds[(k, c)])[0]) else k
 
     def settled_by_neighbours(self, cells: dict[tuple[int, int], Cell], preds: dict[tuple[int, int], Prediction],
                               c: int, tried: set[tuple[int, int]]) -> int | None:
@@ -199,9 +203,9 @@ class Choosing:
         ``c`` both settled on K*, so does ``c``; above one settled on the plan's smallest num_steps (0: no
         speculation) or below one settled on its largest, likewise. A concurrency is settled when no unmeasured
         num_steps there is worth measuring (:meth:`values`); its K* is the smallest measured num_steps within the
-        noise band of its best (``spectune recommend``'s tie rule). The model's predicted best at ``c`` must be K*
-        too (recommend chooses among the predicted cells there). ``cells``: the measured cells; ``preds``: the
-        model's predictions of every cell; ``tried``: the cells already attempted."""
+        noise band of its best (``spectune recommend``'s tie rule). Recommend's choice among the predicted cells at
+        ``c`` (:meth:`_predicted_choice`) must be K* too (it chooses among them there). ``cells``: the measured
+        cells; ``preds``: the model's predictions of every cell; ``tried``: the cells already attempted."""
         (lo, k_lo), (hi, k_hi) = self._neighbours(cells, preds, c, tried)
         ks = sorted(self.steps)
         if k_lo is not None and k_hi is not None:
@@ -213,7 +217,7 @@ class Choosing:
         else:
             k = None
         open_ = [kk for kk in self.steps if (kk, c) in preds]
-        if k is None or not open_ or self._predicted_best(preds, c, open_) != k:
+        if k is None or not open_ or self._predicted_choice(preds, c, open_) != k:
             return None
         return k
 
@@ -267,6 +271,15 @@ class Choosing:
             return None
         top = max(measured.values())
         return min(k for k, v in measured.items() if v >= top * (1 - self.noise_band))
+
+    def _predicted_choice(self, preds: dict[tuple[int, int], Prediction], c: int, open_: Sequence[int]) -> int:
+        """The num_steps ``spectune recommend`` would choose at ``c`` among the predicted cells of ``open_``: the
+        smallest whose predicted objective is within the noise band of the predicted best (its tie rule; a predicted
+        cell has no paired interval, so the point ratio decides)."""
+        best = self._value(preds[(self._predicted_best(preds, c, open_), c)])[0]
+        maximise = self.objective != "tpot"
+        return min(k for k in open_ if (self._value(preds[(k, c)])[0] >= best * (1 - self.noise_band) if maximise
+                                        else self._value(preds[(k, c)])[0] <= best * (1 + self.noise_band)))
 
     def _predicted_best(self, preds: dict[tuple[int, int], Prediction], c: int, open_: Sequence[int]) -> int:
         """The num_steps of ``open_`` whose predicted objective at ``c`` is best (highest throughput, lowest TPOT)."""
