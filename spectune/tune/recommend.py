@@ -5,9 +5,11 @@ within a tolerance of the best) and extended (docs/recommend.md is the user-faci
 
 1. Cell = (num_steps, concurrency). Repeats are reduced to medians. A cell with any failed repeat is ``failed``;
    a cell of the plan with no row is ``missing``; both are ineligible and reported, never averaged.
-2. Spread of a cell = 1.4826 * MAD / |median| of the objective over its ok repeats (robust relative standard
-   deviation; needs >= 2 repeats). Above ``max_spread`` the cell is ``noisy``: it may win only when no quiet
-   eligible cell exists at that concurrency.
+2. Spread of a cell = 1.4826 * MAD / |median| of the objective over its ok repeats that ran their whole window
+   (robust relative standard deviation; needs >= 2 such repeats: a window stopped early (``--early-stop``, summary.csv
+   ``stopped_early``) reports its statistic over its first prompts, which another run's window does not share, so
+   the difference between the two is the prompts', not run-to-run noise). Above ``max_spread`` the cell is
+   ``noisy``: it may win only when no quiet eligible cell exists at that concurrency.
 3. SLO rule (SpecServe, Huang et al.): a num_steps whose TPOT p99 exceeds the TPOT SLO is not allowed; neither is
    one whose SLO attainment is below ``min_slo_attainment``. If no num_steps at a concurrency meets the SLO the
    best by the objective is still chosen (a config needs a value there) and flagged ``slo-unmet``.
@@ -235,9 +237,15 @@ def _cell(steps: int, conc: int, rows: pd.DataFrame, opts: RecommendOptions,
         lo, hi = _predicted_bounds(ok, opts.objective)
         cell.ci_low, cell.ci_high = lo, hi
         cell.notes.append("predicted, not measured")
-    if len(vals) >= 2 and cell.objective != 0 and not predicted:
-        cell.spread = MAD_TO_SIGMA * float(np.median(np.abs(vals - cell.objective))) / abs(cell.objective)
-        cell.noisy = cell.spread > opts.max_spread
+    # the spread is over the repeats that ran their whole window: one stopped early (--early-stop) reports its
+    # statistic over its first prompts, another run's over others, and their difference is the prompts', not noise
+    early = ok["stopped_early"].fillna(False).astype(bool) if "stopped_early" in ok else pd.Series(False, ok.index)
+    full = ok.loc[~early, col].dropna().to_numpy(float) if col in ok else np.array([])
+    if len(full) >= 2 and not predicted:
+        mid = float(np.median(full))
+        if mid != 0:
+            cell.spread = MAD_TO_SIGMA * float(np.median(np.abs(full - mid))) / abs(mid)
+            cell.noisy = cell.spread > opts.max_spread
     p99, att = cell.metrics["tpot_p99_ms"], cell.metrics["slo_attainment"]
     if predicted and (ttft is not None or tpot is not None):  # the guided model predicts no tail latency
         cell.violations.append("SLO attainment not predicted (measure the cell)")

@@ -891,3 +891,17 @@ def test_with_equal_weights_and_one_variance_the_covariance_is_var_times_the_inv
     feat = lambda k, c: GuidedPlanner._features(k, c, names)  # noqa: E731
     Z = np.array([feat(x.steps, x.conc) for x, _ in obs]) / np.array([t for _, t in obs])[:, None]
     assert _covariance(feat, obs, 0.03 ** 2) == pytest.approx(0.03 ** 2 * np.linalg.inv(Z.T @ Z))
+
+
+def test_a_guided_plans_settle_run_measures_its_whole_window():
+    """A settle run (a repeat beyond --repeats) adds a replicate on the prompts the cell's first run measured; cut
+    short it would narrow recommend's comparison to its own first prompts (Sweep._early_stop)."""
+    from types import SimpleNamespace
+
+    from spectune.sweep.run import Sweep
+
+    plan = SweepPlan(steps=(0, 1), concurrency=(1,), design="guided")
+    sweep = Sweep(plan, None, SimpleNamespace(points=[]), [], {})  # type: ignore[arg-type]
+    sweep.planner = GuidedPlanner.for_plan(plan)
+    assert sweep._early_stop((1, 1, 0), 32) is not None  # the plan's own windows stop early
+    assert sweep._early_stop((1, 1, 1), 32) is None

@@ -248,6 +248,20 @@ def test_failed_points_are_ineligible_and_never_averaged(tmp_path):
     assert "K=3 failed (1/2 repeat(s) failed: boom)" in rec.choices[0].reason
 
 
+def test_repeats_whose_windows_stopped_early_give_no_spread(tmp_path):
+    """A window stopped early reports its statistic over its first prompts: two such runs of one cell 8% apart
+    differ by their prompts, and the cell is not flagged noisy (a guided sweep's settle run, 2026-11-27)."""
+    rows = [row(1, 4, v, rep=i, stopped_early=True, early_stop_reason="below_best") for i, v in enumerate((92, 100))]
+    rec = run(write_sweep(tmp_path / "r", rows + [row(0, 4, 90)]))
+    assert not rec.cell(1, 4).noisy
+
+
+def test_repeats_measured_in_full_8_percent_apart_are_noisy(tmp_path):
+    rows = [row(1, 4, v, rep=i, stopped_early=False, early_stop_reason="") for i, v in enumerate((92, 100))]
+    rec = run(write_sweep(tmp_path / "r", rows + [row(0, 4, 90)]))
+    assert rec.cell(1, 4).noisy
+
+
 def test_noisy_repeats_are_flagged_and_not_trusted(tmp_path):
     rows = [row(3, 4, v, rep=i) for i, v in enumerate((140, 200, 260))] + [row(1, 4, 150, rep=i) for i in range(3)]
     rec = run(write_sweep(tmp_path / "r", rows))

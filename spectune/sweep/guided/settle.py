@@ -12,8 +12,9 @@ unsettled pair (the one with fewer runs, else the smaller num_steps: recommend w
 own run-to-run spread, so a second run of the best on a drifting engine can turn a clear loss into a tie; seen on the
 bundled engine, 2026-11-26: two runs of K=1 at concurrency 8, 195.6 and 208.0 tok/s, made K=0 at 0.926 [0.868,
 0.974] of it a tie by a 4.5% band), at most :attr:`Settling.SETTLE_REPEATS`
-beyond ``--repeats`` per cell, until every deciding comparison is a tie, a clear loss, or out of runs. The
-comparisons are recommend's: paired bootstrap over prompts and repeats
+beyond ``--repeats`` per cell, until every deciding comparison is a tie, a clear loss, or out of runs. A settle run
+measures its whole window (no early stop, ``Sweep._early_stop``): recommend compares on the prompts every run of
+the two cells measured, and a run cut short would narrow them. The comparisons are recommend's: paired bootstrap over prompts and repeats
 (:class:`spectune.results.confidence.Bootstrap`).
 
 Why the value per window: without it, a settle pair at the bundled engine's largest concurrency (two windows of
