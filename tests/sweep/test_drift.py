@@ -57,7 +57,7 @@ async def test_the_drift_check_records_the_seconds_between_its_two_measurements(
     (check,) = meta["drift"]["checks"]
     points = [json.loads(x) for x in (tmp_path / "out" / "points.jsonl").read_text().splitlines()]
     ref = next(p for p in points if (p["steps"], p["concurrency"]) == (check["steps"], check["concurrency"]))
-    # the re-measurement runs after every point: the span reaches past the last point's start
+    # the re-measurement runs after every point: the span reaches past the middle of the last point
     last = max(midpoint_s(p) for p in points)
     assert check["span_s"] >= last - midpoint_s(ref)
 
