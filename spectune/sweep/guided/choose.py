@@ -276,10 +276,12 @@ class Choosing:
         """The num_steps ``spectune recommend`` would choose at ``c`` among the predicted cells of ``open_``: the
         smallest whose predicted objective is within the noise band of the predicted best (its tie rule; a predicted
         cell has no paired interval, so the point ratio decides)."""
-        best = self._value(preds[(self._predicted_best(preds, c, open_), c)])[0]
-        maximise = self.objective != "tpot"
-        return min(k for k in open_ if (self._value(preds[(k, c)])[0] >= best * (1 - self.noise_band) if maximise
-                                        else self._value(preds[(k, c)])[0] <= best * (1 + self.noise_band)))
+        value = {k: self._value(preds[(k, c)])[0] for k in open_}
+        if self.objective != "tpot":
+            best = max(value.values())
+            return min(k for k, v in value.items() if v >= best * (1 - self.noise_band))
+        best = min(value.values())
+        return min(k for k, v in value.items() if v <= best * (1 + self.noise_band))
 
     def _predicted_best(self, preds: dict[tuple[int, int], Prediction], c: int, open_: Sequence[int]) -> int:
         """The num_steps of ``open_`` whose predicted objective at ``c`` is best (highest throughput, lowest TPOT)."""
