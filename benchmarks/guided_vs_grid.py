@@ -28,7 +28,9 @@ when the rule stops the window, the requests in flight then are dropped, as the 
 throughput, duration and intervals from the finished ones, the window ending at the stop); a settle run gets the
 cell's one recorded window again. Each launch costs the grid's own measured switch time (sweep.json ``cost``) plus
 ``--restart-s``. It prints per grid the guided plan's share of the grid's time, points, early stops and the choices
-of both (``spectune recommend``).
+of both (``spectune recommend``). ``--only-concurrency C,C,...`` replays the smaller grid inside each recorded one: a
+copy of the grid keeping only those concurrencies' points and requests (its drift check and cost as recorded), on
+which both the guided plan and the grid's own choices are made, the grid's time being the kept cells' windows.
 
 ``--replay GRID`` runs no server: the guided planner (spectune.sweep.guided) chooses its cells from a finished grid
 sweep's own measurements, round by round, and its cost is those points' measurement windows (``duration_s``); the
@@ -86,6 +88,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--without-slo", action="store_true",
                    help="--recorded: the guided plan without the grid's SLOs (it may then leave a concurrency to the "
                         "model; with SLOs every concurrency is measured)")
+    p.add_argument("--only-concurrency", default=None,
+                   help="--recorded: replay only these of each grid's concurrencies (e.g. 1,4,16,32: a 5 x 4 grid "
+                        "inside a recorded 5 x 6 one; module docstring)")
     p.add_argument("--virtual", type=int, default=0, help="N seeded virtual sweep pairs (module docstring)")
     p.add_argument("--request-noise", type=float, default=0.10, help="--virtual: relative sd of a request's latency")
     p.add_argument("--prompt-noise", type=float, default=0.0,
@@ -280,6 +285,33 @@ def worst_choice(grid: object, guided: object, objective: str) -> float:
     return min([1.0, *choice_ratios(grid, guided, objective).values()])
 
 
+def only_concurrency(grid: Path, keep: set[int], out: Path) -> Path:
+    """A copy of the finished grid sweep ``grid`` in ``out`` with only the concurrencies in ``keep``: sweep.json's
+    plan lists those, points.jsonl and requests.jsonl keep their rows (the drift checks and cost as recorded).
+
+    Raises:
+        SystemExit: ``keep`` names a concurrency the grid did not measure.
+    """
+    meta = json.loads((grid / "sweep.json").read_text())
+    missing = keep - set(meta["plan"]["concurrency"])
+    if missing:
+        raise SystemExit(f"--only-concurrency: {grid} has no concurrency {sorted(missing)}; pick from "
+                         f"{meta['plan']['concurrency']}")
+    out.mkdir(parents=True)
+    meta["plan"]["concurrency"] = [c for c in meta["plan"]["concurrency"] if c in keep]
+    (out / "sweep.json").write_text(json.dumps(meta, indent=2))
+    for name in ("points.jsonl", "requests.jsonl"):
+        rows = [line for line in (grid / name).read_text().splitlines()
+                if line.strip() and json.loads(line)["concurrency"] in keep]
+        (out / name).write_text("".join(r + "\n" for r in rows))
+    if (grid / "summary.csv").is_file():
+        import pandas as pd
+
+        df = pd.read_csv(grid / "summary.csv")
+        df[df["concurrency"].isin(keep)].to_csv(out / "summary.csv", index=False)
+    return out
+
+
 def recorded(args: argparse.Namespace) -> int:
     """``--recorded GRID...``: the guided plan run through spectune's own sweep loop on each finished grid sweep's
     recorded windows (module docstring); prints the figures per grid."""
@@ -339,7 +371,12 @@ def recorded(args: argparse.Namespace) -> int:
         return SweepPoint.from_dict(gp), kept
 
     Sweep._point = point  # type: ignore[method-assign]
-    for grid in args.recorded:
+    # the smaller grids are copied before anything is replayed, so a concurrency a grid lacks stops the run first
+    subsets = tempfile.TemporaryDirectory()
+    keep = None if args.only_concurrency is None else {int(x) for x in args.only_concurrency.split(",")}
+    grids = list(args.recorded) if keep is None else \
+        [only_concurrency(g, keep, Path(subsets.name) / str(n)) for n, g in enumerate(args.recorded)]
+    for source, grid in zip(args.recorded, grids):
         meta = json.loads((grid / "sweep.json").read_text())
         plan_meta = meta["plan"]
         pts = [json.loads(x) for x in (grid / "points.jsonl").read_text().splitlines() if x.strip()]
@@ -376,11 +413,12 @@ def recorded(args: argparse.Namespace) -> int:
         guided_s = sum(p["metrics"]["duration_s"] for p in run_guided.points) + g["switch_s"]  # type: ignore
         worst = worst_choice(rec["grid"], rec["guided"], args.objective)
         early = sum(1 for p in run_guided.points if (p.get("early_stop") or {}).get("reason"))  # type: ignore
-        print(f"{grid}: guided {guided_s:.1f} s / grid {grid_s:.1f} s = {guided_s / grid_s:.1%} (launches "
+        print(f"{source}: guided {guided_s:.1f} s / grid {grid_s:.1f} s = {guided_s / grid_s:.1%} (launches "
               f"{g['launches']}, {state['launch_s']:.2f} s each); points {len(run_guided.points)}/"  # type: ignore
               f"{len(state['points'])}; early-stopped {early}; worst choice {worst:.3f} of the grid's; choices "
               f"guided {[ (x.concurrency, x.steps) for x in rec['guided'].choices]}, grid "
               f"{[(x.concurrency, x.steps) for x in rec['grid'].choices]}", flush=True)
+    subsets.cleanup()
     return 0
 
 
