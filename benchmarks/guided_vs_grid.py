@@ -287,7 +287,8 @@ def worst_choice(grid: object, guided: object, objective: str) -> float:
 
 def only_concurrency(grid: Path, keep: set[int], out: Path) -> Path:
     """A copy of the finished grid sweep ``grid`` in ``out`` with only the concurrencies in ``keep``: sweep.json's
-    plan lists those, points.jsonl and requests.jsonl keep their rows (the drift checks and cost as recorded).
+    plan lists those, points.jsonl, requests.jsonl and summary.csv keep their rows (the drift checks and cost as
+    recorded; drift_requests.jsonl, which recommend does not read, is left out).
 
     Raises:
         SystemExit: ``keep`` names a concurrency the grid did not measure.
