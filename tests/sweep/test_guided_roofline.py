@@ -169,3 +169,50 @@ def test_a_roofline_cell_given_a_wide_deviation_pulls_the_fit_less():
         return float(np.max(np.abs(np.array(fit.theta) / exact - 1)))
 
     assert off([0.15 if kc == (2, 4) else 0.02 for kc in cells]) < 0.5 * off(None)
+
+
+#: a seed's six cells (num_steps, concurrency) on the linear server, three of them read off by window noise (a
+#: step 30% fast at num_steps 4 and 2, 15% fast at 1): the richest feature set these identify fits a step time at
+#: concurrency 1 that falls by a sixth from num_steps 1 to 4 (the shape of a recorded 5 x 4 grid's young fit)
+YOUNG = [(0, 1), (0, 16), (0, 32), (1, 32), (4, 1), (2, 32)]
+YOUNG_OFF = {(4, 1): 0.7, (1, 32): 0.85, (2, 32): 0.7}
+
+
+def young_points() -> list[dict]:
+    """points() of the YOUNG cells with the YOUNG_OFF readings."""
+    return points(YOUNG, lambda k, c: linear_ms(k, c) * YOUNG_OFF.get((k, c), 1.0))
+
+
+def young_richest_fit(planner: GuidedPlanner):
+    """The richest identifiable linear fit of young_points (the one fit() took before 2026-11-27): raw tau(k, c)."""
+    cells = planner.cells(young_points())
+    obs = [(x, planner._tau_obs(x)) for x in cells.values()]
+    return planner._fit_core(obs, "linear", planner._feature_set(list(cells.values())))[3]
+
+
+def test_the_richest_young_fit_falls_as_num_steps_grows():
+    """The premise of the two tests below: the richest fit's step time at concurrency 1 falls from num_steps 1 to 4
+    by more than 10%."""
+    planner = GuidedPlanner(STEPS, (1, 16, 32))
+    assert planner._shape_error(young_richest_fit(planner)) > 0.1
+
+
+def test_a_fit_whose_step_falls_in_num_steps_gives_way_to_a_smaller_feature_set_that_does_not():
+    planner = GuidedPlanner(STEPS, (1, 16, 32))
+    tau, _ = planner.fit(planner.cells(young_points()))
+    assert all(tau(k, c) <= tau(k + 1, c) for c in (1, 16, 32) for k in STEPS[:-1])
+
+
+def test_the_smaller_feature_set_is_recorded_in_the_fit():
+    planner = GuidedPlanner(STEPS, (1, 16, 32))
+    planner.predict(young_points())
+    assert planner.fit_info["features"] != ", ".join(planner._feature_set(list(planner.cells(young_points()).values())))
+
+
+def test_a_fit_with_no_smaller_set_to_give_way_to_is_as_wrong_as_its_fall():
+    """Only the richest feature set allowed: the fit keeps its fall in num_steps, and its relative error is at least
+    that fall (what the shape is wrong by, with nothing left out to show it)."""
+    planner = GuidedPlanner(STEPS, (1, 16, 32))
+    planner.FEATURE_SETS = (planner._feature_set(list(planner.cells(young_points()).values())),)
+    planner.predict(young_points())
+    assert planner.fit_info["relative_error"] >= planner._shape_error(young_richest_fit(planner)) - 1e-12

@@ -9,7 +9,9 @@ cell of the plan.
   features ``[1, c, K, c*K]`` (fixed cost, batch-proportional verify cost, per-draft-token cost, verify cost of K extra
   tokens per sequence) plus ``[K>0, c*(K>0)]`` (the draft model's fixed per-step cost). Which terms are fitted is
   decided by identifiability: the richest of :attr:`StepTimeModel.FEATURE_SETS` whose design matrix on the measured
-  cells has full column rank with a residual degree of freedom to spare. Each concurrency's predictions are anchored on
+  cells has full column rank with a residual degree of freedom to spare and whose fitted step time does not fall as
+  num_steps grows (no engine's step costs less with more draft tokens; a fit that falls anyway keeps the fall as a floor
+  on its relative error). Each concurrency's predictions are anchored on
   the cells measured there (geometric mean ratio of measured to fitted ``tau``, weighted as the fit): the model gives
   the shape in K, the measurements the level. From seven cells on, a roofline step time
   (:mod:`spectune.sweep.guided.roofline`: the verify pass memory-bound below a ridge in ``c * (K + 1)``, compute-bound
@@ -20,8 +22,8 @@ cell of the plan.
   anchored fit's relative residual spread, its leave-one-out misfit (the relative RMS error of each cell predicted from
   the others, less what a correct model would miss by too: the cell's and its anchors' measurement noise and the reduced
   fit's at the cell's leverage; what is left is what an unmeasured cell's prediction can be off by where the model's
-  shape is wrong, which the residuals of the cells it was fitted to hide), the measurements' own relative half-width and
-  ``MIN_REL_ERROR``; ``g' V g`` the cell's leverage (the parameter covariance ``V = s^2 (Z'Z)^-1``, ``Z`` the features
+  shape is wrong, which the residuals of the cells it was fitted to hide), the measurements' own relative half-width, the
+  fit's fall in num_steps where it has one (:meth:`StepTimeModel._shape_error`) and ``MIN_REL_ERROR``; ``g' V g`` the cell's leverage (the parameter covariance ``V = s^2 (Z'Z)^-1``, ``Z`` the features
   over tau, on the difference between the cell's features and the mean of those measured at its concurrency), so an
   extrapolation in K or c gets the width the data give it. SpecServe (Huang et al., arXiv 2503.05096, sec. 4) models the
   same quantities.
@@ -332,6 +334,30 @@ class StepTimeModel:
             return math.nan, len(errs), 0.0
         return math.sqrt(float(np.mean(np.square(errs)))), len(errs), float(np.mean(expected))
 
+    def _physical_linear_fit(self, obs: Sequence[tuple[Cell, float]]) -> tuple[
+            tuple[str, ...], tuple[str, Callable[[int, int], list[float]], np.ndarray, Callable[[int, int], float],
+                                   dict[int, float]]]:
+        """The linear family's feature set and fit (:meth:`_fit_core`) for ``obs``: the richest :attr:`FEATURE_SETS`
+        entry the cells identify with a residual degree of freedom to spare whose fitted step time does not fall as
+        num_steps grows at any of the plan's concurrencies (:meth:`_shape_error` 0), else the richest
+        :meth:`_feature_set` identifies. With few cells the richest set can follow the noise into a shape no engine
+        has (on a recorded 5 x 4 grid of the bundled engine, six cells fitted a step at concurrency 1 that fell by a
+        fifth from num_steps 1 to 4, and the plan settled concurrency 1 on it at 0.63 of the grid's best); a smaller
+        set with the right shape predicts the unmeasured cells better (docs/sweep.md, "Changes of 2026-11-27
+        (stop 51)")."""
+        cells = [x for x, _ in obs]
+        richest = self._feature_set(cells)
+        first = self._fit_core(obs, "linear", richest)
+        assert first is not None  # only the roofline family can fail to fit
+        for names in self.FEATURE_SETS[self.FEATURE_SETS.index(richest):]:
+            X = np.array([self._features(x.steps, x.conc, names) for x in cells])
+            if len(cells) <= len(names) or np.linalg.matrix_rank(X) < len(names):
+                continue
+            core = self._fit_core(obs, "linear", names)
+            if core is not None and self._shape_error(core[3]) <= 0.0:
+                return names, core
+        return richest, first
+
     def fit(self, cells: dict[tuple[int, int], Cell]) -> tuple[Callable[[int, int], float],
                                                               Callable[[int, int], float]]:
         """Fit the step-time model; returns (tau(k, c) -> s, err(k, c) -> relative standard error of that cell's
@@ -342,9 +368,7 @@ class StepTimeModel:
         if not obs:
             raise ValueError("no measured cell to fit")
         # the model family: the linear sum of terms, or the roofline where it predicts left-out cells better
-        names = self._feature_set([x for x, _ in obs])
-        core = self._fit_core(obs, "linear", names)
-        assert core is not None  # only the roofline family can fail to fit
+        names, core = self._physical_linear_fit(obs)
         loo, loo_cells, loo_noise = self._loo_error(obs, "linear", names)
         roof = self._fit_core(obs, "roofline")
         if roof is not None:
@@ -381,10 +405,12 @@ class StepTimeModel:
         # a left-out cell's error a correct model would show too (its noise, its anchors', the reduced fit's at its
         # leverage); what is left is the model's
         misfit = math.sqrt(max(loo * loo - loo_noise, 0.0)) if math.isfinite(loo) else 0.0
-        s = max(s, misfit, meas, MIN_REL_ERROR)
+        shape = self._shape_error(raw)
+        s = max(s, misfit, meas, shape, MIN_REL_ERROR)
         self.fit_info = {"features": label,
                          "theta": [float(v) for v in theta], "anchors": {str(c): anchor[c] for c in known},
                          "relative_error": s, "loo_error": None if math.isnan(loo) else loo, "loo_cells": loo_cells,
+                         "shape_error": shape,
                          "cells": len(obs)}
         # the parameters' own uncertainty from the model's error s, which is the structure's and the same at every
         # cell however precise its window (so the equal-weight design's, s^2 (Z'Z)^-1): a cell the measured ones pin
@@ -396,6 +422,21 @@ class StepTimeModel:
             return math.sqrt(s * s + max(float(g @ cov @ g), 0.0))
 
         return (lambda k, c: raw(k, c) * anchor_at(c)), err
+
+    def _shape_error(self, raw: Callable[[int, int], float]) -> float:
+        """The largest relative fall of the fitted step time ``raw(k, c)`` as num_steps grows at one of the plan's
+        concurrencies: ``max tau(k, c) / tau(k', c) - 1`` over ``k < k'`` (0 where it never falls). No engine's step
+        costs less with more draft tokens to draft and verify (each adds a draft pass and a verified position), so a
+        fit that falls in K is wrong in shape by at least that much in the plan's range, whatever its residuals say:
+        with few cells and nothing left out to check it, its relative error is at least this."""
+        worst = 0.0
+        for c in self.concurrency:
+            taus = [raw(k, c) for k in sorted(self.steps)]
+            for i, t in enumerate(taus):
+                later = [u for u in taus[i + 1:] if math.isfinite(u) and u > 0]
+                if math.isfinite(t) and later:
+                    worst = max(worst, t / min(later) - 1)
+        return worst
 
     def predict(self, points: Sequence[dict[str, Any]]) -> dict[tuple[int, int], Prediction]:
         """Predictions for every cell of the plan (measured ones too), keyed (steps, concurrency); {} when nothing
