@@ -11,22 +11,21 @@ cell of the plan.
   decided by identifiability: the richest of :attr:`StepTimeModel.FEATURE_SETS` whose design matrix on the measured
   cells has full column rank with a residual degree of freedom to spare and whose fitted step time does not fall as
   num_steps grows (no engine's step costs less with more draft tokens; a fit that falls anyway keeps the fall as a floor
-  on its relative error). Each concurrency's predictions are anchored on
-  the cells measured there (geometric mean ratio of measured to fitted ``tau``, weighted as the fit): the model gives
-  the shape in K, the measurements the level. From seven cells on, a roofline step time
-  (:mod:`spectune.sweep.guided.roofline`: the verify pass memory-bound below a ridge in ``c * (K + 1)``, compute-bound
-  above it) replaces the linear terms where its leave-one-out error is lower.
+  on its relative error). Each concurrency's predictions are anchored on the cells measured there (geometric mean ratio
+  of measured to fitted ``tau``, weighted as the fit): the model gives the shape in K, the measurements the level. From
+  seven cells on, a roofline step time (:mod:`spectune.sweep.guided.roofline`: the verify pass memory-bound below a
+  ridge in ``c * (K + 1)``, compute-bound above it) replaces the linear terms where its leave-one-out error is lower.
 * **Prediction.** ``throughput = c * AL_eff / tau``, ``TPOT = tau / AL`` (scaled by the measured TPOT / (tau / AL) of
   the concurrency when tau was fitted on throughput), AL from :mod:`spectune.sweep.guided.acceptance`. The interval is
   ``pred * (1 +- z * e)``, z the normal quantile of the confidence, ``e^2 = s^2 + g' V g``: ``s`` the largest of the
   anchored fit's relative residual spread, its leave-one-out misfit (the relative RMS error of each cell predicted from
   the others, less what a correct model would miss by too: the cell's and its anchors' measurement noise and the reduced
   fit's at the cell's leverage; what is left is what an unmeasured cell's prediction can be off by where the model's
-  shape is wrong, which the residuals of the cells it was fitted to hide), the measurements' own relative half-width, the
-  fit's fall in num_steps where it has one (:meth:`StepTimeModel._shape_error`) and ``MIN_REL_ERROR``; ``g' V g`` the cell's leverage (the parameter covariance ``V = s^2 (Z'Z)^-1``, ``Z`` the features
-  over tau, on the difference between the cell's features and the mean of those measured at its concurrency), so an
-  extrapolation in K or c gets the width the data give it. SpecServe (Huang et al., arXiv 2503.05096, sec. 4) models the
-  same quantities.
+  shape is wrong, which the residuals of the cells it was fitted to hide), the measurements' own relative half-width,
+  the fit's fall in num_steps where it has one (:meth:`StepTimeModel._shape_error`) and ``MIN_REL_ERROR``; ``g' V g``
+  the cell's leverage (the parameter covariance ``V = s^2 (Z'Z)^-1``, ``Z`` the features over tau, on the difference
+  between the cell's features and the mean of those measured at its concurrency), so an extrapolation in K or c gets the
+  width the data give it. SpecServe (Huang et al., arXiv 2503.05096, sec. 4) models the same quantities.
 
 Why each piece is there (what was tried and measured without it): docs/sweep.md, "How the guided plan was tuned".
 """
