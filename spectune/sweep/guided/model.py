@@ -226,6 +226,12 @@ class StepTimeModel:
                 "c*(K>0)": float(c * (k > 0))}
         return [vals[n] for n in names]
 
+    def _identifies(self, cells: Sequence[Cell], names: Sequence[str]) -> bool:
+        """Whether ``cells`` identify the feature set ``names`` with a residual degree of freedom to spare: more cells
+        than features and a design matrix of full column rank."""
+        X = np.array([self._features(x.steps, x.conc, names) for x in cells])
+        return len(cells) > len(names) and np.linalg.matrix_rank(X) == len(names)
+
     def _feature_set(self, cells: Sequence[Cell]) -> tuple[str, ...]:
         """The richest FEATURE_SETS entry whose design matrix on ``cells`` has full column rank with at least one
         residual degree of freedom (an exactly determined fit would pass through the noise), else the richest with
@@ -313,10 +319,8 @@ class StepTimeModel:
             here = [y for y, _ in rest if y.conc == x.conc]
             if not here or len(rest) < 2:
                 continue
-            if names is not None:  # the same feature set, identified by the others with a degree of freedom to spare
-                X = np.array([self._features(y.steps, y.conc, names) for y, _ in rest])
-                if len(rest) <= len(names) or np.linalg.matrix_rank(X) < len(names):
-                    continue
+            if names is not None and not self._identifies([y for y, _ in rest], names):
+                continue  # the same feature set, identified by the others with a degree of freedom to spare
             core = self._fit_core(rest, family, names)
             if core is None:
                 continue
@@ -346,15 +350,19 @@ class StepTimeModel:
         (stop 51)")."""
         cells = [x for x, _ in obs]
         richest = self._feature_set(cells)
-        first = self._fit_core(obs, "linear", richest)
-        assert first is not None  # only the roofline family can fail to fit
+        first = None
         for names in self.FEATURE_SETS[self.FEATURE_SETS.index(richest):]:
-            X = np.array([self._features(x.steps, x.conc, names) for x in cells])
-            if len(cells) <= len(names) or np.linalg.matrix_rank(X) < len(names):
+            if not self._identifies(cells, names):
                 continue
             core = self._fit_core(obs, "linear", names)
-            if core is not None and self._shape_error(core[3]) <= 0.0:
+            assert core is not None  # only the roofline family can fail to fit
+            if names == richest:
+                first = core
+            if self._shape_error(core[3]) <= 0.0:
                 return names, core
+        if first is None:  # the richest set is identified only without a degree of freedom to spare
+            first = self._fit_core(obs, "linear", richest)
+            assert first is not None
         return richest, first
 
     def fit(self, cells: dict[tuple[int, int], Cell]) -> tuple[Callable[[int, int], float],
