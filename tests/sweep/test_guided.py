@@ -251,23 +251,44 @@ def test_a_settle_run_is_not_cut_at_the_minimum():
     assert GuidedPlanner(STEPS, CONC).window_goal((STEPS[-1], CONC[0], 1)) is None
 
 
-def pair_at_largest_concurrency(ratio: float) -> list[dict]:
-    """Points of num_steps 0 and 1 at the largest concurrency, K=1's throughput ``ratio`` times K=0's."""
+def test_on_four_or_more_concurrencies_the_seeds_pair_is_at_the_second_largest():
+    """The pair at the second largest concurrency leaves the largest to the model where the pair's settles on no
+    speculation (docs/sweep.md, "Changes of 2026-11-27 (stop 52)")."""
+    seed = GuidedPlanner(STEPS, CONC).seed()
+    assert [(k, c) for k, c in seed if k in (0, 1) and c == CONC[-2]] == [(0, CONC[-2]), (1, CONC[-2])]
+
+
+def test_on_four_or_more_concurrencies_the_seed_measures_nothing_at_the_largest():
+    assert not [c for _, c in GuidedPlanner(STEPS, CONC).seed() if c == CONC[-1]]
+
+
+def test_the_seeds_batch_dependence_cell_is_num_steps_0_at_the_lower_middle_concurrency():
+    assert (0, 4) in GuidedPlanner(STEPS, (1, 4, 16, 32)).seed()
+
+
+def test_on_three_concurrencies_the_seeds_pair_is_at_the_largest():
+    seed = GuidedPlanner(STEPS, (1, 4, 16)).seed()
+    assert {(0, 16), (1, 16), (0, 4)} <= set(seed)
+
+
+def pair_at_second_largest_concurrency(ratio: float) -> list[dict]:
+    """Points of num_steps 0 and 1 at the second largest concurrency (the seed's pair), K=1's throughput ``ratio``
+    times K=0's."""
     def point(k: int, tput: float) -> dict:
-        return {"steps": k, "concurrency": CONC[-1], "status": "ok",
+        return {"steps": k, "concurrency": CONC[-2], "status": "ok",
                 "metrics": {"output_throughput_tok_s": tput, "tpot_p50_ms": 1000.0 / tput, "acceptance_length": 1.5}}
     return [point(0, 100.0), point(1, 100.0 * ratio)]
 
 
-def test_where_speculation_pays_at_the_largest_batch_the_fifth_seed_cell_is_the_middle_num_steps_there():
+def test_where_speculation_pays_at_the_pairs_batch_the_fifth_seed_cell_is_the_middle_num_steps_there():
     planner = GuidedPlanner(STEPS, CONC)
-    assert planner.seed_fifth(planner.cells(pair_at_largest_concurrency(1.2))) == (2, 32)
+    assert planner.seed_fifth(planner.cells(pair_at_second_largest_concurrency(1.2))) == (2, 16)
 
 
-def test_where_speculation_does_not_pay_at_the_largest_batch_the_fifth_seed_cell_is_num_steps_1_at_the_middle():
-    """K=1 within the noise band of K=0 at the largest concurrency: does not pay there."""
+def test_where_speculation_does_not_pay_at_the_pairs_batch_the_fifth_seed_cell_is_num_steps_1_at_the_middle():
+    """K=1 within the noise band of K=0 at the pair's concurrency: does not pay there."""
     planner = GuidedPlanner(STEPS, CONC)
-    assert planner.seed_fifth(planner.cells(pair_at_largest_concurrency(1.01))) == (1, 8)
+    assert planner.seed_fifth(planner.cells(pair_at_second_largest_concurrency(1.01))) == (1, 4)
 
 
 def test_the_fifth_seed_cell_is_the_round_after_the_seed():
@@ -324,7 +345,7 @@ def off_by(outlier_halfwidth: float) -> float:
     """Relative error of the prediction of the unmeasured (1, 4) when, of eight exact cells measured within +-2%,
     (2, 2) reads 15% high with an interval of half-width ``outlier_halfwidth``."""
     planner = GuidedPlanner(STEPS, CONC)
-    cells = full_seed(planner) + [(2, 2), (0, 2), (1, 16)]
+    cells = [(4, 1), (0, 32), (1, 32), (0, 8), (2, 32), (2, 2), (0, 2), (1, 16)]
     points = [with_interval(p, outlier_halfwidth, 1.15) if (p["steps"], p["concurrency"]) == (2, 2)
               else with_interval(p, 0.02) for p in exact_points(planner, cells)]
     pred = planner.predict(points)[(1, 4)]
@@ -433,6 +454,48 @@ def test_a_concurrency_its_neighbours_settle_gets_no_cell_and_sweep_json_says_so
     proposed = planner.next_round(points, set(BRACKET_CELLS), width=len(STEPS) * len(CONC))
     assert not [c for _, c in proposed if c == 16]
     assert planner.describe()["left_to_model"]["16"] == {"steps": 0, "by": "neighbours"}
+
+
+NO_SPECULATION_AT_8 = [(4, 1), (0, 1), (1, 1), (2, 1), (3, 1), (0, 8), (1, 8)]
+
+
+def still_settling_at_8(planner: GuidedPlanner, monkeypatch) -> None:
+    """num_steps 2 at concurrency 8 stays worth measuring there, and the model settles no concurrency itself."""
+    real = planner.values
+    monkeypatch.setattr(planner, "values", lambda cells, preds, c, open_: {2: 0.01} if c == 8 and 2 in open_
+                        else real(cells, preds, c, open_))
+    monkeypatch.setattr(planner, "settled_by_model", lambda preds, c, open_: None)
+
+
+def test_above_a_concurrency_still_settling_where_no_speculation_leads_the_first_cell_waits(monkeypatch):
+    planner, cells, preds, tried = neighbours_case(NO_SPECULATION_AT_8)
+    still_settling_at_8(planner, monkeypatch)
+    assert planner.awaits_neighbour(cells, preds, 32, tried)
+
+
+def test_above_a_concurrency_where_speculation_leads_the_first_cell_does_not_wait(monkeypatch):
+    """compute_bound_ms: num_steps 3 leads at concurrency 1, so 2 (above it) opens at once."""
+    planner, cells, preds, tried = neighbours_case([(4, 1), (0, 1), (1, 1), (2, 1), (3, 1)])
+    assert not planner.awaits_neighbour(cells, preds, 2, tried)
+
+
+def test_a_waiting_first_cell_comes_after_every_cell_of_some_value(monkeypatch):
+    """The cell at 8 still worth measuring goes first: once it settles 8 on num_steps 0, 16 and 32 above it are
+    left to the model (settled_by_neighbours) instead of opened."""
+    planner = GuidedPlanner(STEPS, CONC)
+    still_settling_at_8(planner, monkeypatch)
+    points = exact_points(planner, NO_SPECULATION_AT_8, compute_bound_ms)
+    proposed = planner.next_round(points, set(NO_SPECULATION_AT_8), width=len(STEPS) * len(CONC))
+    assert proposed.index((2, 8)) < min(i for i, (_, c) in enumerate(proposed) if c in (16, 32))
+
+
+def test_a_waiting_first_cell_is_still_proposed_last(monkeypatch):
+    """Deferred, not dropped: where the neighbour settles on something else, the concurrency is opened after all."""
+    planner = GuidedPlanner(STEPS, CONC)
+    still_settling_at_8(planner, monkeypatch)
+    points = exact_points(planner, NO_SPECULATION_AT_8, compute_bound_ms)
+    proposed = planner.next_round(points, set(NO_SPECULATION_AT_8), width=len(STEPS) * len(CONC))
+    assert {c for _, c in proposed[-2:]} == {16, 32}
 
 
 async def test_a_concurrency_left_to_the_model_gets_its_predicted_best_as_the_choice(tmp_path, monkeypatch):

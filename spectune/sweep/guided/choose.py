@@ -10,8 +10,9 @@ leave-one-out misfit, not on the level): recommend then chooses among the predic
 A plan with SLOs opens every concurrency all the same (SLO attainment is measured, never predicted). Where a server
 restart costs more than a point, a round is every such cell of the one num_steps with the most to gain (one restart
 per round). A concurrency with nothing measured is left to the model too where its measured neighbours settled it
-(:meth:`Choosing.settled_by_neighbours`: the best num_steps does not rise with concurrency). A cell is worth
-measuring when
+(:meth:`Choosing.settled_by_neighbours`: the best num_steps does not rise with concurrency); the first cell of a
+concurrency that a neighbour still settling would leave so waits until every cell of some value was measured
+(:meth:`Choosing.awaits_neighbour`). A cell is worth measuring when
 
 1. its optimistic prediction (one-sided quantile of the confidence: "could it still beat the best?") beats the best
    cell measured at its concurrency by more than the noise band, for a smaller num_steps as for a larger one (a
@@ -92,10 +93,10 @@ class Choosing:
         if not cells:
             seed = [x for x in self.seed() if x not in tried]
             roles = {self.seed()[0]: "seed: per-position acceptance of every smaller num_steps",
-                     self.seed()[1]: "seed: num_steps 0 at the largest concurrency"}
+                     self.seed()[1]: "seed: num_steps 0 beside num_steps 1 (the draft fixed cost)"}
             for kc in seed:
                 self.why.append({"steps": kc[0], "concurrency": kc[1], "reason": roles.get(
-                    kc, "seed: draft fixed cost (num_steps 0 and 1 side by side)" if kc[1] == max(self.concurrency)
+                    kc, "seed: draft fixed cost (num_steps 0 and 1 side by side)" if kc[1] == self._cpair
                     else "seed: batch dependence")})
             self.rounds.append(seed)
             return seed
@@ -118,15 +119,20 @@ class Choosing:
             self.left_to_model.pop(c, None)
             if values is None:  # nothing measured at c yet: its predicted best first, unless the model settles it
                 if not self.measure_every_concurrency:
-                    k, by = self.settled_by_model(preds, c, open_), "model"
+                    measured = [x.conc for x in cells.values()]
+                    inside = min(measured) < c < max(measured)  # the model's own test interpolates only
+                    k, by = (self.settled_by_model(preds, c, open_) if inside else None), "model"
                     if k is None:
                         k, by = self.settled_by_neighbours(cells, preds, c, tried), "neighbours"
                     if k is not None:
                         self.left_to_model[c] = {"steps": k, "by": by}
                         continue
                 best_k = self._predicted_best(preds, c, open_)
-                proposals.append((math.inf, (best_k, c)))
-                info[(best_k, c)] = {"reason": "first cell at its concurrency: its predicted best num_steps"}
+                waits = self.awaits_neighbour(cells, preds, c, tried)
+                proposals.append((-1.0 if waits else math.inf, (best_k, c)))
+                info[(best_k, c)] = {"reason": "first cell at its concurrency: its predicted best num_steps"
+                                     + (" (after every other cell: a neighbour still settling would settle it)"
+                                        if waits else "")}
                 continue
             for k, ei in self.turn_rivals(cells, preds, c, tried, open_).items():
                 if k not in values:  # rule 3 of the module docstring: the choice turns at c
@@ -159,7 +165,7 @@ class Choosing:
             for kc in out:
                 v = value[kc]
                 self.why.append({"steps": kc[0], "concurrency": kc[1], **info[kc],
-                                 **({"value_per_s": v} if math.isfinite(v) else {})})
+                                 **({"value_per_s": v} if math.isfinite(v) and v >= 0 else {})})
         return out
 
     def values(self, cells: dict[tuple[int, int], Cell], preds: dict[tuple[int, int], Prediction], c: int,
@@ -221,6 +227,45 @@ class Choosing:
             return None
         return k
 
+    def awaits_neighbour(self, cells: dict[tuple[int, int], Cell], preds: dict[tuple[int, int], Prediction],
+                         c: int, tried: set[tuple[int, int]]) -> bool:
+        """Whether the first cell at ``c`` (nothing measured there) waits for its neighbours: True where a measured
+        neighbour still settling (:meth:`_settled_best` None: a num_steps there still worth measuring) leads with the
+        num_steps that, once it settles, leaves ``c`` to :meth:`settled_by_neighbours` (the plan's smallest
+        num_steps on a neighbour below with none measured above, its largest on one above with none below, the
+        same num_steps on both sides), and the model's predicted choice at ``c`` is that num_steps too. Such a cell
+        is proposed after every cell of some value (:meth:`next_round`), not first: on the bundled engine's 5 x 4
+        grids, concurrency 32 was opened with a full window (45-48 s, 6-7% of the grid's time) while 16 below it
+        had num_steps 0 ahead and num_steps 2 still worth measuring; measured first, that cell settled 16 and left
+        32 to the model (docs/sweep.md, "Changes of 2026-11-27 (stop 52)"). ``cells``: the measured cells;
+        ``preds``: the model's predictions; ``tried``: the cells already attempted."""
+        (lo, k_lo), (hi, k_hi) = self._neighbours(cells, preds, c, tried)
+        ks = sorted(self.steps)
+        open_ = [kk for kk in self.steps if (kk, c) in preds]
+        if not open_:
+            return False
+        want = self._predicted_choice(preds, c, open_)
+        lo_best = None if lo is None else self._measured_choice(cells, lo)
+        hi_best = None if hi is None else self._measured_choice(cells, hi)
+        if lo is not None and hi is None:
+            return k_lo is None and lo_best == ks[0] == want
+        if hi is not None and lo is None:
+            return k_hi is None and hi_best == ks[-1] == want
+        if lo is not None and hi is not None:
+            return (k_lo is None or k_hi is None) and lo_best == hi_best == want \
+                and (k_lo in (None, want)) and (k_hi in (None, want))
+        return False
+
+    def _measured_choice(self, cells: dict[tuple[int, int], Cell], c: int) -> int | None:
+        """The smallest measured num_steps at ``c`` within the noise band of the best measured there (``spectune
+        recommend``'s tie rule), or None when nothing was measured at ``c``."""
+        measured = {x.steps: (x.throughput if self.objective != "tpot" else 1 / x.tpot)
+                    for x in cells.values() if x.conc == c}
+        if not measured:
+            return None
+        top = max(measured.values())
+        return min(k for k, v in measured.items() if v >= top * (1 - self.noise_band))
+
     def turn_rivals(self, cells: dict[tuple[int, int], Cell], preds: dict[tuple[int, int], Prediction], c: int,
                     tried: set[tuple[int, int]], open_: Sequence[int]) -> dict[int, float]:
         """At a concurrency ``c`` where one num_steps was measured, between measured concurrencies that settled on
@@ -265,12 +310,7 @@ class Choosing:
         open_ = [k for k in self.steps if (k, c) not in tried and (k, c) in preds]
         if open_ and self.values(cells, preds, c, open_):
             return None
-        measured = {x.steps: (x.throughput if self.objective != "tpot" else 1 / x.tpot)
-                    for x in cells.values() if x.conc == c}
-        if not measured:
-            return None
-        top = max(measured.values())
-        return min(k for k, v in measured.items() if v >= top * (1 - self.noise_band))
+        return self._measured_choice(cells, c)
 
     def _predicted_choice(self, preds: dict[tuple[int, int], Prediction], c: int, open_: Sequence[int]) -> int:
         """The num_steps ``spectune recommend`` would choose at ``c`` among the predicted cells of ``open_``: the

@@ -1,11 +1,19 @@
 """The guided plan's seed: the first cells measured, before the model can say anything.
 
 Four cells: the largest num_steps at the smallest concurrency (the per-position acceptance of every smaller
-num_steps), num_steps 0 and 1 side by side at the largest concurrency (the jump in step time from no speculation to
-one draft token, the draft's fixed cost, is measured rather than guessed), num_steps 0 at the middle concurrency (the
-batch dependence; left out without a middle concurrency). Then a fifth chosen by what the pair at the largest
-concurrency showed: where num_steps 1 beats 0 there by more than the noise band, the middle num_steps there (how far
-K goes); otherwise num_steps 1 at the middle concurrency (where speculation stops paying).
+num_steps), num_steps 0 and 1 side by side at the second largest concurrency (the largest on a grid of three or
+fewer; the jump in step time from no speculation to one draft token, the draft's fixed cost, is measured rather than
+guessed), num_steps 0 at the lower middle concurrency (the batch dependence; the middle of three, left out without
+one). Then a fifth chosen by what the pair showed: where num_steps 1 beats 0 there by more than the noise band, the
+middle num_steps at the pair's concurrency (how far K goes); otherwise num_steps 1 at the lower middle concurrency
+(where speculation stops paying).
+
+The pair sits below the largest concurrency so that, where no speculation wins there, the largest concurrency is
+left to the model (:meth:`spectune.sweep.guided.choose.Choosing.settled_by_neighbours`: the best num_steps does not
+rise with concurrency) instead of measured: with a ``--duration`` cap its windows are the grid's longest (on the
+bundled engine 45-48 s at concurrency 32 against 35-39 s at 16: the cap plus the drain of a wave of requests in
+flight). On the bundled engine's recorded grids it took the guided plan from 31.7% to 23.8% of six 5 x 4 grids' time
+and from 24.1% to 21.8% of twenty 5 x 6 grids', the same choices (docs/sweep.md, "Changes of 2026-11-27 (stop 52)").
 
 What the other seeds tried cost (a fixed fifth cell, a three-cell seed on small grids): docs/sweep.md, "How the
 guided plan was tuned".
@@ -32,15 +40,18 @@ class Seeding:
         """The first round (duplicates dropped), four cells:
 
         * (largest K, smallest c): the per-position acceptance of every smaller K;
-        * (smallest K, largest c), (second K, largest c): num_steps 0 and 1 at the same concurrency, so the jump in
-          step time from no speculation to one draft token (the draft model's fixed per-step cost, ``K>0``) is
-          identified instead of being spread over the per-draft-token slope;
-        * (smallest K, middle c): the batch dependence; left out on a grid of fewer than three concurrencies (there
-          is no middle one: the other end is opened by its predicted best num_steps right after the seed).
+        * (smallest K, pair's c), (second K, pair's c): num_steps 0 and 1 at the same concurrency, the second
+          largest (:attr:`_cpair`), so the jump in step time from no speculation to one draft token (the draft
+          model's fixed per-step cost, ``K>0``) is identified instead of being spread over the per-draft-token
+          slope;
+        * (smallest K, lower middle c, :attr:`_cmid`): the batch dependence; left out on a grid of fewer than three
+          concurrencies (there is no middle one: the other end is opened by its predicted best num_steps right
+          after the seed).
 
         A fifth cell follows once these are measured (:meth:`seed_fifth`)."""
         ks, cs = sorted(self.steps), sorted(self.concurrency)
-        cells = [(ks[-1], cs[0]), (ks[0], cs[-1]), (ks[1] if len(ks) > 1 else ks[0], cs[-1])]
+        cp = self._cpair
+        cells = [(ks[-1], cs[0]), (ks[0], cp), (ks[1] if len(ks) > 1 else ks[0], cp)]
         if len(cs) >= 3:
             cells.append((ks[0], self._cmid))
         out: list[tuple[int, int]] = []
@@ -61,26 +72,35 @@ class Seeding:
         return "seed_acceptance" if key[2] == 0 and tuple(key[:2]) == self.seed()[0] else None
 
     @property
-    def _cmid(self) -> int:
+    def _cpair(self) -> int:
+        """The concurrency of the seed's num_steps 0/1 pair: the second largest on a grid of four or more
+        concurrencies (module docstring), else the largest."""
         cs = sorted(self.concurrency)
-        return cs[len(cs) // 2] if len(cs) > 2 else cs[0]
+        return cs[-2] if len(cs) >= 4 else cs[-1]
+
+    @property
+    def _cmid(self) -> int:
+        """The concurrency of the seed's batch-dependence cell: the lower middle one (below the pair's on a grid of
+        four or more concurrencies), the middle of three, else the smallest."""
+        cs = sorted(self.concurrency)
+        return cs[(len(cs) - 1) // 2] if len(cs) > 2 else cs[0]
 
     def seed_fifth(self, cells: dict[tuple[int, int], Cell]) -> tuple[int, int] | None:
-        """The seed's fifth cell, chosen by what the pair at the largest concurrency showed (module docstring):
-        where num_steps 1 beats 0 there by more than the noise band, speculation pays at the largest batch and the
-        open question is how far K goes, so the middle num_steps at the largest concurrency (the
-        per-draft-token cost at the largest batch); otherwise the open question is where speculation stops paying,
-        so num_steps 1 at the middle concurrency (how the draft's fixed cost scales with the batch). None when the
+        """The seed's fifth cell, chosen by what the pair (:attr:`_cpair`) showed (module docstring): where num_steps
+        1 beats 0 there by more than the noise band, speculation pays at the pair's batch and the open question is
+        how far K goes, so the middle num_steps at the pair's concurrency (the per-draft-token cost at a large
+        batch); otherwise the open question is where speculation stops paying, so num_steps 1 at the lower middle
+        concurrency (how the draft's fixed cost scales with the batch). None when the
         pair was not measured (failed cells) or the plan has fewer than three num_steps."""
         ks, cs = sorted(self.steps), sorted(self.concurrency)
         if len(ks) < 3:
             return None
-        k0, k1 = cells.get((ks[0], cs[-1])), cells.get((ks[1], cs[-1]))
+        k0, k1 = cells.get((ks[0], self._cpair)), cells.get((ks[1], self._cpair))
         if k0 is None or k1 is None:
             return None
         if self.objective == "tpot":
             pays = k1.tpot * (1 + self.noise_band) < k0.tpot
         else:
             pays = k1.throughput > k0.throughput * (1 + self.noise_band)
-        return (ks[len(ks) // 2], cs[-1]) if pays else (ks[1], self._cmid)
+        return (ks[len(ks) // 2], self._cpair) if pays else (ks[1], self._cmid)
 
