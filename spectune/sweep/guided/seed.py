@@ -13,7 +13,7 @@ left to the model (:meth:`spectune.sweep.guided.choose.Choosing.settled_by_neigh
 rise with concurrency) instead of measured: with a ``--duration`` cap its windows are the grid's longest (on the
 bundled engine 45-48 s at concurrency 32 against 35-39 s at 16: the cap plus the drain of a wave of requests in
 flight). On the bundled engine's recorded grids it took the guided plan from 31.7% to 23.8% of six 5 x 4 grids' time
-and from 24.1% to 21.8% of twenty 5 x 6 grids', the same choices (docs/sweep.md, "Changes of 2026-11-27 (stop 52)").
+and from 24.1% to 21.1% of twenty 5 x 6 grids', the same choices (docs/sweep.md, "Changes of 2026-11-27 (stop 52)").
 
 What the other seeds tried cost (a fixed fifth cell, a three-cell seed on small grids): docs/sweep.md, "How the
 guided plan was tuned".
