@@ -236,8 +236,9 @@ class Choosing:
         same num_steps on both sides), and the model's predicted choice at ``c`` is that num_steps too. Such a cell
         is proposed after every cell of some value (:meth:`next_round`), not first: on the bundled engine's 5 x 4
         grids, concurrency 32 was opened with a full window (45-48 s, 6-7% of the grid's time) while 16 below it
-        had num_steps 0 ahead and num_steps 2 still worth measuring; measured first, that cell settled 16 and left
-        32 to the model (docs/sweep.md, "Changes of 2026-11-27 (stop 52)"). ``cells``: the measured cells;
+        had num_steps 0 ahead and num_steps 2 still worth measuring; with the cells of some value measured first
+        (at concurrency 1), num_steps 2 at 16 was no longer worth measuring, 16 settled on num_steps 0 and 32 went
+        to the model (docs/sweep.md, "Changes of 2026-11-27 (stop 52)"). ``cells``: the measured cells;
         ``preds``: the model's predictions; ``tried``: the cells already attempted."""
         (lo, k_lo), (hi, k_hi) = self._neighbours(cells, preds, c, tried)
         ks = sorted(self.steps)
