@@ -111,6 +111,7 @@ class Choosing:
         proposals: list[tuple[float, tuple[int, int]]] = []
         info: dict[tuple[int, int], dict[str, Any]] = {}
         turns: set[tuple[int, int]] = set()
+        measured = [x.conc for x in cells.values()]
         for c in self.concurrency:
             open_ = [k for k in self.steps if (k, c) not in tried and (k, c) in preds]
             if not open_:
@@ -119,7 +120,6 @@ class Choosing:
             self.left_to_model.pop(c, None)
             if values is None:  # nothing measured at c yet: its predicted best first, unless the model settles it
                 if not self.measure_every_concurrency:
-                    measured = [x.conc for x in cells.values()]
                     inside = min(measured) < c < max(measured)  # the model's own test interpolates only
                     k, by = (self.settled_by_model(preds, c, open_) if inside else None), "model"
                     if k is None:
@@ -213,19 +213,26 @@ class Choosing:
         ``c`` (:meth:`_predicted_choice`) must be K* too (it chooses among them there). ``cells``: the measured
         cells; ``preds``: the model's predictions of every cell; ``tried``: the cells already attempted."""
         (lo, k_lo), (hi, k_hi) = self._neighbours(cells, preds, c, tried)
-        ks = sorted(self.steps)
-        if k_lo is not None and k_hi is not None:
-            k = k_lo if k_lo == k_hi else None
-        elif k_lo is not None and hi is None:
-            k = k_lo if k_lo == ks[0] else None
-        elif k_hi is not None and lo is None:
-            k = k_hi if k_hi == ks[-1] else None
-        else:
-            k = None
+        k = self._implied_by_neighbours(lo, k_lo, hi, k_hi)
         open_ = [kk for kk in self.steps if (kk, c) in preds]
         if k is None or not open_ or self._predicted_choice(preds, c, open_) != k:
             return None
         return k
+
+    def _implied_by_neighbours(self, lo: int | None, k_lo: int | None, hi: int | None,
+                               k_hi: int | None) -> int | None:
+        """The num_steps the rule of :meth:`settled_by_neighbours` gives a concurrency from its nearest measured
+        concurrencies below (``lo``) and above (``hi``, None: none measured on that side) and their choices
+        (``k_lo``, ``k_hi``, None: none yet): the same num_steps on both sides; with one side only, the plan's
+        smallest num_steps below or its largest above; else None."""
+        ks = sorted(self.steps)
+        if lo is not None and hi is not None:
+            return k_lo if k_lo == k_hi else None
+        if lo is not None:
+            return k_lo if k_lo == ks[0] else None
+        if hi is not None:
+            return k_hi if k_hi == ks[-1] else None
+        return None
 
     def awaits_neighbour(self, cells: dict[tuple[int, int], Cell], preds: dict[tuple[int, int], Prediction],
                          c: int, tried: set[tuple[int, int]]) -> bool:
@@ -241,21 +248,15 @@ class Choosing:
         to the model (docs/sweep.md, "Changes of 2026-11-27 (stop 52)"). ``cells``: the measured cells;
         ``preds``: the model's predictions; ``tried``: the cells already attempted."""
         (lo, k_lo), (hi, k_hi) = self._neighbours(cells, preds, c, tried)
-        ks = sorted(self.steps)
+        settling = (lo is not None and k_lo is None) or (hi is not None and k_hi is None)
         open_ = [kk for kk in self.steps if (kk, c) in preds]
-        if not open_:
+        if not settling or not open_:
             return False
-        want = self._predicted_choice(preds, c, open_)
-        lo_best = None if lo is None else self._measured_choice(cells, lo)
-        hi_best = None if hi is None else self._measured_choice(cells, hi)
-        if lo is not None and hi is None:
-            return k_lo is None and lo_best == ks[0] == want
-        if hi is not None and lo is None:
-            return k_hi is None and hi_best == ks[-1] == want
-        if lo is not None and hi is not None:
-            return (k_lo is None or k_hi is None) and lo_best == hi_best == want \
-                and (k_lo in (None, want)) and (k_hi in (None, want))
-        return False
+        # a settled neighbour's choice is its measured choice (_settled_best), so the leads stand for both kinds
+        lead_lo = None if lo is None else self._measured_choice(cells, lo)
+        lead_hi = None if hi is None else self._measured_choice(cells, hi)
+        k = self._implied_by_neighbours(lo, lead_lo, hi, lead_hi)
+        return k is not None and k == self._predicted_choice(preds, c, open_)
 
     def _measured_choice(self, cells: dict[tuple[int, int], Cell], c: int) -> int | None:
         """The smallest measured num_steps at ``c`` within the noise band of the best measured there (``spectune

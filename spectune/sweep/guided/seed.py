@@ -92,7 +92,7 @@ class Seeding:
         batch); otherwise the open question is where speculation stops paying, so num_steps 1 at the lower middle
         concurrency (how the draft's fixed cost scales with the batch). None when the
         pair was not measured (failed cells) or the plan has fewer than three num_steps."""
-        ks, cs = sorted(self.steps), sorted(self.concurrency)
+        ks = sorted(self.steps)
         if len(ks) < 3:
             return None
         k0, k1 = cells.get((ks[0], self._cpair)), cells.get((ks[1], self._cpair))
