@@ -18,7 +18,11 @@ plus ``--restart-s`` per launch (default 0: the in-process servers switch for fr
 overall: the guided plan's share of the grid's time, whether its choice at every concurrency is within 3% of the
 grid's (recommend on both folders), points, launches, early stops, and how many early-stopped windows'
 confidence-sequence bounds hold the grid's full window of the same cell; ``--show-cells`` adds every guided point
-with its window, stop reason and why it was measured.
+with its window, stop reason and why it was measured, and each concurrency's choices. The grid and the guided plan of
+a pair draw the same noise for a cell (common random numbers: where both measure it, they read the same), so each
+pair runs both plans again on other draws (seed + ``REGRID_SEED``, the same draws for both): how often that guided
+plan's choice and that second grid's are within 3% of the first grid's at every concurrency says how far the grid's
+own choice moves with the noise, the band a guided plan measured at another time can be held to.
 
 ``--recorded GRID...`` runs no server either: the guided plan runs through spectune's own sweep loop (early stop,
 settle step, switch costs) with every point answered from a finished grid's recorded window of that cell: its
@@ -51,6 +55,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 import tempfile
 import time
@@ -60,10 +65,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 
+#: ``--virtual``: the second grid's noise seed is the pair's plus this (its draws independent of the first grid's)
+REGRID_SEED = 100_000
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--emulated", choices=("compute-bound", "memory-bound", "held-out", "held-out-2", "held-out-3",
-                                          "held-out-4"),
+                                          "held-out-4", "held-out-5"),
                    default=None, help="in-process emulated servers: the tests' two cost models, or a held-out one "
                                       "(benchmarks/heldout_cost_model.py, never used by tests or tuning)")
     p.add_argument("--dataset", default="mt-bench")
@@ -208,10 +217,11 @@ def emulated_model(name: str) -> object:
     from helpers.cost_model import COMPUTE_BOUND, MEMORY_BOUND
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from heldout_cost_model import HELD_OUT, HELD_OUT_2, HELD_OUT_3, HELD_OUT_4
+    from heldout_cost_model import HELD_OUT, HELD_OUT_2, HELD_OUT_3, HELD_OUT_4, HELD_OUT_5
 
     return {"compute-bound": COMPUTE_BOUND, "memory-bound": MEMORY_BOUND, "held-out": HELD_OUT,
-            "held-out-2": HELD_OUT_2, "held-out-3": HELD_OUT_3, "held-out-4": HELD_OUT_4}[name]
+            "held-out-2": HELD_OUT_2, "held-out-3": HELD_OUT_3, "held-out-4": HELD_OUT_4,
+            "held-out-5": HELD_OUT_5}[name]
 
 
 def early_vs_full(guided: list[dict], grid: list[dict], objective: str) -> tuple[int, int, int, int]:
@@ -278,6 +288,30 @@ def choice_ratios(grid: object, other: object, objective: str) -> dict[int, floa
         b = grid.cell(ch.steps, ch.concurrency).objective  # type: ignore[attr-defined]
         out[ch.concurrency] = a / b if objective != "tpot" else b / a
     return out
+
+
+def show_choices(grid: object, guided: object, exact: object, steps: tuple[int, ...], concs: tuple[int, ...],
+                 objective: str) -> None:
+    """``--virtual --show-cells``: per concurrency the grid's and the guided plan's choices (``spectune recommend``
+    results of both folders), the guided one's on the grid's measurements and both against the noise-free model's
+    best (``exact(k, c)``: its objective, tokens/s or 1 / TPOT); then every cell of the guided folder, measured or
+    predicted (``p``), its throughput over the noise-free best at its concurrency (the throughput objective)."""
+    def best(c: int) -> float:
+        return max(exact(k, c) for k in steps)  # type: ignore[operator]
+
+    def true(k: int, c: int) -> float:
+        return exact(k, c) / best(c)  # type: ignore[operator]
+
+    ratios = choice_ratios(grid, guided, objective)
+    print("  choices (grid / guided; the guided one's on the grid's measurements; both against the noise-free best): "
+          + "; ".join(f"c={g.concurrency}: K={g.steps} / K={u.steps} {ratios[g.concurrency]:.3f} (noise-free "
+                      f"{true(g.steps, g.concurrency):.3f} / {true(u.steps, u.concurrency):.3f})"
+                      for g, u in zip(grid.choices, guided.choices)))  # type: ignore[attr-defined]
+    print("  guided cells over the noise-free best (p: predicted): " + "; ".join(
+        f"c={c}: " + " ".join(f"K{x.steps}{'p' if x.predicted else ''} {x.objective / best(c):.3f}"
+                              for x in sorted(guided.cells, key=lambda x: x.steps)  # type: ignore[attr-defined]
+                              if x.concurrency == c and math.isfinite(x.objective))
+        for c in concs))
 
 
 def worst_choice(grid: object, guided: object, objective: str) -> float:
@@ -464,13 +498,20 @@ def virtual(args: argparse.Namespace) -> int:
 
     async def pair(out: Path) -> dict[str, object]:
         res = {}
-        for design in ("grid", "guided"):
+        # regrid and reguided: both plans again on other draws of the noise (the same draws for both)
+        for name in ("grid", "guided", "regrid", "reguided"):
+            design = "guided" if name.endswith("guided") else "grid"
             plan = SweepPlan(steps=steps, concurrency=concs, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
                              design=design, drift_check=False, objective=args.objective,
                              **({"early_stop": True} if design == "grid" and args.early_stop else
                                 {"early_stop": False} if design == "guided" and args.guided_full_windows else {}))
-            async with EmulatedServers(model, steps) as urls:  # type: ignore[arg-type]
-                res[design] = await execute(plan, "openai", BackendOptions(endpoints=urls), out / design)
+            own = seed[0]
+            seed[0] = own + REGRID_SEED if name.startswith("re") else own
+            try:
+                async with EmulatedServers(model, steps) as urls:  # type: ignore[arg-type]
+                    res[name] = await execute(plan, "openai", BackendOptions(endpoints=urls), out / name)
+            finally:
+                seed[0] = own
         return res
 
     rows = []
@@ -479,11 +520,13 @@ def virtual(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory() as d:
             res = asyncio.run(pair(Path(d)))
             rec = {k: recommend(load_results(Path(d) / k), RecommendOptions(objective=args.objective))
-                   for k in ("grid", "guided")}
+                   for k in ("grid", "guided", "regrid", "reguided")}
             if args.show_cells:
                 show_cells(res["guided"].points, json.loads((Path(d) / "guided" / "sweep.json").read_text()),
                            sum(p["metrics"]["duration_s"] for p in res["grid"].points))
         worst = worst_choice(rec["grid"], rec["guided"], args.objective)
+        if args.show_cells:
+            show_choices(rec["grid"], rec["guided"], exact, steps, concs, args.objective)
         true = {d: min(exact(mine.steps, mine.concurrency) / max(exact(k, mine.concurrency) for k in steps)
                        for mine in rec[d].choices) for d in ("grid", "guided")}
         secs = {k: sum(p["metrics"]["duration_s"] for p in o.points) for k, o in res.items()}
@@ -491,9 +534,13 @@ def virtual(args: argparse.Namespace) -> int:
         early = sum(1 for p in res["guided"].points if (p.get("early_stop") or {}).get("reason"))
         agree = early_vs_full(res["guided"].points, res["grid"].points, args.objective)
         secs = {k: v + launches[k] * args.restart_s for k, v in secs.items()}  # launches counted (--restart-s)
-        rows.append((secs["guided"] / secs["grid"], worst, len(res["guided"].points), early, launches, true, agree))
+        regrid = worst_choice(rec["grid"], rec["regrid"], args.objective)
+        reguided = worst_choice(rec["grid"], rec["reguided"], args.objective)
+        rows.append((secs["guided"] / secs["grid"], worst, len(res["guided"].points), early, launches, true, agree,
+                     regrid, reguided))
         print(f"seed {s}: guided {secs['guided']:.1f} s / grid {secs['grid']:.1f} s = {rows[-1][0]:.1%}; worst choice "
-              f"{worst:.3f} of the grid's; worst against the noise-free model: guided {true['guided']:.3f}, grid "
+              f"{worst:.3f} of the grid's (on other draws of the noise: the guided plan's {reguided:.3f}, a second "
+              f"grid's {regrid:.3f}); worst against the noise-free model: guided {true['guided']:.3f}, grid "
               f"{true['grid']:.3f}; points {rows[-1][2]}/{len(res['grid'].points)}; early-stopped {early}; "
               f"launches {launches['guided']}/{launches['grid']}; early-stopped estimates whose interval holds the "
               f"same window run in full: {agree[0]}/{agree[1]}, the grid's window: {agree[2]}/{agree[3]}", flush=True)
@@ -502,7 +549,11 @@ def virtual(args: argparse.Namespace) -> int:
           f"over {args.prompts} prompts: "
           f"guided / grid time mean "
           f"{statistics.mean(r[0] for r in rows):.1%}, max {max(r[0] for r in rows):.1%}; the grid's choice within 3% "
-          f"at every concurrency in {sum(r[1] >= 0.97 for r in rows)}/{len(rows)} (worst {min(r[1] for r in rows):.3f});"
+          f"at every concurrency in {sum(r[1] >= 0.97 for r in rows)}/{len(rows)} "
+          f"(worst {min(r[1] for r in rows):.3f}); "
+          f"on other draws of the noise, within 3% of the first grid's choice at every concurrency: the guided plan's "
+          f"in {sum(r[8] >= 0.97 for r in rows)}/{len(rows)} (worst {min(r[8] for r in rows):.3f}), a second grid's in "
+          f"{sum(r[7] >= 0.97 for r in rows)}/{len(rows)} (worst {min(r[7] for r in rows):.3f});"
           f" points {statistics.mean(r[2] for r in rows):.1f}; early stops {statistics.mean(r[3] for r in rows):.1f}; "
           f"against the noise-free model, every choice within 3% of the best in: guided "
           f"{sum(r[5]['guided'] >= 0.97 for r in rows)}/{len(rows)} (worst {min(r[5]['guided'] for r in rows):.3f}), "

@@ -17,8 +17,8 @@ import math
 import random
 from dataclasses import dataclass, field
 
-__all__ = ["HELD_OUT", "HELD_OUT_2", "HELD_OUT_3", "HELD_OUT_4", "LaunchBoundModel", "PaddedModel", "QuadraticModel",
-           "RooflineModel"]
+__all__ = ["HELD_OUT", "HELD_OUT_2", "HELD_OUT_3", "HELD_OUT_4", "HELD_OUT_5", "LaunchBoundModel", "PaddedModel",
+           "QuadraticModel", "RooflineModel", "TiledModel"]
 
 
 @dataclass(frozen=True)
@@ -135,3 +135,28 @@ class LaunchBoundModel(RooflineModel):
 
 
 HELD_OUT_4 = LaunchBoundModel()
+
+
+@dataclass(frozen=True)
+class TiledModel(RooflineModel):
+    """The fifth held-out model (``--emulated held-out-5``), written on 2026-11-28 (stop 53) with the guided plan
+    unchanged since stop 52 and run once with it, before any change that its results could have motivated: the
+    verify pass runs its b (K + 1) tokens in tiles of 16, ``max(6.0 + 0.025 * b, 1.6 * ceil(b * (K + 1) / 16))`` ms
+    (memory-bound below a tile count, then a step per tile: the choice falls from num_steps 3 at concurrency 16 to 1
+    at 32); each of the K draft steps costs ``0.5 + 0.02 * b``; a scheduler step adds ``0.3 + 0.01 * b`` ms; every
+    step scatters by 5%; conditional acceptance 0.88, 0.7, 0.48, 0.33, 0.25 (the last repeats: a draft good at its
+    first tokens and poor past its third)."""
+
+    name: str = "held-out tiled"
+    accept: tuple[float, ...] = (0.88, 0.7, 0.48, 0.33, 0.25)
+    noise: float = 0.05
+    rng: random.Random = field(default_factory=lambda: random.Random(71), compare=False)
+
+    def expected_step_s(self, batch: int, steps: int) -> float:
+        """Mean seconds of one verify step of ``batch`` sequences at num_steps ``steps`` (class docstring)."""
+        b, k = max(batch, 1), steps
+        verify = max(6.0 + 0.025 * b, 1.6 * math.ceil(b * (k + 1) / 16))
+        return (verify + k * (0.5 + 0.02 * b) + 0.3 + 0.01 * b) / 1000.0
+
+
+HELD_OUT_5 = TiledModel()
