@@ -290,15 +290,13 @@ def choice_ratios(grid: object, other: object, objective: str) -> dict[int, floa
     return out
 
 
-def show_choices(grid: object, guided: object, exact: object, steps: tuple[int, ...], concs: tuple[int, ...],
+def show_choices(grid: object, guided: object, exact: object, best: object, concs: tuple[int, ...],
                  objective: str) -> None:
     """``--virtual --show-cells``: per concurrency the grid's and the guided plan's choices (``spectune recommend``
     results of both folders), the guided one's on the grid's measurements and both against the noise-free model's
-    best (``exact(k, c)``: its objective, tokens/s or 1 / TPOT); then every cell of the guided folder, measured or
-    predicted (``p``), its throughput over the noise-free best at its concurrency (the throughput objective)."""
-    def best(c: int) -> float:
-        return max(exact(k, c) for k in steps)  # type: ignore[operator]
-
+    best (``exact(k, c)``: its objective, tokens/s or 1 / TPOT; ``best(c)``: the largest over num_steps); then every
+    cell of the guided folder, measured or predicted (``p``), its throughput over the noise-free best at its
+    concurrency (the throughput objective)."""
     def true(k: int, c: int) -> float:
         return exact(k, c) / best(c)  # type: ignore[operator]
 
@@ -485,6 +483,10 @@ def virtual(args: argparse.Namespace) -> int:
         step, al, L = quiet.step_s(c, k), quiet.acceptance_length(k), args.max_tokens
         return c * L / ((1 + (L - 1) / al) * step) if args.objective != "tpot" else al / step
 
+    def best(c: int) -> float:
+        """The noise-free model's best objective at concurrency ``c`` over the swept num_steps (:func:`exact`)."""
+        return max(exact(k, c) for k in steps)
+
     async def point(self, key, base_url, model_name, drift=None):  # noqa: ANN001 - Sweep._point's signature
         charge_launches(self, args.restart_s)  # the in-process servers switch for free
         rule = self._early_stop(key, self.plan.requests_for(key[1])) if drift is None else None
@@ -526,9 +528,9 @@ def virtual(args: argparse.Namespace) -> int:
                            sum(p["metrics"]["duration_s"] for p in res["grid"].points))
         worst = worst_choice(rec["grid"], rec["guided"], args.objective)
         if args.show_cells:
-            show_choices(rec["grid"], rec["guided"], exact, steps, concs, args.objective)
-        true = {d: min(exact(mine.steps, mine.concurrency) / max(exact(k, mine.concurrency) for k in steps)
-                       for mine in rec[d].choices) for d in ("grid", "guided")}
+            show_choices(rec["grid"], rec["guided"], exact, best, concs, args.objective)
+        true = {d: min(exact(mine.steps, mine.concurrency) / best(mine.concurrency) for mine in rec[d].choices)
+                for d in ("grid", "guided")}
         secs = {k: sum(p["metrics"]["duration_s"] for p in o.points) for k, o in res.items()}
         launches = {k: o.cost["launches"] for k, o in res.items()}
         early = sum(1 for p in res["guided"].points if (p.get("early_stop") or {}).get("reason"))
