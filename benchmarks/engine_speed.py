@@ -1,7 +1,7 @@
 """Engine speed per compute path vs llama.cpp (and optionally HF transformers), measured side by side in one run.
 
 CPU part (always): SmolLM2-135M-Instruct (the embedded default, its Q4_1 GGUF with a Q8_0 embedding), greedy.
-For batch 1 and 8, every available engine path (``--dtype native``, ``bfloat16``, ``float32``; see
+For each batch size of ``--batches`` (default 1, 4 and 16), every available engine path (``--dtype native``, ``bfloat16``, ``float32``; see
 ``backends/local/weights/compute_paths.py``) and llama.cpp's ``llama-server`` on the same GGUF generate 64 new tokens
 (EOS ignored) from the same chat prompts; decode tokens/s = batch * 63 / (t(64 new tokens) - t(1 new token)), so prefill
 is excluded for all of them; llama.cpp is timed the same way over HTTP (8 slots, continuous batching, raw token-id
@@ -24,6 +24,10 @@ CUDA part (when a GPU is present): a randomly initialised Llama-3.1-8B-shaped ta
 decode, as a percentage of the HBM roofline (weights bytes / measured device-to-device copy bandwidth).
 
 ``--paths native:int4,native:int8`` compares the two kernels of a Q8_0 lm_head (``spectune serve --native-lm-head``).
+An ``@float32`` or ``@bfloat16`` suffix forces the native path's dense copy above ``dense_above`` rows
+(``--native-dense-dtype``): ``--paths native@float32,native`` compares the float32 copy, the only dense kind a
+batch-1-only path choice had, with the kind the multi-row probe picks (the bf16 copy through oneDNN on AMX and
+AVX512-BF16 CPUs); ``auto`` is what ``--dtype auto`` picks now, from estimates at batch 1, 4 and 16.
 
 ``native+compile`` is the native path with ``--compile on`` (the target's decode layers through torch.compile:
 ``backends/local/engine/compiled.py``); its one-off compile happens when the engine is built, before any timing, and is
@@ -32,7 +36,8 @@ group sizes: ``--paths native+compile1,native+compile2,native+compile5,native --
 ``native+compile+asserts`` keeps the size and stride checks of inductor's wrapper, which the engine turns off
 (``compiled.NO_WRAPPER_ASSERTS``): ``--paths native+compile,native+compile+asserts --skip-llamacpp --skip-spec``.
 
-Usage: ``python benchmarks/engine_speed.py [--repeats 3] [--threads N] [--paths native+compile,native,bfloat16,float32]
+Usage: ``python benchmarks/engine_speed.py [--repeats 3] [--threads N] [--batches 1,4,16]
+[--paths native+compile,native,bfloat16,float32]
 [--spec-path auto+compile] [--hf] [--skip-llamacpp] [--skip-spec]``.
 """
 
@@ -76,9 +81,10 @@ def hf_decode_tok_s(folder, prompts: list[list[int]], batch: int, repeats: int) 
     return batch * 63 / statistics.median(deltas)
 
 
-def make_engine(path: str, threads: int, k: int = 0, capacity: int = 0):
+def make_engine(path: str, threads: int, k: int = 0, capacity: int = 0, max_num_seqs: int = 8):
     """An engine on ``path``: a ``--dtype`` value, ``native:int4`` / ``native:int8`` to force the Q8_0 lm_head's
-    kernel (``--native-lm-head``), and a ``+compile`` suffix for ``--compile on`` (otherwise off); ``+compileN``
+    kernel (``--native-lm-head``), ``native@float32`` / ``native@bfloat16`` to force the dense copy's dtype
+    (``--native-dense-dtype``), and a ``+compile`` suffix for ``--compile on`` (otherwise off); ``+compileN``
     compiles at most N layers per graph instead of the engine's default (``compiled.MAX_LAYERS_PER_GRAPH``), and a
     final ``+asserts`` keeps the wrapper's size checks (``compiled.NO_WRAPPER_ASSERTS`` emptied)."""
     from spectune.backends.local.engine import compiled
@@ -87,15 +93,17 @@ def make_engine(path: str, threads: int, k: int = 0, capacity: int = 0):
 
     path, asserts, _ = path.partition("+asserts")
     path, plus, group = path.partition("+compile")
+    path, _, dense = path.partition("@")
     dtype, _, lm_head = path.partition(":")
     default_group, default_options = compiled.MAX_LAYERS_PER_GRAPH, compiled.NO_WRAPPER_ASSERTS
     compiled.MAX_LAYERS_PER_GRAPH = int(group) if group else default_group
     compiled.NO_WRAPPER_ASSERTS = {} if asserts else default_options
     try:
         return build_engine(EngineOptions(num_steps=k, num_steps_capacity=capacity,
-                                          draft=None if capacity else "none", dtype=dtype, max_num_seqs=8,
-                                          max_model_len=512, kv_cache_gb=1.0, threads=threads,
-                                          native_lm_head=lm_head or "auto", compile="on" if plus else "off"))
+                                          draft=None if capacity else "none", dtype=dtype,
+                                          max_num_seqs=max_num_seqs, max_model_len=512, kv_cache_gb=1.0,
+                                          threads=threads, native_lm_head=lm_head or "auto",
+                                          native_dense_dtype=dense or "auto", compile="on" if plus else "off"))
     finally:
         compiled.MAX_LAYERS_PER_GRAPH, compiled.NO_WRAPPER_ASSERTS = default_group, default_options
 
@@ -114,9 +122,9 @@ def engine_timer(engine, prompts: list[list[int]], batch: int):
 
 
 class LlamaServer:
-    """``llama-server`` on the GGUF with 8 slots; :meth:`timer` times n-token generations like the engine's."""
+    """``llama-server`` on the GGUF with ``slots`` slots; :meth:`timer` times n-token generations like the engine's."""
 
-    def __init__(self, gguf: str, threads: int, server_bin: str | None = None) -> None:
+    def __init__(self, gguf: str, threads: int, server_bin: str | None = None, slots: int = 8) -> None:
         import socket
         import subprocess
         import urllib.request
@@ -128,7 +136,7 @@ class LlamaServer:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         self.argv = [str(find_llama_server(server_bin)), "-m", gguf, "-t", str(threads), "-tb", str(threads), "-c",
-                     str(8 * 512), "-np", "8", "--host", "127.0.0.1", "--port", str(self.port), *cpu_workarounds()]
+                     str(slots * 512), "-np", str(slots), "--host", "127.0.0.1", "--port", str(self.port), *cpu_workarounds()]
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(600):
             try:
@@ -256,6 +264,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="engine and llama.cpp threads (0: all CPUs)")
     parser.add_argument("--paths", default="native+compile,native,bfloat16,float32")
+    parser.add_argument("--batches", default="1,4,16", help="batch sizes of the decode table")
     parser.add_argument("--spec-path", default="auto+compile", help="path of the speculative table (what the local "
                         "sweep backend runs: --dtype auto, --compile auto)")
     parser.add_argument("--hf", action="store_true", help="add HF transformers (bf16) as a column")
@@ -278,18 +287,24 @@ def main() -> None:
     gguf = default_model_path()
     folder = convert_gguf(gguf)
     tok = Tokenizer(folder)
-    prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
+    batches = [int(b) for b in args.batches.split(",") if b]
+    slots = max(batches + [8])
+    chats = [PROMPTS[i % len(PROMPTS)] + ("" if i < len(PROMPTS) else f" (version {i // len(PROMPTS) + 1})")
+             for i in range(slots)]
+    prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in chats]
     console = Console(width=200)
     console.print(f"CPU: {cpu_description()}; {threads} threads; load average {os.getloadavg()}", markup=False)
     paths = [p for p in args.paths.split(",") if p]
-    engines = {p: make_engine(p, threads) for p in paths}
+    engines = {p: make_engine(p, threads, max_num_seqs=slots) for p in paths}
+    for p, e in engines.items():
+        console.print(f"{p}: kernel ranges {e.path.kernel_ranges()}", markup=False)
     for p, e in engines.items():
         if e.path.compile["mode"] != "off":
             console.print(f"{p}: compile {e.path.compile}", markup=False)
     auto = make_engine("auto", threads)
     console.print(f"--dtype auto here: {auto.path.to_json()}", markup=False)
     del auto
-    llama = None if args.skip_llamacpp else LlamaServer(str(gguf), threads, args.server_bin)
+    llama = None if args.skip_llamacpp else LlamaServer(str(gguf), threads, args.server_bin, slots)
     if llama is not None:
         console.print(f"llama-server: {llama.cpu_features()}", markup=False)
     table = Table(title=f"SmolLM2-135M-Instruct decode tokens/s on CPU, num_steps 0, greedy, {threads} threads "
@@ -303,7 +318,7 @@ def main() -> None:
         for p in paths:
             table.add_column(f"{p} / llama.cpp", justify="right")
     try:
-        for batch in (1, 8):
+        for batch in batches:
             runs = {f"spectune {p}": engine_timer(e, prompts, batch) for p, e in engines.items()}
             if llama is not None:
                 runs["llama.cpp Q4_1"] = llama.timer(prompts, batch)

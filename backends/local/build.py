@@ -83,13 +83,14 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
     folder = convert_gguf(model_path) if model_path.is_file() else model_path
     cfg = ModelConfig.from_hf(json.loads((folder / "config.json").read_text()))
     path_choice = choose_path(opts.dtype, device, cfg, native_ok, reason, lm_repeat, opts.native_dense_above,
-                              opts.native_lm_head)
+                              opts.native_lm_head, opts.native_dense_dtype)
     dtype = path_choice.dtype
     target, folder = load_target(model_path, dtype, device)
     if path_choice.name == "native":
         from spectune.backends.local.weights.quant import quantize_target
 
-        quantize_target(target, model_path, dtype, path_choice.dense_above, path_choice.lm_head or "int4")
+        quantize_target(target, model_path, dtype, path_choice.dense_above, path_choice.lm_head or "int4",
+                        path_choice.dense_torch_dtype)
     head = load_head(head_path, target, dtype, device) if head_path is not None else None
     if head is not None:
         target.capture_layers = head.cfg.aux_layers  # EAGLE-3 features (empty for EAGLE-1)

@@ -45,9 +45,13 @@ def serve(
     threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (0 = torch default).")] = 0,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
     native_dense_above: Annotated[str, typer.Option(help="--dtype native: above this many rows per matmul "
-                                                    "(prefill, large verify batches) use a float32 copy of the "
+                                                    "(prefill, large verify batches) use a dense copy of the "
                                                     "int4 weights; auto (measured at start-up), off, or a row "
                                                     "count.")] = "auto",
+    native_dense_dtype: Annotated[str, typer.Option(help="--dtype native: the dense copy's dtype above "
+                                                    "--native-dense-above rows: auto (the faster at many rows, "
+                                                    "measured at start-up), float32 or bfloat16 (oneDNN-packed; "
+                                                    "AMX or AVX512-BF16 where the CPU has them).")] = "auto",
     native_lm_head: Annotated[str, typer.Option(help="--dtype native with a Q8_0 lm_head: auto (the faster of "
                                                 "the two, measured at start-up), int4 (two exact int4 halves) or "
                                                 "int8 (requantized per row).")] = "auto",
@@ -65,7 +69,7 @@ def serve(
         model=model, draft=draft, num_steps=num_steps, dtype=dtype, device=device, max_num_seqs=max_num_seqs,
         max_model_len=max_model_len, kv_cache_gb=kv_cache_gb, adaptive_config=adaptive_config, trace_path=trace,
         threads=threads, seed=seed, native_dense_above=native_dense_above,
-        native_lm_head=native_lm_head, compile=compile))
+        native_lm_head=native_lm_head, native_dense_dtype=native_dense_dtype, compile=compile))
     name = model_name or engine.model_name
     head = engine.decoder.head
     key = resolve_api_key(api_key)

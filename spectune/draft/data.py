@@ -173,20 +173,30 @@ def generate_responses(engine: Any, prompts: list[dict], out: Path, max_tokens: 
                        progress: Any = None) -> int:
     """Greedy target responses for ``prompts``, appended to ``out`` chunk by chunk; skips ids already there.
 
-    Returns the number of response tokens generated now.
+    Chunks are fixed slices of ``prompts`` (``chunk`` prompts each, run as one batch sorted by prompt length), not of
+    the prompts still to do, so a resumed run batches every prompt with the same neighbours as an uninterrupted run:
+    a batched matmul's rounding depends on the rows beside it on some CPUs (oneDNN's AMX and AVX-512 bf16 kernels
+    block by the row count), and greedy ids at a near-tie follow it. A chunk that an interrupted run wrote in part is
+    generated again whole and only its missing rows are appended.
+
+    Returns the number of response tokens appended now.
     """
-    done = {r["id"] for r in read_jsonl(out)}
-    todo = [p for p in prompts if p["id"] not in done]
+    wanted = {p["id"] for p in prompts}
+    done = {r["id"] for r in read_jsonl(out)} & wanted
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     produced = 0
-    for i in range(0, len(todo), chunk):
-        part = sorted(todo[i : i + chunk], key=lambda p: len(p["prompt_ids"]))  # similar lengths batch together
+    for i in range(0, len(prompts), chunk):
+        part = sorted(prompts[i : i + chunk], key=lambda p: len(p["prompt_ids"]))  # similar lengths batch together
+        if all(p["id"] in done for p in part):
+            continue
         outputs = engine.generate([p["prompt_ids"] for p in part], params)
-        write_jsonl(out, ({"id": p["id"], "prompt_ids": p["prompt_ids"], "output_ids": o}
-                          for p, o in zip(part, outputs)), append=True)
-        produced += sum(len(o) for o in outputs)
+        new = [(p, o) for p, o in zip(part, outputs) if p["id"] not in done]
+        write_jsonl(out, ({"id": p["id"], "prompt_ids": p["prompt_ids"], "output_ids": o} for p, o in new),
+                    append=True)
+        done.update(p["id"] for p, _ in new)
+        produced += sum(len(o) for _, o in new)
         if progress is not None:
-            progress(len(done) + i + len(part), len(prompts), produced)
+            progress(len(done), len(prompts), produced)
     return produced
 
 

@@ -60,8 +60,9 @@ def test_straight_run_writes_every_stage(straight) -> None:
 
 
 def test_interrupted_run_resumes_to_the_straight_result(straight) -> None:
-    """A run killed after appending its first chunk of responses left prompts.jsonl and those rows (responses are
-    appended chunk by chunk); rerunning generates only the rest, and the head equals the straight run's."""
+    """A run killed while appending its chunk of responses left prompts.jsonl and two of the four rows; rerunning
+    generates that chunk again as the same batch (a batch's rounding depends on its rows on some CPUs), appends only
+    the missing rows, and the head equals the straight run's."""
     from safetensors.torch import load_file
 
     from spectune.draft.pipeline import STAGES, PipelineOptions, run_pipeline

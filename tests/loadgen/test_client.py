@@ -15,7 +15,7 @@ from spectune.loadgen.datasets import user_prompt
 
 FIRST_S, GAP_S = 0.06, 0.05  # server waits FIRST_S before the first chunk, GAP_S between chunks
 SIZES = [1, 3, 2, 4]  # tokens per chunk
-TOL_S = 0.01  # scheduling jitter allowed
+TOL_S = 0.02  # delay allowed between the server's write and the client's read (a loaded 2-core machine)
 
 
 def chunk(text: str | None, ct: int | None = None, *, finish: str | None = None, api: str = "chat", **extra) -> bytes:
@@ -139,12 +139,15 @@ async def test_schedule_timings_and_tokens(fake: Fake) -> None:
     assert rec.token_count_source == "usage"
     assert (rec.completion_tokens, rec.prompt_tokens, rec.finish_reason) == (10, 7, "length")
     assert rec.output_text == "w" * 10
-    assert rec.ttft_s == pytest.approx(FIRST_S, abs=TOL_S)
-    assert rec.chunk_latencies_s == pytest.approx([GAP_S] * 3, abs=TOL_S)
-    # per-token ITL: each 50 ms gap spread over the chunk's tokens (3, 2, 4)
-    expected_itl = [GAP_S / 3] * 3 + [GAP_S / 2] * 2 + [GAP_S / 4] * 4
+    # timings are checked against the server's own write times (fake.sent), not its nominal sleeps: on a loaded
+    # machine asyncio.sleep overshoots by more than any fixed tolerance, which is no fault of the client
+    gaps = [b - a for a, b in zip(fake.sent, fake.sent[1:])]
+    assert rec.ttft_s >= FIRST_S  # the server slept FIRST_S after the request arrived
+    assert rec.chunk_latencies_s == pytest.approx(gaps, abs=TOL_S)
+    # per-token ITL: each gap spread over the chunk's tokens (3, 2, 4)
+    expected_itl = [gaps[0] / 3] * 3 + [gaps[1] / 2] * 2 + [gaps[2] / 4] * 4
     assert rec.itl_per_token_s == pytest.approx(expected_itl, abs=TOL_S / 2)
-    assert rec.tpot_s == pytest.approx(3 * GAP_S / 9, abs=TOL_S / 3)  # (t_last - t_first) / (10 - 1)
+    assert rec.tpot_s == pytest.approx((fake.sent[-1] - fake.sent[0]) / 9, abs=TOL_S / 3)  # (t_last - t_first) / 9
     # client arrival times track the server's write times on the same clock
     assert [b - a for a, b in zip(fake.sent, rec.chunk_times)] == pytest.approx([0.0] * 4, abs=TOL_S)
 

@@ -25,9 +25,16 @@ tests) runs the same path and later starts skip the probe; delete the file to me
 timings are logged and reported in ``/server_info`` (``engine_path``), which the ``local``
 sweep backend copies into sweep.json (``backend.engine.path``). On CUDA ``auto`` is bfloat16.
 
-On the native path a second probe (:func:`dense_crossover`) finds the row count above which a float32 GEMM of the
-dequantized weights beats the int4 kernel (prefill, large verify batches; :mod:`spectune.backends.local.weights.quant`),
-kept in the same file; ``--native-dense-above`` overrides it.
+The native path is itself a path per batch-size range: a second probe (:func:`dense_crossover`) times one
+gate|up-shaped layer at 2 to 128 rows three ways (the int4 kernel; a float32 GEMM of the dequantized weights; the same
+weights in bf16, packed for oneDNN, where oneDNN packs bf16: AMX tiles or AVX512-BF16 run it), keeps whichever dense
+kind is faster at many rows as ``dense_dtype``, and finds the row count above which it beats the int4 kernel
+(``dense_above``). Layers then run the int4 kernel at up to ``dense_above`` rows (decode of small batches: memory-bound,
+where 4-bit weights read the fewest bytes) and the dense copy above (prefill, verify of large batches: compute-bound).
+On a 2-core Xeon with AMX the bf16 copy wins from 4 rows on and is 8-12x faster than the int4 kernel at 64-128 rows;
+float32, the only dense kind before, was never more than 1.7x faster there. The choice, its per-row timings and the
+ranges are kept in the same file and reported in ``engine_path`` (``dense_dtype``, ``kernel_ranges``,
+``dense_rows_ms``); ``--native-dense-above`` overrides the row count.
 """
 
 from __future__ import annotations
@@ -69,8 +76,11 @@ class PathChoice:
         estimates_ms: per candidate, the estimated decode-step milliseconds at batch 1 (auto on CPU only).
         cpu_capability: ``torch.backends.cpu.get_cpu_capability()`` (the ATen kernels' ISA: AVX2, AVX512, ...).
         bf16_packed: whether oneDNN's packed bf16 linears work on this CPU.
-        dense_above: native path only: row count above which linears use a float32 copy of the int4 weights
+        dense_above: native path only: row count above which linears use a dense copy of the int4 weights
             (:func:`dense_crossover`; None: int4 only).
+        dense_dtype: native path only: that copy's dtype, ``float32`` or ``bfloat16`` (oneDNN-packed), or None.
+        dense_rows_ms: native path only: the crossover probe's ms per kernel per row count (``{"int4": {rows: ms},
+            "float32": ..., "bfloat16": ...}``), empty when not probed.
         lm_head: native path only: the lm_head's kernel, ``int4`` or ``int8`` (a Q8_0 lm_head requantized per
             row; :func:`lm_head_kernel`); None on other paths.
         compile: whether the batched layers run compiled (:meth:`spectune.backends.local.engine.compiled.CompileChoice.
@@ -84,15 +94,36 @@ class PathChoice:
     cpu_capability: str = ""
     bf16_packed: bool = False
     dense_above: int | None = None
+    dense_dtype: str | None = None
+    dense_rows_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     lm_head: str | None = None
     compile: dict[str, Any] | None = None
+
+    @property
+    def dense_torch_dtype(self) -> torch.dtype:
+        """The dense copy's torch dtype (float32 when none is set)."""
+        return torch.bfloat16 if self.dense_dtype == "bfloat16" else torch.float32
+
+    def kernel_ranges(self) -> list[list[Any]]:
+        """Which kernel runs a linear layer at which row count (rows = batch x query positions per step):
+        ``[[first_row, last_row or None, kernel], ...]``; one range on paths other than native."""
+        if self.name != "native":
+            return [[1, None, self.name]]
+        if self.dense_above is None:
+            return [[1, None, "int4"]]
+        dense = f"{self.dense_dtype or 'float32'} dense"
+        if self.dense_above < 1:
+            return [[1, None, dense]]
+        return [[1, self.dense_above, "int4"], [self.dense_above + 1, None, dense]]
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready description (``/server_info`` ``engine_path``)."""
         return {"path": self.name, "dtype": str(self.dtype).removeprefix("torch."), "chosen_by": self.chosen_by,
                 "estimates_ms": {k: round(v, 3) for k, v in self.estimates_ms.items()},
                 "cpu_capability": self.cpu_capability, "bf16_packed": self.bf16_packed,
-                "dense_above_rows": self.dense_above, "lm_head": self.lm_head, "compile": self.compile}
+                "dense_above_rows": self.dense_above, "dense_dtype": self.dense_dtype,
+                "kernel_ranges": self.kernel_ranges(), "dense_rows_ms": self.dense_rows_ms,
+                "lm_head": self.lm_head, "compile": self.compile}
 
 
 def normalise(name: str) -> str:
@@ -203,30 +234,56 @@ def estimate_step_ms(path: str, cfg: ModelConfig, lm_repeat: int = 1, reps: int 
 
 
 DENSE_ROWS = (2, 4, 8, 16, 32, 64, 128)
-"""Row counts the crossover probe times (int4 kernel vs float32 GEMM)."""
+"""Row counts the crossover probe times (int4 kernel vs the dense copies)."""
 DENSE_MEMORY_SHARE = 0.25
-"""The float32 copy of the native weights is kept only when it fits in this share of the available memory."""
+"""The dense copy of the native weights is kept only when it fits in this share of the available memory."""
+DENSE_KIND_ROWS = 32
+"""The dense dtype is the one faster summed over the probed row counts from this one up (many rows: prefill and the
+verify of large batches, where the dense copy runs)."""
 
 
-def dense_crossover(cfg: ModelConfig, reps: int = 5) -> int | None:
-    """The smallest row count above which a float32 GEMM of the dequantized weights beats the int4 kernel on
-    SmolLM2-style shapes of ``cfg`` (one gate|up-shaped layer, at most 4096 rows; one thread, cache-resident: the
-    many-row case is compute-bound). Rows r qualify when float32 wins at r and at every larger probed count
-    (:data:`DENSE_ROWS`); the answer is the probed count below the first qualifying one (so "dense above 16" when it
-    wins from 32 up), or None when it never wins. About 0.5 s.
+def dense_crossover(cfg: ModelConfig, reps: int = 5) -> dict[str, Any]:
+    """Which dense copy of the native weights to keep and above which row count to use it, from timings of one
+    gate|up-shaped layer of ``cfg`` (at most 4096 rows; one thread, cache-resident: the many-row case is
+    compute-bound) at each of :data:`DENSE_ROWS`: the int4 kernel, a float32 GEMM of the dequantized weights, and
+    (where oneDNN packs bf16: :func:`spectune.backends.local.model.linear.packing_supported`) the same weights in bf16
+    through oneDNN; also at 1 row, for :func:`batch_estimates`. About 1 s.
+
+    The dense dtype is the kind with the smaller time summed over row counts >= :data:`DENSE_KIND_ROWS`. Rows r
+    qualify when that kind beats the int4 kernel at r and at every larger probed count; ``dense_above_rows`` is the
+    probed count below the first qualifying one (so "dense above 16" when it wins from 32 up; 1 when it wins at 2
+    rows already), or None when it never wins.
+
+    Returns:
+        ``{"dense_above_rows": int | None, "dense_dtype": "float32" | "bfloat16", "rows_ms": {kernel: {rows: ms}}}``.
     """
+    from spectune.backends.local.model.linear import packing_supported
     from spectune.backends.local.weights.quant import Int4Linear
 
     qt = _random_quant(min(2 * cfg.intermediate_size, 4096), cfg.hidden_size)
-    int4, dense = Int4Linear(qt, torch.bfloat16), Int4Linear(qt, torch.bfloat16, dense_above=0)  # dense at any rows
-    wins = []
-    for rows in DENSE_ROWS:
+    kernels = {"int4": Int4Linear(qt, torch.bfloat16),
+               "float32": Int4Linear(qt, torch.bfloat16, dense_above=0)}  # dense at any rows
+    if packing_supported(torch.bfloat16, torch.device("cpu")):
+        kernels["bfloat16"] = Int4Linear(qt, torch.bfloat16, dense_above=0, dense_dtype=torch.bfloat16)
+    rows_ms: dict[str, dict[str, float]] = {name: {} for name in kernels}
+    for rows in (1, *DENSE_ROWS):
         x = torch.randn(rows, cfg.hidden_size, dtype=torch.bfloat16)
-        wins.append(_best_ms(lambda: int4(x), reps) > _best_ms(lambda: dense(x), reps))  # float32 faster
-    first = next((i for i in range(len(wins)) if all(wins[i:])), None)
-    if first is None:
+        for name, layer in kernels.items():
+            rows_ms[name][str(rows)] = round(_best_ms(lambda: layer(x), reps), 4)
+    many = [str(r) for r in DENSE_ROWS if r >= DENSE_KIND_ROWS]
+    kind = min((k for k in kernels if k != "int4"), key=lambda k: sum(rows_ms[k][r] for r in many))
+    return {"dense_above_rows": crossover(rows_ms, kind), "dense_dtype": kind, "rows_ms": rows_ms}
+
+
+def crossover(rows_ms: dict[str, dict[str, float]], kind: str) -> int | None:
+    """The row count above which the dense ``kind`` (``float32`` or ``bfloat16``) keeps beating the int4 kernel in
+    :func:`dense_crossover`'s timings ``rows_ms``: the probed count below the first of :data:`DENSE_ROWS` from which
+    it wins at every larger count (1 when it wins from 2 rows), or None when it never does (or was not timed)."""
+    if kind not in rows_ms:
         return None
-    return DENSE_ROWS[first - 1] if first > 0 else 1
+    wins = [rows_ms["int4"][str(r)] > rows_ms[kind][str(r)] for r in DENSE_ROWS]
+    first = next((i for i in range(len(wins)) if all(wins[i:])), None)
+    return None if first is None else (DENSE_ROWS[first - 1] if first > 0 else 1)
 
 
 LM_HEAD_KERNELS = ("auto", "int4", "int8")
@@ -245,8 +302,8 @@ def lm_head_kernel(cfg: ModelConfig, reps: int = 5) -> dict[str, Any]:
 
 
 def dense_fits(cfg: ModelConfig) -> bool:
-    """Whether a float32 copy of the target's linear weights (4 bytes per weight) fits in
-    :data:`DENSE_MEMORY_SHARE` of the memory available now (``os.sysconf``; True where that is unknown)."""
+    """Whether a float32 copy of the target's linear weights (4 bytes per weight, the larger of the two dense kinds)
+    fits in :data:`DENSE_MEMORY_SHARE` of the memory available now (``os.sysconf``; True where that is unknown)."""
     h, inter = cfg.hidden_size, cfg.intermediate_size
     q_out = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
     weights = cfg.num_layers * (h * q_out + cfg.num_heads * cfg.head_dim * h + 3 * inter * h) + cfg.vocab_size * h
@@ -258,7 +315,8 @@ def dense_fits(cfg: ModelConfig) -> bool:
 
 
 def choose_path(requested: str, device: torch.device, cfg: ModelConfig, native_ok: bool, native_reason: str = "",
-                lm_repeat: int = 1, dense_above: str = "auto", lm_head: str = "auto") -> PathChoice:
+                lm_repeat: int = 1, dense_above: str = "auto", lm_head: str = "auto",
+                dense_dtype: str = "auto") -> PathChoice:
     """Resolve ``--dtype`` into a :class:`PathChoice`.
 
     Args:
@@ -268,14 +326,17 @@ def choose_path(requested: str, device: torch.device, cfg: ModelConfig, native_o
         native_ok: the target is a GGUF whose linear layers are all Q4_0/Q4_1/Q8_0.
         native_reason: why native is unavailable (for the error message when it is forced).
         lm_repeat: 2 when the GGUF's lm_head is Q8_0 (two int4 halves), else 1.
-        dense_above: for the native path, ``auto`` (measured by :func:`dense_crossover` where the float32 copy
+        dense_above: for the native path, ``auto`` (measured by :func:`dense_crossover` where the dense copy
             fits, kept with the estimates), ``off`` (int4 only) or a row count.
         lm_head: for the native path with a Q8_0 lm_head (``lm_repeat`` 2): ``auto`` (:func:`lm_head_kernel`,
             kept with the estimates), ``int4`` or ``int8``; any other lm_head is int4.
+        dense_dtype: for the native path, the dense copy's dtype: ``auto`` (the faster at many rows, measured),
+            ``float32`` or ``bfloat16`` (:data:`DENSE_DTYPES`).
 
     Raises:
         UserError: an unknown value, or ``native`` where it cannot run (CUDA, a non-GGUF model, other types), or a
-            ``dense_above`` that is not auto, off or a row count, or an ``lm_head`` not in auto, int4, int8.
+            ``dense_above`` that is not auto, off or a row count, an ``lm_head`` not in auto, int4, int8, or a
+            ``dense_dtype`` not in :data:`DENSE_DTYPES` (bfloat16 where oneDNN cannot pack it).
     """
     from spectune.backends.local.model.linear import packing_supported
 
@@ -291,19 +352,62 @@ def choose_path(requested: str, device: torch.device, cfg: ModelConfig, native_o
     if name != "auto":
         dtype = torch.float32 if name == "float32" else torch.bfloat16
         choice = PathChoice(name, dtype, "flag", cpu_capability=cap, bf16_packed=packed)
-        return _with_lm_head(_with_dense(choice, cfg, lm_repeat, dense_above), cfg, lm_repeat, lm_head)
+        return _with_lm_head(_with_dense(choice, cfg, lm_repeat, dense_above, dense_dtype), cfg, lm_repeat, lm_head)
     if device.type != "cpu":
         return PathChoice("bfloat16", torch.bfloat16, "device")
     candidates = (["native"] if native_ok else []) + ["bfloat16", "float32"]
     key = _probe_key(candidates, cfg, lm_repeat)
     est = _measured(key, lambda: {c: estimate_step_ms(c, cfg, lm_repeat) for c in candidates})
-    best = min(est, key=est.get)
-    choice = PathChoice(best, torch.float32 if best == "float32" else torch.bfloat16, "measured", est, cap, packed)
-    choice = _with_lm_head(_with_dense(choice, cfg, lm_repeat, dense_above), cfg, lm_repeat, lm_head)
-    timings = ", ".join(f"{k} ~{v:.1f} ms/step" for k, v in est.items())
-    log.info("engine path %s (%s; dense above %s rows; lm_head %s)", best, timings, choice.dense_above,
-             choice.lm_head)
+    rows = _measured(_probe_key(["native:dense-kernel"], cfg, lm_repeat), lambda: dense_crossover(cfg))
+    per_batch = batch_estimates(est, rows["rows_ms"], packed)
+    best = min(candidates, key=lambda c: sum(per_batch[c][b] / min(per_batch[o][b] for o in candidates)
+                                             for b in per_batch[c]))
+    flat = {**est, **{f"{c}@{b}": v for c, by in per_batch.items() for b, v in by.items() if b != "1"}}
+    choice = PathChoice(best, torch.float32 if best == "float32" else torch.bfloat16, "measured", flat, cap, packed)
+    choice = _with_lm_head(_with_dense(choice, cfg, lm_repeat, dense_above, dense_dtype), cfg, lm_repeat, lm_head)
+    timings = ", ".join(f"{c} ~{'/'.join(f'{v:.1f}' for v in by.values())} ms/step" for c, by in per_batch.items())
+    log.info("engine path %s (at batch %s: %s; dense above %s rows; lm_head %s)", best, "/".join(BATCHES), timings,
+             choice.dense_above, choice.lm_head)
     return choice
+
+
+BATCHES = ("1", "4", "16")
+"""Batch sizes (decode rows per linear) whose estimated steps choose the path: small batches are memory-bound, where
+bytes per weight decide; large ones compute-bound, where the GEMM kernel decides."""
+
+
+def batch_estimates(step_ms: dict[str, float], rows_ms: dict[str, dict[str, float]],
+                    packed: bool) -> dict[str, dict[str, float]]:
+    """Estimated decode step (ms) per path at each of :data:`BATCHES`, from the batch-1 estimates ``step_ms``
+    (:func:`estimate_step_ms`, weights from DRAM) and the per-row timings of one gate|up-shaped layer
+    (``rows_ms``: :func:`dense_crossover`'s, cache-resident): a step costs at least its batch-1 time (reading every
+    weight once), and at b rows its linears cost the batch-1 step scaled by the layer's compute time at b rows over
+    its time at the smallest probed row count, as a roofline would (the larger of memory and compute). The native
+    path runs the faster of the int4 kernel and its dense copy at each row count (``dense_above``); bfloat16 without
+    oneDNN packing (``packed`` False: a scalar GEMM) grows with the rows.
+
+    Returns:
+        ``{path: {batch: ms}}`` for the paths in ``step_ms``.
+    """
+    first = str(min(int(r) for r in rows_ms["int4"]))
+
+    def layer(path: str, b: str) -> float | None:
+        if path == "native" and b == first:  # one row always runs the int4 kernel (dense_above >= 1)
+            return rows_ms["int4"][b]
+        kinds = {"native": [k for k in rows_ms if k in ("int4", "float32", "bfloat16")],
+                 "bfloat16": ["bfloat16"] if packed and "bfloat16" in rows_ms else [], "float32": ["float32"]}[path]
+        if not kinds or b not in rows_ms[kinds[0]]:
+            return None
+        return min(rows_ms[k][b] for k in kinds)
+
+    out: dict[str, dict[str, float]] = {}
+    for path, one in step_ms.items():
+        out[path] = {}
+        for b in BATCHES:
+            at_b, at_first = layer(path, b), layer(path, first)
+            grow = int(b) if at_b is None or not at_first else max(1.0, at_b / at_first)
+            out[path][b] = one * (1.0 if b == "1" else grow)
+    return out
 
 
 def _with_lm_head(choice: PathChoice, cfg: ModelConfig, lm_repeat: int, lm_head: str) -> PathChoice:
@@ -325,23 +429,38 @@ def _with_lm_head(choice: PathChoice, cfg: ModelConfig, lm_repeat: int, lm_head:
     return choice
 
 
-def _with_dense(choice: PathChoice, cfg: ModelConfig, lm_repeat: int, dense_above: str) -> PathChoice:
-    """``choice`` with its ``dense_above`` set (native only; see :func:`choose_path`)."""
+def _with_dense(choice: PathChoice, cfg: ModelConfig, lm_repeat: int, dense_above: str,
+                dense_dtype: str = "auto") -> PathChoice:
+    """``choice`` with its ``dense_above`` and ``dense_dtype`` set (native only; see :func:`choose_path`): the dtype
+    from :func:`dense_crossover` for ``auto`` (else as given), the row count its :func:`crossover` for ``auto``
+    where the copy fits (:func:`dense_fits`); a forced row count skips the fit check."""
     value = str(dense_above).strip().lower()
+    kind = str(dense_dtype).strip().lower()
     if value not in ("auto", "off") and not (value.isdigit() and int(value) >= 1):
         raise UserError(f"--native-dense-above {dense_above!r}: use auto, off or a row count >= 1")
+    if kind not in DENSE_DTYPES:
+        raise UserError(f"--native-dense-dtype {dense_dtype!r}: use {', '.join(DENSE_DTYPES)}")
     if choice.name != "native" or value == "off":
         return choice
-    if value != "auto":
-        choice.dense_above = int(value)
-        return choice
-    if not dense_fits(cfg):
-        log.info("no float32 copy of the native weights: it would take more than %d%% of the available memory",
+    if value == "auto" and not dense_fits(cfg):
+        log.info("no dense copy of the native weights: it would take more than %d%% of the available memory",
                  int(DENSE_MEMORY_SHARE * 100))
         return choice
-    key = _probe_key(["native:dense-crossover"], cfg, lm_repeat)
-    choice.dense_above = _measured(key, lambda: {"dense_above_rows": dense_crossover(cfg)})["dense_above_rows"]
+    key = _probe_key(["native:dense-kernel"], cfg, lm_repeat)
+    probe = _measured(key, lambda: dense_crossover(cfg))
+    if kind == "bfloat16" and "bfloat16" not in probe["rows_ms"]:
+        raise UserError("--native-dense-dtype bfloat16: oneDNN does not pack bf16 on this CPU (needs AVX-512 BW/VL/DQ "
+                        "or AVX-NE-CONVERT): use auto or float32")
+    choice.dense_dtype = probe["dense_dtype"] if kind == "auto" else kind
+    choice.dense_rows_ms = probe["rows_ms"]
+    choice.dense_above = int(value) if value != "auto" else crossover(probe["rows_ms"], choice.dense_dtype)
+    if choice.dense_above is None:
+        choice.dense_dtype = None
     return choice
+
+
+DENSE_DTYPES = ("auto", "float32", "bfloat16")
+"""``--native-dense-dtype`` values: the dense copy's dtype, measured (``auto``) or forced."""
 
 
 def _measured(key: str, probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:

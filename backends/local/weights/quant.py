@@ -28,15 +28,24 @@ compares against.
 
 Many rows at once (prefill, verify of a large batch): the kernel dequantizes a block of weights for every few rows of
 the input, so its time grows linearly with the rows (SmolLM2's gate|up [576 -> 3072], one thread, AVX-512: 0.13 ms at 1
-row, 0.85 ms at 16, 6.8 ms at 128; emulated AVX2: 0.22, 1.5, 12.7 ms), while a float32 GEMM of the dequantized weights
-starts slower and grows far less (0.28, 0.89, 3.2 ms: memory-bound at few rows, then at the CPU's FLOP rate). So a layer
-may also keep those weights dense (:class:`Int4Linear` ``dense``: exactly the kernel's weights,
-``rounded(bf16).dequantize()``, in float32; bf16 inputs cast up, the output cast back like the kernel's) and use them
-above a row count measured at start-up (``dense_above``;
-:func:`spectune.backends.local.weights.compute_paths.dense_crossover`).
+row, 0.85 ms at 16, 6.8 ms at 128; emulated AVX2: 0.22, 1.5, 12.7 ms), while a dense GEMM of the dequantized weights
+starts slower and grows far less (float32: 0.28, 0.89, 3.2 ms: memory-bound at few rows, then at the CPU's FLOP rate).
+So a layer may also keep those weights dense (:class:`Int4Linear` ``dense``: the kernel's weights,
+``rounded(bf16).dequantize()``) and use them above a row count measured at start-up (``dense_above``), in the dense
+dtype the same probe found faster at many rows (``dense_dtype``;
+:func:`spectune.backends.local.weights.compute_paths.dense_crossover`):
+
+- ``float32``: exactly the kernel's weights; bf16 inputs cast up, the output cast back like the kernel's. 4 bytes per
+  weight.
+- ``bfloat16``: the same weights rounded to bf16 (a second rounding of Q4_1's ``d * q + m``), packed once into
+  oneDNN's blocked layout (:class:`spectune.backends.local.model.linear.PackedLinear`), whose bf16 GEMM runs on AMX
+  tiles or AVX512-BF16 where the CPU has them. 2 bytes per weight. On a 2-core Sapphire Rapids-class Xeon with AMX
+  (one thread, gate|up): 0.61 ms at 32 rows and 1.5 ms at 128, against 2.4 and 11 ms for float32 and 2.5 and 18 ms
+  for the int4 kernel.
+
 llama.cpp does the same for large batches with a BLAS backend (``ggml/src/ggml-blas/ggml-blas.cpp``: a matmul with at
-least 32 rows, columns and inputs is dequantized to float and sent to sgemm). It costs 4 bytes per weight of memory, so
-it is used only where the dense copy fits in a quarter of the available memory.
+least 32 rows, columns and inputs is dequantized to float and sent to sgemm). The dense copy is used only where it
+fits in a quarter of the available memory.
 """
 
 from __future__ import annotations
@@ -148,17 +157,42 @@ def unpack(raw: np.ndarray, qtype: str, in_features: int) -> QuantTensor:
 
 
 class _QuantLinear(nn.Module):
-    """What the native layers share: an optional bias in the activation dtype, and the float32 copy of the kernel's
-    own weights used above ``dense_above`` rows (see the module docstring). Subclasses set ``in_features``,
-    ``out_features`` and their kernel's tensors, call :meth:`_finish`, and implement :meth:`_kernel`."""
+    """What the native layers share: an optional bias in the activation dtype, and the dense copy of the kernel's
+    own weights used above ``dense_above`` rows (float32, or bf16 packed for oneDNN; see the module docstring).
+    Subclasses set ``in_features``, ``out_features`` and their kernel's tensors, call :meth:`_finish`, and implement
+    :meth:`_kernel`."""
 
     def _finish(self, dtype: torch.dtype, bias: torch.Tensor | None, dense_above: int | None,
-                weights: Any) -> None:
-        """Store the bias and, when ``dense_above`` is set, ``weights()`` (float32 [N, K]) as the dense copy."""
+                weights: Any, dense_dtype: torch.dtype = torch.float32) -> None:
+        """Store the bias and, when ``dense_above`` is set, ``weights()`` (float32 [N, K]) as the dense copy: as is
+        for ``dense_dtype`` float32, rounded to bf16 and packed by oneDNN for bfloat16.
+
+        Raises:
+            ValueError: ``dense_dtype`` is neither float32 nor bfloat16.
+        """
+        from spectune.backends.local.model.linear import PackedLinear
+
+        if dense_dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"dense copy in {dense_dtype}: use torch.float32 or torch.bfloat16")
         self.bias = None if bias is None else bias.to(dtype)
         self.dense_above = dense_above
-        self.dense = None if dense_above is None else weights()
-        self.dense_bias = None if self.bias is None or dense_above is None else self.bias.float()
+        self.dense_dtype = dense_dtype
+        self.dense: torch.Tensor | None = None
+        self.dense_packed: PackedLinear | None = None
+        self.dense_bias = None
+        if dense_above is None:
+            return
+        w = weights()  # float32 [N, K]
+        if dense_dtype == torch.bfloat16:
+            lin = nn.Linear(w.shape[1], w.shape[0], bias=bias is not None, dtype=torch.bfloat16)
+            lin.requires_grad_(False)
+            lin.weight.copy_(w)
+            if bias is not None:
+                lin.bias.copy_(bias)
+            self.dense_packed = PackedLinear(lin)
+        else:
+            self.dense = w
+            self.dense_bias = None if self.bias is None else self.bias.float()
 
     def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
         """x2 [M, K] (the activation dtype) -> [M, N] through the quantized kernel."""
@@ -167,8 +201,11 @@ class _QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in_features] (the activation dtype) -> [..., out_features]."""
         x2 = x.reshape(-1, self.in_features)  # [M, K]
-        if self.dense is not None and x2.shape[0] > self.dense_above:  # many rows: float32 GEMM, same weights
-            y = torch.nn.functional.linear(x2.float(), self.dense, self.dense_bias).to(x.dtype)
+        if self.dense_above is not None and x2.shape[0] > self.dense_above:  # many rows: dense GEMM, same weights
+            if self.dense_packed is not None:  # bf16, oneDNN-packed
+                y = self.dense_packed(x2.to(torch.bfloat16)).to(x.dtype)
+            else:  # float32
+                y = torch.nn.functional.linear(x2.float(), self.dense, self.dense_bias).to(x.dtype)
             return y.view(*x.shape[:-1], self.out_features)
         y = self._kernel(x2)
         if self.bias is not None:
@@ -183,15 +220,17 @@ class Int4Linear(_QuantLinear):
         qt: the weights (:class:`QuantTensor`).
         dtype: activation dtype (bf16 for the vectorised kernel; scales and zeros are stored in it too).
         bias: optional [N] bias.
-        dense_above: also keep the kernel's weights as a float32 [N, K] matrix and use a float32 GEMM for inputs of
+        dense_above: also keep the kernel's weights as a dense [N, K] matrix and use a dense GEMM for inputs of
             more than this many rows (see the module docstring); None: int4 only.
+        dense_dtype: the dense copy's dtype: ``torch.float32`` (the kernel's exact weights) or ``torch.bfloat16``
+            (rounded to bf16, packed for oneDNN).
 
     Raises:
         RuntimeError: from PyTorch when the kernel cannot take this shape (out_features not a multiple of 16).
     """
 
     def __init__(self, qt: QuantTensor, dtype: torch.dtype = torch.bfloat16, bias: torch.Tensor | None = None,
-                 dense_above: int | None = None) -> None:
+                 dense_above: int | None = None, dense_dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.out_features, self.in_features = qt.shape
         self.repeat, self.qtype = qt.repeat, qt.qtype
@@ -199,7 +238,7 @@ class Int4Linear(_QuantLinear):
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
         sz = torch.stack([torch.from_numpy(qt.scale), torch.from_numpy(qt.zero)], dim=-1)  # [N, G, 2]
         self.scales_zeros = sz.transpose(0, 1).contiguous().to(dtype)  # [G, N, 2]
-        self._finish(dtype, bias, dense_above, lambda: torch.from_numpy(qt.rounded(dtype).dequantize()))
+        self._finish(dtype, bias, dense_above, lambda: torch.from_numpy(qt.rounded(dtype).dequantize()), dense_dtype)
 
     def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
         if self.repeat > 1:
@@ -208,7 +247,7 @@ class Int4Linear(_QuantLinear):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype}, "
-                f"dense_above={self.dense_above}")
+                f"dense_above={self.dense_above}, dense_dtype={str(self.dense_dtype).removeprefix('torch.')}")
 
 
 INT8_MAX = 127
@@ -252,18 +291,18 @@ class Int8RowLinear(_QuantLinear):
         qt: the weights (:class:`QuantTensor`, any type).
         dtype: activation dtype (bf16; the scales are stored in it).
         bias: optional [N] bias.
-        dense_above: as :class:`Int4Linear`: above this many rows a float32 GEMM of :meth:`weights`.
+        dense_above, dense_dtype: as :class:`Int4Linear`: above this many rows a dense GEMM of :meth:`weights`.
     """
 
     def __init__(self, qt: QuantTensor, dtype: torch.dtype = torch.bfloat16, bias: torch.Tensor | None = None,
-                 dense_above: int | None = None) -> None:
+                 dense_above: int | None = None, dense_dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.out_features, self.in_features = qt.shape
         self.qtype = qt.qtype
         codes, scale = requantize_rows(qt, dtype)
         self.codes = torch.from_numpy(codes)  # [N, K] int8
         self.scale = torch.from_numpy(scale).to(dtype)  # [N]
-        self._finish(dtype, bias, dense_above, self.weights)
+        self._finish(dtype, bias, dense_above, self.weights, dense_dtype)
 
     def weights(self) -> torch.Tensor:
         """float32 [N, K]: the weights the kernel computes with (``codes * scale``)."""
@@ -274,7 +313,7 @@ class Int8RowLinear(_QuantLinear):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype} as per-row "
-                f"int8, dense_above={self.dense_above}")
+                f"int8, dense_above={self.dense_above}, dense_dtype={str(self.dense_dtype).removeprefix('torch.')}")
 
 
 @functools.lru_cache(maxsize=1)
@@ -353,7 +392,8 @@ def read_gguf_linears(path: str | Path, num_layers: int, num_heads: int, num_kv_
 
 
 def quantize_target(target: nn.Module, path: str | Path, dtype: torch.dtype = torch.bfloat16,
-                    dense_above: int | None = None, lm_head: str = "int4") -> dict[str, Any]:
+                    dense_above: int | None = None, lm_head: str = "int4",
+                    dense_dtype: torch.dtype = torch.float32) -> dict[str, Any]:
     """Replace the target's linear layers by :class:`Int4Linear` over the GGUF's own quantized weights (and a Q8_0
     lm_head by :class:`Int8RowLinear` when ``lm_head`` is ``int8``).
 
@@ -366,8 +406,9 @@ def quantize_target(target: nn.Module, path: str | Path, dtype: torch.dtype = to
         target: a :class:`~backends.local.model.target.TargetModel` on CPU.
         path: its GGUF file.
         dtype: activation dtype (bf16: the kernel's vectorised variant).
-        dense_above: row count above which every layer uses a float32 copy of its weights (:class:`Int4Linear`);
+        dense_above: row count above which every layer uses a dense copy of its weights (:class:`Int4Linear`);
             None: int4 only.
+        dense_dtype: that copy's dtype, ``torch.float32`` or ``torch.bfloat16`` (oneDNN-packed).
         lm_head: ``int4`` (every type as int4 codes; Q8_0 as two exact halves) or ``int8`` (a Q8_0 lm_head
             requantized per row, :func:`requantize_rows`; other types stay int4).
 
@@ -400,7 +441,7 @@ def quantize_target(target: nn.Module, path: str | Path, dtype: torch.dtype = to
         bias = None if getattr(old, "bias", None) is None else old.bias.detach()
         kind = Int8RowLinear if name == "lm_head" and lm_head == "int8" and qt.qtype == "Q8_0" else Int4Linear
         try:
-            layer = kind(qt, dtype, bias, dense_above)
+            layer = kind(qt, dtype, bias, dense_above, dense_dtype)
         except RuntimeError as err:  # this PyTorch's int4 (int8) kernel refuses the shape or lacks the op
             kernel = "int8" if kind is Int8RowLinear else "int4"
             raise UserError(f"{Path(path).name}: PyTorch's {kernel} CPU kernel cannot take {name} "
