@@ -1,5 +1,6 @@
 """`spectune validate`: run a time-varying workload against every static num_steps and a per-batch-size config, and
-say whether the config wins (docs/validate.md). Exit codes: 0 PASS, 1 FAIL, 2 bad input, 130/143 interrupted."""
+say whether the config wins (docs/validate.md). Exit codes: 0 PASS, 1 FAIL, 2 bad input, 3 INCONCLUSIVE (behind the
+best static, but the interval, server-to-server spread included, reaches it), 130/143 interrupted."""
 
 from __future__ import annotations
 
@@ -57,10 +58,13 @@ def validate(
                                                   "min(first phase concurrency, 4)).",
                                                   rich_help_panel=LOAD_PANEL)] = None,
     tolerance: Annotated[float, typer.Option(help="PASS when the config reaches (1 - tolerance) x the best "
-                                             "static throughput, e.g. 0.02 for 2% noise.")] = 0.0,
-    repeats: Annotated[int, typer.Option(help="Measure every run this many times, in alternating order (static "
-                                         "0..K then config, then config first); tables and the verdict use the "
-                                         "means. Use 2 or more on a noisy machine.")] = 1,
+                                             "static throughput, e.g. 0.02 to accept a 2% loss (noise is in the "
+                                             "intervals already).")] = 0.0,
+    repeats: Annotated[int, typer.Option(help="Measure every run this many times on fresh servers, in "
+                                         "alternating order (static 0..K then config, then config first); tables "
+                                         "and the verdict use the means, and every interval the server-to-server "
+                                         "spread of the repeats. 1: an A/A run (a second server of one static "
+                                         "num_steps) measures that spread instead.")] = 3,
     max_failure_rate: Annotated[float, typer.Option(help="A run with a larger share of failed requests is "
                                                     "'failed' (0..1).", rich_help_panel=LOAD_PANEL)] = 0.1,
     request_timeout: RequestTimeout = 600.0,
@@ -104,7 +108,10 @@ def validate(
 ) -> None:
     """Run the same changing load against every static num_steps and against a per-batch-size config (SGLang
     adaptive JSON or vLLM schedule); PASS (exit 0) when the config's output throughput is at least the best
-    static's (and, with SLOs, its SLO attainment no lower), else FAIL (exit 1)."""
+    static's (and, with SLOs, its SLO attainment no lower), FAIL (exit 1) when it loses beyond the interval,
+    INCONCLUSIVE (exit 3) when it is behind but the interval (server-to-server spread included) reaches the best
+    static. A config that is one static num_steps
+    (one candidate everywhere) is not run again: the verdict asks whether another static beats it."""
     from rich.console import Console
 
     from spectune.backends.base import BackendOptions
@@ -115,6 +122,7 @@ def validate(
     from spectune.validate.plan import ValidatePlan, config_candidates
     from spectune.validate.repeats import combine_repeats
     from spectune.validate.display import LiveValidateDisplay, results_table
+    from spectune.validate.verdict import spread_line
     from spectune.validate.workload import load_arrivals, parse_workload
 
     _, candidates = config_candidates(str(config))  # a bad config fails first, before anything else
@@ -159,7 +167,10 @@ def validate(
         raise typer.Exit(143 if sig == signal.SIGTERM else 130)
     console.print(results_table(combine_repeats(outcome.runs), plan))
     v = outcome.verdict
-    console.print(v.line, style="bold green" if v.passed else "bold red", markup=False, soft_wrap=True)
+    console.print(v.line, style=_STYLE.get(v.outcome, "bold red"), markup=False, soft_wrap=True)
+    spread = spread_line({"instance_spread": outcome.instance_spread, "verdict": {"confidence": v.confidence}})
+    if spread:
+        console.print(spread, markup=False, soft_wrap=True)
     if outcome.phase_check:
         console.print(f"per phase: {outcome.phase_check['line']}", markup=False, soft_wrap=True)
     from spectune.validate.prediction import summary_lines
@@ -168,26 +179,33 @@ def validate(
         console.print(line, markup=False, soft_wrap=True)
     console.print(f"results in {output_dir} (validate.md, validate.json, requests.jsonl)", markup=False,
                   soft_wrap=True)
-    if not v.passed:
-        raise typer.Exit(1)
+    if v.exit_code:
+        raise typer.Exit(v.exit_code)
+
+
+_STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "bold yellow"}
 
 
 def _rule_again(config: Path, output_dir: Optional[Path]) -> None:
-    """``--rule-again``: print the new verdict and prediction lines; exit 1 on FAIL."""
+    """``--rule-again``: print the new verdict, spread and prediction lines; exit 1 on FAIL, 3 on INCONCLUSIVE."""
     from rich.console import Console
 
     from spectune.validate.prediction import summary_lines
     from spectune.validate.run import rule_again
+    from spectune.validate.verdict import spread_line
 
     if output_dir is None:
         raise UserError("--rule-again needs --output-dir: the folder of the finished validation")
-    v, prediction, phases = rule_again(output_dir, str(config))
+    v, prediction, phases, spread = rule_again(output_dir, str(config))
     console = Console(highlight=False)
-    console.print(v.line, style="bold green" if v.passed else "bold red", markup=False, soft_wrap=True)
+    console.print(v.line, style=_STYLE.get(v.outcome, "bold red"), markup=False, soft_wrap=True)
+    line = spread_line({"instance_spread": spread, "verdict": {"confidence": v.confidence}})
+    if line:
+        console.print(line, markup=False, soft_wrap=True)
     if phases:
         console.print(f"per phase: {phases['line']}", markup=False, soft_wrap=True)
     for line in summary_lines({"prediction": prediction}):
         console.print(line, markup=False, soft_wrap=True)
     console.print(f"rewrote {output_dir}/validate.json and validate.md", markup=False, soft_wrap=True)
-    if not v.passed:
-        raise typer.Exit(1)
+    if v.exit_code:
+        raise typer.Exit(v.exit_code)

@@ -23,7 +23,8 @@ __all__ = ["ValidateRun"]
 
 @dataclass
 class ValidateRun:
-    """One run of ``spectune validate``: one static num_steps (``static:K``) or the config (``config``), one repeat.
+    """One run of ``spectune validate``: one static num_steps (``static:K``), the config (``config``) or the A/A run
+    (``aa:K``: static K on a second fresh server), one repeat.
 
     Attributes:
         run: the run's name. steps: num_steps it started the server with. repeat: 1-based repeat.

@@ -216,7 +216,9 @@ def validate_section(rec: Recommendation, custom: dict | None) -> list[str]:
     return ["\n## What `spectune validate` should measure (swing workload)\n",
             "Output tok/s per phase predicted from the measured cells (a fluid model of the closed loop: the "
             "requests in flight at a drop finish first; docs/validate.md), with the interval from the cells' own "
-            "intervals; validate prints these beside what it measures when this file sits next to the config.\n",
+            "intervals; validate prints these beside what it measures when this file sits next to the config, and "
+            "marks a miss only outside the interval widened by the server-to-server spread it measures."
+            "\n",
             _md_table(["run", "overall"] + labels,
                       [[name, cell(p["overall"])] + [cell(v) for v in p["phases"]] for name, p in pred["runs"].items()])]
 

@@ -5,8 +5,10 @@ over the whole run. A per-batch-size config must also hold each phase: at concur
 num_steps for concurrency 1, at 32 like the best for 32. :func:`phase_check` compares, in every phase, the config's
 steady output tok/s (:func:`spectune.validate.phases.summarize_run`: the tokens streamed after the spill-over of
 the earlier phases ended, so a slow engine's backlog does not count as speed) with the best static run's, with the
-paired bootstrap interval of their ratio (:func:`spectune.validate.repeats.paired_ratio`: the requests sent in the
-phase resampled by prompt, the same draws for both runs, the median over resampled repeats).
+interval of their ratio (:func:`spectune.validate.repeats.paired_ratio`: the requests sent in the phase resampled
+by prompt, the same draws for both runs, the mean over the repeats, plus the phase's own server-to-server spread,
+:func:`phase_spreads`). When the config runs the same rounds as a static num_steps K and was not run, static K
+stands in for it (``config_run``).
 
 Each phase gets one of three rulings, for a tolerance ``within`` (3% by default):
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from spectune.validate.repeats import combine_repeats, paired_ratio
+from spectune.validate.repeats import InstanceSpread, combine_repeats, instance_spread, paired_ratio
 
 if TYPE_CHECKING:
     from spectune.results.confidence import RunRequests
@@ -40,9 +42,12 @@ class PhaseRuling:
         best_static: K of the static run with the highest steady output tok/s in the phase (ties: smaller K).
         best_tok_s, config_tok_s: steady output tok/s (tokens/s) of that static run and of the config (means over
             repeats).
-        ratio: config / best; low, high: its paired bootstrap interval (None when it cannot be computed).
+        ratio: config / best; low, high: its interval, the phase's server-to-server spread included (None when it
+            cannot be computed).
         settle_s: s from the phase's start until the earlier phases' spill-over ended, config run (mean).
         ruling: ``holds``, ``noise`` or ``behind`` (module docstring).
+        spread: the phase's server-to-server spread
+            (:meth:`spectune.validate.repeats.InstanceSpread.to_json`), or None.
     """
 
     phase: int
@@ -55,10 +60,34 @@ class PhaseRuling:
     high: float | None
     settle_s: float | None
     ruling: str
+    spread: dict[str, Any] | None = None
+
+
+def _steady(i: int) -> Any:
+    def steady(run: dict[str, Any]) -> float | None:
+        ps = run.get("phases") or []
+        return ps[i].get(STEADY) if len(ps) > i else None
+    return steady
+
+
+def _closed(concurrencies: Sequence[int | None] | None, i: int) -> bool:
+    return concurrencies is not None and i < len(concurrencies) and concurrencies[i] is not None
+
+
+def phase_spreads(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any]],
+                  concurrencies: Sequence[int | None] | None = None,
+                  confidence: float = 0.95) -> list[InstanceSpread]:
+    """The server-to-server spread of each phase's steady output tok/s
+    (:func:`spectune.validate.repeats.instance_spread`: over the repeats, else from the A/A pair, else the default
+    band), one per phase of the runs (the most phases any run has); ``concurrencies`` as :func:`phase_check`."""
+    n = max((len(r.get("phases") or []) for r in runs), default=0)
+    return [instance_spread(runs, requests, _steady(i), lambda run, qs, i=i: window_requests(run, qs, i),
+                            "throughput" if _closed(concurrencies, i) else "tokens", confidence) for i in range(n)]
 
 
 def phase_check(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any]], within: float = WITHIN,
-                confidence: float = 0.95, concurrencies: Sequence[int | None] | None = None) -> list[PhaseRuling]:
+                confidence: float = 0.95, concurrencies: Sequence[int | None] | None = None,
+                config_run: str = "config", spreads: Sequence[InstanceSpread] | None = None) -> list[PhaseRuling]:
     """Rule every phase (module docstring).
 
     Args:
@@ -69,23 +98,22 @@ def phase_check(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any
         within: the phase tolerance (fraction). confidence: of the intervals.
         concurrencies: each phase's closed-loop concurrency, None for an open-loop phase (the plan's workload);
             without them every phase counts as open loop.
+        config_run: the run that stands for the config: ``config``, or ``static:K`` when the config is static K
+            and was not run.
+        spreads: each phase's server-to-server spread (:func:`phase_spreads`); None: computed here.
 
     Returns:
         one ruling per phase where the config and at least one static run have a steady tok/s; [] otherwise.
     """
     combined = combine_repeats(runs)
-    config = next((r for r in combined if r.get("run") == "config" and r.get("status") == "ok"), None)
+    config = next((r for r in combined if r.get("run") == config_run and r.get("status") == "ok"), None)
     statics = sorted((r for r in combined if str(r.get("run", "")).startswith("static:") and r.get("status") == "ok"),
                      key=lambda r: r["steps"])
     if config is None or not statics:
         return []
     out = []
     for i, cp in enumerate(config.get("phases") or []):
-
-        def steady(run: dict[str, Any], i: int = i) -> float | None:
-            ps = run.get("phases") or []
-            return ps[i].get(STEADY) if len(ps) > i else None
-
+        steady = _steady(i)
         ct = steady(config)
         scored = [(r, steady(r)) for r in statics if steady(r) is not None]
         if ct is None or not scored:
@@ -93,10 +121,12 @@ def phase_check(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any
         best, bt = max(scored, key=lambda rv: rv[1])  # first max: the smaller K
         if bt <= 0:
             continue
-        closed = concurrencies is not None and i < len(concurrencies) and concurrencies[i] is not None
-        iv = paired_ratio(runs, requests, "config", best["run"], steady,
-                          lambda run, qs, i=i: window_requests(run, qs, i), confidence,
-                          "throughput" if closed else "tokens")
+        closed = _closed(concurrencies, i)
+        select = lambda run, qs, i=i: window_requests(run, qs, i)  # noqa: E731
+        spread = spreads[i] if spreads is not None and i < len(spreads) else instance_spread(
+            runs, requests, steady, select, "throughput" if closed else "tokens", confidence)
+        iv = paired_ratio(runs, requests, config_run, best["run"], steady, select, confidence,
+                          "throughput" if closed else "tokens", spread=spread)
         ratio = ct / bt
         if ratio >= 1.0 - within:
             ruling = "holds"
@@ -105,7 +135,8 @@ def phase_check(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any
         else:
             ruling = "behind"
         out.append(PhaseRuling(i + 1, str(cp.get("label") or ""), int(best["steps"]), bt, ct, ratio,
-                               iv[0] if iv else None, iv[1] if iv else None, cp.get("settle_s"), ruling))
+                               iv[0] if iv else None, iv[1] if iv else None, cp.get("settle_s"), ruling,
+                               spread.to_json()))
     return out
 
 
@@ -170,9 +201,10 @@ def markdown(meta: dict[str, Any]) -> list[str]:
              f"{check.get('line')}. Steady output tok/s: the tokens streamed after the earlier phases' requests "
              "ended (their spill-over would credit a slow engine's backlog as speed; `settled` is how long it took "
              f"in the config run); `holds` = within {check.get('within', WITHIN):.0%}, `noise` = behind by more but "
-             "the paired 95% interval reaches it, `behind` = the interval lies below it.", "",
-             "| phase | " + " | ".join(names) + " | best static | config / best [95%] | settled s | ruling |",
-             "|" + " --- |" * (len(names) + 5)]
+             "the 95% interval (the phase's server-to-server spread included: `spread`) reaches it, `behind` = the "
+             "interval lies below it.", "",
+             "| phase | " + " | ".join(names) + " | best static | config / best [95%] | spread | settled s | ruling |",
+             "|" + " --- |" * (len(names) + 6)]
     for r in rulings:
         i = r["phase"] - 1
         cells = []
@@ -182,6 +214,8 @@ def markdown(meta: dict[str, Any]) -> list[str]:
             cells.append("-" if v is None else f"{v:,.1f}")
         iv = f" [{r['low']:.3f}, {r['high']:.3f}]" if r.get("low") is not None else ""
         settle = "-" if r.get("settle_s") is None else f"{r['settle_s']:.1f}"
+        spread = InstanceSpread.from_json(r.get("spread"))
         lines.append(f"| {r['phase']}: {r['label']} | " + " | ".join(cells) +
-                     f" | K={r['best_static']} | {r['ratio']:.3f}x{iv} | {settle} | {r['ruling']} |")
+                     f" | K={r['best_static']} | {r['ratio']:.3f}x{iv} | {spread.short() if spread else '-'} | "
+                     f"{settle} | {r['ruling']} |")
     return lines + [""]

@@ -1,7 +1,8 @@
 """What ``spectune validate`` runs and what it reports: :class:`ValidatePlan` (the config, the static num_steps it
 is compared with, the workload and the request settings; recorded as ``plan`` in validate.json), the config file's
-candidate num_steps (:func:`config_candidates`), the progress events of a validation (:class:`ValidateListener`)
-and what it leaves (:class:`ValidateOutcome`). The run itself is :mod:`spectune.validate.run`.
+candidate num_steps (:func:`config_candidates`) and whether it is one static num_steps in disguise
+(:func:`static_equivalent`), the progress events of a validation (:class:`ValidateListener`) and what it leaves
+(:class:`ValidateOutcome`). The run itself is :mod:`spectune.validate.run`.
 """
 
 from __future__ import annotations
@@ -14,8 +15,17 @@ from spectune.backends.llamacpp.settings import FORMAT, read_settings
 from spectune.backends.num_steps import VllmSchedule, load_config_file
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
+from spectune.validate.repeats import AA_PREFIX
 from spectune.validate.verdict import Verdict
 from spectune.validate.workload import Workload
+
+DEFAULT_REPEATS = 3
+"""``--repeats`` by default. Every repeat starts its servers afresh, so the paired ratios' intervals carry the
+server-to-server spread measured over the repeats (:func:`spectune.validate.repeats.instance_spread`), with
+M x (repeats - 1) degrees of freedom for M runs. The spread alone then gives a ratio a 95% half-width of
+t(0.95, df) x sd x sqrt(2 / repeats): 3.18 sd at 2 repeats of 3 runs, 2.00 sd at 3, 1.60 sd at 4. With one server's
+sd of about 2% (two engines 2.4-3.8% apart on a 2-vCPU VM, docs/engine.md), 3 repeats leave about +-4% for it, so a
+loss of about 5% or more is called, where 2 repeats leave about +-6.5% (docs/validate.md, "How sure")."""
 
 
 def config_candidates(path: str) -> tuple[str, tuple[int, ...]]:
@@ -40,6 +50,34 @@ def config_candidates(path: str) -> tuple[str, tuple[int, ...]]:
     return "vllm-schedule", tuple(sorted({r.k for r in cfg.ranges}))
 
 
+def static_equivalent(path: str) -> tuple[int, str] | None:
+    """(K, why) when the config file makes its server run the same rounds as a static server at num_steps K, else
+    None:
+
+    - llama.cpp settings: one static draft length K (K = 0 too: ``llama-server`` then runs without a draft model);
+    - an SGLang adaptive config (EMA or throughput-aware) whose every slot lists the one candidate K >= 1: the
+      controller has nothing to switch to;
+    - a vLLM schedule (bare or inside a speculative config) with the same K >= 1 in every range (vLLM carries the
+      last range's K to larger batches, so that is K everywhere).
+
+    K = 0 everywhere is not static K = 0 on an adaptive server: it keeps the draft model loaded and may keep it up to
+    date (SGLang extends the draft every round; vLLM ran the EAGLE head over the batch every step and its K = 0
+    schedule ran at about static K = 1's speed, docs/examples/vllm-cpu), which a static K = 0 server does not pay.
+
+    Raises:
+        UserError: as :func:`config_candidates`.
+    """
+    fmt, candidates = config_candidates(path)
+    if fmt == FORMAT:
+        return candidates[0], "llama.cpp settings: one static draft length"
+    if len(candidates) != 1 or candidates[0] < 1:
+        return None
+    k = candidates[0]
+    if fmt == "vllm-schedule":
+        return k, f"K={k} at every batch size of its vLLM schedule"
+    return k, f"one candidate, {k}, in every slot"
+
+
 @dataclass(frozen=True)
 class ValidatePlan:
     """What a validation runs; recorded as ``plan`` in validate.json.
@@ -52,7 +90,11 @@ class ValidatePlan:
         tolerance: the config passes at >= (1 - tolerance) x the best static's throughput (0..1).
         max_failure_rate: a run with a larger share of failed requests is ``failed``.
         repeats: times every run is measured, in alternating order (:meth:`run_order`); tables and the verdict
-            use the means over repeats (:func:`spectune.validate.repeats.combine_repeats`).
+            use the means over repeats (:func:`spectune.validate.repeats.combine_repeats`). Default
+            :data:`DEFAULT_REPEATS`.
+        config_static: K when the config runs the same rounds as static num_steps K (:func:`static_equivalent`):
+            the config is then not run as a run of its own (``steps`` must hold K), and the verdict asks whether
+            another static num_steps beats K. None: the config is run.
     """
 
     config: str
@@ -70,14 +112,30 @@ class ValidatePlan:
     warmup_requests: int | None = None
     tolerance: float = 0.0
     max_failure_rate: float = 0.1
-    repeats: int = 1
+    repeats: int = DEFAULT_REPEATS
+    config_static: int | None = None
+
+    @property
+    def aa_steps(self) -> int:
+        """num_steps of the A/A run (one repeat only): the config's own K when it is a static num_steps
+        (:attr:`config_static`, the run the verdict turns on), else the smallest K of :attr:`steps`, the cheapest
+        static server (the least drafting; no draft model at K = 0)."""
+        return self.config_static if self.config_static is not None else min(self.steps)
 
     def run_order(self, config_steps: int) -> list[tuple[str, int, int]]:
-        """(run name, num_steps, repeat 1..n) in execution order: static runs by K, then the config; every second
-        repeat reversed (config first), so a slow drift of the machine's speed does not favour one side (each repeat
-        starts its servers afresh: :meth:`spectune.validate.run.Validation.run_all`)."""
-        once = [*((f"static:{k}", k) for k in self.steps), ("config", config_steps)]
-        return [(name, k, r + 1) for r in range(self.repeats) for name, k in (once if r % 2 == 0 else once[::-1])]
+        """(run name, num_steps, repeat 1..n) in execution order: static runs by K, then the config (left out when
+        :attr:`config_static` is set); every second repeat reversed (config first), so a slow drift of the
+        machine's speed does not favour one side (each repeat starts its servers afresh:
+        :meth:`spectune.validate.run.Validation.run_all`). With one repeat, last, the A/A run ``aa:K``
+        (:attr:`aa_steps` on a second fresh server): with no repeats it is what measures how far two servers of
+        the same num_steps differ (:func:`spectune.validate.repeats.instance_spread`)."""
+        once = [(f"static:{k}", k) for k in self.steps]
+        if self.config_static is None:
+            once.append(("config", config_steps))
+        order = [(name, k, r + 1) for r in range(self.repeats) for name, k in (once if r % 2 == 0 else once[::-1])]
+        if self.repeats == 1 and self.steps:
+            order.append((f"{AA_PREFIX}{self.aa_steps}", self.aa_steps, 1))
+        return order
 
     def validate(self) -> None:
         """Raises UserError naming the first bad value."""
@@ -91,6 +149,8 @@ class ValidatePlan:
             raise UserError("no static num_steps to compare with: pass --steps, e.g. --steps 0,1,3")
         if self.repeats < 1:
             raise UserError(f"--repeats must be at least 1, got {self.repeats}")
+        if self.config_static is not None and self.config_static not in self.steps:
+            raise UserError(f"the config is static num_steps {self.config_static}: add it to --steps")
         if not 0.0 <= self.tolerance < 1.0:
             raise UserError(f"--tolerance must be in 0..1 (0.02 = 2%), got {self.tolerance}")
 
@@ -142,3 +202,4 @@ class ValidateOutcome:
     verdict: Verdict | None = None
     prediction: dict[str, Any] | None = None  # predicted beside measured (spectune.validate.prediction)
     phase_check: dict[str, Any] | None = None  # each phase vs its best static (spectune.validate.phase_check)
+    instance_spread: dict[str, Any] | None = None  # server-to-server spread (spectune.validate.repeats.InstanceSpread)

@@ -5,8 +5,11 @@ The sweep's cells come from the ``recommendation.json`` that ``spectune recommen
 config's own folder). A validate run usually comes minutes or hours after the sweep, and a shared machine's speed
 drifts by several percent in that time, equally for every run; so the comparison first takes the **speed factor**,
 the median over the static runs of measured / predicted overall throughput, and then flags a run or phase whose
-measured / (predicted x speed factor) falls outside its interval (predicted low / predicted, high / predicted).
-Such a miss is not noise the sweep knew of: either the engine behaves differently under changing load than in
+measured / (predicted x speed factor) falls outside its interval (predicted low / predicted, high / predicted)
+widened by the same server-to-server spread validate's own intervals carry
+(:class:`spectune.validate.repeats.InstanceSpread`: a run is one fresh server per repeat, and that server's own speed
+is in what it measures, as much as in any ratio of two runs). Such a miss is not noise the sweep or the servers
+knew of: either the engine behaves differently under changing load than in
 the sweep's fixed-concurrency cells (an adaptive engine's own cost, a ladder that does not settle), or the model
 (:mod:`spectune.tune.predict`) is wrong for that phase (the drain after a drop from high concurrency is modelled
 coarsely).
@@ -15,13 +18,17 @@ coarsely).
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from spectune.tune.predict import predict_validate
 
 from spectune.backends.num_steps import load_config_file
+
+if TYPE_CHECKING:
+    from spectune.validate.repeats import InstanceSpread
 
 RECOMMENDATION = "recommendation.json"
 
@@ -54,11 +61,20 @@ def predict_for(plan: Any, fmt: str, candidates: Sequence[int]) -> dict[str, Any
     return {"source": str(path), "primary": rec.get("primary"), **out}
 
 
-def compare(prediction: dict[str, Any], runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def compare(prediction: dict[str, Any], runs: Sequence[dict[str, Any]],
+            spreads: Mapping[Any, "InstanceSpread"] | None = None, confidence: float = 0.95) -> dict[str, Any]:
     """Measured beside predicted for combined runs (:func:`spectune.validate.repeats.combine_repeats`).
 
+    ``spreads``: the server-to-server spread of each window (keys ``"overall"`` and the 1-based phase;
+    :func:`spectune.validate.repeats.overall_spread`, :func:`spectune.validate.phase_check.phase_spreads`). A
+    window's interval [low / predicted, high / predicted] is widened on both sides by the half-width
+    (:meth:`~spectune.validate.repeats.InstanceSpread.half_width`) the spread gives the ratio of the run (its
+    repeats) to the static runs the speed factor comes from (as many repeats); a window without a spread is not
+    widened.
+
     Returns ``{"speed_factor": f or None, "rows": [{"run", "window" ("overall" or the 1-based phase), "predicted",
-    "low", "high", "measured", "ratio" (measured / (predicted x f)), "miss" (bool)}], "misses": [text]}``.
+    "low", "high" (tok/s at the sweep's speed, the sweep's own interval), "band" (the fraction the interval was
+    widened by on each side), "measured", "ratio" (measured / (predicted x f)), "miss" (bool)}], "misses": [text]}``.
     """
     pred = prediction.get("runs") or {}
     ok = {r["run"]: r for r in runs if r.get("status") == "ok"}
@@ -74,18 +90,22 @@ def compare(prediction: dict[str, Any], runs: Sequence[dict[str, Any]]) -> dict[
         windows = [("overall", p["overall"], r.get("overall") or {})]
         windows += [(i + 1, ph, (r.get("phases") or [{}] * (i + 1))[i] if i < len(r.get("phases") or []) else {})
                     for i, ph in enumerate(p["phases"])]
+        repeats = int(r.get("repeats") or 1)
         for label, (point, lo, hi), m in windows:
             measured = m.get("output_throughput_tok_s")
             if measured is None or not point or f is None:
                 continue
+            spread = (spreads or {}).get(label)
+            band = math.expm1(spread.half_width(repeats, repeats, confidence)) if spread is not None else 0.0
             ratio = measured / (point * f)
-            miss = not (lo / point - 1e-9 <= ratio <= hi / point + 1e-9)
-            rows.append({"run": name, "window": label, "predicted": point, "low": lo, "high": hi,
+            miss = not (lo / point / (1 + band) - 1e-9 <= ratio <= hi / point * (1 + band) + 1e-9)
+            rows.append({"run": name, "window": label, "predicted": point, "low": lo, "high": hi, "band": band,
                          "measured": measured, "ratio": ratio, "miss": miss})
             if miss:
                 where = "overall" if label == "overall" else f"phase {label}"
                 misses.append(f"{name} {where}: measured {measured:,.1f} tok/s, predicted {point * f:,.1f} "
-                              f"[{lo * f:,.1f}, {hi * f:,.1f}] (x{f:.3f} speed factor)")
+                              f"[{lo * f / (1 + band):,.1f}, {hi * f * (1 + band):,.1f}] (x{f:.3f} speed factor, "
+                              f"+-{band:.1%} server-to-server)")
     return {"speed_factor": f, "rows": rows, "misses": misses}
 
 
@@ -103,15 +123,18 @@ def markdown(meta: dict[str, Any]) -> list[str]:
              f"Predicted from the sweep's cells in `{pred['source']}` ({pred.get('model')}; docs/validate.md). "
              + (f"Speed factor {f:.3f}: the median over the static runs of measured / predicted overall output "
                 "tok/s (the machine's speed drift between the sweep and this run); predicted values below are "
-                "scaled by it. `MISS`: outside the interval, an engine or model finding rather than noise."
+                "scaled by it. The interval is the sweep's, widened on both sides by the server-to-server spread "
+                "of the window (`+-`, as in every interval of this validation). `MISS`: outside it, an engine or "
+                "model finding rather than noise."
                 if f else "No static run finished, so no speed factor and no comparison."), ""]
     if not cmp.get("rows"):
         return lines
-    lines += ["| run | window | predicted tok/s | interval | measured tok/s | measured / predicted | |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += ["| run | window | predicted tok/s | interval | +- | measured tok/s | measured / predicted | |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in cmp["rows"]:
-        lines.append(f"| {r['run']} | {r['window']} | {r['predicted'] * f:,.1f} | [{r['low'] * f:,.1f}, "
-                     f"{r['high'] * f:,.1f}] | {r['measured']:,.1f} | {r['ratio']:.3f} | "
+        band = r.get("band") or 0.0
+        lines.append(f"| {r['run']} | {r['window']} | {r['predicted'] * f:,.1f} | [{r['low'] * f / (1 + band):,.1f}, "
+                     f"{r['high'] * f * (1 + band):,.1f}] | {band:.1%} | {r['measured']:,.1f} | {r['ratio']:.3f} | "
                      f"{'MISS' if r['miss'] else ''} |")
     return lines + [""]
 
@@ -123,10 +146,13 @@ def summary_lines(meta: dict[str, Any]) -> list[str]:
     f = cmp.get("speed_factor")
     if not cmp.get("rows") or not f:
         return []
-    out = [f"predicted (sweep, x{f:.3f} speed factor) vs measured overall tok/s: "
-           + "; ".join(f"{r['run']} {r['predicted'] * f:,.1f} [{r['low'] * f:,.1f}, {r['high'] * f:,.1f}] vs "
-                       f"{r['measured']:,.1f}" + (" MISS" if r["miss"] else "")
-                       for r in cmp["rows"] if r["window"] == "overall")]
+    def bounds(r: dict[str, Any]) -> str:
+        band = r.get("band") or 0.0
+        return f"[{r['low'] * f / (1 + band):,.1f}, {r['high'] * f * (1 + band):,.1f}]"
+
+    out = [f"predicted (sweep, x{f:.3f} speed factor, with the server-to-server spread) vs measured overall tok/s: "
+           + "; ".join(f"{r['run']} {r['predicted'] * f:,.1f} {bounds(r)} vs {r['measured']:,.1f}"
+                       + (" MISS" if r["miss"] else "") for r in cmp["rows"] if r["window"] == "overall")]
     phase_misses = [m for m in cmp.get("misses", []) if "overall" not in m]
     if phase_misses:
         out.append(f"{len(phase_misses)} phase(s) outside the predicted interval (validate.md lists them)")

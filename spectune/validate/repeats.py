@@ -1,60 +1,279 @@
-"""Runs over repeats: one entry per run name from its repeats (:func:`combine_repeats`), and paired bootstrap
-intervals of one run's output throughput over another's, over the whole run (:func:`throughput_ratio`) or any
-window (:func:`paired_ratio`).
+"""Runs over repeats and the paired ratios validate rules on.
+
+- :func:`combine_repeats`: one entry per run name from its repeats (means).
+- :func:`paired_ratio` (any window) and :func:`throughput_ratio` (the whole run): the interval of one run's output
+  tokens/s over another's, from two independent parts:
+
+  1. **within runs**: the paired percentile bootstrap over requests (:class:`spectune.results.confidence.Bootstrap`:
+     requests resampled by prompt, the same draws for both runs); with repeats, each replicate is the mean of the
+     repeats' replicates, as the point estimate is the mean of the repeats (:func:`combine_repeats`);
+  2. **between servers** (:class:`InstanceSpread`, :func:`instance_spread`): a server process's own speed is a
+     constant of that process (two engines with their own copies of the weights ran 2.4-3.8% apart at batch 1 on
+     the 2-vCPU Zen 5 VM, docs/engine.md), so a ratio of two runs carries the difference of two draws of it, which
+     no resampling of one run's requests sees. With repeats (every repeat starts its servers afresh) it is the
+     pooled spread of each run's repeats; with one repeat, the A/A pair (a second fresh server of one static
+     num_steps, run ``aa:K``) bounds it; failing both, :data:`DEFAULT_INSTANCE_BAND`.
+
+Why not a bootstrap over repeats (a hierarchical bootstrap): with 2-3 repeats it cannot reach beyond the repeats'
+own range (the percentile interval of the mean of two resampled repeats is their [min, max]), so it understates the
+spread a rerun meets; a Student t term with the pooled degrees of freedom carries the uncertainty of a spread
+estimated from few servers.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from spectune.results.confidence import RunRequests
+
+AA_PREFIX = "aa:"
+"""Run name prefix of the A/A run: ``aa:K`` is static num_steps K on a second fresh server, measured beside
+``static:K`` when every run is measured once (:meth:`spectune.validate.plan.ValidatePlan.run_order`)."""
+
+DEFAULT_INSTANCE_BAND = 0.04
+"""The server-to-server band (fraction) a ratio is widened by when this validation measured no spread (one repeat
+and no A/A pair: a validation from before the A/A pair, or its A/A run failed): two engines with their own weights
+ran 2.4% (num_steps 1) and 3.8% (num_steps 0) apart at batch 1 on the 2-vCPU Zen 5 VM (docs/engine.md), rounded up."""
+
+_SPREAD_SEED = 20250317  # the Student t draws of the between-server term (reproducible byte for byte)
+
+
+def t_quantile(confidence: float, df: int) -> float:
+    """The two-sided ``confidence`` quantile of Student's t with ``df`` degrees of freedom (12.71 for 0.95 and
+    df = 1, 2.45 for df = 6): ``scipy.stats.t.ppf((1 + confidence) / 2, df)``.
+
+    Raises:
+        ValueError: ``df`` < 1 or ``confidence`` outside (0, 1).
+    """
+    from scipy.stats import t
+
+    if df < 1 or not 0.0 < confidence < 1.0:
+        raise ValueError(f"t_quantile needs df >= 1 and 0 < confidence < 1, got df={df}, confidence={confidence}")
+    return float(t.ppf((1.0 + confidence) / 2.0, df))
+
+
+@dataclass(frozen=True)
+class InstanceSpread:
+    """How much two fresh servers that run the same thing differ in one window's output tokens/s, as a paired ratio
+    of two runs carries it (module docstring).
+
+    Attributes:
+        kind: ``repeats`` (measured from the repeats), ``aa`` (the A/A pair), ``default``
+            (:data:`DEFAULT_INSTANCE_BAND`, measured nowhere here) or ``none`` (left out: within-run intervals only).
+        repeats: the repeats of the validation (most of any run).
+        sd: ``repeats``: the pooled standard deviation of log tokens/s of one server, over the repeats of every
+            run: s^2 = sum over runs of sum over repeats (y - mean of the run's y)^2 / df, y = ln(tokens/s) (the
+            within-group mean square of a one-way layout; Montgomery, *Design and Analysis of Experiments*, ch. 3).
+            A common drift of all runs between repeats also lands here, which makes it wider, never narrower.
+        df: its degrees of freedom, sum over runs of (repeats - 1).
+        band: ``aa`` / ``default``: the fraction by which a ratio's within-run interval is widened on both sides.
+            ``aa``: the far end of the A/A pair's own within-run interval from 1 (the largest difference between
+            two fresh servers of one num_steps that the pair allows), at least its point's distance from 1.
+        aa: ``aa``: ``{"steps", "ratio", "low", "high"}``: the A/A pair ``aa:K`` / ``static:K``.
+    """
+
+    kind: str
+    repeats: int = 1
+    sd: float = 0.0
+    df: int = 0
+    band: float = 0.0
+    aa: dict[str, Any] | None = None
+
+    def half_width(self, ra: int, rb: int, confidence: float = 0.95) -> float:
+        """The half-width (natural log of the ratio) this spread alone gives the ratio of a run measured over
+        ``ra`` repeats to one over ``rb``: t(confidence, df) x sd x sqrt(1/ra + 1/rb) (``repeats``),
+        ln(1 + band) (``aa``, ``default``), 0 (``none``)."""
+        if self.kind == "repeats":
+            return t_quantile(confidence, self.df) * self.sd * math.sqrt(1.0 / max(ra, 1) + 1.0 / max(rb, 1))
+        if self.kind in ("aa", "default"):
+            return math.log1p(self.band)
+        return 0.0
+
+    def interval(self, log_ratio: "np.ndarray", ra: int, rb: int,
+                 confidence: float = 0.95) -> tuple[float, float] | None:
+        """The interval of a ratio from its (B,) within-run bootstrap replicates of ln(ratio) and this spread.
+
+        ``repeats``: the percentile interval of ln(ratio) replicate + sd x sqrt(1/ra + 1/rb) x T, T drawn from
+        Student's t with ``df`` (the two parts are independent: a convolution). ``aa``/``default``: the within-run
+        percentile interval widened by the band on both sides (a band bounds the spread; it is no variance).
+        None when fewer than 20 replicates are finite."""
+        import numpy as np
+
+        from spectune.results.confidence import percentile_interval
+
+        x = np.asarray(log_ratio, float)
+        if self.kind == "repeats" and self.sd > 0:
+            rng = np.random.default_rng(_SPREAD_SEED)
+            x = x + self.sd * math.sqrt(1.0 / max(ra, 1) + 1.0 / max(rb, 1)) * rng.standard_t(self.df, size=x.shape)
+        iv = percentile_interval(x, 0.0, confidence)
+        if not iv.known:
+            return None
+        w = 0.0 if self.kind == "repeats" else self.half_width(ra, rb, confidence)
+        return math.exp(iv.low - w), math.exp(iv.high + w)
+
+    def source(self, within: bool = True) -> str:
+        """Where a ratio's interval comes from, for the verdict line (``within``: the runs had requests, so the
+        within-run bootstrap is part of it)."""
+        if self.kind == "repeats":
+            return (f"interval over {self.repeats} repeats (fresh servers; server-to-server spread {self.sd:.1%}, "
+                    f"{self.df} df" + ("" if within else "; no requests, so no within-run part") + ")")
+        if self.kind == "aa":
+            a = self.aa or {}
+            pair = f"{a.get('ratio', math.nan):.3f}x" + (f" [{a['low']:.3f}, {a['high']:.3f}]"
+                                                         if a.get("low") is not None else "")
+            band = (f"the A/A instance band {self.band:.1%} (static K={a.get('steps')} on two fresh servers: "
+                    f"{pair})")
+            return f"within-run bootstrap widened by {band}" if within else f"{band} alone (no requests)"
+        if self.kind == "default":
+            band = (f"the default instance band {self.band:.1%} (no repeats or A/A pair measured the "
+                    "server-to-server spread here)")
+            return f"within-run bootstrap widened by {band}" if within else f"{band} alone (no requests)"
+        return "within-run bootstrap" if within else "no interval"
+
+    def short(self) -> str:
+        """A table cell: ``sd 2.1%, 6 df``, ``A/A +-3.8%``, ``default +-4.0%`` or ``-``."""
+        if self.kind == "repeats":
+            return f"sd {self.sd:.1%}, {self.df} df"
+        if self.kind == "aa":
+            return f"A/A +-{self.band:.1%}"
+        if self.kind == "default":
+            return f"default +-{self.band:.1%}"
+        return "-"
+
+    def to_json(self) -> dict[str, Any]:
+        """The spread as validate.json keeps it (``kind``, ``repeats``, ``sd``, ``df``, ``band``, ``aa``)."""
+        return {"kind": self.kind, "repeats": self.repeats, "sd": self.sd, "df": self.df, "band": self.band,
+                "aa": self.aa}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any] | None) -> "InstanceSpread | None":
+        """The spread from :meth:`to_json`; None for None or a foreign object."""
+        if not isinstance(d, dict) or d.get("kind") not in ("repeats", "aa", "default", "none"):
+            return None
+        return cls(d["kind"], int(d.get("repeats") or 1), float(d.get("sd") or 0.0), int(d.get("df") or 0),
+                   float(d.get("band") or 0.0), d.get("aa"))
+
+
+WITHIN_ONLY = InstanceSpread("none")
+"""No server-to-server term: the within-run bootstrap alone (what the A/A band itself is computed with)."""
+
+
+def instance_spread(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any]],
+                    value: Callable[[dict[str, Any]], float | None],
+                    select: Callable[[dict[str, Any], list[dict[str, Any]]], "RunRequests | None"],
+                    objective: str = "tokens", confidence: float = 0.95) -> InstanceSpread:
+    """The server-to-server spread of the window ``value`` reads (:class:`InstanceSpread`), from validate.json
+    ``runs`` (one entry per repeat) and requests.jsonl objects:
+
+    1. ``repeats`` when some run has two or more successful repeats with a value: the pooled sd of ln(value);
+    2. else ``aa`` when the A/A pair (``aa:K`` and ``static:K``, :data:`AA_PREFIX`) both succeeded: the far end of
+       the pair's paired within-run interval (``select``, ``objective``: as :func:`paired_ratio`) from 1, at least
+       |ratio - 1| (the ratio alone when there are no requests);
+    3. else ``default``: :data:`DEFAULT_INSTANCE_BAND`.
+    """
+    ok = [r for r in runs if r.get("status") == "ok" and _positive(value(r))]
+    groups: dict[str, list[float]] = {}
+    for r in ok:
+        groups.setdefault(str(r.get("run")), []).append(math.log(float(value(r))))  # type: ignore[arg-type]
+    ss = sum(sum((y - sum(ys) / len(ys)) ** 2 for y in ys) for ys in groups.values() if len(ys) >= 2)
+    df = sum(len(ys) - 1 for ys in groups.values() if len(ys) >= 2)
+    repeats = max((len(ys) for ys in groups.values()), default=1)
+    if df > 0:
+        return InstanceSpread("repeats", repeats, math.sqrt(ss / df), df)
+    aa = next((r for r in ok if str(r.get("run", "")).startswith(AA_PREFIX)), None)
+    base = next((r for r in ok if aa is not None and r.get("run") == f"static:{aa.get('steps')}"), None)
+    if aa is not None and base is not None:
+        point = float(value(aa)) / float(value(base))  # type: ignore[arg-type]
+        iv = paired_ratio(runs, requests, aa["run"], base["run"], value, select, confidence, objective,
+                          spread=WITHIN_ONLY)
+        band = max(abs(point - 1.0), *((iv[1] - 1.0, 1.0 - iv[0]) if iv else ()))
+        return InstanceSpread("aa", 1, band=band, aa={"steps": aa.get("steps"), "ratio": point,
+                                                      "low": iv[0] if iv else None, "high": iv[1] if iv else None})
+    return InstanceSpread("default", 1, band=DEFAULT_INSTANCE_BAND)
+
+
+def _positive(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _overall(r: dict[str, Any]) -> float | None:
+    return (r.get("overall") or {}).get("output_throughput_tok_s")
+
+
+def _all_requests(r: dict[str, Any], qs: list[dict[str, Any]]) -> "RunRequests | None":
+    from spectune.results.confidence import RunRequests
+
+    return RunRequests.from_records(qs) if qs else None
+
+
+def overall_spread(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any]],
+                   confidence: float = 0.95) -> InstanceSpread:
+    """:func:`instance_spread` of the whole run's output throughput (what :func:`throughput_ratio` adds)."""
+    return instance_spread(runs, requests, _overall, _all_requests, "tokens", confidence)
 
 
 def throughput_ratio(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any]], a: str, b: str,
-                     confidence: float = 0.95) -> tuple[float, float] | None:
-    """The paired percentile-bootstrap interval of overall output throughput run ``a`` / run ``b`` (run names such
-    as ``config`` and ``static:2``; ``runs``: validate.json ``runs`` entries, one per repeat; ``requests``: the
-    requests.jsonl objects with ``run`` and ``repeat``): requests resampled by prompt with the same draws for both
-    runs, tokens over the fixed window (:class:`spectune.results.confidence.Bootstrap`, objective ``tokens``), then
-    the median over resampled repeats. Returns (low, high) of the ratio itself; None when either run has no
-    requests."""
-    from spectune.results.confidence import RunRequests
-
-    return paired_ratio(runs, requests, a, b, lambda r: (r.get("overall") or {}).get("output_throughput_tok_s"),
-                        lambda r, qs: RunRequests.from_records(qs) if qs else None, confidence)
+                     confidence: float = 0.95, spread: InstanceSpread | None = None) -> tuple[float, float] | None:
+    """The interval of overall output throughput run ``a`` / run ``b`` (run names such as ``config`` and
+    ``static:2``; ``runs``: validate.json ``runs`` entries, one per repeat; ``requests``: the requests.jsonl objects
+    with ``run`` and ``repeat``): :func:`paired_ratio` with tokens over the fixed window (objective ``tokens``) and
+    the server-to-server ``spread`` (None: :func:`overall_spread` of these runs). Returns (low, high) of the ratio
+    itself, or None (see :func:`paired_ratio`)."""
+    return paired_ratio(runs, requests, a, b, _overall, _all_requests, confidence, "tokens",
+                        spread=spread if spread is not None else overall_spread(runs, requests, confidence))
 
 
 def paired_ratio(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any]], a: str, b: str,
                  value: Callable[[dict[str, Any]], float | None],
-                 select: Callable[[dict[str, Any], list[dict[str, Any]]], RunRequests | None],
-                 confidence: float = 0.95, objective: str = "tokens") -> tuple[float, float] | None:
-    """:func:`throughput_ratio` for any window: ``value(run entry)`` is a repeat's tokens/s in the window and
-    ``select(run entry, its requests)`` the requests that made it, as the bootstrap resamples them (e.g. only the
-    tokens and time each request spent inside one phase). ``objective``: how a resample moves the value
-    (:meth:`spectune.results.confidence.Bootstrap.run_replicates`): ``tokens`` (tokens streamed over a fixed
-    window: open loop) or ``throughput`` (tokens over the requests' times: a closed loop, where a request with fewer
-    tokens also took less time). Returns (low, high) of the ratio a / b, or None when either run has no such
-    requests or values."""
+                 select: Callable[[dict[str, Any], list[dict[str, Any]]], "RunRequests | None"],
+                 confidence: float = 0.95, objective: str = "tokens",
+                 spread: InstanceSpread | None = None) -> tuple[float, float] | None:
+    """The interval of run a / run b's tokens/s in any window (module docstring): ``value(run entry)`` is a
+    repeat's tokens/s in the window and ``select(run entry, its requests)`` the requests that made it, as the
+    bootstrap resamples them (e.g. only the tokens and time each request spent inside one phase). ``objective``: how
+    a resample moves the value (:meth:`spectune.results.confidence.Bootstrap.run_replicates`): ``tokens`` (tokens
+    streamed over a fixed window: open loop) or ``throughput`` (tokens over the requests' times: a closed loop,
+    where a request with fewer tokens also took less time).
+
+    Within runs: each side's replicate is the mean over its successful repeats of the repeat's bootstrap replicate
+    (a repeat without requests contributes its value unchanged). Between servers: ``spread``
+    (:meth:`InstanceSpread.interval`; None: :func:`instance_spread` of these runs and this window).
+
+    Returns:
+        (low, high) of the ratio a / b; None when either run has no successful repeat with a value, or when
+        neither has requests and ``spread`` is :data:`WITHIN_ONLY` (nothing to build an interval from).
+    """
     import numpy as np
 
-    from spectune.results.confidence import Bootstrap, percentile_interval
+    from spectune.results.confidence import Bootstrap
 
+    if spread is None:
+        spread = instance_spread(runs, requests, value, select, objective, confidence)
     boot = Bootstrap(r.get("prompt_id") for r in requests)
-    reps = []
-    for i, name in enumerate((a, b)):
+    sides, any_requests = [], False
+    for name in (a, b):
         mine = [r for r in runs if r.get("run") == name and r.get("status") == "ok"]
         values = [value(r) for r in mine]
-        cells = [select(r, [q for q in requests if q.get("run") == name and q.get("repeat") == r.get("repeat")])
-                 for r in mine]
-        if not mine or any(v is None for v in values) or not any(c is not None and len(c) for c in cells):
+        if not mine or any(not _positive(v) for v in values):
             return None
-        reps.append(boot.cell_replicates(cells, values, objective, seed_offset=i))
-    if reps[0] is None or reps[1] is None:
+        reps = []
+        for r, v in zip(mine, values):
+            cell = select(r, [q for q in requests if q.get("run") == name and q.get("repeat") == r.get("repeat")])
+            rep = boot.run_replicates(cell, objective, float(v)) if cell is not None and len(cell) else None
+            any_requests = any_requests or rep is not None
+            reps.append(rep if rep is not None else np.full(boot.B, float(v)))
+        sides.append((np.mean(np.stack(reps), axis=0), len(mine)))
+    if not any_requests and spread.kind == "none":
         return None
+    (ra, na), (rb, nb) = sides
     with np.errstate(divide="ignore", invalid="ignore"):
-        iv = percentile_interval(reps[0] / reps[1], 1.0, confidence)
-    return (iv.low, iv.high) if iv.known else None
+        log_ratio = np.log(ra / rb)
+    return spread.interval(log_ratio, na, nb, confidence)
 
 
 _SUMMED = ("num_requests", "num_failed", "output_tokens")

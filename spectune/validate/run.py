@@ -7,10 +7,13 @@ config (``run`` ``config``: a second backend launched with ``BackendOptions.adap
 config's largest candidate step, which SGLang and the bundled engine take as the initial tier and vLLM as
 ``num_speculative_tokens``); with ``plan.repeats`` > 1 all of that repeats in alternating order
 (:meth:`~spectune.validate.plan.ValidatePlan.run_order`) and the tables and the verdict use the means
-(:func:`~spectune.validate.repeats.combine_repeats`). Per run and per phase it reports output throughput, TPOT
-p50/p99, SLO attainment, acceptance length and, where the server exposes them, num_steps switches
-(``Backend.switches``, read at the phase boundaries);
-:func:`~spectune.validate.verdict.verdict` rules on the overall numbers.
+(:func:`~spectune.validate.repeats.combine_repeats`); with one repeat an A/A run (``aa:K``, static K on a second
+fresh server) follows, to measure how far two servers of the same num_steps differ. A config that runs the same
+rounds as a static num_steps K (:func:`~spectune.validate.plan.static_equivalent`) is not run again: static K
+stands for it. Per run and per phase it reports output throughput, TPOT p50/p99, SLO attainment, acceptance length
+and, where the server exposes them, num_steps switches (``Backend.switches``, read at the phase boundaries);
+:func:`~spectune.validate.verdict.verdict` rules on the overall numbers, every interval with the server-to-server
+spread in it (:mod:`spectune.validate.repeats`).
 
 Per phase: requests belong to the phase they were sent in (latency, SLO attainment, request counts); output
 throughput counts the tokens streamed inside the phase's window / its length; acceptance and switches are counter
@@ -49,9 +52,11 @@ from spectune.results.validate_run import ValidateRun
 from spectune.sweep.plan import ClientTimeouts
 from spectune.validate.phase_check import STEADY, phase_check, to_json as phase_check_json
 from spectune.validate.phases import phase_index, split_by_phase, summarize_run
-from spectune.validate.plan import ValidateListener, ValidateOutcome, ValidatePlan, config_candidates
+from spectune.validate.phase_check import phase_spreads
+from spectune.validate.plan import (ValidateListener, ValidateOutcome, ValidatePlan, config_candidates,
+                                    static_equivalent)
 from spectune.validate.prediction import compare as compare_prediction, find_recommendation, predict_for
-from spectune.validate.repeats import combine_repeats, throughput_ratio
+from spectune.validate.repeats import AA_PREFIX, combine_repeats, overall_spread, throughput_ratio
 from spectune.validate.verdict import Verdict, render_markdown, verdict
 
 FAILURE_STOP = 100
@@ -75,13 +80,15 @@ class Validation:
         hold only one), and every repeat starts its servers afresh: a server process's own speed is a constant of
         that process (on the 2-vCPU Zen 5 VM two engines with their own copies of the weights ran 2.4-3.8% apart at
         batch 1, docs/engine.md), so a config server kept for two repeats in a row would carry one draw of it
-        into both; restarted, it varies between repeats, where the intervals see it."""
+        into both; restarted, it varies between repeats, where the intervals see it. The A/A run (``aa:K``) always
+        starts its server afresh: it is the second server of the pair."""
         active: Backend | None = None
         last_repeat = None
         try:
             for name, k, repeat in self.plan.run_order(self.initial_steps):
                 backend = self.adaptive if name == "config" else self.static
-                if active is not None and (active is not backend or repeat != last_repeat):
+                fresh = name.startswith(AA_PREFIX)
+                if active is not None and (active is not backend or repeat != last_repeat or fresh):
                     await active.close()
                 active, last_repeat = backend, repeat
                 await self.run_one(backend, k, name, repeat)
@@ -207,6 +214,10 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
                   timeouts: ClientTimeouts | None = None, ray: Any = None) -> ValidateOutcome:
     """Check everything, then run every static num_steps and the config under the workload, and rule.
 
+    A config that runs the same rounds as a static num_steps K (:func:`spectune.validate.plan.static_equivalent`)
+    is not run as a run of its own: K joins the static runs (``plan.config_static``) and the verdict asks whether
+    another static beats it.
+
     Checks, in order, each a one-line UserError before anything runs or is written: the config file, the plan,
     the output folder, both backends' options (the config backend gets ``adaptive_config`` and, for ``launch``,
     ``config_launch`` as its template when given), Ray and a backend that launches its servers (with ``ray``), the
@@ -224,6 +235,9 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
     listener = listener or ValidateListener()
     timeouts = timeouts or ClientTimeouts()
     fmt, candidates = config_candidates(plan.config)
+    same = static_equivalent(plan.config)
+    if same is not None:
+        plan = replace(plan, config_static=same[0], steps=tuple(sorted({*plan.steps, same[0]})))
     plan.validate()
     timeouts.validate()
     folder = ValidateFolder(output_dir, render_markdown)
@@ -242,13 +256,16 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
         prompts = arrange_prompts(load_dataset(plan.dataset, plan.num_prompts, plan.seed), plan.workload.arrivals)
     for w in caught:
         listener.warning(str(w.message))
-    preflight = [*await static.preflight(list(plan.steps)), *await adaptive.preflight([initial])] if ray is None else []
+    preflight = [*await static.preflight(list(plan.steps)),
+                 *(await adaptive.preflight([initial]) if same is None else [])] if ray is None else []
     for message in preflight:
         listener.warning(message)
     meta = {"spectune_version": spectune.__version__, "created": now_iso(), "status": "running",
             "warnings": list(dict.fromkeys(preflight)),
             "plan": plan.to_json(), "config": {"path": plan.config, "format": fmt, "candidate_steps": list(candidates),
-                                               "initial_steps": initial},
+                                               "initial_steps": initial,
+                                               "static_equivalent": None if same is None else
+                                               {"steps": same[0], "reason": same[1]}},
             "backend": {"static": static.describe(), "config": adaptive.describe()}, "runs": [], "verdict": None,
             "client": timeouts.to_json(), **environment()}
 
@@ -270,6 +287,7 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
         if prediction is not None and not prediction.get("error"):
             outcome.prediction = prediction
         outcome.phase_check = meta.get("phase_check")
+        outcome.instance_spread = meta.get("instance_spread")
         meta.update(status="done", finished=now_iso())
     except asyncio.CancelledError:
         meta.update(status="interrupted", finished=now_iso())
@@ -287,19 +305,23 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
     return outcome
 
 
-def rule_again(output_dir: Path, config: str) -> tuple[Verdict, dict[str, Any] | None, dict[str, Any] | None]:
+def rule_again(output_dir: Path, config: str) -> tuple[Verdict, dict[str, Any] | None, dict[str, Any] | None,
+                                                       dict[str, Any] | None]:
     """Rule again on a finished validation without measuring: re-read ``validate.json`` and ``requests.jsonl`` in
     ``output_dir``, apply this version's verdict (with recommendation.json's primary recommendation beside
-    ``config``) and prediction comparison, and rewrite validate.json and validate.md (requests.jsonl untouched).
+    ``config``, and whether ``config`` is a static num_steps: :func:`spectune.validate.plan.static_equivalent`),
+    phase check and prediction comparison, and rewrite validate.json and validate.md (requests.jsonl untouched).
 
-    Runs measured before the steady per-phase numbers existed get them from requests.jsonl first.
+    Runs measured before the steady per-phase numbers existed get them from requests.jsonl first. A validation from
+    before the A/A run, with one repeat, has no measured server-to-server spread: its intervals are widened by
+    :data:`spectune.validate.repeats.DEFAULT_INSTANCE_BAND` and the verdict says so.
 
     Returns:
-        the verdict, the prediction (with its comparison; None where validate.json has none) and the phase check
-        (validate.json's ``phase_check``).
+        the verdict, the prediction (with its comparison; None where validate.json has none), the phase check
+        (validate.json's ``phase_check``) and the server-to-server spread (``instance_spread``).
 
     Raises:
-        UserError: no finished validation in ``output_dir``.
+        UserError: no finished validation in ``output_dir``; ``config`` is not a valid config file.
     """
     folder = ValidateFolder(Path(output_dir), render_markdown)
     try:
@@ -308,8 +330,13 @@ def rule_again(output_dir: Path, config: str) -> tuple[Verdict, dict[str, Any] |
         raise UserError(f"no validation to rule on in {output_dir} ({type(err).__name__}): pass the --output-dir "
                         "of a finished spectune validate") from None
     runs, plan = meta.get("runs") or [], meta.get("plan") or {}
-    if not any(r.get("run") == "config" for r in runs):
+    stands_in = plan.get("config_static") is not None and any(str(r.get("run", "")).startswith("static:")
+                                                              for r in runs)
+    if not stands_in and not any(r.get("run") == "config" for r in runs):
         raise UserError(f"{output_dir}/validate.json has no config run: rule again only on a finished validation")
+    same = static_equivalent(config)
+    meta.setdefault("config", {})["static_equivalent"] = None if same is None else {"steps": same[0],
+                                                                                     "reason": same[1]}
     requests = _read_requests(folder.requests)
     _resummarize(meta, requests)
     rec = find_recommendation(config)
@@ -320,28 +347,40 @@ def rule_again(output_dir: Path, config: str) -> tuple[Verdict, dict[str, Any] |
     v = rule(meta, requests, primary)
     meta.update(ruled_again=now_iso())
     folder.write(meta)
-    return v, prediction, meta.get("phase_check")
+    return v, prediction, meta.get("phase_check"), meta.get("instance_spread")
 
 
 def rule(meta: dict[str, Any], requests: list[dict[str, Any]], primary: dict[str, Any] | None) -> Verdict:
-    """Rule on the finished runs in ``meta`` (validate.json), in place: the verdict (``meta["verdict"]``), each
-    phase against its best static num_steps (``meta["phase_check"]``,
-    :func:`spectune.validate.phase_check.phase_check`) and, where validate.json has a prediction, measured beside
-    predicted (``meta["prediction"]["comparison"]``). ``requests``: requests.jsonl objects (with chunk times);
-    ``primary``:
+    """Rule on the finished runs in ``meta`` (validate.json), in place: the server-to-server spread of the overall
+    throughput (``meta["instance_spread"]``, :func:`spectune.validate.repeats.overall_spread`), the verdict
+    (``meta["verdict"]``, every interval with that spread in it; with ``meta["config"]["static_equivalent"]``
+    the config is ruled as that static num_steps), each phase against its best static num_steps
+    (``meta["phase_check"]``, :func:`spectune.validate.phase_check.phase_check`, each phase with its own spread)
+    and, where validate.json has a prediction, measured beside predicted with the same spreads
+    (``meta["prediction"]["comparison"]``). ``requests``: requests.jsonl objects (with chunk times); ``primary``:
     recommendation.json's primary recommendation beside the config, or None. Returns the verdict."""
     runs, plan = meta.get("runs") or [], meta.get("plan") or {}
     combined = combine_repeats(runs)
+    same = (meta.get("config") or {}).get("static_equivalent")
+    config_static = (int(same["steps"]), str(same.get("reason") or "")) if same else None
+    spread = overall_spread(runs, requests)
+    meta["instance_spread"] = spread.to_json()
     v = verdict(combined, plan.get("slo_ttft_ms") is not None or plan.get("slo_tpot_ms") is not None,
-                plan.get("tolerance") or 0.0, ratio=lambda a, b: throughput_ratio(runs, requests, a, b),
-                recommended=primary)
+                plan.get("tolerance") or 0.0, ratio=lambda a, b: throughput_ratio(runs, requests, a, b, spread=spread),
+                recommended=primary, config_static=config_static,
+                interval_source=spread.source(within=bool(requests)))
     meta["verdict"] = asdict(v)
     specs = (plan.get("workload") or {}).get("phases") or []
-    meta["phase_check"] = phase_check_json(phase_check(runs, requests,
-                                                       concurrencies=[p.get("concurrency") for p in specs]))
+    concurrencies = [p.get("concurrency") for p in specs]
+    spreads = phase_spreads(runs, requests, concurrencies)
+    has_config = any(r.get("run") == "config" for r in runs)
+    stand_in = "config" if has_config or config_static is None else f"static:{config_static[0]}"
+    meta["phase_check"] = phase_check_json(phase_check(runs, requests, concurrencies=concurrencies,
+                                                       config_run=stand_in, spreads=spreads))
     prediction = meta.get("prediction")
     if prediction is not None and not prediction.get("error"):
-        prediction["comparison"] = compare_prediction(prediction, combined)
+        prediction["comparison"] = compare_prediction(
+            prediction, combined, spreads={"overall": spread, **{i + 1: sp for i, sp in enumerate(spreads)}})
     return v
 
 

@@ -5,12 +5,19 @@ requests.jsonl and validate.json (:class:`ValidateFolder`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from spectune.validate.phase_check import markdown as phase_markdown
 from spectune.validate.prediction import markdown as prediction_markdown
-from spectune.validate.repeats import combine_repeats
+from spectune.validate.repeats import InstanceSpread, combine_repeats
+
+
+INCONCLUSIVE_EXIT = 3
+"""Exit code of an INCONCLUSIVE verdict (0 PASS, 1 FAIL, 2 bad input): non-zero, so ``spectune validate && deploy``
+does not deploy a config the measurement could not show safe, and not 1, so a script can tell "measure more" from
+"the config loses"."""
 
 
 @dataclass
@@ -21,16 +28,25 @@ class Verdict:
         passed: the config's overall output throughput >= (1 - tolerance) x the best static's and, with SLOs, its
             SLO attainment over the phases where SLO attainment decides (:func:`slo_phases`) is no lower than that
             static's nor than any static at least as fast as the config (within the tolerance). Where no phase
-            qualifies, throughput alone decides.
-        line: one line starting with ``PASS`` or ``FAIL`` that says why.
+            qualifies, throughput alone decides. (When the config is or stands for a static num_steps,
+            :func:`static_agreement` rules instead.)
+        line: one line starting with ``PASS``, ``FAIL`` or ``INCONCLUSIVE`` that says why.
         best_static: K of the static run the line names: the best static (highest overall output throughput;
             ties: smaller K), or the static that meets the SLOs more often.
         margin_pct: (config - that static) / that static x 100, overall output throughput (%); None if unknown.
+        ratio_low, ratio_high, confidence: the interval of the ratio the line shows (config / that static, or, when
+            the config is static K and was not run, the fastest other static / K).
         decided_by: ``"throughput"`` or ``"throughput and SLO attainment"`` (:func:`slo_phases`).
         slo_phases: 1-based phases whose SLO attainment counted (some static num_steps met the SLOs for most of
             their requests); empty when throughput alone decided.
         recommended_static: K when recommend's primary recommendation was that static num_steps (no per-batch-size
             gain beyond the noise band: :func:`static_agreement` ruled), else None.
+        outcome: ``PASS``, ``FAIL`` or ``INCONCLUSIVE``: the config is behind the best static by more than the
+            tolerance, but the ratio's interval (server-to-server spread included) reaches 1 - tolerance, so the
+            measurement cannot tell a loss from two servers' spread. Exit codes 0, 1, :data:`INCONCLUSIVE_EXIT`.
+        interval_source: where the intervals come from (:meth:`spectune.validate.repeats.InstanceSpread.source`).
+        config_static: K when the config runs the same rounds as static num_steps K
+            (:func:`spectune.validate.plan.static_equivalent`), else None.
     """
 
     passed: bool
@@ -43,6 +59,18 @@ class Verdict:
     decided_by: str = "throughput"
     slo_phases: list[int] = field(default_factory=list)
     recommended_static: int | None = None
+    outcome: str = ""
+    interval_source: str | None = None
+    config_static: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.outcome:
+            self.outcome = "PASS" if self.passed else "FAIL"
+
+    @property
+    def exit_code(self) -> int:
+        """0 PASS, 1 FAIL, :data:`INCONCLUSIVE_EXIT` INCONCLUSIVE."""
+        return 0 if self.passed else INCONCLUSIVE_EXIT if self.outcome == "INCONCLUSIVE" else 1
 
 
 SLO_DECIDES = 0.5
@@ -79,28 +107,52 @@ def attainment_over(run: dict[str, Any], phases: Sequence[int]) -> float | None:
 
 
 def verdict(runs: Sequence[dict[str, Any]], with_slo: bool, tolerance: float = 0.0,
-            ratio: Any = None, confidence: float = 0.95, recommended: dict[str, Any] | None = None) -> Verdict:
-    """Rule on finished runs (validate.json ``runs`` entries: ``run``, ``steps``, ``status``, ``error`` and
-    ``overall`` with ``output_throughput_tok_s`` and ``slo_attainment``); see :class:`Verdict`.
+            ratio: Any = None, confidence: float = 0.95, recommended: dict[str, Any] | None = None,
+            config_static: tuple[int, str] | None = None, interval_source: str | None = None) -> Verdict:
+    """Rule on finished runs (validate.json ``runs`` entries, repeats combined: ``run``, ``steps``, ``status``,
+    ``error`` and ``overall`` with ``output_throughput_tok_s`` and ``slo_attainment``); see :class:`Verdict`.
 
-    A failed config run, or no successful static run, is a FAIL (nothing shows the config is safe). ``ratio``:
-    optional callable (config run name, static run name) -> (low, high) of the paired bootstrap interval of their
-    throughput ratio (:func:`throughput_ratio`) or None; the line then shows it (``1.031x [0.990, 1.072], 95%``).
-    ``recommended``: recommendation.json's ``primary`` beside the config; when it is a static num_steps (recommend
-    predicted no per-batch-size gain) and ``ratio`` is given, :func:`static_agreement` rules instead.
+    A failed config run, or no successful static run, is a FAIL (nothing shows the config is safe). A config behind
+    the best static by more than ``tolerance`` is a FAIL only when the whole interval of config / that static lies
+    below 1 - ``tolerance``; when the interval reaches it, INCONCLUSIVE (never a FAIL inside the server-to-server
+    spread).
+
+    Args:
+        ratio: optional callable (run name a, run name b) -> (low, high) of the interval of their overall
+            throughput ratio, server-to-server spread included (:func:`spectune.validate.repeats.throughput_ratio`),
+            or None; the line then shows it (``1.031x [0.990, 1.072], 95%``) and ``interval_source``.
+        recommended: recommendation.json's ``primary`` beside the config; when it is a static num_steps (recommend
+            predicted no per-batch-size gain) and ``ratio`` is given, :func:`static_agreement` rules instead.
+        config_static: (K, why) when the config runs the same rounds as static K
+            (:func:`spectune.validate.plan.static_equivalent`); with ``ratio``, :func:`static_agreement` rules on
+            whether another static beats K (the config run, when there is one, must also not fall behind K).
+        interval_source: the intervals' source, named in the line.
     """
+    source = f", {interval_source}" if interval_source else ""
     config = next((r for r in runs if r.get("run") == "config"), None)
-    if config is None or config.get("status") != "ok":
-        why = (config or {}).get("error") or "it did not run"
-        return Verdict(False, f"FAIL: the config run failed ({why})")
     statics = sorted((r for r in runs if r.get("run", "").startswith("static:") and r.get("status") == "ok"
                       and r["overall"].get("output_throughput_tok_s") is not None), key=lambda r: r["steps"])
+    static_k = int(config_static[0]) if config_static is not None else None
+    extra_all = dict(interval_source=interval_source, config_static=static_k)
+    config_ran = config is not None
+    if static_k is not None and config is None:  # the config was not run: it is static K
+        stands = next((r for r in statics if r["steps"] == static_k), None)
+        if stands is None:
+            return Verdict(False, f"FAIL: the config is static K={static_k} ({config_static[1]}), and that static "
+                                  "run did not finish, so nothing shows it is safe", **extra_all)
+        config = {**stands, "run": "config"}
+    if config is None or config.get("status") != "ok":
+        why = (config or {}).get("error") or "it did not run"
+        return Verdict(False, f"FAIL: the config run failed ({why})", **extra_all)
     if not statics:
         return Verdict(False, "FAIL: no static num_steps run succeeded, so there is nothing to compare the config "
-                              "with")
+                              "with", **extra_all)
     best = max(statics, key=lambda r: r["overall"]["output_throughput_tok_s"])  # first max: the smaller K
-    if recommended and recommended.get("kind") == "static" and ratio is not None:
-        agreed = static_agreement(statics, best, config, int(recommended["num_steps"]), ratio, confidence, tolerance)
+    rec_k = int(recommended["num_steps"]) if recommended and recommended.get("kind") == "static" else None
+    if ratio is not None and (static_k is not None or rec_k is not None):
+        k = static_k if static_k is not None else rec_k
+        agreed = static_agreement(statics, best, config if config_ran else None, k, ratio, confidence, tolerance,
+                                  recommended=rec_k == k, config_static=config_static, source=interval_source)
         if agreed is not None:
             return agreed
     k, bt = best["steps"], best["overall"]["output_throughput_tok_s"]
@@ -108,11 +160,21 @@ def verdict(runs: Sequence[dict[str, Any]], with_slo: bool, tolerance: float = 0
     margin = (ct - bt) / bt * 100.0 if bt > 0 else 0.0
     iv = ratio("config", best["run"]) if ratio is not None and bt > 0 else None
     point = ct / bt if bt > 0 else 0.0
-    span = f"; config / K={k} {point:.3f}x [{iv[0]:.3f}, {iv[1]:.3f}], {confidence:.0%}" if iv else ""
+    span = f"config / K={k} {point:.3f}x [{iv[0]:.3f}, {iv[1]:.3f}], {confidence:.0%}{source}" if iv else ""
     extra = dict(ratio_low=iv[0], ratio_high=iv[1], confidence=confidence) if iv else {}
+    extra.update(extra_all)
     if ct < bt * (1.0 - tolerance):
+        if iv is not None and iv[1] >= 1.0 - tolerance:
+            reach = "1" if tolerance == 0 else f"{1.0 - tolerance:.3g} (1 - --tolerance)"
+            return Verdict(False, f"INCONCLUSIVE: the config is {-margin:.1f}% behind static K={k} in output "
+                                  f"throughput ({ct:,.1f} vs {bt:,.1f} tok/s), but the interval reaches {reach}: "
+                                  f"{span}; the measurement cannot tell that from its noise (requests, and two "
+                                  "servers' own speeds): more --repeats (or longer phases) can decide; decided by "
+                                  "throughput", k, margin, outcome="INCONCLUSIVE", **extra)
         return Verdict(False, f"FAIL: static K={k} beats the config by {-margin:.1f}% in output throughput "
-                              f"({bt:,.1f} vs {ct:,.1f} tok/s){span}; decided by throughput", k, margin, **extra)
+                              f"({bt:,.1f} vs {ct:,.1f} tok/s){'; ' + span if span else ''}; decided by throughput",
+                       k, margin, **extra)
+    span = f"; {span}" if span else ""
     slo_note, decided, counted = "", "throughput", []
     if with_slo:
         counted = slo_phases(statics)
@@ -141,45 +203,116 @@ def verdict(runs: Sequence[dict[str, Any]], with_slo: bool, tolerance: float = 0
                    decided_by=decided, slo_phases=[i + 1 for i in counted] if decided != "throughput" else [], **extra)
 
 
-def static_agreement(statics: Sequence[dict[str, Any]], best: dict[str, Any], config: dict[str, Any], k: int,
-                     ratio: Any, confidence: float, tolerance: float) -> Verdict | None:
-    """The ruling when recommend's primary recommendation was static num_steps ``k``: it had found no batch-size
-    slot where another num_steps beats K=k beyond the noise band, so the config (K=k wherever it was measured) can
-    only tie K=k, and "the config beats every static" is not the claim to test. Validate agrees when (1) no static
-    num_steps beats K=k (the paired interval of static / K=k does not lie wholly above 1.0) and (2) the config does
-    not fall behind K=k (config / K=k does not lie wholly below 1 - ``tolerance``). ``ratio(a, b)``: the paired
-    bootstrap interval of run a / run b (:func:`throughput_ratio`). Returns None when K=k was not run or an interval
-    cannot be computed (the ordinary rule then applies)."""
+def static_agreement(statics: Sequence[dict[str, Any]], best: dict[str, Any], config: dict[str, Any] | None, k: int,
+                     ratio: Any, confidence: float, tolerance: float, recommended: bool = True,
+                     config_static: tuple[int, str] | None = None, source: str | None = None) -> Verdict | None:
+    """The ruling when a static num_steps ``k`` is the claim: recommend's primary recommendation (``recommended``:
+    it found no batch-size slot where another num_steps beats K=k beyond the noise band), or the config itself
+    (``config_static`` = (k, why): it runs the same rounds as static K=k). The config can then only tie K=k, and
+    "the config beats every static" is not the claim to test. Agreed (PASS) when (1) no static num_steps beats K=k
+    (the interval of static / K=k does not lie wholly above 1 / (1 - ``tolerance``)) and (2) a config that was run
+    does not fall behind K=k (config / K=k does not lie wholly below 1 - ``tolerance``); otherwise FAIL naming
+    which. ``config``: the config run (repeats combined), or None when the config was not run (it is static K=k).
+    ``ratio(a, b)``: the interval of run a / run b, server-to-server spread included
+    (:func:`spectune.validate.repeats.throughput_ratio`); ``source``: where it comes from, named in the line.
+    Returns None when K=k was not run or an interval cannot be computed (the ordinary rule then applies)."""
     rec = next((r for r in statics if r["steps"] == k), None)
     if rec is None:
         return None
     rt = rec["overall"]["output_throughput_tok_s"]
-    ct = config["overall"].get("output_throughput_tok_s") or 0.0
-    margin = (ct - rt) / rt * 100.0 if rt > 0 else 0.0
-    iv = ratio("config", rec["run"])
-    if iv is None or rt <= 0:
+    if rt <= 0:
         return None
-    extra = dict(ratio_low=iv[0], ratio_high=iv[1], confidence=confidence, recommended_static=k)
-    span = f"config / K={k} {ct / rt:.3f}x [{iv[0]:.3f}, {iv[1]:.3f}], {confidence:.0%}"
-    for r in sorted(statics, key=lambda r: -r["overall"]["output_throughput_tok_s"]):
-        if r is rec:
-            continue
-        other = ratio(r["run"], rec["run"])
-        if other is not None and other[0] > 1.0:
+    src = f", {source}" if source else ""
+    ran = config is not None
+    ct = ((config or {}).get("overall") or {}).get("output_throughput_tok_s") or 0.0 if ran else rt
+    iv = ratio("config", rec["run"]) if ran else None
+    if ran and iv is None:
+        return None
+    others = [(r, ratio(r["run"], rec["run"])) for r in sorted(statics, key=lambda r: -r["overall"][
+        "output_throughput_tok_s"]) if r is not rec]
+    runner = next(((r, o) for r, o in others if o is not None), None)
+    if not ran and others and runner is None:
+        return None
+    shown = iv if ran else (runner[1] if runner else None)
+    extra = dict(confidence=confidence, recommended_static=k if recommended else None,
+                 interval_source=source, config_static=config_static[0] if config_static else None)
+    if shown is not None:
+        extra.update(ratio_low=shown[0], ratio_high=shown[1])
+    is_static = f"the config is static K={k} ({config_static[1]})" if config_static else ""
+    if recommended:
+        head = f"agrees with recommend, which named static K={k} (no per-batch-size gain beyond the noise band)"
+        head += f", and {is_static}" if is_static else ""
+        claim = f"recommend named static K={k} (no per-batch-size gain)"
+    else:
+        head = claim = is_static
+    for r, other in others:
+        if other is not None and other[0] > 1.0 / (1.0 - tolerance):
             ot = r["overall"]["output_throughput_tok_s"]
-            return Verdict(False, f"FAIL: recommend named static K={k} (no per-batch-size gain), but static "
-                                  f"K={r['steps']} beats it: {ot / rt:.3f}x [{other[0]:.3f}, {other[1]:.3f}], "
-                                  f"{confidence:.0%} ({ot:,.1f} vs {rt:,.1f} tok/s); decided by throughput",
-                           r["steps"], (ct - ot) / ot * 100.0, **extra)
-    if iv[1] < 1.0 - tolerance:
-        return Verdict(False, f"FAIL: the config falls behind static K={k}, the num_steps it stands for: {span} "
-                              f"({ct:,.1f} vs {rt:,.1f} tok/s); decided by throughput", k, margin, **extra)
-    lead = "" if best is rec else (f"; K={best['steps']} measured {best['overall']['output_throughput_tok_s']:,.1f}"
-                                   " tok/s, not beyond the interval")
-    return Verdict(True, f"PASS: agrees with recommend, which named static K={k} (no per-batch-size gain beyond "
-                         f"the noise band): no static num_steps beats K={k} ({rt:,.1f} tok/s{lead}) and the config "
-                         f"{'runs ahead of' if iv[0] > 1.0 else 'ties'} it, {ct:,.1f} tok/s, {span}; decided by "
-                         "throughput", k, margin, **extra)
+            return Verdict(False, f"FAIL: {claim}, but static K={r['steps']} beats it: {ot / rt:.3f}x [{other[0]:.3f}, "
+                                  f"{other[1]:.3f}], {confidence:.0%}{src} ({ot:,.1f} vs {rt:,.1f} tok/s); decided by "
+                                  "throughput", r["steps"], (ct - ot) / ot * 100.0,
+                           **{**extra, "ratio_low": other[0], "ratio_high": other[1]})
+    if ran:
+        margin = (ct - rt) / rt * 100.0
+        span = f"config / K={k} {ct / rt:.3f}x [{iv[0]:.3f}, {iv[1]:.3f}], {confidence:.0%}{src}"
+        if iv[1] < 1.0 - tolerance:
+            return Verdict(False, f"FAIL: the config falls behind static K={k}, the num_steps it stands for: {span} "
+                                  f"({ct:,.1f} vs {rt:,.1f} tok/s); decided by throughput", k, margin, **extra)
+        lead = "" if best is rec else (f"; K={best['steps']} measured {best['overall']['output_throughput_tok_s']:,.1f}"
+                                       " tok/s, not beyond the interval")
+        return Verdict(True, f"PASS: {head}: no static num_steps beats K={k} ({rt:,.1f} tok/s{lead}) and the config "
+                             f"{'runs ahead of' if iv[0] > 1.0 else 'ties'} it, {ct:,.1f} tok/s, {span}; decided by "
+                             "throughput", k, margin, **extra)
+    bt = best["overall"]["output_throughput_tok_s"]
+    margin = (rt - bt) / bt * 100.0 if bt > 0 else 0.0
+    near = ""
+    if runner is not None:
+        r, o = runner
+        near = (f"; the fastest other, K={r['steps']}: {r['overall']['output_throughput_tok_s']:,.1f} tok/s, "
+                f"K={r['steps']} / K={k} {r['overall']['output_throughput_tok_s'] / rt:.3f}x [{o[0]:.3f}, {o[1]:.3f}], "
+                f"{confidence:.0%}{src}")
+    return Verdict(True, f"PASS: {head}, so it was not run again: no static num_steps beats K={k} ({rt:,.1f} tok/s"
+                         f"{near}); decided by throughput", k, margin, **extra)
+
+
+def spread_line(meta: dict[str, Any]) -> str | None:
+    """One terminal line on the server-to-server spread of validate.json's ``instance_spread`` (None without it):
+    the A/A pair's ratio and band, the spread over the repeats, or the default band."""
+    sp = InstanceSpread.from_json(meta.get("instance_spread"))
+    if sp is None:
+        return None
+    conf = (meta.get("verdict") or {}).get("confidence") or 0.95
+    if sp.kind == "aa":
+        a = sp.aa or {}
+        iv = f" [{a['low']:.3f}, {a['high']:.3f}], {conf:.0%}" if a.get("low") is not None else ""
+        return (f"A/A: static K={a.get('steps')} on two fresh servers (aa:{a.get('steps')} / static:{a.get('steps')}) "
+                f"{a.get('ratio', float('nan')):.3f}x{iv}; instance band {sp.band:.1%}, added to every interval")
+    if sp.kind == "repeats":
+        hw = sp.half_width(sp.repeats, sp.repeats, conf)
+        return (f"server-to-server: sd {sp.sd:.1%} of one server's output tok/s over {sp.repeats} repeats "
+                f"({sp.df} df): +-{math.expm1(hw):.1%} on a ratio of two runs ({conf:.0%}), added to every interval")
+    if sp.kind == "default":
+        return (f"server-to-server: not measured here (one repeat, no A/A pair): the default instance band "
+                f"{sp.band:.1%} is added to every interval")
+    return None
+
+
+def spread_markdown(meta: dict[str, Any]) -> list[str]:
+    """validate.md's "Server-to-server spread" section (nothing without ``instance_spread``)."""
+    line = spread_line(meta)
+    if line is None:
+        return []
+    sp = InstanceSpread.from_json(meta.get("instance_spread"))
+    how = {"aa": "With one repeat, a second fresh server of one static num_steps (run `aa:K`) ran beside `static:K`; "
+                 "the band is the far end of their ratio's interval from 1, and every interval below is widened by it "
+                 "on both sides.",
+           "repeats": "Every repeat starts its servers afresh; the spread is the standard deviation of ln(output "
+                      "tok/s) of each run's repeats around the run's mean, pooled over the runs, and every interval "
+                      "below adds it as a Student t term with those degrees of freedom.",
+           "default": "This validation measured no spread (one repeat and no A/A run): every interval below is "
+                      "widened by the default band, from two engines on a 2-vCPU VM (docs/engine.md)."}
+    return ["## Server-to-server spread", "", f"{line}.", "", how.get(sp.kind if sp else "", ""),
+            "A ratio whose interval reaches the threshold is INCONCLUSIVE, never FAIL (docs/validate.md).", ""]
 
 
 def _phase_list(counted: Sequence[int], config: dict[str, Any]) -> str:
@@ -224,10 +357,16 @@ def render_markdown(meta: dict[str, Any]) -> str:
              f"max_tokens {plan.get('max_tokens')}, temperature {plan.get('temperature')}; "
              f"SLOs TTFT {plan.get('slo_ttft_ms') or '-'} ms, TPOT {plan.get('slo_tpot_ms') or '-'} ms"
              + (f"; {repeats} repeats in alternating order, tables show means." if repeats > 1 else "."), ""]
+    same = cfg.get("static_equivalent")
+    if same:
+        lines += [f"The config runs the same rounds as static num_steps {same['steps']} ({same['reason']})"
+                  + (", so it was not run as a run of its own." if not any(r.get("run") == "config" for r in raw)
+                     else "."), ""]
     v = meta.get("verdict")
     lines += [f"**{v['line']}**" if v else f"Status: {meta.get('status')} (no verdict yet)", ""]
     if meta.get("warnings"):
         lines += ["## Warnings", ""] + [f"- {w}" for w in meta["warnings"]] + [""]
+    lines += spread_markdown(meta)
 
     lines += phase_markdown(meta)
     lines += prediction_markdown(meta)

@@ -110,6 +110,9 @@ class EmulatedEngine:
     name: str = "emulated-model"
     waiting: list[_Seq] = field(default_factory=list)
     running: list[_Seq] = field(default_factory=list)
+    #: put the cumulative usage in every chunk when the client asks for ``continuous_usage_stats`` (as vLLM and
+    #: SGLang do), so the client counts each chunk's tokens instead of one per chunk
+    continuous_usage: bool = False
 
     def __post_init__(self) -> None:
         self.counters = Counters("vllm:", self.steps, self.name)
@@ -173,6 +176,7 @@ class EmulatedEngine:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         obj = "chat.completion.chunk" if chat else "text_completion.chunk"
+        continuous = self.continuous_usage and (body.get("stream_options") or {}).get("continuous_usage_stats")
         done = 0
         while True:
             n = await seq.out.get()
@@ -182,8 +186,10 @@ class EmulatedEngine:
             text = "tok " * n
             choice = ({"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": None} if chat
                       else {"index": 0, "text": text, "finish_reason": None})
-            await resp.write(f"data: {json.dumps({'id': 'x', 'object': obj, 'model': self.name, 'choices': [choice]})}"
-                             "\n\n".encode())
+            event = {"id": "x", "object": obj, "model": self.name, "choices": [choice]}
+            if continuous:
+                event["usage"] = {"prompt_tokens": 8, "completion_tokens": done, "total_tokens": 8 + done}
+            await resp.write(f"data: {json.dumps(event)}\n\n".encode())
         if (body.get("stream_options") or {}).get("include_usage"):
             usage = {"prompt_tokens": 8, "completion_tokens": done, "total_tokens": 8 + done}
             await resp.write(f"data: {json.dumps({'id': 'x', 'object': obj, 'choices': [], 'usage': usage})}\n\n"

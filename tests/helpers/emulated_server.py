@@ -3,12 +3,20 @@
 
     python tests/helpers/emulated_server.py --port P --steps K [--host H] [--cost compute-bound|memory-bound]
                                             [--scale F] [--startup-s S] [--pid-dir DIR]
+                                            [--instance-factors F1,F2,... --instance-dir DIR]
+                                            [--slow-above N --slow-factor F] [--continuous-usage]
 
 Every verify step sleeps the cost model's step time (times ``--scale``, times the environment's
 ``EMULATED_SLOWDOWN``, default 1: a slower machine), so a server costs little CPU and several run side by side on
 two cores. ``--startup-s``: seconds before it listens (a real server's start: weights, CUDA graphs). ``--pid-dir``:
 a file named after its pid is written there at start (tests check afterwards that every server was stopped).
 SIGTERM/SIGINT stop it.
+
+``--instance-factors`` with ``--instance-dir``: a server process's own speed (two real engines with their own
+weights run a few per cent apart, docs/engine.md): the i-th server started with the same ``--instance-dir`` (claimed
+by creating the file ``i`` there) has its step times times the i-th factor (cycling), so servers started one after
+another (a serial validation) draw known factors in their start order. ``--slow-above N --slow-factor F``: steps of
+more than N sequences take F times as long (an engine that loses only under load).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: `helpers
 
 from aiohttp import web  # noqa: E402
 
-from helpers.cost_model import COMPUTE_BOUND, MEMORY_BOUND, EmulatedEngine  # noqa: E402
+from helpers.cost_model import COMPUTE_BOUND, MEMORY_BOUND, CostModel, EmulatedEngine  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 MODELS = {"compute-bound": COMPUTE_BOUND, "memory-bound": MEMORY_BOUND}
@@ -36,19 +44,51 @@ def launch_template(extra: str = "") -> str:
     return f"{sys.executable} {SCRIPT} --host {{host}} --port {{port}} --steps {{steps}} {extra}".strip()
 
 
+class BatchSlowdown:
+    """``model``'s step times, ``factor`` times as long while more than ``above`` sequences run."""
+
+    def __init__(self, model: CostModel, above: int, factor: float) -> None:
+        self.model, self.above, self.factor = model, above, factor
+
+    def __getattr__(self, name: str):
+        return getattr(self.model, name)
+
+    def step_s(self, batch: int, steps: int) -> float:
+        return self.model.step_s(batch, steps) * (self.factor if batch > self.above else 1.0)
+
+
+def instance_factor(factors: str, folder: str) -> float:
+    """This process's own speed factor: the i-th of ``factors`` (comma-separated, cycling) for the i-th server that
+    claims a file in ``folder`` (1.0 without factors)."""
+    values = [float(x) for x in factors.split(",") if x.strip()]
+    if not values:
+        return 1.0
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    i = 0
+    while True:
+        try:
+            os.close(os.open(Path(folder) / str(i), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return values[i % len(values)]
+        except FileExistsError:
+            i += 1
+
+
 async def serve(args: argparse.Namespace) -> None:
     slowdown = float(os.environ.get("EMULATED_SLOWDOWN", "1") or 1)
-    model = MODELS[args.cost].scaled(args.scale * slowdown)
+    own = instance_factor(args.instance_factors, args.instance_dir)
+    model = MODELS[args.cost].scaled(args.scale * slowdown * own)
+    if args.slow_above is not None:
+        model = BatchSlowdown(model, args.slow_above, args.slow_factor)
     if args.pid_dir:
         Path(args.pid_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.pid_dir) / str(os.getpid())).write_text(" ".join(sys.argv))
     await asyncio.sleep(args.startup_s)
-    engine = EmulatedEngine(model, args.steps, time.perf_counter())
+    engine = EmulatedEngine(model, args.steps, time.perf_counter(), continuous_usage=args.continuous_usage)
     engine.task = asyncio.ensure_future(engine.loop())
     runner = web.AppRunner(engine.app(), shutdown_timeout=1.0, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
-    print(f"emulated server K={args.steps} ({model.name} x{args.scale * slowdown:g}) on {args.host}:{args.port}",
+    print(f"emulated server K={args.steps} ({model.name} x{args.scale * slowdown * own:g}) on {args.host}:{args.port}",
           flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -68,6 +108,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--scale", type=float, default=1.0, help="step times x this")
     p.add_argument("--startup-s", type=float, default=0.0)
     p.add_argument("--pid-dir", default="")
+    p.add_argument("--instance-factors", default="", help="step-time factors, one per server started (cycling)")
+    p.add_argument("--instance-dir", default="", help="where servers claim their place in the start order")
+    p.add_argument("--slow-above", type=int, default=None, help="steps of more sequences than this are slower")
+    p.add_argument("--slow-factor", type=float, default=1.0, help="how much slower (step time x this)")
+    p.add_argument("--continuous-usage", action="store_true", help="cumulative usage in every chunk when asked "
+                   "(continuous_usage_stats), as vLLM and SGLang: the client then counts each chunk's tokens")
+    p.add_argument("--adaptive-config", default="", help="accepted and ignored (a launch template's "
+                   "{adaptive_config})")
     asyncio.run(serve(p.parse_args(argv)))
 
 

@@ -52,7 +52,7 @@ def plan_and_options(prompts: Path, config: Path):
 
     wl = parse_workload("c1@1,c4@1", 60.0, None, 1.0, 64, 0)
     plan = ValidatePlan(config=str(config), steps=(0, 3), workload=wl, dataset=f"jsonl:{prompts}", num_prompts=6,
-                        max_tokens=12, warmup_requests=1)
+                        max_tokens=12, warmup_requests=1, repeats=1)  # one repeat: an A/A run (aa:0) follows
     return plan, BackendOptions(launch=template(500), startup_timeout_s=30)
 
 
@@ -74,10 +74,10 @@ async def test_validate_ray_same_runs_and_verdict_as_serial(cluster, setup):
                            ray=RayOptions(address=cluster.address, resources=RESOURCES))
     meta = {name: json.loads((tmp / name / "validate.json").read_text()) for name in ("serial", "ray")}
     runs = {name: [(r["run"], r["repeat"]) for r in m["runs"]] for name, m in meta.items()}
-    assert runs["ray"] == runs["serial"] == [("static:0", 1), ("static:3", 1), ("config", 1)]
+    assert runs["ray"] == runs["serial"] == [("static:0", 1), ("static:3", 1), ("config", 1), ("aa:0", 1)]
     assert all(r["status"] == "ok" for r in meta["ray"]["runs"])
     phases = {name: [[p["label"] for p in r["phases"]] for r in m["runs"]] for name, m in meta.items()}
-    assert phases["ray"] == phases["serial"] == [["c=1", "c=4"]] * 3
+    assert phases["ray"] == phases["serial"] == [["c=1", "c=4"]] * 4
     assert serial.verdict.passed and spread.verdict.passed  # the config's server is 10x faster
     assert meta["ray"]["verdict"]["passed"] is True
     assert meta["ray"]["status"] == "done"
@@ -91,7 +91,7 @@ async def test_validate_ray_same_runs_and_verdict_as_serial(cluster, setup):
     assert {k: sum((q["run"], q["phase"]) == k for q in records) for k in counts} == counts
     launches = meta["ray"]["backend"]["config"]["launches"]
     assert len(launches) == 1 and "--adaptive-config " in launches[0]["command"]  # the config file's copy
-    assert len(meta["ray"]["backend"]["static"]["launches"]) == 2
+    assert len(meta["ray"]["backend"]["static"]["launches"]) == 3  # static:0, static:3 and the A/A server
     logs = sorted(p.name for p in (tmp / "ray" / "logs").iterdir() if p.is_file())
     assert any(name.startswith("server-steps3@") for name in logs)  # the servers' logs came back
     assert any((tmp / "ray" / "logs" / "config").iterdir())
@@ -154,7 +154,7 @@ async def test_a_run_whose_node_dies_runs_again_elsewhere(cluster, setup):
     assert killer.killed is not None
     meta = json.loads((tmp / "out" / "validate.json").read_text())
     assert [(r["run"], r["status"]) for r in meta["runs"]] == [("static:0", "ok"), ("static:3", "ok"),
-                                                               ("config", "ok")]
+                                                               ("config", "ok"), ("aa:0", "ok")]
     label, node = killer.killed
     assert [(x["run"], x["node"]["id"]) for x in meta["lost_runs"]] == [(label, node)]
     assert next(r for r in meta["runs"] if r["run"] == label)["node"]["id"] != node  # measured again elsewhere

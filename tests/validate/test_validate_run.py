@@ -43,8 +43,8 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 def test_validate_end_to_end_pass(setup):
     tmp, args = setup
     out = tmp / "out"
-    proc = cli(*args, "--steps", "0,3", "--launch", template(500), "--config-launch", template(5000),
-               "--output-dir", str(out))
+    proc = cli(*args, "--steps", "0,3", "--repeats", "1", "--launch", template(500), "--config-launch",
+               template(5000), "--output-dir", str(out))
     assert proc.returncode == 0, proc.stderr
     verdict_lines = [line for line in proc.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
     assert len(verdict_lines) == 1
@@ -54,12 +54,13 @@ def test_validate_end_to_end_pass(setup):
     assert meta["verdict"]["passed"]
     # both static servers decode 500 tok/s whatever K (fake_server sleeps per token), so either can be faster: the
     # verdict must name the one with the higher measured overall throughput (first of equals: smaller K)
-    static = {r["steps"]: r["overall"]["output_throughput_tok_s"] for r in meta["runs"] if r["run"] != "config"}
+    static = {r["steps"]: r["overall"]["output_throughput_tok_s"] for r in meta["runs"]
+              if r["run"].startswith("static:")}
     fastest = min(k for k, v in static.items() if v == max(static.values()))
     assert meta["verdict"]["best_static"] == fastest
     assert f"K={fastest} ({static[fastest]:,.1f} tok/s)" in verdict_lines[0]
     assert meta["config"]["candidate_steps"] == [0, 1, 3] and meta["config"]["initial_steps"] == 3
-    assert [r["run"] for r in meta["runs"]] == ["static:0", "static:3", "config"]
+    assert [r["run"] for r in meta["runs"]] == ["static:0", "static:3", "config", "aa:0"]  # one repeat: an A/A run
     for r in meta["runs"]:
         assert r["status"] == "ok"
         assert [p["label"] for p in r["phases"]] == ["c=1", "c=4"]
@@ -87,7 +88,7 @@ def test_validate_end_to_end_pass(setup):
 
 def test_validate_fail_exit_code_and_margin(setup):
     tmp, args = setup
-    proc = cli(*args, "--steps", "3", "--launch", template(5000), "--config-launch", template(300),
+    proc = cli(*args, "--steps", "3", "--repeats", "1", "--launch", template(5000), "--config-launch", template(300),
                "--output-dir", str(tmp / "out"))
     assert proc.returncode == 1, proc.stderr
     assert "FAIL: static K=3 beats the config by " in proc.stdout
@@ -103,7 +104,7 @@ def test_rule_again_applies_a_static_recommendation_without_measuring(setup):
     requests.jsonl stays as measured."""
     tmp, args = setup
     out = tmp / "out"
-    proc = cli(*args, "--steps", "3", "--launch", template(5000), "--config-launch", template(300),
+    proc = cli(*args, "--steps", "3", "--repeats", "1", "--launch", template(5000), "--config-launch", template(300),
                "--output-dir", str(out))
     assert proc.returncode == 1, proc.stderr
     measured = (out / "requests.jsonl").read_bytes()

@@ -1,10 +1,11 @@
-"""validate's verdict carries the paired bootstrap interval of the config's throughput ratio to the best static."""
+"""validate's verdict carries the interval of the config's throughput ratio to the best static: the paired bootstrap
+over requests, widened by the server-to-server spread (tests/validate/test_instance_spread.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from spectune.validate.repeats import throughput_ratio
+from spectune.validate.repeats import WITHIN_ONLY, throughput_ratio
 from spectune.validate.verdict import verdict
 
 
@@ -39,7 +40,7 @@ def test_equal_runs_give_an_interval_holding_one():
     assert low < 1.0 < high
 
 
-def test_no_requests_no_interval():
+def test_no_requests_and_no_server_spread_no_interval():
     runs, _ = runs_and_requests(1.0)
-    v = verdict(runs, False, 0.0, ratio=lambda a, b: throughput_ratio(runs, [], a, b))
+    v = verdict(runs, False, 0.0, ratio=lambda a, b: throughput_ratio(runs, [], a, b, spread=WITHIN_ONLY))
     assert v.ratio_low is None
