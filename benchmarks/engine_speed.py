@@ -1,16 +1,16 @@
 """Engine speed per compute path vs llama.cpp (and optionally HF transformers), measured side by side in one run.
 
 CPU part (always): SmolLM2-135M-Instruct (the embedded default, its Q4_1 GGUF with a Q8_0 embedding), greedy.
-For each batch size of ``--batches`` (default 1, 4 and 16), every available engine path (``--dtype native``, ``bfloat16``, ``float32``; see
-``backends/local/weights/compute_paths.py``) and llama.cpp's ``llama-server`` on the same GGUF generate 64 new tokens
-(EOS ignored) from the same chat prompts; decode tokens/s = batch * 63 / (t(64 new tokens) - t(1 new token)), so prefill
-is excluded for all of them; llama.cpp is timed the same way over HTTP (8 slots, continuous batching, raw token-id
-prompts, no prompt cache). Repeats are interleaved (path A, B, C, llama.cpp, A, B, ...) and the median is printed,
-so a busy neighbour on the machine hits every column alike. Both use ``--threads`` threads (default: all CPUs).
-Also printed: the CPU model and vector flags, torch's ATen CPU capability, what ``--dtype auto`` picks here and its
-estimates, and the engine's speculative decoding at num_steps 0-3 with the bundled head (batch 1 and 8, the auto
-path), as output tokens/s including prefill on the first chat prompt(s); ``benchmarks/spec_speedup.py`` measures
-the batch-1 speedup over many real prompts.
+For each batch size of ``--batches`` (default 1, 4 and 16), every available engine path (``--dtype native``,
+``bfloat16``, ``float32``; see ``backends/local/weights/compute_paths.py``) and llama.cpp's ``llama-server`` on the same
+GGUF generate 64 new tokens (EOS ignored) from the same chat prompts; decode tokens/s = batch * 63 / (t(64 new tokens) -
+t(1 new token)), so prefill is excluded for all of them; llama.cpp is timed the same way over HTTP (continuous batching,
+raw token-id prompts, no prompt cache; as many slots as the largest batch, at least 8). Repeats are interleaved (path A,
+B, C, llama.cpp, A, B, ...) and the median is printed, so a busy neighbour on the machine hits every column alike. Both
+use ``--threads`` threads (default: all CPUs). Also printed: the CPU model and vector flags, torch's ATen CPU
+capability, what ``--dtype auto`` picks here and its estimates, and the engine's speculative decoding at num_steps 0-3
+with the bundled head (batch 1 and 8, the auto path), as output tokens/s including prefill on the first chat prompt(s);
+``benchmarks/spec_speedup.py`` measures the batch-1 speedup over many real prompts.
 
 To emulate an AVX2-only CPU on an AVX-512 one: ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 MKL_ENABLE_INSTRUCTIONS=AVX2`` (ATen's, oneDNN's and MKL's kernels then use their AVX2 code; PyTorch's own
@@ -136,7 +136,8 @@ class LlamaServer:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         self.argv = [str(find_llama_server(server_bin)), "-m", gguf, "-t", str(threads), "-tb", str(threads), "-c",
-                     str(slots * 512), "-np", str(slots), "--host", "127.0.0.1", "--port", str(self.port), *cpu_workarounds()]
+                     str(slots * 512), "-np", str(slots), "--host", "127.0.0.1", "--port", str(self.port),
+                     *cpu_workarounds()]
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(600):
             try:

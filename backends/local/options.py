@@ -49,10 +49,10 @@ class EngineOptions:
         seed: sampling seed.
         cuda_graphs: on CUDA, capture decode-shaped forwards per padded batch size and num_steps.
         native_dense_above: native path: ``auto`` (measured), ``off`` or a row count above which linears use a
-            dense copy of the int4 weights (float32 or oneDNN-packed bf16, as measured:
+            dense copy of the int4 weights (float32 or bf16 through oneDNN, as measured:
             :mod:`spectune.backends.local.weights.quant`).
         native_dense_dtype: native path: the dense copy's dtype, ``auto`` (the faster at many rows, measured),
-            ``float32`` or ``bfloat16`` (oneDNN-packed).
+            ``float32`` or ``bfloat16`` (oneDNN's bf16 GEMM).
         native_lm_head: native path with a Q8_0 lm_head: ``auto`` (measured), ``int4`` (two exact halves) or
             ``int8`` (requantized per row; :func:`spectune.backends.local.weights.compute_paths.lm_head_kernel`).
         compile: the target's batched layers through ``torch.compile`` on CPU

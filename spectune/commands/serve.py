@@ -50,7 +50,7 @@ def serve(
                                                     "count.")] = "auto",
     native_dense_dtype: Annotated[str, typer.Option(help="--dtype native: the dense copy's dtype above "
                                                     "--native-dense-above rows: auto (the faster at many rows, "
-                                                    "measured at start-up), float32 or bfloat16 (oneDNN-packed; "
+                                                    "measured at start-up), float32 or bfloat16 (oneDNN's GEMM: "
                                                     "AMX or AVX512-BF16 where the CPU has them).")] = "auto",
     native_lm_head: Annotated[str, typer.Option(help="--dtype native with a Q8_0 lm_head: auto (the faster of "
                                                 "the two, measured at start-up), int4 (two exact int4 halves) or "

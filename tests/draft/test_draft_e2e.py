@@ -2,8 +2,8 @@
 target with a real chat template and tokenizer), at toy sizes: 4 ShareGPT prompts, 12-token responses, one epoch.
 
 - a straight run of every stage through the CLI (a subprocess, as users run it);
-- the same pipeline interrupted after its first chunk of responses and resumed (``run_pipeline``, the module the
-  CLI calls): it generates only the missing responses, and what it exports equals the straight run's head;
+- the same command interrupted while writing its chunk of responses and run again: it appends only the missing
+  responses, and what it exports equals the straight run's head;
 - the exported head loads into the bundled engine, where greedy speculative decoding reproduces the target's own
   greedy output (speculation is lossless), with a draft vocabulary that holds every token the responses used, and
   a training-ids file listing exactly the prompts trained on;
@@ -60,28 +60,26 @@ def test_straight_run_writes_every_stage(straight) -> None:
 
 
 def test_interrupted_run_resumes_to_the_straight_result(straight) -> None:
-    """A run killed while appending its chunk of responses left prompts.jsonl and two of the four rows; rerunning
-    generates that chunk again as the same batch (a batch's rounding depends on its rows on some CPUs), appends only
-    the missing rows, and the head equals the straight run's."""
+    """A run killed while appending its chunk of responses left prompts.jsonl and two of the four rows; the same
+    command run again generates that chunk again as the same batch (a batch's rounding depends on its rows on some
+    CPUs), appends only the missing rows, and the head equals the straight run's. Both runs are the CLI, as a user
+    reruns it: the engine promises the same ids for the same batch at the same torch thread count (oneDNN's bf16
+    GEMM splits its work by thread on AMX CPUs), and a pytest worker runs with fewer threads than a command."""
     from safetensors.torch import load_file
-
-    from spectune.draft.pipeline import STAGES, PipelineOptions, run_pipeline
-    from spectune.draft.train import TrainConfig
 
     work, out = straight["tmp"] / "resumed-work", straight["tmp"] / "resumed-head"
     work.mkdir()
     (work / "prompts.jsonl").write_bytes((straight["work"] / "prompts.jsonl").read_bytes())
     lines = (straight["work"] / "responses.jsonl").read_text().splitlines(keepends=True)
     (work / "responses.jsonl").write_text("".join(lines[:2]))
-    said: list[str] = []
-    opts = PipelineOptions(model=None, output=out, work_dir=work, num_prompts=4, max_new_tokens=12, stages=STAGES)
-    cfg = TrainConfig(draft_vocab_size=64, ttt_steps=2, epochs=1, batch_tokens=512, seed=0)
-    card = run_pipeline(opts, cfg, said.append)
+    run = cli("draft", "train", "--output", str(out), "--work-dir", str(work), *SIZES)
+    assert run.returncode == 0, run.stderr[-3000:]
     missing = [json.loads(line) for line in lines[2:]]
+    said = " ".join(run.stderr.split())
     assert "responses 4/4 (%d tokens this run)" % sum(len(r["output_ids"]) for r in missing) in said
     by_id = {r["id"]: r for r in rows(straight["work"] / "responses.jsonl")}
     assert {r["id"]: r for r in rows(work / "responses.jsonl")} == by_id
-    assert card["stages"]["data"]["prompts"] == 4
+    assert json.loads((work / "card.json").read_text())["stages"]["data"]["prompts"] == 4
     want, got = load_file(straight["head"] / "model.safetensors"), load_file(out / "model.safetensors")
     assert sorted(got) == sorted(want)
     for name in want:

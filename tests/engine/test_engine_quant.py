@@ -310,8 +310,8 @@ def test_many_rows_use_the_float32_copy_of_the_same_weights(quant_and_dense) -> 
 
 
 @pytest.mark.skipif(not packing_supported(torch.bfloat16, torch.device("cpu")),
-                    reason="oneDNN does not pack bf16 on this CPU (needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT)")
-def test_many_rows_can_use_a_packed_bf16_copy_of_the_same_weights(quant_and_dense) -> None:
+                    reason="oneDNN has no bf16 GEMM on this CPU (needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT)")
+def test_many_rows_can_use_a_bf16_copy_of_the_same_weights(quant_and_dense) -> None:
     """With ``dense_dtype`` bf16, above dense_above rows the layer is a bf16 GEMM (oneDNN, float32 accumulation) over
     the kernel's weights rounded to bf16: within a bf16 rounding (2^-7 of the largest output) of the float32 product
     over the same bf16 weights."""
@@ -380,7 +380,21 @@ def test_auto_picks_a_measured_path() -> None:
     cfg = ModelConfig(model_type="llama", vocab_size=1024, hidden_size=64, intermediate_size=128, num_layers=2,
                       num_heads=2, num_kv_heads=1, head_dim=32, rope_theta=1e4, max_position_embeddings=128)
     choice = choose_path("auto", torch.device("cpu"), cfg, True)
-    assert (choice.chosen_by, set(choice.estimates_ms)) == ("measured", {"native", "bfloat16", "float32"})
+    paths = ("native", "bfloat16", "float32")
+    batches = ("", "@4", "@16")
+    assert (choice.chosen_by, set(choice.estimates_ms)) == ("measured", {p + b for p in paths for b in batches})
+
+
+def test_batch_estimates_grow_a_step_with_its_kernels_compute_time() -> None:
+    """A step costs its batch-1 time until its kernel's time at b rows passes its time at one row, then grows with
+    it; the native path takes its faster kernel at each row count."""
+    from spectune.backends.local.weights.compute_paths import batch_estimates
+
+    rows = {"int4": {"1": 1.0, "4": 2.0, "16": 8.0}, "float32": {"1": 2.0, "4": 2.0, "16": 3.0},
+            "bfloat16": {"1": 4.0, "4": 4.0, "16": 4.0}}
+    est = batch_estimates({"native": 10.0, "float32": 12.0, "bfloat16": 20.0}, rows, packed=True)
+    assert est == {"native": {"1": 10.0, "4": 20.0, "16": 30.0}, "float32": {"1": 12.0, "4": 12.0, "16": 18.0},
+                   "bfloat16": {"1": 20.0, "4": 20.0, "16": 20.0}}
 
 
 def test_default_gguf_is_fully_native() -> None:

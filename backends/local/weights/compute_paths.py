@@ -27,7 +27,7 @@ sweep backend copies into sweep.json (``backend.engine.path``). On CUDA ``auto``
 
 The native path is itself a path per batch-size range: a second probe (:func:`dense_crossover`) times one
 gate|up-shaped layer at 2 to 128 rows three ways (the int4 kernel; a float32 GEMM of the dequantized weights; the same
-weights in bf16, packed for oneDNN, where oneDNN packs bf16: AMX tiles or AVX512-BF16 run it), keeps whichever dense
+weights in bf16 through oneDNN's GEMM, where oneDNN runs bf16: AMX tiles or AVX512-BF16), keeps whichever dense
 kind is faster at many rows as ``dense_dtype``, and finds the row count above which it beats the int4 kernel
 (``dense_above``). Layers then run the int4 kernel at up to ``dense_above`` rows (decode of small batches: memory-bound,
 where 4-bit weights read the fewest bytes) and the dense copy above (prefill, verify of large batches: compute-bound).
@@ -78,7 +78,7 @@ class PathChoice:
         bf16_packed: whether oneDNN's packed bf16 linears work on this CPU.
         dense_above: native path only: row count above which linears use a dense copy of the int4 weights
             (:func:`dense_crossover`; None: int4 only).
-        dense_dtype: native path only: that copy's dtype, ``float32`` or ``bfloat16`` (oneDNN-packed), or None.
+        dense_dtype: native path only: that copy's dtype, ``float32`` or ``bfloat16`` (oneDNN's GEMM), or None.
         dense_rows_ms: native path only: the crossover probe's ms per kernel per row count (``{"int4": {rows: ms},
             "float32": ..., "bfloat16": ...}``), empty when not probed.
         lm_head: native path only: the lm_head's kernel, ``int4`` or ``int8`` (a Q8_0 lm_head requantized per
@@ -246,8 +246,8 @@ def dense_crossover(cfg: ModelConfig, reps: int = 5) -> dict[str, Any]:
     """Which dense copy of the native weights to keep and above which row count to use it, from timings of one
     gate|up-shaped layer of ``cfg`` (at most 4096 rows; one thread, cache-resident: the many-row case is
     compute-bound) at each of :data:`DENSE_ROWS`: the int4 kernel, a float32 GEMM of the dequantized weights, and
-    (where oneDNN packs bf16: :func:`spectune.backends.local.model.linear.packing_supported`) the same weights in bf16
-    through oneDNN; also at 1 row, for :func:`batch_estimates`. About 1 s.
+    (where oneDNN runs bf16: :func:`spectune.backends.local.model.linear.packing_supported`) the same weights in bf16
+    through oneDNN's GEMM; also at 1 row, for :func:`batch_estimates`. About 1 s.
 
     The dense dtype is the kind with the smaller time summed over row counts >= :data:`DENSE_KIND_ROWS`. Rows r
     qualify when that kind beats the int4 kernel at r and at every larger probed count; ``dense_above_rows`` is the
@@ -384,7 +384,7 @@ def batch_estimates(step_ms: dict[str, float], rows_ms: dict[str, dict[str, floa
     weight once), and at b rows its linears cost the batch-1 step scaled by the layer's compute time at b rows over
     its time at the smallest probed row count, as a roofline would (the larger of memory and compute). The native
     path runs the faster of the int4 kernel and its dense copy at each row count (``dense_above``); bfloat16 without
-    oneDNN packing (``packed`` False: a scalar GEMM) grows with the rows.
+    oneDNN's bf16 kernels (``packed`` False: PyTorch's scalar GEMM) grows with the rows.
 
     Returns:
         ``{path: {batch: ms}}`` for the paths in ``step_ms``.
@@ -449,7 +449,7 @@ def _with_dense(choice: PathChoice, cfg: ModelConfig, lm_repeat: int, dense_abov
     key = _probe_key(["native:dense-kernel"], cfg, lm_repeat)
     probe = _measured(key, lambda: dense_crossover(cfg))
     if kind == "bfloat16" and "bfloat16" not in probe["rows_ms"]:
-        raise UserError("--native-dense-dtype bfloat16: oneDNN does not pack bf16 on this CPU (needs AVX-512 BW/VL/DQ "
+        raise UserError("--native-dense-dtype bfloat16: oneDNN has no bf16 GEMM on this CPU (needs AVX-512 BW/VL/DQ "
                         "or AVX-NE-CONVERT): use auto or float32")
     choice.dense_dtype = probe["dense_dtype"] if kind == "auto" else kind
     choice.dense_rows_ms = probe["rows_ms"]

@@ -37,11 +37,13 @@ dtype the same probe found faster at many rows (``dense_dtype``;
 
 - ``float32``: exactly the kernel's weights; bf16 inputs cast up, the output cast back like the kernel's. 4 bytes per
   weight.
-- ``bfloat16``: the same weights rounded to bf16 (a second rounding of Q4_1's ``d * q + m``), packed once into
-  oneDNN's blocked layout (:class:`spectune.backends.local.model.linear.PackedLinear`), whose bf16 GEMM runs on AMX
-  tiles or AVX512-BF16 where the CPU has them. 2 bytes per weight. On a 2-core Sapphire Rapids-class Xeon with AMX
-  (one thread, gate|up): 0.61 ms at 32 rows and 1.5 ms at 128, against 2.4 and 11 ms for float32 and 2.5 and 18 ms
-  for the int4 kernel.
+- ``bfloat16``: the same weights rounded to bf16 (a second rounding of Q4_1's ``d * q + m``); PyTorch sends a bf16
+  matmul on CPU to oneDNN, whose GEMM runs on AMX tiles or AVX512-BF16 where the CPU has them. 2 bytes per weight.
+  Not pre-packed (:class:`spectune.backends.local.model.linear.PackedLinear`): dynamo cannot trace packed weights,
+  and the decode layers are compiled (:mod:`spectune.backends.local.engine.compiled`); unpacked it costs 0.65 ms
+  against 0.47 ms packed at 32 rows, the same at 128. On a 2-core Sapphire Rapids-class Xeon with AMX (one thread,
+  gate|up): 0.7 ms at 32 rows and 1.5 ms at 128, against 2.2-2.4 and 10-11 ms for float32 and 2.4 and 17 ms for
+  the int4 kernel.
 
 llama.cpp does the same for large batches with a BLAS backend (``ggml/src/ggml-blas/ggml-blas.cpp``: a matmul with at
 least 32 rows, columns and inputs is dequantized to float and sent to sgemm). The dense copy is used only where it
@@ -158,41 +160,25 @@ def unpack(raw: np.ndarray, qtype: str, in_features: int) -> QuantTensor:
 
 class _QuantLinear(nn.Module):
     """What the native layers share: an optional bias in the activation dtype, and the dense copy of the kernel's
-    own weights used above ``dense_above`` rows (float32, or bf16 packed for oneDNN; see the module docstring).
+    own weights used above ``dense_above`` rows (float32 or bf16; see the module docstring).
     Subclasses set ``in_features``, ``out_features`` and their kernel's tensors, call :meth:`_finish`, and implement
     :meth:`_kernel`."""
 
     def _finish(self, dtype: torch.dtype, bias: torch.Tensor | None, dense_above: int | None,
                 weights: Any, dense_dtype: torch.dtype = torch.float32) -> None:
-        """Store the bias and, when ``dense_above`` is set, ``weights()`` (float32 [N, K]) as the dense copy: as is
-        for ``dense_dtype`` float32, rounded to bf16 and packed by oneDNN for bfloat16.
+        """Store the bias and, when ``dense_above`` is set, ``weights()`` (float32 [N, K]) as the dense copy in
+        ``dense_dtype`` (float32 as is, or rounded to bfloat16), with the bias in the same dtype.
 
         Raises:
             ValueError: ``dense_dtype`` is neither float32 nor bfloat16.
         """
-        from spectune.backends.local.model.linear import PackedLinear
-
         if dense_dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"dense copy in {dense_dtype}: use torch.float32 or torch.bfloat16")
         self.bias = None if bias is None else bias.to(dtype)
         self.dense_above = dense_above
         self.dense_dtype = dense_dtype
-        self.dense: torch.Tensor | None = None
-        self.dense_packed: PackedLinear | None = None
-        self.dense_bias = None
-        if dense_above is None:
-            return
-        w = weights()  # float32 [N, K]
-        if dense_dtype == torch.bfloat16:
-            lin = nn.Linear(w.shape[1], w.shape[0], bias=bias is not None, dtype=torch.bfloat16)
-            lin.requires_grad_(False)
-            lin.weight.copy_(w)
-            if bias is not None:
-                lin.bias.copy_(bias)
-            self.dense_packed = PackedLinear(lin)
-        else:
-            self.dense = w
-            self.dense_bias = None if self.bias is None else self.bias.float()
+        self.dense = None if dense_above is None else weights().to(dense_dtype)
+        self.dense_bias = None if self.bias is None or dense_above is None else self.bias.to(dense_dtype)
 
     def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
         """x2 [M, K] (the activation dtype) -> [M, N] through the quantized kernel."""
@@ -201,11 +187,8 @@ class _QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in_features] (the activation dtype) -> [..., out_features]."""
         x2 = x.reshape(-1, self.in_features)  # [M, K]
-        if self.dense_above is not None and x2.shape[0] > self.dense_above:  # many rows: dense GEMM, same weights
-            if self.dense_packed is not None:  # bf16, oneDNN-packed
-                y = self.dense_packed(x2.to(torch.bfloat16)).to(x.dtype)
-            else:  # float32
-                y = torch.nn.functional.linear(x2.float(), self.dense, self.dense_bias).to(x.dtype)
+        if self.dense is not None and x2.shape[0] > self.dense_above:  # many rows: dense GEMM, same weights
+            y = torch.nn.functional.linear(x2.to(self.dense_dtype), self.dense, self.dense_bias).to(x.dtype)
             return y.view(*x.shape[:-1], self.out_features)
         y = self._kernel(x2)
         if self.bias is not None:
@@ -223,7 +206,7 @@ class Int4Linear(_QuantLinear):
         dense_above: also keep the kernel's weights as a dense [N, K] matrix and use a dense GEMM for inputs of
             more than this many rows (see the module docstring); None: int4 only.
         dense_dtype: the dense copy's dtype: ``torch.float32`` (the kernel's exact weights) or ``torch.bfloat16``
-            (rounded to bf16, packed for oneDNN).
+            (rounded to bf16, run by oneDNN's bf16 GEMM).
 
     Raises:
         RuntimeError: from PyTorch when the kernel cannot take this shape (out_features not a multiple of 16).
@@ -408,7 +391,7 @@ def quantize_target(target: nn.Module, path: str | Path, dtype: torch.dtype = to
         dtype: activation dtype (bf16: the kernel's vectorised variant).
         dense_above: row count above which every layer uses a dense copy of its weights (:class:`Int4Linear`);
             None: int4 only.
-        dense_dtype: that copy's dtype, ``torch.float32`` or ``torch.bfloat16`` (oneDNN-packed).
+        dense_dtype: that copy's dtype, ``torch.float32`` or ``torch.bfloat16`` (oneDNN's bf16 GEMM).
         lm_head: ``int4`` (every type as int4 codes; Q8_0 as two exact halves) or ``int8`` (a Q8_0 lm_head
             requantized per row, :func:`requantize_rows`; other types stay int4).
 
