@@ -25,16 +25,16 @@ tests) runs the same path and later starts skip the probe; delete the file to me
 timings are logged and reported in ``/server_info`` (``engine_path``), which the ``local``
 sweep backend copies into sweep.json (``backend.engine.path``). On CUDA ``auto`` is bfloat16.
 
-The native path is itself a path per batch-size range: a second probe (:func:`dense_crossover`) times one
-gate|up-shaped layer at 2 to 128 rows three ways (the int4 kernel; a float32 GEMM of the dequantized weights; the same
-weights in bf16 through oneDNN's GEMM, where oneDNN runs bf16: AMX tiles or AVX512-BF16), keeps whichever dense
-kind is faster at many rows as ``dense_dtype``, and finds the row count above which it beats the int4 kernel
-(``dense_above``). Layers then run the int4 kernel at up to ``dense_above`` rows (decode of small batches: memory-bound,
-where 4-bit weights read the fewest bytes) and the dense copy above (prefill, verify of large batches: compute-bound).
-On a 2-core Xeon with AMX the bf16 copy wins from 4 rows on and is 8-12x faster than the int4 kernel at 64-128 rows;
-float32, the only dense kind before, was never more than 1.7x faster there. The choice, its per-row timings and the
-ranges are kept in the same file and reported in ``engine_path`` (``dense_dtype``, ``kernel_ranges``,
-``dense_rows_ms``); ``--native-dense-above`` overrides the row count.
+The native path is itself a path per batch-size range: a second probe (:func:`dense_crossover`) times one gate|up-shaped
+layer at 2 to 128 rows three ways (the int4 kernel; a float32 GEMM of the dequantized weights; the same weights in bf16
+through oneDNN's GEMM, where oneDNN runs bf16: AMX tiles or AVX512-BF16), keeps whichever dense kind is faster at many
+rows as ``dense_dtype``, and finds the row count above which it beats the int4 kernel (``dense_above``). Layers then run
+the int4 kernel at up to ``dense_above`` rows (decode of small batches: memory-bound, where 4-bit weights read the
+fewest bytes) and the dense copy above (prefill, verify of large batches: compute-bound). On a 2-core Xeon with AMX the
+bf16 copy wins from 4-8 rows on and is 6-11x faster than the int4 kernel at 64-128 rows; the float32 copy is
+never more than 1.5x faster there (docs/engine.md). The choice, its per-row timings and the ranges are kept
+in the same file and reported in ``engine_path`` (``dense_dtype``, ``kernel_ranges``, ``dense_rows_ms``);
+``--native-dense-above`` overrides the row count.
 """
 
 from __future__ import annotations
@@ -111,10 +111,7 @@ class PathChoice:
             return [[1, None, self.name]]
         if self.dense_above is None:
             return [[1, None, "int4"]]
-        dense = f"{self.dense_dtype or 'float32'} dense"
-        if self.dense_above < 1:
-            return [[1, None, dense]]
-        return [[1, self.dense_above, "int4"], [self.dense_above + 1, None, dense]]
+        return [[1, self.dense_above, "int4"], [self.dense_above + 1, None, f"{self.dense_dtype or 'float32'} dense"]]
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready description (``/server_info`` ``engine_path``)."""
@@ -336,7 +333,7 @@ def choose_path(requested: str, device: torch.device, cfg: ModelConfig, native_o
     Raises:
         UserError: an unknown value, or ``native`` where it cannot run (CUDA, a non-GGUF model, other types), or a
             ``dense_above`` that is not auto, off or a row count, an ``lm_head`` not in auto, int4, int8, or a
-            ``dense_dtype`` not in :data:`DENSE_DTYPES` (bfloat16 where oneDNN cannot pack it).
+            ``dense_dtype`` not in :data:`DENSE_DTYPES` (bfloat16 where oneDNN has no bf16 GEMM).
     """
     from spectune.backends.local.model.linear import packing_supported
 

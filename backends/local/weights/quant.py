@@ -42,8 +42,8 @@ dtype the same probe found faster at many rows (``dense_dtype``;
   Not pre-packed (:class:`spectune.backends.local.model.linear.PackedLinear`): dynamo cannot trace packed weights,
   and the decode layers are compiled (:mod:`spectune.backends.local.engine.compiled`); unpacked it costs 0.65 ms
   against 0.47 ms packed at 32 rows, the same at 128. On a 2-core Sapphire Rapids-class Xeon with AMX (one thread,
-  gate|up): 0.7 ms at 32 rows and 1.5 ms at 128, against 2.2-2.4 and 10-11 ms for float32 and 2.4 and 17 ms for
-  the int4 kernel.
+  gate|up): 0.7 ms at 32 rows and 0.9 ms at 128, against 2.1 and 6.5 ms for float32 and 2.4 and 9.4 ms for the int4
+  kernel (docs/engine.md).
 
 llama.cpp does the same for large batches with a BLAS backend (``ggml/src/ggml-blas/ggml-blas.cpp``: a matmul with at
 least 32 rows, columns and inputs is dequantized to float and sent to sgemm). The dense copy is used only where it
