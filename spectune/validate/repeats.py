@@ -72,8 +72,8 @@ class InstanceSpread:
             A common drift of all runs between repeats also lands here, which makes it wider, never narrower.
         df: its degrees of freedom, sum over runs of (repeats - 1).
         band: ``aa`` / ``default``: the fraction by which a ratio's within-run interval is widened on both sides.
-            ``aa``: exp(t(confidence, 1) x d) - 1, d the far end of the A/A pair's own within-run interval from 1
-            in log, at least |ln ratio| (:func:`instance_spread`).
+            ``aa``: the far end of the A/A pair's own within-run interval from 1 (the largest difference between
+            two fresh servers of one num_steps that the pair allows), at least its point's distance from 1.
         aa: ``aa``: ``{"steps", "ratio", "low", "high"}``: the A/A pair ``aa:K`` / ``static:K``.
     """
 
@@ -171,13 +171,9 @@ def instance_spread(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str,
     ``runs`` (one entry per repeat) and requests.jsonl objects:
 
     1. ``repeats`` when some run has two or more successful repeats with a value: the pooled sd of ln(value);
-    2. else ``aa`` when the A/A pair (``aa:K`` and ``static:K``, :data:`AA_PREFIX`) both succeeded: the pair is one
-       draw of how far two fresh servers differ, a one-degree-of-freedom estimate of that spread, so the band is
-       exp(t(confidence, 1) x d) - 1 with d the far end of the pair's paired within-run interval (``select``,
-       ``objective``: as :func:`paired_ratio`) from 1 in log, at least |ln ratio| (the ratio alone when there are no
-       requests). On the 2-vCPU AMX Xeon, whose speed drifted by 15% within ten minutes, two one-repeat validations
-       of the same rounds read config / K=1 1.203 and 0.842: a band of the pair's difference itself (12-19% there)
-       held neither rerun, this one does; a one-repeat verdict is then INCONCLUSIVE unless the loss is gross;
+    2. else ``aa`` when the A/A pair (``aa:K`` and ``static:K``, :data:`AA_PREFIX`) both succeeded: the far end of
+       the pair's paired within-run interval (``select``, ``objective``: as :func:`paired_ratio`) from 1, at least
+       |ratio - 1| (the ratio alone when there are no requests);
     3. else ``default``: :data:`DEFAULT_INSTANCE_BAND`.
     """
     ok = [r for r in runs if r.get("status") == "ok" and _positive(value(r))]
@@ -195,10 +191,7 @@ def instance_spread(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str,
         point = float(value(aa)) / float(value(base))  # type: ignore[arg-type]
         iv = paired_ratio(runs, requests, aa["run"], base["run"], value, select, confidence, objective,
                           spread=WITHIN_ONLY)
-        # one A/A pair is one draw of the difference of two servers: ln(point) estimates sqrt(2) x their sd with one
-        # degree of freedom, so a new pair's difference lies within t(confidence, 1) x |ln(point)| (12.7x at 95%)
-        far = max(abs(math.log(point)), *((math.log(iv[1]), -math.log(iv[0])) if iv else ()))
-        band = math.expm1(t_quantile(confidence, 1) * far)
+        band = max(abs(point - 1.0), *((iv[1] - 1.0, 1.0 - iv[0]) if iv else ()))
         return InstanceSpread("aa", 1, band=band, aa={"steps": aa.get("steps"), "ratio": point,
                                                       "low": iv[0] if iv else None, "high": iv[1] if iv else None})
     return InstanceSpread("default", 1, band=DEFAULT_INSTANCE_BAND)
