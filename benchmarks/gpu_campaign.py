@@ -272,8 +272,11 @@ class Campaign:
 
     def __init__(self, out: Path, sizes: Sizes, bundle: Path | None) -> None:
         self.out, self.sizes, self.bundle = out, sizes, bundle
-        self.results: dict[str, Any] = {"sizes": {k: v for k, v in vars(sizes).items()}, "parts": {}}
-        self.md: dict[str, str] = {}
+        self.results: dict[str, Any] = {"sizes": {k: v for k, v in vars(sizes).items()}, "parts": {}, "md": {}}
+        earlier = out / "campaign.json"
+        if earlier.is_file():  # a later run into the same folder adds its parts to what is there
+            self.results.update({k: v for k, v in json.loads(earlier.read_text()).items() if k != "sizes"})
+        self.md: dict[str, str] = self.results["md"]
         self.env = dict(os.environ, PYTHONUNBUFFERED="1")
         out.mkdir(parents=True, exist_ok=True)
 
@@ -372,9 +375,27 @@ class Campaign:
         rec = self.out / "recommend" / "recommendation.md"
         self.md["recommend"] = "## Recommend\n\n" + (rec.read_text()[:6000] if rec.is_file() else "(none)") + "\n"
 
+    def per_batch_config(self) -> Path:
+        """The per-batch-size schedule to validate: recommend's vLLM schedule, or, where recommend's primary is one
+        static num_steps (its slots' choices within the noise band of it), a vLLM schedule of the per-batch-size
+        choice it set aside (``schedule_slots`` in recommendation.json), so validate answers whether that schedule
+        beats the best static num_steps on the swinging load."""
+        rec = json.loads((self.out / "recommend" / "recommendation.json").read_text())
+        slots = rec.get("schedule_slots") or []
+        if rec["primary"].get("kind") != "static" or len({sl["steps"] for sl in slots}) < 2:
+            return self.out / "recommend" / "vllm-speculative-config.json"
+        top = max(int(c) for c in self.sizes.sweep_concurrency.split(","))
+        ranges = [[sl["lower"], sl["upper"] or max(top, sl["lower"]), sl["steps"]] for sl in slots]
+        path = self.out / "recommend" / "per-batch-schedule.json"
+        path.write_text(json.dumps({"num_speculative_tokens": max(1, max(r[2] for r in ranges)),
+                                    "num_speculative_tokens_per_batch_size": ranges}, indent=1))
+        self.results["validate_config_from"] = "schedule_slots (recommend's primary is static)"
+        return path
+
     def validate_part(self) -> None:
         s = self.sizes
-        config = self.out / "recommend" / "sglang-adaptive-custom.json"
+        config = self.per_batch_config()
+        self.results["validate_config"] = json.loads(config.read_text())
         args = ["validate", "--config", str(config), "--device", s.device, "--workload", s.validate_workload,
                 *s.validate_args, "--output-dir", str(self.out / "validate")]
         proc = self.cli("validate", args, timeout=400)
