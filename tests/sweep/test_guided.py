@@ -282,13 +282,13 @@ def pair_at_second_largest_concurrency(ratio: float) -> list[dict]:
 
 def test_where_speculation_pays_at_the_pairs_batch_the_fifth_seed_cell_is_the_middle_num_steps_there():
     planner = GuidedPlanner(STEPS, CONC)
-    assert planner.seed_fifth(planner.cells(pair_at_second_largest_concurrency(1.2))) == (2, 16)
+    assert planner.seed_followup(planner.cells(pair_at_second_largest_concurrency(1.2))) == (2, 16)
 
 
 def test_where_speculation_does_not_pay_at_the_pairs_batch_the_fifth_seed_cell_is_num_steps_1_at_the_middle():
     """K=1 within the noise band of K=0 at the pair's concurrency: does not pay there."""
     planner = GuidedPlanner(STEPS, CONC)
-    assert planner.seed_fifth(planner.cells(pair_at_second_largest_concurrency(1.01))) == (1, 4)
+    assert planner.seed_followup(planner.cells(pair_at_second_largest_concurrency(1.01))) == (1, 4)
 
 
 def test_the_fifth_seed_cell_is_the_round_after_the_seed():
@@ -317,7 +317,7 @@ def exact_points(planner: GuidedPlanner, cells, tau_ms=draft_fixed_cost_ms) -> l
 def full_seed(planner: GuidedPlanner) -> list[tuple[int, int]]:
     """The seed's four cells and the fifth chosen from their exact_points."""
     seed = planner.seed()
-    return seed + [planner.seed_fifth(planner.cells(exact_points(planner, seed)))]
+    return seed + [planner.seed_followup(planner.cells(exact_points(planner, seed)))]
 
 
 def test_the_seed_and_one_more_cell_identify_the_draft_models_fixed_cost():
@@ -902,7 +902,7 @@ def test_the_usual_rules_leave_a_rival_under_the_expected_improvement_bar_unmeas
 
 def test_where_the_choice_turns_the_neighbours_num_steps_is_measured_however_small_its_expected_improvement():
     planner, cells, preds, tried = turn_case(TURNS)
-    assert set(planner.turn_rivals(cells, preds, 4, tried, [0, 2])) == {0}
+    assert set(planner.rivals_at_turn(cells, preds, 4, tried, [0, 2])) == {0}
 
 
 def test_where_the_choice_turns_a_neighbours_num_steps_the_model_puts_past_the_band_is_measured_too():
@@ -911,12 +911,12 @@ def test_where_the_choice_turns_a_neighbours_num_steps_the_model_puts_past_the_b
 
     planner, cells, preds, tried = turn_case(TURNS)
     preds[(0, 4)] = Prediction(0, 4, 1.0, 180.0, 170.0, 190.0, 10.0, 9.0, 11.0)
-    assert set(planner.turn_rivals(cells, preds, 4, tried, [0, 2])) == {0}
+    assert set(planner.rivals_at_turn(cells, preds, 4, tried, [0, 2])) == {0}
 
 
 def test_where_the_neighbours_settled_on_the_same_num_steps_nothing_turns():
     planner, cells, preds, tried = turn_case({0: 120.0, 1: 100.0, 2: 90.0})  # 1 settles on 0 too
-    assert planner.turn_rivals(cells, preds, 4, tried, [0, 2]) == {}
+    assert planner.rivals_at_turn(cells, preds, 4, tried, [0, 2]) == {}
 
 
 def test_where_two_num_steps_were_measured_the_turn_adds_nothing():
@@ -924,7 +924,7 @@ def test_where_two_num_steps_were_measured_the_turn_adds_nothing():
 
     planner, cells, preds, tried = turn_case(TURNS)
     cells[(2, 4)] = Cell(2, 4, 170.0, 10.0, 2.0, [], 0.05)
-    assert planner.turn_rivals(cells, preds, 4, tried | {(2, 4)}, [0]) == {}
+    assert planner.rivals_at_turn(cells, preds, 4, tried | {(2, 4)}, [0]) == {}
 
 
 def test_the_parameter_covariance_is_that_of_the_weighted_fit_under_each_cells_noise():

@@ -21,7 +21,7 @@ concurrency that a neighbour still settling would leave so waits until every cel
    cell's prediction and standard error, is at least :attr:`Choosing.EI_SHARE_OF_BAND` of the band (0.5% of the
    objective at the default 2% band): a cell whose interval merely brushes the band costs a whole point and almost
    never changes the choice.
-3. Where the choice turns, rules 1 and 2 are waived (:meth:`Choosing.turn_rivals`): at a concurrency where one
+3. Where the choice turns, rules 1 and 2 are waived (:meth:`Choosing.rivals_at_turn`): at a concurrency where one
    num_steps was measured, between measured concurrencies that settled on different num_steps, each of those
    num_steps is worth measuring whatever the model predicts for it. The model is smooth in concurrency, and a turn
    can be sharper than its shape (the bundled engine's concurrency 4).
@@ -66,7 +66,7 @@ class Choosing:
     #: a cell is measured only if its expected improvement is at least this share of the noise band (module
     #: docstring)
     EI_SHARE_OF_BAND: ClassVar[float] = 0.25
-    #: the value of a cell where the choice turns that the model puts past the band (:meth:`turn_rivals`: measured
+    #: the value of a cell where the choice turns that the model puts past the band (:meth:`rivals_at_turn`: measured
     #: all the same, after every cell of some value)
     TURN_FLOOR: ClassVar[float] = 1e-9
 
@@ -96,12 +96,12 @@ class Choosing:
                      self.seed()[1]: "seed: num_steps 0 beside num_steps 1 (the draft fixed cost)"}
             for kc in seed:
                 self.why.append({"steps": kc[0], "concurrency": kc[1], "reason": roles.get(
-                    kc, "seed: draft fixed cost (num_steps 0 and 1 side by side)" if kc[1] == self._cpair
+                    kc, "seed: draft fixed cost (num_steps 0 and 1 side by side)" if kc[1] == self._pair_concurrency
                     else "seed: batch dependence")})
             self.rounds.append(seed)
             return seed
         if len(self.rounds) == 1:  # the seed was measured: its fifth cell
-            fifth = self.seed_fifth(cells)
+            fifth = self.seed_followup(cells)
             if fifth is not None and fifth not in tried:
                 self.rounds.append([fifth])
                 self.why.append({"steps": fifth[0], "concurrency": fifth[1],
@@ -134,7 +134,7 @@ class Choosing:
                                      + (" (after every other cell: a neighbour still settling would settle it)"
                                         if waits else "")}
                 continue
-            for k, ei in self.turn_rivals(cells, preds, c, tried, open_).items():
+            for k, ei in self.rivals_at_turn(cells, preds, c, tried, open_).items():
                 if k not in values:  # rule 3 of the module docstring: the choice turns at c
                     values[k] = ei
                     turns.add((k, c))
@@ -177,7 +177,7 @@ class Choosing:
         band))] / best for a normal Y of the cell's prediction and standard error, is at least ``EI_SHARE_OF_BAND``
         of the band (module docstring)."""
         best = self._best_measured(cells, c)
-        return None if best is None else self._worth(preds, c, open_, best)
+        return None if best is None else self._worth_measuring(preds, c, open_, best)
 
     def _best_measured(self, cells: dict[tuple[int, int], Cell], c: int) -> float | None:
         """The best objective measured at concurrency ``c`` (highest throughput, tokens/s; lowest TPOT, ms), or None
@@ -198,7 +198,7 @@ class Choosing:
         from the others at its concurrency (:meth:`spectune.sweep.guided.model.StepTimeModel.fit`)."""
         k = self._predicted_choice(preds, c, open_)
         rest = [kk for kk in open_ if kk != k]
-        return None if self._worth(preds, c, rest, self._value(preds[(k, c)])[0]) else k
+        return None if self._worth_measuring(preds, c, rest, self._value(preds[(k, c)])[0]) else k
 
     def settled_by_neighbours(self, cells: dict[tuple[int, int], Cell], preds: dict[tuple[int, int], Prediction],
                               c: int, tried: set[tuple[int, int]]) -> int | None:
@@ -268,7 +268,7 @@ class Choosing:
         top = max(measured.values())
         return min(k for k, v in measured.items() if v >= top * (1 - self.noise_band))
 
-    def turn_rivals(self, cells: dict[tuple[int, int], Cell], preds: dict[tuple[int, int], Prediction], c: int,
+    def rivals_at_turn(self, cells: dict[tuple[int, int], Cell], preds: dict[tuple[int, int], Prediction], c: int,
                     tried: set[tuple[int, int]], open_: Sequence[int]) -> dict[int, float]:
         """At a concurrency ``c`` where one num_steps was measured, between measured concurrencies that settled on
         different num_steps (the choice turns at ``c`` or next to it): those num_steps not yet tried at ``c``, with
@@ -330,7 +330,7 @@ class Choosing:
         sign = 1 if self.objective != "tpot" else -1
         return max(open_, key=lambda k: sign * self._value(preds[(k, c)])[0])
 
-    def _worth(self, preds: dict[tuple[int, int], Prediction], c: int, open_: Sequence[int],
+    def _worth_measuring(self, preds: dict[tuple[int, int], Prediction], c: int, open_: Sequence[int],
                best: float) -> dict[int, float]:
         """The num_steps of ``open_`` at ``c`` worth measuring against the objective value ``best`` (tokens/s or
         ms), with their expected improvement beyond the band as a fraction of ``best`` (:meth:`values`)."""

@@ -5,9 +5,9 @@ cell of the plan.
   = c * AL_eff / throughput`` (a closed loop of c sequences emits c * AL_eff tokens per step; ``AL_eff = L / (1 + (L -
   1) / AL)`` for requests of L output tokens whose first token takes a prefill step) or ``tau = TPOT * AL`` (TPOT
   objective). It is fitted by weighted least squares (relative errors, each cell weighted by the inverse of its relative
-  variance, its window's own from its interval plus ``MIN_REL_ERROR`` squared, :meth:`StepTimeModel._sd`) on the
-  features ``[1, c, K, c*K]`` (fixed cost, batch-proportional verify cost, per-draft-token cost, verify cost of K extra
-  tokens per sequence) plus ``[K>0, c*(K>0)]`` (the draft model's fixed per-step cost). Which terms are fitted is
+  variance, its window's own from its interval plus ``MIN_REL_ERROR`` squared, :meth:`StepTimeModel._relative_sd`) on
+  the features ``[1, c, K, c*K]`` (fixed cost, batch-proportional verify cost, per-draft-token cost, verify cost of K
+  extra tokens per sequence) plus ``[K>0, c*(K>0)]`` (the draft model's fixed per-step cost). Which terms are fitted is
   decided by identifiability: the richest of :attr:`StepTimeModel.FEATURE_SETS` whose design matrix on the measured
   cells has full column rank with a residual degree of freedom to spare and whose fitted step time does not fall as
   num_steps grows (no engine's step costs less with more draft tokens; a fit that falls anyway keeps the fall as a floor
@@ -52,9 +52,9 @@ def _covariance(feat: Callable[[int, int], list[float]], obs: Sequence[tuple[Cel
                 sd: Sequence[float] | None = None) -> np.ndarray:
     """The parameter covariance of the weighted least-squares fit of ``obs`` ((cell, tau s) pairs) with features
     ``feat(k, c)``, in relative units (rows ``z = x / tau``), each cell weighted by ``1 / sd^2`` (``sd``: its relative
-    standard deviation, :meth:`StepTimeModel._sd`; None: equal weights), when each cell's relative error has variance
-    ``var`` (a float: every cell's; an array: each cell's): the sandwich ``A^-1 Z'W S W Z A^-1``, ``W = diag(1 /
-    sd^2)``, ``S = diag(var)``, ``A = Z'WZ`` (Huber, "The behavior of maximum likelihood estimates under nonstandard
+    standard deviation, :meth:`StepTimeModel._relative_sd`; None: equal weights), when each cell's relative error has
+    variance ``var`` (a float: every cell's; an array: each cell's): the sandwich ``A^-1 Z'W S W Z A^-1``, ``W = diag(1
+    / sd^2)``, ``S = diag(var)``, ``A = Z'WZ`` (Huber, "The behavior of maximum likelihood estimates under nonstandard
     conditions", Proc. Fifth Berkeley Symposium 1, 1967); with equal weights and one ``var`` it is ``var *
     (Z'Z)^-1``."""
     Z = np.array([feat(x.steps, x.conc) for x, _ in obs]) / np.array([t for _, t in obs])[:, None]
@@ -176,7 +176,7 @@ class StepTimeModel:
         return out
 
     # -- the model ---------------------------------------------------------------------------------------------
-    def _al(self, cells: dict[tuple[int, int], Cell], k: int, c: int) -> float:
+    def _acceptance_length(self, cells: dict[tuple[int, int], Cell], k: int, c: int) -> float:
         if (k, c) in cells:
             return cells[(k, c)].al
         if k == 0:
@@ -252,12 +252,12 @@ class StepTimeModel:
         richest identifiable :attr:`FEATURE_SETS` entry) or ``roofline``
         (:func:`spectune.sweep.guided.roofline.fit_roofline`): (the features' names, features(k, c), parameters, raw
         tau(k, c) in s (nan where the fit is not positive), anchor per measured concurrency: the geometric mean ratio of
-        observed to raw tau there, each cell weighted by ``1 / sd^2`` (:meth:`_sd`)); None where the roofline cannot be
-        fitted to these cells. ``names``: the linear family's feature set (default: the richest :meth:`_feature_set`
-        identifies)."""
+        observed to raw tau there, each cell weighted by ``1 / sd^2`` (:meth:`_relative_sd`)); None where the roofline
+        cannot be fitted to these cells. ``names``: the linear family's feature set (default: the richest
+        :meth:`_feature_set` identifies)."""
         if family == "roofline":
             rf = fit_roofline([x.steps for x, _ in obs], [x.conc for x, _ in obs], [t for _, t in obs],
-                              [self._sd(x) for x, _ in obs])
+                              [self._relative_sd(x) for x, _ in obs])
             if rf is None:
                 return None
             label, feat, theta = "roofline: " + ", ".join(ROOFLINE_PARAMS), rf.features, np.array(rf.theta)
@@ -267,7 +267,8 @@ class StepTimeModel:
             feat = lambda k, c: self._features(k, c, names)  # noqa: E731
             X = np.array([feat(x.steps, x.conc) for x, _ in obs])
             y = np.array([t for _, t in obs])
-            w = 1.0 / (y * np.array([self._sd(x) for x, _ in obs]))  # relative units, inverse-variance weighted
+            # relative units, inverse-variance weighted
+            w = 1.0 / (y * np.array([self._relative_sd(x) for x, _ in obs]))
             theta, *_ = np.linalg.lstsq(X * w[:, None], y * w, rcond=None)
 
         def raw(k: int, c: int) -> float:
@@ -276,13 +277,13 @@ class StepTimeModel:
 
         anchor: dict[int, float] = {}
         for c in {x.conc for x, _ in obs}:
-            here = [(t / raw(x.steps, x.conc), self._sd(x) ** -2) for x, t in obs
+            here = [(t / raw(x.steps, x.conc), self._relative_sd(x) ** -2) for x, t in obs
                     if x.conc == c and math.isfinite(raw(x.steps, x.conc))]
             if here:
                 anchor[c] = float(np.exp(np.average(np.log([r for r, _ in here]), weights=[u for _, u in here])))
         return label, feat, theta, raw, anchor
 
-    def _sd(self, x: Cell) -> float:
+    def _relative_sd(self, x: Cell) -> float:
         """Cell ``x``'s relative standard deviation as the fit weighs it: ``sqrt(noise + MIN_REL_ERROR^2)``, its own
         measurement's variance (:meth:`_noise`) and what no window removes (the model's structure). The fit, the
         roofline's and the anchors weigh each cell by ``1 / sd^2`` (inverse-variance weighting, Aitken, "On least
@@ -329,7 +330,8 @@ class StepTimeModel:
             if not (math.isfinite(pred) and pred > 0) or not all(math.isfinite(raw(y.steps, y.conc)) for y in here):
                 continue
             errs.append(t / pred - 1)
-            cov = _covariance(feat, rest, np.array([self._noise(y) for y, _ in rest]), [self._sd(y) for y, _ in rest])
+            cov = _covariance(feat, rest, np.array([self._noise(y) for y, _ in rest]),
+                              [self._relative_sd(y) for y, _ in rest])
             g = _gradient(feat, raw, x.steps, x.conc, here)
             expected.append(self._noise(x) + float(np.mean([self._noise(y) for y in here])) / len(here)
                             + max(float(g @ cov @ g), 0.0))
@@ -458,7 +460,7 @@ class StepTimeModel:
         for c in self.concurrency:
             for k in self.steps:
                 t = tau(k, c)
-                al = self._al(cells, k, c)
+                al = self._acceptance_length(cells, k, c)
                 if not (math.isfinite(t) and t > 0):
                     continue
                 tput = c * (self._effective(al, tokens) if self.objective != "tpot" else al) / t

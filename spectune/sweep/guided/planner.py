@@ -19,7 +19,7 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
     """Chooses what a guided sweep measures next and predicts the rest (:mod:`spectune.sweep.guided`).
 
     The model and its predictions: :class:`spectune.sweep.guided.model.StepTimeModel` (``cells``, ``fit``,
-    ``predict``); the first cells: :class:`spectune.sweep.guided.seed.Seeding` (``seed``, ``seed_fifth``); the next
+    ``predict``); the first cells: :class:`spectune.sweep.guided.seed.Seeding` (``seed``, ``seed_followup``); the next
     cell by expected improvement per second: :class:`spectune.sweep.guided.choose.Choosing` (``next_round``,
     ``values``); more runs where a tie rests on a wide interval: :class:`spectune.sweep.guided.settle.Settling`
     (``comparisons``, ``settle``).

@@ -71,9 +71,9 @@ def fit_roofline(ks: Sequence[int], cs: Sequence[int], taus: Sequence[float],
                  sd: Sequence[float] | None = None) -> RooflineFit | None:
     """The least-squares roofline through the cells (num_steps ``ks``, concurrencies ``cs``, observed step times
     ``taus`` in s, all of one length; ``sd``: each cell's relative standard deviation, the weights' inverse in relative
-    units, as :meth:`spectune.sweep.guided.model.StepTimeModel._sd`; None: equal), or None: fewer than seven cells (five
-    parameters and two residual degrees of freedom), or no split of the cells with two on each side gives full-rank
-    designs and positive ``m0``, ``v``."""
+    units, as :meth:`spectune.sweep.guided.model.StepTimeModel._relative_sd`; None: equal), or None: fewer than seven
+    cells (five parameters and two residual degrees of freedom), or no split of the cells with two on each side gives
+    full-rank designs and positive ``m0``, ``v``."""
     n = len(taus)
     if n < 7:
         return None

@@ -41,19 +41,19 @@ class Seeding:
 
         * (largest K, smallest c): the per-position acceptance of every smaller K;
         * (smallest K, pair's c), (second K, pair's c): num_steps 0 and 1 at the same concurrency, the second
-          largest (:attr:`_cpair`), so the jump in step time from no speculation to one draft token (the draft
-          model's fixed per-step cost, ``K>0``) is identified instead of being spread over the per-draft-token
+          largest (:attr:`_pair_concurrency`), so the jump in step time from no speculation to one draft token (the
+          draft model's fixed per-step cost, ``K>0``) is identified instead of being spread over the per-draft-token
           slope;
-        * (smallest K, lower middle c, :attr:`_cmid`): the batch dependence; left out on a grid of fewer than three
-          concurrencies (there is no middle one: the other end is opened by its predicted best num_steps right
-          after the seed).
+        * (smallest K, lower middle c, :attr:`_probe_concurrency`): the batch dependence; left out on a grid of fewer
+          than three concurrencies (there is no middle one: the other end is opened by its predicted best num_steps
+          right after the seed).
 
-        A fifth cell follows once these are measured (:meth:`seed_fifth`)."""
+        A fifth cell follows once these are measured (:meth:`seed_followup`)."""
         ks, cs = sorted(self.steps), sorted(self.concurrency)
-        cp = self._cpair
+        cp = self._pair_concurrency
         cells = [(ks[-1], cs[0]), (ks[0], cp), (ks[1] if len(ks) > 1 else ks[0], cp)]
         if len(cs) >= 3:
-            cells.append((ks[0], self._cmid))
+            cells.append((ks[0], self._probe_concurrency))
         out: list[tuple[int, int]] = []
         for cell in cells:
             if cell not in out:
@@ -72,35 +72,35 @@ class Seeding:
         return "seed_acceptance" if key[2] == 0 and tuple(key[:2]) == self.seed()[0] else None
 
     @property
-    def _cpair(self) -> int:
+    def _pair_concurrency(self) -> int:
         """The concurrency of the seed's num_steps 0/1 pair: the second largest on a grid of four or more
         concurrencies (module docstring), else the largest."""
         cs = sorted(self.concurrency)
         return cs[-2] if len(cs) >= 4 else cs[-1]
 
     @property
-    def _cmid(self) -> int:
+    def _probe_concurrency(self) -> int:
         """The concurrency of the seed's batch-dependence cell: the lower middle one (below the pair's on a grid of
         four or more concurrencies), the middle of three, else the smallest."""
         cs = sorted(self.concurrency)
         return cs[(len(cs) - 1) // 2] if len(cs) > 2 else cs[0]
 
-    def seed_fifth(self, cells: dict[tuple[int, int], Cell]) -> tuple[int, int] | None:
-        """The seed's fifth cell, chosen by what the pair (:attr:`_cpair`) showed (module docstring): where num_steps
-        1 beats 0 there by more than the noise band, speculation pays at the pair's batch and the open question is
-        how far K goes, so the middle num_steps at the pair's concurrency (the per-draft-token cost at a large
-        batch); otherwise the open question is where speculation stops paying, so num_steps 1 at the lower middle
+    def seed_followup(self, cells: dict[tuple[int, int], Cell]) -> tuple[int, int] | None:
+        """The seed's fifth cell, chosen by what the pair (:attr:`_pair_concurrency`) showed (module docstring): where
+        num_steps 1 beats 0 there by more than the noise band, speculation pays at the pair's batch and the open
+        question is how far K goes, so the middle num_steps at the pair's concurrency (the per-draft-token cost at a
+        large batch); otherwise the open question is where speculation stops paying, so num_steps 1 at the lower middle
         concurrency (how the draft's fixed cost scales with the batch). None when the
         pair was not measured (failed cells) or the plan has fewer than three num_steps."""
         ks = sorted(self.steps)
         if len(ks) < 3:
             return None
-        k0, k1 = cells.get((ks[0], self._cpair)), cells.get((ks[1], self._cpair))
+        k0, k1 = cells.get((ks[0], self._pair_concurrency)), cells.get((ks[1], self._pair_concurrency))
         if k0 is None or k1 is None:
             return None
         if self.objective == "tpot":
             pays = k1.tpot * (1 + self.noise_band) < k0.tpot
         else:
             pays = k1.throughput > k0.throughput * (1 + self.noise_band)
-        return (ks[len(ks) // 2], self._cpair) if pays else (ks[1], self._cmid)
+        return (ks[len(ks) // 2], self._pair_concurrency) if pays else (ks[1], self._probe_concurrency)
 
