@@ -11,15 +11,14 @@ skipped) and three readings of the cut window are set against the full window's 
 - ``statistic``: the Little's-law throughput of the n finished requests (:func:`spectune.sweep.sequential
   .closed_loop_throughput`), what an early-stopped window reports (the requests in flight cancelled);
 - ``drained x drain factor``: the requests in flight at the cut finishing too (every request sent by then), the
-  statistic of those times another full window's own figure over its statistic over all its requests (what
-  stop 43's sweep reported);
+  statistic of those times another full window's own figure over its statistic over all its requests;
 - ``statistic x matched scale``: the statistic times another full window's own figure over the statistic of its
   own first n finished requests.
 
 The scaled readings take each other full window of the same concurrency in turn (a guided sweep has one or two at
 most concurrencies). Prints, per concurrency and number of waves, the windows cut, then for each reading the mean
-ratio to the full window's figure and the RMS of (ratio - 1), as a Markdown table (docs/sweep.md, "Changes of
-2026-11-27 (stop 44)").
+ratio to the full window's figure and the RMS of (ratio - 1), as a Markdown table (the figures:
+:mod:`spectune.sweep.sequential`, "What an early-stopped window reports").
 """
 
 from __future__ import annotations

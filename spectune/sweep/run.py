@@ -229,7 +229,7 @@ class Sweep:
         num_steps (median over repeats; None before any). A guided plan's settle run (a repeat beyond ``--repeats``,
         :mod:`spectune.sweep.guided.settle`) runs in full too: it adds a replicate to a comparison that ``spectune
         recommend`` makes on the prompts every run of the two cells measured, and cut short it would narrow those
-        to its own first prompts (the bundled engine, 2026-11-27 13:57: num_steps 0 and 1 at concurrency 1 stood at
+        to its own first prompts (the bundled engine, docs/sweep.md's command: num_steps 0 and 1 at concurrency 1 at
         0.939 [0.890, 0.988] on 13 prompts; one settle run stopped after 8 and left 0.876 [0.736, 1.012] on 8, a
         tie, with num_steps 0 at 0.677 of 1 on the grid)."""
         plan = self.plan

@@ -82,12 +82,13 @@ waits for its requests in flight, and a stop while they finish cancels the rest
 (``Constraints.cancel_on_early_stop``, ``loadgen/send_loop.py``). Those requests take up to one request's
 latency to drain, and the first of them often settle the cell: on the bundled engine the seed's K=1 at concurrency
 32, whose first wave of 32 finishes near the 30 s cap, stopped ``below_best`` at 32 requests and 32.4 s where it
-had drained to 42-43 s (2026-11-27, docs/sweep.md "Changes of 2026-11-27 (stop 46)"). A window that sent all its
+had drained to 42-43 s (``python benchmarks/guided_vs_grid.py --backend local``, docs/sweep.md's command, on a
+2-vCPU AMD EPYC VM). A window that sent all its
 planned requests runs them to the end: it is then measured in full, every planned prompt in it (the comparisons
 pair on prompts, and the end-of-sweep drift check re-measures a full window, ``Sweep._reference``; letting the
 rule stop a deterministic emulated server's reference-less window ``precise`` in that last wave left a guided
 sweep with no full window at all). The recorded windows of ``benchmarks/guided_vs_grid.py`` feed the rule every
-request in order, the drain after the cap included, so the replays did not see the difference.
+request in order, the drain after the cap included, so replays do not show this difference.
 
 **What an early-stopped window reports.** The statistic itself: its Little's-law throughput over the requests that
 finished by the stop (:func:`closed_loop_throughput`; ``metrics.output_throughput_tok_s``, the window's own tokens
@@ -100,25 +101,25 @@ no longer full); the statistic of a window's first requests weighs the ramp-up m
 counts no drain, and on the bundled engine the two roughly offset. Against the full windows' own figures on five
 bundled-engine 5 x 6 grids (each full window at concurrency 4-32 cut after its first one or two waves of finished
 requests; ``benchmarks/early_stop_estimates.py``), it read 0.956-1.038 of them on average per concurrency and
-number of waves, 2.9-5.8% RMS. What it replaced read 0.907-1.020 and 3.5-9.5%: the window's requests in flight
-finishing too, scaled by the full windows' ratio of their own figure to the statistic over all their requests
-(their drain only: the first wave weighs more in a window cut short, so at concurrency 8 after one wave it read 9%
-low, and a cell that tied read as a loss). A scale matched to the same number of first requests of the full
-windows was unbiased but scattered more (4.4-9.2% RMS with one full window to scale by), and the guided plan
-measured more cells with it (docs/sweep.md, "Changes of 2026-11-27 (stop 44)").
+number of waves, 2.9-5.8% RMS. Letting the window's requests in flight finish too, scaled by the full windows'
+ratio of their own figure to the statistic over all their requests, reads 0.907-1.020 and 3.5-9.5% (that ratio
+holds their drain only: the first wave weighs more in a window cut short, so at concurrency 8 after one wave it
+reads 9% low, and a cell that ties reads as a loss). A scale matched to the same number of first requests of the
+full windows is unbiased but scatters more (4.4-9.2% RMS with one full window to scale by), and the guided plan
+measures more cells with it (``benchmarks/early_stop_estimates.py``; docs/sweep.md, "Why each piece is there").
 
 **The reference.** The best other cell at the concurrency, compared on the prompts both measured: each check
 rescales the reference's figure by its own statistic on the prompts this window has finished over its statistic on
 all of its prompts (:func:`prompt_sums`), as ``spectune recommend`` compares two cells
 (:meth:`spectune.results.confidence.Bootstrap.matched_ratio`). A window's first requests are its first prompts,
 and prompts differ in cost; against the reference's whole figure, a window's first wave on costly prompts reads as
-a loss. Seen on the bundled engine (2026-11-27 01:48): num_steps 1 at concurrency 2 and 4 stopped ``futile`` after
+a loss. On the bundled engine (docs/sweep.md's command): num_steps 1 at concurrency 2 and 4 stopped ``futile`` after
 8 requests at 0.87 and 0.85 of num_steps 0's whole windows, where on those 8 prompts they were 0.93 [0.80, 1.07]
-and 0.92 [0.81, 1.07] of it, and every grid of that day had num_steps 1 ahead at concurrency 2.
+and 0.92 [0.81, 1.07] of it, and every grid of that command on that VM had num_steps 1 ahead at concurrency 2.
 
 **Paired.** Prompts differ in cost far more than two num_steps differ on one prompt: on the bundled engine's grids a
 request's contribution scatters by 0.20-0.26 (relative sd) within a window at concurrency 1-8, while the same
-prompt's request in two num_steps' windows differs by 0.10-0.15 (2026-11-27, two 5 x 6 grids). The rescaled
+prompt's request in two num_steps' windows differs by 0.10-0.15 (two 5 x 6 grids of that command). The rescaled
 reference above moves the reference's level to the prompts measured, but the window's own interval still carries the
 prompts' spread. So where the reference's requests are known (``reference_requests``, :func:`request_parts`) a second
 test compares the two windows request by request: the i-th request of a prompt in this window against the i-th of
@@ -128,11 +129,11 @@ ratio of ratios (per pair ``a_i / mean(a) - b_i / mean(b) - (a'_i / mean(a') - b
 statistic's parts, primed for the reference), and its bounds the same confidence sequence over the pairs, from
 ``MIN_REQUESTS`` pairs on. Either test may stop the window (``below_best``, ``above_best``, ``futile`` and
 ``within_band`` alike, the futility prediction over the pairs still to come), each at half the error rate
-(Bonferroni), so the pair together keeps it. Replayed on ten recorded bundled-engine grids it took the guided plan
-from 24.6% to 23.9% of the grids' time with the same choices; on virtual windows whose prompts differ
-(``--prompt-noise 0.3``) from 28.3% to 26.5%; without prompt effects it costs next to nothing (19.1% and 19.2%)
-(docs/sweep.md, "Changes of 2026-11-27 (stop 47)"). ``early_stop.paired`` in points.jsonl keeps the paired ratio, its
-bounds and the pairs.
+(Bonferroni), so the pair together keeps it. Replayed on ten recorded bundled-engine grids
+(``benchmarks/guided_vs_grid.py --recorded GRID... --without-slo``) it takes the guided plan from 24.6% to 23.9% of
+the grids' time with the same choices; on virtual windows whose prompts differ (``--virtual 6 --prompt-noise 0.3``)
+from 28.3% to 26.5%; without prompt effects it costs next to nothing (19.1% and 19.2%). ``early_stop.paired`` in
+points.jsonl keeps the paired ratio, its bounds and the pairs.
 
 Error rate, stated: per cell, the reference is treated as known by the unpaired test (the paired test carries the
 reference's own scatter per pair); a stop on ``below_best`` or ``above_best`` is wrong with probability at most

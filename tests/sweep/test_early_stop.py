@@ -363,7 +363,7 @@ def test_the_paired_test_keeps_its_error_rate_where_the_cell_equals_the_referenc
     """A cell as fast as its reference on every prompt (unknown num_steps: the band counts both ways), looked at after
     every request: the share of windows stopped ``below_best`` or ``above_best`` (both wrong here) stays under
     1 - confidence, the two tests (unpaired and paired, each at half of it) together. With 20% noise per request a
-    fixed-n 95% interval in place of the confidence sequence stops 20 of these 200 windows so."""
+    fixed-n 95% interval in place of the confidence sequence ends 20 of these 200 windows so."""
     wrong = 0
     runs = 200
     for seed in range(runs):

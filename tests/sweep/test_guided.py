@@ -253,7 +253,7 @@ def test_a_settle_run_is_not_cut_at_the_minimum():
 
 def test_on_four_or_more_concurrencies_the_seeds_pair_is_at_the_second_largest():
     """The pair at the second largest concurrency leaves the largest to the model where the pair's settles on no
-    speculation (docs/sweep.md, "Changes of 2026-11-27 (stop 52)")."""
+    speculation (docs/sweep.md, "Guided plan" 3, and spectune/sweep/guided/seed.py)."""
     seed = GuidedPlanner(STEPS, CONC).seed()
     assert [(k, c) for k, c in seed if k in (0, 1) and c == CONC[-2]] == [(0, CONC[-2]), (1, CONC[-2])]
 

@@ -148,7 +148,8 @@ def test_a_left_out_cell_is_expected_to_miss_by_more_than_its_own_noise():
 
 def test_a_correct_model_shows_next_to_no_misfit_on_noisy_cells():
     """The linear terms on a linear server, 3% noise, 8 draws: the misfit beyond the expected error averages under
-    1% (the cells' own noise alone subtracted, as before 2026-11-26, left 1-5.5% in each draw)."""
+    1% (with only the cells' own noise subtracted, not the anchors' and the reduced fit's, it is 1-5.5% in each
+    draw)."""
     assert np.mean([linear_misfit(linear_ms, seed)[0] for seed in range(8)]) < 0.01
 
 
@@ -184,7 +185,8 @@ def young_points() -> list[dict]:
 
 
 def young_richest_fit(planner: GuidedPlanner):
-    """The richest identifiable linear fit of young_points (the one fit() took before 2026-11-27): raw tau(k, c)."""
+    """The richest identifiable linear fit of young_points, without fit()'s check of its shape in num_steps: raw
+    tau(k, c)."""
     cells = planner.cells(young_points())
     obs = [(x, planner._tau_obs(x)) for x in cells.values()]
     return planner._fit_core(obs, "linear", planner._feature_set(list(cells.values())))[3]

@@ -30,8 +30,8 @@ A cell's expected seconds (:meth:`Choosing._duration`) are the output tokens a p
 concurrency produced over the cell's predicted throughput (with a fixed number of prompts low concurrency costs
 most; with ``--duration``, at most the cap plus the drain of the requests in flight at it), plus the launch or switch
 time measured so far when it needs another num_steps than the running server's.
-``why`` records why each cell was proposed (sweep.json ``guided.why``). The thresholds' history: docs/sweep.md,
-"How the guided plan was tuned".
+``why`` records why each cell was proposed (sweep.json ``guided.why``). Why the thresholds are where they are
+(what the plan measures at others): docs/sweep.md, "Why each piece is there".
 """
 
 from __future__ import annotations
@@ -191,11 +191,12 @@ class Choosing:
         """At a concurrency with nothing measured: the num_steps recommend would choose among its predicted cells
         (:meth:`_predicted_choice`: the smallest within the noise band of the predicted best), or None when another
         could beat it by more than the band (the test of :meth:`values`, that num_steps' predicted value standing in
-        for a measured best's; the predicted best itself is one of the others: on the docs example grid replayed on
-        2026-11-27 the model put num_steps 1 at concurrency 16 1.3% above 0, recommend chose 0 by its tie rule, and
-        the grid measured 0 at 0.891 of 1). The prediction errors of two num_steps at one concurrency are the
-        shape's, not the level's: the leave-one-out misfit in them is measured exactly so, a left-out cell predicted
-        from the others at its concurrency (:meth:`spectune.sweep.guided.model.StepTimeModel.fit`)."""
+        for a measured best's; the predicted best itself is one of the others: on the docs example grid replayed
+        (``python benchmarks/guided_vs_grid.py --recorded docs/examples/smollm2-cpu/sweep``) the model put num_steps
+        1 at concurrency 16 1.3% above 0, recommend chose 0 by its tie rule, and the grid measured 0 at 0.891 of 1).
+        The prediction errors of two num_steps at one concurrency are the shape's, not the level's: the leave-one-out
+        misfit in them is measured exactly so, a left-out cell predicted from the others at its concurrency
+        (:meth:`spectune.sweep.guided.model.StepTimeModel.fit`)."""
         k = self._predicted_choice(preds, c, open_)
         rest = [kk for kk in open_ if kk != k]
         return None if self._worth_measuring(preds, c, rest, self._value(preds[(k, c)])[0]) else k
@@ -245,7 +246,7 @@ class Choosing:
         grids, concurrency 32 was opened with a full window (45-48 s, 6-7% of the grid's time) while 16 below it
         had num_steps 0 ahead and num_steps 2 still worth measuring; with the cells of some value measured first
         (at concurrency 1), num_steps 2 at 16 was no longer worth measuring, 16 settled on num_steps 0 and 32 went
-        to the model (docs/sweep.md, "Changes of 2026-11-27 (stop 52)"). ``cells``: the measured cells;
+        to the model (docs/sweep.md, "On the bundled engine, live", with its command). ``cells``: the measured cells;
         ``preds``: the model's predictions; ``tried``: the cells already attempted."""
         (lo, k_lo), (hi, k_hi) = self._neighbours(cells, preds, c, tried)
         settling = (lo is not None and k_lo is None) or (hi is not None and k_hi is None)
@@ -278,7 +279,7 @@ class Choosing:
         concurrency 4 read 0.88-0.94 in every recorded grid, below both neighbours (1.01-1.18 at 2, 0.90-0.99 at 8); a
         guided run that measured only num_steps 1 there chose it at 0.882 of the grid's choice (num_steps 0 past the
         band, under the expected-improvement bar), and a replay of a later grid at 0.919 (num_steps 0's optimistic bound
-        short of the band) (docs/sweep.md, "Changes of 2026-11-27 (stop 47)"). {} elsewhere. ``cells``: the measured
+        short of the band) (docs/sweep.md, "Why each piece is there"). {} elsewhere. ``cells``: the measured
         cells; ``preds``: the model's predictions; ``tried``: the cells already attempted; ``open_``: the num_steps not
         tried at ``c``."""
         here = {x.steps for x in cells.values() if x.conc == c}

@@ -27,7 +27,7 @@ cell of the plan.
   between the cell's features and the mean of those measured at its concurrency), so an extrapolation in K or c gets the
   width the data give it. SpecServe (Huang et al., arXiv 2503.05096, sec. 4) models the same quantities.
 
-Why each piece is there (what was tried and measured without it): docs/sweep.md, "How the guided plan was tuned".
+Why each piece is there (what the plan measures without it): docs/sweep.md, "Why each piece is there".
 """
 
 from __future__ import annotations
@@ -348,8 +348,8 @@ class StepTimeModel:
         :meth:`_feature_set` identifies. With few cells the richest set can follow the noise into a shape no engine
         has (on a recorded 5 x 4 grid of the bundled engine, six cells fitted a step at concurrency 1 that fell by a
         fifth from num_steps 1 to 4, and the plan settled concurrency 1 on it at 0.63 of the grid's best); a smaller
-        set with the right shape predicts the unmeasured cells better (docs/sweep.md, "Changes of 2026-11-27
-        (stop 51)")."""
+        set with the right shape predicts the unmeasured cells better (``python benchmarks/guided_vs_grid.py
+        --recorded GRID --without-slo``; docs/sweep.md, "On the bundled engine, live")."""
         cells = [x for x, _ in obs]
         richest = self._feature_set(cells)
         first = None

@@ -12,11 +12,13 @@ The pair sits below the largest concurrency so that, where no speculation wins t
 left to the model (:meth:`spectune.sweep.guided.choose.Choosing.settled_by_neighbours`: the best num_steps does not
 rise with concurrency) instead of measured: with a ``--duration`` cap its windows are the grid's longest (on the
 bundled engine 45-48 s at concurrency 32 against 35-39 s at 16: the cap plus the drain of a wave of requests in
-flight). On the bundled engine's recorded grids it took the guided plan from 31.7% to 23.8% of six 5 x 4 grids' time
-and from 24.1% to 21.1% of twenty 5 x 6 grids', the same choices (docs/sweep.md, "Changes of 2026-11-27 (stop 52)").
+flight). On the bundled engine's recorded grids the guided plan takes 23.8% of six 5 x 4 grids' time and 21.1% of
+twenty 5 x 6 grids' with the pair below the largest concurrency, 31.7% and 24.1% with the pair at the largest, the
+same choices (``python benchmarks/guided_vs_grid.py --recorded GRID... --without-slo``; docs/sweep.md, "On the
+bundled engine, live").
 
-What the other seeds tried cost (a fixed fifth cell, a three-cell seed on small grids): docs/sweep.md, "How the
-guided plan was tuned".
+What the other seeds cost (a fixed fifth cell, a three-cell seed on small grids): docs/sweep.md, "Why each piece is
+there".
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ reaches it, and one more run is worth its seconds: the probability that the run 
 ``EI_SHARE_OF_BAND`` of the band, the bar a new cell passes, per mean window: the run's window over the mean of the
 plan's full windows); :meth:`Settling.settle` measures one more run of one cell of each
 unsettled pair (the one with fewer runs, else the smaller num_steps: recommend widens its tie band to the best cell's
-own run-to-run spread, so a second run of the best on a drifting engine can turn a clear loss into a tie; seen on the
-bundled engine, 2026-11-26: two runs of K=1 at concurrency 8, 195.6 and 208.0 tok/s, made K=0 at 0.926 [0.868,
-0.974] of it a tie by a 4.5% band), at most :attr:`Settling.SETTLE_REPEATS`
+own run-to-run spread, so a second run of the best on a drifting engine can turn a clear loss into a tie; on the
+bundled engine (docs/sweep.md, "Why each piece is there") two runs of K=1 at concurrency 8, 195.6 and 208.0 tok/s,
+made K=0 at 0.926 [0.868, 0.974] of it a tie by a 4.5% band), at most :attr:`Settling.SETTLE_REPEATS`
 beyond ``--repeats`` per cell, until every deciding comparison is a tie, a clear loss, or out of runs. A settle run
 measures its whole window (no early stop, ``Sweep._early_stop``): recommend compares on the prompts every run of
 the two cells measured, and a run cut short would narrow them. The comparisons are recommend's: paired bootstrap over prompts and repeats
@@ -19,10 +19,12 @@ the two cells measured, and a run cut short would narrow them. The comparisons a
 
 Why the value per window: without it, a settle pair at the bundled engine's largest concurrency (two windows of
 37-40 s, 4% of a 5 x 6 grid each) was measured whenever its interval reached the band, though one more run could
-not take its upper end out of the band (switch probability 0.03 on the recorded grid of 2026-11-26 13:32); it was
-8% of the grid's time in the quiet live run of stop 40 and left the choice as it was. On the emulated servers a
+not take its upper end out of the band (switch probability 0.03 on a recorded grid); it was 8% of the grid's time
+in a quiet live run (``python benchmarks/guided_vs_grid.py --backend local``, docs/sweep.md's command, 2-vCPU AMD
+EPYC VM) and left the choice as it was. On the emulated servers a
 pair a run can resolve (ratio 0.947 [0.911, 0.981] at concurrency 16 on the held-out quadratic model, 5 x 4, 1.2%
-of the grid) is still measured again; without it one sweep chose 0.927 of the grid's choice (docs/sweep.md).
+of the grid) is still measured again; without it one sweep chose 0.927 of the grid's choice (``python
+benchmarks/guided_vs_grid.py --virtual 6 --emulated held-out-2``, docs/sweep.md).
 """
 
 from __future__ import annotations
