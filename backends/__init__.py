@@ -19,6 +19,7 @@ lifecycle of :mod:`spectune.backends.base` per point.
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 from spectune.backends.base import Backend, BackendOptions
 from spectune.backends.local.options import DEFAULT_HEAD
@@ -79,6 +80,29 @@ def draft_head(description: dict | None) -> str | None:
     return None
 
 
+def bundled_head(path: str | None) -> Path | None:
+    """The folder on this machine of the bundled head that ``path`` names, or None when it names none.
+
+    ``path``: a head as a sweep recorded it (:func:`draft_head`). It names a bundled head when it is one of the
+    folders beside :data:`DEFAULT_HEAD` here, or when it ends in ``backends/local/heads/NAME`` (the package path
+    ``spectune.backends.local.heads``, as a checkout or an installed copy on the machine that recorded it spells it)
+    and NAME is bundled here. Reads the file system only; raises nothing."""
+    if not path:
+        return None
+    heads = DEFAULT_HEAD.parent
+    p = Path(path).expanduser()
+    try:
+        if p.is_dir() and p.resolve().parent == heads.resolve():
+            return p
+    except OSError:
+        return None
+    parts = p.parts
+    if len(parts) >= 4 and parts[-4:-1] == ("backends", "local", "heads"):
+        here = heads / parts[-1]
+        return here if (here / "config.json").is_file() else None
+    return None
+
+
 def make_backend(name: str, options: BackendOptions) -> Backend:
     """Build and validate the backend called ``name``.
 
@@ -95,5 +119,5 @@ def make_backend(name: str, options: BackendOptions) -> Backend:
     return _load(key)(options)
 
 
-__all__ = ["BACKENDS", "BACKEND_NAMES", "Backend", "BackendOptions", "backend_class", "draft_algorithm", "draft_head",
-           "make_backend"]
+__all__ = ["BACKENDS", "BACKEND_NAMES", "Backend", "BackendOptions", "backend_class", "bundled_head", "draft_algorithm",
+           "draft_head", "make_backend"]

@@ -30,6 +30,32 @@ def _csv_value(v: Any) -> Any:
     return "" if v is None else v
 
 
+def relative_inside(obj: Any, folder: Path) -> Any:
+    """A copy of a JSON-like object in which every string value that is a path inside ``folder`` (spelled from the
+    folder as given, or absolute) is written relative to it (``logs/server-steps3.log``), so that a results folder
+    moved, shared or committed names no machine's folders for its own files. Keys, numbers, other strings and the
+    structure are untouched; raises nothing."""
+    prefixes = {str(folder.absolute()) + os.sep}
+    try:
+        prefixes.add(str(folder.resolve()) + os.sep)
+    except OSError:
+        pass
+    if str(folder) != ".":
+        prefixes.add(str(folder) + os.sep)
+    ordered = sorted(prefixes, key=len, reverse=True)
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, str):
+            return next((v[len(p):] for p in ordered if v.startswith(p) and len(v) > len(p)), v)
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [walk(x) for x in v]
+        return v
+
+    return walk(obj)
+
+
 class RunFolder:
     """What every measured run writes: ``requests.jsonl`` (one flushed line per request, its ``error`` redacted),
     ``logs/`` and one metadata JSON file (``meta_name``) rewritten atomically with its strings redacted.
@@ -78,12 +104,14 @@ class RunFolder:
                 os.fsync(self._req_fh.fileno())
 
     def write_meta(self, meta: dict[str, Any], keep: tuple[str, ...] = (), resume_hint: Path | None = None) -> None:
-        """Rewrite the metadata file atomically; string values redacted except the top-level keys in ``keep``.
+        """Rewrite the metadata file atomically; string values redacted, and paths inside the folder (server logs)
+        written relative to it (:func:`relative_inside`), except the top-level keys in ``keep``.
 
         Raises:
             UserError: the write failed (full disk...).
         """
-        clean = {k: v if k in keep else redact_obj(v, self.redactor) for k, v in meta.items()}
+        clean = {k: v if k in keep else relative_inside(redact_obj(v, self.redactor), self.path)
+                 for k, v in meta.items()}
         text = json.dumps(clean, indent=2, default=str) + "\n"
         with writing(self.meta_path, resume_hint):
             atomic_write(self.meta_path, lambda fh: fh.write(text))

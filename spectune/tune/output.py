@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+from spectune.backends import bundled_head
 from spectune.backends.num_steps.sglang_config import (parse_any_config, parse_sglang_adaptive_config,
                                                        parse_vllm_speculative_config)
 from spectune.tune.configs import (
@@ -21,6 +23,56 @@ from spectune.tune.markdown import recommendation_markdown
 from spectune.tune.recommend import Recommendation
 
 
+def _inside(path: str, folder: Path) -> str | None:
+    """``path`` relative to ``folder`` when it is an absolute path inside it, else None."""
+    p = Path(path).expanduser()
+    if not p.is_absolute():
+        return None
+    try:
+        return p.resolve().relative_to(folder.resolve()).as_posix() or "."
+    except (ValueError, OSError):
+        return None
+
+
+def portable_head(head: str | None, out: Path) -> str | None:
+    """``vllm-speculative-config.json``'s ``model`` for a file written into ``out``: a path vLLM can load that names
+    no other machine's folders. A bundled head (:func:`spectune.backends.bundled_head`, also one a sweep recorded on
+    another machine or checkout) is written as this machine's copy relative to ``out`` (the launch line in
+    recommendation.md reads the file from ``out``, ``$(cat vllm-speculative-config.json)``, so vLLM resolves it from
+    there) when the two share a folder below the file-system root (a checkout's ``docs/examples/NAME/recommend``:
+    ``../../../../backends/local/heads/NAME``), else as this machine's absolute path (a relative path that climbs to
+    the root is no more portable); an absolute path inside ``out`` relative to it; anything else (the user's
+    ``--draft``, a hub id) as the sweep recorded it. Reads the file system only; raises nothing."""
+    if not head:
+        return head
+    bundled = bundled_head(head)
+    if bundled is not None:
+        here, folder = bundled.resolve(), out.resolve()
+        try:
+            shared = Path(os.path.commonpath([here, folder]))
+        except ValueError:  # another drive
+            return str(here)
+        return Path(os.path.relpath(here, folder)).as_posix() if shared != Path(shared.anchor) else str(here)
+    return _inside(head, out) or head
+
+
+def portable_target(target: str | None, out: Path) -> str | None:
+    """The target model in recommendation.md's vLLM launch line (a shell command run from ``out``): an absolute path
+    inside ``out`` relative to it, one under the home folder as ``~/...`` (the shell expands it; spectune's converted
+    default-pair target lives in ``~/.cache/spectune``), anything else (a hub id, the user's own path) as the sweep
+    recorded it."""
+    if not target:
+        return target
+    inside = _inside(target, out)
+    if inside is not None:
+        return inside
+    p = Path(target)
+    try:
+        return "~/" + p.relative_to(Path.home()).as_posix() if p.is_absolute() else target
+    except (ValueError, RuntimeError):  # not under home, or no home folder known
+        return target
+
+
 def write_recommendation(rec: Recommendation, out: Path, source: str,
                          algorithm: tuple[str | None, str] = (None, "unknown"), head: str | None = None,
                          target: str | None = None, trtllm_version: str | None = None) -> dict[str, Path]:
@@ -28,13 +80,16 @@ def write_recommendation(rec: Recommendation, out: Path, source: str,
     parsed back with :mod:`spectune.backends.num_steps.sglang_config` first. ``algorithm``: the sweep's draft-head
     method (``eagle``/``eagle3``, :func:`spectune.backends.draft_algorithm`) and how it was found, for the launch flags;
     ``head``: the draft head it loaded (:func:`spectune.backends.draft_head`) and ``target`` the target model, for
-    vLLM's complete ``--speculative-config`` and its launch line. ``trtllm_version``: the TensorRT-LLM release whose
-    ``draft_len_schedule`` form to write (None: the newest). Returns {file name: path}.
+    vLLM's complete ``--speculative-config`` and its launch line, written by :func:`portable_head` and
+    :func:`portable_target` so that a committed output folder names no machine's absolute folders.
+    ``trtllm_version``: the TensorRT-LLM release whose ``draft_len_schedule`` form to write (None: the newest).
+    Returns {file name: path}.
 
     Raises:
         ValueError: an emitted config fails validation (a spectune bug, never user input).
     """
     out.mkdir(parents=True, exist_ok=True)
+    head, target = portable_head(head, out), portable_target(target, out)
     configs, notes = sglang_configs(rec)
     files: dict[str, str] = {}
     payload: dict[str, Any] = {}

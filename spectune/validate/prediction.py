@@ -34,8 +34,10 @@ RECOMMENDATION = "recommendation.json"
 
 
 def find_recommendation(config: str) -> Path | None:
-    """``recommendation.json`` in the config file's folder, or None."""
-    path = Path(config).resolve().parent / RECOMMENDATION
+    """``recommendation.json`` in the config file's folder, or None. Spelled from ``config`` as the user gave it
+    (relative stays relative), since validate.json's ``prediction.source`` and validate.md's "Predicted from" line
+    record it and a committed result should name no machine's folders."""
+    path = Path(config).parent / RECOMMENDATION
     return path if path.is_file() else None
 
 

@@ -162,6 +162,8 @@ async def test_server_that_never_starts_fails_its_points_and_the_sweep_goes_on(t
     # the last launch is the drift check's: the reference cell (K=0) measured again at the end
     assert [(x["steps"], bool(x.get("failed"))) for x in launches] == [(0, False), (1, True), (2, False), (0, False)]
     assert all(gone(x["pid"]) for x in launches)
+    # each launch's log is named relative to the results folder it lies in (sweep.json names no machine's folders)
+    assert all(x["log"] == f"logs/server-steps{x['steps']}.log" for x in launches)
 
 
 class Killer(Recorder):

@@ -198,6 +198,32 @@ def test_default_pair_sweeps_name_the_bundled_head():
     assert draft_head({"backend": "vllm", "model": "/t", "draft": "/heads/h"}) == "/heads/h"
 
 
+def test_recommend_writes_the_head_and_target_without_a_machine_s_folders(tmp_path, monkeypatch):
+    """vllm-speculative-config.json's ``model``: the bundled head (here, or recorded under another checkout's
+    ``backends/local/heads/``) relative to the output folder, which vLLM resolves from there; a user's head as
+    recorded, or relative when inside the output folder. The launch line's target: ``~/...`` under the home folder."""
+    import os
+
+    from spectune.backends import bundled_head
+    from spectune.backends.local.options import DEFAULT_HEAD
+    from spectune.tune.output import portable_head, portable_target
+
+    out = DEFAULT_HEAD.parents[3] / "docs" / "examples" / "x" / "recommend"  # the checkout's example depth
+    assert bundled_head("/elsewhere/main/backends/local/heads/" + DEFAULT_HEAD.name) == DEFAULT_HEAD
+    assert bundled_head("/elsewhere/main/backends/local/heads/not-bundled") is None
+    assert bundled_head("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B") is None
+    rel = portable_head("/elsewhere/main/backends/local/heads/" + DEFAULT_HEAD.name, out)
+    assert rel == portable_head(str(DEFAULT_HEAD), out) == "../../../../backends/local/heads/" + DEFAULT_HEAD.name
+    assert (out / rel).resolve() == DEFAULT_HEAD.resolve()
+    assert portable_head("/models/heads/h", out) == "/models/heads/h"
+    assert portable_head("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", out) == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+    assert portable_head(str(tmp_path / "rec" / "head"), tmp_path / "rec") == "head"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert portable_target(str(tmp_path / ".cache" / "spectune" / "t"), Path("/nowhere")) == "~/.cache/spectune/t"
+    assert portable_target("meta-llama/Llama-3.1-8B-Instruct", tmp_path) == "meta-llama/Llama-3.1-8B-Instruct"
+    assert portable_target(os.sep + "models" + os.sep + "t", tmp_path / "out") == "/models/t"
+
+
 def test_recommendation_md_gives_the_vllm_launch_line(tmp_path):
     paths = write_recommendation(rec_from(tmp_path, TABLE), tmp_path / "out", "sweep", ("eagle3", "test"), "/heads/h",
                                  "/models/target")
