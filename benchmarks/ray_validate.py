@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     from spectune.sweep.distributed import RayOptions
     from spectune.validate.plan import ValidatePlan
     from spectune.validate.run import execute
-    from spectune.validate.workload import parse_workload
+    from spectune.measure.workload import parse_workload
 
     base = args.output or Path(tempfile.mkdtemp(prefix="ray-validate-"))
     base.mkdir(parents=True, exist_ok=True)

@@ -146,7 +146,8 @@ def sweep(
     from spectune.sweep.display import LiveDisplay, summary_table
     from spectune.sweep.run import run_blocking
     from spectune.commands.options import parse_int_list
-    from spectune.sweep.plan import ClientTimeouts, SweepPlan, parse_budget
+    from spectune.measure.load_settings import ClientTimeouts
+    from spectune.sweep.plan import SweepPlan, parse_budget
 
     cluster = ray_options(ray, ray_resources)
     if retry_failed and not resume:
@@ -187,7 +188,8 @@ def sweep(
     if outcome.points:
         from spectune.results.batch_acceptance import batch_dependent_acceptance
 
-        from spectune.sweep.display import outcome_lines, throughput_intervals
+        from spectune.sweep.display import outcome_lines
+        from spectune.tune.intervals import throughput_intervals
 
         console.print(summary_table(outcome.points, plan.steps, plan.concurrency, throughput_intervals(output_dir),
                                     outcome.predicted))

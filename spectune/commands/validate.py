@@ -117,13 +117,13 @@ def validate(
     from spectune.backends.base import BackendOptions
     from spectune.measure.signals import run_with_signals
     from spectune.commands.options import parse_int_list
-    from spectune.sweep.plan import ClientTimeouts
+    from spectune.measure.load_settings import ClientTimeouts
     from spectune.validate.run import execute
     from spectune.validate.plan import ValidatePlan, config_candidates
     from spectune.validate.repeats import combine_repeats
     from spectune.validate.display import LiveValidateDisplay, results_table
     from spectune.validate.verdict import spread_line
-    from spectune.validate.workload import load_arrivals, parse_workload
+    from spectune.measure.workload import load_arrivals, parse_workload
 
     _, candidates = config_candidates(str(config))  # a bad config fails first, before anything else
     if rule_again:

@@ -17,7 +17,6 @@ from rich.console import Console
 from rich.progress import TaskID
 from rich.table import Table
 
-from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.progress import LiveProgress
 from spectune.results.schema import Key
@@ -185,9 +184,9 @@ def summarize(points: Sequence[dict[str, Any]], steps: Sequence[int],
     """(concurrency, steps) -> :class:`SummaryCell` for every planned cell (``total`` 0 where nothing ran).
 
     ``intervals``: (concurrency, steps) -> the cell's throughput interval (tokens/s) over requests and repeats
-    (:func:`throughput_intervals`); without it a cell of one ok repeat shows that point's own interval
-    (``output_throughput_ci_low/high``). ``predicted``: a guided sweep's predicted cells (point-like objects with
-    ``metrics``), shown where nothing was measured."""
+    (:func:`spectune.tune.intervals.throughput_intervals`); without it a cell of one ok repeat shows that point's
+    own interval (``output_throughput_ci_low/high``). ``predicted``: a guided sweep's predicted cells (point-like
+    objects with ``metrics``), shown where nothing was measured."""
     cells: dict[tuple[int, int], SummaryCell] = {}
     for c in concurrency:
         for k in steps:
@@ -265,22 +264,3 @@ def summary_table(points: Sequence[dict[str, Any]], steps: Sequence[int], concur
             row.append(f"[bold green]{text}[/]" if cell.best else text)
         table.add_row(*row)
     return table
-
-
-def throughput_intervals(folder: Any) -> dict[tuple[int, int], tuple[float, float]]:
-    """(concurrency, steps) -> the 95% bootstrap interval of the cell's output throughput (tokens/s) over its
-    requests and repeats, as ``spectune recommend`` computes it (:func:`spectune.tune.recommend.attach_intervals`);
-    {} when the folder cannot be read."""
-    from spectune.results.reader import load_request_records, load_results
-    from spectune.tune.recommend import RecommendOptions, _cell, attach_intervals
-
-    try:
-        results = load_results(folder)
-    except UserError:
-        return {}
-    df, opts = results.summary, RecommendOptions()
-    if "predicted" in df:
-        df = df[~df["predicted"].astype(bool)]
-    cells = [_cell(int(k), int(c), rows, opts, None, None) for (k, c), rows in df.groupby(["steps", "concurrency"])]
-    attach_intervals(cells, df, load_request_records(results.folder), opts, None, None)
-    return {(cell.concurrency, cell.steps): (cell.ci_low, cell.ci_high) for cell in cells if cell.interval.known}

@@ -45,6 +45,7 @@ from typing import Any, Sequence
 from spectune.backends.base import BackendOptions
 from spectune.loadgen.datasets import Prompt
 from spectune.loadgen.errors import UserError
+from spectune.measure.load_settings import ClientTimeouts
 from spectune.measure.node_progress import NodeBoard
 from spectune.measure.ray_cluster import (RAY_EXTRA, connect, fits, hosts, import_ray, parse_resources, run_together,
                                           append_node_log, server_slots, stream_task, task_options, where)
@@ -54,7 +55,7 @@ from spectune.results.nodes import node_verdicts
 from spectune.results.point import SweepPoint
 from spectune.results.schema import Key, point_key
 from spectune.sweep.drift import drift_summary
-from spectune.sweep.plan import ClientTimeouts, SweepListener, SweepPlan
+from spectune.sweep.plan import SweepListener, SweepPlan
 
 __all__ = ["RayOptions", "RaySweep", "parse_resources", "RAY_EXTRA"]
 
@@ -83,15 +84,6 @@ class RayOptions:
         """The distributed sweep :func:`spectune.sweep.run.execute` runs instead of a serial one (run.py asks this
         object for it, so the serial sweep's module never imports this one)."""
         return RaySweep(plan, backend_name, options, folder, prompts, meta, listener, timeouts, self)
-
-    def validation(self, plan: Any, backend_name: str, static_options: Any, config_options: Any, folder: Any,
-                   prompts: list[Any], meta: dict[str, Any], listener: Any, initial: int, timeouts: Any) -> Any:
-        """The distributed validation :func:`spectune.validate.run.execute` runs instead of a serial one
-        (:class:`spectune.validate.distributed.RayValidation`: every run a task)."""
-        from spectune.validate.distributed import RayValidation
-
-        return RayValidation(plan, backend_name, static_options, config_options, folder, prompts, meta, listener,
-                             initial, timeouts, self)
 
     def check_backend(self, backend: Any) -> None:
         """Ray is installed and ``backend`` launches its servers.

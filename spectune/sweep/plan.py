@@ -14,9 +14,10 @@ from typing import Any
 from spectune.loadgen.constraints import Constraints
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
+from spectune.measure.load_settings import failure_rate_check, request_checks, steps_check
 from spectune.results.schema import Key
 
-__all__ = ["SweepPlan", "SweepListener", "SweepOutcome", "ClientTimeouts"]
+__all__ = ["SweepPlan", "SweepListener", "SweepOutcome"]
 
 DEFAULT_STEPS = (0, 1, 2, 3, 5)
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
@@ -91,22 +92,17 @@ class SweepPlan:
     def validate(self) -> None:
         """Raises UserError naming the first bad value (and how to fix it)."""
         checks = [
-            (bool(self.steps) and min(self.steps) >= 0, "--steps needs num_steps values >= 0, e.g. 0,1,2,3,5"),
+            steps_check(self.steps),
             (bool(self.concurrency) and min(self.concurrency) >= 1, "--concurrency needs values >= 1, e.g. 1,4,16"),
             (self.repeats >= 1, f"--repeats must be >= 1, got {self.repeats}"),
-            (self.num_prompts >= 1, f"--num-prompts must be >= 1, got {self.num_prompts}"),
-            (self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}"),
-            (self.temperature >= 0, f"--temperature must be >= 0, got {self.temperature}"),
-            (self.api in ("chat", "completions"), f"--api must be chat or completions, got {self.api!r}"),
-            (self.slo_ttft_ms is None or self.slo_ttft_ms > 0, f"--slo-ttft-ms must be > 0, got {self.slo_ttft_ms}"),
-            (self.slo_tpot_ms is None or self.slo_tpot_ms > 0, f"--slo-tpot-ms must be > 0, got {self.slo_tpot_ms}"),
-            (self.warmup_requests is None or self.warmup_requests >= 0,
-             f"--warmup must be >= 0, got {self.warmup_requests}"),
+            *request_checks(num_prompts=self.num_prompts, max_tokens=self.max_tokens, temperature=self.temperature,
+                            api=self.api, slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms,
+                            warmup_requests=self.warmup_requests),
             (self.requests_per_point is None or self.requests_per_point >= 1,
              f"--requests-per-point must be >= 1, got {self.requests_per_point}"),
             (self.duration_per_point_s is None or self.duration_per_point_s > 0,
              f"--duration must be > 0 s, got {self.duration_per_point_s}"),
-            (0.0 <= self.max_failure_rate <= 1.0, f"--max-failure-rate must be in 0..1, got {self.max_failure_rate}"),
+            failure_rate_check(self.max_failure_rate),
             (self.design in ("grid", "guided"), f"--plan must be grid or guided, got {self.design!r}"),
             (self.order in ("auto", "interleaved", "blocks"),
              f"--order must be auto, interleaved or blocks, got {self.order!r}"),
@@ -209,33 +205,6 @@ def parse_budget(text: str | None) -> tuple[int | None, float | None]:
         return points, None
     except ValueError:
         raise UserError(f"bad --budget {text!r}: give points (e.g. 12) or a time (e.g. 600s, 10m, 1h)") from None
-
-
-@dataclass(frozen=True)
-class ClientTimeouts:
-    """Time limits of the load generator (``--request-timeout``, ``--warmup-timeout``), shared by ``spectune sweep``
-    and ``spectune validate``. Not part of the sweep plan (they bound how long a broken server is waited for, not
-    what is measured), so changing them does not stop ``--resume``; sweep.json records them as ``client``.
-
-    Attributes:
-        request_timeout_s: s; one request (connect + whole stream) fails after this long.
-        warmup_timeout_s: s; the warm-up before a point (or run) must finish within this long, else the point fails
-            at once (a server that answers /health but never streams costs this much per point, not the whole
-            request budget).
-    """
-
-    request_timeout_s: float = 600.0
-    warmup_timeout_s: float = 300.0
-
-    def validate(self) -> None:
-        """Raises UserError when a limit is not a positive number of seconds."""
-        for flag, value in (("--request-timeout", self.request_timeout_s), ("--warmup-timeout", self.warmup_timeout_s)):
-            if not (value > 0 and math.isfinite(value)):
-                raise UserError(f"{flag} must be a positive number of seconds, got {value}")
-
-    def to_json(self) -> dict[str, float]:
-        """``{"request_timeout_s", "warmup_timeout_s"}``."""
-        return asdict(self)
 
 
 class SweepListener:

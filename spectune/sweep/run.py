@@ -38,6 +38,7 @@ from spectune.loadgen.record import RequestRecord
 from spectune.measure.acceptance import per_category_points, window_acceptance
 from spectune.measure.batch_size import BATCH_SIZE_INTERVAL_S
 from spectune.measure.environment import environment
+from spectune.measure.load_settings import ClientTimeouts
 from spectune.measure.schedule_check import check_num_steps
 from spectune.measure.signals import run_with_signals
 from spectune.measure.window import client_config, measure_window, resolve_model
@@ -47,7 +48,7 @@ from spectune.results.point import SweepPoint
 from spectune.results.schema import Key, key_fields, now_iso, point_key
 from spectune.sweep.drift import drift_check, drift_summary
 from spectune.sweep.guided import GuidedPlanner
-from spectune.sweep.plan import NEW_KEYS, ClientTimeouts, SweepListener, SweepOutcome, SweepPlan
+from spectune.sweep.plan import NEW_KEYS, SweepListener, SweepOutcome, SweepPlan
 from spectune.sweep.sequential import MIN_SECONDS, EarlyStop, closed_loop_throughput, prompt_sums, request_parts
 
 __all__ = ["Sweep", "execute", "run_blocking"]

@@ -14,18 +14,38 @@ A comparison "beats" only when the whole paired bootstrap interval of the object
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from spectune.tune.recommend import Recommendation, Slot
+from typing import Any, Protocol
 
 
-def _band(rec: Recommendation, conc: int) -> float:
+class SlotLike(Protocol):
+    """What this module reads of a batch-size slot (:class:`spectune.tune.recommend.Slot`)."""
+
+    steps: int
+    concurrencies: list[int]
+
+
+class RecommendationLike(Protocol):
+    """What this module reads and sets of a recommendation (:class:`spectune.tune.recommend.Recommendation`, whose
+    module imports this one: these protocols keep the import one way)."""
+
+    options: Any
+    choices: list[Any]
+    slots: list[Any]
+    schedule_slots: list[Any]
+    best_static: int | None
+    primary: dict[str, Any]
+
+    def cell(self, steps: int, concurrency: int) -> Any: ...
+
+    def compare(self, a: Any, b: Any, band: float) -> dict[str, Any]: ...
+
+
+def _band(rec: RecommendationLike, conc: int) -> float:
     ch = next((c for c in rec.choices if c.concurrency == conc), None)
     return ch.band if ch is not None else rec.options.noise_band
 
 
-def gaining_steps(rec: Recommendation, slot: Slot, allowed: list[int]) -> list[int]:
+def gaining_steps(rec: RecommendationLike, slot: SlotLike, allowed: list[int]) -> list[int]:
     """The num_steps in ``allowed`` (other than ``slot.steps``) that beat ``slot.steps`` beyond the noise band at
     one of the slot's concurrencies (measured cells, not predicted), ascending."""
     out = []
@@ -42,7 +62,7 @@ def gaining_steps(rec: Recommendation, slot: Slot, allowed: list[int]) -> list[i
     return out
 
 
-def schedule_gains(rec: Recommendation) -> list[dict[str, Any]]:
+def schedule_gains(rec: RecommendationLike) -> list[dict[str, Any]]:
     """The comparisons (:func:`spectune.tune.recommend.compare`) where a slot's num_steps beats the best static
     num_steps beyond the noise band at one of the slot's measured concurrencies."""
     k0 = rec.best_static
@@ -62,7 +82,7 @@ def schedule_gains(rec: Recommendation) -> list[dict[str, Any]]:
     return out
 
 
-def static_primary(rec: Recommendation) -> str | None:
+def static_primary(rec: RecommendationLike) -> str | None:
     """Why the best static num_steps is the primary recommendation, or None when some slot gains over it."""
     k0 = rec.best_static
     if k0 is None or not rec.slots:
@@ -77,7 +97,7 @@ def static_primary(rec: Recommendation) -> str | None:
             "be told apart from it and would only add switching")
 
 
-def apply_static_primary(rec: Recommendation) -> None:
+def apply_static_primary(rec: RecommendationLike) -> None:
     """When :func:`static_primary` gives a reason, replace ``rec.slots`` by one slot running the best static
     num_steps at every batch size (the per-batch-size choice stays in ``rec.schedule_slots``), so every engine's
     file carries that static num_steps; record the reason in ``rec.primary``."""

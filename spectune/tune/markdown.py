@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config
+from spectune.measure.workload import parse_workload
 from spectune.results.batch_acceptance import BatchAcceptanceFinding
 from spectune.tune.configs import SGLANG_ADAPTIVE_ALGORITHMS, llamacpp_settings, sglang_algorithm, sglang_launch_args
 from spectune.tune.predict import predict_validate
@@ -202,8 +203,6 @@ def validate_section(rec: Recommendation, custom: dict | None) -> list[str]:
     """recommendation.md's "What validate should measure": per phase of validate's default ``swing`` workload
     (c=1 and c=32, 60 s each, twice; 256 max tokens), the output tok/s of the custom SGLang config and of every
     static num_steps predicted from the cells with intervals (:func:`spectune.tune.predict.predict_validate`)."""
-    from spectune.validate.workload import parse_workload
-
     if custom is None:
         return []
     wl = parse_workload("swing").to_json()

@@ -213,8 +213,11 @@ def effective_slos(results: Results, opts: RecommendOptions) -> tuple[float | No
     return ttft, tpot, ("sweep plan" if ttft is not None or tpot is not None else "none")
 
 
-def _cell(steps: int, conc: int, rows: pd.DataFrame, opts: RecommendOptions,
-          ttft: float | None, tpot: float | None) -> Cell:
+def build_cell(steps: int, conc: int, rows: pd.DataFrame, opts: RecommendOptions,
+               ttft: float | None, tpot: float | None) -> Cell:
+    """The cell (``steps``, ``conc``) from its summary rows: status, median metrics and objective, the repeats'
+    spread, SLO violations against ``ttft``/``tpot`` (ms, or None); a measured cell's interval comes later
+    (:func:`attach_intervals`), a predicted cell's is its predicted bounds."""
     col, _, _ = OBJECTIVES[opts.objective]
     if rows.empty:
         return Cell(steps, conc, "missing", notes=["not measured"])
@@ -518,7 +521,7 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
     steps = sorted(set(df["steps"]) | {int(s) for s in plan.get("steps") or []})
     concs = sorted(set(df["concurrency"]) | {int(c) for c in plan.get("concurrency") or []})
     groups = dict(iter(df.groupby(["steps", "concurrency"])))
-    cells = [_cell(k, c, groups.get((k, c), df.iloc[0:0]), opts, ttft, tpot) for c in concs for k in steps]
+    cells = [build_cell(k, c, groups.get((k, c), df.iloc[0:0]), opts, ttft, tpot) for c in concs for k in steps]
     records = load_request_records(results.folder)
     attach_intervals(cells, df, records, opts, ttft, tpot)
     drift_info = (results.sweep or {}).get("drift") or None

@@ -41,13 +41,13 @@ from typing import Any, Callable, Iterator
 from spectune.backends.base import BackendOptions
 from spectune.loadgen.datasets import Prompt
 from spectune.loadgen.record import RequestRecord
+from spectune.measure.load_settings import ClientTimeouts
 from spectune.measure.node_progress import NodeBoard
 from spectune.measure.ray_cluster import (append_node_log, connect, hosts, import_ray, run_together, stream_task,
                                           task_events, task_options, where)
 from spectune.results.folder import ValidateFolder
 from spectune.results.schema import now_iso
 from spectune.results.validate_run import ValidateRun
-from spectune.sweep.plan import ClientTimeouts
 from spectune.validate.plan import ValidateListener, ValidatePlan
 
 __all__ = ["RayValidation", "run_events", "PROGRESS_EVERY_S"]
@@ -102,8 +102,8 @@ class _Events(ValidateListener):
 async def _measure(payload: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> None:
     """Build the run's backend on this node, check it, measure the run, stop its server; emit events on the way."""
     from spectune.backends import make_backend
-    from spectune.validate.run import Validation
 
+    runner = payload["runner"]  # spectune.validate.run.Validation
     name, steps, repeat = payload["run"]
     plan: ValidatePlan = payload["plan"]
     folder = _RunFolder()
@@ -116,8 +116,8 @@ async def _measure(payload: dict[str, Any], emit: Callable[[dict[str, Any]], Non
             options = replace(options, adaptive_config=str(copy))
             plan = replace(plan, config=str(copy))  # the config run's schedule check reads it
         backend = make_backend(payload["backend"], options)
-        validation = Validation(plan, backend, backend, folder, payload["prompts"],  # type: ignore[arg-type]
-                                {"runs": []}, events, options.model, options.api_key_env, steps, payload["timeouts"])
+        validation = runner(plan, backend, backend, folder, payload["prompts"],  # type: ignore[arg-type]
+                            {"runs": []}, events, options.model, options.api_key_env, steps, payload["timeouts"])
         try:
             for warning in await backend.preflight([steps]):
                 events.warning(warning)
@@ -139,7 +139,8 @@ def run_events(payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
         payload: ``{"plan": ValidatePlan, "backend": name, "options": BackendOptions (the config run's carry
             ``adaptive_config``), "run": (name, num_steps, repeat), "prompts": [Prompt] (arranged for the
             workload), "timeouts": ClientTimeouts, "config_text", "config_name": the config file (config runs of
-            an adaptive config) or None}``.
+            an adaptive config) or None, "runner": the serial validation's class
+            (:class:`spectune.validate.run.Validation`, which imports this module)}``.
 
     Raises:
         UserError: a configuration problem (from ``make_backend`` or ``preflight``).
@@ -160,13 +161,16 @@ class RayValidation:
             ``config_options`` (the config run). initial: the config run's num_steps.
         ray_options: the cluster and the resources of one server (``address``, ``resources``, ``max_attempts``:
             :class:`spectune.sweep.distributed.RayOptions`).
+        runner: the serial validation's class (:class:`spectune.validate.run.Validation`), whose ``run_one`` each
+            task runs; passed in by :func:`spectune.validate.run.execute`, so this module does not import it back.
     """
 
     def __init__(self, plan: ValidatePlan, backend_name: str, static_options: BackendOptions,
                  config_options: BackendOptions, folder: ValidateFolder, prompts: list[Prompt],
                  meta: dict[str, Any], listener: ValidateListener, initial: int, timeouts: ClientTimeouts,
-                 ray_options: Any) -> None:
+                 ray_options: Any, runner: type) -> None:
         self.plan, self.backend_name, self.folder, self.prompts = plan, backend_name, folder, prompts
+        self.runner = runner
         self.static_options, self.config_options = static_options, config_options
         self.meta, self.listener, self.initial, self.timeouts = meta, listener, initial, timeouts
         self.ray_options = ray_options
@@ -209,7 +213,7 @@ class RayValidation:
         options = self.config_options if name == "config" else self.static_options
         payload = {"plan": self.plan, "backend": self.backend_name, "options": replace(options),
                    "run": (name, steps, repeat), "prompts": self.prompts, "timeouts": self.timeouts,
-                   "config_text": None, "config_name": None}
+                   "config_text": None, "config_name": None, "runner": self.runner}
         if options.adaptive_config:
             path = Path(options.adaptive_config)
             payload.update(config_text=path.read_text(encoding="utf-8"), config_name=path.name)

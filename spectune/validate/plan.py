@@ -15,9 +15,10 @@ from spectune.backends.llamacpp.settings import FORMAT, read_settings
 from spectune.backends.num_steps import VllmSchedule, load_config_file
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
+from spectune.measure.load_settings import failure_rate_check, request_checks, steps_check
+from spectune.measure.workload import Workload
 from spectune.validate.repeats import AA_PREFIX
 from spectune.validate.verdict import Verdict
-from spectune.validate.workload import Workload
 
 DEFAULT_REPEATS = 3
 """``--repeats`` by default. Every repeat starts its servers afresh, so the paired ratios' intervals carry the
@@ -139,12 +140,14 @@ class ValidatePlan:
 
     def validate(self) -> None:
         """Raises UserError naming the first bad value."""
-        from spectune.sweep.plan import SweepPlan
-
-        SweepPlan(steps=self.steps or (0,), dataset=self.dataset, num_prompts=self.num_prompts,
-                  max_tokens=self.max_tokens, temperature=self.temperature, api=self.api, slo_ttft_ms=self.slo_ttft_ms,
-                  slo_tpot_ms=self.slo_tpot_ms, warmup_requests=self.warmup_requests,
-                  max_failure_rate=self.max_failure_rate).validate()
+        checks = [steps_check(self.steps or (0,)),
+                  *request_checks(num_prompts=self.num_prompts, max_tokens=self.max_tokens,
+                                  temperature=self.temperature, api=self.api, slo_ttft_ms=self.slo_ttft_ms,
+                                  slo_tpot_ms=self.slo_tpot_ms, warmup_requests=self.warmup_requests),
+                  failure_rate_check(self.max_failure_rate)]
+        for ok, message in checks:
+            if not ok:
+                raise UserError(message)
         if not self.steps:
             raise UserError("no static num_steps to compare with: pass --steps, e.g. --steps 0,1,3")
         if self.repeats < 1:

@@ -1,6 +1,6 @@
 """``spectune validate``: does a per-batch-size num_steps config beat every static num_steps under changing load?
 
-The same time-varying workload (:mod:`spectune.validate.workload`: same seeded prompts, same arrival schedule) runs
+The same time-varying workload (:mod:`spectune.measure.workload`: same seeded prompts, same arrival schedule) runs
 once per
 static num_steps K (``run`` ``static:K``, one backend, a server per K or one switched server) and once against the
 config (``run`` ``config``: a second backend launched with ``BackendOptions.adaptive_config``, started at the
@@ -44,12 +44,13 @@ from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.acceptance import window_acceptance
 from spectune.measure.environment import environment
+from spectune.measure.load_settings import ClientTimeouts
 from spectune.measure.schedule_check import check_schedule
 from spectune.measure.window import Sample, Window, client_config, measure_window, resolve_model
 from spectune.results.folder import ValidateFolder
 from spectune.results.schema import now_iso
 from spectune.results.validate_run import ValidateRun
-from spectune.sweep.plan import ClientTimeouts
+from spectune.validate.distributed import RayValidation
 from spectune.validate.phase_check import STEADY, phase_check, to_json as phase_check_json
 from spectune.validate.phases import phase_index, split_by_phase, summarize_run
 from spectune.validate.phase_check import phase_spreads
@@ -230,7 +231,7 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
         UserError: see above. asyncio.CancelledError: cancelled (validate.json then says ``interrupted``).
     """
     import spectune
-    from spectune.validate.workload import arrange_prompts
+    from spectune.measure.workload import arrange_prompts
 
     listener = listener or ValidateListener()
     timeouts = timeouts or ClientTimeouts()
@@ -281,8 +282,8 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
             await Validation(plan, static, adaptive, folder, prompts, meta, listener, options.model,
                              options.api_key_env, initial, timeouts).run_all()
         else:
-            await ray.validation(plan, backend_name, options, adaptive_options, folder, prompts, meta, listener,
-                                 initial, timeouts).run_all()
+            await RayValidation(plan, backend_name, options, adaptive_options, folder, prompts, meta, listener,
+                                initial, timeouts, ray, Validation).run_all()
         outcome.verdict = rule(meta, _read_requests(folder.requests), (prediction or {}).get("primary"))
         if prediction is not None and not prediction.get("error"):
             outcome.prediction = prediction

@@ -1,5 +1,7 @@
-"""The import graph: no cycles between spectune's modules (function-level imports included), the backend interface
-depends on no backend, and only installed names import (no checkout folder leaks in under ``spectune.``)."""
+"""The import graph: no cycles between spectune's modules (function-level and type-only imports included), the
+feature packages import one way (:data:`helpers.import_graph.PACKAGE_ORDER`, docs/architecture.md "Package order"),
+the backend interface depends on no backend, and only installed names import (no checkout folder leaks in under
+``spectune.``)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import sys
 
 import pytest
 
-from helpers.import_graph import cycles, import_graph
+from helpers.import_graph import (PACKAGE_ORDER, cycles, import_graph, module_files, private_imports,
+                                  upward_imports)
 from helpers.paths import ROOT
 
 
@@ -40,6 +43,76 @@ def test_the_cycle_finder_finds_a_function_level_cycle(tmp_path):
     for folder in ("loadgen", "backends", "presets"):
         (tmp_path / folder).mkdir()
     assert cycles(import_graph(tmp_path)) == [["spectune.a", "spectune.b", "spectune.a"]]
+
+
+def test_no_import_cycles_with_type_only_imports():
+    """An import under ``if TYPE_CHECKING:`` still ties two modules together (the type-only gain <-> recommend
+    pair was one); none closes a cycle either."""
+    found = cycles(import_graph(ROOT, type_checking=True))
+    assert found == [], "import cycles (type-only imports included):\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_packages_import_downward():
+    """Every import of a feature package (function-level and type-only ones included) points into its own package
+    or a lower layer of :data:`PACKAGE_ORDER`: results < measure < tune < sweep.guided < sweep, validate, draft <
+    commands < cli; every module of ``spectune/`` belongs to one of those packages."""
+    found = upward_imports(ROOT)
+    assert found == [], "imports against the package order (docs/architecture.md):\n" + "\n".join(found)
+
+
+def test_no_package_imports_another_packages_private_name():
+    found = private_imports(ROOT)
+    assert found == [], "private names imported across packages:\n" + "\n".join(found)
+
+
+def test_every_package_of_the_order_exists():
+    """The order names only packages of the checkout (a renamed package is renamed there too)."""
+    modules = module_files(ROOT)
+    assert [p for layer in PACKAGE_ORDER for p in layer if p not in modules] == []
+
+
+def _tree(tmp_path, files):
+    for name, text in {"spectune/__init__.py": "", **files}.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (path.parent / "__init__.py").touch()
+        path.write_text(text)
+    for folder in ("loadgen", "backends", "presets"):
+        (tmp_path / folder).mkdir(exist_ok=True)
+
+
+def test_the_package_order_check_finds_a_type_only_upward_import(tmp_path):
+    """A lower package's type-only import of a higher one fails the check, which names the module, its line and
+    the import; downward imports and imports inside one package pass."""
+    _tree(tmp_path, {
+        "spectune/results/point.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                     "    from spectune.tune.recommend import Cell\n",
+        "spectune/tune/recommend.py": "from spectune.results import point\nfrom spectune.tune import gain\n",
+        "spectune/tune/gain.py": "",
+        "spectune/sweep/run.py": "def f():\n    from spectune.validate.plan import ValidatePlan\n",
+        "spectune/validate/plan.py": "from spectune.sweep.plan import SweepPlan\n",
+        "spectune/sweep/plan.py": "",
+    })
+    assert upward_imports(tmp_path) == [
+        "spectune.results.point:3 imports spectune.tune.recommend (spectune.results -> spectune.tune)",
+        "spectune.sweep.run:2 imports spectune.validate.plan (spectune.sweep -> spectune.validate)",
+        "spectune.validate.plan:1 imports spectune.sweep.plan (spectune.validate -> spectune.sweep)",
+    ]
+
+
+def test_the_package_order_check_places_every_module(tmp_path):
+    """A module outside every package of the order is named (a new package is placed in the order first)."""
+    _tree(tmp_path, {"spectune/extra/thing.py": "from spectune.results import point\n",
+                     "spectune/results/point.py": ""})
+    assert upward_imports(tmp_path) == ["spectune.extra belongs to no package of PACKAGE_ORDER",
+                                        "spectune.extra.thing belongs to no package of PACKAGE_ORDER"]
+
+
+def test_the_private_name_check_finds_a_function_level_import(tmp_path):
+    _tree(tmp_path, {"spectune/sweep/display.py": "def f():\n    from spectune.tune.recommend import _cell, Cell\n",
+                     "spectune/tune/recommend.py": "from spectune.tune.gain import _band\n",
+                     "spectune/tune/gain.py": ""})
+    assert private_imports(tmp_path) == ["spectune.sweep.display:2 imports spectune.tune.recommend._cell"]
 
 
 def _reach(graph: dict[str, set[str]], start: str) -> set[str]:

@@ -161,7 +161,7 @@ def block_payload(tmp_path, steps: int = 3, concurrency=(1, 8)) -> dict:
     """A block task's payload for the emulated server (tests/helpers/emulated_server.py) at num_steps ``steps``."""
     from spectune.backends.base import BackendOptions
     from spectune.loadgen.datasets import load_dataset
-    from spectune.sweep.plan import ClientTimeouts
+    from spectune.measure.load_settings import ClientTimeouts
 
     from helpers.emulated_server import launch_template
 

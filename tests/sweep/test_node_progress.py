@@ -63,7 +63,7 @@ def test_the_sweep_display_keeps_one_bar_per_running_task():
 
 def test_the_validate_display_hides_the_single_run_bar_under_ray():
     from spectune.validate.plan import ValidatePlan
-    from spectune.validate.workload import parse_workload
+    from spectune.measure.workload import parse_workload
 
     display = LiveValidateDisplay(Console(file=io.StringIO(), force_terminal=False))
     display.started(ValidatePlan(config="x", steps=(0,), workload=parse_workload("c1@1")), ["static:0", "config"])

@@ -71,7 +71,7 @@ async def test_a_point_the_client_limited_is_marked_and_warned_about(tmp_path, p
 
 
 async def test_a_server_that_never_streams_fails_the_point_after_the_warmup_timeout(tmp_path, prompts):
-    from spectune.sweep.plan import ClientTimeouts
+    from spectune.measure.load_settings import ClientTimeouts
 
     plan = SweepPlan(steps=(0,), concurrency=(1, 2), dataset=prompts, num_prompts=6, max_tokens=8,
                      requests_per_point=4, warmup_requests=2)
@@ -87,7 +87,7 @@ async def test_a_server_that_never_streams_fails_the_point_after_the_warmup_time
 
 
 async def test_request_timeout_is_the_users(tmp_path, prompts):
-    from spectune.sweep.plan import ClientTimeouts
+    from spectune.measure.load_settings import ClientTimeouts
 
     plan = SweepPlan(steps=(0,), concurrency=(2,), dataset=prompts, num_prompts=6, max_tokens=8,
                      requests_per_point=2, warmup_requests=0)

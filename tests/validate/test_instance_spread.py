@@ -20,7 +20,7 @@ from spectune.validate.repeats import (DEFAULT_INSTANCE_BAND, WITHIN_ONLY, Insta
                                        overall_spread, t_quantile, throughput_ratio)
 from spectune.validate.run import rule_again
 from spectune.validate.verdict import INCONCLUSIVE_EXIT, verdict
-from spectune.validate.workload import parse_workload
+from spectune.measure.workload import parse_workload
 
 from helpers.paths import DOCS, EXAMPLES
 

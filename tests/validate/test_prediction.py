@@ -10,7 +10,7 @@ from spectune.cli import app
 from spectune.tune.predict import rate_of, simulate
 from spectune.validate.plan import ValidatePlan
 from spectune.validate.prediction import compare, markdown, predict_for
-from spectune.validate.workload import parse_workload
+from spectune.measure.workload import parse_workload
 from tests.helpers.results_folders import grid, write_sweep
 
 T = {1: 100.0, 8: 400.0, 32: 640.0}  # tokens/s at 1, 8, 32 requests in flight

@@ -48,7 +48,7 @@ def setup(tmp_path):
 def plan_and_options(prompts: Path, config: Path):
     from spectune.backends.base import BackendOptions
     from spectune.validate.plan import ValidatePlan
-    from spectune.validate.workload import parse_workload
+    from spectune.measure.workload import parse_workload
 
     wl = parse_workload("c1@1,c4@1", 60.0, None, 1.0, 64, 0)
     plan = ValidatePlan(config=str(config), steps=(0, 3), workload=wl, dataset=f"jsonl:{prompts}", num_prompts=6,

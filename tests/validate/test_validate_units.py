@@ -19,8 +19,8 @@ from spectune.validate.plan import ValidatePlan
 from spectune.validate.repeats import combine_repeats
 from spectune.validate.verdict import render_markdown, verdict
 from spectune.validate.phases import inflight_average, phase_index, summarize_run, tokens_between
-from spectune.validate.workload import Arrival
-from spectune.validate.workload import arrange_prompts, load_arrivals, parse_workload
+from spectune.measure.workload import Arrival
+from spectune.measure.workload import arrange_prompts, load_arrivals, parse_workload
 
 from helpers.web import serve_app
 

@@ -1,0 +1,66 @@
+"""What ``spectune sweep`` and ``spectune validate`` both ask of their requests, written once: the load generator's
+time limits (:class:`ClientTimeouts`) and the checks of the request settings both plans carry (:func:`steps_check`,
+:func:`request_checks`, :func:`failure_rate_check`: each an ``(ok, message)`` pair, the message the ``UserError``
+a plan raises for the first one that fails)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+from spectune.loadgen.errors import UserError
+
+__all__ = ["ClientTimeouts", "steps_check", "request_checks", "failure_rate_check"]
+
+
+@dataclass(frozen=True)
+class ClientTimeouts:
+    """Time limits of the load generator (``--request-timeout``, ``--warmup-timeout``), shared by ``spectune sweep``
+    and ``spectune validate``. Not part of the sweep plan (they bound how long a broken server is waited for, not
+    what is measured), so changing them does not stop ``--resume``; sweep.json records them as ``client``.
+
+    Attributes:
+        request_timeout_s: s; one request (connect + whole stream) fails after this long.
+        warmup_timeout_s: s; the warm-up before a point (or run) must finish within this long, else the point fails
+            at once (a server that answers /health but never streams costs this much per point, not the whole
+            request budget).
+    """
+
+    request_timeout_s: float = 600.0
+    warmup_timeout_s: float = 300.0
+
+    def validate(self) -> None:
+        """Raises UserError when a limit is not a positive number of seconds."""
+        for flag, value in (("--request-timeout", self.request_timeout_s), ("--warmup-timeout", self.warmup_timeout_s)):
+            if not (value > 0 and math.isfinite(value)):
+                raise UserError(f"{flag} must be a positive number of seconds, got {value}")
+
+    def to_json(self) -> dict[str, float]:
+        """``{"request_timeout_s", "warmup_timeout_s"}``."""
+        return asdict(self)
+
+
+
+def steps_check(steps: Sequence[int]) -> tuple[bool, str]:
+    """num_steps values are given and none is negative."""
+    return bool(steps) and min(steps) >= 0, "--steps needs num_steps values >= 0, e.g. 0,1,2,3,5"
+
+
+def request_checks(*, num_prompts: int, max_tokens: int, temperature: float, api: str, slo_ttft_ms: float | None,
+                   slo_tpot_ms: float | None, warmup_requests: int | None) -> list[tuple[bool, str]]:
+    """The prompt sample, the requests' settings, the SLOs and the warm-up, in the order a plan checks them."""
+    return [
+        (num_prompts >= 1, f"--num-prompts must be >= 1, got {num_prompts}"),
+        (max_tokens >= 1, f"--max-tokens must be >= 1, got {max_tokens}"),
+        (temperature >= 0, f"--temperature must be >= 0, got {temperature}"),
+        (api in ("chat", "completions"), f"--api must be chat or completions, got {api!r}"),
+        (slo_ttft_ms is None or slo_ttft_ms > 0, f"--slo-ttft-ms must be > 0, got {slo_ttft_ms}"),
+        (slo_tpot_ms is None or slo_tpot_ms > 0, f"--slo-tpot-ms must be > 0, got {slo_tpot_ms}"),
+        (warmup_requests is None or warmup_requests >= 0, f"--warmup must be >= 0, got {warmup_requests}"),
+    ]
+
+
+def failure_rate_check(max_failure_rate: float) -> tuple[bool, str]:
+    """The failure rate that stops a point or run early is a fraction."""
+    return 0.0 <= max_failure_rate <= 1.0, f"--max-failure-rate must be in 0..1, got {max_failure_rate}"
