@@ -44,7 +44,7 @@ from typing import Any, Sequence
 
 from spectune.backends.base import (Acceptance, BackendOptions, SpecSnapshot, chunk_proxy_acceptance,
                                     zero_steps_acceptance)
-from spectune.backends.eagle_heads import eagle_version
+from spectune.backends.methods import engine_method, launch_method
 from spectune.backends.http import get
 from spectune.backends.launch import LaunchingBackend
 from spectune.backends.num_steps import AdaptiveConfig, load_config_file
@@ -60,7 +60,7 @@ _HIST_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 
 
 def sglang_argv(
-    model: str, steps: int, host: str, port: int, draft: str | None = None, algorithm: str = "EAGLE",
+    model: str, steps: int, host: str, port: int, draft: str | None = None, algorithm: str | None = None,
     max_running_requests: int = SGLANG_SPEC_MAX_RUNNING, extra: Sequence[str] = (), python: str = sys.executable,
     adaptive_config: str | None = None,
 ) -> list[str]:
@@ -79,7 +79,7 @@ def sglang_argv(
     if steps > 0:
         if not draft:
             raise UserError(f"num_steps {steps} needs a draft head: pass --draft PATH_OR_HF_ID")
-        argv += ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft,
+        argv += ["--speculative-algorithm", engine_method("sglang", algorithm), "--speculative-draft-model-path", draft,
                  "--speculative-num-steps", str(steps), "--speculative-eagle-topk", "1",
                  "--speculative-num-draft-tokens", str(steps + 1)]
         if adaptive_config:
@@ -217,15 +217,10 @@ class SGLangBackend(LaunchingBackend):
             self.candidate_union = config.candidate_steps
 
     def algorithm(self) -> tuple[str, str]:
-        """(``EAGLE``|``EAGLE3``|given name, how it was decided): ``options.algorithm`` or the head's config."""
+        """(``EAGLE``|``EAGLE3``|given name, how it was decided): ``options.algorithm`` or the head's config
+        (:func:`spectune.backends.methods.launch_method`)."""
         if self._algorithm is None:
-            if self.options.algorithm:
-                self._algorithm = (self.options.algorithm.upper(), "option")
-            elif self.options.draft:
-                version, source = eagle_version(self.options.draft)
-                self._algorithm = (version.upper(), source)
-            else:
-                self._algorithm = ("EAGLE", "default")
+            self._algorithm = launch_method("sglang", self.options.algorithm, self.options.draft)
         return self._algorithm
 
     def check_executable(self) -> None:

@@ -56,13 +56,15 @@ from spectune.backends.llamacpp.head_gguf import cached_head_gguf
 from spectune.backends.llamacpp.install import ServerFeatures, find_llama_server, server_features
 from spectune.backends.local.options import DEFAULT_HEAD
 from spectune.backends.local.weights.loader import default_model_path, is_default_model
+from spectune.backends.methods import SPELLINGS
 from spectune.backends.prometheus import scrape_snapshot
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
 
-#: ``--algorithm`` spellings -> llama.cpp ``--spec-type`` values (``common/speculative.cpp`` type names).
-SPEC_TYPES = {"eagle3": "draft-eagle3", "draft-eagle3": "draft-eagle3", "draft": "draft-simple",
-              "draft-simple": "draft-simple"}
+#: ``--algorithm`` spellings -> llama.cpp ``--spec-type`` values (``common/speculative.cpp`` type names): the methods
+#: of :mod:`spectune.backends.methods` and the type names themselves.
+SPEC_TYPES = {**SPELLINGS["llamacpp"], **{t: t for t in SPELLINGS["llamacpp"].values()}}
+EAGLE3_SPEC_TYPE = SPELLINGS["llamacpp"]["eagle3"]
 PROMPT_BUDGET_TOKENS = 2048  # per slot, besides --max-tokens
 METRICS_PREFIX = "llamacpp:"
 #: Relative difference between the counter and the timings acceptance rates above which a point is warned about.
@@ -71,7 +73,7 @@ CROSS_CHECK_TOLERANCE = 0.01
 
 def llamacpp_argv(
     binary: str, model: str, steps: int, host: str, port: int, slots: int, ctx_per_slot: int,
-    head: str | None = None, spec_type: str = "draft-eagle3", metrics: bool = True, extra: Sequence[str] = (),
+    head: str | None = None, spec_type: str = EAGLE3_SPEC_TYPE, metrics: bool = True, extra: Sequence[str] = (),
     threads: int | None = None,
 ) -> list[str]:
     """The ``llama-server`` command for num_steps ``steps`` (see the module docstring).
@@ -200,7 +202,7 @@ class LlamaCppBackend(LaunchingBackend):
             raise UserError(f"{self._bin} has no --spec-type {self.spec_type} (it offers "
                             f"{', '.join(self._features.spec_types)}): use a newer llama.cpp "
                             "(spectune llamacpp install)")
-        if not self._features.spec_types and self.spec_type == "draft-eagle3" and not self._features.eagle3:
+        if not self._features.spec_types and self.spec_type == EAGLE3_SPEC_TYPE and not self._features.eagle3:
             raise UserError(f"{self._bin} has no EAGLE-3 support (no draft-eagle3 in --help): use a newer llama.cpp "
                             "(spectune llamacpp install)")
 
@@ -256,7 +258,7 @@ class LlamaCppBackend(LaunchingBackend):
 
     def speculative_method(self) -> str | None:
         """``eagle3`` for EAGLE-3 heads (``--spec-type draft-eagle3``), else None (a classic draft model)."""
-        return "eagle3" if self.spec_type == "draft-eagle3" else None
+        return "eagle3" if self.spec_type == EAGLE3_SPEC_TYPE else None
 
     def request_extra(self) -> dict[str, Any]:
         """``cache_prompt: false``: every request is prefilled, whatever a slot served before."""

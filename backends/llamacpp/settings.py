@@ -17,11 +17,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from spectune.backends.methods import engine_method
+
 FORMAT = "llamacpp-settings"
 
 
-def settings_json(steps: int, spec_type: str = "draft-eagle3", **extra: Any) -> dict[str, Any]:
-    """The settings object for num_steps ``steps`` (``extra`` keys are added after the flags)."""
+def settings_json(steps: int, spec_type: str | None = None, **extra: Any) -> dict[str, Any]:
+    """The settings object for num_steps ``steps`` (``extra`` keys are added after the flags); ``spec_type``
+    defaults to llama.cpp's spelling of EAGLE-3 (:mod:`spectune.backends.methods`)."""
+    spec_type = spec_type or engine_method("llamacpp", "eagle3")
     args = ["--spec-type", spec_type, "--spec-draft-n-max", str(steps)] if steps > 0 else []
     return {"format": FORMAT, "spec_draft_n_max": steps, "spec_type": spec_type, "llama_server_args": args, **extra}
 

