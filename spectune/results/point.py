@@ -22,7 +22,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from spectune.results.schema import KEY_COLUMNS, STATUS_COLUMNS, SUMMARY_COLUMNS, Key, now_iso, summary_row
+from spectune.results.schema import KEY_COLUMNS, STATUS_COLUMNS, SUMMARY_COLUMNS, Key, PointKey, now_iso, summary_row
 
 __all__ = ["SweepPoint"]
 
@@ -79,9 +79,9 @@ class SweepPoint:
     absent: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
-    def key(self) -> Key:
-        """(steps, concurrency, repeat): the point key (:func:`spectune.results.schema.point_key`)."""
-        return self.steps, self.concurrency, self.repeat
+    def key(self) -> PointKey:
+        """The point key (:func:`spectune.results.schema.point_key`)."""
+        return PointKey(self.steps, self.concurrency, self.repeat)
 
     @property
     def measured(self) -> bool:
@@ -97,8 +97,8 @@ class SweepPoint:
         metrics: dict[str, Any] = {c: None for c in SUMMARY_COLUMNS if c not in (*KEY_COLUMNS, *STATUS_COLUMNS)}
         metrics.update(num_requests=0, num_failed=0, total_output_tokens=0, acceptance_length_source="none",
                        batch_size_source="none")
-        steps, conc, rep = key
-        return cls(steps, conc, rep, "failed", error, metrics,
+        key = PointKey(*key)
+        return cls(key.steps, key.concurrency, key.repeat, "failed", error, metrics,
                    {"per_position": [], "num_drafts": None, "warning": None}, None, {},
                    {"start_s": None, "end_s": None}, planned, stop_reason, log_tail=log_tail, finished=now_iso())
 

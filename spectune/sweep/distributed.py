@@ -53,7 +53,7 @@ from spectune.results.durable import atomic_write, writing
 from spectune.results.folder import SweepFolder
 from spectune.results.nodes import node_verdicts
 from spectune.results.point import SweepPoint
-from spectune.results.schema import Key, point_key
+from spectune.results.schema import Key, PointKey, point_key
 from spectune.sweep.drift import drift_summary
 from spectune.sweep.plan import SweepListener, SweepPlan
 
@@ -164,6 +164,7 @@ class RaySweep:
             UserError: no node has the resources of one server; a task's configuration problem.
             asyncio.CancelledError: cancelled (every task cancelled and waited for first).
         """
+        todo = [PointKey(*k) for k in todo]
         ray = self._ray = import_ray()
         from spectune.sweep.ray_block import block_events
 
@@ -208,7 +209,7 @@ class RaySweep:
         last to start; a node is calibrated once its first block runs there (:meth:`_node_seen`)."""
         blocks: dict[int, list[Key]] = {}
         for key in sorted(keys):
-            blocks.setdefault(key[0], []).append(key)
+            blocks.setdefault(key.steps, []).append(key)
         await run_together([self._block(steps, ks) for steps, ks in sorted(blocks.items(), reverse=True)])
 
     async def _guided(self) -> None:
@@ -238,7 +239,7 @@ class RaySweep:
                 batch.append(key)
             if not batch:
                 break
-            tried |= {key[:2] for key in batch}
+            tried |= {key.cell for key in batch}
             await self._run_blocks(batch)
         self.predicted, guided = planner.finish(self.folder.points, stop)
         self.folder.predicted = self.predicted
@@ -284,7 +285,7 @@ class RaySweep:
             self.meta.setdefault("lost_blocks", []).append({"steps": steps, "node": lost["node"],
                                                             "error": lost["error"], "points_left": len(remaining)})
         for key in list(remaining):
-            point = SweepPoint.failed(key, "its node was lost", self.plan.requests_for(key[1])).to_dict() | {
+            point = SweepPoint.failed(key, "its node was lost", self.plan.requests_for(key.concurrency)).to_dict() | {
                 "stop_reason": "node_lost", "node": None}
             self._record(point, [], None)
 
@@ -298,7 +299,7 @@ class RaySweep:
             UserError: the task raised one (named with its node). RuntimeError: the task failed with another
                 error (a bug). asyncio.CancelledError: cancelled (the task is cancelled and waited for).
         """
-        keys = [tuple(k) for k in payload["keys"]]
+        keys = [PointKey(*k) for k in payload["keys"]]
         bar: list[Any] = []  # this task's row of the per-node progress, once its node is known
 
         def on_event(event: dict[str, Any], node: dict[str, Any] | None) -> None:
@@ -336,8 +337,7 @@ class RaySweep:
                 self.listener.server_failed(int(event["steps"]), f"{where(node)}: {event['message']}",
                                             event.get("log_tail") or "")
             elif kind == "point_started":
-                k, c, r = event["key"]
-                self.listener.point_started((k, c, r), int(event["planned"]))
+                self.listener.point_started(PointKey(*event["key"]), int(event["planned"]))
                 if bar:
                     self.listener.node_progress(self.board.update(bar[0], current=f"K={k} c={c} r={r}"))
             elif kind == "warning":
@@ -367,7 +367,7 @@ class RaySweep:
 
     def _calibration_key(self) -> Key:
         """The calibration cell: num_steps 0 at the plan's lowest concurrency, first repeat."""
-        return (0, min(self.plan.concurrency), 0)
+        return PointKey(0, min(self.plan.concurrency), 0)
 
     def _save_calibration(self, node_id: str, point: dict[str, Any]) -> None:
         """Record ``point`` (measured on ``node_id``) as its calibration: calibration.jsonl rewritten atomically."""
@@ -392,7 +392,7 @@ class RaySweep:
         remote = self._fn.options(**self._opts,
                                   scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
         got: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
-        label = f"calibration (K=0 c={key[1]})"
+        label = f"calibration (K=0 c={key.concurrency})"
         lost = await self._stream(remote, self._payload([key], plan) | {"points": [], "goals": {}}, None, label,
                                   on_point=lambda p, r: got.append((p, r)))
         if lost is not None or not got:

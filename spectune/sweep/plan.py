@@ -15,7 +15,7 @@ from spectune.loadgen.constraints import Constraints
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.load_settings import failure_rate_check, request_checks, steps_check
-from spectune.results.schema import Key
+from spectune.results.schema import Key, PointKey
 
 __all__ = ["SweepPlan", "SweepListener", "SweepOutcome"]
 
@@ -131,7 +131,7 @@ class SweepPlan:
 
     def points(self) -> list[Key]:
         """Every (steps, concurrency, repeat) of the grid, blocks order: for K, for concurrency, for repeat."""
-        return [(k, c, r) for k in self.steps for c in self.concurrency for r in range(self.repeats)]
+        return [PointKey(k, c, r) for k in self.steps for c in self.concurrency for r in range(self.repeats)]
 
     def order_for(self, cheap_switch: bool) -> str:
         """``interleaved`` or ``blocks``: ``order``, or for ``auto`` interleaved when the backend switches num_steps
@@ -146,8 +146,8 @@ class SweepPlan:
         odd ones, so num_steps is not confounded with time (the cells compared at one concurrency run minutes
         apart at most, and a trend over the sweep hits every K alike)."""
         if order == "blocks":
-            return sorted(todo, key=lambda k: (k[0], k[1], k[2]))
-        return sorted(todo, key=lambda k: (k[2], k[1], k[0] if k[2] % 2 == 0 else -k[0]))
+            return sorted(todo, key=lambda k: (k.steps, k.concurrency, k.repeat))
+        return sorted(todo, key=lambda k: (k.repeat, k.concurrency, k.steps if k.repeat % 2 == 0 else -k.steps))
 
     def requests_for(self, concurrency: int) -> int:
         """Measured requests of a point: ``requests_per_point``, else max(num_prompts, 4 * concurrency) capped at

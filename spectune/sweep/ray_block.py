@@ -33,7 +33,7 @@ from typing import Any, Iterator
 
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.ray_cluster import task_events
-from spectune.results.schema import Key
+from spectune.results.schema import Key, PointKey
 from spectune.sweep.plan import SweepListener
 
 __all__ = ["block_events", "BlockFolder"]
@@ -131,7 +131,7 @@ class _Goals:
         self.goals = {tuple(k): v for k, v in goals.items()}
 
     def window_goal(self, key: Key) -> str | None:
-        return self.goals.get(tuple(key))
+        return self.goals.get(PointKey(*key))
 
 
 async def _measure(payload: dict[str, Any], emit: Any) -> None:
@@ -139,7 +139,7 @@ async def _measure(payload: dict[str, Any], emit: Any) -> None:
     from spectune.backends import make_backend
     from spectune.sweep.run import Sweep
 
-    plan, options, keys = payload["plan"], payload["options"], [tuple(k) for k in payload["keys"]]
+    plan, options, keys = payload["plan"], payload["options"], [PointKey(*k) for k in payload["keys"]]
     folder = BlockFolder(emit, payload.get("points"))
     events = _Events(emit, folder)
     with tempfile.TemporaryDirectory(prefix="spectune-block-") as logs:
@@ -151,7 +151,7 @@ async def _measure(payload: dict[str, Any], emit: Any) -> None:
         if payload.get("goals"):  # a guided round's block: the planner's window goals of its keys
             sweep.planner = _Goals(payload["goals"])  # type: ignore[assignment]
         try:
-            for warning in await backend.preflight(sorted({k[0] for k in keys})):
+            for warning in await backend.preflight(sorted({k.steps for k in keys})):
                 events.warning(warning)
             await sweep.measure_block(keys)
         finally:

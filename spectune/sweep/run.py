@@ -45,7 +45,7 @@ from spectune.measure.window import client_config, measure_window, resolve_model
 from spectune.results.confidence import point_intervals, requests_by_point
 from spectune.results.folder import SweepFolder
 from spectune.results.point import SweepPoint
-from spectune.results.schema import Key, key_fields, now_iso, point_key
+from spectune.results.schema import Key, PointKey, key_fields, now_iso, point_key
 from spectune.sweep.drift import drift_check, drift_summary
 from spectune.sweep.guided import GuidedPlanner
 from spectune.sweep.plan import NEW_KEYS, SweepListener, SweepOutcome, SweepPlan
@@ -88,6 +88,7 @@ class Sweep:
     async def run(self, todo: Sequence[Key]) -> None:
         """Measure the points ``todo`` in the plan's order (grid), or let the guided planner pick them (guided);
         then the drift check at the end. The backend is stopped at the end."""
+        todo = [PointKey(*k) for k in todo]
         self.order = self.plan.order_for(self.backend.cheap_switch)
         self.meta["order"] = self.order
         try:
@@ -96,8 +97,8 @@ class Sweep:
             else:
                 keys = self.plan.ordered(list(todo), self.order)
                 if self.order == "blocks":
-                    for steps in dict.fromkeys(k[0] for k in keys):
-                        await self.measure_block([k for k in keys if k[0] == steps])
+                    for steps in dict.fromkeys(k.steps for k in keys):
+                        await self.measure_block([k for k in keys if k.steps == steps])
                 else:
                     for key in keys:
                         await self._measure(key)
@@ -115,17 +116,18 @@ class Sweep:
         check on and two or more points, the block's reference cell again (label ``block K=<steps>``). The server is
         left running (:meth:`run` or the caller stops it). Also the body of one Ray task of a distributed sweep
         (:mod:`spectune.sweep.ray_block`)."""
+        keys = [PointKey(*k) for k in keys]
         for key in keys:
             await self._measure(key)
         ref = self._reference(keys)
         if self.plan.drift_check and len(keys) >= 2 and ref is not None:
-            await self._drift(f"block K={keys[0][0]}", ref)
+            await self._drift(f"block K={keys[0].steps}", ref)
 
     async def _measure(self, key: Key, drift: str | None = None) -> tuple[SweepPoint, list[dict]] | None:
         """Start (or switch to) the server of ``key``'s num_steps and measure the point; a drift re-measurement
         (``drift``: its label) is returned instead of being recorded as a point. None when its server failed."""
-        steps = key[0]
-        planned = self.plan.requests_for(key[1])
+        steps = key.steps
+        planned = self.plan.requests_for(key.concurrency)
         if steps in self.broken:
             if drift is None:
                 message, tail = self.broken[steps]
@@ -212,12 +214,12 @@ class Sweep:
             if not keys:
                 break
             current = self.current
-            keys.sort(key=lambda key: (key[0] != current, key[0], key[1], key[2]))
+            keys.sort(key=lambda key: (key.steps != current, key))
             for key in keys:
                 stop = self._over_budget()
                 if stop:
                     break
-                tried.add(key[:2])
+                tried.add(key.cell)
                 await self._measure(key)
         self.predicted, guided = planner.finish(self.folder.points, stop)
         self.folder.predicted = self.predicted
@@ -233,10 +235,10 @@ class Sweep:
         to its own first prompts (the bundled engine, docs/sweep.md's command: num_steps 0 and 1 at concurrency 1 at
         0.939 [0.890, 0.988] on 13 prompts; one settle run stopped after 8 and left 0.876 [0.736, 1.012] on 8, a
         tie, with num_steps 0 at 0.677 of 1 on the grid)."""
-        plan = self.plan
-        if not plan.stops_early or (self.planner is not None and key[2] >= plan.repeats):
+        plan, key = self.plan, PointKey(*key)
+        if not plan.stops_early or (self.planner is not None and key.repeat >= plan.repeats):
             return None
-        steps, conc, _ = key
+        steps, conc = key.cell
         maximise = plan.objective != "tpot"
         col = "output_throughput_tok_s" if maximise else "tpot_p50_ms"
         runs: dict[int, list[float]] = {}
@@ -265,7 +267,7 @@ class Sweep:
         over its finished requests (:mod:`spectune.sweep.sequential`, "What an early-stopped window reports"); the
         window's own figure (tokens over its length) goes to its ``early_stop`` record
         (``window_output_throughput_tok_s``)."""
-        value = closed_loop_throughput(records, key[1])
+        value = closed_loop_throughput(records, key.concurrency)
         if value is not None:
             rule.last.update(window_output_throughput_tok_s=metrics.get("output_throughput_tok_s"))
             metrics["output_throughput_tok_s"] = value
@@ -390,11 +392,11 @@ class Sweep:
         """Did the point's server run the num_steps it was given? The window's counters against K
         (:func:`spectune.measure.schedule_check.check_num_steps`): points.jsonl's ``schedule_check`` (None when the
         server has no spec-decode counters), and a warning naming the backend's remedy when it did not."""
-        check = check_num_steps(key[0], before, after, batch_size, output_tokens)
+        check = check_num_steps(key.steps, before, after, batch_size, output_tokens)
         if check is None:
             return None
         if not check.followed:
-            self.listener.warning(check.steps_message(f"K={key[0]} c={key[1]}", self.backend.schedule_setting()))
+            self.listener.warning(check.steps_message(f"K={key.steps} c={key.concurrency}", self.backend.schedule_setting()))
         return check.to_json()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from spectune.results.schema import PointKey
 from spectune.sweep.guided.choose import Choosing
 from spectune.sweep.guided.model import StepTimeModel
 from spectune.sweep.guided.seed import Seeding
@@ -65,8 +66,8 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
                    measure_every_concurrency=slo, window_cap_s=plan.duration_per_point_s)
 
     def next_keys(self, points: Sequence[dict[str, Any]], tried: set[tuple[int, int]], cost: dict[str, Any],
-                  records: Callable[[], dict[tuple[int, int, int], list[dict[str, Any]]]],
-                  current: int | None = None, width: int = 1) -> list[tuple[int, int, int]]:
+                  records: Callable[[], dict[PointKey, list[dict[str, Any]]]],
+                  current: int | None = None, width: int = 1) -> list[PointKey]:
         """The points (steps, concurrency, repeat) a running sweep measures next: every repeat of the next round's
         cells (:meth:`next_round`), or, when no cell is worth measuring, the settle step's runs (:meth:`settle`,
         fed ``records()``: request objects by point, read only then); [] when the plan is done. The round's launch
@@ -81,7 +82,7 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
                                 width=width)
         if not cells:  # no cell left worth measuring: settle the comparisons that decide the choices
             return self.settle(points, records())
-        return [(k, c, r) for k, c in cells for r in range(self.repeats)]
+        return [PointKey(k, c, r) for k, c in cells for r in range(self.repeats)]
 
     def finish(self, points: Sequence[dict[str, Any]], stop: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """At the end of a guided sweep: (the predicted rows of every unmeasured cell, for summary.csv; sweep.json's

@@ -36,6 +36,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from spectune.results.confidence import Bootstrap, CellRuns, Interval, RunRequests, best_by_pairs, ratio_interval
+from spectune.results.schema import PointKey
 
 __all__ = ["Settling"]
 
@@ -64,7 +65,7 @@ class Settling:
     SETTLE_REPEATS: ClassVar[int] = 1
 
     def comparisons(self, points: Sequence[dict[str, Any]],
-                    records: dict[tuple[int, int, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+                    records: dict[PointKey, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         """The comparisons that decide each concurrency's choice, as ``spectune recommend`` makes them: every
         measured num_steps smaller than the best measured one, against the best, in ascending num_steps, up to the
         first that does not lose (recommend takes the smallest that ties); each ratio on the prompts both cells
@@ -188,7 +189,7 @@ class Settling:
         return 1 - i if runs[i] >= self._run_cap else i
 
     def settle(self, points: Sequence[dict[str, Any]],
-               records: dict[tuple[int, int, int], list[dict[str, Any]]]) -> list[tuple[int, int, int]]:
+               records: dict[PointKey, list[dict[str, Any]]]) -> list[PointKey]:
         """The runs to add so that every concurrency's choice is settled at the requested confidence (module
         docstring): for each ``unsettled`` comparison (:meth:`comparisons`), one more run (key
         (steps, concurrency, repeat)) of one of its two cells with fewer than ``repeats + SETTLE_REPEATS`` runs: the
@@ -199,7 +200,7 @@ class Settling:
             if not p.get("predicted"):
                 kc = (int(p["steps"]), int(p["concurrency"]))
                 done[kc] = max(done.get(kc, 0), int(p.get("repeat", 0)) + 1)
-        out: list[tuple[int, int, int]] = []
+        out: list[PointKey] = []
         self.decisions = self.comparisons(points, records)
         for cmp in self.decisions:
             if cmp["verdict"] != "unsettled":
@@ -208,10 +209,10 @@ class Settling:
             pair = [(cmp["steps"], c), (cmp["best"], c)]
             k, c = pair[self._rerun([done[kc] for kc in pair])]
             if done[(k, c)] < self._run_cap:
-                out.append((k, c, done[(k, c)]))
+                out.append(PointKey(k, c, done[(k, c)]))
                 self.why.append({"steps": k, "concurrency": c, "repeat": done[(k, c)],
                                  "reason": f"settle: num_steps {cmp['steps']} vs {cmp['best']} at ratio "
                                            f"{cmp['ratio']:.3f} [{cmp['low']:.3f}, {cmp['high']:.3f}] reaches the band"})
         if out:
-            self.rounds.append([(k, c) for k, c, _ in out])
+            self.rounds.append([key.cell for key in out])
         return out
