@@ -14,30 +14,28 @@ from typing import Any
 from spectune.loadgen.constraints import Constraints
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
-from spectune.measure.load_settings import failure_rate_check, request_checks, steps_check
+from spectune.measure.load_settings import LoadSpec, failure_rate_check, steps_check
 from spectune.results.schema import Key, PointKey
 
 __all__ = ["SweepPlan", "SweepListener", "SweepOutcome"]
 
 DEFAULT_STEPS = (0, 1, 2, 3, 5)
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
-DEFAULT_NUM_PROMPTS = 80  # MT-Bench's size
 REQUEST_CAP = 1024  # the default requests per point stop growing with concurrency here (unless num_prompts is larger)
 DEFAULT_WARMUP_CAP = 4
 
 
 @dataclass(frozen=True)
-class SweepPlan:
+class SweepPlan(LoadSpec):
     """What a sweep measures; recorded as ``plan`` in sweep.json and compared by ``--resume``.
+
+    The prompts and request settings are :class:`~spectune.measure.load_settings.LoadSpec`'s (keyword-only):
+    ``dataset``, ``num_prompts``, ``seed``, ``max_tokens``, ``temperature``, ``ignore_eos``, ``api``, ``slo_ttft_ms``,
+    ``slo_tpot_ms`` and ``warmup_requests`` (None = min(concurrency, 4) warm-up requests before each point).
 
     Attributes:
         steps: num_steps K values (0 = no speculation), ascending. concurrency: closed-loop concurrencies
             (requests in flight), ascending. repeats: runs of every (K, concurrency) cell.
-        dataset, num_prompts, seed: the prompt sample (:func:`spectune.loadgen.load_dataset`).
-        max_tokens: output tokens per request. temperature: sampling temperature. ignore_eos: ask for max_tokens
-            every time. api: ``chat`` or ``completions``.
-        slo_ttft_ms, slo_tpot_ms: SLOs in ms for slo_attainment/goodput, or None.
-        warmup_requests: unrecorded requests before each point; None = min(concurrency, 4).
         requests_per_point: measured requests per point; None = max(num_prompts, 4 * concurrency), at most
             max(num_prompts, 1024).
         duration_per_point_s: s; optional cap on a point's sending time.
@@ -61,16 +59,6 @@ class SweepPlan:
     steps: tuple[int, ...] = DEFAULT_STEPS
     concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
     repeats: int = 1
-    dataset: str = "mt-bench"
-    num_prompts: int = DEFAULT_NUM_PROMPTS
-    max_tokens: int = 256
-    temperature: float = 0.0
-    seed: int = 0
-    ignore_eos: bool = False
-    api: str = "chat"
-    slo_ttft_ms: float | None = None
-    slo_tpot_ms: float | None = None
-    warmup_requests: int | None = None
     requests_per_point: int | None = None
     duration_per_point_s: float | None = None
     max_failure_rate: float = 0.1
@@ -95,9 +83,7 @@ class SweepPlan:
             steps_check(self.steps),
             (bool(self.concurrency) and min(self.concurrency) >= 1, "--concurrency needs values >= 1, e.g. 1,4,16"),
             (self.repeats >= 1, f"--repeats must be >= 1, got {self.repeats}"),
-            *request_checks(num_prompts=self.num_prompts, max_tokens=self.max_tokens, temperature=self.temperature,
-                            api=self.api, slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms,
-                            warmup_requests=self.warmup_requests),
+            *self.load_checks(),
             (self.requests_per_point is None or self.requests_per_point >= 1,
              f"--requests-per-point must be >= 1, got {self.requests_per_point}"),
             (self.duration_per_point_s is None or self.duration_per_point_s > 0,
@@ -127,7 +113,7 @@ class SweepPlan:
         are read as their defaults (:data:`NEW_KEYS`)."""
         d = asdict(self)
         d["steps"], d["concurrency"] = list(self.steps), list(self.concurrency)
-        return d
+        return self.plan_json(("steps", "concurrency", "repeats"), d)
 
     def points(self) -> list[Key]:
         """Every (steps, concurrency, repeat) of the grid, blocks order: for K, for concurrency, for repeat."""

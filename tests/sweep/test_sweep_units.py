@@ -77,6 +77,34 @@ def test_plan_defaults_and_limits():
     assert SweepPlan(steps=(0, 2), concurrency=(1, 4), repeats=2).points() == [
         (0, 1, 0), (0, 1, 1), (0, 4, 0), (0, 4, 1), (2, 1, 0), (2, 1, 1), (2, 4, 0), (2, 4, 1)]
     assert SweepPlan(steps=(0, 3)).to_json()["steps"] == [0, 3]
+    key = SweepPlan(steps=(2,), concurrency=(4,)).points()[0]
+    assert (key.steps, key.concurrency, key.repeat, key.cell) == (2, 4, 0, (2, 4))
+    assert json.dumps(key) == "[2, 4, 0]"  # a PointKey writes as the bare tuple did
+
+
+def test_sweep_and_validate_plans_share_one_load_spec_and_keep_their_json_order():
+    """Both plans extend LoadSpec; their JSON objects keep the keys' file order (sweep.json / validate.json)."""
+    from spectune.measure.load_settings import LoadSpec
+    from spectune.measure.workload import parse_workload
+    from spectune.validate.plan import ValidatePlan
+
+    load = ["dataset", "num_prompts", "max_tokens", "temperature", "seed", "ignore_eos", "api", "slo_ttft_ms",
+            "slo_tpot_ms", "warmup_requests"]
+    assert list(LoadSpec.keys()) == load
+    sweep = SweepPlan(max_tokens=7, api="completions")
+    assert isinstance(sweep, LoadSpec) and (sweep.max_tokens, sweep.api) == (7, "completions")
+    assert list(sweep.to_json()) == ["steps", "concurrency", "repeats", *load, "requests_per_point",
+                                     "duration_per_point_s", "max_failure_rate", "design", "order", "drift_check",
+                                     "objective", "budget_points", "budget_s", "confidence", "noise_band",
+                                     "early_stop"]
+    check = ValidatePlan(config="c.json", steps=(0,), workload=parse_workload("c1@1"), num_prompts=5)
+    assert isinstance(check, LoadSpec) and check.num_prompts == 5
+    assert list(check.to_json()) == ["config", "steps", "workload", *load, "tolerance", "max_failure_rate",
+                                     "repeats", "config_static"]
+    with pytest.raises(UserError, match="--max-tokens"):
+        SweepPlan(max_tokens=0).validate()
+    with pytest.raises(UserError, match="--max-tokens"):
+        ValidatePlan(config="c.json", steps=(0,), workload=parse_workload("c1@1"), max_tokens=0).validate()
 
 
 @pytest.mark.parametrize("kwargs,words", [
