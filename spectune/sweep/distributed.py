@@ -337,9 +337,11 @@ class RaySweep:
                 self.listener.server_failed(int(event["steps"]), f"{where(node)}: {event['message']}",
                                             event.get("log_tail") or "")
             elif kind == "point_started":
-                self.listener.point_started(PointKey(*event["key"]), int(event["planned"]))
+                key = PointKey(*event["key"])
+                self.listener.point_started(key, int(event["planned"]))
                 if bar:
-                    self.listener.node_progress(self.board.update(bar[0], current=f"K={k} c={c} r={r}"))
+                    self.listener.node_progress(self.board.update(
+                        bar[0], current=f"K={key.steps} c={key.concurrency} r={key.repeat}"))
             elif kind == "warning":
                 self.listener.warning(f"{where(node)}: {event['message']}")
 
