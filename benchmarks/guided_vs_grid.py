@@ -144,9 +144,8 @@ def replay(grid: Path, out: Path, objective: str, restart_s: float = 0.0) -> dic
     (folder.path / "sweep.json").write_text(json.dumps({**meta, "plan": {**plan, "design": "guided"},
                                                         "guided": planner.describe()}, indent=2))
     measured = {(p["steps"], p["concurrency"]) for p in got}
-    folder.points = got
     folder.predicted = [pr.row() for kc, pr in sorted(planner.predict(got).items()) if kc not in measured]
-    folder.write_summary()
+    folder.write_summary(got)
     (folder.path / "points.jsonl").write_text("".join(json.dumps(p) + "\n" for p in got))
     dur = lambda ps: sum((p.get("metrics") or {}).get("duration_s") or 0.0 for p in ps)  # noqa: E731
     launches = sum(1 for i, kc in enumerate(order) if i == 0 or order[i - 1][0] != kc[0])

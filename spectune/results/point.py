@@ -20,11 +20,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from spectune.results.schema import KEY_COLUMNS, STATUS_COLUMNS, SUMMARY_COLUMNS, Key, PointKey, now_iso, summary_row
 
-__all__ = ["SweepPoint"]
+__all__ = ["SweepPoint", "as_points"]
 
 
 @dataclass
@@ -82,6 +82,12 @@ class SweepPoint:
     def key(self) -> PointKey:
         """The point key (:func:`spectune.results.schema.point_key`)."""
         return PointKey(self.steps, self.concurrency, self.repeat)
+
+    @property
+    def predicted(self) -> bool:
+        """True for a guided sweep's predicted cell read back as a point (its ``predicted`` key, kept in
+        ``extra``); a measured or failed point is never predicted."""
+        return bool(self.extra.get("predicted"))
 
     @property
     def measured(self) -> bool:
@@ -157,3 +163,13 @@ class SweepPoint:
         """The point's summary.csv row (:func:`spectune.results.schema.summary_row`; ``acceptance_vs_c1`` is
         filled by the folder, which sees every point)."""
         return summary_row(self.to_dict())
+
+
+def as_points(points: Iterable[SweepPoint | dict[str, Any]]) -> list[SweepPoint]:
+    """``points`` as records: a :class:`SweepPoint` is kept as it is, a points.jsonl object is read with
+    :meth:`SweepPoint.from_dict`.
+
+    Raises:
+        KeyError: an object lacks ``steps`` or ``concurrency``.
+    """
+    return [p if isinstance(p, SweepPoint) else SweepPoint.from_dict(p) for p in points]

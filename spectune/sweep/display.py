@@ -19,6 +19,7 @@ from rich.table import Table
 
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.progress import LiveProgress
+from spectune.results.point import SweepPoint
 from spectune.results.schema import Key
 from spectune.sweep.plan import SweepListener, SweepPlan
 
@@ -43,7 +44,7 @@ class LiveDisplay(LiveProgress, SweepListener):
         self.t0 = 0.0
         self.tokens = 0
 
-    def sweep_started(self, plan: SweepPlan, todo: list[Key], kept: list[dict[str, Any]]) -> None:
+    def sweep_started(self, plan: SweepPlan, todo: list[Key], kept: list[SweepPoint]) -> None:
         if kept:
             self.console.print(f"resuming: {len(kept)} finished point(s) kept, {len(todo)} to run")
         self.sweep_task = self.progress.add_task("points", total=len(todo), rate="")

@@ -224,7 +224,7 @@ class RaySweep:
         from spectune.sweep.guided import GuidedPlanner
 
         planner = self.planner = GuidedPlanner.for_plan(self.plan)
-        tried = {(p["steps"], p["concurrency"]) for p in self.folder.points}
+        tried = {p.key.cell for p in self.folder.points}
         stop = ""
         while not stop:
             keys = planner.next_keys(self.folder.points, tried, self.cost,
@@ -434,11 +434,11 @@ class RaySweep:
                                     "nodes": len(verdicts)}
         changed = False
         for p in self.folder.points:
-            node = p.get("node")
+            node = p.extra.get("node")
             if isinstance(node, dict) and node.get("id") in verdicts:
                 alike = verdicts[node["id"]]["alike"]
                 if node.get("alike") != alike:
-                    p["node"] = {**node, "alike": alike}
+                    p.extra["node"] = {**node, "alike": alike}
                     changed = True
         if changed:
             self.folder.rewrite_points()

@@ -15,6 +15,7 @@ from spectune.loadgen.constraints import Constraints
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.load_settings import LoadSpec, failure_rate_check, steps_check
+from spectune.results.point import SweepPoint
 from spectune.results.schema import Key, PointKey
 
 __all__ = ["SweepPlan", "SweepListener", "SweepOutcome"]
@@ -196,8 +197,8 @@ def parse_budget(text: str | None) -> tuple[int | None, float | None]:
 class SweepListener:
     """Receives the sweep's progress events (the display renders them; tests record them). No-ops here."""
 
-    def sweep_started(self, plan: SweepPlan, todo: list[Key], kept: list[dict[str, Any]]) -> None:
-        """Before the first point: the points to run now and the finished points kept from before."""
+    def sweep_started(self, plan: SweepPlan, todo: list[Key], kept: list[SweepPoint]) -> None:
+        """Before the first point: the points to run now and the finished points kept from before (records)."""
 
     def warning(self, message: str) -> None:
         """Something the user should know (preflight warnings, a failed warm-up)."""
@@ -230,8 +231,9 @@ class SweepListener:
 
 @dataclass
 class SweepOutcome:
-    """What a sweep run left: every finished point (kept + new), how many ran now, and the signal that stopped it
-    (``signal.SIGINT``/``SIGTERM`` value) or None when it ran to the end."""
+    """What a sweep run left: every finished point (kept + new, as the points.jsonl objects the CLI renders), how
+    many ran now, and the signal that stopped it (``signal.SIGINT``/``SIGTERM`` value) or None when it ran to the
+    end."""
 
     folder: Path
     plan: SweepPlan

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.ray_cluster import task_events
+from spectune.results.point import SweepPoint, as_points
 from spectune.results.schema import Key, PointKey
 from spectune.sweep.plan import SweepListener
 
@@ -49,9 +50,9 @@ class BlockFolder:
         points: finished points known before the block (a resumed sweep's, the early-stop rule's references).
     """
 
-    def __init__(self, emit: Any, points: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, emit: Any, points: Sequence[SweepPoint | dict[str, Any]] | None = None) -> None:
         self.emit = emit
-        self.points: list[dict[str, Any]] = list(points or [])
+        self.points: list[SweepPoint] = as_points(points or [])
         self.predicted: list[dict[str, Any]] = []
         self._requests: list[dict[str, Any]] = []  # the current point's request objects
         self._done: list[dict[str, Any]] = []  # request objects of this block's finished points
@@ -79,11 +80,12 @@ class BlockFolder:
         out, self._drift = self._drift, []
         return out
 
-    def append_point(self, point: dict[str, Any]) -> None:
-        """A finished point: emitted with its request objects."""
-        self.points.append(point)
+    def append_point(self, point: SweepPoint | dict[str, Any]) -> None:
+        """A finished point: kept as a record, emitted as its points.jsonl object with its request objects."""
+        record = as_points([point])[0]
+        self.points.append(record)
         self._done += self._requests
-        self.emit({"kind": "point", "point": point, "requests": self._requests})
+        self.emit({"kind": "point", "point": record.to_dict(), "requests": self._requests})
         self._requests = []
 
     def read_requests(self) -> list[dict[str, Any]]:

@@ -103,7 +103,7 @@ class Sweep:
                     for key in keys:
                         await self._measure(key)
             if self.plan.drift_check and self.ran > 0:
-                first = [point_key(p) for p in self.folder.points]
+                first = [p.key for p in self.folder.points]
                 ref = self._reference(first[:max(len(self.plan.steps), len(self.plan.concurrency), 2)])
                 if ref is not None:
                     await self._drift("end of sweep", ref)
@@ -175,17 +175,17 @@ class Sweep:
         re-measurement, a full window, would not read like: on the bundled engine K=1 at concurrency 8 stopped
         after 16 requests at 140.6 tok/s and its full re-measurement read 156.5, a drift of 11% that widened
         recommend's tie band past a 1.17x win of K=1 at concurrency 1."""
-        pts = {point_key(p): p for p in self.folder.points if p.get("status") == "ok"}
+        pts = {p.key: p for p in self.folder.points if p.status == "ok"}
         cands = [k for k in keys if k in pts]
         if not cands:
             return None
-        full = [k for k in cands if not (pts[k].get("early_stop") or {}).get("reason")]
-        return min(full or cands, key=lambda k: (pts[k].get("metrics") or {}).get("duration_s") or float("inf"))
+        full = [k for k in cands if not (pts[k].early_stop or {}).get("reason")]
+        return min(full or cands, key=lambda k: pts[k].metrics.get("duration_s") or float("inf"))
 
     async def _drift(self, label: str, key: Key) -> None:
         """Re-measure ``key`` and compare it with its first measurement (:func:`spectune.sweep.drift.drift_check`)."""
-        first = next((p for p in self.folder.points if point_key(p) == key), None)
-        if first is None or first.get("status") != "ok":
+        first = next((p for p in self.folder.points if p.key == key), None)
+        if first is None or first.status != "ok":
             return
         got = await self._measure(key, drift=label)
         if got is None:
@@ -194,7 +194,7 @@ class Sweep:
         first_records = self.records.get(key)
         if first_records is None:
             first_records = [r for r in self.folder.read_requests() if point_key(r) == key]
-        check = drift_check(label, first, again.to_dict(), first_records, again_records, self.plan.objective,
+        check = drift_check(label, first, again, first_records, again_records, self.plan.objective,
                             self.plan.confidence, self.plan.noise_band)
         self.drift_checks.append(check)
         self.meta["drift"] = drift_summary(self.drift_checks, self.order)
@@ -206,7 +206,7 @@ class Sweep:
         num_steps order starting with the running server's, until settled or out of budget; then every unmeasured
         cell is predicted into summary.csv."""
         planner = self.planner = GuidedPlanner.for_plan(self.plan)
-        tried = {(p["steps"], p["concurrency"]) for p in self.folder.points}
+        tried = {p.key.cell for p in self.folder.points}
         stop = ""
         while not stop:
             keys = planner.next_keys(self.folder.points, tried, self.cost, self._records_by_point,
@@ -243,10 +243,9 @@ class Sweep:
         col = "output_throughput_tok_s" if maximise else "tpot_p50_ms"
         runs: dict[int, list[float]] = {}
         for p in self.folder.points:
-            v = (p.get("metrics") or {}).get(col)
-            if (p.get("status") == "ok" and int(p["concurrency"]) == conc and int(p["steps"]) != steps
-                    and isinstance(v, (int, float)) and v > 0):
-                runs.setdefault(int(p["steps"]), []).append(float(v))
+            v = p.metrics.get(col)
+            if p.status == "ok" and p.concurrency == conc and p.steps != steps and isinstance(v, (int, float)) and v > 0:
+                runs.setdefault(p.steps, []).append(float(v))
         meds = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
         best = ((max if maximise else min)(meds, key=lambda k: meds[k])) if meds else None
         goal = self.planner.window_goal(key) if self.planner is not None else None
@@ -276,7 +275,7 @@ class Sweep:
         """Request objects of every point, keyed (steps, concurrency, repeat): those measured now, and those of a
         resumed folder's earlier points (requests.jsonl)."""
         out = dict(self.records)
-        missing = {point_key(p) for p in self.folder.points} - set(out)
+        missing = {p.key for p in self.folder.points} - set(out)
         if missing:
             for key, recs in requests_by_point(self.folder.read_requests()).items():
                 if key in missing:
@@ -293,10 +292,10 @@ class Sweep:
         return ""
 
     def _finish(self, point: SweepPoint) -> None:
-        obj = point.to_dict()
-        self.folder.append_point(obj)
+        """Make ``point`` durable in the folder and announce it (the listener gets its points.jsonl object)."""
+        self.folder.append_point(point)
         self.ran += 1
-        self.listener.point_finished(obj)
+        self.listener.point_finished(point.to_dict())
 
     def _save_meta(self) -> None:
         self.meta["backend"] = self.backend.describe()
@@ -438,7 +437,7 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
         kept = folder.check(plan.to_json(), resume, retry_failed, NEW_KEYS)
         for warning in await backend.preflight(list(plan.steps)) if ray is None else []:
             listener.warning(warning)
-        done = {point_key(p) for p in kept}
+        done = {p.key for p in kept}
         todo = [k for k in plan.points() if k not in done]
         meta = _meta(folder, plan, backend)
         meta["client"] = timeouts.to_json()
@@ -452,7 +451,7 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
         try:
             await sweep.run(todo)
         finally:
-            outcome.ran, outcome.points = sweep.ran, list(folder.points)
+            outcome.ran, outcome.points = sweep.ran, [p.to_dict() for p in folder.points]
             outcome.predicted, outcome.cost = list(sweep.predicted), dict(sweep.meta.get("cost") or {})
             outcome.drift, outcome.guided = sweep.meta.get("drift"), sweep.meta.get("guided")
     finally:
@@ -492,7 +491,8 @@ def run_blocking(plan: SweepPlan, backend_name: str, options: BackendOptions, ou
     outcome, sig = run_with_signals(
         lambda: execute(plan, backend_name, options, output_dir, resume, retry_failed, listener, timeouts, ray))
     if sig is not None:
-        return SweepOutcome(Path(output_dir), plan, SweepFolder(output_dir).read_points(), 0, sig)
+        points = [p.to_dict() for p in SweepFolder(output_dir).read_points()]
+        return SweepOutcome(Path(output_dir), plan, points, 0, sig)
     assert outcome is not None
     return outcome
 

@@ -210,7 +210,7 @@ def test_folder_checks(tmp_path):
     folder.close()
     with pytest.raises(UserError, match="already holds 1 finished point"):
         folder.check(plan, resume=False)
-    assert [p["steps"] for p in folder.check(plan, resume=True)] == [0]
+    assert [p.steps for p in folder.check(plan, resume=True)] == [0]
     other = SweepPlan(steps=(0, 2), concurrency=(1,)).to_json()
     with pytest.raises(UserError, match=re.escape("different sweep plan (steps [0, 1] -> [0, 2])")):
         folder.check(other, resume=True)
@@ -231,7 +231,7 @@ def test_folder_resume_drops_unfinished_records(tmp_path):
     with open(folder.requests, "a") as fh:
         fh.write(json.dumps({"steps": 9, "concurrency": 1, "repeat": 0}) + "\n")  # a point that never finished
     kept = folder.check(plan, resume=True)
-    assert [(p["steps"], p["status"]) for p in kept] == [(0, "ok"), (1, "failed")]
+    assert [(p.steps, p.status) for p in kept] == [(0, "ok"), (1, "failed")]
     folder.open({"plan": plan}, kept)
     folder.close()
     lines = folder.requests.read_text().splitlines()
