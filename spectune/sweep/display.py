@@ -21,7 +21,7 @@ from spectune.loadgen.record import RequestRecord
 from spectune.measure.progress import LiveProgress
 from spectune.results.point import SweepPoint
 from spectune.results.schema import Key
-from spectune.sweep.plan import SweepListener, SweepPlan
+from spectune.sweep.plan import SweepListener, SweepOutcome, SweepPlan
 
 
 def _fmt(v: float | None, spec: str) -> str:
@@ -101,7 +101,7 @@ def drift_line(check: dict[str, Any]) -> str:
     return f"{head}: {check['objective']} {check['first']:.4g} -> {check['again']:.4g}, {check['ratio']:.3f}x{span}: {verdict}"
 
 
-def outcome_lines(outcome: Any) -> list[str]:
+def outcome_lines(outcome: SweepOutcome) -> list[str]:
     """The summary lines after the table: the order and drift verdict, the guided plan's outcome, the points whose
     server did not run the num_steps it was given, and the measuring cost (points, launches, seconds)."""
     lines = []

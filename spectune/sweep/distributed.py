@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from spectune.backends.base import BackendOptions
+from spectune.backends.base import Backend, BackendOptions
 from spectune.loadgen.datasets import Prompt
 from spectune.loadgen.errors import UserError
 from spectune.measure.load_settings import ClientTimeouts
@@ -79,13 +79,14 @@ class RayOptions:
     max_attempts: int = 3
     calibrate: bool = True
 
-    def sweep(self, plan: SweepPlan, backend_name: str, options: Any, folder: SweepFolder, prompts: list[Any],
-              meta: dict[str, Any], listener: Any, timeouts: Any) -> "RaySweep":
+    def sweep(self, plan: SweepPlan, backend_name: str, options: BackendOptions, folder: SweepFolder,
+              prompts: list[Prompt], meta: dict[str, Any], listener: SweepListener,
+              timeouts: ClientTimeouts) -> "RaySweep":
         """The distributed sweep :func:`spectune.sweep.run.execute` runs instead of a serial one (run.py asks this
         object for it, so the serial sweep's module never imports this one)."""
         return RaySweep(plan, backend_name, options, folder, prompts, meta, listener, timeouts, self)
 
-    def check_backend(self, backend: Any) -> None:
+    def check_backend(self, backend: Backend | None) -> None:
         """Ray is installed and ``backend`` launches its servers.
 
         Raises:
@@ -100,7 +101,7 @@ class RayOptions:
                             f"not {getattr(backend, 'name', backend)!r}: each task starts its server beside its load "
                             "generator")
 
-    def check(self, plan: SweepPlan, backend: Any = None) -> None:
+    def check(self, plan: SweepPlan, backend: Backend | None = None) -> None:
         """What a distributed sweep cannot do with this plan and backend, before anything is written.
 
         Raises:
@@ -139,7 +140,7 @@ class RaySweep:
         self.listener = listener or SweepListener()
         self.ran = 0
         self.predicted: list[dict[str, Any]] = []
-        self.cost: dict[str, Any] = {k: 0 if k in ("points", "drift_points", "launches") else 0.0 for k in _COST_KEYS}
+        self.cost: dict[str, float] = {k: 0 if k in ("points", "drift_points", "launches") else 0.0 for k in _COST_KEYS}
         self.drift_checks: list[dict[str, Any]] = []
         old = meta.get("nodes")
         self.nodes: dict[str, dict[str, Any]] = dict(old) if isinstance(old, dict) else {}

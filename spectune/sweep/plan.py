@@ -9,12 +9,14 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from spectune.loadgen.constraints import Constraints
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
+from spectune.loadgen.strategy import ClosedLoop
 from spectune.measure.load_settings import LoadSpec, failure_rate_check, steps_check
+from spectune.measure.node_progress import NodeTask
 from spectune.results.point import SweepPoint
 from spectune.results.schema import Key, PointKey
 
@@ -147,14 +149,13 @@ class SweepPlan(LoadSpec):
         """Warm-up requests before a point: ``warmup_requests``, else min(concurrency, 4)."""
         return self.warmup_requests if self.warmup_requests is not None else min(concurrency, DEFAULT_WARMUP_CAP)
 
-    def strategy(self, concurrency: int) -> Any:
+    def strategy(self, concurrency: int) -> ClosedLoop:
         """When a point sends: a closed loop holding ``concurrency`` requests in flight
         (:class:`~spectune.loadgen.strategy.ClosedLoop`)."""
-        from spectune.loadgen.strategy import ClosedLoop
-
         return ClosedLoop(concurrency)
 
-    def constraints(self, requests: int, stop_when: Any = None) -> Any:
+    def constraints(self, requests: int,
+                    stop_when: Callable[[Sequence[Any], float], str | None] | None = None) -> Constraints:
         """Stop rules of a point of ``requests`` requests: that many, the duration cap, an early stop once
         failures exceed ``max_failure_rate`` of them (floor(rate * requests) + 1 failures: the point is failed
         whatever happens next), and ``stop_when`` (the sequential rule of :mod:`spectune.sweep.sequential`, or
@@ -224,7 +225,7 @@ class SweepListener:
     def drift_checked(self, check: dict[str, Any]) -> None:
         """A drift check finished (:func:`spectune.sweep.drift.drift_check`'s object)."""
 
-    def node_progress(self, task: Any) -> None:
+    def node_progress(self, task: NodeTask) -> None:
         """A distributed sweep's task changed on its node (a :class:`spectune.measure.node_progress.NodeTask`:
         started, a point started or finished, ended)."""
 
@@ -241,6 +242,6 @@ class SweepOutcome:
     ran: int = 0
     interrupted: int | None = None
     predicted: list[dict[str, Any]] = field(default_factory=list)  # a guided sweep's predicted cells
-    cost: dict[str, Any] = field(default_factory=dict)  # sweep.json ``cost`` of this run
+    cost: dict[str, float] = field(default_factory=dict)  # sweep.json ``cost`` of this run
     drift: dict[str, Any] | None = None  # sweep.json ``drift``
     guided: dict[str, Any] | None = None  # sweep.json ``guided``

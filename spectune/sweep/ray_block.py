@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from spectune.loadgen.record import RequestRecord
-from spectune.measure.ray_cluster import task_events
+from spectune.measure.ray_cluster import Event, task_events
 from spectune.results.point import SweepPoint, as_points
 from spectune.results.schema import Key, PointKey
 from spectune.sweep.plan import SweepListener
@@ -50,14 +50,15 @@ class BlockFolder:
         points: finished points known before the block (a resumed sweep's, the early-stop rule's references).
     """
 
-    def __init__(self, emit: Any, points: Sequence[SweepPoint | dict[str, Any]] | None = None) -> None:
+    def __init__(self, emit: Callable[[Event], None],
+                 points: Sequence[SweepPoint | dict[str, Any]] | None = None) -> None:
         self.emit = emit
         self.points: list[SweepPoint] = as_points(points or [])
         self.predicted: list[dict[str, Any]] = []
         self._requests: list[dict[str, Any]] = []  # the current point's request objects
         self._done: list[dict[str, Any]] = []  # request objects of this block's finished points
         self._drift: list[dict[str, Any]] = []
-        self.meta: dict[str, Any] = {}
+        self.meta: dict[str, Any] = {}  # the sweep.json object the block's Sweep keeps up to date
 
     def request_mark(self) -> int:
         """Where the current point's request objects start (see :meth:`truncate_requests`)."""
@@ -96,14 +97,14 @@ class BlockFolder:
         """Keep the sweep's meta (its ``backend`` and ``cost`` are sent with the ``done`` event)."""
         self.meta = meta
 
-    def write_summary(self, points: Any = None) -> None:
+    def write_summary(self, points: object = None) -> None:
         """Nothing to write inside a task (the driver writes summary.csv)."""
 
 
 class _Events(SweepListener):
     """The sweep's progress events as event dicts (request-level events stay in the task)."""
 
-    def __init__(self, emit: Any, folder: BlockFolder) -> None:
+    def __init__(self, emit: Callable[[Event], None], folder: BlockFolder) -> None:
         self.emit, self.folder = emit, folder
 
     def warning(self, message: str) -> None:
@@ -136,7 +137,7 @@ class _Goals:
         return self.goals.get(PointKey(*key))
 
 
-async def _measure(payload: dict[str, Any], emit: Any) -> None:
+async def _measure(payload: dict[str, Any], emit: Callable[[Event], None]) -> None:
     """Build the backend on this node, check it, measure the block, stop the server; emit events on the way."""
     from spectune.backends import make_backend
     from spectune.sweep.run import Sweep
@@ -168,7 +169,7 @@ async def _measure(payload: dict[str, Any], emit: Any) -> None:
               "backend": backend.describe()})
 
 
-def block_events(payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def block_events(payload: dict[str, Any]) -> Iterator[Event]:
     """Measure one num_steps block on this node and yield its events (module docstring).
 
     Args:

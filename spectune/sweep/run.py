@@ -82,7 +82,7 @@ class Sweep:
         self.predicted: list[dict[str, Any]] = []
         self.planner: GuidedPlanner | None = None  # the guided plan's, while it runs
         #: measuring cost: points (and drift re-measurements) measured now, server starts/switches, seconds
-        self.cost: dict[str, Any] = {"points": 0, "drift_points": 0, "launches": 0, "measure_s": 0.0,
+        self.cost: dict[str, float] = {"points": 0, "drift_points": 0, "launches": 0, "measure_s": 0.0,
                                      "drift_s": 0.0, "switch_s": 0.0}
 
     async def run(self, todo: Sequence[Key]) -> None:

@@ -66,8 +66,8 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
         return cls(plan.steps, plan.concurrency, plan.repeats, plan.objective, plan.confidence, plan.noise_band,
                    measure_every_concurrency=slo, window_cap_s=plan.duration_per_point_s)
 
-    def next_keys(self, points: Sequence[SweepPoint | dict[str, Any]], tried: set[tuple[int, int]], cost: dict[str, Any],
-                  records: Callable[[], dict[PointKey, list[dict[str, Any]]]],
+    def next_keys(self, points: Sequence[SweepPoint | dict[str, Any]], tried: set[tuple[int, int]],
+                  cost: dict[str, float], records: Callable[[], dict[PointKey, list[dict[str, Any]]]],
                   current: int | None = None, width: int = 1) -> list[PointKey]:
         """The points (steps, concurrency, repeat) a running sweep measures next: every repeat of the next round's
         cells (:meth:`next_round`), or, when no cell is worth measuring, the settle step's runs (:meth:`settle`,
@@ -86,7 +86,8 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
             return self.settle(points, records())
         return [PointKey(k, c, r) for k, c in cells for r in range(self.repeats)]
 
-    def finish(self, points: Sequence[SweepPoint | dict[str, Any]], stop: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def finish(self, points: Sequence[SweepPoint | dict[str, Any]],
+               stop: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """At the end of a guided sweep: (the predicted rows of every unmeasured cell, for summary.csv; sweep.json's
         ``guided``: :meth:`describe` plus why it stopped, ``stop`` or ``settled``, the measured and predicted cell
         counts, and the concurrencies left to the model, with nothing measured)."""
