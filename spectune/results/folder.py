@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Sequence
 from spectune.backends.redact import Redactor, redact_obj
 from spectune.loadgen.errors import UserError
 from spectune.results.durable import atomic_write, iter_jsonl, writing
-from spectune.results.point import SweepPoint
+from spectune.results.point import SweepPoint, as_points
 from spectune.results.schema import Key, SUMMARY_COLUMNS, point_key, summary_row
 
 
@@ -332,16 +332,16 @@ class SweepFolder(RunFolder):
             self.write_summary()
 
     def write_summary(self, points: Iterable[SweepPoint | dict[str, Any]] | None = None) -> None:
-        """Rewrite ``summary.csv`` atomically: one row per finished point (:attr:`points`, or ``points``), then the
-        predicted cells' rows, sorted by steps, concurrency, repeat."""
+        """Rewrite ``summary.csv`` atomically: one row per finished point (:attr:`points`, or ``points``: records or
+        points.jsonl objects) and per predicted cell (:attr:`predicted`), sorted by steps, concurrency, repeat."""
         from spectune.results.batch_acceptance import acceptance_vs_c1
 
-        given = self.points if points is None else points
-        points = [p.to_dict() if isinstance(p, SweepPoint) else p for p in given]
-        ratios = acceptance_vs_c1(points)
-        points += self.predicted
-        rows = sorted((summary_row(p) | {"acceptance_vs_c1": ratios.get((p.get("steps"), p.get("concurrency")))}
-                       for p in points), key=lambda r: (r["steps"], r["concurrency"], r["repeat"]))
+        records = as_points(self.points if points is None else points)
+        ratios = acceptance_vs_c1(records)
+        rows = [p.summary_row() | {"acceptance_vs_c1": ratios.get(p.key.cell)} for p in records]
+        rows += [summary_row(p) | {"acceptance_vs_c1": ratios.get((p["steps"], p["concurrency"]))}
+                 for p in self.predicted]
+        rows.sort(key=lambda r: (r["steps"], r["concurrency"], r["repeat"]))
 
         def write(fh: io.TextIOBase) -> None:
             writer = csv.DictWriter(fh, fieldnames=list(SUMMARY_COLUMNS), lineterminator="\n")

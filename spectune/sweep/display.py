@@ -19,7 +19,7 @@ from rich.table import Table
 
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.progress import LiveProgress
-from spectune.results.point import SweepPoint
+from spectune.results.point import SweepPoint, as_points
 from spectune.results.schema import Key
 from spectune.sweep.plan import SweepListener, SweepOutcome, SweepPlan
 
@@ -115,9 +115,9 @@ def outcome_lines(outcome: SweepOutcome) -> list[str]:
         lines.append(f"guided plan: {g.get('measured_cells')} cells measured in {len(g.get('rounds') or [])} rounds, "
                      f"{g.get('predicted_cells')} predicted (marked predicted in summary.csv); stopped: "
                      f"{g.get('stopped')}")
-    wrong = [p for p in outcome.points if (p.get("schedule_check") or {}).get("followed") is False]
+    wrong = [p for p in outcome.points if (p.schedule_check or {}).get("followed") is False]
     if wrong:
-        keys = ", ".join(f"K={p['steps']} c={p['concurrency']}" for p in wrong)
+        keys = ", ".join(f"K={p.steps} c={p.concurrency}" for p in wrong)
         lines.append(f"num_steps check: {len(wrong)} point(s) drafted more than the num_steps they were given "
                      f"({keys}): they measured another num_steps (schedule_check in points.jsonl and summary.csv)")
     c = outcome.cost
@@ -179,7 +179,7 @@ def _median(values: Iterable[Any]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def summarize(points: Sequence[dict[str, Any]], steps: Sequence[int],
+def summarize(points: Sequence[SweepPoint | dict[str, Any]], steps: Sequence[int],
               concurrency: Sequence[int], intervals: dict[tuple[int, int], tuple[float, float]] | None = None,
               predicted: Sequence[dict[str, Any]] = ()) -> dict[tuple[int, int], SummaryCell]:
     """(concurrency, steps) -> :class:`SummaryCell` for every planned cell (``total`` 0 where nothing ran).
@@ -187,13 +187,15 @@ def summarize(points: Sequence[dict[str, Any]], steps: Sequence[int],
     ``intervals``: (concurrency, steps) -> the cell's throughput interval (tokens/s) over requests and repeats
     (:func:`spectune.tune.intervals.throughput_intervals`); without it a cell of one ok repeat shows that point's
     own interval (``output_throughput_ci_low/high``). ``predicted``: a guided sweep's predicted cells (point-like
-    objects with ``metrics``), shown where nothing was measured."""
+    objects with ``metrics``), shown where nothing was measured. ``points``: records, or points.jsonl objects
+    (:func:`spectune.results.point.as_points`)."""
     cells: dict[tuple[int, int], SummaryCell] = {}
+    records, guesses = as_points(points), as_points(predicted)
     for c in concurrency:
         for k in steps:
-            pts = [p for p in points if p["steps"] == k and p["concurrency"] == c]
-            guess = [p for p in predicted if p["steps"] == k and p["concurrency"] == c] if not pts else []
-            ok = [p.get("metrics") or {} for p in pts + guess if p.get("status", "ok") == "ok"]
+            pts = [p for p in records if p.key.cell == (k, c)]
+            guess = [p for p in guesses if p.key.cell == (k, c)] if not pts else []
+            ok = [p.metrics for p in pts + guess if p.status == "ok"]
             cells[c, k] = SummaryCell(_median(m.get("output_throughput_tok_s") for m in ok),
                                _median(m.get("tpot_p50_ms") for m in ok),
                                _median(m.get("acceptance_length") for m in ok), len(ok), len(pts + guess),
@@ -221,7 +223,7 @@ def summarize(points: Sequence[dict[str, Any]], steps: Sequence[int],
     return cells
 
 
-def summary_table(points: Sequence[dict[str, Any]], steps: Sequence[int], concurrency: Sequence[int],
+def summary_table(points: Sequence[SweepPoint | dict[str, Any]], steps: Sequence[int], concurrency: Sequence[int],
                   intervals: dict[tuple[int, int], tuple[float, float]] | None = None,
                   predicted: Sequence[dict[str, Any]] = ()) -> Table:
     """The final table: a row per concurrency, a column per num_steps; each cell shows output throughput

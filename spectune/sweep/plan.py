@@ -232,13 +232,12 @@ class SweepListener:
 
 @dataclass
 class SweepOutcome:
-    """What a sweep run left: every finished point (kept + new, as the points.jsonl objects the CLI renders), how
-    many ran now, and the signal that stopped it (``signal.SIGINT``/``SIGTERM`` value) or None when it ran to the
-    end."""
+    """What a sweep run left: every finished point (kept + new, as records), how many ran now, and the signal that
+    stopped it (``signal.SIGINT``/``SIGTERM`` value) or None when it ran to the end."""
 
     folder: Path
     plan: SweepPlan
-    points: list[dict[str, Any]] = field(default_factory=list)
+    points: list[SweepPoint] = field(default_factory=list)
     ran: int = 0
     interrupted: int | None = None
     predicted: list[dict[str, Any]] = field(default_factory=list)  # a guided sweep's predicted cells

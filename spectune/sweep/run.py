@@ -451,7 +451,7 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
         try:
             await sweep.run(todo)
         finally:
-            outcome.ran, outcome.points = sweep.ran, [p.to_dict() for p in folder.points]
+            outcome.ran, outcome.points = sweep.ran, list(folder.points)
             outcome.predicted, outcome.cost = list(sweep.predicted), dict(sweep.meta.get("cost") or {})
             outcome.drift, outcome.guided = sweep.meta.get("drift"), sweep.meta.get("guided")
     finally:
@@ -491,8 +491,7 @@ def run_blocking(plan: SweepPlan, backend_name: str, options: BackendOptions, ou
     outcome, sig = run_with_signals(
         lambda: execute(plan, backend_name, options, output_dir, resume, retry_failed, listener, timeouts, ray))
     if sig is not None:
-        points = [p.to_dict() for p in SweepFolder(output_dir).read_points()]
-        return SweepOutcome(Path(output_dir), plan, points, 0, sig)
+        return SweepOutcome(Path(output_dir), plan, SweepFolder(output_dir).read_points(), 0, sig)
     assert outcome is not None
     return outcome
 
