@@ -81,7 +81,7 @@ class LiveDisplay(LiveProgress, SweepListener):
         if self.point_task is not None:
             self.progress.update(self.point_task, completed=done, rate=rate)
 
-    def point_finished(self, point: dict[str, Any]) -> None:
+    def point_finished(self, point: SweepPoint) -> None:
         if self.sweep_task is not None:
             self.progress.advance(self.sweep_task)
         self.console.print(point_line(point), markup=False)
@@ -128,19 +128,25 @@ def outcome_lines(outcome: SweepOutcome) -> list[str]:
     return lines
 
 
-def point_line(point: dict[str, Any]) -> str:
-    """One line about a finished point: ``K=3 c=16 r=0 ok: 812 tok/s, TPOT p50 4.10 ms, AL 2.31 (64 req, 0 failed)``."""
-    m = point.get("metrics") or {}
-    head = f"K={point['steps']} c={point['concurrency']} r={point.get('repeat', 0)} {point.get('status')}"
+def point_line(point: SweepPoint | dict[str, Any]) -> str:
+    """One line about a finished point (a record, or a points.jsonl object): ``K=3 c=16 r=0 ok: 812 tok/s, TPOT p50
+    4.10 ms, AL 2.31 (64 req, 0 failed)``.
+
+    Raises:
+        KeyError: a points.jsonl object lacks ``steps`` or ``concurrency``.
+    """
+    (point,) = as_points([point])
+    m = point.metrics or {}
+    head = f"K={point.steps} c={point.concurrency} r={point.repeat} {point.status}"
     body = (f"{_fmt(m.get('output_throughput_tok_s'), ',.0f')} tok/s, TPOT p50 {_fmt(m.get('tpot_p50_ms'), '.2f')} ms, "
             f"AL {_fmt(m.get('acceptance_length'), '.2f')} ({m.get('num_requests') or 0} req, "
             f"{m.get('num_failed') or 0} failed)")
-    node = point.get("node")
+    node = point.extra.get("node")
     where = f" @ node {str(node.get('id') or '')[:8]}" if isinstance(node, dict) and node.get("id") else ""  # --ray
-    if point.get("status") != "ok":
-        return f"{head}: {point.get('error') or 'failed'} ({m.get('num_requests') or 0} req){where}"
-    check = point.get("schedule_check") or {}
-    wrong = f" [NOT at num_steps {point['steps']}: drafted {check['drafted_per_step']:.2f}/step]" \
+    if point.status != "ok":
+        return f"{head}: {point.error or 'failed'} ({m.get('num_requests') or 0} req){where}"
+    check = point.schedule_check or {}
+    wrong = f" [NOT at num_steps {point.steps}: drafted {check['drafted_per_step']:.2f}/step]" \
         if check and not check.get("followed") else ""
     return f"{head}: {body}" + (" [client-limited]" if m.get("client_limited") else "") + wrong + where
 

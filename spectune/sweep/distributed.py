@@ -466,7 +466,7 @@ class RaySweep:
         self.ran += 1
         if node and node.get("id") in self.nodes:
             self.nodes[node["id"]]["points"] = int(self.nodes[node["id"]].get("points") or 0) + 1
-        self.listener.point_finished(point)
+        self.listener.point_finished(SweepPoint.from_dict(point))
 
     def _drift(self, event: dict[str, Any], node: dict[str, Any] | None) -> None:
         for obj in event.get("requests") or []:

@@ -219,8 +219,8 @@ class SweepListener:
     def request_finished(self, key: Key, record: RequestRecord, done: int, planned: int) -> None:
         """A measured request of ``key`` finished (``done`` of ``planned``)."""
 
-    def point_finished(self, point: dict[str, Any]) -> None:
-        """A point is durable in points.jsonl (its object is passed)."""
+    def point_finished(self, point: SweepPoint) -> None:
+        """A point is durable in points.jsonl (its record is passed)."""
 
     def drift_checked(self, check: dict[str, Any]) -> None:
         """A drift check finished (:func:`spectune.sweep.drift.drift_check`'s object)."""

@@ -292,10 +292,10 @@ class Sweep:
         return ""
 
     def _finish(self, point: SweepPoint) -> None:
-        """Make ``point`` durable in the folder and announce it (the listener gets its points.jsonl object)."""
+        """Make ``point`` durable in the folder and announce it."""
         self.folder.append_point(point)
         self.ran += 1
-        self.listener.point_finished(point.to_dict())
+        self.listener.point_finished(point)
 
     def _save_meta(self) -> None:
         self.meta["backend"] = self.backend.describe()

@@ -178,8 +178,8 @@ class KillFirstNode(SweepListener):
         self.killer = NodeKiller(cluster)
         self.killed: str | None = None
 
-    def point_finished(self, point: dict) -> None:
-        node_id = (point.get("node") or {}).get("id")
+    def point_finished(self, point: SweepPoint) -> None:
+        node_id = (point.extra.get("node") or {}).get("id")
         if self.killed is None and node_id:
             self.killed = node_id
             self.killer.kill(node_id)

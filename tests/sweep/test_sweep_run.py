@@ -119,7 +119,7 @@ class Recorder(SweepListener):
         self.events.append(("server_failed", steps, message, log_tail))
 
     def point_finished(self, point):
-        self.events.append(("point", point["steps"], point["concurrency"], point["repeat"], point["status"]))
+        self.events.append(("point", point.steps, point.concurrency, point.repeat, point.status))
 
 
 def launch_options(template_tail: str, **kw) -> BackendOptions:
