@@ -18,6 +18,7 @@ from spectune.sweep.display import summarize, summary_table
 from spectune.measure.acceptance import per_category_points, spec_decode_acceptance
 from spectune.measure.status import point_status
 from spectune.results.folder import SweepFolder
+from spectune.results.point import SweepPoint
 from spectune.results.schema import SUMMARY_COLUMNS
 from spectune.sweep.run import failed_point
 from spectune.commands.options import parse_int_list
@@ -214,6 +215,28 @@ def test_folder_checks(tmp_path):
     other = SweepPlan(steps=(0, 2), concurrency=(1,)).to_json()
     with pytest.raises(UserError, match=re.escape("different sweep plan (steps [0, 1] -> [0, 2])")):
         folder.check(other, resume=True)
+
+
+def test_points_held_as_records_are_written_back_byte_for_byte(tmp_path):
+    """The folder keeps its points as SweepPoint records; resuming (read, keep, rewrite) and rewriting them leave
+    points.jsonl and summary.csv as they were, a key this version does not know (a distributed sweep's ``node``)
+    and a minimal older line included."""
+    plan = SweepPlan(steps=(0, 1), concurrency=(1, 2)).to_json()
+    folder = SweepFolder(tmp_path)
+    folder.open({"plan": plan}, [])
+    folder.append_point(point(0, 1) | {"node": {"id": "abc", "alike": True}})
+    folder.append_point(failed_point((1, 1, 0), "server for num_steps 1 exited", 8, "boom"))
+    folder.append_point({"steps": 0, "concurrency": 2, "status": "ok", "metrics": {"num_requests": 4}})
+    folder.close()
+    lines, summary = folder.points_file.read_bytes(), folder.summary.read_bytes()
+    kept = folder.check(plan, resume=True)
+    assert all(isinstance(p, SweepPoint) for p in kept) and [p.key for p in kept] == [(0, 1, 0), (1, 1, 0), (0, 2, 0)]
+    assert kept[0].extra["node"]["id"] == "abc" and kept[1].log_tail == "boom"
+    folder.open({"plan": plan}, kept)
+    folder.rewrite_points()
+    folder.close()
+    assert folder.points_file.read_bytes() == lines
+    assert folder.summary.read_bytes() == summary
 
 
 def test_folder_resume_drops_unfinished_records(tmp_path):
