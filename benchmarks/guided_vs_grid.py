@@ -60,6 +60,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -67,6 +68,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 #: ``--virtual``: the second grid's noise seed is the pair's plus this (its draws independent of the first grid's)
 REGRID_SEED = 100_000
+
+
+def point_dicts(outcome: Any) -> list[dict]:
+    """A sweep outcome's points as points.jsonl objects."""
+    return [p.to_dict() for p in outcome.points]
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -144,9 +150,8 @@ def replay(grid: Path, out: Path, objective: str, restart_s: float = 0.0) -> dic
     (folder.path / "sweep.json").write_text(json.dumps({**meta, "plan": {**plan, "design": "guided"},
                                                         "guided": planner.describe()}, indent=2))
     measured = {(p["steps"], p["concurrency"]) for p in got}
-    folder.points = got
     folder.predicted = [pr.row() for kc, pr in sorted(planner.predict(got).items()) if kc not in measured]
-    folder.write_summary()
+    folder.write_summary(got)
     (folder.path / "points.jsonl").write_text("".join(json.dumps(p) + "\n" for p in got))
     dur = lambda ps: sum((p.get("metrics") or {}).get("duration_s") or 0.0 for p in ps)  # noqa: E731
     launches = sum(1 for i, kc in enumerate(order) if i == 0 or order[i - 1][0] != kc[0])
@@ -438,16 +443,16 @@ def recorded(args: argparse.Namespace) -> int:
             rec = {"grid": recommend(load_results(grid), RecommendOptions(objective=args.objective)),
                    "guided": recommend(load_results(Path(d) / "guided"), RecommendOptions(objective=args.objective))}
             if args.show_cells:
-                show_cells(run_guided.points, json.loads((Path(d) / "guided" / "sweep.json").read_text()),  # type: ignore
+                show_cells(point_dicts(run_guided), json.loads((Path(d) / "guided" / "sweep.json").read_text()),  # type: ignore
                            sum(p["metrics"]["duration_s"] for p in state["points"].values()))  # type: ignore
         grid_s = sum(p["metrics"]["duration_s"] for p in state["points"].values()) + \
             (cost.get("launches") or len(steps)) * state["launch_s"]  # type: ignore
         g = run_guided.cost  # type: ignore[attr-defined]
-        guided_s = sum(p["metrics"]["duration_s"] for p in run_guided.points) + g["switch_s"]  # type: ignore
+        guided_s = sum(p["metrics"]["duration_s"] for p in point_dicts(run_guided)) + g["switch_s"]  # type: ignore
         worst = worst_choice(rec["grid"], rec["guided"], args.objective)
-        early = sum(1 for p in run_guided.points if (p.get("early_stop") or {}).get("reason"))  # type: ignore
+        early = sum(1 for p in point_dicts(run_guided) if (p.get("early_stop") or {}).get("reason"))  # type: ignore
         print(f"{source}: guided {guided_s:.1f} s / grid {grid_s:.1f} s = {guided_s / grid_s:.1%} (launches "
-              f"{g['launches']}, {state['launch_s']:.2f} s each); points {len(run_guided.points)}/"  # type: ignore
+              f"{g['launches']}, {state['launch_s']:.2f} s each); points {len(point_dicts(run_guided))}/"  # type: ignore
               f"{len(state['points'])}; early-stopped {early}; worst choice {worst:.3f} of the grid's; choices "
               f"guided {[ (x.concurrency, x.steps) for x in rec['guided'].choices]}, grid "
               f"{[(x.concurrency, x.steps) for x in rec['grid'].choices]}", flush=True)
@@ -524,26 +529,26 @@ def virtual(args: argparse.Namespace) -> int:
             rec = {k: recommend(load_results(Path(d) / k), RecommendOptions(objective=args.objective))
                    for k in ("grid", "guided", "regrid", "reguided")}
             if args.show_cells:
-                show_cells(res["guided"].points, json.loads((Path(d) / "guided" / "sweep.json").read_text()),
-                           sum(p["metrics"]["duration_s"] for p in res["grid"].points))
+                show_cells(point_dicts(res["guided"]), json.loads((Path(d) / "guided" / "sweep.json").read_text()),
+                           sum(p["metrics"]["duration_s"] for p in point_dicts(res["grid"])))
         worst = worst_choice(rec["grid"], rec["guided"], args.objective)
         if args.show_cells:
             show_choices(rec["grid"], rec["guided"], exact, best, concs, args.objective)
         true = {d: min(exact(mine.steps, mine.concurrency) / best(mine.concurrency) for mine in rec[d].choices)
                 for d in ("grid", "guided")}
-        secs = {k: sum(p["metrics"]["duration_s"] for p in o.points) for k, o in res.items()}
+        secs = {k: sum(p["metrics"]["duration_s"] for p in point_dicts(o)) for k, o in res.items()}
         launches = {k: o.cost["launches"] for k, o in res.items()}
-        early = sum(1 for p in res["guided"].points if (p.get("early_stop") or {}).get("reason"))
-        agree = early_vs_full(res["guided"].points, res["grid"].points, args.objective)
+        early = sum(1 for p in point_dicts(res["guided"]) if (p.get("early_stop") or {}).get("reason"))
+        agree = early_vs_full(point_dicts(res["guided"]), point_dicts(res["grid"]), args.objective)
         secs = {k: v + launches[k] * args.restart_s for k, v in secs.items()}  # launches counted (--restart-s)
         regrid = worst_choice(rec["grid"], rec["regrid"], args.objective)
         reguided = worst_choice(rec["grid"], rec["reguided"], args.objective)
-        rows.append((secs["guided"] / secs["grid"], worst, len(res["guided"].points), early, launches, true, agree,
+        rows.append((secs["guided"] / secs["grid"], worst, len(point_dicts(res["guided"])), early, launches, true, agree,
                      regrid, reguided))
         print(f"seed {s}: guided {secs['guided']:.1f} s / grid {secs['grid']:.1f} s = {rows[-1][0]:.1%}; worst choice "
               f"{worst:.3f} of the grid's (on other draws of the noise: the guided plan's {reguided:.3f}, a second "
               f"grid's {regrid:.3f}); worst against the noise-free model: guided {true['guided']:.3f}, grid "
-              f"{true['grid']:.3f}; points {rows[-1][2]}/{len(res['grid'].points)}; early-stopped {early}; "
+              f"{true['grid']:.3f}; points {rows[-1][2]}/{len(point_dicts(res['grid']))}; early-stopped {early}; "
               f"launches {launches['guided']}/{launches['grid']}; early-stopped estimates whose interval holds the "
               f"same window run in full: {agree[0]}/{agree[1]}, the grid's window: {agree[2]}/{agree[3]}", flush=True)
     print(f"{getattr(model, 'name', model)}; steps {args.steps}; concurrency {args.concurrency}; {args.num_prompts} prompts "
@@ -621,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"guided / grid measuring time (points + switches + {args.restart_s:g} s per launch): {share:.1%}; with "
           f"the drift checks: {share_drift:.1%}; points {totals['guided'][2]}/{totals['grid'][2]}; agreement within 3% "
           f"at every concurrency: {'yes' if agree else 'NO'}")
-    early = {d: sum(1 for p in outcomes[d].points if (p.get("early_stop") or {}).get("reason"))  # type: ignore
+    early = {d: sum(1 for p in point_dicts(outcomes[d]) if (p.get("early_stop") or {}).get("reason"))  # type: ignore
              for d in ("grid", "guided")}
     print(f"windows stopped early: grid {early['grid']}, guided {early['guided']}")
     guided = json.loads((out / "guided" / "sweep.json").read_text()).get("guided") or {}

@@ -26,10 +26,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+
+
+def point_dicts(outcome: Any) -> list[dict]:
+    """A sweep outcome's points as points.jsonl objects."""
+    return [p.to_dict() for p in outcome.points]
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -96,10 +102,10 @@ def main(argv: list[str] | None = None) -> None:
             t = time.perf_counter()
             outcome = asyncio.run(execute(plan, "launch", options(name), base / name, ray=ray_opts))
             wall = time.perf_counter() - t
-            bad = [p for p in outcome.points if p.get("status") != "ok"]
+            bad = [p for p in point_dicts(outcome) if p.get("status") != "ok"]
             rec = recommend(load_results(base / name), RecommendOptions())
-            runs[name] = (wall, {ch.concurrency: ch.steps for ch in rec.choices}, len(outcome.points), len(bad))
-            print(f"{name}: {wall:.1f} s, {len(outcome.points)} points ({len(bad)} not ok)", flush=True)
+            runs[name] = (wall, {ch.concurrency: ch.steps for ch in rec.choices}, len(point_dicts(outcome)), len(bad))
+            print(f"{name}: {wall:.1f} s, {len(point_dicts(outcome))} points ({len(bad)} not ok)", flush=True)
     finally:
         if ray.is_initialized():
             ray.shutdown()

@@ -197,7 +197,7 @@ def sweep(
             console.print(line, soft_wrap=True, markup=False)
         for finding in batch_dependent_acceptance(outcome.points):
             console.print(f"finding: {finding.sentence()}", soft_wrap=True, markup=False)
-    failed = sum(p.get("status") != "ok" for p in outcome.points)
+    failed = sum(p.status != "ok" for p in outcome.points)
     if outcome.interrupted is not None:
         err = Console(stderr=True, highlight=False, soft_wrap=True)
         if (output_dir / "sweep.json").exists():

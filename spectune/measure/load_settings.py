@@ -1,17 +1,69 @@
-"""What ``spectune sweep`` and ``spectune validate`` both ask of their requests, written once: the load generator's
-time limits (:class:`ClientTimeouts`) and the checks of the request settings both plans carry (:func:`steps_check`,
+"""What ``spectune sweep`` and ``spectune validate`` both ask of their requests, written once: the prompts and request
+settings both plans carry (:class:`LoadSpec`, the base of both plans), the load generator's time limits
+(:class:`ClientTimeouts`) and the checks of the request settings both plans carry (:func:`steps_check`,
 :func:`request_checks`, :func:`failure_rate_check`: each an ``(ok, message)`` pair, the message the ``UserError``
 a plan raises for the first one that fails)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Sequence
 
 from spectune.loadgen.errors import UserError
 
-__all__ = ["ClientTimeouts", "steps_check", "request_checks", "failure_rate_check"]
+__all__ = ["LoadSpec", "ClientTimeouts", "steps_check", "request_checks", "failure_rate_check"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadSpec:
+    """The prompts and the request settings of a plan, declared once for ``spectune sweep``
+    (:class:`spectune.sweep.plan.SweepPlan`) and ``spectune validate`` (:class:`spectune.validate.plan.ValidatePlan`),
+    which both extend it (keyword-only fields: a plan's own positional fields come first).
+
+    Attributes:
+        dataset, num_prompts, seed: the prompt sample (:func:`spectune.loadgen.load_dataset`; ``num_prompts`` >= 1).
+        max_tokens: output tokens per request (>= 1). temperature: sampling temperature (>= 0). ignore_eos: ask for
+            ``max_tokens`` every time. api: ``chat`` or ``completions``.
+        slo_ttft_ms, slo_tpot_ms: SLOs in ms (> 0) for slo_attainment/goodput, or None.
+        warmup_requests: unrecorded requests before each point or run (>= 0); None = the plan's default.
+    """
+
+    dataset: str = "mt-bench"
+    num_prompts: int = 80
+    max_tokens: int = 256
+    temperature: float = 0.0
+    seed: int = 0
+    ignore_eos: bool = False
+    api: str = "chat"
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    warmup_requests: int | None = None
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The load fields' names, in the order a plan's JSON object writes them (after the plan's leading keys)."""
+        return tuple(f.name for f in fields(LoadSpec))
+
+    def load_checks(self) -> list[tuple[bool, str]]:
+        """:func:`request_checks` of these settings: ``(ok, message)`` pairs, in the order a plan checks them."""
+        return request_checks(num_prompts=self.num_prompts, max_tokens=self.max_tokens, temperature=self.temperature,
+                              api=self.api, slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms,
+                              warmup_requests=self.warmup_requests)
+
+    def plan_json(self, head: Sequence[str], values: dict[str, Any]) -> dict[str, Any]:
+        """A plan's JSON object in file order: the keys ``head`` (the plan's own leading fields), then the load fields
+        (:meth:`keys`), then every other key of ``values`` in its order. ``values``: the plan's fields as JSON values
+        (e.g. :func:`dataclasses.asdict` with lists for tuples).
+
+        Raises:
+            KeyError: ``values`` lacks a key of ``head`` or a load field.
+        """
+        load = self.keys()
+        out = {k: values[k] for k in head}
+        out.update((k, values[k]) for k in load)
+        out.update((k, v) for k, v in values.items() if k not in out)
+        return out
 
 
 @dataclass(frozen=True)

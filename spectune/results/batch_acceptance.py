@@ -29,6 +29,8 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Sequence
 
+from spectune.results.point import SweepPoint, as_points
+
 REL_FLOOR = 0.02
 Z = 3.0
 
@@ -71,15 +73,15 @@ def acceptance_se(per_position: Sequence[float] | None, num_drafts: float | None
     return math.sqrt(max(second - mean * mean, 0.0) / num_drafts)
 
 
-def _coverage(points: Iterable[dict[str, Any]]) -> dict[tuple[int, int], tuple[int, int]]:
+def _coverage(points: Iterable[SweepPoint]) -> dict[tuple[int, int], tuple[int, int]]:
     """(K, c) -> (fewest finished requests over the cell's ok repeats, requests planned)."""
     out: dict[tuple[int, int], tuple[int, int]] = {}
     for p in points:
-        if p.get("status") != "ok":
+        if p.status != "ok":
             continue
-        done = int((p.get("metrics") or {}).get("num_requests") or 0)
-        planned = int(p.get("requests_planned") or done)
-        key = (int(p["steps"]), int(p["concurrency"]))
+        done = int(p.metrics.get("num_requests") or 0)
+        planned = int(p.requests_planned or done)
+        key = p.key.cell
         prev = out.get(key)
         out[key] = (done, planned) if prev is None else (min(prev[0], done), planned)
     return out
@@ -92,19 +94,17 @@ def _same_prompts(coverage: dict[tuple[int, int], tuple[int, int]], k: int, c: i
     return done1 >= planned1 and done_c >= planned1
 
 
-def _cells(points: Iterable[dict[str, Any]]) -> dict[tuple[int, int], tuple[float, float | None]]:
+def _cells(points: Iterable[SweepPoint]) -> dict[tuple[int, int], tuple[float, float | None]]:
     """(K, c) -> (median acceptance length, SE of the median repeat or None) over ok points with speculation."""
     groups: dict[tuple[int, int], list[tuple[float, float | None]]] = {}
     for p in points:
-        metrics = p.get("metrics") or {}
-        a = metrics.get("acceptance_length")
-        if p.get("status") != "ok" or not isinstance(a, (int, float)) or not math.isfinite(a):
+        a = p.metrics.get("acceptance_length")
+        if p.status != "ok" or not isinstance(a, (int, float)) or not math.isfinite(a):
             continue
-        if str(metrics.get("acceptance_length_source") or "").startswith(("proxy", "config", "none")):
+        if str(p.metrics.get("acceptance_length_source") or "").startswith(("proxy", "config", "none")):
             continue  # a proxy or a constant says nothing about drafting
-        acc = p.get("acceptance") or {}
-        se = acceptance_se(acc.get("per_position"), acc.get("num_drafts"))
-        groups.setdefault((int(p["steps"]), int(p["concurrency"])), []).append((float(a), se))
+        se = acceptance_se(p.acceptance.get("per_position"), p.acceptance.get("num_drafts"))
+        groups.setdefault(p.key.cell, []).append((float(a), se))
     out = {}
     for key, vals in groups.items():
         med = statistics.median(v for v, _ in vals)
@@ -113,12 +113,16 @@ def _cells(points: Iterable[dict[str, Any]]) -> dict[tuple[int, int], tuple[floa
     return out
 
 
-def batch_dependent_acceptance(points: Iterable[dict[str, Any]]) -> list[BatchAcceptanceFinding]:
-    """Points (points.jsonl objects) whose acceptance length at concurrency c > 1 is outside the noise of the
+def batch_dependent_acceptance(points: Iterable[SweepPoint | dict[str, Any]]) -> list[BatchAcceptanceFinding]:
+    """Points (records, or points.jsonl objects) whose acceptance length at concurrency c > 1 is outside the noise of the
     same num_steps' concurrency-1 value on the same prompts (module docstring), sorted by num_steps then
     concurrency. Points at num_steps 0, failed points, proxy acceptance and pairs over different prompt sets are
-    ignored; a num_steps without a concurrency-1 point gives nothing."""
-    points = list(points)
+    ignored; a num_steps without a concurrency-1 point gives nothing.
+
+    Raises:
+        KeyError: a points.jsonl object lacks ``steps`` or ``concurrency``.
+    """
+    points = as_points(points)
     cells, coverage = _cells(points), _coverage(points)
     found = []
     for (k, c), (a, se) in sorted(cells.items()):
@@ -133,10 +137,15 @@ def batch_dependent_acceptance(points: Iterable[dict[str, Any]]) -> list[BatchAc
     return found
 
 
-def acceptance_vs_c1(points: Iterable[dict[str, Any]]) -> dict[tuple[int, int], float]:
+def acceptance_vs_c1(points: Iterable[SweepPoint | dict[str, Any]]) -> dict[tuple[int, int], float]:
     """(K, c) -> acceptance length / the same K's concurrency-1 acceptance length (medians over repeats), for every
-    K > 0 with a concurrency-1 point over the same prompts: the ``acceptance_vs_c1`` column of summary.csv."""
-    points = list(points)
+    K > 0 with a concurrency-1 point over the same prompts (records, or points.jsonl objects): the
+    ``acceptance_vs_c1`` column of summary.csv.
+
+    Raises:
+        KeyError: a points.jsonl object lacks ``steps`` or ``concurrency``.
+    """
+    points = as_points(points)
     cells, coverage = _cells(points), _coverage(points)
     return {(k, c): a / cells[(k, 1)][0] for (k, c), (a, _) in cells.items()
             if k > 0 and (k, 1) in cells and cells[(k, 1)][0] > 0 and _same_prompts(coverage, k, c)}

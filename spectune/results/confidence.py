@@ -46,6 +46,8 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from spectune.results.schema import PointKey
+
 __all__ = ["DEFAULT_REPLICATES", "Interval", "RunRequests", "Bootstrap", "CellRuns", "best_by_pairs",
            "percentile_interval", "ratio_interval", "restricted_value"]
 
@@ -353,10 +355,10 @@ def restricted_value(run: RunRequests, prompts: set[Any], objective: str,
     return None
 
 
-def requests_by_point(requests: pd.DataFrame | list[dict[str, Any]] | None) -> dict[tuple[int, int, int], list[dict]]:
+def requests_by_point(requests: pd.DataFrame | list[dict[str, Any]] | None) -> dict[PointKey, list[dict]]:
     """Group requests.jsonl objects by (steps, concurrency, repeat); drift re-measurements (``drift_check`` set) are
     left out."""
-    out: dict[tuple[int, int, int], list[dict]] = {}
+    out: dict[PointKey, list[dict]] = {}
     if requests is None:
         return out
     rows = requests.to_dict("records") if isinstance(requests, pd.DataFrame) else requests
@@ -364,7 +366,7 @@ def requests_by_point(requests: pd.DataFrame | list[dict[str, Any]] | None) -> d
         if r.get("drift_check") is not None:
             continue
         try:
-            key = (int(r["steps"]), int(r["concurrency"]), int(r.get("repeat", 0) or 0))
+            key = PointKey(int(r["steps"]), int(r["concurrency"]), int(r.get("repeat", 0) or 0))
         except (KeyError, TypeError, ValueError):
             continue
         out.setdefault(key, []).append(r)

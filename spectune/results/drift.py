@@ -28,16 +28,22 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from spectune.results.point import SweepPoint
+
 __all__ = ["DriftBand", "cell_times", "midpoint_s"]
 
 
-def midpoint_s(point: dict[str, Any]) -> float | None:
-    """The middle of a point's measurement (points.jsonl ``started`` and ``finished``, ISO 8601), in seconds since the
-    Unix epoch; None when either stamp is missing or unreadable."""
+def midpoint_s(point: SweepPoint | dict[str, Any]) -> float | None:
+    """The middle of a point's measurement (a record's, or a points.jsonl object's, ``started`` and ``finished``,
+    ISO 8601), in seconds since the Unix epoch; None when either stamp is missing or unreadable."""
+    if isinstance(point, SweepPoint):
+        started, finished = point.started, point.finished
+    else:
+        started, finished = point.get("started"), point.get("finished")
     try:
-        a = _dt.datetime.fromisoformat(str(point["started"])).timestamp()
-        b = _dt.datetime.fromisoformat(str(point["finished"])).timestamp()
-    except (KeyError, TypeError, ValueError):
+        a = _dt.datetime.fromisoformat(str(started)).timestamp()
+        b = _dt.datetime.fromisoformat(str(finished)).timestamp()
+    except (TypeError, ValueError):
         return None
     return (a + b) / 2
 

@@ -17,12 +17,12 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from spectune.backends.redact import Redactor, redact_obj
 from spectune.loadgen.errors import UserError
 from spectune.results.durable import atomic_write, iter_jsonl, writing
-from spectune.results.point import SweepPoint
+from spectune.results.point import SweepPoint, as_points
 from spectune.results.schema import Key, SUMMARY_COLUMNS, point_key, summary_row
 
 
@@ -146,7 +146,7 @@ class SweepFolder(RunFolder):
         self.sweep_json = self.meta_path
         self.points_file = self.path / "points.jsonl"
         self.summary = self.path / "summary.csv"
-        self.points: list[dict[str, Any]] = []  # finished points, in file order
+        self.points: list[SweepPoint] = []  # finished points, in file order
         self.predicted: list[dict[str, Any]] = []  # a guided sweep's predicted cells (summary.csv rows only)
         self.drift_requests = self.path / "drift_requests.jsonl"
         self._pt_fh: io.TextIOBase | None = None
@@ -168,19 +168,19 @@ class SweepFolder(RunFolder):
             raise UserError(f"{self.sweep_json} is damaged (not a JSON object): use a new --output-dir")
         return meta
 
-    def read_points(self) -> list[dict[str, Any]]:
-        """Finished points from ``points.jsonl`` (unparsable lines, e.g. one cut short by a crash, skipped; a key
-        that appears twice keeps its last line)."""
-        by_key: dict[Key, dict[str, Any]] = {}
+    def read_points(self) -> list[SweepPoint]:
+        """Finished points from ``points.jsonl``, as records (unparsable lines, e.g. one cut short by a crash,
+        skipped; a key that appears twice keeps its last line)."""
+        by_key: dict[Key, SweepPoint] = {}
         for _, obj in iter_jsonl(self.points_file):
             key = point_key(obj) if obj else None
             if key is not None:
                 by_key.pop(key, None)
-                by_key[key] = obj  # type: ignore[assignment]
+                by_key[key] = SweepPoint.from_dict(obj)  # type: ignore[arg-type]
         return list(by_key.values())
 
     def check(self, plan: dict[str, Any], resume: bool, retry_failed: bool = False,
-              defaults: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+              defaults: dict[str, Any] | None = None) -> list[SweepPoint]:
         """Decide, without writing anything, which finished points the sweep keeps.
 
         ``defaults``: plan keys an older sweep.json may lack, with the value their absence means.
@@ -211,11 +211,11 @@ class SweepFolder(RunFolder):
             raise UserError(f"{self.path} already holds {len(points)} finished point(s) of this plan: add --resume "
                             "to finish it, or pass a new --output-dir")
         if retry_failed:
-            points = [p for p in points if p.get("status") == "ok"]
+            points = [p for p in points if p.status == "ok"]
         return points
 
     # -- writing --------------------------------------------------------------------------------------------
-    def open(self, meta: dict[str, Any], keep: list[dict[str, Any]]) -> None:
+    def open(self, meta: dict[str, Any], keep: Sequence[SweepPoint]) -> None:
         """Create the folder, write ``sweep.json``, keep only ``keep``'s points and their request records
         (rewritten atomically, so a crashed or interrupted point leaves nothing behind), open the append files
         and rewrite ``summary.csv``.
@@ -227,10 +227,11 @@ class SweepFolder(RunFolder):
             self.path.mkdir(parents=True, exist_ok=True)
             self.logs.mkdir(exist_ok=True)
             self.write_meta(meta)
-            keys = {point_key(p) for p in keep}
+            keys = {p.key for p in keep}
             self.points = list(keep)
             if self.points_file.exists() or keep:
-                atomic_write(self.points_file, lambda fh: fh.writelines(json.dumps(p) + "\n" for p in keep))
+                atomic_write(self.points_file,
+                             lambda fh: fh.writelines(json.dumps(p.to_dict()) + "\n" for p in keep))
             if self.requests.exists():
                 kept = (line for line, obj in iter_jsonl(self.requests) if obj is not None and point_key(obj) in keys)
                 atomic_write(self.requests, lambda fh: fh.writelines(kept))
@@ -292,7 +293,8 @@ class SweepFolder(RunFolder):
 
     def append_point(self, point: SweepPoint | dict[str, Any]) -> None:
         """Make a finished point durable: fsync its requests, append it (:meth:`SweepPoint.to_dict`) to
-        ``points.jsonl`` (fsynced), then rewrite ``summary.csv`` atomically. String values are redacted.
+        ``points.jsonl`` (fsynced), keep it in :attr:`points` (as the record of the line written), then rewrite
+        ``summary.csv`` atomically. String values are redacted.
 
         Raises:
             UserError: a write failed (full disk...): the points written before stay; ``--resume`` finishes.
@@ -308,7 +310,7 @@ class SweepFolder(RunFolder):
             self._pt_fh.write(json.dumps(point) + "\n")
             self._pt_fh.flush()
             os.fsync(self._pt_fh.fileno())
-        self.points.append(point)
+        self.points.append(SweepPoint.from_dict(point))
         with writing(self.summary, self.path):
             self.write_summary()
 
@@ -320,7 +322,7 @@ class SweepFolder(RunFolder):
         Raises:
             UserError: a write failed (the previous points.jsonl stays whole).
         """
-        points = [redact_obj(p, self.redactor) for p in self.points]
+        points = [redact_obj(p.to_dict(), self.redactor) for p in self.points]
         with writing(self.points_file, self.path):
             if self._pt_fh is not None:
                 self._pt_fh.close()
@@ -329,15 +331,17 @@ class SweepFolder(RunFolder):
         with writing(self.summary, self.path):
             self.write_summary()
 
-    def write_summary(self, points: Iterable[dict[str, Any]] | None = None) -> None:
-        """Rewrite ``summary.csv`` atomically: one row per finished point, sorted by steps, concurrency, repeat."""
+    def write_summary(self, points: Iterable[SweepPoint | dict[str, Any]] | None = None) -> None:
+        """Rewrite ``summary.csv`` atomically: one row per finished point (:attr:`points`, or ``points``: records or
+        points.jsonl objects) and per predicted cell (:attr:`predicted`), sorted by steps, concurrency, repeat."""
         from spectune.results.batch_acceptance import acceptance_vs_c1
 
-        points = list(self.points if points is None else points)
-        ratios = acceptance_vs_c1(points)
-        points += self.predicted
-        rows = sorted((summary_row(p) | {"acceptance_vs_c1": ratios.get((p.get("steps"), p.get("concurrency")))}
-                       for p in points), key=lambda r: (r["steps"], r["concurrency"], r["repeat"]))
+        records = as_points(self.points if points is None else points)
+        ratios = acceptance_vs_c1(records)
+        rows = [p.summary_row() | {"acceptance_vs_c1": ratios.get(p.key.cell)} for p in records]
+        rows += [summary_row(p) | {"acceptance_vs_c1": ratios.get((p["steps"], p["concurrency"]))}
+                 for p in self.predicted]
+        rows.sort(key=lambda r: (r["steps"], r["concurrency"], r["repeat"]))
 
         def write(fh: io.TextIOBase) -> None:
             writer = csv.DictWriter(fh, fieldnames=list(SUMMARY_COLUMNS), lineterminator="\n")

@@ -20,11 +20,30 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable, TypedDict
 
-from spectune.results.schema import KEY_COLUMNS, STATUS_COLUMNS, SUMMARY_COLUMNS, Key, now_iso, summary_row
+from spectune.results.schema import KEY_COLUMNS, STATUS_COLUMNS, SUMMARY_COLUMNS, Key, PointKey, now_iso, summary_row
 
-__all__ = ["SweepPoint"]
+__all__ = ["SweepPoint", "as_points", "MetricValue", "Window", "Warmup"]
+
+MetricValue = float | int | str | bool | None
+"""One value of a point's ``metrics``: a number (ms, tokens/s, req/s, counts as the column names), a source or
+reason string, a flag, or None (not measured)."""
+
+
+class Window(TypedDict):
+    """A point's measurement window: ``start_s``, ``end_s`` (``time.perf_counter`` s), None for a point that measured
+    nothing."""
+
+    start_s: float | None
+    end_s: float | None
+
+
+class Warmup(TypedDict):
+    """A point's warm-up: ``requests`` sent before the window (not recorded), of which ``failed`` failed."""
+
+    requests: int
+    failed: int
 
 
 @dataclass
@@ -55,15 +74,15 @@ class SweepPoint:
     repeat: int
     status: str
     error: str | None
-    metrics: dict[str, Any]
+    metrics: dict[str, MetricValue]
     acceptance: dict[str, Any]
     batch_size: dict[str, Any] | None
     per_category: dict[str, Any]
-    window: dict[str, Any]
+    window: Window
     requests_planned: int
     stop_reason: str | None
     early_stop: dict[str, Any] | None = None
-    warmup: dict[str, Any] | None = None
+    warmup: Warmup | None = None
     client_limit: str | None = None
     schedule_check: dict[str, Any] | None = None
     model: str | None = None
@@ -79,9 +98,15 @@ class SweepPoint:
     absent: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
-    def key(self) -> Key:
-        """(steps, concurrency, repeat): the point key (:func:`spectune.results.schema.point_key`)."""
-        return self.steps, self.concurrency, self.repeat
+    def key(self) -> PointKey:
+        """The point key (:func:`spectune.results.schema.point_key`)."""
+        return PointKey(self.steps, self.concurrency, self.repeat)
+
+    @property
+    def predicted(self) -> bool:
+        """True for a guided sweep's predicted cell read back as a point (its ``predicted`` key, kept in
+        ``extra``); a measured or failed point is never predicted."""
+        return bool(self.extra.get("predicted"))
 
     @property
     def measured(self) -> bool:
@@ -94,11 +119,11 @@ class SweepPoint:
         """A point that measured nothing: its server never came up (``server_start_failed``), no model name
         (``no_model``) or its warm-up ran past its limit (``warmup_timeout``). Its metrics are null except the
         counts (0) and the sources (``none``)."""
-        metrics: dict[str, Any] = {c: None for c in SUMMARY_COLUMNS if c not in (*KEY_COLUMNS, *STATUS_COLUMNS)}
+        metrics: dict[str, MetricValue] = {c: None for c in SUMMARY_COLUMNS if c not in (*KEY_COLUMNS, *STATUS_COLUMNS)}
         metrics.update(num_requests=0, num_failed=0, total_output_tokens=0, acceptance_length_source="none",
                        batch_size_source="none")
-        steps, conc, rep = key
-        return cls(steps, conc, rep, "failed", error, metrics,
+        key = PointKey(*key)
+        return cls(key.steps, key.concurrency, key.repeat, "failed", error, metrics,
                    {"per_position": [], "num_drafts": None, "warning": None}, None, {},
                    {"start_s": None, "end_s": None}, planned, stop_reason, log_tail=log_tail, finished=now_iso())
 
@@ -157,3 +182,13 @@ class SweepPoint:
         """The point's summary.csv row (:func:`spectune.results.schema.summary_row`; ``acceptance_vs_c1`` is
         filled by the folder, which sees every point)."""
         return summary_row(self.to_dict())
+
+
+def as_points(points: Iterable[SweepPoint | dict[str, Any]]) -> list[SweepPoint]:
+    """``points`` as records: a :class:`SweepPoint` is kept as it is, a points.jsonl object is read with
+    :meth:`SweepPoint.from_dict`.
+
+    Raises:
+        KeyError: an object lacks ``steps`` or ``concurrency``.
+    """
+    return [p if isinstance(p, SweepPoint) else SweepPoint.from_dict(p) for p in points]

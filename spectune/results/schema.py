@@ -11,12 +11,31 @@ acceptance columns between the two groups, the engine's batch size over the wind
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Any
+from typing import Any, NamedTuple
 
 from spectune.loadgen.metrics import SLO_CLIENT_COLUMNS, STREAM_COLUMNS
 
-Key = tuple[int, int, int]
-"""(num_steps, concurrency, repeat) of a point."""
+class PointKey(NamedTuple):
+    """The key of one sweep point: a tuple ``(steps, concurrency, repeat)`` with named fields, so it hashes, compares,
+    sorts, pickles and serialises to JSON (a 3-element list) as the bare tuple does.
+
+    Attributes:
+        steps: num_steps K (0 = no speculation). concurrency: closed-loop requests in flight (>= 1).
+        repeat: 0-based run of the (K, concurrency) cell.
+    """
+
+    steps: int
+    concurrency: int
+    repeat: int = 0
+
+    @property
+    def cell(self) -> tuple[int, int]:
+        """``(steps, concurrency)``: the cell the point is one run of."""
+        return self.steps, self.concurrency
+
+
+Key = PointKey
+"""The point key type (:class:`PointKey`)."""
 
 KEY_COLUMNS = ("steps", "concurrency", "repeat")
 STATUS_COLUMNS = ("status", "error")
@@ -60,7 +79,7 @@ NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in SUMMARY_COLUMNS
 def point_key(obj: dict[str, Any]) -> Key | None:
     """(steps, concurrency, repeat) of a points.jsonl / requests.jsonl object, or None if it has none."""
     try:
-        return int(obj["steps"]), int(obj["concurrency"]), int(obj.get("repeat", 0))
+        return PointKey(int(obj["steps"]), int(obj["concurrency"]), int(obj.get("repeat", 0)))
     except (KeyError, TypeError, ValueError):
         return None
 

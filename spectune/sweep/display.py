@@ -19,8 +19,9 @@ from rich.table import Table
 
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.progress import LiveProgress
+from spectune.results.point import SweepPoint, as_points
 from spectune.results.schema import Key
-from spectune.sweep.plan import SweepListener, SweepPlan
+from spectune.sweep.plan import SweepListener, SweepOutcome, SweepPlan
 
 
 def _fmt(v: float | None, spec: str) -> str:
@@ -43,7 +44,7 @@ class LiveDisplay(LiveProgress, SweepListener):
         self.t0 = 0.0
         self.tokens = 0
 
-    def sweep_started(self, plan: SweepPlan, todo: list[Key], kept: list[dict[str, Any]]) -> None:
+    def sweep_started(self, plan: SweepPlan, todo: list[Key], kept: list[SweepPoint]) -> None:
         if kept:
             self.console.print(f"resuming: {len(kept)} finished point(s) kept, {len(todo)} to run")
         self.sweep_task = self.progress.add_task("points", total=len(todo), rate="")
@@ -80,7 +81,7 @@ class LiveDisplay(LiveProgress, SweepListener):
         if self.point_task is not None:
             self.progress.update(self.point_task, completed=done, rate=rate)
 
-    def point_finished(self, point: dict[str, Any]) -> None:
+    def point_finished(self, point: SweepPoint) -> None:
         if self.sweep_task is not None:
             self.progress.advance(self.sweep_task)
         self.console.print(point_line(point), markup=False)
@@ -100,7 +101,7 @@ def drift_line(check: dict[str, Any]) -> str:
     return f"{head}: {check['objective']} {check['first']:.4g} -> {check['again']:.4g}, {check['ratio']:.3f}x{span}: {verdict}"
 
 
-def outcome_lines(outcome: Any) -> list[str]:
+def outcome_lines(outcome: SweepOutcome) -> list[str]:
     """The summary lines after the table: the order and drift verdict, the guided plan's outcome, the points whose
     server did not run the num_steps it was given, and the measuring cost (points, launches, seconds)."""
     lines = []
@@ -114,9 +115,9 @@ def outcome_lines(outcome: Any) -> list[str]:
         lines.append(f"guided plan: {g.get('measured_cells')} cells measured in {len(g.get('rounds') or [])} rounds, "
                      f"{g.get('predicted_cells')} predicted (marked predicted in summary.csv); stopped: "
                      f"{g.get('stopped')}")
-    wrong = [p for p in outcome.points if (p.get("schedule_check") or {}).get("followed") is False]
+    wrong = [p for p in outcome.points if (p.schedule_check or {}).get("followed") is False]
     if wrong:
-        keys = ", ".join(f"K={p['steps']} c={p['concurrency']}" for p in wrong)
+        keys = ", ".join(f"K={p.steps} c={p.concurrency}" for p in wrong)
         lines.append(f"num_steps check: {len(wrong)} point(s) drafted more than the num_steps they were given "
                      f"({keys}): they measured another num_steps (schedule_check in points.jsonl and summary.csv)")
     c = outcome.cost
@@ -127,19 +128,25 @@ def outcome_lines(outcome: Any) -> list[str]:
     return lines
 
 
-def point_line(point: dict[str, Any]) -> str:
-    """One line about a finished point: ``K=3 c=16 r=0 ok: 812 tok/s, TPOT p50 4.10 ms, AL 2.31 (64 req, 0 failed)``."""
-    m = point.get("metrics") or {}
-    head = f"K={point['steps']} c={point['concurrency']} r={point.get('repeat', 0)} {point.get('status')}"
+def point_line(point: SweepPoint | dict[str, Any]) -> str:
+    """One line about a finished point (a record, or a points.jsonl object): ``K=3 c=16 r=0 ok: 812 tok/s, TPOT p50
+    4.10 ms, AL 2.31 (64 req, 0 failed)``.
+
+    Raises:
+        KeyError: a points.jsonl object lacks ``steps`` or ``concurrency``.
+    """
+    (point,) = as_points([point])
+    m = point.metrics or {}
+    head = f"K={point.steps} c={point.concurrency} r={point.repeat} {point.status}"
     body = (f"{_fmt(m.get('output_throughput_tok_s'), ',.0f')} tok/s, TPOT p50 {_fmt(m.get('tpot_p50_ms'), '.2f')} ms, "
             f"AL {_fmt(m.get('acceptance_length'), '.2f')} ({m.get('num_requests') or 0} req, "
             f"{m.get('num_failed') or 0} failed)")
-    node = point.get("node")
+    node = point.extra.get("node")
     where = f" @ node {str(node.get('id') or '')[:8]}" if isinstance(node, dict) and node.get("id") else ""  # --ray
-    if point.get("status") != "ok":
-        return f"{head}: {point.get('error') or 'failed'} ({m.get('num_requests') or 0} req){where}"
-    check = point.get("schedule_check") or {}
-    wrong = f" [NOT at num_steps {point['steps']}: drafted {check['drafted_per_step']:.2f}/step]" \
+    if point.status != "ok":
+        return f"{head}: {point.error or 'failed'} ({m.get('num_requests') or 0} req){where}"
+    check = point.schedule_check or {}
+    wrong = f" [NOT at num_steps {point.steps}: drafted {check['drafted_per_step']:.2f}/step]" \
         if check and not check.get("followed") else ""
     return f"{head}: {body}" + (" [client-limited]" if m.get("client_limited") else "") + wrong + where
 
@@ -178,7 +185,7 @@ def _median(values: Iterable[Any]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def summarize(points: Sequence[dict[str, Any]], steps: Sequence[int],
+def summarize(points: Sequence[SweepPoint | dict[str, Any]], steps: Sequence[int],
               concurrency: Sequence[int], intervals: dict[tuple[int, int], tuple[float, float]] | None = None,
               predicted: Sequence[dict[str, Any]] = ()) -> dict[tuple[int, int], SummaryCell]:
     """(concurrency, steps) -> :class:`SummaryCell` for every planned cell (``total`` 0 where nothing ran).
@@ -186,13 +193,15 @@ def summarize(points: Sequence[dict[str, Any]], steps: Sequence[int],
     ``intervals``: (concurrency, steps) -> the cell's throughput interval (tokens/s) over requests and repeats
     (:func:`spectune.tune.intervals.throughput_intervals`); without it a cell of one ok repeat shows that point's
     own interval (``output_throughput_ci_low/high``). ``predicted``: a guided sweep's predicted cells (point-like
-    objects with ``metrics``), shown where nothing was measured."""
+    objects with ``metrics``), shown where nothing was measured. ``points``: records, or points.jsonl objects
+    (:func:`spectune.results.point.as_points`)."""
     cells: dict[tuple[int, int], SummaryCell] = {}
+    records, guesses = as_points(points), as_points(predicted)
     for c in concurrency:
         for k in steps:
-            pts = [p for p in points if p["steps"] == k and p["concurrency"] == c]
-            guess = [p for p in predicted if p["steps"] == k and p["concurrency"] == c] if not pts else []
-            ok = [p.get("metrics") or {} for p in pts + guess if p.get("status", "ok") == "ok"]
+            pts = [p for p in records if p.key.cell == (k, c)]
+            guess = [p for p in guesses if p.key.cell == (k, c)] if not pts else []
+            ok = [p.metrics for p in pts + guess if p.status == "ok"]
             cells[c, k] = SummaryCell(_median(m.get("output_throughput_tok_s") for m in ok),
                                _median(m.get("tpot_p50_ms") for m in ok),
                                _median(m.get("acceptance_length") for m in ok), len(ok), len(pts + guess),
@@ -220,7 +229,7 @@ def summarize(points: Sequence[dict[str, Any]], steps: Sequence[int],
     return cells
 
 
-def summary_table(points: Sequence[dict[str, Any]], steps: Sequence[int], concurrency: Sequence[int],
+def summary_table(points: Sequence[SweepPoint | dict[str, Any]], steps: Sequence[int], concurrency: Sequence[int],
                   intervals: dict[tuple[int, int], tuple[float, float]] | None = None,
                   predicted: Sequence[dict[str, Any]] = ()) -> Table:
     """The final table: a row per concurrency, a column per num_steps; each cell shows output throughput

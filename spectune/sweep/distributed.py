@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from spectune.backends.base import BackendOptions
+from spectune.backends.base import Backend, BackendOptions
 from spectune.loadgen.datasets import Prompt
 from spectune.loadgen.errors import UserError
 from spectune.measure.load_settings import ClientTimeouts
@@ -53,7 +53,7 @@ from spectune.results.durable import atomic_write, writing
 from spectune.results.folder import SweepFolder
 from spectune.results.nodes import node_verdicts
 from spectune.results.point import SweepPoint
-from spectune.results.schema import Key, point_key
+from spectune.results.schema import Key, PointKey, point_key
 from spectune.sweep.drift import drift_summary
 from spectune.sweep.plan import SweepListener, SweepPlan
 
@@ -79,13 +79,14 @@ class RayOptions:
     max_attempts: int = 3
     calibrate: bool = True
 
-    def sweep(self, plan: SweepPlan, backend_name: str, options: Any, folder: SweepFolder, prompts: list[Any],
-              meta: dict[str, Any], listener: Any, timeouts: Any) -> "RaySweep":
+    def sweep(self, plan: SweepPlan, backend_name: str, options: BackendOptions, folder: SweepFolder,
+              prompts: list[Prompt], meta: dict[str, Any], listener: SweepListener,
+              timeouts: ClientTimeouts) -> "RaySweep":
         """The distributed sweep :func:`spectune.sweep.run.execute` runs instead of a serial one (run.py asks this
         object for it, so the serial sweep's module never imports this one)."""
         return RaySweep(plan, backend_name, options, folder, prompts, meta, listener, timeouts, self)
 
-    def check_backend(self, backend: Any) -> None:
+    def check_backend(self, backend: Backend | None) -> None:
         """Ray is installed and ``backend`` launches its servers.
 
         Raises:
@@ -100,7 +101,7 @@ class RayOptions:
                             f"not {getattr(backend, 'name', backend)!r}: each task starts its server beside its load "
                             "generator")
 
-    def check(self, plan: SweepPlan, backend: Any = None) -> None:
+    def check(self, plan: SweepPlan, backend: Backend | None = None) -> None:
         """What a distributed sweep cannot do with this plan and backend, before anything is written.
 
         Raises:
@@ -139,7 +140,7 @@ class RaySweep:
         self.listener = listener or SweepListener()
         self.ran = 0
         self.predicted: list[dict[str, Any]] = []
-        self.cost: dict[str, Any] = {k: 0 if k in ("points", "drift_points", "launches") else 0.0 for k in _COST_KEYS}
+        self.cost: dict[str, float] = {k: 0 if k in ("points", "drift_points", "launches") else 0.0 for k in _COST_KEYS}
         self.drift_checks: list[dict[str, Any]] = []
         old = meta.get("nodes")
         self.nodes: dict[str, dict[str, Any]] = dict(old) if isinstance(old, dict) else {}
@@ -164,6 +165,7 @@ class RaySweep:
             UserError: no node has the resources of one server; a task's configuration problem.
             asyncio.CancelledError: cancelled (every task cancelled and waited for first).
         """
+        todo = [PointKey(*k) for k in todo]
         ray = self._ray = import_ray()
         from spectune.sweep.ray_block import block_events
 
@@ -208,7 +210,7 @@ class RaySweep:
         last to start; a node is calibrated once its first block runs there (:meth:`_node_seen`)."""
         blocks: dict[int, list[Key]] = {}
         for key in sorted(keys):
-            blocks.setdefault(key[0], []).append(key)
+            blocks.setdefault(key.steps, []).append(key)
         await run_together([self._block(steps, ks) for steps, ks in sorted(blocks.items(), reverse=True)])
 
     async def _guided(self) -> None:
@@ -223,7 +225,7 @@ class RaySweep:
         from spectune.sweep.guided import GuidedPlanner
 
         planner = self.planner = GuidedPlanner.for_plan(self.plan)
-        tried = {(p["steps"], p["concurrency"]) for p in self.folder.points}
+        tried = {p.key.cell for p in self.folder.points}
         stop = ""
         while not stop:
             keys = planner.next_keys(self.folder.points, tried, self.cost,
@@ -238,7 +240,7 @@ class RaySweep:
                 batch.append(key)
             if not batch:
                 break
-            tried |= {key[:2] for key in batch}
+            tried |= {key.cell for key in batch}
             await self._run_blocks(batch)
         self.predicted, guided = planner.finish(self.folder.points, stop)
         self.folder.predicted = self.predicted
@@ -284,7 +286,7 @@ class RaySweep:
             self.meta.setdefault("lost_blocks", []).append({"steps": steps, "node": lost["node"],
                                                             "error": lost["error"], "points_left": len(remaining)})
         for key in list(remaining):
-            point = SweepPoint.failed(key, "its node was lost", self.plan.requests_for(key[1])).to_dict() | {
+            point = SweepPoint.failed(key, "its node was lost", self.plan.requests_for(key.concurrency)).to_dict() | {
                 "stop_reason": "node_lost", "node": None}
             self._record(point, [], None)
 
@@ -298,7 +300,7 @@ class RaySweep:
             UserError: the task raised one (named with its node). RuntimeError: the task failed with another
                 error (a bug). asyncio.CancelledError: cancelled (the task is cancelled and waited for).
         """
-        keys = [tuple(k) for k in payload["keys"]]
+        keys = [PointKey(*k) for k in payload["keys"]]
         bar: list[Any] = []  # this task's row of the per-node progress, once its node is known
 
         def on_event(event: dict[str, Any], node: dict[str, Any] | None) -> None:
@@ -336,10 +338,11 @@ class RaySweep:
                 self.listener.server_failed(int(event["steps"]), f"{where(node)}: {event['message']}",
                                             event.get("log_tail") or "")
             elif kind == "point_started":
-                k, c, r = event["key"]
-                self.listener.point_started((k, c, r), int(event["planned"]))
+                key = PointKey(*event["key"])
+                self.listener.point_started(key, int(event["planned"]))
                 if bar:
-                    self.listener.node_progress(self.board.update(bar[0], current=f"K={k} c={c} r={r}"))
+                    self.listener.node_progress(self.board.update(
+                        bar[0], current=f"K={key.steps} c={key.concurrency} r={key.repeat}"))
             elif kind == "warning":
                 self.listener.warning(f"{where(node)}: {event['message']}")
 
@@ -367,7 +370,7 @@ class RaySweep:
 
     def _calibration_key(self) -> Key:
         """The calibration cell: num_steps 0 at the plan's lowest concurrency, first repeat."""
-        return (0, min(self.plan.concurrency), 0)
+        return PointKey(0, min(self.plan.concurrency), 0)
 
     def _save_calibration(self, node_id: str, point: dict[str, Any]) -> None:
         """Record ``point`` (measured on ``node_id``) as its calibration: calibration.jsonl rewritten atomically."""
@@ -392,7 +395,7 @@ class RaySweep:
         remote = self._fn.options(**self._opts,
                                   scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
         got: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
-        label = f"calibration (K=0 c={key[1]})"
+        label = f"calibration (K=0 c={key.concurrency})"
         lost = await self._stream(remote, self._payload([key], plan) | {"points": [], "goals": {}}, None, label,
                                   on_point=lambda p, r: got.append((p, r)))
         if lost is not None or not got:
@@ -432,11 +435,11 @@ class RaySweep:
                                     "nodes": len(verdicts)}
         changed = False
         for p in self.folder.points:
-            node = p.get("node")
+            node = p.extra.get("node")
             if isinstance(node, dict) and node.get("id") in verdicts:
                 alike = verdicts[node["id"]]["alike"]
                 if node.get("alike") != alike:
-                    p["node"] = {**node, "alike": alike}
+                    p.extra["node"] = {**node, "alike": alike}
                     changed = True
         if changed:
             self.folder.rewrite_points()
@@ -463,7 +466,7 @@ class RaySweep:
         self.ran += 1
         if node and node.get("id") in self.nodes:
             self.nodes[node["id"]]["points"] = int(self.nodes[node["id"]].get("points") or 0) + 1
-        self.listener.point_finished(point)
+        self.listener.point_finished(SweepPoint.from_dict(point))
 
     def _drift(self, event: dict[str, Any], node: dict[str, Any] | None) -> None:
         for obj in event.get("requests") or []:

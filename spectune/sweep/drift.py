@@ -19,17 +19,18 @@ from typing import Any, Sequence
 
 from spectune.results.confidence import Bootstrap, RunRequests, ratio_interval
 from spectune.results.drift import midpoint_s
+from spectune.results.point import SweepPoint
 
 __all__ = ["OBJECTIVE_COLUMNS", "drift_check", "drift_summary"]
 
 OBJECTIVE_COLUMNS = {"throughput": "output_throughput_tok_s", "tpot": "tpot_p50_ms"}
 
 
-def drift_check(label: str, first: dict[str, Any], again: dict[str, Any], first_records: Sequence[dict[str, Any]],
+def drift_check(label: str, first: SweepPoint, again: SweepPoint, first_records: Sequence[dict[str, Any]],
                 again_records: Sequence[dict[str, Any]], objective: str = "throughput",
                 confidence: float = 0.95, band: float = 0.02) -> dict[str, Any]:
-    """One drift check: the reference point ``first`` and its re-measurement ``again`` (points.jsonl-style objects
-    with ``metrics``), with their request objects (requests.jsonl form).
+    """One drift check: the reference point ``first`` and its re-measurement ``again`` (records with ``metrics``),
+    with their request objects (requests.jsonl form).
 
     Returns:
         ``{"label", "steps", "concurrency", "objective", "first", "again", "ratio", "low", "high", "confidence",
@@ -45,14 +46,14 @@ def drift_check(label: str, first: dict[str, Any], again: dict[str, Any], first_
     if objective not in OBJECTIVE_COLUMNS:
         raise ValueError(f"unknown objective {objective!r}")
     col = OBJECTIVE_COLUMNS[objective]
-    a = (first.get("metrics") or {}).get(col)
-    b = (again.get("metrics") or {}).get(col)
-    out: dict[str, Any] = {"label": label, "steps": first.get("steps"), "concurrency": first.get("concurrency"),
+    a = first.metrics.get(col)
+    b = again.metrics.get(col)
+    out: dict[str, Any] = {"label": label, "steps": first.steps, "concurrency": first.concurrency,
                            "objective": objective, "first": a, "again": b, "confidence": confidence}
     t0, t1 = midpoint_s(first), midpoint_s(again)
     out["span_s"] = t1 - t0 if t0 is not None and t1 is not None else None
-    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or not a or first.get("status") != "ok" \
-            or again.get("status") != "ok":
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or not a or first.status != "ok" \
+            or again.status != "ok":
         return {**out, "ratio": None, "low": None, "high": None, "drifted": False, "change": 0.0,
                 "note": "not comparable (a failed or empty measurement)"}
     boot = Bootstrap([r.get("prompt_id") for r in (*first_records, *again_records)])

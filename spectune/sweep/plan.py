@@ -9,35 +9,36 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from spectune.loadgen.constraints import Constraints
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
-from spectune.measure.load_settings import failure_rate_check, request_checks, steps_check
-from spectune.results.schema import Key
+from spectune.loadgen.strategy import ClosedLoop
+from spectune.measure.load_settings import LoadSpec, failure_rate_check, steps_check
+from spectune.measure.node_progress import NodeTask
+from spectune.results.point import SweepPoint
+from spectune.results.schema import Key, PointKey
 
 __all__ = ["SweepPlan", "SweepListener", "SweepOutcome"]
 
 DEFAULT_STEPS = (0, 1, 2, 3, 5)
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
-DEFAULT_NUM_PROMPTS = 80  # MT-Bench's size
 REQUEST_CAP = 1024  # the default requests per point stop growing with concurrency here (unless num_prompts is larger)
 DEFAULT_WARMUP_CAP = 4
 
 
 @dataclass(frozen=True)
-class SweepPlan:
+class SweepPlan(LoadSpec):
     """What a sweep measures; recorded as ``plan`` in sweep.json and compared by ``--resume``.
+
+    The prompts and request settings are :class:`~spectune.measure.load_settings.LoadSpec`'s (keyword-only):
+    ``dataset``, ``num_prompts``, ``seed``, ``max_tokens``, ``temperature``, ``ignore_eos``, ``api``, ``slo_ttft_ms``,
+    ``slo_tpot_ms`` and ``warmup_requests`` (None = min(concurrency, 4) warm-up requests before each point).
 
     Attributes:
         steps: num_steps K values (0 = no speculation), ascending. concurrency: closed-loop concurrencies
             (requests in flight), ascending. repeats: runs of every (K, concurrency) cell.
-        dataset, num_prompts, seed: the prompt sample (:func:`spectune.loadgen.load_dataset`).
-        max_tokens: output tokens per request. temperature: sampling temperature. ignore_eos: ask for max_tokens
-            every time. api: ``chat`` or ``completions``.
-        slo_ttft_ms, slo_tpot_ms: SLOs in ms for slo_attainment/goodput, or None.
-        warmup_requests: unrecorded requests before each point; None = min(concurrency, 4).
         requests_per_point: measured requests per point; None = max(num_prompts, 4 * concurrency), at most
             max(num_prompts, 1024).
         duration_per_point_s: s; optional cap on a point's sending time.
@@ -61,16 +62,6 @@ class SweepPlan:
     steps: tuple[int, ...] = DEFAULT_STEPS
     concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
     repeats: int = 1
-    dataset: str = "mt-bench"
-    num_prompts: int = DEFAULT_NUM_PROMPTS
-    max_tokens: int = 256
-    temperature: float = 0.0
-    seed: int = 0
-    ignore_eos: bool = False
-    api: str = "chat"
-    slo_ttft_ms: float | None = None
-    slo_tpot_ms: float | None = None
-    warmup_requests: int | None = None
     requests_per_point: int | None = None
     duration_per_point_s: float | None = None
     max_failure_rate: float = 0.1
@@ -95,9 +86,7 @@ class SweepPlan:
             steps_check(self.steps),
             (bool(self.concurrency) and min(self.concurrency) >= 1, "--concurrency needs values >= 1, e.g. 1,4,16"),
             (self.repeats >= 1, f"--repeats must be >= 1, got {self.repeats}"),
-            *request_checks(num_prompts=self.num_prompts, max_tokens=self.max_tokens, temperature=self.temperature,
-                            api=self.api, slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms,
-                            warmup_requests=self.warmup_requests),
+            *self.load_checks(),
             (self.requests_per_point is None or self.requests_per_point >= 1,
              f"--requests-per-point must be >= 1, got {self.requests_per_point}"),
             (self.duration_per_point_s is None or self.duration_per_point_s > 0,
@@ -127,11 +116,11 @@ class SweepPlan:
         are read as their defaults (:data:`NEW_KEYS`)."""
         d = asdict(self)
         d["steps"], d["concurrency"] = list(self.steps), list(self.concurrency)
-        return d
+        return self.plan_json(("steps", "concurrency", "repeats"), d)
 
     def points(self) -> list[Key]:
         """Every (steps, concurrency, repeat) of the grid, blocks order: for K, for concurrency, for repeat."""
-        return [(k, c, r) for k in self.steps for c in self.concurrency for r in range(self.repeats)]
+        return [PointKey(k, c, r) for k in self.steps for c in self.concurrency for r in range(self.repeats)]
 
     def order_for(self, cheap_switch: bool) -> str:
         """``interleaved`` or ``blocks``: ``order``, or for ``auto`` interleaved when the backend switches num_steps
@@ -146,8 +135,8 @@ class SweepPlan:
         odd ones, so num_steps is not confounded with time (the cells compared at one concurrency run minutes
         apart at most, and a trend over the sweep hits every K alike)."""
         if order == "blocks":
-            return sorted(todo, key=lambda k: (k[0], k[1], k[2]))
-        return sorted(todo, key=lambda k: (k[2], k[1], k[0] if k[2] % 2 == 0 else -k[0]))
+            return sorted(todo, key=lambda k: (k.steps, k.concurrency, k.repeat))
+        return sorted(todo, key=lambda k: (k.repeat, k.concurrency, k.steps if k.repeat % 2 == 0 else -k.steps))
 
     def requests_for(self, concurrency: int) -> int:
         """Measured requests of a point: ``requests_per_point``, else max(num_prompts, 4 * concurrency) capped at
@@ -160,14 +149,13 @@ class SweepPlan:
         """Warm-up requests before a point: ``warmup_requests``, else min(concurrency, 4)."""
         return self.warmup_requests if self.warmup_requests is not None else min(concurrency, DEFAULT_WARMUP_CAP)
 
-    def strategy(self, concurrency: int) -> Any:
+    def strategy(self, concurrency: int) -> ClosedLoop:
         """When a point sends: a closed loop holding ``concurrency`` requests in flight
         (:class:`~spectune.loadgen.strategy.ClosedLoop`)."""
-        from spectune.loadgen.strategy import ClosedLoop
-
         return ClosedLoop(concurrency)
 
-    def constraints(self, requests: int, stop_when: Any = None) -> Any:
+    def constraints(self, requests: int,
+                    stop_when: Callable[[Sequence[Any], float], str | None] | None = None) -> Constraints:
         """Stop rules of a point of ``requests`` requests: that many, the duration cap, an early stop once
         failures exceed ``max_failure_rate`` of them (floor(rate * requests) + 1 failures: the point is failed
         whatever happens next), and ``stop_when`` (the sequential rule of :mod:`spectune.sweep.sequential`, or
@@ -210,8 +198,8 @@ def parse_budget(text: str | None) -> tuple[int | None, float | None]:
 class SweepListener:
     """Receives the sweep's progress events (the display renders them; tests record them). No-ops here."""
 
-    def sweep_started(self, plan: SweepPlan, todo: list[Key], kept: list[dict[str, Any]]) -> None:
-        """Before the first point: the points to run now and the finished points kept from before."""
+    def sweep_started(self, plan: SweepPlan, todo: list[Key], kept: list[SweepPoint]) -> None:
+        """Before the first point: the points to run now and the finished points kept from before (records)."""
 
     def warning(self, message: str) -> None:
         """Something the user should know (preflight warnings, a failed warm-up)."""
@@ -231,28 +219,28 @@ class SweepListener:
     def request_finished(self, key: Key, record: RequestRecord, done: int, planned: int) -> None:
         """A measured request of ``key`` finished (``done`` of ``planned``)."""
 
-    def point_finished(self, point: dict[str, Any]) -> None:
-        """A point is durable in points.jsonl (its object is passed)."""
+    def point_finished(self, point: SweepPoint) -> None:
+        """A point is durable in points.jsonl (its record is passed)."""
 
     def drift_checked(self, check: dict[str, Any]) -> None:
         """A drift check finished (:func:`spectune.sweep.drift.drift_check`'s object)."""
 
-    def node_progress(self, task: Any) -> None:
+    def node_progress(self, task: NodeTask) -> None:
         """A distributed sweep's task changed on its node (a :class:`spectune.measure.node_progress.NodeTask`:
         started, a point started or finished, ended)."""
 
 
 @dataclass
 class SweepOutcome:
-    """What a sweep run left: every finished point (kept + new), how many ran now, and the signal that stopped it
-    (``signal.SIGINT``/``SIGTERM`` value) or None when it ran to the end."""
+    """What a sweep run left: every finished point (kept + new, as records), how many ran now, and the signal that
+    stopped it (``signal.SIGINT``/``SIGTERM`` value) or None when it ran to the end."""
 
     folder: Path
     plan: SweepPlan
-    points: list[dict[str, Any]] = field(default_factory=list)
+    points: list[SweepPoint] = field(default_factory=list)
     ran: int = 0
     interrupted: int | None = None
     predicted: list[dict[str, Any]] = field(default_factory=list)  # a guided sweep's predicted cells
-    cost: dict[str, Any] = field(default_factory=dict)  # sweep.json ``cost`` of this run
+    cost: dict[str, float] = field(default_factory=dict)  # sweep.json ``cost`` of this run
     drift: dict[str, Any] | None = None  # sweep.json ``drift``
     guided: dict[str, Any] | None = None  # sweep.json ``guided``

@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from spectune.loadgen.record import RequestRecord
-from spectune.measure.ray_cluster import task_events
-from spectune.results.schema import Key
+from spectune.measure.ray_cluster import Event, task_events
+from spectune.results.point import SweepPoint, as_points
+from spectune.results.schema import Key, PointKey
 from spectune.sweep.plan import SweepListener
 
 __all__ = ["block_events", "BlockFolder"]
@@ -49,14 +50,15 @@ class BlockFolder:
         points: finished points known before the block (a resumed sweep's, the early-stop rule's references).
     """
 
-    def __init__(self, emit: Any, points: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, emit: Callable[[Event], None],
+                 points: Sequence[SweepPoint | dict[str, Any]] | None = None) -> None:
         self.emit = emit
-        self.points: list[dict[str, Any]] = list(points or [])
+        self.points: list[SweepPoint] = as_points(points or [])
         self.predicted: list[dict[str, Any]] = []
         self._requests: list[dict[str, Any]] = []  # the current point's request objects
         self._done: list[dict[str, Any]] = []  # request objects of this block's finished points
         self._drift: list[dict[str, Any]] = []
-        self.meta: dict[str, Any] = {}
+        self.meta: dict[str, Any] = {}  # the sweep.json object the block's Sweep keeps up to date
 
     def request_mark(self) -> int:
         """Where the current point's request objects start (see :meth:`truncate_requests`)."""
@@ -79,11 +81,12 @@ class BlockFolder:
         out, self._drift = self._drift, []
         return out
 
-    def append_point(self, point: dict[str, Any]) -> None:
-        """A finished point: emitted with its request objects."""
-        self.points.append(point)
+    def append_point(self, point: SweepPoint | dict[str, Any]) -> None:
+        """A finished point: kept as a record, emitted as its points.jsonl object with its request objects."""
+        record = as_points([point])[0]
+        self.points.append(record)
         self._done += self._requests
-        self.emit({"kind": "point", "point": point, "requests": self._requests})
+        self.emit({"kind": "point", "point": record.to_dict(), "requests": self._requests})
         self._requests = []
 
     def read_requests(self) -> list[dict[str, Any]]:
@@ -94,14 +97,14 @@ class BlockFolder:
         """Keep the sweep's meta (its ``backend`` and ``cost`` are sent with the ``done`` event)."""
         self.meta = meta
 
-    def write_summary(self, points: Any = None) -> None:
+    def write_summary(self, points: object = None) -> None:
         """Nothing to write inside a task (the driver writes summary.csv)."""
 
 
 class _Events(SweepListener):
     """The sweep's progress events as event dicts (request-level events stay in the task)."""
 
-    def __init__(self, emit: Any, folder: BlockFolder) -> None:
+    def __init__(self, emit: Callable[[Event], None], folder: BlockFolder) -> None:
         self.emit, self.folder = emit, folder
 
     def warning(self, message: str) -> None:
@@ -131,15 +134,15 @@ class _Goals:
         self.goals = {tuple(k): v for k, v in goals.items()}
 
     def window_goal(self, key: Key) -> str | None:
-        return self.goals.get(tuple(key))
+        return self.goals.get(PointKey(*key))
 
 
-async def _measure(payload: dict[str, Any], emit: Any) -> None:
+async def _measure(payload: dict[str, Any], emit: Callable[[Event], None]) -> None:
     """Build the backend on this node, check it, measure the block, stop the server; emit events on the way."""
     from spectune.backends import make_backend
     from spectune.sweep.run import Sweep
 
-    plan, options, keys = payload["plan"], payload["options"], [tuple(k) for k in payload["keys"]]
+    plan, options, keys = payload["plan"], payload["options"], [PointKey(*k) for k in payload["keys"]]
     folder = BlockFolder(emit, payload.get("points"))
     events = _Events(emit, folder)
     with tempfile.TemporaryDirectory(prefix="spectune-block-") as logs:
@@ -151,7 +154,7 @@ async def _measure(payload: dict[str, Any], emit: Any) -> None:
         if payload.get("goals"):  # a guided round's block: the planner's window goals of its keys
             sweep.planner = _Goals(payload["goals"])  # type: ignore[assignment]
         try:
-            for warning in await backend.preflight(sorted({k[0] for k in keys})):
+            for warning in await backend.preflight(sorted({k.steps for k in keys})):
                 events.warning(warning)
             await sweep.measure_block(keys)
         finally:
@@ -166,7 +169,7 @@ async def _measure(payload: dict[str, Any], emit: Any) -> None:
               "backend": backend.describe()})
 
 
-def block_events(payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def block_events(payload: dict[str, Any]) -> Iterator[Event]:
     """Measure one num_steps block on this node and yield its events (module docstring).
 
     Args:

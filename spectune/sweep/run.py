@@ -45,7 +45,7 @@ from spectune.measure.window import client_config, measure_window, resolve_model
 from spectune.results.confidence import point_intervals, requests_by_point
 from spectune.results.folder import SweepFolder
 from spectune.results.point import SweepPoint
-from spectune.results.schema import Key, key_fields, now_iso, point_key
+from spectune.results.schema import Key, PointKey, key_fields, now_iso, point_key
 from spectune.sweep.drift import drift_check, drift_summary
 from spectune.sweep.guided import GuidedPlanner
 from spectune.sweep.plan import NEW_KEYS, SweepListener, SweepOutcome, SweepPlan
@@ -82,12 +82,13 @@ class Sweep:
         self.predicted: list[dict[str, Any]] = []
         self.planner: GuidedPlanner | None = None  # the guided plan's, while it runs
         #: measuring cost: points (and drift re-measurements) measured now, server starts/switches, seconds
-        self.cost: dict[str, Any] = {"points": 0, "drift_points": 0, "launches": 0, "measure_s": 0.0,
+        self.cost: dict[str, float] = {"points": 0, "drift_points": 0, "launches": 0, "measure_s": 0.0,
                                      "drift_s": 0.0, "switch_s": 0.0}
 
     async def run(self, todo: Sequence[Key]) -> None:
         """Measure the points ``todo`` in the plan's order (grid), or let the guided planner pick them (guided);
         then the drift check at the end. The backend is stopped at the end."""
+        todo = [PointKey(*k) for k in todo]
         self.order = self.plan.order_for(self.backend.cheap_switch)
         self.meta["order"] = self.order
         try:
@@ -96,13 +97,13 @@ class Sweep:
             else:
                 keys = self.plan.ordered(list(todo), self.order)
                 if self.order == "blocks":
-                    for steps in dict.fromkeys(k[0] for k in keys):
-                        await self.measure_block([k for k in keys if k[0] == steps])
+                    for steps in dict.fromkeys(k.steps for k in keys):
+                        await self.measure_block([k for k in keys if k.steps == steps])
                 else:
                     for key in keys:
                         await self._measure(key)
             if self.plan.drift_check and self.ran > 0:
-                first = [point_key(p) for p in self.folder.points]
+                first = [p.key for p in self.folder.points]
                 ref = self._reference(first[:max(len(self.plan.steps), len(self.plan.concurrency), 2)])
                 if ref is not None:
                     await self._drift("end of sweep", ref)
@@ -115,17 +116,18 @@ class Sweep:
         check on and two or more points, the block's reference cell again (label ``block K=<steps>``). The server is
         left running (:meth:`run` or the caller stops it). Also the body of one Ray task of a distributed sweep
         (:mod:`spectune.sweep.ray_block`)."""
+        keys = [PointKey(*k) for k in keys]
         for key in keys:
             await self._measure(key)
         ref = self._reference(keys)
         if self.plan.drift_check and len(keys) >= 2 and ref is not None:
-            await self._drift(f"block K={keys[0][0]}", ref)
+            await self._drift(f"block K={keys[0].steps}", ref)
 
     async def _measure(self, key: Key, drift: str | None = None) -> tuple[SweepPoint, list[dict]] | None:
         """Start (or switch to) the server of ``key``'s num_steps and measure the point; a drift re-measurement
         (``drift``: its label) is returned instead of being recorded as a point. None when its server failed."""
-        steps = key[0]
-        planned = self.plan.requests_for(key[1])
+        steps = key.steps
+        planned = self.plan.requests_for(key.concurrency)
         if steps in self.broken:
             if drift is None:
                 message, tail = self.broken[steps]
@@ -173,17 +175,17 @@ class Sweep:
         re-measurement, a full window, would not read like: on the bundled engine K=1 at concurrency 8 stopped
         after 16 requests at 140.6 tok/s and its full re-measurement read 156.5, a drift of 11% that widened
         recommend's tie band past a 1.17x win of K=1 at concurrency 1."""
-        pts = {point_key(p): p for p in self.folder.points if p.get("status") == "ok"}
+        pts = {p.key: p for p in self.folder.points if p.status == "ok"}
         cands = [k for k in keys if k in pts]
         if not cands:
             return None
-        full = [k for k in cands if not (pts[k].get("early_stop") or {}).get("reason")]
-        return min(full or cands, key=lambda k: (pts[k].get("metrics") or {}).get("duration_s") or float("inf"))
+        full = [k for k in cands if not (pts[k].early_stop or {}).get("reason")]
+        return min(full or cands, key=lambda k: pts[k].metrics.get("duration_s") or float("inf"))
 
     async def _drift(self, label: str, key: Key) -> None:
         """Re-measure ``key`` and compare it with its first measurement (:func:`spectune.sweep.drift.drift_check`)."""
-        first = next((p for p in self.folder.points if point_key(p) == key), None)
-        if first is None or first.get("status") != "ok":
+        first = next((p for p in self.folder.points if p.key == key), None)
+        if first is None or first.status != "ok":
             return
         got = await self._measure(key, drift=label)
         if got is None:
@@ -192,7 +194,7 @@ class Sweep:
         first_records = self.records.get(key)
         if first_records is None:
             first_records = [r for r in self.folder.read_requests() if point_key(r) == key]
-        check = drift_check(label, first, again.to_dict(), first_records, again_records, self.plan.objective,
+        check = drift_check(label, first, again, first_records, again_records, self.plan.objective,
                             self.plan.confidence, self.plan.noise_band)
         self.drift_checks.append(check)
         self.meta["drift"] = drift_summary(self.drift_checks, self.order)
@@ -204,7 +206,7 @@ class Sweep:
         num_steps order starting with the running server's, until settled or out of budget; then every unmeasured
         cell is predicted into summary.csv."""
         planner = self.planner = GuidedPlanner.for_plan(self.plan)
-        tried = {(p["steps"], p["concurrency"]) for p in self.folder.points}
+        tried = {p.key.cell for p in self.folder.points}
         stop = ""
         while not stop:
             keys = planner.next_keys(self.folder.points, tried, self.cost, self._records_by_point,
@@ -212,12 +214,12 @@ class Sweep:
             if not keys:
                 break
             current = self.current
-            keys.sort(key=lambda key: (key[0] != current, key[0], key[1], key[2]))
+            keys.sort(key=lambda key: (key.steps != current, key))
             for key in keys:
                 stop = self._over_budget()
                 if stop:
                     break
-                tried.add(key[:2])
+                tried.add(key.cell)
                 await self._measure(key)
         self.predicted, guided = planner.finish(self.folder.points, stop)
         self.folder.predicted = self.predicted
@@ -233,18 +235,17 @@ class Sweep:
         to its own first prompts (the bundled engine, docs/sweep.md's command: num_steps 0 and 1 at concurrency 1 at
         0.939 [0.890, 0.988] on 13 prompts; one settle run stopped after 8 and left 0.876 [0.736, 1.012] on 8, a
         tie, with num_steps 0 at 0.677 of 1 on the grid)."""
-        plan = self.plan
-        if not plan.stops_early or (self.planner is not None and key[2] >= plan.repeats):
+        plan, key = self.plan, PointKey(*key)
+        if not plan.stops_early or (self.planner is not None and key.repeat >= plan.repeats):
             return None
-        steps, conc, _ = key
+        steps, conc = key.cell
         maximise = plan.objective != "tpot"
         col = "output_throughput_tok_s" if maximise else "tpot_p50_ms"
         runs: dict[int, list[float]] = {}
         for p in self.folder.points:
-            v = (p.get("metrics") or {}).get(col)
-            if (p.get("status") == "ok" and int(p["concurrency"]) == conc and int(p["steps"]) != steps
-                    and isinstance(v, (int, float)) and v > 0):
-                runs.setdefault(int(p["steps"]), []).append(float(v))
+            v = p.metrics.get(col)
+            if p.status == "ok" and p.concurrency == conc and p.steps != steps and isinstance(v, (int, float)) and v > 0:
+                runs.setdefault(p.steps, []).append(float(v))
         meds = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
         best = ((max if maximise else min)(meds, key=lambda k: meds[k])) if meds else None
         goal = self.planner.window_goal(key) if self.planner is not None else None
@@ -265,7 +266,7 @@ class Sweep:
         over its finished requests (:mod:`spectune.sweep.sequential`, "What an early-stopped window reports"); the
         window's own figure (tokens over its length) goes to its ``early_stop`` record
         (``window_output_throughput_tok_s``)."""
-        value = closed_loop_throughput(records, key[1])
+        value = closed_loop_throughput(records, key.concurrency)
         if value is not None:
             rule.last.update(window_output_throughput_tok_s=metrics.get("output_throughput_tok_s"))
             metrics["output_throughput_tok_s"] = value
@@ -274,7 +275,7 @@ class Sweep:
         """Request objects of every point, keyed (steps, concurrency, repeat): those measured now, and those of a
         resumed folder's earlier points (requests.jsonl)."""
         out = dict(self.records)
-        missing = {point_key(p) for p in self.folder.points} - set(out)
+        missing = {p.key for p in self.folder.points} - set(out)
         if missing:
             for key, recs in requests_by_point(self.folder.read_requests()).items():
                 if key in missing:
@@ -291,10 +292,10 @@ class Sweep:
         return ""
 
     def _finish(self, point: SweepPoint) -> None:
-        obj = point.to_dict()
-        self.folder.append_point(obj)
+        """Make ``point`` durable in the folder and announce it."""
+        self.folder.append_point(point)
         self.ran += 1
-        self.listener.point_finished(obj)
+        self.listener.point_finished(point)
 
     def _save_meta(self) -> None:
         self.meta["backend"] = self.backend.describe()
@@ -390,11 +391,11 @@ class Sweep:
         """Did the point's server run the num_steps it was given? The window's counters against K
         (:func:`spectune.measure.schedule_check.check_num_steps`): points.jsonl's ``schedule_check`` (None when the
         server has no spec-decode counters), and a warning naming the backend's remedy when it did not."""
-        check = check_num_steps(key[0], before, after, batch_size, output_tokens)
+        check = check_num_steps(key.steps, before, after, batch_size, output_tokens)
         if check is None:
             return None
         if not check.followed:
-            self.listener.warning(check.steps_message(f"K={key[0]} c={key[1]}", self.backend.schedule_setting()))
+            self.listener.warning(check.steps_message(f"K={key.steps} c={key.concurrency}", self.backend.schedule_setting()))
         return check.to_json()
 
 
@@ -436,7 +437,7 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
         kept = folder.check(plan.to_json(), resume, retry_failed, NEW_KEYS)
         for warning in await backend.preflight(list(plan.steps)) if ray is None else []:
             listener.warning(warning)
-        done = {point_key(p) for p in kept}
+        done = {p.key for p in kept}
         todo = [k for k in plan.points() if k not in done]
         meta = _meta(folder, plan, backend)
         meta["client"] = timeouts.to_json()

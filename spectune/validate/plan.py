@@ -15,7 +15,7 @@ from spectune.backends.llamacpp.settings import FORMAT, read_settings
 from spectune.backends.num_steps import VllmSchedule, load_config_file
 from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
-from spectune.measure.load_settings import failure_rate_check, request_checks, steps_check
+from spectune.measure.load_settings import LoadSpec, failure_rate_check, steps_check
 from spectune.measure.workload import Workload
 from spectune.validate.repeats import AA_PREFIX
 from spectune.validate.verdict import Verdict
@@ -80,14 +80,17 @@ def static_equivalent(path: str) -> tuple[int, str] | None:
 
 
 @dataclass(frozen=True)
-class ValidatePlan:
+class ValidatePlan(LoadSpec):
     """What a validation runs; recorded as ``plan`` in validate.json.
+
+    The prompts and request settings are :class:`~spectune.measure.load_settings.LoadSpec`'s (keyword-only):
+    ``dataset``, ``num_prompts``, ``seed``, ``max_tokens``, ``temperature``, ``ignore_eos``, ``api``, ``slo_ttft_ms``,
+    ``slo_tpot_ms`` and ``warmup_requests`` (None = min(first phase's concurrency, 4) warm-up requests before each
+    run).
 
     Attributes:
         config: path of the SGLang adaptive config or vLLM schedule. steps: static num_steps to compare with.
-        workload: the time-varying load. dataset, num_prompts, seed: the prompt sample. max_tokens, temperature,
-            ignore_eos, api: every request. slo_ttft_ms, slo_tpot_ms: SLOs (ms) or None.
-        warmup_requests: unrecorded requests before each run (None: min(first phase's concurrency, 4)).
+        workload: the time-varying load.
         tolerance: the config passes at >= (1 - tolerance) x the best static's throughput (0..1).
         max_failure_rate: a run with a larger share of failed requests is ``failed``.
         repeats: times every run is measured, in alternating order (:meth:`run_order`); tables and the verdict
@@ -101,16 +104,6 @@ class ValidatePlan:
     config: str
     steps: tuple[int, ...]
     workload: Workload
-    dataset: str = "mt-bench"
-    num_prompts: int = 80
-    max_tokens: int = 256
-    temperature: float = 0.0
-    seed: int = 0
-    ignore_eos: bool = False
-    api: str = "chat"
-    slo_ttft_ms: float | None = None
-    slo_tpot_ms: float | None = None
-    warmup_requests: int | None = None
     tolerance: float = 0.0
     max_failure_rate: float = 0.1
     repeats: int = DEFAULT_REPEATS
@@ -141,9 +134,7 @@ class ValidatePlan:
     def validate(self) -> None:
         """Raises UserError naming the first bad value."""
         checks = [steps_check(self.steps or (0,)),
-                  *request_checks(num_prompts=self.num_prompts, max_tokens=self.max_tokens,
-                                  temperature=self.temperature, api=self.api, slo_ttft_ms=self.slo_ttft_ms,
-                                  slo_tpot_ms=self.slo_tpot_ms, warmup_requests=self.warmup_requests),
+                  *self.load_checks(),
                   failure_rate_check(self.max_failure_rate)]
         for ok, message in checks:
             if not ok:
@@ -166,7 +157,7 @@ class ValidatePlan:
         """The plan as a JSON object (the workload as :meth:`Workload.to_json`, without the trace itself)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["steps"], d["workload"] = list(self.steps), self.workload.to_json()
-        return d
+        return self.plan_json(("config", "steps", "workload"), d)
 
 
 class ValidateListener:

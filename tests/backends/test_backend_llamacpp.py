@@ -303,8 +303,8 @@ async def test_server_that_crashes_mid_point_fails_the_point_with_its_log(tmp_pa
         await b.close()
         folder.close()
     point = folder.read_points()[0]
-    assert point["status"] == "failed"
-    assert "llama-server" in point.get("log_tail", "") or "main:" in point.get("log_tail", "")
+    assert point.status == "failed"
+    assert "llama-server" in point.log_tail or "main:" in point.log_tail
 
 
 @needs_server

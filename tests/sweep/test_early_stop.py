@@ -392,11 +392,11 @@ async def test_windows_stop_early_and_their_estimates_agree_with_the_full_window
                          dataset="random", early_stop=early, order="interleaved")
         async with EmulatedServers(COMPUTE_BOUND, steps) as urls:
             o = await execute(plan, "openai", BackendOptions(endpoints=urls), tmp_path / str(early))
-        out[early] = {(p["steps"], p["concurrency"]): p for p in o.points}
-    stopped = [kc for kc, p in out[True].items() if (p.get("early_stop") or {}).get("reason")]
-    assert {kc for kc in stopped if out[True][kc]["early_stop"]["reason"] == "below_best"} == {(4, 4), (4, 16)}
+        out[early] = {p.key.cell: p for p in o.points}
+    stopped = [kc for kc, p in out[True].items() if (p.early_stop or {}).get("reason")]
+    assert {kc for kc in stopped if out[True][kc].early_stop["reason"] == "below_best"} == {(4, 4), (4, 16)}
     for kc in stopped:
-        assert out[True][kc]["metrics"]["num_requests"] < out[False][kc]["metrics"]["num_requests"]
+        assert out[True][kc].metrics["num_requests"] < out[False][kc].metrics["num_requests"]
     with open(tmp_path / "True" / "summary.csv", newline="") as fh:
         rows = {(int(r["steps"]), int(r["concurrency"])): r for r in csv.DictReader(fh)}
     assert {kc for kc, r in rows.items() if r["stopped_early"] == "True"} == set(stopped)
@@ -408,7 +408,7 @@ async def test_windows_stop_early_and_their_estimates_agree_with_the_full_window
 
     early_reqs = [_json.loads(x) for x in (tmp_path / "True" / "requests.jsonl").read_text().splitlines()]
     for kc in stopped:
-        es, m = out[True][kc]["early_stop"], out[True][kc]["metrics"]
+        es, m = out[True][kc].early_stop, out[True][kc].metrics
         mine = [r for r in early_reqs if (r["steps"], r["concurrency"]) == kc]
         assert m["output_throughput_tok_s"] == pytest.approx(closed_loop_throughput(mine, kc[1]), rel=1e-9)
         assert es["window_output_throughput_tok_s"] == pytest.approx(
@@ -425,7 +425,7 @@ async def test_windows_stop_early_and_their_estimates_agree_with_the_full_window
     for (k, c), full in out[False].items():
         recs = sorted((RequestRecord.from_json(r) for r in lines if (r["steps"], r["concurrency"]) == (k, c)),
                       key=lambda r: r.end_time)
-        ref = out[False][(0, c)]["metrics"]["output_throughput_tok_s"] if k else None
+        ref = out[False][(0, c)].metrics["output_throughput_tok_s"] if k else None
         rule = EarlyStop("throughput", c, len(recs), ref, min_s=MIN_SECONDS)
         for i in range(1, len(recs) + 1):
             if rule.check(recs[:i], recs[i - 1].end_time - recs[0].send_time):

@@ -58,7 +58,7 @@ async def test_guided_agrees_with_the_grid_at_a_fraction_of_the_cost(tmp_path, m
         assert on_grid >= 0.97 * grid.cell(ch.steps, ch.concurrency).objective, ch.concurrency
     # measuring time: each point's own duration (the virtual server's), summed over the points each plan measured,
     # plus server starts/switches
-    seconds = {d: sum(p["metrics"]["duration_s"] for p in o.points) + o.cost["switch_s"]
+    seconds = {d: sum(p.metrics["duration_s"] for p in o.points) + o.cost["switch_s"]
                for d, o in (("grid", grid_run), ("guided", guided_run))}
     assert seconds["guided"] <= 0.40 * seconds["grid"]
 
@@ -754,7 +754,7 @@ async def test_a_guided_sweep_measures_an_unsettled_pair_again(tmp_path, monkeyp
     p = SweepPlan(steps=(0, 1), concurrency=(1,), num_prompts=8, max_tokens=16, design="guided", drift_check=False)
     async with EmulatedServers(COMPUTE_BOUND, (0, 1)) as urls:
         outcome = await execute(p, "openai", BackendOptions(endpoints=urls), tmp_path / "g")
-    assert {(q["steps"], q["repeat"]) for q in outcome.points} >= {(0, 1), (1, 1)}
+    assert {(q.steps, q.repeat) for q in outcome.points} >= {(0, 1), (1, 1)}
     guided = json.loads((tmp_path / "g" / "sweep.json").read_text())["guided"]
     assert guided["comparisons"][0]["steps"] == 0
 
@@ -794,7 +794,7 @@ async def test_sweep_json_says_why_each_cell_was_measured(tmp_path, monkeypatch)
 
     outcome = await virtual_sweep(tmp_path, COMPUTE_BOUND, "guided", monkeypatch)
     why = json.loads((tmp_path / "guided" / "sweep.json").read_text())["guided"]["why"]
-    measured = [(p["steps"], p["concurrency"]) for p in outcome.points]
+    measured = [p.key.cell for p in outcome.points]
     assert sorted((w["steps"], w["concurrency"]) for w in why) == sorted(measured)
     assert all(w["reason"] for w in why)
 
@@ -830,9 +830,9 @@ async def test_with_windows_that_stop_early_the_guided_plan_takes_a_quarter_to_a
     for ch in grid.choices:
         mine = next(x for x in guided.choices if x.concurrency == ch.concurrency)
         assert grid.cell(mine.steps, ch.concurrency).objective >= 0.97 * grid.cell(ch.steps, ch.concurrency).objective
-    seconds = {d: sum(p["metrics"]["duration_s"] for p in o.points) for d, o in runs.items()}
+    seconds = {d: sum(p.metrics["duration_s"] for p in o.points) for d, o in runs.items()}
     assert seconds["guided"] <= share * seconds["grid"]
-    assert any((p.get("early_stop") or {}).get("reason") for p in runs["guided"].points)
+    assert any((p.early_stop or {}).get("reason") for p in runs["guided"].points)
 
 
 def test_a_cells_expected_seconds_stop_at_the_window_cap_plus_its_drain():

@@ -57,11 +57,11 @@ async def test_a_point_the_client_limited_is_marked_and_warned_about(tmp_path, p
     async with FakeServers(k0="--tokens-per-second 20000") as urls:
         outcome = await execute(plan, "openai", BackendOptions(endpoints=urls), tmp_path / "out", listener=listener)
     (point,) = outcome.points
-    m = point["metrics"]
-    assert point["status"] == "ok"
+    m = point.metrics
+    assert point.status == "ok"
     assert m["client_limited"] is True
     assert m["dispatch_delay_p90_ms"] >= 35  # each request waited for the busy callback of the one before
-    assert point["client_limit"].startswith("the load generator limited this point")
+    assert point.client_limit.startswith("the load generator limited this point")
     assert any("K=0 c=2: the load generator limited this point" in w for w in listener.warnings)
     with open(tmp_path / "out" / "summary.csv", newline="") as fh:
         (row,) = list(csv.DictReader(fh))
@@ -80,8 +80,8 @@ async def test_a_server_that_never_streams_fails_the_point_after_the_warmup_time
         outcome = await asyncio.wait_for(
             execute(plan, "openai", BackendOptions(endpoints=urls), tmp_path / "out", listener=listener,
                     timeouts=ClientTimeouts(request_timeout_s=600.0, warmup_timeout_s=0.5)), 60)
-    assert [(p["status"], p["stop_reason"]) for p in outcome.points] == [("failed", "warmup_timeout")] * 2
-    assert outcome.points[0]["error"].startswith("warm-up: 2 request(s) did not finish within 0.5 s")
+    assert [(p.status, p.stop_reason) for p in outcome.points] == [("failed", "warmup_timeout")] * 2
+    assert outcome.points[0].error.startswith("warm-up: 2 request(s) did not finish within 0.5 s")
     assert json.loads((tmp_path / "out" / "sweep.json").read_text())["client"] == {
         "request_timeout_s": 600.0, "warmup_timeout_s": 0.5}
 
@@ -95,7 +95,7 @@ async def test_request_timeout_is_the_users(tmp_path, prompts):
         outcome = await asyncio.wait_for(
             execute(plan, "openai", BackendOptions(endpoints=urls), tmp_path / "out",
                     timeouts=ClientTimeouts(request_timeout_s=0.3)), 60)
-    assert outcome.points[0]["status"] == "failed"
+    assert outcome.points[0].status == "failed"
     assert {r["error"] for r in read_jsonl(tmp_path / "out" / "requests.jsonl")} == {"timeout after 0.3 s"}
 
 
@@ -105,11 +105,11 @@ async def test_num_steps_0_is_one_on_a_server_that_streams_several_tokens_per_ch
     async with FakeServers(k0="--chunk-tokens 3 --metrics none") as urls:
         outcome = await execute(plan, "openai", BackendOptions(endpoints=urls), tmp_path / "out")
     (point,) = outcome.points
-    m = point["metrics"]
+    m = point.metrics
     assert m["mean_tokens_per_chunk"] == pytest.approx(3.0)  # the server's chunking, reported as such
     assert m["acceptance_length"] == 1.0
     assert m["acceptance_length_source"] == "config:num_steps=0"
-    assert "streamed 3.00 tokens per chunk without speculating" in point["acceptance"]["warning"]
+    assert "streamed 3.00 tokens per chunk without speculating" in point.acceptance["warning"]
 
 
 async def test_secrets_stay_out_of_the_results_folder(tmp_path, prompts, monkeypatch):
@@ -121,7 +121,7 @@ async def test_secrets_stay_out_of_the_results_folder(tmp_path, prompts, monkeyp
                      requests_per_point=2, warmup_requests=0)
     out = tmp_path / "out"
     outcome = await execute(plan, "launch", BackendOptions(launch=template, startup_timeout_s=20.0), out)
-    assert outcome.points[0]["status"] == "ok"
+    assert outcome.points[0].status == "ok"
     (log,) = (out / "logs").iterdir()
     assert "fake_server: starting" in log.read_text()  # the server's own output is there ...
     command = json.loads((out / "sweep.json").read_text())["backend"]["launches"][0]["command"]

@@ -32,6 +32,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from spectune.backends.base import BackendOptions  # noqa: E402
 from spectune.loadgen.errors import UserError  # noqa: E402
 from spectune.measure.node_progress import NodeTask  # noqa: E402
+from spectune.results.point import SweepPoint  # noqa: E402
 from spectune.results.reader import load_results  # noqa: E402
 from spectune.sweep.distributed import RayOptions  # noqa: E402
 from spectune.sweep.plan import SweepListener, SweepPlan  # noqa: E402
@@ -91,8 +92,8 @@ def choices(folder: Path, **kw) -> dict[int, int | None]:
     return {ch.concurrency: ch.steps for ch in rec.choices}
 
 
-def keys(points: list[dict]) -> set[tuple[int, int, int]]:
-    return {(p["steps"], p["concurrency"], p["repeat"]) for p in points}
+def keys(points: list[SweepPoint]) -> set[tuple[int, int, int]]:
+    return {p.key for p in points}
 
 
 class NodeRows(SweepListener):
@@ -134,11 +135,11 @@ async def test_ray_sweep_same_points_and_choices_as_serial(cluster, prompts, tmp
     assert ends == [(2.0, 2.0), (2.0, 2.0)]  # each ended with its 2 points done of 2
     assert rows.overlapping()  # the two blocks ran at the same time, on two nodes
     assert keys(spread.points) == keys(serial.points) == set(plan.points())
-    assert all(p["status"] == "ok" for p in spread.points)
-    assert {p["node"]["id"] for p in spread.points} <= worker_ids(cluster)  # every point names its node
+    assert all(p.status == "ok" for p in spread.points)
+    assert {p.extra["node"]["id"] for p in spread.points} <= worker_ids(cluster)  # every point names its node
     assert choices(tmp_path / "ray") == choices(tmp_path / "serial") == {1: 3, 8: 3}
     cal = [json.loads(line) for line in (tmp_path / "ray" / "calibration.jsonl").read_text().splitlines()]
-    used = {p["node"]["id"] for p in spread.points}
+    used = {p.extra["node"]["id"] for p in spread.points}
     assert {c["node"]["id"] for c in cal} == used  # K=0 at concurrency 1 on every node used
     assert all((c["steps"], c["concurrency"]) == (0, 1) for c in cal)
     meta = json.loads((tmp_path / "ray" / "sweep.json").read_text())
@@ -177,8 +178,8 @@ class KillFirstNode(SweepListener):
         self.killer = NodeKiller(cluster)
         self.killed: str | None = None
 
-    def point_finished(self, point: dict) -> None:
-        node_id = (point.get("node") or {}).get("id")
+    def point_finished(self, point: SweepPoint) -> None:
+        node_id = (point.extra.get("node") or {}).get("id")
         if self.killed is None and node_id:
             self.killed = node_id
             self.killer.kill(node_id)
@@ -195,12 +196,12 @@ async def test_node_killed_mid_sweep_gets_its_block_rerun(cluster, prompts, tmp_
         killer.killer.restore()  # the module's cluster has two worker nodes again
     assert killer.killed is not None
     assert keys(out.points) == set(plan.points())  # the folder is complete
-    assert all(p["status"] == "ok" for p in out.points)
+    assert all(p.status == "ok" for p in out.points)
     meta = json.loads((tmp_path / "out" / "sweep.json").read_text())
     lost = meta["lost_blocks"]
     assert [b["node"]["id"] for b in lost] == [killer.killed]
     steps = lost[0]["steps"]
-    nodes = {p["node"]["id"] for p in out.points if p["steps"] == steps}
+    nodes = {p.extra["node"]["id"] for p in out.points if p.steps == steps}
     assert killer.killed in nodes and len(nodes) == 2  # measured partly there, the rest elsewhere
     assert servers_alive(tmp_path / "pids", wait_s=20) == []  # the killed node's server too
 

@@ -51,13 +51,13 @@ async def test_bundled_engine_sweep_under_ray_matches_the_serial_one(cluster, tm
     serial = await execute(plan(), "local", options(), tmp_path / "serial")
     spread = await execute(plan(), "local", options(), tmp_path / "ray",
                            ray=RayOptions(address=cluster.address, resources=RESOURCES))
-    keys = {name: {(p["steps"], p["concurrency"], p["repeat"]) for p in out.points}
+    keys = {name: {p.key for p in out.points}
             for name, out in (("serial", serial), ("ray", spread))}
     assert keys["ray"] == keys["serial"] == set(plan().points())
-    assert all(p["status"] == "ok" for p in spread.points)
-    assert {p["node"]["id"] for p in spread.points} <= worker_ids(cluster)
-    k1 = [p for p in spread.points if p["steps"] == 1]
-    assert all(p["metrics"]["acceptance_length"] > 1.0 for p in k1)  # the head's drafts were accepted in the task
+    assert all(p.status == "ok" for p in spread.points)
+    assert {p.extra["node"]["id"] for p in spread.points} <= worker_ids(cluster)
+    k1 = [p for p in spread.points if p.steps == 1]
+    assert all(p.metrics["acceptance_length"] > 1.0 for p in k1)  # the head's drafts were accepted in the task
     serial_choice, ray_choice = recommended(tmp_path / "serial"), recommended(tmp_path / "ray")
     for c in plan().concurrency:
         assert agree(serial_choice[c], ray_choice[c]), (c, serial_choice[c], ray_choice[c])

@@ -101,11 +101,11 @@ async def test_per_category_acceptance_from_sglang_details(tmp_path, prompts):
     async with FakeServers(k2="--accept-prob 0.5 --metrics none") as urls:
         outcome = await execute(plan, "sglang", BackendOptions(endpoints=urls), tmp_path / "out")
     (pt,) = outcome.points
-    assert pt["status"] == "ok"
-    assert pt["metrics"]["acceptance_length_source"] == "sglang:per-request"
+    assert pt.status == "ok"
+    assert pt.metrics["acceptance_length_source"] == "sglang:per-request"
     requests = read_jsonl(tmp_path / "out" / "requests.jsonl")
     for cat in ("code", "chat"):
-        entry = pt["per_category"][cat]
+        entry = pt.per_category[cat]
         mine = [r for r in requests if r["category"] == cat]
         assert entry["acceptance_length_source"] == "sglang:per-request"
         assert entry["acceptance_length"] == pytest.approx(chunk_acceptance(mine), abs=1e-9)
@@ -119,7 +119,7 @@ class Recorder(SweepListener):
         self.events.append(("server_failed", steps, message, log_tail))
 
     def point_finished(self, point):
-        self.events.append(("point", point["steps"], point["concurrency"], point["repeat"], point["status"]))
+        self.events.append(("point", point.steps, point.concurrency, point.repeat, point.status))
 
 
 def launch_options(template_tail: str, **kw) -> BackendOptions:
@@ -143,20 +143,20 @@ async def test_server_that_never_starts_fails_its_points_and_the_sweep_goes_on(t
                      requests_per_point=4, warmup_requests=0)
     recorder = Recorder()
     outcome = await execute(plan, "launch", options, tmp_path / "out", listener=recorder)
-    status = {(p["steps"], p["concurrency"]): p for p in outcome.points}
-    assert [status[k, c]["status"] for k in (0, 1, 2) for c in (1, 2)] == ["ok", "ok", "failed", "failed", "ok", "ok"]
+    status = {p.key.cell: p for p in outcome.points}
+    assert [status[k, c].status for k in (0, 1, 2) for c in (1, 2)] == ["ok", "ok", "failed", "failed", "ok", "ok"]
     failed = status[1, 1]
-    assert failed["error"].startswith("server for num_steps 1 exited with code 1 during startup")
-    assert "out of GPU memory" in failed["error"]
-    assert "\n" not in failed["error"]
-    assert "CUDA out of memory (fake)" in failed["log_tail"]
-    assert failed["metrics"]["num_requests"] == 0
+    assert failed.error.startswith("server for num_steps 1 exited with code 1 during startup")
+    assert "out of GPU memory" in failed.error
+    assert "\n" not in failed.error
+    assert "CUDA out of memory (fake)" in failed.log_tail
+    assert failed.metrics["num_requests"] == 0
     (event,) = [e for e in recorder.events if e[0] == "server_failed"]
     assert event[1] == 1
     assert "CUDA out of memory (fake)" in event[3]
     with open(tmp_path / "out" / "summary.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
-    assert [r["error"] for r in rows if r["status"] == "failed"] == [failed["error"]] * 2
+    assert [r["error"] for r in rows if r["status"] == "failed"] == [failed.error] * 2
     assert not any(r["steps"] == 1 for r in read_jsonl(tmp_path / "out" / "requests.jsonl"))
     launches = json.loads((tmp_path / "out" / "sweep.json").read_text())["backend"]["launches"]
     # the last launch is the drift check's: the reference cell (K=0) measured again at the end
@@ -190,11 +190,11 @@ async def test_server_killed_mid_point(tmp_path, prompts):
     assert [e[1:] for e in killer.events if e[0] == "point"] == [
         (1, 1, 0, "ok"), (1, 1, 1, "failed"), (1, 2, 0, "ok"), (1, 2, 1, "ok")]
     bad = outcome.points[1]
-    m = bad["metrics"]
+    m = bad.metrics
     assert m["num_failed"] >= 1
     assert m["num_requests"] == 3 + m["num_failed"] < 8  # stopped early, not averaged
-    assert bad["stop_reason"] == "max_failures"
-    assert bad["error"].startswith(f"{m['num_failed']} of {m['num_requests']}")
+    assert bad.stop_reason == "max_failures"
+    assert bad.error.startswith(f"{m['num_failed']} of {m['num_requests']}")
     launches = json.loads((out / "sweep.json").read_text())["backend"]["launches"]
     assert len(launches) == 2
     assert launches[0]["pid"] == killer.killed

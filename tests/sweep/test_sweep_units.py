@@ -18,6 +18,7 @@ from spectune.sweep.display import summarize, summary_table
 from spectune.measure.acceptance import per_category_points, spec_decode_acceptance
 from spectune.measure.status import point_status
 from spectune.results.folder import SweepFolder
+from spectune.results.point import SweepPoint
 from spectune.results.schema import SUMMARY_COLUMNS
 from spectune.sweep.run import failed_point
 from spectune.commands.options import parse_int_list
@@ -77,6 +78,34 @@ def test_plan_defaults_and_limits():
     assert SweepPlan(steps=(0, 2), concurrency=(1, 4), repeats=2).points() == [
         (0, 1, 0), (0, 1, 1), (0, 4, 0), (0, 4, 1), (2, 1, 0), (2, 1, 1), (2, 4, 0), (2, 4, 1)]
     assert SweepPlan(steps=(0, 3)).to_json()["steps"] == [0, 3]
+    key = SweepPlan(steps=(2,), concurrency=(4,)).points()[0]
+    assert (key.steps, key.concurrency, key.repeat, key.cell) == (2, 4, 0, (2, 4))
+    assert json.dumps(key) == "[2, 4, 0]"  # a PointKey writes as the bare tuple did
+
+
+def test_sweep_and_validate_plans_share_one_load_spec_and_keep_their_json_order():
+    """Both plans extend LoadSpec; their JSON objects keep the keys' file order (sweep.json / validate.json)."""
+    from spectune.measure.load_settings import LoadSpec
+    from spectune.measure.workload import parse_workload
+    from spectune.validate.plan import ValidatePlan
+
+    load = ["dataset", "num_prompts", "max_tokens", "temperature", "seed", "ignore_eos", "api", "slo_ttft_ms",
+            "slo_tpot_ms", "warmup_requests"]
+    assert list(LoadSpec.keys()) == load
+    sweep = SweepPlan(max_tokens=7, api="completions")
+    assert isinstance(sweep, LoadSpec) and (sweep.max_tokens, sweep.api) == (7, "completions")
+    assert list(sweep.to_json()) == ["steps", "concurrency", "repeats", *load, "requests_per_point",
+                                     "duration_per_point_s", "max_failure_rate", "design", "order", "drift_check",
+                                     "objective", "budget_points", "budget_s", "confidence", "noise_band",
+                                     "early_stop"]
+    check = ValidatePlan(config="c.json", steps=(0,), workload=parse_workload("c1@1"), num_prompts=5)
+    assert isinstance(check, LoadSpec) and check.num_prompts == 5
+    assert list(check.to_json()) == ["config", "steps", "workload", *load, "tolerance", "max_failure_rate",
+                                     "repeats", "config_static"]
+    with pytest.raises(UserError, match="--max-tokens"):
+        SweepPlan(max_tokens=0).validate()
+    with pytest.raises(UserError, match="--max-tokens"):
+        ValidatePlan(config="c.json", steps=(0,), workload=parse_workload("c1@1"), max_tokens=0).validate()
 
 
 @pytest.mark.parametrize("kwargs,words", [
@@ -182,10 +211,32 @@ def test_folder_checks(tmp_path):
     folder.close()
     with pytest.raises(UserError, match="already holds 1 finished point"):
         folder.check(plan, resume=False)
-    assert [p["steps"] for p in folder.check(plan, resume=True)] == [0]
+    assert [p.steps for p in folder.check(plan, resume=True)] == [0]
     other = SweepPlan(steps=(0, 2), concurrency=(1,)).to_json()
     with pytest.raises(UserError, match=re.escape("different sweep plan (steps [0, 1] -> [0, 2])")):
         folder.check(other, resume=True)
+
+
+def test_points_held_as_records_are_written_back_byte_for_byte(tmp_path):
+    """The folder keeps its points as SweepPoint records; resuming (read, keep, rewrite) and rewriting them leave
+    points.jsonl and summary.csv as they were, a key this version does not know (a distributed sweep's ``node``)
+    and a minimal older line included."""
+    plan = SweepPlan(steps=(0, 1), concurrency=(1, 2)).to_json()
+    folder = SweepFolder(tmp_path)
+    folder.open({"plan": plan}, [])
+    folder.append_point(point(0, 1) | {"node": {"id": "abc", "alike": True}})
+    folder.append_point(failed_point((1, 1, 0), "server for num_steps 1 exited", 8, "boom"))
+    folder.append_point({"steps": 0, "concurrency": 2, "status": "ok", "metrics": {"num_requests": 4}})
+    folder.close()
+    lines, summary = folder.points_file.read_bytes(), folder.summary.read_bytes()
+    kept = folder.check(plan, resume=True)
+    assert all(isinstance(p, SweepPoint) for p in kept) and [p.key for p in kept] == [(0, 1, 0), (1, 1, 0), (0, 2, 0)]
+    assert kept[0].extra["node"]["id"] == "abc" and kept[1].log_tail == "boom"
+    folder.open({"plan": plan}, kept)
+    folder.rewrite_points()
+    folder.close()
+    assert folder.points_file.read_bytes() == lines
+    assert folder.summary.read_bytes() == summary
 
 
 def test_folder_resume_drops_unfinished_records(tmp_path):
@@ -203,7 +254,7 @@ def test_folder_resume_drops_unfinished_records(tmp_path):
     with open(folder.requests, "a") as fh:
         fh.write(json.dumps({"steps": 9, "concurrency": 1, "repeat": 0}) + "\n")  # a point that never finished
     kept = folder.check(plan, resume=True)
-    assert [(p["steps"], p["status"]) for p in kept] == [(0, "ok"), (1, "failed")]
+    assert [(p.steps, p.status) for p in kept] == [(0, "ok"), (1, "failed")]
     folder.open({"plan": plan}, kept)
     folder.close()
     lines = folder.requests.read_text().splitlines()

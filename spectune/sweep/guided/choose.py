@@ -42,6 +42,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
+from spectune.results.point import SweepPoint
 from spectune.sweep.guided.acceptance import nearest
 from spectune.sweep.guided.model import Cell, Prediction
 
@@ -75,7 +76,7 @@ class Choosing:
             return p.tpot_ms, p.tpot_low, p.tpot_high
         return p.throughput, p.throughput_low, p.throughput_high
 
-    def next_round(self, points: Sequence[dict[str, Any]], tried: set[tuple[int, int]],
+    def next_round(self, points: Sequence[SweepPoint | dict[str, Any]], tried: set[tuple[int, int]],
                    all_threats: bool = False, current: int | None = None,
                    launch_s: float = 0.0, width: int = 1) -> list[tuple[int, int]]:
         """The cells to measure next (module docstring): the seed when nothing was measured yet; then the one cell

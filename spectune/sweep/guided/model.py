@@ -39,6 +39,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
+from spectune.results.point import SweepPoint, as_points
 from spectune.sweep.guided.acceptance import acceptance_lengths, geometric_rate, per_position
 from spectune.sweep.guided.roofline import ROOFLINE_PARAMS, fit_roofline
 
@@ -145,31 +146,30 @@ class StepTimeModel:
         return NormalDist().inv_cdf(self.confidence)
 
     # -- what was measured -----------------------------------------------------------------------------------
-    def cells(self, points: Sequence[dict[str, Any]]) -> dict[tuple[int, int], Cell]:
-        """Measured ok cells (median over repeats) keyed (steps, concurrency)."""
-        groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
-        for p in points:
-            if p.get("status") == "ok" and not p.get("predicted"):
-                groups.setdefault((int(p["steps"]), int(p["concurrency"])), []).append(p)
+    def cells(self, points: Sequence[SweepPoint | dict[str, Any]]) -> dict[tuple[int, int], Cell]:
+        """Measured ok cells (median over repeats) keyed (steps, concurrency). ``points``: records, or points.jsonl
+        objects (:func:`spectune.results.point.as_points`)."""
+        groups: dict[tuple[int, int], list[SweepPoint]] = {}
+        for p in as_points(points):
+            if p.status == "ok" and not p.predicted:
+                groups.setdefault(p.key.cell, []).append(p)
         out = {}
         for (k, c), ps in groups.items():
             def med(name: str) -> float:
-                vals = [float(p["metrics"][name]) for p in ps if isinstance((p.get("metrics") or {}).get(name),
-                                                                            (int, float))]
+                vals = [float(p.metrics[name]) for p in ps if isinstance(p.metrics.get(name), (int, float))]
                 return float(np.median(vals)) if vals else math.nan
             tput, tpot, al = med("output_throughput_tok_s"), med("tpot_p50_ms"), med("acceptance_length")
             if k == 0:
                 al = 1.0
             # a cell at num_steps k drafted positions 0..k-1 only: a server whose counters cover more positions (the
             # bundled engine sized for the largest num_steps, switched between points) reports 0 for the others
-            pp = next((list((p.get("acceptance") or {}).get("per_position") or [])[:k] for p in ps
-                       if (p.get("acceptance") or {}).get("per_position")), [])
+            pp = next((list(p.acceptance.get("per_position") or [])[:k] for p in ps
+                       if p.acceptance.get("per_position")), [])
             lo, hi = med("output_throughput_ci_low"), med("output_throughput_ci_high")
             half = (hi - lo) / 2 / tput if all(map(math.isfinite, (lo, hi, tput))) and tput > 0 else math.nan
-            toks = [float(p["metrics"]["total_output_tokens"]) / float(p["metrics"]["num_requests"]) for p in ps
-                    if (p.get("metrics") or {}).get("num_requests") and
-                    isinstance(p["metrics"].get("total_output_tokens"), (int, float))]
-            drafts = sum(float((p.get("acceptance") or {}).get("num_drafts") or 0) for p in ps) or 1.0
+            toks = [float(p.metrics["total_output_tokens"]) / float(p.metrics["num_requests"]) for p in ps
+                    if p.metrics.get("num_requests") and isinstance(p.metrics.get("total_output_tokens"), (int, float))]
+            drafts = sum(float(p.acceptance.get("num_drafts") or 0) for p in ps) or 1.0
             if math.isfinite(tput) and tput > 0 and math.isfinite(al):
                 out[(k, c)] = Cell(k, c, tput, tpot, al, pp, half, float(np.median(toks)) if toks else math.nan,
                                     drafts, med("duration_s"))
@@ -447,7 +447,7 @@ class StepTimeModel:
                     worst = max(worst, t / min(later) - 1)
         return worst
 
-    def predict(self, points: Sequence[dict[str, Any]]) -> dict[tuple[int, int], Prediction]:
+    def predict(self, points: Sequence[SweepPoint | dict[str, Any]]) -> dict[tuple[int, int], Prediction]:
         """Predictions for every cell of the plan (measured ones too), keyed (steps, concurrency); {} when nothing
         usable was measured."""
         cells = self.cells(points)

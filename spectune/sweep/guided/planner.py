@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from spectune.results.point import SweepPoint, as_points
+from spectune.results.schema import PointKey
 from spectune.sweep.guided.choose import Choosing
 from spectune.sweep.guided.model import StepTimeModel
 from spectune.sweep.guided.seed import Seeding
@@ -64,9 +66,9 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
         return cls(plan.steps, plan.concurrency, plan.repeats, plan.objective, plan.confidence, plan.noise_band,
                    measure_every_concurrency=slo, window_cap_s=plan.duration_per_point_s)
 
-    def next_keys(self, points: Sequence[dict[str, Any]], tried: set[tuple[int, int]], cost: dict[str, Any],
-                  records: Callable[[], dict[tuple[int, int, int], list[dict[str, Any]]]],
-                  current: int | None = None, width: int = 1) -> list[tuple[int, int, int]]:
+    def next_keys(self, points: Sequence[SweepPoint | dict[str, Any]], tried: set[tuple[int, int]],
+                  cost: dict[str, float], records: Callable[[], dict[PointKey, list[dict[str, Any]]]],
+                  current: int | None = None, width: int = 1) -> list[PointKey]:
         """The points (steps, concurrency, repeat) a running sweep measures next: every repeat of the next round's
         cells (:meth:`next_round`), or, when no cell is worth measuring, the settle step's runs (:meth:`settle`,
         fed ``records()``: request objects by point, read only then); [] when the plan is done. The round's launch
@@ -74,21 +76,24 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
         the mean window of the ``points`` measured so far (``duration_s``): where a launch costs more than a point, a
         round is whole num_steps (one launch each). ``current``: the running server's num_steps; ``width``: servers
         side by side."""
+        points = as_points(points)
         restart = cost["switch_s"] / cost["launches"] if cost["launches"] else 0.0
-        windows = [(p.get("metrics") or {}).get("duration_s") or 0.0 for p in points]
+        windows = [p.metrics.get("duration_s") or 0.0 for p in points]
         point = sum(windows) / len(windows) if windows else 0.0  # s per point's measurement window
         cells = self.next_round(points, tried, all_threats=restart > point > 0, current=current, launch_s=restart,
                                 width=width)
         if not cells:  # no cell left worth measuring: settle the comparisons that decide the choices
             return self.settle(points, records())
-        return [(k, c, r) for k, c in cells for r in range(self.repeats)]
+        return [PointKey(k, c, r) for k, c in cells for r in range(self.repeats)]
 
-    def finish(self, points: Sequence[dict[str, Any]], stop: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def finish(self, points: Sequence[SweepPoint | dict[str, Any]],
+               stop: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """At the end of a guided sweep: (the predicted rows of every unmeasured cell, for summary.csv; sweep.json's
         ``guided``: :meth:`describe` plus why it stopped, ``stop`` or ``settled``, the measured and predicted cell
         counts, and the concurrencies left to the model, with nothing measured)."""
+        points = as_points(points)
         preds = self.predict(points)
-        measured = {(p["steps"], p["concurrency"]) for p in points}
+        measured = {p.key.cell for p in points}
         rows = [pred.row() for kc, pred in sorted(preds.items()) if kc not in measured]
         return rows, {**self.describe(), "stopped": stop or "settled", "measured_cells": len(measured),
                       "predicted_cells": len(rows),

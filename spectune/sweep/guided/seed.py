@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from spectune.results.schema import PointKey
 from spectune.sweep.guided.model import Cell
 
 __all__ = ["Seeding"]
@@ -62,7 +63,7 @@ class Seeding:
                 out.append(cell)
         return out
 
-    def window_goal(self, key: tuple[int, int, int]) -> str | None:
+    def window_goal(self, key: PointKey) -> str | None:
         """``seed_acceptance`` for the first run of the seed's first cell (the largest num_steps at the smallest
         concurrency), else None: that cell is measured for the per-position acceptance of every smaller num_steps,
         which the engine's counters give from the window's first requests, so its window stops at the early-stop
@@ -71,7 +72,8 @@ class Seeding:
         one's on the compute-bound emulated server, where it is 22-31% below the best. Its throughput is kept with
         its wider interval: a later cell at its concurrency stops early against it, and the settle step measures it
         again where a deciding comparison rests on that width."""
-        return "seed_acceptance" if key[2] == 0 and tuple(key[:2]) == self.seed()[0] else None
+        key = PointKey(*key)
+        return "seed_acceptance" if key.repeat == 0 and key.cell == self.seed()[0] else None
 
     @property
     def _pair_concurrency(self) -> int:

@@ -36,6 +36,8 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from spectune.results.confidence import Bootstrap, CellRuns, Interval, RunRequests, best_by_pairs, ratio_interval
+from spectune.results.point import SweepPoint, as_points
+from spectune.results.schema import PointKey
 
 __all__ = ["Settling"]
 
@@ -63,8 +65,8 @@ class Settling:
     #: or the noise-free model's, change without the second run
     SETTLE_REPEATS: ClassVar[int] = 1
 
-    def comparisons(self, points: Sequence[dict[str, Any]],
-                    records: dict[tuple[int, int, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    def comparisons(self, points: Sequence[SweepPoint | dict[str, Any]],
+                    records: dict[PointKey, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         """The comparisons that decide each concurrency's choice, as ``spectune recommend`` makes them: every
         measured num_steps smaller than the best measured one, against the best, in ascending num_steps, up to the
         first that does not lose (recommend takes the smallest that ties); each ratio on the prompts both cells
@@ -88,14 +90,14 @@ class Settling:
         runs: dict[tuple[int, int], list[tuple[int, float]]] = {}
         secs: dict[tuple[int, int], float] = {}  # the longest window of each cell, s
         full: list[float] = []  # the lengths of the windows that ran in full, s
-        for p in points:
-            v = (p.get("metrics") or {}).get(col)
-            if p.get("status") == "ok" and not p.get("predicted") and isinstance(v, (int, float)) and v > 0:
-                kc = (int(p["steps"]), int(p["concurrency"]))
-                runs.setdefault(kc, []).append((int(p.get("repeat", 0)), v))
-                d = float((p.get("metrics") or {}).get("duration_s") or 0.0)
+        for p in as_points(points):
+            v = p.metrics.get(col)
+            if p.status == "ok" and not p.predicted and isinstance(v, (int, float)) and v > 0:
+                kc = p.key.cell
+                runs.setdefault(kc, []).append((p.repeat, v))
+                d = float(p.metrics.get("duration_s") or 0.0)
                 secs[kc] = max(secs.get(kc, 0.0), d)
-                if d > 0 and not (p.get("early_stop") or {}).get("reason"):
+                if d > 0 and not (p.early_stop or {}).get("reason"):
                     full.append(d)
         mean_s = float(np.mean(full)) if full else 0.0
         boot = Bootstrap({r.get("prompt_id") for rs in records.values() for r in rs})
@@ -187,19 +189,19 @@ class Settling:
         i = 0 if runs[0] <= runs[1] else 1
         return 1 - i if runs[i] >= self._run_cap else i
 
-    def settle(self, points: Sequence[dict[str, Any]],
-               records: dict[tuple[int, int, int], list[dict[str, Any]]]) -> list[tuple[int, int, int]]:
+    def settle(self, points: Sequence[SweepPoint | dict[str, Any]],
+               records: dict[PointKey, list[dict[str, Any]]]) -> list[PointKey]:
         """The runs to add so that every concurrency's choice is settled at the requested confidence (module
         docstring): for each ``unsettled`` comparison (:meth:`comparisons`), one more run (key
         (steps, concurrency, repeat)) of one of its two cells with fewer than ``repeats + SETTLE_REPEATS`` runs: the
         one with fewer runs, of two with as many the smaller num_steps (module docstring: a second run of the best
         can widen recommend's band); [] when everything is settled or nothing may be repeated."""
         done: dict[tuple[int, int], int] = {}
+        points = as_points(points)
         for p in points:
-            if not p.get("predicted"):
-                kc = (int(p["steps"]), int(p["concurrency"]))
-                done[kc] = max(done.get(kc, 0), int(p.get("repeat", 0)) + 1)
-        out: list[tuple[int, int, int]] = []
+            if not p.predicted:
+                done[p.key.cell] = max(done.get(p.key.cell, 0), p.repeat + 1)
+        out: list[PointKey] = []
         self.decisions = self.comparisons(points, records)
         for cmp in self.decisions:
             if cmp["verdict"] != "unsettled":
@@ -208,10 +210,10 @@ class Settling:
             pair = [(cmp["steps"], c), (cmp["best"], c)]
             k, c = pair[self._rerun([done[kc] for kc in pair])]
             if done[(k, c)] < self._run_cap:
-                out.append((k, c, done[(k, c)]))
+                out.append(PointKey(k, c, done[(k, c)]))
                 self.why.append({"steps": k, "concurrency": c, "repeat": done[(k, c)],
                                  "reason": f"settle: num_steps {cmp['steps']} vs {cmp['best']} at ratio "
                                            f"{cmp['ratio']:.3f} [{cmp['low']:.3f}, {cmp['high']:.3f}] reaches the band"})
         if out:
-            self.rounds.append([(k, c) for k, c, _ in out])
+            self.rounds.append([key.cell for key in out])
         return out
