@@ -289,7 +289,8 @@ class Campaign:
         except Exception:  # noqa: BLE001 - one part failing must not cost the others
             status = "failed: " + traceback.format_exc(limit=3).strip().splitlines()[-1]
             traceback.print_exc()
-        self.results["parts"][name] = {"status": status, "seconds": round(time.time() - start, 1)}
+        # update, not replace: cli() has put the spectune command's returncode there
+        self.results["parts"].setdefault(name, {}).update(status=status, seconds=round(time.time() - start, 1))
         print(f"== {name}: {status} ({time.time() - start:.1f} s)", flush=True)
         self.save()
 
