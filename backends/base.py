@@ -71,6 +71,10 @@ class BackendOptions:
             or a vLLM ``num_speculative_tokens_per_batch_size`` schedule (``vllm``, ``local``); with it, the K passed
             to ``start`` is only the initial tier (SGLang, bundled engine) or the maximum (vLLM). ``launch``
             templates get it as ``{adaptive_config}``. None: static num_steps.
+        schedule_server_max_k: when set, every ``start(K)`` launches the engine's *schedule server* pinned to K: the
+            server a per-batch-size config whose largest K is this value runs, told to use K at every batch size
+            (:meth:`Backend.schedule_server`; ``spectune sweep --schedule-server``). None: the static server of K
+            (K = 0: no drafter at all).
     """
 
     endpoints: dict[int, str] | None = None
@@ -91,6 +95,7 @@ class BackendOptions:
     max_tokens: int = 256
     adaptive_config: str | None = None
     server_bin: str | None = None
+    schedule_server_max_k: int | None = None
 
 
 @dataclass
@@ -324,6 +329,17 @@ class Backend(abc.ABC):
         """Why :meth:`acceptance` fell back to the tokens-per-chunk proxy (``after``: the window's last snapshot)."""
         return f"{self.name}: no spec-decode metrics; proxy used"
 
+    def schedule_server(self) -> ScheduleServer | None:
+        """The server this engine's per-batch-size config runs and how spectune pins it to one num_steps, or None
+        when the engine has no per-batch-size config or this backend cannot start such a server (running
+        endpoints, a launch template without ``{adaptive_config}``)."""
+        return None
+
+    def schedule_steps(self, steps: Sequence[int]) -> tuple[list[int], list[str]]:
+        """The num_steps among ``steps`` this backend's schedule server can be pinned to, and one warning per
+        num_steps it cannot (all of them by default)."""
+        return list(steps), []
+
     def schedule_setting(self) -> str | None:
         """What to change when the server does not follow a per-batch-size num_steps schedule it was given (one
         clause for :mod:`spectune.measure.schedule_check`'s warning), or None when this engine has no such setting."""
@@ -365,6 +381,47 @@ class Backend(abc.ABC):
     async def close(self) -> None:
         """End of the sweep: release everything (stops a running server)."""
         await self.stop()
+
+
+@dataclass(frozen=True)
+class ScheduleServer:
+    """An engine's *schedule server*: the server its per-batch-size num_steps config runs, which is not the static
+    server spectune sweeps at each num_steps (vLLM's drafter runs over the whole batch every step even where its
+    schedule says K=0, ``vllm/v1/spec_decode/llm_base_proposer.py`` ``propose``; SGLang's adaptive mode keeps a
+    draft extend every round). ``spectune sweep`` measures it pinned to each num_steps beside the static cells
+    (the ``schedule-server/`` folder) and ``spectune recommend`` prices a schedule's slots there.
+
+    Attributes:
+        engine: the engine's name (``vllm``, ``sglang``, ``spectune``, ``launch``).
+        pinned: how one num_steps K is pinned, in the engine's terms (``num_speculative_tokens = max K,
+            num_speculative_tokens_per_batch_size [[1, N, K]]``).
+        source: the engine file that says what the server runs (cited in recommendation.md).
+        costs_more: whether the schedule server can cost more than the static server of the same num_steps
+            (a drafter kept running, graphs downgraded): ``spectune sweep`` measures it by default only then.
+    """
+
+    engine: str
+    pinned: str
+    source: str
+    costs_more: bool
+
+    def to_json(self) -> dict[str, Any]:
+        """sweep.json's ``schedule_server`` entry."""
+        return {"engine": self.engine, "pinned": self.pinned, "source": self.source, "costs_more": self.costs_more}
+
+
+def pinned_vllm_schedule(steps: int, max_k: int, max_batch: int) -> dict[str, Any]:
+    """A vLLM ``--speculative-config`` schedule that pins num_steps ``steps`` at every batch size:
+    ``{"num_speculative_tokens": max_k, "num_speculative_tokens_per_batch_size": [[1, max_batch, steps]]}``
+    (``vllm/v1/spec_decode/dynamic/utils.py``: vLLM carries the last range's K above ``max_batch``; buffers are
+    sized by ``num_speculative_tokens``, the schedule's largest K).
+
+    Raises:
+        ValueError: ``steps`` < 0, ``max_k`` < 1 or ``steps`` > ``max_k``.
+    """
+    if steps < 0 or max_k < 1 or steps > max_k:
+        raise ValueError(f"a pinned schedule needs 0 <= num_steps <= max K >= 1, got num_steps {steps}, max K {max_k}")
+    return {"num_speculative_tokens": max_k, "num_speculative_tokens_per_batch_size": [[1, max(max_batch, 1), steps]]}
 
 
 class BackendStartError(RuntimeError):

@@ -8,16 +8,18 @@ and pid are recorded for ``describe()``. Subclasses build the argv (:meth:`Launc
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from spectune.backends.base import (Acceptance, Backend, BackendOptions, BackendStartError, Endpoint, SpecSnapshot,
-                           has_counters, zero_steps_acceptance)
+from spectune.backends.base import (Acceptance, Backend, BackendOptions, BackendStartError, Endpoint, ScheduleServer,
+                                    SpecSnapshot, has_counters, pinned_vllm_schedule, zero_steps_acceptance)
 from spectune.backends.eagle_heads import eagle_version
 from spectune.backends.http import HEALTH_PATHS, auth_headers, check_reachable
 from spectune.backends.openai import EndpointSet
@@ -112,6 +114,31 @@ class LaunchingBackend(Backend):
     async def remote_checks(self, steps_list: Sequence[int]) -> list[str]:
         """Warnings about running servers (endpoints mode), e.g. a server whose num_steps differs; none here."""
         return []
+
+    def pinned_config(self, steps: int, max_k: int) -> Any:
+        """The per-batch-size config that pins this engine's schedule server to num_steps ``steps`` (``max_k``: the
+        largest K a schedule would carry): a vLLM schedule by default (:func:`pinned_vllm_schedule`, the last range
+        ending at the plan's highest concurrency); backends whose engine reads another format override it."""
+        return pinned_vllm_schedule(steps, max_k, self.options.max_concurrency)
+
+    def pinned_config_path(self, steps: int) -> str | None:
+        """With ``options.schedule_server_max_k``: :meth:`pinned_config` for ``steps`` written as JSON into the log
+        folder (a temporary folder without one), and its absolute path; None for a static server."""
+        max_k = self.options.schedule_server_max_k
+        if max_k is None:
+            return None
+        folder = Path(self.options.log_dir) if self.options.log_dir else Path(tempfile.mkdtemp(prefix="spectune-"))
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"schedule-server-steps{steps}.json"
+        path.write_text(json.dumps(self.pinned_config(steps, max_k)) + "\n")
+        return str(path.resolve())
+
+    def schedule_steps(self, steps: Sequence[int]) -> tuple[list[int], list[str]]:
+        """Every num_steps ``steps`` when :meth:`schedule_server` is not None, else none (one warning)."""
+        if self.schedule_server() is None:
+            return [], [f"{self.name}: no schedule server to measure (no per-batch-size config this backend can "
+                        "launch)"]
+        return list(steps), []
 
     @property
     def base_url(self) -> str | None:
@@ -239,12 +266,17 @@ class LaunchingBackend(Backend):
         return eagle_version(self.options.draft)[0] if self.options.draft else None
 
     def describe(self) -> dict[str, Any]:
-        """Backend name, model, draft, its speculative method (``draft_algorithm``) and every launch so far (command
-        lines with secrets redacted)."""
+        """Backend name, model, draft, its speculative method (``draft_algorithm``), every launch so far (command
+        lines with secrets redacted) and, for a schedule server, what it is (``schedule_server``: ScheduleServer's
+        fields and ``max_k``)."""
         if self.remote is not None:
             return {"backend": self.name, "endpoints": self.remote.describe(), "api_key_env": self.options.api_key_env}
-        return {"backend": self.name, "model": self.options.model, "draft": self.options.draft,
-                "draft_algorithm": self.speculative_method(), "launches": [dict(r) for r in self.launches]}
+        d = {"backend": self.name, "model": self.options.model, "draft": self.options.draft,
+             "draft_algorithm": self.speculative_method(), "launches": [dict(r) for r in self.launches]}
+        server = self.schedule_server() if self.options.schedule_server_max_k is not None else None
+        if server is not None:
+            d["schedule_server"] = {**server.to_json(), "max_k": self.options.schedule_server_max_k}
+        return d
 
 
 class LaunchBackend(LaunchingBackend):
@@ -276,11 +308,23 @@ class LaunchBackend(LaunchingBackend):
     def check_executable(self) -> None:
         find_executable(self.template[0], "install it or fix the first word of the --launch template")
 
+    def schedule_server(self) -> ScheduleServer | None:
+        """A template with ``{adaptive_config}`` can run a schedule server: it gets a vLLM schedule pinned to K
+        (:meth:`LaunchingBackend.pinned_config`). Whether it costs more than the static server is the engine's
+        business, unknown here, so it is measured only when asked (``--schedule-server on``)."""
+        if "adaptive_config" not in {n for a in self.template for n in _PLACEHOLDER.findall(a)}:
+            return None
+        return ScheduleServer("launch", "{adaptive_config} = a vLLM schedule {\"num_speculative_tokens\": max K, "
+                              "\"num_speculative_tokens_per_batch_size\": [[1, N, K]]}", "the --launch template",
+                              costs_more=False)
+
     def build_argv(self, steps: int, host: str, port: int) -> list[str]:
-        """The template with placeholders filled for ``steps`` (K), ``port`` and the options."""
+        """The template with placeholders filled for ``steps`` (K), ``port`` and the options; ``{adaptive_config}``
+        is the pinned schedule's file on a schedule server (:meth:`LaunchingBackend.pinned_config_path`)."""
+        pinned = self.pinned_config_path(steps)
         values = {"steps": steps, "draft_tokens": steps + 1, "port": port, "host": host,
                   "model": self.options.model or "", "draft": self.options.draft or "",
-                  "adaptive_config": self.options.adaptive_config or ""}
+                  "adaptive_config": pinned or self.options.adaptive_config or ""}
         return render_template(self.template, values)
 
     async def snapshot(self) -> SpecSnapshot | None:

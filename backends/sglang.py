@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from spectune.backends.base import (Acceptance, BackendOptions, SpecSnapshot, chunk_proxy_acceptance,
+from spectune.backends.base import (Acceptance, BackendOptions, ScheduleServer, SpecSnapshot, chunk_proxy_acceptance,
                                     zero_steps_acceptance)
 from spectune.backends.methods import engine_method, launch_method
 from spectune.backends.http import get
@@ -227,11 +227,38 @@ class SGLangBackend(LaunchingBackend):
         if importlib.util.find_spec("sglang") is None:
             raise UserError(f"sglang not found in {sys.executable}: pip install sglang (or use --backend launch)")
 
+    def schedule_server(self) -> ScheduleServer | None:
+        """SGLang's schedule server: ``--speculative-adaptive`` with the config's candidates; its EAGLE worker runs a
+        draft extend every round at its lowest step (``python/sglang/srt/speculative/eagle_worker_v2.py``), so it
+        can cost more than the static server. Pinned: one slot ``{"1": {"candidate_steps": [K]}}`` launched at
+        num_steps K (the initial tier must be a candidate, ``adaptive_spec_params.py``
+        ``_init_adaptive_speculative_params``). None for running endpoints."""
+        if self.remote is not None:
+            return None
+        return ScheduleServer("sglang", "--speculative-adaptive with one slot {\"1\": {\"candidate_steps\": [K]}} at "
+                              "--speculative-num-steps K", "python/sglang/srt/speculative/adaptive_spec_params.py",
+                              costs_more=True)
+
+    def schedule_steps(self, steps: Sequence[int]) -> tuple[list[int], list[str]]:
+        """Every K > 0: SGLang launches an adaptive server at an initial tier that must be one of its candidates,
+        and ``--speculative-num-steps 0`` is no speculative server, so K=0 cannot be pinned (one warning)."""
+        kept, warnings = super().schedule_steps([k for k in steps if k > 0])
+        if 0 in steps and self.schedule_server() is not None:
+            warnings.append("sglang: an adaptive server cannot be pinned to num_steps 0 (its initial tier must be a "
+                            "candidate > 0): the schedule server's K=0 is not measured, a K=0 slot is priced at the "
+                            "static K=0 server")
+        return kept, warnings
+
+    def pinned_config(self, steps: int, max_k: int) -> Any:
+        """SGLang's adaptive config with one slot and one candidate: ``{"1": {"candidate_steps": [steps]}}``."""
+        return {"1": {"candidate_steps": [steps]}}
+
     def build_argv(self, steps: int, host: str, port: int) -> list[str]:
-        """:func:`sglang_argv` from the options."""
+        """:func:`sglang_argv` from the options (a schedule server gets its pinned adaptive config)."""
         running = max(self.options.max_concurrency, SGLANG_SPEC_MAX_RUNNING)
+        adaptive = (self.pinned_config_path(steps) if steps > 0 else None) or self.adaptive_config
         return sglang_argv(self.options.model or "", steps, host, port, self.options.draft, self.algorithm()[0],
-                           running, self.options.server_args, adaptive_config=self.adaptive_config)
+                           running, self.options.server_args, adaptive_config=adaptive)
 
     def request_extra(self) -> dict[str, Any]:
         """Ask SGLang for per-request spec details (``sglext.spec_tokens_details`` in the response)."""

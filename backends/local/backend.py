@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import aiohttp
 
-from spectune.backends.base import BackendOptions, BackendStartError, Endpoint, SpecSnapshot
+from spectune.backends.base import BackendOptions, BackendStartError, Endpoint, ScheduleServer, SpecSnapshot
 from spectune.backends.eagle_heads import eagle_version
 from spectune.backends.launch import LaunchingBackend
 from spectune.backends.local.options import DEFAULT_HEAD, check_compile_mode
@@ -87,13 +87,30 @@ class LocalBackend(LaunchingBackend):
                 "dtype": o.dtype, "device": o.device, "max_num_seqs": slots, "max_model_len": max_len,
                 "kv_cache_gb": max(1.0, slots * (max_len + 8) * KV_BYTES_PER_TOKEN_GUESS / 2**30),
                 "threads": engine_threads(), "compile": o.compile}
-        if o.adaptive_config:
-            opts["adaptive_config"] = str(Path(o.adaptive_config).resolve())
+        pinned = self.pinned_config_path(steps)
+        if pinned or o.adaptive_config:
+            opts["adaptive_config"] = pinned or str(Path(o.adaptive_config or "").resolve())
+        if o.schedule_server_max_k is not None:
+            opts["num_steps_capacity"] = max(self.capacity, steps, o.schedule_server_max_k)
         return [sys.executable, "-m", "spectune.backends.local", "--options", json.dumps(opts), "--host", host,
                 "--port", str(port)]
 
+    def schedule_server(self) -> ScheduleServer | None:
+        """The bundled engine's schedule server: adaptive mode with a vLLM schedule, whose lazy drafting runs no head
+        in prefills and K=0 rounds (``backends/local/engine/speculative.py``), so it is not expected to cost more
+        than the static server; measured when asked (``--schedule-server on``). A schedule server is relaunched
+        per num_steps instead of switched in place."""
+        return ScheduleServer("spectune", "adaptive mode with num_speculative_tokens_per_batch_size [[1, N, K]] "
+                              "(lazy drafting)", "backends/local/engine/speculative.py", costs_more=False)
+
     async def start(self, steps: int) -> Endpoint:
         """Switch the running server to ``steps`` or launch one (see module docstring)."""
+        if self.options.schedule_server_max_k is not None:  # a pinned schedule is the server's config: relaunch per K
+            if self.server is not None and self.steps != steps:
+                await LaunchingBackend.stop(self)
+            endpoint = await super().start(steps)
+            self.engine_path = await self._engine_path(endpoint.base_url)
+            return endpoint
         if self.server is not None and self.server.alive() and steps <= self.capacity:
             url = f"{self.server.base_url}/spectune/num_steps"
             detail = ""

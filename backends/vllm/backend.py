@@ -60,8 +60,8 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from spectune.backends.base import (Acceptance, BackendOptions, SpecSnapshot, counter_acceptance, has_counters,
-                           join_warnings)
+from spectune.backends.base import (Acceptance, BackendOptions, ScheduleServer, SpecSnapshot, counter_acceptance,
+                                    has_counters, join_warnings, pinned_vllm_schedule)
 from spectune.backends.methods import engine_method, launch_method
 from spectune.backends.launch import LaunchingBackend
 from spectune.backends.local.options import DEFAULT_HEAD
@@ -205,11 +205,11 @@ def vllm_argv(
     "vllm.entrypoints.openai.api_server"]`` (:meth:`spectune.backends.vllm.install.VllmInstall.server_argv`) or
     ``vllm serve``; the model is passed as ``--model`` (both accept it: ``vllm/entrypoints/openai/cli_args.py``).
     ``max_num_seqs``: ``--max-num-seqs`` value, or None to leave vLLM's default. ``cpu_args``: the CPU server's
-    sizing flags (:func:`cpu_server_args`). With ``schedule`` (``[[range_start, range_end, K], ...]``) and ``steps``
-    > 0 the speculative config gets ``num_speculative_tokens_per_batch_size`` and ``num_speculative_tokens`` =
+    sizing flags (:func:`cpu_server_args`). With ``schedule`` (``[[range_start, range_end, K], ...]``; ``steps`` 0
+    too: a schedule server pinned to K=0 keeps its drafter) the speculative config gets ``num_speculative_tokens_per_batch_size`` and ``num_speculative_tokens`` =
     max(steps, ``schedule_max_k``, the schedule's largest K): vLLM sizes its buffers by that maximum (background §3).
-    ``per_request_metrics`` and ``steps`` > 0: ``--per-request-spec-decode-metrics summary`` (vLLM rejects it
-    without speculation).
+    ``per_request_metrics`` and a speculative config: ``--per-request-spec-decode-metrics summary`` (vLLM rejects
+    it without one).
 
     Raises:
         UserError: ``steps`` > 0 without a draft head, or ``steps`` < 0.
@@ -220,7 +220,7 @@ def vllm_argv(
     if max_num_seqs is not None:
         argv += ["--max-num-seqs", str(max_num_seqs)]
     argv += list(cpu_args)
-    if steps > 0:
+    if steps > 0 or schedule:
         if not draft:
             raise UserError(f"num_steps {steps} needs a draft head: pass --draft PATH_OR_HF_ID")
         spec: dict[str, Any] = {"method": engine_method("vllm", method), "model": draft,
@@ -441,12 +441,29 @@ class VLLMBackend(LaunchingBackend):
     def build_argv(self, steps: int, host: str, port: int) -> list[str]:
         """:func:`vllm_argv` from the options (``--max-num-seqs`` by :meth:`max_num_seqs`, per-request metrics by
         :meth:`per_request_metrics`, CPU sizing by :meth:`cpu_settings`)."""
-        seqs, _ = self.max_num_seqs()
+        seqs, record = self.max_num_seqs()
         schedule = self.schedule.to_json() if self.schedule is not None else None
         max_k = self.schedule.max_k if self.schedule is not None else None
+        if self.options.schedule_server_max_k is not None:  # the schedule server pinned to K (schedule_server)
+            top = record["value"] if isinstance(record.get("value"), int) else self.options.max_concurrency
+            pinned = pinned_vllm_schedule(steps, self.options.schedule_server_max_k, top)
+            schedule, max_k = pinned["num_speculative_tokens_per_batch_size"], pinned["num_speculative_tokens"]
         return vllm_argv(self.target(), steps, host, port, self.draft(), self.method()[0], seqs,
                          self.options.server_args, self.vllm().server_argv(), schedule, max_k,
                          self.per_request_metrics()[0], self.cpu_settings()[0])
+
+    def schedule_server(self) -> ScheduleServer | None:
+        """vLLM's schedule server: a server whose ``--speculative-config`` carries
+        ``num_speculative_tokens_per_batch_size``. It runs the EAGLE drafter over the whole batch every step, also
+        where the schedule says K=0 (``vllm/v1/spec_decode/llm_base_proposer.py``, ``propose``), and keeps the
+        drafter's KV cache; on GPUs a K-varying schedule drops full CUDA graphs to PIECEWISE (vllm-project/vllm
+        #52087). Pinned: ``num_speculative_tokens`` = the schedule's largest K, one range ``[1, max_num_seqs, K]``.
+        None for running endpoints (spectune cannot restart them)."""
+        if self.remote is not None:
+            return None
+        return ScheduleServer("vllm", "num_speculative_tokens = max K, num_speculative_tokens_per_batch_size "
+                              "[[1, max_num_seqs, K]]", "vllm/v1/spec_decode/llm_base_proposer.py (propose)",
+                              costs_more=True)
 
     def data_parallel_warning(self, dp: int, where: str) -> str:
         """Why a schedule means nothing at data-parallel size ``dp`` > 1 (``where``: how it was found)."""
@@ -486,7 +503,7 @@ class VLLMBackend(LaunchingBackend):
             UserError: see :meth:`check_head`, :meth:`target`, :meth:`check_executable`.
         """
         if self.remote is None:
-            if any(k > 0 for k in steps_list):
+            if any(k > 0 for k in steps_list) or self.options.schedule_server_max_k is not None:
                 self.check_head()
             self.check_executable()
             await asyncio.to_thread(self.target)

@@ -97,6 +97,11 @@ def sweep(
     drift_check: Annotated[bool, typer.Option("--drift-check/--no-drift-check", help="Measure a reference cell "
                                               "again at the end (and at the end of each block) and report whether "
                                               "the machine drifted.")] = True,
+    schedule_server: Annotated[str, typer.Option(help="Also measure the engine's schedule server (the server a "
+                                                 "per-batch-size config runs: vLLM's drafter works at K=0 too) pinned "
+                                                 "to each num_steps, into OUTPUT_DIR/schedule-server, alternating "
+                                                 "with the static blocks: auto (where it can cost more: launched vLLM "
+                                                 "and SGLang, grid plans), on, or off.")] = "auto",
     request_timeout: RequestTimeout = 600.0,
     warmup_timeout: WarmupTimeout = 300.0,
     output_dir: Annotated[Optional[Path], typer.Option(help="Results folder (default: results/sweep-DATE-TIME).")]
@@ -179,7 +184,7 @@ def sweep(
     try:
         with LiveDisplay(console) as display:
             outcome = run_blocking(plan, backend, options, output_dir, resume, retry_failed, display, timeouts,
-                                   cluster)
+                                   cluster, schedule_server)
     except KeyboardInterrupt:
         Console(stderr=True, highlight=False, soft_wrap=True).print(
             f"interrupted (launched servers are killed on exit); resume with --resume --output-dir {output_dir}",
@@ -190,6 +195,8 @@ def sweep(
 
         from spectune.sweep.display import outcome_lines
         from spectune.tune.intervals import throughput_intervals
+        from spectune.results.folder import SweepFolder
+        from spectune.results.schema import SCHEDULE_FOLDER
 
         console.print(summary_table(outcome.points, plan.steps, plan.concurrency, throughput_intervals(output_dir),
                                     outcome.predicted))
@@ -197,6 +204,13 @@ def sweep(
             console.print(line, soft_wrap=True, markup=False)
         for finding in batch_dependent_acceptance(outcome.points):
             console.print(f"finding: {finding.sentence()}", soft_wrap=True, markup=False)
+        sched = output_dir / SCHEDULE_FOLDER
+        pinned = SweepFolder(sched).read_points() if (sched / "points.jsonl").is_file() else []
+        if pinned:
+            console.print(f"the engine's schedule server (what a per-batch-size config runs), pinned to each "
+                          f"num_steps ({sched}):", soft_wrap=True, markup=False)
+            console.print(summary_table(pinned, sorted({p.steps for p in pinned}), plan.concurrency,
+                                        throughput_intervals(sched), []))
     failed = sum(p.status != "ok" for p in outcome.points)
     if outcome.interrupted is not None:
         err = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -7,9 +7,9 @@ and after this record read (and diff) the same:
 - a measured point: ``steps``, ``concurrency``, ``repeat``, ``status``, ``error``, ``metrics``, ``acceptance``,
   ``batch_size``, ``per_category``, ``window``, ``requests_planned``, ``stop_reason``, [``early_stop``], ``warmup``,
   ``client_limit``, [``schedule_check``], ``model``, ``base_url``, ``started``, ``finished``, [``log_tail``], [``drift_check``],
-  [``timing``];
+  [``timing``], [``server``];
 - a point that measured nothing (its server never came up, no model, a warm-up past its limit; no ``started``):
-  ``steps`` ... ``stop_reason``, ``log_tail``, ``finished``, [``timing``].
+  ``steps`` ... ``stop_reason``, ``log_tail``, ``finished``, [``timing``], [``server``].
 
 Keys this version does not know (a newer spectune's) are kept in ``extra`` and written last, so reading and writing
 a point loses nothing.
@@ -65,7 +65,11 @@ class SweepPoint:
             files before it). model, base_url: what was sent where. started, finished: UTC ISO-8601 times;
             ``started`` is None for a point that measured nothing.
         log_tail: the server log's last lines ("" for none). drift_check: the label of a drift re-measurement.
-        timing: ``switch_s``, ``measure_s`` (s), or None (not written). extra: keys of a newer format.
+        timing: ``switch_s``, ``measure_s`` (s), or None (not written).
+        server: the server the point measured when it is not the static one of its num_steps: ``{"kind":
+            "schedule", "max_k": M, "engine": ...}`` (the engine's schedule server pinned to K,
+            :class:`spectune.backends.base.ScheduleServer`); None (not written): the static server.
+        extra: keys of a newer format.
         absent: fields an older file lacked (not written back).
     """
 
@@ -92,6 +96,7 @@ class SweepPoint:
     log_tail: str = ""
     drift_check: str | None = None
     timing: dict[str, float] | None = None
+    server: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     #: fields the file it was read from lacked (an older format) -> the value filled in: left out again by
     #: :meth:`to_dict` while they keep that value
@@ -152,6 +157,8 @@ class SweepPoint:
                 d["drift_check"] = self.drift_check
         if self.timing is not None:
             d["timing"] = self.timing
+        if self.server is not None:
+            d["server"] = self.server
         d.update(self.extra)
         if self.absent:
             d = {k: v for k, v in d.items() if k not in self.absent or v != self.absent[k]}

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from spectune.loadgen.errors import UserError
+from spectune.results.schema import SCHEDULE_FOLDER
 
 #: summary.csv columns that must be present (docs/results-format.md).
 REQUIRED_COLUMNS = ("steps", "concurrency", "status")
@@ -46,6 +47,8 @@ class Results:
         sweep: the parsed ``sweep.json`` (plan, backend, host, versions), or None for a bare CSV.
         points: the parsed ``points.jsonl`` objects (in file order), or an empty list.
         folder: the results folder, or None for a bare CSV (``requests.jsonl`` lives there).
+        schedule: the folder's ``schedule-server/`` sweep (the engine's schedule server pinned to each num_steps,
+            ``spectune sweep --schedule-server``) read the same way, or None when it has none.
     """
 
     summary: pd.DataFrame
@@ -53,6 +56,7 @@ class Results:
     sweep: dict[str, Any] | None = None
     points: list[dict[str, Any]] | None = None
     folder: Path | None = None
+    schedule: "Results | None" = None
 
     @property
     def plan(self) -> dict[str, Any]:
@@ -155,7 +159,10 @@ def load_results(path: str | Path) -> Results:
         df, source = pd.DataFrame(rows), p / "points.jsonl"
     else:
         raise UserError(f"{p}: no summary.csv or points.jsonl: is this a 'spectune sweep' results folder?")
-    return Results(summary=normalize_summary(df, source), source=source, sweep=sweep, points=points, folder=p)
+    sub = p / SCHEDULE_FOLDER
+    schedule = load_results(sub) if (sub / "summary.csv").is_file() or (sub / "points.jsonl").is_file() else None
+    return Results(summary=normalize_summary(df, source), source=source, sweep=sweep, points=points, folder=p,
+                   schedule=schedule)
 
 
 def load_requests(folder: Path | None) -> pd.DataFrame | None:

@@ -60,15 +60,25 @@ SCHEDULE_COLUMNS = ("schedule_check",)
 :func:`spectune.measure.schedule_check.check_num_steps`): ``followed``, ``not_followed``, or empty where it could
 not be checked (no spec-decode counters). Added after the first release: a summary.csv without it reads as empty."""
 
+SCHEDULE_FOLDER = "schedule-server"
+"""The sub-folder of a sweep's results folder that holds its schedule-server cells (a sweep folder of its own,
+``spectune sweep --schedule-server``; docs/results-format.md)."""
+
+SERVER_COLUMNS = ("server",)
+"""Which server the point measured: ``static`` (the static server of its num_steps: K=0 has no drafter) or
+``schedule:M`` (the engine's schedule server pinned to K, with M the schedule's largest K; points.jsonl ``server``,
+:class:`spectune.backends.base.ScheduleServer`). Added after the first release: a summary.csv without it reads as
+empty, which means ``static``."""
+
 SUMMARY_COLUMNS: tuple[str, ...] = (*KEY_COLUMNS, *STATUS_COLUMNS, *STREAM_COLUMNS, *ACCEPTANCE_COLUMNS,
                                     *SLO_CLIENT_COLUMNS, *BATCH_SIZE_COLUMNS, *DERIVED_COLUMNS, *INTERVAL_COLUMNS,
-                                    *PLAN_COLUMNS, *EARLY_STOP_COLUMNS, *SCHEDULE_COLUMNS)
+                                    *PLAN_COLUMNS, *EARLY_STOP_COLUMNS, *SCHEDULE_COLUMNS, *SERVER_COLUMNS)
 """summary.csv columns, in file order."""
 
 REQUIRED_COLUMNS = ("steps", "concurrency", "status")
 """Columns a summary must have to be read at all."""
 TEXT_COLUMNS = ("status", "error", "acceptance_length_source", "token_count_source", "batch_size_source",
-                "early_stop_reason", "schedule_check")
+                "early_stop_reason", "schedule_check", "server")
 """Text columns (read as strings, empty for none)."""
 FLAG_COLUMNS = ("client_limited", "predicted", "stopped_early")
 """True/False columns (read as written)."""
@@ -99,6 +109,8 @@ def summary_row(point: dict[str, Any]) -> dict[str, Any]:
     row["stopped_early"], row["early_stop_reason"] = bool(why), why or ""
     check = point.get("schedule_check")
     row["schedule_check"] = "" if not check else ("followed" if check.get("followed") else "not_followed")
+    server = point.get("server") or {}
+    row["server"] = f"schedule:{server.get('max_k')}" if server.get("kind") == "schedule" else "static"
     return row
 
 

@@ -137,7 +137,8 @@ def point_line(point: SweepPoint | dict[str, Any]) -> str:
     """
     (point,) = as_points([point])
     m = point.metrics or {}
-    head = f"K={point.steps} c={point.concurrency} r={point.repeat} {point.status}"
+    server = f" (schedule server, max K {point.server.get('max_k')})" if point.server else ""
+    head = f"K={point.steps}{server} c={point.concurrency} r={point.repeat} {point.status}"
     body = (f"{_fmt(m.get('output_throughput_tok_s'), ',.0f')} tok/s, TPOT p50 {_fmt(m.get('tpot_p50_ms'), '.2f')} ms, "
             f"AL {_fmt(m.get('acceptance_length'), '.2f')} ({m.get('num_requests') or 0} req, "
             f"{m.get('num_failed') or 0} failed)")

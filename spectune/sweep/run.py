@@ -25,6 +25,7 @@ The plan, its defaults and the listener/outcome types are in :mod:`spectune.swee
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from pathlib import Path
@@ -45,13 +46,15 @@ from spectune.measure.window import client_config, measure_window, resolve_model
 from spectune.results.confidence import point_intervals, requests_by_point
 from spectune.results.folder import SweepFolder
 from spectune.results.point import SweepPoint
-from spectune.results.schema import Key, PointKey, key_fields, now_iso, point_key
+from spectune.results.schema import SCHEDULE_FOLDER, Key, PointKey, key_fields, now_iso, point_key
 from spectune.sweep.drift import drift_check, drift_summary
 from spectune.sweep.guided import GuidedPlanner
 from spectune.sweep.plan import NEW_KEYS, SweepListener, SweepOutcome, SweepPlan
 from spectune.sweep.sequential import MIN_SECONDS, EarlyStop, closed_loop_throughput, prompt_sums, request_parts
 
-__all__ = ["Sweep", "execute", "run_blocking"]
+__all__ = ["Sweep", "execute", "run_blocking", "SCHEDULE_FOLDER"]
+
+SCHEDULE_SERVER_MODES = ("auto", "on", "off")
 
 
 class Sweep:
@@ -84,6 +87,9 @@ class Sweep:
         #: measuring cost: points (and drift re-measurements) measured now, server starts/switches, seconds
         self.cost: dict[str, float] = {"points": 0, "drift_points": 0, "launches": 0, "measure_s": 0.0,
                                      "drift_s": 0.0, "switch_s": 0.0}
+        #: points.jsonl ``server`` of every point this sweep records: None for static servers, the schedule
+        #: server's description for the ``schedule-server/`` folder (:func:`schedule_pass`)
+        self.server: dict[str, Any] | None = None
 
     async def run(self, todo: Sequence[Key]) -> None:
         """Measure the points ``todo`` in the plan's order (grid), or let the guided planner pick them (guided);
@@ -102,14 +108,19 @@ class Sweep:
                 else:
                     for key in keys:
                         await self._measure(key)
-            if self.plan.drift_check and self.ran > 0:
-                first = [p.key for p in self.folder.points]
-                ref = self._reference(first[:max(len(self.plan.steps), len(self.plan.concurrency), 2)])
-                if ref is not None:
-                    await self._drift("end of sweep", ref)
+            await self.end_check()
         finally:
             await self.backend.stop()
             self._save_meta()
+
+    async def end_check(self) -> None:
+        """The end-of-sweep drift check (with the plan's drift check on and a point measured now): the reference
+        cell among the first points measured again (label ``end of sweep``)."""
+        if self.plan.drift_check and self.ran > 0:
+            first = [p.key for p in self.folder.points]
+            ref = self._reference(first[:max(len(self.plan.steps), len(self.plan.concurrency), 2)])
+            if ref is not None:
+                await self._drift("end of sweep", ref)
 
     async def measure_block(self, keys: Sequence[Key]) -> None:
         """One num_steps block: the points ``keys`` (one num_steps, in run order) on its server, then, with the drift
@@ -293,6 +304,7 @@ class Sweep:
 
     def _finish(self, point: SweepPoint) -> None:
         """Make ``point`` durable in the folder and announce it."""
+        point.server = self.server
         self.folder.append_point(point)
         self.ran += 1
         self.listener.point_finished(point)
@@ -399,10 +411,80 @@ class Sweep:
         return check.to_json()
 
 
+def schedule_pass(plan: SweepPlan, backend: Backend, mode: str, ray: Any = None) -> tuple[SweepPlan | None, list[str]]:
+    """The plan of the schedule-server cells (``--schedule-server``), or None, and warnings.
+
+    ``mode``: ``auto`` measures them where the backend's schedule server can cost more than its static servers
+    (:attr:`spectune.backends.base.ScheduleServer.costs_more`: launched vLLM and SGLang), ``on`` wherever the backend
+    has one, ``off`` never. The plan is the sweep's grid over the num_steps the schedule server can be pinned to
+    (:meth:`Backend.schedule_steps`); a plan whose largest num_steps is 0 has no schedule to price. ``auto`` skips
+    guided and ``--ray`` plans (with a warning).
+
+    Raises:
+        UserError: an unknown ``mode``; ``on`` with a backend that has no schedule server, with ``--ray``, or with
+            num_steps 0 only.
+    """
+    if mode not in SCHEDULE_SERVER_MODES:
+        raise UserError(f"--schedule-server {mode!r}: use auto, on or off")
+    if mode == "off":
+        return None, []
+    server = backend.schedule_server()
+    if server is None:
+        if mode == "on":
+            raise UserError(f"--schedule-server on: the {backend.name} backend has no schedule server to launch (no "
+                            "per-batch-size config, running endpoints, or a --launch template without "
+                            "{adaptive_config}); drop the option")
+        return None, []
+    if mode == "auto" and not server.costs_more:
+        return None, []
+    if max(plan.steps) < 1:
+        if mode == "on":
+            raise UserError("--schedule-server on needs a num_steps above 0 in --steps (a schedule's largest K)")
+        return None, []
+    if ray is not None or plan.design != "grid":
+        why = "--ray" if ray is not None else "a guided plan"
+        if mode == "on" and ray is not None:
+            raise UserError("--schedule-server on does not run with --ray yet: sweep the schedule server without "
+                            "--ray, or pass --schedule-server off")
+        if mode == "auto":
+            return None, [f"{server.engine}'s schedule server (what a per-batch-size config runs) is not measured "
+                          f"with {why}: recommend prices schedules at static cells; --schedule-server on measures "
+                          "its grid"]
+    steps, warnings = backend.schedule_steps(plan.steps)
+    if not steps:
+        return None, warnings
+    return dataclasses.replace(plan, steps=tuple(steps), design="grid", budget_points=None, budget_s=None), warnings
+
+
+async def run_pair(first: Sweep, first_todo: Sequence[Key], second: Sweep, second_todo: Sequence[Key]) -> None:
+    """Two sweeps' points, one num_steps block of each in turn (the static server of K, then the schedule server
+    of K), so the two cells compared for a num_steps run minutes apart, not a sweep apart; each backend is closed
+    after its block (two servers never run at once); then each sweep's end-of-sweep drift check."""
+    jobs = [(s, s.plan.ordered([PointKey(*k) for k in todo], "blocks")) for s, todo in
+            ((first, first_todo), (second, second_todo))]
+    for s, _ in jobs:
+        s.order = s.meta["order"] = "blocks"
+    try:
+        for steps in sorted({k.steps for _, keys in jobs for k in keys}):
+            for s, keys in jobs:
+                block = [k for k in keys if k.steps == steps]
+                if block:
+                    await s.measure_block(block)
+                    await s.backend.close()
+                    s.current = None
+        for s, _ in jobs:
+            await s.end_check()
+            await s.backend.close()
+    finally:
+        for s, _ in jobs:
+            await s.backend.stop()
+            s._save_meta()
+
+
 async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,
                   resume: bool = False, retry_failed: bool = False,
                   listener: SweepListener | None = None, timeouts: ClientTimeouts | None = None,
-                  ray: Any = None) -> SweepOutcome:
+                  ray: Any = None, schedule_server: str = "auto") -> SweepOutcome:
     """Check everything, then run the sweep: the whole of ``spectune sweep`` except signals and rendering.
 
     Order of checks (each a one-line :class:`UserError`, before anything is measured or written): the plan, the
@@ -412,6 +494,10 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
 
     ``ray``: a :class:`spectune.sweep.distributed.RayOptions` to run each num_steps block as a Ray task
     (docs/distributed.md; the backend's preflight then runs inside each task, on its node), or None.
+
+    ``schedule_server`` (``auto``, ``on``, ``off``): whether the engine's schedule server is measured too
+    (:func:`schedule_pass`): into ``output_dir/schedule-server`` (:data:`SCHEDULE_FOLDER`, a sweep folder of its own
+    whose points carry ``server``), its num_steps blocks alternating with the static ones (:func:`run_pair`).
 
     Raises:
         UserError: see above. asyncio.CancelledError: the sweep was cancelled (finished points are kept).
@@ -427,6 +513,8 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
     backend = make_backend(backend_name, options)
     if ray is not None:
         ray.check(plan, backend)
+    pair_plan, pair_warnings = schedule_pass(plan, backend, schedule_server, ray)
+    pair: Sweep | None = None
     outcome = SweepOutcome(folder.path, plan)
     try:
         with warnings.catch_warnings(record=True) as caught:  # e.g. 'random' prompts: shown as sweep warnings
@@ -441,15 +529,26 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
         todo = [k for k in plan.points() if k not in done]
         meta = _meta(folder, plan, backend)
         meta["client"] = timeouts.to_json()
+        pair_todo: list[Key] = []
+        pair_kept: list[SweepPoint] = []
+        if pair_plan is not None:
+            pair, pair_todo, pair_kept = await _schedule_sweep(pair_plan, backend_name, options, folder, prompts,
+                                                               resume, retry_failed, listener, timeouts)
+            meta["schedule_server"] = pair.meta["backend"].get("schedule_server")
+        for warning in pair_warnings:
+            listener.warning(warning)
         folder.open(meta, kept)
-        listener.sweep_started(plan, todo, kept)
+        listener.sweep_started(plan, todo + pair_todo, kept + pair_kept)
         if ray is None:
             sweep: Any = Sweep(plan, backend, folder, prompts, meta, listener, options.model, options.api_key_env,
                                timeouts)
         else:
             sweep = ray.sweep(plan, backend_name, options, folder, prompts, meta, listener, timeouts)
         try:
-            await sweep.run(todo)
+            if pair is not None:
+                await run_pair(sweep, todo, pair, pair_todo)
+            else:
+                await sweep.run(todo)
         finally:
             outcome.ran, outcome.points = sweep.ran, list(folder.points)
             outcome.predicted, outcome.cost = list(sweep.predicted), dict(sweep.meta.get("cost") or {})
@@ -457,9 +556,38 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
     finally:
         try:
             await backend.close()
+            if pair is not None:
+                await pair.backend.close()
         finally:
             folder.close()
+            if pair is not None:
+                pair.folder.close()
     return outcome
+
+
+async def _schedule_sweep(plan: SweepPlan, backend_name: str, options: BackendOptions, parent: SweepFolder,
+                          prompts: list[Prompt], resume: bool, retry_failed: bool, listener: SweepListener,
+                          timeouts: ClientTimeouts) -> tuple[Sweep, list[Key], list[SweepPoint]]:
+    """The schedule-server sweep (:func:`schedule_pass`'s plan) in ``parent/schedule-server``: its backend (the same
+    engine, ``schedule_server_max_k`` = the plan's largest num_steps), checked folder, preflight, opened folder;
+    returns the :class:`Sweep`, the points to run and those kept.
+
+    Raises:
+        UserError: from the folder check or the backend's preflight.
+    """
+    folder = SweepFolder(parent.path / SCHEDULE_FOLDER)
+    opts = dataclasses.replace(options, schedule_server_max_k=max(plan.steps), log_dir=folder.logs)
+    backend = make_backend(backend_name, opts)
+    kept = folder.check(plan.to_json(), resume, retry_failed, NEW_KEYS)
+    for warning in await backend.preflight(list(plan.steps)):
+        listener.warning(warning)
+    done = {p.key for p in kept}
+    meta = _meta(folder, plan, backend)
+    meta["client"] = timeouts.to_json()
+    folder.open(meta, kept)
+    sweep = Sweep(plan, backend, folder, prompts, meta, listener, options.model, options.api_key_env, timeouts)
+    sweep.server = {"kind": "schedule", **(meta["backend"].get("schedule_server") or {})}
+    return sweep, [k for k in plan.points() if k not in done], kept
 
 
 def _meta(folder: SweepFolder, plan: SweepPlan, backend: Backend) -> dict[str, Any]:
@@ -481,7 +609,7 @@ def _meta(folder: SweepFolder, plan: SweepPlan, backend: Backend) -> dict[str, A
 def run_blocking(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,
                  resume: bool = False, retry_failed: bool = False,
                  listener: SweepListener | None = None, timeouts: ClientTimeouts | None = None,
-                 ray: Any = None) -> SweepOutcome:
+                 ray: Any = None, schedule_server: str = "auto") -> SweepOutcome:
     """Run :func:`execute` under :func:`run_with_signals`: SIGINT/SIGTERM cancel it cleanly (the current point is
     dropped, finished points stay, servers are stopped) and the outcome's ``interrupted`` holds the signal number.
 
@@ -489,7 +617,8 @@ def run_blocking(plan: SweepPlan, backend_name: str, options: BackendOptions, ou
         UserError: from :func:`execute`.
     """
     outcome, sig = run_with_signals(
-        lambda: execute(plan, backend_name, options, output_dir, resume, retry_failed, listener, timeouts, ray))
+        lambda: execute(plan, backend_name, options, output_dir, resume, retry_failed, listener, timeouts, ray,
+                        schedule_server))
     if sig is not None:
         return SweepOutcome(Path(output_dir), plan, SweepFolder(output_dir).read_points(), 0, sig)
     assert outcome is not None

@@ -37,6 +37,11 @@ class RecommendationLike(Protocol):
 
     def cell(self, steps: int, concurrency: int) -> Any: ...
 
+    def slot_cell(self, steps: int, concurrency: int) -> Any: ...
+
+    @property
+    def schedule_cells(self) -> list[Any]: ...
+
     def compare(self, a: Any, b: Any, band: float) -> dict[str, Any]: ...
 
 
@@ -62,33 +67,56 @@ def gaining_steps(rec: RecommendationLike, slot: SlotLike, allowed: list[int]) -
     return out
 
 
-def schedule_gains(rec: RecommendationLike) -> list[dict[str, Any]]:
-    """The comparisons (:func:`spectune.tune.recommend.compare`) where a slot's num_steps beats the best static
-    num_steps beyond the noise band at one of the slot's measured concurrencies."""
+def schedule_comparisons(rec: RecommendationLike) -> list[dict[str, Any]]:
+    """The schedule against the best static num_steps at each measured concurrency of each slot
+    (:func:`spectune.tune.recommend.compare`, slot cell / static cell): the slot's cell is where the schedule is
+    priced (:meth:`~spectune.tune.recommend.Recommendation.slot_cell`: the schedule server's cell when the sweep
+    measured it, so a slot whose num_steps equals the static one is compared too: its server differs); without
+    schedule-server cells, only slots whose num_steps differs from the static one. Each dict also has ``server``
+    (the slot cell's server)."""
     k0 = rec.best_static
     if k0 is None:
         return []
+    priced = bool(rec.schedule_cells)
     out = []
     for slot in rec.slots:
-        if slot.steps == k0:
+        if slot.steps == k0 and not priced:
             continue
         for conc in slot.concurrencies:
-            a, b = rec.cell(slot.steps, conc), rec.cell(k0, conc)
+            a, b = rec.slot_cell(slot.steps, conc), rec.cell(k0, conc)
             if a is None or b is None or a.status != "ok" or b.status != "ok" or a.predicted or b.predicted:
                 continue
+            if a is b:
+                continue
             cmp = rec.compare(a, b, _band(rec, conc))
-            if cmp["verdict"] == "beats":
-                out.append(cmp)
+            if a.server != "static":
+                cmp["text"] = f"on the {a.server} server, {cmp['text']}"
+            out.append({**cmp, "server": a.server})
     return out
 
 
+def schedule_gains(rec: RecommendationLike) -> list[dict[str, Any]]:
+    """The comparisons of :func:`schedule_comparisons` where the schedule beats the best static num_steps beyond
+    the noise band."""
+    return [c for c in schedule_comparisons(rec) if c["verdict"] == "beats"]
+
+
 def static_primary(rec: RecommendationLike) -> str | None:
-    """Why the best static num_steps is the primary recommendation, or None when some slot gains over it."""
+    """Why the best static num_steps is the primary recommendation, or None when the schedule gains over it.
+
+    With schedule-server cells the schedule must also lose nowhere: a slot priced on the schedule server that is
+    worse than the static server beyond the noise band at one of its concurrencies (vLLM's drafter at K=0) makes
+    the static num_steps (no drafter, when that is K=0) the answer."""
     k0 = rec.best_static
     if k0 is None or not rec.slots:
         return None
     if all(s.steps == k0 for s in rec.slots):
         return f"num_steps {k0} is the choice at every measured concurrency"
+    losses = [c for c in schedule_comparisons(rec) if c["verdict"] == "loses"] if rec.schedule_cells else []
+    if losses:
+        what = "no drafter (static K=0)" if k0 == 0 else f"the static K={k0}"
+        return (f"priced on the engine's schedule server, the schedule loses to {what} beyond the noise band: "
+                + "; ".join(f"{c['text']} (schedule server K={c['a']} vs static K={c['b']})" for c in losses))
     if schedule_gains(rec):
         return None
     others = sorted({s.steps for s in rec.slots if s.steps != k0})

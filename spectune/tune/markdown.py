@@ -76,6 +76,51 @@ def primary_section(rec: Recommendation) -> list[str]:
             f"band: {p.get('reason')}.\n"]
 
 
+def floor_cost_sentence(cost: dict[str, Any], engine: str, objective: str) -> str:
+    """One line of a schedule server's measured cost: ``K=0 inside a vllm schedule server: 12.3% slower than no
+    drafter at concurrency 16 (throughput ratio 0.877x [0.850, 0.905], 95%)`` (``cost``: one entry of
+    :func:`spectune.tune.recommend.schedule_server_costs`)."""
+    k, conc, worse = cost["steps"], cost["concurrency"], cost["cost"]
+    other = "no drafter" if k == 0 else f"the static K={k} server"
+    how = f"{abs(worse):.1%} {'slower' if worse > 0 else 'faster'}" if objective != "tpot" else \
+        f"TPOT {abs(worse):.1%} {'higher' if worse > 0 else 'lower'}"
+    lo, hi = cost["low"], cost["high"]
+    band = f" [{lo:.3f}, {hi:.3f}], {cost['confidence']:.0%}" if math.isfinite(lo) and math.isfinite(hi) else ""
+    return (f"K={k} inside a {engine} schedule server: {how} than {other} at concurrency {conc} ({objective} ratio "
+            f"{cost['ratio']:.3f}x{band}; {cost['verdict']} beyond the noise band)")
+
+
+def schedule_server_section(rec: Recommendation) -> list[str]:
+    """recommendation.md's "Schedule server": what the engine's per-batch-size config runs, its measured cost against
+    the static servers at each pinned num_steps, and the three answers side by side per concurrency (no drafter,
+    the best static num_steps, the schedule priced on the schedule server). Empty without schedule-server cells."""
+    if not rec.schedule_cells:
+        return []
+    info = rec.schedule_server or {}
+    engine = str(info.get("engine") or "engine's")
+    o = rec.options
+    out = ["\n## Schedule server\n",
+           f"A per-batch-size config runs on the engine's schedule server, not on the static servers the sweep "
+           f"measured per num_steps: {engine}, pinned as `{info.get('pinned', '?')}` with max K "
+           f"{info.get('max_k', '?')} (`{info.get('source', '?')}`). The sweep measured it at each num_steps "
+           "(`schedule-server/`), and the schedule's slots are chosen and priced on those cells.\n"]
+    out += [f"- {floor_cost_sentence(c, engine, o.objective)}" for c in rec.server_costs]
+    col = OBJECTIVES[o.objective][0]
+    rows = []
+    for sch in rec.schedule_choices:
+        conc = sch.concurrency
+        k0, ks = rec.cell(0, conc), rec.cell(rec.best_static, conc) if rec.best_static is not None else None
+        kk = rec.slot_cell(sch.steps, conc) if sch.steps is not None else None
+        val = lambda c: c.interval.text(".4g") if c is not None and c.status == "ok" else "-"  # noqa: E731
+        rows.append([str(conc), val(k0), f"K={rec.best_static}: {val(ks)}",
+                     f"K={sch.steps}: {val(kk)}" if kk is not None else "-"])
+    out += ["\nThe three answers per concurrency (`" + col + "`, median [interval]): no drafter (static K=0), the "
+            "best static num_steps, the schedule's choice on the schedule server. The primary recommendation is "
+            "the one that wins beyond the noise band, else the simplest (no drafter, then one static num_steps).\n",
+            _md_table(["concurrency", "no drafter", "best static", "schedule (schedule server)"], rows), ""]
+    return out
+
+
 def slot_key_sentence(rec: Recommendation) -> str:
     """What recommendation.md says the batch-size slots are keyed on: the engine's measured running batch size
     (and its gauge) or, when some chosen cell lacks it, concurrency as the proxy."""
@@ -106,7 +151,7 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
            f"({'maximise' if direction == 'max' else 'minimise'} `{col}`, {unit}). Noise band {o.noise_band:.1%}, "
            f"max spread {o.max_spread:.1%}, min SLO attainment {o.min_slo_attainment:g}, slot boundary rule "
            f"`{o.boundary}`. {slot_key_sentence(rec)}\n",
-           *primary_section(rec),
+           *primary_section(rec), *schedule_server_section(rec),
            "## Measured cells (median over repeats)\n",
            "`*` chosen, `~` noisy (spread above the limit), `(slo)` breaks the SLO, `(pred)` predicted by a guided "
            "sweep (not measured), `FAILED` a repeat failed. "
@@ -138,7 +183,8 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
             + (f". Scores within the {rec.options.noise_band:.0%} noise band of the top score count as ties, which go "
                "to the smaller num_steps." if rec.static_scores and static is not None
                and rec.static_scores[static] < max(rec.static_scores.values()) else ""),
-            "\n## Predicted performance (measured static cells)\n",
+            "\n## Predicted performance (measured cells" + (": the schedule on its schedule server" if
+                                                             rec.schedule_cells else "") + ")\n",
             _md_table(["concurrency", "K rec", "tok/s rec", "TPOT ms rec", "K static", "tok/s static",
                        "TPOT static", "tok/s K=0", "TPOT K=0", "tput vs static", "tput vs K=0", "TPOT vs K=0"],
                       [[str(r["concurrency"]), str(r["recommended"]), _fmt(r["rec_tput"]), _fmt(r["rec_tpot"]),
@@ -166,8 +212,9 @@ def validate_section(rec: Recommendation, custom: dict | None) -> list[str]:
     if custom is None:
         return []
     wl = parse_workload("swing").to_json()
-    pred = predict_validate(rec.to_json()["cells"], rec.options.objective, wl, rec.steps,
-                            parse_sglang_adaptive_config(custom, strict=True), 256)
+    data = rec.to_json()
+    pred = predict_validate(data["cells"], rec.options.objective, wl, rec.steps,
+                            parse_sglang_adaptive_config(custom, strict=True), 256, config_cells=data["schedule_cells"])
     if not pred["runs"]:
         return []
     labels = [f"{p['label']} ({p['start_s']:g}-{p['end_s']:g} s)" for p in wl["phases"]]

@@ -10,7 +10,8 @@ its first seconds, as validate's loop does); open-loop phases and traces start r
 (evenly spaced at the phase's rate; a trace's own offsets), at most ``max_concurrency`` at once. A config runs, at n
 requests in flight, the num_steps its batch-size slot routes n to (SGLang: the largest slot lower bound <= n; a
 ladder with several candidates is taken to rest on the one the sweep measured best at the nearest concurrency;
-vLLM: its schedule's K for n). Phase throughput = tokens produced inside the phase's window / its length, as
+vLLM: its schedule's K for n), at the cells of the engine's schedule server where the sweep measured it (the server
+a config runs: ``spectune sweep --schedule-server``), else at the static cells. Phase throughput = tokens produced inside the phase's window / its length, as
 validate counts it (:mod:`spectune.validate.phases`).
 
 The interval: the same model run on the cells' lower and upper bounds of their bootstrap intervals
@@ -161,7 +162,7 @@ def simulate(phases: Sequence[Mapping[str, Any]], rate: Callable[[int], float], 
 
 def predict_validate(cells: Sequence[Mapping[str, Any]], objective: str, workload: Mapping[str, Any],
                      steps: Sequence[int], config: Any, max_tokens: int,
-                     arrivals: Sequence[float] = ()) -> dict[str, Any]:
+                     arrivals: Sequence[float] = (), config_cells: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """Predicted output tokens/s per run and phase of a validation.
 
     Args:
@@ -169,6 +170,9 @@ def predict_validate(cells: Sequence[Mapping[str, Any]], objective: str, workloa
             intervals only when it is ``throughput``). workload: validate.json ``plan.workload`` (``phases``,
             ``max_concurrency``). steps: the static num_steps runs. config: the parsed config (or None).
         max_tokens: the requests' cap. arrivals: a trace's send offsets (s), or ().
+        config_cells: recommendation.json ``schedule_cells``: the engine's schedule server pinned to each num_steps
+            (the server the config runs); the config's run is predicted from them, a num_steps they lack from
+            ``cells``. Empty: from ``cells`` (the static servers).
 
     Returns:
         ``{"runs": {run name: {"phases": [[point, low, high], ...], "overall": [point, low, high]}}, "model": ...}``
@@ -193,10 +197,12 @@ def predict_validate(cells: Sequence[Mapping[str, Any]], objective: str, workloa
         if k in tables["point"]:
             run(f"static:{k}", lambda w, k=k: rate_of({**tables["point"][k], **tables[w].get(k, {})}))
     if config is not None:
-        pick = config_steps(config, tables["point"])
-        if all(k in tables["point"] for k in {pick(n) for n in range(1, cap + 1)}):
+        own = [{**c, "_objective": objective} for c in config_cells]
+        served = {w: {**tables[w], **throughput_table(own, w)} for w in ("point", "low", "high")}
+        pick = config_steps(config, served["point"])
+        if all(k in served["point"] for k in {pick(n) for n in range(1, cap + 1)}):
             def rate_for(w: str) -> Callable[[int], float]:
-                rates = {k: rate_of({**tables["point"][k], **tables[w].get(k, {})}) for k in tables["point"]}
+                rates = {k: rate_of({**served["point"][k], **served[w].get(k, {})}) for k in served["point"]}
                 return lambda n: rates[pick(n)](n)
             run("config", rate_for)
     return {"runs": runs, "model": "fluid closed/open loop over the sweep's cells (spectune.tune.predict)"}

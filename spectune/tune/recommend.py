@@ -104,6 +104,9 @@ class Cell:
     #: s since the epoch, the middle of the cell's measurements (mean over its points; None when unknown or
     #: predicted): how far apart two cells were measured, for the drift share of their comparison
     at_s: float | None = None
+    #: the server the cell measured: ``static`` (K=0: no drafter) or ``schedule`` (the engine's schedule server
+    #: pinned to K, the sweep's ``schedule-server/`` folder)
+    server: str = "static"
 
     @property
     def eligible(self) -> bool:
@@ -164,10 +167,29 @@ class Recommendation:
     primary: dict[str, Any] = field(default_factory=dict)
     schedule_slots: list[Slot] = field(default_factory=list)  # the per-batch-size slots before that
     requests: Any = field(default=None, repr=False, compare=False)  # the sweep's request objects, or None
+    #: the schedule server's cells (the sweep's ``schedule-server/`` folder), where a schedule's slots are priced;
+    #: empty when the sweep has none (slots are then priced at the static cells)
+    schedule_cells: list[Cell] = field(default_factory=list)
+    #: the per-concurrency choice among the schedule server's cells (empty without them); ``choices`` stays the
+    #: choice among the static cells
+    schedule_choices: list[Choice] = field(default_factory=list)
+    #: :func:`schedule_server_costs`: each pinned K's schedule server against the static server of that K
+    server_costs: list[dict[str, Any]] = field(default_factory=list)
+    #: the engine whose schedule server was measured (sweep.json ``schedule_server``), or None
+    schedule_server: dict[str, Any] | None = None
 
     def cell(self, steps: int, concurrency: int) -> Cell | None:
-        """The cell at (steps, concurrency), or None if neither was in the plan."""
+        """The static cell at (steps, concurrency), or None if neither was in the plan."""
         return next((c for c in self.cells if c.steps == steps and c.concurrency == concurrency), None)
+
+    def slot_cell(self, steps: int, concurrency: int) -> Cell | None:
+        """Where a schedule's slot running ``steps`` is priced at ``concurrency``: the schedule server's cell when
+        the sweep measured one (K=0 falls back to the static server where the schedule server could not be pinned
+        to it, SGLang), else the static cell."""
+        if not self.schedule_cells:
+            return self.cell(steps, concurrency)
+        own = next((c for c in self.schedule_cells if c.steps == steps and c.concurrency == concurrency), None)
+        return own if own is not None or steps != 0 else self.cell(steps, concurrency)
 
     def compare(self, a: Cell, b: Cell, band: float) -> dict[str, Any]:
         """:func:`compare` of cell ``a`` with cell ``b`` under this recommendation's options."""
@@ -196,7 +218,11 @@ class Recommendation:
         skip = ("replicates", "runs", "bootstrap")  # working data of the comparisons, not results
         cells = [{**{f.name: copy.deepcopy(getattr(c, f.name)) for f in fields(c) if f.name not in skip},
                   "eligible": c.eligible} for c in self.cells]
+        sched = [{**{f.name: copy.deepcopy(getattr(c, f.name)) for f in fields(c) if f.name not in skip},
+                  "eligible": c.eligible} for c in self.schedule_cells]
         return clean({"options": asdict(self.options), "choices": [asdict(c) for c in self.choices],
+                      "schedule_cells": sched, "schedule_choices": [asdict(c) for c in self.schedule_choices],
+                      "schedule_server_costs": self.server_costs, "schedule_server": self.schedule_server,
                       "slots": [asdict(s) for s in self.slots], "slot_key": self.batch_size_source,
                       "batch_sizes": self.batch_sizes, "best_static_num_steps": self.best_static,
                       "static_scores": self.static_scores, "cells": cells, "warnings": self.warnings,
@@ -269,15 +295,18 @@ def _predicted_bounds(rows: pd.DataFrame, objective: str) -> tuple[float, float]
 
 
 def attach_intervals(cells: list[Cell], df: pd.DataFrame, records: list[dict[str, Any]] | None,
-                     opts: RecommendOptions, ttft: float | None, tpot: float | None) -> None:
+                     opts: RecommendOptions, ttft: float | None, tpot: float | None,
+                     boot: Bootstrap | None = None, seed_base: int = 0) -> None:
     """Give every measured ok cell its bootstrap replicates and ``confidence`` interval
     (:class:`spectune.results.confidence.Bootstrap`: over its requests, paired across cells by prompt, and over its
-    repeats). Cells keep NaN bounds when neither requests nor two repeats exist."""
+    repeats). Cells keep NaN bounds when neither requests nor two repeats exist. ``boot``: a Bootstrap shared with
+    cells of another folder (the schedule server's), so their comparisons pair by prompt too; ``seed_base``: the
+    first cell's seed offset (distinct per folder)."""
     col, _, _ = OBJECTIVES[opts.objective]
     by_point = requests_by_point(records)
-    prompts = {r.get("prompt_id") for rs in by_point.values() for r in rs}
-    boot = Bootstrap(prompts)
-    for i, cell in enumerate(cells):
+    if boot is None:
+        boot = Bootstrap({r.get("prompt_id") for rs in by_point.values() for r in rs})
+    for i, cell in enumerate(cells, start=seed_base):
         if cell.status != "ok" or cell.predicted or not math.isfinite(cell.objective):
             continue
         rows = df[(df["steps"] == cell.steps) & (df["concurrency"] == cell.concurrency) & (df["status"] == "ok")]
@@ -523,12 +552,19 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
     groups = dict(iter(df.groupby(["steps", "concurrency"])))
     cells = [build_cell(k, c, groups.get((k, c), df.iloc[0:0]), opts, ttft, tpot) for c in concs for k in steps]
     records = load_request_records(results.folder)
-    attach_intervals(cells, df, records, opts, ttft, tpot)
+    sched = results.schedule
+    sched_records = load_request_records(sched.folder) if sched is not None else None
+    boot = Bootstrap({r.get("prompt_id") for rs in (records or [], sched_records or []) for r in rs})
+    attach_intervals(cells, df, records, opts, ttft, tpot, boot)
+    sched_cells = schedule_server_cells(sched, sched_records, opts, ttft, tpot, boot, len(cells), warnings)
     drift_info = (results.sweep or {}).get("drift") or None
     drift = DriftBand.from_sweep(drift_info)
     times = cell_times(results.points or [])
     for cell in cells:
         cell.at_s = None if cell.predicted else times.get((cell.steps, cell.concurrency))
+    sched_times = cell_times(sched.points or []) if sched is not None else {}
+    for cell in sched_cells:
+        cell.at_s = sched_times.get((cell.steps, cell.concurrency))
     if drift.change > 0:
         warnings.append(f"the drift check saw the reference cell move {drift.change:.1%} during the sweep "
                         f"({drift_info.get('summary', '') if drift_info else ''}): a difference between two cells "
@@ -553,6 +589,15 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
                             "so it is a weak batch-size proxy there")
     batch_sizes, batch_source = measured_batch_sizes(cells, choices, df)
     slots = build_slots(choices, opts.boundary, batch_sizes or None)
+    sched_choices: list[Choice] = []
+    if sched_cells:  # the schedule runs on the schedule server: choose and key its slots on those cells
+        pool = sched_cells + [c for c in cells if c.steps == 0 and not any(
+            s.steps == 0 and s.concurrency == c.concurrency for s in sched_cells)]
+        sched_choices = [choose(pool, c, opts, drift) for c in concs]
+        if any(ch.steps is not None for ch in sched_choices):
+            sched_df = pd.concat([sched.summary, df[df["steps"] == 0]]) if sched is not None else df
+            batch_sizes, batch_source = measured_batch_sizes(pool, sched_choices, sched_df)
+            slots = build_slots(sched_choices, opts.boundary, batch_sizes or None)
     static, scores = best_static(cells, choices, opts)
     dp = ((results.sweep or {}).get("backend") or {}).get("data_parallel_size")
     if isinstance(dp, int) and dp > 1:
@@ -573,20 +618,59 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
                                 f"might beat the chosen K={ch.steps} ({cell.objective:.4g}); measure it "
                                 "(a larger --budget, or --plan grid) to settle it")
     rec = Recommendation(opts, cells, choices, slots, static, scores, warnings, findings, batch_sizes, batch_source,
-                         drift_info, requests=records)
+                         drift_info, requests=records, schedule_cells=sched_cells, schedule_choices=sched_choices,
+                         schedule_server=((sched.sweep or {}).get("backend") or {}).get("schedule_server")
+                         if sched is not None else None)
+    rec.server_costs = schedule_server_costs(rec)
     apply_static_primary(rec)
     return rec
 
 
+def schedule_server_cells(sched: Results | None, records: list[dict[str, Any]] | None, opts: RecommendOptions,
+                          ttft: float | None, tpot: float | None, boot: Bootstrap, seed_base: int,
+                          warnings: list[str]) -> list[Cell]:
+    """The schedule server's cells (``server`` ``schedule``) from a sweep's ``schedule-server/`` folder
+    (:attr:`spectune.results.reader.Results.schedule`), with intervals from the shared ``boot``; [] without one."""
+    if sched is None or sched.summary.empty:
+        return []
+    df = summary_with_slos(sched, ttft, tpot, warnings)
+    groups = dict(iter(df.groupby(["steps", "concurrency"])))
+    cells = [build_cell(int(k), int(c), rows, opts, ttft, tpot) for (k, c), rows in sorted(groups.items())]
+    for cell in cells:
+        cell.server = "schedule"
+    attach_intervals(cells, df, records, opts, ttft, tpot, boot, seed_base)
+    return cells
+
+
+def schedule_server_costs(rec: Recommendation) -> list[dict[str, Any]]:
+    """Each schedule-server cell against the static cell of the same (num_steps, concurrency): :func:`compare` of
+    the two (ratio schedule server / static server with its paired interval; at K=0 the static server has no
+    drafter) plus ``cost``: how much worse the schedule server is, as a fraction (positive: it costs more; for
+    TPOT, the ratio - 1; for throughput, 1 - the ratio). Only cells measured ok on both servers."""
+    out = []
+    _, direction, _ = OBJECTIVES[rec.options.objective]
+    for a in rec.schedule_cells:
+        b = rec.cell(a.steps, a.concurrency)
+        if b is None or a.status != "ok" or b.status != "ok" or not math.isfinite(a.objective) \
+                or not math.isfinite(b.objective):
+            continue
+        cmp = compare(a, b, rec.options, rec.options.noise_band)
+        worse = (1 - cmp["ratio"]) if direction == "max" else (cmp["ratio"] - 1)
+        out.append({**cmp, "steps": a.steps, "cost": worse})
+    return out
+
+
 def versus_static(rec: Recommendation) -> list[dict[str, Any]]:
     """Per concurrency: measured throughput (tokens/s) and TPOT p50 (ms) of the recommended num_steps, of the best
-    single static num_steps and of no speculation (K=0). The recommendation's numbers are its static cells
-    (adaptive switching overhead is not modelled); NaN where a cell was not measured ok."""
+    single static num_steps and of no speculation (K=0). The recommendation's numbers are the cells its slots are
+    priced at (:meth:`Recommendation.slot_cell`: the schedule server's where the sweep measured it, else the static
+    cells; adaptive switching overhead is not modelled); NaN where a cell was not measured ok."""
     rows = []
-    for ch in rec.choices:
+    for ch in rec.schedule_choices or rec.choices:
         row: dict[str, Any] = {"concurrency": ch.concurrency, "recommended": ch.steps, "static": rec.best_static}
         for name, k in (("rec", ch.steps), ("static", rec.best_static), ("k0", 0)):
-            cell = rec.cell(k, ch.concurrency) if k is not None else None
+            look = rec.slot_cell if name == "rec" else rec.cell
+            cell = look(k, ch.concurrency) if k is not None else None
             ok = cell is not None and cell.status == "ok"
             for m, short in (("output_throughput_tok_s", "tput"), ("tpot_p50_ms", "tpot")):
                 row[f"{name}_{short}"] = cell.metrics.get(m, math.nan) if ok else math.nan  # type: ignore[union-attr]

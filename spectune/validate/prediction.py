@@ -57,7 +57,8 @@ def predict_for(plan: Any, fmt: str, candidates: Sequence[int]) -> dict[str, Any
             config = load_config_file(plan.config)
         wl = plan.workload.to_json()
         out = predict_validate(rec.get("cells") or [], (rec.get("options") or {}).get("objective", ""), wl,
-                               list(plan.steps), config, plan.max_tokens, [a.t for a in plan.workload.arrivals])
+                               list(plan.steps), config, plan.max_tokens, [a.t for a in plan.workload.arrivals],
+                               rec.get("schedule_cells") or [])
     except Exception as err:  # noqa: BLE001 - a broken or foreign recommendation.json only loses the prediction
         return {"source": str(path), "error": f"{type(err).__name__}: {err}", "runs": {}}
     return {"source": str(path), "primary": rec.get("primary"), **out}

@@ -171,3 +171,52 @@ def test_description_records_the_conversion_and_the_vllm(served):
     d = served["description"]
     assert len(d["target_conversion"]["gguf_sha256"]) == 64
     assert d["vllm"]["python"] == VLLM.python
+
+
+@pytest.fixture(scope="module")
+def pinned_zero(tmp_path_factory) -> dict:
+    """vLLM's schedule server pinned to K=0 (``spectune sweep --schedule-server``: the server a schedule with largest
+    K 2 runs, told K=0 at every batch size); the same sequential requests."""
+    logs = tmp_path_factory.mktemp("vllm-pinned-logs")
+    options = BackendOptions(schedule_server_max_k=2, max_concurrency=4, max_tokens=48, log_dir=logs,
+                             startup_timeout_s=900)
+
+    async def run() -> dict:
+        backend = make_backend("vllm", options)
+        try:
+            await backend.preflight([0])
+            endpoint = await backend.start(0)
+            before = await backend.snapshot()
+            records = await _send(endpoint.base_url, PROMPTS, 48)
+            after = await backend.snapshot()
+            return {"records": records, "before": before, "after": after, "description": backend.describe(),
+                    "acceptance": backend.acceptance(before, after, records)}
+        finally:
+            await backend.close()
+
+    return asyncio.run(run())
+
+
+def test_the_pinned_schedule_server_keeps_the_drafter_configured(pinned_zero):
+    argv = launched(pinned_zero)
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert (spec["num_speculative_tokens"], spec["num_speculative_tokens_per_batch_size"]) == (2, [[1, 4, 0]])
+
+
+def test_vllm_serves_a_schedule_of_k0_only(pinned_zero):
+    assert [r.ok for r in pinned_zero["records"]] == [True] * len(PROMPTS)
+
+
+def test_the_schedule_server_at_k0_drafts_nothing(pinned_zero):
+    before, after = pinned_zero["before"], pinned_zero["after"]
+    output = sum(r.completion_tokens for r in pinned_zero["records"])
+    assert check_num_steps(0, before, after, 1.0, output).followed
+
+
+def test_the_schedule_server_at_k0_has_acceptance_length_one(pinned_zero):
+    assert pinned_zero["acceptance"].acceptance_length == 1.0
+
+
+def test_the_description_names_the_schedule_server(pinned_zero):
+    server = pinned_zero["description"]["schedule_server"]
+    assert (server["engine"], server["max_k"], server["costs_more"]) == ("vllm", 2, True)
