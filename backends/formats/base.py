@@ -28,8 +28,9 @@ class StaticChoice:
 class Plan:
     """A recommendation as plain data, what the engine formats write from.
 
-    ``slots``: (lower, upper, num_steps) per batch-size slot, ascending; ``top``: the largest batch size the
-    schedules cover (``max_batch_size``, else the largest measured concurrency; 0 when nothing was measured);
+    ``slots``: (lower, upper, num_steps) per batch-size slot, ascending, the last open-ended: above ``top`` every
+    engine's file keeps the last slot's num_steps; ``top``: the slot table's top, where vLLM's last range ends
+    (``max_batch_size``, else the largest measured concurrency; 0 when nothing was measured);
     ``method``/``method_source``: the draft head's method (spectune's lower-case name, :mod:`spectune.backends
     .methods`) and how it was found; ``head``: the draft head the sweep loaded; ``target``: the target model;
     ``versions``: engine -> the release to write for (None: the newest); ``ladders``: the adaptive per-slot

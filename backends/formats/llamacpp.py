@@ -1,5 +1,6 @@
 """llama.cpp's file: ``llamacpp-settings.json`` (:mod:`spectune.backends.llamacpp.settings`), one static draft
-length per ``llama-server``, and recommendation.md's llama.cpp section."""
+length per ``llama-server`` (the same at every batch size, above the measured range too), and recommendation.md's
+llama.cpp section."""
 
 from __future__ import annotations
 

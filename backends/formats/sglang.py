@@ -1,6 +1,7 @@
 """SGLang's files: ``sglang-adaptive-{preset}.json`` (``--speculative-adaptive-config``, per-batch-size-slot
 ladders; :mod:`spectune.backends.num_steps.sglang_config` reads them back), the launch flags that go with them and
-the static flags in ``best-static.json``."""
+the static flags in ``best-static.json``. Slot keys are lower bounds, so above the largest measured batch size the
+last slot's ladder applies, as every engine's file keeps the last slot's num_steps there."""
 
 from __future__ import annotations
 

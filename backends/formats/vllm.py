@@ -1,6 +1,8 @@
 """vLLM's file: ``vllm-speculative-config.json``, the complete ``--speculative-config`` value with the per-batch-size
 schedule ``num_speculative_tokens_per_batch_size`` (:mod:`spectune.backends.num_steps.sglang_config` reads it back),
-its launch line and ``vllm_speculative_config`` in ``best-static.json``."""
+its launch line and ``vllm_speculative_config`` in ``best-static.json``. Above the last range (the largest measured
+batch size) vLLM keeps the last range's K (``build_dynamic_sd_schedule_lookup`` in
+``vllm/v1/spec_decode/dynamic/utils.py``), as every engine's file does."""
 
 from __future__ import annotations
 

@@ -87,10 +87,11 @@ def engine_plan(rec: Recommendation, ladders: Mapping[str, dict] | None = None,
                 algorithm: tuple[str | None, str] = (None, "unknown"), head: str | None = None,
                 target: str | None = None, versions: Mapping[str, str | None] | None = None) -> Plan:
     """``rec`` as the plain data every engine format writes from (:class:`spectune.backends.formats.Plan`):
-    the slots, the largest batch size the schedules cover (``max_batch_size``, default: the largest measured
-    concurrency), the draft head's method and how it was found (``algorithm``), the ``head`` and ``target``, the
-    engine releases to write for (``versions``), the adaptive ``ladders`` (:func:`sglang_configs`), the best static
-    num_steps (:func:`static_choice`) and ``rec.warnings``, where formats add theirs."""
+    the slots, the slot table's top, where vLLM's last range ends (``max_batch_size``, default: the largest
+    measured concurrency; above it every engine's file keeps the last slot's num_steps), the draft head's method
+    and how it was found (``algorithm``), the ``head`` and ``target``, the engine releases to write for
+    (``versions``), the adaptive ``ladders`` (:func:`sglang_configs`), the best static num_steps
+    (:func:`static_choice`) and ``rec.warnings``, where formats add theirs."""
     top = rec.options.max_batch_size or (max(rec.concurrencies) if rec.concurrencies else 0)
     return Plan(slots=[(s.lower, s.upper, s.steps) for s in rec.slots], top=top, method=algorithm[0],
                 method_source=algorithm[1], head=head, target=target, versions=dict(versions or {}),

@@ -1,5 +1,6 @@
-"""Contract with TensorRT-LLM: the ``draft_len_schedule`` that ``spectune recommend`` writes gives every batch size
-1..N the draft length the sweep chose, read the way the named TensorRT-LLM release reads it.
+"""Contract with TensorRT-LLM: the ``speculative_config`` that ``spectune recommend`` writes gives every batch size
+1..N+1 (N: the slot table's top) and 2N, 10N the draft length the sweep chose (above N: the last slot's), read the
+way the named TensorRT-LLM release reads it.
 
 Two layers:
 
@@ -29,16 +30,18 @@ import pytest
 from typer.testing import CliRunner
 
 from spectune.backends.num_steps.trtllm_schedule import (
+    OPEN_END,
     UPPER_BOUND_SINCE,
     build_schedule,
     check_schedule,
+    config_draft_len,
     draft_len_for_batch_size,
     schedule_form,
 )
 from spectune.cli import app
 from helpers.paths import ROOT
 from helpers.results_folders import grid, write_sweep
-from helpers.trtllm_lookup import read_back, sweep_choice, trtllm_functions
+from helpers.trtllm_lookup import batch_sizes, read_back, sweep_choice, trtllm_functions
 
 CASES = json.loads((ROOT / "tests" / "fixtures" / "trtllm_draft_len_schedule.json").read_text())["forms"]
 EXAMPLE = ROOT / "docs" / "examples" / "smollm2-cpu" / "sweep"
@@ -89,6 +92,16 @@ def test_build_schedule_writes_trtllms_documented_examples(form):
     assert build_schedule(ranges, form) == case["schedule"]
 
 
+@pytest.mark.parametrize("form", ["upper", "lower"])
+def test_an_open_ended_last_range_keeps_its_draft_length_above_every_key(form):
+    sched = {int(k): v for k, v in build_schedule([(1, 4, 3), (5, None, 1)], form).items()}
+    assert [draft_len_for_batch_size(sched, b, form) for b in (1, 4, 5, 64, 4096, OPEN_END)] == [3, 3, 1, 1, 1, 1]
+
+
+def test_a_config_without_a_schedule_drafts_max_draft_len_at_every_batch_size():
+    assert {config_draft_len({"max_draft_len": 2}, b, "upper") for b in (1, 32, 4096, OPEN_END)} == {2}
+
+
 def test_versions_map_to_the_form_they_read():
     got = [schedule_form(v) for v in (None, "1.2.1", "1.3.0rc7", UPPER_BOUND_SINCE, "v1.3.0", "1.4.0rc1")]
     assert got == ["upper", "lower", "lower", "upper", "upper", "upper"]
@@ -98,27 +111,22 @@ def test_versions_map_to_the_form_they_read():
 @pytest.mark.parametrize("name", ["example", "three", "four"])
 def test_every_batch_size_runs_the_sweeps_choice(written, name, version):
     cfg, rec = written[(name, version)]
-    sched = {int(k): v for k, v in cfg["draft_len_schedule"].items()}
-    top = max(max(sched), rec["slots"][-1]["lower"])
-    wrong = {b: (draft_len_for_batch_size(sched, b, schedule_form(version)), sweep_choice(rec, b))
-             for b in range(1, top + 1)
-             if draft_len_for_batch_size(sched, b, schedule_form(version)) != sweep_choice(rec, b)}
-    assert wrong == {}, (cfg, rec["slots"])
+    got = {b: (config_draft_len(cfg, b, schedule_form(version)), sweep_choice(rec, b)) for b in batch_sizes(cfg, rec)}
+    assert {b: pair for b, pair in got.items() if pair[0] != pair[1]} == {}, (cfg, rec["slots"])
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_written_schedules_pass_trtllms_validator_rules(written, version):
     for (name, v), (cfg, _) in written.items():
-        if v == version:
+        if v == version and "draft_len_schedule" in cfg:
             check_schedule(cfg["draft_len_schedule"], cfg["max_draft_len"], schedule_form(version))
 
 
-def test_the_example_schedule_is_in_the_upper_bound_form():
+def test_the_example_file_gives_every_batch_size_the_sweeps_choice():
     cfg = json.loads((EXAMPLE.parent / "recommend" / "trtllm-speculative-config.json").read_text())
     rec = json.loads((EXAMPLE.parent / "recommend" / "recommendation.json").read_text())
-    sched = {int(k): v for k, v in cfg["draft_len_schedule"].items()}
-    assert [draft_len_for_batch_size(sched, b, "upper") for b in range(1, 33)] == \
-        [sweep_choice(rec, b) for b in range(1, 33)]
+    assert [config_draft_len(cfg, b, "upper") for b in batch_sizes(cfg, rec)] == \
+        [sweep_choice(rec, b) for b in batch_sizes(cfg, rec)]
 
 
 # ---- TensorRT-LLM's own functions, when its source is given ----

@@ -10,10 +10,12 @@ release; ``_torch/speculative/utils.py`` has the module-level ``get_draft_len_fo
 functions are cut out with ``ast`` and run with only ``bisect`` (importing ``tensorrt_llm`` needs CUDA libraries).
 
 ``RECOMMEND_DIR`` is a ``spectune recommend`` output folder: its ``trtllm-speculative-config.json`` goes through
-TensorRT-LLM's validator, then every batch size 1..N through its lookup, against the sweep's choice in
-``recommendation.json`` (``slots``: the slot containing the batch size, capped at the batch-size-1 slot's num_steps,
-TensorRT-LLM's ``max_draft_len``). Prints one line per batch size and exits 1 when any differs (or the validator
-refuses the schedule), else 0.
+TensorRT-LLM's validator, then every batch size 1..N+1 (N: the largest finite key or slot bound) and 2N, 10N through
+its lookup, against the sweep's choice in ``recommendation.json`` (``slots``: the slot containing the batch size, the
+last open-ended, capped at the batch-size-1 slot's num_steps, TensorRT-LLM's ``max_draft_len``). A file without
+``draft_len_schedule`` drafts ``max_draft_len`` at every batch size (the executor consults no schedule; the
+module-level lookup returns ``max_draft_len`` for None). Prints one line per batch size and exits 1 when any differs
+(or the validator refuses the schedule), else 0.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import typing
 from pathlib import Path
 from types import SimpleNamespace
 
+from spectune.backends.num_steps.trtllm_schedule import OPEN_END
+
 
 def cut_function(path: Path, name: str, namespace: dict) -> typing.Callable:
     """The function (module level or a class's method) ``name`` in ``path``, without decorators, defined in
@@ -42,8 +46,9 @@ def cut_function(path: Path, name: str, namespace: dict) -> typing.Callable:
 
 
 def trtllm_functions(root: Path) -> SimpleNamespace:
-    """TensorRT-LLM's release, schedule lookup ``lookup(schedule: dict[int, int], batch_size) -> int`` and
-    validator ``validate(schedule: dict[int, int], max_draft_len) -> dict`` from the tree at ``root``."""
+    """TensorRT-LLM's release, schedule lookup ``lookup(schedule: dict[int, int], batch_size) -> int``, the
+    draft length of a whole ``speculative_config`` ``config_lookup(schedule or None, max_draft_len, batch_size)``
+    and validator ``validate(schedule: dict[int, int], max_draft_len) -> dict`` from the tree at ``root``."""
     pkg = root / "tensorrt_llm"
     version = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", (pkg / "version.py").read_text()).group(1)
     ns = {"bisect_left": bisect.bisect_left, "bisect_right": bisect.bisect_right,
@@ -51,14 +56,19 @@ def trtllm_functions(root: Path) -> SimpleNamespace:
     try:
         fn = cut_function(pkg / "_torch" / "speculative" / "utils.py", "get_draft_len_for_batch_size", ns)
         lookup = lambda sched, b: fn(sched, b, max(sched.values()))  # noqa: E731
+        config_lookup = lambda sched, k, b: fn(sched, b, k)  # noqa: E731
         where = "_torch/speculative/utils.py"
     except (LookupError, FileNotFoundError):
         method = cut_function(pkg / "_torch" / "speculative" / "drafter.py", "get_draft_len_for_batch_size", ns)
         lookup = lambda sched, b: method(SimpleNamespace(draft_len_schedule=sched), b)  # noqa: E731
+        # the executor calls the drafter's lookup only when a schedule is set; without one every batch drafts
+        # max_draft_len
+        config_lookup = lambda sched, k, b: k if sched is None else lookup(sched, b)  # noqa: E731
         where = "_torch/speculative/drafter.py"
     validator = cut_function(pkg / "llmapi" / "llm_args.py", "validate_draft_len_schedule_and_sort", ns)
     validate = lambda sched, k: validator(None, sched, SimpleNamespace(data={"max_draft_len": k}))  # noqa: E731
-    return SimpleNamespace(version=version, lookup=lookup, validate=validate, where=where)
+    return SimpleNamespace(version=version, lookup=lookup, config_lookup=config_lookup, validate=validate,
+                           where=where)
 
 
 def sweep_choice(rec: dict, batch_size: int) -> int:
@@ -69,14 +79,26 @@ def sweep_choice(rec: dict, batch_size: int) -> int:
     return min(slot["steps"], slots[0]["steps"])
 
 
+def batch_sizes(cfg: dict, rec: dict) -> list[int]:
+    """The batch sizes to read a written ``cfg`` at: 1..N+1, 2N and 10N, N the largest of its finite keys (below
+    :data:`~spectune.backends.num_steps.trtllm_schedule.OPEN_END`), the slots' bounds and their concurrencies
+    (``rec["slots"]``)."""
+    keys = [int(k) for k in cfg.get("draft_len_schedule") or {} if int(k) < OPEN_END]
+    top = max(keys + [b for s in rec["slots"] for b in (s["lower"], s["upper"], *s.get("concurrencies", ()))
+                      if b is not None])
+    return list(range(1, top + 2)) + [2 * top, 10 * top]
+
+
 def read_back(trt: SimpleNamespace, folder: Path) -> dict[int, tuple[int, int]]:
-    """{batch size: (TensorRT-LLM's draft length, the sweep's choice)} for batch sizes 1 .. past the last key and
-    slot, of the recommend output in ``folder``. Raises ValueError when TensorRT-LLM's validator refuses it."""
+    """{batch size: (TensorRT-LLM's draft length, the sweep's choice)} for :func:`batch_sizes` of the recommend
+    output in ``folder``. Raises ValueError when TensorRT-LLM's validator refuses it."""
     cfg = json.loads((folder / "trtllm-speculative-config.json").read_text())
     rec = json.loads((folder / "recommendation.json").read_text())
-    sched = trt.validate({int(k): v for k, v in cfg["draft_len_schedule"].items()}, cfg["max_draft_len"])
-    top = max(max(sched), rec["slots"][-1]["lower"]) + 1
-    return {b: (trt.lookup(sched, b), sweep_choice(rec, b)) for b in range(1, top + 1)}
+    sched = cfg.get("draft_len_schedule")
+    if sched is not None:
+        sched = trt.validate({int(k): v for k, v in sched.items()}, cfg["max_draft_len"])
+    return {b: (trt.config_lookup(sched, cfg["max_draft_len"], b), sweep_choice(rec, b))
+            for b in batch_sizes(cfg, rec)}
 
 
 def main(argv: list[str]) -> int:

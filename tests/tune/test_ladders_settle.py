@@ -56,10 +56,9 @@ def test_no_gain_makes_the_best_static_primary_for_every_engine(tmp_path):
     assert rec.primary["kind"] == "static"
     assert [(s.lower, s.upper, s.steps) for s in rec.slots] == [(1, None, 1)]
     assert vllm_config(rec)["num_speculative_tokens_per_batch_size"] == [[1, 8, 1]]
-    # the newest TensorRT-LLM reads keys as upper bounds (1 draft up to batch 8, the largest measured); older ones as
-    # lower bounds
-    assert trtllm_config(rec) == {"max_draft_len": 1, "draft_len_schedule": {"8": 1}}
-    assert trtllm_config(rec, "1.2.0") == {"max_draft_len": 1, "draft_len_schedule": {"1": 1}}
+    # one draft length at every batch size: max_draft_len without a schedule, in every TensorRT-LLM release
+    assert trtllm_config(rec) == {"max_draft_len": 1}
+    assert trtllm_config(rec, "1.2.0") == {"max_draft_len": 1}
     out = tmp_path / "out"
     assert CliRunner().invoke(app, ["recommend", str(folder), "-o", str(out)]).exit_code == 0
     md = (out / "recommendation.md").read_text()

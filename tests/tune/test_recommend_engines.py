@@ -31,8 +31,8 @@ def rec_from(tmp_path: Path, table: dict[int, dict[int, float]], points: list[di
 
 def test_trtllm_schedule_keys_are_slot_upper_bounds_for_the_newest_release(tmp_path):
     cfg = trtllm_config(rec_from(tmp_path, TABLE))
-    # geometric midpoints sqrt(8)~3, sqrt(256)=16: slots 1-2, 3-15, 16-32 (the largest measured concurrency)
-    assert cfg["draft_len_schedule"] == {"2": 2, "15": 1, "32": 0}
+    # geometric midpoints sqrt(8)~3, sqrt(256)=16: slots 1-2, 3-15, 16 and up (the last key covers every larger batch)
+    assert cfg["draft_len_schedule"] == {"2": 2, "15": 1, "2147483647": 0}
 
 
 def test_trtllm_schedule_keys_are_slot_lower_bounds_before_1_3_0rc8(tmp_path):
@@ -50,7 +50,8 @@ def test_trtllm_caps_a_slot_above_batch_one(tmp_path):
     table = {1: {0: 100.0, 1: 120.0, 2: 110.0}, 8: {0: 400.0, 1: 410.0, 2: 480.0}}  # K=1 at 1, K=2 at 8
     rec = rec_from(tmp_path, table)
     cfg = trtllm_config(rec)
-    assert (cfg["draft_len_schedule"], any("capped at 1" in w for w in rec.warnings)) == ({"2": 1, "8": 1}, True)
+    # capped, both slots draft 1: one draft length at every batch size, written without a schedule
+    assert (cfg, any("capped at 1" in w for w in rec.warnings)) == ({"max_draft_len": 1}, True)
 
 
 def test_trtllm_bad_version_is_a_value_error(tmp_path):
