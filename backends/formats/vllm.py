@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from spectune.backends.formats.base import ConfigFile, EngineFormat, Plan
 from spectune.backends.methods import engine_method
-from spectune.backends.num_steps.sglang_config import parse_vllm_speculative_config
+from spectune.backends.num_steps.sglang_config import parse_any_config
 
 FILE_NAME = "vllm-speculative-config.json"
 
@@ -25,7 +25,10 @@ def vllm_config(plan: Plan) -> dict[str, Any] | None:
     :mod:`spectune.backends.methods`), ``plan.head``: the head it loaded (:func:`spectune.backends.draft_head`); a
     key whose value is unknown is left out (recommendation.md says to add it). Ranges are the slots; the last ends
     at ``plan.top`` (``max_batch_size``, default: the largest measured concurrency; vLLM carries the last K to
-    larger batches). None when no slot speculates (vLLM needs num_speculative_tokens > 0).
+    larger batches). One K at every batch size (a static answer) is written without the schedule key: any
+    ``num_speculative_tokens_per_batch_size`` starts vLLM's dynamic speculative decoding
+    (``SpeculativeConfig.uses_dynamic_speculative_decoding``), the schedule server, which is not the static server
+    the sweep measured that K on. None when no slot speculates (vLLM needs num_speculative_tokens > 0).
     """
     slots = plan.slots
     if not slots or max(k for _, _, k in slots) == 0:
@@ -37,7 +40,9 @@ def vllm_config(plan: Plan) -> dict[str, Any] | None:
         out["method"] = engine_method("vllm", plan.method)
     if plan.head:
         out["model"] = plan.head
-    out.update(num_speculative_tokens=max(k for _, _, k in slots), num_speculative_tokens_per_batch_size=sched)
+    out["num_speculative_tokens"] = max(k for _, _, k in slots)
+    if len({k for _, _, k in slots}) > 1:  # one K everywhere: the static server, which the sweep measured
+        out["num_speculative_tokens_per_batch_size"] = sched
     return out
 
 
@@ -64,7 +69,7 @@ class VLLMFormat(EngineFormat):
         if vllm is None:
             plan.warnings.append("no batch-size slot speculates: no vLLM schedule written (vLLM needs K >= 1)")
             return []
-        parse_vllm_speculative_config(vllm)
+        parse_any_config(vllm)
         missing = [k for k in ("method", "model") if k not in vllm]
         return [ConfigFile(FILE_NAME, vllm, (
             "vLLM's `--speculative-config` value, as written" if not missing else

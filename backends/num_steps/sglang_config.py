@@ -266,7 +266,8 @@ def parse_sglang_adaptive_config(obj: object, *, source: str = "config", strict:
 
 def parse_any_config(obj: object, *, source: str = "config", strict: bool = True) -> AdaptiveConfig | VllmSchedule:
     """Detect the format and parse: a list is a vLLM schedule, an object with
-    ``num_speculative_tokens_per_batch_size`` a vLLM speculative config, an object with ``"strategy":
+    ``num_speculative_tokens_per_batch_size`` a vLLM speculative config (with ``num_speculative_tokens`` and no
+    batch-size slot keys, a static one), an object with ``"strategy":
     "throughput_aware"`` an SGLang throughput-aware config (``ThroughputAwareConfig``), any other object an SGLang
     EMA config."""
     if isinstance(obj, dict) and obj.get("strategy") == "throughput_aware":
@@ -274,7 +275,8 @@ def parse_any_config(obj: object, *, source: str = "config", strict: bool = True
     try:
         if isinstance(obj, list):
             return parse_vllm_schedule(obj, strict=strict)
-        if isinstance(obj, dict) and "num_speculative_tokens_per_batch_size" in obj:
+        if isinstance(obj, dict) and ("num_speculative_tokens_per_batch_size" in obj or (
+                "num_speculative_tokens" in obj and not any(str(k).isdigit() for k in obj))):
             return parse_vllm_speculative_config(obj, strict=strict)
     except ValueError as err:
         raise ValueError(f"{source}: {err}") from None

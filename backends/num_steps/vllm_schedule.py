@@ -42,10 +42,13 @@ class VllmSchedule:
     Attributes:
         ranges: sorted, non-overlapping, the first starting at batch size 1.
         max_k: ``num_speculative_tokens`` when known (every K is <= it), else None.
+        static: read from a speculative config without ``num_speculative_tokens_per_batch_size``: one range
+            ``[1, 1, num_speculative_tokens]`` standing for a static server at that K (no dynamic mode).
     """
 
     ranges: tuple[VllmRange, ...]
     max_k: int | None = None
+    static: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_starts", [r.start for r in self.ranges])
@@ -109,13 +112,19 @@ def parse_vllm_schedule(obj: object, *, max_k: int | None = None, strict: bool =
 
 
 def parse_vllm_speculative_config(obj: object, *, strict: bool = True) -> VllmSchedule:
-    """Validate a vLLM ``--speculative-config`` object carrying a dynamic schedule.
+    """Validate a vLLM ``--speculative-config`` object carrying a dynamic schedule, or a static one.
 
     Needs ``num_speculative_tokens`` (integer >= 1, the maximum K) and ``num_speculative_tokens_per_batch_size``;
-    other keys (method, model, ...) are ignored. Raises ValueError.
+    without the schedule key, a static server at ``num_speculative_tokens`` (``VllmSchedule.static``, one range
+    ``[1, 1, K]``: K at every batch size). Other keys (method, model, ...) are ignored. Raises ValueError.
     """
     if not isinstance(obj, dict):
         raise ValueError(f"a vLLM speculative config must be a JSON object, got {type(obj).__name__}")
+    if "num_speculative_tokens_per_batch_size" not in obj and "num_speculative_tokens" in obj:
+        k = obj["num_speculative_tokens"]
+        if not _is_int(k) or k < 1:
+            raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
+        return VllmSchedule((VllmRange(1, 1, k),), k, static=True)
     if "num_speculative_tokens_per_batch_size" not in obj:
         raise ValueError("vLLM speculative config has no 'num_speculative_tokens_per_batch_size' schedule")
     if "num_speculative_tokens" not in obj:

@@ -197,7 +197,7 @@ def vllm_argv(
     model: str, steps: int, host: str, port: int, draft: str | None = None, method: str | None = None,
     max_num_seqs: int | None = None, extra: Sequence[str] = (), launcher: Sequence[str] = ("vllm", "serve"),
     schedule: Sequence[Sequence[int]] | None = None, schedule_max_k: int | None = None,
-    per_request_metrics: bool = False, cpu_args: Sequence[str] = (),
+    per_request_metrics: bool = False, cpu_args: Sequence[str] = (), keep_drafter: bool = False,
 ) -> list[str]:
     """The vLLM server command for num_steps ``steps`` (0 = no speculation); ``extra`` goes last.
 
@@ -205,8 +205,8 @@ def vllm_argv(
     "vllm.entrypoints.openai.api_server"]`` (:meth:`spectune.backends.vllm.install.VllmInstall.server_argv`) or
     ``vllm serve``; the model is passed as ``--model`` (both accept it: ``vllm/entrypoints/openai/cli_args.py``).
     ``max_num_seqs``: ``--max-num-seqs`` value, or None to leave vLLM's default. ``cpu_args``: the CPU server's
-    sizing flags (:func:`cpu_server_args`). With ``schedule`` (``[[range_start, range_end, K], ...]``; ``steps`` 0
-    too: a schedule server pinned to K=0 keeps its drafter) the speculative config gets ``num_speculative_tokens_per_batch_size`` and ``num_speculative_tokens`` =
+    sizing flags (:func:`cpu_server_args`). With ``schedule`` (``[[range_start, range_end, K], ...]``) and ``steps``
+    > 0, or ``keep_drafter`` (the schedule server pinned to K=0 keeps its drafter), the speculative config gets ``num_speculative_tokens_per_batch_size`` and ``num_speculative_tokens`` =
     max(steps, ``schedule_max_k``, the schedule's largest K): vLLM sizes its buffers by that maximum (background §3).
     ``per_request_metrics`` and a speculative config: ``--per-request-spec-decode-metrics summary`` (vLLM rejects
     it without one).
@@ -220,7 +220,7 @@ def vllm_argv(
     if max_num_seqs is not None:
         argv += ["--max-num-seqs", str(max_num_seqs)]
     argv += list(cpu_args)
-    if steps > 0 or schedule:
+    if steps > 0 or (keep_drafter and schedule):
         if not draft:
             raise UserError(f"num_steps {steps} needs a draft head: pass --draft PATH_OR_HF_ID")
         spec: dict[str, Any] = {"method": engine_method("vllm", method), "model": draft,
@@ -442,15 +442,17 @@ class VLLMBackend(LaunchingBackend):
         """:func:`vllm_argv` from the options (``--max-num-seqs`` by :meth:`max_num_seqs`, per-request metrics by
         :meth:`per_request_metrics`, CPU sizing by :meth:`cpu_settings`)."""
         seqs, record = self.max_num_seqs()
-        schedule = self.schedule.to_json() if self.schedule is not None else None
-        max_k = self.schedule.max_k if self.schedule is not None else None
+        dynamic = self.schedule is not None and not self.schedule.static  # a static file runs the static server
+        schedule = self.schedule.to_json() if dynamic else None  # type: ignore[union-attr]
+        max_k = self.schedule.max_k if dynamic else None  # type: ignore[union-attr]
         if self.options.schedule_server_max_k is not None:  # the schedule server pinned to K (schedule_server)
             top = record["value"] if isinstance(record.get("value"), int) else self.options.max_concurrency
             pinned = pinned_vllm_schedule(steps, self.options.schedule_server_max_k, top)
             schedule, max_k = pinned["num_speculative_tokens_per_batch_size"], pinned["num_speculative_tokens"]
         return vllm_argv(self.target(), steps, host, port, self.draft(), self.method()[0], seqs,
                          self.options.server_args, self.vllm().server_argv(), schedule, max_k,
-                         self.per_request_metrics()[0], self.cpu_settings()[0])
+                         self.per_request_metrics()[0], self.cpu_settings()[0],
+                         keep_drafter=self.options.schedule_server_max_k is not None)
 
     def schedule_server(self) -> ScheduleServer | None:
         """vLLM's schedule server: a server whose ``--speculative-config`` carries

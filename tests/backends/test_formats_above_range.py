@@ -5,7 +5,8 @@ to ``min_draft_len`` above its largest key), for a schedule, a schedule ending w
 answer (one K at every batch size: TensorRT-LLM's file has no schedule then).
 
 Each file is read the way its engine reads it: vLLM's through
-:func:`spectune.backends.num_steps.vllm_schedule.parse_vllm_schedule` (``build_dynamic_sd_schedule_lookup``),
+:func:`spectune.backends.num_steps.vllm_schedule.parse_vllm_speculative_config` (``build_dynamic_sd_schedule_lookup``;
+a static answer's file has no schedule, ``num_speculative_tokens`` at every batch size),
 TensorRT-LLM's through :func:`spectune.backends.num_steps.trtllm_schedule.config_draft_len`
 (``get_draft_len_for_batch_size``)."""
 
@@ -17,7 +18,7 @@ from spectune.backends.formats import Plan
 from spectune.backends.formats.trtllm import trtllm_config
 from spectune.backends.formats.vllm import vllm_config
 from spectune.backends.num_steps.trtllm_schedule import config_draft_len, schedule_form
-from spectune.backends.num_steps.vllm_schedule import parse_vllm_schedule
+from spectune.backends.num_steps.vllm_schedule import parse_vllm_speculative_config
 
 TOP = 32
 """The slot table's top: the largest measured concurrency."""
@@ -35,7 +36,7 @@ def lookups(slots: list, version: str | None) -> tuple:
     """(vLLM's K, TensorRT-LLM's draft length) as functions of the batch size, for the files of one Plan."""
     vllm = vllm_config(Plan(slots=slots, top=TOP))
     trtllm = trtllm_config(Plan(slots=slots, top=TOP), version)
-    schedule = parse_vllm_schedule(vllm["num_speculative_tokens_per_batch_size"], max_k=vllm["num_speculative_tokens"])
+    schedule = parse_vllm_speculative_config(vllm)
     return schedule.k_for_batch_size, lambda b: config_draft_len(trtllm, b, schedule_form(version))
 
 

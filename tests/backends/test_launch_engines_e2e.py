@@ -41,12 +41,12 @@ def engines(tmp_path: Path) -> dict:
     return {**paths, "draft": str(draft), "prompts": f"jsonl:{prompts}", "env": env, "tmp": tmp_path}
 
 
-def sweep(engines: dict, backend: str) -> Path:
-    out = engines["tmp"] / f"sweep-{backend}"
+def sweep(engines: dict, backend: str, schedule_server: str = "off") -> Path:
+    out = engines["tmp"] / f"sweep-{backend}-{schedule_server}"
     cmd = [sys.executable, "-m", "spectune.cli", "sweep", "--backend", backend, "--model", MODEL,
            "--draft", engines["draft"], "--steps", f"0,{K}", "--concurrency", "1,2", "--dataset", engines["prompts"],
            "--num-prompts", "8", "--max-tokens", "40", "--warmup", "1", "--startup-timeout", "30",
-           "--output-dir", str(out)]
+           "--schedule-server", schedule_server, "--output-dir", str(out)]
     run = subprocess.run(cmd, cwd=ROOT, env=engines["env"], capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
     return out
@@ -154,7 +154,7 @@ def sweep_run(engines: dict, draft: str, steps: str, env: dict | None = None, *e
     cmd = [sys.executable, "-m", "spectune.cli", "sweep", "--backend", "vllm", "--model", MODEL, "--draft", draft,
            "--steps", steps, "--concurrency", "1", "--dataset", engines["prompts"], "--num-prompts", "8",
            "--max-tokens", "40", "--warmup", "1", "--startup-timeout", "30", "--no-drift-check",
-           "--output-dir", str(out), *extra]
+           "--schedule-server", "off", "--output-dir", str(out), *extra]
     run = subprocess.run(cmd, cwd=ROOT, env={**engines["env"], **(env or {})}, capture_output=True, text=True,
                          timeout=240)
     return out, run
@@ -199,3 +199,23 @@ def test_a_gguf_head_is_refused_before_anything_runs(engines: dict) -> None:
     assert run.returncode == 2
     assert "vLLM loads EAGLE heads as HF folders" in run.stderr + run.stdout
     assert not (out / "summary.csv").exists()
+
+
+def spec_config(argv: list[str]) -> dict | None:
+    return json.loads(flag(argv, "--speculative-config")) if "--speculative-config" in argv else None
+
+
+def test_vllm_launch_sweep_measures_its_schedule_server_by_default(engines: dict) -> None:
+    """``--schedule-server auto`` on launched vLLM: after each static num_steps block, the schedule server pinned to
+    that num_steps (``num_speculative_tokens`` = the largest K, one range ``[1, max_num_seqs, K]``; at K=0 too, where
+    vLLM keeps its drafter), into ``schedule-server/``."""
+    out = sweep(engines, "vllm", "auto")
+    first = [spec_config(x["argv"]) for x in launches(engines)[:4]]
+    pinned = lambda k: {"method": "eagle3", "model": engines["draft"], "num_speculative_tokens": K,  # noqa: E731
+                        "num_speculative_tokens_per_batch_size": [[1, 2, k]]}
+    assert first == [None, pinned(0), {"method": "eagle3", "model": engines["draft"], "num_speculative_tokens": K},
+                     pinned(K)]
+    rows = list(csv.DictReader((out / "schedule-server" / "summary.csv").open()))
+    assert sorted((int(r["steps"]), int(r["concurrency"]), r["server"]) for r in rows) == \
+        [(0, 1, f"schedule:{K}"), (0, 2, f"schedule:{K}"), (K, 1, f"schedule:{K}"), (K, 2, f"schedule:{K}")]
+    assert {r["server"] for r in csv.DictReader((out / "summary.csv").open())} == {"static"}

@@ -55,7 +55,9 @@ def test_no_gain_makes_the_best_static_primary_for_every_engine(tmp_path):
     assert [(s.lower, s.steps) for s in rec.schedule_slots] == [(1, 1), (3, 0)]  # the per-batch-size choice
     assert rec.primary["kind"] == "static"
     assert [(s.lower, s.upper, s.steps) for s in rec.slots] == [(1, None, 1)]
-    assert vllm_config(rec)["num_speculative_tokens_per_batch_size"] == [[1, 8, 1]]
+    # the static server, as the sweep measured it: no per-batch-size schedule (that would be vLLM's schedule server)
+    assert "num_speculative_tokens_per_batch_size" not in vllm_config(rec)
+    assert vllm_config(rec)["num_speculative_tokens"] == 1
     # one draft length at every batch size: max_draft_len without a schedule, in every TensorRT-LLM release
     assert trtllm_config(rec) == {"max_draft_len": 1}
     assert trtllm_config(rec, "1.2.0") == {"max_draft_len": 1}

@@ -205,12 +205,12 @@ def test_slo_violating_optimum_is_not_eligible(tmp_path):
 def test_single_concurrency_sweep(tmp_path):
     rec = run(write_sweep(tmp_path / "r", grid({16: {0: 800, 2: 1000, 4: 900}})))
     assert [(s.lower, s.upper, s.steps) for s in rec.slots] == [(1, None, 2)]
-    assert vllm_config(rec) == {"num_speculative_tokens": 2, "num_speculative_tokens_per_batch_size": [[1, 16, 2]]}
+    assert vllm_config(rec) == {"num_speculative_tokens": 2}  # one K: the static server, no schedule
     configs, _ = sglang_configs(rec)
     assert list(configs["custom"]) == ["ema_alpha", "update_interval", "warmup_batches", "1"]
     assert configs["custom"]["1"]["candidate_steps"] == [2]  # neither K=0 nor K=4 beats K=2
-    rec = run(tmp_path / "r", max_batch_size=64)
-    assert vllm_config(rec)["num_speculative_tokens_per_batch_size"] == [[1, 64, 2]]
+    rec = run(write_sweep(tmp_path / "r2", grid({1: {0: 100, 2: 150}, 16: {0: 800, 2: 600}})), max_batch_size=64)
+    assert vllm_config(rec)["num_speculative_tokens_per_batch_size"] == [[1, 3, 2], [4, 64, 0]]  # boundary sqrt(16)
 
 
 def test_no_speculation_anywhere(tmp_path):
