@@ -16,6 +16,15 @@ too) and the running-requests gauge (from tests/helpers/fake_server.py's ``Count
 ``drift_at_s``/``drift_after_requests`` and ``drift_factor``: every step after ``drift_at_s`` seconds (from the
 servers' start), or after the servers together received ``drift_after_requests`` requests, takes ``drift_factor``
 times as long: a machine whose speed changes halfway through a sweep.
+
+``schedule`` (a :class:`ScheduleServer`): a server started with a vLLM per-batch-size schedule
+(``num_speculative_tokens_per_batch_size``, read by :func:`load_vllm_schedule`) instead of one num_steps. Each
+verify step drafts the schedule's K for the sequences it runs (vLLM's lookup, ``VllmSchedule.k_for_batch_size``);
+its drafts are counted with that K, so a window of K=0 steps counts none (acceptance length 1.0). Such a server
+costs more than the schedule's K alone says, as real vLLM does: its EAGLE drafter runs over the whole batch every
+step even where the schedule says K=0 (``vllm/v1/spec_decode/llm_base_proposer.py``, ``propose``; 6.5-21.6% on
+GPUs, vllm-project/vllm#51575), which ``draft_floor`` charges as one draft step at K=0, and a K-varying schedule
+loses CUDA graphs (vllm-project/vllm#52087), which ``factor`` charges on every step.
 """
 
 from __future__ import annotations
@@ -27,11 +36,15 @@ import json
 import random
 import time
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
 
 from aiohttp import web
 
 from helpers.fake_server import Counters
+
+if TYPE_CHECKING:
+    from spectune.backends.num_steps.vllm_schedule import VllmSchedule
 
 
 CHAIN_DRAW = 8
@@ -58,6 +71,11 @@ class CostModel:
         b, k = max(batch, 1), steps
         return (self.base_ms + self.per_seq_ms * b + self.per_token_ms * b * (k + 1) + self.per_draft_ms * k
                 + self.per_draft_seq_ms * b * k) / 1000.0
+
+    def draft_step_s(self, batch: int) -> float:
+        """Seconds of one draft step over ``batch`` sequences (``per_draft + per_draft_seq * b``): what K=1 adds to
+        a step besides verifying one more token per sequence."""
+        return (self.per_draft_ms + self.per_draft_seq_ms * max(batch, 1)) / 1000.0
 
     def scaled(self, factor: float) -> "CostModel":
         """The same model with every step-time term times ``factor`` (slower steps: the in-process client's fixed
@@ -87,6 +105,64 @@ COMPUTE_BOUND = CostModel("compute-bound", base_ms=3.0, per_seq_ms=0.25, per_tok
                           per_draft_seq_ms=0.08, accept=(0.7, 0.6, 0.5, 0.4))
 
 
+def load_vllm_schedule(path: str) -> "VllmSchedule | None":
+    """The vLLM schedule in the JSON file ``path``: a bare ``[[lo, hi, K], ...]`` list or a speculative config
+    ``{"num_speculative_tokens": M, "num_speculative_tokens_per_batch_size": [...], ...}`` (unsorted ranges
+    accepted, as vLLM sorts them; a K above M clamped to M, as vLLM's lookup does, where spectune's own parser
+    refuses it). None for an empty ``path``, a file that cannot be read or is not JSON, and any other JSON (an
+    SGLang adaptive config): a server given one of those runs its ``--steps``.
+
+    Raises:
+        ValueError: a list, or an object with ``num_speculative_tokens_per_batch_size``, that is not a valid
+            schedule (vLLM refuses to start with it).
+    """
+    from spectune.backends.num_steps.vllm_schedule import parse_vllm_schedule, parse_vllm_speculative_config
+
+    if not path:
+        return None
+    try:
+        obj = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if isinstance(obj, list):
+        return parse_vllm_schedule(obj, strict=False)
+    if not isinstance(obj, dict) or "num_speculative_tokens_per_batch_size" not in obj:
+        return None
+    ranges = parse_vllm_schedule(obj["num_speculative_tokens_per_batch_size"], strict=False).ranges
+    most = obj.get("num_speculative_tokens")
+    clamped = [[r.start, r.end, min(r.k, most) if isinstance(most, int) else r.k] for r in ranges]
+    return parse_vllm_speculative_config({**obj, "num_speculative_tokens_per_batch_size": clamped}, strict=False)
+
+
+@dataclass(frozen=True)
+class ScheduleServer:
+    """A server started with a vLLM per-batch-size ``schedule`` (module docstring): K per step from the batch
+    size, and what such a server pays beyond that K. ``draft_floor``: a K=0 step still takes one draft step over
+    the batch (``CostModel.draft_step_s``: the drafter runs anyway). ``factor``: every step takes this many times
+    as long (CUDA graphs downgraded for a K-varying schedule)."""
+
+    schedule: "VllmSchedule"
+    draft_floor: bool = False
+    factor: float = 1.0
+
+    def steps_for(self, batch: int) -> int:
+        """K of a verify step of ``batch`` sequences: the range holding ``batch`` (a gap or a size past the last
+        range: the nearest range below), clamped to ``num_speculative_tokens`` when the schedule carries it."""
+        k = self.schedule.k_for_batch_size(max(batch, 1))
+        return k if self.schedule.max_k is None else min(k, self.schedule.max_k)
+
+    @property
+    def max_steps(self) -> int:
+        """The most draft positions a step can have (``num_speculative_tokens``, else the largest K)."""
+        return self.schedule.max_k if self.schedule.max_k is not None else max(r.k for r in self.schedule.ranges)
+
+    def step_s(self, model: CostModel, batch: int, steps: int) -> float:
+        """Seconds of one verify step of ``batch`` sequences at K = ``steps`` on this server: ``model``'s step,
+        plus one draft step at K=0 with ``draft_floor``, times ``factor``."""
+        floor = model.draft_step_s(batch) if self.draft_floor and steps == 0 else 0.0
+        return (model.step_s(batch, steps) + floor) * self.factor
+
+
 @dataclass
 class _Seq:
     prompt: str
@@ -98,7 +174,7 @@ class _Seq:
 
 @dataclass
 class EmulatedEngine:
-    """One emulated server at num_steps ``steps`` (see module docstring)."""
+    """One emulated server at num_steps ``steps``, or running a vLLM ``schedule`` (see module docstring)."""
 
     model: CostModel
     steps: int
@@ -113,11 +189,25 @@ class EmulatedEngine:
     #: put the cumulative usage in every chunk when the client asks for ``continuous_usage_stats`` (as vLLM and
     #: SGLang do), so the client counts each chunk's tokens instead of one per chunk
     continuous_usage: bool = False
+    #: a vLLM per-batch-size schedule this server runs instead of ``steps`` (and its extra cost), or None
+    schedule: ScheduleServer | None = None
 
     def __post_init__(self) -> None:
-        self.counters = Counters("vllm:", self.steps, self.name)
+        width = self.steps if self.schedule is None else self.schedule.max_steps
+        self.counters = Counters("vllm:", width, self.name)
         self.wake = asyncio.Event()
         self.task: asyncio.Task | None = None
+
+    def steps_for(self, batch: int) -> int:
+        """K of a verify step of ``batch`` sequences: ``steps``, or the schedule's K at that batch size."""
+        return self.steps if self.schedule is None else self.schedule.steps_for(batch)
+
+    def step_s(self, batch: int, steps: int) -> float:
+        """Seconds of one verify step of ``batch`` sequences at K = ``steps`` (before drift): the cost model's, or
+        the schedule server's."""
+        if self.schedule is None:
+            return self.model.step_s(batch, steps)
+        return self.schedule.step_s(self.model, batch, steps)
 
     def factor(self) -> float:
         late = self.drift_at_s is not None and time.perf_counter() - self.t0 >= self.drift_at_s
@@ -142,7 +232,8 @@ class EmulatedEngine:
             now = time.perf_counter()
             if deadline is None or deadline < now - 0.002:
                 deadline = now
-            deadline += self.model.step_s(len(self.running), self.steps) * self.factor()
+            k = self.steps_for(len(self.running))
+            deadline += self.step_s(len(self.running), k) * self.factor()
             await asyncio.sleep(max(0.0, deadline - time.perf_counter()))
             for seq in list(self.running):
                 if seq in new:
@@ -151,9 +242,9 @@ class EmulatedEngine:
                     chain = 0
                     while chain < CHAIN_DRAW and seq.rng.random() < self.model.accept_at(chain):
                         chain += 1
-                    accepted = min(chain, self.steps)
-                    if self.steps > 0:
-                        self.counters.observe(self.steps, accepted)
+                    accepted = min(chain, k)
+                    if k > 0:
+                        self.counters.observe(k, accepted)
                     n = accepted + 1
                 n = min(n, seq.max_tokens - seq.done)
                 seq.done += n

@@ -1,10 +1,11 @@
 """One emulated speculative server (tests/helpers/cost_model.py's ``EmulatedEngine``) as a process of its own, for the
-``launch`` backend: the distributed-sweep tests and benchmarks/ray_sweep.py.
+``launch`` backend: the distributed-sweep tests, the server-spread and schedule-server tests, benchmarks/ray_sweep.py.
 
     python tests/helpers/emulated_server.py --port P --steps K [--host H] [--cost compute-bound|memory-bound]
                                             [--scale F] [--startup-s S] [--pid-dir DIR]
                                             [--instance-factors F1,F2,... --instance-dir DIR]
                                             [--slow-above N --slow-factor F] [--continuous-usage]
+                                            [--adaptive-config PATH [--schedule-draft-floor] [--schedule-factor F]]
 
 Every verify step sleeps the cost model's step time (times ``--scale``, times the environment's
 ``EMULATED_SLOWDOWN``, default 1: a slower machine), so a server costs little CPU and several run side by side on
@@ -17,6 +18,20 @@ weights run a few per cent apart, docs/engine.md): the i-th server started with 
 by creating the file ``i`` there) has its step times times the i-th factor (cycling), so servers started one after
 another (a serial validation) draw known factors in their start order. ``--slow-above N --slow-factor F``: steps of
 more than N sequences take F times as long (an engine that loses only under load).
+
+``--adaptive-config PATH`` (a launch template's ``{adaptive_config}``): when PATH holds a vLLM per-batch-size
+schedule, ``[[lo, hi, K], ...]`` or a speculative config ``{"num_speculative_tokens": M,
+"num_speculative_tokens_per_batch_size": [...]}``, the server runs it as vLLM does
+(``vllm/v1/spec_decode/dynamic/utils.py``): each verify step drafts the K of the range holding the number of running
+sequences (a gap or a size above the last range: the nearest range below; K clamped to M), and its spec-decode
+counters count each step's drafts with that K (K=0 steps none). An invalid schedule stops the server before it
+listens (exit 2), as vLLM refuses it. Any other file (an SGLang adaptive config), or an empty PATH, is ignored:
+every step drafts ``--steps``. A server running a schedule costs more than its K says (cost_model.py's
+``ScheduleServer``; vLLM's drafter runs over the whole batch every step,
+``vllm/v1/spec_decode/llm_base_proposer.py``): ``--schedule-draft-floor``: a K=0 step takes one draft step anyway
+(``per_draft_ms + per_draft_seq_ms * batch``, scaled like every other term); ``--schedule-factor F`` (default 1):
+every step takes F times as long (CUDA graphs downgraded for a K-varying schedule). Neither applies to a server
+without a schedule.
 """
 
 from __future__ import annotations
@@ -33,7 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: `helpers
 
 from aiohttp import web  # noqa: E402
 
-from helpers.cost_model import COMPUTE_BOUND, MEMORY_BOUND, CostModel, EmulatedEngine  # noqa: E402
+from helpers.cost_model import (COMPUTE_BOUND, MEMORY_BOUND, CostModel, EmulatedEngine,  # noqa: E402
+                                ScheduleServer, load_vllm_schedule)
 
 SCRIPT = Path(__file__).resolve()
 MODELS = {"compute-bound": COMPUTE_BOUND, "memory-bound": MEMORY_BOUND}
@@ -56,6 +72,9 @@ class BatchSlowdown:
     def step_s(self, batch: int, steps: int) -> float:
         return self.model.step_s(batch, steps) * (self.factor if batch > self.above else 1.0)
 
+    def draft_step_s(self, batch: int) -> float:
+        return self.model.draft_step_s(batch) * (self.factor if batch > self.above else 1.0)
+
 
 def instance_factor(factors: str, folder: str) -> float:
     """This process's own speed factor: the i-th of ``factors`` (comma-separated, cycling) for the i-th server that
@@ -73,7 +92,21 @@ def instance_factor(factors: str, folder: str) -> float:
             i += 1
 
 
+def schedule_server(args: argparse.Namespace) -> ScheduleServer | None:
+    """The vLLM schedule ``--adaptive-config`` holds, with its extra cost, or None (no schedule: ``--steps``).
+    Exits 2 on an invalid schedule."""
+    try:
+        schedule = load_vllm_schedule(args.adaptive_config)
+    except ValueError as err:
+        print(f"emulated server: invalid vLLM schedule in {args.adaptive_config}: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    if schedule is None:
+        return None
+    return ScheduleServer(schedule, draft_floor=args.schedule_draft_floor, factor=args.schedule_factor)
+
+
 async def serve(args: argparse.Namespace) -> None:
+    schedule = schedule_server(args)
     slowdown = float(os.environ.get("EMULATED_SLOWDOWN", "1") or 1)
     own = instance_factor(args.instance_factors, args.instance_dir)
     model = MODELS[args.cost].scaled(args.scale * slowdown * own)
@@ -83,12 +116,16 @@ async def serve(args: argparse.Namespace) -> None:
         Path(args.pid_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.pid_dir) / str(os.getpid())).write_text(" ".join(sys.argv))
     await asyncio.sleep(args.startup_s)
-    engine = EmulatedEngine(model, args.steps, time.perf_counter(), continuous_usage=args.continuous_usage)
+    engine = EmulatedEngine(model, args.steps, time.perf_counter(), continuous_usage=args.continuous_usage,
+                            schedule=schedule)
     engine.task = asyncio.ensure_future(engine.loop())
     runner = web.AppRunner(engine.app(), shutdown_timeout=1.0, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
-    print(f"emulated server K={args.steps} ({model.name} x{args.scale * slowdown * own:g}) on {args.host}:{args.port}",
+    runs = (f"K={args.steps}" if schedule is None else
+            f"schedule {schedule.schedule.to_json()} (draft floor {'on' if schedule.draft_floor else 'off'}, "
+            f"x{schedule.factor:g})")
+    print(f"emulated server {runs} ({model.name} x{args.scale * slowdown * own:g}) on {args.host}:{args.port}",
           flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -114,9 +151,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--slow-factor", type=float, default=1.0, help="how much slower (step time x this)")
     p.add_argument("--continuous-usage", action="store_true", help="cumulative usage in every chunk when asked "
                    "(continuous_usage_stats), as vLLM and SGLang: the client then counts each chunk's tokens")
-    p.add_argument("--adaptive-config", default="", help="accepted and ignored (a launch template's "
-                   "{adaptive_config})")
-    asyncio.run(serve(p.parse_args(argv)))
+    p.add_argument("--adaptive-config", default="", help="a vLLM per-batch-size schedule to run instead of --steps; "
+                   "any other file ignored (a launch template's {adaptive_config})")
+    p.add_argument("--schedule-draft-floor", action="store_true", help="a server running a schedule pays one draft "
+                   "step at K=0 steps (its drafter runs over the batch anyway)")
+    p.add_argument("--schedule-factor", type=float, default=1.0, help="a server running a schedule: every step "
+                   "time x this (CUDA graphs downgraded)")
+    args = p.parse_args(argv)
+    if args.schedule_factor <= 0:
+        p.error(f"--schedule-factor must be > 0, got {args.schedule_factor:g}")
+    asyncio.run(serve(args))
 
 
 if __name__ == "__main__":
