@@ -115,8 +115,8 @@ def static_primary(rec: RecommendationLike) -> str | None:
     losses = [c for c in schedule_comparisons(rec) if c["verdict"] == "loses"] if rec.schedule_cells else []
     if losses:
         what = "no drafter (static K=0)" if k0 == 0 else f"the static K={k0}"
-        return (f"priced on the engine's schedule server, the schedule loses to {what} beyond the noise band: "
-                + "; ".join(f"{c['text']} (schedule server K={c['a']} vs static K={c['b']})" for c in losses))
+        return (f"priced where it runs, the schedule loses to {what} beyond the noise band: "
+                + "; ".join(f"{c['text']} ({c['server']} server K={c['a']} vs static K={c['b']})" for c in losses))
     if schedule_gains(rec):
         return None
     others = sorted({s.steps for s in rec.slots if s.steps != k0})

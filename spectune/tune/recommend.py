@@ -185,8 +185,10 @@ class Recommendation:
     def slot_cell(self, steps: int, concurrency: int) -> Cell | None:
         """Where a schedule's slot running ``steps`` is priced at ``concurrency``: the schedule server's cell when
         the sweep measured one (K=0 falls back to the static server where the schedule server could not be pinned
-        to it, SGLang), else the static cell."""
-        if not self.schedule_cells:
+        to it, SGLang, and where the schedule runs K=0 at every concurrency: no file speculates, so no drafter runs),
+        else the static cell."""
+        speculates = any(ch.steps for ch in self.schedule_choices)  # K=0 everywhere is no drafter: the static K=0
+        if not self.schedule_cells or not speculates:
             return self.cell(steps, concurrency)
         own = next((c for c in self.schedule_cells if c.steps == steps and c.concurrency == concurrency), None)
         return own if own is not None or steps != 0 else self.cell(steps, concurrency)

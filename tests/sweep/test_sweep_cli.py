@@ -112,6 +112,8 @@ def _bad_cases(tmp_path: Path, prompts: str) -> list[tuple[list[str], str]]:
         ([*ok, "--server-args", "--flag 'open"], "cannot split --server-args"),
         ([*ok, "--max-failure-rate", "2"], "--max-failure-rate must be in 0..1"),
         (["--backend", "local", "--compile", "fast", "--dataset", prompts], "--compile 'fast': use auto, on or off"),
+        ([*ok, "--schedule-server", "maybe"], "--schedule-server 'maybe': use auto, on or off"),
+        ([*ok, "--schedule-server", "on"], "--schedule-server on: the openai backend has no schedule server"),
     ]
 
 

@@ -32,7 +32,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from spectune.backends.base import BackendOptions  # noqa: E402
 from spectune.loadgen.errors import UserError  # noqa: E402
 from spectune.measure.node_progress import NodeTask  # noqa: E402
-from spectune.results.point import SweepPoint  # noqa: E402
+from spectune.results.point import SweepPoint, as_points  # noqa: E402
 from spectune.results.reader import load_results  # noqa: E402
 from spectune.sweep.distributed import RayOptions  # noqa: E402
 from spectune.sweep.plan import SweepListener, SweepPlan  # noqa: E402
@@ -92,8 +92,9 @@ def choices(folder: Path, **kw) -> dict[int, int | None]:
     return {ch.concurrency: ch.steps for ch in rec.choices}
 
 
-def keys(points: list[SweepPoint]) -> set[tuple[int, int, int]]:
-    return {p.key for p in points}
+def keys(points: list[SweepPoint | dict]) -> set[tuple[int, int, int]]:
+    """The point keys of records or points.jsonl objects."""
+    return {p.key for p in as_points(points)}
 
 
 class NodeRows(SweepListener):

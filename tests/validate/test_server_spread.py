@@ -5,8 +5,8 @@ ones do), and a config server can be slower only in the concurrency-4 phase (``-
 
 Claims: with one repeat, validate measures an A/A pair and a config identical to static K=1 but on a 15% slower
 server is not a FAIL (the within-run interval alone would have said FAIL); with the default repeats an identical
-config is not a FAIL and its interval holds 1.0; a config that loses 25% in one phase still FAILs with the same
-defaults (25% in the concurrency-4 phase: a 10% loss there, about 7% of the run, is inside the interval of 3 repeats
+config is not a FAIL and its interval holds 1.0; a config that loses 10% in one phase still FAILs with the same
+defaults (its concurrency-4 phase 4 s, not 2: with 2 s the loss was about 7% of the run and came out INCONCLUSIVE
 on a loaded 2-core CI machine, where the servers' measured spread reached 4.4%); a config that is static K=1 is not
 run again.
 """
@@ -87,10 +87,11 @@ def test_default_repeats_an_identical_config_is_no_fail_and_its_interval_holds_o
     assert "interval over 3 repeats (fresh servers" in verdict_line(proc)
 
 
-def test_default_repeats_a_config_25pct_slower_in_one_phase_fails(setup):
+def test_default_repeats_a_config_10pct_slower_in_one_phase_fails(setup):
     tmp, args = setup
     out = tmp / "out"
-    slow = template(tmp, FACTORS_3, "--slow-above 1 --slow-factor 1.25")  # static K=1 25% faster at c=4
+    slow = template(tmp, FACTORS_3, "--slow-above 1 --slow-factor 1.1")  # static K=1 10% faster at c=4
+    args = [*args[:args.index("--workload") + 1], "c1@1,c4@4", *args[args.index("--workload") + 2:]]
     proc = cli(*args, "--launch", template(tmp, FACTORS_3), "--config-launch", slow, "--output-dir", str(out))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert verdict_line(proc).startswith("FAIL: static K=1 beats the config by ")
