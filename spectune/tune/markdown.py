@@ -14,7 +14,7 @@ from spectune.measure.workload import parse_workload
 from spectune.results.batch_acceptance import BatchAcceptanceFinding
 from spectune.tune.configs import engine_plan
 from spectune.tune.predict import predict_validate
-from spectune.tune.recommend import OBJECTIVES, Recommendation, versus_static
+from spectune.tune.recommend import OBJECTIVES, Recommendation
 from spectune.tune.replay import slot_switch_rate
 
 
@@ -240,3 +240,24 @@ def batch_acceptance_section(rec: Recommendation) -> list[str]:
            "did, so part of what speculation loses at higher concurrency is lost acceptance, not verification "
            "cost:\n"]
     return out + [f"- {BatchAcceptanceFinding(**f).sentence()}" for f in rec.findings]
+
+
+def versus_static(rec: Recommendation) -> list[dict[str, Any]]:
+    """Per concurrency: measured throughput (tokens/s) and TPOT p50 (ms) of the recommended num_steps, of the best
+    single static num_steps and of no speculation (K=0). The recommendation's numbers are the cells its slots are
+    priced at (:meth:`Recommendation.slot_cell`: the schedule server's where the sweep measured it, else the static
+    cells; adaptive switching overhead is not modelled); NaN where a cell was not measured ok."""
+    rows = []
+    for ch in rec.schedule_choices or rec.choices:
+        row: dict[str, Any] = {"concurrency": ch.concurrency, "recommended": ch.steps, "static": rec.best_static}
+        for name, k in (("rec", ch.steps), ("static", rec.best_static), ("k0", 0)):
+            look = rec.slot_cell if name == "rec" else rec.cell
+            cell = look(k, ch.concurrency) if k is not None else None
+            ok = cell is not None and cell.status == "ok"
+            for m, short in (("output_throughput_tok_s", "tput"), ("tpot_p50_ms", "tpot")):
+                row[f"{name}_{short}"] = cell.metrics.get(m, math.nan) if ok else math.nan  # type: ignore[union-attr]
+        for ref in ("static", "k0"):
+            row[f"tput_vs_{ref}"] = row["rec_tput"] / row[f"{ref}_tput"] if row[f"{ref}_tput"] else math.nan
+            row[f"tpot_vs_{ref}"] = row["rec_tpot"] / row[f"{ref}_tpot"] if row[f"{ref}_tpot"] else math.nan
+        rows.append(row)
+    return rows

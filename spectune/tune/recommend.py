@@ -51,12 +51,9 @@ from spectune.results.confidence import (Bootstrap, CellRuns, Interval, RunReque
                                          percentile_interval, ratio_interval, requests_by_point)
 from spectune.results.drift import DriftBand, cell_times
 from spectune.results.reader import Results, load_request_records, summary_with_slos
+from spectune.tune.compare import OBJECTIVES, _better, _ties, _within, compare, ratio  # noqa: F401 (re-exported)
 from spectune.tune.gain import apply_static_primary
 
-#: objective name -> (summary column, direction, unit)
-OBJECTIVES = {"throughput": ("output_throughput_tok_s", "max", "tokens/s"),
-              "tpot": ("tpot_p50_ms", "min", "ms"),
-              "goodput": ("goodput_req_s", "max", "req/s")}
 #: columns reduced to per-cell medians
 CELL_METRICS = ("output_throughput_tok_s", "tpot_p50_ms", "tpot_p99_ms", "ttft_p50_ms", "ttft_p99_ms",
                 "acceptance_length", "slo_attainment", "goodput_req_s", "achieved_concurrency", "batch_size_mean")
@@ -324,63 +321,6 @@ def attach_intervals(cells: list[Cell], df: pd.DataFrame, records: list[dict[str
         cell.ci_low, cell.ci_high = iv.low, iv.high
 
 
-def ratio(a: Cell, b: Cell, objective: str, confidence: float) -> tuple[Interval, int | None]:
-    """The ratio a / b of two cells' objectives at one concurrency with its paired bootstrap interval, and the
-    number of prompts it rests on: on the prompts every run of both cells measured where both have requests
-    (:meth:`spectune.results.confidence.Bootstrap.matched_ratio`), else the whole windows' figures
-    (:func:`spectune.results.confidence.ratio_interval`; prompts None). Bounds NaN without replicates."""
-    if a.runs is not None and b.runs is not None and a.bootstrap is not None and a.bootstrap is b.bootstrap:
-        got = a.bootstrap.matched_ratio(a.runs, b.runs, objective, confidence)
-        if got is not None:
-            return got
-    value = a.objective / b.objective if b.objective else math.nan
-    return ratio_interval(a.replicates, b.replicates, value, confidence), None
-
-
-def compare(a: Cell, b: Cell, opts: RecommendOptions, band: float) -> dict[str, Any]:
-    """The paired comparison of cell ``a`` with cell ``b`` (same concurrency): ratio of their objectives a / b
-    on the prompts both measured, with its paired bootstrap interval (:func:`ratio`), and a verdict:
-    ``"beats"`` (the whole interval is better than 1 by more than ``band``), ``"loses"`` (the whole interval is worse
-    by more than ``band``) or ``"ties"``; without an interval the point ratio decides against the band. For a
-    minimised objective (TPOT) a ratio below 1 is better. Returns ``{"a", "b", "concurrency", "ratio", "low",
-    "high", "confidence", "verdict", "prompts", "text"}`` (``prompts``: the shared prompts the ratio rests on, None
-    for whole windows)."""
-    col, direction, _ = OBJECTIVES[opts.objective]
-    iv, prompts = ratio(a, b, opts.objective, opts.confidence)
-    value = iv.value
-    lo, hi = (iv.low, iv.high) if iv.known else (value, value)
-    if direction == "max":
-        verdict = "beats" if lo > 1 + band else "loses" if hi < 1 - band else "ties"
-    else:
-        verdict = "beats" if hi < 1 - band else "loses" if lo > 1 + band else "ties"
-    text = (f"num_steps {a.steps} {verdict} {b.steps} at concurrency {a.concurrency}: {opts.objective} "
-            f"{iv.text('.3f')}x" + (f", {opts.confidence:.0%}" if iv.known else " (no interval)")
-            + (f", on the {prompts} prompts both measured" if prompts is not None else ""))
-    return {"a": a.steps, "b": b.steps, "concurrency": a.concurrency, "ratio": value, "low": iv.low,
-            "high": iv.high, "confidence": opts.confidence, "verdict": verdict, "prompts": prompts, "text": text}
-
-
-def _ties(c: Cell, best: Cell, band: float, direction: str, opts: RecommendOptions) -> bool:
-    """``c`` ties with ``best``: its ratio to the best (:func:`ratio`, on the prompts both measured) is within
-    ``band`` of 1, or (with replicates) the paired interval of that ratio reaches within the band of 1."""
-    if c is best:
-        return True
-    iv, _ = ratio(c, best, opts.objective, opts.confidence)
-    if _within(iv.value, 1.0, band, direction):
-        return True
-    if not iv.known:
-        return False
-    return iv.high >= 1 - band if direction == "max" else iv.low <= 1 + band
-
-
-def _better(a: float, b: float, direction: str) -> bool:
-    return a > b if direction == "max" else a < b
-
-
-def _within(value: float, best: float, band: float, direction: str) -> bool:
-    return value >= best * (1 - band) if direction == "max" else value <= best * (1 + band)
-
-
 def choose(cells: list[Cell], conc: int, opts: RecommendOptions, drift: DriftBand | None = None) -> Choice:
     """Choose num_steps at one concurrency (rules 2-4 of the module docstring). ``drift`` (the sweep's drifted
     checks; None: none) widens the band of each comparison by the drift expected between the two cells' measurement
@@ -631,8 +571,8 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
 def schedule_server_cells(sched: Results | None, records: list[dict[str, Any]] | None, opts: RecommendOptions,
                           ttft: float | None, tpot: float | None, boot: Bootstrap, seed_base: int,
                           warnings: list[str]) -> list[Cell]:
-    """The schedule server's cells (``server`` ``schedule``) from a sweep's ``schedule-server/`` folder
-    (:attr:`spectune.results.reader.Results.schedule`), with intervals from the shared ``boot``; [] without one."""
+    """The schedule server's cells (``server`` ``schedule``) from ``Results.schedule`` (the ``schedule-server/``
+    folder), with intervals from the shared ``boot``; [] without one."""
     if sched is None or sched.summary.empty:
         return []
     df = summary_with_slos(sched, ttft, tpot, warnings)
@@ -645,10 +585,8 @@ def schedule_server_cells(sched: Results | None, records: list[dict[str, Any]] |
 
 
 def schedule_server_costs(rec: Recommendation) -> list[dict[str, Any]]:
-    """Each schedule-server cell against the static cell of the same (num_steps, concurrency): :func:`compare` of
-    the two (ratio schedule server / static server with its paired interval; at K=0 the static server has no
-    drafter) plus ``cost``: how much worse the schedule server is, as a fraction (positive: it costs more; for
-    TPOT, the ratio - 1; for throughput, 1 - the ratio). Only cells measured ok on both servers."""
+    """Each schedule-server cell (ok) against the static cell of its (num_steps, concurrency) (ok; at K=0: no
+    drafter): :func:`compare` of the two plus ``cost``, the fraction it is worse by (1 - ratio; TPOT: ratio - 1)."""
     out = []
     _, direction, _ = OBJECTIVES[rec.options.objective]
     for a in rec.schedule_cells:
@@ -660,24 +598,3 @@ def schedule_server_costs(rec: Recommendation) -> list[dict[str, Any]]:
         worse = (1 - cmp["ratio"]) if direction == "max" else (cmp["ratio"] - 1)
         out.append({**cmp, "steps": a.steps, "cost": worse})
     return out
-
-
-def versus_static(rec: Recommendation) -> list[dict[str, Any]]:
-    """Per concurrency: measured throughput (tokens/s) and TPOT p50 (ms) of the recommended num_steps, of the best
-    single static num_steps and of no speculation (K=0). The recommendation's numbers are the cells its slots are
-    priced at (:meth:`Recommendation.slot_cell`: the schedule server's where the sweep measured it, else the static
-    cells; adaptive switching overhead is not modelled); NaN where a cell was not measured ok."""
-    rows = []
-    for ch in rec.schedule_choices or rec.choices:
-        row: dict[str, Any] = {"concurrency": ch.concurrency, "recommended": ch.steps, "static": rec.best_static}
-        for name, k in (("rec", ch.steps), ("static", rec.best_static), ("k0", 0)):
-            look = rec.slot_cell if name == "rec" else rec.cell
-            cell = look(k, ch.concurrency) if k is not None else None
-            ok = cell is not None and cell.status == "ok"
-            for m, short in (("output_throughput_tok_s", "tput"), ("tpot_p50_ms", "tpot")):
-                row[f"{name}_{short}"] = cell.metrics.get(m, math.nan) if ok else math.nan  # type: ignore[union-attr]
-        for ref in ("static", "k0"):
-            row[f"tput_vs_{ref}"] = row["rec_tput"] / row[f"{ref}_tput"] if row[f"{ref}_tput"] else math.nan
-            row[f"tpot_vs_{ref}"] = row["rec_tpot"] / row[f"{ref}_tpot"] if row[f"{ref}_tpot"] else math.nan
-        rows.append(row)
-    return rows

@@ -2,7 +2,7 @@
 ``launch`` backend: the distributed-sweep tests, the server-spread and schedule-server tests, benchmarks/ray_sweep.py.
 
     python tests/helpers/emulated_server.py --port P --steps K [--host H] [--cost compute-bound|memory-bound]
-                                            [--scale F] [--per-token-ms MS] [--startup-s S] [--pid-dir DIR]
+                                            [--scale F] [--per-token-ms MS] [--base-ms MS] [--accept P] [--startup-s S] [--pid-dir DIR]
                                             [--instance-factors F1,F2,... --instance-dir DIR]
                                             [--slow-above N --slow-factor F] [--continuous-usage]
                                             [--adaptive-config PATH [--schedule-draft-floor] [--schedule-factor F]]
@@ -17,8 +17,9 @@ SIGTERM/SIGINT stop it.
 weights run a few per cent apart, docs/engine.md): the i-th server started with the same ``--instance-dir`` (claimed
 by creating the file ``i`` there) has its step times times the i-th factor (cycling), so servers started one after
 another (a serial validation) draw known factors in their start order. ``--slow-above N --slow-factor F``: steps of
-more than N sequences take F times as long (an engine that loses only under load). ``--per-token-ms``: the cost
-model's verify cost per token verified (a costlier verify makes speculation lose at larger batches).
+more than N sequences take F times as long (an engine that loses only under load). ``--per-token-ms``, ``--base-ms``,
+``--accept``: the cost model's verify cost per token verified, fixed step cost and acceptance per draft position (a
+costlier verify makes speculation lose at larger batches, a larger fixed cost makes it gain more at batch 1).
 
 ``--adaptive-config PATH`` (a launch template's ``{adaptive_config}``): when PATH holds a vLLM per-batch-size
 schedule, ``[[lo, hi, K], ...]`` or a speculative config ``{"num_speculative_tokens": M,
@@ -114,6 +115,10 @@ async def serve(args: argparse.Namespace) -> None:
     base = MODELS[args.cost]
     if args.per_token_ms is not None:  # a costlier verify: speculation loses at larger batches
         base = replace(base, per_token_ms=args.per_token_ms)
+    if args.base_ms is not None:  # a larger fixed step cost: speculation gains more at batch 1
+        base = replace(base, base_ms=args.base_ms)
+    if args.accept is not None:  # one acceptance rate at every draft position
+        base = replace(base, accept=(args.accept,))
     model = base.scaled(args.scale * slowdown * own)
     if args.slow_above is not None:
         model = BatchSlowdown(model, args.slow_above, args.slow_factor)
@@ -150,6 +155,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--scale", type=float, default=1.0, help="step times x this")
     p.add_argument("--per-token-ms", type=float, default=None, help="the cost model's verify cost per token "
                    "verified, ms (before --scale; default: the model's own)")
+    p.add_argument("--base-ms", type=float, default=None, help="the cost model's fixed cost of a step, ms (before "
+                   "--scale; default: the model's own)")
+    p.add_argument("--accept", type=float, default=None, help="the conditional acceptance of every draft position "
+                   "(default: the model's own)")
     p.add_argument("--startup-s", type=float, default=0.0)
     p.add_argument("--pid-dir", default="")
     p.add_argument("--instance-factors", default="", help="step-time factors, one per server started (cycling)")

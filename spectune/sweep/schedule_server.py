@@ -1,0 +1,88 @@
+"""The schedule server's cells beside the static ones (``spectune sweep --schedule-server``, docs/sweep.md "The
+schedule server"): which num_steps to pin the engine's schedule server to (:func:`schedule_pass`), and the run order
+that alternates the two servers' num_steps blocks (:func:`run_pair`). The folder and backend of that second sweep
+are set up by :mod:`spectune.sweep.run`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from spectune.backends.base import Backend
+from spectune.loadgen.errors import UserError
+from spectune.results.schema import Key, PointKey
+from spectune.sweep.plan import SweepPlan
+
+SCHEDULE_SERVER_MODES = ("auto", "on", "off")
+
+
+def schedule_pass(plan: SweepPlan, backend: Backend, mode: str, ray: Any = None) -> tuple[SweepPlan | None, list[str]]:
+    """The plan of the schedule-server cells (``--schedule-server``), or None, and warnings.
+
+    ``mode``: ``auto`` measures them where the backend's schedule server can cost more than its static servers
+    (:attr:`spectune.backends.base.ScheduleServer.costs_more`: launched vLLM and SGLang), ``on`` wherever the backend
+    has one, ``off`` never. The plan is the sweep's grid over the num_steps the schedule server can be pinned to
+    (:meth:`Backend.schedule_steps`); a plan whose largest num_steps is 0 has no schedule to price. ``auto`` skips
+    guided and ``--ray`` plans (with a warning).
+
+    Raises:
+        UserError: an unknown ``mode``; ``on`` with a backend that has no schedule server, with ``--ray``, or with
+            num_steps 0 only.
+    """
+    if mode not in SCHEDULE_SERVER_MODES:
+        raise UserError(f"--schedule-server {mode!r}: use auto, on or off")
+    if mode == "off":
+        return None, []
+    server = backend.schedule_server()
+    if server is None:
+        if mode == "on":
+            raise UserError(f"--schedule-server on: the {backend.name} backend has no schedule server to launch (no "
+                            "per-batch-size config, running endpoints, or a --launch template without "
+                            "{adaptive_config}); drop the option")
+        return None, []
+    if mode == "auto" and not server.costs_more:
+        return None, []
+    if max(plan.steps) < 1:
+        if mode == "on":
+            raise UserError("--schedule-server on needs a num_steps above 0 in --steps (a schedule's largest K)")
+        return None, []
+    if ray is not None or plan.design != "grid":
+        why = "--ray" if ray is not None else "a guided plan"
+        if mode == "on" and ray is not None:
+            raise UserError("--schedule-server on does not run with --ray yet: sweep the schedule server without "
+                            "--ray, or pass --schedule-server off")
+        if mode == "auto":
+            return None, [f"{server.engine}'s schedule server (what a per-batch-size config runs) is not measured "
+                          f"with {why}: recommend prices schedules at static cells; --schedule-server on measures "
+                          "its grid"]
+    steps, warnings = backend.schedule_steps(plan.steps)
+    if not steps:
+        return None, warnings
+    return dataclasses.replace(plan, steps=tuple(steps), design="grid", budget_points=None, budget_s=None), warnings
+
+
+async def run_pair(first: Any, first_todo: Sequence[Key], second: Any, second_todo: Sequence[Key]) -> None:
+    """Two sweeps' points, one num_steps block of each in turn (the static server of K, then the schedule server
+    of K), so the two cells compared for a num_steps run minutes apart, not a sweep apart; each backend is closed
+    after its block (two servers never run at once); then each sweep's end-of-sweep drift check. ``first``,
+    ``second``: :class:`spectune.sweep.run.Sweep` objects (their plan, meta, backend, ``measure_block`` and
+    ``end_check``)."""
+    jobs = [(s, s.plan.ordered([PointKey(*k) for k in todo], "blocks")) for s, todo in
+            ((first, first_todo), (second, second_todo))]
+    for s, _ in jobs:
+        s.order = s.meta["order"] = "blocks"
+    try:
+        for steps in sorted({k.steps for _, keys in jobs for k in keys}):
+            for s, keys in jobs:
+                block = [k for k in keys if k.steps == steps]
+                if block:
+                    await s.measure_block(block)
+                    await s.backend.close()
+                    s.current = None
+        for s, _ in jobs:
+            await s.end_check()
+            await s.backend.close()
+    finally:
+        for s, _ in jobs:
+            await s.backend.stop()
+            s._save_meta()
