@@ -336,8 +336,8 @@ class Backend(abc.ABC):
         return None
 
     def schedule_steps(self, steps: Sequence[int]) -> tuple[list[int], list[str]]:
-        """The num_steps among ``steps`` this backend's schedule server can be pinned to, and one warning per
-        num_steps it cannot (all of them by default)."""
+        """The num_steps among ``steps`` this backend's :meth:`schedule_server` (not None) can be pinned to, and a
+        warning for those it cannot (by default every num_steps can be)."""
         return list(steps), []
 
     def schedule_setting(self) -> str | None:

@@ -133,13 +133,6 @@ class LaunchingBackend(Backend):
         path.write_text(json.dumps(self.pinned_config(steps, max_k)) + "\n")
         return str(path.resolve())
 
-    def schedule_steps(self, steps: Sequence[int]) -> tuple[list[int], list[str]]:
-        """Every num_steps ``steps`` when :meth:`schedule_server` is not None, else none (one warning)."""
-        if self.schedule_server() is None:
-            return [], [f"{self.name}: no schedule server to measure (no per-batch-size config this backend can "
-                        "launch)"]
-        return list(steps), []
-
     @property
     def base_url(self) -> str | None:
         """URL of the current server (launched or selected), or None between points."""

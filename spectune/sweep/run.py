@@ -452,13 +452,8 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
             prompts = load_dataset(plan.dataset, plan.num_prompts, plan.seed)
         for w in caught:
             listener.warning(str(w.message))
-        kept = folder.check(plan.to_json(), resume, retry_failed, NEW_KEYS)
-        for warning in await backend.preflight(list(plan.steps)) if ray is None else []:
-            listener.warning(warning)
-        done = {p.key for p in kept}
-        todo = [k for k in plan.points() if k not in done]
-        meta = _meta(folder, plan, backend)
-        meta["client"] = timeouts.to_json()
+        kept, todo, meta = await _prepare(folder, plan, backend, resume, retry_failed, listener, timeouts,
+                                          preflight=ray is None)
         pair_todo: list[Key] = []
         pair_kept: list[SweepPoint] = []
         if pair_plan is not None:
@@ -508,16 +503,30 @@ async def _schedule_sweep(plan: SweepPlan, backend_name: str, options: BackendOp
     folder = SweepFolder(parent.path / SCHEDULE_FOLDER)
     opts = dataclasses.replace(options, schedule_server_max_k=max(plan.steps), log_dir=folder.logs)
     backend = make_backend(backend_name, opts)
+    kept, todo, meta = await _prepare(folder, plan, backend, resume, retry_failed, listener, timeouts)
+    folder.open(meta, kept)
+    sweep = Sweep(plan, backend, folder, prompts, meta, listener, options.model, options.api_key_env, timeouts)
+    sweep.server = {"kind": "schedule", **(meta["backend"].get("schedule_server") or {})}
+    return sweep, todo, kept
+
+
+async def _prepare(folder: SweepFolder, plan: SweepPlan, backend: Backend, resume: bool, retry_failed: bool,
+                   listener: SweepListener, timeouts: ClientTimeouts,
+                   preflight: bool = True) -> tuple[list[SweepPoint], list[Key], dict[str, Any]]:
+    """Before a sweep folder opens: its check against ``plan`` (the points kept), the backend's preflight (its
+    warnings to ``listener``; ``preflight`` False: a ``--ray`` sweep runs it in each task), the points still to
+    run and sweep.json's object.
+
+    Raises:
+        UserError: from the folder check or the preflight.
+    """
     kept = folder.check(plan.to_json(), resume, retry_failed, NEW_KEYS)
-    for warning in await backend.preflight(list(plan.steps)):
+    for warning in await backend.preflight(list(plan.steps)) if preflight else []:
         listener.warning(warning)
     done = {p.key for p in kept}
     meta = _meta(folder, plan, backend)
     meta["client"] = timeouts.to_json()
-    folder.open(meta, kept)
-    sweep = Sweep(plan, backend, folder, prompts, meta, listener, options.model, options.api_key_env, timeouts)
-    sweep.server = {"kind": "schedule", **(meta["backend"].get("schedule_server") or {})}
-    return sweep, [k for k in plan.points() if k not in done], kept
+    return kept, [k for k in plan.points() if k not in done], meta
 
 
 def _meta(folder: SweepFolder, plan: SweepPlan, backend: Backend) -> dict[str, Any]:

@@ -537,7 +537,7 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
             s.steps == 0 and s.concurrency == c.concurrency for s in sched_cells)]
         sched_choices = [choose(pool, c, opts, drift) for c in concs]
         if any(ch.steps is not None for ch in sched_choices):
-            sched_df = pd.concat([sched.summary, df[df["steps"] == 0]]) if sched is not None else df
+            sched_df = pd.concat([sched.summary, df[df["steps"] == 0]])  # type: ignore[union-attr]
             batch_sizes, batch_source = measured_batch_sizes(pool, sched_choices, sched_df)
             slots = build_slots(sched_choices, opts.boundary, batch_sizes or None)
     static, scores = best_static(cells, choices, opts)
