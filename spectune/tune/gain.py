@@ -14,7 +14,10 @@ A comparison "beats" only when the whole paired bootstrap interval of the object
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Protocol
+
+from spectune.tune.compare import OBJECTIVES
 
 
 class SlotLike(Protocol):
@@ -140,3 +143,20 @@ def apply_static_primary(rec: RecommendationLike) -> None:
     if any(s.steps != k0 for s in rec.slots):
         concs = sorted({c for s in rec.slots for c in s.concurrencies})
         rec.slots = [dataclasses.replace(rec.slots[0], lower=1, upper=None, steps=k0, concurrencies=concs)]
+
+
+def schedule_server_costs(rec: RecommendationLike) -> list[dict[str, Any]]:
+    """Each schedule-server cell (ok) against the static cell of its (num_steps, concurrency) (ok; at K=0: no
+    drafter): :func:`spectune.tune.compare.compare` of the two plus ``steps`` and ``cost``, the fraction the schedule
+    server is worse by (1 - ratio; TPOT: ratio - 1)."""
+    out = []
+    _, direction, _ = OBJECTIVES[rec.options.objective]
+    for a in rec.schedule_cells:
+        b = rec.cell(a.steps, a.concurrency)
+        if b is None or a.status != "ok" or b.status != "ok" or not math.isfinite(a.objective) \
+                or not math.isfinite(b.objective):
+            continue
+        cmp = rec.compare(a, b, rec.options.noise_band)
+        worse = (1 - cmp["ratio"]) if direction == "max" else (cmp["ratio"] - 1)
+        out.append({**cmp, "steps": a.steps, "cost": worse})
+    return out

@@ -9,7 +9,8 @@ within a tolerance of the best) and extended (docs/recommend.md is the user-faci
    (robust relative standard deviation; needs >= 2 such repeats: a window stopped early (``--early-stop``, summary.csv
    ``stopped_early``) reports its statistic over its first prompts, which another run's window does not share, so
    the difference between the two is the prompts', not run-to-run noise). Above ``max_spread`` the cell is
-   ``noisy``: it may win only when no quiet eligible cell exists at that concurrency.
+   ``noisy``: it may win only when no quiet eligible cell exists at that concurrency, or when it beats the best
+   quiet cell beyond its own spread (:func:`spectune.tune.compare.clear_wins`).
 3. SLO rule (SpecServe, Huang et al.): a num_steps whose TPOT p99 exceeds the TPOT SLO is not allowed; neither is
    one whose SLO attainment is below ``min_slo_attainment``. If no num_steps at a concurrency meets the SLO the
    best by the objective is still chosen (a config needs a value there) and flagged ``slo-unmet``.
@@ -51,8 +52,8 @@ from spectune.results.confidence import (Bootstrap, CellRuns, Interval, RunReque
                                          percentile_interval, ratio_interval, requests_by_point)
 from spectune.results.drift import DriftBand, cell_times
 from spectune.results.reader import Results, load_request_records, summary_with_slos
-from spectune.tune.compare import OBJECTIVES, _better, _ties, _within, compare, ratio  # noqa: F401 (re-exported)
-from spectune.tune.gain import apply_static_primary
+from spectune.tune.compare import OBJECTIVES, _better, _ties, _within, clear_wins, compare, ratio  # noqa: F401 (re-exported)
+from spectune.tune.gain import apply_static_primary, schedule_server_costs
 
 #: columns reduced to per-cell medians
 CELL_METRICS = ("output_throughput_tok_s", "tpot_p50_ms", "tpot_p99_ms", "ttft_p50_ms", "ttft_p99_ms",
@@ -170,7 +171,7 @@ class Recommendation:
     #: the per-concurrency choice among the schedule server's cells (empty without them); ``choices`` stays the
     #: choice among the static cells
     schedule_choices: list[Choice] = field(default_factory=list)
-    #: :func:`schedule_server_costs`: each pinned K's schedule server against the static server of that K
+    #: :func:`spectune.tune.gain.schedule_server_costs`: each pinned K's schedule server against the static server of that K
     server_costs: list[dict[str, Any]] = field(default_factory=list)
     #: the engine whose schedule server was measured (sweep.json ``schedule_server``), or None
     schedule_server: dict[str, Any] | None = None
@@ -335,6 +336,11 @@ def choose(cells: list[Cell], conc: int, opts: RecommendOptions, drift: DriftBan
              ("noisy", [c for c in measured if c.eligible and c.noisy]),
              ("slo-unmet", measured), ("predicted", [c for c in every if c.eligible]))
     tier, pool = next(((t, p) for t, p in tiers if p), ("none", []))
+    if tier == "quiet":  # a noisy cell that beats the best quiet one beyond its own noise is a measured win
+        q = best_by_pairs(pool, lambda c: c.objective, lambda a, b: ratio(a, b, opts.objective, opts.confidence)[0]
+                          .value, direction == "max")
+        pool = sorted(pool + clear_wins(tiers[1][1], q, opts, lambda c: drift.between(c.at_s, q.at_s)),
+                      key=lambda c: c.steps)
     notes = [f"K={c.steps} {c.status}" + (f" ({'; '.join(c.notes)})" if c.notes else "")
              for c in here if c.status != "ok"]
     notes += [f"K={c.steps} excluded: {'; '.join(c.violations)}" for c in measured if c.violations]
@@ -380,7 +386,8 @@ def choose(cells: list[Cell], conc: int, opts: RecommendOptions, drift: DriftBan
     noisy = [c.steps for c in measured if c.noisy]
     if noisy:
         parts.append(f"noisy (spread > {opts.max_spread:.0%}): K={','.join(map(str, noisy))}"
-                     + ("; chosen only because no quiet eligible K exists" if tier == "noisy" else ""))
+                     + ("; chosen only because no quiet eligible K exists" if tier == "noisy" else "")
+                     + ("; it beats the best quiet K beyond its own spread" if tier == "quiet" and win.noisy else ""))
     if tier == "slo-unmet":
         parts.append("no num_steps meets the SLO here: chosen by the objective alone")
     return Choice(conc, win.steps, best.steps, band, tier, "; ".join(parts + notes), comparisons)
@@ -583,18 +590,3 @@ def schedule_server_cells(sched: Results | None, records: list[dict[str, Any]] |
     attach_intervals(cells, df, records, opts, ttft, tpot, boot, seed_base)
     return cells
 
-
-def schedule_server_costs(rec: Recommendation) -> list[dict[str, Any]]:
-    """Each schedule-server cell (ok) against the static cell of its (num_steps, concurrency) (ok; at K=0: no
-    drafter): :func:`compare` of the two plus ``cost``, the fraction it is worse by (1 - ratio; TPOT: ratio - 1)."""
-    out = []
-    _, direction, _ = OBJECTIVES[rec.options.objective]
-    for a in rec.schedule_cells:
-        b = rec.cell(a.steps, a.concurrency)
-        if b is None or a.status != "ok" or b.status != "ok" or not math.isfinite(a.objective) \
-                or not math.isfinite(b.objective):
-            continue
-        cmp = compare(a, b, rec.options, rec.options.noise_band)
-        worse = (1 - cmp["ratio"]) if direction == "max" else (cmp["ratio"] - 1)
-        out.append({**cmp, "steps": a.steps, "cost": worse})
-    return out

@@ -17,6 +17,8 @@ from spectune.tune.recommend import Cell, RecommendOptions, choose, recommend
 
 from helpers.cost_model import COMPUTE_BOUND, EmulatedServers
 
+pytestmark = pytest.mark.timing  # run alone, after the parallel part (pyproject.toml)
+
 STEPS, CONC, REQUESTS, WARMUP = (0, 2), (1, 2, 4), 8, 1
 #: steps 3x the compute-bound model's (11-15 ms): client and servers share one event loop, and its fixed cost per
 #: step (0.5-2 ms on a busy 2-core machine) would otherwise dilute the 1.25x slower steps to a 10% loss (a clean-clone

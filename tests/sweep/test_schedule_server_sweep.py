@@ -25,6 +25,8 @@ import pytest
 from helpers.emulated_server import launch_template
 from helpers.paths import ROOT
 
+pytestmark = pytest.mark.timing  # run alone, after the parallel part (pyproject.toml)
+
 BASE = "--scale 2 --continuous-usage --base-ms 10 --per-token-ms 2 --accept 0.5 --adaptive-config {adaptive_config}"
 
 

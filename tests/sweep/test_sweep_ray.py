@@ -42,6 +42,8 @@ from spectune.tune.recommend import RecommendOptions, recommend  # noqa: E402
 from helpers.emulated_server import launch_template  # noqa: E402
 from helpers.paths import ROOT  # noqa: E402
 
+pytestmark = pytest.mark.timing  # run alone, after the parallel part (pyproject.toml)
+
 
 @pytest.fixture(scope="module")
 def cluster():

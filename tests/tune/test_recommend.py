@@ -275,6 +275,15 @@ def test_noisy_repeats_are_flagged_and_not_trusted(tmp_path):
     assert run(write_sweep(tmp_path / "r2", only_noisy)).choices[0].tier == "noisy"
 
 
+def test_a_noisy_cell_that_wins_beyond_its_spread_is_chosen(tmp_path):
+    """K=3's repeats 185/200/215 (spread 11%) against a quiet K=1 at 150: even its slowest repeat is 23% ahead."""
+    rows = [row(3, 4, v, rep=i) for i, v in enumerate((185, 200, 215))] + [row(1, 4, 150, rep=i) for i in range(3)]
+    rec = run(write_sweep(tmp_path / "r", rows))
+    assert rec.cell(3, 4).noisy
+    assert rec.choices[0].steps == 3
+    assert "beats the best quiet K beyond its own spread" in rec.choices[0].reason
+
+
 def test_tpot_objective_and_best_static_aggregate(tmp_path):
     rows = [row(k, c, tpot_p50_ms=t) for c, by_k in {1: {0: 20.0, 2: 10.0}, 8: {0: 25.0, 2: 40.0}}.items()
             for k, t in by_k.items()]

@@ -3,7 +3,7 @@ launch backend) whose speed the test sets: every server process draws a step-tim
 the servers start (``--instance-factors``: two fresh servers of the same engine differ by a few per cent, as real
 ones do), and a config server can be slower only in the concurrency-4 phase (``--slow-above 1``).
 
-Claims: with one repeat, validate measures an A/A pair and a config identical to static K=1 but on a 15% slower
+Claims: with one repeat, validate measures an A/A pair and a config identical to static K=1 but on a 20% slower
 server is not a FAIL (the within-run interval alone would have said FAIL); with the default repeats an identical
 config is not a FAIL and its interval holds 1.0; a config that loses 10% in one phase still FAILs with the same
 defaults (its concurrency-4 phase 4 s, not 2: with 2 s the loss was about 7% of the run and came out INCONCLUSIVE
@@ -24,6 +24,8 @@ from helpers.emulated_server import launch_template
 from helpers.paths import ROOT
 from spectune.validate.repeats import WITHIN_ONLY, throughput_ratio
 from spectune.validate.run import _read_requests
+
+pytestmark = pytest.mark.timing  # run alone, after the parallel part (pyproject.toml)
 
 # static:0, static:1 and the config, 3 repeats: s0 #1, s1 #1, config #1, config #2, s1 #2, s0 #2, s0 #3, s1 #3,
 # config #3. One server's speed varies by about 2% (sd) from start to start; the config draws 1.04, 0.99, 1.01
@@ -61,10 +63,11 @@ def verdict_line(proc: subprocess.CompletedProcess) -> str:
 def test_one_repeat_measures_an_aa_pair_and_an_identical_config_is_no_fail(setup):
     tmp, args = setup
     out = tmp / "out"
-    # launch order: static:0, static:1, config (15% slower), aa:0 (the A/A server, 15% slower too). 15%, not
+    # launch order: static:0, static:1, config (20% slower), aa:0 (the A/A server, 20% slower too). 20%, not
     # the few per cent of real servers: the within-run interval of 1- and 2-second phases reached 1.016 at 6%
-    # in a CI run, and this test needs a within-run FAIL for the band to overturn.
-    proc = cli(*args, "--repeats", "1", "--launch", template(tmp, "1.0,1.0,1.15,1.15"), "--output-dir", str(out))
+    # in a CI run (and 15% reached 1.004 on a loaded one), and this test needs a within-run FAIL for the band to
+    # overturn.
+    proc = cli(*args, "--repeats", "1", "--launch", template(tmp, "1.0,1.0,1.2,1.2"), "--output-dir", str(out))
     assert proc.returncode != 1, proc.stdout + proc.stderr
     meta = json.loads((out / "validate.json").read_text())
     assert [r["run"] for r in meta["runs"]] == ["static:0", "static:1", "config", "aa:0"]

@@ -22,6 +22,8 @@ import pytest
 from helpers.paths import FAKE_SERVER, ROOT
 from helpers.ray_cluster import RESOURCES, start_cluster, stop_cluster, worker_ids  # before Ray: loopback
 
+pytestmark = pytest.mark.timing  # run alone, after the parallel part (pyproject.toml)
+
 
 def template(tokens_per_second: int) -> str:
     return (f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE_SERVER))} --port {{port}} --steps {{steps}} "
@@ -69,8 +71,8 @@ async def test_validate_ray_same_runs_and_verdict_as_serial(cluster, setup):
 
     tmp, prompts, config = setup
     plan, options = plan_and_options(prompts, config)
-    serial = await execute(plan, "launch", options, tmp / "serial", config_launch=template(5000))
-    spread = await execute(plan, "launch", options, tmp / "ray", config_launch=template(5000),
+    serial = await execute(plan, "launch", options, tmp / "serial", config_launch=template(1500))
+    spread = await execute(plan, "launch", options, tmp / "ray", config_launch=template(1500),
                            ray=RayOptions(address=cluster.address, resources=RESOURCES))
     meta = {name: json.loads((tmp / name / "validate.json").read_text()) for name in ("serial", "ray")}
     runs = {name: [(r["run"], r["repeat"]) for r in m["runs"]] for name, m in meta.items()}
@@ -78,7 +80,8 @@ async def test_validate_ray_same_runs_and_verdict_as_serial(cluster, setup):
     assert all(r["status"] == "ok" for r in meta["ray"]["runs"])
     phases = {name: [[p["label"] for p in r["phases"]] for r in m["runs"]] for name, m in meta.items()}
     assert phases["ray"] == phases["serial"] == [["c=1", "c=4"]] * 4
-    assert serial.verdict.passed and spread.verdict.passed  # the config's server is 10x faster
+    assert serial.verdict.passed and spread.verdict.passed  # the config's server is 3x faster (not 10x: a
+    # 5,000 tok/s server keeps its client busy enough that, next to a parallel run on 2 cores, it fell behind K=0)
     assert meta["ray"]["verdict"]["passed"] is True
     assert meta["ray"]["status"] == "done"
     nodes = [r["node"]["id"] for r in meta["ray"]["runs"]]

@@ -1,6 +1,8 @@
 """`spectune validate` as a user runs it (subprocesses): tests/fake_server.py launched per num_steps through the
 launch backend, two 1 s phases (concurrency 1, then 4). The config run gets its own template (--config-launch) so
-that its server is clearly faster or slower than the static ones, which makes the verdict certain."""
+that its server is clearly faster or slower than the static ones (3x to 10x), which makes the verdict certain.
+No server runs above 1,500 tok/s per sequence: at 5,000 a 12-token request is 2.4 ms and the client's own CPU
+sets the figure, so on two loaded cores a 5,000 tok/s static server once failed to beat a 300 tok/s config."""
 
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ def test_validate_end_to_end_pass(setup):
     tmp, args = setup
     out = tmp / "out"
     proc = cli(*args, "--steps", "0,3", "--repeats", "1", "--launch", template(500), "--config-launch",
-               template(5000), "--output-dir", str(out))
+               template(1500), "--output-dir", str(out))
     assert proc.returncode == 0, proc.stderr
     verdict_lines = [line for line in proc.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
     assert len(verdict_lines) == 1
@@ -88,9 +90,9 @@ def test_validate_end_to_end_pass(setup):
 
 def test_validate_fail_exit_code_and_margin(setup):
     tmp, args = setup
-    proc = cli(*args, "--steps", "3", "--repeats", "1", "--launch", template(5000), "--config-launch", template(300),
+    proc = cli(*args, "--steps", "3", "--repeats", "1", "--launch", template(1500), "--config-launch", template(150),
                "--output-dir", str(tmp / "out"))
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAIL: static K=3 beats the config by " in proc.stdout
     assert "% in output throughput" in proc.stdout
     meta = json.loads((tmp / "out" / "validate.json").read_text())
@@ -104,7 +106,7 @@ def test_rule_again_applies_a_static_recommendation_without_measuring(setup):
     requests.jsonl stays as measured."""
     tmp, args = setup
     out = tmp / "out"
-    proc = cli(*args, "--steps", "3", "--repeats", "1", "--launch", template(5000), "--config-launch", template(300),
+    proc = cli(*args, "--steps", "3", "--repeats", "1", "--launch", template(1500), "--config-launch", template(150),
                "--output-dir", str(out))
     assert proc.returncode == 1, proc.stderr
     measured = (out / "requests.jsonl").read_bytes()
@@ -133,7 +135,7 @@ def test_validate_repeats_interleave_and_average(setup):
     tmp, args = setup
     out = tmp / "out"
     proc = cli(*args, "--steps", "0", "--repeats", "2", "--launch", template(500), "--config-launch",
-               template(5000), "--output-dir", str(out))
+               template(1500), "--output-dir", str(out))
     assert proc.returncode == 0, proc.stderr
     meta = json.loads((out / "validate.json").read_text())
     assert [(r["run"], r["repeat"]) for r in meta["runs"]] == [("static:0", 1), ("config", 1), ("config", 2),
