@@ -61,7 +61,38 @@ def predict_for(plan: Any, fmt: str, candidates: Sequence[int]) -> dict[str, Any
                                rec.get("schedule_cells") or [])
     except Exception as err:  # noqa: BLE001 - a broken or foreign recommendation.json only loses the prediction
         return {"source": str(path), "error": f"{type(err).__name__}: {err}", "runs": {}}
-    return {"source": str(path), "primary": rec.get("primary"), **out}
+    return {"source": str(path), "primary": rec.get("primary"), **out,
+            "above_sweep": above_sweep(rec.get("cells") or [], plan.workload.to_json())}
+
+
+def above_sweep(cells: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The workload's closed-loop phases whose concurrency lies above the sweep's largest measured concurrency:
+    ``{"sweep_max": C, "phases": [{"phase" (1-based), "concurrency"}]}``, or None when every phase is within the
+    sweep. There the config's num_steps is its last slot's, chosen at ``sweep_max``, and the prediction holds that
+    cell's rate, so neither was measured at the phase's load (a larger batch costs a step more, and which
+    num_steps wins can change with it). ``cells``: recommendation.json's ``cells`` (``concurrency``
+    each); ``workload``: :meth:`spectune.measure.workload.Workload.to_json`."""
+    concs = [int(c["concurrency"]) for c in cells if c.get("concurrency") is not None]
+    if not concs:
+        return None
+    top = max(concs)
+    phases = [{"phase": int(ph.get("phase", i + 1)), "concurrency": int(ph["concurrency"])}
+              for i, ph in enumerate(workload.get("phases") or []) if (ph.get("concurrency") or 0) > top]
+    return {"sweep_max": top, "phases": phases} if phases else None
+
+
+def above_sweep_line(pred: Mapping[str, Any]) -> str | None:
+    """One sentence on :func:`above_sweep`'s phases (None without any)."""
+    above = pred.get("above_sweep")
+    if not above:
+        return None
+    phases = above["phases"]
+    concs = sorted({ph["concurrency"] for ph in phases})
+    names = ", ".join(str(ph["phase"]) for ph in phases)
+    return (f"Phase{'s' if len(phases) > 1 else ''} {names} (concurrency {', '.join(map(str, concs))}) "
+            f"lie{'s' if len(phases) == 1 else ''} above the sweep's largest concurrency {above['sweep_max']}: the "
+            f"config's num_steps there and the prediction both extrapolate from concurrency {above['sweep_max']}; "
+            f"a sweep up to {max(concs)} measures them.")
 
 
 def compare(prediction: dict[str, Any], runs: Sequence[dict[str, Any]],
@@ -130,6 +161,8 @@ def markdown(meta: dict[str, Any]) -> list[str]:
                 "of the window (`+-`, as in every interval of this validation). `MISS`: outside it, an engine or "
                 "model finding rather than noise."
                 if f else "No static run finished, so no speed factor and no comparison."), ""]
+    if (line := above_sweep_line(pred)) is not None:
+        lines += [line, ""]
     if not cmp.get("rows"):
         return lines
     lines += ["| run | window | predicted tok/s | interval | +- | measured tok/s | measured / predicted | |",
@@ -159,4 +192,6 @@ def summary_lines(meta: dict[str, Any]) -> list[str]:
     phase_misses = [m for m in cmp.get("misses", []) if "overall" not in m]
     if phase_misses:
         out.append(f"{len(phase_misses)} phase(s) outside the predicted interval (validate.md lists them)")
+    if (line := above_sweep_line(pred)) is not None:
+        out.append(line)
     return out

@@ -56,7 +56,8 @@ from spectune.validate.phases import phase_index, split_by_phase, summarize_run
 from spectune.validate.phase_check import phase_spreads
 from spectune.validate.plan import (ValidateListener, ValidateOutcome, ValidatePlan, config_candidates,
                                     static_equivalent)
-from spectune.validate.prediction import compare as compare_prediction, find_recommendation, predict_for
+from spectune.validate.prediction import (above_sweep, compare as compare_prediction, find_recommendation,
+                                         predict_for)
 from spectune.validate.repeats import AA_PREFIX, combine_repeats, overall_spread, throughput_ratio
 from spectune.validate.verdict import Verdict, render_markdown, verdict
 
@@ -341,10 +342,12 @@ def rule_again(output_dir: Path, config: str) -> tuple[Verdict, dict[str, Any] |
     requests = _read_requests(folder.requests)
     _resummarize(meta, requests)
     rec = find_recommendation(config)
-    primary = json.loads(rec.read_text(encoding="utf-8")).get("primary") if rec is not None else None
+    recommendation = json.loads(rec.read_text(encoding="utf-8")) if rec is not None else {}
+    primary = recommendation.get("primary")
     prediction = meta.get("prediction")
     if prediction is not None and not prediction.get("error"):
         prediction["primary"] = primary
+        prediction["above_sweep"] = above_sweep(recommendation.get("cells") or [], plan.get("workload") or {})
     v = rule(meta, requests, primary)
     meta.update(ruled_again=now_iso())
     folder.write(meta)

@@ -376,6 +376,7 @@ def test_the_paired_test_keeps_its_error_rate_where_the_cell_equals_the_referenc
     assert wrong / runs <= 0.05
 
 
+@pytest.mark.timing  # emulated servers' speeds: run alone (pyproject.toml)
 async def test_windows_stop_early_and_their_estimates_agree_with_the_full_windows(tmp_path):
     """The same cells on the emulated compute-bound server, full windows then early-stopped ones (interleaved, so
     each concurrency's second num_steps has a reference). The early run stops the clear losers (K=4) with fewer

@@ -253,7 +253,7 @@ def copy_example(tmp_path, name: str):
 
 
 def test_rule_again_on_one_repeat_without_an_aa_run_uses_the_default_band(tmp_path):
-    out = copy_example(tmp_path, "vllm-cpu/validate")
+    out = copy_example(tmp_path, "vllm-cpu/validate-before")
     config = EXAMPLES / "vllm-cpu" / "recommend" / "vllm-speculative-config.json"  # K=1 at every batch size
     v, _, _, spread = rule_again(out, str(config))
     assert spread["kind"] == "default"

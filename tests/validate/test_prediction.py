@@ -80,6 +80,30 @@ def test_validate_predicts_from_the_recommendation_beside_the_config(tmp_path):
     assert "| config | 2 |" in md and "MISS" in md
 
 
+def test_phases_above_the_sweeps_largest_concurrency_are_named(tmp_path):
+    """A sweep up to concurrency 16 and the swing workload (1 and 32): phases 2 and 4 extrapolate."""
+    sweep = write_sweep(tmp_path / "sweep", grid({1: {0: 100, 1: 150}, 16: {0: 1000, 1: 900}}))
+    out = tmp_path / "rec"
+    assert CliRunner().invoke(app, ["recommend", str(sweep), "-o", str(out)]).exit_code == 0
+    plan = ValidatePlan(config=str(out / "sglang-adaptive-custom.json"), steps=(0, 1),
+                        workload=parse_workload("swing", 30.0), max_tokens=128)
+    pred = predict_for(plan, "sglang-adaptive", (1,))
+    assert pred["above_sweep"] == {"sweep_max": 16, "phases": [{"phase": 2, "concurrency": 32},
+                                                               {"phase": 4, "concurrency": 32}]}
+    runs = [measured(n, p["overall"][0], [ph[0] for ph in p["phases"]]) for n, p in pred["runs"].items()]
+    md = "\n".join(markdown({"prediction": {**pred, "comparison": compare(pred, runs)}}))
+    assert "Phases 2, 4 (concurrency 32) lie above the sweep's largest concurrency 16" in md
+
+
+def test_a_workload_within_the_sweep_names_no_phase(tmp_path):
+    sweep = write_sweep(tmp_path / "sweep", grid({1: {0: 100, 1: 150}, 32: {0: 2000, 1: 1500}}))
+    out = tmp_path / "rec"
+    assert CliRunner().invoke(app, ["recommend", str(sweep), "-o", str(out)]).exit_code == 0
+    plan = ValidatePlan(config=str(out / "sglang-adaptive-custom.json"), steps=(0, 1),
+                        workload=parse_workload("swing", 30.0), max_tokens=128)
+    assert predict_for(plan, "sglang-adaptive", (1,))["above_sweep"] is None
+
+
 def test_no_recommendation_no_prediction(tmp_path):
     cfg = tmp_path / "c.json"
     cfg.write_text('{"1": {"candidate_steps": [1]}}')
