@@ -53,13 +53,19 @@ def measured(name: str, overall: float, ph: list[float]) -> dict:
             "phases": [{"output_throughput_tok_s": v} for v in ph]}
 
 
-def test_validate_predicts_from_the_recommendation_beside_the_config(tmp_path):
-    sweep = write_sweep(tmp_path / "sweep", grid({1: {0: 100, 1: 150}, 32: {0: 2000, 1: 1500}}))
+def swing_prediction(tmp_path, table: dict) -> dict:
+    """recommend on a sweep of ``table`` ({concurrency: {K: tok/s}}), then validate's prediction for its SGLang
+    config on the swing workload (concurrency 1 and 32, 30 s phases)."""
+    sweep = write_sweep(tmp_path / "sweep", grid(table))
     out = tmp_path / "rec"
     assert CliRunner().invoke(app, ["recommend", str(sweep), "-o", str(out)]).exit_code == 0
     plan = ValidatePlan(config=str(out / "sglang-adaptive-custom.json"), steps=(0, 1),
                         workload=parse_workload("swing", 30.0), max_tokens=128)
-    pred = predict_for(plan, "sglang-adaptive", (1,))
+    return predict_for(plan, "sglang-adaptive", (1,))
+
+
+def test_validate_predicts_from_the_recommendation_beside_the_config(tmp_path):
+    pred = swing_prediction(tmp_path, {1: {0: 100, 1: 150}, 32: {0: 2000, 1: 1500}})
     assert set(pred["runs"]) == {"static:0", "static:1", "config"}
     cfg, k0, k1 = (pred["runs"][n]["phases"] for n in ("config", "static:0", "static:1"))
     assert cfg[0][0] == pytest.approx(150.0, rel=0.01)  # c=1: the config runs K=1
@@ -82,12 +88,7 @@ def test_validate_predicts_from_the_recommendation_beside_the_config(tmp_path):
 
 def test_phases_above_the_sweeps_largest_concurrency_are_named(tmp_path):
     """A sweep up to concurrency 16 and the swing workload (1 and 32): phases 2 and 4 extrapolate."""
-    sweep = write_sweep(tmp_path / "sweep", grid({1: {0: 100, 1: 150}, 16: {0: 1000, 1: 900}}))
-    out = tmp_path / "rec"
-    assert CliRunner().invoke(app, ["recommend", str(sweep), "-o", str(out)]).exit_code == 0
-    plan = ValidatePlan(config=str(out / "sglang-adaptive-custom.json"), steps=(0, 1),
-                        workload=parse_workload("swing", 30.0), max_tokens=128)
-    pred = predict_for(plan, "sglang-adaptive", (1,))
+    pred = swing_prediction(tmp_path, {1: {0: 100, 1: 150}, 16: {0: 1000, 1: 900}})
     assert pred["above_sweep"] == {"sweep_max": 16, "phases": [{"phase": 2, "concurrency": 32},
                                                                {"phase": 4, "concurrency": 32}]}
     runs = [measured(n, p["overall"][0], [ph[0] for ph in p["phases"]]) for n, p in pred["runs"].items()]
@@ -96,12 +97,7 @@ def test_phases_above_the_sweeps_largest_concurrency_are_named(tmp_path):
 
 
 def test_a_workload_within_the_sweep_names_no_phase(tmp_path):
-    sweep = write_sweep(tmp_path / "sweep", grid({1: {0: 100, 1: 150}, 32: {0: 2000, 1: 1500}}))
-    out = tmp_path / "rec"
-    assert CliRunner().invoke(app, ["recommend", str(sweep), "-o", str(out)]).exit_code == 0
-    plan = ValidatePlan(config=str(out / "sglang-adaptive-custom.json"), steps=(0, 1),
-                        workload=parse_workload("swing", 30.0), max_tokens=128)
-    assert predict_for(plan, "sglang-adaptive", (1,))["above_sweep"] is None
+    assert swing_prediction(tmp_path, {1: {0: 100, 1: 150}, 32: {0: 2000, 1: 1500}})["above_sweep"] is None
 
 
 def test_no_recommendation_no_prediction(tmp_path):
