@@ -336,9 +336,13 @@ def choose(cells: list[Cell], conc: int, opts: RecommendOptions, drift: DriftBan
              ("noisy", [c for c in measured if c.eligible and c.noisy]),
              ("slo-unmet", measured), ("predicted", [c for c in every if c.eligible]))
     tier, pool = next(((t, p) for t, p in tiers if p), ("none", []))
+
+    def best_of(group: list[Cell]) -> Cell:
+        return best_by_pairs(group, lambda c: c.objective,
+                             lambda a, b: ratio(a, b, opts.objective, opts.confidence)[0].value, direction == "max")
+
     if tier == "quiet":  # a noisy cell that beats the best quiet one beyond its own noise is a measured win
-        q = best_by_pairs(pool, lambda c: c.objective, lambda a, b: ratio(a, b, opts.objective, opts.confidence)[0]
-                          .value, direction == "max")
+        q = best_of(pool)
         pool = sorted(pool + clear_wins(tiers[1][1], q, opts, lambda c: drift.between(c.at_s, q.at_s)),
                       key=lambda c: c.steps)
     notes = [f"K={c.steps} {c.status}" + (f" ({'; '.join(c.notes)})" if c.notes else "")
@@ -346,8 +350,7 @@ def choose(cells: list[Cell], conc: int, opts: RecommendOptions, drift: DriftBan
     notes += [f"K={c.steps} excluded: {'; '.join(c.violations)}" for c in measured if c.violations]
     if not pool:
         return Choice(conc, None, reason="no usable measurement: " + "; ".join(notes))
-    best = best_by_pairs(pool, lambda c: c.objective,
-                         lambda a, b: ratio(a, b, opts.objective, opts.confidence)[0].value, direction == "max")
+    best = best_of(pool)
     own = max(opts.noise_band, best.spread if math.isfinite(best.spread) else 0.0)
 
     def pair_band(a: Cell, b: Cell) -> float:  # the noise band of comparing a with b

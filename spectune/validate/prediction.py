@@ -76,8 +76,8 @@ def above_sweep(cells: Sequence[Mapping[str, Any]], workload: Mapping[str, Any])
     if not concs:
         return None
     top = max(concs)
-    phases = [{"phase": int(ph.get("phase", i + 1)), "concurrency": int(ph["concurrency"])}
-              for i, ph in enumerate(workload.get("phases") or []) if (ph.get("concurrency") or 0) > top]
+    phases = [{"phase": int(ph["phase"]), "concurrency": int(ph["concurrency"])}
+              for ph in workload.get("phases") or [] if (ph.get("concurrency") or 0) > top]
     return {"sweep_max": top, "phases": phases} if phases else None
 
 
