@@ -6,6 +6,7 @@ folder. ``recommend``, ``gate`` and ``report`` all start from :func:`load_result
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,10 +65,29 @@ class Results:
         return dict((self.sweep or {}).get("plan") or {})
 
 
+def requests_file(folder: Path | None) -> Path | None:
+    """A results folder's per-request file: ``requests.jsonl`` as the sweep writes it, else ``requests.jsonl.gz`` (the
+    same file gzipped to keep it small, as docs/examples/smollm2-h200 ships it); None when neither is there."""
+    if folder is None:
+        return None
+    for name in ("requests.jsonl", "requests.jsonl.gz"):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON Lines file (gzip-compressed when its name ends in ``.gz``), one per line.
+
+    Raises:
+        UserError: the file is not UTF-8 or not gzip, or a line before the last is not JSON.
+    """
     out: list[dict[str, Any]] = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        lines = data.decode("utf-8").splitlines()
+    except (OSError, EOFError):
+        raise UserError(f"{path}: not a gzip file: the folder is damaged (gunzip it or measure again)") from None
     except UnicodeDecodeError:
         raise UserError(f"{path}: not UTF-8 text: the folder is damaged") from None
     for n, line in enumerate(lines, 1):
@@ -168,16 +188,18 @@ def load_results(path: str | Path) -> Results:
 def load_requests(folder: Path | None) -> pd.DataFrame | None:
     """Per-request SLO inputs from ``requests.jsonl``: steps, concurrency, repeat, ok, ttft_ms, tpot_ms.
 
-    Returns None when the folder or file is absent. ``ok`` is False for failed requests (an error or no output).
+    Returns None when the folder or file is absent (:func:`requests_file`: ``requests.jsonl`` or its ``.gz``).
+    ``ok`` is False for failed requests (an error or no output).
     Raises:
         UserError: a line in the middle of the file is not JSON.
     """
-    if folder is None or not (folder / "requests.jsonl").is_file():
+    path = requests_file(folder)
+    if path is None:
         return None
     rows = [{"steps": r.get("steps"), "concurrency": r.get("concurrency"), "repeat": r.get("repeat", 0),
              "ok": r.get("error") is None and bool(r.get("chunk_times")),
              "ttft_ms": r.get("ttft_ms"), "tpot_ms": r.get("tpot_ms")}
-            for r in _read_jsonl(folder / "requests.jsonl")]
+            for r in _read_jsonl(path)]
     if not rows:
         return None
     df = pd.DataFrame(rows).dropna(subset=["steps", "concurrency"])
@@ -190,15 +212,17 @@ def load_requests(folder: Path | None) -> pd.DataFrame | None:
 
 def load_request_records(folder: Path | None) -> list[dict[str, Any]] | None:
     """The measured request objects of ``requests.jsonl`` (``chunk_times`` reduced to its length), or None when the
-    folder or file is absent; for the bootstrap of :mod:`spectune.results.confidence`.
+    folder or file is absent (:func:`requests_file`: ``requests.jsonl`` or its ``.gz``); for the bootstrap of
+    :mod:`spectune.results.confidence`.
 
     Raises:
         UserError: a line in the middle of the file is not JSON.
     """
-    if folder is None or not (folder / "requests.jsonl").is_file():
+    path = requests_file(folder)
+    if path is None:
         return None
     out = []
-    for r in _read_jsonl(folder / "requests.jsonl"):
+    for r in _read_jsonl(path):
         r["chunk_times"] = len(r.get("chunk_times") or [])
         r.pop("chunk_tokens", None)
         out.append(r)
