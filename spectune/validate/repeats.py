@@ -66,11 +66,18 @@ class InstanceSpread:
         kind: ``repeats`` (measured from the repeats), ``aa`` (the A/A pair), ``default``
             (:data:`DEFAULT_INSTANCE_BAND`, measured nowhere here) or ``none`` (left out: within-run intervals only).
         repeats: the repeats of the validation (most of any run).
-        sd: ``repeats``: the pooled standard deviation of log tokens/s of one server, over the repeats of every
-            run: s^2 = sum over runs of sum over repeats (y - mean of the run's y)^2 / df, y = ln(tokens/s) (the
-            within-group mean square of a one-way layout; Montgomery, *Design and Analysis of Experiments*, ch. 3).
-            A common drift of all runs between repeats also lands here, which makes it wider, never narrower.
-        df: its degrees of freedom, sum over runs of (repeats - 1).
+        sd: ``repeats``: the standard deviation of log tokens/s of one server, y = ln(tokens/s). With two or more
+            runs measured in the same two or more repeats (``blocked``) it is the residual of a two-way layout, runs x
+            repeats: s^2 = sum (y[m, r] - mean of run m - mean of repeat r + grand mean)^2 / df (the residual mean
+            square of a randomized complete block design; Montgomery, *Design and Analysis of Experiments*, ch. 4),
+            so a drift of the machine's speed that moves every run of a repeat alike is taken out, as it is from the
+            ratio of two runs' means over the same repeats; drift within a repeat stays in it. Otherwise the pooled
+            spread of each run's repeats around the run's mean (the within-group mean square of a one-way layout,
+            ch. 3), where such drift lands too, which makes it wider, never narrower. Measured on the 2-core AMX
+            Xeon (docs/validate.md): a validation whose repeats ran 55 and 85 tok/s alike had a one-way sd of 20.6%
+            and a two-way one of 8.9%.
+        df: its degrees of freedom: (runs - 1) x (repeats - 1) blocked, else sum over runs of (repeats - 1).
+        blocked: the sd is the two-way residual (above).
         band: ``aa`` / ``default``: the fraction by which a ratio's within-run interval is widened on both sides.
             ``aa``: the far end of the A/A pair's own within-run interval from 1 (the largest difference between
             two fresh servers of one num_steps that the pair allows), at least its point's distance from 1.
@@ -83,6 +90,7 @@ class InstanceSpread:
     df: int = 0
     band: float = 0.0
     aa: dict[str, Any] | None = None
+    blocked: bool = False
 
     def half_width(self, ra: int, rb: int, confidence: float = 0.95) -> float:
         """The half-width (natural log of the ratio) this spread alone gives the ratio of a run measured over
@@ -121,7 +129,8 @@ class InstanceSpread:
         within-run bootstrap is part of it)."""
         if self.kind == "repeats":
             return (f"interval over {self.repeats} repeats (fresh servers; server-to-server spread {self.sd:.1%}, "
-                    f"{self.df} df" + ("" if within else "; no requests, so no within-run part") + ")")
+                    f"{self.df} df" + (", each repeat's common drift taken out" if self.blocked else "")
+                    + ("" if within else "; no requests, so no within-run part") + ")")
         if self.kind == "aa":
             a = self.aa or {}
             pair = f"{a.get('ratio', math.nan):.3f}x" + (f" [{a['low']:.3f}, {a['high']:.3f}]"
@@ -146,9 +155,10 @@ class InstanceSpread:
         return "-"
 
     def to_json(self) -> dict[str, Any]:
-        """The spread as validate.json keeps it (``kind``, ``repeats``, ``sd``, ``df``, ``band``, ``aa``)."""
+        """The spread as validate.json keeps it (``kind``, ``repeats``, ``sd``, ``df``, ``band``, ``aa``,
+        ``blocked``)."""
         return {"kind": self.kind, "repeats": self.repeats, "sd": self.sd, "df": self.df, "band": self.band,
-                "aa": self.aa}
+                "aa": self.aa, "blocked": self.blocked}
 
     @classmethod
     def from_json(cls, d: dict[str, Any] | None) -> "InstanceSpread | None":
@@ -156,7 +166,7 @@ class InstanceSpread:
         if not isinstance(d, dict) or d.get("kind") not in ("repeats", "aa", "default", "none"):
             return None
         return cls(d["kind"], int(d.get("repeats") or 1), float(d.get("sd") or 0.0), int(d.get("df") or 0),
-                   float(d.get("band") or 0.0), d.get("aa"))
+                   float(d.get("band") or 0.0), d.get("aa"), bool(d.get("blocked")))
 
 
 WITHIN_ONLY = InstanceSpread("none")
@@ -170,7 +180,9 @@ def instance_spread(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str,
     """The server-to-server spread of the window ``value`` reads (:class:`InstanceSpread`), from validate.json
     ``runs`` (one entry per repeat) and requests.jsonl objects:
 
-    1. ``repeats`` when some run has two or more successful repeats with a value: the pooled sd of ln(value);
+    1. ``repeats`` when some run has two or more successful repeats with a value: the sd of ln(value), the two-way
+       residual over the runs and repeats that form a complete block of at least 2 x 2, else the one-way pooled
+       spread (:attr:`InstanceSpread.sd`);
     2. else ``aa`` when the A/A pair (``aa:K`` and ``static:K``, :data:`AA_PREFIX`) both succeeded: the far end of
        the pair's paired within-run interval (``select``, ``objective``: as :func:`paired_ratio`) from 1, at least
        |ratio - 1| (the ratio alone when there are no requests);
@@ -178,11 +190,17 @@ def instance_spread(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str,
     """
     ok = [r for r in runs if r.get("status") == "ok" and _positive(value(r))]
     groups: dict[str, list[float]] = {}
+    cells: dict[str, dict[Any, float]] = {}
     for r in ok:
-        groups.setdefault(str(r.get("run")), []).append(math.log(float(value(r))))  # type: ignore[arg-type]
+        y = math.log(float(value(r)))  # type: ignore[arg-type]
+        groups.setdefault(str(r.get("run")), []).append(y)
+        cells.setdefault(str(r.get("run")), {})[r.get("repeat")] = y
+    repeats = max((len(ys) for ys in groups.values()), default=1)
+    blocked = _two_way(cells)
+    if blocked is not None:
+        return InstanceSpread("repeats", repeats, blocked[0], blocked[1], blocked=True)
     ss = sum(sum((y - sum(ys) / len(ys)) ** 2 for y in ys) for ys in groups.values() if len(ys) >= 2)
     df = sum(len(ys) - 1 for ys in groups.values() if len(ys) >= 2)
-    repeats = max((len(ys) for ys in groups.values()), default=1)
     if df > 0:
         return InstanceSpread("repeats", repeats, math.sqrt(ss / df), df)
     aa = next((r for r in ok if str(r.get("run", "")).startswith(AA_PREFIX)), None)
@@ -195,6 +213,25 @@ def instance_spread(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str,
         return InstanceSpread("aa", 1, band=band, aa={"steps": aa.get("steps"), "ratio": point,
                                                       "low": iv[0] if iv else None, "high": iv[1] if iv else None})
     return InstanceSpread("default", 1, band=DEFAULT_INSTANCE_BAND)
+
+
+def _two_way(cells: dict[str, dict[Any, float]]) -> tuple[float, int] | None:
+    """(residual sd, df) of the two-way layout runs x repeats (:attr:`InstanceSpread.sd`) over the repeats every
+    run with two or more of them has (``cells``: run -> repeat -> ln value); None when that leaves fewer than two
+    runs or two repeats, or no residual spread to estimate (df 0)."""
+    names = [n for n, c in cells.items() if len(c) >= 2]
+    common = set.intersection(*(set(cells[n]) for n in names)) if names else set()
+    blocks = sorted(common, key=str)
+    if len(names) < 2 or len(blocks) < 2:
+        return None
+    y = [[cells[n][b] for b in blocks] for n in names]
+    m, k = len(names), len(blocks)
+    grand = sum(map(sum, y)) / (m * k)
+    rows = [sum(row) / k for row in y]
+    cols = [sum(y[i][j] for i in range(m)) / m for j in range(k)]
+    ss = sum((y[i][j] - rows[i] - cols[j] + grand) ** 2 for i in range(m) for j in range(k))
+    df = (m - 1) * (k - 1)
+    return math.sqrt(ss / df), df
 
 
 def _positive(v: Any) -> bool:

@@ -307,8 +307,12 @@ def spread_markdown(meta: dict[str, Any]) -> list[str]:
                  "the band is the far end of their ratio's interval from 1, and every interval below is widened by it "
                  "on both sides.",
            "repeats": "Every repeat starts its servers afresh; the spread is the standard deviation of ln(output "
-                      "tok/s) of each run's repeats around the run's mean, pooled over the runs, and every interval "
-                      "below adds it as a Student t term with those degrees of freedom.",
+                      "tok/s) of one server: " + ("the residual of runs x repeats, after each run's mean and each "
+                                                  "repeat's common shift (the machine's drift between repeats, which "
+                                                  "cancels in a ratio of two runs over the same repeats)"
+                                                  if sp is not None and sp.blocked else
+                                                  "each run's repeats around the run's mean, pooled over the runs")
+                      + ", and every interval below adds it as a Student t term with those degrees of freedom.",
            "default": "This validation measured no spread (one repeat and no A/A run): every interval below is "
                       "widened by the default band, from two engines on a 2-vCPU VM (docs/engine.md)."}
     return ["## Server-to-server spread", "", f"{line}.", "", how.get(sp.kind if sp else "", ""),

@@ -47,22 +47,58 @@ def run(name: str, repeat: int, tput: float, steps: int | None = None) -> dict:
             "overall": {"output_throughput_tok_s": tput, "slo_attainment": None}}
 
 
-def test_the_spread_over_repeats_is_the_pooled_sd_of_log_throughput():
-    by_run = {"static:0": [100.0, 104.0, 98.0], "config": [120.0, 118.0, 125.0]}
-    runs = [run(name, i + 1, v) for name, vs in by_run.items() for i, v in enumerate(vs)]
+def two_way_sd(by_run: dict[str, list[float]]) -> float:
+    """The residual sd of ln values in a runs x repeats table, from the textbook sums of squares: total minus runs
+    minus repeats (Montgomery ch. 4), written apart from the code under test."""
+    y = np.log(np.array(list(by_run.values())))
+    m, k = y.shape
+    ss_total = ((y - y.mean()) ** 2).sum()
+    ss_runs = k * ((y.mean(axis=1) - y.mean()) ** 2).sum()
+    ss_repeats = m * ((y.mean(axis=0) - y.mean()) ** 2).sum()
+    return math.sqrt((ss_total - ss_runs - ss_repeats) / ((m - 1) * (k - 1)))
+
+
+DRIFTING = {"static:0": [100.0, 74.0, 131.0], "static:1": [110.0, 80.0, 146.0], "config": [120.0, 86.0, 156.0]}
+"""Three runs in three repeats whose machine ran about 25% slower in repeat 2 and 30% faster in repeat 3, every
+run alike (as docs/validate.md's drifting AMX Xeon did)."""
+
+
+def test_the_spread_over_complete_repeats_is_the_two_way_residual():
+    runs = [run(name, i + 1, v) for name, vs in DRIFTING.items() for i, v in enumerate(vs)]
+    spread = overall_spread(runs, [])
+    assert (spread.kind, spread.df, spread.blocked) == ("repeats", 4, True)
+    assert spread.sd == pytest.approx(two_way_sd(DRIFTING))
+
+
+def test_a_common_drift_between_repeats_stays_out_of_the_spread():
+    runs = [run(name, i + 1, v) for name, vs in DRIFTING.items() for i, v in enumerate(vs)]
+    one_way = math.sqrt(sum(statistics.variance([math.log(v) for v in vs]) for vs in DRIFTING.values()) / 3)
+    assert overall_spread(runs, []).sd < one_way / 5
+
+
+def test_without_two_common_repeats_the_spread_is_the_pooled_sd_of_log_throughput():
+    """config measured in repeats 1-3, static:0 in 4-5 (no repeat in common): the one-way pooled spread."""
+    by_run = {"static:0": [100.0, 104.0], "config": [120.0, 118.0, 125.0]}
+    runs = ([run("static:0", i + 4, v) for i, v in enumerate(by_run["static:0"])]
+            + [run("config", i + 1, v) for i, v in enumerate(by_run["config"])])
     spread = overall_spread(runs, [])
     pooled = math.sqrt(sum(statistics.variance([math.log(v) for v in vs]) * (len(vs) - 1) for vs in by_run.values())
                        / sum(len(vs) - 1 for vs in by_run.values()))
-    assert spread.kind == "repeats"
-    assert spread.df == 4
+    assert (spread.kind, spread.df, spread.blocked) == ("repeats", 3, False)
     assert spread.sd == pytest.approx(pooled)
+
+
+def test_the_verdict_line_says_the_drift_was_taken_out():
+    runs = [run(name, i + 1, v) for name, vs in DRIFTING.items() for i, v in enumerate(vs)]
+    assert "each repeat's common drift taken out" in overall_spread(runs, []).source()
 
 
 def test_a_ratio_over_repeats_carries_the_spread_of_fresh_servers():
     # every repeat sends the same requests: the within-run part alone is the same in each, and narrow
     reqs = [q for name in ("static:1", "config") for r in (1, 2, 3) for q in requests(name, r, seed=7)]
     runs = [run("static:1", 1, 100.0), run("static:1", 2, 104.0), run("static:1", 3, 97.0),
-            run("config", 1, 103.0), run("config", 2, 96.0), run("config", 3, 101.0)]
+            run("config", 1, 103.0), run("config", 2, 96.0), run("config", 3, 101.0),
+            run("static:0", 1, 90.0), run("static:0", 2, 88.0), run("static:0", 3, 93.0)]  # 4 df: a t tail MC can hit
     spread = overall_spread(runs, reqs)
     low, high = throughput_ratio(runs, reqs, "config", "static:1", spread=spread)
     w_low, w_high = throughput_ratio(runs, reqs, "config", "static:1", spread=WITHIN_ONLY)
