@@ -85,6 +85,20 @@ def test_compiled_layers_are_as_close_to_float32_as_the_eager_layers(compiled_en
 
 
 @needs_compiler
+def test_a_batch_equal_to_its_query_length_compiles_nothing_after_warm_up() -> None:
+    """With dense_above 4, batch 2 at num_steps 1 (query length 2, 4 rows) is the only shape of its class (more than
+    one sequence and query position, at most 4 rows); warm-up compiles it too (warm_up_shapes)."""
+    from torch._dynamo.utils import counters
+
+    engine = _engine("on", dense_above="4")
+    before = counters["stats"]["unique_graphs"]
+    engine.set_num_steps(1)
+    engine.generate([engine.tokenizer.encode(p) for p in PROMPTS[:2]],
+                    SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    assert counters["stats"]["unique_graphs"] == before
+
+
+@needs_compiler
 def test_serving_batches_and_num_steps_compiles_nothing_after_warm_up(compiled_engine) -> None:
     """Warm-up compiled every shape class, so requests never wait for a compile: batch 3 at num_steps 0 and every
     batch at num_steps 3 have more rows than the engine's dense_above (2), a class of graphs of their own."""
@@ -92,9 +106,9 @@ def test_serving_batches_and_num_steps_compiles_nothing_after_warm_up(compiled_e
 
     before = counters["stats"]["unique_graphs"]
     ids = [compiled_engine.tokenizer.encode(p) for p in PROMPTS]
-    for k in (0, 3):
+    for k, batches in ((0, (1, 3)), (3, (1, 3)), (1, (2,))):  # batch 2 at K=1: batch == query length (2)
         compiled_engine.set_num_steps(k)
-        for batch in (1, 3):
+        for batch in batches:
             compiled_engine.generate(ids[:batch], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
     compiled_engine.set_num_steps(0)
     assert counters["stats"]["unique_graphs"] == before
