@@ -83,10 +83,10 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
         UserError: the file is not UTF-8 or not gzip, or a line before the last is not JSON.
     """
     out: list[dict[str, Any]] = []
+    data = path.read_bytes()
     try:
-        data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-        lines = data.decode("utf-8").splitlines()
-    except (OSError, EOFError):
+        lines = (gzip.decompress(data) if path.suffix == ".gz" else data).decode("utf-8").splitlines()
+    except (gzip.BadGzipFile, EOFError):
         raise UserError(f"{path}: not a gzip file: the folder is damaged (gunzip it or measure again)") from None
     except UnicodeDecodeError:
         raise UserError(f"{path}: not UTF-8 text: the folder is damaged") from None
