@@ -278,16 +278,18 @@ def warm_up_shapes(slots: int, max_query: int, row_limits: tuple[int, ...] = ())
         row_limits: the row counts above which some layer switches kernels.
     """
     queries = [1] + ([3] + [q for q in range(2, max_query + 1) if q != 3] if max_query > 1 else [])
+    def graph_class(batch: int, q: int) -> tuple:
+        return batch == 1, q == 1, tuple(batch * q > limit for limit in row_limits)
+
     shapes: dict[tuple, tuple[int, int]] = {}
     for q in queries:
         for batch in range(1, slots + 1):
             if batch == q and batch > 1:
                 continue
-            key = (batch == 1, q == 1, tuple(batch * q > limit for limit in row_limits))
-            shapes.setdefault(key, (batch, q))
+            shapes.setdefault(graph_class(batch, q), (batch, q))
     for q in queries[1:]:  # a class only a batch equal to its query length reaches: warm it with that shape
         if q <= slots:
-            shapes.setdefault((False, False, tuple(q * q > limit for limit in row_limits)), (q, q))
+            shapes.setdefault(graph_class(q, q), (q, q))
     return list(shapes.values())
 
 
