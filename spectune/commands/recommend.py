@@ -49,6 +49,11 @@ def recommend(
     trtllm_version: Annotated[Optional[str], typer.Option(
         "--trtllm-version", help="TensorRT-LLM release to write draft_len_schedule for: keys are the largest "
         "batch size of each range from 1.3.0rc8 on, the smallest before (default: the newest).")] = None,
+    mix: Annotated[Optional[str], typer.Option(
+        help="The load the config will serve, as concurrency:time-share pairs (1:1,32:1 = equal time at 1 and 32, "
+        "as validate's swing workload; 1,32 the same): no drafter, each static num_steps and the schedule are "
+        "then ranked by the output tokens/s that load streams, and the simplest the best does not beat beyond the "
+        "noise band is the primary (default: every swept concurrency weighs the same, a geometric mean).")] = None,
     allow_mixed_nodes: Annotated[bool, typer.Option("--allow-mixed-nodes", help="Compare num_steps measured on "
                                                     "nodes whose calibration cells differ beyond the noise band "
                                                     "(a --ray sweep; refused by default).")] = False,
@@ -72,11 +77,14 @@ def recommend(
         schedule_form(trtllm_version)
     except ValueError as err:
         raise UserError(f"--trtllm-version: {err}") from None
+    from spectune.tune.mix import parse_mix
+
+    shares = parse_mix(mix) if mix is not None else None
     results = load_results(results_dir)
     opts = RecommendOptions(objective=objective.value, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
                             min_slo_attainment=min_slo_attainment, noise_band=noise_band / 100,
                             max_spread=max_spread / 100, boundary=boundary.value, max_batch_size=max_batch_size,
-                            confidence=confidence, allow_mixed_nodes=allow_mixed_nodes)
+                            confidence=confidence, allow_mixed_nodes=allow_mixed_nodes, mix=shares)
     rec = run(results, opts)
     out = output or (results_dir if results_dir.is_dir() else results_dir.parent) / "recommendation"
     from spectune.backends import draft_algorithm, draft_head

@@ -32,10 +32,12 @@ class RecommendationLike(Protocol):
     module imports this one: these protocols keep the import one way)."""
 
     options: Any
+    cells: list[Any]
     choices: list[Any]
     slots: list[Any]
     schedule_slots: list[Any]
     best_static: int | None
+    static_scores: dict[int, float]
     primary: dict[str, Any]
 
     def cell(self, steps: int, concurrency: int) -> Any: ...
@@ -129,16 +131,21 @@ def static_primary(rec: RecommendationLike) -> str | None:
 
 
 def apply_static_primary(rec: RecommendationLike) -> None:
-    """When :func:`static_primary` gives a reason, replace ``rec.slots`` by one slot running the best static
-    num_steps at every batch size (the per-batch-size choice stays in ``rec.schedule_slots``), so every engine's
-    file carries that static num_steps; record the reason in ``rec.primary``."""
+    """When :func:`static_primary` gives a reason, make the best static num_steps the answer (:func:`use_static`);
+    else record the schedule's gains in ``rec.primary``. ``rec.schedule_slots`` keeps the per-batch-size choice."""
     why = static_primary(rec)
     rec.schedule_slots = list(rec.slots)
     if why is None:
         rec.primary = {"kind": "schedule", "num_steps": None,
                        "reason": "; ".join(c["text"] for c in schedule_gains(rec))}
         return
-    k0 = int(rec.best_static)  # type: ignore[arg-type]
+    use_static(rec, int(rec.best_static), why)  # type: ignore[arg-type]
+
+
+def use_static(rec: RecommendationLike, k0: int, why: str) -> None:
+    """Make static num_steps ``k0`` the primary recommendation: ``rec.primary`` says so and why, and ``rec.slots``
+    becomes one slot running ``k0`` at every batch size, so every engine's file carries it (set
+    ``rec.schedule_slots`` to the per-batch-size slots first)."""
     rec.primary = {"kind": "static", "num_steps": k0, "reason": why}
     if any(s.steps != k0 for s in rec.slots):
         concs = sorted({c for s in rec.slots for c in s.concurrencies})

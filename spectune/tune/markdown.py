@@ -69,11 +69,30 @@ def primary_section(rec: Recommendation) -> list[str]:
                 f"**Static num_steps K={k} for every engine** (`best-static.json`; the SGLang, vLLM and TensorRT-LLM "
                 f"files below carry the same K at every batch size): {p['reason']}."
                 + (f" The per-batch-size choice would have been {before}." if len(rec.schedule_slots) > 1 else "")
-                + "\n"]
+                + "\n", *(mix_table(p["mix"]) if p.get("mix") else [])]
+    if p.get("mix"):
+        return ["## Primary recommendation\n",
+                f"**The per-batch-size schedule** (`sglang-adaptive-custom.json`, the vLLM and TensorRT-LLM "
+                f"schedules): {p.get('reason')}.\n", *mix_table(p["mix"])]
     return ["## Primary recommendation\n",
             f"**The per-batch-size schedule** (`sglang-adaptive-custom.json`, the vLLM and TensorRT-LLM schedules): "
             f"where it differs from the best static K={rec.best_static} the sweep measured a gain beyond the noise "
             f"band: {p.get('reason')}.\n"]
+
+
+def mix_table(mix: dict[str, Any]) -> list[str]:
+    """The answers priced on ``recommend --mix``'s load (``primary["mix"]``, :mod:`spectune.tune.mix`): output
+    tokens/s the load streams and the paired ratio to the best, one row each."""
+    shares = ", ".join(f"{c}: {float(v):.0%}" for c, v in mix["shares"].items())
+    rows = []
+    for a in mix["answers"]:
+        lo, hi = a.get("low"), a.get("high")
+        iv = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None and math.isfinite(lo) \
+            and math.isfinite(hi) and a["ratio"] != 1.0 else ""
+        rows.append([a["answer"], f"{a['output_tok_s']:.4g}", f"{a['ratio']:.3f}x{iv}"])
+    return [f"\nOn the load (concurrency: share of time) {shares}, noise band {mix['band']:.1%}:\n",
+            _md_table(["answer", "output tok/s on the load",
+                                f"ratio to the best [{float(mix.get('confidence', 0.95)):.0%}]"], rows), ""]
 
 
 def floor_cost_sentence(cost: dict[str, Any], engine: str, objective: str) -> str:

@@ -54,6 +54,7 @@ from spectune.results.drift import DriftBand, cell_times
 from spectune.results.reader import Results, load_request_records, summary_with_slos
 from spectune.tune.compare import OBJECTIVES, _better, _ties, _within, clear_wins, compare, ratio  # noqa: F401 (re-exported)
 from spectune.tune.gain import apply_static_primary, schedule_server_costs
+from spectune.tune.mix import apply_mix_primary
 
 #: columns reduced to per-cell medians
 CELL_METRICS = ("output_throughput_tok_s", "tpot_p50_ms", "tpot_p99_ms", "ttft_p50_ms", "ttft_p99_ms",
@@ -75,6 +76,7 @@ class RecommendOptions:
     max_batch_size: int | None = None
     confidence: float = 0.95
     allow_mixed_nodes: bool = False  # compare points of a --ray sweep's unlike nodes (spectune.results.nodes)
+    mix: dict[int, float] | None = None  # {concurrency: time share} of the load served (spectune.tune.mix)
 
 
 @dataclass
@@ -485,7 +487,7 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
 
     Raises:
         UserError: unknown objective, goodput without SLOs, no concurrency with any usable measurement, or points
-            of a distributed sweep from unlike nodes without ``allow_mixed_nodes``.
+            of a distributed sweep from unlike nodes without ``allow_mixed_nodes``; a bad ``mix`` (:mod:`.mix`).
     """
     if opts.objective not in OBJECTIVES:
         raise UserError(f"unknown objective '{opts.objective}': use one of {', '.join(OBJECTIVES)}")
@@ -574,7 +576,7 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
                          schedule_server=((sched.sweep or {}).get("backend") or {}).get("schedule_server")
                          if sched is not None else None)
     rec.server_costs = schedule_server_costs(rec)
-    apply_static_primary(rec)
+    apply_mix_primary(rec, opts.mix) if opts.mix else apply_static_primary(rec)
     return rec
 
 

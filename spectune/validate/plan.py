@@ -7,6 +7,7 @@ candidate num_steps (:func:`config_candidates`) and whether it is one static num
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -29,10 +30,27 @@ sd of about 2% (two engines 2.4-3.8% apart on a 2-vCPU VM, docs/engine.md), 3 re
 loss of about 5% or more is called, where 2 repeats leave about +-6.5% (docs/validate.md, "How sure")."""
 
 
+BEST_STATIC = "best-static"
+"""recommend's ``best-static.json`` (:func:`spectune.tune.configs.best_static_json`): one static num_steps for every
+engine, K=0 (no drafter) included."""
+
+
+def read_best_static(path: str) -> int | None:
+    """The num_steps of a ``best-static.json`` (a JSON object with an integer ``num_steps`` >= 0 beside
+    ``aggregate_score``), or None for any other file."""
+    try:
+        obj = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    k = obj.get("num_steps") if isinstance(obj, dict) and "aggregate_score" in obj else None
+    return k if isinstance(k, int) and not isinstance(k, bool) and k >= 0 else None
+
+
 def config_candidates(path: str) -> tuple[str, tuple[int, ...]]:
     """(format, candidate num_steps) of a config file: ``sglang-adaptive`` (union of the slots' candidate steps),
-    ``vllm-schedule`` (every K of the schedule) or ``llamacpp-settings`` (its one static num_steps,
-    :mod:`spectune.backends.llamacpp.settings`: the "config" run is then a static server at that K).
+    ``vllm-schedule`` (every K of the schedule), ``llamacpp-settings`` (its one static num_steps,
+    :mod:`spectune.backends.llamacpp.settings`: the "config" run is then a static server at that K) or
+    ``best-static`` (recommend's ``best-static.json``: the same, for any engine).
 
     Raises:
         UserError: the file is missing or not a valid SGLang adaptive config / vLLM schedule / llama.cpp settings
@@ -44,6 +62,9 @@ def config_candidates(path: str) -> tuple[str, tuple[int, ...]]:
         raise UserError(str(err)) from None
     if static is not None:
         return FORMAT, (static,)
+    best = read_best_static(path)
+    if best is not None:
+        return BEST_STATIC, (best,)
 
     cfg = load_config_file(path)
     if not isinstance(cfg, VllmSchedule):  # an SGLang config, EMA or throughput-aware
@@ -56,6 +77,7 @@ def static_equivalent(path: str) -> tuple[int, str] | None:
     None:
 
     - llama.cpp settings: one static draft length K (K = 0 too: ``llama-server`` then runs without a draft model);
+    - recommend's ``best-static.json``: static num_steps K for every engine (K = 0: no drafter);
     - an SGLang adaptive config (EMA or throughput-aware) whose every slot lists the one candidate K >= 1: the
       controller has nothing to switch to;
     - a vLLM schedule (bare or inside a speculative config) with the same K >= 1 in every range (vLLM carries the
@@ -71,6 +93,9 @@ def static_equivalent(path: str) -> tuple[int, str] | None:
     fmt, candidates = config_candidates(path)
     if fmt == FORMAT:
         return candidates[0], "llama.cpp settings: one static draft length"
+    if fmt == BEST_STATIC:
+        return candidates[0], ("best-static.json: no drafter on any engine" if candidates[0] == 0 else
+                               "best-static.json: one static num_steps for every engine")
     if len(candidates) != 1 or candidates[0] < 1:
         return None
     k = candidates[0]

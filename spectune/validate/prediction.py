@@ -50,7 +50,7 @@ def predict_for(plan: Any, fmt: str, candidates: Sequence[int]) -> dict[str, Any
         return None
     try:
         rec = json.loads(path.read_text(encoding="utf-8"))
-        if fmt == "llamacpp-settings":
+        if fmt in ("llamacpp-settings", "best-static"):
             k = int(candidates[0])
             config: Any = type("Static", (), {"k_for_batch_size": staticmethod(lambda n: k)})()
         else:
@@ -62,7 +62,8 @@ def predict_for(plan: Any, fmt: str, candidates: Sequence[int]) -> dict[str, Any
     except Exception as err:  # noqa: BLE001 - a broken or foreign recommendation.json only loses the prediction
         return {"source": str(path), "error": f"{type(err).__name__}: {err}", "runs": {}}
     return {"source": str(path), "primary": rec.get("primary"), **out,
-            "above_sweep": above_sweep(rec.get("cells") or [], plan.workload.to_json())}
+            "above_sweep": above_sweep(rec.get("cells") or [], plan.workload.to_json()),
+            "load_mix": workload_mix(plan.workload.to_json())}
 
 
 def above_sweep(cells: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -79,6 +80,31 @@ def above_sweep(cells: Sequence[Mapping[str, Any]], workload: Mapping[str, Any])
     phases = [{"phase": int(ph["phase"]), "concurrency": int(ph["concurrency"])}
               for ph in workload.get("phases") or [] if (ph.get("concurrency") or 0) > top]
     return {"sweep_max": top, "phases": phases} if phases else None
+
+
+def workload_mix(workload: Mapping[str, Any]) -> dict[str, float]:
+    """Seconds per concurrency of the workload's closed-loop phases (``{"1": 60.0, "32": 60.0}`` for the swing at
+    30 s a phase), the load ``spectune recommend --mix`` prices answers on (:mod:`spectune.tune.mix`); open-loop
+    phases have no concurrency and are left out. ``workload``: :meth:`spectune.measure.workload.Workload.to_json`."""
+    out: dict[str, float] = {}
+    for ph in workload.get("phases") or []:
+        if ph.get("concurrency"):
+            key = str(int(ph["concurrency"]))
+            out[key] = out.get(key, 0.0) + float(ph["end_s"]) - float(ph["start_s"])
+    return out
+
+
+def mix_line(pred: Mapping[str, Any]) -> str | None:
+    """When the recommendation ranked its answers without a load mix (every swept concurrency weighing the same)
+    and the workload's closed-loop phases span two or more concurrencies: the ``--mix`` that prices the answers
+    on this workload's load, as this validation rules (overall output tokens/s). None otherwise."""
+    mix = pred.get("load_mix") or {}
+    if len(mix) < 2 or (pred.get("primary") or {}).get("mix"):
+        return None
+    arg = ",".join(f"{c}:{s:g}" for c, s in sorted(mix.items(), key=lambda kv: int(kv[0])))
+    return (f"recommend ranked its answers with every swept concurrency weighing the same; this workload spends "
+            f"its time as {arg} (concurrency:seconds): `spectune recommend SWEEP --mix {arg}` ranks them by the "
+            "tokens this load streams, as this verdict does.")
 
 
 def above_sweep_line(pred: Mapping[str, Any]) -> str | None:
@@ -161,8 +187,7 @@ def markdown(meta: dict[str, Any]) -> list[str]:
                 "of the window (`+-`, as in every interval of this validation). `MISS`: outside it, an engine or "
                 "model finding rather than noise."
                 if f else "No static run finished, so no speed factor and no comparison."), ""]
-    if (line := above_sweep_line(pred)) is not None:
-        lines += [line, ""]
+    lines += [x for line in (above_sweep_line(pred), mix_line(pred)) if line is not None for x in (line, "")]
     if not cmp.get("rows"):
         return lines
     lines += ["| run | window | predicted tok/s | interval | +- | measured tok/s | measured / predicted | |",
@@ -192,6 +217,4 @@ def summary_lines(meta: dict[str, Any]) -> list[str]:
     phase_misses = [m for m in cmp.get("misses", []) if "overall" not in m]
     if phase_misses:
         out.append(f"{len(phase_misses)} phase(s) outside the predicted interval (validate.md lists them)")
-    if (line := above_sweep_line(pred)) is not None:
-        out.append(line)
-    return out
+    return out + [line for line in (above_sweep_line(pred), mix_line(pred)) if line is not None]

@@ -20,7 +20,10 @@ from typer.testing import CliRunner
 from helpers.paths import EXAMPLES
 from spectune.cli import app
 
-PAIRS = [("llamacpp-cpu", "sweep"), ("smollm2-cpu", "sweep"), ("smollm2-h200", "sweep"), ("vllm-cpu", "sweep")]
+#: (example, sweep folder, recommend folder, recommend's options)
+PAIRS = [("llamacpp-cpu", "sweep", "recommend", ()), ("smollm2-cpu", "sweep", "recommend", ()),
+         ("smollm2-h200", "sweep", "recommend", ()), ("vllm-cpu", "sweep", "recommend", ()),
+         ("vllm-cpu", "sweep-32", "recommend-swing", ("--mix", "1:60,32:60"))]
 CONFIGS = ("sglang-adaptive-custom.json", "sglang-adaptive-conservative.json", "sglang-adaptive-aggressive.json",
            "vllm-speculative-config.json", "trtllm-speculative-config.json", "best-static.json",
            "llamacpp-settings.json")
@@ -37,14 +40,14 @@ def rounded(obj):
     return obj
 
 
-@pytest.fixture(scope="module", params=PAIRS, ids=lambda p: p[0])
+@pytest.fixture(scope="module", params=PAIRS, ids=lambda p: f"{p[0]}-{p[2]}")
 def written(request, tmp_path_factory) -> tuple[Path, Path]:
     """(the committed recommend folder, the folder recommend writes now from the committed sweep)."""
-    example, sweep = request.param
-    out = tmp_path_factory.mktemp(example) / "recommend"
-    result = CliRunner().invoke(app, ["recommend", str(EXAMPLES / example / sweep), "-o", str(out)])
+    example, sweep, folder, options = request.param
+    out = tmp_path_factory.mktemp(example) / folder
+    result = CliRunner().invoke(app, ["recommend", str(EXAMPLES / example / sweep), "-o", str(out), *options])
     assert result.exit_code == 0, result.output
-    return EXAMPLES / example / "recommend", out
+    return EXAMPLES / example / folder, out
 
 
 @pytest.mark.parametrize("name", CONFIGS)

@@ -201,6 +201,19 @@ def test_llamacpp_settings_are_static_even_at_zero():
     assert static_equivalent(str(path))[0] == k
 
 
+@pytest.mark.parametrize("k", [0, 2])
+def test_recommends_best_static_json_is_static_even_at_zero(tmp_path, k):
+    got = static_equivalent(write(tmp_path, "best-static.json", {"num_steps": k, "objective": "throughput",
+                                                                   "aggregate_score": 1.0}))
+    assert got[0] == k
+
+
+def test_a_json_with_num_steps_but_no_score_is_not_taken_for_best_static(tmp_path):
+    from spectune.validate.plan import read_best_static
+
+    assert read_best_static(write(tmp_path, "x.json", {"num_steps": 1})) is None
+
+
 def test_the_run_order_adds_an_aa_run_to_one_repeat_and_leaves_out_a_static_config():
     wl = parse_workload("c1@1", 1.0)
     one = ValidatePlan(config="c.json", steps=(0, 2), workload=wl, repeats=1)

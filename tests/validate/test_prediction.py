@@ -100,6 +100,23 @@ def test_a_workload_within_the_sweep_names_no_phase(tmp_path):
     assert swing_prediction(tmp_path, {1: {0: 100, 1: 150}, 32: {0: 2000, 1: 1500}})["above_sweep"] is None
 
 
+def test_the_swing_loads_mix_is_its_seconds_per_concurrency(tmp_path):
+    pred = swing_prediction(tmp_path, {1: {0: 100, 1: 150}, 32: {0: 2000, 1: 1500}})
+    assert pred["load_mix"] == {"1": 60.0, "32": 60.0}  # 2 cycles of 30 s phases
+
+
+def test_a_recommendation_without_a_mix_is_told_the_workloads(tmp_path):
+    pred = swing_prediction(tmp_path, {1: {0: 100, 1: 150}, 32: {0: 2000, 1: 1500}})
+    md = "\n".join(markdown({"prediction": {**pred, "comparison": {}}}))
+    assert "`spectune recommend SWEEP --mix 1:60,32:60`" in md
+
+
+def test_a_recommendation_on_a_mix_is_not_told_again(tmp_path):
+    pred = swing_prediction(tmp_path, {1: {0: 100, 1: 150}, 32: {0: 2000, 1: 1500}})
+    pred["primary"] = {**(pred["primary"] or {}), "mix": {"shares": {"1": 0.5, "32": 0.5}}}
+    assert "--mix" not in "\n".join(markdown({"prediction": {**pred, "comparison": {}}}))
+
+
 def test_no_recommendation_no_prediction(tmp_path):
     cfg = tmp_path / "c.json"
     cfg.write_text('{"1": {"candidate_steps": [1]}}')

@@ -170,3 +170,18 @@ def test_config_of_the_wrong_engine_is_refused(setup):
     assert proc.returncode == 2
     assert "vLLM schedule" in proc.stderr
     assert not (tmp / "out").exists()
+
+
+def test_recommends_best_static_json_validates_as_that_static_num_steps(setup):
+    """``best-static.json`` at K=0 (recommend's "no drafter" answer, which writes no vLLM or SGLang file): the
+    config is static K=0, so only the static servers run and the verdict asks whether one beats K=0."""
+    tmp, args = setup
+    best = tmp / "best-static.json"
+    best.write_text(json.dumps({"num_steps": 0, "objective": "throughput", "aggregate_score": 1.0}))
+    args[args.index("--config") + 1] = str(best)
+    out = tmp / "out"
+    proc = cli(*args, "--steps", "0,3", "--repeats", "1", "--launch", template(500), "--output-dir", str(out))
+    meta = json.loads((out / "validate.json").read_text())
+    assert meta["config"]["static_equivalent"]["steps"] == 0
+    assert [r["run"] for r in meta["runs"]] == ["static:0", "static:3", "aa:0"]
+    assert "the config is static K=0 (best-static.json: no drafter on any engine)" in proc.stdout
