@@ -22,9 +22,10 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import ClassVar, Sequence, TypedDict
 
 from spectune.backends.eagle_heads import eagle_version
+from spectune.loadgen.json_types import JsonObject, JsonValue
 from spectune.loadgen.record import RequestRecord
 
 
@@ -126,7 +127,15 @@ class SpecSnapshot:
     accepted_per_pos: dict[int, float] = field(default_factory=dict)
     avg_accept_length: float | None = None
     instance: str | None = None
-    raw: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, JsonValue] = field(default_factory=dict)
+
+
+class CrossCheck(TypedDict):
+    """:attr:`Acceptance.cross_check`: the same window's acceptance from a second source."""
+
+    source: str
+    acceptance_length: float | None
+    acceptance_rate: float | None
 
 
 @dataclass
@@ -154,7 +163,7 @@ class Acceptance:
     num_drafts: float | None = None
     source: str = "none"
     warning: str | None = None
-    cross_check: dict[str, Any] | None = None
+    cross_check: CrossCheck | None = None
 
 
 def join_warnings(*warnings: str | None) -> str | None:
@@ -350,16 +359,16 @@ class Backend(abc.ABC):
         point that failed so the reason is kept with it."""
         return ""
 
-    def request_extra(self) -> dict[str, Any]:
+    def request_extra(self) -> JsonObject:
         """Extra JSON fields to add to every request body (e.g. SGLang's ``return_spec_tokens_details``)."""
         return {}
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         """A JSON-serialisable description recorded in sweep.json (never secrets such as API keys)."""
         return {"backend": self.name}
 
     @classmethod
-    def draft_algorithm(cls, description: dict[str, Any]) -> tuple[str | None, str]:
+    def draft_algorithm(cls, description: JsonObject) -> tuple[str | None, str]:
         """The speculative method of the draft head a recorded run used, in lower case (``"eagle"``, ``"eagle3"``,
         or another engine method name), and how it was found; ``(None, "unknown")`` when the description (a
         :meth:`describe` result read back from sweep.json) does not tell.
@@ -381,6 +390,15 @@ class Backend(abc.ABC):
     async def close(self) -> None:
         """End of the sweep: release everything (stops a running server)."""
         await self.stop()
+
+
+class ScheduleServerJson(TypedDict):
+    """:meth:`ScheduleServer.to_json`: sweep.json's ``schedule_server`` entry (``max_k`` is added by the backend)."""
+
+    engine: str
+    pinned: str
+    source: str
+    costs_more: bool
 
 
 @dataclass(frozen=True)
@@ -405,12 +423,19 @@ class ScheduleServer:
     source: str
     costs_more: bool
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ScheduleServerJson:
         """sweep.json's ``schedule_server`` entry."""
         return {"engine": self.engine, "pinned": self.pinned, "source": self.source, "costs_more": self.costs_more}
 
 
-def pinned_vllm_schedule(steps: int, max_k: int, max_batch: int) -> dict[str, Any]:
+class PinnedSchedule(TypedDict):
+    """A vLLM ``--speculative-config`` schedule pinned to one num_steps (:func:`pinned_vllm_schedule`)."""
+
+    num_speculative_tokens: int
+    num_speculative_tokens_per_batch_size: list[list[int]]
+
+
+def pinned_vllm_schedule(steps: int, max_k: int, max_batch: int) -> PinnedSchedule:
     """A vLLM ``--speculative-config`` schedule that pins num_steps ``steps`` at every batch size:
     ``{"num_speculative_tokens": max_k, "num_speculative_tokens_per_batch_size": [[1, max_batch, steps]]}``
     (``vllm/v1/spec_decode/dynamic/utils.py``: vLLM carries the last range's K above ``max_batch``; buffers are

@@ -9,12 +9,22 @@ version (:func:`spectune.backends.eagle_heads.eagle_version`), and llama.cpp's h
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping, TypeVar
+
+from spectune.loadgen.json_types import JsonObject
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 __all__ = ["flat_head_config", "head_eagle_version", "llama3_rope_factors"]
 
 
-def flat_head_config(config: dict[str, Any]) -> dict[str, Any]:
+_Freqs = TypeVar("_Freqs", "np.ndarray", "torch.Tensor")
+"""Inverse RoPE frequencies: a numpy array (llama.cpp's GGUF writer) or a torch tensor (the bundled engine)."""
+
+
+def flat_head_config(config: JsonObject) -> JsonObject:
     """A head's hyperparameters as one flat dict: the top-level keys, then ``text_config`` and
     ``transformer_layer_config`` over them (llama.cpp's ``conversion/base.py`` ``ModelBase.load_hparams``, the
     speculators layout vLLM writes), then ``eagle_config`` (EAGLE repo / ModelOpt heads) over all.
@@ -29,7 +39,7 @@ def flat_head_config(config: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def head_eagle_version(config: dict[str, Any], tensors: Mapping[str, Any] | None = None,
+def head_eagle_version(config: JsonObject, tensors: Mapping[str, torch.Tensor] | None = None,
                        hidden_size: int | None = None) -> str:
     """``"eagle3"`` or ``"eagle"`` for a draft head: the one EAGLE version rule.
 
@@ -55,7 +65,7 @@ def head_eagle_version(config: dict[str, Any], tensors: Mapping[str, Any] | None
     return "eagle"
 
 
-def llama3_rope_factors(inv_freq: Any, scaling: dict[str, Any]) -> Any:
+def llama3_rope_factors(inv_freq: _Freqs, scaling: JsonObject) -> _Freqs:
     """Llama 3.1's RoPE scaling as per-pair divisors: ``inv_freq / factors`` are the scaled inverse frequencies.
 
     Wavelengths ``2*pi/inv_freq`` shorter than ``original_max_position_embeddings / high_freq_factor`` keep their

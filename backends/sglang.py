@@ -40,7 +40,7 @@ import importlib.util
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence, TypedDict
 
 from spectune.backends.base import (Acceptance, BackendOptions, ScheduleServer, SpecSnapshot, chunk_proxy_acceptance,
                                     zero_steps_acceptance)
@@ -50,6 +50,7 @@ from spectune.backends.launch import LaunchingBackend
 from spectune.backends.num_steps import AdaptiveConfig, load_config_file
 from spectune.backends.prometheus import gauge_values, parse_metrics
 from spectune.loadgen.errors import UserError
+from spectune.loadgen.json_types import JsonObject, JsonValue
 from spectune.loadgen.record import RequestRecord
 
 #: SGLang's running-request cap with EAGLE when --max-running-requests is unset (server_args.py).
@@ -57,6 +58,40 @@ SGLANG_SPEC_MAX_RUNNING = 48
 _ACCEPTED_KEYS = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
 _PROPOSED_KEYS = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")
 _HIST_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")
+
+
+class InternalState(TypedDict, total=False):
+    """One DP rank's entry of ``/server_info`` ``internal_states`` (the scheduler's ``get_internal_state``), the
+    fields read here."""
+
+    avg_spec_accept_length: float | None
+    speculative_num_steps: int | None
+
+
+class SpecServerArgs(TypedDict, total=False):
+    """``/server_info`` ``spec``: the ``spec`` namespace of the resolved server arguments
+    (``python/sglang/srt/arg_groups/fields/spec.py``), the field read here."""
+
+    speculative_adaptive: bool
+
+
+class ServerInfo(TypedDict, total=False):
+    """A ``/server_info`` answer (the resolved server arguments, flat or under ``spec``, and the schedulers'
+    ``internal_states``), the fields read here."""
+
+    internal_states: list[InternalState]
+    speculative_num_steps: int | None
+    speculative_algorithm: str | None
+    speculative_adaptive: bool
+    spec: SpecServerArgs
+
+
+class ServerInfoStats(TypedDict):
+    """:func:`server_info_stats`: what the backend uses from a ``/server_info`` answer (None when missing)."""
+
+    avg_spec_accept_length: float | None
+    speculative_num_steps: int | None
+    speculative_algorithm: str | None
 
 
 def sglang_argv(
@@ -87,7 +122,7 @@ def sglang_argv(
     return argv + list(extra)
 
 
-def spec_details(server_stats: dict[str, Any] | None) -> dict[str, Any] | None:
+def spec_details(server_stats: JsonObject | None) -> JsonObject | None:
     """SGLang's per-request spec counters from a record's ``server_stats``, wherever the client put them.
 
     Accepts the response's ``sglext`` object (``{"sglext": {"spec_tokens_details": {...}}}``), the details
@@ -106,7 +141,7 @@ def spec_details(server_stats: dict[str, Any] | None) -> dict[str, Any] | None:
     return None
 
 
-def _first(d: dict[str, Any], keys: Sequence[str]) -> Any:
+def _first(d: JsonObject, keys: Sequence[str]) -> JsonValue:
     return next((d[k] for k in keys if d.get(k) is not None), None)
 
 
@@ -156,7 +191,7 @@ def per_request_acceptance(records: Sequence[RequestRecord]) -> Acceptance | Non
     return Acceptance(length, rate, per_pos, verify, source, warning)
 
 
-def server_info_stats(info: Any) -> dict[str, Any]:
+def server_info_stats(info: ServerInfo) -> ServerInfoStats:
     """``avg_spec_accept_length`` (mean over DP ranks that report it) and ``speculative_num_steps`` from a
     ``/server_info`` answer; missing values are None."""
     states = info.get("internal_states") if isinstance(info, dict) else None
@@ -169,7 +204,7 @@ def server_info_stats(info: Any) -> dict[str, Any]:
             "speculative_algorithm": info.get("speculative_algorithm") if isinstance(info, dict) else None}
 
 
-def server_info_adaptive(info: Any) -> bool | None:
+def server_info_adaptive(info: ServerInfo) -> bool | None:
     """Whether a ``/server_info`` answer says the server runs ``--speculative-adaptive`` (its resolved server
     arguments, flat or under the ``spec`` namespace); None when the answer does not say."""
     if not isinstance(info, dict):
@@ -249,7 +284,7 @@ class SGLangBackend(LaunchingBackend):
                             "static K=0 server")
         return kept, warnings
 
-    def pinned_config(self, steps: int, max_k: int) -> Any:
+    def pinned_config(self, steps: int, max_k: int) -> JsonObject:
         """SGLang's adaptive config with one slot and one candidate: ``{"1": {"candidate_steps": [steps]}}``."""
         return {"1": {"candidate_steps": [steps]}}
 
@@ -260,11 +295,11 @@ class SGLangBackend(LaunchingBackend):
         return sglang_argv(self.options.model or "", steps, host, port, self.options.draft, self.algorithm()[0],
                            running, self.options.server_args, adaptive_config=adaptive)
 
-    def request_extra(self) -> dict[str, Any]:
+    def request_extra(self) -> JsonObject:
         """Ask SGLang for per-request spec details (``sglext.spec_tokens_details`` in the response)."""
         return {"return_spec_tokens_details": True}
 
-    async def _server_info(self, url: str) -> dict[str, Any] | None:
+    async def _server_info(self, url: str) -> ServerInfo | None:
         for path in ("/server_info", "/get_server_info"):
             reply = await get(url + path, 10.0, self.headers)
             if reply.status == 200 and isinstance(reply.json(), dict):
@@ -339,8 +374,8 @@ class SGLangBackend(LaunchingBackend):
         taken_at = time.perf_counter()
         info = await self._server_info(url) or {}
         stats = server_info_stats(info)
-        raw: dict[str, Any] = {"speculative_num_steps": stats["speculative_num_steps"],
-                               "speculative_adaptive": server_info_adaptive(info)}
+        raw: dict[str, JsonValue] = {"speculative_num_steps": stats["speculative_num_steps"],
+                                     "speculative_adaptive": server_info_adaptive(info)}
         reply = await get(url + "/metrics", 5.0, self.headers)
         if reply.status == 200:
             try:
@@ -384,13 +419,13 @@ class SGLangBackend(LaunchingBackend):
         return self.algorithm()[0].lower()
 
     @classmethod
-    def draft_algorithm(cls, description: dict[str, Any]) -> tuple[str | None, str]:
+    def draft_algorithm(cls, description: JsonObject) -> tuple[str | None, str]:
         """``draft_algorithm``, else the recorded ``algorithm`` (``EAGLE``/``EAGLE3``), else the base rule."""
         if not description.get("draft_algorithm") and description.get("algorithm"):
             return str(description["algorithm"]).lower(), "sweep.json algorithm"
         return super().draft_algorithm(description)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         """Base description plus the speculative algorithm and how it was chosen."""
         d = super().describe()
         if self.remote is None:

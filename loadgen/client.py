@@ -24,12 +24,13 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol, Sequence, TypedDict
 
 import aiohttp
 
 from spectune.loadgen.datasets import Prompt
 from spectune.loadgen.errors import UserError
+from spectune.loadgen.json_types import JsonObject, JsonValue
 from spectune.loadgen.record import RequestRecord
 from spectune.loadgen.sse import SSEParser
 
@@ -45,6 +46,34 @@ _DECODER = json.JSONDecoder()
 #: dropped; OpenAI "content_filter" for truncated output). Compared in lower case.
 FAILED_FINISHES = frozenset({"abort", "aborted", "cancelled", "canceled", "error", "content_filter", "timeout",
                              "preempted", "rejected"})
+
+
+class ChunkTokenizer(Protocol):
+    """What :attr:`ClientConfig.tokenizer` must offer: a Hugging Face tokenizer's ``encode`` (only the number of ids
+    is used)."""
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> Sequence[int]: ...
+
+
+class StreamOptionsBody(TypedDict, total=False):
+    """A request's ``stream_options`` (``continuous_usage_stats``: vLLM's and SGLang's extension)."""
+
+    include_usage: bool
+    continuous_usage_stats: bool
+
+
+class RequestBody(TypedDict, total=False):
+    """The JSON body :meth:`StreamingClient.body` sends (``messages`` for chat, ``prompt`` for completions), before
+    the backend's :attr:`ClientConfig.extra_body` fields are merged into it."""
+
+    model: str | None
+    max_tokens: int
+    temperature: float
+    stream: bool
+    stream_options: StreamOptionsBody
+    messages: list[dict[str, str]]
+    prompt: str
+    ignore_eos: bool
 
 
 @dataclass
@@ -75,10 +104,10 @@ class ClientConfig:
     max_tokens: int = 256
     temperature: float = 0.0
     ignore_eos: bool = False
-    extra_body: dict[str, Any] | None = None
+    extra_body: JsonObject | None = None
     api_key_env: str | None = "OPENAI_API_KEY"
     timeout_s: float = 600.0
-    tokenizer: Any = field(default=None, repr=False, compare=False)
+    tokenizer: ChunkTokenizer | None = field(default=None, repr=False, compare=False)
     continuous_usage: bool = True
     reuse_connections: bool = True
 
@@ -139,11 +168,11 @@ class StreamingClient:
             await self.session.close()
             self.session = None
 
-    def body(self, prompt: Prompt) -> dict[str, Any]:
+    def body(self, prompt: Prompt) -> RequestBody:
         """The JSON request body for ``prompt``."""
         cfg = self.config
-        body: dict[str, Any] = {"model": cfg.model, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
-                                "stream": True, "stream_options": {"include_usage": True}}
+        body: RequestBody = {"model": cfg.model, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
+                             "stream": True, "stream_options": {"include_usage": True}}
         if cfg.continuous_usage:
             body["stream_options"]["continuous_usage_stats"] = True
         if cfg.api == "chat":
@@ -294,14 +323,14 @@ class StreamingClient:
         return None
 
 
-def _count(value: Any) -> bool:
+def _count(value: JsonValue) -> bool:
     """A token count a server may report: a non-negative integer (an integral float is tolerated)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     return value >= 0 and float(value).is_integer()
 
 
-def merge_stats(stats: dict[str, Any], key: str, value: Any) -> None:
+def merge_stats(stats: JsonObject, key: str, value: JsonValue) -> None:
     """Fold one non-standard chunk field into ``stats`` (``record.server_stats``), per key.
 
     A server may spread its extension object over several chunks: SGLang sends ``sglext`` with
@@ -323,7 +352,7 @@ def merge_stats(stats: dict[str, Any], key: str, value: Any) -> None:
         stats[key] = value
 
 
-def _loads_or_none(payload: bytes) -> Any:
+def _loads_or_none(payload: bytes) -> JsonValue:
     try:
         return json.loads(payload)
     except ValueError:
@@ -335,7 +364,7 @@ def _one_line(e: object) -> str:
     return text[:_MAX_ERROR_CHARS]
 
 
-def _error_message(body: bytes, obj: Any = None) -> str:
+def _error_message(body: bytes, obj: JsonValue = None) -> str:
     """One line from an error body: OpenAI ``{"error": {"message"}}``, ``{"message"}``, ``{"detail"}`` or text."""
     if obj is None:
         try:
@@ -345,7 +374,7 @@ def _error_message(body: bytes, obj: Any = None) -> str:
     if isinstance(obj, dict):
         err = obj.get("error", obj)
         if isinstance(err, dict):
-            msg = err.get("message") or err.get("detail") or err.get("msg") or json.dumps(err)
+            msg: JsonValue = err.get("message") or err.get("detail") or err.get("msg") or json.dumps(err)
         else:
             msg = err
         return _one_line(msg)

@@ -8,11 +8,15 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from spectune.backends.head_config import flat_head_config
 from spectune.backends.llamacpp.eagle3_names import EAGLE3_ARCHITECTURES
 from spectune.loadgen.errors import UserError
+from spectune.loadgen.json_types import JsonObject, JsonValue
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass
@@ -20,8 +24,8 @@ class HeadInfo:
     """An EAGLE-3 head folder, checked: its raw ``config.json``, its merged hyperparameters and its weight files."""
 
     folder: Path
-    raw: dict[str, Any]
-    hparams: dict[str, Any]
+    raw: JsonObject
+    hparams: JsonObject
     weight_files: list[Path] = field(default_factory=list)
 
 
@@ -88,7 +92,7 @@ def read_head(head_dir: str | os.PathLike[str]) -> HeadInfo:
     return HeadInfo(folder, raw, _hparams(folder, raw), files)
 
 
-def _hparams(folder: Path, raw: dict[str, Any]) -> dict[str, Any]:
+def _hparams(folder: Path, raw: JsonObject) -> JsonObject:
     """The hyperparameters as the converter sees them: ``transformers.AutoConfig`` (which fills the Llama defaults,
     e.g. ``max_position_embeddings`` 2048 and ``head_dim``), else the raw JSON; flattened by
     :func:`spectune.backends.head_config.flat_head_config` (``conversion/base.py`` ``ModelBase.load_hparams``,
@@ -102,7 +106,7 @@ def _hparams(folder: Path, raw: dict[str, Any]) -> dict[str, Any]:
     return flat_head_config(hparams)
 
 
-def find_hparam(hparams: dict[str, Any], keys: tuple[str, ...]) -> Any:
+def find_hparam(hparams: JsonObject, keys: tuple[str, ...]) -> JsonValue:
     """``ModelBase.find_hparam(keys, optional=True)``: the value of the first key present, else None."""
     return next((hparams[k] for k in keys if k in hparams), None)
 
@@ -111,7 +115,7 @@ def find_hparam(hparams: dict[str, Any], keys: tuple[str, ...]) -> Any:
 _ST_DTYPES = ("F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL")
 
 
-def _read_safetensors(path: Path) -> list[tuple[str, Any]]:
+def _read_safetensors(path: Path) -> list[tuple[str, np.ndarray]]:
     """``(name, numpy array)`` for every tensor of one file, names sorted (the converter's order), read with the
     ``safetensors`` library (``safe_open(framework="pt")``: numpy has no BF16).
 
@@ -137,7 +141,7 @@ def _read_safetensors(path: Path) -> list[tuple[str, Any]]:
     return out
 
 
-def _read_torch_bin(path: Path) -> list[tuple[str, Any]]:
+def _read_torch_bin(path: Path) -> list[tuple[str, np.ndarray]]:
     import torch
 
     try:
@@ -151,13 +155,13 @@ def _read_torch_bin(path: Path) -> list[tuple[str, Any]]:
     return out
 
 
-def head_tensors(head: HeadInfo) -> list[tuple[str, Any]]:
+def head_tensors(head: HeadInfo) -> list[tuple[str, np.ndarray]]:
     """``(checkpoint name, numpy array)`` of every weight file, in the converter's order (files, then names).
 
     Raises:
         UserError: a file named by the index is missing or unreadable.
     """
-    out: list[tuple[str, Any]] = []
+    out: list[tuple[str, np.ndarray]] = []
     for f in head.weight_files:
         if not f.is_file():
             raise UserError(f"draft head {head.folder} lacks {f.name} (named in its index): download it again")

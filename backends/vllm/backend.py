@@ -58,7 +58,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence, TypedDict
 
 from spectune.backends.base import (Acceptance, BackendOptions, ScheduleServer, SpecSnapshot, counter_acceptance,
                                     has_counters, join_warnings, pinned_vllm_schedule)
@@ -71,6 +71,7 @@ from spectune.backends.prometheus import parse_metrics, scrape_snapshot
 from spectune.backends.vllm.install import VllmInstall, detect_gpu, find_vllm
 from spectune.backends.vllm.metrics import per_request_acceptance, spec_decoding_metrics  # noqa: F401 (re-exported)
 from spectune.loadgen.errors import UserError
+from spectune.loadgen.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
 
 GIB = 1 << 30
@@ -88,7 +89,24 @@ KV_MARGIN = 1.5
 MIN_KV_BYTES = 1 << 30
 
 
-def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int = 2) -> int | None:
+class CpuServerRecord(TypedDict, total=False):
+    """What :func:`cpu_server_settings` set for a CPU server (sweep.json ``backend.cpu_server``): each value is the
+    number passed, or where the user's own setting came from (``"--server-args"``, ``"... (environment)"``)."""
+
+    max_model_len: int | str
+    kv_cache_memory_bytes: int | str
+    omp_num_threads: int | str
+
+
+class MaxNumSeqs(TypedDict):
+    """:meth:`VLLMBackend.max_num_seqs`' record (sweep.json ``backend.max_num_seqs``): the ``--max-num-seqs`` the
+    servers run with (an int, the text given in ``--server-args``, or None: unknown GPU) and where it came from."""
+
+    value: int | str | None
+    source: str
+
+
+def kv_bytes_per_token(config: JsonObject, dtype_bytes: int = 2) -> int | None:
     """KV cache bytes one token takes in one model (K and V of every layer), from an HF ``config.json``: 2 x layers x
     KV heads x head dim x ``dtype_bytes``; None when the config lacks the sizes."""
     try:
@@ -101,7 +119,7 @@ def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int = 2) -> int | No
     return 2 * layers * kv_heads * head_dim * dtype_bytes
 
 
-def _read_config(path: str | None) -> dict[str, Any] | None:
+def _read_config(path: str | None) -> JsonObject | None:
     try:
         data = json.loads((Path(path or "") / "config.json").read_text())
     except (OSError, ValueError):
@@ -111,7 +129,7 @@ def _read_config(path: str | None) -> dict[str, Any] | None:
 
 def cpu_server_settings(model: str, draft: str | None, max_concurrency: int, max_tokens: int,
                         server_args: Sequence[str], env: dict[str, str] | None = None,
-                        cpus: int | None = None) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+                        cpus: int | None = None) -> tuple[list[str], dict[str, str], CpuServerRecord]:
     """(flags, environment, record) for a vLLM CPU server (module docstring).
 
     - ``--max-model-len`` = :data:`PROMPT_BUDGET_TOKENS` + ``max_tokens``, at most the target's
@@ -129,7 +147,7 @@ def cpu_server_settings(model: str, draft: str | None, max_concurrency: int, max
     cpus = cpus or os.cpu_count() or 2
     flags: list[str] = []
     extra_env: dict[str, str] = {}
-    record: dict[str, Any] = {}
+    record: CpuServerRecord = {}
     target = _read_config(model)
     length = PROMPT_BUDGET_TOKENS + max_tokens
     if target is not None and target.get("max_position_embeddings"):
@@ -224,8 +242,8 @@ def vllm_argv(
     if steps > 0 or (keep_drafter and schedule):
         if not draft:
             raise UserError(f"num_steps {steps} needs a draft head: pass --draft PATH_OR_HF_ID")
-        spec: dict[str, Any] = {"method": engine_method("vllm", method), "model": draft,
-                                "num_speculative_tokens": steps}
+        spec: JsonObject = {"method": engine_method("vllm", method), "model": draft,
+                            "num_speculative_tokens": steps}
         if schedule:
             top = max([steps, schedule_max_k or 0, *(int(r[2]) for r in schedule)])
             spec.update(num_speculative_tokens=top, num_speculative_tokens_per_batch_size=[list(r) for r in schedule])
@@ -265,7 +283,7 @@ class VLLMBackend(LaunchingBackend):
         self._vllm: VllmInstall | None = None
         self._gpu: tuple[str, float] | None | bool = False  # False: not looked up yet
         self._target: str | None = None
-        self._cpu_settings: tuple[list[str], dict[str, str], dict[str, Any]] | None = None
+        self._cpu_settings: tuple[list[str], dict[str, str], CpuServerRecord] | None = None
         self.data_parallel_size = data_parallel_size(options.server_args)
         self.schedule = None
         if self.remote is None:
@@ -341,7 +359,7 @@ class VLLMBackend(LaunchingBackend):
             self._gpu = detect_gpu()
         return self._gpu  # type: ignore[return-value]
 
-    def max_num_seqs(self) -> tuple[int | None, dict[str, Any]]:
+    def max_num_seqs(self) -> tuple[int | None, MaxNumSeqs]:
         """(``--max-num-seqs`` to pass or None, what the servers run with: ``{"value", "source"}``).
 
         A value in ``server_args`` wins (nothing added). On a CPU server the plan's highest concurrency is passed
@@ -363,7 +381,7 @@ class VLLMBackend(LaunchingBackend):
                                                    f"vLLM's default {default} ({where})"}
         return None, {"value": default if gpu else None, "source": f"vLLM default ({where})"}
 
-    def cpu_settings(self) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+    def cpu_settings(self) -> tuple[list[str], dict[str, str], CpuServerRecord]:
         """:func:`cpu_server_settings` for the options on a CPU server, else nothing; worked out once (the options,
         target and head do not change), then shared by the command, the environment and the description."""
         if self._cpu_settings is None:
@@ -527,13 +545,13 @@ class VLLMBackend(LaunchingBackend):
         return self.method()[0]
 
     @classmethod
-    def draft_algorithm(cls, description: dict[str, Any]) -> tuple[str | None, str]:
+    def draft_algorithm(cls, description: JsonObject) -> tuple[str | None, str]:
         """``draft_algorithm``, else the recorded ``method`` (``eagle``/``eagle3``), else the base rule."""
         if not description.get("draft_algorithm") and description.get("method"):
             return str(description["method"]).lower(), "sweep.json method"
         return super().draft_algorithm(description)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         """Base description plus: the target and head launched (``model``, ``draft``: the converted folder and the
         bundled head for the default pair), the GGUF conversion (``target_conversion``: hash, tool, dtype), the vLLM
         that ran (``vllm``: Python, package, version, how found), the speculative method and how it was chosen, the

@@ -28,10 +28,15 @@ import socket
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Awaitable, Callable, Iterator, Mapping, Protocol, Sequence, TypedDict, TypeVar
 
 from spectune.loadgen.errors import UserError
 from spectune.results.durable import writing
+
+if TYPE_CHECKING:
+    from ray import ObjectRefGenerator
+    from typing_extensions import Required
 
 __all__ = ["RAY_EXTRA", "CANCEL_WAIT_S", "STOP_GRACE_S", "import_ray", "parse_resources", "task_options",
            "fits", "connect", "hosts", "node_identity", "node_ref", "where", "task_events", "stream_task",
@@ -43,10 +48,78 @@ CANCEL_WAIT_S = 60.0
 #: s a task waits for its measurement's ``finally`` (the server's stop) after a cancel, before it returns anyway
 STOP_GRACE_S = 90.0
 
-Event = dict[str, Any]
+
+class NodeIdentity(TypedDict):
+    """Where a task runs (:func:`node_identity`): the Ray node id and IP address (None outside a Ray worker), the
+    host name and the process id."""
+
+    node_id: str | None
+    ip: str | None
+    hostname: str
+    pid: int
 
 
-def import_ray() -> Any:
+class Event(TypedDict, total=False):
+    """One event of a measuring task (module docstring): its ``kind`` and that kind's keys. Here the kinds both
+    sides share: ``node`` (:class:`NodeIdentity`'s keys), ``log`` (``name``, ``text``) and ``warning``
+    (``message``); a sweep's block and a validate run add their own (:class:`spectune.sweep.ray_block.BlockEvent`,
+    :class:`spectune.validate.distributed.RunEvent`)."""
+
+    kind: Required[str]
+    node_id: str | None
+    ip: str | None
+    hostname: str
+    pid: int
+    name: str
+    text: str
+    message: str
+
+
+EventT = TypeVar("EventT", bound=Event)
+"""The events of one kind of task (a sweep's block, a validate run), for the driver's callback."""
+
+
+class NodeRef(TypedDict, total=False):
+    """A result's ``node`` object (:func:`node_ref` sets all three keys; ``{}`` while the node is not known)."""
+
+    id: str | None
+    ip: str | None
+    hostname: str | None
+
+
+class LostTask(TypedDict):
+    """What :func:`stream_task` returns for a lost task: its node (None before its ``node`` event), that node for
+    messages (:func:`where`) and the error."""
+
+    node: NodeRef | None
+    where: str
+    error: str
+
+
+class RayNode(TypedDict, total=False):
+    """A ``ray.nodes()`` entry: the keys spectune reads (Ray's entries have more)."""
+
+    Alive: bool
+    Resources: dict[str, float]
+
+
+class TaskOptions(TypedDict, total=False):
+    """Keyword arguments of a Ray task's ``.options(...)`` (:func:`task_options`; ``num_cpus`` is always set)."""
+
+    num_cpus: float
+    num_gpus: float
+    memory: float
+    resources: dict[str, float]
+
+
+class TaskSubmitter(Protocol):
+    """A Ray remote function with its options (``ray.remote(fn).options(num_returns="streaming", ...)``):
+    ``remote(payload)`` submits one task and returns its streaming generator."""
+
+    def remote(self, payload: object, /) -> ObjectRefGenerator: ...
+
+
+def import_ray() -> ModuleType:
     """The ``ray`` module.
 
     Raises:
@@ -81,11 +154,11 @@ def parse_resources(text: str | None) -> dict[str, float]:
     return out
 
 
-def task_options(resources: dict[str, float]) -> dict[str, Any]:
+def task_options(resources: dict[str, float]) -> TaskOptions:
     """``.options(...)`` of a task needing ``resources`` (:func:`parse_resources`): ``num_cpus``, ``num_gpus``,
     ``memory`` and custom ``resources``."""
     res = dict(resources)
-    opts: dict[str, Any] = {"num_cpus": res.pop("CPU", 1.0)}
+    opts: TaskOptions = {"num_cpus": res.pop("CPU", 1.0)}
     if "GPU" in res:
         opts["num_gpus"] = res.pop("GPU")
     if "memory" in res:
@@ -100,7 +173,7 @@ def fits(resources: dict[str, float], node_resources: dict[str, float]) -> bool:
     return all(float(node_resources.get(k, 0.0)) >= v for k, v in resources.items() if v > 0)
 
 
-def connect(ray: Any, address: str) -> bool:
+def connect(ray: ModuleType, address: str) -> bool:
     """Connect this process to Ray: an existing connection is used as it is; ``auto`` is ``ray.init()``
     (``RAY_ADDRESS``, else a local instance), anything else ``ray.init(address=...)``. Returns whether this call
     connected (so the caller disconnects).
@@ -110,7 +183,7 @@ def connect(ray: Any, address: str) -> bool:
     """
     if ray.is_initialized():
         return False
-    kwargs: dict[str, Any] = {"log_to_driver": False}
+    kwargs: dict[str, str | bool] = {"log_to_driver": False}
     target = os.environ.get("RAY_ADDRESS") if address == "auto" else address
     if address != "auto":
         kwargs["address"] = address
@@ -131,7 +204,7 @@ def _host(address: str) -> str:
     return rest.rsplit(":", 1)[0] if ":" in rest else rest
 
 
-def hosts(ray: Any, resources: dict[str, float]) -> list[dict[str, Any]]:
+def hosts(ray: ModuleType, resources: dict[str, float]) -> list[RayNode]:
     """The live nodes (``ray.nodes()`` entries) that can host one server needing ``resources``.
 
     Raises:
@@ -144,7 +217,7 @@ def hosts(ray: Any, resources: dict[str, float]) -> list[dict[str, Any]]:
     return found
 
 
-def server_slots(nodes: Sequence[dict[str, Any]], resources: dict[str, float]) -> int:
+def server_slots(nodes: Sequence[RayNode], resources: dict[str, float]) -> int:
     """How many servers needing ``resources`` the ``nodes`` (:func:`hosts`) can run side by side: per node the
     fewest times each resource fits (``{"GPU": 1}`` on an 8-GPU node: 8), summed; at least 1."""
     total = 0
@@ -154,7 +227,7 @@ def server_slots(nodes: Sequence[dict[str, Any]], resources: dict[str, float]) -
     return max(total, 1)
 
 
-def node_identity() -> Event:
+def node_identity() -> NodeIdentity:
     """Where this task runs: ``{"node_id", "ip", "hostname", "pid"}`` (the Ray node id and IP address when inside
     a Ray worker, else None)."""
     node_id = ip = None
@@ -168,12 +241,12 @@ def node_identity() -> Event:
     return {"node_id": node_id, "ip": ip, "hostname": socket.gethostname(), "pid": os.getpid()}
 
 
-def node_ref(event: Event) -> dict[str, Any]:
+def node_ref(event: Event) -> NodeRef:
     """A result's ``node`` object (``{"id", "ip", "hostname"}``) from a task's ``node`` event."""
     return {"id": event.get("node_id"), "ip": event.get("ip"), "hostname": event.get("hostname")}
 
 
-def where(node: dict[str, Any] | None) -> str:
+def where(node: Mapping[str, object] | None) -> str:
     """A node for messages: ``node 1a2b3c4d (hostname)``."""
     if not node:
         return "a node"
@@ -182,7 +255,7 @@ def where(node: dict[str, Any] | None) -> str:
     return f"node {ident} ({host})" if ident else str(host)
 
 
-def append_node_log(logs: Path, event: Event, node: dict[str, Any] | None, resume_hint: Path | None = None) -> None:
+def append_node_log(logs: Path, event: Event, node: NodeRef | None, resume_hint: Path | None = None) -> None:
     """A server's log from a task's ``log`` event (``name``, ``text``), appended to ``logs``/<name> with the node id
     before the suffix (``server-steps3@1a2b3c4d.log``): a run or block measured again on the same node adds to it.
 
@@ -255,8 +328,8 @@ def task_events(measure: Callable[[Callable[[Event], None]], Awaitable[None]]) -
         raise failure[0]
 
 
-async def stream_task(ray: Any, remote: Any, payload: Any, on_event: Callable[[Event, dict[str, Any] | None], None],
-                      label: str) -> dict[str, Any] | None:
+async def stream_task(ray: ModuleType, remote: TaskSubmitter, payload: object,
+                      on_event: Callable[[EventT, NodeRef | None], None], label: str) -> LostTask | None:
     """Submit one task (``remote.remote(payload)``, a streaming generator of :func:`task_events`) and hand each of
     its events to ``on_event(event, node)`` (``node``: :func:`node_ref` of its ``node`` event, None before it)
     until it ends.
@@ -273,7 +346,7 @@ async def stream_task(ray: Any, remote: Any, payload: Any, on_event: Callable[[E
     from ray.exceptions import RayError, RayTaskError
 
     gen = remote.remote(payload)
-    node: dict[str, Any] | None = None
+    node: NodeRef | None = None
     try:
         async for ref in gen:
             event = await ref
@@ -296,7 +369,7 @@ async def stream_task(ray: Any, remote: Any, payload: Any, on_event: Callable[[E
     return None
 
 
-async def run_together(coros: Sequence[Awaitable[Any]]) -> None:
+async def run_together(coros: Sequence[Awaitable[None]]) -> None:
     """Run ``coros`` (the driver's per-task streams) concurrently until all end; when one raises, or the caller is
     cancelled (Ctrl-C), cancel the others and wait for them (each stops its task and server) before raising."""
     jobs = [asyncio.ensure_future(c) for c in coros]
@@ -309,7 +382,7 @@ async def run_together(coros: Sequence[Awaitable[Any]]) -> None:
         raise
 
 
-async def cancel_task(ray: Any, gen: Any) -> None:
+async def cancel_task(ray: ModuleType, gen: ObjectRefGenerator) -> None:
     """Cancel a running task (KeyboardInterrupt inside it: its measurement stops the server), wait up to
     :data:`CANCEL_WAIT_S` for it to end, then force-kill it."""
     try:

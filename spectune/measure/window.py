@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from spectune.backends.base import Acceptance, Backend, SpecSnapshot
 from spectune.loadgen.errors import UserError
@@ -29,7 +29,33 @@ from spectune.measure.acceptance import window_acceptance
 from spectune.measure.batch_size import BATCH_SIZE_INTERVAL_S, BatchSizeSampler
 from spectune.measure.status import point_status
 
-__all__ = ["Sample", "Window", "client_config", "measure_window", "resolve_model"]
+if TYPE_CHECKING:
+    from spectune.loadgen.client import ClientConfig
+    from spectune.loadgen.constraints import Constraints
+    from spectune.loadgen.datasets import Prompt
+    from spectune.loadgen.send_loop import PointResult
+    from spectune.loadgen.strategy import Strategy
+    from spectune.results.point import BatchSize, MetricValue
+
+__all__ = ["Sample", "Window", "client_config", "measure_window", "resolve_model", "RequestSettings"]
+
+
+class RequestSettings(Protocol):
+    """What :func:`client_config` reads of a plan (:class:`~spectune.sweep.plan.SweepPlan`,
+    :class:`~spectune.validate.plan.ValidatePlan`: a :class:`~spectune.measure.load_settings.LoadSpec`): ``api``
+    (``chat`` or ``completions``), ``max_tokens``, ``temperature``, ``ignore_eos``."""
+
+    @property
+    def api(self) -> str: ...
+
+    @property
+    def max_tokens(self) -> int: ...
+
+    @property
+    def temperature(self) -> float: ...
+
+    @property
+    def ignore_eos(self) -> bool: ...
 
 
 async def resolve_model(base_url: str, preferred: str | None, api_key_env: str | None) -> str:
@@ -54,8 +80,8 @@ async def resolve_model(base_url: str, preferred: str | None, api_key_env: str |
     raise UserError(f"cannot read the model name from {base_url}/v1/models ({why}); pass --model")
 
 
-def client_config(plan: Any, backend: Backend, base_url: str, model: str | None, api_key_env: str | None,
-                  timeout_s: float = 600.0) -> Any:
+def client_config(plan: RequestSettings, backend: Backend, base_url: str, model: str | None,
+                  api_key_env: str | None, timeout_s: float = 600.0) -> ClientConfig:
     """The :class:`spectune.loadgen.ClientConfig` of a measured run: ``plan``'s ``api``, ``max_tokens``,
     ``temperature`` and ``ignore_eos`` (a :class:`~spectune.sweep.plan.SweepPlan`, a
     :class:`~spectune.validate.plan.ValidatePlan` or any object with those fields) plus the backend's extra request
@@ -100,16 +126,16 @@ class Window:
             (:func:`~spectune.loadgen.metrics.client_limit`), or None.
     """
 
-    result: Any
+    result: PointResult
     warmup: list[RequestRecord]
     stuck: str | None = None
     samples: list[Sample] = field(default_factory=list)
     after: Sample | None = None
-    batch_size: dict[str, Any] | None = None
+    batch_size: BatchSize | None = None
     acceptance: Acceptance = field(default_factory=lambda: Acceptance(None, source="none"))
     status: str = "failed"
     error: str = ""
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, MetricValue] = field(default_factory=dict)
     client_limit: str | None = None
 
     @property
@@ -118,7 +144,8 @@ class Window:
         return list(self.result.records)
 
 
-async def measure_window(backend: Backend, config: Any, prompts: list[Any], strategy: Any, constraints: Any, *,
+async def measure_window(backend: Backend, config: ClientConfig, prompts: list[Prompt], strategy: Strategy,
+                         constraints: Constraints, *,
                          warmup_requests: int, warmup_concurrency: int, warmup_timeout_s: float,
                          max_failure_rate: float, slo_ttft_ms: float | None = None,
                          slo_tpot_ms: float | None = None, on_record: Callable[[RequestRecord], None] | None = None,

@@ -40,19 +40,34 @@ as exchangeable within a run).
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence, TypedDict, TypeVar
 
 import numpy as np
 import pandas as pd
 
 from spectune.results.schema import PointKey
 
+if TYPE_CHECKING:
+    from spectune.results.point import MetricValue, RequestLine
+
 __all__ = ["DEFAULT_REPLICATES", "Interval", "RunRequests", "Bootstrap", "CellRuns", "best_by_pairs",
            "percentile_interval", "ratio_interval", "restricted_value"]
 
 DEFAULT_REPLICATES = 2000
 DEFAULT_SEED = 20250316
+
+_T = TypeVar("_T")
+
+
+class IntervalJson(TypedDict):
+    """:meth:`Interval.to_json`: the point estimate and its bounds (None when unknown) at ``confidence``."""
+
+    value: float | None
+    low: float | None
+    high: float | None
+    confidence: float
 
 
 @dataclass(frozen=True)
@@ -78,7 +93,7 @@ class Interval:
         v = format(self.value, spec) + unit
         return v + (f" [{format(self.low, spec)}, {format(self.high, spec)}]" if self.known else "")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> IntervalJson:
         """``{"value", "low", "high", "confidence"}`` with None for unknown numbers."""
         def clean(x: float) -> float | None:
             return x if math.isfinite(x) else None
@@ -120,14 +135,14 @@ class RunRequests:
         meets: (n,) bool: the request met the SLOs (all False without SLOs).
     """
 
-    prompt: list[Any]
+    prompt: list[Hashable]
     tokens: np.ndarray
     latency_ms: np.ndarray
     tpot_ms: np.ndarray
     meets: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
 
     @classmethod
-    def from_records(cls, records: Iterable[dict[str, Any]], slo_ttft_ms: float | None = None,
+    def from_records(cls, records: Iterable[RequestLine], slo_ttft_ms: float | None = None,
                      slo_tpot_ms: float | None = None) -> "RunRequests":
         """From requests.jsonl objects (``prompt_id``, ``error``, ``completion_tokens``, ``e2e_ms``, ``tpot_ms``,
         ``ttft_ms``); a request meets the SLOs as :func:`spectune.results.reader.summary_with_slos` counts it."""
@@ -152,7 +167,7 @@ class RunRequests:
         return len(self.prompt)
 
 
-def _num(x: Any) -> float:
+def _num(x: float | None) -> float:
     try:
         v = float(x)
     except (TypeError, ValueError):
@@ -183,7 +198,8 @@ class Bootstrap:
         seed: the generator's seed (results are reproducible byte for byte).
     """
 
-    def __init__(self, prompts: Iterable[Any], replicates: int = DEFAULT_REPLICATES, seed: int = DEFAULT_SEED) -> None:
+    def __init__(self, prompts: Iterable[Hashable], replicates: int = DEFAULT_REPLICATES,
+                 seed: int = DEFAULT_SEED) -> None:
         self.labels = {p: i for i, p in enumerate(sorted(set(prompts), key=str))}
         self.B = replicates
         self.rng = np.random.default_rng(seed)
@@ -287,8 +303,8 @@ class Bootstrap:
         return ratio_interval(ra, rb, value, confidence), len(shared)
 
 
-def best_by_pairs(items: Sequence[Any], value: Callable[[Any], float], ratio: Callable[[Any, Any], float],
-                  maximise: bool = True) -> Any:
+def best_by_pairs(items: Sequence[_T], value: Callable[[_T], float], ratio: Callable[[_T, _T], float],
+                  maximise: bool = True) -> _T:
     """The best of ``items`` (non-empty) when pairs are compared on the prompts both measured (module docstring):
     start from the best ``value`` (the whole windows' figure); while another item beats the current one on their
     ``ratio(other, current)`` (> 1 when ``maximise``, < 1 otherwise), move to the one that beats it by most. Ratios
@@ -320,7 +336,7 @@ class CellRuns:
     seed_offset: int = 0
 
 
-def restricted_value(run: RunRequests, prompts: set[Any], objective: str,
+def restricted_value(run: RunRequests, prompts: set[Hashable], objective: str,
                      value: float) -> tuple[RunRequests, float] | None:
     """The run's requests of ``prompts`` and its measured ``value`` rescaled to them: throughput (tokens/s) by the
     ratio estimator (output tokens over request latency on the prompts, over the same on the whole run; a closed
@@ -355,10 +371,10 @@ def restricted_value(run: RunRequests, prompts: set[Any], objective: str,
     return None
 
 
-def requests_by_point(requests: pd.DataFrame | list[dict[str, Any]] | None) -> dict[PointKey, list[dict]]:
+def requests_by_point(requests: pd.DataFrame | Sequence[RequestLine] | None) -> dict[PointKey, list[RequestLine]]:
     """Group requests.jsonl objects by (steps, concurrency, repeat); drift re-measurements (``drift_check`` set) are
     left out."""
-    out: dict[PointKey, list[dict]] = {}
+    out: dict[PointKey, list[RequestLine]] = {}
     if requests is None:
         return out
     rows = requests.to_dict("records") if isinstance(requests, pd.DataFrame) else requests
@@ -373,7 +389,7 @@ def requests_by_point(requests: pd.DataFrame | list[dict[str, Any]] | None) -> d
     return out
 
 
-def point_intervals(records: Iterable[dict[str, Any]], metrics: dict[str, Any], confidence: float = 0.95,
+def point_intervals(records: Iterable[RequestLine], metrics: Mapping[str, MetricValue], confidence: float = 0.95,
                     replicates: int = 1000) -> dict[str, float | None]:
     """summary.csv's interval columns of one measured point (:data:`spectune.results.schema.INTERVAL_COLUMNS`): the
     percentile-bootstrap bounds of its ``output_throughput_tok_s`` (tokens/s) and ``tpot_p50_ms`` (ms) over its

@@ -17,20 +17,21 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from spectune.backends.redact import Redactor, redact_obj
 from spectune.loadgen.errors import UserError
+from spectune.loadgen.json_types import JsonObject, JsonValue
 from spectune.results.durable import atomic_write, iter_jsonl, writing
-from spectune.results.point import SweepPoint, as_points
+from spectune.results.point import MetricValue, PointObject, RequestLine, SweepPoint, as_points
 from spectune.results.schema import Key, SUMMARY_COLUMNS, point_key, summary_row
 
 
-def _csv_value(v: Any) -> Any:
+def _csv_value(v: MetricValue) -> MetricValue:
     return "" if v is None else v
 
 
-def relative_inside(obj: Any, folder: Path) -> Any:
+def relative_inside(obj: JsonValue, folder: Path) -> JsonValue:
     """A copy of a JSON-like object in which every string value that is a path inside ``folder`` (spelled from the
     folder as given, or absolute) is written relative to it (``logs/server-steps3.log``), so that a results folder
     moved, shared or committed names no machine's folders for its own files. Keys, numbers, other strings and the
@@ -44,7 +45,7 @@ def relative_inside(obj: Any, folder: Path) -> Any:
         prefixes.add(str(folder) + os.sep)
     ordered = sorted(prefixes, key=len, reverse=True)
 
-    def walk(v: Any) -> Any:
+    def walk(v: JsonValue) -> JsonValue:
         if isinstance(v, str):
             return next((v[len(p):] for p in ordered if v.startswith(p) and len(v) > len(p)), v)
         if isinstance(v, dict):
@@ -83,7 +84,7 @@ class RunFolder:
             self.logs.mkdir(parents=True, exist_ok=True)
             self._req_fh = open(self.requests, "ab")
 
-    def append_request(self, obj: dict[str, Any], resume_hint: Path | None = None) -> None:
+    def append_request(self, obj: JsonObject, resume_hint: Path | None = None) -> None:
         """Append one measured request record (one line, flushed; its ``error`` redacted).
 
         Raises:
@@ -103,7 +104,7 @@ class RunFolder:
                 self._req_fh.flush()
                 os.fsync(self._req_fh.fileno())
 
-    def write_meta(self, meta: dict[str, Any], keep: tuple[str, ...] = (), resume_hint: Path | None = None) -> None:
+    def write_meta(self, meta: JsonObject, keep: tuple[str, ...] = (), resume_hint: Path | None = None) -> None:
         """Rewrite the metadata file atomically; string values redacted, and paths inside the folder (server logs)
         written relative to it (:func:`relative_inside`), except the top-level keys in ``keep``.
 
@@ -116,7 +117,7 @@ class RunFolder:
         with writing(self.meta_path, resume_hint):
             atomic_write(self.meta_path, lambda fh: fh.write(text))
 
-    def _extra_files(self) -> list[Any]:
+    def _extra_files(self) -> list[io.IOBase | None]:
         return []
 
     def close(self) -> None:
@@ -147,12 +148,12 @@ class SweepFolder(RunFolder):
         self.points_file = self.path / "points.jsonl"
         self.summary = self.path / "summary.csv"
         self.points: list[SweepPoint] = []  # finished points, in file order
-        self.predicted: list[dict[str, Any]] = []  # a guided sweep's predicted cells (summary.csv rows only)
+        self.predicted: list[JsonObject] = []  # a guided sweep's predicted cells (summary.csv rows only)
         self.drift_requests = self.path / "drift_requests.jsonl"
         self._pt_fh: io.TextIOBase | None = None
 
     # -- reading --------------------------------------------------------------------------------------------
-    def read_meta(self) -> dict[str, Any] | None:
+    def read_meta(self) -> JsonObject | None:
         """The parsed ``sweep.json``, or None when absent.
 
         Raises:
@@ -179,8 +180,8 @@ class SweepFolder(RunFolder):
                 by_key[key] = SweepPoint.from_dict(obj)  # type: ignore[arg-type]
         return list(by_key.values())
 
-    def check(self, plan: dict[str, Any], resume: bool, retry_failed: bool = False,
-              defaults: dict[str, Any] | None = None) -> list[SweepPoint]:
+    def check(self, plan: JsonObject, resume: bool, retry_failed: bool = False,
+              defaults: Mapping[str, JsonValue] | None = None) -> list[SweepPoint]:
         """Decide, without writing anything, which finished points the sweep keeps.
 
         ``defaults``: plan keys an older sweep.json may lack, with the value their absence means.
@@ -215,7 +216,7 @@ class SweepFolder(RunFolder):
         return points
 
     # -- writing --------------------------------------------------------------------------------------------
-    def open(self, meta: dict[str, Any], keep: Sequence[SweepPoint]) -> None:
+    def open(self, meta: JsonObject, keep: Sequence[SweepPoint]) -> None:
         """Create the folder, write ``sweep.json``, keep only ``keep``'s points and their request records
         (rewritten atomically, so a crashed or interrupted point leaves nothing behind), open the append files
         and rewrite ``summary.csv``.
@@ -239,7 +240,7 @@ class SweepFolder(RunFolder):
             self._pt_fh = open(self.points_file, "a", encoding="utf-8")
             self.write_summary()
 
-    def write_meta(self, meta: dict[str, Any]) -> None:  # type: ignore[override]
+    def write_meta(self, meta: JsonObject) -> None:  # type: ignore[override]
         """Rewrite ``sweep.json`` atomically (string values redacted, except the ``plan``, which ``--resume``
         compares as written and which holds no secrets).
 
@@ -254,7 +255,7 @@ class SweepFolder(RunFolder):
         self._req_fh.flush()
         return self._req_fh.tell()
 
-    def append_request(self, obj: dict[str, Any]) -> None:  # type: ignore[override]
+    def append_request(self, obj: JsonObject) -> None:  # type: ignore[override]
         """Append one measured request record (see :meth:`RunFolder.append_request`); a failed write names
         ``--resume``."""
         super().append_request(obj, self.path)
@@ -273,7 +274,7 @@ class SweepFolder(RunFolder):
         except OSError:
             pass
 
-    def append_drift_request(self, obj: dict[str, Any]) -> None:
+    def append_drift_request(self, obj: JsonObject) -> None:
         """Append one request of a drift re-measurement to ``drift_requests.jsonl`` (kept apart from
         requests.jsonl, whose records are the points'; its ``error`` redacted).
 
@@ -286,12 +287,12 @@ class SweepFolder(RunFolder):
             with open(self.drift_requests, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(obj) + "\n")
 
-    def read_requests(self) -> list[dict[str, Any]]:
+    def read_requests(self) -> list[RequestLine]:
         """The request objects of ``requests.jsonl`` (unparsable lines skipped)."""
         self.sync_requests()
         return [obj for _, obj in iter_jsonl(self.requests) if obj is not None]
 
-    def append_point(self, point: SweepPoint | dict[str, Any]) -> None:
+    def append_point(self, point: SweepPoint | PointObject) -> None:
         """Make a finished point durable: fsync its requests, append it (:meth:`SweepPoint.to_dict`) to
         ``points.jsonl`` (fsynced), keep it in :attr:`points` (as the record of the line written), then rewrite
         ``summary.csv`` atomically. String values are redacted.
@@ -331,7 +332,7 @@ class SweepFolder(RunFolder):
         with writing(self.summary, self.path):
             self.write_summary()
 
-    def write_summary(self, points: Iterable[SweepPoint | dict[str, Any]] | None = None) -> None:
+    def write_summary(self, points: Iterable[SweepPoint | PointObject] | None = None) -> None:
         """Rewrite ``summary.csv`` atomically: one row per finished point (:attr:`points`, or ``points``: records or
         points.jsonl objects) and per predicted cell (:attr:`predicted`), sorted by steps, concurrency, repeat."""
         from spectune.results.batch_acceptance import acceptance_vs_c1
@@ -350,7 +351,7 @@ class SweepFolder(RunFolder):
 
         atomic_write(self.summary, write)
 
-    def _extra_files(self) -> list[Any]:
+    def _extra_files(self) -> list[io.IOBase | None]:
         return [self._pt_fh]
 
     def _close_extra(self) -> None:
@@ -364,7 +365,7 @@ class ValidateFolder(RunFolder):
         path: the folder. render: validate.md's text from the (redacted) validate.json object.
     """
 
-    def __init__(self, path: Path, render: Callable[[dict[str, Any]], str]) -> None:
+    def __init__(self, path: Path, render: Callable[[JsonObject], str]) -> None:
         super().__init__(path, "validate.json")
         self.json_path = self.meta_path
         self.md_path = self.path / "validate.md"
@@ -379,7 +380,7 @@ class ValidateFolder(RunFolder):
         """Create the folder and open requests.jsonl. Raises UserError when it cannot be written."""
         self.open_files()
 
-    def write(self, meta: dict[str, Any]) -> None:
+    def write(self, meta: JsonObject) -> None:
         """Make the request records durable (fsync), then rewrite validate.json and validate.md atomically (strings
         redacted). Raises UserError on a failed write."""
         meta = redact_obj(meta, self.redactor)

@@ -21,14 +21,25 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Iterable
+from typing import Iterable, Mapping, TypedDict
 
 from spectune.loadgen.errors import UserError
+from spectune.loadgen.json_types import JsonObject
 
-__all__ = ["node_verdicts", "unlike_nodes", "check_mixed_nodes", "calibration_numbers"]
+__all__ = ["node_verdicts", "unlike_nodes", "check_mixed_nodes", "calibration_numbers", "NodeVerdict"]
 
 
-def calibration_numbers(point: dict[str, Any] | None) -> tuple[float, float, float] | None:
+class NodeVerdict(TypedDict):
+    """One node's verdict (:func:`node_verdicts`): its calibration throughput over the median node's (``ratio``),
+    that ratio's interval (``low``, ``high``) and ``alike`` (True / False / None: unknown); all None when unknown."""
+
+    ratio: float | None
+    low: float | None
+    high: float | None
+    alike: bool | None
+
+
+def calibration_numbers(point: JsonObject | None) -> tuple[float, float, float] | None:
     """(throughput, interval low, interval high) in tokens/s of an ok calibration point, the point's value for a
     missing bound; None when the point is missing, failed or lacks its throughput."""
     if not point or point.get("status") != "ok":
@@ -43,7 +54,7 @@ def calibration_numbers(point: dict[str, Any] | None) -> tuple[float, float, flo
     return float(x), min(lo, float(x)), max(hi, float(x))
 
 
-def node_verdicts(calibrations: dict[str, dict[str, Any] | None], band: float) -> dict[str, dict[str, Any]]:
+def node_verdicts(calibrations: Mapping[str, JsonObject | None], band: float) -> dict[str, NodeVerdict]:
     """The verdict of every node from its calibration point (module docstring's rule).
 
     Args:
@@ -56,7 +67,7 @@ def node_verdicts(calibrations: dict[str, dict[str, Any] | None], band: float) -
     """
     nums = {n: calibration_numbers(p) for n, p in calibrations.items()}
     known = {n: v for n, v in nums.items() if v is not None}
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, NodeVerdict] = {}
     for node, v in nums.items():
         if v is None or len(known) < 2:
             out[node] = {"ratio": None, "low": None, "high": None, "alike": None}
@@ -70,17 +81,17 @@ def node_verdicts(calibrations: dict[str, dict[str, Any] | None], band: float) -
     return out
 
 
-def unlike_nodes(meta: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+def unlike_nodes(meta: JsonObject | None) -> dict[str, JsonObject]:
     """The nodes sweep.json's ``nodes`` marks unlike (``alike`` false): node id -> its entry."""
     nodes = (meta or {}).get("nodes") or {}
     return {n: e for n, e in nodes.items() if isinstance(e, dict) and e.get("alike") is False}
 
 
-def _node_ids(points: Iterable[dict[str, Any]]) -> set[str]:
+def _node_ids(points: Iterable[JsonObject]) -> set[str]:
     return {str((p.get("node") or {}).get("id")) for p in points if isinstance(p.get("node"), dict)}
 
 
-def check_mixed_nodes(meta: dict[str, Any] | None, points: Iterable[dict[str, Any]], allow: bool) -> list[str]:
+def check_mixed_nodes(meta: JsonObject | None, points: Iterable[JsonObject], allow: bool) -> list[str]:
     """Before comparing num_steps: refuse when the points come from two or more nodes and one of them is unlike.
 
     Returns:

@@ -12,7 +12,8 @@ and after this record read (and diff) the same:
   ``steps`` ... ``stop_reason``, ``log_tail``, ``finished``, [``timing``], [``server``].
 
 Keys this version does not know (a newer spectune's) are kept in ``extra`` and written last, so reading and writing
-a point loses nothing.
+a point loses nothing. :class:`PointLine` is the line as the dict the sweep modules read (its parts: the TypedDicts
+below), :class:`RequestLine` one requests.jsonl line.
 """
 
 from __future__ import annotations
@@ -20,11 +21,17 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Iterable, TypedDict
+from typing import TYPE_CHECKING, Iterable, TypedDict, Union
 
+from spectune.loadgen.json_types import JsonObject
 from spectune.results.schema import KEY_COLUMNS, STATUS_COLUMNS, SUMMARY_COLUMNS, Key, PointKey, now_iso, summary_row
 
-__all__ = ["SweepPoint", "as_points", "MetricValue", "Window", "Warmup"]
+if TYPE_CHECKING:
+    from spectune.backends.base import CrossCheck  # acceptance.cross_check
+
+__all__ = ["SweepPoint", "as_points", "MetricValue", "Window", "Warmup", "PointAcceptance",
+           "BatchSize", "CategoryNumbers", "PairedLook", "EarlyStopLook", "EarlyStopRecord", "ScheduleCheckRecord",
+           "PointTiming", "ServerRecord", "PointLine", "PointObject", "RequestLine"]
 
 MetricValue = float | int | str | bool | None
 """One value of a point's ``metrics``: a number (ms, tokens/s, req/s, counts as the column names), a source or
@@ -44,6 +51,191 @@ class Warmup(TypedDict):
 
     requests: int
     failed: int
+
+
+class PointAcceptance(TypedDict, total=False):
+    """A point's ``acceptance``: ``per_position`` (acceptance rate per draft position), ``num_drafts`` (verify steps
+    with drafting, or None), ``warning`` (or None) and, for a measured point, ``cross_check`` (or None); empty in a
+    line that lacks it."""
+
+    per_position: list[float]
+    num_drafts: float | None
+    warning: str | None
+    cross_check: CrossCheck | None
+
+
+class BatchSize(TypedDict):
+    """A point's ``batch_size``: the engine's running batch over the window
+    (:func:`spectune.measure.batch_size.batch_size_summary`): ``mean`` (time average), ``p50``, ``p90``, ``min``,
+    ``max`` (requests), ``samples`` (readings), ``histogram`` (``{"B": readings at batch size B}``), ``source`` (the
+    gauge)."""
+
+    mean: float
+    p50: float
+    p90: float
+    min: float
+    max: float
+    samples: int
+    histogram: dict[str, int]
+    source: str
+
+
+class CategoryNumbers(TypedDict, total=False):
+    """One ``per_category`` entry (:func:`spectune.measure.acceptance.per_category_points`): ``num_requests`` (failed
+    included), ``tpot_p50_ms`` (ms), ``output_throughput_tok_s`` (tokens/s), ``acceptance_length`` (tokens per verify
+    step) and its ``acceptance_length_source``; None where unknown."""
+
+    num_requests: int
+    tpot_p50_ms: float | None
+    output_throughput_tok_s: float | None
+    acceptance_length: float | None
+    acceptance_length_source: str
+
+
+class PairedLook(TypedDict):
+    """``early_stop.paired``: the paired test's last look (:class:`spectune.sweep.sequential.EarlyStop`): ``ratio``
+    (the cell over the reference on the requests both measured, "better" up), its bounds ``low``/``high`` and the
+    ``pairs``."""
+
+    ratio: float
+    low: float
+    high: float
+    pairs: int
+
+
+class EarlyStopLook(TypedDict, total=False):
+    """The sequential rule's last look (:attr:`spectune.sweep.sequential.EarlyStop.last`): ``estimate`` (tokens/s, or
+    TPOT ms) with its confidence-sequence bounds ``low``/``high``, ``requests`` (successful requests seen),
+    ``elapsed_s``, ``reference`` (the rescaled reference, or None), ``minimum`` (successful requests required then),
+    ``paired`` (from 8 pairs on) and, for a window that stopped early, ``window_output_throughput_tok_s`` (its own
+    tokens over its length)."""
+
+    estimate: float
+    low: float
+    high: float
+    requests: int
+    elapsed_s: float
+    reference: float | None
+    minimum: int
+    paired: PairedLook
+    window_output_throughput_tok_s: MetricValue
+
+
+class EarlyStopRecord(EarlyStopLook, total=False):
+    """A point's ``early_stop`` (:meth:`spectune.sweep.sequential.EarlyStop.describe`): the rule's ``reason`` (None:
+    the full window ran), ``objective``, ``confidence``, ``noise_band``, ``precision``, ``min_requests``, ``min_s``,
+    ``method``, and its last look (:class:`EarlyStopLook`)."""
+
+    reason: str | None
+    objective: str
+    confidence: float
+    noise_band: float
+    precision: float | None
+    min_requests: int | None
+    min_s: float
+    method: str
+
+
+class ScheduleCheckRecord(TypedDict):
+    """A point's ``schedule_check`` (:meth:`spectune.measure.schedule_check.ScheduleCheck.to_json`): ``batch_size``
+    (the window's mean running batch), ``drafted_per_step``, ``drafting_share`` (or None), ``k_low`` = ``k_high`` = K
+    and ``followed``."""
+
+    batch_size: float
+    drafted_per_step: float
+    drafting_share: float | None
+    k_low: int
+    k_high: int
+    followed: bool
+
+
+class PointTiming(TypedDict):
+    """A point's ``timing``: ``switch_s`` (its ``start(K)`` call when it changed the server) and ``measure_s``, s."""
+
+    switch_s: float
+    measure_s: float
+
+
+class ServerRecord(TypedDict, total=False):
+    """A schedule-server point's ``server``: ``kind`` (``schedule``), ``max_k`` (the schedule's largest K) and the
+    engine's :class:`spectune.backends.base.ScheduleServer` (``engine``, ``pinned``, ``source``, ``costs_more``)."""
+
+    kind: str
+    max_k: int
+    engine: str
+    pinned: str
+    source: str
+    costs_more: bool
+
+
+class PointLine(TypedDict, total=False):
+    """One points.jsonl line as :meth:`SweepPoint.to_dict` writes it (keys: :class:`SweepPoint`'s attributes, which
+    say which are written when; module docstring). ``predicted``: a guided sweep's predicted cell's row;
+    ``node``: ``--ray`` sweeps (docs/results-format.md); a newer format's keys come last."""
+
+    steps: int
+    concurrency: int
+    repeat: int
+    status: str
+    error: str | None
+    metrics: dict[str, MetricValue]
+    acceptance: PointAcceptance
+    batch_size: BatchSize | None
+    per_category: dict[str, CategoryNumbers]
+    window: Window
+    requests_planned: int
+    stop_reason: str | None
+    early_stop: EarlyStopRecord
+    warmup: Warmup | None
+    client_limit: str | None
+    schedule_check: ScheduleCheckRecord | None
+    model: str | None
+    base_url: str | None
+    started: str | None
+    finished: str | None
+    log_tail: str
+    drift_check: str
+    timing: PointTiming
+    server: ServerRecord
+    predicted: bool
+    node: JsonObject | None
+
+
+PointObject = Union[PointLine, JsonObject]
+"""A points.jsonl object: a :class:`PointLine`, or a line as parsed (an older or newer file's, a predicted cell's row)
+whose keys :meth:`SweepPoint.from_dict` sorts out."""
+
+
+class RequestLine(TypedDict, total=False):
+    """One requests.jsonl line (docs/results-format.md): :meth:`spectune.loadgen.record.RequestRecord.to_json` (its
+    fields, then ``ttft_ms``, ``tpot_ms``, ``e2e_ms``) after the point's ``steps``, ``concurrency``, ``repeat``, plus
+    ``drift_check`` in drift_requests.jsonl. A sweep keeps its points' requests in memory with ``chunk_times`` as
+    their count and without ``chunk_tokens`` (:meth:`spectune.sweep.run.Sweep._point`); a line from an older file
+    may lack keys."""
+
+    steps: int
+    concurrency: int
+    repeat: int
+    request_id: str
+    prompt_id: str
+    category: str | None
+    send_time: float
+    chunk_times: list[float] | int
+    chunk_tokens: list[int]
+    token_count_source: str
+    end_time: float | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    output_text: str
+    finish_reason: str | None
+    status: int | None
+    error: str | None
+    server_stats: JsonObject | None
+    dispatch_delay_s: float | None
+    ttft_ms: float | None
+    tpot_ms: float | None
+    e2e_ms: float | None
+    drift_check: str
 
 
 @dataclass
@@ -79,28 +271,28 @@ class SweepPoint:
     status: str
     error: str | None
     metrics: dict[str, MetricValue]
-    acceptance: dict[str, Any]
-    batch_size: dict[str, Any] | None
-    per_category: dict[str, Any]
+    acceptance: PointAcceptance
+    batch_size: BatchSize | None
+    per_category: dict[str, CategoryNumbers]
     window: Window
     requests_planned: int
     stop_reason: str | None
-    early_stop: dict[str, Any] | None = None
+    early_stop: EarlyStopRecord | None = None
     warmup: Warmup | None = None
     client_limit: str | None = None
-    schedule_check: dict[str, Any] | None = None
+    schedule_check: ScheduleCheckRecord | None = None
     model: str | None = None
     base_url: str | None = None
     started: str | None = None
     finished: str | None = None
     log_tail: str = ""
     drift_check: str | None = None
-    timing: dict[str, float] | None = None
-    server: dict[str, Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    timing: PointTiming | None = None
+    server: ServerRecord | None = None
+    extra: JsonObject = field(default_factory=dict)
     #: fields the file it was read from lacked (an older format) -> the value filled in: left out again by
     #: :meth:`to_dict` while they keep that value
-    absent: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    absent: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def key(self) -> PointKey:
@@ -132,9 +324,9 @@ class SweepPoint:
                    {"per_position": [], "num_drafts": None, "warning": None}, None, {},
                    {"start_s": None, "end_s": None}, planned, stop_reason, log_tail=log_tail, finished=now_iso())
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> PointLine:
         """The points.jsonl object, keys in the file's order (module docstring)."""
-        d: dict[str, Any] = {
+        d: PointLine = {
             "steps": self.steps, "concurrency": self.concurrency, "repeat": self.repeat, "status": self.status,
             "error": self.error, "metrics": self.metrics, "acceptance": self.acceptance,
             "batch_size": self.batch_size, "per_category": self.per_category, "window": self.window,
@@ -165,7 +357,7 @@ class SweepPoint:
         return d
 
     @classmethod
-    def from_dict(cls, obj: dict[str, Any]) -> SweepPoint:
+    def from_dict(cls, obj: PointObject) -> SweepPoint:
         """A points.jsonl object as a record (older files: ``repeat`` 0 and the optional keys' defaults when
         absent; unknown keys kept in ``extra``).
 
@@ -185,13 +377,13 @@ class SweepPoint:
         record.absent = {name: copy.deepcopy(getattr(record, name)) for name in names - set(obj)}
         return record
 
-    def summary_row(self) -> dict[str, Any]:
+    def summary_row(self) -> dict[str, MetricValue]:
         """The point's summary.csv row (:func:`spectune.results.schema.summary_row`; ``acceptance_vs_c1`` is
         filled by the folder, which sees every point)."""
         return summary_row(self.to_dict())
 
 
-def as_points(points: Iterable[SweepPoint | dict[str, Any]]) -> list[SweepPoint]:
+def as_points(points: Iterable[SweepPoint | PointObject]) -> list[SweepPoint]:
     """``points`` as records: a :class:`SweepPoint` is kept as it is, a points.jsonl object is read with
     :meth:`SweepPoint.from_dict`.
 

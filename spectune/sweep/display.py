@@ -11,7 +11,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, TypedDict
 
 from rich.console import Console
 from rich.progress import TaskID
@@ -19,9 +19,34 @@ from rich.table import Table
 
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.progress import LiveProgress
-from spectune.results.point import SweepPoint, as_points
+from spectune.results.point import MetricValue, PointObject, SweepPoint, as_points
 from spectune.results.schema import Key
 from spectune.sweep.plan import SweepListener, SweepOutcome, SweepPlan
+
+
+class _DriftCheckBase(TypedDict):
+    label: str
+    steps: int
+    concurrency: int
+    objective: str
+    first: MetricValue
+    again: MetricValue
+    confidence: float
+    span_s: float | None
+    ratio: float | None
+    low: float | None
+    high: float | None
+    drifted: bool
+    change: float
+
+
+class DriftCheck(_DriftCheckBase, total=False):
+    """One drift check (:func:`spectune.sweep.drift.drift_check`; sweep.json ``drift.checks``): ``label``, the
+    cell (``steps``, ``concurrency``), ``objective`` with its ``first`` and ``again`` values (tokens/s or ms),
+    ``ratio`` again / first with its interval ``low``/``high`` at ``confidence`` (None when unknown), ``drifted``,
+    ``change`` = |ratio - 1|, ``span_s`` and, for a check that could not compare, ``note``."""
+
+    note: str
 
 
 def _fmt(v: float | None, spec: str) -> str:
@@ -90,7 +115,7 @@ class LiveDisplay(LiveProgress, SweepListener):
         self.console.print(drift_line(check), markup=False)
 
 
-def drift_line(check: dict[str, Any]) -> str:
+def drift_line(check: DriftCheck) -> str:
     """One line about a drift check: ``drift check (end of sweep) K=0 c=4: throughput 1.000x [0.97, 1.03] within
     noise``."""
     head = f"drift check ({check['label']}) K={check['steps']} c={check['concurrency']}"
@@ -128,7 +153,7 @@ def outcome_lines(outcome: SweepOutcome) -> list[str]:
     return lines
 
 
-def point_line(point: SweepPoint | dict[str, Any]) -> str:
+def point_line(point: SweepPoint | PointObject) -> str:
     """One line about a finished point (a record, or a points.jsonl object): ``K=3 c=16 r=0 ok: 812 tok/s, TPOT p50
     4.10 ms, AL 2.31 (64 req, 0 failed)``.
 
@@ -181,14 +206,14 @@ class SummaryCell:
         return self.total > 0 and self.ok == 0
 
 
-def _median(values: Iterable[Any]) -> float | None:
+def _median(values: Iterable[MetricValue]) -> float | None:
     vals = [float(v) for v in values if isinstance(v, (int, float))]
     return statistics.median(vals) if vals else None
 
 
-def summarize(points: Sequence[SweepPoint | dict[str, Any]], steps: Sequence[int],
+def summarize(points: Sequence[SweepPoint | PointObject], steps: Sequence[int],
               concurrency: Sequence[int], intervals: dict[tuple[int, int], tuple[float, float]] | None = None,
-              predicted: Sequence[dict[str, Any]] = ()) -> dict[tuple[int, int], SummaryCell]:
+              predicted: Sequence[PointObject] = ()) -> dict[tuple[int, int], SummaryCell]:
     """(concurrency, steps) -> :class:`SummaryCell` for every planned cell (``total`` 0 where nothing ran).
 
     ``intervals``: (concurrency, steps) -> the cell's throughput interval (tokens/s) over requests and repeats
@@ -230,9 +255,9 @@ def summarize(points: Sequence[SweepPoint | dict[str, Any]], steps: Sequence[int
     return cells
 
 
-def summary_table(points: Sequence[SweepPoint | dict[str, Any]], steps: Sequence[int], concurrency: Sequence[int],
+def summary_table(points: Sequence[SweepPoint | PointObject], steps: Sequence[int], concurrency: Sequence[int],
                   intervals: dict[tuple[int, int], tuple[float, float]] | None = None,
-                  predicted: Sequence[dict[str, Any]] = ()) -> Table:
+                  predicted: Sequence[PointObject] = ()) -> Table:
     """The final table: a row per concurrency, a column per num_steps; each cell shows output throughput
     (tok/s) with its 95% interval where known (``intervals``, see :func:`summarize`), TPOT p50 (ms), acceptance
     length and speedup vs num_steps 0 (medians over ok repeats); a guided sweep's predicted cells read

@@ -40,15 +40,18 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Callable, Sequence, TypedDict
 
 from spectune.backends.base import Backend, BackendOptions
 from spectune.loadgen.datasets import Prompt
 from spectune.loadgen.errors import UserError
+from spectune.loadgen.json_types import JsonObject
 from spectune.measure.load_settings import ClientTimeouts
-from spectune.measure.node_progress import NodeBoard
-from spectune.measure.ray_cluster import (RAY_EXTRA, connect, fits, hosts, import_ray, parse_resources, run_together,
-                                          append_node_log, server_slots, stream_task, task_options, where)
+from spectune.measure.node_progress import NodeBoard, NodeTask
+from spectune.measure.ray_cluster import (RAY_EXTRA, LostTask, NodeRef, TaskOptions, TaskSubmitter, connect, fits,
+                                          hosts, import_ray, parse_resources, run_together, append_node_log,
+                                          server_slots, stream_task, task_options, where)
 from spectune.results.durable import atomic_write, writing
 from spectune.results.folder import SweepFolder
 from spectune.results.nodes import node_verdicts
@@ -57,9 +60,52 @@ from spectune.results.schema import Key, PointKey, point_key
 from spectune.sweep.drift import drift_summary
 from spectune.sweep.plan import SweepListener, SweepPlan
 
+if TYPE_CHECKING:
+    from ray.remote_function import RemoteFunction
+
+    from spectune.sweep.guided import GuidedPlanner
+    from spectune.sweep.ray_block import BlockEvent, BlockPayload
+
 __all__ = ["RayOptions", "RaySweep", "parse_resources", "RAY_EXTRA"]
 
 _COST_KEYS = ("points", "drift_points", "launches", "measure_s", "drift_s", "switch_s")
+
+
+class BlockTaskOptions(TaskOptions, total=False):
+    """``.options(...)`` of a block task: a streaming generator without automatic retries, and the resources of
+    one server (:class:`spectune.measure.ray_cluster.TaskOptions`)."""
+
+    num_returns: str
+    max_retries: int
+
+
+class NodeCalibration(TypedDict):
+    """A sweep.json ``nodes`` entry's ``calibration``: its calibration point's cell, status and numbers."""
+
+    steps: int | None
+    concurrency: int | None
+    status: str | None
+    output_throughput_tok_s: float | None
+    output_throughput_ci_low: float | None
+    output_throughput_ci_high: float | None
+    tpot_p50_ms: float | None
+
+
+class NodeEntry(TypedDict, total=False):
+    """One node of sweep.json ``nodes`` (by node id): where it is, the blocks it ran and its points; with a
+    calibration, that and its verdict (:func:`spectune.results.nodes.node_verdicts`: ``ratio``, ``low``, ``high``,
+    ``alike``)."""
+
+    id: str
+    ip: str | None
+    hostname: str | None
+    blocks: list[str]
+    points: int
+    calibration: NodeCalibration
+    ratio: float | None
+    low: float | None
+    high: float | None
+    alike: bool | None
 
 
 @dataclass(frozen=True)
@@ -80,7 +126,7 @@ class RayOptions:
     calibrate: bool = True
 
     def sweep(self, plan: SweepPlan, backend_name: str, options: BackendOptions, folder: SweepFolder,
-              prompts: list[Prompt], meta: dict[str, Any], listener: SweepListener,
+              prompts: list[Prompt], meta: JsonObject, listener: SweepListener,
               timeouts: ClientTimeouts) -> "RaySweep":
         """The distributed sweep :func:`spectune.sweep.run.execute` runs instead of a serial one (run.py asks this
         object for it, so the serial sweep's module never imports this one)."""
@@ -112,7 +158,7 @@ class RayOptions:
         if plan.order == "interleaved":
             raise UserError("--ray measures one num_steps block per task: use --order blocks or auto with --ray")
 
-    def task_options(self) -> dict[str, Any]:
+    def task_options(self) -> TaskOptions:
         """``.options(...)`` of a block task: ``num_cpus``, ``num_gpus``, ``memory`` and custom ``resources``."""
         return task_options(self.resources)
 
@@ -133,28 +179,28 @@ class RaySweep:
     """
 
     def __init__(self, plan: SweepPlan, backend_name: str, options: BackendOptions, folder: SweepFolder,
-                 prompts: list[Prompt], meta: dict[str, Any], listener: SweepListener | None,
+                 prompts: list[Prompt], meta: JsonObject, listener: SweepListener | None,
                  timeouts: ClientTimeouts, ray_options: RayOptions) -> None:
         self.plan, self.backend_name, self.options, self.folder = plan, backend_name, options, folder
         self.prompts, self.meta, self.timeouts, self.ray_options = prompts, meta, timeouts, ray_options
         self.listener = listener or SweepListener()
         self.ran = 0
-        self.predicted: list[dict[str, Any]] = []
+        self.predicted: list[JsonObject] = []
         self.cost: dict[str, float] = {k: 0 if k in ("points", "drift_points", "launches") else 0.0 for k in _COST_KEYS}
-        self.drift_checks: list[dict[str, Any]] = []
+        self.drift_checks: list[JsonObject] = []
         old = meta.get("nodes")
-        self.nodes: dict[str, dict[str, Any]] = dict(old) if isinstance(old, dict) else {}
+        self.nodes: dict[str, NodeEntry] = dict(old) if isinstance(old, dict) else {}
         self.calibrating: set[str] = set()
-        self.calibrations: dict[str, dict[str, Any]] = {}
-        self.backend_description: dict[str, Any] | None = None
-        self._ray: Any = None
-        self._remote: Any = None
+        self.calibrations: dict[str, JsonObject] = {}  # node id -> its calibration.jsonl line
+        self.backend_description: JsonObject | None = None
+        self._ray: ModuleType | None = None
+        self._remote: TaskSubmitter | None = None
         self.slots = 1  # servers the cluster runs side by side (set once connected): a guided round's width
-        self._fn: Any = None  # ray.remote(block_events)
-        self._opts: dict[str, Any] = {}  # its task options
+        self._fn: RemoteFunction | None = None  # ray.remote(block_events)
+        self._opts: BlockTaskOptions = {}  # its task options
         self._aux: list[asyncio.Future] = []  # calibration tasks started on the way
         self.board = NodeBoard()  # what each node runs now (the per-node progress)
-        self.planner: Any = None  # the guided plan's GuidedPlanner, while it runs
+        self.planner: GuidedPlanner | None = None  # the guided plan's GuidedPlanner, while it runs
 
     # -- the run ----------------------------------------------------------------------------------------------------
     async def run(self, todo: Sequence[Key]) -> None:
@@ -257,7 +303,7 @@ class RaySweep:
             return f"budget of {plan.budget_s:g} s"
         return ""
 
-    def _payload(self, keys: Sequence[Key], plan: SweepPlan | None = None) -> dict[str, Any]:
+    def _payload(self, keys: Sequence[Key], plan: SweepPlan | None = None) -> BlockPayload:
         """A block task's payload (:func:`spectune.sweep.ray_block.block_events`). A guided round's block carries
         no drift check (a round's block is a few cells) and the planner's window goals of its keys."""
         plan = plan or self.plan
@@ -290,8 +336,8 @@ class RaySweep:
                 "stop_reason": "node_lost", "node": None}
             self._record(point, [], None)
 
-    async def _stream(self, remote: Any, payload: dict[str, Any], remaining: list[Key] | None,
-                      label: str, on_point: Any = None) -> dict[str, Any] | None:
+    async def _stream(self, remote: TaskSubmitter, payload: BlockPayload, remaining: list[Key] | None, label: str,
+                      on_point: Callable[[JsonObject, list[JsonObject]], None] | None = None) -> LostTask | None:
         """Submit one task and handle its events until it ends (:func:`spectune.measure.ray_cluster.stream_task`).
         Returns None when it ended normally, or what was lost (``{"node", "where", "error"}``) when Ray reports a
         system failure (node or worker died).
@@ -301,9 +347,9 @@ class RaySweep:
                 error (a bug). asyncio.CancelledError: cancelled (the task is cancelled and waited for).
         """
         keys = [PointKey(*k) for k in payload["keys"]]
-        bar: list[Any] = []  # this task's row of the per-node progress, once its node is known
+        bar: list[NodeTask] = []  # this task's row of the per-node progress, once its node is known
 
-        def on_event(event: dict[str, Any], node: dict[str, Any] | None) -> None:
+        def on_event(event: BlockEvent, node: NodeRef | None) -> None:
             kind = event.get("kind")
             if kind == "node":
                 self._node_seen(node or {}, label, keys)
@@ -372,7 +418,7 @@ class RaySweep:
         """The calibration cell: num_steps 0 at the plan's lowest concurrency, first repeat."""
         return PointKey(0, min(self.plan.concurrency), 0)
 
-    def _save_calibration(self, node_id: str, point: dict[str, Any]) -> None:
+    def _save_calibration(self, node_id: str, point: JsonObject) -> None:
         """Record ``point`` (measured on ``node_id``) as its calibration: calibration.jsonl rewritten atomically."""
         line = {"node": point.get("node") or {"id": node_id}, **{k: v for k, v in point.items() if k != "node"}}
         self.calibrations[node_id] = line
@@ -394,7 +440,7 @@ class RaySweep:
         key = self._calibration_key()
         remote = self._fn.options(**self._opts,
                                   scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
-        got: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+        got: list[tuple[JsonObject, list[JsonObject]]] = []
         label = f"calibration (K=0 c={key.concurrency})"
         lost = await self._stream(remote, self._payload([key], plan) | {"points": [], "goals": {}}, None, label,
                                   on_point=lambda p, r: got.append((p, r)))
@@ -445,7 +491,7 @@ class RaySweep:
             self.folder.rewrite_points()
 
     # -- events -----------------------------------------------------------------------------------------------------
-    def _node_seen(self, node: dict[str, Any], label: str, keys: Sequence[Key] = ()) -> None:
+    def _node_seen(self, node: NodeRef, label: str, keys: Sequence[Key] = ()) -> None:
         node_id = node.get("id")
         if not node_id:
             return
@@ -458,7 +504,7 @@ class RaySweep:
                 self._calibrate_later(node_id)
         self._save_meta()
 
-    def _record(self, point: dict[str, Any], requests: list[dict[str, Any]], node: dict[str, Any] | None) -> None:
+    def _record(self, point: JsonObject, requests: list[JsonObject], node: NodeRef | None) -> None:
         """Write a finished point and its request objects into the folder (durable, summary.csv rewritten)."""
         for obj in requests:
             self.folder.append_request(obj)
@@ -468,7 +514,7 @@ class RaySweep:
             self.nodes[node["id"]]["points"] = int(self.nodes[node["id"]].get("points") or 0) + 1
         self.listener.point_finished(SweepPoint.from_dict(point))
 
-    def _drift(self, event: dict[str, Any], node: dict[str, Any] | None) -> None:
+    def _drift(self, event: BlockEvent, node: NodeRef | None) -> None:
         for obj in event.get("requests") or []:
             self.folder.append_drift_request(obj)
         check = {**event["check"], "node": node}
@@ -476,11 +522,11 @@ class RaySweep:
         self.meta["drift"] = drift_summary(self.drift_checks, "blocks")
         self.listener.drift_checked(check)
 
-    def _log(self, event: dict[str, Any], node: dict[str, Any] | None) -> None:
+    def _log(self, event: BlockEvent, node: NodeRef | None) -> None:
         """A server's log from a task, appended to logs/ (:func:`spectune.measure.ray_cluster.append_node_log`)."""
         append_node_log(self.folder.logs, event, node, self.folder.path)
 
-    def _done(self, event: dict[str, Any]) -> None:
+    def _done(self, event: BlockEvent) -> None:
         for k in _COST_KEYS:
             self.cost[k] += (event.get("cost") or {}).get(k) or 0
         desc = event.get("backend")

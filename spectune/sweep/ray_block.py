@@ -29,15 +29,51 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TypedDict
 
+from spectune.loadgen.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.ray_cluster import Event, task_events
 from spectune.results.point import SweepPoint, as_points
 from spectune.results.schema import Key, PointKey
-from spectune.sweep.plan import SweepListener
+from spectune.sweep.plan import SweepListener, SweepPlan
+
+if TYPE_CHECKING:
+    from typing_extensions import NotRequired
+
+    from spectune.backends.base import BackendOptions
+    from spectune.loadgen.datasets import Prompt
+    from spectune.measure.load_settings import ClientTimeouts
 
 __all__ = ["block_events", "BlockFolder"]
+
+
+class BlockPayload(TypedDict):
+    """What a block task is given (:func:`block_events` describes each key; built by
+    :meth:`spectune.sweep.distributed.RaySweep._payload`)."""
+
+    plan: SweepPlan
+    backend: str
+    options: BackendOptions
+    keys: list[list[int]]  # (steps, concurrency, repeat) of one num_steps
+    prompts: list[Prompt]
+    timeouts: ClientTimeouts
+    points: NotRequired[list[SweepPoint]]  # the finished points known to the driver
+    goals: NotRequired[dict[Key, str]]  # a guided round's keys -> their window goal
+
+
+class BlockEvent(Event, total=False):
+    """One event of a block task (module docstring): the shared kinds (:class:`Event`) and a block's own."""
+
+    steps: int  # server_starting, server_failed
+    log_tail: str  # server_failed
+    key: list[int]  # point_started: (steps, concurrency, repeat)
+    planned: int  # point_started
+    point: JsonObject  # point: its points.jsonl object
+    requests: list[JsonObject]  # point, drift: request objects (requests.jsonl form)
+    check: JsonObject  # drift: the drift check's object (spectune.sweep.drift.drift_check)
+    cost: dict[str, float]  # done: the block's measuring cost
+    backend: JsonObject  # done: the backend's description
 
 
 class BlockFolder:
@@ -50,15 +86,15 @@ class BlockFolder:
         points: finished points known before the block (a resumed sweep's, the early-stop rule's references).
     """
 
-    def __init__(self, emit: Callable[[Event], None],
-                 points: Sequence[SweepPoint | dict[str, Any]] | None = None) -> None:
+    def __init__(self, emit: Callable[[BlockEvent], None],
+                 points: Sequence[SweepPoint | JsonObject] | None = None) -> None:
         self.emit = emit
         self.points: list[SweepPoint] = as_points(points or [])
-        self.predicted: list[dict[str, Any]] = []
-        self._requests: list[dict[str, Any]] = []  # the current point's request objects
-        self._done: list[dict[str, Any]] = []  # request objects of this block's finished points
-        self._drift: list[dict[str, Any]] = []
-        self.meta: dict[str, Any] = {}  # the sweep.json object the block's Sweep keeps up to date
+        self.predicted: list[JsonObject] = []
+        self._requests: list[JsonObject] = []  # the current point's request objects
+        self._done: list[JsonObject] = []  # request objects of this block's finished points
+        self._drift: list[JsonObject] = []
+        self.meta: JsonObject = {}  # the sweep.json object the block's Sweep keeps up to date
 
     def request_mark(self) -> int:
         """Where the current point's request objects start (see :meth:`truncate_requests`)."""
@@ -68,20 +104,20 @@ class BlockFolder:
         """Drop the request objects after ``mark`` (a point that did not finish)."""
         del self._requests[mark:]
 
-    def append_request(self, obj: dict[str, Any]) -> None:
+    def append_request(self, obj: JsonObject) -> None:
         """Hold one measured request object until its point finishes."""
         self._requests.append(obj)
 
-    def append_drift_request(self, obj: dict[str, Any]) -> None:
+    def append_drift_request(self, obj: JsonObject) -> None:
         """Hold one request object of the drift re-measurement (sent with the drift check)."""
         self._drift.append(obj)
 
-    def take_drift_requests(self) -> list[dict[str, Any]]:
+    def take_drift_requests(self) -> list[JsonObject]:
         """The drift re-measurement's request objects held so far (and forget them)."""
         out, self._drift = self._drift, []
         return out
 
-    def append_point(self, point: SweepPoint | dict[str, Any]) -> None:
+    def append_point(self, point: SweepPoint | JsonObject) -> None:
         """A finished point: kept as a record, emitted as its points.jsonl object with its request objects."""
         record = as_points([point])[0]
         self.points.append(record)
@@ -89,11 +125,11 @@ class BlockFolder:
         self.emit({"kind": "point", "point": record.to_dict(), "requests": self._requests})
         self._requests = []
 
-    def read_requests(self) -> list[dict[str, Any]]:
+    def read_requests(self) -> list[JsonObject]:
         """The request objects of this block's finished points."""
         return list(self._done)
 
-    def write_meta(self, meta: dict[str, Any]) -> None:
+    def write_meta(self, meta: JsonObject) -> None:
         """Keep the sweep's meta (its ``backend`` and ``cost`` are sent with the ``done`` event)."""
         self.meta = meta
 
@@ -104,7 +140,7 @@ class BlockFolder:
 class _Events(SweepListener):
     """The sweep's progress events as event dicts (request-level events stay in the task)."""
 
-    def __init__(self, emit: Callable[[Event], None], folder: BlockFolder) -> None:
+    def __init__(self, emit: Callable[[BlockEvent], None], folder: BlockFolder) -> None:
         self.emit, self.folder = emit, folder
 
     def warning(self, message: str) -> None:
@@ -122,7 +158,7 @@ class _Events(SweepListener):
     def request_finished(self, key: Key, record: RequestRecord, done: int, planned: int) -> None:
         pass
 
-    def drift_checked(self, check: dict[str, Any]) -> None:
+    def drift_checked(self, check: JsonObject) -> None:
         self.emit({"kind": "drift", "check": check, "requests": self.folder.take_drift_requests()})
 
 
@@ -137,7 +173,7 @@ class _Goals:
         return self.goals.get(PointKey(*key))
 
 
-async def _measure(payload: dict[str, Any], emit: Callable[[Event], None]) -> None:
+async def _measure(payload: BlockPayload, emit: Callable[[BlockEvent], None]) -> None:
     """Build the backend on this node, check it, measure the block, stop the server; emit events on the way."""
     from spectune.backends import make_backend
     from spectune.sweep.run import Sweep
@@ -169,13 +205,14 @@ async def _measure(payload: dict[str, Any], emit: Callable[[Event], None]) -> No
               "backend": backend.describe()})
 
 
-def block_events(payload: dict[str, Any]) -> Iterator[Event]:
+def block_events(payload: BlockPayload) -> Iterator[Event]:
     """Measure one num_steps block on this node and yield its events (module docstring).
 
     Args:
-        payload: ``{"plan": SweepPlan, "backend": name, "options": BackendOptions, "keys": [(steps, concurrency,
-            repeat), ...] of one num_steps, "prompts": [Prompt], "timeouts": ClientTimeouts, "points": the finished
-            points known to the driver, "goals": {key: window goal} of a guided round's keys (optional)}``.
+        payload: a :class:`BlockPayload`, ``{"plan": SweepPlan, "backend": name, "options": BackendOptions,
+            "keys": [(steps, concurrency, repeat), ...] of one num_steps, "prompts": [Prompt], "timeouts":
+            ClientTimeouts, "points": the finished points known to the driver, "goals": {key: window goal} of a
+            guided round's keys (optional)}``.
 
     Raises:
         UserError: a configuration problem (from ``make_backend``, ``preflight`` or ``start``).

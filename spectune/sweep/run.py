@@ -29,12 +29,13 @@ import dataclasses
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Protocol, Sequence
 
 from spectune.backends import make_backend
 from spectune.backends.base import Backend, BackendOptions, BackendStartError, SpecSnapshot
 from spectune.loadgen.datasets import Prompt, load_dataset
 from spectune.loadgen.errors import UserError
+from spectune.loadgen.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.acceptance import per_category_points, window_acceptance
 from spectune.measure.batch_size import BATCH_SIZE_INTERVAL_S
@@ -45,7 +46,7 @@ from spectune.measure.signals import run_with_signals
 from spectune.measure.window import client_config, measure_window, resolve_model
 from spectune.results.confidence import point_intervals, requests_by_point
 from spectune.results.folder import SweepFolder
-from spectune.results.point import SweepPoint
+from spectune.results.point import MetricValue, RequestLine, ScheduleCheckRecord, ServerRecord, SweepPoint
 from spectune.results.schema import SCHEDULE_FOLDER, Key, PointKey, key_fields, now_iso, point_key
 from spectune.sweep.drift import drift_check, drift_summary
 from spectune.sweep.guided import GuidedPlanner
@@ -55,6 +56,27 @@ from spectune.sweep.sequential import MIN_SECONDS, EarlyStop, closed_loop_throug
 
 __all__ = ["Sweep", "execute", "run_blocking", "SCHEDULE_FOLDER"]
 
+
+class RaySweeping(Protocol):
+    """What :func:`execute` uses of ``--ray``'s options (:class:`spectune.sweep.distributed.RayOptions`, which
+    imports this module: a protocol keeps the import one way)."""
+
+    def check(self, plan: SweepPlan, backend: Backend | None = None) -> None: ...
+
+    def sweep(self, plan: SweepPlan, backend_name: str, options: BackendOptions, folder: SweepFolder,
+              prompts: list[Prompt], meta: JsonObject, listener: SweepListener,
+              timeouts: ClientTimeouts) -> "SweepRunner": ...
+
+
+class SweepRunner(Protocol):
+    """What :func:`execute` runs and reads back: :class:`Sweep`, or the distributed sweep
+    (:class:`spectune.sweep.distributed.RaySweep`, from :meth:`spectune.sweep.distributed.RayOptions.sweep`)."""
+
+    ran: int
+    predicted: list[JsonObject]
+    meta: JsonObject
+
+    async def run(self, todo: Sequence[Key]) -> None: ...
 
 
 class Sweep:
@@ -69,7 +91,7 @@ class Sweep:
     """
 
     def __init__(self, plan: SweepPlan, backend: Backend, folder: SweepFolder, prompts: list[Prompt],
-                 meta: dict[str, Any], listener: SweepListener | None = None, model: str | None = None,
+                 meta: JsonObject, listener: SweepListener | None = None, model: str | None = None,
                  api_key_env: str | None = "OPENAI_API_KEY", timeouts: ClientTimeouts | None = None) -> None:
         self.plan, self.backend, self.folder, self.prompts, self.meta = plan, backend, folder, prompts, meta
         self.listener = listener or SweepListener()
@@ -80,16 +102,16 @@ class Sweep:
         self.order = "blocks"
         self.current: int | None = None  # num_steps of the running server
         self.broken: dict[int, tuple[str, str]] = {}  # num_steps whose server failed -> (message, log tail)
-        self.records: dict[Key, list[dict[str, Any]]] = {}  # request objects of the points measured now
-        self.drift_checks: list[dict[str, Any]] = []
-        self.predicted: list[dict[str, Any]] = []
+        self.records: dict[Key, list[RequestLine]] = {}  # request objects of the points measured now
+        self.drift_checks: list[JsonObject] = []
+        self.predicted: list[JsonObject] = []
         self.planner: GuidedPlanner | None = None  # the guided plan's, while it runs
         #: measuring cost: points (and drift re-measurements) measured now, server starts/switches, seconds
         self.cost: dict[str, float] = {"points": 0, "drift_points": 0, "launches": 0, "measure_s": 0.0,
                                      "drift_s": 0.0, "switch_s": 0.0}
         #: points.jsonl ``server`` of every point this sweep records: None for static servers, the schedule
         #: server's description for the ``schedule-server/`` folder (:func:`schedule_pass`)
-        self.server: dict[str, Any] | None = None
+        self.server: ServerRecord | None = None
 
     async def run(self, todo: Sequence[Key]) -> None:
         """Measure the points ``todo`` in the plan's order (grid), or let the guided planner pick them (guided);
@@ -134,7 +156,7 @@ class Sweep:
         if self.plan.drift_check and len(keys) >= 2 and ref is not None:
             await self._drift(f"block K={keys[0].steps}", ref)
 
-    async def _measure(self, key: Key, drift: str | None = None) -> tuple[SweepPoint, list[dict]] | None:
+    async def _measure(self, key: Key, drift: str | None = None) -> tuple[SweepPoint, list[RequestLine]] | None:
         """Start (or switch to) the server of ``key``'s num_steps and measure the point; a drift re-measurement
         (``drift``: its label) is returned instead of being recorded as a point. None when its server failed."""
         steps = key.steps
@@ -272,7 +294,7 @@ class Sweep:
                          reference_requests=pairs)
 
     @staticmethod
-    def _as_statistic(key: Key, records: list[dict[str, Any]], metrics: dict[str, Any], rule: EarlyStop) -> None:
+    def _as_statistic(key: Key, records: list[RequestLine], metrics: dict[str, MetricValue], rule: EarlyStop) -> None:
         """An early-stopped window's ``output_throughput_tok_s``: the stop rule's statistic, Little's-law throughput
         over its finished requests (:mod:`spectune.sweep.sequential`, "What an early-stopped window reports"); the
         window's own figure (tokens over its length) goes to its ``early_stop`` record
@@ -282,7 +304,7 @@ class Sweep:
             rule.last.update(window_output_throughput_tok_s=metrics.get("output_throughput_tok_s"))
             metrics["output_throughput_tok_s"] = value
 
-    def _records_by_point(self) -> dict[Key, list[dict[str, Any]]]:
+    def _records_by_point(self) -> dict[Key, list[RequestLine]]:
         """Request objects of every point, keyed (steps, concurrency, repeat): those measured now, and those of a
         resumed folder's earlier points (requests.jsonl)."""
         out = dict(self.records)
@@ -316,7 +338,7 @@ class Sweep:
         self.folder.write_meta(self.meta)
 
     async def _point(self, key: Key, base_url: str, model: str | None,
-                     drift: str | None = None) -> tuple[SweepPoint, list[dict[str, Any]]]:
+                     drift: str | None = None) -> tuple[SweepPoint, list[RequestLine]]:
         """Measure one point; returns its points.jsonl record and its request objects (``drift``: a drift
         re-measurement, whose requests go to drift_requests.jsonl)."""
         steps, conc, rep = key
@@ -329,7 +351,7 @@ class Sweep:
         config = client_config(plan, self.backend, base_url, model, self.api_key_env, self.timeouts.request_timeout_s)
         done = 0
 
-        kept: list[dict[str, Any]] = []
+        kept: list[RequestLine] = []
 
         def on_record(rec: RequestRecord) -> None:
             nonlocal done
@@ -399,7 +421,7 @@ class Sweep:
             drift_check=drift), kept
 
     def _check_steps(self, key: Key, before: SpecSnapshot | None, after: SpecSnapshot | None,
-                     batch_size: float | None, output_tokens: float | None) -> dict[str, Any] | None:
+                     batch_size: float | None, output_tokens: float | None) -> ScheduleCheckRecord | None:
         """Did the point's server run the num_steps it was given? The window's counters against K
         (:func:`spectune.measure.schedule_check.check_num_steps`): points.jsonl's ``schedule_check`` (None when the
         server has no spec-decode counters), and a warning naming the backend's remedy when it did not."""
@@ -414,7 +436,7 @@ class Sweep:
 async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,
                   resume: bool = False, retry_failed: bool = False,
                   listener: SweepListener | None = None, timeouts: ClientTimeouts | None = None,
-                  ray: Any = None, schedule_server: str = "auto") -> SweepOutcome:
+                  ray: RaySweeping | None = None, schedule_server: str = "auto") -> SweepOutcome:
     """Check everything, then run the sweep: the whole of ``spectune sweep`` except signals and rendering.
 
     Order of checks (each a one-line :class:`UserError`, before anything is measured or written): the plan, the
@@ -465,8 +487,8 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
         folder.open(meta, kept)
         listener.sweep_started(plan, todo + pair_todo, kept + pair_kept)
         if ray is None:
-            sweep: Any = Sweep(plan, backend, folder, prompts, meta, listener, options.model, options.api_key_env,
-                               timeouts)
+            sweep: SweepRunner = Sweep(plan, backend, folder, prompts, meta, listener, options.model,
+                                       options.api_key_env, timeouts)
         else:
             sweep = ray.sweep(plan, backend_name, options, folder, prompts, meta, listener, timeouts)
         try:
@@ -512,7 +534,7 @@ async def _schedule_sweep(plan: SweepPlan, backend_name: str, options: BackendOp
 
 async def _prepare(folder: SweepFolder, plan: SweepPlan, backend: Backend, resume: bool, retry_failed: bool,
                    listener: SweepListener, timeouts: ClientTimeouts,
-                   preflight: bool = True) -> tuple[list[SweepPoint], list[Key], dict[str, Any]]:
+                   preflight: bool = True) -> tuple[list[SweepPoint], list[Key], JsonObject]:
     """Before a sweep folder opens: its check against ``plan`` (the points kept), the backend's preflight (its
     warnings to ``listener``; ``preflight`` False: a ``--ray`` sweep runs it in each task), the points still to
     run and sweep.json's object.
@@ -529,7 +551,7 @@ async def _prepare(folder: SweepFolder, plan: SweepPlan, backend: Backend, resum
     return kept, [k for k in plan.points() if k not in done], meta
 
 
-def _meta(folder: SweepFolder, plan: SweepPlan, backend: Backend) -> dict[str, Any]:
+def _meta(folder: SweepFolder, plan: SweepPlan, backend: Backend) -> JsonObject:
     """sweep.json for this run; a resumed sweep keeps ``created`` and moves the earlier runs' environment into
     ``history``."""
     import spectune
@@ -548,7 +570,7 @@ def _meta(folder: SweepFolder, plan: SweepPlan, backend: Backend) -> dict[str, A
 def run_blocking(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,
                  resume: bool = False, retry_failed: bool = False,
                  listener: SweepListener | None = None, timeouts: ClientTimeouts | None = None,
-                 ray: Any = None, schedule_server: str = "auto") -> SweepOutcome:
+                 ray: RaySweeping | None = None, schedule_server: str = "auto") -> SweepOutcome:
     """Run :func:`execute` under :func:`run_with_signals`: SIGINT/SIGTERM cancel it cleanly (the current point is
     dropped, finished points stay, servers are stopped) and the outcome's ``interrupted`` holds the signal number.
 

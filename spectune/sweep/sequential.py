@@ -149,11 +149,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Protocol, Sequence, Union
 
+if TYPE_CHECKING:
+    from spectune.results.point import EarlyStopLook, EarlyStopRecord, RequestLine
 
 __all__ = ["EarlyStop", "cs_half_width", "closed_loop_throughput", "prompt_sums", "request_parts", "MIN_WAVES",
-           "MIN_REQUESTS", "MIN_SECONDS"]
+           "MIN_REQUESTS", "MIN_SECONDS", "FinishedRequest", "RequestLike"]
 
 #: closed-loop waves a window runs at least before it may stop early (the first wave ramps up)
 MIN_WAVES = 2
@@ -161,6 +163,31 @@ MIN_WAVES = 2
 MIN_REQUESTS = 8
 #: seconds a sweep's window runs at least before it may stop early (a server's first second after a switch)
 MIN_SECONDS = 1.0
+
+
+class FinishedRequest(Protocol):
+    """What the rule reads of a finished request as the load generator hands it over
+    (:class:`spectune.loadgen.record.RequestRecord`-like): ``ok``, ``prompt_id``, ``completion_tokens``, ``e2e_s``,
+    ``tpot_s`` (s, None where unknown) and, when present, ``dispatch_delay_s`` (read with ``getattr``)."""
+
+    @property
+    def ok(self) -> bool: ...
+
+    @property
+    def prompt_id(self) -> str: ...
+
+    @property
+    def completion_tokens(self) -> int | None: ...
+
+    @property
+    def e2e_s(self) -> float | None: ...
+
+    @property
+    def tpot_s(self) -> float | None: ...
+
+
+RequestLike = Union[FinishedRequest, "RequestLine"]
+"""A finished request as a record (:class:`FinishedRequest`) or as a requests.jsonl object."""
 
 
 def cs_half_width(sd: float, n: int, alpha: float, t_opt: float) -> float:
@@ -225,9 +252,9 @@ class EarlyStop:
     reference_steps: int | None = None
     at_minimum: str | None = None
     max_s: float | None = None
-    reference_prompts: dict[Any, tuple[float, float]] | None = None
-    reference_requests: dict[tuple[Any, int], tuple[float, float]] | None = None
-    last: dict[str, Any] = field(default_factory=dict)
+    reference_prompts: dict[str, tuple[float, float]] | None = None
+    reference_requests: dict[tuple[str, int], tuple[float, float]] | None = None
+    last: EarlyStopLook = field(default_factory=dict)
     reason: str | None = None
     _seen: int = -1
 
@@ -237,7 +264,7 @@ class EarlyStop:
         if self.min_requests is None:
             self.min_requests = max(MIN_WAVES * self.concurrency, MIN_REQUESTS)
 
-    def estimate(self, records: Sequence[Any]) -> tuple[float, float, int] | None:
+    def estimate(self, records: Sequence[FinishedRequest]) -> tuple[float, float, int] | None:
         """(estimate, relative sd of one request's contribution, n) of the objective from the successful
         ``records``; None when fewer than two are usable."""
         if self.objective == "tpot":
@@ -258,7 +285,7 @@ class EarlyStop:
         sd = math.sqrt(sum((x - md) ** 2 for x in d) / (n - 1))
         return self.concurrency * ratio, sd / (tok / n), n
 
-    def check(self, records: Sequence[Any], elapsed_s: float) -> str | None:
+    def check(self, records: Sequence[FinishedRequest], elapsed_s: float) -> str | None:
         """Why the window may stop now, or None (module docstring). Evaluated once per new finished record."""
         if self.reason is not None:
             return self.reason
@@ -326,7 +353,7 @@ class EarlyStop:
             return ratio * (1 - w), ratio * (1 + w)
         return ratio / (1 + w), (ratio / (1 - w) if w < 1 else math.inf)
 
-    def _paired(self, records: Sequence[Any]) -> tuple[float, float, int] | None:
+    def _paired(self, records: Sequence[FinishedRequest]) -> tuple[float, float, int] | None:
         """The paired test's (ratio of the cell to the reference on the requests both measured, "better" up;
         relative sd of one pair's contribution to its log, delta method; pairs), or None without
         ``reference_requests`` or with fewer than ``MIN_REQUESTS`` pairs (module docstring, "Paired")."""
@@ -354,7 +381,7 @@ class EarlyStop:
         measured so far with no counterpart in the reference (``n - m``), at most the reference's requests."""
         return min(self._total(n, elapsed_s) - (n - m), float(len(self.reference_requests or {})))
 
-    def _matched_reference(self, records: Sequence[Any]) -> float | None:
+    def _matched_reference(self, records: Sequence[FinishedRequest]) -> float | None:
         """The reference on the prompts of ``records`` it measured too (module docstring, "The reference"): its
         figure times its statistic on those prompts over its statistic on all of its own (:func:`prompt_sums`); the
         whole figure without ``reference_prompts`` or with fewer than two shared prompts."""
@@ -415,7 +442,7 @@ class EarlyStop:
             return None  # it would become its concurrency's reference: as above_best, not before half its window
         return "within_band" if ratio - (1 - self.noise_band) > margin else None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> EarlyStopRecord:
         """points.jsonl's ``early_stop``: the rule's settings, its ``reason`` (None: ran the full window) and the
         last estimate with its confidence-sequence bounds (``estimate``, ``low``, ``high``, ``requests``,
         ``elapsed_s``, ``reference``) and the minimum in force then (``minimum``: ``min_requests``, or one wave where
@@ -427,7 +454,7 @@ class EarlyStop:
                 **self.last}
 
 
-def closed_loop_throughput(records: Iterable[dict[str, Any]], concurrency: int) -> float | None:
+def closed_loop_throughput(records: Iterable[RequestLine], concurrency: int) -> float | None:
     """Little's-law output throughput (tokens/s) of a closed loop of ``concurrency`` requests from requests.jsonl
     objects (``error``, ``completion_tokens``, ``e2e_ms``, ``dispatch_delay_s``): ``c * sum(tokens) / sum(latency)``,
     latency counted from when the request's slot freed (the rule's statistic, module docstring; Little, "A proof for
@@ -439,25 +466,25 @@ def closed_loop_throughput(records: Iterable[dict[str, Any]], concurrency: int) 
     return concurrency * sum(t for t, _ in pairs) / lat if lat > 0 else None
 
 
-def prompt_sums(records: Iterable[dict[str, Any]], objective: str) -> dict[Any, tuple[float, float]]:
+def prompt_sums(records: Iterable[RequestLine], objective: str) -> dict[str, tuple[float, float]]:
     """A reference cell's requests (requests.jsonl objects, every repeat) summed per ``prompt_id`` as the parts of
     the rule's statistic, ``(a, b)`` with statistic ``sum(a) / sum(b)``: throughput (output tokens, latency s from
     when the slot freed), TPOT (TPOT ms, 1); the sums over each prompt's requests of :func:`request_parts`.
     :meth:`EarlyStop._matched_reference` rescales the reference by them."""
-    out: dict[Any, tuple[float, float]] = {}
+    out: dict[str, tuple[float, float]] = {}
     for (p, _), (x, y) in request_parts(records, objective).items():
         a, b = out.get(p, (0.0, 0.0))
         out[p] = (a + x, b + y)
     return out
 
 
-def request_parts(records: Iterable[Any], objective: str) -> dict[tuple[Any, int], tuple[float, float]]:
+def request_parts(records: Iterable[RequestLike], objective: str) -> dict[tuple[str, int], tuple[float, float]]:
     """The parts of the rule's statistic, ``(a, b)`` with statistic ``sum(a) / sum(b)`` (as :func:`prompt_sums`), of
     each successful request keyed by (``prompt_id``, its occurrence among the requests of that prompt, in order):
     the pairs of the paired test (:meth:`EarlyStop._paired`; a window's i-th request of a prompt against the
     reference's i-th). ``records``: RequestRecord-like objects or requests.jsonl objects."""
-    out: dict[tuple[Any, int], tuple[float, float]] = {}
-    seen: dict[Any, int] = {}
+    out: dict[tuple[str, int], tuple[float, float]] = {}
+    seen: dict[str, int] = {}
     for r in records:
         p = _prompt_of(r)
         if p is None:
@@ -477,12 +504,12 @@ def request_parts(records: Iterable[Any], objective: str) -> dict[tuple[Any, int
     return out
 
 
-def _prompt_of(r: Any) -> Any:
+def _prompt_of(r: RequestLike) -> str | None:
     """A finished record's prompt id (RequestRecord-like object or requests.jsonl object), or None."""
     return r.get("prompt_id") if isinstance(r, dict) else getattr(r, "prompt_id", None)
 
 
-def _tokens_and_latency(records: Iterable[Any]) -> list[tuple[float, float]]:
+def _tokens_and_latency(records: Iterable[RequestLike]) -> list[tuple[float, float]]:
     """(output tokens, latency s from when the request's slot freed: end-to-end + dispatch delay) of each
     successful request with both, the throughput statistic's parts (module docstring). ``records``:
     :class:`spectune.loadgen.record.RequestRecord`-like objects (``ok``, ``completion_tokens``, ``e2e_s``,

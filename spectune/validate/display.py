@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Sequence
 
 from rich.console import Console
 from rich.table import Table
 
+from spectune.loadgen.record import RequestRecord
+from spectune.measure.node_progress import NodeTask
 from spectune.measure.progress import LiveProgress
-from spectune.validate.plan import ValidateListener
+from spectune.results.validate_run import RunEntry
+from spectune.validate.plan import ValidateListener, ValidatePlan
 from spectune.validate.verdict import row_cells
 
 
@@ -23,7 +26,7 @@ class LiveValidateDisplay(LiveProgress, ValidateListener):
         self.runs_task = self.run_task = None
         self.t0, self.total, self.tokens, self.phases = 0.0, 1.0, 0, 1
 
-    def started(self, plan: Any, runs: list[str]) -> None:
+    def started(self, plan: ValidatePlan, runs: list[str]) -> None:
         self.phases = len(plan.workload.phases)
         self.runs_task = self.progress.add_task("runs", total=len(runs), rate="")
         self.run_task = self.progress.add_task("", total=1, rate="")
@@ -39,13 +42,13 @@ class LiveValidateDisplay(LiveProgress, ValidateListener):
         self.progress.update(self.run_task, description=f"{run}: phase 1/{self.phases}", total=total_s,
                              completed=0)
 
-    def request_finished(self, run: str, record: Any, phase: int) -> None:
+    def request_finished(self, run: str, record: RequestRecord, phase: int) -> None:
         elapsed = max(time.perf_counter() - self.t0, 1e-9)
         self.tokens += (record.completion_tokens or 0) if record.ok else 0
         self.progress.update(self.run_task, description=f"{run}: phase {phase}/{self.phases}",
                              completed=min(elapsed, self.total), rate=f"{self.tokens / elapsed:,.0f} tok/s")
 
-    def run_finished(self, result: dict[str, Any]) -> None:
+    def run_finished(self, result: RunEntry) -> None:
         self.progress.advance(self.runs_task)
         if result["status"] != "ok":
             line = f"{result['run']} failed: {result.get('error')}"
@@ -58,7 +61,7 @@ class LiveValidateDisplay(LiveProgress, ValidateListener):
             line += f" @ node {str(node['id'])[:8]}"
         self.console.print(line, markup=False, soft_wrap=True)
 
-    def node_progress(self, task: Any) -> None:
+    def node_progress(self, task: NodeTask) -> None:
         """--ray: one bar per running run (its node, seconds of the workload done, its phase) instead of the one
         current run's bar (:meth:`LiveProgress.node_progress`)."""
         if self.run_task is not None:
@@ -66,7 +69,7 @@ class LiveValidateDisplay(LiveProgress, ValidateListener):
         super().node_progress(task)
 
 
-def results_table(runs: list[dict[str, Any]], plan: Any) -> Any:
+def results_table(runs: Sequence[RunEntry], plan: ValidatePlan) -> Table:
     """Final rich table: a row per run, a column for the whole run and one per phase; each cell shows output tok/s,
     TPOT p50/p99 (ms), acceptance length, SLO attainment (with SLOs) and switches (when known); the best tok/s of
     each column is marked *."""

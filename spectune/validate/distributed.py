@@ -36,24 +36,78 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from types import ModuleType
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol, TypedDict
 
-from spectune.backends.base import BackendOptions
+from spectune.backends.base import Backend, BackendOptions
 from spectune.loadgen.datasets import Prompt
+from spectune.loadgen.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.load_settings import ClientTimeouts
-from spectune.measure.node_progress import NodeBoard
-from spectune.measure.ray_cluster import (append_node_log, connect, hosts, import_ray, run_together, stream_task,
-                                          task_events, task_options, where)
+from spectune.measure.node_progress import NodeBoard, NodeTask
+from spectune.measure.ray_cluster import (Event, LostTask, NodeRef, TaskSubmitter, append_node_log, connect, hosts,
+                                          import_ray, run_together, stream_task, task_events, task_options, where)
 from spectune.results.folder import ValidateFolder
 from spectune.results.schema import now_iso
 from spectune.results.validate_run import ValidateRun
 from spectune.validate.plan import ValidateListener, ValidatePlan
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = ["RayValidation", "run_events", "PROGRESS_EVERY_S"]
 
 #: s between two progress events of a run (the per-node bars)
 PROGRESS_EVERY_S = 1.0
+
+
+class ClusterOptions(Protocol):
+    """What a distributed validation reads of ``--ray``'s options (:class:`spectune.sweep.distributed.RayOptions`;
+    the sweep package sits above this one, so a protocol)."""
+
+    address: str
+    resources: dict[str, float]
+    max_attempts: int
+
+
+class RunMeasurer(Protocol):
+    """What a task uses of the serial validation (:class:`spectune.validate.run.Validation`, whose module imports
+    this one: a protocol keeps the import one way): its constructor, called as ``runner(plan, static, adaptive,
+    folder, prompts, meta, listener, model, api_key_env, initial, timeouts)``, and one run."""
+
+    async def run_one(self, backend: Backend, steps: int, name: str, repeat: int) -> None: ...
+
+
+class RunPayload(TypedDict):
+    """What a run's task is given (:func:`run_events` describes each key; built by :meth:`RayValidation._payload`)."""
+
+    plan: ValidatePlan
+    backend: str
+    options: BackendOptions
+    run: tuple[str, int, int]  # (name, num_steps, repeat)
+    prompts: list[Prompt]
+    timeouts: ClientTimeouts
+    config_text: str | None  # the config file (config runs of an adaptive config), else None
+    config_name: str | None
+    runner: Callable[..., RunMeasurer]
+
+
+class RunEvent(Event, total=False):
+    """One event of a run's task (module docstring): the shared kinds (:class:`Event`) and a run's own."""
+
+    total_s: float  # run_started
+    done_s: float  # progress
+    phase: int  # progress (1-based)
+    run: JsonObject  # run: its validate.json entry
+    requests: list[JsonObject]  # run: its request objects (requests.jsonl form)
+    backend: JsonObject  # done: the backend's description
+
+
+class _BarUpdate(TypedDict, total=False):
+    """What a run's event changes in its row of the per-node progress (:meth:`NodeBoard.update`)."""
+
+    done: float
+    current: str
 
 
 # -- the task side ---------------------------------------------------------------------------------------------------
@@ -62,20 +116,20 @@ class _RunFolder:
     for the ``run`` event); validate.json is the driver's."""
 
     def __init__(self) -> None:
-        self.requests: list[dict[str, Any]] = []
+        self.requests: list[JsonObject] = []
 
-    def append_request(self, obj: dict[str, Any]) -> None:
+    def append_request(self, obj: JsonObject) -> None:
         """Keep one measured request object."""
         self.requests.append(obj)
 
-    def write(self, meta: dict[str, Any]) -> None:
+    def write(self, meta: JsonObject) -> None:
         """Nothing to write inside a task."""
 
 
 class _Events(ValidateListener):
     """The run's progress as event dicts (requests as at most one progress event per :data:`PROGRESS_EVERY_S`)."""
 
-    def __init__(self, emit: Callable[[dict[str, Any]], None], folder: _RunFolder) -> None:
+    def __init__(self, emit: Callable[[RunEvent], None], folder: _RunFolder) -> None:
         self.emit, self.folder = emit, folder
         self.t0 = self.last = 0.0
 
@@ -95,11 +149,11 @@ class _Events(ValidateListener):
             self.last = now
             self.emit({"kind": "progress", "done_s": now - self.t0, "phase": phase})
 
-    def run_finished(self, result: dict[str, Any]) -> None:
+    def run_finished(self, result: JsonObject) -> None:
         self.emit({"kind": "run", "run": result, "requests": self.folder.requests})
 
 
-async def _measure(payload: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> None:
+async def _measure(payload: RunPayload, emit: Callable[[RunEvent], None]) -> None:
     """Build the run's backend on this node, check it, measure the run, stop its server; emit events on the way."""
     from spectune.backends import make_backend
 
@@ -132,14 +186,14 @@ async def _measure(payload: dict[str, Any], emit: Callable[[dict[str, Any]], Non
         emit({"kind": "done", "backend": backend.describe()})
 
 
-def run_events(payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def run_events(payload: RunPayload) -> Iterator[Event]:
     """Measure one validate run on this node and yield its events (module docstring).
 
     Args:
-        payload: ``{"plan": ValidatePlan, "backend": name, "options": BackendOptions (the config run's carry
-            ``adaptive_config``), "run": (name, num_steps, repeat), "prompts": [Prompt] (arranged for the
-            workload), "timeouts": ClientTimeouts, "config_text", "config_name": the config file (config runs of
-            an adaptive config) or None, "runner": the serial validation's class
+        payload: a :class:`RunPayload`, ``{"plan": ValidatePlan, "backend": name, "options": BackendOptions (the
+            config run's carry ``adaptive_config``), "run": (name, num_steps, repeat), "prompts": [Prompt] (arranged
+            for the workload), "timeouts": ClientTimeouts, "config_text", "config_name": the config file (config
+            runs of an adaptive config) or None, "runner": the serial validation's class
             (:class:`spectune.validate.run.Validation`, which imports this module)}``.
 
     Raises:
@@ -167,19 +221,19 @@ class RayValidation:
 
     def __init__(self, plan: ValidatePlan, backend_name: str, static_options: BackendOptions,
                  config_options: BackendOptions, folder: ValidateFolder, prompts: list[Prompt],
-                 meta: dict[str, Any], listener: ValidateListener, initial: int, timeouts: ClientTimeouts,
-                 ray_options: Any, runner: type) -> None:
+                 meta: JsonObject, listener: ValidateListener, initial: int, timeouts: ClientTimeouts,
+                 ray_options: ClusterOptions, runner: Callable[..., RunMeasurer]) -> None:
         self.plan, self.backend_name, self.folder, self.prompts = plan, backend_name, folder, prompts
         self.runner = runner
         self.static_options, self.config_options = static_options, config_options
         self.meta, self.listener, self.initial, self.timeouts = meta, listener, initial, timeouts
         self.ray_options = ray_options
-        self.runs: list[dict[str, Any]] = meta["runs"]
+        self.runs: list[JsonObject] = meta["runs"]
         self.order = plan.run_order(initial)
-        self.finished: dict[int, dict[str, Any]] = {}  # position in the run order -> its validate.json entry
+        self.finished: dict[int, JsonObject] = {}  # position in the run order -> its validate.json entry
         self.board = NodeBoard()
-        self._ray: Any = None
-        self._remote: Any = None
+        self._ray: ModuleType | None = None
+        self._remote: TaskSubmitter | None = None
 
     async def run_all(self) -> None:
         """Every run of the plan's run order, one task each, all submitted at once (Ray queues what the cluster
@@ -208,7 +262,7 @@ class RayValidation:
         name, _, repeat = self.order[i]
         return name if self.plan.repeats == 1 else f"{name} #{repeat}"
 
-    def _payload(self, i: int) -> dict[str, Any]:
+    def _payload(self, i: int) -> RunPayload:
         name, steps, repeat = self.order[i]
         options = self.config_options if name == "config" else self.static_options
         payload = {"plan": self.plan, "backend": self.backend_name, "options": replace(options),
@@ -223,7 +277,7 @@ class RayValidation:
         """One run, submitted again when its task is lost; a failed run after ``max_attempts`` losses."""
         name, steps, repeat = self.order[i]
         started = now_iso()
-        lost: dict[str, Any] | None = None
+        lost: LostTask | None = None
         attempts = self.ray_options.max_attempts
         for attempt in range(1, attempts + 1):
             lost = await self._stream(i)
@@ -240,18 +294,18 @@ class RayValidation:
         run.finished = now_iso()
         self._finish(i, run.to_dict() | {"node": lost.get("node") if lost else None}, [])
 
-    async def _stream(self, i: int) -> dict[str, Any] | None:
+    async def _stream(self, i: int) -> LostTask | None:
         """Submit run ``i``'s task and handle its events until it ends; what was lost, or None."""
         name = self.order[i][0]
         label = self._label(i)
         phases = len(self.plan.workload.phases)
-        bar: list[Any] = []
+        bar: list[NodeTask] = []
 
-        def progress(**kw: Any) -> None:
+        def progress(**kw: Unpack[_BarUpdate]) -> None:
             if bar:
                 self.listener.node_progress(self.board.update(bar[0], **kw))
 
-        def on_event(event: dict[str, Any], node: dict[str, Any] | None) -> None:
+        def on_event(event: RunEvent, node: NodeRef | None) -> None:
             kind = event.get("kind")
             if kind == "node":
                 bar.append(self.board.start(node or {}, label, self.plan.workload.total_s, "s"))
@@ -281,7 +335,7 @@ class RayValidation:
             if bar:
                 self.listener.node_progress(self.board.end(bar[0]))
 
-    def _finish(self, i: int, result: dict[str, Any], requests: list[dict[str, Any]]) -> None:
+    def _finish(self, i: int, result: JsonObject, requests: list[JsonObject]) -> None:
         """A finished run: its requests appended to requests.jsonl, its entry put in run order into validate.json
         (rewritten), the listener told."""
         for obj in requests:
@@ -291,7 +345,7 @@ class RayValidation:
         self.folder.write(self.meta)
         self.listener.run_finished(result)
 
-    def _backend(self, desc: Any, side: str) -> None:
+    def _backend(self, desc: JsonObject | None, side: str) -> None:
         """validate.json ``backend.<side>``: the task's description, every task's launches together."""
         if not isinstance(desc, dict):
             return
@@ -299,7 +353,7 @@ class RayValidation:
         before = list((backends.get(side) or {}).get("launches") or [])
         backends[side] = {**desc, "launches": before + list(desc.get("launches") or [])}
 
-    def _log(self, event: dict[str, Any], node: dict[str, Any] | None, config: bool) -> None:
+    def _log(self, event: RunEvent, node: NodeRef | None, config: bool) -> None:
         """A server's log from a task, appended to logs/ (the config run's to logs/config/;
         :func:`spectune.measure.ray_cluster.append_node_log`)."""
         append_node_log(self.folder.logs / "config" if config else self.folder.logs, event, node)

@@ -20,9 +20,12 @@ Each phase gets one of three rulings, for a tolerance ``within`` (3% by default)
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence, TypedDict
 
-from spectune.validate.repeats import InstanceSpread, combine_repeats, instance_spread, paired_ratio
+from spectune.loadgen.json_types import JsonObject
+from spectune.results.validate_run import RunEntry
+from spectune.validate.repeats import (InstanceSpread, InstanceSpreadJson, WindowValue, combine_repeats,
+                                       instance_spread, paired_ratio)
 
 if TYPE_CHECKING:
     from spectune.results.confidence import RunRequests
@@ -60,11 +63,20 @@ class PhaseRuling:
     high: float | None
     settle_s: float | None
     ruling: str
-    spread: dict[str, Any] | None = None
+    spread: InstanceSpreadJson | None = None
 
 
-def _steady(i: int) -> Any:
-    def steady(run: dict[str, Any]) -> float | None:
+class PhaseCheckJson(TypedDict):
+    """:func:`to_json`: validate.json's ``phase_check``: the tolerance (fraction), :func:`summary_line` and per
+    phase the :class:`PhaseRuling` as an object (``dataclasses.asdict``)."""
+
+    within: float
+    line: str
+    phases: list[JsonObject]
+
+
+def _steady(i: int) -> WindowValue:
+    def steady(run: RunEntry) -> float | None:
         ps = run.get("phases") or []
         return ps[i].get(STEADY) if len(ps) > i else None
     return steady
@@ -74,7 +86,7 @@ def _closed(concurrencies: Sequence[int | None] | None, i: int) -> bool:
     return concurrencies is not None and i < len(concurrencies) and concurrencies[i] is not None
 
 
-def phase_spreads(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any]],
+def phase_spreads(runs: Sequence[RunEntry], requests: Sequence[JsonObject],
                   concurrencies: Sequence[int | None] | None = None,
                   confidence: float = 0.95) -> list[InstanceSpread]:
     """The server-to-server spread of each phase's steady output tok/s
@@ -85,7 +97,7 @@ def phase_spreads(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, A
                             "throughput" if _closed(concurrencies, i) else "tokens", confidence) for i in range(n)]
 
 
-def phase_check(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any]], within: float = WITHIN,
+def phase_check(runs: Sequence[RunEntry], requests: Sequence[JsonObject], within: float = WITHIN,
                 confidence: float = 0.95, concurrencies: Sequence[int | None] | None = None,
                 config_run: str = "config", spreads: Sequence[InstanceSpread] | None = None) -> list[PhaseRuling]:
     """Rule every phase (module docstring).
@@ -140,7 +152,7 @@ def phase_check(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any
     return out
 
 
-def window_requests(run: dict[str, Any], requests: Sequence[dict[str, Any]], phase: int) -> RunRequests | None:
+def window_requests(run: RunEntry, requests: Sequence[JsonObject], phase: int) -> RunRequests | None:
     """The requests of one run and repeat as they were inside the steady window of ``phase`` (0-based): per request
     the tokens streamed in [t0 + start_s + settle_s, t0 + end_s) and the time it was in flight there (ms, as
     ``latency_ms``); requests with no time there are left out. None when the run has no ``t0``, the phase no
@@ -182,12 +194,12 @@ def summary_line(rulings: Sequence[PhaseRuling], within: float = WITHIN) -> str:
     return text + (": " + ", ".join(rest) if rest else "")
 
 
-def to_json(rulings: Sequence[PhaseRuling], within: float = WITHIN) -> dict[str, Any]:
+def to_json(rulings: Sequence[PhaseRuling], within: float = WITHIN) -> PhaseCheckJson:
     """validate.json's ``phase_check``: the tolerance, the summary line and the rulings."""
     return {"within": within, "line": summary_line(rulings, within), "phases": [asdict(r) for r in rulings]}
 
 
-def markdown(meta: dict[str, Any]) -> list[str]:
+def markdown(meta: JsonObject) -> list[str]:
     """validate.md's section for ``meta["phase_check"]`` (empty without it): a row per phase with every run's steady
     output tok/s, the best static, config / best with its interval, the settle time and the ruling."""
     check = meta.get("phase_check") or {}

@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence, TypedDict
+
+from spectune.loadgen.json_types import JsonObject, JsonValue
+from spectune.results.validate_run import RunEntry, RunWindow
 
 if TYPE_CHECKING:
     import numpy as np
@@ -41,6 +44,35 @@ and no A/A pair: a validation from before the A/A pair, or its A/A run failed): 
 ran 2.4% (num_steps 1) and 3.8% (num_steps 0) apart at batch 1 on the 2-vCPU Zen 5 VM (docs/engine.md), rounded up."""
 
 _SPREAD_SEED = 20250317  # the Student t draws of the between-server term (reproducible byte for byte)
+
+WindowValue = Callable[[RunEntry], float | None]
+"""A repeat's output tokens/s in one window, from its validate.json ``runs`` entry (None: not measured)."""
+
+WindowRequests = Callable[[RunEntry, list[JsonObject]], "RunRequests | None"]
+"""The requests that made a repeat's :data:`WindowValue`, from its ``runs`` entry and its requests.jsonl objects,
+as the bootstrap resamples them (None: none)."""
+
+
+class AAPair(TypedDict):
+    """:attr:`InstanceSpread.aa`: the A/A pair ``aa:K`` / ``static:K``: K, the ratio of their tokens/s and its
+    within-run interval (None without requests)."""
+
+    steps: int | None
+    ratio: float
+    low: float | None
+    high: float | None
+
+
+class InstanceSpreadJson(TypedDict):
+    """:meth:`InstanceSpread.to_json`: validate.json's ``instance_spread`` (and each phase's ``spread``)."""
+
+    kind: str
+    repeats: int
+    sd: float
+    df: int
+    band: float
+    aa: AAPair | None
+    blocked: bool
 
 
 def t_quantile(confidence: float, df: int) -> float:
@@ -89,7 +121,7 @@ class InstanceSpread:
     sd: float = 0.0
     df: int = 0
     band: float = 0.0
-    aa: dict[str, Any] | None = None
+    aa: AAPair | None = None
     blocked: bool = False
 
     def half_width(self, ra: int, rb: int, confidence: float = 0.95) -> float:
@@ -154,14 +186,14 @@ class InstanceSpread:
             return f"default +-{self.band:.1%}"
         return "-"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> InstanceSpreadJson:
         """The spread as validate.json keeps it (``kind``, ``repeats``, ``sd``, ``df``, ``band``, ``aa``,
         ``blocked``)."""
         return {"kind": self.kind, "repeats": self.repeats, "sd": self.sd, "df": self.df, "band": self.band,
                 "aa": self.aa, "blocked": self.blocked}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any] | None) -> "InstanceSpread | None":
+    def from_json(cls, d: JsonValue | InstanceSpreadJson) -> "InstanceSpread | None":
         """The spread from :meth:`to_json`; None for None or a foreign object."""
         if not isinstance(d, dict) or d.get("kind") not in ("repeats", "aa", "default", "none"):
             return None
@@ -173,10 +205,8 @@ WITHIN_ONLY = InstanceSpread("none")
 """No server-to-server term: the within-run bootstrap alone (what the A/A band itself is computed with)."""
 
 
-def instance_spread(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any]],
-                    value: Callable[[dict[str, Any]], float | None],
-                    select: Callable[[dict[str, Any], list[dict[str, Any]]], "RunRequests | None"],
-                    objective: str = "tokens", confidence: float = 0.95) -> InstanceSpread:
+def instance_spread(runs: Sequence[RunEntry], requests: Sequence[JsonObject], value: WindowValue,
+                    select: WindowRequests, objective: str = "tokens", confidence: float = 0.95) -> InstanceSpread:
     """The server-to-server spread of the window ``value`` reads (:class:`InstanceSpread`), from validate.json
     ``runs`` (one entry per repeat) and requests.jsonl objects:
 
@@ -190,7 +220,7 @@ def instance_spread(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str,
     """
     ok = [r for r in runs if r.get("status") == "ok" and _positive(value(r))]
     groups: dict[str, list[float]] = {}
-    cells: dict[str, dict[Any, float]] = {}
+    cells: dict[str, dict[int | None, float]] = {}
     for r in ok:
         y = math.log(float(value(r)))  # type: ignore[arg-type]
         groups.setdefault(str(r.get("run")), []).append(y)
@@ -215,7 +245,7 @@ def instance_spread(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str,
     return InstanceSpread("default", 1, band=DEFAULT_INSTANCE_BAND)
 
 
-def _two_way(cells: dict[str, dict[Any, float]]) -> tuple[float, int] | None:
+def _two_way(cells: dict[str, dict[int | None, float]]) -> tuple[float, int] | None:
     """(residual sd, df) of the two-way layout runs x repeats (:attr:`InstanceSpread.sd`) over the repeats every
     run with two or more of them has (``cells``: run -> repeat -> ln value); None when that leaves fewer than two
     runs or two repeats, or no residual spread to estimate (df 0)."""
@@ -234,27 +264,27 @@ def _two_way(cells: dict[str, dict[Any, float]]) -> tuple[float, int] | None:
     return math.sqrt(ss / df), df
 
 
-def _positive(v: Any) -> bool:
+def _positive(v: float | None) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
-def _overall(r: dict[str, Any]) -> float | None:
+def _overall(r: RunEntry) -> float | None:
     return (r.get("overall") or {}).get("output_throughput_tok_s")
 
 
-def _all_requests(r: dict[str, Any], qs: list[dict[str, Any]]) -> "RunRequests | None":
+def _all_requests(r: RunEntry, qs: list[JsonObject]) -> "RunRequests | None":
     from spectune.results.confidence import RunRequests
 
     return RunRequests.from_records(qs) if qs else None
 
 
-def overall_spread(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any]],
+def overall_spread(runs: Sequence[RunEntry], requests: Sequence[JsonObject],
                    confidence: float = 0.95) -> InstanceSpread:
     """:func:`instance_spread` of the whole run's output throughput (what :func:`throughput_ratio` adds)."""
     return instance_spread(runs, requests, _overall, _all_requests, "tokens", confidence)
 
 
-def throughput_ratio(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any]], a: str, b: str,
+def throughput_ratio(runs: Sequence[RunEntry], requests: Sequence[JsonObject], a: str, b: str,
                      confidence: float = 0.95, spread: InstanceSpread | None = None) -> tuple[float, float] | None:
     """The interval of overall output throughput run ``a`` / run ``b`` (run names such as ``config`` and
     ``static:2``; ``runs``: validate.json ``runs`` entries, one per repeat; ``requests``: the requests.jsonl objects
@@ -265,10 +295,8 @@ def throughput_ratio(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str
                         spread=spread if spread is not None else overall_spread(runs, requests, confidence))
 
 
-def paired_ratio(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any]], a: str, b: str,
-                 value: Callable[[dict[str, Any]], float | None],
-                 select: Callable[[dict[str, Any], list[dict[str, Any]]], "RunRequests | None"],
-                 confidence: float = 0.95, objective: str = "tokens",
+def paired_ratio(runs: Sequence[RunEntry], requests: Sequence[JsonObject], a: str, b: str,
+                 value: WindowValue, select: WindowRequests, confidence: float = 0.95, objective: str = "tokens",
                  spread: InstanceSpread | None = None) -> tuple[float, float] | None:
     """The interval of run a / run b's tokens/s in any window (module docstring): ``value(run entry)`` is a
     repeat's tokens/s in the window and ``select(run entry, its requests)`` the requests that made it, as the
@@ -316,7 +344,7 @@ def paired_ratio(runs: Sequence[dict[str, Any]], requests: Sequence[dict[str, An
 _SUMMED = ("num_requests", "num_failed", "output_tokens")
 
 
-def _mean_window(windows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def _mean_window(windows: Sequence[RunWindow]) -> RunWindow:
     """One window's numbers over repeats: request and token counts summed, other numbers averaged (over the
     repeats that have them), anything else (labels, bounds, sources) from the first."""
     out = dict(windows[0])
@@ -329,7 +357,7 @@ def _mean_window(windows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def combine_repeats(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def combine_repeats(runs: Sequence[RunEntry]) -> list[RunEntry]:
     """One entry per run name (``static:K``, ``config``) in first-seen order: the mean of its repeats.
 
     Overall and per phase: output throughput (tok/s), TPOT/TTFT percentiles (ms), SLO attainment, acceptance
@@ -337,10 +365,10 @@ def combine_repeats(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     entry gains ``repeats`` and ``throughput_by_repeat`` (overall output tok/s of each repeat, in order). A run
     with a failed repeat is failed (its error names the repeat). A run measured once is returned unchanged.
     """
-    groups: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[str, list[RunEntry]] = {}
     for r in runs:
         groups.setdefault(r.get("run", ""), []).append(r)
-    out: list[dict[str, Any]] = []
+    out: list[RunEntry] = []
     for rs in groups.values():
         if len(rs) == 1:
             out.append(rs[0])

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Callable, Sequence, TypedDict
 
+from spectune.loadgen.json_types import JsonObject
+from spectune.results.validate_run import RunEntry, RunWindow
 from spectune.validate.phase_check import markdown as phase_markdown
 from spectune.validate.prediction import markdown as prediction_markdown
 from spectune.validate.repeats import InstanceSpread, combine_repeats
@@ -18,6 +20,22 @@ INCONCLUSIVE_EXIT = 3
 """Exit code of an INCONCLUSIVE verdict (0 PASS, 1 FAIL, 2 bad input): non-zero, so ``spectune validate && deploy``
 does not deploy a config the measurement could not show safe, and not 1, so a script can tell "measure more" from
 "the config loses"."""
+
+RatioInterval = Callable[[str, str], tuple[float, float] | None]
+"""(run name a, run name b) -> (low, high) of the interval of their overall output throughput ratio a / b,
+server-to-server spread included (:func:`spectune.validate.repeats.throughput_ratio`), or None when it cannot be
+computed."""
+
+
+class PrimaryRecommendation(TypedDict, total=False):
+    """recommendation.json's ``primary`` (docs/recommend.md, :func:`spectune.tune.gain.apply_static_primary`):
+    ``kind`` ``schedule`` or ``static``, ``num_steps`` (K of a static primary, None for the schedule), ``reason``;
+    ``mix`` with ``spectune recommend --mix``."""
+
+    kind: str
+    num_steps: int | None
+    reason: str
+    mix: JsonObject
 
 
 @dataclass
@@ -79,10 +97,10 @@ phase's requests: where none does, which run meets them a few more times is nois
 at concurrency 32 ranked 25.0% against 24.4%)."""
 
 
-def slo_phases(statics: Sequence[dict[str, Any]]) -> list[int]:
+def slo_phases(statics: Sequence[RunEntry]) -> list[int]:
     """0-based indices of the phases where some static run (validate.json ``runs`` entries, repeats combined) has
     ``slo_attainment`` > :data:`SLO_DECIDES`. Runs without ``phases`` count as one phase: their ``overall``."""
-    def windows(r: dict[str, Any]) -> list[dict[str, Any]]:
+    def windows(r: RunEntry) -> list[RunWindow]:
         return list(r.get("phases") or []) or [r.get("overall") or {}]
 
     n = max((len(windows(r)) for r in statics), default=0)
@@ -91,7 +109,7 @@ def slo_phases(statics: Sequence[dict[str, Any]]) -> list[int]:
                    for r in statics)]
 
 
-def attainment_over(run: dict[str, Any], phases: Sequence[int]) -> float | None:
+def attainment_over(run: RunEntry, phases: Sequence[int]) -> float | None:
     """SLO attainment of ``run`` over the requests sent in ``phases`` (0-based; request-weighted mean of the
     phases' attainment, weights ``num_requests``); the ``overall`` one when the run has no ``phases``. None when
     unknown."""
@@ -106,8 +124,8 @@ def attainment_over(run: dict[str, Any], phases: Sequence[int]) -> float | None:
     return sum(a * n for a, n in pairs) / total if total else sum(a for a, _ in pairs) / len(pairs)
 
 
-def verdict(runs: Sequence[dict[str, Any]], with_slo: bool, tolerance: float = 0.0,
-            ratio: Any = None, confidence: float = 0.95, recommended: dict[str, Any] | None = None,
+def verdict(runs: Sequence[RunEntry], with_slo: bool, tolerance: float = 0.0, ratio: RatioInterval | None = None,
+            confidence: float = 0.95, recommended: PrimaryRecommendation | None = None,
             config_static: tuple[int, str] | None = None, interval_source: str | None = None) -> Verdict:
     """Rule on finished runs (validate.json ``runs`` entries, repeats combined: ``run``, ``steps``, ``status``,
     ``error`` and ``overall`` with ``output_throughput_tok_s`` and ``slo_attainment``); see :class:`Verdict`.
@@ -203,8 +221,8 @@ def verdict(runs: Sequence[dict[str, Any]], with_slo: bool, tolerance: float = 0
                    decided_by=decided, slo_phases=[i + 1 for i in counted] if decided != "throughput" else [], **extra)
 
 
-def static_agreement(statics: Sequence[dict[str, Any]], best: dict[str, Any], config: dict[str, Any] | None, k: int,
-                     ratio: Any, confidence: float, tolerance: float, recommended: bool = True,
+def static_agreement(statics: Sequence[RunEntry], best: RunEntry, config: RunEntry | None, k: int,
+                     ratio: RatioInterval, confidence: float, tolerance: float, recommended: bool = True,
                      config_static: tuple[int, str] | None = None, source: str | None = None) -> Verdict | None:
     """The ruling when a static num_steps ``k`` is the claim: recommend's primary recommendation (``recommended``:
     it found no batch-size slot where another num_steps beats K=k beyond the noise band), or the config itself
@@ -275,7 +293,7 @@ def static_agreement(statics: Sequence[dict[str, Any]], best: dict[str, Any], co
                          f"{near}); decided by throughput", k, margin, **extra)
 
 
-def spread_line(meta: dict[str, Any]) -> str | None:
+def spread_line(meta: JsonObject) -> str | None:
     """One terminal line on the server-to-server spread of validate.json's ``instance_spread`` (None without it):
     the A/A pair's ratio and band, the spread over the repeats, or the default band."""
     sp = InstanceSpread.from_json(meta.get("instance_spread"))
@@ -297,7 +315,7 @@ def spread_line(meta: dict[str, Any]) -> str | None:
     return None
 
 
-def spread_markdown(meta: dict[str, Any]) -> list[str]:
+def spread_markdown(meta: JsonObject) -> list[str]:
     """validate.md's "Server-to-server spread" section (nothing without ``instance_spread``)."""
     line = spread_line(meta)
     if line is None:
@@ -319,7 +337,7 @@ def spread_markdown(meta: dict[str, Any]) -> list[str]:
             "A ratio whose interval reaches the threshold is INCONCLUSIVE, never FAIL (docs/validate.md).", ""]
 
 
-def _phase_list(counted: Sequence[int], config: dict[str, Any]) -> str:
+def _phase_list(counted: Sequence[int], config: RunEntry) -> str:
     """``", phases 1, 3"`` when SLO attainment counted in only some phases of a multi-phase run, else ``""``."""
     n = len(config.get("phases") or [])
     if n <= 1 or len(counted) == n:
@@ -327,11 +345,11 @@ def _phase_list(counted: Sequence[int], config: dict[str, Any]) -> str:
     return f", phase{'s' if len(counted) > 1 else ''} {', '.join(str(i + 1) for i in counted)}"
 
 
-def _f(v: Any, spec: str) -> str:
+def _f(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def row_cells(d: dict[str, Any]) -> list[str]:
+def row_cells(d: RunWindow) -> list[str]:
     """Table cells of one run in one window: output tok/s, TPOT p50/p99 (ms), SLO attainment, acceptance length,
     num_steps switches, achieved concurrency, requests (failed)."""
     slo = d.get("slo_attainment")
@@ -345,7 +363,7 @@ ROW_HEADERS = ("output tok/s", "TPOT p50 ms", "TPOT p99 ms", "SLO attainment", "
                "num_steps switches", "achieved concurrency", "requests (failed)")
 
 
-def render_markdown(meta: dict[str, Any]) -> str:
+def render_markdown(meta: JsonObject) -> str:
     """validate.md: the verdict, the preflight warnings (``meta["warnings"]``: e.g. a server that will not run the
     config as given), an overall table and a table per phase (a row per run, means over repeats; ``*`` = best
     tok/s), and with repeats the overall output tok/s of every repeat."""
@@ -375,7 +393,7 @@ def render_markdown(meta: dict[str, Any]) -> str:
     lines += phase_markdown(meta)
     lines += prediction_markdown(meta)
 
-    def table(title: str, pick: Any) -> None:
+    def table(title: str, pick: Callable[[RunEntry], RunWindow | None]) -> None:
         rows = [(r, pick(r)) for r in runs]
         best = max((d.get("output_throughput_tok_s") or 0.0 for r, d in rows if d and r.get("status") == "ok"),
                    default=None)

@@ -17,7 +17,7 @@ acceptance_length = 1 + accepted_tokens / verify_steps (null without drafting).
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any, Literal, Mapping, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -176,7 +176,92 @@ def validation_message(err: ValidationError) -> tuple[str, str | None]:
     return (f"{where}: {msg}" if where else msg), (where or None)
 
 
-def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
+class ErrorDetail(TypedDict):
+    """The ``error`` object of an OpenAI-style error body."""
+
+    message: str
+    type: str
+    param: str | None
+    code: int
+
+
+class ErrorBody(TypedDict):
+    """An OpenAI-style error body (:func:`error_body`)."""
+
+    error: ErrorDetail
+
+
+class ChunkDelta(TypedDict, total=False):
+    """A chat chunk's ``delta``: the role on the first chunk only."""
+
+    role: str
+    content: str
+
+
+class ChatChunkChoice(TypedDict):
+    """A ``chat.completion.chunk`` choice."""
+
+    index: int
+    delta: ChunkDelta
+    logprobs: None
+    finish_reason: str | None
+
+
+class TextChoice(TypedDict):
+    """A ``text_completion`` choice (streamed chunks and non-streamed responses alike)."""
+
+    index: int
+    text: str
+    logprobs: None
+    finish_reason: str | None
+
+
+class AssistantMessage(TypedDict):
+    """A ``chat.completion`` choice's ``message``."""
+
+    role: str
+    content: str
+
+
+class ChatChoice(TypedDict):
+    """A ``chat.completion`` choice."""
+
+    index: int
+    message: AssistantMessage
+    logprobs: None
+    finish_reason: str | None
+
+
+class _Head(TypedDict):
+    """The fields every response and chunk starts with (``object``: ``chat.completion``, ``chat.completion.chunk``
+    or ``text_completion``; ``created``: Unix seconds)."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+
+
+class _ChunkHead(_Head):
+    choices: list[ChatChunkChoice | TextChoice]
+
+
+class StreamChunk(_ChunkHead, total=False):
+    """One streamed chunk (:func:`chunk`): ``usage`` with continuous usage stats, ``spec_decode`` on the last."""
+
+    usage: dict[str, int]
+    spec_decode: Mapping[str, object]
+
+
+class CompletionResponse(_Head):
+    """A non-streamed response (:func:`full_response`)."""
+
+    choices: list[ChatChoice | TextChoice]
+    usage: dict[str, int]
+    spec_decode: Mapping[str, object]
+
+
+def error_body(message: str, status: int, param: str | None = None) -> ErrorBody:
     """OpenAI-style error object (``{"error": {"message", "type", "param", "code"}}``)."""
     kind = "invalid_request_error" if status < 500 else "server_error"
     if status == 401:
@@ -191,16 +276,16 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def chunk(rid: str, model: str, chat: bool, text: str, finish: str | None, first: bool,
-          use: dict[str, int] | None = None, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+          use: dict[str, int] | None = None, spec: Mapping[str, object] | None = None) -> StreamChunk:
     """One streamed chunk (``chat.completion.chunk`` or ``text_completion``)."""
     if chat:
-        delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        delta: ChunkDelta = {"role": "assistant", "content": text} if first else {"content": text}
+        choice: ChatChunkChoice | TextChoice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         obj = "chat.completion.chunk"
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         obj = "text_completion"
-    out: dict[str, Any] = {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice]}
+    out: StreamChunk = {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice]}
     if use is not None:
         out["usage"] = use
     if spec is not None:
@@ -209,11 +294,11 @@ def chunk(rid: str, model: str, chat: bool, text: str, finish: str | None, first
 
 
 def full_response(rid: str, model: str, chat: bool, text: str, finish: str | None, use: dict[str, int],
-                  spec: dict[str, Any]) -> dict[str, Any]:
+                  spec: Mapping[str, object]) -> CompletionResponse:
     """A non-streamed response."""
     if chat:
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "logprobs": None, "finish_reason": finish}
+        choice: ChatChoice | TextChoice = {"index": 0, "message": {"role": "assistant", "content": text},
+                                           "logprobs": None, "finish_reason": finish}
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}

@@ -47,7 +47,7 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable, Mapping, TypedDict, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +55,7 @@ from torch import nn
 
 from spectune.backends.local.weights.loader import cache_dir
 from spectune.loadgen.errors import UserError
+from spectune.loadgen.json_types import JsonValue
 
 if TYPE_CHECKING:
     from spectune.backends.local.model.config import ModelConfig
@@ -63,6 +64,44 @@ if TYPE_CHECKING:
 PATHS = ("auto", "native", "bfloat16", "float32")
 ALIASES = {"bf16": "bfloat16", "fp32": "float32", "q": "native", "gguf": "native"}
 log = logging.getLogger("spectune.engine")
+
+
+class EnginePathJson(TypedDict):
+    """:meth:`PathChoice.to_json`: ``/server_info`` ``engine_path`` (keys as :class:`PathChoice`'s attributes)."""
+
+    path: str
+    dtype: str
+    chosen_by: str
+    estimates_ms: dict[str, float]
+    cpu_capability: str
+    bf16_packed: bool
+    dense_above_rows: int | None
+    dense_dtype: str | None
+    kernel_ranges: list[list[int | str | None]]
+    dense_rows_ms: dict[str, dict[str, float]]
+    lm_head: str | None
+    compile: Mapping[str, object] | None
+
+
+class DenseCrossover(TypedDict):
+    """:func:`dense_crossover`'s result (kept in :func:`probe_cache_file`)."""
+
+    dense_above_rows: int | None
+    dense_dtype: str
+    rows_ms: dict[str, dict[str, float]]
+
+
+class LmHeadProbe(TypedDict):
+    """:func:`lm_head_kernel`'s result (kept in :func:`probe_cache_file`)."""
+
+    int4_ms: float
+    int8_ms: float
+    kernel: str
+
+
+_Probe = TypeVar("_Probe", bound=Mapping[str, object])
+"""A probe's result as :func:`_measured` keeps it: step estimates per path, a :class:`DenseCrossover` or a
+:class:`LmHeadProbe`."""
 
 
 @dataclass
@@ -97,14 +136,14 @@ class PathChoice:
     dense_dtype: str | None = None
     dense_rows_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     lm_head: str | None = None
-    compile: dict[str, Any] | None = None
+    compile: Mapping[str, object] | None = None
 
     @property
     def dense_torch_dtype(self) -> torch.dtype:
         """The dense copy's torch dtype (float32 when none is set)."""
         return torch.bfloat16 if self.dense_dtype == "bfloat16" else torch.float32
 
-    def kernel_ranges(self) -> list[list[Any]]:
+    def kernel_ranges(self) -> list[list[int | str | None]]:
         """Which kernel runs a linear layer at which row count (rows = batch x query positions per step):
         ``[[first_row, last_row or None, kernel], ...]``; one range on paths other than native."""
         if self.name != "native":
@@ -113,7 +152,7 @@ class PathChoice:
             return [[1, None, "int4"]]
         return [[1, self.dense_above, "int4"], [self.dense_above + 1, None, f"{self.dense_dtype or 'float32'} dense"]]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> EnginePathJson:
         """JSON-ready description (``/server_info`` ``engine_path``)."""
         return {"path": self.name, "dtype": str(self.dtype).removeprefix("torch."), "chosen_by": self.chosen_by,
                 "estimates_ms": {k: round(v, 3) for k, v in self.estimates_ms.items()},
@@ -135,7 +174,7 @@ def normalise(name: str) -> str:
     return key
 
 
-def _best_ms(fn: Callable[[], Any], reps: int) -> float:
+def _best_ms(fn: Callable[[], object], reps: int) -> float:
     """Fastest of ``reps`` timed calls after a warm-up, in ms (the minimum: another busy process on the machine
     only ever adds time, and a preempted OpenMP barrier adds a whole scheduler slice)."""
     fn()
@@ -239,7 +278,7 @@ DENSE_KIND_ROWS = 32
 verify of large batches, where the dense copy runs)."""
 
 
-def dense_crossover(cfg: ModelConfig, reps: int = 5) -> dict[str, Any]:
+def dense_crossover(cfg: ModelConfig, reps: int = 5) -> DenseCrossover:
     """Which dense copy of the native weights to keep and above which row count to use it, from timings of one
     gate|up-shaped layer of ``cfg`` (at most 4096 rows; one thread, cache-resident: the many-row case is
     compute-bound) at each of :data:`DENSE_ROWS`: the int4 kernel, a float32 GEMM of the dequantized weights, and
@@ -286,7 +325,7 @@ def crossover(rows_ms: dict[str, dict[str, float]], kind: str) -> int | None:
 LM_HEAD_KERNELS = ("auto", "int4", "int8")
 
 
-def lm_head_kernel(cfg: ModelConfig, reps: int = 5) -> dict[str, Any]:
+def lm_head_kernel(cfg: ModelConfig, reps: int = 5) -> LmHeadProbe:
     """Time a Q8_0 lm_head of ``cfg``'s shape (at most 8192 rows, scaled; one row, weights from DRAM) both ways:
     two exact int4 halves (:class:`~spectune.backends.local.weights.quant.Int4Linear`) and per-row int8
     (:class:`~spectune.backends.local.weights.quant.Int8RowLinear`). Returns ``{"int4_ms", "int8_ms", "kernel"}`` with
@@ -460,10 +499,10 @@ DENSE_DTYPES = ("auto", "float32", "bfloat16")
 """``--native-dense-dtype`` values: the dense copy's dtype, measured (``auto``) or forced."""
 
 
-def _measured(key: str, probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def _measured(key: str, probe: Callable[[], _Probe]) -> _Probe:
     """The probe's result kept under ``key`` in :func:`probe_cache_file`, else ``probe()`` run now on one thread
     (see the module docstring: one thread ranks kernels even on a busy machine) and stored."""
-    result = _cached_estimates(key)
+    result: _Probe | None = _cached_estimates(key)  # the JSON that probe() returned for this key, stored earlier
     if result is None:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
@@ -500,14 +539,14 @@ def _probe_key(candidates: list[str], cfg: ModelConfig, lm_repeat: int) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _cached_estimates(key: str) -> dict[str, float] | None:
+def _cached_estimates(key: str) -> JsonValue:
     try:
         return json.loads(probe_cache_file().read_text()).get(key)
     except (OSError, ValueError, AttributeError):
         return None
 
 
-def _store_estimates(key: str, est: dict[str, float]) -> None:
+def _store_estimates(key: str, est: Mapping[str, object]) -> None:
     """Add ``est`` under ``key`` (atomic rename; a failure to write only costs a probe next time)."""
     path = probe_cache_file()
     try:

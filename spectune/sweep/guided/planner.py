@@ -4,16 +4,32 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from spectune.results.point import SweepPoint, as_points
+from spectune.loadgen.json_types import JsonObject
+from spectune.results.point import PointObject, RequestLine, SweepPoint, as_points
 from spectune.results.schema import PointKey
 from spectune.sweep.guided.choose import Choosing
 from spectune.sweep.guided.model import StepTimeModel
 from spectune.sweep.guided.seed import Seeding
-from spectune.sweep.guided.settle import Settling
+from spectune.sweep.guided.settle import Comparison, Settling
 
 __all__ = ["GuidedPlanner"]
+
+
+class GuidedSettings(Protocol):
+    """What :meth:`GuidedPlanner.for_plan` reads of a guided sweep's plan (:class:`spectune.sweep.plan.SweepPlan`;
+    the sweep package sits above this one, so a protocol)."""
+
+    steps: Sequence[int]
+    concurrency: Sequence[int]
+    repeats: int
+    objective: str
+    confidence: float
+    noise_band: float
+    slo_tpot_ms: float | None
+    slo_ttft_ms: float | None
+    duration_per_point_s: float | None
 
 
 @dataclass
@@ -44,7 +60,7 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
     rounds: list[list[tuple[int, int]]] = field(default_factory=list)
     fit_info: dict[str, Any] = field(default_factory=dict)
     #: the deciding comparisons the settle step last saw (:meth:`comparisons`), for sweep.json
-    decisions: list[dict[str, Any]] = field(default_factory=list)
+    decisions: list[Comparison] = field(default_factory=list)
     #: why each proposed cell was measured, in order (sweep.json ``guided.why``)
     why: list[dict[str, Any]] = field(default_factory=list)
     #: the concurrencies with nothing measured whose choice was left to the model when last looked at: concurrency
@@ -59,15 +75,15 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
     window_cap_s: float | None = None
 
     @classmethod
-    def for_plan(cls, plan: Any) -> "GuidedPlanner":
+    def for_plan(cls, plan: GuidedSettings) -> "GuidedPlanner":
         """The planner of a guided sweep plan (:class:`spectune.sweep.plan.SweepPlan`: its num_steps, concurrencies,
         repeats, objective, confidence and noise band; with SLOs every concurrency is measured)."""
         slo = plan.slo_tpot_ms is not None or plan.slo_ttft_ms is not None
         return cls(plan.steps, plan.concurrency, plan.repeats, plan.objective, plan.confidence, plan.noise_band,
                    measure_every_concurrency=slo, window_cap_s=plan.duration_per_point_s)
 
-    def next_keys(self, points: Sequence[SweepPoint | dict[str, Any]], tried: set[tuple[int, int]],
-                  cost: dict[str, float], records: Callable[[], dict[PointKey, list[dict[str, Any]]]],
+    def next_keys(self, points: Sequence[SweepPoint | PointObject], tried: set[tuple[int, int]],
+                  cost: dict[str, float], records: Callable[[], Mapping[PointKey, Sequence[RequestLine]]],
                   current: int | None = None, width: int = 1) -> list[PointKey]:
         """The points (steps, concurrency, repeat) a running sweep measures next: every repeat of the next round's
         cells (:meth:`next_round`), or, when no cell is worth measuring, the settle step's runs (:meth:`settle`,
@@ -86,8 +102,8 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
             return self.settle(points, records())
         return [PointKey(k, c, r) for k, c in cells for r in range(self.repeats)]
 
-    def finish(self, points: Sequence[SweepPoint | dict[str, Any]],
-               stop: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def finish(self, points: Sequence[SweepPoint | PointObject],
+               stop: str) -> tuple[list[JsonObject], JsonObject]:
         """At the end of a guided sweep: (the predicted rows of every unmeasured cell, for summary.csv; sweep.json's
         ``guided``: :meth:`describe` plus why it stopped, ``stop`` or ``settled``, the measured and predicted cell
         counts, and the concurrencies left to the model, with nothing measured)."""
@@ -99,7 +115,7 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
                       "predicted_cells": len(rows),
                       "predicted_concurrencies": [c for c in self.concurrency if all(cc != c for _, cc in measured)]}
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         """sweep.json's ``guided``: the rounds measured and the last fit."""
         return {"objective": self.objective, "confidence": self.confidence, "noise_band": self.noise_band,
                 "rounds": [[list(x) for x in r] for r in self.rounds], "fit": self.fit_info,

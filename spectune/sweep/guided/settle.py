@@ -31,15 +31,41 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence, TypedDict
 
 import numpy as np
 
 from spectune.results.confidence import Bootstrap, CellRuns, Interval, RunRequests, best_by_pairs, ratio_interval
-from spectune.results.point import SweepPoint, as_points
+from spectune.results.point import PointObject, RequestLine, SweepPoint, as_points
 from spectune.results.schema import PointKey
 
-__all__ = ["Settling"]
+__all__ = ["Settling", "Comparison", "SettleWorth"]
+
+
+class SettleWorth(TypedDict, total=False):
+    """What one more run of a comparison whose interval alone makes the tie is worth (:meth:`Settling.comparisons`):
+    ``switch_probability`` (that it turns the tie into a loss), ``settle_value`` (that times what the best gains
+    beyond the band, a fraction of the objective) and ``settle_cost`` (the run's window over the mean full window)."""
+
+    switch_probability: float
+    settle_value: float
+    settle_cost: float
+
+
+class Comparison(SettleWorth):
+    """One deciding comparison (:meth:`Settling.comparisons`; sweep.json ``guided.comparisons``): at
+    ``concurrency``, num_steps ``steps`` against the ``best``: ``ratio`` small / best with its interval ``low``/
+    ``high``, the ``verdict`` (``tie``, ``loses`` or ``unsettled``), the ``widths`` of the two cells' own intervals
+    and, where the interval alone makes the tie, what one more run is worth (:class:`SettleWorth`)."""
+
+    concurrency: int
+    steps: int
+    best: int
+    ratio: float
+    low: float
+    high: float
+    verdict: str
+    widths: list[float]
 
 
 class Settling:
@@ -54,7 +80,7 @@ class Settling:
     rounds: list[list[tuple[int, int]]]
     why: list[dict[str, Any]]
     #: the deciding comparisons the settle step last saw (:meth:`comparisons`), for sweep.json
-    decisions: list[dict[str, Any]]
+    decisions: list[Comparison]
     EI_SHARE_OF_BAND: ClassVar[float]
 
     #: runs the settle step may add to one cell beyond the plan's ``repeats`` (module docstring): one, so a pair
@@ -65,8 +91,8 @@ class Settling:
     #: or the noise-free model's, change without the second run
     SETTLE_REPEATS: ClassVar[int] = 1
 
-    def comparisons(self, points: Sequence[SweepPoint | dict[str, Any]],
-                    records: dict[PointKey, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    def comparisons(self, points: Sequence[SweepPoint | PointObject],
+                    records: Mapping[PointKey, Sequence[RequestLine]]) -> list[Comparison]:
         """The comparisons that decide each concurrency's choice, as ``spectune recommend`` makes them: every
         measured num_steps smaller than the best measured one, against the best, in ascending num_steps, up to the
         first that does not lose (recommend takes the smallest that ties); each ratio on the prompts both cells
@@ -137,7 +163,7 @@ class Settling:
                 gain = (1 / ratio if maximise else ratio) - (1 + band)  # what the best gains over the band
                 settles = within or gain < self.EI_SHARE_OF_BAND * band  # more runs could win too little
                 widths = [width(k, c), width(best, c)]
-                extra: dict[str, float] = {}
+                extra: SettleWorth = {}
                 if reaches and not settles:  # is one more run worth its seconds?
                     runs_of = [len(runs[(k, c)]), len(runs[(best, c)])]
                     pick = self._rerun(runs_of)  # the cell settle() would run again
@@ -189,8 +215,8 @@ class Settling:
         i = 0 if runs[0] <= runs[1] else 1
         return 1 - i if runs[i] >= self._run_cap else i
 
-    def settle(self, points: Sequence[SweepPoint | dict[str, Any]],
-               records: dict[PointKey, list[dict[str, Any]]]) -> list[PointKey]:
+    def settle(self, points: Sequence[SweepPoint | PointObject],
+               records: Mapping[PointKey, Sequence[RequestLine]]) -> list[PointKey]:
         """The runs to add so that every concurrency's choice is settled at the requested confidence (module
         docstring): for each ``unsettled`` comparison (:meth:`comparisons`), one more run (key
         (steps, concurrency, repeat)) of one of its two cells with fewer than ``repeats + SETTLE_REPEATS`` runs: the
