@@ -13,9 +13,10 @@ from pathlib import Path
 from helpers.paths import EXAMPLES
 
 ABSOLUTE = re.compile(r"(?<![\w.~:/-])/(?:work|tmp|root|home|opt|Users|mnt|scratch|srv|data|var|private)/"
-                      r"|(?<![\w])[A-Za-z]:\\")
+                      r"|(?<![\w])[A-Z]:\\")
 """An absolute path into a machine's own folders (POSIX top-level folders where runs, checkouts, caches and homes
-live; a Windows drive). A URL's path (``http://host:8000/v1/...``) and ``~/`` do not match."""
+live; a Windows drive, upper case as Windows writes it: a model's ``with open(...) as f:\\n`` in a JSON-escaped
+response is not one). A URL's path (``http://host:8000/v1/...``) and ``~/`` do not match."""
 
 BINARY = {".png", ".jpg", ".jpeg", ".gif", ".pdf"}
 
@@ -65,6 +66,8 @@ def test_the_check_finds_paths_in_text_and_gzip_and_leaves_urls_alone(tmp_path):
         'ex/sweep/requests.jsonl.gz:2: ...{"model": "/tmp/t/model.gguf"}...',
         'ex/sweep/sweep.json:5: ..."draft": "/home/me/heads/h"...',
     ]
+    (tmp_path / "gen.jsonl").write_text('{"output_text": "with open(p) as f:\\n    x = 1"}\n')  # escaped newline
+    assert not any(line.startswith("gen.jsonl") for line in absolute_paths(tmp_path))
     for planted in ("/work/main/x", "/root/.cache/x", "/opt/x/y", "/Users/me/x", "C:\\runs\\x"):
         (tmp_path / "more.md").write_text(f"Config `{planted}`\n")
         assert absolute_paths(tmp_path)[-1].startswith("more.md:1:"), planted
