@@ -11,7 +11,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence, TypedDict
+from typing import Any, Iterable, Sequence
 
 from rich.console import Console
 from rich.progress import TaskID
@@ -21,32 +21,8 @@ from spectune.loadgen.record import RequestRecord
 from spectune.measure.progress import LiveProgress
 from spectune.results.point import MetricValue, PointObject, SweepPoint, as_points
 from spectune.results.schema import Key
+from spectune.sweep.drift import DriftCheck
 from spectune.sweep.plan import SweepListener, SweepOutcome, SweepPlan
-
-
-class _DriftCheckBase(TypedDict):
-    label: str
-    steps: int
-    concurrency: int
-    objective: str
-    first: MetricValue
-    again: MetricValue
-    confidence: float
-    span_s: float | None
-    ratio: float | None
-    low: float | None
-    high: float | None
-    drifted: bool
-    change: float
-
-
-class DriftCheck(_DriftCheckBase, total=False):
-    """One drift check (:func:`spectune.sweep.drift.drift_check`; sweep.json ``drift.checks``): ``label``, the
-    cell (``steps``, ``concurrency``), ``objective`` with its ``first`` and ``again`` values (tokens/s or ms),
-    ``ratio`` again / first with its interval ``low``/``high`` at ``confidence`` (None when unknown), ``drifted``,
-    ``change`` = |ratio - 1|, ``span_s`` and, for a check that could not compare, ``note``."""
-
-    note: str
 
 
 def _fmt(v: float | None, spec: str) -> str:

@@ -15,20 +15,45 @@ than the share of that drift the time between the two cells' measurements carrie
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Sequence, TypedDict
 
 from spectune.results.confidence import Bootstrap, RunRequests, ratio_interval
 from spectune.results.drift import midpoint_s
-from spectune.results.point import SweepPoint
+from spectune.results.point import MetricValue, SweepPoint
 
-__all__ = ["OBJECTIVE_COLUMNS", "drift_check", "drift_summary"]
+__all__ = ["OBJECTIVE_COLUMNS", "DriftCheck", "drift_check", "drift_summary"]
 
 OBJECTIVE_COLUMNS = {"throughput": "output_throughput_tok_s", "tpot": "tpot_p50_ms"}
 
 
+class _DriftCheckBase(TypedDict):
+    label: str
+    steps: int
+    concurrency: int
+    objective: str
+    first: MetricValue
+    again: MetricValue
+    confidence: float
+    span_s: float | None
+    ratio: float | None
+    low: float | None
+    high: float | None
+    drifted: bool
+    change: float
+
+
+class DriftCheck(_DriftCheckBase, total=False):
+    """One drift check (:func:`spectune.sweep.drift.drift_check`; sweep.json ``drift.checks``): ``label``, the
+    cell (``steps``, ``concurrency``), ``objective`` with its ``first`` and ``again`` values (tokens/s or ms),
+    ``ratio`` again / first with its interval ``low``/``high`` at ``confidence`` (None when unknown), ``drifted``,
+    ``change`` = |ratio - 1|, ``span_s`` and, for a check that could not compare, ``note``."""
+
+    note: str
+
+
 def drift_check(label: str, first: SweepPoint, again: SweepPoint, first_records: Sequence[dict[str, Any]],
                 again_records: Sequence[dict[str, Any]], objective: str = "throughput",
-                confidence: float = 0.95, band: float = 0.02) -> dict[str, Any]:
+                confidence: float = 0.95, band: float = 0.02) -> DriftCheck:
     """One drift check: the reference point ``first`` and its re-measurement ``again`` (records with ``metrics``),
     with their request objects (requests.jsonl form).
 

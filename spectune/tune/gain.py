@@ -49,6 +49,9 @@ class RecommendationLike(Protocol):
 
     def compare(self, a: Any, b: Any, band: float) -> dict[str, Any]: ...
 
+    @property
+    def steps(self) -> list[int]: ...
+
 
 def _band(rec: RecommendationLike, conc: int) -> float:
     ch = next((c for c in rec.choices if c.concurrency == conc), None)

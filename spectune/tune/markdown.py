@@ -14,6 +14,7 @@ from spectune.measure.workload import parse_workload
 from spectune.results.batch_acceptance import BatchAcceptanceFinding
 from spectune.tune.configs import engine_plan
 from spectune.tune.predict import predict_validate
+from spectune.tune.mix import mix_text
 from spectune.tune.recommend import OBJECTIVES, Recommendation
 from spectune.tune.replay import slot_switch_rate
 
@@ -83,14 +84,13 @@ def primary_section(rec: Recommendation) -> list[str]:
 def mix_table(mix: dict[str, Any]) -> list[str]:
     """The answers priced on ``recommend --mix``'s load (``primary["mix"]``, :mod:`spectune.tune.mix`): output
     tokens/s the load streams and the paired ratio to the best, one row each."""
-    shares = ", ".join(f"{c}: {float(v):.0%}" for c, v in mix["shares"].items())
     rows = []
     for a in mix["answers"]:
         lo, hi = a.get("low"), a.get("high")
         iv = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None and math.isfinite(lo) \
             and math.isfinite(hi) and a["ratio"] != 1.0 else ""
         rows.append([a["answer"], f"{a['output_tok_s']:.4g}", f"{a['ratio']:.3f}x{iv}"])
-    return [f"\nOn the load (concurrency: share of time) {shares}, noise band {mix['band']:.1%}:\n",
+    return [f"\nOn the load (concurrency: share of time) {mix_text(mix['shares'])}, noise band {mix['band']:.1%}:\n",
             _md_table(["answer", "output tok/s on the load",
                                 f"ratio to the best [{float(mix.get('confidence', 0.95)):.0%}]"], rows), ""]
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -56,8 +56,8 @@ def parse_mix(text: str) -> dict[int, float]:
     return {c: s / total for c, s in sorted(out.items())}
 
 
-def mix_text(mix: dict[int, float]) -> str:
-    """``"1: 50%, 32: 50%"``."""
+def mix_text(mix: Mapping[int, float] | Mapping[str, float]) -> str:
+    """``"1: 50%, 32: 50%"`` (keys as given: recommendation.json's ``primary.mix.shares`` has them as text)."""
     return ", ".join(f"{c}: {s:.0%}" for c, s in mix.items())
 
 
@@ -98,11 +98,11 @@ def mix_answers(rec: RecommendationLike, mix: dict[int, float]) -> list[Answer]:
     (``rec.slots`` as built, priced at :meth:`slot_cell`) unless it is one static num_steps on the static server;
     every answer with ``ratio``/``low``/``high`` against the one streaming the most."""
     concs = list(mix)
-    answers = [a for k in rec_steps(rec) if (a := _price(f"static K={k}", k, [rec.cell(k, c) for c in concs], mix))]
+    answers = [a for k in rec.steps if (a := _price(f"static K={k}", k, [rec.cell(k, c) for c in concs], mix))]
     slot_of = {c: s.steps for s in rec.slots for c in s.concurrencies}
     if all(c in slot_of for c in concs):
         cells = [rec.slot_cell(slot_of[c], c) for c in concs]
-        static = any(all(cell is rec.cell(k, c) for cell, c in zip(cells, concs)) for k in rec_steps(rec))
+        static = any(all(cell is rec.cell(k, c) for cell, c in zip(cells, concs)) for k in rec.steps)
         sched = None if static else _price("schedule", None, cells, mix)  # one static K on its own server: no new answer
         if sched is not None:
             answers.append(sched)
@@ -114,11 +114,6 @@ def mix_answers(rec: RecommendationLike, mix: dict[int, float]) -> list[Answer]:
             if a is not top else Interval(1.0, 1.0, 1.0)
         a.ratio, a.low, a.high = iv.value, iv.low, iv.high
     return answers
-
-
-def rec_steps(rec: RecommendationLike) -> list[int]:
-    """Every static num_steps of the recommendation's cells, ascending."""
-    return sorted({c.steps for c in rec.cells})
 
 
 def mix_band(rec: RecommendationLike, mix: dict[int, float]) -> float:

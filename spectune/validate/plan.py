@@ -7,7 +7,6 @@ candidate num_steps (:func:`config_candidates`) and whether it is one static num
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.load_settings import LoadSpec, failure_rate_check, steps_check
 from spectune.measure.workload import Workload
+from spectune.validate.config_formats import BEST_STATIC, read_best_static
 from spectune.validate.repeats import AA_PREFIX
 from spectune.validate.verdict import Verdict
 
@@ -28,22 +28,6 @@ M x (repeats - 1) degrees of freedom for M runs. The spread alone then gives a r
 t(0.95, df) x sd x sqrt(2 / repeats): 3.18 sd at 2 repeats of 3 runs, 2.00 sd at 3, 1.60 sd at 4. With one server's
 sd of about 2% (two engines 2.4-3.8% apart on a 2-vCPU VM, docs/engine.md), 3 repeats leave about +-4% for it, so a
 loss of about 5% or more is called, where 2 repeats leave about +-6.5% (docs/validate.md, "How sure")."""
-
-
-BEST_STATIC = "best-static"
-"""recommend's ``best-static.json`` (:func:`spectune.tune.configs.best_static_json`): one static num_steps for every
-engine, K=0 (no drafter) included."""
-
-
-def read_best_static(path: str) -> int | None:
-    """The num_steps of a ``best-static.json`` (a JSON object with an integer ``num_steps`` >= 0 beside
-    ``aggregate_score``), or None for any other file."""
-    try:
-        obj = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    k = obj.get("num_steps") if isinstance(obj, dict) and "aggregate_score" in obj else None
-    return k if isinstance(k, int) and not isinstance(k, bool) and k >= 0 else None
 
 
 def config_candidates(path: str) -> tuple[str, tuple[int, ...]]:

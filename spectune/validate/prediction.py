@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from spectune.tune.predict import predict_validate
 
 from spectune.backends.num_steps import load_config_file
+from spectune.validate.config_formats import STATIC_FORMATS
 
 if TYPE_CHECKING:
     from spectune.validate.repeats import InstanceSpread
@@ -50,7 +51,7 @@ def predict_for(plan: Any, fmt: str, candidates: Sequence[int]) -> dict[str, Any
         return None
     try:
         rec = json.loads(path.read_text(encoding="utf-8"))
-        if fmt in ("llamacpp-settings", "best-static"):
+        if fmt in STATIC_FORMATS:
             k = int(candidates[0])
             config: Any = type("Static", (), {"k_for_batch_size": staticmethod(lambda n: k)})()
         else:
@@ -62,8 +63,15 @@ def predict_for(plan: Any, fmt: str, candidates: Sequence[int]) -> dict[str, Any
     except Exception as err:  # noqa: BLE001 - a broken or foreign recommendation.json only loses the prediction
         return {"source": str(path), "error": f"{type(err).__name__}: {err}", "runs": {}}
     return {"source": str(path), "primary": rec.get("primary"), **out,
-            "above_sweep": above_sweep(rec.get("cells") or [], plan.workload.to_json()),
-            "load_mix": workload_mix(plan.workload.to_json())}
+            **load_notes(rec.get("cells") or [], plan.workload.to_json())}
+
+
+def load_notes(cells: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> dict[str, Any]:
+    """What the prediction says about the workload against the recommendation: ``above_sweep``
+    (:func:`above_sweep`) and ``load_mix`` (:func:`workload_mix`); computed when predicting and again by
+    ``--rule-again``. ``cells``: recommendation.json's ``cells``; ``workload``:
+    :meth:`spectune.measure.workload.Workload.to_json`."""
+    return {"above_sweep": above_sweep(cells, workload), "load_mix": workload_mix(workload)}
 
 
 def above_sweep(cells: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> dict[str, Any] | None:

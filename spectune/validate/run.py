@@ -37,7 +37,6 @@ from typing import Any
 
 from spectune.backends import make_backend
 from spectune.backends.base import Acceptance, Backend, BackendOptions, BackendStartError
-from spectune.backends.llamacpp.settings import FORMAT as LLAMACPP_SETTINGS
 from spectune.backends.num_steps.sglang_config import VllmSchedule, load_config_file
 from spectune.loadgen.datasets import Prompt, load_dataset
 from spectune.loadgen.errors import UserError
@@ -54,10 +53,11 @@ from spectune.validate.distributed import RayValidation
 from spectune.validate.phase_check import STEADY, phase_check, to_json as phase_check_json
 from spectune.validate.phases import phase_index, split_by_phase, summarize_run
 from spectune.validate.phase_check import phase_spreads
-from spectune.validate.plan import (BEST_STATIC, ValidateListener, ValidateOutcome, ValidatePlan, config_candidates,
+from spectune.validate.config_formats import STATIC_FORMATS
+from spectune.validate.plan import (ValidateListener, ValidateOutcome, ValidatePlan, config_candidates,
                                     static_equivalent)
-from spectune.validate.prediction import (above_sweep, compare as compare_prediction, find_recommendation,
-                                         predict_for, workload_mix)
+from spectune.validate.prediction import (compare as compare_prediction, find_recommendation, load_notes,
+                                         predict_for)
 from spectune.validate.repeats import AA_PREFIX, combine_repeats, overall_spread, throughput_ratio
 from spectune.validate.verdict import Verdict, render_markdown, verdict
 
@@ -247,7 +247,7 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
     options = replace(options, max_concurrency=plan.workload.server_concurrency(), max_tokens=plan.max_tokens,
                       log_dir=folder.logs, adaptive_config=None)
     initial = max(candidates)
-    static_config = fmt in (LLAMACPP_SETTINGS, BEST_STATIC)  # one static num_steps: the config run is static K
+    static_config = fmt in STATIC_FORMATS  # one static num_steps: the config run is a static server at K
     adaptive_options = replace(options, adaptive_config=None if static_config else str(Path(plan.config).resolve()),
                                log_dir=folder.logs / "config", launch=config_launch or options.launch)
     static, adaptive = make_backend(backend_name, options), make_backend(backend_name, adaptive_options)
@@ -347,8 +347,7 @@ def rule_again(output_dir: Path, config: str) -> tuple[Verdict, dict[str, Any] |
     prediction = meta.get("prediction")
     if prediction is not None and not prediction.get("error"):
         prediction["primary"] = primary
-        prediction["above_sweep"] = above_sweep(recommendation.get("cells") or [], plan.get("workload") or {})
-        prediction["load_mix"] = workload_mix(plan.get("workload") or {})
+        prediction.update(load_notes(recommendation.get("cells") or [], plan.get("workload") or {}))
     v = rule(meta, requests, primary)
     meta.update(ruled_again=now_iso())
     folder.write(meta)

@@ -209,7 +209,7 @@ def test_recommends_best_static_json_is_static_even_at_zero(tmp_path, k):
 
 
 def test_a_json_with_num_steps_but_no_score_is_not_taken_for_best_static(tmp_path):
-    from spectune.validate.plan import read_best_static
+    from spectune.validate.config_formats import read_best_static
 
     assert read_best_static(write(tmp_path, "x.json", {"num_steps": 1})) is None
 
