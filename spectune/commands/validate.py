@@ -60,11 +60,18 @@ def validate(
     tolerance: Annotated[float, typer.Option(help="PASS when the config reaches (1 - tolerance) x the best "
                                              "static throughput, e.g. 0.02 to accept a 2% loss (noise is in the "
                                              "intervals already).")] = 0.0,
-    repeats: Annotated[int, typer.Option(help="Measure every run this many times on fresh servers, in "
-                                         "alternating order (static 0..K then config, then config first); tables "
-                                         "and the verdict use the means, and every interval the server-to-server "
-                                         "spread of the repeats. 1: an A/A run (a second server of one static "
-                                         "num_steps) measures that spread instead.")] = 3,
+    repeats: Annotated[int, typer.Option(help="Measure every run this many times (on fresh servers unless "
+                                         "--servers kept), in alternating order (static 0..K then config, "
+                                         "then config first); tables and the verdict use the means, and every "
+                                         "interval the server-to-server spread of the repeats. 1: an A/A run (a "
+                                         "second server of one static num_steps) measures that spread "
+                                         "instead.")] = 3,
+    servers: Annotated[str, typer.Option(help="How the servers are held: one (one up at a time, each run on a fresh "
+                                         "one), together (a repeat's servers up at once, its runs back to back; "
+                                         "fresh every repeat) or kept (started once, kept up through all repeats: "
+                                         "more repeats per hour where the machine's speed drifts, but two processes "
+                                         "of one server are never compared). together and kept need room for all "
+                                         "servers at once.")] = "one",
     max_failure_rate: Annotated[float, typer.Option(help="A run with a larger share of failed requests is "
                                                     "'failed' (0..1).", rich_help_panel=LOAD_PANEL)] = 0.1,
     request_timeout: RequestTimeout = 600.0,
@@ -141,7 +148,7 @@ def validate(
                         num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature, seed=seed,
                         ignore_eos=ignore_eos, api=api, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
                         warmup_requests=warmup, tolerance=tolerance, max_failure_rate=max_failure_rate,
-                        repeats=repeats)
+                        repeats=repeats, servers=servers.strip().lower())
     plan.validate()
     timeouts = ClientTimeouts(request_timeout, warmup_timeout)
     timeouts.validate()

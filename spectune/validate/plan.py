@@ -29,6 +29,18 @@ t(0.95, df) x sd x sqrt(2 / repeats): 3.18 sd at 2 repeats of 3 runs, 2.00 sd at
 sd of about 2% (two engines 2.4-3.8% apart on a 2-vCPU VM, docs/engine.md), 3 repeats leave about +-4% for it, so a
 loss of about 5% or more is called, where 2 repeats leave about +-6.5% (docs/validate.md, "How sure")."""
 
+SERVERS = ("one", "together", "kept")
+"""``--servers``: how the runs' servers are held (:meth:`spectune.validate.run.Validation.run_all`).
+
+- ``one`` (default): one server up at a time, each run on a fresh one (a GPU may hold only one server).
+- ``together``: every server of a repeat started at once; the repeat's runs then go back to back, one workload
+  apart instead of a server start apart; all stopped at the repeat's end (fresh servers every repeat, so the
+  intervals still carry how far two processes of one server differ).
+- ``kept``: every server started once and kept up through all repeats: a repeat costs no start, so more repeats
+  fit in an hour on a machine whose speed drifts within minutes. The intervals then hold the run-to-run spread of
+  the same processes; how far two processes of one server differ is not in them.
+"""
+
 
 def config_candidates(path: str) -> tuple[str, tuple[int, ...]]:
     """(format, candidate num_steps) of a config file: ``sglang-adaptive`` (union of the slots' candidate steps),
@@ -117,6 +129,7 @@ class ValidatePlan(LoadSpec):
     max_failure_rate: float = 0.1
     repeats: int = DEFAULT_REPEATS
     config_static: int | None = None
+    servers: str = "one"
 
     @property
     def aa_steps(self) -> int:
@@ -128,8 +141,8 @@ class ValidatePlan(LoadSpec):
     def run_order(self, config_steps: int) -> list[tuple[str, int, int]]:
         """(run name, num_steps, repeat 1..n) in execution order: static runs by K, then the config (left out when
         :attr:`config_static` is set); every second repeat reversed (config first), so a slow drift of the
-        machine's speed does not favour one side (each repeat starts its servers afresh:
-        :meth:`spectune.validate.run.Validation.run_all`). With one repeat, last, the A/A run ``aa:K``
+        machine's speed does not favour one side (each repeat starts its servers afresh unless :attr:`servers`
+        is ``kept``: :meth:`spectune.validate.run.Validation.run_all`). With one repeat, last, the A/A run ``aa:K``
         (:attr:`aa_steps` on a second fresh server): with no repeats it is what measures how far two servers of
         the same num_steps differ (:func:`spectune.validate.repeats.instance_spread`)."""
         once = [(f"static:{k}", k) for k in self.steps]
@@ -156,6 +169,8 @@ class ValidatePlan(LoadSpec):
             raise UserError(f"the config is static num_steps {self.config_static}: add it to --steps")
         if not 0.0 <= self.tolerance < 1.0:
             raise UserError(f"--tolerance must be in 0..1 (0.02 = 2%), got {self.tolerance}")
+        if self.servers not in SERVERS:
+            raise UserError(f"--servers must be one of {', '.join(SERVERS)}, got {self.servers!r}")
 
     @property
     def warmup(self) -> int:

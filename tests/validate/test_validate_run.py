@@ -185,3 +185,64 @@ def test_recommends_best_static_json_validates_as_that_static_num_steps(setup):
     assert meta["config"]["static_equivalent"]["steps"] == 0
     assert [r["run"] for r in meta["runs"]] == ["static:0", "static:3", "aa:0"]
     assert "the config is static K=0 (best-static.json: no drafter on any engine)" in proc.stdout
+
+
+def _launch_times(meta: dict) -> list[tuple[int, float]]:
+    """(num_steps, time.time() of the start) of every launch, static and config, in start order."""
+    launches = meta["backend"]["static"]["launches"] + meta["backend"]["config"]["launches"]
+    return sorted(((x["steps"], x["started"]) for x in launches), key=lambda x: x[1])
+
+
+def _run_starts(meta: dict) -> dict[tuple[str, int], float]:
+    from datetime import datetime
+    return {(r["run"], r["repeat"]): datetime.fromisoformat(r["started"]).timestamp() for r in meta["runs"]}
+
+
+def test_servers_kept_are_started_once_and_up_together(setup):
+    """``--servers kept``: every server starts once, before the first run, and serves every repeat."""
+    tmp, args = setup
+    out = tmp / "out"
+    proc = cli(*args, "--steps", "0,1", "--repeats", "2", "--servers", "kept", "--launch", template(500),
+               "--config-launch", template(1500), "--output-dir", str(out))
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads((out / "validate.json").read_text())
+    assert [(r["run"], r["repeat"]) for r in meta["runs"]] == [
+        ("static:0", 1), ("static:1", 1), ("config", 1), ("config", 2), ("static:1", 2), ("static:0", 2)]
+    assert all(r["status"] == "ok" for r in meta["runs"])
+    assert sorted(k for k, _ in _launch_times(meta)) == [0, 1, 3]  # one server per run name, the config's at K=3
+    pids = {x["pid"] for x in meta["backend"]["static"]["launches"] + meta["backend"]["config"]["launches"]}
+    assert len(pids) == 3
+    assert max(t for _, t in _launch_times(meta)) < min(_run_starts(meta).values())
+    assert meta["plan"]["servers"] == "kept"
+    assert meta["instance_spread"]["kept"] is True
+    assert "servers kept up" in meta["verdict"]["line"]
+    assert "(`--servers kept`)" in (out / "validate.md").read_text()
+
+
+def test_servers_together_start_afresh_every_repeat(setup):
+    """``--servers together``: each repeat's servers start at once before its first run, and again next repeat."""
+    tmp, args = setup
+    out = tmp / "out"
+    proc = cli(*args, "--steps", "0", "--repeats", "2", "--servers", "together", "--launch", template(500),
+               "--config-launch", template(1500), "--output-dir", str(out))
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads((out / "validate.json").read_text())
+    launches = _launch_times(meta)
+    assert sorted(k for k, _ in launches) == [0, 0, 3, 3]
+    starts = _run_starts(meta)
+    assert max(t for _, t in launches[:2]) < min(starts[("static:0", 1)], starts[("config", 1)])
+    assert min(t for _, t in launches[2:]) > max(starts[("static:0", 1)], starts[("config", 1)])
+    assert max(t for _, t in launches[2:]) < min(starts[("static:0", 2)], starts[("config", 2)])
+    assert meta["instance_spread"]["kept"] is False
+
+
+@pytest.mark.parametrize("extra, needle", [(("--servers", "all"), "--servers must be one of one, together, kept"),
+                                          (("--servers", "kept", "--port", "8123"), "omit --port"),
+                                          (("--servers", "together", "--ray", "auto"), "drop one of the two")])
+def test_bad_servers_setting_is_one_line_before_anything_runs(setup, extra, needle):
+    tmp, args = setup
+    proc = cli(*args, "--launch", template(500), *extra, "--output-dir", str(tmp / "out"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert needle in proc.stderr
+    assert not (tmp / "out").exists()
