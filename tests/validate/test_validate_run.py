@@ -198,14 +198,19 @@ def _run_starts(meta: dict) -> dict[tuple[str, int], float]:
     return {(r["run"], r["repeat"]): datetime.fromisoformat(r["started"]).timestamp() for r in meta["runs"]}
 
 
-def test_servers_kept_are_started_once_and_up_together(setup):
-    """``--servers kept``: every server starts once, before the first run, and serves every repeat."""
+def _held(setup, servers: str, steps: str) -> tuple[dict, Path]:
+    """validate.json and the folder of a 2-repeat validation with ``--servers servers`` (the config 3x faster)."""
     tmp, args = setup
     out = tmp / "out"
-    proc = cli(*args, "--steps", "0,1", "--repeats", "2", "--servers", "kept", "--launch", template(500),
+    proc = cli(*args, "--steps", steps, "--repeats", "2", "--servers", servers, "--launch", template(500),
                "--config-launch", template(1500), "--output-dir", str(out))
     assert proc.returncode == 0, proc.stderr
-    meta = json.loads((out / "validate.json").read_text())
+    return json.loads((out / "validate.json").read_text()), out
+
+
+def test_servers_kept_are_started_once_and_up_together(setup):
+    """``--servers kept``: every server starts once, before the first run, and serves every repeat."""
+    meta, out = _held(setup, "kept", "0,1")
     assert [(r["run"], r["repeat"]) for r in meta["runs"]] == [
         ("static:0", 1), ("static:1", 1), ("config", 1), ("config", 2), ("static:1", 2), ("static:0", 2)]
     assert all(r["status"] == "ok" for r in meta["runs"])
@@ -221,12 +226,7 @@ def test_servers_kept_are_started_once_and_up_together(setup):
 
 def test_servers_together_start_afresh_every_repeat(setup):
     """``--servers together``: each repeat's servers start at once before its first run, and again next repeat."""
-    tmp, args = setup
-    out = tmp / "out"
-    proc = cli(*args, "--steps", "0", "--repeats", "2", "--servers", "together", "--launch", template(500),
-               "--config-launch", template(1500), "--output-dir", str(out))
-    assert proc.returncode == 0, proc.stderr
-    meta = json.loads((out / "validate.json").read_text())
+    meta, _ = _held(setup, "together", "0")
     launches = _launch_times(meta)
     assert sorted(k for k, _ in launches) == [0, 0, 3, 3]
     starts = _run_starts(meta)
