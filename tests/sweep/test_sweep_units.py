@@ -101,7 +101,7 @@ def test_sweep_and_validate_plans_share_one_load_spec_and_keep_their_json_order(
     check = ValidatePlan(config="c.json", steps=(0,), workload=parse_workload("c1@1"), num_prompts=5)
     assert isinstance(check, LoadSpec) and check.num_prompts == 5
     assert list(check.to_json()) == ["config", "steps", "workload", *load, "tolerance", "max_failure_rate",
-                                     "repeats", "config_static"]
+                                     "repeats", "config_static", "servers"]
     with pytest.raises(UserError, match="--max-tokens"):
         SweepPlan(max_tokens=0).validate()
     with pytest.raises(UserError, match="--max-tokens"):

