@@ -372,6 +372,14 @@ _HELD = {"together": ", each repeat's servers up at once (`--servers together`)"
 """validate.md's words for ``plan.servers`` other than ``one``."""
 
 
+def _runs_sentence(repeats: int, servers: str) -> str:
+    """The end of validate.md's first paragraph: the repeats and how the servers were held (``plan.servers``)."""
+    held = _HELD.get(servers, "")
+    if repeats > 1:
+        return f"; {repeats} repeats in alternating order{held}, tables show means."
+    return f"; the servers up at once (`--servers {servers}`)." if held else "."
+
+
 def render_markdown(meta: JsonObject) -> str:
     """validate.md: the verdict, the preflight warnings (``meta["warnings"]``: e.g. a server that will not run the
     config as given), an overall table and a table per phase (a row per run, means over repeats; ``*`` = best
@@ -387,11 +395,7 @@ def render_markdown(meta: JsonObject) -> str:
              f"({len(wl.get('phases') or [])} phases, {_f(wl.get('total_s'), 'g')} s); dataset {plan.get('dataset')}, "
              f"max_tokens {plan.get('max_tokens')}, temperature {plan.get('temperature')}; "
              f"SLOs TTFT {plan.get('slo_ttft_ms') or '-'} ms, TPOT {plan.get('slo_tpot_ms') or '-'} ms"
-             + (f"; {repeats} repeats in alternating order{_HELD.get(str(plan.get('servers')), '')}, tables show "
-                "means." if repeats > 1 else
-                f"; the servers up at once (`--servers {plan.get('servers')}`)." if plan.get("servers") in _HELD
-                else "."),
-             ""]
+             + _runs_sentence(repeats, str(plan.get("servers"))), ""]
     same = cfg.get("static_equivalent")
     if same:
         lines += [f"The config runs the same rounds as static num_steps {same['steps']} ({same['reason']})"
