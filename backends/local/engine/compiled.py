@@ -13,8 +13,12 @@ Measured on that VM, 2 threads (``python benchmarks/engine_speed.py --paths nati
 native+compile5,native+compile10,native --skip-llamacpp --skip-spec``, decode tokens/s at batch 1 / batch 8, median
 of 3 interleaved): eager 127.8 / 475.8; 1 layer per graph 134.1 / 499.8, 2 layers 143.2 / 519.3, 5 layers 159.2 /
 512.8, 10 layers 164.1 / 488.3. Compiling the four shape classes took about 20 s (1 layer) to 70 s (10 layers) from
-scratch, and 1.7, 2.1, 4.4 and 15.2 s from inductor's cache. :func:`layers_per_graph` takes the largest divisor of
-the layer count up to 5 (:data:`MAX_LAYERS_PER_GRAPH`). Prefill and the draft head stay eager: prefill's matmuls
+scratch, and 1.7, 2.1, 4.4 and 15.2 s from inductor's cache. On the 2-core AMX Xeon VM (family 6 model 167), a
+server's six classes (num_steps capacity 3, 16 slots, ``dense_above`` 4) took 63 s from an empty cache at 1 layer per
+graph and 175 s at 5 (one core busy: inductor compiles one graph at a time), and decode tokens/s at batch 1 / 4 / 16
+(``--paths native+compile1,native+compile2,native+compile5 --skip-llamacpp --skip-spec --threads 2 --batches
+1,4,16``, median of 3) were 39.6 / 137.3 / 267.5 at 1 layer, 41.9 / 137.8 / 228.4 at 2, 45.9 / 154.3 / 263.6 at 5.
+:func:`layers_per_graph` takes the largest divisor of the layer count up to 5 (:data:`MAX_LAYERS_PER_GRAPH`). Prefill and the draft head stay eager: prefill's matmuls
 dwarf its per-op overhead, and the head is one layer.
 
 Shapes: ``dynamic=True``, so one graph covers every batch size, query length and cache length, except that dynamo
