@@ -7,6 +7,7 @@ sets the figure, so on two loaded cores a 5,000 tok/s static server once failed 
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import subprocess
 import sys
@@ -194,8 +195,14 @@ def _launch_times(meta: dict) -> list[tuple[int, float]]:
 
 
 def _run_starts(meta: dict) -> dict[tuple[str, int], float]:
+    """(run, repeat) -> its start, from validate.json's ISO time (whole seconds)."""
     from datetime import datetime
     return {(r["run"], r["repeat"]): datetime.fromisoformat(r["started"]).timestamp() for r in meta["runs"]}
+
+
+def _before(launch: float, start: float) -> bool:
+    """A launch (``time.time()``) came before a run start given in whole seconds: its second is not later."""
+    return math.floor(launch) <= start
 
 
 def _held(setup, servers: str, steps: str) -> tuple[dict, Path]:
@@ -217,7 +224,7 @@ def test_servers_kept_are_started_once_and_up_together(setup):
     assert sorted(k for k, _ in _launch_times(meta)) == [0, 1, 3]  # one server per run name, the config's at K=3
     pids = {x["pid"] for x in meta["backend"]["static"]["launches"] + meta["backend"]["config"]["launches"]}
     assert len(pids) == 3
-    assert max(t for _, t in _launch_times(meta)) < min(_run_starts(meta).values())
+    assert _before(max(t for _, t in _launch_times(meta)), min(_run_starts(meta).values()))
     assert meta["plan"]["servers"] == "kept"
     assert meta["instance_spread"]["kept"] is True
     assert "servers kept up" in meta["verdict"]["line"]
@@ -230,9 +237,9 @@ def test_servers_together_start_afresh_every_repeat(setup):
     launches = _launch_times(meta)
     assert sorted(k for k, _ in launches) == [0, 0, 3, 3]
     starts = _run_starts(meta)
-    assert max(t for _, t in launches[:2]) < min(starts[("static:0", 1)], starts[("config", 1)])
+    assert _before(max(t for _, t in launches[:2]), min(starts[("static:0", 1)], starts[("config", 1)]))
     assert min(t for _, t in launches[2:]) > max(starts[("static:0", 1)], starts[("config", 1)])
-    assert max(t for _, t in launches[2:]) < min(starts[("static:0", 2)], starts[("config", 2)])
+    assert _before(max(t for _, t in launches[2:]), min(starts[("static:0", 2)], starts[("config", 2)]))
     assert meta["instance_spread"]["kept"] is False
 
 
