@@ -18,8 +18,8 @@ server's six classes (num_steps capacity 3, 16 slots, ``dense_above`` 4) took 63
 graph and 175 s at 5 (one core busy: inductor compiles one graph at a time), and decode tokens/s at batch 1 / 4 / 16
 (``--paths native+compile1,native+compile2,native+compile5 --skip-llamacpp --skip-spec --threads 2 --batches
 1,4,16``, median of 3) were 39.6 / 137.3 / 267.5 at 1 layer, 41.9 / 137.8 / 228.4 at 2, 45.9 / 154.3 / 263.6 at 5.
-:func:`layers_per_graph` takes the largest divisor of the layer count up to 5 (:data:`MAX_LAYERS_PER_GRAPH`). Prefill and the draft head stay eager: prefill's matmuls
-dwarf its per-op overhead, and the head is one layer.
+:func:`layers_per_graph` takes the largest divisor of the layer count up to 5 (:data:`MAX_LAYERS_PER_GRAPH`).
+Prefill and the draft head stay eager: prefill's matmuls dwarf its per-op overhead, and the head is one layer.
 
 Shapes: ``dynamic=True``, so one graph covers every batch size, query length and cache length, except that dynamo
 specialises sizes 0 and 1: batch 1 and query length 1 (plain decode) are graphs of their own, and so are inputs of
