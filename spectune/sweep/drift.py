@@ -30,6 +30,7 @@ class _DriftCheckBase(TypedDict):
     label: str
     steps: int
     concurrency: int
+    repeat: int
     objective: str
     first: MetricValue
     again: MetricValue
@@ -44,7 +45,7 @@ class _DriftCheckBase(TypedDict):
 
 class DriftCheck(_DriftCheckBase, total=False):
     """One drift check (:func:`spectune.sweep.drift.drift_check`; sweep.json ``drift.checks``): ``label``, the
-    cell (``steps``, ``concurrency``), ``objective`` with its ``first`` and ``again`` values (tokens/s or ms),
+    reference point (``steps``, ``concurrency``, ``repeat``), ``objective`` with its ``first`` and ``again`` values (tokens/s or ms),
     ``ratio`` again / first with its interval ``low``/``high`` at ``confidence`` (None when unknown), ``drifted``,
     ``change`` = |ratio - 1|, ``span_s`` and, for a check that could not compare, ``note``."""
 
@@ -58,7 +59,7 @@ def drift_check(label: str, first: SweepPoint, again: SweepPoint, first_records:
     with their request objects (requests.jsonl form).
 
     Returns:
-        ``{"label", "steps", "concurrency", "objective", "first", "again", "ratio", "low", "high", "confidence",
+        ``{"label", "steps", "concurrency", "repeat", "objective", "first", "again", "ratio", "low", "high", "confidence",
         "drifted", "change", "span_s"}``: objective values (tokens/s or ms), the ratio again / first with its paired
         percentile interval (NaN -> None when unknown), ``drifted`` (the whole interval is outside
         ``[1 - band, 1 + band]``; without an interval, the ratio is off 1 by more than max(band, 5%)), ``change`` =
@@ -74,7 +75,8 @@ def drift_check(label: str, first: SweepPoint, again: SweepPoint, first_records:
     a = first.metrics.get(col)
     b = again.metrics.get(col)
     out: dict[str, Any] = {"label": label, "steps": first.steps, "concurrency": first.concurrency,
-                           "objective": objective, "first": a, "again": b, "confidence": confidence}
+                           "repeat": first.repeat, "objective": objective, "first": a, "again": b,
+                           "confidence": confidence}
     t0, t1 = midpoint_s(first), midpoint_s(again)
     out["span_s"] = t1 - t0 if t0 is not None and t1 is not None else None
     if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or not a or first.status != "ok" \

@@ -158,6 +158,7 @@ async def test_a_guided_sweeps_drift_reference_is_a_window_measured_in_full(tmp_
     points = [json.loads(x) for x in (tmp_path / "g" / "points.jsonl").read_text().splitlines()]
     (check,) = json.loads((tmp_path / "g" / "sweep.json").read_text())["drift"]["checks"]
     measured = [p for p in points if p.get("drift_check") is None]
-    ref = next(p for p in measured if (p["steps"], p["concurrency"]) == (check["steps"], check["concurrency"]))
+    ref = next(p for p in measured if (p["steps"], p["concurrency"], p["repeat"])
+               == (check["steps"], check["concurrency"], check["repeat"]))
     assert any((p.get("early_stop") or {}).get("reason") for p in measured)  # there were shorter ones to avoid
     assert not (ref.get("early_stop") or {}).get("reason")
