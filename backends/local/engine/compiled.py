@@ -302,6 +302,14 @@ def warm_up(decoder: SpeculativeDecoder, choice: CompileChoice, max_query: int) 
     slots 0.. at positions 5.. (they are empty at start-up). Updates ``choice`` (``warm_up_s``; ``active`` False with
     the error as reason when compiling failed).
 
+    The layers' RMSNorm epsilon (``DecoderLayer.eps``, a Python float) is compiled in as a constant
+    (``torch._dynamo.config.specialize_float``): by default dynamo traces it as a symbolic float, finds that
+    ``F.rms_norm`` needs a real one, and traces every graph a second time (``Restarting analysis due to
+    _tensorify_python_scalars``, ``TORCH_LOGS=+dynamo``). On the 2-core AMD EPYC Zen 4 VM (family 25 model 17) the six
+    classes of a server with num_steps capacity 3 and 16 slots compiled in 62.7 s instead of 68.9 s from an empty
+    inductor cache (``torch._dynamo.utils.compile_times``: no second ``compile_attempt``). All layers share one epsilon
+    (:func:`layer_fingerprint` compares it), so one graph still serves every group.
+
     Args:
         decoder: the :class:`~spectune.backends.local.engine.speculative.SpeculativeDecoder` whose target was compiled.
         choice: what :func:`compile_target` returned.
@@ -313,7 +321,7 @@ def warm_up(decoder: SpeculativeDecoder, choice: CompileChoice, max_query: int) 
     start = time.perf_counter()
     layers = decoder.target.layers.modules()  # the lm_head's own dense_above is outside the compiled layers
     limits = sorted({m.dense_above for m in layers if getattr(m, "dense_above", None) is not None})
-    with torch.inference_mode():
+    with torch.inference_mode(), torch._dynamo.config.patch(specialize_float=True):
         for batch, q in warm_up_shapes(decoder.target_cache.num_slots, max_query, tuple(limits)):
             pos = 5 + torch.arange(q, device=decoder.device).repeat(batch, 1)  # [B, q]
             tokens = torch.zeros(batch, q, dtype=torch.long, device=decoder.device)

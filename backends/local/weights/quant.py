@@ -52,7 +52,6 @@ fits in a quarter of the available memory.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,6 +60,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from spectune.backends.local.weights.loader import gguf_reader
 from spectune.loadgen.errors import UserError
 
 if TYPE_CHECKING:
@@ -299,16 +299,6 @@ class Int8RowLinear(_QuantLinear):
                 f"int8, dense_above={self.dense_above}, dense_dtype={str(self.dense_dtype).removeprefix('torch.')}")
 
 
-@functools.lru_cache(maxsize=1)
-def _reader(path: str) -> GGUFReader:
-    """A ``gguf.GGUFReader`` (memory-mapped), kept for the next call: parsing the metadata (the tokenizer's
-    vocabulary and merges) takes seconds, and start-up reads the file twice (:func:`native_support`, then
-    :func:`read_gguf_linears`)."""
-    from gguf import GGUFReader
-
-    return GGUFReader(path)
-
-
 def _permutation(rows: int, n_head: int) -> np.ndarray:
     """Row order that transformers' GGUF loader applies to llama.cpp's Q/K matrices (``_reverse_permute_weights``
     in transformers/modeling_gguf_pytorch_utils.py: per head, rows (dim, 2) -> (2, dim))."""
@@ -333,7 +323,7 @@ def read_gguf_linears(path: str | Path, num_layers: int, num_heads: int, num_kv_
     Raises:
         UserError: a tensor the model needs is missing from the file.
     """
-    reader = _reader(str(path))
+    reader = gguf_reader(str(path))
     tensors = {t.name: t for t in reader.tensors}
     arch_field = reader.fields.get("general.architecture")
     arch = bytes(arch_field.parts[arch_field.data[0]]).decode() if arch_field is not None else "llama"
@@ -442,7 +432,7 @@ def native_support(path: str | Path) -> tuple[bool, str, int]:
         (ok, reason, lm_repeat): reason names the first tensor that cannot ("" when ok); lm_repeat is 2
         when lm_head is Q8_0 (two int4 halves), else 1.
     """
-    reader = _reader(str(path))
+    reader = gguf_reader(str(path))
     types = {t.name: t.tensor_type.name for t in reader.tensors}
     linear_suffixes = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight",
                        "ffn_up.weight", "ffn_down.weight")
