@@ -45,9 +45,9 @@ class _DriftCheckBase(TypedDict):
 
 class DriftCheck(_DriftCheckBase, total=False):
     """One drift check (:func:`spectune.sweep.drift.drift_check`; sweep.json ``drift.checks``): ``label``, the
-    reference point (``steps``, ``concurrency``, ``repeat``), ``objective`` with its ``first`` and ``again`` values (tokens/s or ms),
-    ``ratio`` again / first with its interval ``low``/``high`` at ``confidence`` (None when unknown), ``drifted``,
-    ``change`` = |ratio - 1|, ``span_s`` and, for a check that could not compare, ``note``."""
+    reference point (``steps``, ``concurrency``, ``repeat``), ``objective`` with its ``first`` and ``again`` values
+    (tokens/s or ms), ``ratio`` again / first with its interval ``low``/``high`` at ``confidence`` (None when
+    unknown), ``drifted``, ``change`` = |ratio - 1|, ``span_s`` and, for a check that could not compare, ``note``."""
 
     note: str
 
@@ -59,9 +59,9 @@ def drift_check(label: str, first: SweepPoint, again: SweepPoint, first_records:
     with their request objects (requests.jsonl form).
 
     Returns:
-        ``{"label", "steps", "concurrency", "repeat", "objective", "first", "again", "ratio", "low", "high", "confidence",
-        "drifted", "change", "span_s"}``: objective values (tokens/s or ms), the ratio again / first with its paired
-        percentile interval (NaN -> None when unknown), ``drifted`` (the whole interval is outside
+        ``{"label", "steps", "concurrency", "repeat", "objective", "first", "again", "ratio", "low", "high",
+        "confidence", "drifted", "change", "span_s"}``: objective values (tokens/s or ms), the ratio again / first
+        with its paired percentile interval (NaN -> None when unknown), ``drifted`` (the whole interval is outside
         ``[1 - band, 1 + band]``; without an interval, the ratio is off 1 by more than max(band, 5%)), ``change`` =
         |ratio - 1| (a fraction) and ``span_s``, the seconds between the middles of the two measurements (their
         ``started`` and ``finished`` stamps; None without them).

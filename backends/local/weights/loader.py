@@ -91,8 +91,8 @@ def _gguf_cache_folder(path: Path) -> Path:
 def gguf_reader(path: str) -> GGUFReader:
     """A ``gguf.GGUFReader`` of ``path`` (memory-mapped, read-only), kept for the next call: parsing the metadata (the
     tokenizer's 49,152 tokens and 48,900 merges of the default target, one numpy view each) takes 2.6 s on a 2-core
-    AMD EPYC Zen 4 VM, and a cold start reads the file four times (:func:`convert_gguf`'s three transformers calls,
-    then ``quant.native_support`` and ``quant.read_gguf_linears``)."""
+    AMD EPYC Zen 4 VM, and a cold start reads the file four times: :func:`convert_gguf`'s three transformers calls
+    (through :func:`_one_gguf_parse`), then ``quant.native_support`` and ``quant.read_gguf_linears``."""
     from gguf.gguf_reader import GGUFReader  # the class itself, never :func:`_one_gguf_parse`'s stand-in
 
     return GGUFReader(path)

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -62,9 +62,6 @@ from torch import nn
 
 from spectune.backends.local.weights.loader import gguf_reader
 from spectune.loadgen.errors import UserError
-
-if TYPE_CHECKING:
-    from gguf import GGUFReader
 
 QK = 32  # weights per GGML block
 NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0")
