@@ -42,12 +42,44 @@ class Endpoint:
     model: str | None = None
 
 
-@dataclass
-class BackendOptions:
-    """Everything the CLI may pass to a backend; each backend reads the fields it needs.
+@dataclass(frozen=True)
+class BundledEngineOptions:
+    """What only the bundled engine (``--backend local``, :mod:`spectune.backends.local`) reads of the command line.
 
     Attributes:
-        endpoints: already-running servers: num_steps -> base URL; key ``-1`` means one URL for every num_steps.
+        device: ``auto`` (cuda when available), ``cpu`` or ``cuda``.
+        dtype: the compute path: ``auto``, ``native``, ``bfloat16`` or ``float32`` (docs/engine.md "Compute paths").
+        compile: ``auto``, ``on`` or ``off``: torch.compile of the target's decode layers on CPU (docs/engine.md
+            "Compiled decode layers").
+    """
+
+    device: str = "auto"
+    dtype: str = "auto"
+    compile: str = "auto"
+
+
+@dataclass(frozen=True)
+class LlamaCppOptions:
+    """What only llama.cpp's backend (``--backend llamacpp``, :mod:`spectune.backends.llamacpp`) reads.
+
+    Attributes:
+        server_bin: the ``llama-server`` program to run, or None to search for it
+            (:func:`spectune.backends.llamacpp.install.find_llama_server`).
+    """
+
+    server_bin: str | None = None
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """Everything the CLI may pass to a backend: the settings every engine's backend reads, and one record per
+    engine for the settings only that engine has (:class:`BundledEngineOptions`, :class:`LlamaCppOptions`), so a
+    backend's own settings are named by its record. Frozen: a caller that sizes the servers for a plan
+    (``max_concurrency``, ``max_tokens``, ``log_dir``) makes a copy with :func:`dataclasses.replace`.
+
+    Attributes:
+        endpoints: already-running servers (``openai``, ``sglang``, ``vllm``): num_steps -> base URL; key ``-1``
+            means one URL for every num_steps.
         launch: a command template (``launch`` backend) with ``{steps}``, ``{draft_tokens}``, ``{port}``,
             ``{model}``, ``{draft}`` placeholders, split with :func:`shlex.split` and run without a shell.
         model: target model path or name.
@@ -61,12 +93,7 @@ class BackendOptions:
         log_dir: folder for launched servers' logs (the results folder's ``logs/``), or None.
         max_concurrency: the highest concurrency the sweep will drive (servers are sized for it).
         api_key_env: name of the environment variable holding the API key sent as a Bearer token.
-        device: ``auto``, ``cpu`` or ``cuda`` (bundled engine).
-        dtype: ``auto``, ``native``, ``bfloat16`` or ``float32`` (bundled engine; docs/engine.md "Compute paths").
-        compile: ``auto``, ``on`` or ``off``: the bundled engine's torch.compile of its decode layers on CPU
-            (docs/engine.md "Compiled decode layers").
         max_tokens: the longest output the sweep will request (servers are sized for it).
-        server_bin: the server program to run (``llamacpp``: a ``llama-server`` path), or None to search for it.
         adaptive_config: path of a per-batch-size num_steps config for the server to run instead of a static
             num_steps (``spectune validate``): an SGLang ``--speculative-adaptive-config`` JSON (``sglang``, ``local``)
             or a vLLM ``num_speculative_tokens_per_batch_size`` schedule (``vllm``, ``local``); with it, the K passed
@@ -76,6 +103,8 @@ class BackendOptions:
             server a per-batch-size config whose largest K is this value runs, told to use K at every batch size
             (:meth:`Backend.schedule_server`; ``spectune sweep --schedule-server``). None: the static server of K
             (K = 0: no drafter at all).
+        local: the bundled engine's own settings.
+        llamacpp: llama.cpp's own settings.
     """
 
     endpoints: dict[int, str] | None = None
@@ -90,13 +119,11 @@ class BackendOptions:
     log_dir: Path | None = None
     max_concurrency: int = 1
     api_key_env: str = "OPENAI_API_KEY"
-    device: str = "auto"
-    dtype: str = "auto"
-    compile: str = "auto"
     max_tokens: int = 256
     adaptive_config: str | None = None
-    server_bin: str | None = None
     schedule_server_max_k: int | None = None
+    local: BundledEngineOptions = field(default_factory=BundledEngineOptions)
+    llamacpp: LlamaCppOptions = field(default_factory=LlamaCppOptions)
 
 
 @dataclass

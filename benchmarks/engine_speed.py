@@ -199,14 +199,11 @@ def decode_tok_s(run, batch: int) -> float:
 
 
 def cpu_description() -> str:
-    """``lscpu`` model name, its vector flags and torch's ATen CPU capability."""
-    import subprocess
+    """The CPU line (:func:`spectune.measure.environment.cpu_line`: model name, vector flags) and torch's ATen CPU
+    capability."""
+    from spectune.measure.environment import cpu_line
 
-    text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("Model name")), "?")
-    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("Flags")), [])
-    vec = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c")))
-    return f"{model}; {' '.join(vec)}; torch ATen capability {torch.backends.cpu.get_cpu_capability()}"
+    return f"{cpu_line()}; torch ATen capability {torch.backends.cpu.get_cpu_capability()}"
 
 
 def cuda_roofline_percent(repeats: int) -> str:

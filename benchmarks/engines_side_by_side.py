@@ -29,18 +29,6 @@ from pathlib import Path
 from typing import Any
 
 
-def cpu_line() -> str:
-    """``lscpu`` model name and the vector flags that decide CPU kernels."""
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    except OSError:
-        return platform.processor()
-    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("Model name")), "?")
-    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("Flags")), [])
-    vec = [f for f in flags if f.startswith(("avx512f", "avx512_bf16", "amx", "avx2", "avx_vnni"))]
-    return f"{model}; {' '.join(sorted(set(vec)))}"
-
-
 def f16_gguf() -> Path:
     """An F16 GGUF of the default target's weights as the bundled engine loads them (the Q4_1 file dequantized by
     spectune's cache, converted with llama.cpp's own convert_hf_to_gguf.py); written once into the cache."""
@@ -109,6 +97,7 @@ async def run(args: argparse.Namespace) -> None:
     from spectune.backends import make_backend
     from spectune.backends.base import BackendOptions
     from spectune.loadgen.datasets import load_dataset
+    from spectune.measure.environment import cpu_line
 
     steps = [int(x) for x in args.steps.split(",")]
     concs = [int(x) for x in args.concurrency.split(",")]

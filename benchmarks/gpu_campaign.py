@@ -323,10 +323,11 @@ class Campaign:
     def env_part(self) -> None:
         import torch
 
+        from spectune.measure.environment import cpu_model_and_flags
+
         s = self.sizes
         info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "")
+        info["cpu"] = cpu_model_and_flags()[0]
         if s.device == "cuda":
             q = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem",
                  "--format=csv,noheader"]

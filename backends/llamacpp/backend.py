@@ -196,7 +196,7 @@ class LlamaCppBackend(LaunchingBackend):
                 ``draft-eagle3`` when an EAGLE-3 head is used.
         """
         if self._bin is None:
-            self._bin = str(find_llama_server(self.options.server_bin))
+            self._bin = str(find_llama_server(self.options.llamacpp.server_bin))
         self._features = server_features(self._bin)
         if self.spec_type not in self._features.spec_types and self._features.spec_types:
             raise UserError(f"{self._bin} has no --spec-type {self.spec_type} (it offers "

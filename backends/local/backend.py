@@ -11,7 +11,6 @@ K given to ``start`` only sets its initial tier.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import sys
@@ -69,7 +68,7 @@ class LocalBackend(LaunchingBackend):
             raise UserError(f"--model {options.model} does not exist: give a GGUF file or a Hugging Face folder")
         if options.draft is not None and options.draft.lower() != "none" and not Path(options.draft).is_dir():
             raise UserError(f"--draft {options.draft} is not a folder: give an EAGLE head folder")
-        check_compile_mode(options.compile)
+        check_compile_mode(options.local.compile)
         if options.adaptive_config:
             load_config_file(options.adaptive_config)  # a bad file fails here, not in the server process
         self.capacity = 0
@@ -84,9 +83,9 @@ class LocalBackend(LaunchingBackend):
         max_len = 2048
         slots = max(o.max_concurrency, 1)
         opts = {"model": o.model, "draft": o.draft, "num_steps": steps, "num_steps_capacity": max(self.capacity, steps),
-                "dtype": o.dtype, "device": o.device, "max_num_seqs": slots, "max_model_len": max_len,
+                "dtype": o.local.dtype, "device": o.local.device, "max_num_seqs": slots, "max_model_len": max_len,
                 "kv_cache_gb": max(1.0, slots * (max_len + 8) * KV_BYTES_PER_TOKEN_GUESS / 2**30),
-                "threads": engine_threads(), "compile": o.compile}
+                "threads": engine_threads(), "compile": o.local.compile}
         pinned = self.pinned_config_path(steps)
         if pinned or o.adaptive_config:
             opts["adaptive_config"] = pinned or str(Path(o.adaptive_config or "").resolve())
@@ -180,8 +179,9 @@ class LocalBackend(LaunchingBackend):
         the server is up, the compute path it runs (``engine.path``: see
         ``backends/local/weights/compute_paths.py``)."""
         d = super().describe()
-        d["engine"] = {k: v for k, v in dataclasses.asdict(self.options).items()
-                       if k in ("model", "draft", "device", "dtype", "max_concurrency")}
+        o = self.options
+        d["engine"] = {"model": o.model, "draft": o.draft, "max_concurrency": o.max_concurrency,
+                       "device": o.local.device, "dtype": o.local.dtype}
         if getattr(self, "engine_path", None) is not None:
             d["engine"]["path"] = self.engine_path  # what --dtype auto chose on this machine
         return d

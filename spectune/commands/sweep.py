@@ -147,7 +147,7 @@ def sweep(
     concurrency point; results go to --output-dir (sweep.json, requests.jsonl, points.jsonl, summary.csv)."""
     from rich.console import Console
 
-    from spectune.backends.base import BackendOptions
+    from spectune.backends.base import BackendOptions, BundledEngineOptions, LlamaCppOptions
     from spectune.sweep.display import LiveDisplay, summary_table
     from spectune.sweep.run import run_blocking
     from spectune.commands.options import parse_int_list
@@ -174,7 +174,8 @@ def sweep(
     options = BackendOptions(
         endpoints=parse_endpoints(endpoint or []), launch=launch, model=model, draft=draft, algorithm=algorithm,
         host=host, port=port, server_args=extra_args, startup_timeout_s=startup_timeout, api_key_env=api_key_env,
-        device=device, dtype=dtype, compile=compile, server_bin=server_bin,
+        local=BundledEngineOptions(device=device, dtype=dtype, compile=compile),
+        llamacpp=LlamaCppOptions(server_bin=server_bin),
     )
     if output_dir is None:
         if resume:

@@ -121,7 +121,7 @@ def validate(
     (one candidate everywhere) is not run again: the verdict asks whether another static beats it."""
     from rich.console import Console
 
-    from spectune.backends.base import BackendOptions
+    from spectune.backends.base import BackendOptions, BundledEngineOptions, LlamaCppOptions
     from spectune.measure.signals import run_with_signals
     from spectune.commands.options import parse_int_list
     from spectune.measure.load_settings import ClientTimeouts
@@ -157,7 +157,8 @@ def validate(
     extra_args = split_server_args(server_args)
     options = BackendOptions(launch=launch, model=model, draft=draft, algorithm=algorithm, host=host, port=port,
                              server_args=extra_args, startup_timeout_s=startup_timeout, api_key_env=api_key_env,
-                             device=device, dtype=dtype, compile=compile, server_bin=server_bin)
+                             local=BundledEngineOptions(device=device, dtype=dtype, compile=compile),
+                             llamacpp=LlamaCppOptions(server_bin=server_bin))
     output_dir = output_dir or Path("results") / time.strftime("validate-%Y%m%d-%H%M%S")
     console = Console(highlight=False)
     err = Console(stderr=True, highlight=False, soft_wrap=True)

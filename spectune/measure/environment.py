@@ -1,4 +1,5 @@
-"""The host and package versions recorded in sweep.json and validate.json."""
+"""The host and package versions recorded in sweep.json and validate.json, and the CPU line every speed figure
+carries (``lscpu``'s model name and the vector flags that decide the CPU kernels)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,42 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+VECTOR_FLAG_PREFIXES = ("avx", "amx", "fma", "f16c")
+"""CPU flags that decide which kernels torch, oneDNN, llama.cpp and vLLM run (AVX2, AVX-512 and its bf16/VNNI
+extensions, AMX)."""
+
+
+def cpu_model_and_flags(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, list[str]]:
+    """The CPU's model name (what ``lscpu`` prints as "Model name") and its vector flags
+    (:data:`VECTOR_FLAG_PREFIXES`, sorted), read from the first processor of ``/proc/cpuinfo``; off Linux
+    (no such file) ``platform.processor()`` and no flags. Raises nothing."""
+    model, flags = "", []
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not model:
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = sorted(x for x in value.split() if x.startswith(VECTOR_FLAG_PREFIXES))
+                if model and flags:
+                    break
+    except OSError:
+        pass
+    return model or platform.processor() or "unknown", flags
+
+
+def cpu_line() -> str:
+    """``"<model>; <vector flags>"``: the machine line printed beside every speed figure of the benchmarks."""
+    model, flags = cpu_model_and_flags()
+    return f"{model}; {' '.join(flags) or 'no vector flags read'}"
+
 
 def environment() -> dict[str, Any]:
     """``host`` and ``versions`` for sweep.json and validate.json (package versions read from metadata: nothing
-    is imported)."""
+    is imported). ``host.load_average`` is the 1, 5 and 15 minute load average when the run started
+    (``os.getloadavg``; None where the OS has none): how busy the machine was before spectune loaded it, which
+    says whether its speed figures came from a quiet machine. ``host.cpu`` is :func:`cpu_model_and_flags`."""
     def ver(name: str) -> str | None:
         try:
             return version(name)
@@ -21,6 +54,11 @@ def environment() -> dict[str, Any]:
 
     versions = {n: ver(n) for n in ("spectune", "aiohttp", "numpy", "torch", "transformers")}
     versions["python"] = platform.python_version()
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        load = None
+    model, flags = cpu_model_and_flags()
     host = {"hostname": socket.gethostname(), "platform": platform.platform(), "python": sys.version.split()[0],
-            "cpus": os.cpu_count()}
+            "cpus": os.cpu_count(), "cpu": {"model": model, "vector_flags": flags}, "load_average": load}
     return {"host": host, "versions": versions}

@@ -28,6 +28,7 @@ Ray is not imported here: the driver wraps :func:`block_events` with ``ray.remot
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TypedDict
 
@@ -182,7 +183,7 @@ async def _measure(payload: BlockPayload, emit: Callable[[BlockEvent], None]) ->
     folder = BlockFolder(emit, payload.get("points"))
     events = _Events(emit, folder)
     with tempfile.TemporaryDirectory(prefix="spectune-block-") as logs:
-        options.log_dir = Path(logs)
+        options = replace(options, log_dir=Path(logs))
         backend = make_backend(payload["backend"], options)
         sweep = Sweep(plan, backend, folder, payload["prompts"], {}, events, options.model, options.api_key_env,
                       payload["timeouts"])

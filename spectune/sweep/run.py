@@ -459,9 +459,8 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
     plan.validate()
     timeouts.validate()
     folder = SweepFolder(output_dir)
-    options.max_concurrency = max(plan.concurrency)
-    options.max_tokens = plan.max_tokens
-    options.log_dir = folder.logs
+    options = dataclasses.replace(options, max_concurrency=max(plan.concurrency), max_tokens=plan.max_tokens,
+                                  log_dir=folder.logs)
     backend = make_backend(backend_name, options)
     if ray is not None:
         ray.check(plan, backend)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from spectune.backends import make_backend
-from spectune.backends.base import BackendOptions, SpecSnapshot
+from spectune.backends.base import BackendOptions, LlamaCppOptions, SpecSnapshot
 from spectune.backends.llamacpp.backend import LlamaCppBackend, cpu_workarounds, llamacpp_argv, timings_totals
 from spectune.backends.llamacpp.install import find_llama_server, server_features
 from spectune.backends.prometheus import snapshot_from_text
@@ -210,7 +210,7 @@ def test_no_program_anywhere_says_how_to_get_one(tmp_path, monkeypatch):
 
 def test_a_build_without_eagle3_is_a_user_error(tmp_path):
     prog = fake_program(tmp_path, "--port N\n--spec-type {none,draft-simple,ngram-simple}\n--metrics")
-    b = backend(tmp_path, server_bin=str(prog))
+    b = backend(tmp_path, llamacpp=LlamaCppOptions(server_bin=str(prog)))
     with pytest.raises(UserError, match="no --spec-type draft-eagle3"):
         b.check_executable()
 

@@ -404,9 +404,10 @@ def test_default_gguf_is_fully_native() -> None:
 async def test_local_sweep_backend_records_the_servers_path() -> None:
     """sweep.json's ``backend`` comes from ``describe()`` after each start: the server's chosen path is in it."""
     from spectune.backends import make_backend
-    from spectune.backends.base import BackendOptions
+    from spectune.backends.base import BackendOptions, BundledEngineOptions
 
-    backend = make_backend("local", BackendOptions(dtype="native", max_concurrency=1, draft="none", compile="off"))
+    backend = make_backend("local", BackendOptions(max_concurrency=1, draft="none",
+                                                   local=BundledEngineOptions(dtype="native", compile="off")))
     await backend.preflight([0])
     try:
         await backend.start(0)

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow,
 
 ray = pytest.importorskip("ray")
 
-from spectune.backends.base import BackendOptions  # noqa: E402
+from spectune.backends.base import BackendOptions, BundledEngineOptions  # noqa: E402
 from spectune.sweep.distributed import RayOptions  # noqa: E402
 from spectune.sweep.plan import SweepPlan  # noqa: E402
 from spectune.sweep.run import execute  # noqa: E402
@@ -44,7 +44,7 @@ def plan() -> SweepPlan:
 
 
 def options() -> BackendOptions:
-    return BackendOptions(device="cpu", compile="off", startup_timeout_s=600)
+    return BackendOptions(startup_timeout_s=600, local=BundledEngineOptions(device="cpu", compile="off"))
 
 
 async def test_bundled_engine_sweep_under_ray_matches_the_serial_one(cluster, tmp_path):

@@ -94,6 +94,26 @@ async def test_small_sweep_writes_the_results_folder(tmp_path, prompts):
     assert sum(v["num_requests"] for v in k3["per_category"].values()) == 8
 
 
+async def test_a_sweep_sizes_its_servers_on_a_copy_of_the_callers_options(tmp_path, prompts):
+    """execute sizes the backend for the plan (max_concurrency, max_tokens, log_dir) without changing the
+    options it was given (BackendOptions is frozen; the sweep builds its backend from a copy)."""
+    plan = SweepPlan(steps=(0,), concurrency=(1, 3), dataset=prompts, num_prompts=6, max_tokens=9,
+                     requests_per_point=3, warmup_requests=1)
+    async with FakeServers(k0="") as urls:
+        options = BackendOptions(endpoints=urls)
+        await execute(plan, "openai", options, tmp_path / "out")
+    assert options == BackendOptions(endpoints=urls)
+
+
+async def test_sweep_json_records_the_cpu_and_the_load_before_the_run(tmp_path, prompts):
+    plan = SweepPlan(steps=(0,), concurrency=(1,), dataset=prompts, num_prompts=6, max_tokens=9,
+                     requests_per_point=2, warmup_requests=1)
+    async with FakeServers(k0="") as urls:
+        await execute(plan, "openai", BackendOptions(endpoints=urls), tmp_path / "out")
+    host = json.loads((tmp_path / "out" / "sweep.json").read_text())["host"]
+    assert (len(host["load_average"]), set(host["cpu"])) == (3, {"model", "vector_flags"})
+
+
 async def test_per_category_acceptance_from_sglang_details(tmp_path, prompts):
     """The sglang backend asks for per-request spec details, so each category gets its own acceptance length."""
     plan = SweepPlan(steps=(2,), concurrency=(2,), dataset=prompts, num_prompts=6, max_tokens=31,
