@@ -328,6 +328,7 @@ class Campaign:
         s = self.sizes
         info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
         info["cpu"] = cpu_model_and_flags()[0]
+        info["load_average"] = [round(x, 2) for x in os.getloadavg()]  # before the campaign's own parts load it
         if s.device == "cuda":
             q = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem",
                  "--format=csv,noheader"]
