@@ -51,6 +51,7 @@ from typing import Any, Sequence
 
 from spectune.backends.base import (Acceptance, BackendOptions, SpecSnapshot, counter_acceptance, has_counters,
                            zero_steps_acceptance)
+from spectune.backends.cpuinfo import read_cpuinfo
 from spectune.backends.launch import LaunchingBackend
 from spectune.backends.llamacpp.head_gguf import cached_head_gguf
 from spectune.backends.llamacpp.install import ServerFeatures, find_llama_server, server_features
@@ -109,12 +110,7 @@ def cpu_workarounds(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
     """
     if os.environ.get("SPECTUNE_LLAMACPP_REPACK") == "1":
         return []
-    try:
-        with open(cpuinfo) as f:
-            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
-    except OSError:
-        return []
-    return ["--no-repack"] if "amx_int8" in flags else []
+    return ["--no-repack"] if "amx_int8" in read_cpuinfo(cpuinfo)[1] else []
 
 
 def default_threads() -> int:

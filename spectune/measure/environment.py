@@ -10,6 +10,8 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from spectune.backends.cpuinfo import read_cpuinfo
+
 VECTOR_FLAG_PREFIXES = ("avx", "amx", "fma", "f16c")
 """CPU flags that decide which kernels torch, oneDNN, llama.cpp and vLLM run (AVX2, AVX-512 and its bf16/VNNI
 extensions, AMX)."""
@@ -17,22 +19,10 @@ extensions, AMX)."""
 
 def cpu_model_and_flags(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, list[str]]:
     """The CPU's model name (what ``lscpu`` prints as "Model name") and its vector flags
-    (:data:`VECTOR_FLAG_PREFIXES`, sorted), read from the first processor of ``/proc/cpuinfo``; off Linux
+    (:data:`VECTOR_FLAG_PREFIXES`, sorted), from :func:`spectune.backends.cpuinfo.read_cpuinfo`; off Linux
     (no such file) ``platform.processor()`` and no flags. Raises nothing."""
-    model, flags = "", []
-    try:
-        with open(cpuinfo) as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and not model:
-                    model = value.strip()
-                elif key.strip() == "flags" and not flags:
-                    flags = sorted(x for x in value.split() if x.startswith(VECTOR_FLAG_PREFIXES))
-                if model and flags:
-                    break
-    except OSError:
-        pass
-    return model or platform.processor() or "unknown", flags
+    model, flags = read_cpuinfo(cpuinfo)
+    return model or platform.processor() or "unknown", sorted(x for x in flags if x.startswith(VECTOR_FLAG_PREFIXES))
 
 
 def cpu_line() -> str:
