@@ -1,6 +1,7 @@
 """The bundled engine on a GPU, end to end, in one run: the default pair's GPU tests, decode step times against the
-HBM roofline (with a Llama-3.2-1B-shaped random target beside the pair), a sweep of num_steps 0-5 x concurrency
-1-512, recommend, and validate on a workload swinging between concurrency 1 and 512.
+HBM roofline (with a Llama-3.2-1B-shaped random target beside the pair), packed prefill against one prefill forward
+per request (``benchmarks/packed_prefill.py``), a sweep of num_steps 0-5 x concurrency 1-512, recommend, and
+validate on a workload swinging between concurrency 1 and 512.
 
 GPU time is short, so every part runs from this one script, each under its own time limit, and writes into one
 folder (``--out``) as it goes: ``campaign.md`` (the tables), ``campaign.json`` (the numbers), a log per part, and the
@@ -46,7 +47,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("env", "steps-1b", "tests", "steps-pair", "sweep", "recommend", "validate")
+PARTS = ("env", "steps-1b", "tests", "steps-pair", "prefill", "sweep", "recommend", "validate")
 
 
 @dataclass
@@ -64,6 +65,7 @@ class Sizes:
     sweep_args: list[str]
     validate_workload: str
     validate_args: list[str]
+    prefill_args: list[str]
     big_shape: dict[str, Any] = field(default_factory=dict)
 
 
@@ -79,6 +81,8 @@ GPU = Sizes(
                 "--dtype", "bfloat16"],
     validate_workload="c1@10,c512@10",
     validate_args=["--repeats", "1", "--max-tokens", "64", "--num-prompts", "80", "--dtype", "bfloat16"],
+    prefill_args=["--concurrency", "32,128,512", "--steps", "0,3", "--repeats", "2", "--max-tokens", "32",
+                  "--dtype", "bfloat16", "--kv-cache-gb", "20"],
     big_shape=LLAMA_3_2_1B)
 
 TINY = Sizes(
@@ -89,6 +93,8 @@ TINY = Sizes(
     validate_workload="c1@3,c2@3",
     validate_args=["--repeats", "1", "--max-tokens", "12", "--num-prompts", "8", "--dtype", "bfloat16",
                    "--compile", "off"],
+    prefill_args=["--concurrency", "2", "--steps", "0,1", "--repeats", "1", "--max-tokens", "4", "--dtype", "bfloat16",
+                  "--compile", "off", "--kv-cache-gb", "0.5"],
     big_shape=dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
                    head_dim=32, tie_word_embeddings=True))
 
@@ -365,6 +371,22 @@ class Campaign:
         acc = [ln for ln in text.splitlines() if "acceptance length" in ln]
         self.md["tests"] = ("## tests/engine/test_engine_gpu.py\n\n```\n" + "\n".join(acc + summary[-1:]) + "\n```\n")
 
+    def prefill_part(self) -> None:
+        """``benchmarks/packed_prefill.py`` on this device: packed prefill against one forward per request."""
+        rows = self.out / "prefill.json"
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "packed_prefill.py"), "--device", self.sizes.device,
+               *self.sizes.prefill_args, "--json", str(rows)]
+        with open(self.out / "prefill.log", "w") as log:
+            log.write("$ " + shlex.join(cmd) + "\n")
+            log.flush()
+            proc = subprocess.run(cmd, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, timeout=300)
+        text = (self.out / "prefill.log").read_text()
+        print(text[-3000:], flush=True)
+        self.results["prefill"] = {"returncode": proc.returncode,
+                                   **(json.loads(rows.read_text()) if rows.is_file() else {})}
+        table = [ln for ln in text.splitlines() if ln.startswith(("┃", "│", "┏", "┡", "└", "packed"))]
+        self.md["prefill"] = "## Packed prefill vs one forward per request\n\n```\n" + "\n".join(table) + "\n```\n"
+
     def sweep_part(self) -> None:
         s = self.sizes
         args = ["sweep", "--device", s.device, "--steps", s.sweep_steps, "--concurrency", s.sweep_concurrency,
@@ -451,7 +473,7 @@ def main() -> None:
         camp.part("steps-pair", lambda: camp.steps_part(
             "steps-pair", "Default pair (SmolLM2-135M-Instruct bf16 + the bundled EAGLE-3 head)",
             lambda slots, max_len: pair_decoder(slots, max_len, sizes.device)))
-    for name, fn in (("sweep", camp.sweep_part), ("recommend", camp.recommend_part),
+    for name, fn in (("prefill", camp.prefill_part), ("sweep", camp.sweep_part), ("recommend", camp.recommend_part),
                      ("validate", camp.validate_part)):
         if name in parts:
             camp.part(name, fn)

@@ -106,10 +106,16 @@ def test_vllm_schedule_picks_num_steps_by_batch_size(expected) -> None:
     assert {k for bs, k in Trace.rows if bs >= 2} == {1}
 
 
-def test_lazy_drafting_catches_up_to_the_head_state_of_an_always_current_head() -> None:
+@pytest.mark.parametrize("catch_up_tokens", [8192, 4])
+def test_lazy_drafting_catches_up_to_the_head_state_of_an_always_current_head(monkeypatch, catch_up_tokens) -> None:
     """Adaptive mode skips the head in prefills and K=0 rounds; the first drafting round after them must draft from
-    the same head state (draft KV and feature) as a head that ran every round, also after slot moves."""
+    the same head state (draft KV and feature) as a head that ran every round, also after slot moves, and also when
+    the lagging slots' catch-up is split over several packed head forwards (a cap of 4 entries each)."""
     import torch
+
+    from spectune.backends.local.engine import speculative
+
+    monkeypatch.setattr(speculative, "CATCH_UP_TOKENS", catch_up_tokens)
 
     sched = parse_vllm_speculative_config({"num_speculative_tokens": 2,
                                            "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 2, 1], [3, 8, 0]]})

@@ -81,7 +81,7 @@ def test_spec_decoding_end_to_end_matches_target_marginals() -> None:
     decoder = SpeculativeDecoder(target, head, batch, 64, g)
     samples = []
     for _ in range(reps):  # x_n greedy (fixed), the state copied into every slot, then sampled decode rounds
-        first = decoder.prefill(0, prompt, _st(1, 0.0), draft=True)
+        [first] = decoder.prefill([0], [prompt], _st(1, 0.0), draft=True)
         for s in range(1, batch):
             decoder.move_slot(0, s)
         out: list[list[int]] = [[] for _ in range(batch)]

@@ -181,10 +181,10 @@ def test_tokenization_runs_off_the_event_loop(tiny, monkeypatch) -> None:
 def test_an_engine_failure_stays_with_its_request(tiny, monkeypatch) -> None:
     prefill = tiny.engine.decoder.prefill
 
-    def faulty(slot, prompt, st, draft):
-        if 13 in prompt:  # "t13" marks the request to fail
+    def faulty(slots, prompts, st, draft):
+        if any(13 in prompt for prompt in prompts):  # "t13" marks the request to fail
             raise RuntimeError("injected fault")
-        return prefill(slot, prompt, st, draft)
+        return prefill(slots, prompts, st, draft)
 
     monkeypatch.setattr(tiny.engine.decoder, "prefill", faulty)
     bad = {"messages": [{"role": "user", "content": "t1 t13"}], "max_tokens": 4}

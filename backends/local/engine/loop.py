@@ -47,7 +47,8 @@ class EngineStats:
 
     Attributes:
         spec: spec-decode counters summed over requests (:class:`SpecStats`: verify_steps is vLLM's num_drafts).
-        num_rounds, num_prefills, prompt_tokens, generation_tokens: work done.
+        num_rounds, num_prefills, prompt_tokens, generation_tokens: work done (num_prefills counts requests).
+        num_prefill_forwards: packed prefill forwards (each prefills every request admitted in one iteration).
         num_steps_switches: changes of the active num_steps between rounds.
         active_num_steps: num_steps of the last round.
     """
@@ -55,6 +56,7 @@ class EngineStats:
     spec: SpecStats = field(default_factory=SpecStats)
     num_rounds: int = 0
     num_prefills: int = 0
+    num_prefill_forwards: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
     num_steps_switches: int = 0
@@ -233,7 +235,8 @@ class Engine:
     def step(self) -> None:
         """One iteration: take new requests and aborts, prefill admitted ones, run one decode round.
 
-        An exception while prefilling a request fails that request alone; one in the decode round fails the
+        The admitted requests are prefilled together (:meth:`_prefill`); an exception while prefilling a request
+        fails that request alone; one in the decode round fails the
         requests of that batch (the round's state is unknown). Failed requests finish with ``finish_reason``
         ``"error"`` and free their slots; requests that are waiting are untouched and the engine keeps serving.
         """
@@ -245,15 +248,9 @@ class Engine:
         for rid in aborts:
             self._abort(rid)
         drafting = self.max_steps > 0
-        for seq in self.scheduler.admit():
-            try:
-                st = self._sampling([seq])
-                first = self.decoder.prefill(seq.slot, seq.prompt_ids, st, drafting)
-                self.stats.num_prefills += 1
-                self.stats.prompt_tokens += len(seq.prompt_ids)
-                self._emit(seq, [first])
-            except Exception as err:  # noqa: BLE001 - this request fails, the others go on
-                self._fail([seq], err)
+        admitted = self.scheduler.admit()
+        if admitted:
+            self._prefill(admitted, drafting)
         self._release()
         running = list(self.scheduler.running)
         if running:
@@ -262,6 +259,30 @@ class Engine:
             except Exception as err:  # noqa: BLE001 - the batch's requests fail, the engine keeps serving
                 self._fail([s for s in running if not s.finished], err)
             self._release()
+
+    def _prefill(self, seqs: list[Sequence], drafting: bool) -> None:
+        """Prefill the admitted requests in one packed forward and emit their first tokens.
+
+        When that forward raises, each request is prefilled again on its own, so only the request at fault fails.
+        """
+        try:
+            firsts = self.decoder.prefill([s.slot for s in seqs], [s.prompt_ids for s in seqs], self._sampling(seqs),
+                                          drafting)
+        except Exception as err:  # noqa: BLE001 - a request fails, the others go on
+            if len(seqs) == 1:
+                self._fail(seqs, err)
+            else:
+                for seq in seqs:
+                    self._prefill([seq], drafting)
+            return
+        self.stats.num_prefill_forwards += 1
+        for seq, first in zip(seqs, firsts):
+            self.stats.num_prefills += 1
+            self.stats.prompt_tokens += len(seq.prompt_ids)
+            try:
+                self._emit(seq, [first])
+            except Exception as err:  # noqa: BLE001 - this request fails, the others go on
+                self._fail([seq], err)
 
     def _decode(self, running: list[Sequence], drafting: bool) -> None:
         batch = len(running)

@@ -19,20 +19,26 @@ work at all.
 
 Lazy drafting (``lazy_draft``, for adaptive num_steps): prefills and K = 0 rounds run no head at all; they only keep
 the head's inputs (x_{p+1}, f_p) per position in ``feat_buf``/``tok_buf``. The first drafting round of a sequence
-catches the head up on the positions it skipped (one prefill-shaped head forward per lagging slot, from
-``draft_len`` to the sequence length), so a batch that stays at K = 0 costs what static K = 0 costs.
+catches the head up on the positions it skipped (from ``draft_len`` to the sequence length, all lagging slots
+packed into prefill-shaped head forwards), so a batch that stays at K = 0 costs what static K = 0 costs.
 """
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
-from spectune.backends.local.model.attention import AttnMeta
+from spectune.backends.local.model.attention import AttnMeta, Segment, packed_index
 from spectune.backends.local.engine.cuda_graphs import CapturedGraphs
 from spectune.backends.local.model.eagle import DraftHead
 from spectune.backends.local.model.kv_cache import KVCache
 from spectune.backends.local.model.target import TargetModel
 from spectune.backends.local.engine.sampling import SamplingTensors, verify
+
+
+CATCH_UP_TOKENS = 8192
+"""The most head entries one catch-up forward runs (packed over lagging slots); bounds its activations."""
 
 
 class SpeculativeDecoder:
@@ -95,39 +101,65 @@ class SpeculativeDecoder:
         return self.graphs.run(name, fwd, tokens, pos, feats)
 
     @torch.inference_mode()
-    def prefill(self, slot: int, prompt: list[int], st: SamplingTensors, draft: bool) -> int:
-        """Run a fresh prompt x_0..x_{n-1} into ``slot``; returns the first output token x_n.
+    def prefill(self, slots: list[int], prompts: list[list[int]], st: SamplingTensors, draft: bool) -> list[int]:
+        """Run fresh prompts into their slots in one packed forward; returns each prompt's first output token.
 
-        With ``draft`` the head also runs its entries 0..n-1 on (x_{p+1}, f_p), leaving the feature for d_1.
+        Prompt i, x_0..x_{n_i-1}, fills positions 0..n_i-1 of ``slots[i]``; its first output token is x_{n_i},
+        sampled with row i of ``st``. The target (and with ``draft`` the head) runs once over all prompts' tokens
+        concatenated, [1, sum(n_i)], attention per prompt (:func:`~spectune.backends.local.model.attention.
+        attend_packed`), as production engines batch prefills instead of running one forward per request. With
+        ``draft`` the head also runs its entries 0..n_i-1 on (x_{p+1}, f_p), leaving the feature for d_1.
         """
-        n = len(prompt)
-        tokens = torch.tensor([prompt], dtype=torch.long, device=self.device)  # [1, n]
-        hidden, aux = self.target(tokens, AttnMeta.for_prefill(self.target_cache, self.target.rope, slot, n))
-        logits = self.target.logits(hidden[:, -1:])  # [1, 1, V]
-        _, first = verify(logits, tokens[:, :0], st, self.generator)  # [1, 1]
-        self.last_token[slot], self.seq_len[slot] = first[0, 0], n
-        self.lengths[slot] = n
+        lens = [len(p) for p in prompts]
+        segments = [Segment(slot, 0, n) for slot, n in zip(slots, lens)]
+        tokens = torch.tensor([list(itertools.chain.from_iterable(prompts))], dtype=torch.long,
+                              device=self.device)  # [1, T]
+        ends = torch.tensor(list(itertools.accumulate(lens)), device=self.device) - 1  # [N]: each prompt's last token
+        rows = torch.tensor(slots, device=self.device)  # [N]
+        hidden, aux = self.target(tokens, AttnMeta.for_packed(self.target_cache, self.target.rope, segments))
+        logits = self.target.logits(hidden[0, ends].unsqueeze(1))  # [N, 1, V]
+        _, first = verify(logits, tokens.new_zeros(len(slots), 0), st, self.generator)  # [N, 1]
+        self.last_token[rows], self.seq_len[rows] = first[:, 0], torch.tensor(lens, device=self.device)
+        for slot, n in zip(slots, lens):
+            self.lengths[slot] = n
         if draft:
-            shifted = torch.cat([tokens[:, 1:], first], dim=1)  # [1, n]: x_1..x_n
-            feats = self._features(hidden, aux)  # [1, n, F]
+            shifted = torch.roll(tokens, -1, dims=1)  # [1, T]: x_1..x_{n-1} of each prompt ...
+            shifted[0, ends] = first[:, 0]  # ... then its x_n
+            feats = self._features(hidden, aux)  # [1, T, F]
             if self.lazy:
-                self.feat_buf[slot, :n], self.tok_buf[slot, :n] = feats[0], shifted[0]
-                self.draft_len[slot] = 0
+                at = packed_index(segments, self.device)
+                self.feat_buf[at], self.tok_buf[at] = feats[0], shifted[0]
+                for slot in slots:
+                    self.draft_len[slot] = 0
             else:
-                out = self.head(shifted, feats, AttnMeta.for_prefill(self.draft_cache, self.head.rope, slot, n))
-                self.draft_feature[slot] = out[0, -1]
-        return int(first[0, 0])
+                out = self.head(shifted, feats, AttnMeta.for_packed(self.draft_cache, self.head.rope, segments))
+                self.draft_feature[rows] = out[0, ends]  # [N, H]
+        return first[:, 0].tolist()
 
     def _catch_up(self, batch: int) -> None:
-        """Lazy drafting: run the head over the entries draft_len..length-1 it skipped, for slots 0..batch-1."""
-        for slot in range(batch):
-            start, end = self.draft_len[slot], self.lengths[slot]
-            if start < end:
-                tokens = self.tok_buf[slot, start:end].unsqueeze(0)  # [1, n]
-                feats = self.feat_buf[slot, start:end].unsqueeze(0)  # [1, n, F]
-                meta = AttnMeta.for_prefill(self.draft_cache, self.head.rope, slot, end - start, start)
-                self.draft_feature[slot] = self.head(tokens, feats, meta)[0, -1]
-                self.draft_len[slot] = end
+        """Lazy drafting: run the head over the entries draft_len..length-1 it skipped, for slots 0..batch-1.
+
+        The lagging slots run packed, at most ``CATCH_UP_TOKENS`` entries per head forward (a slot's lag is never
+        split), so a switch into drafting at a large batch costs a few forwards, not one per sequence.
+        """
+        lagging = [Segment(slot, self.draft_len[slot], self.lengths[slot] - self.draft_len[slot])
+                   for slot in range(batch) if self.draft_len[slot] < self.lengths[slot]]
+        groups: list[list[Segment]] = [[]]
+        for seg in lagging:
+            if groups[-1] and sum(s.n for s in groups[-1]) + seg.n > CATCH_UP_TOKENS:
+                groups.append([])
+            groups[-1].append(seg)
+        for group in groups:
+            if not group:
+                continue
+            rows = torch.tensor([s.slot for s in group], device=self.device)  # [N]
+            at = packed_index(group, self.device)
+            tokens, feats = self.tok_buf[at].unsqueeze(0), self.feat_buf[at].unsqueeze(0)  # [1, T], [1, T, F]
+            out = self.head(tokens, feats, AttnMeta.for_packed(self.draft_cache, self.head.rope, group))  # [1, T, H]
+            ends = torch.tensor(list(itertools.accumulate(s.n for s in group)), device=self.device) - 1  # [N]
+            self.draft_feature[rows] = out[0, ends]
+            for s in group:
+                self.draft_len[s.slot] = s.start + s.n
 
     @torch.inference_mode()
     def decode_round(self, batch: int, k: int, st: SamplingTensors, keep_draft: bool = False) -> tuple[list[int], list[list[int]]]:
@@ -185,3 +217,4 @@ class SpeculativeDecoder:
         if self.lazy:
             lo, hi = self.draft_len[src], self.lengths[src]
             self.feat_buf[dst, lo:hi], self.tok_buf[dst, lo:hi] = self.feat_buf[src, lo:hi], self.tok_buf[src, lo:hi]
+

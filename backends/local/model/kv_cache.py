@@ -49,12 +49,6 @@ class KVCache:
         ``index_put_``: :func:`spectune.backends.local.model.attention.attend_batched`)."""
         return self.k_layers[layer], self.v_layers[layer]
 
-    def write_prefix(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:
-        """Store k, v [n, kv_heads, head_dim] at positions start..start+n-1 of ``slot``."""
-        n = k.shape[0]
-        self.k[layer, slot, :, start:start + n] = k.transpose(0, 1)
-        self.v[layer, slot, :, start:start + n] = v.transpose(0, 1)
-
     def slot_view(self, layer: int, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V views [1, kv_heads, length, head_dim] of one slot (no copy)."""
         return self.k[layer, slot:slot + 1, :, :length], self.v[layer, slot:slot + 1, :, :length]

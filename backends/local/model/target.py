@@ -138,7 +138,7 @@ class TargetModel(nn.Module):
         """
         x = self.embed_tokens(tokens)
         captured: dict[int, torch.Tensor] = {}
-        if meta.prefill_slot is None:
+        if meta.segments is None:
             n, layers = self.layers_per_step, tuple(self.layers)
             for start in range(0, len(layers), n):
                 ids = range(start, min(start + n, len(layers)))
