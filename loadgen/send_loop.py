@@ -88,7 +88,8 @@ async def run_point(
 
     Args:
         client: an opened :class:`StreamingClient`.
-        prompts: used in order, cycling (request i gets ``prompts[i % len(prompts)]``). Warm-up request k uses
+        prompts: used in order, cycling (request i gets ``prompts[i % len(prompts)]``; a phased strategy restarts the
+            order in each phase: :meth:`~spectune.loadgen.strategy.Strategy.prompt_index`). Warm-up request k uses
             ``prompts[k % len]`` with a ``"(warm-up k)"`` prefix, so it does not prefill the server's prefix cache
             with a measured prompt.
         strategy: when to send (closed loop, open loop, phases).
@@ -256,7 +257,7 @@ class _Run:
             strategy.consume()
             i = state.started
             state.started += 1
-            prompt = self.prompts[i % len(self.prompts)]
+            prompt = self.prompts[strategy.prompt_index(i) % len(self.prompts)]
             rec = RequestRecord(request_id=f"{self.prefix}{i}", prompt_id=prompt.id, category=prompt.category,
                                 send_time=-1.0 if t is None else t)
             due = now if t is None else t

@@ -7,7 +7,7 @@ A strategy answers two questions the sending loop asks whenever something change
 - :meth:`Strategy.limit`: how many requests may be in flight now, or None for no limit.
 
 The sending loop sends the pending arrival once its time has come *and* the in-flight count is below the limit, then
-calls :meth:`Strategy.consume`. :meth:`Strategy.next_change` tells it when the answers change by themselves (a phase
+calls :meth:`Strategy.consume` and sends ``prompts[prompt_index(i) % len(prompts)]`` (:meth:`Strategy.prompt_index`). :meth:`Strategy.next_change` tells it when the answers change by themselves (a phase
 boundary), so it can sleep until then.
 
 Open-loop arrivals follow a gamma renewal process as in vLLM's ``benchmarks/serve.py`` (``--burstiness``):
@@ -55,6 +55,11 @@ class Strategy(ABC):
     @abstractmethod
     def warmup_concurrency(self) -> int:
         """How many warm-up requests to keep in flight."""
+
+    def prompt_index(self, request_index: int) -> int:
+        """The prompt of the request just consumed, the ``request_index``-th of the run (0-based), before cycling
+        over the prompt list: by default its own number, so a run walks the list in order."""
+        return request_index
 
 
 @dataclass
@@ -162,6 +167,11 @@ class Phased(Strategy):
     at a phase boundary the arrival clock restarts at the boundary with the new phase's rate (exact for Poisson
     arrivals, which are memoryless). When a phase lowers the concurrency, requests in flight finish normally and
     no new one is sent until the count falls below the new limit.
+
+    Every phase walks the prompt list from its start (:meth:`prompt_index`), so phase j of two runs sends the same
+    prompts in the same order however fast the runs went before it. Counting on from the run's start instead gave a
+    faster run's later phases prompts further down the list: a validation on llama.cpp compared concurrency-8 phases
+    whose prompts differed by 9% in mean length (docs/examples/llamacpp-cpu), where prefill is much of a request.
     """
 
     phases: list[Phase]
@@ -180,6 +190,7 @@ class Phased(Strategy):
         self._cur = 0  # phase of the last next_arrival() answer
         self._open = -1  # open-loop phase that self._next belongs to
         self._next = t0
+        self._sent = [0] * len(self.phases)  # requests consumed per phase
 
     def _index(self, now: float) -> int:
         return sum(1 for end in self._ends if now >= end)
@@ -193,6 +204,7 @@ class Phased(Strategy):
         return self._next
 
     def consume(self) -> None:
+        self._sent[self._cur] += 1
         rate = self.phases[self._cur].rate
         if rate is not None:
             # an arrival past the phase end is clamped to the end, where the next phase restarts the clock
@@ -209,6 +221,10 @@ class Phased(Strategy):
     def warmup_concurrency(self) -> int:
         first = self.phases[0]
         return first.concurrency or first.max_concurrency or 1
+
+    def prompt_index(self, request_index: int) -> int:
+        """The consumed request's number within its phase: each phase starts at the list's first prompt."""
+        return self._sent[self._cur] - 1
 
 
 class TraceArrivals(Strategy):

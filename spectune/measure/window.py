@@ -157,7 +157,9 @@ async def measure_window(backend: Backend, config: ClientConfig, prompts: list[P
     Args:
         backend: the started backend. config: the client's :class:`~spectune.loadgen.client.ClientConfig`
             (:func:`client_config`); the client is opened for the window and closed after it.
-        prompts: request i sends ``prompts[i % len]``; warm-up request k a tagged copy of ``prompts[k % len]``.
+        prompts: request i sends ``prompts[i % len]`` (in a phased load, i counts within its phase:
+            :meth:`~spectune.loadgen.strategy.Strategy.prompt_index`); warm-up request k a tagged copy of
+            ``prompts[k % len]``.
         strategy, constraints: when to send and when to stop (:mod:`spectune.loadgen.strategy`,
             :mod:`spectune.loadgen.constraints`).
         warmup_requests: unrecorded requests first, ``warmup_concurrency`` at a time, within ``warmup_timeout_s`` s.

@@ -242,6 +242,17 @@ async def test_phases_change_concurrency(server: CountingServer) -> None:
     assert server.max_in_flight == 3
 
 
+async def test_every_phase_sends_the_prompts_from_the_first(server: CountingServer) -> None:
+    phases = Phased([Phase(0.2, concurrency=1), Phase(0.4, concurrency=3)])
+    async with client(server, chunks=4, gap_ms=20) as c:  # about 85 ms a request: 2-3 in the first phase
+        res = await run_point(c, PROMPTS, phases, Constraints(max_duration_s=0.6))
+    sent = sorted(res.records, key=lambda r: r.send_time)
+    first = [r.prompt_id for r in sent if r.send_time - res.start_time < 0.2]
+    second = [r.prompt_id for r in sent if r.send_time - res.start_time >= 0.2]
+    assert 0 < len(first) < len(PROMPTS)  # the first phase ended inside the list
+    assert second[:len(PROMPTS)] == [p.id for p in PROMPTS]
+
+
 async def test_callback_error_propagates(server: CountingServer) -> None:
     def boom(rec):
         raise OSError("disk full")
@@ -305,6 +316,21 @@ def test_phased_schedule() -> None:
         s.consume()
     assert s.next_arrival(101.5) == 102.0
     assert (s.next_arrival(102.0), s.limit(102.0), s.next_change(102.0)) == (None, 1, None)
+
+
+def test_a_phased_loads_prompt_index_restarts_in_each_phase() -> None:
+    s = Phased([Phase(1.0, concurrency=2), Phase(1.0, rate=10.0)])
+    s.start(0.0)
+    seen = []
+    for now in (0.1, 0.2, 0.3, 1.1, 1.2):
+        s.next_arrival(now)
+        s.consume()
+        seen.append(s.prompt_index(len(seen)))
+    assert seen == [0, 1, 2, 0, 1]
+
+
+def test_other_strategies_send_the_runs_own_request_number() -> None:
+    assert [ClosedLoop(2).prompt_index(i) for i in (0, 7)] == [0, 7]
 
 
 def test_trace_arrivals_replay_offsets_from_t0() -> None:
