@@ -11,7 +11,9 @@ replaced at once by the next prompt, ``--requests-per-slot`` x concurrency reque
 through the chat template (``--dataset``), greedy, ``--max-tokens`` new tokens, EOS ignored. TTFT = time from
 ``add_request`` to the request's first token; output tokens/s = all output tokens / the load's wall time. The modes
 alternate (packed, per-request, packed, ...) for ``--repeats`` rounds at every (num_steps, concurrency); the table
-gives medians over repeats, so the machine's drift hits both alike.
+gives medians over repeats, so the machine's drift hits both alike. First it counts the aten operators one prefill
+of ``c`` prompts dispatches (a GPU launches about one kernel for each), per request, packed with one SDPA per prompt
+and packed with the padded attention groups (``backends/local/model/packed.py``).
 
 Usage: ``python benchmarks/packed_prefill.py [--concurrency 8,32] [--steps 0,3] [--repeats 3] [--max-tokens 32]
 [--dtype auto] [--device auto] [--compile auto] [--kv-cache-gb 4] [--json FILE]``; ``--json`` writes the table's
@@ -41,6 +43,49 @@ def per_request(prefill):
             firsts += prefill([slot], [prompt], one, draft)
         return firsts
     return run
+
+
+def op_counts(engine, prompts: list[list[int]], n: int) -> dict[str, int]:
+    """aten operators one prefill of the first ``n`` prompts dispatches (about the kernels it launches on a GPU):
+    one forward per request, packed with one SDPA per prompt, and packed with the padded attention groups."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from spectune.backends.local.engine.sampling import SamplingTensors
+    from spectune.backends.local.model import attention
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    decoder, batch = engine.decoder, prompts[:n]
+    draft = decoder.head is not None
+
+    def greedy(k: int) -> SamplingTensors:
+        return SamplingTensors.build([0.0] * k, [0] * k, [1.0] * k, decoder.device)
+
+    counts = {}
+    with Count() as c:
+        for i, p in enumerate(batch):
+            decoder.prefill([i], [p], greedy(1), draft)
+    counts["per-request"] = c.ops
+    groups = attention.pad_groups
+    attention.pad_groups = lambda segments, device: None  # packed, one SDPA per prompt
+    try:
+        with Count() as c:
+            decoder.prefill(list(range(n)), batch, greedy(n), draft)
+    finally:
+        attention.pad_groups = groups
+    counts["packed, one SDPA per prompt"] = c.ops
+    with Count() as c:
+        decoder.prefill(list(range(n)), batch, greedy(n), draft)
+    counts["packed, padded groups"] = c.ops
+    return counts
 
 
 def closed_loop(engine, prompts: list[list[int]], concurrency: int, total: int, params) -> tuple[list[float], float]:
@@ -107,6 +152,10 @@ def main() -> None:
     modes = {"packed": packed, "per-request": per_request(packed)}
     console.print(f"{cpu_line()}; device {engine.decoder.device}, path {engine.path.name if engine.path else '?'}; "
                   f"{len(prompts)} prompts, mean {statistics.mean(map(len, prompts)):.0f} tokens")
+    ops = {n: op_counts(engine, prompts, n) for n in sorted({min(c, len(prompts)) for c in concurrencies})}
+    for n, counts in ops.items():
+        console.print(f"aten operators to prefill {n} prompts ({sum(map(len, prompts[:n]))} tokens, head included): "
+                      + ", ".join(f"{name} {count:,}" for name, count in counts.items()))
     for k in steps:  # warm-up: every shape once, both modes
         engine.set_num_steps(k)
         for fn in modes.values():
@@ -141,7 +190,8 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"machine": cpu_line(), "device": str(engine.decoder.device),
                                          "repeats": args.repeats, "max_tokens": args.max_tokens,
-                                         "columns": "[packed, per-request]", "rows": rows}, indent=1))
+                                         "columns": "[packed, per-request]", "rows": rows,
+                                         "aten_ops_per_prefill": ops}, indent=1))
     console.print(table)
 
 

@@ -9,6 +9,7 @@ import torch
 from spectune.backends.local.engine.sampling import SamplingTensors
 from spectune.backends.local.engine.sequence import SamplingParams
 from spectune.backends.local.engine.speculative import SpeculativeDecoder
+from spectune.backends.local.model.packed import PAD_LIMIT, Segment, padded_groups
 from helpers.tiny_models import tiny_engine, tiny_head, tiny_target
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11, 12], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [7]]
@@ -108,3 +109,33 @@ def test_a_fault_in_a_packed_prefill_fails_only_its_request() -> None:
     assert reasons == {"0": "length", "1": "length", "2": "error", "3": "length", "4": "length"}
     tokens = {rid: [t for o in out for t in o.new_token_ids] for rid, out in outs.items() if rid != "2"}
     assert tokens == {str(i): expected[i] for i in (0, 1, 3, 4)}
+
+
+@pytest.mark.parametrize("lengths", [[3, 7, 2, 11, 1], [100, 5, 5, 5, 40, 41, 300], [8] * 6])
+def test_padded_groups_hold_every_prompt_once_within_the_padding_limit(lengths) -> None:
+    groups = padded_groups(lengths)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        assert len(g) * max(lengths[i] for i in g) <= PAD_LIMIT * sum(lengths[i] for i in g)
+
+
+def test_prompts_of_one_length_share_one_padded_group() -> None:
+    assert padded_groups([8] * 6) == [list(range(6))]
+
+
+def test_packed_attention_in_padded_groups_equals_one_sdpa_per_prompt() -> None:
+    """The same packed forward's attention with the padded groups and with one SDPA per prompt."""
+    from spectune.backends.local.model.attention import AttnMeta
+    from spectune.backends.local.model.kv_cache import KVCache
+    from spectune.backends.local.model.packed import attend_packed
+
+    lengths = [100, 5, 5, 5, 40, 41, 300, 1]
+    torch.manual_seed(0)
+    t = sum(lengths)
+    q, k, v = torch.randn(1, t, 6, 16), torch.randn(1, t, 2, 16), torch.randn(1, t, 2, 16)  # 6 heads, 2 KV heads
+    cache = KVCache(1, len(lengths), 512, 2, 16, torch.float32)
+    meta = AttnMeta.for_packed(cache, torch.zeros(512, 2, 16), [Segment(i, 0, n) for i, n in enumerate(lengths)])
+    assert len(meta.padded.gathers) > 1  # the lengths make several groups
+    grouped = attend_packed(cache, 0, meta.segments, meta.write_index, meta.padded, q, k, v)
+    alone = attend_packed(cache, 0, meta.segments, meta.write_index, None, q, k, v)
+    torch.testing.assert_close(grouped, alone, **TOL)

@@ -29,7 +29,8 @@ import itertools
 
 import torch
 
-from spectune.backends.local.model.attention import AttnMeta, Segment, packed_index
+from spectune.backends.local.model.attention import AttnMeta
+from spectune.backends.local.model.packed import Segment, packed_index
 from spectune.backends.local.engine.cuda_graphs import CapturedGraphs
 from spectune.backends.local.model.eagle import DraftHead
 from spectune.backends.local.model.kv_cache import KVCache

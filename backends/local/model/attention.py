@@ -2,13 +2,10 @@
 
 Two shapes of forward:
 
-- *packed* (prefill): one or more sequences' tokens concatenated into one row [1, T]. Segment i holds n_i tokens at
-  positions start_i..start_i+n_i-1 of its slot; K/V are copied into the slot, then each segment attends causally over
-  its slot's positions 0..start_i+n_i-1 (its own keys alone when start_i is 0: no cache reads). The projections and
-  MLP run once over all T tokens; attention runs per segment, so no token attends to another sequence and no
-  padding is computed (vLLM's and SGLang's varlen prefill batches the same way). start > 0 is how a draft head
-  catches up on positions it skipped (:class:`~spectune.backends.local.engine.speculative.SpeculativeDecoder`, lazy
-  drafting).
+- *packed* (prefill): one or more sequences' tokens concatenated into one row [1, T]; segment i holds n_i tokens at
+  positions start_i..start_i+n_i-1 of its slot and attends causally over its slot's positions 0..start_i+n_i-1
+  (:mod:`spectune.backends.local.model.packed`). start > 0 is how a draft head catches up on positions it skipped
+  (:class:`~spectune.backends.local.engine.speculative.SpeculativeDecoder`, lazy drafting).
 - *batched*: B sequences in slots 0..B-1, q new tokens each at arbitrary positions (decode q = 1, verify q = K+1,
   draft extend q = K+1); K/V written at (slot, position), then each query attends to cache positions <= its own.
 
@@ -19,20 +16,12 @@ length, so SDPA sees [B, kv_heads, G*q, hd] queries against [B, kv_heads, T, hd]
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from spectune.backends.local.model.kv_cache import KVCache
-
-
-class Segment(NamedTuple):
-    """One sequence's tokens in a packed forward: ``n`` tokens at positions start..start+n-1 of cache ``slot``."""
-
-    slot: int
-    start: int
-    n: int
+from spectune.backends.local.model.packed import PaddedGroups, Segment, attend_packed, pad_groups, packed_index
 
 
 @dataclass
@@ -42,7 +31,9 @@ class AttnMeta:
     Attributes:
         cache: the KV cache this model writes (target and draft own separate caches).
         cos_sin: RoPE rows gathered per token, [B, q, 2, head_dim] ([1, T, 2, head_dim] for a packed forward).
-        segments: for a packed forward, one :class:`Segment` per sequence in token order, else None.
+        segments: for a packed forward, one :class:`~spectune.backends.local.model.packed.Segment` per sequence in
+            token order, else None.
+        padded: for a packed forward of several fresh prompts, their padded attention groups, else None.
         write_index: where K/V are written: for batched forwards index tensors (slot [B,1,1], kv_head [1,H,1],
             position [B,1,q]); for a packed forward (slot [T], position [T]) (:func:`packed_index`).
         mask: for batched forwards, bool [B, 1, G*q, T], True where the query may attend.
@@ -52,6 +43,7 @@ class AttnMeta:
     cache: KVCache
     cos_sin: torch.Tensor
     segments: tuple[Segment, ...] | None = None
+    padded: PaddedGroups | None = None
     write_index: tuple[torch.Tensor, ...] | None = None
     mask: torch.Tensor | None = None
     kv_len: int = 0
@@ -73,7 +65,10 @@ class AttnMeta:
         if not segments or any(seg.n < 1 for seg in segments):
             raise ValueError(f"a packed forward needs segments of at least one token, got {segments}")
         index = packed_index(segments, rope.device)
-        return cls(cache=cache, cos_sin=rope[index[1]].unsqueeze(0), segments=tuple(segments), write_index=index)
+        padded = pad_groups(segments, rope.device) if len(segments) > 1 and all(s.start == 0 for s in segments) \
+            else None
+        return cls(cache=cache, cos_sin=rope[index[1]].unsqueeze(0), segments=tuple(segments), write_index=index,
+                   padded=padded)
 
     @classmethod
     def for_batch(cls, cache: KVCache, rope: torch.Tensor, positions: torch.Tensor, group: int,
@@ -99,58 +94,14 @@ class AttnMeta:
         return cls(cache=cache, cos_sin=rope[positions], write_index=index, mask=mask, kv_len=kv_len)
 
 
-def packed_index(segments: list[Segment], device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (slot, position) of every token of a packed forward, in token order: two long tensors [T], which index
-    a cache layer [slots, Hkv, max_len, hd] as ``[slot, :, position]`` or per-position buffers [slots, max_len, ...]
-    as ``[slot, position]``."""
-    slots = torch.tensor([seg.slot for seg in segments for _ in range(seg.n)])
-    positions = torch.cat([torch.arange(seg.start, seg.start + seg.n) for seg in segments])
-    return slots.to(device), positions.to(device)
-
-
 def attend(
     meta: AttnMeta, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> torch.Tensor:
     """Store k, v and attend. q [B, s, H, hd], k/v [B, s, Hkv, hd] (RoPE applied) -> [B, s, H*hd]."""
     if meta.segments is not None:
-        return attend_packed(meta.cache, layer, meta.segments, meta.write_index, q, k, v)
+        return attend_packed(meta.cache, layer, meta.segments, meta.write_index, meta.padded, q, k, v)
     k_cache, v_cache = meta.cache.layer(layer)
     return attend_batched(q, k, v, k_cache, v_cache, meta.write_index, meta.mask)
-
-
-def attend_packed(cache: KVCache, layer: int, segments: tuple[Segment, ...], index: tuple[torch.Tensor, ...],
-                  q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """A packed forward's attention: every token's K/V stored at its (slot, position), then causal attention per
-    segment.
-
-    Args:
-        cache: the model's KV cache; layer: the layer index.
-        segments: the sequences, in token order (their n sum to T).
-        index: (slot [T], position [T]) of each token (:func:`packed_index`).
-        q: [1, T, H, hd]; k, v: [1, T, Hkv, hd] (RoPE applied).
-
-    Returns:
-        [1, T, H*hd].
-    """
-    _, total, heads, hd = q.shape
-    k_cache, v_cache = cache.layer(layer)  # [slots, Hkv, max_len, hd]
-    k_cache[index[0], :, index[1]] = k[0]  # one write for all segments
-    v_cache[index[0], :, index[1]] = v[0]
-    outs: list[torch.Tensor] = []
-    offset = 0
-    for slot, start, n in segments:
-        qs = q[0, offset:offset + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, hd]
-        if start == 0:  # a fresh prompt: its own keys, causal
-            ks, vs = (x[0, offset:offset + n].transpose(0, 1).unsqueeze(0) for x in (k, v))  # [1, Hkv, n, hd]
-            out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)  # [1, H, n, hd]
-        else:  # query i (position start+i) sees cache positions 0..start+i
-            kc, vc = cache.slot_view(layer, slot, start + n)  # [1, Hkv, start+n, hd]
-            keys = torch.arange(start + n, device=q.device)
-            mask = keys.view(1, -1) <= (start + torch.arange(n, device=q.device)).view(-1, 1)  # [n, start+n]
-            out = F.scaled_dot_product_attention(qs, kc, vc, attn_mask=mask, enable_gqa=True)
-        outs.append(out[0].transpose(0, 1).reshape(n, heads * hd))
-        offset += n
-    return (outs[0] if len(outs) == 1 else torch.cat(outs)).view(1, total, heads * hd)
 
 
 def attend_batched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
