@@ -28,6 +28,11 @@ Usage (repository root; spectune installed with the default pair's GGUF, llm-smo
     python benchmarks/gpu_campaign.py --out results/gpu-campaign
     python benchmarks/gpu_campaign.py --out /tmp/gpu-campaign-tiny --tiny
     python benchmarks/gpu_campaign.py --out DIR --parts env,steps-1b     # some parts only
+
+A session's device time (15 minutes, start-up included; 10 minutes a call) fits two calls after the step tables
+are measured once (docs/examples/smollm2-h200 has them): ``--parts env,tests,prefill,sweep,recommend`` (about 400 s:
+tests 85 s and sweep 190 s on the last run, prefill and engine builds the rest) and ``--parts env,validate`` into the
+same ``--out`` (about 300 s).
 """
 
 from __future__ import annotations
@@ -80,7 +85,7 @@ GPU = Sizes(
     sweep_args=["--plan", "guided", "--budget", "170s", "--duration", "6", "--max-tokens", "64", "--num-prompts", "80",
                 "--dtype", "bfloat16"],
     validate_workload="c1@10,c512@10",
-    validate_args=["--repeats", "1", "--max-tokens", "64", "--num-prompts", "80", "--dtype", "bfloat16"],
+    validate_args=["--repeats", "2", "--max-tokens", "64", "--num-prompts", "80", "--dtype", "bfloat16"],
     prefill_args=["--concurrency", "32,128,512", "--steps", "0,3", "--repeats", "2", "--max-tokens", "32",
                   "--dtype", "bfloat16", "--kv-cache-gb", "20"],
     big_shape=LLAMA_3_2_1B)
@@ -91,7 +96,7 @@ TINY = Sizes(
     sweep_args=["--plan", "guided", "--budget", "60s", "--duration", "2", "--max-tokens", "12", "--num-prompts", "8",
                 "--dtype", "bfloat16", "--compile", "off"],
     validate_workload="c1@3,c2@3",
-    validate_args=["--repeats", "1", "--max-tokens", "12", "--num-prompts", "8", "--dtype", "bfloat16",
+    validate_args=["--repeats", "2", "--max-tokens", "12", "--num-prompts", "8", "--dtype", "bfloat16",
                    "--compile", "off"],
     prefill_args=["--concurrency", "2", "--steps", "0,1", "--repeats", "1", "--max-tokens", "4", "--dtype", "bfloat16",
                   "--compile", "off", "--kv-cache-gb", "0.5"],
@@ -418,11 +423,15 @@ class Campaign:
         return path
 
     def validate_part(self) -> None:
+        """validate the per-batch-size schedule against static K=0 and recommend's best static num_steps only, so
+        the GPU's minutes buy a second repeat (server-to-server spread from repeats, not one A/A pair)."""
         s = self.sizes
         config = self.per_batch_config()
         self.results["validate_config"] = json.loads(config.read_text())
+        rec = json.loads((self.out / "recommend" / "recommendation.json").read_text())
+        steps = sorted({0, int(rec.get("best_static_num_steps") or 0)})
         args = ["validate", "--config", str(config), "--device", s.device, "--workload", s.validate_workload,
-                *s.validate_args, "--output-dir", str(self.out / "validate")]
+                "--steps", ",".join(map(str, steps)), *s.validate_args, "--output-dir", str(self.out / "validate")]
         proc = self.cli("validate", args, timeout=400)
         verdict = [ln for ln in (self.out / "validate.log").read_text().splitlines()
                    if ln.startswith(("PASS", "FAIL", "INCONCLUSIVE"))]
