@@ -3,6 +3,8 @@ leave exactly the state that prefilling each alone leaves (KV cache, first token
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -139,3 +141,50 @@ def test_packed_attention_in_padded_groups_equals_one_sdpa_per_prompt() -> None:
     grouped = attend_packed(cache, 0, meta.segments, meta.write_index, meta.padded, q, k, v)
     alone = attend_packed(cache, 0, meta.segments, meta.write_index, None, q, k, v)
     torch.testing.assert_close(grouped, alone, **TOL)
+
+
+def test_the_interval_line_gives_rounds_and_prefills_with_their_time() -> None:
+    from spectune.backends.local.engine.loop import EngineStats, interval_line
+
+    before = EngineStats(num_rounds=10, decode_seconds=1.0, batch_total=40, num_prefill_forwards=2,
+                         prefill_seconds=0.5, num_prefills=4, prompt_tokens=400)
+    after = EngineStats(num_rounds=13, decode_seconds=1.006, batch_total=52, num_prefill_forwards=4,
+                        prefill_seconds=0.51, num_prefills=9, prompt_tokens=900, active_num_steps=2)
+    line = interval_line(before, after, 0.1)
+    assert "3 decode rounds of 2.00 ms, batch 4.0 on average, num_steps 2 last (6% of the time)" in line
+    assert "2 prefill forwards of 5.00 ms, 5 prompts, 500 tokens (10% of the time)" in line
+
+
+def test_no_interval_line_without_work() -> None:
+    from spectune.backends.local.engine.loop import EngineStats, interval_line
+
+    assert interval_line(EngineStats(num_rounds=3), EngineStats(num_rounds=3), 10.0) is None
+
+
+def test_the_serving_loop_logs_its_interval_lines(caplog) -> None:
+    import logging
+    import threading
+
+    engine = tiny_engine(num_steps=2, slots=8)
+    engine.cfg.stats_log_interval_s = 0.02
+    done = threading.Event()
+    finished: list[str] = []
+
+    def on_output(out) -> None:
+        if out.finished:
+            finished.append(out.request_id)
+            if len(finished) == len(PROMPTS):
+                done.set()
+
+    with caplog.at_level(logging.INFO, logger="spectune.engine"):
+        engine.start()
+        try:
+            for i, p in enumerate(PROMPTS):
+                engine.add_request(str(i), p, SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True),
+                                   on_output)
+            assert done.wait(60)
+            time.sleep(0.1)
+        finally:
+            engine.shutdown()
+    lines = [r.getMessage() for r in caplog.records if r.name == "spectune.engine"]
+    assert any("decode rounds of" in line for line in lines)

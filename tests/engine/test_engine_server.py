@@ -144,6 +144,24 @@ def test_server_info_and_metrics_expose_spec_counters(server, client) -> None:
         assert name in text
 
 
+def _counter(text: str, name: str) -> float:
+    return float(next(l for l in text.splitlines() if l.startswith(name + "{")).rsplit(" ", 1)[1])
+
+
+def test_metrics_expose_where_the_engines_time_goes(server, client) -> None:
+    before = requests.get(server.url + "/metrics", timeout=10).text
+    _chat(client, "Say hello.", max_tokens=8)
+    after = requests.get(server.url + "/metrics", timeout=10).text
+    def delta(name: str) -> float:
+        return _counter(after, name) - _counter(before, name)
+
+    rounds, decode_s = delta("spectune:engine_decode_rounds_total"), delta("spectune:engine_decode_seconds_total")
+    forwards = delta("spectune:engine_prefill_forwards_total")
+    assert forwards == 1
+    assert rounds >= 1
+    assert decode_s > 0
+
+
 def test_full_queue_answers_503(tmp_path: Path) -> None:
     head = random_smollm2_head(tmp_path / "head")
     opts = EngineOptions(draft=str(head), num_steps=1, device="cpu", max_num_seqs=1, max_model_len=256, kv_cache_gb=0.2)

@@ -8,7 +8,10 @@ schedule (:mod:`spectune.backends.num_steps`).
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -23,6 +26,9 @@ from spectune.backends.local.engine.tokenizer import IncrementalText, Tokenizer
 if TYPE_CHECKING:
     from spectune.backends.local.weights.compute_paths import PathChoice
     from spectune.backends.num_steps import NumStepsPolicy, TraceWriter
+
+
+log = logging.getLogger("spectune.engine")
 
 
 class EngineFull(RuntimeError):
@@ -51,6 +57,9 @@ class EngineStats:
         num_prefill_forwards: packed prefill forwards (each prefills every request admitted in one iteration).
         num_steps_switches: changes of the active num_steps between rounds.
         active_num_steps: num_steps of the last round.
+        decode_seconds, prefill_seconds: wall time of the decode rounds and the prefill forwards, s (each ends with
+            a host read of its tokens, so on a GPU the time includes its kernels).
+        batch_total: the rounds' batch sizes summed (/ num_rounds: the mean running batch).
     """
 
     spec: SpecStats = field(default_factory=SpecStats)
@@ -61,11 +70,39 @@ class EngineStats:
     generation_tokens: int = 0
     num_steps_switches: int = 0
     active_num_steps: int = 0
+    decode_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    batch_total: int = 0
 
     @property
     def avg_accept_length(self) -> float:
         """Lifetime mean tokens per verify step (1 + accepted / drafts), as SGLang's avg_spec_accept_length."""
         return self.spec.acceptance_length or 1.0
+
+    def copy(self) -> EngineStats:
+        """The counters as they are now (what :func:`interval_line` compares a later reading with)."""
+        spec = dataclasses.replace(self.spec, accepted_per_pos=list(self.spec.accepted_per_pos))
+        return dataclasses.replace(self, spec=spec)
+
+
+def interval_line(before: EngineStats, after: EngineStats, seconds: float) -> str | None:
+    """One log line on the engine's work between two readings ``seconds`` s apart, or None when it did none: decode
+    rounds (count, mean ms, mean batch, num_steps of the last), prefill forwards (count, mean ms, prompts and their
+    tokens), and the share of the interval each took (the rest: waiting, admission, emitting tokens)."""
+    rounds, forwards = after.num_rounds - before.num_rounds, after.num_prefill_forwards - before.num_prefill_forwards
+    if not rounds and not forwards:
+        return None
+    decode_s, prefill_s = after.decode_seconds - before.decode_seconds, after.prefill_seconds - before.prefill_seconds
+    parts = [f"engine, last {seconds:.1f} s:"]
+    if rounds:
+        parts.append(f"{rounds} decode rounds of {decode_s / rounds * 1e3:.2f} ms, batch "
+                     f"{(after.batch_total - before.batch_total) / rounds:.1f} on average, num_steps "
+                     f"{after.active_num_steps} last ({decode_s / seconds:.0%} of the time);")
+    if forwards:
+        parts.append(f"{forwards} prefill forwards of {prefill_s / forwards * 1e3:.2f} ms, "
+                     f"{after.num_prefills - before.num_prefills} prompts, "
+                     f"{after.prompt_tokens - before.prompt_tokens} tokens ({prefill_s / seconds:.0%} of the time)")
+    return " ".join(parts).rstrip(";")
 
 
 @dataclass
@@ -81,6 +118,7 @@ class EngineConfig:
         policy: an object with ``steps_for_batch(bs)`` and ``on_verify(accepted, bs)`` (backends.num_steps), or None.
         trace: an object with ``record(bs, accepted, num_steps)`` (backends.num_steps.trace.TraceWriter), or None.
         steps_capacity: the largest num_steps the cache was sized for (``max_len`` keeps K+1 spare positions).
+        stats_log_interval_s: the serving loop logs :func:`interval_line` this often (logger ``spectune.engine``).
     """
 
     num_steps: int = 0
@@ -91,6 +129,7 @@ class EngineConfig:
     policy: NumStepsPolicy | None = None
     trace: TraceWriter | None = None
     steps_capacity: int = 0
+    stats_log_interval_s: float = 10.0
 
 
 class Engine:
@@ -219,15 +258,25 @@ class Engine:
         exception outside a step (or a BaseException such as KeyboardInterrupt) ends it, and is surfaced by
         ``error`` (the server's /health then answers 503).
         """
+        logged, since = self.stats.copy(), time.perf_counter()
         try:
             while True:
                 with self._lock:
                     while not self._stop and not self._incoming and not self._aborts and not self.scheduler.running \
                             and not self.scheduler.waiting:
-                        self._lock.wait()
+                        self._lock.wait(self.cfg.stats_log_interval_s)
+                        if time.perf_counter() - since >= self.cfg.stats_log_interval_s:
+                            break
                     if self._stop:
                         return
-                self.step()
+                if self.scheduler.running or self.scheduler.waiting or self._incoming or self._aborts:
+                    self.step()
+                now = time.perf_counter()
+                if now - since >= self.cfg.stats_log_interval_s:
+                    line = interval_line(logged, self.stats, now - since)
+                    if line is not None:
+                        log.info(line)
+                    logged, since = self.stats.copy(), now
         except BaseException as err:  # surfaced by the server's /health
             self.error = err
             raise
@@ -236,9 +285,9 @@ class Engine:
         """One iteration: take new requests and aborts, prefill admitted ones, run one decode round.
 
         The admitted requests are prefilled together (:meth:`_prefill`); an exception while prefilling a request
-        fails that request alone; one in the decode round fails the
-        requests of that batch (the round's state is unknown). Failed requests finish with ``finish_reason``
-        ``"error"`` and free their slots; requests that are waiting are untouched and the engine keeps serving.
+        fails that request alone; one in the decode round fails the requests of that batch (the round's state is
+        unknown). Failed requests finish with ``finish_reason`` ``"error"`` and free their slots; requests that are
+        waiting are untouched and the engine keeps serving.
         """
         with self._lock:
             for seq in self._incoming:
@@ -265,6 +314,7 @@ class Engine:
 
         When that forward raises, each request is prefilled again on its own, so only the request at fault fails.
         """
+        start = time.perf_counter()
         try:
             firsts = self.decoder.prefill([s.slot for s in seqs], [s.prompt_ids for s in seqs], self._sampling(seqs),
                                           drafting)
@@ -276,6 +326,7 @@ class Engine:
                     self._prefill([seq], drafting)
             return
         self.stats.num_prefill_forwards += 1
+        self.stats.prefill_seconds += time.perf_counter() - start
         for seq, first in zip(seqs, firsts):
             self.stats.num_prefills += 1
             self.stats.prompt_tokens += len(seq.prompt_ids)
@@ -291,8 +342,11 @@ class Engine:
         if k != self.stats.active_num_steps:
             self.stats.num_steps_switches += 1
             self.stats.active_num_steps = k
+        start = time.perf_counter()
         accepted, tokens = self.decoder.decode_round(batch, k, self._sampling(running), keep_draft=drafting)
+        self.stats.decode_seconds += time.perf_counter() - start
         self.stats.num_rounds += 1
+        self.stats.batch_total += batch
         for seq, a, toks in zip(running, accepted, tokens):
             self._count(seq, k, a)
             self._emit(seq, toks)

@@ -107,8 +107,8 @@ class SpeculativeDecoder:
 
         Prompt i, x_0..x_{n_i-1}, fills positions 0..n_i-1 of ``slots[i]``; its first output token is x_{n_i},
         sampled with row i of ``st``. The target (and with ``draft`` the head) runs once over all prompts' tokens
-        concatenated, [1, sum(n_i)], attention per prompt (:func:`~spectune.backends.local.model.attention.
-        attend_packed`), as production engines batch prefills instead of running one forward per request. With
+        concatenated, [1, sum(n_i)], attention per prompt (:mod:`spectune.backends.local.model.packed`), as
+        production engines batch prefills instead of running one forward per request. With
         ``draft`` the head also runs its entries 0..n_i-1 on (x_{p+1}, f_p), leaving the feature for d_1.
         """
         lens = [len(p) for p in prompts]
@@ -218,4 +218,3 @@ class SpeculativeDecoder:
         if self.lazy:
             lo, hi = self.draft_len[src], self.lengths[src]
             self.feat_buf[dst, lo:hi], self.tok_buf[dst, lo:hi] = self.feat_buf[src, lo:hi], self.tok_buf[src, lo:hi]
-

@@ -34,6 +34,7 @@ import hmac
 import json
 import logging
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -362,6 +363,13 @@ def serve(engine: Engine, model_name: str, host: str, port: int, api_key: str | 
     Raises:
         OSError: the port cannot be bound.
     """
+    engine_log = logging.getLogger("spectune.engine")  # the engine's interval lines (loop.interval_line) on stderr
+    if not engine_log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        engine_log.addHandler(handler)
+        engine_log.setLevel(logging.INFO)
+        engine_log.propagate = False
     loop = asyncio.new_event_loop()
     app_runner = Server(engine, model_name, api_key, metrics_without_key).app_runner(own_engine_thread=False)
     loop.run_until_complete(app_runner.setup())

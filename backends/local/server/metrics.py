@@ -49,6 +49,12 @@ class _EngineCollector:
         yield self._counter("spectune:generation_tokens", "Generated tokens.", s.generation_tokens)
         yield self._counter("spectune:spec_num_steps_switches", "Changes of num_steps between rounds.",
                             s.num_steps_switches)
+        yield self._counter("spectune:engine_decode_rounds", "Decode rounds (one verify of the running batch).",
+                            s.num_rounds)
+        yield self._counter("spectune:engine_decode_seconds", "Wall time of the decode rounds, s.", s.decode_seconds)
+        yield self._counter("spectune:engine_prefill_forwards", "Packed prefill forwards.", s.num_prefill_forwards)
+        yield self._counter("spectune:engine_prefill_seconds", "Wall time of the prefill forwards, s.",
+                            s.prefill_seconds)
         yield self._counter("spectune:spec_decode_num_drafts", "Verify steps with drafting, per request.",
                             s.spec.verify_steps)
         yield self._counter("spectune:spec_decode_num_draft_tokens", "Draft tokens proposed.", s.spec.draft_tokens)
