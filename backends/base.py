@@ -126,6 +126,10 @@ class BackendOptions:
     llamacpp: LlamaCppOptions = field(default_factory=LlamaCppOptions)
 
 
+ENGINE_TIME_KEYS = ("decode_rounds", "decode_seconds", "prefill_forwards", "prefill_seconds")
+"""``SpecSnapshot.raw`` keys of an engine's own time counters (see :class:`SpecSnapshot`)."""
+
+
 @dataclass
 class SpecSnapshot:
     """A reading of a server's cumulative speculative-decoding counters at one instant.
@@ -144,7 +148,9 @@ class SpecSnapshot:
             ``avg_spec_accept_length``), usually over the server's lifetime; None if not offered.
         instance: something that changes when the server restarts (a process start time, a pid), for reset
             detection; None if unknown.
-        raw: backend-specific extras kept for the results folder.
+        raw: backend-specific extras. Where an engine counts its own time (the bundled engine), ``raw`` holds
+            :data:`ENGINE_TIME_KEYS` too: decode rounds, their wall time in s, prefill forwards, their wall time in s
+            (cumulative; :mod:`spectune.measure.engine_time` turns two readings into a window's figures).
     """
 
     taken_at: float

@@ -163,9 +163,11 @@ def snapshot_from_families(families: list[Metric], prefix: str, taken_at: float 
 
 async def scrape_snapshot(
     base_url: str, prefixes: tuple[str, ...] = ("vllm:", "spectune:"), headers: dict[str, str] | None = None,
-    timeout_s: float = 5.0,
+    timeout_s: float = 5.0, extra_counters: dict[str, str] | None = None,
 ) -> SpecSnapshot | None:
     """GET ``{base_url}/metrics`` and read the spec-decode counters of the first prefix that has them.
+
+    ``extra_counters`` (``raw`` key -> counter name) are read into the snapshot's ``raw`` too, where present.
 
     Returns:
         a snapshot (``num_drafts`` None when the server exposes metrics but no spec-decode counters), or None
@@ -180,7 +182,10 @@ async def scrape_snapshot(
     except ValueError:
         return None
     snaps = [snapshot_from_families(families, p, taken_at) for p in prefixes]
-    for snap in snaps:
-        if snap.num_drafts is not None:
-            return snap
-    return snaps[0] if snaps else None
+    snap = next((s for s in snaps if s.num_drafts is not None), snaps[0] if snaps else None)
+    if snap is not None:
+        for key, name in (extra_counters or {}).items():
+            value = sum_counter(families, name)
+            if value is not None:
+                snap.raw[key] = value  # type: ignore[assignment]
+    return snap

@@ -446,7 +446,8 @@ class Campaign:
         df = pd.read_csv(summary)
         keep = [c for c in df.columns if c in ("steps", "concurrency", "status", "output_throughput_tok_s",
                                                "tpot_p50_ms", "ttft_p50_ms", "itl_p50_ms", "acceptance_length",
-                                               "batch_size_mean", "predicted")]
+                                               "batch_size_mean", "engine_round_ms", "engine_prefill_share",
+                                               "predicted")]
         lines = ["| " + " | ".join(keep) + " |", "|" + "---|" * len(keep)]
         lines += ["| " + " | ".join(str(row[c]) for c in keep) + " |" for _, row in df[keep].iterrows()]
         return "\n".join(lines)

@@ -39,6 +39,9 @@ def test_default_pair_sweep_then_recommend(tmp_path: Path) -> None:
         assert spec["acceptance_length_source"].startswith("spectune:")
         assert 1.3 < float(spec["acceptance_length"]) <= 4.0  # the trained head's drafts are accepted
         assert float(spec["output_throughput_tok_s"]) > 0
+    for r in rows:  # the engine's own time: decode rounds and the prefill share (spectune:engine_* counters)
+        assert float(r["engine_round_ms"]) > 0
+        assert 0 < float(r["engine_prefill_share"]) < 1
     sweep = json.loads((out / "sweep.json").read_text())
     assert sweep["backend"]["backend"] == "local"
     assert sweep["plan"]["dataset"] == "mt-bench"

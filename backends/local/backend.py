@@ -19,7 +19,9 @@ from typing import Any, Sequence
 
 import aiohttp
 
-from spectune.backends.base import BackendOptions, BackendStartError, Endpoint, ScheduleServer, SpecSnapshot
+from spectune.backends.base import (
+    ENGINE_TIME_KEYS, BackendOptions, BackendStartError, Endpoint, ScheduleServer, SpecSnapshot,
+)
 from spectune.backends.eagle_heads import eagle_version
 from spectune.backends.launch import LaunchingBackend
 from spectune.backends.local.options import DEFAULT_HEAD, check_compile_mode
@@ -155,10 +157,12 @@ class LocalBackend(LaunchingBackend):
         await LaunchingBackend.stop(self)
 
     async def snapshot(self) -> SpecSnapshot | None:
-        """The engine's ``spectune:`` counters from /metrics."""
+        """The engine's ``spectune:`` counters from /metrics, with its time counters in ``raw``
+        (:data:`~spectune.backends.base.ENGINE_TIME_KEYS`; ``backends/local/server/metrics.py``)."""
         if self.base_url is None:
             return None
-        return await scrape_snapshot(self.base_url, prefixes=("spectune:",))
+        return await scrape_snapshot(self.base_url, prefixes=("spectune:",), extra_counters={
+            key: f"spectune:engine_{key}" for key in ENGINE_TIME_KEYS})
 
     def speculative_method(self) -> str | None:
         """The EAGLE version of the head the engine loads (the bundled EAGLE-3 head for the default target)."""

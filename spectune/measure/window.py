@@ -9,8 +9,9 @@ run does, in one function (:func:`measure_window`).
    meanwhile the engine's running batch size is read every ``batch_size_interval_s`` s
    (:class:`~spectune.measure.batch_size.BatchSizeSampler`);
 3. the window's load metrics (:func:`~spectune.loadgen.metrics.compute_metrics`), its acceptance
-(``Backend.acceptance`` over the first and the last sample: the last boundary when
-   there are boundaries, else the sample after the run) and its status (:func:`~spectune.measure.status.point_status`).
+   (``Backend.acceptance`` over the first and the last sample: the last boundary when there are boundaries, else the
+   sample after the run), the engine's time over the same samples where it counts it
+   (:mod:`spectune.measure.engine_time`) and its status (:func:`~spectune.measure.status.point_status`).
 
 The caller turns the :class:`Window` into its own record (a points.jsonl point, a validate.json run).
 """
@@ -27,6 +28,7 @@ from spectune.loadgen.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.acceptance import window_acceptance
 from spectune.measure.batch_size import BATCH_SIZE_INTERVAL_S, BatchSizeSampler
+from spectune.measure.engine_time import EngineTime, engine_time
 from spectune.measure.status import point_status
 
 if TYPE_CHECKING:
@@ -124,6 +126,8 @@ class Window:
         metrics: :func:`~spectune.loadgen.metrics.compute_metrics` of the window (summary.csv's load columns).
         client_limit: why the load generator itself limited the window
             (:func:`~spectune.loadgen.metrics.client_limit`), or None.
+        engine_time: the engine's mean decode round and prefill share over the window (the acceptance's
+            snapshots; :func:`~spectune.measure.engine_time.engine_time`), or None where the engine counts none.
     """
 
     result: PointResult
@@ -137,6 +141,7 @@ class Window:
     error: str = ""
     metrics: dict[str, MetricValue] = field(default_factory=dict)
     client_limit: str | None = None
+    engine_time: EngineTime | None = None
 
     @property
     def records(self) -> list[RequestRecord]:
@@ -241,7 +246,8 @@ async def measure_window(backend: Backend, config: ClientConfig, prompts: list[P
     status, error = point_status(result.records, max_failure_rate)
     metrics = compute_metrics(result.records, result.window_start, result.window_end, result.achieved_concurrency,
                               slo_ttft_ms, slo_tpot_ms, result.client_cpu_share)
+    busy = engine_time(samples[0].snap if samples else None, last.snap if last else None)
     return Window(result, list(result.warmup_records), None, samples, after, batch, acc, status, error, metrics,
-                  client_limit(metrics))
+                  client_limit(metrics), busy)
 
 

@@ -70,9 +70,15 @@ SERVER_COLUMNS = ("server",)
 :class:`spectune.backends.base.ScheduleServer`). Added after the first release: a summary.csv without it reads as
 empty, which means ``static``."""
 
+ENGINE_TIME_COLUMNS = ("engine_round_ms", "engine_prefill_share")
+"""Where the engine's time went over the window, from its own counters (the bundled engine;
+:mod:`spectune.measure.engine_time`): the mean decode round (ms) and the share of its busy time in prefill (0..1).
+Empty for engines that count none. Added after the first release: a summary.csv without them reads as empty."""
+
 SUMMARY_COLUMNS: tuple[str, ...] = (*KEY_COLUMNS, *STATUS_COLUMNS, *STREAM_COLUMNS, *ACCEPTANCE_COLUMNS,
                                     *SLO_CLIENT_COLUMNS, *BATCH_SIZE_COLUMNS, *DERIVED_COLUMNS, *INTERVAL_COLUMNS,
-                                    *PLAN_COLUMNS, *EARLY_STOP_COLUMNS, *SCHEDULE_COLUMNS, *SERVER_COLUMNS)
+                                    *PLAN_COLUMNS, *EARLY_STOP_COLUMNS, *SCHEDULE_COLUMNS, *SERVER_COLUMNS,
+                                    *ENGINE_TIME_COLUMNS)
 """summary.csv columns, in file order."""
 
 REQUIRED_COLUMNS = ("steps", "concurrency", "status")

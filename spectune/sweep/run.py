@@ -395,7 +395,9 @@ class Sweep:
         metrics.update(acceptance_length=acc.acceptance_length, acceptance_rate=acc.acceptance_rate,
                        acceptance_length_source=acc.source, batch_size_mean=batch["mean"] if batch else None,
                        batch_size_p50=batch["p50"] if batch else None,
-                       batch_size_source=batch["source"] if batch else "none")
+                       batch_size_source=batch["source"] if batch else "none",
+                       engine_round_ms=w.engine_time.round_ms if w.engine_time else None,
+                       engine_prefill_share=w.engine_time.prefill_share if w.engine_time else None)
         log_tail = self.backend.failure_log() if w.status != "ok" else ""
         if log_tail:
             self.listener.server_failed(steps, f"the server died during K={steps} c={conc}: {w.error}", log_tail)
