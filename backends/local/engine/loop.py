@@ -256,7 +256,8 @@ class Engine:
 
         A step that raises fails the requests it was working on (:meth:`step`) and the loop goes on; only an
         exception outside a step (or a BaseException such as KeyboardInterrupt) ends it, and is surfaced by
-        ``error`` (the server's /health then answers 503).
+        ``error`` (the server's /health then answers 503). Every ``cfg.stats_log_interval_s`` s in which it worked it
+        logs :func:`interval_line` (logger ``spectune.engine``; the server prints it on stderr).
         """
         logged, since = self.stats.copy(), time.perf_counter()
         try:
