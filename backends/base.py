@@ -126,7 +126,7 @@ class BackendOptions:
     llamacpp: LlamaCppOptions = field(default_factory=LlamaCppOptions)
 
 
-ENGINE_TIME_KEYS = ("decode_rounds", "decode_seconds", "prefill_forwards", "prefill_seconds")
+ENGINE_TIME_KEYS = ("decode_rounds", "decode_seconds", "prefill_seconds")
 """``SpecSnapshot.raw`` keys of an engine's own time counters (see :class:`SpecSnapshot`)."""
 
 
@@ -149,7 +149,7 @@ class SpecSnapshot:
         instance: something that changes when the server restarts (a process start time, a pid), for reset
             detection; None if unknown.
         raw: backend-specific extras. Where an engine counts its own time (the bundled engine), ``raw`` holds
-            :data:`ENGINE_TIME_KEYS` too: decode rounds, their wall time in s, prefill forwards, their wall time in s
+            :data:`ENGINE_TIME_KEYS` too: decode rounds, their wall time in s, the prefill forwards' wall time in s
             (cumulative; :mod:`spectune.measure.engine_time` turns two readings into a window's figures).
     """
 

@@ -7,8 +7,9 @@ A strategy answers two questions the sending loop asks whenever something change
 - :meth:`Strategy.limit`: how many requests may be in flight now, or None for no limit.
 
 The sending loop sends the pending arrival once its time has come *and* the in-flight count is below the limit, then
-calls :meth:`Strategy.consume` and sends ``prompts[prompt_index(i) % len(prompts)]`` (:meth:`Strategy.prompt_index`). :meth:`Strategy.next_change` tells it when the answers change by themselves (a phase
-boundary), so it can sleep until then.
+calls :meth:`Strategy.consume` and sends ``prompts[prompt_index(i) % len(prompts)]`` (:meth:`Strategy.prompt_index`).
+:meth:`Strategy.next_change` tells it when the answers change by themselves (a phase boundary), so it can sleep until
+then.
 
 Open-loop arrivals follow a gamma renewal process as in vLLM's ``benchmarks/serve.py`` (``--burstiness``):
 inter-arrival times ~ Gamma(shape = burstiness, scale = 1 / (rate * burstiness)), mean 1 / rate; burstiness 1 is a

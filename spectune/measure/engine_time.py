@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from spectune.backends.base import SpecSnapshot
+from spectune.backends.base import ENGINE_TIME_KEYS, SpecSnapshot
 
 
 class EngineTime(NamedTuple):
@@ -32,7 +32,7 @@ def engine_time(before: SpecSnapshot | None, after: SpecSnapshot | None) -> Engi
         return None
     try:
         d = {key: float(after.raw[key]) - float(before.raw[key])  # type: ignore[arg-type]
-             for key in ("decode_rounds", "decode_seconds", "prefill_seconds")}
+             for key in ENGINE_TIME_KEYS}
     except (KeyError, TypeError, ValueError):
         return None
     if min(d.values()) < 0:

@@ -30,7 +30,7 @@ import itertools
 import torch
 
 from spectune.backends.local.model.attention import AttnMeta
-from spectune.backends.local.model.packed import Segment, packed_index
+from spectune.backends.local.model.packed import Segment, packed_ends, packed_index
 from spectune.backends.local.engine.cuda_graphs import CapturedGraphs
 from spectune.backends.local.model.eagle import DraftHead
 from spectune.backends.local.model.kv_cache import KVCache
@@ -115,7 +115,7 @@ class SpeculativeDecoder:
         segments = [Segment(slot, 0, n) for slot, n in zip(slots, lens)]
         tokens = torch.tensor([list(itertools.chain.from_iterable(prompts))], dtype=torch.long,
                               device=self.device)  # [1, T]
-        ends = torch.tensor(list(itertools.accumulate(lens)), device=self.device) - 1  # [N]: each prompt's last token
+        ends = packed_ends(segments, self.device)  # [N]: each prompt's last token
         rows = torch.tensor(slots, device=self.device)  # [N]
         hidden, aux = self.target(tokens, AttnMeta.for_packed(self.target_cache, self.target.rope, segments))
         logits = self.target.logits(hidden[0, ends].unsqueeze(1))  # [N, 1, V]
@@ -157,8 +157,7 @@ class SpeculativeDecoder:
             at = packed_index(group, self.device)
             tokens, feats = self.tok_buf[at].unsqueeze(0), self.feat_buf[at].unsqueeze(0)  # [1, T], [1, T, F]
             out = self.head(tokens, feats, AttnMeta.for_packed(self.draft_cache, self.head.rope, group))  # [1, T, H]
-            ends = torch.tensor(list(itertools.accumulate(s.n for s in group)), device=self.device) - 1  # [N]
-            self.draft_feature[rows] = out[0, ends]
+            self.draft_feature[rows] = out[0, packed_ends(group, self.device)]
             for s in group:
                 self.draft_len[s.slot] = s.start + s.n
 

@@ -17,6 +17,7 @@ varlen kernel on every device, so attention runs on padded groups instead:
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -59,6 +60,12 @@ def packed_index(segments: list[Segment], device: torch.device | str) -> tuple[t
     slots = torch.tensor([seg.slot for seg in segments for _ in range(seg.n)])
     positions = torch.cat([torch.arange(seg.start, seg.start + seg.n) for seg in segments])
     return slots.to(device), positions.to(device)
+
+
+def packed_ends(segments: list[Segment], device: torch.device | str) -> torch.Tensor:
+    """Each segment's last token in the packed row: long [N] (where its next token's logits or the head's feature
+    for its next draft are read)."""
+    return torch.tensor(list(itertools.accumulate(seg.n for seg in segments)), device=device) - 1
 
 
 def padded_groups(lengths: list[int], limit: float = PAD_LIMIT) -> list[list[int]]:
