@@ -29,6 +29,10 @@ An ``@float32`` or ``@bfloat16`` suffix forces the native path's dense copy abov
 batch-1-only path choice had, with the kind the multi-row probe picks (the bf16 copy through oneDNN on AMX and
 AVX512-BF16 CPUs); ``auto`` is what ``--dtype auto`` picks now, from estimates at batch 1, 4 and 16.
 
+A ``#ROWS`` suffix forces the row count above which the native path runs its dense copy (``--native-dense-above``;
+``#off``: int4 at every row count): ``--paths native#2+compile,native+compile`` compares the choice the cache-resident
+crossover probe made on a Zen 4 VM (dense above 2 rows) with the streamed probe's (issue #71).
+
 ``native+compile`` is the native path with ``--compile on`` (the target's decode layers through torch.compile:
 ``backends/local/engine/compiled.py``); its one-off compile happens when the engine is built, before any timing, and is
 printed. ``native+compile1`` (``+compile2``, ...) groups at most that many layers per compiled graph, to compare
@@ -84,7 +88,7 @@ def hf_decode_tok_s(folder, prompts: list[list[int]], batch: int, repeats: int) 
 def make_engine(path: str, threads: int, k: int = 0, capacity: int = 0, max_num_seqs: int = 8):
     """An engine on ``path``: a ``--dtype`` value, ``native:int4`` / ``native:int8`` to force the Q8_0 lm_head's
     kernel (``--native-lm-head``), ``native@float32`` / ``native@bfloat16`` to force the dense copy's dtype
-    (``--native-dense-dtype``), and a ``+compile`` suffix for ``--compile on`` (otherwise off); ``+compileN``
+    (``--native-dense-dtype``), ``#ROWS`` (``#off``) to force ``--native-dense-above``, and a ``+compile`` suffix for ``--compile on`` (otherwise off); ``+compileN``
     compiles at most N layers per graph instead of the engine's default (``compiled.MAX_LAYERS_PER_GRAPH``), and a
     final ``+asserts`` keeps the wrapper's size checks (``compiled.NO_WRAPPER_ASSERTS`` emptied)."""
     from spectune.backends.local.engine import compiled
@@ -93,6 +97,7 @@ def make_engine(path: str, threads: int, k: int = 0, capacity: int = 0, max_num_
 
     path, asserts, _ = path.partition("+asserts")
     path, plus, group = path.partition("+compile")
+    path, _, above = path.partition("#")
     path, _, dense = path.partition("@")
     dtype, _, lm_head = path.partition(":")
     default_group, default_options = compiled.MAX_LAYERS_PER_GRAPH, compiled.NO_WRAPPER_ASSERTS
@@ -103,7 +108,8 @@ def make_engine(path: str, threads: int, k: int = 0, capacity: int = 0, max_num_
                                           draft=None if capacity else "none", dtype=dtype,
                                           max_num_seqs=max_num_seqs, max_model_len=512, kv_cache_gb=1.0,
                                           threads=threads, native_lm_head=lm_head or "auto",
-                                          native_dense_dtype=dense or "auto", compile="on" if plus else "off"))
+                                          native_dense_dtype=dense or "auto", native_dense_above=above or "auto",
+                                          compile="on" if plus else "off"))
     finally:
         compiled.MAX_LAYERS_PER_GRAPH, compiled.NO_WRAPPER_ASSERTS = default_group, default_options
 

@@ -23,7 +23,8 @@ def test_default_pair_sweep_then_recommend(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "spectune.cli", "sweep", "--steps", "0,3", "--concurrency", "1,4",
            "--num-prompts", "8", "--max-tokens", "32", "--device", "cpu", "--output-dir", str(out),
-           "--compile", "off"]  # uncompiled (a minute per server start on 2 cores): test_engine_compile.py tests it
+           "--compile", "off",  # uncompiled (a minute per server start on 2 cores): test_engine_compile.py tests it
+           "--server-args", "--native-dense-above 8"]  # spectune serve's option, reaching the launched server
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "K=0" in run.stdout
@@ -44,6 +45,9 @@ def test_default_pair_sweep_then_recommend(tmp_path: Path) -> None:
         assert 0 < float(r["engine_prefill_share"]) < 1
     sweep = json.loads((out / "sweep.json").read_text())
     assert sweep["backend"]["backend"] == "local"
+    assert sweep["backend"]["engine"]["server_args"] == {"native_dense_above": "8"}
+    path = sweep["backend"]["engine"]["path"]  # what the server ran: the dense copy above 8 rows on the native path
+    assert path["dense_above_rows"] == (8 if path["path"] == "native" else None)
     assert sweep["plan"]["dataset"] == "mt-bench"
     n_requests = sum(1 for _ in (out / "requests.jsonl").open())
     assert n_requests == sum(int(r["num_requests"]) for r in rows)

@@ -5,7 +5,9 @@ One server is launched for the whole sweep with its cache sized for the largest 
 server died (killed mid-point) the next ``start`` relaunches it. Acceptance comes from the engine's own
 ``spectune:spec_decode_*`` counters over each window. With ``options.adaptive_config`` (an SGLang adaptive JSON or
 a vLLM schedule, checked when the backend is built) the engine is launched with that per-batch-size policy and the
-K given to ``start`` only sets its initial tier.
+K given to ``start`` only sets its initial tier. ``--server-args`` are ``spectune serve``'s engine options
+(``--native-dense-above 8``, ``--dtype native``, ...: :func:`~spectune.backends.local.options.parse_server_args`),
+written into the server's options and recorded in sweep.json's ``backend.engine.server_args``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from spectune.backends.base import (
 )
 from spectune.backends.eagle_heads import eagle_version
 from spectune.backends.launch import LaunchingBackend
-from spectune.backends.local.options import DEFAULT_HEAD, check_compile_mode
+from spectune.backends.local.options import DEFAULT_HEAD, check_compile_mode, parse_server_args
 from spectune.backends.local.weights.loader import is_default_model
 from spectune.backends.num_steps import load_config_file
 from spectune.backends.prometheus import scrape_snapshot
@@ -71,6 +73,7 @@ class LocalBackend(LaunchingBackend):
         if options.draft is not None and options.draft.lower() != "none" and not Path(options.draft).is_dir():
             raise UserError(f"--draft {options.draft} is not a folder: give an EAGLE head folder")
         check_compile_mode(options.local.compile)
+        self.server_overrides = parse_server_args(list(options.server_args))  # a bad one fails here, before launching
         if options.adaptive_config:
             load_config_file(options.adaptive_config)  # a bad file fails here, not in the server process
         self.capacity = 0
@@ -93,6 +96,7 @@ class LocalBackend(LaunchingBackend):
             opts["adaptive_config"] = pinned or str(Path(o.adaptive_config or "").resolve())
         if o.schedule_server_max_k is not None:
             opts["num_steps_capacity"] = max(self.capacity, steps, o.schedule_server_max_k)
+        opts.update(self.server_overrides)  # --server-args win, as on every launched server
         return [sys.executable, "-m", "spectune.backends.local", "--options", json.dumps(opts), "--host", host,
                 "--port", str(port)]
 
@@ -139,13 +143,19 @@ class LocalBackend(LaunchingBackend):
     async def _engine_path(self, base_url: str) -> dict[str, Any] | None:
         """The compute path the server chose (``/server_info`` ``engine_path``: ``--dtype auto`` is decided in the
         server at start-up), or None when the server does not say."""
+        info = await self._server_info(base_url)
+        return None if info is None else info.get("engine_path")
+
+    async def _server_info(self, base_url: str) -> dict[str, Any] | None:
+        """The server's ``/server_info`` object, or None when it does not answer with one."""
         from spectune.backends.http import auth_headers
 
         try:
             async with aiohttp.ClientSession() as session:
                 async with session.get(f"{base_url}/server_info",
                                        headers=auth_headers(self.options.api_key_env)) as resp:
-                    return (await resp.json()).get("engine_path") if resp.status == 200 else None
+                    body = await resp.json() if resp.status == 200 else None
+                    return body if isinstance(body, dict) else None
         except (aiohttp.ClientError, ValueError):
             return None
 
@@ -158,11 +168,20 @@ class LocalBackend(LaunchingBackend):
 
     async def snapshot(self) -> SpecSnapshot | None:
         """The engine's ``spectune:`` counters from /metrics, with its time counters in ``raw``
-        (:data:`~spectune.backends.base.ENGINE_TIME_KEYS`; ``backends/local/server/metrics.py``)."""
+        (:data:`~spectune.backends.base.ENGINE_TIME_KEYS`; ``backends/local/server/metrics.py``) and, when its
+        ``spectune:engine_slow_round_shapes`` counter is above 0, the step model's warnings from ``/server_info``
+        in ``raw["engine_warnings"]`` (``backends/local/engine/step_model.py``)."""
         if self.base_url is None:
             return None
-        return await scrape_snapshot(self.base_url, prefixes=("spectune:",), extra_counters={
-            key: f"spectune:engine_{key}" for key in ENGINE_TIME_KEYS})
+        snap = await scrape_snapshot(self.base_url, prefixes=("spectune:",), extra_counters={
+            **{key: f"spectune:engine_{key}" for key in ENGINE_TIME_KEYS},
+            "slow_round_shapes": "spectune:engine_slow_round_shapes"})
+        if snap is not None and float(snap.raw.get("slow_round_shapes") or 0) > 0:  # type: ignore[arg-type]
+            info = await self._server_info(self.base_url)
+            warnings = ((info or {}).get("step_model") or {}).get("warnings")
+            if isinstance(warnings, list):
+                snap.raw["engine_warnings"] = warnings
+        return snap
 
     def speculative_method(self) -> str | None:
         """The EAGLE version of the head the engine loads (the bundled EAGLE-3 head for the default target)."""
@@ -188,4 +207,6 @@ class LocalBackend(LaunchingBackend):
                        "device": o.local.device, "dtype": o.local.dtype}
         if getattr(self, "engine_path", None) is not None:
             d["engine"]["path"] = self.engine_path  # what --dtype auto chose on this machine
+        if self.server_overrides:
+            d["engine"]["server_args"] = dict(self.server_overrides)  # what --server-args set on its servers
         return d

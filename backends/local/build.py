@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     import torch
 
     from spectune.backends.local.engine.loop import Engine
+    from spectune.backends.local.engine.speculative import SpeculativeDecoder
+    from spectune.backends.local.engine.step_model import StepModel
+    from spectune.backends.local.weights.compute_paths import PathChoice
 
 log = logging.getLogger("spectune.engine")
 
@@ -112,6 +115,7 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
     decoder = SpeculativeDecoder(target, head, slots, max_len, seeded_generator(opts.seed, device), graphs,
                                  lazy_draft=lazy)
     warm_up(decoder, compile_choice, max_steps + 1)
+    step_model = _step_model(decoder, path_choice, cfg, lm_repeat, max_steps)
     path_choice.compile = compile_choice.to_json()
     if compile_choice.mode != "off":
         log.info("compile: %s (%s; warm-up %.1f s)", "on" if compile_choice.active else "off", compile_choice.reason,
@@ -120,7 +124,22 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
                         trace=TraceWriter(opts.trace_path) if opts.trace_path else None, steps_capacity=max_steps,
                         max_prefill_tokens=prefill_token_budget(device))
     name = os.path.basename(str(opts.model)) if opts.model else "SmolLM2-135M-Instruct"
-    return Engine(decoder, Tokenizer(folder), ecfg, model_name=name, path=path_choice)
+    return Engine(decoder, Tokenizer(folder), ecfg, model_name=name, path=path_choice, step_model=step_model)
+
+
+def _step_model(decoder: SpeculativeDecoder, choice: PathChoice, cfg: ModelConfig, lm_repeat: int,
+                max_steps: int) -> StepModel | None:
+    """The engine's :class:`~spectune.backends.local.engine.step_model.StepModel` on CPU: the kernels' per-row
+    timings (the crossover probe, kept per machine) and one-row forwards measured now; the target forwards of one
+    sequence verifying 2 and ``max_steps`` + 1 tokens are checked against it at start-up. None on CUDA."""
+    from spectune.backends.local.engine.step_model import build_step_model
+    from spectune.backends.local.weights.compute_paths import kernel_timings
+
+    if decoder.device.type != "cpu":
+        return None
+    probe, probe_weights = kernel_timings(cfg, lm_repeat)
+    check_rows = tuple(sorted({2, max_steps + 1})) if max_steps > 0 else ()
+    return build_step_model(decoder, choice, probe["rows_ms"], probe_weights, check_rows)
 
 
 def _sharing(source: Engine, opts: EngineOptions, policy: object, max_steps: int) -> Engine:
@@ -143,7 +162,8 @@ def _sharing(source: Engine, opts: EngineOptions, policy: object, max_steps: int
     ecfg = EngineConfig(num_steps=opts.num_steps, max_num_seqs=slots, max_len=max_len, policy=policy,
                         trace=TraceWriter(opts.trace_path) if opts.trace_path else None, steps_capacity=max_steps,
                         max_prefill_tokens=prefill_token_budget(source.decoder.device))
-    return Engine(decoder, source.tokenizer, ecfg, model_name=source.model_name, path=source.path)
+    return Engine(decoder, source.tokenizer, ecfg, model_name=source.model_name, path=source.path,
+                  step_model=source.guard.model)
 
 
 def prefill_token_budget(device: torch.device) -> int:

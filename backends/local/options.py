@@ -97,3 +97,64 @@ def resolve_draft(draft: str | None, model_is_default: bool) -> Path | None:
     if not path.is_dir():
         raise UserError(f"draft head {path} is not a folder: give an EAGLE head folder (config.json + safetensors)")
     return path
+
+
+#: ``spectune serve`` options a launched bundled server takes from ``--server-args`` -> (EngineOptions field, type,
+#: allowed values or None). The others are set by the sweep itself (:data:`SWEEP_SETS`).
+SERVER_ARGS: dict[str, tuple[str, type, tuple[str, ...] | None]] = {
+    "--dtype": ("dtype", str, ("auto", "native", "bfloat16", "float32", "bf16", "fp32", "q", "gguf")),
+    "--device": ("device", str, ("auto", "cpu", "cuda")),
+    "--native-dense-above": ("native_dense_above", str, None),
+    "--native-dense-dtype": ("native_dense_dtype", str, ("auto", "float32", "bfloat16")),
+    "--native-lm-head": ("native_lm_head", str, ("auto", "int4", "int8")),
+    "--compile": ("compile", str, COMPILE_MODES),
+    "--threads": ("threads", int, None),
+    "--seed": ("seed", int, None),
+    "--kv-cache-gb": ("kv_cache_gb", float, None),
+    "--max-model-len": ("max_model_len", int, None),
+    "--trace": ("trace_path", str, None),
+}
+
+#: ``spectune serve`` options that a sweep or validation sets for its servers, and where the user sets them instead.
+SWEEP_SETS: dict[str, str] = {
+    "--model": "the sweep's --model", "--draft": "the sweep's --draft", "--num-steps": "--steps",
+    "--adaptive-config": "--adaptive-config", "--host": "the sweep (loopback)", "--port": "the sweep (a free port)",
+    "--max-num-seqs": "the largest --concurrency", "--api-key": "--api-key-env",
+    "--metrics-without-key": "the sweep (it reads /metrics with the key)", "--model-name": "--model-name",
+}
+
+
+def parse_server_args(args: list[str]) -> dict[str, str | int | float]:
+    """``--server-args`` for a launched bundled server, read as ``spectune serve`` reads its options
+    (``--flag value`` or ``--flag=value``; :data:`SERVER_ARGS`), as EngineOptions fields -> values.
+
+    Raises:
+        UserError: an option that is not one of ``spectune serve``'s, one the sweep sets itself (:data:`SWEEP_SETS`,
+            naming where to set it), a missing or ill-typed value, or a value outside its choices.
+    """
+    out: dict[str, str | int | float] = {}
+    accepted = ", ".join(SERVER_ARGS)
+    i = 0
+    while i < len(args):
+        flag, eq, value = args[i].partition("=")
+        if flag in SWEEP_SETS:
+            raise UserError(f"--server-args {flag}: the sweep sets it for the bundled engine's servers ({SWEEP_SETS[flag]})"
+                            f"; --server-args takes {accepted}")
+        if flag not in SERVER_ARGS:
+            raise UserError(f"--server-args {args[i]!r}: the bundled engine's server takes {accepted} "
+                            "(spectune serve's options)")
+        if not eq:
+            i += 1
+            if i >= len(args) or args[i].startswith("--"):
+                raise UserError(f"--server-args {flag} needs a value")
+            value = args[i]
+        name, kind, choices = SERVER_ARGS[flag]
+        if choices is not None and value.lower() not in choices:
+            raise UserError(f"--server-args {flag} {value!r}: use one of {', '.join(choices)}")
+        try:
+            out[name] = kind(value)
+        except ValueError:
+            raise UserError(f"--server-args {flag} {value!r}: give {'an integer' if kind is int else 'a number'}"
+                            ) from None
+        i += 1
+    return out

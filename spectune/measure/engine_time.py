@@ -40,3 +40,15 @@ def engine_time(before: SpecSnapshot | None, after: SpecSnapshot | None) -> Engi
     busy = d["decode_seconds"] + d["prefill_seconds"]
     return EngineTime(d["decode_seconds"] / d["decode_rounds"] * 1e3 if d["decode_rounds"] else None,
                       d["prefill_seconds"] / busy if busy > 0 else None)
+
+
+def engine_warnings(before: SpecSnapshot | None, after: SpecSnapshot | None) -> list[str]:
+    """What the engine said about its own rounds during the window: the messages in ``after.raw["engine_warnings"]``
+    that ``before`` did not hold (the bundled engine lists every shape it flagged since start, ``/server_info``
+    ``step_model.warnings``); empty where the engine says nothing."""
+    said = after.raw.get("engine_warnings") if after is not None else None
+    if not isinstance(said, list):
+        return []
+    old = before.raw.get("engine_warnings") if before is not None else None
+    seen = set(old) if isinstance(old, list) else set()
+    return [str(m) for m in said if m not in seen]

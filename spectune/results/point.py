@@ -197,6 +197,7 @@ class PointLine(TypedDict, total=False):
     drift_check: str
     timing: PointTiming
     server: ServerRecord
+    engine_warnings: list[str]
     predicted: bool
     node: JsonObject | None
 
@@ -261,6 +262,9 @@ class SweepPoint:
         server: the server the point measured when it is not the static one of its num_steps: ``{"kind":
             "schedule", "max_k": M, "engine": ...}`` (the engine's schedule server pinned to K,
             :class:`spectune.backends.base.ScheduleServer`); None (not written): the static server.
+        engine_warnings: what the engine said was wrong with its own rounds during the window (the bundled engine:
+            a (batch, num_steps) shape over 1.5x its step model, ``backends/local/engine/step_model.py``); empty (not
+            written) when nothing was said.
         extra: keys of a newer format.
         absent: fields an older file lacked (not written back).
     """
@@ -289,6 +293,7 @@ class SweepPoint:
     drift_check: str | None = None
     timing: PointTiming | None = None
     server: ServerRecord | None = None
+    engine_warnings: list[str] = field(default_factory=list)
     extra: JsonObject = field(default_factory=dict)
     #: fields the file it was read from lacked (an older format) -> the value filled in: left out again by
     #: :meth:`to_dict` while they keep that value
@@ -351,6 +356,8 @@ class SweepPoint:
             d["timing"] = self.timing
         if self.server is not None:
             d["server"] = self.server
+        if self.engine_warnings:
+            d["engine_warnings"] = self.engine_warnings
         d.update(self.extra)
         if self.absent:
             d = {k: v for k, v in d.items() if k not in self.absent or v != self.absent[k]}

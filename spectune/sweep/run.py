@@ -39,6 +39,7 @@ from spectune.loadgen.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.acceptance import per_category_points, window_acceptance
 from spectune.measure.batch_size import BATCH_SIZE_INTERVAL_S
+from spectune.measure.engine_time import engine_warnings
 from spectune.measure.environment import environment
 from spectune.measure.load_settings import ClientTimeouts
 from spectune.measure.schedule_check import check_num_steps
@@ -404,6 +405,9 @@ class Sweep:
         warm_failed = sum(not r.ok for r in w.warmup)
         if w.warmup and warm_failed == len(w.warmup):
             self.listener.warning(f"K={steps} c={conc}: every warm-up request failed ({w.warmup[0].error})")
+        said = engine_warnings(w.samples[0].snap if w.samples else None, w.after.snap if w.after else None)
+        for message in said:
+            self.listener.warning(f"K={steps} c={conc}: {message}")
         check = self._check_steps(key, w.samples[0].snap if w.samples else None, w.after.snap if w.after else None,
                                   batch["mean"] if batch else metrics.get("achieved_concurrency"),
                                   metrics.get("total_output_tokens"))
@@ -420,7 +424,7 @@ class Sweep:
             early_stop=rule.describe() if rule is not None else None,
             warmup={"requests": len(w.warmup), "failed": warm_failed}, client_limit=limited, schedule_check=check,
             model=model, base_url=base_url, started=started, finished=now_iso(), log_tail=log_tail,
-            drift_check=drift), kept
+            drift_check=drift, engine_warnings=said), kept
 
     def _check_steps(self, key: Key, before: SpecSnapshot | None, after: SpecSnapshot | None,
                      batch_size: float | None, output_tokens: float | None) -> ScheduleCheckRecord | None:

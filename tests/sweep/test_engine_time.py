@@ -1,11 +1,13 @@
-"""A window's engine time (spectune.measure.engine_time) from two snapshots of the engine's time counters."""
+"""A window's engine time and engine warnings (spectune.measure.engine_time) from two snapshots of the engine's counters,
+and the warnings kept with the point."""
 
 from __future__ import annotations
 
 import pytest
 
 from spectune.backends.base import SpecSnapshot
-from spectune.measure.engine_time import engine_time
+from spectune.measure.engine_time import engine_time, engine_warnings
+from spectune.results.point import SweepPoint
 
 
 def _snap(rounds: float, decode_s: float, prefill_s: float) -> SpecSnapshot:
@@ -30,3 +32,29 @@ def test_an_engine_without_time_counters_gives_none() -> None:
 
 def test_a_restarted_engine_gives_none() -> None:
     assert engine_time(_snap(10, 1.0, 0.5), _snap(2, 0.1, 0.1)) is None
+
+
+def _said(*messages: str) -> SpecSnapshot:
+    return SpecSnapshot(0.0, raw={"engine_warnings": list(messages)})
+
+
+def test_a_window_holds_the_engine_warnings_said_during_it() -> None:
+    assert engine_warnings(_said("a"), _said("a", "b")) == ["b"]
+
+
+def test_a_window_without_new_warnings_holds_none() -> None:
+    assert engine_warnings(_said("a"), _said("a")) == []
+
+
+def test_an_engine_that_says_nothing_gives_no_warnings() -> None:
+    assert engine_warnings(SpecSnapshot(0.0), SpecSnapshot(1.0)) == []
+
+
+def test_a_point_keeps_its_engine_warnings_through_points_jsonl() -> None:
+    point = SweepPoint.failed((2, 1, 0), "x", 4)
+    point.engine_warnings = ["decode rounds at batch 1 x num_steps 2: ..."]
+    assert SweepPoint.from_dict(point.to_dict()).engine_warnings == point.engine_warnings
+
+
+def test_a_point_without_engine_warnings_writes_no_key() -> None:
+    assert "engine_warnings" not in SweepPoint.failed((2, 1, 0), "x", 4).to_dict()

@@ -259,3 +259,32 @@ async def test_vllm_per_request_metrics_end_to_end(tmp_path, prompts):
     cross_check = point["acceptance"]["cross_check"]["acceptance_length"]
     assert cross_check == pytest.approx(point["metrics"]["acceptance_length"])
     assert point["acceptance"]["warning"] is None
+
+
+async def test_an_engine_warning_said_during_a_window_is_kept_with_its_point(tmp_path, prompts, monkeypatch):
+    """A warning the engine lists (the bundled engine's step-model guard: ``raw["engine_warnings"]`` in its
+    snapshot) that appears during a point's window is written with that point, and only that point."""
+    from spectune.backends.openai import OpenAIBackend
+
+    real = OpenAIBackend.snapshot
+    said: list[str] = []
+
+    async def snapshot(self):
+        snap = await real(self)
+        if snap is not None:
+            snap.raw["engine_warnings"] = list(said)
+        return snap
+
+    monkeypatch.setattr(OpenAIBackend, "snapshot", snapshot)
+
+    class Listener(SweepListener):
+        def point_started(self, key, planned):  # the engine flags a shape while K=2 is measured
+            if key[0] == 2 and not said:  # (the drift check measures a point again)
+                said.append("decode rounds at batch 1 x num_steps 2: 60.8 ms ...")
+
+    plan = SweepPlan(steps=(0, 2), concurrency=(1,), dataset=prompts, num_prompts=6, max_tokens=9,
+                     requests_per_point=2, warmup_requests=0)
+    async with FakeServers(k0="", k2="--accept-prob 0.6") as urls:
+        await execute(plan, "openai", BackendOptions(endpoints=urls), tmp_path / "out", listener=Listener())
+    points = {p["steps"]: p for p in read_jsonl(tmp_path / "out" / "points.jsonl")}
+    assert (points[2].get("engine_warnings"), "engine_warnings" in points[0]) == (said, False)

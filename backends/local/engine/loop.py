@@ -21,6 +21,7 @@ from spectune.backends.local.engine.sampling import SamplingTensors
 from spectune.backends.local.engine.scheduler import Scheduler
 from spectune.backends.local.engine.sequence import RequestOutput, SamplingParams, Sequence, SpecStats
 from spectune.backends.local.engine.speculative import SpeculativeDecoder
+from spectune.backends.local.engine.step_model import RoundGuard, StepModel
 from spectune.backends.local.engine.tokenizer import IncrementalText, Tokenizer
 
 if TYPE_CHECKING:
@@ -142,11 +143,17 @@ class Engine:
         path: the compute path the weights run on
             (:class:`spectune.backends.local.weights.compute_paths.PathChoice`: native int4, bfloat16 or float32, and
             why), reported in ``/server_info``; None when unknown (tests' tiny engines).
+        step_model: the engine's model of a decode round
+            (:class:`spectune.backends.local.engine.step_model.StepModel`): every round is counted per (batch,
+            num_steps) in :attr:`guard`, which warns once for a shape whose rounds run over 1.5x the model; None
+            (CUDA, tests' tiny engines): rounds are counted but never judged.
     """
 
     def __init__(self, decoder: SpeculativeDecoder, tokenizer: Tokenizer, cfg: EngineConfig,
-                 model_name: str = "spectune-engine", path: PathChoice | None = None) -> None:
+                 model_name: str = "spectune-engine", path: PathChoice | None = None,
+                 step_model: StepModel | None = None) -> None:
         self.decoder, self.tokenizer, self.cfg, self.model_name, self.path = decoder, tokenizer, cfg, model_name, path
+        self.guard = RoundGuard(step_model)
         self.scheduler = Scheduler(cfg.max_num_seqs, cfg.max_waiting, cfg.max_prefill_tokens)
         self.stats = EngineStats(active_num_steps=cfg.num_steps)
         self.max_steps = max(getattr(cfg.policy, "max_steps", 0) or 0, cfg.num_steps)  # the largest K in use
@@ -345,7 +352,9 @@ class Engine:
             self.stats.active_num_steps = k
         start = time.perf_counter()
         accepted, tokens = self.decoder.decode_round(batch, k, self._sampling(running), keep_draft=drafting)
-        self.stats.decode_seconds += time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.stats.decode_seconds += seconds
+        self.guard.record(batch, k, seconds)
         self.stats.num_rounds += 1
         self.stats.batch_total += batch
         for seq, a, toks in zip(running, accepted, tokens):

@@ -213,6 +213,7 @@ class Server:
                                  "num_steps_switches": s.num_steps_switches}],
             "request_errors": e.num_request_errors,
             "engine_path": e.path.to_json() if e.path is not None else None,
+            "step_model": e.guard.to_json(),
         })
 
     async def set_num_steps(self, request: web.Request) -> web.Response:

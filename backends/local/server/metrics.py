@@ -52,6 +52,9 @@ class _EngineCollector:
         yield self._counter("spectune:engine_decode_rounds", "Decode rounds (one verify of the running batch).",
                             s.num_rounds)
         yield self._counter("spectune:engine_decode_seconds", "Wall time of the decode rounds, s.", s.decode_seconds)
+        yield self._counter("spectune:engine_slow_round_shapes", "(batch, num_steps) shapes whose decode rounds ran "
+                            "over 1.5x the engine's step model (warnings in /server_info step_model).",
+                            len(e.guard.warnings))
         yield self._counter("spectune:engine_prefill_forwards", "Packed prefill forwards.", s.num_prefill_forwards)
         yield self._counter("spectune:engine_prefill_seconds", "Wall time of the prefill forwards, s.",
                             s.prefill_seconds)

@@ -271,19 +271,61 @@ def estimate_step_ms(path: str, cfg: ModelConfig, lm_repeat: int = 1, reps: int 
 
 DENSE_ROWS = (2, 4, 8, 16, 32, 64, 128)
 """Row counts the crossover probe times (int4 kernel vs the dense copies)."""
+STREAM_ROWS = 16
+"""The crossover probe times row counts up to this one with the weights streamed from DRAM (:func:`_streamed_ms`), as a
+decode step of a few rows reads every weight once and is memory-bound; larger counts are compute-bound and timed on one
+cache-resident layer (streaming would multiply the probe's time for little change)."""
 DENSE_MEMORY_SHARE = 0.25
 """The dense copy of the native weights is kept only when it fits in this share of the available memory."""
 DENSE_KIND_ROWS = 32
 """The dense dtype is the one faster summed over the probed row counts from this one up (many rows: prefill and the
 verify of large batches, where the dense copy runs)."""
+DENSE_PROBE = "native:dense-kernel:streamed"
+"""The crossover probe's name in its cache key (:func:`_probe_key`): a new name when what it measures changes, so a
+machine's kept result from an older probe is measured again instead of reused."""
+
+MAX_STREAM_COPIES = 256
+"""The most copies of a probe layer one streamed pass runs (SmolLM2's gate|up needs 59 int4 copies for 64 MiB)."""
+
+#: the tensors each kernel of :class:`~spectune.backends.local.weights.quant.Int4Linear` reads
+_KERNEL_TENSORS = {"int4": ("packed", "scales_zeros"), "float32": ("dense",), "bfloat16": ("dense",)}
 
 
-def dense_crossover(cfg: ModelConfig, reps: int = 5) -> DenseCrossover:
+def _streamed_ms(layer: nn.Module, tensors: tuple[str, ...], x: torch.Tensor, reps: int) -> float:
+    """Milliseconds of ``layer(x)`` with its weights read from DRAM, as a whole decode step reads them: each timed pass
+    runs copies of ``layer`` whose ``tensors`` (the ones its kernel reads at these rows) add up to
+    :data:`STREAM_BYTES`, more than a server CPU's last-level cache (at most :data:`MAX_STREAM_COPIES`: a tiny
+    test model's layers stay in cache whatever the probe does)."""
+    copies = min(MAX_STREAM_COPIES, max(1, -(-STREAM_BYTES // sum(getattr(layer, t).nbytes for t in tensors))))
+    mods: list[nn.Module] = []
+    for _ in range(copies):
+        m = layer.__class__.__new__(layer.__class__)
+        m.__dict__.update(layer.__dict__)
+        m.__dict__["_parameters"], m.__dict__["_buffers"] = dict(layer._parameters), dict(layer._buffers)
+        for t in tensors:
+            setattr(m, t, getattr(layer, t).clone())
+        mods.append(m)
+
+    def run() -> None:
+        for m in mods:
+            m(x)
+
+    return _best_ms(run, reps) / copies
+
+
+def dense_crossover(cfg: ModelConfig, reps: int = 5, stream_rows: int = STREAM_ROWS) -> DenseCrossover:
     """Which dense copy of the native weights to keep and above which row count to use it, from timings of one
-    gate|up-shaped layer of ``cfg`` (at most 4096 rows; one thread, cache-resident: the many-row case is
-    compute-bound) at each of :data:`DENSE_ROWS`: the int4 kernel, a float32 GEMM of the dequantized weights, and
-    (where oneDNN runs bf16: :func:`spectune.backends.local.model.linear.packing_supported`) the same weights in bf16
-    through oneDNN's GEMM; also at 1 row, for :func:`batch_estimates`. About 1 s.
+    gate|up-shaped layer of ``cfg`` (at most 4096 rows; one thread) at 1 row and each of :data:`DENSE_ROWS`: the int4
+    kernel, a float32 GEMM of the dequantized weights, and (where oneDNN runs bf16:
+    :func:`spectune.backends.local.model.linear.packing_supported`) the same weights in bf16 through oneDNN's GEMM.
+    About 2 s.
+
+    Up to ``stream_rows`` rows (:data:`STREAM_ROWS`; 0 times every count cache-resident, as the probe did before
+    issue #71, which ``benchmarks/round_table.py`` compares) each kernel is timed with its weights streamed from DRAM (:func:`_streamed_ms`): a
+    decode step of a few rows is memory-bound, and the dense bf16 copy reads four times the int4 bytes (float32 eight
+    times). A cache-resident layer hides that: on a 2-core AMD EPYC Zen 4 VM it timed int4 and bf16 alike at 4 rows
+    (0.1865 and 0.1857 ms), the engine took the dense copy from 3 rows on, and its batch-1 round at num_steps 2 (3
+    rows) cost 55 ms against 28 ms with the int4 kernel (issue #71; docs/engine.md has the round table per path).
 
     The dense dtype is the kind with the smaller time summed over row counts >= :data:`DENSE_KIND_ROWS`. Rows r
     qualify when that kind beats the int4 kernel at r and at every larger probed count; ``dense_above_rows`` is the
@@ -305,10 +347,20 @@ def dense_crossover(cfg: ModelConfig, reps: int = 5) -> DenseCrossover:
     for rows in (1, *DENSE_ROWS):
         x = torch.randn(rows, cfg.hidden_size, dtype=torch.bfloat16)
         for name, layer in kernels.items():
-            rows_ms[name][str(rows)] = round(_best_ms(lambda: layer(x), reps), 4)
+            ms = (_streamed_ms(layer, _KERNEL_TENSORS[name], x, reps) if rows <= stream_rows
+                  else _best_ms(lambda: layer(x), reps))
+            rows_ms[name][str(rows)] = round(ms, 4)
     many = [str(r) for r in DENSE_ROWS if r >= DENSE_KIND_ROWS]
     kind = min((k for k in kernels if k != "int4"), key=lambda k: sum(rows_ms[k][r] for r in many))
     return {"dense_above_rows": crossover(rows_ms, kind), "dense_dtype": kind, "rows_ms": rows_ms}
+
+
+def kernel_timings(cfg: ModelConfig, lm_repeat: int = 1) -> tuple[DenseCrossover, int]:
+    """The crossover probe's result for ``cfg`` on this machine (kept per machine, measured now when absent) and the
+    probe layer's weights (rows x inputs), from which a step model takes each kernel's time per weight
+    (:mod:`spectune.backends.local.engine.step_model`)."""
+    probe = _measured(_probe_key([DENSE_PROBE], cfg, lm_repeat), lambda: dense_crossover(cfg))
+    return probe, min(2 * cfg.intermediate_size, 4096) * cfg.hidden_size
 
 
 def crossover(rows_ms: dict[str, dict[str, float]], kind: str) -> int | None:
@@ -394,7 +446,7 @@ def choose_path(requested: str, device: torch.device, cfg: ModelConfig, native_o
     candidates = (["native"] if native_ok else []) + ["bfloat16", "float32"]
     key = _probe_key(candidates, cfg, lm_repeat)
     est = _measured(key, lambda: {c: estimate_step_ms(c, cfg, lm_repeat) for c in candidates})
-    rows = _measured(_probe_key(["native:dense-kernel"], cfg, lm_repeat), lambda: dense_crossover(cfg))
+    rows = _measured(_probe_key([DENSE_PROBE], cfg, lm_repeat), lambda: dense_crossover(cfg))
     per_batch = batch_estimates(est, rows["rows_ms"], packed)
     best = min(candidates, key=lambda c: sum(per_batch[c][b] / min(per_batch[o][b] for o in candidates)
                                              for b in per_batch[c]))
@@ -482,7 +534,7 @@ def _with_dense(choice: PathChoice, cfg: ModelConfig, lm_repeat: int, dense_abov
         log.info("no dense copy of the native weights: it would take more than %d%% of the available memory",
                  int(DENSE_MEMORY_SHARE * 100))
         return choice
-    key = _probe_key(["native:dense-kernel"], cfg, lm_repeat)
+    key = _probe_key([DENSE_PROBE], cfg, lm_repeat)
     probe = _measured(key, lambda: dense_crossover(cfg))
     if kind == "bfloat16" and "bfloat16" not in probe["rows_ms"]:
         raise UserError("--native-dense-dtype bfloat16: oneDNN has no bf16 GEMM on this CPU (needs AVX-512 BW/VL/DQ "
