@@ -172,8 +172,9 @@ def markdown(checks: list[Check], notes: list[str]) -> str:
     return "\n".join(lines + [""] + [f"- {n}" for n in notes]) + "\n"
 
 
-METRIC_NAMES = {"status": "failed repeats", "tpot": "TPOT p50 (ms)", "throughput": "output tokens/s",
-                "acceptance": "acceptance length (tokens/verify)", "slo_attainment": "SLO attainment"}
+METRIC_NAMES = {"status": "failed repeats", "tpot": "TPOT p50 ms", "throughput": "output tokens/s",
+                "acceptance": "acceptance length", "slo_attainment": "SLO attainment"}
+"""Each check's metric as the summaries name it (acceptance length: tokens per verify step)."""
 
 
 def _range(r: tuple[float, float]) -> str:
@@ -200,8 +201,8 @@ def summary_markdown(checks: list[Check], notes: list[str]) -> str:
               f"{sum(c.outcome == 'skip' for c in checks)} skipped")
     metrics = sorted({METRIC_NAMES.get(c.name, c.name) for c in fails})
     head = (f"## spectune gate: FAIL ({', '.join(metrics)})" if fails else "## spectune gate: PASS") + "\n\n" + counts
-    header = ("| cell | metric | baseline | current | change | interval (repeats: baseline / current) | limit | "
-              "verdict |\n|---|---|---:|---:|---:|---|---|---|")
+    header = ("| cell | metric | baseline | current | change | interval (repeats' min-max: baseline / current) | "
+              "limit | verdict |\n|---|---|---:|---:|---:|---|---|---|")
 
     def rows(cs: list[Check]) -> str:
         return "\n".join(f"| {c.cell} | {METRIC_NAMES.get(c.name, c.name)} | {c.baseline:.4g} | {c.current:.4g} | "
