@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+import sys
 
+import pytest
 from typer.testing import CliRunner
 
-from spectune.cli import app
+from spectune.cli import app, main
 from spectune.tune.report import per_category_acceptance
+from helpers.paths import EXAMPLES
 from helpers.results_folders import row, write_sweep
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -78,3 +81,58 @@ def test_report_without_num_steps_0_has_no_heatmap(tmp_path):
     assert CliRunner().invoke(app, ["report", str(folder), "-o", str(tmp_path / "out")]).exit_code == 0
     assert (tmp_path / "out" / "pareto_throughput_vs_tpot.png").exists()
     assert not (tmp_path / "out" / "speedup_heatmap.png").exists()
+
+
+EXAMPLE = EXAMPLES / "smollm2-cpu"
+
+
+def test_sweep_page_leads_with_the_answer(tmp_path):
+    """The example sweep's page (recommend names static K=1 there): the answer section comes first with one line per
+    engine and K=1's paired interval against K=0, then the heatmap, then the plots; the plan is linked, not dumped."""
+    res = CliRunner().invoke(app, ["report", str(EXAMPLE / "sweep"), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    page = (tmp_path / "out" / "report.html").read_text()
+    answer = page[page.index('<section id="answer"'):page.index("</section>")]
+    assert page.index('id="answer"') < page.index('id="heatmap"') < page.index("<h2>Plots</h2>")
+    assert "Static num_steps K=1 for every engine" in answer
+    assert "1.26x [1.21, 1.31] at concurrency 1, 0.99x [0.97, 1.02] at concurrency 32" in answer
+    engines = re.findall(r"<li><b>([^<]+)</b> <code>([^<]+)</code>", answer)
+    assert engines == [("SGLang", "--speculative-num-steps 1 --speculative-num-draft-tokens 2"),
+                       ("vLLM", "&quot;num_speculative_tokens&quot;: 1"), ("TensorRT-LLM", "max_draft_len 1"),
+                       ("llama.cpp", "--spec-draft-n-max 1")]
+    assert "<pre>" not in page
+    assert '"noise_band"' not in page
+    assert re.search(r'<a href="(\.\./)+[^"]*smollm2-cpu/sweep/sweep.json">sweep.json</a>', page)  # relative
+
+
+def test_validation_page_leads_with_the_verdict(tmp_path):
+    res = CliRunner().invoke(app, ["report", str(EXAMPLE / "validate"), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert '<section id="answer" class="answer pass"><p class="lead"><span class="verdict">PASS</span>: agrees' in page
+    assert page.index('id="answer"') < page.index("Each phase")
+    assert "<td>1: c=1</td><td>59.9</td><td>73.3</td><td>78.4</td><td>74.5</td><td>71.6</td><td>77.9</td><td>K=2</td>" \
+           "<td>0.993x [0.939, 1.043]</td>" in page
+
+
+def test_gate_page_leads_with_pass_or_fail_per_metric(tmp_path):
+    base = write_sweep(tmp_path / "base", [row(k, c, 100.0 * c + k) for k in (0, 2) for c in (1, 4)])
+    cur = write_sweep(tmp_path / "cur", [row(k, c, (100.0 * c + k) * (0.8 if (k, c) == (2, 4) else 1))
+                                         for k in (0, 2) for c in (1, 4)])
+    res = CliRunner().invoke(app, ["report", str(cur), "--baseline", str(base), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    page = (tmp_path / "out" / "report.html").read_text()
+    answer = page[page.index('<section id="answer"'):page.index("</section>")]
+    assert '<span class="verdict">FAIL</span>: 1 of' in answer
+    assert '<span class="fail-cell">FAIL</span> <b>output tokens/s</b>: 1 of 4 cells failed (K=2 c=4)' in answer
+    assert '<span class="pass-cell">pass</span> <b>TPOT p50 ms</b>: 0 of 4 cells failed' in answer
+
+
+def test_report_of_a_folder_without_results_is_a_user_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["spectune", "report", str(tmp_path)])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert "no summary.csv or points.jsonl: is this a 'spectune sweep' results folder?" in err
+    assert "Traceback" not in err
