@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from spectune.results.reader import Results
-from spectune.tune.report_html import esc, file_links, frame_table, image, page
+from spectune.tune.report_html import esc, file_links, frame_table, image, nowrap_words, page
 
 
 def _medians(df: pd.DataFrame, col: str) -> pd.DataFrame:
@@ -114,7 +114,7 @@ def _answer_html(results: Results) -> str:
     head, rows = answer(rec)
     gains = {gain for _, _, gain in rows}
     shared = gains.pop() if len(gains) == 1 else None  # one interval for every engine: said once, in the lead
-    items = "".join(f"<li><b>{esc(engine)}</b> <code>{esc(setting)}</code>"
+    items = "".join(f"<li><b>{esc(engine)}</b> <code>{nowrap_words(setting)}</code>"
                     + (f" · {esc(gain)}" if gain and shared is None else "") + "</li>" for engine, setting, gain in rows)
     why = (rec.primary or {}).get("reason")
     details = f"<details><summary>why</summary><p>{esc(why)}.</p></details>" if why else ""

@@ -32,6 +32,7 @@ code{font-size:.92em;overflow-wrap:anywhere}
 .answer ul{margin:.2em 0;padding-left:1.2em}
 .answer li{margin:.1em 0}
 .verdict{font-weight:700}
+.nw{white-space:nowrap}
 figure{margin:0 0 12px}
 figcaption{color:#4a5568;font-size:.85em}
 img{display:block;max-width:100%;height:auto}
@@ -59,6 +60,12 @@ def num(x: object, spec: str = ".4g") -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "-"
     return format(x, spec) if isinstance(x, (int, float)) else str(x)
+
+
+def nowrap_words(text: str) -> str:
+    """``text`` as HTML whose lines break only between words (a flag such as ``--speculative-num-steps`` stays
+    whole on a narrow screen)."""
+    return " ".join(f'<span class="nw">{esc(w)}</span>' for w in text.split(" "))
 
 
 def image(path: Path, alt: str, element_id: str | None = None, caption: str | None = None,

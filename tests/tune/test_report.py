@@ -96,7 +96,8 @@ def test_sweep_page_leads_with_the_answer(tmp_path):
     assert page.index('id="answer"') < page.index('id="heatmap"') < page.index("<h2>Plots</h2>")
     assert "Static num_steps K=1 for every engine" in answer
     assert "1.26x [1.21, 1.31] at concurrency 1, 0.99x [0.97, 1.02] at concurrency 32" in answer
-    engines = re.findall(r"<li><b>([^<]+)</b> <code>([^<]+)</code>", answer)
+    engines = [(e, re.sub(r"<[^>]+>", "", code)) for e, code in re.findall(r"<li><b>([^<]+)</b> <code>(.+?)</code>",
+                                                                             answer)]
     assert engines == [("SGLang", "--speculative-num-steps 1 --speculative-num-draft-tokens 2"),
                        ("vLLM", "&quot;num_speculative_tokens&quot;: 1"), ("TensorRT-LLM", "max_draft_len 1"),
                        ("llama.cpp", "--spec-draft-n-max 1")]
