@@ -115,7 +115,8 @@ def _answer_html(results: Results) -> str:
     gains = {gain for _, _, gain in rows}
     shared = gains.pop() if len(gains) == 1 else None  # one interval for every engine: said once, in the lead
     items = "".join(f"<li><b>{esc(engine)}</b> <code>{nowrap_words(setting)}</code>"
-                    + (f" · {esc(gain)}" if gain and shared is None else "") + "</li>" for engine, setting, gain in rows)
+                    + (f" · {esc(gain)}" if gain and shared is None else "") + "</li>"
+                    for engine, setting, gain in rows)
     why = (rec.primary or {}).get("reason")
     details = f"<details><summary>why</summary><p>{esc(why)}.</p></details>" if why else ""
     return (f'<section id="answer" class="answer"><p class="lead"><b>{esc(head)}</b>'

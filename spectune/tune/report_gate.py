@@ -48,10 +48,11 @@ def write_gate_report(baseline: Results, current: Results, limits: GateLimits, o
               "</section>")
     body = ""
     if fails:
-        body += f"<h2>Failed checks</h2>{table(HEADER, _rows(fails))}"
+        body += f"<h2>Failed checks</h2>{table(HEADER, _rows(fails), text_cols=(0, 1))}"
     rest = [c for c in checks if c.outcome != "fail"]
     if rest:
-        body += f"<details><summary>{len(rest)} passed or skipped checks</summary>{table(HEADER, _rows(rest))}</details>"
+        body += (f"<details><summary>{len(rest)} passed or skipped checks</summary>"
+                 f"{table(HEADER, _rows(rest), text_cols=(0, 1))}</details>")
     if notes:
         body += "<h2>Notes</h2><ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>"
     body += file_links(current.folder, out, ("summary.csv", "sweep.json"))

@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+import pandas as pd
+
 STYLE = """
 *{box-sizing:border-box}
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1a202c;line-height:1.4;margin:0 auto;
@@ -42,7 +44,7 @@ img{display:block;max-width:100%;height:auto}
 table{border-collapse:collapse;font-size:13px;margin:.2em 0 .6em}
 td,th{border:1px solid #cbd5e0;padding:3px 6px;text-align:right;white-space:nowrap}
 th{background:#f7fafc}
-td.text,th.text{text-align:left;white-space:normal;min-width:12em}
+td.text,th.text{text-align:left}
 .fail-cell{color:#c53030;font-weight:700}
 .pass-cell{color:#2f855a}
 details summary{cursor:pointer;margin:.4em 0}
@@ -81,7 +83,7 @@ def image(path: Path, alt: str, element_id: str | None = None, caption: str | No
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], text_cols: Sequence[int] = (),
           cell_class: dict[tuple[int, int], str] | None = None) -> str:
     """An HTML table in a box that scrolls sideways on a narrow screen. Cells are escaped; ``text_cols`` (column
-    indexes) are left-aligned and wrap; ``cell_class`` maps (row, column) to a CSS class."""
+    indexes) are left-aligned (numbers are right-aligned); ``cell_class`` maps (row, column) to a CSS class."""
     def cls(i: int, j: int) -> str:
         names = (["text"] if j in text_cols else []) + ([cell_class[(i, j)]] if cell_class and (i, j) in cell_class
                                                          else [])
@@ -93,10 +95,10 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], text_cols: Seque
     return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
-def frame_table(df: "object") -> str:
+def frame_table(df: pd.DataFrame) -> str:
     """A pandas DataFrame as a scrolling HTML table (4 significant digits, ``-`` for NaN)."""
-    return ('<div class="scroll">' + df.to_html(index=False, float_format=lambda x: f"{x:.4g}",  # type: ignore[attr-defined]
-                                                  na_rep="-", border=0) + "</div>")
+    return ('<div class="scroll">' + df.to_html(index=False, float_format=lambda x: f"{x:.4g}", na_rep="-", border=0)
+            + "</div>")
 
 
 def file_links(folder: Path | None, out: Path, names: Sequence[str]) -> str:

@@ -101,8 +101,9 @@ def write_validation_report(folder: Path, out: Path) -> Path:
         f"measured {esc(str(doc.get('created', ''))[:16].replace('T', ' '))} UTC" if doc.get("created") else "")
         if x)
     body = (f"<h2>Each phase: the config against that phase's best static num_steps</h2>"
-            f"<p>Steady output tokens/s, mean over repeats.</p>{table(header, rows, cell_class=ruling)}"
-            f"<h2>Each run</h2>{table(oh, orows)}"
+            f"<p>Steady output tokens/s, mean over repeats.</p>"
+            f"{table(header, rows, text_cols=(0,), cell_class=ruling)}"
+            f"<h2>Each run</h2>{table(oh, orows, text_cols=(0,))}"
             + file_links(folder, out, ("validate.md", "validate.json", "requests.jsonl")))
     out.mkdir(parents=True, exist_ok=True)
     path = out / "report.html"

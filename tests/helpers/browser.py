@@ -144,8 +144,8 @@ class Chromium:
         port_file, deadline = Path(self.profile) / "DevToolsActivePort", time.monotonic() + START_TIMEOUT_S
         while not (port_file.is_file() and port_file.read_text().strip()):
             if self.proc.poll() is not None:
-                raise RuntimeError(f"chromium exited with code {self.proc.returncode}: "
-                                   f"{self.proc.stderr.read().decode(errors='replace')[-2000:]}")  # type: ignore[union-attr]
+                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                raise RuntimeError(f"chromium exited with code {self.proc.returncode}: {err[-2000:]}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"chromium wrote no DevToolsActivePort in {START_TIMEOUT_S} s")
             await asyncio.sleep(0.05)

@@ -112,8 +112,8 @@ def test_validation_page_leads_with_the_verdict(tmp_path):
     page = (tmp_path / "out" / "report.html").read_text()
     assert '<section id="answer" class="answer pass"><p class="lead"><span class="verdict">PASS</span>: agrees' in page
     assert page.index('id="answer"') < page.index("Each phase")
-    assert "<td>1: c=1</td><td>59.9</td><td>73.3</td><td>78.4</td><td>74.5</td><td>71.6</td><td>77.9</td><td>K=2</td>" \
-           "<td>0.993x [0.939, 1.043]</td>" in page
+    assert ('<td class="text">1: c=1</td><td>59.9</td><td>73.3</td><td>78.4</td><td>74.5</td><td>71.6</td>'
+            "<td>77.9</td><td>K=2</td><td>0.993x [0.939, 1.043]</td>") in page
 
 
 def test_gate_page_leads_with_pass_or_fail_per_metric(tmp_path):
