@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -137,3 +138,49 @@ def test_report_of_a_folder_without_results_is_a_user_error(tmp_path, monkeypatc
     assert exc.value.code == 2
     assert "no summary.csv or points.jsonl: is this a 'spectune sweep' results folder?" in err
     assert "Traceback" not in err
+
+
+def test_answer_of_a_schedule_gives_llamacpp_its_best_static(tmp_path):
+    """Where recommend names a per-batch-size schedule (K=2 1.5x ahead at concurrency 1, K=0 at 8), SGLang, vLLM and
+    TensorRT-LLM get the schedule with its interval; llama.cpp, one static num_steps, gets the best static K=0."""
+    from spectune.results.reader import load_results
+    from spectune.tune.report_choice import answer, default_recommendation
+
+    thr = {(0, 1): 100, (2, 1): 150, (0, 8): 800, (2, 8): 500}
+    rows = [row(k, c, v * (1 + 0.002 * r), rep=r) for (k, c), v in thr.items() for r in range(3)]
+    head, lines = answer(default_recommendation(load_results(write_sweep(tmp_path / "s", rows))))
+    assert head == "A per-batch-size schedule: batch 1-2: K=2, batch 3-: K=0"
+    assert [(e, s) for e, s, _ in lines] == [
+        ("SGLang", "sglang-adaptive-custom.json (batch 1-2: K=2, batch 3-: K=0)"),
+        ("vLLM", "num_speculative_tokens_per_batch_size (batch 1-2: K=2, batch 3-: K=0)"),
+        ("TensorRT-LLM", "draft_len_schedule (batch 1-2: K=2, batch 3-: K=0)"),
+        ("llama.cpp", "no draft model (one static num_steps: K=0)")]
+    assert lines[0][2] == ("vs K=0: 1.50x [1.49, 1.51] at concurrency 1, K=0 at concurrency 8 (best K=2 there: "
+                           "0.62x [0.62, 0.63])")
+
+
+@pytest.mark.parametrize("concurrencies", [(1, 4), (1, 2, 4, 8, 16, 32)])
+def test_every_plot_keeps_its_text_inside_the_image(tmp_path, monkeypatch, concurrencies):
+    """Titles, axis labels, tick labels and cell numbers of every plot lie inside the saved image (a narrow heatmap,
+    two concurrencies, once cut its title at both edges)."""
+    import matplotlib.pyplot  # noqa: F401 - imported before the patch: pyplot wraps Figure.savefig on import
+    from matplotlib.figure import Figure
+
+    outside: list[str] = []
+    save = Figure.savefig
+
+    def checked_savefig(fig, path, *a, **kw):
+        """Before saving: the box around everything drawn (matplotlib's tight bbox, inches) within the figure's."""
+        tight = fig.get_tightbbox(fig.canvas.get_renderer())
+        w, h = fig.get_size_inches()
+        if tight.x0 < -0.01 or tight.y0 < -0.01 or tight.x1 > w + 0.01 or tight.y1 > h + 0.01:
+            outside.append(f"{Path(path).name}: drawn {tight.bounds} in a {w} x {h} in figure")
+        return save(fig, path, *a, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", checked_savefig)
+    rows = [row(k, c, 100.0 * c ** (0.6 if k else 0.7) * (1.2 if k == 1 else 1.0)) for k in (0, 1, 3)
+            for c in concurrencies]
+    folder = write_sweep(tmp_path / "r", rows)
+    assert CliRunner().invoke(app, ["report", str(folder), "-o", str(tmp_path / "out")]).exit_code == 0
+    assert (tmp_path / "out" / "speedup_heatmap.png").is_file()
+    assert outside == []
