@@ -25,7 +25,7 @@ EXAMPLE = EXAMPLES / "smollm2-cpu"
 FIRST_SCREEN = (1280, 800)
 PHONE = (390, 844)
 
-MEASURE = """(() => {
+MEASURE = """((width) => {
   const rect = s => { const e = document.querySelector(s); if (!e) return null;
                       const r = e.getBoundingClientRect(); return {top: r.top, bottom: r.bottom, height: r.height}; };
   const scrolls = e => { for (let p = e.parentElement; p; p = p.parentElement) {
@@ -37,10 +37,13 @@ MEASURE = """(() => {
     answer: rect('#answer'), heatmap: rect('#heatmap'),
     viewport: innerWidth, scrollWidth: document.documentElement.scrollWidth,
     tooWide: [...document.querySelectorAll('body *')]
-      .filter(e => e.getBoundingClientRect().right > innerWidth + 0.5 && !scrolls(e))
+      .filter(e => e.getBoundingClientRect().right > width + 0.5 && !scrolls(e))
       .map(e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '')).slice(0, 8),
   };
-})()"""
+})"""
+"""JavaScript: what a person sees, for a screen ``width`` px wide: the images and those that did not load, where the
+answer and the heatmap sit, the layout's width, and the first elements that stick out past ``width`` (outside a box
+that scrolls)."""
 
 
 def make_pages(out) -> dict[str, object]:
@@ -63,7 +66,7 @@ async def measure_all(pages: dict[str, object]) -> dict[tuple[str, str], dict]:
         for name, path in pages.items():
             for view, (w, h) in (("laptop", FIRST_SCREEN), ("phone", PHONE)):
                 await tab.open(path.resolve().as_uri(), w, h, mobile=view == "phone")
-                out[(name, view)] = {**await tab.eval(MEASURE), "errors": list(tab.errors)}
+                out[(name, view)] = {**await tab.eval(f"{MEASURE}({w})"), "errors": list(tab.errors)}
     return out
 
 
@@ -105,5 +108,6 @@ def test_heatmap_inside_first_screen(seen):
 @pytest.mark.parametrize("page", ["sweep", "validation", "gate"])
 def test_nothing_wider_than_a_phone(seen, page):
     m = seen[(page, "phone")]
-    assert m["viewport"] == PHONE[0]
-    assert m["scrollWidth"] <= PHONE[0], f"page {m['scrollWidth']} px wide at {PHONE[0]} px; too wide: {m['tooWide']}"
+    # a phone widens its layout viewport to fit content that sticks out, so both widths are held to the screen's
+    wide = max(m["viewport"], m["scrollWidth"])
+    assert wide <= PHONE[0], f"page {wide} px wide on a {PHONE[0]} px screen; sticking out: {m['tooWide']}"
