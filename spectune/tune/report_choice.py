@@ -61,12 +61,13 @@ def _gain(sp: dict[tuple[int, int], dict[str, float]], k: int, c: int) -> str:
     return f"{d['ratio']:.2f}x{iv}"
 
 
-def gain_text(rec: Any, steps_at: dict[int, int]) -> str:
+def gain_text(rec: Any, steps_at: dict[int, int], sp: dict[tuple[int, int], dict[str, float]] | None = None) -> str:
     """How the answer ``steps_at`` ({concurrency: num_steps}) does against no speculation at the lowest and the
     highest concurrency the sweep measured for it (``vs K=0: 1.26x [1.21, 1.31] at concurrency 1, ...``): output
     throughput vs K=0 with the paired 95% interval; where the
-    answer is K=0 itself, what the best num_steps > 0 would give there. Empty when no such cell was measured."""
-    sp = speedups(rec)
+    answer is K=0 itself, what the best num_steps > 0 would give there. Empty when no such cell was measured.
+    ``sp``: :func:`speedups` of ``rec`` when already computed."""
+    sp = speedups(rec) if sp is None else sp
     measured = [c for c in sorted(steps_at) if (steps_at[c], c) in sp]
     parts = []
     for c in dict.fromkeys(measured[:1] + measured[-1:]):
@@ -93,10 +94,11 @@ def answer(rec: Any) -> tuple[str, list[tuple[str, str, str]]]:
     steps_at = answer_steps(rec)
     if k is None and len(set(steps_at.values())) == 1:
         k = next(iter(steps_at.values()))
+    sp = speedups(rec)
     if k is not None:
         head = (f"Static num_steps K={k} for every engine" if k else
                 "No speculative decoding (K=0) for every engine")
-        gain = gain_text(rec, steps_at)
+        gain = gain_text(rec, steps_at, sp)
         if k:
             rows = [("SGLang", f"--speculative-num-steps {k} --speculative-num-draft-tokens {k + 1}", gain),
                     ("vLLM", f'"num_speculative_tokens": {k}', gain),
@@ -105,7 +107,7 @@ def answer(rec: Any) -> tuple[str, list[tuple[str, str, str]]]:
         else:
             rows = [(e, "launch without a draft model", gain) for e in ("SGLang", "vLLM", "TensorRT-LLM", "llama.cpp")]
         return head, rows
-    slots, gain = _slots_text(rec), gain_text(rec, steps_at)
+    slots, gain = _slots_text(rec), gain_text(rec, steps_at, sp)
     rows = [("SGLang", f"sglang-adaptive-custom.json ({slots})", gain),
             ("vLLM", f"num_speculative_tokens_per_batch_size ({slots})", gain),
             ("TensorRT-LLM", f"draft_len_schedule ({slots})", gain)]
@@ -113,7 +115,7 @@ def answer(rec: Any) -> tuple[str, list[tuple[str, str, str]]]:
     if kb is not None:
         rows.append(("llama.cpp", f"--spec-draft-n-max {kb} (one static num_steps)" if kb else
                      "no draft model (one static num_steps: K=0)",
-                     gain_text(rec, {c: kb for c in rec.concurrencies})))
+                     gain_text(rec, {c: kb for c in rec.concurrencies}, sp)))
     return "A per-batch-size schedule: " + slots, rows
 
 

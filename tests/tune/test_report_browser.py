@@ -72,6 +72,7 @@ async def measure_all(pages: dict[str, object]) -> dict[tuple[str, str], dict]:
 
 @pytest.fixture(scope="module")
 def seen(tmp_path_factory):
+    """The three pages as the browser shows them at both widths (:func:`measure_all`)."""
     return asyncio.run(measure_all(make_pages(tmp_path_factory.mktemp("pages"))))
 
 
