@@ -21,6 +21,9 @@ def gate(
                                                                 "SLO attainment is below this share.")] = None,
     junit: Annotated[Optional[Path], typer.Option(help="Write JUnit XML here.")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="Write a GitHub-flavoured markdown summary here.")] = None,
+    summary_md: Annotated[Optional[Path], typer.Option(help="Append the verdict as Markdown to this file: each "
+                                                       "metric's baseline, current, interval and verdict (pass "
+                                                       "\"$GITHUB_STEP_SUMMARY\" in a GitHub Actions step).")] = None,
 ) -> None:
     """Compare matching (num_steps, concurrency) cells of two sweeps; a regression must exceed its limit and the
     repeats' spread. Exit code 0: pass, 1: regression, 2: bad input."""
@@ -39,6 +42,10 @@ def gate(
     if markdown:
         markdown.parent.mkdir(parents=True, exist_ok=True)
         markdown.write_text(g.markdown(checks, notes), encoding="utf-8")
+    if summary_md:
+        summary_md.parent.mkdir(parents=True, exist_ok=True)
+        with summary_md.open("a", encoding="utf-8") as f:
+            f.write(g.summary_markdown(checks, notes))
     console = Console()
     fails = [c for c in checks if c.outcome == "fail"]
     for n in notes:

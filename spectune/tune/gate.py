@@ -50,6 +50,8 @@ class Check:
     limit: str
     outcome: str
     message: str = ""
+    baseline_range: tuple[float, float] = (math.nan, math.nan)
+    current_range: tuple[float, float] = (math.nan, math.nan)
 
     @property
     def cell(self) -> str:
@@ -129,7 +131,7 @@ def gate_checks(baseline: Results, current: Results, limits: GateLimits) -> tupl
             msg = f"{col}: baseline {bm:.4g}, current {cm:.4g} ({(cm - bm) / bm:+.1%})" if bm else ""
             if worse and not outside:
                 msg += "; within the repeats' spread, not counted"
-            checks.append(Check(k, n, name, bm, cm, text, "fail" if bad else "pass", msg))
+            checks.append(Check(k, n, name, bm, cm, text, "fail" if bad else "pass", msg, (blo, bhi), (clo, chi)))
         if limits.min_slo_attainment is not None:
             cm = _get(_stats(c, "slo_attainment"), key)[0]
             bm = _get(_stats(b, "slo_attainment"), key)[0]
@@ -168,3 +170,51 @@ def markdown(checks: list[Check], notes: list[str]) -> str:
     lines += [f"| {c.cell} | {c.name} | {c.baseline:.4g} | {c.current:.4g} | {c.limit} | {mark[c.outcome]} | "
               f"{c.message} |" for c in checks]
     return "\n".join(lines + [""] + [f"- {n}" for n in notes]) + "\n"
+
+
+METRIC_NAMES = {"status": "failed repeats", "tpot": "TPOT p50 ms", "throughput": "output tokens/s",
+                "acceptance": "acceptance length", "slo_attainment": "SLO attainment"}
+"""Each check's metric as the summaries name it (acceptance length: tokens per verify step)."""
+
+
+def _range(r: tuple[float, float]) -> str:
+    lo, hi = r
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "-"
+    return f"{lo:.4g}" if lo == hi else f"[{lo:.4g}, {hi:.4g}]"
+
+
+def _change(c: Check) -> str:
+    if c.name in ("status", "slo_attainment") or not c.baseline or not math.isfinite(c.baseline) \
+            or not math.isfinite(c.current):
+        return "-"
+    return f"{(c.current - c.baseline) / c.baseline:+.1%}"
+
+
+def summary_markdown(checks: list[Check], notes: list[str]) -> str:
+    """The gate's verdict as GitHub-flavoured Markdown for ``$GITHUB_STEP_SUMMARY``: a ``PASS``/``FAIL`` headline
+    with the checks' counts, then one row per check, failures first: cell, metric, baseline and current (medians over
+    repeats), their change, the interval the gate compares (the repeats' [min, max] on each side: a regression must
+    leave the baseline's), the limit and the verdict. Passing checks sit in a collapsed ``<details>`` block."""
+    fails = [c for c in checks if c.outcome == "fail"]
+    counts = (f"{len(fails)} failed, {sum(c.outcome == 'pass' for c in checks)} passed, "
+              f"{sum(c.outcome == 'skip' for c in checks)} skipped")
+    metrics = sorted({METRIC_NAMES.get(c.name, c.name) for c in fails})
+    head = (f"## spectune gate: FAIL ({', '.join(metrics)})" if fails else "## spectune gate: PASS") + "\n\n" + counts
+    header = ("| cell | metric | baseline | current | change | interval (repeats' min-max: baseline / current) | "
+              "limit | verdict |\n|---|---|---:|---:|---:|---|---|---|")
+
+    def rows(cs: list[Check]) -> str:
+        return "\n".join(f"| {c.cell} | {METRIC_NAMES.get(c.name, c.name)} | {c.baseline:.4g} | {c.current:.4g} | "
+                         f"{_change(c)} | {_range(c.baseline_range)} / {_range(c.current_range)} | {c.limit} | "
+                         f"{c.outcome.upper()} |" for c in cs)
+
+    parts = [head, ""]
+    if fails:
+        parts += [header, rows(fails), ""]
+    rest = [c for c in checks if c.outcome != "fail"]
+    if rest:
+        parts += [f"<details><summary>{len(rest)} passed or skipped checks</summary>", "", header, rows(rest), "",
+                  "</details>", ""]
+    parts += [f"- {n}" for n in notes]
+    return "\n".join(parts).rstrip("\n") + "\n"

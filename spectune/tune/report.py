@@ -1,21 +1,19 @@
-"""``spectune report``: PNG plots of a sweep and a self-contained HTML page.
+"""``spectune report``: PNG plots of a sweep and a self-contained HTML page that opens with the answer.
 
-matplotlib is imported lazily (Agg backend) so the CLI starts fast. The HTML page embeds its plots as base64 PNG
-data URIs and its tables as pandas ``to_html`` output: it loads nothing from the network.
+matplotlib is imported lazily (Agg backend) so the CLI starts fast. The HTML page (:mod:`spectune.tune.report_html`)
+embeds its plots as base64 PNG data URIs and its tables as HTML: it loads nothing from the network.
 """
 
 
 from __future__ import annotations
 
-import base64
-import html
-import json
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from spectune.results.reader import Results
+from spectune.tune.report_html import esc, file_links, frame_table, image, nowrap_words, page
 
 
 def _medians(df: pd.DataFrame, col: str) -> pd.DataFrame:
@@ -71,6 +69,7 @@ def make_plots(results: Results, out: Path) -> list[Path]:
     for cat, by_k in per_category_acceptance(results.points or []).items():
         ax.plot(list(by_k), list(by_k.values()), marker=".", linestyle="--", label=cat)
     ax.set(xlabel="num_steps K", ylabel="acceptance length (tokens/verify)", title="acceptance length vs num_steps")
+    ax.xaxis.get_major_locator().set_params(integer=True)  # num_steps are whole numbers
     ax.legend()
     ax.grid(alpha=0.3)
     paths.append(out / "acceptance_vs_steps.png")
@@ -82,30 +81,75 @@ def make_plots(results: Results, out: Path) -> list[Path]:
     return paths + make_choice_plots(results, out)
 
 
+PLOT_CAPTIONS = {
+    "tpot_vs_concurrency": "TPOT p50 per num_steps",
+    "throughput_vs_concurrency": "output tokens/s per num_steps",
+    "acceptance_vs_steps": "acceptance length (tokens per verify step)",
+    "pareto_throughput_vs_tpot": "throughput against TPOT (the Pareto front), the recommendation dashed",
+    "slo_attainment_vs_concurrency": "SLO attainment per num_steps",
+}
+RESULT_FILES = ("summary.csv", "sweep.json", "points.jsonl", "requests.jsonl", "requests.jsonl.gz")
+
+
+def _meta(results: Results) -> str:
+    plan, sweep = results.plan, results.sweep or {}
+    parts = [f"source <code>{esc(results.source)}</code>"]
+    backend = (sweep.get("backend") or {}).get("backend")
+    if backend:
+        parts.append(f"backend {esc(backend)}")
+    if plan.get("dataset"):
+        parts.append(f"{esc(plan['dataset'])} prompts, {esc(plan.get('max_tokens'))} tokens each")
+    if sweep.get("created"):
+        parts.append(f"measured {esc(str(sweep['created'])[:16].replace('T', ' '))} UTC")
+    return " · ".join(parts)
+
+
+def _answer_html(results: Results) -> str:
+    from spectune.tune.report_choice import answer, default_recommendation
+
+    rec = default_recommendation(results)
+    if rec is None or not rec.cells:
+        return ('<section id="answer" class="answer"><p class="lead"><b>No recommendation</b>: the sweep has no '
+                "cell recommend can use (see the tables below).</p></section>")
+    head, rows = answer(rec)
+    gains = {gain for _, _, gain in rows}
+    shared = gains.pop() if len(gains) == 1 else None  # one interval for every engine: said once, in the lead
+    items = "".join(f"<li><b>{esc(engine)}</b> <code>{nowrap_words(setting)}</code>"
+                    + (f" · {esc(gain)}" if gain and shared is None else "") + "</li>"
+                    for engine, setting, gain in rows)
+    why = (rec.primary or {}).get("reason")
+    details = f"<details><summary>why</summary><p>{esc(why)}.</p></details>" if why else ""
+    return (f'<section id="answer" class="answer"><p class="lead"><b>{esc(head)}</b>'
+            + (f": output tokens/s {esc(shared)}" if shared else "")
+            + ' <span class="meta">(primary recommendation; 95% paired intervals)</span></p>'
+            f"<ul>{items}</ul>{details}</section>")
+
+
 def write_report(results: Results, out: Path) -> Path:
-    """Plots plus ``report.html`` (self-contained) in ``out``; returns the HTML path."""
+    """Plots plus ``report.html`` (self-contained) in ``out``; returns the HTML path.
+
+    The page opens with the primary recommendation per engine and its interval against no speculation, then the
+    speedup heatmap, the TPOT, throughput and acceptance plots and the Pareto front, then the tables; the raw files
+    are linked, not shown."""
     out.mkdir(parents=True, exist_ok=True)
-    pngs = make_plots(results, out)
+    pngs = {p.stem: p for p in make_plots(results, out)}
     df = results.summary
     cols = [c for c in ("output_throughput_tok_s", "tpot_p50_ms", "tpot_p99_ms", "ttft_p50_ms", "acceptance_length",
                         "slo_attainment", "goodput_req_s") if c in df]
     med = df[df["status"] == "ok"].groupby(["concurrency", "steps"])[cols].median().reset_index()
-    imgs = "\n".join(f'<h3>{html.escape(p.stem)}</h3><img alt="{html.escape(p.stem)}" '
-                     f'src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">' for p in pngs)
+    heat = pngs.pop("speedup_heatmap", None)
+    top = image(heat, "speedup heatmap: output tokens/s vs K=0 per num_steps and concurrency", "heatmap",
+                caption_html=f'full size: <a href="{heat.name}">{heat.name}</a>') if heat else ""
+    order = [n for n in PLOT_CAPTIONS if n in pngs] + [n for n in pngs if n not in PLOT_CAPTIONS]
+    plots = "".join(image(pngs[n], n.replace("_", " "), caption=PLOT_CAPTIONS.get(n)) for n in order)
     failed = df[df["status"] != "ok"]
-    page = f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>spectune report</title>
-<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse;font-size:13px}}
-td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}} img{{max-width:640px}}</style></head><body>
-<h1>spectune sweep report</h1><p>Source: <code>{html.escape(str(results.source))}</code></p>
-<h2>Plan</h2><pre>{html.escape(json.dumps(results.plan, indent=2)) if results.plan else "(bare summary.csv)"}</pre>
-<h2>Plots</h2>{imgs}
-<h2>Medians per cell (ok repeats)</h2>{med.to_html(index=False, float_format=lambda x: f"{x:.4g}", na_rep="-")}
-<h2>Failed points ({len(failed)})</h2>{failed[[c for c in ("steps", "concurrency", "repeat", "error")
-                                              if c in failed]].to_html(index=False) if len(failed) else "<p>none</p>"}
-<h2>All points</h2>{df.to_html(index=False, float_format=lambda x: f"{x:.4g}", na_rep="-")}
-</body></html>
-"""
+    failed_html = frame_table(failed[[c for c in ("steps", "concurrency", "repeat", "error") if c in failed]]) \
+        if len(failed) else "<p>none</p>"
+    body = (f"{top}<h2>Plots</h2><div class=\"plots\">{plots}</div>"
+            f"<h2>Medians per cell (ok repeats)</h2>{frame_table(med)}"
+            f"<h2>Failed points ({len(failed)})</h2>{failed_html}"
+            f"<details><summary>All {len(df)} points</summary>{frame_table(df)}</details>"
+            + file_links(results.folder, out, RESULT_FILES))
     path = out / "report.html"
-    path.write_text(page, encoding="utf-8")
+    path.write_text(page("spectune sweep report", _meta(results), _answer_html(results), body), encoding="utf-8")
     return path

@@ -113,3 +113,25 @@ def test_bad_input_exits_2(tmp_path, monkeypatch, capsys, case):
     code, out = cli(monkeypatch, capsys, "--baseline", base, "--current", cur)
     assert code == 2
     assert expect in out
+
+
+def test_summary_md_appends_each_metric_with_interval_and_verdict(tmp_path, monkeypatch, capsys):
+    """--summary-md appends (GitHub's step summary file may hold earlier steps' text): a FAIL headline naming the
+    metric, then the failed check's row with baseline, current, change, the repeats' intervals, limit and verdict."""
+    base = sweep(tmp_path, "base", tpot={(3, 8): [9.5, 10.5]}, repeats=(0, 1))
+    cur = sweep(tmp_path, "cur", tpot={(3, 8): [11.8, 12.2]}, repeats=(0, 1))  # median 10 -> 12 ms, ranges apart
+    summary = tmp_path / "step-summary.md"
+    summary.write_text("earlier step\n")
+    code, _ = cli(monkeypatch, capsys, "--baseline", base, "--current", cur, "--summary-md", summary)
+    assert code == 1
+    text = summary.read_text()
+    assert text.startswith("earlier step\n## spectune gate: FAIL (TPOT p50 ms)\n")
+    assert "| K=3 c=8 | TPOT p50 ms | 10 | 12 | +20.0% | [9.5, 10.5] / [11.8, 12.2] | rise <= 5.0% | FAIL |" in text
+
+
+def test_summary_md_of_a_pass(tmp_path, monkeypatch, capsys):
+    base = sweep(tmp_path, "base")
+    summary = tmp_path / "out" / "summary.md"
+    code, _ = cli(monkeypatch, capsys, "--baseline", base, "--current", base, "--summary-md", summary)
+    assert code == 0
+    assert summary.read_text().startswith(f"## spectune gate: PASS\n\n0 failed, {len(BASE) * 4 - 2} passed, 0 skipped")

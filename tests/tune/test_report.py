@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
-from spectune.cli import app
+from spectune.cli import app, main
 from spectune.tune.report import per_category_acceptance
+from helpers.paths import EXAMPLES
 from helpers.results_folders import row, write_sweep
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -78,3 +82,105 @@ def test_report_without_num_steps_0_has_no_heatmap(tmp_path):
     assert CliRunner().invoke(app, ["report", str(folder), "-o", str(tmp_path / "out")]).exit_code == 0
     assert (tmp_path / "out" / "pareto_throughput_vs_tpot.png").exists()
     assert not (tmp_path / "out" / "speedup_heatmap.png").exists()
+
+
+EXAMPLE = EXAMPLES / "smollm2-cpu"
+
+
+def test_sweep_page_leads_with_the_answer(tmp_path):
+    """The example sweep's page (recommend names static K=1 there): the answer section comes first with one line per
+    engine and K=1's paired interval against K=0, then the heatmap, then the plots; the plan is linked, not dumped."""
+    res = CliRunner().invoke(app, ["report", str(EXAMPLE / "sweep"), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    page = (tmp_path / "out" / "report.html").read_text()
+    answer = page[page.index('<section id="answer"'):page.index("</section>")]
+    assert page.index('id="answer"') < page.index('id="heatmap"') < page.index("<h2>Plots</h2>")
+    assert "Static num_steps K=1 for every engine" in answer
+    assert "1.26x [1.21, 1.31] at concurrency 1, 0.99x [0.97, 1.02] at concurrency 32" in answer
+    engines = [(e, re.sub(r"<[^>]+>", "", code)) for e, code in re.findall(r"<li><b>([^<]+)</b> <code>(.+?)</code>",
+                                                                             answer)]
+    assert engines == [("SGLang", "--speculative-num-steps 1 --speculative-num-draft-tokens 2"),
+                       ("vLLM", "&quot;num_speculative_tokens&quot;: 1"), ("TensorRT-LLM", "max_draft_len 1"),
+                       ("llama.cpp", "--spec-draft-n-max 1")]
+    assert "<pre>" not in page
+    assert '"noise_band"' not in page
+    assert re.search(r'<a href="(\.\./)+[^"]*smollm2-cpu/sweep/sweep.json">sweep.json</a>', page)  # relative
+
+
+def test_validation_page_leads_with_the_verdict(tmp_path):
+    res = CliRunner().invoke(app, ["report", str(EXAMPLE / "validate"), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert '<section id="answer" class="answer pass"><p class="lead"><span class="verdict">PASS</span>: agrees' in page
+    assert page.index('id="answer"') < page.index("Each phase")
+    assert ('<td class="text">1: c=1</td><td>59.9</td><td>73.3</td><td>78.4</td><td>74.5</td><td>71.6</td>'
+            "<td>77.9</td><td>K=2</td><td>0.993x [0.939, 1.043]</td>") in page
+
+
+def test_gate_page_leads_with_pass_or_fail_per_metric(tmp_path):
+    base = write_sweep(tmp_path / "base", [row(k, c, 100.0 * c + k) for k in (0, 2) for c in (1, 4)])
+    cur = write_sweep(tmp_path / "cur", [row(k, c, (100.0 * c + k) * (0.8 if (k, c) == (2, 4) else 1))
+                                         for k in (0, 2) for c in (1, 4)])
+    res = CliRunner().invoke(app, ["report", str(cur), "--baseline", str(base), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    page = (tmp_path / "out" / "report.html").read_text()
+    answer = page[page.index('<section id="answer"'):page.index("</section>")]
+    assert '<span class="verdict">FAIL</span>: 1 of' in answer
+    assert '<span class="fail-cell">FAIL</span> <b>output tokens/s</b>: 1 of 4 cells failed (K=2 c=4)' in answer
+    assert '<span class="pass-cell">pass</span> <b>TPOT p50 ms</b>: 0 of 4 cells failed' in answer
+
+
+def test_report_of_a_folder_without_results_is_a_user_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["spectune", "report", str(tmp_path)])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert "no summary.csv or points.jsonl: is this a 'spectune sweep' results folder?" in err
+    assert "Traceback" not in err
+
+
+def test_answer_of_a_schedule_gives_llamacpp_its_best_static(tmp_path):
+    """Where recommend names a per-batch-size schedule (K=2 1.5x ahead at concurrency 1, K=0 at 8), SGLang, vLLM and
+    TensorRT-LLM get the schedule with its interval; llama.cpp, one static num_steps, gets the best static K=0."""
+    from spectune.results.reader import load_results
+    from spectune.tune.report_choice import answer, default_recommendation
+
+    thr = {(0, 1): 100, (2, 1): 150, (0, 8): 800, (2, 8): 500}
+    rows = [row(k, c, v * (1 + 0.002 * r), rep=r) for (k, c), v in thr.items() for r in range(3)]
+    head, lines = answer(default_recommendation(load_results(write_sweep(tmp_path / "s", rows))))
+    assert head == "A per-batch-size schedule: batch 1-2: K=2, batch 3-: K=0"
+    assert [(e, s) for e, s, _ in lines] == [
+        ("SGLang", "sglang-adaptive-custom.json (batch 1-2: K=2, batch 3-: K=0)"),
+        ("vLLM", "num_speculative_tokens_per_batch_size (batch 1-2: K=2, batch 3-: K=0)"),
+        ("TensorRT-LLM", "draft_len_schedule (batch 1-2: K=2, batch 3-: K=0)"),
+        ("llama.cpp", "no draft model (one static num_steps: K=0)")]
+    assert lines[0][2] == ("vs K=0: 1.50x [1.49, 1.51] at concurrency 1, K=0 at concurrency 8 (best K=2 there: "
+                           "0.62x [0.62, 0.63])")
+
+
+@pytest.mark.parametrize("concurrencies", [(1, 4), (1, 2, 4, 8, 16, 32)])
+def test_every_plot_keeps_its_text_inside_the_image(tmp_path, monkeypatch, concurrencies):
+    """Titles, axis labels, tick labels and cell numbers of every plot lie inside the saved image (a narrow heatmap,
+    two concurrencies, once cut its title at both edges)."""
+    import matplotlib.pyplot  # noqa: F401 - imported before the patch: pyplot wraps Figure.savefig on import
+    from matplotlib.figure import Figure
+
+    outside: list[str] = []
+    save = Figure.savefig
+
+    def checked_savefig(fig, path, *a, **kw):
+        """Before saving: the box around everything drawn (matplotlib's tight bbox, inches) within the figure's."""
+        tight = fig.get_tightbbox(fig.canvas.get_renderer())
+        w, h = fig.get_size_inches()
+        if tight.x0 < -0.01 or tight.y0 < -0.01 or tight.x1 > w + 0.01 or tight.y1 > h + 0.01:
+            outside.append(f"{Path(path).name}: drawn {tight.bounds} in a {w} x {h} in figure")
+        return save(fig, path, *a, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", checked_savefig)
+    rows = [row(k, c, 100.0 * c ** (0.6 if k else 0.7) * (1.2 if k == 1 else 1.0)) for k in (0, 1, 3)
+            for c in concurrencies]
+    folder = write_sweep(tmp_path / "r", rows)
+    assert CliRunner().invoke(app, ["report", str(folder), "-o", str(tmp_path / "out")]).exit_code == 0
+    assert (tmp_path / "out" / "speedup_heatmap.png").is_file()
+    assert outside == []

@@ -1,0 +1,111 @@
+"""``spectune report`` of a validation folder: one self-contained ``report.html`` that opens with the verdict
+(PASS, FAIL or INCONCLUSIVE and its line from validate.json), then the per-phase table (each static num_steps and
+the config, steady output tokens/s averaged over repeats, the config against that phase's best static num_steps
+with its interval and ruling), then each run's overall numbers. validate.json and validate.md are linked, not shown.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from spectune.loadgen.errors import UserError
+from spectune.tune.report_html import esc, file_links, num, page, table
+
+
+def load_validation(folder: Path) -> dict[str, Any]:
+    """The parsed ``validate.json`` of ``folder``.
+
+    Raises:
+        UserError: it is missing, not JSON, or has no runs.
+    """
+    path = folder / "validate.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{folder}: no validate.json (a validation folder) and no summary.csv (a sweep)") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: not readable as JSON: {e}") from None
+    if not isinstance(doc, dict) or not doc.get("runs"):
+        raise UserError(f"{path}: no runs recorded")
+    return doc
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def phase_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The per-phase table: header and rows (phase, one column per run with its steady output tokens/s averaged over
+    ok repeats, best static, config / best [low, high], ruling)."""
+    runs = [r for r in doc["runs"] if r.get("status") == "ok"]
+    names = list(dict.fromkeys(r["run"] for r in runs))
+    checks = {p["phase"]: p for p in (doc.get("phase_check") or {}).get("phases", [])}
+    phases: dict[int, str] = {}
+    for r in runs:
+        for ph in r.get("phases") or []:
+            phases.setdefault(int(ph["phase"]), str(ph.get("label") or ""))
+    rows = []
+    for i, label in sorted(phases.items()):
+        vals = []
+        for name in names:
+            xs = [float(ph.get("steady_output_throughput_tok_s", ph.get("output_throughput_tok_s")))
+                  for r in runs if r["run"] == name for ph in r.get("phases") or [] if int(ph["phase"]) == i
+                  and isinstance(ph.get("steady_output_throughput_tok_s", ph.get("output_throughput_tok_s")),
+                                 (int, float))]
+            vals.append(num(_mean(xs), ".1f"))
+        c = checks.get(i, {})
+        ratio = (f"{c['ratio']:.3f}x [{c['low']:.3f}, {c['high']:.3f}]" if all(
+            isinstance(c.get(k), (int, float)) for k in ("ratio", "low", "high")) else "-")
+        best = f"K={c['best_static']}" if c.get("best_static") is not None else "-"
+        rows.append([f"{i}: {label}", *vals, best, ratio, str(c.get("ruling", "-"))])
+    return ["phase", *names, "best static", "config / best [95%]", "ruling"], rows
+
+
+def overall_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Each run's overall numbers per repeat: output tokens/s, TPOT p50, TTFT p50, SLO attainment, status."""
+    rows = []
+    for r in doc["runs"]:
+        o = r.get("overall") or {}
+        rows.append([str(r.get("run")), str(r.get("repeat", "-")), num(o.get("output_throughput_tok_s"), ".1f"),
+                     num(o.get("tpot_p50_ms"), ".1f"), num(o.get("ttft_p50_ms"), ".0f"),
+                     num(o.get("slo_attainment"), ".2f"), str(r.get("status", "-"))])
+    return ["run", "repeat", "output tok/s", "TPOT p50 ms", "TTFT p50 ms", "SLO attainment", "status"], rows
+
+
+def write_validation_report(folder: Path, out: Path) -> Path:
+    """``report.html`` of the validation in ``folder`` written into ``out``; returns its path.
+
+    Raises:
+        UserError: ``folder`` holds no readable validate.json.
+    """
+    doc = load_validation(folder)
+    verdict = doc.get("verdict") or {}
+    outcome = str(verdict.get("outcome") or ("PASS" if verdict.get("passed") else "no verdict"))
+    line = str(verdict.get("line") or "")
+    rest = line[len(outcome):].lstrip(": ") if line.startswith(outcome) else line
+    css = outcome.lower() if outcome in ("PASS", "FAIL", "INCONCLUSIVE") else ""
+    phase_line = (doc.get("phase_check") or {}).get("line")
+    answer = (f'<section id="answer" class="answer {css}"><p class="lead"><span class="verdict">{esc(outcome)}'
+              f"</span>: {esc(rest)}</p>" + (f"<p>{esc(phase_line)}.</p>" if phase_line else "") + "</section>")
+    header, rows = phase_rows(doc)
+    ruling = {(i, len(header) - 1): ("pass-cell" if r[-1] == "holds" else "fail-cell") for i, r in enumerate(rows)}
+    oh, orows = overall_rows(doc)
+    cfg = doc.get("config") or {}
+    plan = doc.get("plan") or {}
+    meta = " · ".join(x for x in (
+        f"config <code>{esc(cfg.get('path'))}</code>" if cfg.get("path") else "",
+        f"workload {esc((plan.get('workload') or {}).get('name', plan.get('workload', '')))}"
+        if plan.get("workload") else "",
+        f"measured {esc(str(doc.get('created', ''))[:16].replace('T', ' '))} UTC" if doc.get("created") else "")
+        if x)
+    body = (f"<h2>Each phase: the config against that phase's best static num_steps</h2>"
+            f"<p>Steady output tokens/s, mean over repeats.</p>"
+            f"{table(header, rows, text_cols=(0,), cell_class=ruling)}"
+            f"<h2>Each run</h2>{table(oh, orows, text_cols=(0,))}"
+            + file_links(folder, out, ("validate.md", "validate.json", "requests.jsonl")))
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "report.html"
+    path.write_text(page("spectune validation report", meta, answer, body), encoding="utf-8")
+    return path
