@@ -13,7 +13,9 @@ engine's own step model's prediction for the ``auto`` engine and the main job's 
 It also prints what the crossover probe picks with its weights cache-resident (the probe before issue #71) and streamed
 from DRAM up to 16 rows (now), so the old choice can be named as a ``--choices`` entry.
 
-Usage: ``python benchmarks/round_table.py [--choices auto,2,off] [--batches 1,2,4,8,16] [--steps 0,1,2,3]
+``old`` in ``--choices`` is the row count the cache-resident probe picked in this run.
+
+Usage: ``python benchmarks/round_table.py [--choices auto,old,off] [--batches 1,2,4,8,16] [--steps 0,1,2,3]
 [--rounds 12] [--repeats 3]``. Prints a Markdown table per choice and the ratio of each K's round to the previous K's.
 """
 
@@ -58,7 +60,8 @@ def round_ms(engine, prompts: list[list[int]], batch: int, k: int, rounds: int) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--choices", default="auto,2,off", help="--native-dense-above values, one engine each")
+    parser.add_argument("--choices", default="auto,old,off", help="--native-dense-above values, one engine each "
+                        "(old: the row count the cache-resident probe picks in this run)")
     parser.add_argument("--batches", default="1,2,4,8,16")
     parser.add_argument("--steps", default="0,1,2,3")
     parser.add_argument("--rounds", type=int, default=12)
@@ -77,16 +80,20 @@ def main() -> None:
     import json
 
     cfg = ModelConfig.from_hf(json.loads((convert_gguf(resolve_model_path(None)) / "config.json").read_text()))
+    answers = {}
     with torch.inference_mode():
         for label, stream in (("cache-resident (before #71)", 0), ("streamed up to 16 rows (now)", 16)):
             probe = dense_crossover(cfg, stream_rows=stream)
             rows = probe["rows_ms"]
             kind = probe["dense_dtype"]
-            print(f"probe {label}: dense {kind} above {crossover(rows, kind)} rows; int4 / {kind} ms at "
+            answers[stream] = crossover(rows, kind)
+            print(f"probe {label}: dense {kind} above {answers[stream]} rows; int4 / {kind} ms at "
                   + ", ".join(f"{r} rows {rows['int4'][r]:.3f}/{rows[kind][r]:.3f}" for r in ("1", "2", "4", "8", "16")))
     batches = [int(b) for b in args.batches.split(",")]
     steps = [int(k) for k in args.steps.split(",")]
-    choices = args.choices.split(",")
+    # "old": the row count the cache-resident probe picked just now
+    choices = [str(answers[0] if answers[0] is not None else "off") if c == "old" else c
+               for c in args.choices.split(",")]
     engines = {}
     for c in choices:
         t = time.perf_counter()

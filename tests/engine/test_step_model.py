@@ -45,7 +45,11 @@ def test_a_round_without_drafts_is_one_target_forward() -> None:
 
 
 def test_a_target_forward_at_one_row_is_the_measured_one() -> None:
-    assert _model().target_fwd_ms(1) == pytest.approx(10.0)
+    assert _model(row_ms=0.5).target_fwd_ms(1) == pytest.approx(10.0)
+
+
+def test_each_row_beyond_the_first_adds_its_cost_outside_the_linears() -> None:
+    assert _model(row_ms=0.5).target_fwd_ms(4) - _model().target_fwd_ms(4) == pytest.approx(1.5)
 
 
 def test_a_drafting_round_adds_k_lm_heads_k_minus_one_bodies_and_the_extend() -> None:
@@ -126,7 +130,8 @@ def test_a_slow_shape_reaches_server_info_metrics_and_the_sweeps_snapshot() -> N
         assert real is not None  # a CPU engine builds its model at start-up
         server.engine.guard.model = StepModel(**{**real.__dict__, "target_ms": real.target_ms / 100,
                                                  "head_ms": real.head_ms / 100, "target_weights": 0,
-                                                 "head_weights": 0, "head_lm_weights": 0, "checks": []})
+                                                 "head_weights": 0, "head_lm_weights": 0, "row_ms": 0.0,
+                                                 "checks": []})
         body = {"model": "smollm2-test", "prompt": "Count from one to fifty:", "max_tokens": 3 * MIN_ROUNDS + 5,
                 "temperature": 0, "ignore_eos": True}
         assert requests.post(f"{server.url}/v1/completions", json=body, timeout=300).status_code == 200

@@ -6,7 +6,7 @@ decode_round`) runs the target once over b(K+1) rows (verify) and, with K > 0, t
 of those forwards reads all of its weights, so its time is its cost at one row plus what its linear kernels add for
 the extra rows:
 
-    T_target(r) = M_target + W_target * (t_target(r) - t_target(1))
+    T_target(r) = M_target + W_target * (t_target(r) - t_target(1)) + c_row * (r - 1)
     T_head(r)   = M_head   + W_head   * (t_head(r)   - t_head(1))
     round(b, K) = T_target(b(K+1)) + [K > 0] * (K * T_lm(b) + (K-1) * T_body(b) + T_body(b(K+1)))
 
@@ -15,7 +15,10 @@ compiled graph's own overhead), ``W`` the forward's linear weights (int4 codes c
 a Q8_0 lm_head run as two int4 halves counts twice) and ``t(r)`` the probe's time per weight of the kernel that runs r
 rows (:func:`spectune.backends.local.weights.compute_paths.dense_crossover`'s ``rows_ms``, weights streamed from DRAM
 up to 16 rows; the native path's int4 kernel up to ``dense_above`` rows and its dense copy above; the head's dense
-bf16 or float32 linears). The head's lm_head and its body (fc and decoder layer) are split by their weights:
+bf16 or float32 linears). ``c_row`` is what a row costs outside the linears (attention, norms, RoPE, the logits'
+softmax-free argmax): fitted at start-up from one measured decode forward of ``min(slots, 16)`` sequences, the rest of
+that forward once the linears' part is taken out (without it the model ran 1.3-1.5x under the measured rounds at
+batch 8-16 on a 2-core Zen 5 VM, where the guard must not fire; ``benchmarks/round_table.py``). The head's lm_head and its body (fc and decoder layer) are split by their weights:
 ``T_lm(r) = M_head * W_lm / W_head + W_lm * (t_head(r) - t_head(1))`` and ``T_body`` the rest. Between probed row
 counts ``t`` is interpolated linearly, above the largest it grows with the rows.
 
@@ -42,6 +45,9 @@ log = logging.getLogger("spectune.engine")
 
 SLOW_RATIO = 1.5
 """A shape's mean round above this many times its prediction is flagged (issue #71: a cliff doubles the round)."""
+ROW_FIT_BATCH = 16
+"""Sequences of the decode forward that fits ``c_row`` at start-up (fewer when the server has fewer slots; none below
+4)."""
 MIN_ROUNDS = 20
 """Rounds of a shape before the guard judges it (one slow round is noise: a scheduler slice, a page fault)."""
 
@@ -82,8 +88,10 @@ class StepModel:
         target_weights, head_weights, head_lm_weights: W_target, W_head and the head's lm_head share W_lm.
         target_curve: rows -> ms per weight of the kernel the target's linears run at that many rows.
         head_curve: rows -> ms per weight of the head's linears.
+        row_ms: c_row, ms per row beyond the first outside the linears (fitted at start-up; 0 when not fitted).
         path: the compute path's description for messages (``native, int4 up to 16 rows, bfloat16 dense above``).
-        checks: start-up checks, ``{"rows": r, "measured_ms": m, "predicted_ms": p}`` per checked target forward.
+        checks: start-up checks, ``{"rows": r, "measured_ms": m, "predicted_ms": p}`` per checked target forward of
+            one sequence, and the ``c_row`` fit's forward (``"sequences"``: its batch; its prediction before the fit).
     """
 
     target_ms: float
@@ -94,11 +102,13 @@ class StepModel:
     target_curve: dict[int, float]
     head_curve: dict[int, float]
     path: str
+    row_ms: float = 0.0
     checks: list[dict[str, float]] = field(default_factory=list)
 
     def target_fwd_ms(self, rows: int) -> float:
         """T_target(rows), ms."""
-        return self.target_ms + self.target_weights * (_interp(self.target_curve, rows) - _interp(self.target_curve, 1))
+        return (self.target_ms + self.target_weights * (_interp(self.target_curve, rows) - _interp(self.target_curve, 1))
+                + self.row_ms * (rows - 1))
 
     def _head_part_ms(self, rows: int, weights: int) -> float:
         if not self.head_weights:
@@ -118,7 +128,8 @@ class StepModel:
 
     def to_json(self) -> dict[str, object]:
         """JSON-ready description (``/server_info`` ``step_model``)."""
-        return {"target_ms": round(self.target_ms, 3), "head_ms": round(self.head_ms, 3), "path": self.path,
+        return {"target_ms": round(self.target_ms, 3), "head_ms": round(self.head_ms, 3),
+                "row_ms": round(self.row_ms, 4), "path": self.path,
                 "target_weights": self.target_weights, "head_weights": self.head_weights,
                 "checks": self.checks, "slow_ratio": SLOW_RATIO, "min_rounds": MIN_ROUNDS}
 
@@ -171,9 +182,9 @@ def build_step_model(decoder: SpeculativeDecoder, choice: PathChoice, rows_ms: M
     target, head = decoder.target, decoder.head
     dev = decoder.device
 
-    def target_fwd(rows: int) -> Callable[[], object]:
-        tokens = torch.zeros(1, rows, dtype=torch.long, device=dev)
-        pos = 5 + torch.arange(rows, device=dev).view(1, rows)
+    def target_fwd(rows: int, batch: int = 1) -> Callable[[], object]:
+        tokens = torch.zeros(batch, rows, dtype=torch.long, device=dev)
+        pos = 5 + torch.arange(rows, device=dev).repeat(batch, 1)  # [batch, rows]
 
         def run() -> object:
             hidden, _ = decoder._target_fwd(tokens, pos)
@@ -196,6 +207,12 @@ def build_step_model(decoder: SpeculativeDecoder, choice: PathChoice, rows_ms: M
             head_lm_w = linear_weights(head, lambda n: "lm_head" in n)
         model = StepModel(target_ms, head_ms, linear_weights(target), head_w, head_lm_w, target_curve, head_curve,
                           describe_kernels(choice))
+        fit = min(decoder.target_cache.num_slots, ROW_FIT_BATCH)
+        if fit >= 4:  # c_row from a decode forward of `fit` sequences: what the linears do not explain
+            measured, linears_only = _time_ms(target_fwd(1, fit), 3), model.target_fwd_ms(fit)
+            model.row_ms = max(0.0, (measured - linears_only) / (fit - 1))
+            model.checks.append({"rows": fit, "sequences": fit, "measured_ms": round(measured, 3),
+                                 "predicted_ms": round(linears_only, 3)})
         for rows in check_rows:
             measured = _time_ms(target_fwd(rows), 3)
             predicted = model.target_fwd_ms(rows)
@@ -203,7 +220,8 @@ def build_step_model(decoder: SpeculativeDecoder, choice: PathChoice, rows_ms: M
             if measured > SLOW_RATIO * predicted:
                 log.warning("step model check: a target forward over %d rows took %.2f ms, %.1fx the %.2f ms the "
                             "probe predicts (%s)", rows, measured, measured / predicted, predicted, model.path)
-    log.info("step model: target forward %.2f ms, head %.2f ms at one row; checks %s", target_ms, head_ms,
+    log.info("step model: target forward %.2f ms, head %.2f ms at one row, %.3f ms a row besides the linears; "
+             "checks %s", target_ms, head_ms, model.row_ms,
              ", ".join(f"{c['rows']:.0f} rows {c['measured_ms']:.2f} ms (predicted {c['predicted_ms']:.2f})"
                        for c in model.checks) or "none")
     return model
