@@ -107,13 +107,16 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
         if head is not None and not pack_linears(head) and dtype == torch.bfloat16:
             unpack_bf16_linears(head)  # no oneDNN bf16 here: float32 weights beat the scalar bf16 GEMM
     from spectune.backends.local.engine.compiled import compile_target, warm_up
-
-    compile_choice = compile_target(target, opts.compile, device)
     from spectune.backends.local.engine.cuda_graphs import CapturedGraphs
 
     graphs = CapturedGraphs(slots, max_len, capture=True) if device.type == "cuda" and opts.cuda_graphs else None
     decoder = SpeculativeDecoder(target, head, slots, max_len, seeded_generator(opts.seed, device), graphs,
                                  lazy_draft=lazy)
+    if str(opts.native_dense_above).strip().lower() == "auto":  # the copy's row count checked on the whole step
+        from spectune.backends.local.weights.compute_paths import choose_dense_on_whole_step
+
+        choose_dense_on_whole_step(path_choice, cfg, lm_repeat, _native_layers(target), _one_sequence(decoder))
+    compile_choice = compile_target(target, opts.compile, device)
     warm_up(decoder, compile_choice, max_steps + 1)
     step_model = _step_model(decoder, path_choice, cfg, lm_repeat, max_steps)
     path_choice.compile = compile_choice.to_json()
@@ -125,6 +128,27 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
                         max_prefill_tokens=prefill_token_budget(device))
     name = os.path.basename(str(opts.model)) if opts.model else "SmolLM2-135M-Instruct"
     return Engine(decoder, Tokenizer(folder), ecfg, model_name=name, path=path_choice, step_model=step_model)
+
+
+def _native_layers(target: torch.nn.Module) -> list[torch.nn.Module]:
+    """The target's native linears that hold a dense copy (``weights/quant.py``)."""
+    return [m for m in target.modules() if getattr(m, "dense", None) is not None and hasattr(m, "dense_above")]
+
+
+def _one_sequence(decoder: SpeculativeDecoder):
+    """rows -> a call running one target forward with its logits for one sequence of ``rows`` query tokens (cache
+    slot 0 at positions 5..: empty at start-up)."""
+    import torch
+
+    def forward(rows: int):
+        tokens = torch.zeros(1, rows, dtype=torch.long, device=decoder.device)
+        pos = 5 + torch.arange(rows, device=decoder.device).view(1, rows)
+
+        def run() -> object:
+            hidden, _ = decoder._target_fwd(tokens, pos)
+            return decoder.target.logits(hidden)
+        return run
+    return forward
 
 
 def _step_model(decoder: SpeculativeDecoder, choice: PathChoice, cfg: ModelConfig, lm_repeat: int,

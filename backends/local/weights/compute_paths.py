@@ -81,6 +81,7 @@ class EnginePathJson(TypedDict):
     dense_rows_ms: dict[str, dict[str, float]]
     lm_head: str | None
     compile: Mapping[str, object] | None
+    dense_whole_step_ms: dict[str, dict[str, float]]
 
 
 class DenseCrossover(TypedDict):
@@ -122,6 +123,8 @@ class PathChoice:
             "float32": ..., "bfloat16": ...}``), empty when not probed.
         lm_head: native path only: the lm_head's kernel, ``int4`` or ``int8`` (a Q8_0 lm_head requantized per
             row; :func:`lm_head_kernel`); None on other paths.
+        whole_step_ms: native path with a measured row count: the whole target forward's ms per kernel per row count
+            (:func:`whole_step_crossover`, which set ``dense_above``), empty otherwise.
         compile: whether the batched layers run compiled (:meth:`spectune.backends.local.engine.compiled.CompileChoice.
             to_json`), or None before :func:`~spectune.backends.local.build.build_engine` decided.
     """
@@ -137,6 +140,7 @@ class PathChoice:
     dense_rows_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     lm_head: str | None = None
     compile: Mapping[str, object] | None = None
+    whole_step_ms: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def dense_torch_dtype(self) -> torch.dtype:
@@ -159,7 +163,7 @@ class PathChoice:
                 "cpu_capability": self.cpu_capability, "bf16_packed": self.bf16_packed,
                 "dense_above_rows": self.dense_above, "dense_dtype": self.dense_dtype,
                 "kernel_ranges": self.kernel_ranges(), "dense_rows_ms": self.dense_rows_ms,
-                "lm_head": self.lm_head, "compile": self.compile}
+                "lm_head": self.lm_head, "compile": self.compile, "dense_whole_step_ms": self.whole_step_ms}
 
 
 def normalise(name: str) -> str:
@@ -353,6 +357,82 @@ def dense_crossover(cfg: ModelConfig, reps: int = 5, stream_rows: int = STREAM_R
     many = [str(r) for r in DENSE_ROWS if r >= DENSE_KIND_ROWS]
     kind = min((k for k in kernels if k != "int4"), key=lambda k: sum(rows_ms[k][r] for r in many))
     return {"dense_above_rows": crossover(rows_ms, kind), "dense_dtype": kind, "rows_ms": rows_ms}
+
+
+WHOLE_STEP_ROWS = (2, 4, 8, 16, 32)
+"""Row counts at which :func:`whole_step_crossover` times the whole target forward with each kernel."""
+WHOLE_STEP_PROBE = "native:dense-whole-step"
+""":func:`whole_step_crossover`'s name in its cache key (:func:`_probe_key`)."""
+
+
+class WholeStepCrossover(TypedDict):
+    """:func:`whole_step_crossover`'s result (kept in :func:`probe_cache_file`)."""
+
+    dense_above_rows: int | None
+    rows_ms: dict[str, dict[str, float]]
+
+
+def whole_step_crossover(forward: Callable[[int], Callable[[], object]], layers: list[nn.Module], kind: str,
+                         layer_answer: int | None, reps: int = 3) -> WholeStepCrossover:
+    """The row count above which the native path's dense copy (``kind``) beats the int4 kernel on the whole target
+    forward, timed on the model itself: ``forward(rows)`` gives a call running one target forward (with its logits)
+    of one sequence over ``rows`` query tokens, and every layer of ``layers`` (the target's native linears, each holding
+    a dense copy) is switched to one kernel for all rows (``dense_above`` very large, or 0) while that forward is timed
+    at 1 row and each of :data:`WHOLE_STEP_ROWS` (fastest of ``reps``, eager, one thread as the caller's
+    :func:`_measured` runs it; about 2 s for SmolLM2-135M). Every weight is read from memory as in decoding, with the
+    model's own shapes and everything between the linears, which one layer's probe leaves out: on a 2-core Zen 5 VM
+    the gate|up layer streamed timed int4 and the bf16 copy alike at 16 rows (0.566 and 0.589 ms) while batch-16 decode
+    ran 218 tokens/s on the copy and 197 on int4 (``benchmarks/engine_speed.py``).
+
+    The answer is the probed count below the first from which the copy wins at every larger count (1 when it wins from
+    2 rows); when it does not win even at the largest count, the layer probe's ``layer_answer`` where that is larger
+    (many rows are compute-bound, which the layer probe measures well), else the largest count; None when the layer
+    probe found no crossover either. ``layers`` get their ``dense_above`` back afterwards.
+    """
+    rows_ms: dict[str, dict[str, float]] = {"int4": {}, kind: {}}
+    saved = [m.dense_above for m in layers]
+    try:
+        for rows in (1, *WHOLE_STEP_ROWS):
+            run = forward(rows)
+            for name, above in (("int4", 1 << 30), (kind, 0)):
+                for m in layers:
+                    m.dense_above = above
+                rows_ms[name][str(rows)] = round(_best_ms(run, reps), 3)
+    finally:
+        for m, above in zip(layers, saved):
+            m.dense_above = above
+    wins = [rows_ms["int4"][str(r)] > rows_ms[kind][str(r)] for r in WHOLE_STEP_ROWS]
+    first = next((i for i in range(len(wins)) if all(wins[i:])), None)
+    if first is None:
+        above = None if layer_answer is None else max(layer_answer, WHOLE_STEP_ROWS[-1])
+    else:
+        above = WHOLE_STEP_ROWS[first - 1] if first > 0 else 1
+    return {"dense_above_rows": above, "rows_ms": rows_ms}
+
+
+def choose_dense_on_whole_step(choice: PathChoice, cfg: ModelConfig, lm_repeat: int, layers: list[nn.Module],
+                               forward: Callable[[int], Callable[[], object]]) -> None:
+    """Set ``choice.dense_above`` (and every layer of ``layers``) from :func:`whole_step_crossover` on the built model,
+    kept per machine like the other probes; a layer whose copy is then never used drops it. Only for the native path
+    with a measured (``auto``) row count and a dense copy; does nothing otherwise."""
+    if choice.name != "native" or choice.dense_above is None or not layers:
+        return
+    kind = choice.dense_dtype or "float32"
+    layer_answer = choice.dense_above
+    key = _probe_key([WHOLE_STEP_PROBE, kind], cfg, lm_repeat)
+    probe = _measured(key, lambda: whole_step_crossover(forward, layers, kind, layer_answer))
+    choice.dense_above = probe["dense_above_rows"]
+    choice.whole_step_ms = probe["rows_ms"]
+    for m in layers:
+        m.dense_above = choice.dense_above
+        if choice.dense_above is None:
+            m.dense = m.dense_bias = None
+    if choice.dense_above is None:
+        choice.dense_dtype = None
+    log.info("dense copy above %s rows on the whole step (one layer's probe: above %s; target forward ms, int4 / %s: "
+             "%s)", choice.dense_above, layer_answer, kind,
+             ", ".join(f"{r} rows {probe['rows_ms']['int4'][r]:.1f}/{probe['rows_ms'][kind][r]:.1f}"
+                       for r in probe["rows_ms"]["int4"]))
 
 
 def kernel_timings(cfg: ModelConfig, lm_repeat: int = 1) -> tuple[DenseCrossover, int]:
