@@ -385,16 +385,32 @@ def test_auto_picks_a_measured_path() -> None:
     assert (choice.chosen_by, set(choice.estimates_ms)) == ("measured", {p + b for p in paths for b in batches})
 
 
+ROWS = {"int4": {"1": 1.0, "4": 2.0, "16": 8.0}, "float32": {"1": 2.0, "4": 2.0, "16": 3.0},
+        "bfloat16": {"1": 4.0, "4": 4.0, "16": 4.0}}
+STEPS = {"native": 10.0, "float32": 12.0, "bfloat16": 20.0}
+
+
 def test_batch_estimates_grow_a_step_with_its_kernels_compute_time() -> None:
     """A step costs its batch-1 time until its kernel's time at b rows passes its time at one row, then grows with
-    it; the native path takes its faster kernel at each row count."""
+    it."""
     from spectune.backends.local.weights.compute_paths import batch_estimates
 
-    rows = {"int4": {"1": 1.0, "4": 2.0, "16": 8.0}, "float32": {"1": 2.0, "4": 2.0, "16": 3.0},
-            "bfloat16": {"1": 4.0, "4": 4.0, "16": 4.0}}
-    est = batch_estimates({"native": 10.0, "float32": 12.0, "bfloat16": 20.0}, rows, packed=True)
-    assert est == {"native": {"1": 10.0, "4": 20.0, "16": 30.0}, "float32": {"1": 12.0, "4": 12.0, "16": 18.0},
-                   "bfloat16": {"1": 20.0, "4": 20.0, "16": 20.0}}
+    est = batch_estimates(STEPS, ROWS, packed=True)
+    assert (est["float32"], est["bfloat16"]) == ({"1": 12.0, "4": 12.0, "16": 18.0}, {"1": 20.0, "4": 20.0, "16": 20.0})
+
+
+def test_native_costs_the_least_of_its_int4_step_and_each_dense_kinds_step() -> None:
+    """Native runs int4 at one row (10), then the cheaper of int4 (10 x 2, 10 x 8) and the copies, each priced as
+    its own path's step there (float32 12 and 18, bfloat16 20)."""
+    from spectune.backends.local.weights.compute_paths import batch_estimates
+
+    assert batch_estimates(STEPS, ROWS, packed=True)["native"] == {"1": 10.0, "4": 12.0, "16": 18.0}
+
+
+def test_native_without_a_dense_copy_runs_int4_at_every_batch() -> None:
+    from spectune.backends.local.weights.compute_paths import batch_estimates
+
+    assert batch_estimates(STEPS, ROWS, packed=True, copies=False)["native"] == {"1": 10.0, "4": 20.0, "16": 80.0}
 
 
 def test_default_gguf_is_fully_native() -> None:

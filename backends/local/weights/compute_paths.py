@@ -527,7 +527,7 @@ def choose_path(requested: str, device: torch.device, cfg: ModelConfig, native_o
     key = _probe_key(candidates, cfg, lm_repeat)
     est = _measured(key, lambda: {c: estimate_step_ms(c, cfg, lm_repeat) for c in candidates})
     rows = _measured(_probe_key([DENSE_PROBE], cfg, lm_repeat), lambda: dense_crossover(cfg))
-    per_batch = batch_estimates(est, rows["rows_ms"], packed)
+    per_batch = batch_estimates(est, rows["rows_ms"], packed, copies=dense_fits(cfg) and dense_above != "off")
     best = min(candidates, key=lambda c: sum(per_batch[c][b] / min(per_batch[o][b] for o in candidates)
                                              for b in per_batch[c]))
     flat = {**est, **{f"{c}@{b}": v for c, by in per_batch.items() for b, v in by.items() if b != "1"}}
@@ -545,36 +545,44 @@ bytes per weight decide; large ones compute-bound, where the GEMM kernel decides
 
 
 def batch_estimates(step_ms: dict[str, float], rows_ms: dict[str, dict[str, float]],
-                    packed: bool) -> dict[str, dict[str, float]]:
+                    packed: bool, copies: bool = True) -> dict[str, dict[str, float]]:
     """Estimated decode step (ms) per path at each of :data:`BATCHES`, from the batch-1 estimates ``step_ms``
     (:func:`estimate_step_ms`, weights from DRAM) and the per-row timings of one gate|up-shaped layer
-    (``rows_ms``: :func:`dense_crossover`'s, cache-resident): a step costs at least its batch-1 time (reading every
-    weight once), and at b rows its linears cost the batch-1 step scaled by the layer's compute time at b rows over
-    its time at the smallest probed row count, as a roofline would (the larger of memory and compute). The native
-    path runs the faster of the int4 kernel and its dense copy at each row count (``dense_above``); bfloat16 without
-    oneDNN's bf16 kernels (``packed`` False: PyTorch's scalar GEMM) grows with the rows.
+    (``rows_ms``: :func:`dense_crossover`'s): a step costs at least its batch-1 time (reading every weight once), and
+    at b rows its linears cost the batch-1 step scaled by its kernel's time at b rows over its time at one row, as a
+    roofline would (the larger of memory and compute). bfloat16 without oneDNN's bf16 kernels (``packed`` False:
+    PyTorch's scalar GEMM) grows with the rows.
+
+    The native path runs its int4 kernel or, where ``copies`` (the dense copy fits in memory), its dense copy, at each
+    row count whichever is faster, so at b rows it costs the least of its int4 estimate and each dense kind's own step
+    estimate there (the float32 path's; the bfloat16 path's where oneDNN runs bf16). Scaling native's batch-1 step by
+    the copy's time over int4's one-row time instead mixed two probes: on a 2-core Zen 5 VM it put native at 2.7x the
+    bfloat16 path at batch 16 (44.3 vs 16.4 ms) where both run the same bf16 GEMM, ``auto`` chose the bfloat16 path,
+    and the main job ran 0.54x the native path's decode speed at batch 1 and 0.65x at batch 4
+    (``benchmarks/engine_speed.py``, docs/engine.md).
 
     Returns:
         ``{path: {batch: ms}}`` for the paths in ``step_ms``.
     """
     first = str(min(int(r) for r in rows_ms["int4"]))
+    kernel = {"native": "int4", "bfloat16": "bfloat16" if packed else None, "float32": "float32"}
 
-    def layer(path: str, b: str) -> float | None:
-        if path == "native" and b == first:  # one row always runs the int4 kernel (dense_above >= 1)
-            return rows_ms["int4"][b]
-        kinds = {"native": [k for k in rows_ms if k in ("int4", "float32", "bfloat16")],
-                 "bfloat16": ["bfloat16"] if packed and "bfloat16" in rows_ms else [], "float32": ["float32"]}[path]
-        if not kinds or b not in rows_ms[kinds[0]]:
-            return None
-        return min(rows_ms[k][b] for k in kinds)
+    def own(path: str, b: str) -> float:
+        """The path's step at b rows on its own kernel."""
+        k = kernel[path]
+        if k is None or k not in rows_ms or b not in rows_ms[k] or not rows_ms[k].get(first):
+            return step_ms[path] * (1.0 if b == "1" else int(b))
+        return step_ms[path] * max(1.0, rows_ms[k][b] / rows_ms[k][first])
 
     out: dict[str, dict[str, float]] = {}
-    for path, one in step_ms.items():
+    for path in step_ms:
         out[path] = {}
         for b in BATCHES:
-            at_b, at_first = layer(path, b), layer(path, first)
-            grow = int(b) if at_b is None or not at_first else max(1.0, at_b / at_first)
-            out[path][b] = one * (1.0 if b == "1" else grow)
+            ms = own(path, b)
+            if path == "native" and copies and b != "1":  # one row always runs the int4 kernel (dense_above >= 1)
+                dense = [own(k, b) for k in ("float32", "bfloat16") if k in step_ms and kernel[k] is not None]
+                ms = min([ms, *dense])
+            out[path][b] = ms
     return out
 
 
