@@ -163,7 +163,7 @@ def _step_model(decoder: SpeculativeDecoder, choice: PathChoice, cfg: ModelConfi
         return None
     probe, probe_weights = kernel_timings(cfg, lm_repeat)
     check_rows = tuple(sorted({2, max_steps + 1})) if max_steps > 0 else ()
-    return build_step_model(decoder, choice, probe["rows_ms"], probe_weights, check_rows)
+    return build_step_model(decoder, choice, probe["rows_ms"], probe_weights, check_rows, drafting=max_steps > 0)
 
 
 def _sharing(source: Engine, opts: EngineOptions, policy: object, max_steps: int) -> Engine:

@@ -27,6 +27,12 @@ def _model(**kw) -> StepModel:
     return StepModel(**args)
 
 
+def test_a_rounds_own_work_is_added_once_and_drafting_adds_its_own() -> None:
+    fixed = _model(round_ms=1.0, draft_round_ms=2.0)
+    assert (fixed.predict_ms(2, 0) - _model().predict_ms(2, 0), fixed.predict_ms(2, 3) - _model().predict_ms(2, 3)) == (
+        pytest.approx(1.0), pytest.approx(3.0))
+
+
 def test_interp_is_linear_between_probed_counts() -> None:
     assert _interp({2: 1.0, 4: 3.0}, 3) == pytest.approx(2.0)
 
@@ -128,10 +134,12 @@ def test_a_slow_shape_reaches_server_info_metrics_and_the_sweeps_snapshot() -> N
     try:
         real = server.engine.guard.model
         assert real is not None  # a CPU engine builds its model at start-up
+        # the start-up rounds that fitted it left their cache slot empty for the first request
+        assert (server.engine.decoder.lengths[0], int(server.engine.decoder.seq_len[0])) == (0, 0)
         server.engine.guard.model = StepModel(**{**real.__dict__, "target_ms": real.target_ms / 100,
                                                  "head_ms": real.head_ms / 100, "target_weights": 0,
                                                  "head_weights": 0, "head_lm_weights": 0, "row_ms": 0.0,
-                                                 "checks": []})
+                                                 "round_ms": 0.0, "draft_round_ms": 0.0, "checks": []})
         body = {"model": "smollm2-test", "prompt": "Count from one to fifty:", "max_tokens": 3 * MIN_ROUNDS + 5,
                 "temperature": 0, "ignore_eos": True}
         assert requests.post(f"{server.url}/v1/completions", json=body, timeout=300).status_code == 200

@@ -9,6 +9,7 @@ the extra rows:
     T_target(r) = M_target + W_target * (t_target(r) - t_target(1)) + c_row * (r - 1)
     T_head(r)   = M_head   + W_head   * (t_head(r)   - t_head(1))
     round(b, K) = T_target(b(K+1)) + [K > 0] * (K * T_lm(b) + (K-1) * T_body(b) + T_body(b(K+1)))
+                  + R_round + [K > 0] * R_draft
 
 where ``M`` is a forward at one row measured at start-up (the whole forward: every layer, attention, lm_head, the
 compiled graph's own overhead), ``W`` the forward's linear weights (int4 codes count once per pass they are read:
@@ -20,7 +21,10 @@ softmax-free argmax): fitted at start-up from one measured decode forward of ``m
 that forward once the linears' part is taken out (without it the model ran 1.3-1.5x under the measured rounds at
 batch 8-16 on a 2-core Zen 5 VM, where the guard must not fire; ``benchmarks/round_table.py``). The head's lm_head and its body (fc and decoder layer) are split by their weights:
 ``T_lm(r) = M_head * W_lm / W_head + W_lm * (t_head(r) - t_head(1))`` and ``T_body`` the rest. Between probed row
-counts ``t`` is interpolated linearly, above the largest it grows with the rows.
+counts ``t`` is interpolated linearly, above the largest it grows with the rows. ``R_round`` and ``R_draft`` are a
+round's own fixed work outside the forwards (verification, stacking the drafts, the index updates and host reads;
+with drafting, more of it), fitted from real decode rounds of one sequence at num_steps 0 and 1 at start-up: shapes
+of one and two rows, which no kernel switch reaches, so a cliff at more rows is not absorbed into them.
 
 The guard (:class:`RoundGuard`): a shape whose mean round over at least :data:`MIN_ROUNDS` rounds is more than
 :data:`SLOW_RATIO` times its prediction is an engine artifact (a kernel choice that costs more on the whole step than
@@ -89,6 +93,7 @@ class StepModel:
         target_curve: rows -> ms per weight of the kernel the target's linears run at that many rows.
         head_curve: rows -> ms per weight of the head's linears.
         row_ms: c_row, ms per row beyond the first outside the linears (fitted at start-up; 0 when not fitted).
+        round_ms, draft_round_ms: R_round and R_draft, ms (fitted at start-up; 0 when not fitted).
         path: the compute path's description for messages (``native, int4 up to 16 rows, bfloat16 dense above``).
         checks: start-up checks, ``{"rows": r, "measured_ms": m, "predicted_ms": p}`` per checked target forward of
             one sequence, and the ``c_row`` fit's forward (``"sequences"``: its batch; its prediction before the fit).
@@ -103,6 +108,8 @@ class StepModel:
     head_curve: dict[int, float]
     path: str
     row_ms: float = 0.0
+    round_ms: float = 0.0
+    draft_round_ms: float = 0.0
     checks: list[dict[str, float]] = field(default_factory=list)
 
     def target_fwd_ms(self, rows: int) -> float:
@@ -119,17 +126,18 @@ class StepModel:
     def predict_ms(self, batch: int, num_steps: int) -> float:
         """Predicted round at ``batch`` sequences and ``num_steps`` drafts each, ms."""
         b, k = batch, num_steps
-        ms = self.target_fwd_ms(b * (k + 1))
+        ms = self.target_fwd_ms(b * (k + 1)) + self.round_ms
         if k > 0:
             body = self.head_weights - self.head_lm_weights
             ms += (k * self._head_part_ms(b, self.head_lm_weights) + (k - 1) * self._head_part_ms(b, body)
-                   + self._head_part_ms(b * (k + 1), body))
+                   + self._head_part_ms(b * (k + 1), body) + self.draft_round_ms)
         return ms
 
     def to_json(self) -> dict[str, object]:
         """JSON-ready description (``/server_info`` ``step_model``)."""
         return {"target_ms": round(self.target_ms, 3), "head_ms": round(self.head_ms, 3),
-                "row_ms": round(self.row_ms, 4), "path": self.path,
+                "row_ms": round(self.row_ms, 4), "round_ms": round(self.round_ms, 3),
+                "draft_round_ms": round(self.draft_round_ms, 3), "path": self.path,
                 "target_weights": self.target_weights, "head_weights": self.head_weights,
                 "checks": self.checks, "slow_ratio": SLOW_RATIO, "min_rounds": MIN_ROUNDS}
 
@@ -158,12 +166,13 @@ def _time_ms(fn: Callable[[], object], reps: int = 5) -> float:
 
 
 def build_step_model(decoder: SpeculativeDecoder, choice: PathChoice, rows_ms: Mapping[str, Mapping[str, float]],
-                     probe_weights: int, check_rows: tuple[int, ...] = ()) -> StepModel | None:
+                     probe_weights: int, check_rows: tuple[int, ...] = (), drafting: bool = False) -> StepModel | None:
     """Measure M_target (and M_head) on ``decoder``'s own forwards at one row (cache slot 0, positions 5..: empty at
     start-up) and build the :class:`StepModel` of ``choice``'s kernels from the crossover probe's ``rows_ms``
     (``probe_weights``: the probe layer's weights). ``check_rows``: target forwards of these row counts (one sequence,
     query length r) are timed too and kept in ``checks`` beside their prediction; a check over :data:`SLOW_RATIO`
-    times its prediction logs a warning. None on CUDA or without the probe's timings.
+    times its prediction logs a warning. ``drafting``: the engine drafts (num_steps capacity > 0), so its rounds keep
+    the head current and the drafting fixed cost is fitted too. None on CUDA or without the probe's timings.
     """
     import torch
 
@@ -213,6 +222,7 @@ def build_step_model(decoder: SpeculativeDecoder, choice: PathChoice, rows_ms: M
             model.row_ms = max(0.0, (measured - linears_only) / (fit - 1))
             model.checks.append({"rows": fit, "sequences": fit, "measured_ms": round(measured, 3),
                                  "predicted_ms": round(linears_only, 3)})
+        _fit_round_costs(decoder, model, drafting)
         for rows in check_rows:
             measured = _time_ms(target_fwd(rows), 3)
             predicted = model.target_fwd_ms(rows)
@@ -225,6 +235,31 @@ def build_step_model(decoder: SpeculativeDecoder, choice: PathChoice, rows_ms: M
              ", ".join(f"{c['rows']:.0f} rows {c['measured_ms']:.2f} ms (predicted {c['predicted_ms']:.2f})"
                        for c in model.checks) or "none")
     return model
+
+
+def _fit_round_costs(decoder: SpeculativeDecoder, model: StepModel, drafting: bool, rounds: int = 5) -> None:
+    """Fit ``model.round_ms`` (and, with a head, ``draft_round_ms``) from real decode rounds of one sequence at
+    num_steps 0 and 1: a short prompt prefilled into cache slot 0, ``rounds`` rounds timed after one untimed, the
+    fastest kept; what the forwards' model does not explain is the round's own work (never below 0). The slot is left
+    empty again (its next prefill overwrites what these rounds wrote)."""
+    import torch
+
+    from spectune.backends.local.engine.sampling import SamplingTensors
+
+    st = SamplingTensors.build([0.0], [0], [1.0], decoder.device)
+    draft = decoder.head is not None and drafting
+    decoder.prefill([0], [[1, 2, 3, 4, 5, 6, 7, 8]], st, draft)
+    try:
+        def best(k: int) -> float:
+            return _time_ms(lambda: decoder.decode_round(1, k, st, keep_draft=draft), rounds)
+
+        with torch.inference_mode():
+            model.round_ms = max(0.0, best(0) - model.predict_ms(1, 0))
+            if draft:
+                model.draft_round_ms = max(0.0, best(1) - model.predict_ms(1, 1))
+    finally:
+        decoder.lengths[0] = decoder.draft_len[0] = 0
+        decoder.seq_len[0] = 0
 
 
 def describe_kernels(choice: PathChoice) -> str:
