@@ -113,7 +113,7 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
     decoder = SpeculativeDecoder(target, head, slots, max_len, seeded_generator(opts.seed, device), graphs,
                                  lazy_draft=lazy)
     if str(opts.native_dense_above).strip().lower() == "auto":  # the copy's row count checked on the whole step
-        from spectune.backends.local.weights.compute_paths import choose_dense_on_whole_step
+        from spectune.backends.local.weights.whole_step import choose_dense_on_whole_step
 
         choose_dense_on_whole_step(path_choice, cfg, lm_repeat, _native_layers(target), _one_sequence(decoder))
     compile_choice = compile_target(target, opts.compile, device)

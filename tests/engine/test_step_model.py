@@ -33,6 +33,20 @@ def test_a_rounds_own_work_is_added_once_and_drafting_adds_its_own() -> None:
         pytest.approx(1.0), pytest.approx(3.0))
 
 
+def test_each_query_row_pays_for_the_batchs_cached_tokens() -> None:
+    # batch 2 at K = 1 holding 300 cached tokens: 2 query rows per sequence over them, 0.001 ms per row per token
+    assert _model(ctx_ms=0.001).predict_ms(2, 1, 300) - _model().predict_ms(2, 1) == pytest.approx(0.6)
+
+
+def test_the_guard_judges_a_shape_at_its_mean_context() -> None:
+    model = _model(ctx_ms=0.01)
+    guard = RoundGuard(model)
+    ok_s = 0.9 * SLOW_RATIO * model.predict_ms(1, 0, 1000) / 1e3  # slow for no context, fine for 1000 tokens
+    for _ in range(MIN_ROUNDS):
+        guard.record(1, 0, ok_s, 1000)
+    assert guard.warnings == []
+
+
 def test_interp_is_linear_between_probed_counts() -> None:
     assert _interp({2: 1.0, 4: 3.0}, 3) == pytest.approx(2.0)
 
@@ -139,7 +153,8 @@ def test_a_slow_shape_reaches_server_info_metrics_and_the_sweeps_snapshot() -> N
         server.engine.guard.model = StepModel(**{**real.__dict__, "target_ms": real.target_ms / 100,
                                                  "head_ms": real.head_ms / 100, "target_weights": 0,
                                                  "head_weights": 0, "head_lm_weights": 0, "row_ms": 0.0,
-                                                 "round_ms": 0.0, "draft_round_ms": 0.0, "checks": []})
+                                                 "round_ms": 0.0, "draft_round_ms": 0.0, "ctx_ms": 0.0,
+                                                 "checks": []})
         body = {"model": "smollm2-test", "prompt": "Count from one to fifty:", "max_tokens": 3 * MIN_ROUNDS + 5,
                 "temperature": 0, "ignore_eos": True}
         assert requests.post(f"{server.url}/v1/completions", json=body, timeout=300).status_code == 200

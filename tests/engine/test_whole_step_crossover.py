@@ -1,5 +1,5 @@
 """The native path's dense-copy row count chosen on the whole target forward
-(backends/local/weights/compute_paths.py whole_step_crossover, choose_dense_on_whole_step): the decision rule on
+(backends/local/weights/whole_step.py whole_step_crossover, choose_dense_on_whole_step): the decision rule on
 synthetic forwards, and on the real default pair what the engine records and runs."""
 
 from __future__ import annotations
@@ -9,15 +9,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from spectune.backends.local.weights import compute_paths
-from spectune.backends.local.weights.compute_paths import PathChoice, choose_dense_on_whole_step, whole_step_crossover
+from spectune.backends.local.weights import whole_step
+from spectune.backends.local.weights.compute_paths import PathChoice
+from spectune.backends.local.weights.whole_step import choose_dense_on_whole_step, whole_step_crossover
 
 
 @pytest.fixture
 def synthetic(monkeypatch):
     """Timing replaced by the forward's own answer: ``forward(rows)()`` returns its cost in ms for the kernel the
     layers are switched to (int4 grows 4 ms a row, the copy costs 40 ms + 1 ms a row)."""
-    monkeypatch.setattr(compute_paths, "_best_ms", lambda fn, reps: fn())
+    monkeypatch.setattr(whole_step, "_best_ms", lambda fn, reps: fn())
     layers = [SimpleNamespace(dense_above=7) for _ in range(3)]
 
     def forward(rows: int):
@@ -43,14 +44,14 @@ def test_the_layers_get_their_row_count_back(synthetic) -> None:
 
 
 def test_a_copy_that_never_wins_keeps_a_larger_layer_answer(monkeypatch) -> None:
-    monkeypatch.setattr(compute_paths, "_best_ms", lambda fn, reps: fn())
+    monkeypatch.setattr(whole_step, "_best_ms", lambda fn, reps: fn())
     layers = [SimpleNamespace(dense_above=7)]
     forward = lambda rows: (lambda: 1.0 if layers[0].dense_above > rows else 2.0)  # noqa: E731 - int4 always wins
     assert whole_step_crossover(forward, layers, "float32", layer_answer=64)["dense_above_rows"] == 64
 
 
 def test_a_copy_that_never_wins_is_used_only_past_the_largest_count(monkeypatch) -> None:
-    monkeypatch.setattr(compute_paths, "_best_ms", lambda fn, reps: fn())
+    monkeypatch.setattr(whole_step, "_best_ms", lambda fn, reps: fn())
     layers = [SimpleNamespace(dense_above=7)]
     forward = lambda rows: (lambda: 1.0 if layers[0].dense_above > rows else 2.0)  # noqa: E731
     assert whole_step_crossover(forward, layers, "float32", layer_answer=4)["dense_above_rows"] == 32

@@ -350,11 +350,12 @@ class Engine:
         if k != self.stats.active_num_steps:
             self.stats.num_steps_switches += 1
             self.stats.active_num_steps = k
+        context = sum(self.decoder.lengths[:batch])  # cached tokens the round attends over (host copy)
         start = time.perf_counter()
         accepted, tokens = self.decoder.decode_round(batch, k, self._sampling(running), keep_draft=drafting)
         seconds = time.perf_counter() - start
         self.stats.decode_seconds += seconds
-        self.guard.record(batch, k, seconds)
+        self.guard.record(batch, k, seconds, context)
         self.stats.num_rounds += 1
         self.stats.batch_total += batch
         for seq, a, toks in zip(running, accepted, tokens):

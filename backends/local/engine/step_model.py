@@ -9,7 +9,7 @@ the extra rows:
     T_target(r) = M_target + W_target * (t_target(r) - t_target(1)) + c_row * (r - 1)
     T_head(r)   = M_head   + W_head   * (t_head(r)   - t_head(1))
     round(b, K) = T_target(b(K+1)) + [K > 0] * (K * T_lm(b) + (K-1) * T_body(b) + T_body(b(K+1)))
-                  + R_round + [K > 0] * R_draft
+                  + R_round + [K > 0] * R_draft + c_ctx * (K+1) * L
 
 where ``M`` is a forward at one row measured at start-up (the whole forward: every layer, attention, lm_head, the
 compiled graph's own overhead), ``W`` the forward's linear weights (int4 codes count once per pass they are read:
@@ -24,7 +24,11 @@ batch 8-16 on a 2-core Zen 5 VM, where the guard must not fire; ``benchmarks/rou
 counts ``t`` is interpolated linearly, above the largest it grows with the rows. ``R_round`` and ``R_draft`` are a
 round's own fixed work outside the forwards (verification, stacking the drafts, the index updates and host reads;
 with drafting, more of it), fitted from real decode rounds of one sequence at num_steps 0 and 1 at start-up: shapes
-of one and two rows, which no kernel switch reaches, so a cliff at more rows is not absorbed into them.
+of one and two rows, which no kernel switch reaches, so a cliff at more rows is not absorbed into them. ``L`` is the
+round's context, the batch's cached tokens summed, and ``c_ctx`` what attention costs per query row per cached token
+(SpecServe's step-time model has the same term, alpha x context tokens: ../shared/docs/papers/specserve.txt), fitted
+from two decode forwards of ``min(slots, 16)`` sequences at about position 512 and at position 5: without it a round
+of 16 MT-Bench requests (about 200 cached tokens each) ran 1.7x the model.
 
 The guard (:class:`RoundGuard`): a shape whose mean round over at least :data:`MIN_ROUNDS` rounds is more than
 :data:`SLOW_RATIO` times its prediction is an engine artifact (a kernel choice that costs more on the whole step than
@@ -52,6 +56,8 @@ SLOW_RATIO = 1.5
 ROW_FIT_BATCH = 16
 """Sequences of the decode forward that fits ``c_row`` at start-up (fewer when the server has fewer slots; none below
 4)."""
+CTX_FIT_POSITION = 512
+"""The position of the deep decode forward that fits ``c_ctx`` (lower when the cache is shorter; none below 64)."""
 MIN_ROUNDS = 20
 """Rounds of a shape before the guard judges it (one slow round is noise: a scheduler slice, a page fault)."""
 
@@ -94,6 +100,7 @@ class StepModel:
         head_curve: rows -> ms per weight of the head's linears.
         row_ms: c_row, ms per row beyond the first outside the linears (fitted at start-up; 0 when not fitted).
         round_ms, draft_round_ms: R_round and R_draft, ms (fitted at start-up; 0 when not fitted).
+        ctx_ms: c_ctx, ms per query row per cached token (fitted at start-up; 0 when not fitted).
         path: the compute path's description for messages (``native, int4 up to 16 rows, bfloat16 dense above``).
         checks: start-up checks, ``{"rows": r, "measured_ms": m, "predicted_ms": p}`` per checked target forward of
             one sequence, and the ``c_row`` fit's forward (``"sequences"``: its batch; its prediction before the fit).
@@ -110,6 +117,7 @@ class StepModel:
     row_ms: float = 0.0
     round_ms: float = 0.0
     draft_round_ms: float = 0.0
+    ctx_ms: float = 0.0
     checks: list[dict[str, float]] = field(default_factory=list)
 
     def target_fwd_ms(self, rows: int) -> float:
@@ -123,10 +131,11 @@ class StepModel:
         share = weights / self.head_weights
         return self.head_ms * share + weights * (_interp(self.head_curve, rows) - _interp(self.head_curve, 1))
 
-    def predict_ms(self, batch: int, num_steps: int) -> float:
-        """Predicted round at ``batch`` sequences and ``num_steps`` drafts each, ms."""
+    def predict_ms(self, batch: int, num_steps: int, context: float = 0.0) -> float:
+        """Predicted round at ``batch`` sequences and ``num_steps`` drafts each, with ``context`` cached tokens over
+        the batch (summed), ms."""
         b, k = batch, num_steps
-        ms = self.target_fwd_ms(b * (k + 1)) + self.round_ms
+        ms = self.target_fwd_ms(b * (k + 1)) + self.round_ms + self.ctx_ms * (k + 1) * context
         if k > 0:
             body = self.head_weights - self.head_lm_weights
             ms += (k * self._head_part_ms(b, self.head_lm_weights) + (k - 1) * self._head_part_ms(b, body)
@@ -137,7 +146,7 @@ class StepModel:
         """JSON-ready description (``/server_info`` ``step_model``)."""
         return {"target_ms": round(self.target_ms, 3), "head_ms": round(self.head_ms, 3),
                 "row_ms": round(self.row_ms, 4), "round_ms": round(self.round_ms, 3),
-                "draft_round_ms": round(self.draft_round_ms, 3), "path": self.path,
+                "draft_round_ms": round(self.draft_round_ms, 3), "ctx_ms": round(self.ctx_ms, 6), "path": self.path,
                 "target_weights": self.target_weights, "head_weights": self.head_weights,
                 "checks": self.checks, "slow_ratio": SLOW_RATIO, "min_rounds": MIN_ROUNDS}
 
@@ -191,9 +200,9 @@ def build_step_model(decoder: SpeculativeDecoder, choice: PathChoice, rows_ms: M
     target, head = decoder.target, decoder.head
     dev = decoder.device
 
-    def target_fwd(rows: int, batch: int = 1) -> Callable[[], object]:
+    def target_fwd(rows: int, batch: int = 1, start: int = 5) -> Callable[[], object]:
         tokens = torch.zeros(batch, rows, dtype=torch.long, device=dev)
-        pos = 5 + torch.arange(rows, device=dev).repeat(batch, 1)  # [batch, rows]
+        pos = start + torch.arange(rows, device=dev).repeat(batch, 1)  # [batch, rows]
 
         def run() -> object:
             hidden, _ = decoder._target_fwd(tokens, pos)
@@ -222,6 +231,10 @@ def build_step_model(decoder: SpeculativeDecoder, choice: PathChoice, rows_ms: M
             model.row_ms = max(0.0, (measured - linears_only) / (fit - 1))
             model.checks.append({"rows": fit, "sequences": fit, "measured_ms": round(measured, 3),
                                  "predicted_ms": round(linears_only, 3)})
+            far = min(CTX_FIT_POSITION, decoder.target_cache.max_len - 1)
+            if far > 64:  # c_ctx: the same forward attending over `far` cached positions instead of 6
+                deep = _time_ms(target_fwd(1, fit, far), 3)
+                model.ctx_ms = max(0.0, (deep - measured) / (fit * (far - 5)))
         _fit_round_costs(decoder, model, drafting)
         for rows in check_rows:
             measured = _time_ms(target_fwd(rows), 3)
@@ -277,7 +290,7 @@ class RoundGuard:
 
     Attributes:
         model: the step model (None: nothing is judged, e.g. on CUDA).
-        shapes: (batch, num_steps) -> [rounds, seconds] since start.
+        shapes: (batch, num_steps) -> [rounds, seconds, cached tokens summed over the rounds' batches] since start.
         warnings: one message per flagged shape, in the order they were flagged (``/server_info``).
     """
 
@@ -286,11 +299,13 @@ class RoundGuard:
     warnings: list[str] = field(default_factory=list)
     _flagged: set[tuple[int, int]] = field(default_factory=set)
 
-    def record(self, batch: int, num_steps: int, seconds: float) -> str | None:
-        """Count one round; returns the warning when this round makes the shape flagged (once per shape)."""
-        entry = self.shapes.setdefault((batch, num_steps), [0, 0.0])
+    def record(self, batch: int, num_steps: int, seconds: float, context: int = 0) -> str | None:
+        """Count one round of ``seconds`` over a batch holding ``context`` cached tokens (summed); returns the warning
+        when this round makes the shape flagged (once per shape)."""
+        entry = self.shapes.setdefault((batch, num_steps), [0, 0.0, 0])
         entry[0] += 1
         entry[1] += seconds
+        entry[2] += context
         if self.model is None or (batch, num_steps) in self._flagged or entry[0] < MIN_ROUNDS:
             return None
         if entry[0] != MIN_ROUNDS and entry[0] % (10 * MIN_ROUNDS):
@@ -300,11 +315,11 @@ class RoundGuard:
     def judge(self, batch: int, num_steps: int) -> str | None:
         """The warning for ``(batch, num_steps)`` if its mean round is over :data:`SLOW_RATIO` times the model's (and
         not flagged before), else None."""
-        rounds, seconds = self.shapes.get((batch, num_steps), (0, 0.0))
+        rounds, seconds, context = self.shapes.get((batch, num_steps), (0, 0.0, 0))
         if self.model is None or not rounds or (batch, num_steps) in self._flagged:
             return None
         mean = seconds / rounds * 1e3
-        predicted = self.model.predict_ms(batch, num_steps)
+        predicted = self.model.predict_ms(batch, num_steps, context / rounds)
         if mean <= SLOW_RATIO * predicted:
             return None
         self._flagged.add((batch, num_steps))
@@ -320,7 +335,8 @@ class RoundGuard:
         warnings."""
         out: dict[str, object] = dict(self.model.to_json()) if self.model is not None else {}
         out["shapes"] = [{"batch": b, "num_steps": k, "rounds": int(n), "mean_ms": round(s / n * 1e3, 3),
-                          "predicted_ms": round(self.model.predict_ms(b, k), 3) if self.model else None}
-                         for (b, k), (n, s) in sorted(dict(self.shapes).items()) if n]  # a copy: the engine thread adds
+                          "mean_context": round(c / n, 1),
+                          "predicted_ms": round(self.model.predict_ms(b, k, c / n), 3) if self.model else None}
+                         for (b, k), (n, s, c) in sorted(dict(self.shapes).items()) if n]  # a copy: the engine thread adds
         out["warnings"] = list(self.warnings)
         return out
