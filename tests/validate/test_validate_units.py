@@ -201,6 +201,18 @@ def test_verdict_fails_on_lower_slo_attainment():
     assert verdict([*tied[:2], run("config", 340.0, 0.78)], with_slo=True).passed
 
 
+def test_equal_slo_attainment_is_a_tie_the_config_passes():
+    """Only a static that meets the SLOs *more* often fails the config: equal attainment (a tie) passes, in open loop
+    (throughput tied too) and when the config is faster."""
+    tied = [run("static:0", 340.0, 0.0), run("static:3", 340.0, 0.775), run("config", 340.0, 0.775)]
+    v = verdict(tied, with_slo=True)
+    assert v.passed, v.line
+    assert "SLO attainment 77.5% vs 77.5% (K=3)" in v.line
+    faster = verdict([*STATICS, run("config", 160.0, 0.95)], with_slo=True)
+    assert faster.passed, faster.line
+    assert faster.decided_by == "throughput and SLO attainment"
+
+
 def phased(name: str, tput: float, atts: list[float], reqs: list[int]) -> dict:
     """A run with per-phase SLO attainment (overall: the request-weighted mean)."""
     r = run(name, tput, sum(a * n for a, n in zip(atts, reqs)) / sum(reqs))
