@@ -51,7 +51,7 @@ def engine_threads() -> int:
     """Torch threads for the sweep's server: one fewer than the machine's CPUs (at least 1), as the ``llamacpp``
     backend's ``-t``. The load generator runs on the same machine, and torch's OpenMP threads meet at a barrier
     after every op: when one shares its core with another busy process, each barrier waits for a scheduler slice.
-    Measured on the 2-core development VM with other processes busy: the README's main job decoded about
+    Measured on 2 cores with other processes busy: the README's main job decoded about
     2 tokens/s per request with 2 threads (6 requests in 7 minutes) where one thread decodes 22 tokens/s
     (``benchmarks/engine_speed.py --threads 1``)."""
     return max(1, (os.cpu_count() or 1) - 1)

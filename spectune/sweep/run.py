@@ -206,9 +206,8 @@ class Sweep:
         """The drift reference among ``keys``: the ok point with the shortest measurement window (the cheapest to
         measure again) among those measured in full, else among all; None without an ok point. A window that stopped
         early reports its rule's statistic over its first requests (:mod:`spectune.sweep.sequential`), which its
-        re-measurement, a full window, would not read like: on the bundled engine K=1 at concurrency 8 stopped
-        after 16 requests at 140.6 tok/s and its full re-measurement read 156.5, a drift of 11% that widened
-        recommend's tie band past a 1.17x win of K=1 at concurrency 1."""
+        re-measurement, a full window, would not read like: the difference would pass for drift (docs/sweep.md,
+        "Order and drift")."""
         pts = {p.key: p for p in self.folder.points if p.status == "ok"}
         cands = [k for k in keys if k in pts]
         if not cands:
