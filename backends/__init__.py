@@ -24,7 +24,7 @@ from pathlib import Path
 from spectune.backends.base import Backend, BackendOptions
 from spectune.backends.local.options import DEFAULT_HEAD
 from spectune.backends.local.weights.loader import is_default_model
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 BACKENDS: dict[str, tuple[str, str]] = {
     "openai": ("spectune.backends.openai", "OpenAIBackend"),

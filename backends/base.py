@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import ClassVar, Sequence, TypedDict
 
 from spectune.backends.eagle_heads import eagle_version
-from spectune.loadgen.json_types import JsonObject, JsonValue
+from spectune.core.json_types import JsonObject, JsonValue
 from spectune.loadgen.record import RequestRecord
 
 
@@ -310,7 +310,7 @@ class Backend(abc.ABC):
         Called once by the sweep with all planned num_steps. Returns warnings to show the user (may be empty).
 
         Raises:
-            loadgen.errors.UserError: what would make a point fail for a reason the user must fix (no endpoint
+            core.errors.UserError: what would make a point fail for a reason the user must fix (no endpoint
                 for a num_steps, an unreachable endpoint, a missing executable, a fixed port in use).
         """
         return []
@@ -322,7 +322,7 @@ class Backend(abc.ABC):
         Blocks (asynchronously) until the server answers its health check.
 
         Raises:
-            loadgen.errors.UserError: configuration problems the user must fix (missing executable, port in
+            core.errors.UserError: configuration problems the user must fix (missing executable, port in
                 use, no endpoint for this num_steps).
             BackendStartError: the server failed to start or never became ready (the point fails, the sweep
                 goes on); its message carries the log tail.

@@ -25,7 +25,7 @@ from spectune.backends.http import HEALTH_PATHS, auth_headers, check_reachable
 from spectune.backends.openai import EndpointSet
 from spectune.backends.process import ServerProcess, free_port, port_in_use, redact_argv
 from spectune.backends.prometheus import RUNNING_GAUGES, scrape_running, scrape_snapshot, scrape_switches
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 
 PLACEHOLDERS = ("steps", "draft_tokens", "port", "model", "draft", "host", "adaptive_config")

@@ -19,7 +19,7 @@ from spectune.backends.base import (Acceptance, Backend, BackendOptions, Endpoin
 from spectune.backends.http import auth_headers, check_reachable, normalize_base_url
 from spectune.backends.prometheus import scrape_running, scrape_snapshot
 from spectune.backends.redact import redact_text
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 
 ALL_STEPS = -1

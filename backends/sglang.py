@@ -49,8 +49,8 @@ from spectune.backends.http import get
 from spectune.backends.launch import LaunchingBackend
 from spectune.backends.num_steps import AdaptiveConfig, load_config_file
 from spectune.backends.prometheus import gauge_values, parse_metrics
-from spectune.loadgen.errors import UserError
-from spectune.loadgen.json_types import JsonObject, JsonValue
+from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject, JsonValue
 from spectune.loadgen.record import RequestRecord
 
 #: SGLang's running-request cap with EAGLE when --max-running-requests is unset (server_args.py).

@@ -59,7 +59,7 @@ from spectune.backends.local.options import DEFAULT_HEAD
 from spectune.backends.local.weights.loader import default_model_path, is_default_model
 from spectune.backends.methods import SPELLINGS
 from spectune.backends.prometheus import scrape_snapshot
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 
 #: ``--algorithm`` spellings -> llama.cpp ``--spec-type`` values (``common/speculative.cpp`` type names): the methods

@@ -30,7 +30,7 @@ from spectune.backends.local.options import DEFAULT_HEAD, check_compile_mode, pa
 from spectune.backends.local.weights.loader import is_default_model
 from spectune.backends.num_steps import load_config_file
 from spectune.backends.prometheus import scrape_snapshot
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 KV_BYTES_PER_TOKEN_GUESS = 32 * 1024  # SmolLM2 target + draft use ~24 KB per token in bf16; sizes the budget
 

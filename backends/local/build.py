@@ -12,7 +12,7 @@ from spectune.backends.local.model.config import ModelConfig
 from spectune.backends.local.options import EngineOptions, check_compile_mode, resolve_draft
 from spectune.backends.local.weights.loader import convert_gguf, is_default_model, load_target, resolve_model_path
 from spectune.backends.num_steps import TraceWriter, load_config_file, make_policy
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 if TYPE_CHECKING:
     import torch

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 COMPILE_MODES = ("auto", "on", "off")  # EngineOptions.compile (backends/local/engine/compiled.py)
 

@@ -70,8 +70,8 @@ from spectune.backends.num_steps import VllmSchedule, load_config_file
 from spectune.backends.prometheus import parse_metrics, scrape_snapshot
 from spectune.backends.vllm.install import VllmInstall, detect_gpu, find_vllm
 from spectune.backends.vllm.metrics import per_request_acceptance, spec_decoding_metrics  # noqa: F401 (re-exported)
-from spectune.loadgen.errors import UserError
-from spectune.loadgen.json_types import JsonObject
+from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
 
 GIB = 1 << 30

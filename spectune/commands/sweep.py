@@ -13,7 +13,7 @@ from spectune.commands.options import (LOAD_PANEL, RAY_PANEL, SERVER_PANEL, Comp
                                        MaxTokens, NumPrompts, Port, RayResources, RequestTimeout, ServerArgs,
                                        ServerBin, StartupTimeout, Temperature, WarmupTimeout, ray_options,
                                        split_server_args)
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 
 def parse_endpoints(values: list[str]) -> dict[int, str] | None:

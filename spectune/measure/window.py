@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from spectune.backends.base import Acceptance, Backend, SpecSnapshot
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.acceptance import window_acceptance
 from spectune.measure.batch_size import BATCH_SIZE_INTERVAL_S, BatchSizeSampler

@@ -23,7 +23,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, TypedDict, Union
 
-from spectune.loadgen.json_types import JsonObject
+from spectune.core.json_types import JsonObject
 from spectune.results.schema import KEY_COLUMNS, STATUS_COLUMNS, SUMMARY_COLUMNS, Key, PointKey, now_iso, summary_row
 
 if TYPE_CHECKING:

@@ -34,8 +34,8 @@ from typing import Protocol, Sequence
 from spectune.backends import make_backend
 from spectune.backends.base import Backend, BackendOptions, BackendStartError, SpecSnapshot
 from spectune.loadgen.datasets import Prompt, load_dataset
-from spectune.loadgen.errors import UserError
-from spectune.loadgen.json_types import JsonObject
+from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.acceptance import per_category_points, window_acceptance
 from spectune.measure.batch_size import BATCH_SIZE_INTERVAL_S

@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any, Sequence
 
 from spectune.backends.base import Backend
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.results.schema import Key, PointKey
 from spectune.sweep.plan import SweepPlan
 

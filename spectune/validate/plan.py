@@ -13,7 +13,7 @@ from typing import Any
 
 from spectune.backends.llamacpp.settings import FORMAT, read_settings
 from spectune.backends.num_steps import VllmSchedule, load_config_file
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.load_settings import LoadSpec, failure_rate_check, steps_check
 from spectune.measure.workload import Workload

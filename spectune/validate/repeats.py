@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence, TypedDict
 
-from spectune.loadgen.json_types import JsonObject, JsonValue
+from spectune.core.json_types import JsonObject, JsonValue
 from spectune.results.validate_run import RunEntry, RunWindow
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from spectune.backends import make_backend
 from spectune.backends.base import Acceptance, Backend, BackendOptions, BackendStartError
 from spectune.backends.num_steps.sglang_config import VllmSchedule, load_config_file
 from spectune.loadgen.datasets import Prompt, load_dataset
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.acceptance import window_acceptance
 from spectune.measure.environment import environment

@@ -20,7 +20,7 @@ from spectune.backends.base import BackendOptions, LlamaCppOptions, SpecSnapshot
 from spectune.backends.llamacpp.backend import LlamaCppBackend, cpu_workarounds, llamacpp_argv, timings_totals
 from spectune.backends.llamacpp.install import find_llama_server, server_features
 from spectune.backends.prometheus import snapshot_from_text
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 
 

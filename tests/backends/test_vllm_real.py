@@ -48,7 +48,7 @@ from spectune.backends.vllm.backend import spec_decoding_metrics
 from spectune.cli import app
 from spectune.loadgen.client import ClientConfig, StreamingClient
 from spectune.loadgen.datasets import Prompt
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.measure.schedule_check import check_num_steps, check_schedule
 
 try:

@@ -16,7 +16,7 @@ from spectune.backends.local.weights.quant import (Int4Linear, Int8RowLinear, na
                                            requantize_rows, unpack)
 from spectune.backends.local.engine.sequence import SamplingParams
 from spectune.backends.local.weights.loader import default_model_path, load_target
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 PROMPTS = ["What is the capital of Japan?", "Write a Python function that returns the n-th Fibonacci number.",
            "List the planets of the solar system in order from the sun.", "Hi!"]

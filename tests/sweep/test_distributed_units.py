@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from spectune.cli import app
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.results.nodes import check_mixed_nodes, node_verdicts
 from spectune.sweep.distributed import RayOptions, import_ray, parse_resources
 from spectune.sweep.plan import SweepPlan

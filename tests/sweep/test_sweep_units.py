@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from spectune.backends.base import Acceptance
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.commands.sweep import parse_endpoints
 from spectune.sweep.display import summarize, summary_table

@@ -12,7 +12,7 @@ import pytest
 from spectune.backends.llamacpp.settings import read_settings, settings_json
 from spectune.results.batch_acceptance import acceptance_se, acceptance_vs_c1, batch_dependent_acceptance
 from spectune.tune.output import write_recommendation
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.tune.recommend import RecommendOptions, recommend
 from spectune.results.reader import load_results
 from spectune.validate.plan import config_candidates

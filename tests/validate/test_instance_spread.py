@@ -225,7 +225,7 @@ def test_the_run_order_adds_an_aa_run_to_one_repeat_and_leaves_out_a_static_conf
 
 
 def test_a_static_config_missing_from_steps_is_refused():
-    from spectune.loadgen.errors import UserError
+    from spectune.core.errors import UserError
 
     with pytest.raises(UserError, match="add it to --steps"):
         ValidatePlan(config="c.json", steps=(0, 2), workload=parse_workload("c1@1", 1.0), config_static=1).validate()

@@ -13,7 +13,7 @@ from aiohttp import web
 from spectune.backends import make_backend
 from spectune.backends.base import BackendOptions
 from spectune.loadgen.datasets import user_prompt
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.validate.plan import ValidatePlan
 from spectune.validate.repeats import combine_repeats

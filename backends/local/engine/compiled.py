@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from spectune.backends.local.options import check_compile_mode
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 if TYPE_CHECKING:
     from spectune.backends.local.engine.speculative import SpeculativeDecoder

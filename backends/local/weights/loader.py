@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from spectune.backends.local.model.config import ModelConfig
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 if TYPE_CHECKING:
     import torch

@@ -61,7 +61,7 @@ import torch
 from torch import nn
 
 from spectune.backends.local.weights.loader import gguf_reader
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 QK = 32  # weights per GGML block
 NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0")
