@@ -42,8 +42,9 @@ import time
 from pathlib import Path
 from typing import Sequence, TypedDict
 
-from spectune.backends.base import (Acceptance, BackendOptions, ScheduleServer, SpecSnapshot, chunk_proxy_acceptance,
-                                    zero_steps_acceptance)
+from spectune.backends.base import ScheduleServer
+from spectune.backends.options import BackendOptions
+from spectune.backends.snapshots import Acceptance, SpecSnapshot, chunk_proxy_acceptance, zero_steps_acceptance
 from spectune.backends.methods import engine_method, launch_method
 from spectune.backends.http import get
 from spectune.backends.launch import LaunchingBackend

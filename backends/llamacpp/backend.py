@@ -49,8 +49,9 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from spectune.backends.base import (Acceptance, BackendOptions, SpecSnapshot, counter_acceptance, has_counters,
-                           zero_steps_acceptance)
+from spectune.backends.options import BackendOptions
+from spectune.backends.snapshots import (Acceptance, SpecSnapshot, counter_acceptance, has_counters,
+                                         zero_steps_acceptance)
 from spectune.backends.cpuinfo import read_cpuinfo
 from spectune.backends.launch import LaunchingBackend
 from spectune.backends.llamacpp.head_gguf import cached_head_gguf

@@ -21,9 +21,9 @@ from typing import Any, Sequence
 
 import aiohttp
 
-from spectune.backends.base import (
-    ENGINE_TIME_KEYS, BackendOptions, BackendStartError, Endpoint, ScheduleServer, SpecSnapshot,
-)
+from spectune.backends.base import BackendStartError, ScheduleServer
+from spectune.backends.options import BackendOptions, Endpoint
+from spectune.backends.snapshots import ENGINE_TIME_KEYS, SpecSnapshot
 from spectune.backends.eagle_heads import eagle_version
 from spectune.backends.launch import LaunchingBackend
 from spectune.backends.local.options import DEFAULT_HEAD, check_compile_mode, parse_server_args
@@ -168,7 +168,7 @@ class LocalBackend(LaunchingBackend):
 
     async def snapshot(self) -> SpecSnapshot | None:
         """The engine's ``spectune:`` counters from /metrics, with its time counters in ``raw``
-        (:data:`~spectune.backends.base.ENGINE_TIME_KEYS`; ``backends/local/server/metrics.py``) and, when its
+        (:data:`~spectune.backends.snapshots.ENGINE_TIME_KEYS`; ``backends/local/server/metrics.py``) and, when its
         ``spectune:engine_slow_round_shapes`` counter is above 0, the step model's warnings from ``/server_info``
         in ``raw["engine_warnings"]`` (``backends/local/engine/step_model.py``)."""
         if self.base_url is None:

@@ -147,7 +147,7 @@ def sweep(
     concurrency point; results go to --output-dir (sweep.json, requests.jsonl, points.jsonl, summary.csv)."""
     from rich.console import Console
 
-    from spectune.backends.base import BackendOptions, BundledEngineOptions, LlamaCppOptions
+    from spectune.backends.options import BackendOptions, BundledEngineOptions, LlamaCppOptions
     from spectune.sweep.display import LiveDisplay, summary_table
     from spectune.sweep.run import run_blocking
     from spectune.commands.options import parse_int_list

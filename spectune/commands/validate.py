@@ -121,7 +121,7 @@ def validate(
     (one candidate everywhere) is not run again: the verdict asks whether another static beats it."""
     from rich.console import Console
 
-    from spectune.backends.base import BackendOptions, BundledEngineOptions, LlamaCppOptions
+    from spectune.backends.options import BackendOptions, BundledEngineOptions, LlamaCppOptions
     from spectune.measure.signals import run_with_signals
     from spectune.commands.options import parse_int_list
     from spectune.measure.load_settings import ClientTimeouts

@@ -1,7 +1,7 @@
 """Is the server following a per-batch-size schedule? Drafted tokens per verify step over a window, from the
 spec-decode counters, against the schedule's K at the window's batch size.
 
-vLLM's counters (``vllm/v1/spec_decode/metrics.py``; :class:`~spectune.backends.base.SpecSnapshot`) count a
+vLLM's counters (``vllm/v1/spec_decode/metrics.py``; :class:`~spectune.backends.snapshots.SpecSnapshot`) count a
 *draft* per request per verify step that carried drafts and the draft tokens it carried, so over a window
 d(num_draft_tokens) / d(num_drafts) is the mean K of the steps that drafted. Under a
 ``num_speculative_tokens_per_batch_size`` schedule it must not exceed the largest K the schedule gives the window's
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spectune.backends.num_steps.sglang_config import VllmRange, VllmSchedule
-from spectune.backends.base import SpecSnapshot, counters_reset
+from spectune.backends.snapshots import SpecSnapshot, counters_reset
 
 TOLERANCE = 0.25
 """Drafted tokens per drafting step may exceed the schedule's largest K by this much (tokens) before it counts."""

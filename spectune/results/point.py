@@ -27,7 +27,7 @@ from spectune.core.json_types import JsonObject
 from spectune.results.schema import KEY_COLUMNS, STATUS_COLUMNS, SUMMARY_COLUMNS, Key, PointKey, now_iso, summary_row
 
 if TYPE_CHECKING:
-    from spectune.backends.base import CrossCheck  # acceptance.cross_check
+    from spectune.backends.snapshots import CrossCheck
 
 __all__ = ["SweepPoint", "as_points", "MetricValue", "Window", "Warmup", "PointAcceptance",
            "BatchSize", "CategoryNumbers", "PairedLook", "EarlyStopLook", "EarlyStopRecord", "ScheduleCheckRecord",

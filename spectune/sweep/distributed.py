@@ -43,7 +43,8 @@ from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import TYPE_CHECKING, Callable, Sequence, TypedDict
 
-from spectune.backends.base import Backend, BackendOptions
+from spectune.backends.base import Backend
+from spectune.backends.options import BackendOptions
 from spectune.loadgen.datasets import Prompt
 from spectune.core.errors import UserError
 from spectune.core.json_types import JsonObject

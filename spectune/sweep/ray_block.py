@@ -42,7 +42,7 @@ from spectune.sweep.plan import SweepListener, SweepPlan
 if TYPE_CHECKING:
     from typing_extensions import NotRequired
 
-    from spectune.backends.base import BackendOptions
+    from spectune.backends.options import BackendOptions
     from spectune.loadgen.datasets import Prompt
     from spectune.measure.load_settings import ClientTimeouts
 

@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Protocol, Sequence
 
 from spectune.backends import make_backend
-from spectune.backends.base import Backend, BackendOptions, BackendStartError, SpecSnapshot
+from spectune.backends.base import Backend, BackendStartError
+from spectune.backends.options import BackendOptions
+from spectune.backends.snapshots import SpecSnapshot
 from spectune.loadgen.datasets import Prompt, load_dataset
 from spectune.core.errors import UserError
 from spectune.core.json_types import JsonObject

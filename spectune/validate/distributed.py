@@ -39,7 +39,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Callable, Iterator, Protocol, TypedDict
 
-from spectune.backends.base import Backend, BackendOptions
+from spectune.backends.base import Backend
+from spectune.backends.options import BackendOptions
 from spectune.loadgen.datasets import Prompt
 from spectune.core.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord

@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from spectune.backends import make_backend
-from spectune.backends.base import Acceptance, Backend, BackendOptions, BackendStartError
+from spectune.backends.base import Backend, BackendStartError
+from spectune.backends.options import BackendOptions
+from spectune.backends.snapshots import Acceptance
 from spectune.backends.num_steps.sglang_config import VllmSchedule, load_config_file
 from spectune.loadgen.datasets import Prompt, load_dataset
 from spectune.core.errors import UserError

@@ -14,7 +14,8 @@ import aiohttp
 import pytest
 
 from spectune.backends import make_backend
-from spectune.backends.base import BackendOptions, BackendStartError
+from spectune.backends.base import BackendStartError
+from spectune.backends.options import BackendOptions
 from spectune.backends.launch import render_template, split_template
 from spectune.backends.process import port_in_use, redact_argv
 from spectune.core.errors import UserError

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from spectune.backends import make_backend
-from spectune.backends.base import BackendOptions, LlamaCppOptions, SpecSnapshot
+from spectune.backends.options import BackendOptions, LlamaCppOptions
+from spectune.backends.snapshots import SpecSnapshot
 from spectune.backends.llamacpp.backend import LlamaCppBackend, cpu_workarounds, llamacpp_argv, timings_totals
 from spectune.backends.llamacpp.install import find_llama_server, server_features
 from spectune.backends.prometheus import snapshot_from_text

@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 
 from spectune.backends import BACKEND_NAMES, make_backend
-from spectune.backends.base import BackendOptions
+from spectune.backends.options import BackendOptions
 from spectune.backends.http import normalize_base_url
 from spectune.backends.openai import EndpointSet
 from spectune.backends.process import free_port

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from spectune.backends import make_backend
-from spectune.backends.base import BackendOptions, BundledEngineOptions
+from spectune.backends.options import BackendOptions, BundledEngineOptions
 
 
 def engine_options(options: BackendOptions) -> dict:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from spectune.backends import make_backend
-from spectune.backends.base import BackendOptions
+from spectune.backends.options import BackendOptions
 from spectune.backends.prometheus import snapshot_from_text
 from spectune.backends.vllm import VllmInstall, vllm_argv
 from spectune.core.errors import UserError

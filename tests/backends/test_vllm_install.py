@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from spectune.backends import make_backend
-from spectune.backends.base import BackendOptions
+from spectune.backends.options import BackendOptions
 from spectune.backends.vllm import VllmInstall, cpu_server_settings, kv_bytes_per_token
 from spectune.backends.vllm import install
 from spectune.cli import app

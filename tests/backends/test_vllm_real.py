@@ -42,7 +42,7 @@ from typer.testing import CliRunner
 from helpers.results_folders import row, write_sweep
 from spectune.backends import make_backend
 from spectune.backends.num_steps import load_config_file
-from spectune.backends.base import BackendOptions
+from spectune.backends.options import BackendOptions
 from spectune.backends.vllm import find_vllm
 from spectune.backends.vllm.backend import spec_decoding_metrics
 from spectune.cli import app

@@ -404,7 +404,7 @@ def test_default_gguf_is_fully_native() -> None:
 async def test_local_sweep_backend_records_the_servers_path() -> None:
     """sweep.json's ``backend`` comes from ``describe()`` after each start: the server's chosen path is in it."""
     from spectune.backends import make_backend
-    from spectune.backends.base import BackendOptions, BundledEngineOptions
+    from spectune.backends.options import BackendOptions, BundledEngineOptions
 
     backend = make_backend("local", BackendOptions(max_concurrency=1, draft="none",
                                                    local=BundledEngineOptions(dtype="native", compile="off")))

@@ -9,7 +9,7 @@ import csv
 import numpy as np
 import pytest
 
-from spectune.backends.base import BackendOptions
+from spectune.backends.options import BackendOptions
 from spectune.core.errors import UserError
 from spectune.results.point import SweepPoint
 from spectune.results.reader import load_results

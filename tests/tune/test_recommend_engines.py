@@ -201,7 +201,7 @@ def test_recommend_writes_the_head_and_target_without_a_machine_s_folders(tmp_pa
     recorded, or relative when inside the output folder. The launch line's target: ``~/...`` under the home folder."""
     import os
 
-    from spectune.backends import bundled_head
+    from spectune.backends.local.options import bundled_head
     from spectune.backends.local.options import DEFAULT_HEAD
     from spectune.tune.output import portable_head, portable_target
 

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from spectune.backends import make_backend
-from spectune.backends.base import BackendOptions
+from spectune.backends.options import BackendOptions
 from spectune.loadgen.datasets import user_prompt
 from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
