@@ -54,7 +54,7 @@ from spectune.results.schema import SCHEDULE_FOLDER, Key, PointKey, key_fields, 
 from spectune.sweep.drift import drift_check, drift_summary
 from spectune.sweep.guided import GuidedPlanner
 from spectune.sweep.plan import NEW_KEYS, SweepListener, SweepOutcome, SweepPlan
-from spectune.sweep.schedule_server import run_pair, schedule_pass
+from spectune.sweep.schedule_server import PairedRunner, schedule_pass
 from spectune.sweep.sequential import MIN_SECONDS, EarlyStop, closed_loop_throughput, prompt_sums, request_parts
 
 __all__ = ["Sweep", "execute", "run_blocking", "SCHEDULE_FOLDER"]
@@ -456,7 +456,7 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
 
     ``schedule_server`` (``auto``, ``on``, ``off``): whether the engine's schedule server is measured too
     (:func:`schedule_pass`): into ``output_dir/schedule-server`` (:data:`SCHEDULE_FOLDER`, a sweep folder of its own
-    whose points carry ``server``), its num_steps blocks alternating with the static ones (:func:`run_pair`).
+    whose points carry ``server``), its num_steps blocks alternating with the static ones (:class:`PairedRunner`).
 
     Raises:
         UserError: see above. asyncio.CancelledError: the sweep was cancelled (finished points are kept).
@@ -497,11 +497,10 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
                                        options.api_key_env, timeouts)
         else:
             sweep = ray.sweep(plan, backend_name, options, folder, prompts, meta, listener, timeouts)
+        if pair is not None:
+            sweep = PairedRunner(sweep, pair, pair_todo)
         try:
-            if pair is not None:
-                await run_pair(sweep, todo, pair, pair_todo)
-            else:
-                await sweep.run(todo)
+            await sweep.run(todo)
         finally:
             outcome.ran, outcome.points = sweep.ran, list(folder.points)
             outcome.predicted, outcome.cost = list(sweep.predicted), dict(sweep.meta.get("cost") or {})
