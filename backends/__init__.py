@@ -19,12 +19,10 @@ lifecycle of :mod:`spectune.backends.base` per point.
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 
-from spectune.backends.base import Backend, BackendOptions
-from spectune.backends.local.options import DEFAULT_HEAD
-from spectune.backends.local.weights.loader import is_default_model
-from spectune.loadgen.errors import UserError
+from spectune.backends.base import Backend
+from spectune.backends.options import BackendOptions
+from spectune.core.errors import UserError
 
 BACKENDS: dict[str, tuple[str, str]] = {
     "openai": ("spectune.backends.openai", "OpenAIBackend"),
@@ -36,7 +34,7 @@ BACKENDS: dict[str, tuple[str, str]] = {
 }
 """The one registry: backend name (``--backend``, sweep.json's ``backend.backend``) -> (module, class). Modules are
 imported only when their backend is asked for, so ``spectune --help`` and a remote sweep never import an engine's
-package."""
+package; this module imports only the interface and its option records."""
 BACKEND_NAMES = tuple(BACKENDS)
 
 
@@ -75,32 +73,12 @@ def draft_head(description: dict | None) -> str | None:
     if description.get("draft"):
         return str(description["draft"])
     cls = backend_class(str(description.get("backend", "")))
-    if cls is not None and cls.embeds_default_pair and is_default_model(description.get("model") or None):
-        return str(DEFAULT_HEAD)
-    return None
-
-
-def bundled_head(path: str | None) -> Path | None:
-    """The folder on this machine of the bundled head that ``path`` names, or None when it names none.
-
-    ``path``: a head as a sweep recorded it (:func:`draft_head`). It names a bundled head when it is one of the
-    folders beside :data:`DEFAULT_HEAD` here, or when it ends in ``backends/local/heads/NAME`` (the package path
-    ``spectune.backends.local.heads``, as a checkout or an installed copy on the machine that recorded it spells it)
-    and NAME is bundled here. Reads the file system only; raises nothing."""
-    if not path:
+    if cls is None or not cls.embeds_default_pair:
         return None
-    heads = DEFAULT_HEAD.parent
-    p = Path(path).expanduser()
-    try:
-        if p.is_dir() and p.resolve().parent == heads.resolve():
-            return p
-    except OSError:
-        return None
-    parts = p.parts
-    if len(parts) >= 4 and parts[-4:-1] == ("backends", "local", "heads"):
-        here = heads / parts[-1]
-        return here if (here / "config.json").is_file() else None
-    return None
+    from spectune.backends.local.options import DEFAULT_HEAD  # the default pair, read once a backend embeds it
+    from spectune.backends.local.weights.loader import is_default_model
+
+    return str(DEFAULT_HEAD) if is_default_model(description.get("model") or None) else None
 
 
 def make_backend(name: str, options: BackendOptions) -> Backend:
@@ -119,5 +97,5 @@ def make_backend(name: str, options: BackendOptions) -> Backend:
     return _load(key)(options)
 
 
-__all__ = ["BACKENDS", "BACKEND_NAMES", "Backend", "BackendOptions", "backend_class", "bundled_head", "draft_algorithm",
+__all__ = ["BACKENDS", "BACKEND_NAMES", "Backend", "BackendOptions", "backend_class", "draft_algorithm",
            "draft_head", "make_backend"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Mapping, TypeVar
 
-from spectune.loadgen.json_types import JsonObject
+from spectune.core.json_types import JsonObject
 
 if TYPE_CHECKING:
     import numpy as np

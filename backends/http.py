@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 #: Paths probed, in order, to decide that an OpenAI-compatible server is up.
 HEALTH_PATHS = ("/health", "/v1/models")

@@ -18,14 +18,15 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from spectune.backends.base import (Acceptance, Backend, BackendOptions, BackendStartError, Endpoint, ScheduleServer,
-                                    SpecSnapshot, has_counters, pinned_vllm_schedule, zero_steps_acceptance)
+from spectune.backends.base import Backend, BackendStartError, ScheduleServer, pinned_vllm_schedule
+from spectune.backends.options import BackendOptions, Endpoint
+from spectune.backends.snapshots import Acceptance, SpecSnapshot, has_counters, zero_steps_acceptance
 from spectune.backends.eagle_heads import eagle_version
 from spectune.backends.http import HEALTH_PATHS, auth_headers, check_reachable
 from spectune.backends.openai import EndpointSet
 from spectune.backends.process import ServerProcess, free_port, port_in_use, redact_argv
 from spectune.backends.prometheus import RUNNING_GAUGES, scrape_running, scrape_snapshot, scrape_switches
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 
 PLACEHOLDERS = ("steps", "draft_tokens", "port", "model", "draft", "host", "adaptive_config")
@@ -246,7 +247,7 @@ class LaunchingBackend(Backend):
         self, before: SpecSnapshot | None, after: SpecSnapshot | None, records: Sequence[RequestRecord]
     ) -> Acceptance:
         """Counter deltas from ``/metrics`` when present; else 1.0 at num_steps 0
-        (:func:`~spectune.backends.base.zero_steps_acceptance`); else the proxy (:meth:`Backend.acceptance` for
+        (:func:`~spectune.backends.snapshots.zero_steps_acceptance`); else the proxy (:meth:`Backend.acceptance` for
         both)."""
         self.next_window()
         if self.steps == 0 and not has_counters(before, after):

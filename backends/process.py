@@ -27,7 +27,7 @@ from typing import IO, Callable
 from spectune.backends.base import BackendStartError
 from spectune.backends.http import HEALTH_PATHS, probe
 from spectune.backends.redact import Redactor, argv_secrets, redact_argv
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 __all__ = ["ServerProcess", "free_port", "port_in_use", "redact_argv", "wait_port_free", "wait_while", "OOM_PATTERNS"]
 

@@ -12,7 +12,7 @@ counters (``vllm/v1/spec_decode/metrics.py``, registered through ``vllm/v1/metri
 
 The prefix is ``vllm:`` for vLLM and ``spectune:`` for the bundled engine. Scrapes also carry ``_created``
 samples (the counter's creation time), which are never summed. Acceptance over a window of two snapshots is
-:func:`spectune.backends.base.counter_acceptance`.
+:func:`spectune.backends.snapshots.counter_acceptance`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Iterable
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from spectune.backends.base import SpecSnapshot
+from spectune.backends.snapshots import SpecSnapshot
 from spectune.backends.http import get
 
 DRAFTS = "spec_decode_num_drafts"

@@ -42,15 +42,16 @@ import time
 from pathlib import Path
 from typing import Sequence, TypedDict
 
-from spectune.backends.base import (Acceptance, BackendOptions, ScheduleServer, SpecSnapshot, chunk_proxy_acceptance,
-                                    zero_steps_acceptance)
+from spectune.backends.base import ScheduleServer
+from spectune.backends.options import BackendOptions
+from spectune.backends.snapshots import Acceptance, SpecSnapshot, chunk_proxy_acceptance, zero_steps_acceptance
 from spectune.backends.methods import engine_method, launch_method
 from spectune.backends.http import get
 from spectune.backends.launch import LaunchingBackend
 from spectune.backends.num_steps import AdaptiveConfig, load_config_file
 from spectune.backends.prometheus import gauge_values, parse_metrics
-from spectune.loadgen.errors import UserError
-from spectune.loadgen.json_types import JsonObject, JsonValue
+from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject, JsonValue
 from spectune.loadgen.record import RequestRecord
 
 #: SGLang's running-request cap with EAGLE when --max-running-requests is unset (server_args.py).

@@ -16,7 +16,7 @@ Engines on the default pair (SmolLM2-135M-Instruct + bundled EAGLE-3 head; ``--d
 The adaptive, upkeep and static2 engines share the static engine's weights (``build_engine(..., weights_of=static)``:
 the same target and head modules, their own caches and policy), so they differ from it only in how they schedule
 num_steps. Separately loaded copies of the weights (``--separate-weights``) ran 2.4% (k=1) and 3.8% (k=0) apart at
-batch 1 on the Zen 5 VM, static against static: an instance effect (where each copy's pages landed) that swamped the
+batch 1, static against static: an instance effect (where each copy's pages landed) that swamped the
 1% question.
 
 Two measurements:

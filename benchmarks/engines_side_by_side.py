@@ -95,7 +95,7 @@ async def run(args: argparse.Namespace) -> None:
     from rich.table import Table
 
     from spectune.backends import make_backend
-    from spectune.backends.base import BackendOptions
+    from spectune.backends.options import BackendOptions
     from spectune.loadgen.datasets import load_dataset
     from spectune.measure.environment import cpu_line
 

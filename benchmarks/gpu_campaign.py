@@ -3,13 +3,13 @@ HBM roofline (with a Llama-3.2-1B-shaped random target beside the pair), packed 
 per request (``benchmarks/packed_prefill.py``), a sweep of num_steps 0-5 x concurrency 1-512, recommend, and
 validate on a workload swinging between concurrency 1 and 512.
 
-GPU time is short, so every part runs from this one script, each under its own time limit, and writes into one
+Every part runs from this one script, each under its own time limit, and writes into one
 folder (``--out``) as it goes: ``campaign.md`` (the tables), ``campaign.json`` (the numbers), a log per part, and the
 ``sweep``, ``recommend`` and ``validate`` folders of the spectune commands it ran. With ``--bundle FILE`` the folder is
 also packed into one ``.tar.gz`` after every part, so a run cut off by its time limit still returns what it measured.
 
 ``--tiny`` runs the same parts on the CPU at tiny sizes (batches 1 and 2, num_steps 0-1, a small random target in place
-of the 1B shape, 2-second windows): how the script is checked before a GPU is lent.
+of the 1B shape, 2-second windows): how the script is checked without a GPU.
 
 What a decode step is here: one :meth:`~spectune.backends.local.engine.speculative.SpeculativeDecoder.decode_round`,
 as the engine's loop runs it (K-1 draft forwards, one verify of K+1 tokens per sequence, greedy acceptance, the draft
@@ -29,10 +29,10 @@ Usage (repository root; spectune installed with the default pair's GGUF, llm-smo
     python benchmarks/gpu_campaign.py --out /tmp/gpu-campaign-tiny --tiny
     python benchmarks/gpu_campaign.py --out DIR --parts env,steps-1b     # some parts only
 
-A session's device time (15 minutes, start-up included; 10 minutes a call) fits two calls after the step tables
-are measured once (docs/examples/smollm2-h200 has them): ``--parts env,tests,prefill,sweep,recommend`` (about 400 s:
-tests 85 s and sweep 190 s on the last run, prefill and engine builds the rest) and ``--parts env,validate`` into the
-same ``--out`` (about 300 s).
+What each part costs on the GPU (the last run, docs/examples/smollm2-h200): ``tests`` about 85 s, ``sweep`` about
+190 s, ``prefill`` and the engine builds most of the rest of ``--parts env,tests,prefill,sweep,recommend`` (about 400 s
+in all), ``validate`` about 300 s (``--parts env,validate`` into the same ``--out``). The step tables (``steps-1b``,
+``steps-pair``) need measuring once; docs/examples/smollm2-h200 has them.
 """
 
 from __future__ import annotations

@@ -162,7 +162,7 @@ def replay(grid: Path, out: Path, objective: str, restart_s: float = 0.0) -> dic
 def run_plans(args: argparse.Namespace, out: Path) -> dict[str, object]:
     """Run the grid, then the guided plan; returns {design: SweepOutcome} (each with ``wall_s``). A real backend runs
     under spectune's signal handling (Ctrl-C/SIGTERM stop its servers)."""
-    from spectune.backends.base import BackendOptions
+    from spectune.backends.options import BackendOptions
     from spectune.sweep.plan import SweepPlan, parse_budget
     from spectune.sweep.run import execute, run_blocking
 
@@ -356,7 +356,7 @@ def recorded(args: argparse.Namespace) -> int:
     from types import SimpleNamespace
 
     from helpers.cost_model import COMPUTE_BOUND, EmulatedServers
-    from spectune.backends.base import BackendOptions
+    from spectune.backends.options import BackendOptions
     from spectune.results.confidence import point_intervals
     from spectune.results.point import SweepPoint
     from spectune.results.reader import load_results
@@ -467,7 +467,7 @@ def virtual(args: argparse.Namespace) -> int:
     import helpers.cost_model as cost_model
     from helpers.cost_model import EmulatedServers, virtual_point
     from spectune.results.point import SweepPoint
-    from spectune.backends.base import BackendOptions
+    from spectune.backends.options import BackendOptions
     from spectune.results.reader import load_results
     from spectune.sweep.plan import SweepPlan
     from spectune.sweep.run import Sweep, execute

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     from ray.cluster_utils import Cluster
 
     from helpers.emulated_server import launch_template
-    from spectune.backends.base import BackendOptions
+    from spectune.backends.options import BackendOptions
     from spectune.commands.options import parse_int_list
     from spectune.results.reader import load_results
     from spectune.sweep.distributed import RayOptions

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     import ray
 
     from helpers.ray_cluster import add_worker, start_cluster, stop_cluster
-    from spectune.backends.base import BackendOptions
+    from spectune.backends.options import BackendOptions
     from spectune.commands.options import parse_int_list
     from spectune.sweep.distributed import RayOptions
     from spectune.validate.plan import ValidatePlan

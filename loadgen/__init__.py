@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 _EXPORTS = {
     "RequestRecord": "spectune.loadgen.record",

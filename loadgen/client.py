@@ -29,8 +29,8 @@ from typing import Protocol, Sequence, TypedDict
 import aiohttp
 
 from spectune.loadgen.datasets import Prompt
-from spectune.loadgen.errors import UserError
-from spectune.loadgen.json_types import JsonObject, JsonValue
+from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject, JsonValue
 from spectune.loadgen.record import RequestRecord
 from spectune.loadgen.sse import SSEParser
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 __all__ = ["Constraints", "RunState"]
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 __all__ = ["Prompt", "DATASET_NAMES", "load_dataset", "user_prompt"]
 

@@ -1,26 +1,6 @@
-"""The one exception type for user errors, shared by every spectune package.
+"""The old home of :class:`~spectune.core.errors.UserError`, kept as a name only: ``spectune.core.errors`` defines
+it. Import it from there; this module goes once ``backends/local/weights/compute_paths.py`` does."""
 
-It lives in ``loadgen`` (the lowest layer) so that ``backends`` and ``spectune`` can raise it without importing
-upwards; Only the CLI edge (``spectune.cli.main``) catches it: it prints the
-message on one line and exits with ``exit_code``.
-"""
+from spectune.core.errors import UserError
 
-from __future__ import annotations
-
-
-class UserError(Exception):
-    """A problem the user can fix: bad input, a missing file, an unreachable endpoint.
-
-    Args:
-        message: one line naming the problem and the fix, e.g.
-            ``"unknown dataset 'mtbench': use one of mt-bench, humaneval, sharegpt, ..."``.
-        exit_code: process exit status at the CLI edge (2 for bad input, the default).
-    """
-
-    def __init__(self, message: str, exit_code: int = 2) -> None:
-        super().__init__(message)
-        self.message = message
-        self.exit_code = exit_code
-
-    def __str__(self) -> str:
-        return self.message
+__all__ = ["UserError"]

@@ -13,7 +13,7 @@ import json
 from importlib.resources import files
 from typing import Any
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 DESCRIPTIONS = {
     "sglang-conservative": "SGLang docs' conservative preset (weak drafts): BS 1-7 [1,3,7], 8-31 [1,3], 32+ [1]",

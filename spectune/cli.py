@@ -2,7 +2,7 @@
 
 Each command's options live in ``spectune/commands/<name>.py`` (typer ``Annotated`` parameters; only light imports
 at module level so ``spectune --help`` starts fast); the work lives in the library modules they call. User errors
-are one exception type, :class:`spectune.loadgen.errors.UserError`, caught only here: one line on stderr, exit code 2
+are one exception type, :class:`spectune.core.errors.UserError`, caught only here: one line on stderr, exit code 2
 (or
 the error's own), no traceback.
 """
@@ -15,7 +15,7 @@ import typer
 
 from spectune.commands import (draft, gate, llamacpp, presets, recommend, report, serve, simulate, sweep, validate,
                                vllm)
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 app = typer.Typer(
     name="spectune",

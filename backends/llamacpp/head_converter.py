@@ -10,7 +10,7 @@ from pathlib import Path
 from spectune.backends.llamacpp.eagle3_names import OUTTYPE
 from spectune.backends.llamacpp.head_checkpoint import HeadInfo
 from spectune.backends.llamacpp.head_target import target_hf_dir
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 
 def run_converter(head: HeadInfo, target: Path, out: Path, llama_cpp_dir: Path) -> None:

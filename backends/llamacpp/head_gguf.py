@@ -107,7 +107,7 @@ from spectune.backends.llamacpp.head_params import write_model_params
 from spectune.backends.llamacpp.head_target import TargetInfo, read_gguf_kv, read_target, target_hf_dir
 from spectune.backends.llamacpp.head_tensors import check_pair, gguf_tensors, target_layers
 from spectune.backends.llamacpp.head_vocab import write_hf_tokenizer
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 __all__ = ["export_head_gguf", "cached_head_gguf", "read_head", "read_target", "read_gguf_kv", "target_hf_dir",
            "HeadInfo", "TargetInfo", "ARCH", "EAGLE3_ARCHITECTURES", "FILE_TYPE_BF16", "OUTTYPE", "WRITER_VERSION"]

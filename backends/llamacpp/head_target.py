@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from spectune.backends.llamacpp.eagle3_names import ARCH
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 
 @dataclass

@@ -12,7 +12,7 @@ from spectune.backends.llamacpp.eagle3_names import GLOBAL_TENSORS, LAYER_TENSOR
 from spectune.backends.llamacpp.head_checkpoint import HeadInfo, find_hparam, head_tensors
 from spectune.backends.llamacpp.head_params import llama3_rope_freqs
 from spectune.backends.llamacpp.head_target import TargetInfo
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 
 def check_pair(head: HeadInfo, tgt: TargetInfo) -> None:

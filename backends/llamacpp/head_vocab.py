@@ -11,7 +11,7 @@ from typing import Any
 
 from spectune.backends.llamacpp.head_checkpoint import HeadInfo
 from spectune.backends.llamacpp.head_target import TargetInfo
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 
 def write_hf_tokenizer(w: Any, head: HeadInfo, tgt: TargetInfo) -> None:

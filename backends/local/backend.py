@@ -21,16 +21,16 @@ from typing import Any, Sequence
 
 import aiohttp
 
-from spectune.backends.base import (
-    ENGINE_TIME_KEYS, BackendOptions, BackendStartError, Endpoint, ScheduleServer, SpecSnapshot,
-)
+from spectune.backends.base import BackendStartError, ScheduleServer
+from spectune.backends.options import BackendOptions, Endpoint
+from spectune.backends.snapshots import ENGINE_TIME_KEYS, SpecSnapshot
 from spectune.backends.eagle_heads import eagle_version
 from spectune.backends.launch import LaunchingBackend
 from spectune.backends.local.options import DEFAULT_HEAD, check_compile_mode, parse_server_args
 from spectune.backends.local.weights.loader import is_default_model
 from spectune.backends.num_steps import load_config_file
 from spectune.backends.prometheus import scrape_snapshot
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 KV_BYTES_PER_TOKEN_GUESS = 32 * 1024  # SmolLM2 target + draft use ~24 KB per token in bf16; sizes the budget
 
@@ -51,7 +51,7 @@ def engine_threads() -> int:
     """Torch threads for the sweep's server: one fewer than the machine's CPUs (at least 1), as the ``llamacpp``
     backend's ``-t``. The load generator runs on the same machine, and torch's OpenMP threads meet at a barrier
     after every op: when one shares its core with another busy process, each barrier waits for a scheduler slice.
-    Measured on the 2-core development VM with other processes busy: the README's main job decoded about
+    Measured on 2 cores with other processes busy: the README's main job decoded about
     2 tokens/s per request with 2 threads (6 requests in 7 minutes) where one thread decodes 22 tokens/s
     (``benchmarks/engine_speed.py --threads 1``)."""
     return max(1, (os.cpu_count() or 1) - 1)
@@ -168,7 +168,7 @@ class LocalBackend(LaunchingBackend):
 
     async def snapshot(self) -> SpecSnapshot | None:
         """The engine's ``spectune:`` counters from /metrics, with its time counters in ``raw``
-        (:data:`~spectune.backends.base.ENGINE_TIME_KEYS`; ``backends/local/server/metrics.py``) and, when its
+        (:data:`~spectune.backends.snapshots.ENGINE_TIME_KEYS`; ``backends/local/server/metrics.py``) and, when its
         ``spectune:engine_slow_round_shapes`` counter is above 0, the step model's warnings from ``/server_info``
         in ``raw["engine_warnings"]`` (``backends/local/engine/step_model.py``)."""
         if self.base_url is None:

@@ -12,7 +12,7 @@ from spectune.backends.local.model.config import ModelConfig
 from spectune.backends.local.options import EngineOptions, check_compile_mode, resolve_draft
 from spectune.backends.local.weights.loader import convert_gguf, is_default_model, load_target, resolve_model_path
 from spectune.backends.num_steps import TraceWriter, load_config_file, make_policy
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 if TYPE_CHECKING:
     import torch
@@ -49,7 +49,7 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
     modules (weights, compiled layers, RoPE tables) and tokenizer the new engine shares; it gets its own caches,
     scheduler and num_steps policy. Two engines in one process that differ only in how they schedule num_steps then
     run on the very same weight memory: benchmarks/adaptive_overhead.py compares them so, because separately loaded
-    copies of the weights ran 2.4% apart at batch 1 on the Zen 5 VM (an instance effect, not the engine's).
+    copies of the weights ran 2.4% apart at batch 1 (an instance effect, not the engine's).
 
     Raises:
         UserError: bad paths or options (num_steps > 0 without a head, a config file that does not parse, ...).
@@ -196,7 +196,7 @@ def prefill_token_budget(device: torch.device) -> int:
     On CUDA 8,192 tokens: SGLang's default ``chunked_prefill_size`` for GPUs of 35-160 GB (H100, H200, A100;
     ``python/sglang/srt/server_args.py``, set from the GPU's memory), where a forward costs its kernel launches more
     than its tokens. On CPU 1,024: a forward costs its tokens (0.73 s for 947 of SmolLM2-135M, native int4, on 2
-    Zen 4 cores), and every running request waits for it.
+    cores), and every running request waits for it.
     """
     return 8192 if device.type == "cuda" else 1024
 

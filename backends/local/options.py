@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 COMPILE_MODES = ("auto", "on", "off")  # EngineOptions.compile (backends/local/engine/compiled.py)
 
@@ -158,3 +158,26 @@ def parse_server_args(args: list[str]) -> dict[str, str | int | float]:
                             ) from None
         i += 1
     return out
+
+
+def bundled_head(path: str | None) -> Path | None:
+    """The folder on this machine of the bundled head that ``path`` names, or None when it names none.
+
+    ``path``: a head as a sweep recorded it (:func:`spectune.backends.draft_head`). It names a bundled head when it is
+    one of the folders beside :data:`DEFAULT_HEAD` here, or when it ends in ``backends/local/heads/NAME`` (the package
+    path ``spectune.backends.local.heads``, as a checkout or an installed copy on the machine that recorded it spells
+    it) and NAME is bundled here. Reads the file system only; raises nothing."""
+    if not path:
+        return None
+    heads = DEFAULT_HEAD.parent
+    p = Path(path).expanduser()
+    try:
+        if p.is_dir() and p.resolve().parent == heads.resolve():
+            return p
+    except OSError:
+        return None
+    parts = p.parts
+    if len(parts) >= 4 and parts[-4:-1] == ("backends", "local", "heads"):
+        here = heads / parts[-1]
+        return here if (here / "config.json").is_file() else None
+    return None

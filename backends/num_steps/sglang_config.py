@@ -39,7 +39,7 @@ from spectune.backends.num_steps.vllm_schedule import (  # re-exported: the one 
     parse_vllm_schedule,
     parse_vllm_speculative_config,
 )
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 __all__ = [
     "DEFAULTS", "SGLANG_DEFAULT_CONFIG", "AdaptiveConfig", "SlotConfig", "VllmRange", "VllmSchedule",
@@ -287,7 +287,7 @@ def load_config_file(path: str | Path, *, strict: bool = True) -> AdaptiveConfig
     """Read a JSON file holding an SGLang adaptive config, a vLLM schedule or a vLLM speculative config.
 
     Raises:
-        loadgen.errors.UserError: missing/unreadable file, bad JSON or an invalid config (one line, with the path).
+        core.errors.UserError: missing/unreadable file, bad JSON or an invalid config (one line, with the path).
     """
     p = Path(path)
     try:

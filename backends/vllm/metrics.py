@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from spectune.backends.base import Acceptance
+from spectune.backends.snapshots import Acceptance
 from spectune.loadgen.record import RequestRecord
 
 

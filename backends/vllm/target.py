@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from spectune.backends.local.weights.loader import cache_dir, convert_gguf
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 DTYPES = ("bfloat16", "float16", "float32")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 app = typer.Typer(no_args_is_help=True)
 

@@ -1,8 +1,9 @@
 """Options that ``spectune sweep`` and ``spectune validate`` share, written once: the launched servers' settings
 (host, port, extra arguments, start-up timeout, device, dtype, draft head), the request settings with the same
 meaning in both (prompts sampled, output tokens, temperature), their help panels, the splitting of
-``--server-args``, the parsing of integer lists (``--steps``, ``--concurrency``, ``--cuda-graph-bs``) and the Ray
-cluster options (``--ray-resources`` and :func:`ray_options`).
+``--server-args``, the one place both build :class:`~spectune.backends.options.BackendOptions` from them
+(:func:`backend_options`), the parsing of integer lists (``--steps``, ``--concurrency``, ``--cuda-graph-bs``) and the
+Ray cluster options (``--ray-resources`` and :func:`ray_options`).
 
 Each alias is a typer ``Annotated`` type; the command gives the default in its own signature (``port: Port =
 None``). typer copies the option for every command, so one alias serves both.
@@ -11,11 +12,14 @@ None``). typer copies the option for every command, so one alias serves both.
 from __future__ import annotations
 
 import shlex
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
+
+if TYPE_CHECKING:
+    from spectune.backends.options import BackendOptions
 
 SERVER_PANEL = "Server options (launch, sglang, vllm, llamacpp, local backends)"
 LOAD_PANEL = "Load"
@@ -81,6 +85,26 @@ def split_server_args(server_args: str | None) -> list[str]:
         return shlex.split(server_args or "")
     except ValueError as err:
         raise UserError(f"cannot split --server-args ({err}): check its quotes") from None
+
+
+def backend_options(*, launch: str | None, model: str | None, draft: str | None, algorithm: str | None, host: str,
+                    port: int | None, server_args: str | None, startup_timeout: float, api_key_env: str,
+                    device: str, dtype: str, compile: str, server_bin: str | None,
+                    endpoints: dict[int, str] | None = None) -> BackendOptions:
+    """The :class:`~spectune.backends.options.BackendOptions` of ``spectune sweep`` and ``spectune validate`` from
+    their server options: ``--server-args`` split (:func:`split_server_args`), the bundled engine's settings
+    (``--device``, ``--dtype``, ``--compile``) and llama.cpp's (``--server-bin``) in their own records.
+
+    Raises:
+        UserError: ``--server-args`` with unbalanced quotes.
+    """
+    from spectune.backends.options import BackendOptions, BundledEngineOptions, LlamaCppOptions
+
+    return BackendOptions(endpoints=endpoints, launch=launch, model=model, draft=draft, algorithm=algorithm,
+                          host=host, port=port, server_args=split_server_args(server_args),
+                          startup_timeout_s=startup_timeout, api_key_env=api_key_env,
+                          local=BundledEngineOptions(device=device, dtype=dtype, compile=compile),
+                          llamacpp=LlamaCppOptions(server_bin=server_bin))
 
 
 def parse_int_list(text: str, what: str, minimum: int) -> list[int]:

@@ -71,7 +71,7 @@ def recommend(
     from spectune.results.reader import load_results
 
     from spectune.backends.num_steps.trtllm_schedule import schedule_form
-    from spectune.loadgen.errors import UserError
+    from spectune.core.errors import UserError
 
     try:
         schedule_form(trtllm_version)

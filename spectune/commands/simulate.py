@@ -62,7 +62,7 @@ def simulate(
     table_ms = None
     if cost_table is not None:
         from spectune.backends.num_steps.throughput_policy import CostTable
-        from spectune.loadgen.errors import UserError
+        from spectune.core.errors import UserError
 
         try:
             table_ms = CostTable.from_json(json.loads(cost_table.read_text()))

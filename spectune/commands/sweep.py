@@ -11,9 +11,9 @@ import typer
 
 from spectune.commands.options import (LOAD_PANEL, RAY_PANEL, SERVER_PANEL, Compile, Device, Draft, Dtype, Host,
                                        MaxTokens, NumPrompts, Port, RayResources, RequestTimeout, ServerArgs,
-                                       ServerBin, StartupTimeout, Temperature, WarmupTimeout, ray_options,
-                                       split_server_args)
-from spectune.loadgen.errors import UserError
+                                       ServerBin, StartupTimeout, Temperature, WarmupTimeout, backend_options,
+                                       ray_options)
+from spectune.core.errors import UserError
 
 
 def parse_endpoints(values: list[str]) -> dict[int, str] | None:
@@ -147,7 +147,6 @@ def sweep(
     concurrency point; results go to --output-dir (sweep.json, requests.jsonl, points.jsonl, summary.csv)."""
     from rich.console import Console
 
-    from spectune.backends.base import BackendOptions, BundledEngineOptions, LlamaCppOptions
     from spectune.sweep.display import LiveDisplay, summary_table
     from spectune.sweep.run import run_blocking
     from spectune.commands.options import parse_int_list
@@ -170,13 +169,10 @@ def sweep(
     plan.validate()
     timeouts = ClientTimeouts(request_timeout, warmup_timeout)
     timeouts.validate()
-    extra_args = split_server_args(server_args)
-    options = BackendOptions(
-        endpoints=parse_endpoints(endpoint or []), launch=launch, model=model, draft=draft, algorithm=algorithm,
-        host=host, port=port, server_args=extra_args, startup_timeout_s=startup_timeout, api_key_env=api_key_env,
-        local=BundledEngineOptions(device=device, dtype=dtype, compile=compile),
-        llamacpp=LlamaCppOptions(server_bin=server_bin),
-    )
+    options = backend_options(endpoints=parse_endpoints(endpoint or []), launch=launch, model=model, draft=draft,
+                              algorithm=algorithm, host=host, port=port, server_args=server_args,
+                              startup_timeout=startup_timeout, api_key_env=api_key_env, device=device, dtype=dtype,
+                              compile=compile, server_bin=server_bin)
     if output_dir is None:
         if resume:
             raise UserError("--resume needs --output-dir DIR (the folder of the sweep to finish)")

@@ -13,9 +13,9 @@ import typer
 
 from spectune.commands.options import (LOAD_PANEL, RAY_PANEL, SERVER_PANEL, Compile, Device, Draft, Dtype, Host,
                                        MaxTokens, NumPrompts, Port, RayResources, RequestTimeout, ServerArgs,
-                                       ServerBin, StartupTimeout, Temperature, WarmupTimeout, ray_options,
-                                       split_server_args)
-from spectune.loadgen.errors import UserError
+                                       ServerBin, StartupTimeout, Temperature, WarmupTimeout, backend_options,
+                                       ray_options)
+from spectune.core.errors import UserError
 
 _WORK = "Workload"
 
@@ -121,7 +121,6 @@ def validate(
     (one candidate everywhere) is not run again: the verdict asks whether another static beats it."""
     from rich.console import Console
 
-    from spectune.backends.base import BackendOptions, BundledEngineOptions, LlamaCppOptions
     from spectune.measure.signals import run_with_signals
     from spectune.commands.options import parse_int_list
     from spectune.measure.load_settings import ClientTimeouts
@@ -154,11 +153,9 @@ def validate(
     timeouts.validate()
     if backend.strip().lower() == "openai":
         raise UserError("validate launches its own servers: use --backend local, sglang, vllm or launch")
-    extra_args = split_server_args(server_args)
-    options = BackendOptions(launch=launch, model=model, draft=draft, algorithm=algorithm, host=host, port=port,
-                             server_args=extra_args, startup_timeout_s=startup_timeout, api_key_env=api_key_env,
-                             local=BundledEngineOptions(device=device, dtype=dtype, compile=compile),
-                             llamacpp=LlamaCppOptions(server_bin=server_bin))
+    options = backend_options(launch=launch, model=model, draft=draft, algorithm=algorithm, host=host, port=port,
+                              server_args=server_args, startup_timeout=startup_timeout, api_key_env=api_key_env,
+                              device=device, dtype=dtype, compile=compile, server_bin=server_bin)
     output_dir = output_dir or Path("results") / time.strftime("validate-%Y%m%d-%H%M%S")
     console = Console(highlight=False)
     err = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 from spectune.backends.local.engine.sequence import SamplingParams
 from spectune.loadgen.datasets import load_dataset
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 
 def normalise(text: str) -> str:

@@ -18,7 +18,7 @@ from spectune.backends.local.options import EngineOptions
 from spectune.backends.local.weights.loader import load_target
 from spectune.draft.data import (TRAINING_IDS_FILE, evaluation_texts, generate_responses, magpie_prompts, read_jsonl,
                                  require_rows, training_prompts, write_jsonl)
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 STAGES = ("data", "features", "train", "export")
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from spectune.backends.base import Acceptance, Backend, SpecSnapshot
+from spectune.backends.base import Backend
+from spectune.backends.snapshots import Acceptance, SpecSnapshot
 from spectune.loadgen.record import RequestRecord
 
 

@@ -1,16 +1,16 @@
 """Where an engine's time went in one window: the mean decode round and the share of its busy time spent on prefill.
 
-Read from two snapshots' engine time counters (``SpecSnapshot.raw``, :data:`~spectune.backends.base.ENGINE_TIME_KEYS`:
-the bundled engine's ``spectune:engine_*`` counters, ``backends/local/server/metrics.py``). A cell whose throughput
-does not follow the decode step (the H200 example's concurrency 128 and 512) shows it here: rounds as fast as the step
-table says, but most of the engine's time in prefill.
+Read from two snapshots' engine time counters (``SpecSnapshot.raw``,
+:data:`~spectune.backends.snapshots.ENGINE_TIME_KEYS`: the bundled engine's ``spectune:engine_*`` counters,
+``backends/local/server/metrics.py``). A cell whose throughput does not follow the decode step (the H200 example's
+concurrency 128 and 512) shows it here: rounds as fast as the step table says, but most of the engine's time in prefill.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from spectune.backends.base import ENGINE_TIME_KEYS, SpecSnapshot
+from spectune.backends.snapshots import ENGINE_TIME_KEYS, SpecSnapshot
 
 
 class EngineTime(NamedTuple):

@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Sequence
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 __all__ = ["LoadSpec", "ClientTimeouts", "steps_check", "request_checks", "failure_rate_check"]
 

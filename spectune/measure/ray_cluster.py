@@ -31,7 +31,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Awaitable, Callable, Iterator, Mapping, Protocol, Sequence, TypedDict, TypeVar
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.results.durable import writing
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Is the server following a per-batch-size schedule? Drafted tokens per verify step over a window, from the
 spec-decode counters, against the schedule's K at the window's batch size.
 
-vLLM's counters (``vllm/v1/spec_decode/metrics.py``; :class:`~spectune.backends.base.SpecSnapshot`) count a
+vLLM's counters (``vllm/v1/spec_decode/metrics.py``; :class:`~spectune.backends.snapshots.SpecSnapshot`) count a
 *draft* per request per verify step that carried drafts and the draft tokens it carried, so over a window
 d(num_draft_tokens) / d(num_drafts) is the mean K of the steps that drafted. Under a
 ``num_speculative_tokens_per_batch_size`` schedule it must not exceed the largest K the schedule gives the window's
@@ -27,59 +27,15 @@ The engine-specific remedy comes from the backend (:meth:`spectune.backends.base
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
 
 from spectune.backends.num_steps.sglang_config import VllmRange, VllmSchedule
-from spectune.backends.base import SpecSnapshot, counters_reset
+from spectune.backends.snapshots import SpecSnapshot, counters_reset
+from spectune.results.point import ScheduleCheck
 
 TOLERANCE = 0.25
 """Drafted tokens per drafting step may exceed the schedule's largest K by this much (tokens) before it counts."""
 MAX_DRAFTING_SHARE = 0.5
 """Where the schedule says K = 0, the largest share of verify steps that may still draft."""
-
-
-@dataclass(frozen=True)
-class ScheduleCheck:
-    """One window's check.
-
-    Attributes:
-        batch_size: the window's batch size (requests; a time average, so fractional).
-        drafted_per_step: d(draft tokens) / d(drafts): tokens per request per drafting verify step (0.0: none).
-        drafting_share: d(drafts) / verify steps (output tokens - accepted drafts), or None without output tokens.
-        k_low, k_high: the schedule's smallest and largest K over the window's batch sizes.
-        followed: see the module docstring.
-    """
-
-    batch_size: float
-    drafted_per_step: float
-    drafting_share: float | None
-    k_low: int
-    k_high: int
-    followed: bool
-
-    def to_json(self) -> dict[str, Any]:
-        """validate.json's per-phase and points.jsonl's per-point ``schedule_check`` (docs/results-format.md)."""
-        share = None if self.drafting_share is None else round(self.drafting_share, 4)
-        return {"batch_size": round(self.batch_size, 3), "drafted_per_step": round(self.drafted_per_step, 4),
-                "drafting_share": share, "k_low": self.k_low, "k_high": self.k_high, "followed": self.followed}
-
-    def message(self, label: str, setting: str | None) -> str:
-        """The plain warning when the schedule was not followed (``setting``: the backend's remedy, or None)."""
-        k = f"{self.k_low}" if self.k_low == self.k_high else f"{self.k_low}-{self.k_high}"
-        share = "" if self.drafting_share is None else f" in {self.drafting_share:.0%} of its verify steps"
-        text = (f"{label}: the server drafted {self.drafted_per_step:.2f} tokens per step{share} at batch size "
-                f"{self.batch_size:.1f}, where the schedule gives K={k}: it is NOT following the per-batch-size "
-                "schedule, so this run measured static speculation")
-        return text + (f"; {setting}" if setting else "")
-
-    def steps_message(self, label: str, setting: str | None) -> str:
-        """The plain warning when a sweep point's server did not run the static num_steps it was given."""
-        share = "" if self.drafting_share is None else f" in {self.drafting_share:.0%} of its verify steps"
-        text = (f"{label}: the server drafted {self.drafted_per_step:.2f} tokens per step{share}, but it was given "
-                f"num_steps {self.k_high}: it is NOT running the num_steps it was given, so this point measured "
-                "another num_steps")
-        return text + (f"; {setting}" if setting else "")
 
 
 def _deltas(before: SpecSnapshot | None, after: SpecSnapshot | None) -> tuple[float, float, float] | None:

@@ -23,8 +23,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
-from spectune.backends.base import Acceptance, Backend, SpecSnapshot
-from spectune.loadgen.errors import UserError
+from spectune.backends.base import Backend
+from spectune.backends.snapshots import Acceptance, SpecSnapshot
+from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.acceptance import window_acceptance
 from spectune.measure.batch_size import BATCH_SIZE_INTERVAL_S, BatchSizeSampler

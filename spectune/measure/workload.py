@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from spectune.loadgen.datasets import Prompt
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.loadgen.strategy import Phase, Phased, Strategy, TraceArrivals
 from spectune.results.durable import json_object
 

@@ -27,10 +27,10 @@ whole-window figures then compares different prompt sets, and prompts differ in 
 output's). So a comparison restricts both cells to the prompts every run of both measured: each run's figure is
 rescaled by its own ratio estimator on those prompts (output tokens over request latency for throughput, the
 median TPOT, the share meeting the SLOs) and the paired bootstrap runs on the restricted requests. On the bundled
-engine at concurrency 1 (``python benchmarks/guided_vs_grid.py --backend local``, the command in docs/sweep.md, a
-2-vCPU AMD EPYC VM): an early-stopped window of num_steps 0 over 13 prompts read 97.4 tokens/s and the full window of
+engine at concurrency 1 (``python benchmarks/guided_vs_grid.py --backend local``, the command in docs/sweep.md): an
+early-stopped window of num_steps 0 over 13 prompts read 97.4 tokens/s and the full window of
 num_steps 1 over 26 prompts 101.3 (0.961 [0.888, 1.053], a tie); on the 13 prompts both measured num_steps 1 took
-1.20x less time, as every grid of that command on that VM measures (1.14-1.26x).
+1.20x less time, as every grid of that command measures (1.14-1.26x).
 
 What the interval does not cover: the machine changing between points (drift, checked separately by re-measuring
 a reference cell, :mod:`spectune.sweep.drift`) and dependence between requests of one batch (requests are treated

@@ -11,7 +11,7 @@ num_steps cheaply, or the guided plan's adjacent pair of cells), the comparison 
 drift; cells a whole num_steps block apart carry most of it.
 
 Why not the whole change for every pair: on the bundled engine (``python benchmarks/guided_vs_grid.py --backend
-local``, the command in docs/sweep.md, a 2-vCPU AMD EPYC VM) a guided sweep's check re-measured K=0 at concurrency 8
+local``, the command in docs/sweep.md) a guided sweep's check re-measured K=0 at concurrency 8
 after about 180 s and read +5.7%; widened by the whole 5.7%, the tie band at concurrency 1 reaches the interval
 [0.776, 0.964] of K=0 against K=1, though the two windows ran back to back, 17 s apart, and K=0 is chosen at 0.746 of
 K=1 (the grid's measurement). With the random-walk share (``0.057 * sqrt(17 / 180)``, 1.8%) the band stays at the

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 
 def fsync_dir(folder: Path) -> None:

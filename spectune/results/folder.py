@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 from spectune.backends.redact import Redactor, redact_obj
-from spectune.loadgen.errors import UserError
-from spectune.loadgen.json_types import JsonObject, JsonValue
+from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject, JsonValue
 from spectune.results.durable import atomic_write, iter_jsonl, writing
 from spectune.results.point import MetricValue, PointObject, RequestLine, SweepPoint, as_points
 from spectune.results.schema import Key, SUMMARY_COLUMNS, point_key, summary_row

@@ -23,8 +23,8 @@ import math
 import statistics
 from typing import Iterable, Mapping, TypedDict
 
-from spectune.loadgen.errors import UserError
-from spectune.loadgen.json_types import JsonObject
+from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 
 __all__ = ["node_verdicts", "unlike_nodes", "check_mixed_nodes", "calibration_numbers", "NodeVerdict"]
 

@@ -12,8 +12,8 @@ and after this record read (and diff) the same:
   ``steps`` ... ``stop_reason``, ``log_tail``, ``finished``, [``timing``], [``server``].
 
 Keys this version does not know (a newer spectune's) are kept in ``extra`` and written last, so reading and writing
-a point loses nothing. :class:`PointLine` is the line as the dict the sweep modules read (its parts: the TypedDicts
-below), :class:`RequestLine` one requests.jsonl line.
+a point loses nothing. :class:`SweepPoint` is the line as a record (its parts: the TypedDicts below),
+:data:`PointObject` the line as a dict, :class:`RequestLine` one requests.jsonl line.
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, TypedDict, Union
+from typing import TYPE_CHECKING, Iterable, TypedDict
 
-from spectune.loadgen.json_types import JsonObject
+from spectune.core.json_types import JsonObject
 from spectune.results.schema import KEY_COLUMNS, STATUS_COLUMNS, SUMMARY_COLUMNS, Key, PointKey, now_iso, summary_row
 
 if TYPE_CHECKING:
-    from spectune.backends.base import CrossCheck  # acceptance.cross_check
+    from spectune.backends.snapshots import CrossCheck
 
 __all__ = ["SweepPoint", "as_points", "MetricValue", "Window", "Warmup", "PointAcceptance",
-           "BatchSize", "CategoryNumbers", "PairedLook", "EarlyStopLook", "EarlyStopRecord", "ScheduleCheckRecord",
-           "PointTiming", "ServerRecord", "PointLine", "PointObject", "RequestLine"]
+           "BatchSize", "CategoryNumbers", "PairedLook", "EarlyStopLook", "EarlyStopRecord", "ScheduleCheck",
+           "ScheduleCheckRecord", "PointTiming", "ServerRecord", "PointObject", "RequestLine"]
 
 MetricValue = float | int | str | bool | None
 """One value of a point's ``metrics``: a number (ms, tokens/s, req/s, counts as the column names), a source or
@@ -136,10 +136,19 @@ class EarlyStopRecord(EarlyStopLook, total=False):
     method: str
 
 
-class ScheduleCheckRecord(TypedDict):
-    """A point's ``schedule_check`` (:meth:`spectune.measure.schedule_check.ScheduleCheck.to_json`): ``batch_size``
-    (the window's mean running batch), ``drafted_per_step``, ``drafting_share`` (or None), ``k_low`` = ``k_high`` = K
-    and ``followed``."""
+@dataclass(frozen=True)
+class ScheduleCheck:
+    """Whether one window's server followed a per-batch-size schedule, or the num_steps it was given
+    (:func:`spectune.measure.schedule_check.check_schedule`, :func:`~spectune.measure.schedule_check.check_num_steps`):
+    validate's per phase, a sweep point's ``schedule_check`` as :meth:`to_json`.
+
+    Attributes:
+        batch_size: the window's batch size (requests; a time average, so fractional).
+        drafted_per_step: d(draft tokens) / d(drafts): tokens per request per drafting verify step (0.0: none).
+        drafting_share: d(drafts) / verify steps (output tokens - accepted drafts), or None without output tokens.
+        k_low, k_high: the schedule's smallest and largest K over the window's batch sizes.
+        followed: see :mod:`spectune.measure.schedule_check`.
+    """
 
     batch_size: float
     drafted_per_step: float
@@ -148,6 +157,32 @@ class ScheduleCheckRecord(TypedDict):
     k_high: int
     followed: bool
 
+    def to_json(self) -> JsonObject:
+        """validate.json's per-phase and points.jsonl's per-point ``schedule_check`` (docs/results-format.md)."""
+        share = None if self.drafting_share is None else round(self.drafting_share, 4)
+        return {"batch_size": round(self.batch_size, 3), "drafted_per_step": round(self.drafted_per_step, 4),
+                "drafting_share": share, "k_low": self.k_low, "k_high": self.k_high, "followed": self.followed}
+
+    def message(self, label: str, setting: str | None) -> str:
+        """The plain warning when the schedule was not followed (``setting``: the backend's remedy, or None)."""
+        k = f"{self.k_low}" if self.k_low == self.k_high else f"{self.k_low}-{self.k_high}"
+        share = "" if self.drafting_share is None else f" in {self.drafting_share:.0%} of its verify steps"
+        text = (f"{label}: the server drafted {self.drafted_per_step:.2f} tokens per step{share} at batch size "
+                f"{self.batch_size:.1f}, where the schedule gives K={k}: it is NOT following the per-batch-size "
+                "schedule, so this run measured static speculation")
+        return text + (f"; {setting}" if setting else "")
+
+    def steps_message(self, label: str, setting: str | None) -> str:
+        """The plain warning when a sweep point's server did not run the static num_steps it was given."""
+        share = "" if self.drafting_share is None else f" in {self.drafting_share:.0%} of its verify steps"
+        text = (f"{label}: the server drafted {self.drafted_per_step:.2f} tokens per step{share}, but it was given "
+                f"num_steps {self.k_high}: it is NOT running the num_steps it was given, so this point measured "
+                "another num_steps")
+        return text + (f"; {setting}" if setting else "")
+
+
+ScheduleCheckRecord = JsonObject
+"""A point's ``schedule_check`` as points.jsonl holds it: :meth:`ScheduleCheck.to_json` (``k_low`` = ``k_high`` = K)."""
 
 class PointTiming(TypedDict):
     """A point's ``timing``: ``switch_s`` (its ``start(K)`` call when it changed the server) and ``measure_s``, s."""
@@ -168,43 +203,11 @@ class ServerRecord(TypedDict, total=False):
     costs_more: bool
 
 
-class PointLine(TypedDict, total=False):
-    """One points.jsonl line as :meth:`SweepPoint.to_dict` writes it (keys: :class:`SweepPoint`'s attributes, which
-    say which are written when; module docstring). ``predicted``: a guided sweep's predicted cell's row;
-    ``node``: ``--ray`` sweeps (docs/results-format.md); a newer format's keys come last."""
-
-    steps: int
-    concurrency: int
-    repeat: int
-    status: str
-    error: str | None
-    metrics: dict[str, MetricValue]
-    acceptance: PointAcceptance
-    batch_size: BatchSize | None
-    per_category: dict[str, CategoryNumbers]
-    window: Window
-    requests_planned: int
-    stop_reason: str | None
-    early_stop: EarlyStopRecord
-    warmup: Warmup | None
-    client_limit: str | None
-    schedule_check: ScheduleCheckRecord | None
-    model: str | None
-    base_url: str | None
-    started: str | None
-    finished: str | None
-    log_tail: str
-    drift_check: str
-    timing: PointTiming
-    server: ServerRecord
-    engine_warnings: list[str]
-    predicted: bool
-    node: JsonObject | None
-
-
-PointObject = Union[PointLine, JsonObject]
-"""A points.jsonl object: a :class:`PointLine`, or a line as parsed (an older or newer file's, a predicted cell's row)
-whose keys :meth:`SweepPoint.from_dict` sorts out."""
+PointObject = JsonObject
+"""A points.jsonl object: what :meth:`SweepPoint.to_dict` writes (its keys are :class:`SweepPoint`'s fields, in the
+order and on the conditions of the module docstring; a newer format's keys last), or a line as parsed (an older or
+newer file's, a predicted cell's row, ``node`` of a ``--ray`` sweep) whose keys :meth:`SweepPoint.from_dict` sorts
+out."""
 
 
 class RequestLine(TypedDict, total=False):
@@ -329,9 +332,9 @@ class SweepPoint:
                    {"per_position": [], "num_drafts": None, "warning": None}, None, {},
                    {"start_s": None, "end_s": None}, planned, stop_reason, log_tail=log_tail, finished=now_iso())
 
-    def to_dict(self) -> PointLine:
+    def to_dict(self) -> PointObject:
         """The points.jsonl object, keys in the file's order (module docstring)."""
-        d: PointLine = {
+        d: PointObject = {
             "steps": self.steps, "concurrency": self.concurrency, "repeat": self.repeat, "status": self.status,
             "error": self.error, "metrics": self.metrics, "acceptance": self.acceptance,
             "batch_size": self.batch_size, "per_category": self.per_category, "window": self.window,

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.results.schema import SCHEDULE_FOLDER
 
 #: summary.csv columns that must be present (docs/results-format.md).

@@ -19,7 +19,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, TypedDict
 
-from spectune.loadgen.json_types import JsonObject
+from spectune.core.json_types import JsonObject
 
 if TYPE_CHECKING:
     from spectune.results.point import Warmup

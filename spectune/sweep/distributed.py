@@ -43,10 +43,11 @@ from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import TYPE_CHECKING, Callable, Sequence, TypedDict
 
-from spectune.backends.base import Backend, BackendOptions
+from spectune.backends.base import Backend
+from spectune.backends.options import BackendOptions
 from spectune.loadgen.datasets import Prompt
-from spectune.loadgen.errors import UserError
-from spectune.loadgen.json_types import JsonObject
+from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 from spectune.measure.load_settings import ClientTimeouts
 from spectune.measure.node_progress import NodeBoard, NodeTask
 from spectune.measure.ray_cluster import (RAY_EXTRA, LostTask, NodeRef, TaskOptions, TaskSubmitter, connect, fits,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from spectune.loadgen.constraints import Constraints
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.loadgen.strategy import ClosedLoop
 from spectune.measure.load_settings import LoadSpec, failure_rate_check, steps_check

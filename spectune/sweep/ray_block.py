@@ -32,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TypedDict
 
-from spectune.loadgen.json_types import JsonObject
+from spectune.core.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.ray_cluster import Event, task_events
 from spectune.results.point import SweepPoint, as_points
@@ -42,7 +42,7 @@ from spectune.sweep.plan import SweepListener, SweepPlan
 if TYPE_CHECKING:
     from typing_extensions import NotRequired
 
-    from spectune.backends.base import BackendOptions
+    from spectune.backends.options import BackendOptions
     from spectune.loadgen.datasets import Prompt
     from spectune.measure.load_settings import ClientTimeouts
 

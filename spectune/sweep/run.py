@@ -32,10 +32,12 @@ from pathlib import Path
 from typing import Protocol, Sequence
 
 from spectune.backends import make_backend
-from spectune.backends.base import Backend, BackendOptions, BackendStartError, SpecSnapshot
+from spectune.backends.base import Backend, BackendStartError
+from spectune.backends.options import BackendOptions
+from spectune.backends.snapshots import SpecSnapshot
 from spectune.loadgen.datasets import Prompt, load_dataset
-from spectune.loadgen.errors import UserError
-from spectune.loadgen.json_types import JsonObject
+from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.acceptance import per_category_points, window_acceptance
 from spectune.measure.batch_size import BATCH_SIZE_INTERVAL_S
@@ -52,7 +54,7 @@ from spectune.results.schema import SCHEDULE_FOLDER, Key, PointKey, key_fields, 
 from spectune.sweep.drift import drift_check, drift_summary
 from spectune.sweep.guided import GuidedPlanner
 from spectune.sweep.plan import NEW_KEYS, SweepListener, SweepOutcome, SweepPlan
-from spectune.sweep.schedule_server import run_pair, schedule_pass
+from spectune.sweep.schedule_server import PairedRunner, schedule_pass
 from spectune.sweep.sequential import MIN_SECONDS, EarlyStop, closed_loop_throughput, prompt_sums, request_parts
 
 __all__ = ["Sweep", "execute", "run_blocking", "SCHEDULE_FOLDER"]
@@ -206,9 +208,8 @@ class Sweep:
         """The drift reference among ``keys``: the ok point with the shortest measurement window (the cheapest to
         measure again) among those measured in full, else among all; None without an ok point. A window that stopped
         early reports its rule's statistic over its first requests (:mod:`spectune.sweep.sequential`), which its
-        re-measurement, a full window, would not read like: on the bundled engine K=1 at concurrency 8 stopped
-        after 16 requests at 140.6 tok/s and its full re-measurement read 156.5, a drift of 11% that widened
-        recommend's tie band past a 1.17x win of K=1 at concurrency 1."""
+        re-measurement, a full window, would not read like: the difference would pass for drift (docs/sweep.md,
+        "Order and drift")."""
         pts = {p.key: p for p in self.folder.points if p.status == "ok"}
         cands = [k for k in keys if k in pts]
         if not cands:
@@ -455,7 +456,7 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
 
     ``schedule_server`` (``auto``, ``on``, ``off``): whether the engine's schedule server is measured too
     (:func:`schedule_pass`): into ``output_dir/schedule-server`` (:data:`SCHEDULE_FOLDER`, a sweep folder of its own
-    whose points carry ``server``), its num_steps blocks alternating with the static ones (:func:`run_pair`).
+    whose points carry ``server``), its num_steps blocks alternating with the static ones (:class:`PairedRunner`).
 
     Raises:
         UserError: see above. asyncio.CancelledError: the sweep was cancelled (finished points are kept).
@@ -496,11 +497,10 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
                                        options.api_key_env, timeouts)
         else:
             sweep = ray.sweep(plan, backend_name, options, folder, prompts, meta, listener, timeouts)
+        if pair is not None:
+            sweep = PairedRunner(sweep, pair, pair_todo)
         try:
-            if pair is not None:
-                await run_pair(sweep, todo, pair, pair_todo)
-            else:
-                await sweep.run(todo)
+            await sweep.run(todo)
         finally:
             outcome.ran, outcome.points = sweep.ran, list(folder.points)
             outcome.predicted, outcome.cost = list(sweep.predicted), dict(sweep.meta.get("cost") or {})

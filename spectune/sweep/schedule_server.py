@@ -1,7 +1,8 @@
 """The schedule server's cells beside the static ones (``spectune sweep --schedule-server``, docs/sweep.md "The
-schedule server"): which num_steps to pin the engine's schedule server to (:func:`schedule_pass`), and the run order
-that alternates the two servers' num_steps blocks (:func:`run_pair`). The folder and backend of that second sweep
-are set up by :mod:`spectune.sweep.run`."""
+schedule server"): which num_steps to pin the engine's schedule server to (:func:`schedule_pass`), and the runner
+that alternates the two servers' num_steps blocks (:class:`PairedRunner`, :func:`run_pair`), which
+:func:`spectune.sweep.run.execute` drives as it drives a plain sweep. The folder and backend of the schedule server's
+sweep are set up by :mod:`spectune.sweep.run`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import dataclasses
 from typing import Any, Sequence
 
 from spectune.backends.base import Backend
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.results.schema import Key, PointKey
 from spectune.sweep.plan import SweepPlan
 
@@ -86,3 +87,34 @@ async def run_pair(first: Any, first_todo: Sequence[Key], second: Any, second_to
         for s, _ in jobs:
             await s.backend.stop()
             s._save_meta()
+
+
+class PairedRunner:
+    """The static servers' sweep and the schedule server's as one runner (what
+    :func:`spectune.sweep.run.execute` runs, as it runs a plain :class:`spectune.sweep.run.Sweep`): :meth:`run`
+    measures the two sweeps' points in alternating num_steps blocks (:func:`run_pair`); ``ran``, ``predicted`` and
+    ``meta`` are the static sweep's (the schedule server's points live in its own folder).
+
+    Args:
+        static: the static servers' sweep. schedule: the schedule server's :class:`spectune.sweep.run.Sweep`.
+        schedule_todo: the schedule server's points still to measure.
+    """
+
+    def __init__(self, static: Any, schedule: Any, schedule_todo: Sequence[Key]) -> None:
+        self.static, self.schedule, self.schedule_todo = static, schedule, list(schedule_todo)
+
+    @property
+    def ran(self) -> int:
+        return self.static.ran
+
+    @property
+    def predicted(self) -> list[Any]:
+        return self.static.predicted
+
+    @property
+    def meta(self) -> Any:
+        return self.static.meta
+
+    async def run(self, todo: Sequence[Key]) -> None:
+        """Measure the static points ``todo`` and the schedule server's, one num_steps block of each in turn."""
+        await run_pair(self.static, todo, self.schedule, self.schedule_todo)

@@ -39,7 +39,7 @@ of the window buys nothing. :class:`EarlyStop` watches the measured requests as 
   window's two halves agree within it: the estimate is as tight as any comparison needs. The halves guard a cell
   whose requests barely scatter (num_steps 0 on a deterministic server): its interval is narrow at once, and a
   machine slowing down under it would otherwise pass for a precise result (seen on the emulated servers of a loaded
-  VM: 10% within one window).
+  machine: 10% within one window).
 
 **The interval.** A decision checked after every request is a sequential test: a fixed-n 95% interval looked at
 after each of n requests would be wrong far more than 5% of the time. The bounds are an *asymptotic confidence
@@ -82,9 +82,8 @@ waits for its requests in flight, and a stop while they finish cancels the rest
 (``Constraints.cancel_on_early_stop``, ``loadgen/send_loop.py``). Those requests take up to one request's
 latency to drain, and the first of them often settle the cell: on the bundled engine the seed's K=1 at concurrency
 32, whose first wave of 32 finishes near the 30 s cap, stopped ``below_best`` at 32 requests and 32.4 s where it
-had drained to 42-43 s (``python benchmarks/guided_vs_grid.py --backend local``, docs/sweep.md's command, on a
-2-vCPU AMD EPYC VM). A window that sent all its
-planned requests runs them to the end: it is then measured in full, every planned prompt in it (the comparisons
+had drained to 42-43 s (``python benchmarks/guided_vs_grid.py --backend local``, docs/sweep.md's command). A
+window that sent all its planned requests runs them to the end: it is then measured in full, every planned prompt in it (the comparisons
 pair on prompts, and the end-of-sweep drift check re-measures a full window, ``Sweep._reference``; letting the
 rule stop a deterministic emulated server's reference-less window ``precise`` in that last wave left a guided
 sweep with no full window at all). The recorded windows of ``benchmarks/guided_vs_grid.py`` feed the rule every
@@ -115,7 +114,7 @@ all of its prompts (:func:`prompt_sums`), as ``spectune recommend`` compares two
 and prompts differ in cost; against the reference's whole figure, a window's first wave on costly prompts reads as
 a loss. On the bundled engine (docs/sweep.md's command): num_steps 1 at concurrency 2 and 4 stopped ``futile`` after
 8 requests at 0.87 and 0.85 of num_steps 0's whole windows, where on those 8 prompts they were 0.93 [0.80, 1.07]
-and 0.92 [0.81, 1.07] of it, and every grid of that command on that VM had num_steps 1 ahead at concurrency 2.
+and 0.92 [0.81, 1.07] of it, and every grid of that command (docs/sweep.md) had num_steps 1 ahead at concurrency 2.
 
 **Paired.** Prompts differ in cost far more than two num_steps differ on one prompt: on the bundled engine's grids a
 request's contribution scatters by 0.20-0.26 (relative sd) within a window at concurrency 1-8, while the same

@@ -22,7 +22,7 @@ from xml.etree import ElementTree as ET
 
 import pandas as pd
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.results.reader import Results
 
 DEFAULT_ACCEPTANCE_DROP = 0.1  # tokens per verify, used when the column has data and no limit was given

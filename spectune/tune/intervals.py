@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.results.reader import load_request_records, load_results
 from spectune.tune.recommend import RecommendOptions, attach_intervals, build_cell
 

@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.results.confidence import Interval, ratio_interval
 from spectune.tune.gain import RecommendationLike, use_static
 

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from spectune.backends import bundled_head
+from spectune.backends.local.options import bundled_head
 from spectune.backends.formats import engine_formats
 from spectune.backends.num_steps.sglang_config import parse_any_config
 from spectune.tune.configs import best_static_json, engine_plan, sglang_configs
@@ -29,10 +29,10 @@ def _inside(path: str, folder: Path) -> str | None:
 
 def portable_head(head: str | None, out: Path) -> str | None:
     """``vllm-speculative-config.json``'s ``model`` for a file written into ``out``: a path vLLM can load that names
-    no other machine's folders. A bundled head (:func:`spectune.backends.bundled_head`, also one a sweep recorded on
-    another machine or checkout) is written as this machine's copy relative to ``out`` (the launch line in
-    recommendation.md reads the file from ``out``, ``$(cat vllm-speculative-config.json)``, so vLLM resolves it from
-    there) when the two share a folder below the file-system root (a checkout's ``docs/examples/NAME/recommend``:
+    no other machine's folders. A bundled head (:func:`spectune.backends.local.options.bundled_head`, also one a sweep
+    recorded on another machine or checkout) is written as this machine's copy relative to ``out`` (the launch line
+    in recommendation.md reads the file from ``out``, ``$(cat vllm-speculative-config.json)``, so vLLM resolves it
+    from there) when the two share a folder below the file-system root (a checkout's ``docs/examples/NAME/recommend``:
     ``../../../../backends/local/heads/NAME``), else as this machine's absolute path (a relative path that climbs to
     the root is no more portable); an absolute path inside ``out`` relative to it; anything else (the user's
     ``--draft``, a hub id) as the sweep recorded it. Reads the file system only; raises nothing."""

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.results.batch_acceptance import batch_dependent_acceptance
 from spectune.results.confidence import (Bootstrap, CellRuns, Interval, RunRequests, best_by_pairs,
                                          percentile_interval, ratio_interval, requests_by_point)

@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.results.reader import Results
 
 

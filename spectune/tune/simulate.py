@@ -22,7 +22,7 @@ from spectune.backends.num_steps.sglang_config import AdaptiveConfig, VllmSchedu
 from spectune.backends.num_steps.ema_policy import AdaptivePolicy, make_policy
 from spectune.backends.num_steps.throughput_policy import CostTable, ThroughputAwareConfig
 from spectune.backends.num_steps.trace import TraceStep
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Callable, Iterator, Protocol, TypedDict
 
-from spectune.backends.base import Backend, BackendOptions
+from spectune.backends.base import Backend
+from spectune.backends.options import BackendOptions
 from spectune.loadgen.datasets import Prompt
-from spectune.loadgen.json_types import JsonObject
+from spectune.core.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.load_settings import ClientTimeouts
 from spectune.measure.node_progress import NodeBoard, NodeTask

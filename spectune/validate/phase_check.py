@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Sequence, TypedDict
 
-from spectune.loadgen.json_types import JsonObject
+from spectune.core.json_types import JsonObject
 from spectune.results.validate_run import RunEntry
 from spectune.validate.repeats import (InstanceSpread, InstanceSpreadJson, WindowValue, combine_repeats,
                                        instance_spread, paired_ratio)

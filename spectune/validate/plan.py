@@ -13,7 +13,7 @@ from typing import Any
 
 from spectune.backends.llamacpp.settings import FORMAT, read_settings
 from spectune.backends.num_steps import VllmSchedule, load_config_file
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.load_settings import LoadSpec, failure_rate_check, steps_check
 from spectune.measure.workload import Workload
@@ -26,7 +26,7 @@ DEFAULT_REPEATS = 3
 server-to-server spread measured over the repeats (:func:`spectune.validate.repeats.instance_spread`), with
 M x (repeats - 1) degrees of freedom for M runs. The spread alone then gives a ratio a 95% half-width of
 t(0.95, df) x sd x sqrt(2 / repeats): 3.18 sd at 2 repeats of 3 runs, 2.00 sd at 3, 1.60 sd at 4. With one server's
-sd of about 2% (two engines 2.4-3.8% apart on a 2-vCPU VM, docs/engine.md), 3 repeats leave about +-4% for it, so a
+sd of about 2% (two engines 2.4-3.8% apart at batch 1, docs/engine.md), 3 repeats leave about +-4% for it, so a
 loss of about 5% or more is called, where 2 repeats leave about +-6.5% (docs/validate.md, "How sure")."""
 
 SERVERS = ("one", "together", "kept")

@@ -8,8 +8,8 @@
      requests resampled by prompt, the same draws for both runs); with repeats, each replicate is the mean of the
      repeats' replicates, as the point estimate is the mean of the repeats (:func:`combine_repeats`);
   2. **between servers** (:class:`InstanceSpread`, :func:`instance_spread`): a server process's own speed is a
-     constant of that process (two engines with their own copies of the weights ran 2.4-3.8% apart at batch 1 on
-     the 2-vCPU Zen 5 VM, docs/engine.md), so a ratio of two runs carries the difference of two draws of it, which
+     constant of that process (two engines with their own copies of the weights ran 2.4-3.8% apart at batch 1,
+     docs/engine.md), so a ratio of two runs carries the difference of two draws of it, which
      no resampling of one run's requests sees. With repeats (every repeat starts its servers afresh) it is the
      pooled spread of each run's repeats; with one repeat, the A/A pair (a second fresh server of one static
      num_steps, run ``aa:K``) bounds it; failing both, :data:`DEFAULT_INSTANCE_BAND`.
@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence, TypedDict
 
-from spectune.loadgen.json_types import JsonObject, JsonValue
+from spectune.core.json_types import JsonObject, JsonValue
 from spectune.results.validate_run import RunEntry, RunWindow
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ AA_PREFIX = "aa:"
 DEFAULT_INSTANCE_BAND = 0.04
 """The server-to-server band (fraction) a ratio is widened by when this validation measured no spread (one repeat
 and no A/A pair: a validation from before the A/A pair, or its A/A run failed): two engines with their own weights
-ran 2.4% (num_steps 1) and 3.8% (num_steps 0) apart at batch 1 on the 2-vCPU Zen 5 VM (docs/engine.md), rounded up."""
+ran 2.4% (num_steps 1) and 3.8% (num_steps 0) apart at batch 1 (docs/engine.md), rounded up."""
 
 _SPREAD_SEED = 20250317  # the Student t draws of the between-server term (reproducible byte for byte)
 
@@ -106,8 +106,8 @@ class InstanceSpread:
             so a drift of the machine's speed that moves every run of a repeat alike is taken out, as it is from the
             ratio of two runs' means over the same repeats; drift within a repeat stays in it. Otherwise the pooled
             spread of each run's repeats around the run's mean (the within-group mean square of a one-way layout,
-            ch. 3), where such drift lands too, which makes it wider, never narrower. Measured on the 2-core AMX
-            Xeon (docs/validate.md): a validation whose repeats ran 55 and 85 tok/s alike had a one-way sd of 20.6%
+            ch. 3), where such drift lands too, which makes it wider, never narrower. Measured
+            (docs/validate.md): a validation whose repeats ran 55 and 85 tok/s alike had a one-way sd of 20.6%
             and a two-way one of 8.9%.
         df: its degrees of freedom: (runs - 1) x (repeats - 1) blocked, else sum over runs of (repeats - 1).
         blocked: the sd is the two-way residual (above).

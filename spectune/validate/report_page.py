@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.tune.report_html import esc, file_links, num, page, table
 
 

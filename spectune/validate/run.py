@@ -36,10 +36,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from spectune.backends import make_backend
-from spectune.backends.base import Acceptance, Backend, BackendOptions, BackendStartError
+from spectune.backends.base import Backend, BackendStartError
+from spectune.backends.options import BackendOptions
+from spectune.backends.snapshots import Acceptance
 from spectune.backends.num_steps.sglang_config import VllmSchedule, load_config_file
 from spectune.loadgen.datasets import Prompt, load_dataset
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.acceptance import window_acceptance
 from spectune.measure.environment import environment
@@ -85,8 +87,8 @@ class Validation:
         (:data:`spectune.validate.plan.SERVERS`).
 
         ``one``: only one of the two backends' servers is up at a time (a GPU may hold only one), and every repeat
-        starts its servers afresh: a server process's own speed is a constant of that process (on the 2-vCPU Zen 5
-        VM two engines with their own copies of the weights ran 2.4-3.8% apart at batch 1, docs/engine.md), so a
+        starts its servers afresh: a server process's own speed is a constant of that process (two engines with
+        their own copies of the weights ran 2.4-3.8% apart at batch 1, docs/engine.md), so a
         config server kept for two repeats in a row would carry one draw of it into both; restarted, it varies
         between repeats, where the intervals see it. The A/A run (``aa:K``) always starts its server afresh: it is
         the second server of the pair.

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence, TypedDict
 
-from spectune.loadgen.json_types import JsonObject
+from spectune.core.json_types import JsonObject
 from spectune.results.validate_run import RunEntry, RunWindow
 from spectune.validate.phase_check import markdown as phase_markdown
 from spectune.validate.prediction import markdown as prediction_markdown

@@ -17,7 +17,7 @@ from spectune.backends.num_steps.sglang_config import (
     parse_vllm_speculative_config,
 )
 from spectune.backends.num_steps.vllm_schedule import SchedulePolicy
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 # SGLang docs, "Recommended configs".
 CONSERVATIVE = {

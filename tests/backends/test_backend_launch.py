@@ -14,10 +14,11 @@ import aiohttp
 import pytest
 
 from spectune.backends import make_backend
-from spectune.backends.base import BackendOptions, BackendStartError
+from spectune.backends.base import BackendStartError
+from spectune.backends.options import BackendOptions
 from spectune.backends.launch import render_template, split_template
 from spectune.backends.process import port_in_use, redact_argv
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from helpers.paths import FAKE_SERVER
 
 FAKE = FAKE_SERVER

@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from spectune.backends import make_backend
-from spectune.backends.base import BackendOptions, LlamaCppOptions, SpecSnapshot
+from spectune.backends.options import BackendOptions, LlamaCppOptions
+from spectune.backends.snapshots import SpecSnapshot
 from spectune.backends.llamacpp.backend import LlamaCppBackend, cpu_workarounds, llamacpp_argv, timings_totals
 from spectune.backends.llamacpp.install import find_llama_server, server_features
 from spectune.backends.prometheus import snapshot_from_text
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 
 
@@ -88,7 +89,7 @@ def test_threads_leave_a_cpu_to_the_load_generator(monkeypatch):
 
 
 def test_an_amx_cpu_gets_no_repack(tmp_path, monkeypatch):
-    """ggml's AMX buffer segfaults on some AMX VMs (llama.cpp #20824): such a CPU's servers run --no-repack."""
+    """ggml's AMX buffer segfaults on some AMX CPUs (llama.cpp #20824): such a CPU's servers run --no-repack."""
     monkeypatch.delenv("SPECTUNE_LLAMACPP_REPACK", raising=False)
     info = tmp_path / "cpuinfo"
     info.write_text("model name\t: Xeon\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile amx_int8\n")

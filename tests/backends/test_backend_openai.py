@@ -9,11 +9,11 @@ import pytest
 from aiohttp import web
 
 from spectune.backends import BACKEND_NAMES, make_backend
-from spectune.backends.base import BackendOptions
+from spectune.backends.options import BackendOptions
 from spectune.backends.http import normalize_base_url
 from spectune.backends.openai import EndpointSet
 from spectune.backends.process import free_port
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from helpers.paths import FIXTURES as FIXTURES_DIR
 from helpers.web import runner_url

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from spectune.backends import make_backend
-from spectune.backends.base import BackendOptions, BundledEngineOptions
+from spectune.backends.options import BackendOptions, BundledEngineOptions
 
 
 def engine_options(options: BackendOptions) -> dict:
@@ -41,7 +41,7 @@ def test_the_bundled_engine_defaults_to_the_measured_path():
 
 
 def test_a_bad_compile_mode_in_the_bundled_engines_record_is_a_user_error():
-    from spectune.loadgen.errors import UserError
+    from spectune.core.errors import UserError
 
     with pytest.raises(UserError, match="compile"):
         make_backend("local", BackendOptions(local=BundledEngineOptions(compile="sometimes")))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from spectune.backends.base import SpecSnapshot, counter_acceptance, counters_reset
+from spectune.backends.snapshots import SpecSnapshot, counter_acceptance, counters_reset
 from spectune.backends.prometheus import gauge_values, parse_metrics, snapshot_from_text, sum_counter
 from helpers.paths import FIXTURES as FIXTURES_DIR
 from helpers.web import runner_url
@@ -133,7 +133,7 @@ async def test_bundled_engine_backend_reads_its_own_gauge():
     from aiohttp import web
 
     from spectune.backends import make_backend
-    from spectune.backends.base import BackendOptions
+    from spectune.backends.options import BackendOptions
 
     page = ("# TYPE spectune:num_requests_running gauge\nspectune:num_requests_running{model_name=\"m\"} 3.0\n"
             "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 9.0\n")

@@ -7,10 +7,11 @@ import json
 import pytest
 
 from spectune.backends import make_backend
-from spectune.backends.base import BackendOptions, SpecSnapshot
+from spectune.backends.options import BackendOptions
+from spectune.backends.snapshots import SpecSnapshot
 from spectune.backends.eagle_heads import eagle_version
 from spectune.backends.sglang import per_request_acceptance, server_info_stats, sglang_argv, spec_details
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from helpers.paths import FIXTURES as FIXTURES_DIR
 from helpers.web import runner_url

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from spectune.backends import make_backend
-from spectune.backends.base import BackendOptions
+from spectune.backends.options import BackendOptions
 from spectune.backends.prometheus import snapshot_from_text
 from spectune.backends.vllm import VllmInstall, vllm_argv
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from helpers.paths import FIXTURES as FIXTURES_DIR
 from helpers.web import runner_url

@@ -24,7 +24,7 @@ from spectune.backends.llamacpp.head_gguf import cached_head_gguf, export_head_g
 from spectune.backends.llamacpp.install import find_llama_server, llama_cpp_source_dir, server_features
 from spectune.backends.local.options import DEFAULT_HEAD
 from spectune.backends.local.weights.loader import default_model_path
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from helpers.paths import ROOT as REPO_ROOT
 
 ROOT = REPO_ROOT

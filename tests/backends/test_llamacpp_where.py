@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from spectune.backends.llamacpp.install import find_llama_server, server_features
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
 

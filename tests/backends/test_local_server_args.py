@@ -10,10 +10,10 @@ import sys
 import pytest
 import typer
 
-from spectune.backends.base import BackendOptions
+from spectune.backends.options import BackendOptions
 from spectune.backends.local.backend import LocalBackend
 from spectune.backends.local.options import SERVER_ARGS, SWEEP_SETS, EngineOptions, parse_server_args
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 from helpers.paths import ROOT
 

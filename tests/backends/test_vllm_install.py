@@ -12,11 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from spectune.backends import make_backend
-from spectune.backends.base import BackendOptions
+from spectune.backends.options import BackendOptions
 from spectune.backends.vllm import VllmInstall, cpu_server_settings, kv_bytes_per_token
 from spectune.backends.vllm import install
 from spectune.cli import app
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 SMOLLM2 = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
            "hidden_size": 576, "max_position_embeddings": 8192}

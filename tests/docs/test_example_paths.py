@@ -10,7 +10,7 @@ import gzip
 import re
 from pathlib import Path
 
-from helpers.paths import EXAMPLES
+from helpers.paths import EXAMPLES, ROOT
 
 ABSOLUTE = re.compile(r"(?<![\w.~:/-])/(?:work|tmp|root|home|opt|Users|mnt|scratch|srv|data|var|private)/"
                       r"|(?<![\w])[A-Z]:\\")
@@ -71,3 +71,13 @@ def test_the_check_finds_paths_in_text_and_gzip_and_leaves_urls_alone(tmp_path):
     for planted in ("/work/main/x", "/root/.cache/x", "/opt/x/y", "/Users/me/x", "C:\\runs\\x"):
         (tmp_path / "more.md").write_text(f"Config `{planted}`\n")
         assert absolute_paths(tmp_path)[-1].startswith("more.md:1:"), planted
+
+
+def test_the_bundled_heads_name_no_absolute_machine_path():
+    """The bundled heads' evaluation records and READMEs ship in the wheel: a dataset read from a machine's own
+    folder is named by its file (``spec-bench:spec_bench_question.jsonl``), not by where it lay."""
+    heads = ROOT / "backends" / "local" / "heads"
+    assert heads.is_dir()
+    found = [line for head in sorted(p for p in heads.iterdir() if p.is_dir()) for line in absolute_paths(head)
+             if not line.split(":", 1)[0].endswith(".safetensors")]
+    assert not found, "the bundled heads name a machine's folders:\n" + "\n".join(found)

@@ -90,7 +90,7 @@ def test_magpie_prompts_are_the_targets_own_filtered_messages(tmp_path: Path) ->
 def test_a_target_that_runs_out_of_new_prompts_is_a_user_error(tmp_path: Path) -> None:
     import pytest
 
-    from spectune.loadgen.errors import UserError
+    from spectune.core.errors import UserError
 
     with pytest.raises(UserError, match="--magpie-prompts"):
         magpie_prompts(PoolEngine(), 20, 200, EXCLUDE, seed=0, out=tmp_path / "m.jsonl", chunk=4)

@@ -18,7 +18,7 @@ from spectune.backends.local.engine.compiled import (CompiledStep, compile_targe
                                               layers_per_graph)
 from spectune.backends.local.model.target import decoder_steps
 from spectune.backends.local.engine.sequence import SamplingParams
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 PROMPTS = ["What is the capital of Japan?", "Write a Python function that returns the n-th Fibonacci number.",
            "List the planets of the solar system in order from the sun."]

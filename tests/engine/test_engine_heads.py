@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from spectune.backends.local.model.attention import AttnMeta
 from spectune.backends.local.weights.heads import load_head, save_head
 from spectune.backends.local.model.kv_cache import KVCache
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from helpers.tiny_models import tiny_head, tiny_target
 
 H, I, NH, NKV, HD, V = 32, 64, 4, 2, 8, 16  # tiny_target's shape

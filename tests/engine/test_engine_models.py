@@ -11,7 +11,7 @@ import torch
 from spectune.backends.local.model.attention import AttnMeta
 from spectune.backends.local.model.kv_cache import KVCache
 from spectune.backends.local.weights.loader import load_target
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 
 def _hf_model(kind: str, tied: bool):

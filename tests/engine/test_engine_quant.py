@@ -16,7 +16,7 @@ from spectune.backends.local.weights.quant import (Int4Linear, Int8RowLinear, na
                                            requantize_rows, unpack)
 from spectune.backends.local.engine.sequence import SamplingParams
 from spectune.backends.local.weights.loader import default_model_path, load_target
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 PROMPTS = ["What is the capital of Japan?", "Write a Python function that returns the n-th Fibonacci number.",
            "List the planets of the solar system in order from the sun.", "Hi!"]
@@ -280,9 +280,9 @@ float32 reference over the same weights differ by up to 3.4% of the largest logi
 def test_native_engine_batched_differs_from_alone_only_after_a_near_tie(native_engine_int4_only) -> None:
     """Four requests at once give the ids each gives alone up to a near-tie. The int4 linears compute a row the same
     beside any rows (above), but attention over a batch reduces over the longest sequence's cache length, and its
-    summation order then depends on the rows beside it: on an AMX Xeon the planets prompt's 26th token, an exact
-    bf16 tie of the top two logits, flips in a batch of four; on a Zen 5 EPYC it did not. So where a prompt's
-    batched ids first differ from its ids alone, the alone run's two best logits there lie within :data:`TIE_GAP`
+    summation order then depends on the rows beside it: on an AMX CPU the planets prompt's 26th token, an exact
+    bf16 tie of the top two logits, flips in a batch of four; on an AVX-512 one without AMX it did not. So where a
+    prompt's batched ids first differ from its ids alone, the alone run's two best logits there lie within :data:`TIE_GAP`
     of each other (a promise that holds on every CPU); everywhere else the ids agree."""
     engine = native_engine_int4_only
     prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
@@ -420,7 +420,7 @@ def test_default_gguf_is_fully_native() -> None:
 async def test_local_sweep_backend_records_the_servers_path() -> None:
     """sweep.json's ``backend`` comes from ``describe()`` after each start: the server's chosen path is in it."""
     from spectune.backends import make_backend
-    from spectune.backends.base import BackendOptions, BundledEngineOptions
+    from spectune.backends.options import BackendOptions, BundledEngineOptions
 
     backend = make_backend("local", BackendOptions(max_concurrency=1, draft="none",
                                                    local=BundledEngineOptions(dtype="native", compile="off")))

@@ -124,9 +124,9 @@ PACKAGE_ORDER: list[tuple[str, ...]] = [
 """The layers of ``spectune/``'s own packages, highest first (docs/architecture.md, "Package order"): a module
 imports only from its own package and from packages of lower layers; the packages of one layer do not import each
 other. ``spectune`` is the package's own ``__init__``; ``spectune.backends``, ``spectune.loadgen`` and
-``spectune.presets`` lie below all of them (tests/packaging/test_layout.py)."""
+``spectune.presets`` lie below all of them, and ``spectune.core`` below those (tests/packaging/test_layout.py)."""
 
-BELOW = ("spectune.backends", "spectune.loadgen", "spectune.presets")
+BELOW = ("spectune.backends", "spectune.loadgen", "spectune.presets", "spectune.core")
 """The subpackages below every layer of :data:`PACKAGE_ORDER`."""
 
 

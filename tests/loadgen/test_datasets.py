@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from spectune.loadgen.datasets import iter_json_array, load_dataset
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 
 def write(path: Path, lines: list) -> Path:

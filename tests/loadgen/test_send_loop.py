@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 from spectune.loadgen.client import ClientConfig, StreamingClient
 from spectune.loadgen.constraints import Constraints
 from spectune.loadgen.datasets import user_prompt
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.loadgen.send_loop import run_point, time_average
 from spectune.loadgen.strategy import ClosedLoop, OpenLoop, Phase, Phased, TraceArrivals
 

@@ -5,6 +5,7 @@ the backend interface depends on no backend, and only installed names import (no
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import subprocess
 import sys
@@ -126,11 +127,12 @@ def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
 
 def test_the_backend_interface_imports_no_backend(graph):
     """``spectune.backends.base`` is what every backend implements: directly or not, it imports only the load
-    generator and the torch-free reading of a draft head's EAGLE version (and the one head-config reader it uses),
-    never a backend."""
+    generator, the shared bottom package (``spectune.core``), its own records (``options``, ``snapshots``) and the
+    torch-free reading of a draft head's EAGLE version (and the one head-config reader it uses), never a backend."""
     reached = _reach(graph, "spectune.backends.base")
-    assert sorted(t for t in reached if not t.startswith("spectune.loadgen.")) == ["spectune.backends.eagle_heads",
-                                                                                    "spectune.backends.head_config"]
+    assert sorted(t for t in reached if not t.startswith(("spectune.loadgen.", "spectune.core."))) == [
+        "spectune.backends.eagle_heads", "spectune.backends.head_config", "spectune.backends.options",
+        "spectune.backends.snapshots"]
 
 
 @pytest.mark.parametrize("name", ["spectune.tests", "spectune.docs", "spectune.benchmarks", "spectune.spectune"])
@@ -146,3 +148,16 @@ def test_the_cli_starts_without_heavy_packages():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[]"
+
+
+def test_the_registry_imports_no_backend_until_one_is_chosen():
+    """``import spectune.backends`` loads the interface and its records, no backend's package or module: the
+    registry names backends, and :func:`spectune.backends.make_backend` imports the one chosen."""
+    code = ("import sys, spectune.backends as b; "
+            "print(sorted(m for m in sys.modules if m.startswith('spectune.backends.'))); "
+            "b.backend_class('openai'); print('spectune.backends.openai' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    loaded = ast.literal_eval(out[0])
+    assert set(loaded) <= {"spectune.backends.base", "spectune.backends.options", "spectune.backends.snapshots",
+                           "spectune.backends.eagle_heads", "spectune.backends.head_config"}, loaded
+    assert out[1] == "True"

@@ -43,15 +43,20 @@ def _violations(folder: str, allowed: tuple[str, ...]) -> list[str]:
 
 
 def test_loadgen_imports_nothing_of_spectune_above_it():
-    assert _violations("loadgen", ("spectune.loadgen",)) == []
+    assert _violations("loadgen", ("spectune.loadgen", "spectune.core")) == []
 
 
 def test_backends_import_only_backends_and_loadgen():
-    assert _violations("backends", ("spectune.backends", "spectune.loadgen")) == []
+    assert _violations("backends", ("spectune.backends", "spectune.loadgen", "spectune.core")) == []
+
+
+def test_core_imports_nothing_of_spectune():
+    """``spectune.core`` (the one user error, the JSON types) lies below every layer: it imports nothing of spectune."""
+    assert _violations("spectune/core", ("spectune.core",)) == []
 
 
 def test_presets_import_only_loadgen():
-    assert _violations("presets", ("spectune.presets", "spectune.loadgen")) == []
+    assert _violations("presets", ("spectune.presets", "spectune.loadgen", "spectune.core")) == []
 
 
 MAX_MODULE_LINES = 600
@@ -71,7 +76,7 @@ def test_feature_packages_never_import_the_cli():
                                                                             "spectune.presets", "spectune.measure",
                                                                             "spectune.results", "spectune.sweep",
                                                                             "spectune.validate", "spectune.tune",
-                                                                            "spectune.draft"))]
+                                                                            "spectune.draft", "spectune.core"))]
     assert bad == []
 
 

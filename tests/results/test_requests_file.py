@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.results.reader import load_request_records, load_requests, requests_file
 
 LINES = [{"steps": k, "concurrency": 4, "repeat": 0, "prompt_id": str(i), "error": None, "chunk_times": [0.1, 0.2],

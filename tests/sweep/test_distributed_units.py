@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from spectune.cli import app
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.results.nodes import check_mixed_nodes, node_verdicts
 from spectune.sweep.distributed import RayOptions, import_ray, parse_resources
 from spectune.sweep.plan import SweepPlan
@@ -159,7 +159,7 @@ def test_recommend_cli_refuses_unlike_nodes_unless_allowed(tmp_path):
 
 def block_payload(tmp_path, steps: int = 3, concurrency=(1, 8)) -> dict:
     """A block task's payload for the emulated server (tests/helpers/emulated_server.py) at num_steps ``steps``."""
-    from spectune.backends.base import BackendOptions
+    from spectune.backends.options import BackendOptions
     from spectune.loadgen.datasets import load_dataset
     from spectune.measure.load_settings import ClientTimeouts
 

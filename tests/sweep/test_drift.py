@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from spectune.backends.base import BackendOptions
+from spectune.backends.options import BackendOptions
 from spectune.results.drift import DriftBand, midpoint_s
 from spectune.results.reader import load_results
 from spectune.sweep.plan import SweepPlan

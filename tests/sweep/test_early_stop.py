@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from spectune.backends.base import BackendOptions
+from spectune.backends.options import BackendOptions
 from spectune.results.reader import load_results
 from spectune.sweep.plan import SweepPlan
 from spectune.sweep.run import execute
@@ -381,7 +381,7 @@ async def test_windows_stop_early_and_their_estimates_agree_with_the_full_window
     """The same cells on the emulated compute-bound server, full windows then early-stopped ones (interleaved, so
     each concurrency's second num_steps has a reference). The early run stops the clear losers (K=4) with fewer
     requests and says so in summary.csv. Agreement is checked within each full window (two runs seconds apart on
-    a shared 2-core VM differ by more than either's interval): its requests, fed in the order they finished to the
+    a shared 2-core machine differ by more than either's interval): its requests, fed in the order they finished to the
     same rule, stop it early, and the estimate's confidence-sequence bounds at that request hold the estimate over the
     full window."""
     from spectune.loadgen.record import RequestRecord

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from spectune.backends.base import SpecSnapshot
+from spectune.backends.snapshots import SpecSnapshot
 from spectune.measure.engine_time import engine_time, engine_warnings
 from spectune.results.point import SweepPoint
 

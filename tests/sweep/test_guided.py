@@ -9,8 +9,8 @@ import csv
 import numpy as np
 import pytest
 
-from spectune.backends.base import BackendOptions
-from spectune.loadgen.errors import UserError
+from spectune.backends.options import BackendOptions
+from spectune.core.errors import UserError
 from spectune.results.point import SweepPoint
 from spectune.results.reader import load_results
 from spectune.sweep.guided import GuidedPlanner, acceptance_lengths

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from spectune.backends.base import BackendOptions
+from spectune.backends.options import BackendOptions
 from spectune.sweep.display import summarize
 from spectune.sweep.run import execute
 from spectune.sweep.plan import SweepListener, SweepPlan

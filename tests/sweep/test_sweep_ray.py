@@ -29,8 +29,8 @@ from helpers.ray_cluster import (RESOURCES, NodeKiller, add_worker, agree, recom
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from spectune.backends.base import BackendOptions  # noqa: E402
-from spectune.loadgen.errors import UserError  # noqa: E402
+from spectune.backends.options import BackendOptions
+from spectune.core.errors import UserError  # noqa: E402
 from spectune.measure.node_progress import NodeTask  # noqa: E402
 from spectune.results.point import SweepPoint, as_points  # noqa: E402
 from spectune.results.reader import load_results  # noqa: E402

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow,
 
 ray = pytest.importorskip("ray")
 
-from spectune.backends.base import BackendOptions, BundledEngineOptions  # noqa: E402
+from spectune.backends.options import BackendOptions, BundledEngineOptions
 from spectune.sweep.distributed import RayOptions  # noqa: E402
 from spectune.sweep.plan import SweepPlan  # noqa: E402
 from spectune.sweep.run import execute  # noqa: E402

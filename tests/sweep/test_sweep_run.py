@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from spectune.backends.base import BackendOptions
+from spectune.backends.options import BackendOptions
 from spectune.results.schema import SUMMARY_COLUMNS
 from spectune.sweep.run import execute
 from spectune.sweep.plan import SweepListener, SweepPlan

@@ -17,7 +17,8 @@ import pytest
 
 from helpers import fake_engines
 from helpers.paths import ROOT
-from spectune.backends.base import BackendOptions, SpecSnapshot
+from spectune.backends.options import BackendOptions
+from spectune.backends.snapshots import SpecSnapshot
 from spectune.backends.openai import OpenAIBackend
 from spectune.measure.schedule_check import check_num_steps
 from spectune.results.schema import summary_row

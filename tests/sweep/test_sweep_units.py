@@ -10,8 +10,8 @@ import re
 import pytest
 from rich.console import Console
 
-from spectune.backends.base import Acceptance
-from spectune.loadgen.errors import UserError
+from spectune.backends.snapshots import Acceptance
+from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.commands.sweep import parse_endpoints
 from spectune.sweep.display import summarize, summary_table

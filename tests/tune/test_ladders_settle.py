@@ -48,6 +48,19 @@ def test_a_neighbour_joins_only_where_it_gains(tmp_path):
     assert gaining_steps(rec, Slot(1, None, 3, [1]), [0, 1, 3]) == []
 
 
+def test_a_gain_is_called_against_the_choices_widened_band(tmp_path):
+    """A neighbour gains only beyond the band the choice at that concurrency was made with (``Choice.band``: the
+    noise band widened by the best cell's spread or the sweep's drift), not the bare ``noise_band``: at concurrency
+    1, K=3 is 33% ahead of K=1, inside a band widened to 50% and outside the 2% one."""
+    rec = recommend(load_results(write_sweep(tmp_path / "r", grid(CROSSOVER))), RecommendOptions())
+    at_1 = next(c for c in rec.choices if c.concurrency == 1)
+    assert rec.options.noise_band < 0.33 < 0.5
+    at_1.band = 0.5
+    assert gaining_steps(rec, Slot(1, None, 1, [1]), [0, 1, 3]) == []
+    at_1.band = rec.options.noise_band
+    assert gaining_steps(rec, Slot(1, None, 1, [1]), [0, 1, 3]) == [3]
+
+
 def test_no_gain_makes_the_best_static_primary_for_every_engine(tmp_path):
     folder = write_sweep(tmp_path / "r", grid(NO_GAIN))
     rec = recommend(load_results(folder), RecommendOptions())

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from helpers.results_folders import grid, row, write_sweep
 from spectune.cli import app
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.results.reader import load_results
 from spectune.results.schema import SCHEDULE_FOLDER
 from spectune.tune.markdown import recommendation_markdown

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config, parse_vllm_speculative_config
 from spectune.backends.num_steps.ema_policy import AdaptivePolicy
 from spectune.cli import app, main
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.results.reader import load_results
 from spectune.tune.configs import sglang_configs
 from spectune.tune.ladders import SGLANG_GLOBALS, design_slot, settles, simulate_slot

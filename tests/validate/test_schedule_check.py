@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from spectune.backends.num_steps.sglang_config import parse_vllm_schedule
-from spectune.backends.base import BackendOptions, SpecSnapshot
+from spectune.backends.options import BackendOptions
+from spectune.backends.snapshots import SpecSnapshot
 from spectune.backends.vllm import VLLMBackend
 from spectune.measure.schedule_check import check_schedule
 from helpers.paths import FAKE_SERVER, ROOT

@@ -48,7 +48,7 @@ def setup(tmp_path):
 
 
 def plan_and_options(prompts: Path, config: Path):
-    from spectune.backends.base import BackendOptions
+    from spectune.backends.options import BackendOptions
     from spectune.validate.plan import ValidatePlan
     from spectune.measure.workload import parse_workload
 

@@ -11,9 +11,9 @@ import pytest
 from aiohttp import web
 
 from spectune.backends import make_backend
-from spectune.backends.base import BackendOptions
+from spectune.backends.options import BackendOptions
 from spectune.loadgen.datasets import user_prompt
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.validate.plan import ValidatePlan
 from spectune.validate.repeats import combine_repeats
@@ -199,6 +199,18 @@ def test_verdict_fails_on_lower_slo_attainment():
     assert v.margin_pct == 0.0
     assert "K=3 meets the SLOs more often than the config (77.5% vs 75.0%, 2.5 points)" in v.line
     assert verdict([*tied[:2], run("config", 340.0, 0.78)], with_slo=True).passed
+
+
+def test_equal_slo_attainment_is_a_tie_the_config_passes():
+    """Only a static that meets the SLOs *more* often fails the config: equal attainment (a tie) passes, in open loop
+    (throughput tied too) and when the config is faster."""
+    tied = [run("static:0", 340.0, 0.0), run("static:3", 340.0, 0.775), run("config", 340.0, 0.775)]
+    v = verdict(tied, with_slo=True)
+    assert v.passed, v.line
+    assert "SLO attainment 77.5% vs 77.5% (K=3)" in v.line
+    faster = verdict([*STATICS, run("config", 160.0, 0.95)], with_slo=True)
+    assert faster.passed, faster.line
+    assert faster.decided_by == "throughput and SLO attainment"
 
 
 def phased(name: str, tput: float, atts: list[float], reqs: list[int]) -> dict:

@@ -1,6 +1,6 @@
 """The target's batched forwards (decode, verify) with their layers compiled by ``torch.compile`` (inductor, CPU).
 
-Why: at batch 1 a 135M model's decode step is mostly eager per-op overhead, not arithmetic. On a 2-vCPU Zen 5 VM
+Why: at batch 1 a 135M model's decode step is mostly eager per-op overhead, not arithmetic. On 2 AVX-512 CPU threads
 (issue #17) each of SmolLM2's 30 layers costs about 160 us in eager mode, of which the four int4 matmuls take 80 us and
 SDPA 12 us; the rest is some 40 small ops (two RMSNorms of 8 ops each, RoPE's slices, cat and multiplies, the cache
 writes, views) and the Python between them. Inductor fuses those into a few C++ loops around the same int4 and SDPA
@@ -9,11 +9,11 @@ calls.
 What is compiled: :func:`spectune.backends.local.model.target.decoder_steps`, a group of consecutive layers of a batched
 forward as a function of modules and tensors only, so one compiled graph serves every group. Each call through
 dynamo costs some 30 us (guard checks, wrappers), so larger groups run faster at batch 1 but take longer to compile.
-Measured on that VM, 2 threads (``python benchmarks/engine_speed.py --paths native+compile1,native+compile2,
+Measured there, 2 threads (``python benchmarks/engine_speed.py --paths native+compile1,native+compile2,
 native+compile5,native+compile10,native --skip-llamacpp --skip-spec``, decode tokens/s at batch 1 / batch 8, median
 of 3 interleaved): eager 127.8 / 475.8; 1 layer per graph 134.1 / 499.8, 2 layers 143.2 / 519.3, 5 layers 159.2 /
 512.8, 10 layers 164.1 / 488.3. Compiling the four shape classes took about 20 s (1 layer) to 70 s (10 layers) from
-scratch, and 1.7, 2.1, 4.4 and 15.2 s from inductor's cache. On the 2-core AMX Xeon VM (family 6 model 167), a
+scratch, and 1.7, 2.1, 4.4 and 15.2 s from inductor's cache. On a 2-core AMX CPU, a
 server's six classes (num_steps capacity 3, 16 slots, ``dense_above`` 4) took 63 s from an empty cache at 1 layer per
 graph and 175 s at 5 (one core busy: inductor compiles one graph at a time), and decode tokens/s at batch 1 / 4 / 16
 (``--paths native+compile1,native+compile2,native+compile5 --skip-llamacpp --skip-spec --threads 2 --batches
@@ -36,7 +36,7 @@ cache on the code object: another model in the same process (tests build many) n
 
 Failure: no C++ compiler, or inductor failing on this machine, falls back to the eager layers with one logged line;
 ``--compile on`` makes it an error instead. :func:`compiler_problem` compiles and checks a probe kernel first, and
-that check has caught a real fault: on the Zen 5 VM with ``ATEN_CPU_CAPABILITY=avx2`` (the AVX2 emulation of
+that check has caught a real fault: on an AVX-512 CPU with ``ATEN_CPU_CAPABILITY=avx2`` (the AVX2 emulation of
 ``benchmarks/engine_speed.py``) torch 2.13's inductor returned garbage past the first 8 floats of
 ``(x * 2 - 3).relu()``. The cause was inductor's cache, which reused kernels built without the override; an
 override now gets a cache folder of its own (:func:`isa_cache_dir`), and the probe stays as the check. The choice
@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from spectune.backends.local.options import check_compile_mode
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 if TYPE_CHECKING:
     from spectune.backends.local.engine.speculative import SpeculativeDecoder
@@ -68,7 +68,7 @@ MAX_LAYERS_PER_GRAPH = 5
 # Inductor's Python wrapper checks every input's and extern result's size and stride on each call (some 25
 # ``assert_size_stride`` lines a layer). Dynamo's guards already check the inputs, and the externs are PyTorch's own
 # int4 and SDPA kernels, so the wrapper runs without them (``torch/_inductor/config.py``: size_asserts,
-# alignment_asserts, scalar_asserts). Measured on the Zen 5 VM, 2 threads, num_steps 0 decode tokens/s without vs
+# alignment_asserts, scalar_asserts). Measured on an AVX-512 CPU, 2 threads, num_steps 0 decode tokens/s without vs
 # with the checks (``python benchmarks/engine_speed.py --paths native+compile,native+compile+asserts --skip-llamacpp
 # --skip-spec --repeats 5``, median of 5 interleaved): batch 1 174.7 vs 166.1 (+5%), batch 8 475.1 vs 462.5 (+3%);
 # the same greedy ids. With the AVX2 emulation (7 repeats, one process): batch 1 101.3 vs 99.1, batch 8 368.3 vs 355.1.
@@ -120,7 +120,7 @@ def isa_cache_dir() -> str | None:
     Why: inductor generates its C++ for the ISA that ``ATEN_CPU_CAPABILITY`` names (``torch/_inductor/
     cpu_vec_isa.py`` ``pick_vec_isa``), but its FX-graph cache does not key on that choice, so graphs compiled
     without the override are reused under it, and the other way round. Measured with torch 2.13 on an AVX-512
-    Zen 5 VM: after an unmodified run had filled the cache, ``ATEN_CPU_CAPABILITY=avx2`` (the AVX2 emulation of
+    CPU: after an unmodified run had filled the cache, ``ATEN_CPU_CAPABILITY=avx2`` (the AVX2 emulation of
     ``benchmarks/engine_speed.py``) computed garbage past the first 8 floats of :func:`_probe`, and the reverse order
     aborted the process (``free(): invalid pointer``); with a fresh cache both were right. The folder is
     ``default_cache_dir()`` (``/tmp/torchinductor_$USER``) plus ``-<capability>``. Importing dynamo already writes
@@ -228,7 +228,7 @@ def compile_target(target: torch.nn.Module, mode: str, device: torch.device) -> 
     eager. On CUDA the engine captures CUDA graphs instead, so nothing is compiled. Layers holding oneDNN-packed
     bf16 weights (:class:`~spectune.backends.local.model.linear.PackedLinear`, the ``bfloat16`` path on AVX-512) stay
     eager: dynamo cannot trace ``mkldnn._linear_pointwise`` on an opaque packed tensor (inductor's lowering failed
-    after 3.7 s of warm-up on the Zen 5 VM before this check).
+    after 3.7 s of warm-up on an AVX-512 CPU before this check).
 
     Raises:
         UserError: an unknown mode, or ``on`` without a working C++ compiler or with packed layers.
@@ -272,8 +272,8 @@ def warm_up_shapes(slots: int, max_query: int, row_limits: tuple[int, ...] = ())
     equals its query length (batch 1 excepted), so dynamo does not tie the two sizes together, except for a class
     that only such a shape reaches: with ``dense_above`` 4, batch 2 at query length 2 (num_steps 1) is the one shape of
     more than one row per batch and query at up to 4 rows; unwarmed, it compiled while serving (a sweep's num_steps 1
-    point at concurrency 4 took 57 s against its neighbours' 29-30 s on the 2-core AMX Xeon).
-    Measured on the Zen 5 VM with the AVX2 emulation (``dense_above`` 8): without the limit's shapes, the first
+    point at concurrency 4 took 57 s against its neighbours' 29-30 s on a 2-core AMX CPU).
+    Measured with the AVX2 emulation (``dense_above`` 8): without the limit's shapes, the first
     batch of 9 at num_steps 0 waited 5 s for a compile from inductor's warm cache, inside a sweep's window.
 
     Args:
@@ -305,7 +305,7 @@ def warm_up(decoder: SpeculativeDecoder, choice: CompileChoice, max_query: int) 
     The layers' RMSNorm epsilon (``DecoderLayer.eps``, a Python float) is compiled in as a constant
     (``torch._dynamo.config.specialize_float``): by default dynamo traces it as a symbolic float, finds that
     ``F.rms_norm`` needs a real one, and traces every graph a second time (``Restarting analysis due to
-    _tensorify_python_scalars``, ``TORCH_LOGS=+dynamo``). On the 2-core AMD EPYC Zen 4 VM (family 25 model 17) the six
+    _tensorify_python_scalars``, ``TORCH_LOGS=+dynamo``). On a 2-core AVX512-BF16 CPU the six
     classes of a server with num_steps capacity 3 and 16 slots compiled in 62.7 s instead of 68.9 s from an empty
     inductor cache (``torch._dynamo.utils.compile_times``: no second ``compile_attempt``). All layers share one epsilon
     (:func:`layer_fingerprint` compares it), so one graph still serves every group.

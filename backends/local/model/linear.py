@@ -1,6 +1,6 @@
 """CPU fast path for linear layers: oneDNN pre-packed bf16 weights.
 
-On the development CPU (2 Zen 4 cores, AVX512-BF16) ``F.linear`` on bf16 reaches about 7-15 GB/s of weight reads
+On a 2-core AVX512-BF16 CPU ``F.linear`` on bf16 reaches about 7-15 GB/s of weight reads
 for the skinny matrices of decode (1-8 rows), while oneDNN with weights reordered once into its blocked layout
 (what torch inductor's CPU freezing pass uses: ``torch.ops.mkldnn._reorder_linear_weight`` and
 ``torch.ops.mkldnn._linear_pointwise``) reaches about 30 GB/s, the DRAM bandwidth: a 2-4x faster decode step.
@@ -67,7 +67,7 @@ class Float32Linear(nn.Module):
     """A linear layer with float32 weights for bf16 activations: casts in, computes in float32, casts back.
 
     Used where oneDNN's bf16 kernels are unavailable (AVX2-only CPUs): PyTorch's reference bf16 GEMM is a scalar
-    loop there (7.9 ms for [1, 576] x [576, 1536] on a 2-core AVX2 EPYC, issue #17; float32 0.12-0.2 ms).
+    loop there (7.9 ms for [1, 576] x [576, 1536] on a 2-core AVX2 CPU, issue #17; float32 0.12-0.2 ms).
 
     Args:
         linear: the layer to replace.

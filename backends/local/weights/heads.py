@@ -25,7 +25,7 @@ import torch
 
 from spectune.backends.head_config import flat_head_config, head_eagle_version
 from spectune.backends.local.model.eagle import DraftConfig, DraftHead
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 if TYPE_CHECKING:
     from spectune.backends.local.model.target import TargetModel

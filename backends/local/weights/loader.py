@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from spectune.backends.local.model.config import ModelConfig
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 if TYPE_CHECKING:
     import torch
@@ -90,8 +90,8 @@ def _gguf_cache_folder(path: Path) -> Path:
 @functools.lru_cache(maxsize=1)
 def gguf_reader(path: str) -> GGUFReader:
     """A ``gguf.GGUFReader`` of ``path`` (memory-mapped, read-only), kept for the next call: parsing the metadata (the
-    tokenizer's 49,152 tokens and 48,900 merges of the default target, one numpy view each) takes 2.6 s on a 2-core
-    AMD EPYC Zen 4 VM, and a cold start reads the file four times: :func:`convert_gguf`'s three transformers calls
+    tokenizer's 49,152 tokens and 48,900 merges of the default target, one numpy view each) takes 2.6 s on 2
+    cores, and a cold start reads the file four times: :func:`convert_gguf`'s three transformers calls
     (through :func:`_one_gguf_parse`), then ``quant.native_support`` and ``quant.read_gguf_linears``."""
     from gguf.gguf_reader import GGUFReader  # the class itself, never :func:`_one_gguf_parse`'s stand-in
 
@@ -107,7 +107,7 @@ def _one_gguf_parse() -> Iterator[None]:
     imports both names from ``gguf`` on each call) parses the file on each of :func:`convert_gguf`'s three calls
     (config, tensors, tokenizer), and ``get_gguf_hf_weights_map`` rebuilds gguf's tensor-name map for every submodule
     of the model (397 times for SmolLM2-135M, 7 ms each). Both answers depend only on their arguments and are only
-    read. Measured on the 2-core Zen 4 VM: the default target's conversion took 17.6 s without this."""
+    read. Measured on 2 cores: the default target's conversion took 17.6 s without this."""
     import gguf
 
     real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map

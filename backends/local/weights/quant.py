@@ -41,7 +41,7 @@ dtype the same probe found faster at many rows (``dense_dtype``;
   matmul on CPU to oneDNN, whose GEMM runs on AMX tiles or AVX512-BF16 where the CPU has them. 2 bytes per weight.
   Not pre-packed (:class:`spectune.backends.local.model.linear.PackedLinear`): dynamo cannot trace packed weights,
   and the decode layers are compiled (:mod:`spectune.backends.local.engine.compiled`); unpacked it costs 0.65 ms
-  against 0.47 ms packed at 32 rows, the same at 128. On a 2-core Sapphire Rapids-class Xeon with AMX (one thread,
+  against 0.47 ms packed at 32 rows, the same at 128. On a 2-core CPU with AMX (one thread,
   gate|up): 0.7 ms at 32 rows and 0.9 ms at 128, against 2.1 and 6.5 ms for float32 and 2.4 and 9.4 ms for the int4
   kernel (docs/engine.md).
 
@@ -61,7 +61,7 @@ import torch
 from torch import nn
 
 from spectune.backends.local.weights.loader import gguf_reader
-from spectune.loadgen.errors import UserError
+from spectune.core.errors import UserError
 
 QK = 32  # weights per GGML block
 NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0")
@@ -263,8 +263,8 @@ class Int8RowLinear(_QuantLinear):
     aten/src/ATen/native/cpu/int8mm_kernel.cpp: ``y = (x @ codes^T) * scale``, vectorised for AVX2 and AVX-512).
 
     Used for a Q8_0 lm_head where it is faster than two int4 halves (:func:`spectune.backends.local.weights.
-    compute_paths.lm_head_kernel`): SmolLM2 decode, one thread, with AVX2 emulated on an AVX-512 VM: +7% tokens/s at
-    batch 1, +13% at batch 8; on the AVX-512 VM itself +1% / +5%, so the probe keeps int4 there (docs/engine.md). The
+    compute_paths.lm_head_kernel`): SmolLM2 decode, one thread, with AVX2 emulated on an AVX-512 CPU: +7% tokens/s at
+    batch 1, +13% at batch 8; on the AVX-512 CPU itself +1% / +5%, so the probe keeps int4 there (docs/engine.md). The
     weights are :func:`requantize_rows` of the GGUF's (not bit-exact Q8_0).
 
     Args:

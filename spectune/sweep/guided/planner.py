@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from spectune.loadgen.json_types import JsonObject
+from spectune.core.json_types import JsonObject
 from spectune.results.point import PointObject, RequestLine, SweepPoint, as_points
 from spectune.results.schema import PointKey
 from spectune.sweep.guided.choose import Choosing

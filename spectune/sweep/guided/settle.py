@@ -20,8 +20,8 @@ the two cells measured, and a run cut short would narrow them. The comparisons a
 Why the value per window: without it, a settle pair at the bundled engine's largest concurrency (two windows of
 37-40 s, 4% of a 5 x 6 grid each) was measured whenever its interval reached the band, though one more run could
 not take its upper end out of the band (switch probability 0.03 on a recorded grid); it was 8% of the grid's time
-in a quiet live run (``python benchmarks/guided_vs_grid.py --backend local``, docs/sweep.md's command, 2-vCPU AMD
-EPYC VM) and left the choice as it was. On the emulated servers a
+in a quiet live run (``python benchmarks/guided_vs_grid.py --backend local``, docs/sweep.md's command) and
+left the choice as it was. On the emulated servers a
 pair a run can resolve (ratio 0.947 [0.911, 0.981] at concurrency 16 on the held-out quadratic model, 5 x 4, 1.2%
 of the grid) is still measured again; without it one sweep chose 0.927 of the grid's choice (``python
 benchmarks/guided_vs_grid.py --virtual 6 --emulated held-out-2``, docs/sweep.md).
