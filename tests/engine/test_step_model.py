@@ -140,7 +140,7 @@ def test_a_slow_shape_reaches_server_info_metrics_and_the_sweeps_snapshot() -> N
     """The real default pair (float32, uncompiled) with its step model made 100x optimistic: the first shape the
     server runs MIN_ROUNDS rounds of is flagged in /server_info, counted on /metrics and read by the ``local``
     backend's snapshot into ``raw["engine_warnings"]`` (what the sweep records with the point)."""
-    from spectune.backends.base import BackendOptions
+    from spectune.backends.options import BackendOptions
     from spectune.backends.local.backend import LocalBackend
 
     server = ThreadedServer(EngineOptions(num_steps=2, dtype="float32", max_num_seqs=2, max_model_len=256,

@@ -54,8 +54,8 @@ from spectune.backends.local.weights.kernel_probes import (
     LM_HEAD_KERNELS, DenseCrossover, crossover, dense_crossover, estimate_step_ms, lm_head_kernel,
 )
 from spectune.backends.local.weights.loader import cache_dir
-from spectune.loadgen.errors import UserError
-from spectune.loadgen.json_types import JsonValue
+from spectune.core.errors import UserError
+from spectune.core.json_types import JsonValue
 
 if TYPE_CHECKING:
     from spectune.backends.local.model.config import ModelConfig
