@@ -39,9 +39,10 @@ shape and the sweep records it with the point (``engine_warnings``), so a user s
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping
+
+from spectune.backends.local.weights.kernel_probes import _best_ms
 
 if TYPE_CHECKING:
     from torch import nn
@@ -163,17 +164,6 @@ def _kernel_curve(rows_ms: Mapping[str, Mapping[str, float]], kernel_at: Callabl
     return curve
 
 
-def _time_ms(fn: Callable[[], object], reps: int = 5) -> float:
-    """Fastest of ``reps`` calls after one untimed call, ms (another busy process only ever adds time)."""
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best * 1e3
-
-
 def build_step_model(decoder: SpeculativeDecoder, choice: PathChoice, rows_ms: Mapping[str, Mapping[str, float]],
                      probe_weights: int, check_rows: tuple[int, ...] = (), drafting: bool = False) -> StepModel | None:
     """Measure M_target (and M_head) on ``decoder``'s own forwards at one row (cache slot 0, positions 5..: empty at
@@ -210,7 +200,7 @@ def build_step_model(decoder: SpeculativeDecoder, choice: PathChoice, rows_ms: M
         return run
 
     with torch.inference_mode():
-        target_ms = _time_ms(target_fwd(1))
+        target_ms = _best_ms(target_fwd(1), 5)
         head_ms, head_w, head_lm_w = 0.0, 0, 0
         if head is not None:
             feat = decoder.draft_feature[:1].unsqueeze(1).clone()  # [1, 1, H]: a draft step's own feature
@@ -220,24 +210,24 @@ def build_step_model(decoder: SpeculativeDecoder, choice: PathChoice, rows_ms: M
             def head_fwd() -> object:
                 out = decoder._draft_fwd(tok, pos1, feat)
                 return head.draft_tokens(out[:, 0])
-            head_ms = _time_ms(head_fwd)
+            head_ms = _best_ms(head_fwd, 5)
             head_w = linear_weights(head)
             head_lm_w = linear_weights(head, lambda n: "lm_head" in n)
         model = StepModel(target_ms, head_ms, linear_weights(target), head_w, head_lm_w, target_curve, head_curve,
                           describe_kernels(choice))
         fit = min(decoder.target_cache.num_slots, ROW_FIT_BATCH)
         if fit >= 4:  # c_row from a decode forward of `fit` sequences: what the linears do not explain
-            measured, linears_only = _time_ms(target_fwd(1, fit), 3), model.target_fwd_ms(fit)
+            measured, linears_only = _best_ms(target_fwd(1, fit), 3), model.target_fwd_ms(fit)
             model.row_ms = max(0.0, (measured - linears_only) / (fit - 1))
             model.checks.append({"rows": fit, "sequences": fit, "measured_ms": round(measured, 3),
                                  "predicted_ms": round(linears_only, 3)})
             far = min(CTX_FIT_POSITION, decoder.target_cache.max_len - 1)
             if far > 64:  # c_ctx: the same forward attending over `far` cached positions instead of 6
-                deep = _time_ms(target_fwd(1, fit, far), 3)
+                deep = _best_ms(target_fwd(1, fit, far), 3)
                 model.ctx_ms = max(0.0, (deep - measured) / (fit * (far - 5)))
         _fit_round_costs(decoder, model, drafting)
         for rows in check_rows:
-            measured = _time_ms(target_fwd(rows), 3)
+            measured = _best_ms(target_fwd(rows), 3)
             predicted = model.target_fwd_ms(rows)
             model.checks.append({"rows": rows, "measured_ms": round(measured, 3), "predicted_ms": round(predicted, 3)})
             if measured > SLOW_RATIO * predicted:
@@ -264,7 +254,7 @@ def _fit_round_costs(decoder: SpeculativeDecoder, model: StepModel, drafting: bo
     decoder.prefill([0], [[1, 2, 3, 4, 5, 6, 7, 8]], st, draft)
     try:
         def best(k: int) -> float:
-            return _time_ms(lambda: decoder.decode_round(1, k, st, keep_draft=draft), rounds)
+            return _best_ms(lambda: decoder.decode_round(1, k, st, keep_draft=draft), rounds)
 
         with torch.inference_mode():
             model.round_ms = max(0.0, best(0) - model.predict_ms(1, 0))
