@@ -117,8 +117,10 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
 
         choose_dense_on_whole_step(path_choice, cfg, lm_repeat, _native_layers(target), _one_sequence(decoder))
     compile_choice = compile_target(target, opts.compile, device)
-    warm_up(decoder, compile_choice, max_steps + 1)
+    # the step model's start-up forwards first (their untimed first calls compile what they meet), then the warm-up,
+    # so the warm-up's shape classes are the last thing compiled before serving (tests/engine/test_engine_compile.py)
     step_model = _step_model(decoder, path_choice, cfg, lm_repeat, max_steps)
+    warm_up(decoder, compile_choice, max_steps + 1)
     path_choice.compile = compile_choice.to_json()
     if compile_choice.mode != "off":
         log.info("compile: %s (%s; warm-up %.1f s)", "on" if compile_choice.active else "off", compile_choice.reason,
