@@ -115,7 +115,10 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
     if str(opts.native_dense_above).strip().lower() == "auto":  # the copy's row count checked on the whole step
         from spectune.backends.local.weights.whole_step import choose_dense_on_whole_step
 
-        choose_dense_on_whole_step(path_choice, cfg, lm_repeat, _native_layers(target), _one_sequence(decoder))
+        from spectune.backends.local.engine.step_model import target_forward
+
+        choose_dense_on_whole_step(path_choice, cfg, lm_repeat, _native_layers(target),
+                                   lambda rows: target_forward(decoder, rows))
     compile_choice = compile_target(target, opts.compile, device)
     # the step model's start-up forwards first (their untimed first calls compile what they meet), then the warm-up,
     # so the warm-up's shape classes are the last thing compiled before serving (tests/engine/test_engine_compile.py)
@@ -135,22 +138,6 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
 def _native_layers(target: torch.nn.Module) -> list[torch.nn.Module]:
     """The target's native linears that hold a dense copy (``weights/quant.py``)."""
     return [m for m in target.modules() if getattr(m, "dense", None) is not None and hasattr(m, "dense_above")]
-
-
-def _one_sequence(decoder: SpeculativeDecoder):
-    """rows -> a call running one target forward with its logits for one sequence of ``rows`` query tokens (cache
-    slot 0 at positions 5..: empty at start-up)."""
-    import torch
-
-    def forward(rows: int):
-        tokens = torch.zeros(1, rows, dtype=torch.long, device=decoder.device)
-        pos = 5 + torch.arange(rows, device=decoder.device).view(1, rows)
-
-        def run() -> object:
-            hidden, _ = decoder._target_fwd(tokens, pos)
-            return decoder.target.logits(hidden)
-        return run
-    return forward
 
 
 def _step_model(decoder: SpeculativeDecoder, choice: PathChoice, cfg: ModelConfig, lm_repeat: int,

@@ -19,7 +19,8 @@ up to 16 rows; the native path's int4 kernel up to ``dense_above`` rows and its 
 bf16 or float32 linears). ``c_row`` is what a row costs outside the linears (attention, norms, RoPE, the logits'
 softmax-free argmax): fitted at start-up from one measured decode forward of ``min(slots, 16)`` sequences, the rest of
 that forward once the linears' part is taken out (without it the model ran 1.3-1.5x under the measured rounds at
-batch 8-16 on a 2-core Zen 5 VM, where the guard must not fire; ``benchmarks/round_table.py``). The head's lm_head and its body (fc and decoder layer) are split by their weights:
+batch 8-16 on 2 AVX-512 cores, where the guard must not fire; ``benchmarks/round_table.py``, docs/engine.md). The
+head's lm_head and its body (fc and decoder layer) are split by their weights:
 ``T_lm(r) = M_head * W_lm / W_head + W_lm * (t_head(r) - t_head(1))`` and ``T_body`` the rest. Between probed row
 counts ``t`` is interpolated linearly, above the largest it grows with the rows. ``R_round`` and ``R_draft`` are a
 round's own fixed work outside the forwards (verification, stacking the drafts, the index updates and host reads;
@@ -123,8 +124,8 @@ class StepModel:
 
     def target_fwd_ms(self, rows: int) -> float:
         """T_target(rows), ms."""
-        return (self.target_ms + self.target_weights * (_interp(self.target_curve, rows) - _interp(self.target_curve, 1))
-                + self.row_ms * (rows - 1))
+        linears = self.target_weights * (_interp(self.target_curve, rows) - _interp(self.target_curve, 1))
+        return self.target_ms + linears + self.row_ms * (rows - 1)
 
     def _head_part_ms(self, rows: int, weights: int) -> float:
         if not self.head_weights:
@@ -150,6 +151,21 @@ class StepModel:
                 "draft_round_ms": round(self.draft_round_ms, 3), "ctx_ms": round(self.ctx_ms, 6), "path": self.path,
                 "target_weights": self.target_weights, "head_weights": self.head_weights,
                 "checks": self.checks, "slow_ratio": SLOW_RATIO, "min_rounds": MIN_ROUNDS}
+
+
+def target_forward(decoder: SpeculativeDecoder, rows: int, batch: int = 1, start: int = 5) -> Callable[[], object]:
+    """A call running one target forward with its logits for ``batch`` sequences (cache slots 0..batch-1) of ``rows``
+    query tokens at positions ``start``.. (empty at start-up: what these forwards write, a later prefill overwrites);
+    the start-up probes time it."""
+    import torch
+
+    tokens = torch.zeros(batch, rows, dtype=torch.long, device=decoder.device)
+    pos = start + torch.arange(rows, device=decoder.device).repeat(batch, 1)  # [batch, rows]
+
+    def run() -> object:
+        hidden, _ = decoder._target_fwd(tokens, pos)
+        return decoder.target.logits(hidden)
+    return run
 
 
 def _kernel_curve(rows_ms: Mapping[str, Mapping[str, float]], kernel_at: Callable[[int], str],
@@ -191,13 +207,7 @@ def build_step_model(decoder: SpeculativeDecoder, choice: PathChoice, rows_ms: M
     dev = decoder.device
 
     def target_fwd(rows: int, batch: int = 1, start: int = 5) -> Callable[[], object]:
-        tokens = torch.zeros(batch, rows, dtype=torch.long, device=dev)
-        pos = start + torch.arange(rows, device=dev).repeat(batch, 1)  # [batch, rows]
-
-        def run() -> object:
-            hidden, _ = decoder._target_fwd(tokens, pos)
-            return target.logits(hidden)
-        return run
+        return target_forward(decoder, rows, batch, start)
 
     with torch.inference_mode():
         target_ms = _best_ms(target_fwd(1), 5)
@@ -327,6 +337,6 @@ class RoundGuard:
         out["shapes"] = [{"batch": b, "num_steps": k, "rounds": int(n), "mean_ms": round(s / n * 1e3, 3),
                           "mean_context": round(c / n, 1),
                           "predicted_ms": round(self.model.predict_ms(b, k, c / n), 3) if self.model else None}
-                         for (b, k), (n, s, c) in sorted(dict(self.shapes).items()) if n]  # a copy: the engine thread adds
+                         for (b, k), (n, s, c) in sorted(dict(self.shapes).items()) if n]  # a copy: the engine adds
         out["warnings"] = list(self.warnings)
         return out
