@@ -1,8 +1,8 @@
 """The native path's dense-copy row count chosen on the whole target forward of the built model.
 
 :func:`~spectune.backends.local.weights.kernel_probes.dense_crossover` times one gate|up-shaped layer; near the
-crossover that leaves out everything between the linears and the model's other shapes, and its answer moves between runs. So
-after quantizing, before compiling, the engine times its own target forward with each kernel
+crossover that leaves out everything between the linears and the model's other shapes, and its answer moves between
+runs. So after quantizing, before compiling, the engine times its own target forward with each kernel
 (:func:`whole_step_crossover`) and takes the copy's row count from that (:func:`choose_dense_on_whole_step`, called by
 :func:`spectune.backends.local.build.build_engine` for ``--native-dense-above auto``). docs/engine.md has the timings.
 """
