@@ -28,6 +28,9 @@ from spectune.backends.local.model.attention import AttnMeta, attend
 from spectune.backends.local.model.target import output_block, split_qkv_rope
 from spectune.backends.local.model.rope import rope_table
 
+CONFIDENCE_TOP_K = 10
+"""Candidates the draft confidence is normalised over: llama.cpp's draft sampler top-k (:meth:`DraftHead.draft_with_prob`)."""
+
 
 @dataclass
 class DraftConfig:
@@ -186,3 +189,17 @@ class DraftHead(nn.Module):
         """Greedy draft tokens in the target vocabulary: [..., H] -> [...] long."""
         ids = self.logits(out).argmax(dim=-1)
         return self.draft_to_target[ids] if self.draft_to_target is not None else ids
+
+    def draft_with_prob(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy draft tokens and their confidence: [..., H] -> tokens [...] long, prob [...] float32.
+
+        The confidence is what llama.cpp's EAGLE-3 drafter compares with ``--spec-draft-p-min``: the top candidate's
+        probability after its draft sampler, a top-k of :data:`CONFIDENCE_TOP_K` = 10 (softmax over the 10 largest
+        logits), read in ``common/speculative.cpp`` (``common_speculative_impl_draft_eagle3``: ``sparams.top_k = 10``,
+        ``if (cur_p->data[0].p < params.p_min)``) of llama.cpp release 11434. The token is the argmax, as
+        :meth:`draft_tokens`.
+        """
+        top = self.logits(out).topk(CONFIDENCE_TOP_K, dim=-1)  # values, indices [..., 10], descending
+        prob = top.values.softmax(dim=-1)[..., 0]  # [...]
+        ids = top.indices[..., 0]
+        return (self.draft_to_target[ids] if self.draft_to_target is not None else ids), prob
