@@ -29,7 +29,7 @@ from spectune.backends.local.model.target import output_block, split_qkv_rope
 from spectune.backends.local.model.rope import rope_table
 
 CONFIDENCE_TOP_K = 10
-"""Candidates the draft confidence is normalised over: llama.cpp's draft sampler top-k (:meth:`DraftHead.draft_with_prob`)."""
+"""Candidates the draft confidence is normalised over: llama.cpp's draft top-k (:meth:`DraftHead.draft_with_prob`)."""
 
 
 @dataclass
