@@ -1,10 +1,11 @@
-"""`spectune simulate`: replay a recorded verify-step trace through an adaptive config or a vLLM schedule."""
+"""`spectune simulate`: replay a recorded verify-step trace through an adaptive config or a vLLM schedule (the tier
+timeline, ``--config`` alone), or through draft-length policies compared side by side (``--policy``)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -14,11 +15,27 @@ _APPROX = ("Acceptance comes from the trace: accepted drafts recorded at a highe
 
 
 def simulate(
-    config: Annotated[Path, typer.Option("--config", help="SGLang --speculative-adaptive-config JSON, a vLLM "
-                                         "num_speculative_tokens_per_batch_size list, or a vLLM speculative-config "
-                                         "object holding one (the format is detected).")],
     trace: Annotated[Path, typer.Option("--trace", help="JSONL trace of verify steps: one {\"batch_size\", "
-                                        "\"accepted_drafts\", \"num_steps\"} object per line.")],
+                                        "\"accepted_drafts\", \"num_steps\", ...} object per line "
+                                        "(docs/engine.md).")],
+    config: Annotated[Optional[Path], typer.Option(
+        "--config", help="SGLang --speculative-adaptive-config JSON, a vLLM num_speculative_tokens_per_batch_size "
+        "list, or a vLLM speculative-config object holding one (the format is detected). Alone: print its num_steps "
+        "timeline; with --policy: one more policy in the comparison.")] = None,
+    policy: Annotated[Optional[List[str]], typer.Option(
+        "--policy", help="Draft-length policies to compare, repeatable: static:K[,K..], p_min:P[,P..] (llama.cpp "
+        "--spec-draft-p-min), specdec:H[,H..] (SpecDec++ threshold, acceptance head if recorded), "
+        "specdec-raw:H[,H..], config:FILE, ema (SGLang's default config), oracle, or all. A kind without values "
+        "takes a default grid. Default without --config: all.")] = None,
+    sweep: Annotated[Optional[Path], typer.Option(
+        "--sweep", help="--policy: a sweep results folder whose cells' engine_round_ms per (num_steps, batch size) "
+        "time the replayed rounds (default: a model fitted to the trace's own draft_ms and verify_ms).")] = None,
+    n_max: Annotated[Optional[int], typer.Option(
+        "--n-max", min=0, help="--policy: the cap of p_min and specdec draft lengths (llama.cpp --spec-draft-n-max; "
+        "default: each round's recorded num_steps).")] = None,
+    draft_to_cap: Annotated[bool, typer.Option(
+        "--draft-to-cap", help="--policy: charge p_min and specdec rounds n_max draft steps (an engine that drafts "
+        "the cap on the device and cuts rows after) instead of the longest row's length.")] = False,
     initial_steps: Annotated[Optional[int], typer.Option(
         "--initial-steps", min=0, help="SGLang: the server's --speculative-num-steps; a slot starts there when it "
         "is a candidate, else at its own middle candidate (default: what SGLang picks without the flag, the middle "
@@ -26,17 +43,22 @@ def simulate(
     cuda_graph_bs: Annotated[Optional[str], typer.Option(
         "--cuda-graph-bs", help="SGLang: captured CUDA-graph batch sizes, e.g. 1,2,4,8,16; batch sizes are padded "
         "up to them before slot routing (default: no padding).")] = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the full result (segments, "
-                                                     "switches, per-tier counts) to this JSON file.")] = None,
+    json_out: Annotated[Optional[Path], typer.Option(
+        "--json", help="Also write the full result to this JSON file (timeline: segments, switches, per-tier "
+        "counts; --policy: every policy overall and per batch size, the best per batch size, the step-time "
+        "model).")] = None,
     lenient: Annotated[bool, typer.Option("--lenient", help="Accept everything SGLang/vLLM accept (unknown keys, "
                                           "smallest slot above 1, unsorted vLLM ranges) with warnings.")] = False,
-    max_rows: Annotated[int, typer.Option("--max-rows", min=1, help="Timeline rows to print.")] = 40,
+    max_rows: Annotated[int, typer.Option("--max-rows", min=1, help="Timeline rows (--policy: batch sizes) to "
+                                          "print.")] = 40,
     cost_table: Annotated[Optional[Path], typer.Option(
         "--cost-table", help="SGLang \"strategy\": \"throughput_aware\" configs: decode-round times in ms, "
         "{\"batch size\": {\"num_steps\": ms}}, standing in for SGLang's start-up profile (without it the "
         "strategy never switches).")] = None,
 ) -> None:
-    """Replay a trace through SGLang's EMA num_steps policy (or a static vLLM schedule) and print the tier timeline.
+    """Replay a trace through SGLang's EMA num_steps policy (or a static vLLM schedule) and print the tier timeline,
+    or (--policy) compare draft-length policies on it: acceptance length, drafted tokens per accepted token, predicted
+    tok/s and TPOT, and the best value per batch size.
 
     Acceptance comes from the trace: accepted drafts recorded at a higher num_steps than the simulated tier are clipped
     to it (exact for greedy chain drafting); at a tier above the recorded one the recorded count is a lower bound.
@@ -51,6 +73,18 @@ def simulate(
     from spectune.tune.simulate import write_result_json
 
     console = Console(highlight=False)
+    if policy or config is None:
+        _compare(console, trace, config, policy or ["all"], sweep=sweep, n_max=n_max, draft_to_cap=draft_to_cap,
+                 initial_steps=initial_steps, cuda_graph_bs=cuda_graph_bs, cost_table=cost_table, json_out=json_out,
+                 lenient=lenient, max_rows=max_rows)
+        return
+    from spectune.core.errors import UserError
+
+    for name, given in (("--sweep", sweep is not None), ("--n-max", n_max is not None),
+                        ("--draft-to-cap", draft_to_cap)):
+        if given:
+            raise UserError(f"{name} applies to the policy comparison: add --policy (e.g. --policy "
+                            f"config:{config.name} --policy static --policy oracle) or drop {name}")
     cfg = load_config_file(config, strict=not lenient)
     graph_bs = parse_int_list(cuda_graph_bs, "cuda-graph-bs", 1) if cuda_graph_bs else None
     steps = read_trace(trace)
@@ -59,16 +93,7 @@ def simulate(
     if isinstance(cfg, VllmSchedule) and (graph_bs or initial_steps is not None):
         console.print("[dim]note: --cuda-graph-bs and --initial-steps apply to SGLang configs only; vLLM looks up "
                       "the unpadded batch size in a static schedule.[/]")
-    table_ms = None
-    if cost_table is not None:
-        from spectune.backends.num_steps.throughput_policy import CostTable
-        from spectune.core.errors import UserError
-
-        try:
-            table_ms = CostTable.from_json(json.loads(cost_table.read_text()))
-        except (OSError, ValueError, AttributeError) as err:
-            raise UserError(f"--cost-table {cost_table}: {err}; write {{\"batch size\": {{\"num_steps\": ms}}}}") \
-                from None
+    table_ms = _cost_table(cost_table)
     result = run_simulation(cfg, steps, initial_steps=initial_steps, cuda_graph_bs=graph_bs, cost_table=table_ms)
 
     kind = {"sglang": "SGLang EMA policy", "sglang-throughput": "SGLang throughput-aware strategy"}.get(
@@ -93,4 +118,36 @@ def simulate(
     console.print(f"[dim]{_APPROX}[/]")
     if json_out is not None:
         write_result_json(result, json_out)
+        console.print(f"wrote {json_out}")
+
+
+def _cost_table(path: Path | None):  # -> CostTable | None
+    """``--cost-table``'s decode-round times, or None. Raises UserError on a bad file."""
+    if path is None:
+        return None
+    from spectune.backends.num_steps.throughput_policy import CostTable
+    from spectune.core.errors import UserError
+
+    try:
+        return CostTable.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, AttributeError) as err:
+        raise UserError(f"--cost-table {path}: {err}; write {{\"batch size\": {{\"num_steps\": ms}}}}") from None
+
+
+def _compare(console, trace: Path, config: Path | None, policies: List[str], *, sweep: Path | None,
+             n_max: int | None, draft_to_cap: bool, initial_steps: int | None, cuda_graph_bs: str | None,
+             cost_table: Path | None, json_out: Path | None, lenient: bool, max_rows: int) -> None:
+    """The --policy comparison: replay, print, and write --json."""
+    from spectune.backends.num_steps.trace import read_trace
+    from spectune.commands.options import parse_int_list
+    from spectune.tune.policy_report import compare, print_comparison, write_comparison_json
+
+    graph_bs = parse_int_list(cuda_graph_bs, "cuda-graph-bs", 1) if cuda_graph_bs else None
+    steps = read_trace(trace)
+    texts = list(policies) + ([f"config:{config}"] if config is not None else [])
+    cmp = compare(steps, texts, sweep=sweep, n_max=n_max, draft_to_cap=draft_to_cap, initial_steps=initial_steps,
+                  cuda_graph_bs=graph_bs, cost_table=_cost_table(cost_table), strict=not lenient)
+    print_comparison(console, cmp, max_rows)
+    if json_out is not None:
+        write_comparison_json(cmp, json_out)
         console.print(f"wrote {json_out}")
