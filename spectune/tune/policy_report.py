@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from spectune.backends.num_steps.sglang_config import load_config_file
 from spectune.backends.num_steps.throughput_policy import CostTable
 from spectune.backends.num_steps.trace import TraceStep
 from spectune.core.errors import UserError
@@ -65,6 +66,10 @@ def compare(steps: Sequence[TraceStep], policies: Sequence[str], *, sweep: Path 
     specs = parse_policies(policies, arr.draft_probs is not None and not arr.missing_probs, arr.max_positions)
     model: StepTimeModel | None = cells_step_time(sweep) if sweep is not None else fit_trace_step_time(steps)
     notes: list[str] = []
+    for spec in specs:
+        if spec.kind == "config":  # the replay loads it again; its lenient-mode warnings are said here
+            notes += [f"{spec.label}: warning: {w}" for w in getattr(load_config_file(spec.path, strict=strict),
+                                                                     "warnings", ())]
     if model is None:
         notes.append("No step-time model: the trace holds no draft_ms/verify_ms; pass --sweep FOLDER (a sweep's "
                      "cells) for tok/s, TPOT and the best value per batch size.")
