@@ -76,8 +76,8 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
     policy, confidence = None, draft_length_config(opts)
     if opts.adaptive_config and confidence is None:
         policy = make_policy(load_config_file(opts.adaptive_config), initial_steps=opts.num_steps or None)
-    if confidence is not None:
-        opts = dataclasses.replace(opts, num_steps=confidence.n_max)  # each round drafts up to n_max per row
+    if confidence is not None and not opts.draft_p_min:  # a config file: each round drafts up to n_max per row
+        opts = dataclasses.replace(opts, num_steps=confidence.n_max)
     max_steps = max(opts.num_steps, opts.num_steps_capacity, getattr(policy, "max_steps", 0) or 0)
     if max_steps > 0 and head_path is None:
         raise UserError("num_steps > 0 needs a draft head: pass --draft PATH (no bundled head for this model)")
@@ -165,8 +165,9 @@ def _step_model(decoder: SpeculativeDecoder, choice: PathChoice, cfg: ModelConfi
 
 def draft_length_config(opts: EngineOptions) -> ConfidenceConfig | None:
     """The per-row draft-length rule ``opts`` asks for: a ``p_min`` / ``specdec`` ``adaptive_config`` file, or
-    ``draft_p_min`` > 0 (llama.cpp's ``--spec-draft-p-min`` with ``num_steps`` as ``--spec-draft-n-max``); None for
-    a static num_steps or a per-batch-size policy. Torch-free: the sweep process checks options with it.
+    ``draft_p_min`` > 0 (llama.cpp's ``--spec-draft-p-min`` with ``num_steps`` as ``--spec-draft-n-max``: a sweep
+    switching the server's num_steps in place switches the cap); None for a static num_steps or a per-batch-size
+    policy. Torch-free: the sweep process checks options with it.
 
     Raises:
         UserError: both given, ``draft_p_min`` outside [0, 1] or with ``num_steps`` 0, or a config file that does
@@ -181,10 +182,10 @@ def draft_length_config(opts: EngineOptions) -> ConfidenceConfig | None:
         if config is not None:
             raise UserError(f"--draft-p-min and --adaptive-config {opts.adaptive_config} both set the draft length: "
                             "give one (a p_min config file, or --draft-p-min with --num-steps as n_max)")
-        if opts.num_steps < 1:
+        if max(opts.num_steps, opts.num_steps_capacity) < 1:
             raise UserError("--draft-p-min needs --num-steps >= 1: the most draft tokens per row (llama.cpp's "
                             "--spec-draft-n-max)")
-        return ConfidenceConfig("p_min", opts.draft_p_min, opts.num_steps)
+        return ConfidenceConfig("p_min", opts.draft_p_min, max(opts.num_steps, 1))
     return config if isinstance(config, ConfidenceConfig) else None
 
 

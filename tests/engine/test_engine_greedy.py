@@ -114,13 +114,15 @@ def test_sharing_weights_needs_the_same_cache_length() -> None:
                                    kv_cache_gb=0.5), weights_of=source)
 
 
-@pytest.mark.parametrize("config", [{"strategy": "p_min", "p_min": 0.5, "n_max": 4},
-                                    {"strategy": "specdec", "threshold": 0.5, "n_max": 4}],
-                         ids=["p_min", "specdec-raw"])
-def test_per_row_draft_length_matches_hf_with_rows_of_different_lengths_in_one_verify(reference, tmp_path,
-                                                                                       config: dict) -> None:
-    """A draft-length rule (llama.cpp's p_min; SpecDec++ on the raw draft confidence) is lossless at batch 8, and its
-    rounds really verify rows of different draft lengths in one target forward."""
+@pytest.mark.parametrize("config,layout", [({"strategy": "p_min", "p_min": 0.5, "n_max": 4}, "padded"),
+                                           ({"strategy": "specdec", "threshold": 0.5, "n_max": 4}, "padded"),
+                                           ({"strategy": "p_min", "p_min": 0.5, "n_max": 4}, "packed")],
+                         ids=["p_min", "specdec-raw", "p_min-packed"])
+def test_per_row_draft_length_matches_hf_with_rows_of_different_lengths_in_one_verify(
+        reference, tmp_path, config: dict, layout: str) -> None:
+    """A draft-length rule (llama.cpp's p_min; SpecDec++ on the raw draft confidence) is lossless at batch 8 with the
+    target verifying padded or packed rows, and its rounds really verify rows of different draft lengths in one
+    target forward."""
     import json
 
     prompts, expected = reference
@@ -129,6 +131,7 @@ def test_per_row_draft_length_matches_hf_with_rows_of_different_lengths_in_one_v
     engine = build_engine(EngineOptions(num_steps=0, dtype="float32", device="cpu", max_num_seqs=8, max_model_len=512,
                                         kv_cache_gb=1.0, adaptive_config=str(cfg)))
     assert engine.decoder.rule is not None and engine.cfg.num_steps == 4
+    engine.decoder.verify_layout = layout
     rounds: list[list[int]] = []
     original = engine.decoder.decode_round
 

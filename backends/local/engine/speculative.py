@@ -81,6 +81,10 @@ class SpeculativeDecoder:
 
     Attributes:
         record: when True each round drafts all K positions and times its parts (the engine's ``--trace``).
+        verify_layout: how a round with per-row lengths runs the target: ``"padded"`` (every row to the longest
+            row's width, one batched forward: the compiled decode path on CPU, captured graphs on CUDA) or
+            ``"packed"`` (each row's own tokens only, one packed forward, eager); ``benchmarks/ragged_verify.py``
+            compares them.
         last_round: :class:`RoundInfo` of the last decode round.
     """
 
@@ -114,6 +118,7 @@ class SpeculativeDecoder:
         self.acceptance = rule.acceptance if rule is not None else acceptance
         self.record = False
         self.last_round = RoundInfo([])
+        self.verify_layout = "padded"
         self.lengths = [0] * num_slots  # host copy of seq_len
         self.draft_len = [0] * num_slots  # lazy: head KV entries 0..draft_len-1 are current
         if self.lazy:
@@ -196,7 +201,8 @@ class SpeculativeDecoder:
                 self.draft_len[s.slot] = s.start + s.n
 
     @torch.inference_mode()
-    def decode_round(self, batch: int, k: int, st: SamplingTensors, keep_draft: bool = False) -> tuple[list[int], list[list[int]]]:
+    def decode_round(self, batch: int, k: int, st: SamplingTensors, keep_draft: bool = False
+                     ) -> tuple[list[int], list[list[int]]]:
         """One round for slots 0..batch-1 with ``k`` drafts each (0 = plain decoding).
 
         With a :attr:`rule` (per-row draft length) ``k`` is its n_max and each row drafts until the rule stops it;
@@ -220,7 +226,10 @@ class SpeculativeDecoder:
         drafted_at = self._sync_time(start)
         inputs = torch.cat([self.last_token[:b].unsqueeze(1), d], dim=1)  # [B, K'+1]
         pos = m.unsqueeze(1) + torch.arange(k_v + 1, device=dev)  # [B, K'+1]
-        hidden, aux = self._run("target", self._target_fwd, inputs, pos)
+        if lengths is not None and self.verify_layout == "packed" and b > 1:
+            hidden, aux = self._packed_verify(inputs, lengths)
+        else:
+            hidden, aux = self._run("target", self._target_fwd, inputs, pos)
         accepted, tokens = verify(self.target.logits(hidden), d, st, self.generator, lengths)  # [B], [B, K'+1]
         rows = torch.arange(b, device=dev)
         if k > 0 or (keep_draft and not self.lazy):  # draft extend on (x_{p+1}, f_p), p = m..m+K'; entry m+a: d_1
@@ -246,6 +255,26 @@ class SpeculativeDecoder:
         else:
             self.last_round = RoundInfo(drafted)
         return acc, [row[: a + 1] for row, a in zip(toks, acc)]
+
+    def _packed_verify(self, inputs: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The target over each row's own L_b + 1 inputs only, packed into one row [1, sum(L_b + 1)]
+        (:mod:`spectune.backends.local.model.packed`), its outputs laid back out as [B, K'+1, ...] with zeros at the
+        padding (never accepted: :func:`verify` gets the lengths)."""
+        b, width = inputs.shape
+        rows = [int(n) + 1 for n in lengths.tolist()]
+        segments = [Segment(slot, self.lengths[slot], n) for slot, n in enumerate(rows)]
+        keep = torch.arange(width, device=self.device).unsqueeze(0) < (lengths + 1).unsqueeze(1)  # [B, K'+1]
+        hidden, aux = self.target(inputs[keep].unsqueeze(0),
+                                  AttnMeta.for_packed(self.target_cache, self.target.rope, segments))  # [1, T, .]
+
+        def spread(x: torch.Tensor | None) -> torch.Tensor | None:
+            if x is None:
+                return None
+            out = x.new_zeros(b, width, x.shape[-1])
+            out[keep] = x[0]
+            return out
+
+        return spread(hidden), spread(aux)
 
     def _sync_time(self, start: float) -> float:
         """Seconds since ``start`` after the device finished (0 when not recording)."""
