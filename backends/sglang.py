@@ -49,6 +49,7 @@ from spectune.backends.methods import engine_method, launch_method
 from spectune.backends.http import get
 from spectune.backends.launch import LaunchingBackend
 from spectune.backends.num_steps import AdaptiveConfig, load_config_file
+from spectune.backends.num_steps.confidence_config import ConfidenceConfig
 from spectune.backends.prometheus import gauge_values, parse_metrics
 from spectune.core.errors import UserError
 from spectune.core.json_types import JsonObject, JsonValue
@@ -246,6 +247,10 @@ class SGLangBackend(LaunchingBackend):
         self.remote_adaptive: bool | None = None  # what a running server's /server_info said, when read
         if options.adaptive_config:
             config = load_config_file(options.adaptive_config)
+            if isinstance(config, ConfidenceConfig):
+                raise UserError(f"{options.adaptive_config} is a {config.strategy} config (draft length per row): "
+                                "SGLang has no such strategy; run it on the bundled engine (--backend local), or "
+                                "give an SGLang adaptive config")
             if not isinstance(config, AdaptiveConfig):
                 raise UserError(f"{options.adaptive_config} is a vLLM schedule: the sglang backend needs an SGLang "
                                 "adaptive config (batch-size slots with candidate_steps)")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spectune.backends.local.engine.tokenizer import Tokenizer
@@ -17,8 +19,10 @@ from spectune.core.errors import UserError
 if TYPE_CHECKING:
     import torch
 
+    from spectune.backends.local.engine.draft_length import DraftRule
     from spectune.backends.local.engine.loop import Engine
     from spectune.backends.local.engine.speculative import SpeculativeDecoder
+    from spectune.backends.num_steps.confidence_config import ConfidenceConfig
     from spectune.backends.local.engine.step_model import StepModel
     from spectune.backends.local.weights.compute_paths import PathChoice
 
@@ -69,14 +73,16 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
         torch.set_num_threads(opts.threads)
     is_default = is_default_model(opts.model)
     head_path = resolve_draft(opts.draft, is_default)
-    policy = None
-    if opts.adaptive_config:
+    policy, confidence = None, draft_length_config(opts)
+    if opts.adaptive_config and confidence is None:
         policy = make_policy(load_config_file(opts.adaptive_config), initial_steps=opts.num_steps or None)
+    if confidence is not None and not opts.draft_p_min:  # a config file: each round drafts up to n_max per row
+        opts = dataclasses.replace(opts, num_steps=confidence.n_max)
     max_steps = max(opts.num_steps, opts.num_steps_capacity, getattr(policy, "max_steps", 0) or 0)
     if max_steps > 0 and head_path is None:
         raise UserError("num_steps > 0 needs a draft head: pass --draft PATH (no bundled head for this model)")
     if weights_of is not None:
-        return _sharing(weights_of, opts, policy, max_steps)
+        return _sharing(weights_of, opts, policy, max_steps, confidence)
     model_path = resolve_model_path(opts.model)
     native_ok, reason, lm_repeat = False, "not a GGUF file", 1
     if model_path.is_file() and device.type == "cpu":
@@ -110,8 +116,10 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
     from spectune.backends.local.engine.cuda_graphs import CapturedGraphs
 
     graphs = CapturedGraphs(slots, max_len, capture=True) if device.type == "cuda" and opts.cuda_graphs else None
+    rule, acceptance = _draft_rule(confidence, head_path, opts, device, dtype)
     decoder = SpeculativeDecoder(target, head, slots, max_len, seeded_generator(opts.seed, device), graphs,
-                                 lazy_draft=lazy)
+                                 lazy_draft=lazy, rule=rule, acceptance=acceptance)
+    decoder.record = bool(opts.trace_path)
     if str(opts.native_dense_above).strip().lower() == "auto":  # the copy's row count checked on the whole step
         from spectune.backends.local.weights.whole_step import choose_dense_on_whole_step
 
@@ -155,7 +163,62 @@ def _step_model(decoder: SpeculativeDecoder, choice: PathChoice, cfg: ModelConfi
     return build_step_model(decoder, choice, probe["rows_ms"], probe_weights, check_rows, drafting=max_steps > 0)
 
 
-def _sharing(source: Engine, opts: EngineOptions, policy: object, max_steps: int) -> Engine:
+def draft_length_config(opts: EngineOptions) -> ConfidenceConfig | None:
+    """The per-row draft-length rule ``opts`` asks for: a ``p_min`` / ``specdec`` ``adaptive_config`` file, or
+    ``draft_p_min`` > 0 (llama.cpp's ``--spec-draft-p-min`` with ``num_steps`` as ``--spec-draft-n-max``: a sweep
+    switching the server's num_steps in place switches the cap); None for a static num_steps or a per-batch-size
+    policy. Torch-free: the sweep process checks options with it.
+
+    Raises:
+        UserError: both given, ``draft_p_min`` outside [0, 1] or with ``num_steps`` 0, or a config file that does
+            not parse.
+    """
+    from spectune.backends.num_steps.confidence_config import ConfidenceConfig
+
+    config = load_config_file(opts.adaptive_config) if opts.adaptive_config else None
+    if not 0.0 <= opts.draft_p_min <= 1.0:
+        raise UserError(f"--draft-p-min {opts.draft_p_min}: give a probability in [0, 1] (0 = off)")
+    if opts.draft_p_min > 0:
+        if config is not None:
+            raise UserError(f"--draft-p-min and --adaptive-config {opts.adaptive_config} both set the draft length: "
+                            "give one (a p_min config file, or --draft-p-min with --num-steps as n_max)")
+        if max(opts.num_steps, opts.num_steps_capacity) < 1:
+            raise UserError("--draft-p-min needs --num-steps >= 1: the most draft tokens per row (llama.cpp's "
+                            "--spec-draft-n-max)")
+        return ConfidenceConfig("p_min", opts.draft_p_min, max(opts.num_steps, 1))
+    return config if isinstance(config, ConfidenceConfig) else None
+
+
+def _draft_rule(confidence: ConfidenceConfig | None, head_path: Path | None, opts: EngineOptions,
+                device: torch.device, dtype: torch.dtype) -> tuple[DraftRule | None, torch.nn.Module | None]:
+    """(the decoder's per-row rule, an acceptance head for traces): the rule ``confidence`` asks for, its
+    acceptance head loaded (``"bundled"``: the ``acceptance/`` folder beside the draft head); with a trace and no
+    rule, the draft head's own acceptance head when it ships one, so the trace holds p_hat for ``simulate``."""
+    from spectune.backends.local.engine.draft_length import DraftRule
+
+    beside = head_path / "acceptance" if head_path is not None else None
+    wanted = confidence.acceptance_head if confidence is not None else None
+    if wanted == "bundled":
+        if beside is None or not (beside / "config.json").is_file():
+            raise UserError(f"acceptance_head \"bundled\": the draft head {head_path} ships no acceptance/ folder; "
+                            "give a folder path or null (raw draft confidence)")
+        wanted = str(beside)
+    elif confidence is None and opts.trace_path and beside is not None and (beside / "config.json").is_file():
+        wanted = str(beside)
+    acceptance = None
+    if wanted is not None:
+        from spectune.backends.local.model.acceptance import load_acceptance_head
+
+        acceptance = load_acceptance_head(wanted, device, dtype)
+    if confidence is None:
+        return None, acceptance
+    rule = DraftRule.from_config(confidence, acceptance)
+    log.info("draft length per row: %s", rule.describe())
+    return rule, None
+
+
+def _sharing(source: Engine, opts: EngineOptions, policy: object, max_steps: int,
+             confidence: ConfidenceConfig | None = None) -> Engine:
     """:func:`build_engine` around ``source``'s target and head modules and tokenizer (see there): new KV caches for
     ``opts.max_num_seqs`` sequences within ``opts.kv_cache_gb``, a new decoder (lazy drafting as ``opts`` says) and
     engine configuration; no loading, packing, compiling or warm-up (the shared modules have had theirs)."""
@@ -170,8 +233,14 @@ def _sharing(source: Engine, opts: EngineOptions, policy: object, max_steps: int
     if max_len != source.cfg.max_len:
         raise ValueError(f"cache length {max_len} differs from the shared engine's {source.cfg.max_len}: give both the "
                          "same max_model_len and num_steps capacity")
+    rule = None
+    if confidence is not None:
+        from spectune.backends.local.engine.draft_length import DraftRule
+
+        rule = DraftRule.from_config(confidence, source.decoder.acceptance)
     decoder = SpeculativeDecoder(target, head, slots, max_len, seeded_generator(opts.seed, source.decoder.device),
-                                 None, lazy_draft=lazy)
+                                 None, lazy_draft=lazy, rule=rule)
+    decoder.record = bool(opts.trace_path)
     ecfg = EngineConfig(num_steps=opts.num_steps, max_num_seqs=slots, max_len=max_len, policy=policy,
                         trace=TraceWriter(opts.trace_path) if opts.trace_path else None, steps_capacity=max_steps,
                         max_prefill_tokens=prefill_token_budget(source.decoder.device))

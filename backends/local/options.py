@@ -43,7 +43,10 @@ class EngineOptions:
         max_num_seqs: the largest batch size (cache slots).
         max_model_len: tokens per sequence (prompt + output); default min(model max, 4096).
         kv_cache_gb: memory budget for the target + draft KV caches; slots are reduced to fit.
-        adaptive_config: an SGLang adaptive JSON or vLLM schedule file (adaptive / per-batch-size num_steps).
+        adaptive_config: an SGLang adaptive JSON or vLLM schedule file (adaptive / per-batch-size num_steps), or a
+            ``p_min`` / ``specdec`` config (draft length per row: :mod:`spectune.backends.num_steps.confidence_config`).
+        draft_p_min: > 0: each row stops drafting at the first draft token whose confidence is under it, at most
+            ``num_steps`` tokens (llama.cpp's ``--spec-draft-p-min``; 0 = off, llama.cpp's default).
         trace_path: where to record a verify trace (JSONL), or None.
         threads: torch CPU threads (0 = torch's default).
         seed: sampling seed.
@@ -76,6 +79,7 @@ class EngineOptions:
     max_model_len: int | None = None
     kv_cache_gb: float = 2.0
     adaptive_config: str | None = None
+    draft_p_min: float = 0.0
     trace_path: str | None = None
     threads: int = 0
     seed: int = 0
@@ -113,6 +117,7 @@ SERVER_ARGS: dict[str, tuple[str, type, tuple[str, ...] | None]] = {
     "--kv-cache-gb": ("kv_cache_gb", float, None),
     "--max-model-len": ("max_model_len", int, None),
     "--trace": ("trace_path", str, None),
+    "--draft-p-min": ("draft_p_min", float, None),
 }
 
 #: ``spectune serve`` options that a sweep or validation sets for its servers, and where the user sets them instead.

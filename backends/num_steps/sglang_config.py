@@ -6,7 +6,8 @@ BS 1-7 use slot 1, BS 8+ use slot 8). At least one slot is required. Each slot n
 non-empty list of non-negative ints (0 = no drafting). Every other top-level key is merged into every slot
 (``{**top, **slot}``), so a slot overrides a global. Parameters and SGLang's defaults: see :data:`DEFAULTS`.
 A top-level ``strategy`` must be ``"ema"`` or ``"throughput_aware"``; this module parses ``"ema"`` configs, and
-:func:`parse_any_config` hands ``"throughput_aware"`` ones to :mod:`spectune.backends.num_steps.throughput_policy`.
+:func:`parse_any_config` hands ``"throughput_aware"`` ones to :mod:`spectune.backends.num_steps.throughput_policy`
+(and the bundled engine's ``"p_min"`` / ``"specdec"`` ones to :mod:`spectune.backends.num_steps.confidence_config`).
 
 What spectune checks beyond SGLang, always: a slot is an object; parameters have the right type and range
 (``update_interval`` >= 1, ``warmup_batches`` >= 0, ``0 <= ema_alpha <= 1``, finite floats; bools are not
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spectune.backends.num_steps.confidence_config import is_confidence_config, parse_confidence_config
 from spectune.backends.num_steps.throughput_policy import parse_throughput_aware_config
 from spectune.backends.num_steps.vllm_schedule import (  # re-exported: the one place to import formats from
     VllmRange,
@@ -268,10 +270,14 @@ def parse_any_config(obj: object, *, source: str = "config", strict: bool = True
     """Detect the format and parse: a list is a vLLM schedule, an object with
     ``num_speculative_tokens_per_batch_size`` a vLLM speculative config (with ``num_speculative_tokens`` and no
     batch-size slot keys, a static one), an object with ``"strategy":
-    "throughput_aware"`` an SGLang throughput-aware config (``ThroughputAwareConfig``), any other object an SGLang
-    EMA config."""
+    "throughput_aware"`` an SGLang throughput-aware config (``ThroughputAwareConfig``), one with ``"strategy":
+    "p_min"`` or ``"specdec"`` a per-request draft-length config for the bundled engine
+    (:class:`~spectune.backends.num_steps.confidence_config.ConfidenceConfig`), any other object an SGLang EMA
+    config."""
     if isinstance(obj, dict) and obj.get("strategy") == "throughput_aware":
         return parse_throughput_aware_config(obj, source=source)  # type: ignore[return-value]
+    if is_confidence_config(obj):
+        return parse_confidence_config(obj, source=source)  # type: ignore[return-value,arg-type]
     try:
         if isinstance(obj, list):
             return parse_vllm_schedule(obj, strict=strict)

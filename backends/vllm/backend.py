@@ -68,6 +68,7 @@ from spectune.backends.launch import LaunchingBackend
 from spectune.backends.local.options import DEFAULT_HEAD
 from spectune.backends.local.weights.loader import default_model_path, is_default_model
 from spectune.backends.num_steps import VllmSchedule, load_config_file
+from spectune.backends.num_steps.confidence_config import ConfidenceConfig
 from spectune.backends.prometheus import parse_metrics, scrape_snapshot
 from spectune.backends.vllm.install import VllmInstall, detect_gpu, find_vllm
 from spectune.backends.vllm.metrics import per_request_acceptance, spec_decoding_metrics  # noqa: F401 (re-exported)
@@ -293,6 +294,10 @@ class VLLMBackend(LaunchingBackend):
                 raise UserError(f"--model {model} does not exist: give a .gguf file, an HF folder or a model name")
         if options.adaptive_config:
             self.schedule = load_config_file(options.adaptive_config)
+            if isinstance(self.schedule, ConfidenceConfig):
+                raise UserError(f"{options.adaptive_config} is a {self.schedule.strategy} config (draft length per "
+                                "row): vLLM has no such option; run it on the bundled engine (--backend local), or "
+                                "give a vLLM schedule ([[range_start, range_end, K], ...])")
             if not isinstance(self.schedule, VllmSchedule):
                 raise UserError(f"{options.adaptive_config} is an SGLang adaptive config: the vllm backend needs a "
                                 "vLLM schedule ([[range_start, range_end, K], ...])")

@@ -26,6 +26,10 @@ def serve(
     adaptive_config: Annotated[Optional[str], typer.Option(help="SGLang --speculative-adaptive-config JSON or a "
                                                            "vLLM num_speculative_tokens_per_batch_size schedule: "
                                                            "choose num_steps per round from the batch size.")] = None,
+    draft_p_min: Annotated[float, typer.Option(min=0.0, max=1.0, help="Draft length per request: each row stops "
+                                               "drafting at the first draft token whose confidence is under P, at "
+                                               "most --num-steps tokens (llama.cpp's --spec-draft-p-min; 0 = "
+                                               "off).")] = 0.0,
     dtype: Annotated[str, typer.Option(help="auto (measured on this machine at start-up), native (the GGUF's "
                                              "Q4_0/Q4_1/Q8_0 weights), bfloat16 or float32.")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
@@ -68,6 +72,7 @@ def serve(
     engine = build_engine(EngineOptions(
         model=model, draft=draft, num_steps=num_steps, dtype=dtype, device=device, max_num_seqs=max_num_seqs,
         max_model_len=max_model_len, kv_cache_gb=kv_cache_gb, adaptive_config=adaptive_config, trace_path=trace,
+        draft_p_min=draft_p_min,
         threads=threads, seed=seed, native_dense_above=native_dense_above,
         native_lm_head=native_lm_head, native_dense_dtype=native_dense_dtype, compile=compile))
     name = model_name or engine.model_name
@@ -75,6 +80,14 @@ def serve(
     key = resolve_api_key(api_key)
     Console(stderr=True).print(
         f"serving [bold]{name}[/] on http://{host}:{port} | draft: {head.cfg.kind if head else 'none'} | "
-        f"num_steps: {'adaptive' if adaptive_config else num_steps} | slots: {engine.cfg.max_num_seqs} | "
+        f"num_steps: {_num_steps_line(engine, adaptive_config, num_steps)} | slots: {engine.cfg.max_num_seqs} | "
         f"device: {engine.decoder.device}" + (" | API key required" if key else ""))
     run_server(engine, name, host, port, key, metrics_without_key)
+
+
+def _num_steps_line(engine: object, adaptive_config: str | None, num_steps: int) -> str:
+    """How the server picks num_steps, for its start-up line: per row, adaptive, or the static K."""
+    rule = engine.decoder.rule  # type: ignore[attr-defined]
+    if rule is not None:
+        return f"per row ({rule.describe()})"
+    return "adaptive" if adaptive_config else str(num_steps)

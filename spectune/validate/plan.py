@@ -13,6 +13,7 @@ from typing import Any
 
 from spectune.backends.llamacpp.settings import FORMAT, read_settings
 from spectune.backends.num_steps import VllmSchedule, load_config_file
+from spectune.backends.num_steps.confidence_config import ConfidenceConfig
 from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.load_settings import LoadSpec, failure_rate_check, steps_check
@@ -46,7 +47,8 @@ def config_candidates(path: str) -> tuple[str, tuple[int, ...]]:
     """(format, candidate num_steps) of a config file: ``sglang-adaptive`` (union of the slots' candidate steps),
     ``vllm-schedule`` (every K of the schedule), ``llamacpp-settings`` (its one static num_steps,
     :mod:`spectune.backends.llamacpp.settings`: the "config" run is then a static server at that K) or
-    ``best-static`` (recommend's ``best-static.json``: the same, for any engine).
+    ``best-static`` (recommend's ``best-static.json``: the same, for any engine), or ``p_min`` / ``specdec`` (draft
+    length per row on the bundled engine: lengths 0..n_max).
 
     Raises:
         UserError: the file is missing or not a valid SGLang adaptive config / vLLM schedule / llama.cpp settings
@@ -63,6 +65,8 @@ def config_candidates(path: str) -> tuple[str, tuple[int, ...]]:
         return BEST_STATIC, (best,)
 
     cfg = load_config_file(path)
+    if isinstance(cfg, ConfidenceConfig):  # draft length per row: every length 0..n_max is a static rival
+        return cfg.strategy, cfg.candidate_steps
     if not isinstance(cfg, VllmSchedule):  # an SGLang config, EMA or throughput-aware
         return "sglang-adaptive", cfg.candidate_steps
     return "vllm-schedule", tuple(sorted({r.k for r in cfg.ranges}))

@@ -112,3 +112,37 @@ def test_sharing_weights_needs_the_same_cache_length() -> None:
     with pytest.raises(ValueError, match="cache length"):
         build_engine(EngineOptions(num_steps=0, dtype="float32", device="cpu", max_num_seqs=2, max_model_len=512,
                                    kv_cache_gb=0.5), weights_of=source)
+
+
+@pytest.mark.parametrize("config,layout", [({"strategy": "p_min", "p_min": 0.5, "n_max": 4}, "padded"),
+                                           ({"strategy": "specdec", "threshold": 0.5, "n_max": 4}, "padded"),
+                                           ({"strategy": "p_min", "p_min": 0.5, "n_max": 4}, "packed")],
+                         ids=["p_min", "specdec-raw", "p_min-packed"])
+def test_per_row_draft_length_matches_hf_with_rows_of_different_lengths_in_one_verify(
+        reference, tmp_path, config: dict, layout: str) -> None:
+    """A draft-length rule (llama.cpp's p_min; SpecDec++ on the raw draft confidence) is lossless at batch 8 with the
+    target verifying padded or packed rows, and its rounds really verify rows of different draft lengths in one
+    target forward."""
+    import json
+
+    prompts, expected = reference
+    cfg = tmp_path / "rule.json"
+    cfg.write_text(json.dumps(config))
+    engine = build_engine(EngineOptions(num_steps=0, dtype="float32", device="cpu", max_num_seqs=8, max_model_len=512,
+                                        kv_cache_gb=1.0, adaptive_config=str(cfg)))
+    assert engine.decoder.rule is not None and engine.cfg.num_steps == 4
+    engine.decoder.verify_layout = layout
+    rounds: list[list[int]] = []
+    original = engine.decoder.decode_round
+
+    def watched(*args, **kwargs):
+        out = original(*args, **kwargs)
+        rounds.append(list(engine.decoder.last_round.drafted))
+        return out
+
+    engine.decoder.decode_round = watched  # type: ignore[method-assign]
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    assert engine.generate(prompts, params) == expected
+    assert any(len(set(r)) > 1 for r in rounds)  # rows of one round verified different draft lengths
+    assert max(max(r) for r in rounds) == 4  # n_max reached by some row
+    assert engine.stats.spec.draft_tokens == sum(map(sum, rounds))  # counters count what each row drafted

@@ -117,7 +117,9 @@ class EngineConfig:
         max_waiting: queued requests beyond which new ones are refused.
         max_prefill_tokens: prompt tokens prefilled per iteration.
         policy: an object with ``steps_for_batch(bs)`` and ``on_verify(accepted, bs)`` (backends.num_steps), or None.
-        trace: an object with ``record(bs, accepted, num_steps)`` (backends.num_steps.trace.TraceWriter), or None.
+        trace: a :class:`~spectune.backends.num_steps.trace.TraceWriter` (per round: accepted and drafted tokens per
+            row, each position's draft confidence and acceptance estimate, context tokens, draft and verify ms), or
+            None.
         steps_capacity: the largest num_steps the cache was sized for (``max_len`` keeps K+1 spare positions).
         stats_log_interval_s: the serving loop logs :func:`interval_line` this often (logger ``spectune.engine``).
     """
@@ -350,21 +352,25 @@ class Engine:
         if k != self.stats.active_num_steps:
             self.stats.num_steps_switches += 1
             self.stats.active_num_steps = k
-        context = sum(self.decoder.lengths[:batch])  # cached tokens the round attends over (host copy)
+        contexts = self.decoder.lengths[:batch]  # per row: cached tokens the round attends over (host copy)
+        context = sum(contexts)
         start = time.perf_counter()
         accepted, tokens = self.decoder.decode_round(batch, k, self._sampling(running), keep_draft=drafting)
         seconds = time.perf_counter() - start
         self.stats.decode_seconds += seconds
-        self.guard.record(batch, k, seconds, context)
+        info = self.decoder.last_round  # per row: the draft tokens verified (a draft-length rule sets each row's)
+        self.guard.record(batch, max(info.drafted, default=k), seconds, context)
         self.stats.num_rounds += 1
         self.stats.batch_total += batch
-        for seq, a, toks in zip(running, accepted, tokens):
-            self._count(seq, k, a)
+        for seq, a, toks, drafted in zip(running, accepted, tokens, info.drafted):
+            self._count(seq, drafted, a)
             self._emit(seq, toks)
         if policy is not None:
             policy.on_verify(accepted, batch)
         if self.cfg.trace is not None:
-            self.cfg.trace.record(batch, accepted, k)
+            self.cfg.trace.record(batch, accepted, k, drafted=info.drafted, draft_probs=info.draft_probs,
+                                  accept_probs=info.accept_probs, context_tokens=contexts, draft_ms=info.draft_ms,
+                                  verify_ms=info.verify_ms)
 
     def _fail(self, seqs: list[Sequence], err: Exception) -> None:
         """Finish ``seqs`` with ``finish_reason`` ``"error"`` (their slots are freed by the next release)."""

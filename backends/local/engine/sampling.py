@@ -77,7 +77,8 @@ def target_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
 
 
 def verify(
-    logits: torch.Tensor, drafts: torch.Tensor, st: SamplingTensors, generator: torch.Generator | None = None
+    logits: torch.Tensor, drafts: torch.Tensor, st: SamplingTensors, generator: torch.Generator | None = None,
+    lengths: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Accept a prefix of each row's drafts and append one target token.
 
@@ -87,16 +88,21 @@ def verify(
         drafts: [B, K] draft tokens (K may be 0).
         st: sampling parameters.
         generator: random source for sampling rows (rows with their own generator in ``st`` draw from it).
+        lengths: [B] long, row b's own draft length L_b <= K (per-row drafting; positions past L_b are padding and
+            never accepted: the bonus token comes from p_{L_b}), or None: every row drafted K.
 
     Returns:
-        accepted [B] long: number of accepted drafts a (0..K); tokens [B, K+1] long: the emitted tokens are
+        accepted [B] long: number of accepted drafts a (0..L_b); tokens [B, K+1] long: the emitted tokens are
         tokens[b, :a+1] (the accepted drafts, then the bonus/correction token).
     """
     b, k1, _ = logits.shape
     k = k1 - 1
     greedy_tokens = logits.argmax(dim=-1)  # [B, K+1]
+    valid = None if lengths is None else \
+        torch.arange(k, device=logits.device).unsqueeze(0) < lengths.unsqueeze(1)  # [B, K]
     if not st.any_sampling:
-        accepted = (drafts == greedy_tokens[:, :k]).long().cumprod(dim=1).sum(dim=1)
+        match = drafts == greedy_tokens[:, :k]  # [B, K]
+        accepted = (match if valid is None else match & valid).long().cumprod(dim=1).sum(dim=1)
         return accepted, greedy_tokens
     probs = target_probs(logits, st)  # [B, K+1, V]
     if k > 0:
@@ -104,12 +110,13 @@ def verify(
         u = torch.rand(p_draft.shape, generator=generator, device=logits.device)
         for i, g in st.own_generators():
             u[i] = torch.rand(k, generator=g, device=logits.device)
-        accepted = (u < p_draft).long().cumprod(dim=1).sum(dim=1)  # [B]
+        hit = u < p_draft
+        accepted = (hit if valid is None else hit & valid).long().cumprod(dim=1).sum(dim=1)  # [B]
     else:
         accepted = torch.zeros(b, dtype=torch.long, device=logits.device)
     rows = torch.arange(b, device=logits.device)
-    final = probs[rows, accepted].clone()  # [B, V]: p at the first rejected position, or p_K
-    rejected = accepted < k
+    final = probs[rows, accepted].clone()  # [B, V]: p at the first rejected position, or p_{L_b}
+    rejected = accepted < (k if lengths is None else lengths)  # a real rejection, not the end of a row's drafts
     if k > 0 and bool(rejected.any()):
         bad = drafts[rows, accepted.clamp_max(k - 1)]
         final[rows[rejected], bad[rejected]] = 0.0

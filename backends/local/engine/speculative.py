@@ -26,6 +26,8 @@ packed into prefill-shaped head forwards), so a batch that stays at K = 0 costs 
 from __future__ import annotations
 
 import itertools
+import time
+from dataclasses import dataclass
 
 import torch
 
@@ -35,11 +37,31 @@ from spectune.backends.local.engine.cuda_graphs import CapturedGraphs
 from spectune.backends.local.model.eagle import DraftHead
 from spectune.backends.local.model.kv_cache import KVCache
 from spectune.backends.local.model.target import TargetModel
+from spectune.backends.local.engine.draft_length import DraftRule
 from spectune.backends.local.engine.sampling import SamplingTensors, verify
 
 
 CATCH_UP_TOKENS = 8192
 """The most head entries one catch-up forward runs (packed over lagging slots); bounds its activations."""
+
+
+@dataclass
+class RoundInfo:
+    """What the last decode round did, per row (read by the engine loop for counters and traces).
+
+    Attributes:
+        drafted: draft tokens each row submitted for verification.
+        draft_probs: per row, each drafted position's confidence (``DraftHead.draft_with_prob``), when recording.
+        accept_probs: per row, the acceptance head's p_hat per position, when recording with a head loaded.
+        draft_ms: ms spent drafting d_1..d_K (recording only, else 0).
+        verify_ms: ms for the rest of the round: target verify forward, acceptance, draft extend (recording only).
+    """
+
+    drafted: list[int]
+    draft_probs: list[list[float]] | None = None
+    accept_probs: list[list[float]] | None = None
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
 
 
 class SpeculativeDecoder:
@@ -54,6 +76,16 @@ class SpeculativeDecoder:
             None for plain eager forwards.
         lazy_draft: keep the head's inputs instead of running it in prefills and K = 0 rounds (see the module
             docstring); costs ``num_slots * max_len * feature_dim`` more cache elements.
+        rule: a per-row draft-length rule (``p_min`` / ``specdec``), or None: every row drafts the round's K.
+        acceptance: an acceptance-prediction head whose p_hat a recorded round keeps (a rule brings its own).
+
+    Attributes:
+        record: when True each round drafts all K positions and times its parts (the engine's ``--trace``).
+        verify_layout: how a round with per-row lengths runs the target: ``"padded"`` (every row to the longest
+            row's width, one batched forward: the compiled decode path on CPU, captured graphs on CUDA) or
+            ``"packed"`` (each row's own tokens only, one packed forward, eager); ``benchmarks/ragged_verify.py``
+            compares them.
+        last_round: :class:`RoundInfo` of the last decode round.
     """
 
     def __init__(
@@ -65,6 +97,8 @@ class SpeculativeDecoder:
         generator: torch.Generator | None = None,
         graphs: CapturedGraphs | None = None,
         lazy_draft: bool = False,
+        rule: DraftRule | None = None,
+        acceptance: torch.nn.Module | None = None,
     ) -> None:
         c = target.cfg
         dev, dt = target.embed_tokens.weight.device, target.embed_tokens.weight.dtype
@@ -80,6 +114,11 @@ class SpeculativeDecoder:
             self.draft_cache = KVCache(d.num_layers, num_slots, max_len, d.num_kv_heads, d.head_dim, dt, dev)
             self.draft_feature = torch.zeros(num_slots, d.hidden_size, dtype=dt, device=dev)
         self.lazy = head is not None and lazy_draft
+        self.rule = rule
+        self.acceptance = rule.acceptance if rule is not None else acceptance
+        self.record = False
+        self.last_round = RoundInfo([])
+        self.verify_layout = "padded"
         self.lengths = [0] * num_slots  # host copy of seq_len
         self.draft_len = [0] * num_slots  # lazy: head KV entries 0..draft_len-1 are current
         if self.lazy:
@@ -162,11 +201,15 @@ class SpeculativeDecoder:
                 self.draft_len[s.slot] = s.start + s.n
 
     @torch.inference_mode()
-    def decode_round(self, batch: int, k: int, st: SamplingTensors, keep_draft: bool = False) -> tuple[list[int], list[list[int]]]:
+    def decode_round(self, batch: int, k: int, st: SamplingTensors, keep_draft: bool = False
+                     ) -> tuple[list[int], list[list[int]]]:
         """One round for slots 0..batch-1 with ``k`` drafts each (0 = plain decoding).
 
-        ``keep_draft`` (K = 0 only) keeps the head usable for later drafting rounds (adaptive mode): a one-entry
-        draft extend, or with lazy drafting only a copy of the head's inputs.
+        With a :attr:`rule` (per-row draft length) ``k`` is its n_max and each row drafts until the rule stops it;
+        the target verifies every row's own length in one forward padded to the longest row. ``keep_draft`` (K = 0
+        only) keeps the head usable for later drafting rounds (adaptive mode): a one-entry draft extend, or with lazy
+        drafting only a copy of the head's inputs. With :attr:`record` set the round drafts all ``k`` positions for
+        every row (the trace holds each position's confidence) and times its parts; :attr:`last_round` tells.
 
         Returns:
             accepted drafts per sequence, and per sequence the a+1 emitted tokens.
@@ -175,22 +218,22 @@ class SpeculativeDecoder:
         m = self.seq_len[:b]  # [B]
         if k > 0 and self.lazy:
             self._catch_up(b)
-        drafts = [self.head.draft_tokens(self.draft_feature[:b])] if k > 0 else []  # list of [B]: d_1
-        if k > 1:
-            feat = self.draft_feature[:b].unsqueeze(1)  # [B, 1, H]
-            for j in range(1, k):  # entry (d_j, feature) at position m + j - 1
-                pos = (m + (j - 1)).view(b, 1)
-                out = self._run("draft", self._draft_fwd, drafts[-1].view(b, 1), pos, feat)  # [B, 1, H]
-                feat = out
-                drafts.append(self.head.draft_tokens(out[:, 0]))
-        d = torch.stack(drafts, dim=1) if k > 0 else torch.zeros(b, 0, dtype=torch.long, device=dev)  # [B, K]
-        inputs = torch.cat([self.last_token[:b].unsqueeze(1), d], dim=1)  # [B, K+1]
-        pos = m.unsqueeze(1) + torch.arange(k + 1, device=dev)  # [B, K+1]
-        hidden, aux = self._run("target", self._target_fwd, inputs, pos)
-        accepted, tokens = verify(self.target.logits(hidden), d, st, self.generator)  # [B], [B, K+1]
+        start = time.perf_counter() if self.record else 0.0
+        d, lengths, probs, p_hats = self._draft(b, k)  # [B, K'], [B] or None, [B, K'] or None
+        if lengths is not None:
+            d = d[:, : int(lengths.max())]  # the one host read of a round with per-row lengths
+        k_v = d.shape[1]  # verify width - 1
+        drafted_at = self._sync_time(start)
+        inputs = torch.cat([self.last_token[:b].unsqueeze(1), d], dim=1)  # [B, K'+1]
+        pos = m.unsqueeze(1) + torch.arange(k_v + 1, device=dev)  # [B, K'+1]
+        if lengths is not None and self.verify_layout == "packed" and b > 1:
+            hidden, aux = self._packed_verify(inputs, lengths)
+        else:
+            hidden, aux = self._run("target", self._target_fwd, inputs, pos)
+        accepted, tokens = verify(self.target.logits(hidden), d, st, self.generator, lengths)  # [B], [B, K'+1]
         rows = torch.arange(b, device=dev)
-        if k > 0 or (keep_draft and not self.lazy):  # draft extend on (x_{p+1}, f_p), p = m..m+K; entry m+a: d_1
-            out = self._run("extend", self._draft_fwd, tokens, pos, self._features(hidden, aux))  # [B, K+1, H]
+        if k > 0 or (keep_draft and not self.lazy):  # draft extend on (x_{p+1}, f_p), p = m..m+K'; entry m+a: d_1
+            out = self._run("extend", self._draft_fwd, tokens, pos, self._features(hidden, aux))  # [B, K'+1, H]
             self.draft_feature[:b] = out[rows, accepted]  # [B, H]
         elif keep_draft:  # lazy K = 0: keep the entry (x_{m+1}, f_m) for a later catch-up
             self.feat_buf[rows, m] = self._features(hidden, aux)[:, 0]
@@ -199,11 +242,87 @@ class SpeculativeDecoder:
         self.seq_len[:b] = m + accepted + 1
         acc = accepted.tolist()
         toks = tokens.tolist()
+        drafted = lengths.tolist() if lengths is not None else [k_v] * b
         for slot, a in enumerate(acc):
             self.lengths[slot] += a + 1
             if k > 0:
                 self.draft_len[slot] = self.lengths[slot]
+        if self.record:
+            done = self._sync_time(start)
+            self.last_round = RoundInfo(drafted, None if probs is None else probs.tolist(),
+                                        None if p_hats is None else p_hats.tolist(), drafted_at * 1e3,
+                                        (done - drafted_at) * 1e3)
+        else:
+            self.last_round = RoundInfo(drafted)
         return acc, [row[: a + 1] for row, a in zip(toks, acc)]
+
+    def _packed_verify(self, inputs: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The target over each row's own L_b + 1 inputs only, packed into one row [1, sum(L_b + 1)]
+        (:mod:`spectune.backends.local.model.packed`), its outputs laid back out as [B, K'+1, ...] with zeros at the
+        padding (never accepted: :func:`verify` gets the lengths)."""
+        b, width = inputs.shape
+        rows = [int(n) + 1 for n in lengths.tolist()]
+        segments = [Segment(slot, self.lengths[slot], n) for slot, n in enumerate(rows)]
+        keep = torch.arange(width, device=self.device).unsqueeze(0) < (lengths + 1).unsqueeze(1)  # [B, K'+1]
+        hidden, aux = self.target(inputs[keep].unsqueeze(0),
+                                  AttnMeta.for_packed(self.target_cache, self.target.rope, segments))  # [1, T, .]
+
+        def spread(x: torch.Tensor | None) -> torch.Tensor | None:
+            if x is None:
+                return None
+            out = x.new_zeros(b, width, x.shape[-1])
+            out[keep] = x[0]
+            return out
+
+        return spread(hidden), spread(aux)
+
+    def _sync_time(self, start: float) -> float:
+        """Seconds since ``start`` after the device finished (0 when not recording)."""
+        if not self.record:
+            return 0.0
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - start
+
+    def _draft(self, b: int, k: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None,
+                                              torch.Tensor | None]:
+        """Draft up to ``k`` tokens for slots 0..b-1 (chain drafting, greedy).
+
+        Returns:
+            drafts [B, K'] long (K' <= k: a rule stops the loop once every row stopped, on CPU); per-row lengths [B]
+            long (a :attr:`rule`) or None (every row drafted K'); the drafts' confidences [B, K'] float32 and the
+            acceptance head's p_hat [B, K'] when recording or a rule needs them, else None.
+        """
+        if k == 0:
+            return torch.zeros(b, 0, dtype=torch.long, device=self.device), None, None, None
+        rule, confident = self.rule, self.rule is not None or self.record
+        if rule is not None:
+            rule.begin(b, self.device)
+        drafts: list[torch.Tensor] = []  # each [B]
+        probs: list[torch.Tensor] = []
+        p_hats: list[torch.Tensor] = []
+        feat = self.draft_feature[:b]  # [B, H]: the head output that drafts d_1
+        for j in range(k):
+            if j > 0:  # entry (d_j, feature) at position m + j - 1
+                pos = (self.seq_len[:b] + (j - 1)).view(b, 1)
+                feat = self._run("draft", self._draft_fwd, drafts[-1].view(b, 1), pos, feat.unsqueeze(1))[:, 0]
+            if not confident:
+                drafts.append(self.head.draft_tokens(feat))
+                continue
+            token, prob = self.head.draft_with_prob(feat)  # [B], [B]
+            drafts.append(token)
+            probs.append(prob)
+            if rule is not None:
+                p_hat = rule.observe(feat, prob)
+                if p_hat is not None:
+                    p_hats.append(p_hat)
+                if not self.record and self.device.type != "cuda" and not bool(rule.active.any()):
+                    break  # every row stopped (a free read on CPU; CUDA drafts n_max with no host read)
+            elif self.acceptance is not None:
+                p_hats.append(self.acceptance(feat, prob).float())
+        d = torch.stack(drafts, dim=1)  # [B, K']
+        return (d, rule.lengths.clone() if rule is not None else None, torch.stack(probs, dim=1) if probs else None,
+                torch.stack(p_hats, dim=1) if p_hats else None)
 
     def move_slot(self, src: int, dst: int) -> None:
         """Move a running sequence from slot ``src`` to ``dst`` (cache rows and state)."""
