@@ -21,7 +21,8 @@ def simulate(
     config: Annotated[Optional[Path], typer.Option(
         "--config", help="SGLang --speculative-adaptive-config JSON, a vLLM num_speculative_tokens_per_batch_size "
         "list, or a vLLM speculative-config object holding one (the format is detected). Alone: print its num_steps "
-        "timeline; with --policy: one more policy in the comparison.")] = None,
+        "timeline (a p_min or specdec config: compared with static n_max and the oracle); with --policy: one more "
+        "policy in the comparison.")] = None,
     policy: Annotated[Optional[List[str]], typer.Option(
         "--policy", help="Draft-length policies to compare, repeatable: static:K[,K..], p_min:P[,P..] (llama.cpp "
         "--spec-draft-p-min), specdec:H[,H..] (SpecDec++ threshold, acceptance head if recorded), "
@@ -66,6 +67,7 @@ def simulate(
     from rich.console import Console
     from rich.table import Table
 
+    from spectune.backends.num_steps.confidence_config import ConfidenceConfig
     from spectune.backends.num_steps.sglang_config import VllmSchedule, load_config_file
     from spectune.backends.num_steps.trace import read_trace
     from spectune.commands.options import parse_int_list
@@ -86,6 +88,11 @@ def simulate(
             raise UserError(f"{name} applies to the policy comparison: add --policy (e.g. --policy "
                             f"config:{config.name} --policy static --policy oracle) or drop {name}")
     cfg = load_config_file(config, strict=not lenient)
+    if isinstance(cfg, ConfidenceConfig):  # per-row draft lengths have no tier timeline: compare instead
+        _compare(console, trace, config, [f"static:{cfg.n_max}", "oracle"], sweep=None, n_max=None,
+                 draft_to_cap=False, initial_steps=initial_steps, cuda_graph_bs=cuda_graph_bs, cost_table=cost_table,
+                 json_out=json_out, lenient=lenient, max_rows=max_rows)
+        return
     graph_bs = parse_int_list(cuda_graph_bs, "cuda-graph-bs", 1) if cuda_graph_bs else None
     steps = read_trace(trace)
     for w in getattr(cfg, "warnings", ()):

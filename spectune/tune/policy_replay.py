@@ -35,6 +35,7 @@ import numpy as np
 
 from spectune.backends.num_steps.sglang_config import SGLANG_DEFAULT_CONFIG, load_config_file, \
     parse_sglang_adaptive_config
+from spectune.backends.num_steps.confidence_config import ConfidenceConfig
 from spectune.backends.num_steps.ema_policy import make_policy
 from spectune.backends.num_steps.throughput_policy import CostTable
 from spectune.tune.draft_policies import THRESHOLD_KINDS, PolicySpec, RowLengths, TraceArrays, threshold_lengths
@@ -151,14 +152,29 @@ def _config_tiers(arr: TraceArrays, spec: PolicySpec, *, initial_steps: int | No
     return tiers
 
 
+def confidence_kind(cfg: ConfidenceConfig) -> str:
+    """The policy kind a ``p_min`` / ``specdec`` engine config replays as: ``specdec`` (acceptance head) when it
+    names a head, ``specdec-raw`` when it reads the raw confidence."""
+    if cfg.strategy == "p_min":
+        return "p_min"
+    return "specdec" if cfg.acceptance_head else "specdec-raw"
+
+
 def replay(arr: TraceArrays, spec: PolicySpec, *, n_max: int | None = None, draft_to_cap: bool = False,
            initial_steps: int | None = None, cuda_graph_bs: Sequence[int] | None = None,
            cost_table: CostTable | None = None, strict: bool = True) -> _Replay:
-    """Row lengths and draft steps of one policy (``oracle-capped`` excluded: :func:`oracle_capped`)."""
+    """Row lengths and draft steps of one policy (``oracle-capped`` excluded: :func:`oracle_capped`). A ``config``
+    file holding a ``p_min`` / ``specdec`` engine config (:mod:`spectune.backends.num_steps.confidence_config`)
+    replays as that rule at its threshold and n_max."""
     none = np.zeros(len(arr.accepted), dtype=bool)
     if spec.kind == "static":
         lengths = np.full(len(arr.accepted), int(spec.value or 0), dtype=np.int64)
         return _Replay(lengths, np.full(arr.rounds, int(spec.value or 0)), none)
+    if spec.kind == "config":
+        cfg = load_config_file(spec.path, strict=strict)  # type: ignore[arg-type]
+        if isinstance(cfg, ConfidenceConfig):  # the bundled engine's per-row rule: its threshold at its n_max
+            return replay(arr, PolicySpec(confidence_kind(cfg), cfg.threshold), n_max=cfg.n_max,
+                          draft_to_cap=draft_to_cap)
     if spec.kind in ("config", "ema"):
         tiers = _config_tiers(arr, spec, initial_steps=initial_steps, cuda_graph_bs=cuda_graph_bs,
                               cost_table=cost_table, strict=strict)
