@@ -80,6 +80,9 @@ def compare(steps: Sequence[TraceStep], policies: Sequence[str], *, sweep: Path 
                      "them from measured cells.")
     results = evaluate(arr, specs, model, n_max=n_max, draft_to_cap=draft_to_cap, initial_steps=initial_steps,
                        cuda_graph_bs=cuda_graph_bs, cost_table=cost_table, strict=strict)
+    if arr.accept_probs is None and any(s.kind == "specdec" for s in specs):
+        notes.append("specdec read the raw draft probabilities: the trace holds no accept_probs (no acceptance head "
+                     "was loaded while recording), so it equals specdec-raw.")
     lower = [r.spec.label for r in results if r.overall.lower_bound_rows]
     if lower:
         notes.append(f"Lower bounds (rows given more drafts than recorded, all accepted): {', '.join(lower)}.")

@@ -159,6 +159,25 @@ def test_threshold_rule_past_the_recorded_positions_is_counted() -> None:
     assert list(threshold_lengths(arr, "p_min", 0.5, 2).past_recorded) == [False]
 
 
+def test_engine_confidence_config_replays_as_its_rule(tmp_path: Path) -> None:
+    trace = synthetic_trace(seed=4, rounds=24)
+    cfg = tmp_path / "p_min.json"
+    cfg.write_text(json.dumps({"strategy": "p_min", "p_min": 0.7, "n_max": 2}))
+    (res,) = evaluate(trace_arrays(trace), [PolicySpec("config", path=cfg)], None)
+    rows = [(s.accepted_drafts[i], p_min_rule(list(s.draft_probs[i]), 0.7, 2)) for s in trace
+            for i in range(s.batch_size)]
+    assert res.overall.acceptance_length == pytest.approx(1 + sum(min(a, n) for a, n in rows) / len(rows))
+    assert res.overall.drafted_per_accepted == pytest.approx(sum(n for _, n in rows) / sum(min(a, n) for a, n in rows))
+
+
+def test_draft_to_cap_charges_n_max_draft_steps() -> None:
+    arr = trace_arrays(synthetic_trace(seed=4, rounds=12))
+    assert set(replay(arr, PolicySpec("p_min", 0.95), draft_to_cap=True).draft_steps) == {5}
+    assert set(replay(arr, PolicySpec("p_min", 0.95), n_max=3, draft_to_cap=True).draft_steps) == {3}
+    stop = replay(arr, PolicySpec("p_min", 0.95)).draft_steps
+    assert max(stop) < 5  # probabilities above 0.95 are rare: the longest row stops early
+
+
 def test_old_trace_replays_static_ema_and_oracle() -> None:
     trace = [TraceStep(1, (3,), 3), TraceStep(2, (0, 2), 3)]
     cmp = compare(trace, ["static:1,3", "ema", "oracle"])
@@ -270,6 +289,18 @@ def test_parse_policies() -> None:
 
 
 # ---- CLI ----
+
+def test_cli_config_alone_with_an_engine_rule_compares(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    write_trace(trace, synthetic_trace(seed=2, rounds=16))
+    cfg = tmp_path / "specdec.json"
+    cfg.write_text(json.dumps({"strategy": "specdec", "threshold": 0.5, "n_max": 3}))
+    out = tmp_path / "cmp.json"
+    res = CliRunner().invoke(app, ["simulate", "--trace", str(trace), "--config", str(cfg), "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert [p["policy"] for p in json.loads(out.read_text())["policies"]] == [
+        "static:3", "config:specdec.json", "oracle", "oracle-capped"]
+
 
 def test_cli_compares_policies_and_writes_json(tmp_path: Path) -> None:
     trace = tmp_path / "trace.jsonl"
