@@ -63,9 +63,13 @@ def compare(steps: Sequence[TraceStep], policies: Sequence[str], *, sweep: Path 
         UserError: a bad policy, a policy the trace cannot replay, or a step-time model that cannot be built.
     """
     arr = trace_arrays(steps)
-    specs = parse_policies(policies, arr.draft_probs is not None and not arr.missing_probs, arr.max_positions)
+    has_probs = arr.draft_probs is not None and not arr.missing_probs
+    specs = parse_policies(policies, has_probs, arr.max_positions)
     model: StepTimeModel | None = cells_step_time(sweep) if sweep is not None else fit_trace_step_time(steps)
     notes: list[str] = []
+    if not has_probs and any(p.strip().lower() == "all" for p in policies):
+        notes.append("all: p_min and specdec left out, the trace's drafting rounds hold no draft_probs (record it "
+                     "with this release's engine --trace).")
     for spec in specs:
         if spec.kind == "config":  # the replay loads it again; its lenient-mode warnings are said here
             notes += [f"{spec.label}: warning: {w}" for w in getattr(load_config_file(spec.path, strict=strict),
@@ -73,6 +77,10 @@ def compare(steps: Sequence[TraceStep], policies: Sequence[str], *, sweep: Path 
     if model is None:
         notes.append("No step-time model: the trace holds no draft_ms/verify_ms; pass --sweep FOLDER (a sweep's "
                      "cells) for tok/s, TPOT and the best value per batch size.")
+    table = getattr(model, "table", {})
+    if len(table) == 1:
+        notes.append(f"The sweep measured num_steps {next(iter(table))} only: every replayed round takes its time "
+                     "whatever its draft length; sweep two or more num_steps to time the others.")
     widths = getattr(model, "widths", ())
     if len(widths) == 1:
         notes.append(f"Every timed round of the trace verified width {widths[0]}: the verify time at other widths is "

@@ -96,7 +96,7 @@ def test_vllm_schedule_picks_num_steps_by_batch_size(expected) -> None:
     class Trace:
         rows: list[tuple[int, int]] = []
 
-        def record(self, bs, accepted, k):
+        def record(self, bs, accepted, k, **fields):  # fields: TraceWriter.record's optional per-row ones
             self.rows.append((bs, k))
 
     engine = tiny_engine(num_steps=0, policy=make_policy(sched))

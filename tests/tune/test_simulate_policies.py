@@ -186,6 +186,7 @@ def test_old_trace_replays_static_ema_and_oracle() -> None:
     assert acc["static:3"] == 1 + (3 + 0 + 2) / 3
     assert acc["oracle"] == acc["static:3"]
     assert "oracle-capped" not in acc  # needs a step-time model
+    assert any("p_min and specdec left out" in n for n in compare(trace, ["all"]).notes)
     with pytest.raises(UserError, match="p_min needs per-position draft probabilities"):
         compare(trace, ["p_min:0.5"])
 
