@@ -22,7 +22,8 @@ _WORK = "Workload"
 
 
 def validate(
-    config: Annotated[list[str], typer.Option(help="SGLang adaptive config JSON or vLLM schedule JSON to validate. "
+    config: Annotated[list[str], typer.Option(metavar="PATH", help="SGLang adaptive config JSON or vLLM schedule "
+                                              "JSON to validate. "
                                               "Repeat it for a bake-off of several configs on the same static runs, "
                                               "each named NAME=PATH or by its file stem.")],
     steps: Annotated[Optional[str], typer.Option(help="Static num_steps to compare with, comma-separated "
