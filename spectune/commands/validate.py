@@ -1,6 +1,7 @@
 """`spectune validate`: run a time-varying workload against every static num_steps and a per-batch-size config, and
-say whether the config wins (docs/validate.md). Exit codes: 0 PASS, 1 FAIL, 2 bad input, 3 INCONCLUSIVE (behind the
-best static, but the interval, server-to-server spread included, reaches it), 130/143 interrupted."""
+say whether the config wins (docs/validate.md); with several ``--config``, a bake-off that rules each and names the
+winner. Exit codes: 0 PASS, 1 FAIL, 2 bad input, 3 INCONCLUSIVE (behind the best static, but the interval,
+server-to-server spread included, reaches it), 130/143 interrupted."""
 
 from __future__ import annotations
 
@@ -21,7 +22,10 @@ _WORK = "Workload"
 
 
 def validate(
-    config: Annotated[Path, typer.Option(help="SGLang adaptive config JSON or vLLM schedule JSON to validate.")],
+    config: Annotated[list[str], typer.Option(metavar="PATH", help="SGLang adaptive config JSON or vLLM schedule "
+                                              "JSON to validate. "
+                                              "Repeat it for a bake-off of several configs on the same static runs, "
+                                              "each named NAME=PATH or by its file stem.")],
     steps: Annotated[Optional[str], typer.Option(help="Static num_steps to compare with, comma-separated "
                                                  "(default: the config's candidate steps plus 0).")] = None,
     workload: Annotated[Optional[str], typer.Option(help="swing (concurrency 1 and 32 alternating), ramp (1 to 32 "
@@ -125,15 +129,18 @@ def validate(
     from spectune.commands.options import parse_int_list
     from spectune.measure.load_settings import ClientTimeouts
     from spectune.validate.run import execute
-    from spectune.validate.plan import ValidatePlan, config_candidates
+    from spectune.validate.plan import BakeoffConfig, ValidatePlan, config_candidates, parse_configs
     from spectune.validate.repeats import combine_repeats
     from spectune.validate.display import LiveValidateDisplay, results_table
     from spectune.validate.verdict import spread_line
     from spectune.measure.workload import load_arrivals, parse_workload
 
-    _, candidates = config_candidates(str(config))  # a bad config fails first, before anything else
+    pairs = parse_configs(config)  # a bad config fails first, before anything else
+    bakeoff = tuple(BakeoffConfig.read(n, p) for n, p in pairs) if len(pairs) > 1 else ()
+    candidates = (sorted({k for c in bakeoff for k in c.candidates}) if bakeoff
+                  else config_candidates(pairs[0][1])[1])
     if rule_again:
-        _rule_again(config, output_dir)
+        _rule_again(pairs, output_dir)
         return
     cluster = ray_options(ray, ray_resources)
     if arrivals is not None and workload is not None:
@@ -143,11 +150,11 @@ def validate(
     else:
         wl = parse_workload(workload, phase_seconds, cycles, burstiness, max_concurrency, seed)
     step_list = parse_int_list(steps, "steps", 0) if steps else sorted({0, *candidates})
-    plan = ValidatePlan(config=str(config), steps=tuple(step_list), workload=wl, dataset=dataset,
+    plan = ValidatePlan(config="" if bakeoff else pairs[0][1], steps=tuple(step_list), workload=wl, dataset=dataset,
                         num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature, seed=seed,
                         ignore_eos=ignore_eos, api=api, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
                         warmup_requests=warmup, tolerance=tolerance, max_failure_rate=max_failure_rate,
-                        repeats=repeats, servers=servers.strip().lower())
+                        repeats=repeats, servers=servers.strip().lower(), bakeoff=bakeoff)
     plan.validate()
     timeouts = ClientTimeouts(request_timeout, warmup_timeout)
     timeouts.validate()
@@ -171,6 +178,8 @@ def validate(
                   markup=False)
         raise typer.Exit(143 if sig == signal.SIGTERM else 130)
     console.print(results_table(combine_repeats(outcome.runs), plan))
+    if outcome.bakeoff is not None:
+        _print_bakeoff(console, outcome.bakeoff, plan.to_json())
     v = outcome.verdict
     console.print(v.line, style=_STYLE.get(v.outcome, "bold red"), markup=False, soft_wrap=True)
     spread = spread_line({"instance_spread": outcome.instance_spread, "verdict": {"confidence": v.confidence}})
@@ -191,18 +200,37 @@ def validate(
 _STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "bold yellow"}
 
 
-def _rule_again(config: Path, output_dir: Optional[Path]) -> None:
-    """``--rule-again``: print the new verdict, spread and prediction lines; exit 1 on FAIL, 3 on INCONCLUSIVE."""
+def _print_bakeoff(console, bakeoff: dict, plan: dict) -> None:
+    """A bake-off's table and one verdict line per config (``NAME: PASS: ...``), before the overall line
+    (``plan``: validate.json's ``plan``, for the phases and SLOs)."""
+    from spectune.validate.display import bakeoff_table
+
+    console.print(bakeoff_table(bakeoff, plan))
+    for row in bakeoff.get("configs") or []:
+        v = row.get("verdict") or {}
+        console.print(f"{row.get('name')}: {v.get('line')}", style=_STYLE.get(str(v.get("outcome")), "bold red"),
+                      markup=False, soft_wrap=True)
+
+
+def _rule_again(configs: list[tuple[str, str]], output_dir: Optional[Path]) -> None:
+    """``--rule-again``: print the new verdict, spread and prediction lines (a bake-off, several ``configs``: its
+    tables and every config's line first); exit 1 on FAIL, 3 on INCONCLUSIVE. ``configs``: (name, path) of each
+    ``--config``."""
     from rich.console import Console
 
     from spectune.validate.prediction import summary_lines
-    from spectune.validate.run import rule_again
+    from spectune.validate.run import rule_again, rule_again_bakeoff
     from spectune.validate.verdict import spread_line
 
     if output_dir is None:
         raise UserError("--rule-again needs --output-dir: the folder of the finished validation")
-    v, prediction, phases, spread = rule_again(output_dir, str(config))
     console = Console(highlight=False)
+    if len(configs) > 1:
+        v, meta = rule_again_bakeoff(output_dir, [n for n, _ in configs])
+        prediction, phases, spread = None, None, meta.get("instance_spread")
+        _print_bakeoff(console, meta["bakeoff"], meta.get("plan") or {})
+    else:
+        v, prediction, phases, spread = rule_again(output_dir, configs[0][1])
     console.print(v.line, style=_STYLE.get(v.outcome, "bold red"), markup=False, soft_wrap=True)
     line = spread_line({"instance_spread": spread, "verdict": {"confidence": v.confidence}})
     if line:

@@ -1,4 +1,5 @@
-"""Rendering of ``spectune validate``: live progress while it runs and the runs x phases table at the end."""
+"""Rendering of ``spectune validate``: live progress while it runs and the runs x phases table at the end (and a
+bake-off's tables)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from typing import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from spectune.core.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.node_progress import NodeTask
 from spectune.measure.progress import LiveProgress
 from spectune.results.validate_run import RunEntry
+from spectune.validate.bakeoff_table import winner_sentence
 from spectune.validate.plan import ValidateListener, ValidatePlan
 from spectune.validate.verdict import row_cells
 
@@ -106,3 +109,62 @@ def results_table(runs: Sequence[RunEntry], plan: ValidatePlan) -> Table:
             row.append(f"[bold green]{text}[/]" if mark else text)
         table.add_row(*row)
     return table
+
+
+def bakeoff_table(bakeoff: JsonObject, plan: JsonObject) -> Table:
+    """A bake-off's table for the terminal (validate.json ``bakeoff``): a row per config, the best static num_steps
+    first; a column for the whole run and one per phase. Each cell: output tok/s (per phase the steady tok/s), the
+    ratio to the best static (per phase: that phase's best static) with its interval, TPOT p50 (ms) and, with SLOs,
+    SLO attainment and goodput (req/s); per phase the ruling. ``plan``: validate.json's ``plan`` (phases, SLOs)."""
+    slo = plan.get("slo_ttft_ms") is not None or plan.get("slo_tpot_ms") is not None
+    table = Table(title=f"bake-off: {winner_sentence(bakeoff)}", title_justify="left", show_lines=True,
+                  caption="each cell: output tok/s (phases: steady), x the best static [95%] (phases: that phase's "
+                          "best static), TPOT p50 ms" + (", SLO attainment, goodput req/s" if slo else "")
+                          + "; phases: ruling", caption_justify="left")
+    table.add_column("config")
+    table.add_column("overall", justify="right")
+    for p in (plan.get("workload") or {}).get("phases") or []:
+        table.add_column(f"{p.get('label')}\n{p.get('start_s', 0):g}-{p.get('end_s', 0):g} s", justify="right")
+    tops = list(bakeoff.get("phase_best_static") or [])
+    rows = [(f"best static K={bakeoff['best_static'].get('steps')}", bakeoff["best_static"], True)] \
+        if bakeoff.get("best_static") else []
+    rows += [(str(r.get("name")), r, False) for r in bakeoff.get("configs") or []]
+    for name, row, is_best in rows:
+        outcome = str((row.get("verdict") or {}).get("outcome") or "")
+        cells = [f"{name}\n{row.get('run')}" + (f"\n[{_STYLE.get(outcome, 'red')}]{outcome}[/]" if outcome else "")]
+        windows = [(row.get("overall") or {}, None)] + [
+            (ph, tops[i] if i < len(tops) else None) for i, ph in enumerate(row.get("phases") or [])]
+        for i, (w, top) in enumerate(windows):
+            if i > 0 and is_best:  # per phase the best static row shows that phase's best static
+                w = top or {}
+            key = "output_throughput_tok_s" if i == 0 else "steady_output_throughput_tok_s"
+            tok = w.get(key)
+            lines = ["-" if tok is None else f"{tok:,.1f} tok/s"]
+            if is_best:
+                lines.append("K=" + str(w.get("steps")) if i > 0 and w else "1")
+            else:
+                lines.append(_ratio_text(w) + (f" K={w['best_static']}" if i > 0 and w.get("best_static") is not None
+                                               else ""))
+            p50 = w.get("tpot_p50_ms")
+            lines.append("-" if p50 is None else f"{p50:.2f} ms")
+            if slo:
+                att, good = w.get("slo_attainment"), w.get("goodput_req_s")
+                lines.append(f"SLO {'-' if att is None else f'{att:.1%}'}, "
+                             f"{'-' if good is None else f'{good:.2f}'} req/s")
+            if i > 0 and not is_best:
+                lines.append(str(w.get("ruling") or "-"))
+            cells.append("\n".join(lines))
+        table.add_row(*cells)
+    return table
+
+
+_STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "bold yellow"}
+
+
+def _ratio_text(w: JsonObject) -> str:
+    """``x1.031 [0.990, 1.072]`` (a ratio to the best static with its interval), ``-`` without one."""
+    r = w.get("ratio")
+    if not isinstance(r, (int, float)):
+        return "-"
+    iv = f" [{w['low']:.3f}, {w['high']:.3f}]" if isinstance(w.get("low"), (int, float)) else ""
+    return f"x{r:.3f}{iv}"

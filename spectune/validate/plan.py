@@ -1,15 +1,17 @@
 """What ``spectune validate`` runs and what it reports: :class:`ValidatePlan` (the config, the static num_steps it
 is compared with, the workload and the request settings; recorded as ``plan`` in validate.json), the config file's
 candidate num_steps (:func:`config_candidates`) and whether it is one static num_steps in disguise
-(:func:`static_equivalent`), the progress events of a validation (:class:`ValidateListener`) and what it leaves
+(:func:`static_equivalent`), the configs of a bake-off (several ``--config``: :func:`parse_configs`,
+:class:`BakeoffConfig`), the progress events of a validation (:class:`ValidateListener`) and what it leaves
 (:class:`ValidateOutcome`). The run itself is :mod:`spectune.validate.run`.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from spectune.backends.llamacpp.settings import FORMAT, read_settings
 from spectune.backends.num_steps import VllmSchedule, load_config_file
@@ -104,6 +106,83 @@ def static_equivalent(path: str) -> tuple[int, str] | None:
     return k, f"one candidate, {k}, in every slot"
 
 
+CONFIG_PREFIX = "config:"
+"""Run name prefix of a bake-off's config runs: ``config:NAME`` is the config named NAME (:class:`BakeoffConfig`);
+a validation of one config names its run ``config``."""
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def parse_configs(values: Sequence[str]) -> list[tuple[str, str]]:
+    """(name, path) of each ``--config`` value: ``NAME=PATH``, or a bare PATH named by its file stem
+    (``ema=configs/sglang.json`` -> ``("ema", "configs/sglang.json")``, ``runs/best-static.json`` ->
+    ``("best-static", ...)``). A value is ``NAME=PATH`` when the text before its first ``=`` is a name (a letter or
+    digit, then letters, digits, ``.``, ``_``, ``-``) and the value is not itself an existing file. Paths come back
+    as :class:`~pathlib.Path` spells them (``./a.json`` -> ``a.json``).
+
+    Raises:
+        UserError: no value; a name used twice (one line naming both paths and the fix).
+    """
+    out: list[tuple[str, str]] = []
+    for value in values:
+        head, eq, tail = value.partition("=")
+        if eq and tail and _NAME.fullmatch(head) and not Path(value).is_file():
+            out.append((head, str(Path(tail))))
+        else:
+            out.append((Path(value).stem, str(Path(value))))
+    if not out:
+        raise UserError("no --config given: pass the config to validate, or several to compare (NAME=PATH each)")
+    seen: dict[str, str] = {}
+    for name, path in out:
+        if name in seen:
+            raise UserError(f"two configs named {name!r} ({seen[name]}, {path}): name them apart with NAME=PATH, "
+                            f"e.g. --config {name}-2={path}")
+        seen[name] = path
+    return out
+
+
+@dataclass(frozen=True)
+class BakeoffConfig:
+    """One config of a bake-off (several ``--config`` in one validation; docs/validate.md, "A bake-off").
+
+    Attributes:
+        name: its name in the tables (``NAME=PATH`` or the file stem: :func:`parse_configs`). path: the file.
+        format, candidates: :func:`config_candidates`. static: (K, why) when it runs the same rounds as static
+            num_steps K (:func:`static_equivalent`): it is then not run, static K stands for it.
+    """
+
+    name: str
+    path: str
+    format: str
+    candidates: tuple[int, ...]
+    static: tuple[int, str] | None = None
+
+    @classmethod
+    def read(cls, name: str, path: str) -> "BakeoffConfig":
+        """The config file ``path`` as bake-off config ``name``. Raises UserError as :func:`config_candidates`."""
+        fmt, candidates = config_candidates(path)
+        return cls(name, path, fmt, tuple(candidates), static_equivalent(path))
+
+    @property
+    def run(self) -> str:
+        """The run that measures it: ``config:NAME``, or ``static:K`` when it is static K."""
+        return f"static:{self.static[0]}" if self.static is not None else f"{CONFIG_PREFIX}{self.name}"
+
+    @property
+    def initial_steps(self) -> int:
+        """num_steps its server starts at: the largest candidate (as for one config)."""
+        return max(self.candidates)
+
+    def to_json(self) -> dict[str, Any]:
+        """validate.json's ``configs`` entry: ``name``, ``path``, ``format``, ``candidate_steps``,
+        ``initial_steps``, ``static_equivalent`` (``{"steps", "reason"}`` or None) and ``run``."""
+        return {"name": self.name, "path": self.path, "format": self.format,
+                "candidate_steps": list(self.candidates), "initial_steps": self.initial_steps,
+                "static_equivalent": None if self.static is None else {"steps": self.static[0],
+                                                                        "reason": self.static[1]},
+                "run": self.run}
+
+
 @dataclass(frozen=True)
 class ValidatePlan(LoadSpec):
     """What a validation runs; recorded as ``plan`` in validate.json.
@@ -124,6 +203,9 @@ class ValidatePlan(LoadSpec):
         config_static: K when the config runs the same rounds as static num_steps K (:func:`static_equivalent`):
             the config is then not run as a run of its own (``steps`` must hold K), and the verdict asks whether
             another static num_steps beats K. None: the config is run.
+        bakeoff: the configs of a bake-off (two or more ``--config``), each run as ``config:NAME`` (or stood for
+            by its static K, which ``steps`` must hold) beside the shared static runs; ``config`` is then empty.
+            Empty: one config, ``config``.
     """
 
     config: str
@@ -134,6 +216,7 @@ class ValidatePlan(LoadSpec):
     repeats: int = DEFAULT_REPEATS
     config_static: int | None = None
     servers: str = "one"
+    bakeoff: tuple[BakeoffConfig, ...] = ()
 
     @property
     def aa_steps(self) -> int:
@@ -148,9 +231,13 @@ class ValidatePlan(LoadSpec):
         machine's speed does not favour one side (each repeat starts its servers afresh unless :attr:`servers`
         is ``kept``: :meth:`spectune.validate.run.Validation.run_all`). With one repeat, last, the A/A run ``aa:K``
         (:attr:`aa_steps` on a second fresh server): with no repeats it is what measures how far two servers of
-        the same num_steps differ (:func:`spectune.validate.repeats.instance_spread`)."""
+        the same num_steps differ (:func:`spectune.validate.repeats.instance_spread`). A bake-off
+        (:attr:`bakeoff`) runs each of its configs where one config runs (``config:NAME``, ``config_steps`` unused),
+        so its static runs are the same as one config's."""
         once = [(f"static:{k}", k) for k in self.steps]
-        if self.config_static is None:
+        if self.bakeoff:  # a bake-off: every config run after the shared static runs, in the order given
+            once += [(c.run, c.initial_steps) for c in self.bakeoff if c.static is None]
+        elif self.config_static is None:
             once.append(("config", config_steps))
         order = [(name, k, r + 1) for r in range(self.repeats) for name, k in (once if r % 2 == 0 else once[::-1])]
         if self.repeats == 1 and self.steps:
@@ -171,6 +258,9 @@ class ValidatePlan(LoadSpec):
             raise UserError(f"--repeats must be at least 1, got {self.repeats}")
         if self.config_static is not None and self.config_static not in self.steps:
             raise UserError(f"the config is static num_steps {self.config_static}: add it to --steps")
+        for c in self.bakeoff:
+            if c.static is not None and c.static[0] not in self.steps:
+                raise UserError(f"config {c.name} is static num_steps {c.static[0]}: add it to --steps")
         if not 0.0 <= self.tolerance < 1.0:
             raise UserError(f"--tolerance must be in 0..1 (0.02 = 2%), got {self.tolerance}")
         if self.servers not in SERVERS:
@@ -185,6 +275,9 @@ class ValidatePlan(LoadSpec):
         """The plan as a JSON object (the workload as :meth:`Workload.to_json`, without the trace itself)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["steps"], d["workload"] = list(self.steps), self.workload.to_json()
+        configs = d.pop("bakeoff")
+        if configs:  # a bake-off only: one config's plan is written as it always was
+            d["configs"] = [{"name": c.name, "path": c.path} for c in configs]
         return self.plan_json(("config", "steps", "workload"), d)
 
 
@@ -225,3 +318,4 @@ class ValidateOutcome:
     prediction: dict[str, Any] | None = None  # predicted beside measured (spectune.validate.prediction)
     phase_check: dict[str, Any] | None = None  # each phase vs its best static (spectune.validate.phase_check)
     instance_spread: dict[str, Any] | None = None  # server-to-server spread (spectune.validate.repeats.InstanceSpread)
+    bakeoff: dict[str, Any] | None = None  # a bake-off's table and winner (spectune.validate.bakeoff)

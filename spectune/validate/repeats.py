@@ -245,7 +245,7 @@ def instance_spread(runs: Sequence[RunEntry], requests: Sequence[JsonObject], va
         point = float(value(aa)) / float(value(base))  # type: ignore[arg-type]
         iv = paired_ratio(runs, requests, aa["run"], base["run"], value, select, confidence, objective,
                           spread=WITHIN_ONLY)
-        band = max(abs(point - 1.0), *((iv[1] - 1.0, 1.0 - iv[0]) if iv else ()))
+        band = max((abs(point - 1.0), *((iv[1] - 1.0, 1.0 - iv[0]) if iv else ())))
         return InstanceSpread("aa", 1, band=band, aa={"steps": aa.get("steps"), "ratio": point,
                                                       "low": iv[0] if iv else None, "high": iv[1] if iv else None})
     return InstanceSpread("default", 1, band=DEFAULT_INSTANCE_BAND)

@@ -1,7 +1,9 @@
 """``spectune report`` of a validation folder: one self-contained ``report.html`` that opens with the verdict
 (PASS, FAIL or INCONCLUSIVE and its line from validate.json), then the per-phase table (each static num_steps and
 the config, steady output tokens/s averaged over repeats, the config against that phase's best static num_steps
-with its interval and ruling), then each run's overall numbers. validate.json and validate.md are linked, not shown.
+with its interval and ruling), then each run's overall numbers. A bake-off (several configs) shows its tables instead
+of the per-phase table: each config against the best static num_steps, overall and per phase
+(:mod:`spectune.validate.bakeoff_table`). validate.json and validate.md are linked, not shown.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from typing import Any
 
 from spectune.core.errors import UserError
 from spectune.tune.report_html import esc, file_links, num, page, table
+from spectune.validate.bakeoff_table import (OVERALL_HEADERS, PHASE_HEADERS, overall_cells, phase_cells,
+                                             winner_sentence)
 
 
 def load_validation(folder: Path) -> dict[str, Any]:
@@ -74,6 +78,28 @@ def overall_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return ["run", "repeat", "output tok/s", "TPOT p50 ms", "TTFT p50 ms", "SLO attainment", "status"], rows
 
 
+_OUTCOME_CLASS = {"PASS": "pass-cell", "FAIL": "fail-cell", "INCONCLUSIVE": "fail-cell", "holds": "pass-cell",
+                  "behind": "fail-cell", "noise": "fail-cell"}
+
+
+def bakeoff_html(doc: dict[str, Any]) -> str:
+    """A bake-off's section (validate.json ``bakeoff``): the winner, each config against the best static num_steps
+    overall, then per phase against that phase's best static (verdicts and rulings coloured)."""
+    b = doc["bakeoff"]
+    overall = overall_cells(b)
+    phases = phase_cells(b)
+    marks = {(i, 2): _OUTCOME_CLASS[r[2]] for i, r in enumerate(overall) if r[2] in _OUTCOME_CLASS}
+    rulings = {(i, len(PHASE_HEADERS) - 1): _OUTCOME_CLASS[r[-1]] for i, r in enumerate(phases)
+               if r[-1] in _OUTCOME_CLASS}
+    lines = "".join(f"<li><b>{esc(r.get('name'))}</b>: {esc((r.get('verdict') or {}).get('line'))}</li>"
+                    for r in b.get("configs") or [])
+    return (f"<h2>Bake-off: each config against the best static num_steps</h2><p>{esc(winner_sentence(b))} Output "
+            "tokens/s, mean over repeats; the ratio to the best static with its 95% interval; goodput: requests that "
+            f"met the SLOs per s.</p>{table(OVERALL_HEADERS, overall, text_cols=(0, 1, 2), cell_class=marks)}"
+            "<h2>Each phase: each config against that phase's best static num_steps</h2><p>Steady output tokens/s."
+            f"</p>{table(PHASE_HEADERS, phases, text_cols=(0, 1, 8), cell_class=rulings)}<ul>{lines}</ul>")
+
+
 def write_validation_report(folder: Path, out: Path) -> Path:
     """``report.html`` of the validation in ``folder`` written into ``out``; returns its path.
 
@@ -96,13 +122,16 @@ def write_validation_report(folder: Path, out: Path) -> Path:
     plan = doc.get("plan") or {}
     meta = " · ".join(x for x in (
         f"config <code>{esc(cfg.get('path'))}</code>" if cfg.get("path") else "",
+        "configs " + ", ".join(f"<code>{esc(c.get('name'))}</code>" for c in doc["configs"])
+        if doc.get("configs") else "",
         f"workload {esc((plan.get('workload') or {}).get('name', plan.get('workload', '')))}"
         if plan.get("workload") else "",
         f"measured {esc(str(doc.get('created', ''))[:16].replace('T', ' '))} UTC" if doc.get("created") else "")
         if x)
-    body = (f"<h2>Each phase: the config against that phase's best static num_steps</h2>"
+    body = (bakeoff_html(doc) if doc.get("bakeoff") else
+            f"<h2>Each phase: the config against that phase's best static num_steps</h2>"
             f"<p>Steady output tokens/s, mean over repeats.</p>"
-            f"{table(header, rows, text_cols=(0,), cell_class=ruling)}"
+            f"{table(header, rows, text_cols=(0,), cell_class=ruling)}") + (
             f"<h2>Each run</h2>{table(oh, orows, text_cols=(0,))}"
             + file_links(folder, out, ("validate.md", "validate.json", "requests.jsonl")))
     out.mkdir(parents=True, exist_ok=True)

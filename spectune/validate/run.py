@@ -51,6 +51,7 @@ from spectune.measure.window import Sample, Window, client_config, measure_windo
 from spectune.results.folder import ValidateFolder
 from spectune.results.schema import now_iso
 from spectune.results.validate_run import ValidateRun
+from spectune.validate.bakeoff import rule_bakeoff
 from spectune.validate.distributed import RayValidation
 from spectune.validate.phase_check import STEADY, phase_check, to_json as phase_check_json
 from spectune.validate.phases import phase_index, split_by_phase, summarize_run
@@ -68,12 +69,14 @@ FAILURE_STOP = 100
 
 
 class Validation:
-    """Runs the static runs on ``static`` and the config run on ``adaptive`` (both preflighted), writing ``folder``."""
+    """Runs the static runs on ``static`` and the config run on ``adaptive`` (both preflighted), writing ``folder``;
+    in a bake-off, each config run on its own backend (``configs``: run name -> (backend, config path))."""
 
     def __init__(self, plan: ValidatePlan, static: Backend, adaptive: Backend, folder: ValidateFolder,
                  prompts: list[Prompt], meta: dict[str, Any], listener: ValidateListener, model: str | None,
                  api_key_env: str | None, initial_steps: int, timeouts: ClientTimeouts | None = None,
-                 another_static: Callable[[str], Backend] | None = None) -> None:
+                 another_static: Callable[[str], Backend] | None = None,
+                 configs: dict[str, tuple[Backend, str]] | None = None) -> None:
         self.plan, self.static, self.adaptive, self.folder, self.prompts = plan, static, adaptive, folder, prompts
         self.meta, self.listener, self.model, self.api_key_env = meta, listener, model, api_key_env
         self.initial_steps = initial_steps
@@ -81,6 +84,8 @@ class Validation:
         self.runs: list[dict[str, Any]] = meta["runs"]
         self.another_static = another_static  # run name -> a static backend of its own (servers held together)
         self.held: dict[str, Backend] = {}  # run name -> its backend, when the servers are held together
+        # run name -> (its backend, its config file): the config run, or each config run of a bake-off
+        self.configs = configs if configs is not None else {"config": (adaptive, plan.config)}
 
     async def run_all(self) -> None:
         """Every run of :meth:`ValidatePlan.run_order`, its servers held as ``plan.servers`` says
@@ -104,7 +109,7 @@ class Validation:
         last_repeat = None
         try:
             for name, k, repeat in self.plan.run_order(self.initial_steps):
-                backend = self.adaptive if name == "config" else self.static
+                backend = self.configs[name][0] if name in self.configs else self.static
                 fresh = name.startswith(AA_PREFIX)
                 if active is not None and (active is not backend or repeat != last_repeat or fresh):
                     await active.close()
@@ -113,13 +118,15 @@ class Validation:
         finally:
             await self.static.close()
             await self.adaptive.close()
+            for backend, _ in self.configs.values():
+                await backend.close()
 
     def _held_backend(self, name: str) -> Backend:
         """The backend of run ``name`` when the servers are held together (one per run name, made once)."""
         if name not in self.held:
-            if name == "config":
-                self.held[name] = self.adaptive
-            elif not any(n != "config" for n in self.held):
+            if name in self.configs:
+                self.held[name] = self.configs[name][0]
+            elif not any(n not in self.configs for n in self.held):
                 self.held[name] = self.static
             elif self.another_static is None:
                 raise UserError(f"--servers {self.plan.servers} needs a backend per run: use --servers one")
@@ -140,8 +147,8 @@ class Validation:
                 if self.plan.servers == "together":
                     await asyncio.gather(*(b.close() for b in self.held.values()))
         finally:
-            await asyncio.gather(*(b.close() for b in {id(b): b for b in
-                                                        (*self.held.values(), self.static, self.adaptive)}.values()))
+            await asyncio.gather(*(b.close() for b in {id(b): b for b in (
+                *self.held.values(), self.static, self.adaptive, *(b for b, _ in self.configs.values()))}.values()))
 
     async def _start_together(self, runs: list[tuple[str, int]], repeat: int) -> dict[str, BaseException]:
         """Start the servers of ``runs`` (run name, num_steps) at once (those already up at that num_steps stay as
@@ -160,12 +167,15 @@ class Validation:
 
     def _describe(self) -> dict[str, Any]:
         """validate.json's ``backend``: the static and config backends' descriptions; with servers held together,
-        the static one carries the launches of every static run's backend, in start order."""
+        the static one carries the launches of every static run's backend, in start order. A bake-off has
+        ``configs`` (run name -> its backend's description) instead of ``config``."""
         static = self.static.describe()
-        statics = [b for n, b in self.held.items() if n != "config" and b is not self.static]
+        statics = [b for n, b in self.held.items() if n not in self.configs and b is not self.static]
         if statics and "launches" in static:
             launches = [x for b in (self.static, *statics) for x in b.describe().get("launches") or []]
             static["launches"] = sorted(launches, key=lambda x: x.get("started") or 0.0)
+        if self.plan.bakeoff:
+            return {"static": static, "configs": {n: b.describe() for n, (b, _) in self.configs.items()}}
         return {"static": static, "config": self.adaptive.describe()}
 
     async def run_one(self, backend: Backend, steps: int, name: str, repeat: int = 1,
@@ -223,8 +233,8 @@ class Validation:
         for i, d in enumerate(phases):
             self._annotate(d, backend, w.samples, i, groups[i], workload.phases[i].label)
         self._annotate(overall, backend, w.samples, None, result.records, "all", w.acceptance)
-        if name == "config":
-            self._check_schedule(backend, w.samples, phases, label)
+        if name in self.configs:
+            self._check_schedule(backend, w.samples, phases, label, self.configs[name][1])
         self._client_load(overall, w, label)
         self._finish(ValidateRun(
             name, steps, repeat, started, w.status, w.error, phases, overall,
@@ -234,13 +244,13 @@ class Validation:
             warmup={"requests": len(w.warmup), "failed": sum(not r.ok for r in w.warmup)}))
 
     def _check_schedule(self, backend: Backend, samples: list[Sample], phases: list[dict[str, Any]],
-                        label: str) -> None:
-        """Per phase, whether the server followed the config's per-batch-size schedule
+                        label: str, config: str) -> None:
+        """Per phase, whether the server followed the per-batch-size schedule of the config file ``config``
         (:func:`spectune.measure.schedule_check.check_schedule` at the phase's achieved concurrency): each phase's
         ``schedule_check`` (None when not checkable), and a warning naming the backend's remedy when it did not.
         Only a static per-batch-size schedule (vLLM's format) is checked: an adaptive policy's K varies by design."""
         try:
-            schedule = load_config_file(self.plan.config, strict=False) if self.plan.config else None
+            schedule = load_config_file(config, strict=False) if config else None
         except UserError:
             schedule = None
         if not isinstance(schedule, VllmSchedule):
@@ -295,6 +305,11 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
     is not run as a run of its own: K joins the static runs (``plan.config_static``) and the verdict asks whether
     another static beats it.
 
+    A bake-off (``plan.bakeoff``: several configs) runs the same static runs once per repeat and each config as a
+    run of its own (``config:NAME``, on a backend of its own made as the one config's is, logs under
+    ``logs/config-NAME/``; a static config is stood for by its static run), then rules every config against the
+    shared best static (:func:`spectune.validate.bakeoff.rule_bakeoff`). Not with ``ray``.
+
     Checks, in order, each a one-line UserError before anything runs or is written: the config file, the plan,
     ``--servers`` other than ``one`` with ``--port`` or Ray, the output folder, both backends' options (the config
     backend gets ``adaptive_config`` and, for ``launch``, ``config_launch`` as its template when given), Ray and a
@@ -312,12 +327,18 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
 
     listener = listener or ValidateListener()
     timeouts = timeouts or ClientTimeouts()
-    fmt, candidates = config_candidates(plan.config)
-    same = static_equivalent(plan.config)
-    if same is not None:
+    bakeoff = plan.bakeoff
+    fmt, candidates = config_candidates(plan.config or bakeoff[0].path)
+    same = None if bakeoff else static_equivalent(plan.config)
+    if bakeoff:  # every static config's K joins the shared static runs
+        plan = replace(plan, steps=tuple(sorted({*plan.steps, *(c.static[0] for c in bakeoff if c.static)})))
+    elif same is not None:
         plan = replace(plan, config_static=same[0], steps=tuple(sorted({*plan.steps, same[0]})))
     plan.validate()
     timeouts.validate()
+    if bakeoff and ray is not None:
+        raise UserError("--ray validates one config at a time: drop --ray for a bake-off of several --config, or "
+                        "validate each config on its own")
     if plan.servers != "one" and options.port is not None:
         raise UserError(f"--servers {plan.servers} holds several servers at once, each on a port of its own: omit "
                         "--port (free ports are picked)")
@@ -333,6 +354,9 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
     adaptive_options = replace(options, adaptive_config=None if static_config else str(Path(plan.config).resolve()),
                                log_dir=folder.logs / "config", launch=config_launch or options.launch)
     static, adaptive = make_backend(backend_name, options), make_backend(backend_name, adaptive_options)
+    configs = {c.run: (make_backend(backend_name, replace(
+        adaptive_options, adaptive_config=str(Path(c.path).resolve()), log_dir=folder.logs / c.run.replace(":", "-"))),
+        c.path) for c in bakeoff if c.static is None}  # a bake-off's config runs, each as the one config's would be
     if ray is not None:
         ray.check_backend(static)
     with warnings.catch_warnings(record=True) as caught:
@@ -341,7 +365,10 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
     for w in caught:
         listener.warning(str(w.message))
     preflight = [*await static.preflight(list(plan.steps)),
-                 *(await adaptive.preflight([initial]) if same is None else [])] if ray is None else []
+                 *(await adaptive.preflight([initial]) if same is None and not bakeoff else [])] if ray is None else []
+    for c in bakeoff:
+        if c.static is None:
+            preflight += await configs[c.run][0].preflight([c.initial_steps])
     for message in preflight:
         listener.warning(message)
     meta = {"spectune_version": spectune.__version__, "created": now_iso(), "status": "running",
@@ -352,8 +379,12 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
                                                {"steps": same[0], "reason": same[1]}},
             "backend": {"static": static.describe(), "config": adaptive.describe()}, "runs": [], "verdict": None,
             "client": timeouts.to_json(), **environment()}
+    if bakeoff:  # the configs in the one config's place, each config run's backend in the config's
+        meta = {("configs" if k == "config" else k): [c.to_json() for c in bakeoff] if k == "config" else v
+                for k, v in meta.items()}
+        meta["backend"] = {"static": static.describe(), "configs": {n: b.describe() for n, (b, _) in configs.items()}}
 
-    prediction = predict_for(plan, fmt, candidates)
+    prediction = None if bakeoff else predict_for(plan, fmt, candidates)
     if prediction is not None:
         meta["prediction"] = prediction
     folder.open()
@@ -366,11 +397,16 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
                 return make_backend(backend_name, replace(options, log_dir=folder.logs / name.replace(":", "-")))
 
             await Validation(plan, static, adaptive, folder, prompts, meta, listener, options.model,
-                             options.api_key_env, initial, timeouts, another_static).run_all()
+                             options.api_key_env, initial, timeouts, another_static,
+                             configs if bakeoff else None).run_all()
         else:
             await RayValidation(plan, backend_name, options, adaptive_options, folder, prompts, meta, listener,
                                 initial, timeouts, ray, Validation).run_all()
-        outcome.verdict = rule(meta, _read_requests(folder.requests), (prediction or {}).get("primary"))
+        if bakeoff:
+            outcome.verdict = rule_bakeoff(meta, _read_requests(folder.requests))
+            outcome.bakeoff = meta.get("bakeoff")
+        else:
+            outcome.verdict = rule(meta, _read_requests(folder.requests), (prediction or {}).get("primary"))
         if prediction is not None and not prediction.get("error"):
             outcome.prediction = prediction
         outcome.phase_check = meta.get("phase_check")
@@ -386,6 +422,8 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
         try:
             await static.close()
             await adaptive.close()
+            for backend, _ in configs.values():
+                await backend.close()
         finally:
             folder.write(meta)
             folder.close()
@@ -410,12 +448,10 @@ def rule_again(output_dir: Path, config: str) -> tuple[Verdict, dict[str, Any] |
     Raises:
         UserError: no finished validation in ``output_dir``; ``config`` is not a valid config file.
     """
-    folder = ValidateFolder(Path(output_dir), render_markdown)
-    try:
-        meta = json.loads(folder.json_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise UserError(f"no validation to rule on in {output_dir} ({type(err).__name__}): pass the --output-dir "
-                        "of a finished spectune validate") from None
+    folder, meta = _read_validation(output_dir)
+    if meta.get("configs"):
+        names = ", ".join(str(c.get("name")) for c in meta["configs"])
+        raise UserError(f"{output_dir} holds a bake-off of configs {names}: pass each as --config NAME=PATH")
     runs, plan = meta.get("runs") or [], meta.get("plan") or {}
     stands_in = plan.get("config_static") is not None and any(str(r.get("run", "")).startswith("static:")
                                                               for r in runs)
@@ -437,6 +473,43 @@ def rule_again(output_dir: Path, config: str) -> tuple[Verdict, dict[str, Any] |
     meta.update(ruled_again=now_iso())
     folder.write(meta)
     return v, prediction, meta.get("phase_check"), meta.get("instance_spread")
+
+
+def rule_again_bakeoff(output_dir: Path, names: list[str]) -> tuple[Verdict, dict[str, Any]]:
+    """:func:`rule_again` for a bake-off (validate.json with ``configs``): every config ruled again
+    (:func:`spectune.validate.bakeoff.rule_bakeoff`) from the config files validate.json names, validate.json and
+    validate.md rewritten. ``names``: the ``--config`` names given, which must be the bake-off's.
+
+    Returns:
+        the overall verdict and the rewritten validate.json (``bakeoff``, ``instance_spread``, ``plan``...).
+
+    Raises:
+        UserError: no finished validation in ``output_dir``; it is not a bake-off; ``names`` are not its configs'.
+    """
+    folder, meta = _read_validation(output_dir)
+    recorded = [str(c.get("name")) for c in meta.get("configs") or []]
+    if not recorded:
+        raise UserError(f"{output_dir}/validate.json validated one config, not a bake-off: pass that one --config")
+    if sorted(names) != sorted(recorded):
+        raise UserError(f"{output_dir} holds a bake-off of configs {', '.join(recorded)}, not "
+                        f"{', '.join(names)}: pass the same --config NAME=PATH values")
+    requests = _read_requests(folder.requests)
+    _resummarize(meta, requests)
+    v = rule_bakeoff(meta, requests)
+    meta.update(ruled_again=now_iso())
+    folder.write(meta)
+    return v, meta
+
+
+def _read_validation(output_dir: Path) -> tuple[ValidateFolder, dict[str, Any]]:
+    """The folder and parsed validate.json of a finished validation. Raises UserError when there is none."""
+    folder = ValidateFolder(Path(output_dir), render_markdown)
+    try:
+        meta = json.loads(folder.json_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UserError(f"no validation to rule on in {output_dir} ({type(err).__name__}): pass the --output-dir "
+                        "of a finished spectune validate") from None
+    return folder, meta
 
 
 def rule(meta: dict[str, Any], requests: list[dict[str, Any]], primary: dict[str, Any] | None) -> Verdict:

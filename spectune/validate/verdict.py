@@ -11,6 +11,7 @@ from typing import Callable, Sequence, TypedDict
 
 from spectune.core.json_types import JsonObject
 from spectune.results.validate_run import RunEntry, RunWindow
+from spectune.validate.bakeoff_table import markdown as bakeoff_markdown, subject as bakeoff_subject
 from spectune.validate.phase_check import markdown as phase_markdown
 from spectune.validate.prediction import markdown as prediction_markdown
 from spectune.validate.repeats import InstanceSpread, combine_repeats
@@ -381,7 +382,8 @@ def _runs_sentence(repeats: int, servers: str) -> str:
 
 
 def render_markdown(meta: JsonObject) -> str:
-    """validate.md: the verdict, the preflight warnings (``meta["warnings"]``: e.g. a server that will not run the
+    """validate.md: the verdict (a bake-off's table after it: :func:`spectune.validate.bakeoff_table.markdown`),
+    the preflight warnings (``meta["warnings"]``: e.g. a server that will not run the
     config as given), an overall table and a table per phase (a row per run, means over repeats; ``*`` = best
     tok/s), and with repeats the overall output tok/s of every repeat."""
     plan, cfg, raw = meta.get("plan") or {}, meta.get("config") or {}, meta.get("runs") or []
@@ -389,8 +391,8 @@ def render_markdown(meta: JsonObject) -> str:
     repeats = int(plan.get("repeats") or 1)
     wl = plan.get("workload") or {}
     lines = ["# spectune validate", "",
-             f"Config `{cfg.get('path')}` ({cfg.get('format')}, candidate steps "
-             f"{', '.join(map(str, cfg.get('candidate_steps') or []))}) against static num_steps "
+             (bakeoff_subject(meta) or f"Config `{cfg.get('path')}` ({cfg.get('format')}, candidate steps "
+              f"{', '.join(map(str, cfg.get('candidate_steps') or []))})") + " against static num_steps "
              f"{', '.join(map(str, plan.get('steps') or []))}; workload `{wl.get('name')}` "
              f"({len(wl.get('phases') or [])} phases, {_f(wl.get('total_s'), 'g')} s); dataset {plan.get('dataset')}, "
              f"max_tokens {plan.get('max_tokens')}, temperature {plan.get('temperature')}; "
@@ -403,6 +405,7 @@ def render_markdown(meta: JsonObject) -> str:
                      else "."), ""]
     v = meta.get("verdict")
     lines += [f"**{v['line']}**" if v else f"Status: {meta.get('status')} (no verdict yet)", ""]
+    lines += bakeoff_markdown(meta)
     if meta.get("warnings"):
         lines += ["## Warnings", ""] + [f"- {w}" for w in meta["warnings"]] + [""]
     lines += spread_markdown(meta)

@@ -1,7 +1,8 @@
 """A fake speculative OpenAI-compatible server for subprocess tests of the backends and the load generator.
 
     python tests/fake_server.py --port P [--steps K] [--accept-prob p] [--fail-start] [--exit-after-requests N]
-                                [--tokens-per-second R] [--metrics vllm|spectune|none] [--startup-delay S]
+                                [--tokens-per-second R | --step-ms MS] [--metrics vllm|spectune|none]
+                                [--startup-delay S]
                                 [--adaptive-config PATH] [--per-request-metrics] [--chunk-tokens N] [--never-answer]
                                 [--api-key KEY] [--speculative-num-draft-tokens N]
 
@@ -41,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=0, help="num_steps K (draft tokens per verify step)")
     p.add_argument("--accept-prob", type=float, default=0.7, help="per-draft-token acceptance probability")
     p.add_argument("--tokens-per-second", type=float, default=5000.0, help="decode speed (sleep per chunk)")
+    p.add_argument("--step-ms", type=float, default=0.0, help="each verify step (chunk) takes this long whatever "
+                   "its tokens, instead of --tokens-per-second: accepted drafts come free, so a larger K is faster")
     p.add_argument("--metrics", choices=("vllm", "spectune", "none"), default="vllm")
     p.add_argument("--model", default="fake-model")
     p.add_argument("--seed", type=int, default=0)
@@ -206,7 +209,8 @@ class FakeServer:
 
         done = 0
         for i, size in enumerate(chunks):
-            await asyncio.sleep(size / self.args.tokens_per_second)
+            step_ms = self.args.step_ms
+            await asyncio.sleep(step_ms / 1000.0 if step_ms > 0 else size / self.args.tokens_per_second)
             done += size
             last = i == len(chunks) - 1
             event = {"id": rid, "object": obj + ".chunk", "created": created, "model": self.args.model,
