@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from spectune.backends.num_steps.sglang_config import AdaptiveConfig, SlotConfig, VllmSchedule
-from spectune.backends.num_steps.throughput_policy import CostTable, ThroughputAwareConfig, ThroughputAwarePolicy
+from spectune.backends.num_steps.throughput_policy import (ConfiguredSteps, CostTable, ThroughputAwareConfig,
+                                                          ThroughputAwarePolicy)
 from spectune.backends.num_steps.vllm_schedule import SchedulePolicy
 
 
@@ -123,7 +124,7 @@ class _Slot:
         return idx
 
 
-class AdaptivePolicy:
+class AdaptivePolicy(ConfiguredSteps):
     """SGLang's EMA policy over all slots of an :class:`AdaptiveConfig`.
 
     Engine use, every decode round: ``k = policy.steps_for_batch(bs)`` before drafting, run the round with k draft
@@ -148,16 +149,6 @@ class AdaptivePolicy:
         self._bounds = [s.lower_bound for s in config.slots]
         self._graph_bs = sorted(set(cuda_graph_bs)) if cuda_graph_bs else None
         self._route_cache: dict[int, _Slot] = {}
-
-    @property
-    def candidate_steps(self) -> tuple[int, ...]:
-        """Union of every slot's candidates, ascending (the tiers an engine must be able to run)."""
-        return self.config.candidate_steps
-
-    @property
-    def max_steps(self) -> int:
-        """The largest candidate num_steps (buffer sizing)."""
-        return self.config.candidate_steps[-1]
 
     @property
     def switch_count(self) -> int:

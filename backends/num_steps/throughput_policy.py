@@ -244,7 +244,24 @@ class PositionTracker:
         return 1.0 + sum(rates)
 
 
-class ThroughputAwarePolicy:
+class ConfiguredSteps:
+    """The num_steps a policy's ``config`` offers (its ``candidate_steps``, ascending): a base of
+    :class:`ThroughputAwarePolicy` and :class:`spectune.backends.num_steps.ema_policy.AdaptivePolicy`."""
+
+    config: Any
+
+    @property
+    def candidate_steps(self) -> tuple[int, ...]:
+        """Union of every slot's candidates, ascending (the tiers an engine must be able to run)."""
+        return self.config.candidate_steps
+
+    @property
+    def max_steps(self) -> int:
+        """The largest candidate num_steps (buffer sizing)."""
+        return self.config.candidate_steps[-1]
+
+
+class ThroughputAwarePolicy(ConfiguredSteps):
     """The throughput-aware controller's decisions with :class:`AdaptivePolicy`'s interface.
 
     Engine use, every round: ``k = policy.steps_for_batch(bs)`` (the decision point, SGLang's
@@ -271,14 +288,6 @@ class ThroughputAwarePolicy:
         self.batches = 0
         self.switch_count = 0
         self.last_scores: list[dict[str, Any]] = []
-
-    @property
-    def candidate_steps(self) -> tuple[int, ...]:
-        return self.config.candidate_steps
-
-    @property
-    def max_steps(self) -> int:
-        return self.config.candidate_steps[-1]
 
     def slot_for_batch(self, batch_size: int) -> int:
         """Lower bound of the slot ``batch_size`` routes to (after CUDA-graph padding)."""

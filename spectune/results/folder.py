@@ -25,6 +25,7 @@ from spectune.core.json_types import JsonObject, JsonValue
 from spectune.results.durable import atomic_write, iter_jsonl, writing
 from spectune.results.point import MetricValue, PointObject, RequestLine, SweepPoint, as_points
 from spectune.results.schema import Key, SUMMARY_COLUMNS, point_key, summary_row
+from spectune.results.sweep_meta import SweepMeta
 
 
 def _csv_value(v: MetricValue) -> MetricValue:
@@ -216,7 +217,7 @@ class SweepFolder(RunFolder):
         return points
 
     # -- writing --------------------------------------------------------------------------------------------
-    def open(self, meta: JsonObject, keep: Sequence[SweepPoint]) -> None:
+    def open(self, meta: SweepMeta, keep: Sequence[SweepPoint]) -> None:
         """Create the folder, write ``sweep.json``, keep only ``keep``'s points and their request records
         (rewritten atomically, so a crashed or interrupted point leaves nothing behind), open the append files
         and rewrite ``summary.csv``.
@@ -240,14 +241,14 @@ class SweepFolder(RunFolder):
             self._pt_fh = open(self.points_file, "a", encoding="utf-8")
             self.write_summary()
 
-    def write_meta(self, meta: JsonObject) -> None:  # type: ignore[override]
-        """Rewrite ``sweep.json`` atomically (string values redacted, except the ``plan``, which ``--resume``
+    def write_meta(self, meta: SweepMeta) -> None:  # type: ignore[override]
+        """Rewrite ``sweep.json`` (:meth:`SweepMeta.to_json`) atomically (string values redacted, except the ``plan``, which ``--resume``
         compares as written and which holds no secrets).
 
         Raises:
             UserError: the write failed (full disk...).
         """
-        super().write_meta(meta, keep=("plan",), resume_hint=self.path if self._pt_fh is not None else None)
+        super().write_meta(meta.to_json(), keep=("plan",), resume_hint=self.path if self._pt_fh is not None else None)
 
     def request_mark(self) -> int:
         """Current end of ``requests.jsonl`` (bytes), for :meth:`truncate_requests`."""

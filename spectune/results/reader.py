@@ -17,6 +17,7 @@ import pandas as pd
 
 from spectune.core.errors import UserError
 from spectune.results.schema import SCHEDULE_FOLDER
+from spectune.results.sweep_meta import SweepMeta
 
 #: summary.csv columns that must be present (docs/results-format.md).
 REQUIRED_COLUMNS = ("steps", "concurrency", "status")
@@ -58,6 +59,11 @@ class Results:
     points: list[dict[str, Any]] | None = None
     folder: Path | None = None
     schedule: "Results | None" = None
+
+    @property
+    def meta(self) -> SweepMeta:
+        """``sweep.json`` as a record (an empty one for a bare CSV)."""
+        return SweepMeta.from_json(self.sweep or {})
 
     @property
     def plan(self) -> dict[str, Any]:

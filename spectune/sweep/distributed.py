@@ -58,6 +58,7 @@ from spectune.results.folder import SweepFolder
 from spectune.results.nodes import node_verdicts
 from spectune.results.point import SweepPoint
 from spectune.results.schema import Key, PointKey, point_key
+from spectune.results.sweep_meta import SweepMeta
 from spectune.sweep.drift import drift_summary
 from spectune.sweep.plan import SweepListener, SweepPlan
 
@@ -127,7 +128,7 @@ class RayOptions:
     calibrate: bool = True
 
     def sweep(self, plan: SweepPlan, backend_name: str, options: BackendOptions, folder: SweepFolder,
-              prompts: list[Prompt], meta: JsonObject, listener: SweepListener,
+              prompts: list[Prompt], meta: SweepMeta, listener: SweepListener,
               timeouts: ClientTimeouts) -> "RaySweep":
         """The distributed sweep :func:`spectune.sweep.run.execute` runs instead of a serial one (run.py asks this
         object for it, so the serial sweep's module never imports this one)."""
@@ -180,7 +181,7 @@ class RaySweep:
     """
 
     def __init__(self, plan: SweepPlan, backend_name: str, options: BackendOptions, folder: SweepFolder,
-                 prompts: list[Prompt], meta: JsonObject, listener: SweepListener | None,
+                 prompts: list[Prompt], meta: SweepMeta, listener: SweepListener | None,
                  timeouts: ClientTimeouts, ray_options: RayOptions) -> None:
         self.plan, self.backend_name, self.options, self.folder = plan, backend_name, options, folder
         self.prompts, self.meta, self.timeouts, self.ray_options = prompts, meta, timeouts, ray_options
@@ -189,7 +190,7 @@ class RaySweep:
         self.predicted: list[JsonObject] = []
         self.cost: dict[str, float] = {k: 0 if k in ("points", "drift_points", "launches") else 0.0 for k in _COST_KEYS}
         self.drift_checks: list[JsonObject] = []
-        old = meta.get("nodes")
+        old = meta.nodes
         self.nodes: dict[str, NodeEntry] = dict(old) if isinstance(old, dict) else {}
         self.calibrating: set[str] = set()
         self.calibrations: dict[str, JsonObject] = {}  # node id -> its calibration.jsonl line
@@ -216,8 +217,8 @@ class RaySweep:
         ray = self._ray = import_ray()
         from spectune.sweep.ray_block import block_events
 
-        self.meta["order"] = "blocks"
-        self.meta["ray"] = {"address": self.ray_options.address, "resources": self.ray_options.resources}
+        self.meta.order = "blocks"
+        self.meta.ray = {"address": self.ray_options.address, "resources": self.ray_options.resources}
         connected = connect(ray, self.ray_options.address)  # before any task; ray.init wants the main thread
         t0 = time.perf_counter()
         try:
@@ -227,8 +228,8 @@ class RaySweep:
             self._opts = {"num_returns": "streaming", "max_retries": 0, **self.ray_options.task_options()}
             self._remote = self._fn.options(**self._opts)
             nodes = hosts(ray, self.ray_options.resources)
-            self.meta["ray"]["nodes_available"] = len(nodes)
-            self.slots = self.meta["ray"]["server_slots"] = server_slots(nodes, self.ray_options.resources)
+            self.meta.ray["nodes_available"] = len(nodes)
+            self.slots = self.meta.ray["server_slots"] = server_slots(nodes, self.ray_options.resources)
             self._load_calibrations()
             try:
                 if self.plan.design == "guided":
@@ -292,7 +293,7 @@ class RaySweep:
         self.predicted, guided = planner.finish(self.folder.points, stop)
         self.folder.predicted = self.predicted
         self.folder.write_summary()
-        self.meta["guided"] = {**guided, "parallel_rounds": True, "width": self.slots}
+        self.meta.guided = {**guided, "parallel_rounds": True, "width": self.slots}
 
     def _over_budget(self, queued: int) -> str:
         """Why the guided plan must not measure one more cell's runs (``queued`` points already in this round):
@@ -330,8 +331,9 @@ class RaySweep:
                                   + (f"re-running its {len(remaining)} unfinished point(s) on another node"
                                      if again else f"{len(remaining)} point(s) left failed after "
                                      f"{attempt} attempts (--resume --retry-failed measures them)"))
-            self.meta.setdefault("lost_blocks", []).append({"steps": steps, "node": lost["node"],
-                                                            "error": lost["error"], "points_left": len(remaining)})
+            self.meta.lost_blocks = (self.meta.lost_blocks or []) + [{"steps": steps, "node": lost["node"],
+                                                                      "error": lost["error"],
+                                                                      "points_left": len(remaining)}]
         for key in list(remaining):
             point = SweepPoint.failed(key, "its node was lost", self.plan.requests_for(key.concurrency)).to_dict() | {
                 "stop_reason": "node_lost", "node": None}
@@ -478,7 +480,7 @@ class RaySweep:
                                       "and spectune recommend refuses to compare across it without "
                                       "--allow-mixed-nodes")
         unlike = {n for n, v in verdicts.items() if v["alike"] is False}
-        self.meta["calibration"] = {"noise_band": self.plan.noise_band, "unlike": sorted(unlike),
+        self.meta.calibration = {"noise_band": self.plan.noise_band, "unlike": sorted(unlike),
                                     "nodes": len(verdicts)}
         changed = False
         for p in self.folder.points:
@@ -520,7 +522,7 @@ class RaySweep:
             self.folder.append_drift_request(obj)
         check = {**event["check"], "node": node}
         self.drift_checks.append(check)
-        self.meta["drift"] = drift_summary(self.drift_checks, "blocks")
+        self.meta.drift = drift_summary(self.drift_checks, "blocks")
         self.listener.drift_checked(check)
 
     def _log(self, event: BlockEvent, node: NodeRef | None) -> None:
@@ -537,8 +539,8 @@ class RaySweep:
 
     def _save_meta(self) -> None:
         c = self.cost
-        self.meta["cost"] = {**c, "total_s": c["measure_s"] + c["drift_s"] + c["switch_s"]}
-        self.meta["nodes"] = self.nodes
+        self.meta.cost = {**c, "total_s": c["measure_s"] + c["drift_s"] + c["switch_s"]}
+        self.meta.nodes = self.nodes  # type: ignore[assignment]
         if self.backend_description is not None:
-            self.meta["backend"] = self.backend_description
+            self.meta.backend = self.backend_description
         self.folder.write_meta(self.meta)

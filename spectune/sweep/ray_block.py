@@ -37,6 +37,7 @@ from spectune.loadgen.record import RequestRecord
 from spectune.measure.ray_cluster import Event, task_events
 from spectune.results.point import SweepPoint, as_points
 from spectune.results.schema import Key, PointKey
+from spectune.results.sweep_meta import SweepMeta
 from spectune.sweep.plan import SweepListener, SweepPlan
 
 if TYPE_CHECKING:
@@ -95,7 +96,7 @@ class BlockFolder:
         self._requests: list[JsonObject] = []  # the current point's request objects
         self._done: list[JsonObject] = []  # request objects of this block's finished points
         self._drift: list[JsonObject] = []
-        self.meta: JsonObject = {}  # the sweep.json object the block's Sweep keeps up to date
+        self.meta = SweepMeta()  # sweep.json's record, which the block's Sweep keeps up to date
 
     def request_mark(self) -> int:
         """Where the current point's request objects start (see :meth:`truncate_requests`)."""
@@ -130,7 +131,7 @@ class BlockFolder:
         """The request objects of this block's finished points."""
         return list(self._done)
 
-    def write_meta(self, meta: JsonObject) -> None:
+    def write_meta(self, meta: SweepMeta) -> None:
         """Keep the sweep's meta (its ``backend`` and ``cost`` are sent with the ``done`` event)."""
         self.meta = meta
 
@@ -185,7 +186,7 @@ async def _measure(payload: BlockPayload, emit: Callable[[BlockEvent], None]) ->
     with tempfile.TemporaryDirectory(prefix="spectune-block-") as logs:
         options = replace(options, log_dir=Path(logs))
         backend = make_backend(payload["backend"], options)
-        sweep = Sweep(plan, backend, folder, payload["prompts"], {}, events, options.model, options.api_key_env,
+        sweep = Sweep(plan, backend, folder, payload["prompts"], SweepMeta(), events, options.model, options.api_key_env,
                       payload["timeouts"])
         sweep.order = "blocks"
         if payload.get("goals"):  # a guided round's block: the planner's window goals of its keys

@@ -51,6 +51,7 @@ from spectune.results.confidence import point_intervals, requests_by_point
 from spectune.results.folder import SweepFolder
 from spectune.results.point import MetricValue, RequestLine, ScheduleCheckRecord, ServerRecord, SweepPoint
 from spectune.results.schema import SCHEDULE_FOLDER, Key, PointKey, key_fields, now_iso, point_key
+from spectune.results.sweep_meta import SweepMeta
 from spectune.sweep.drift import drift_check, drift_summary
 from spectune.sweep.guided import GuidedPlanner
 from spectune.sweep.plan import NEW_KEYS, SweepListener, SweepOutcome, SweepPlan
@@ -67,7 +68,7 @@ class RaySweeping(Protocol):
     def check(self, plan: SweepPlan, backend: Backend | None = None) -> None: ...
 
     def sweep(self, plan: SweepPlan, backend_name: str, options: BackendOptions, folder: SweepFolder,
-              prompts: list[Prompt], meta: JsonObject, listener: SweepListener,
+              prompts: list[Prompt], meta: SweepMeta, listener: SweepListener,
               timeouts: ClientTimeouts) -> "SweepRunner": ...
 
 
@@ -77,7 +78,7 @@ class SweepRunner(Protocol):
 
     ran: int
     predicted: list[JsonObject]
-    meta: JsonObject
+    meta: SweepMeta
 
     async def run(self, todo: Sequence[Key]) -> None: ...
 
@@ -88,13 +89,13 @@ class Sweep:
     Args:
         plan: what to measure. backend: the target (preflight done). folder: opened results folder.
         prompts: the dataset sample (request i of every point sends ``prompts[i % len]``).
-        meta: the sweep.json object (its ``backend`` entry is refreshed after each start and point).
+        meta: sweep.json's record (its ``backend`` entry is refreshed after each start and point).
         listener: progress events. model: preferred model name (``--model``). api_key_env: API key variable.
         timeouts: the client's time limits (request, warm-up).
     """
 
     def __init__(self, plan: SweepPlan, backend: Backend, folder: SweepFolder, prompts: list[Prompt],
-                 meta: JsonObject, listener: SweepListener | None = None, model: str | None = None,
+                 meta: SweepMeta, listener: SweepListener | None = None, model: str | None = None,
                  api_key_env: str | None = "OPENAI_API_KEY", timeouts: ClientTimeouts | None = None) -> None:
         self.plan, self.backend, self.folder, self.prompts, self.meta = plan, backend, folder, prompts, meta
         self.listener = listener or SweepListener()
@@ -121,7 +122,7 @@ class Sweep:
         then the drift check at the end. The backend is stopped at the end."""
         todo = [PointKey(*k) for k in todo]
         self.order = self.plan.order_for(self.backend.cheap_switch)
-        self.meta["order"] = self.order
+        self.meta.order = self.order
         try:
             if self.plan.design == "guided":
                 await self._guided()
@@ -232,7 +233,7 @@ class Sweep:
         check = drift_check(label, first, again, first_records, again_records, self.plan.objective,
                             self.plan.confidence, self.plan.noise_band)
         self.drift_checks.append(check)
-        self.meta["drift"] = drift_summary(self.drift_checks, self.order)
+        self.meta.drift = drift_summary(self.drift_checks, self.order)
         self._save_meta()
         self.listener.drift_checked(check)
 
@@ -259,7 +260,7 @@ class Sweep:
         self.predicted, guided = planner.finish(self.folder.points, stop)
         self.folder.predicted = self.predicted
         self.folder.write_summary()
-        self.meta["guided"] = guided
+        self.meta.guided = guided
 
     def _early_stop(self, key: Key, planned: int) -> EarlyStop | None:
         """The sequential stop rule of ``key``'s window (:mod:`spectune.sweep.sequential`), or None when the plan's
@@ -334,9 +335,9 @@ class Sweep:
         self.listener.point_finished(point)
 
     def _save_meta(self) -> None:
-        self.meta["backend"] = self.backend.describe()
+        self.meta.backend = self.backend.describe()
         c = self.cost
-        self.meta["cost"] = {**c, "total_s": c["measure_s"] + c["drift_s"] + c["switch_s"]}
+        self.meta.cost = {**c, "total_s": c["measure_s"] + c["drift_s"] + c["switch_s"]}
         self.folder.write_meta(self.meta)
 
     async def _point(self, key: Key, base_url: str, model: str | None,
@@ -487,7 +488,7 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
         if pair_plan is not None:
             pair, pair_todo, pair_kept = await _schedule_sweep(pair_plan, backend_name, options, folder, prompts,
                                                                resume, retry_failed, listener, timeouts)
-            meta["schedule_server"] = pair.meta["backend"].get("schedule_server")
+            meta.schedule_server = pair.meta.backend_value("schedule_server")
         for warning in pair_warnings:
             listener.warning(warning)
         folder.open(meta, kept)
@@ -503,8 +504,8 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
             await sweep.run(todo)
         finally:
             outcome.ran, outcome.points = sweep.ran, list(folder.points)
-            outcome.predicted, outcome.cost = list(sweep.predicted), dict(sweep.meta.get("cost") or {})
-            outcome.drift, outcome.guided = sweep.meta.get("drift"), sweep.meta.get("guided")
+            outcome.predicted, outcome.cost = list(sweep.predicted), dict(sweep.meta.cost or {})
+            outcome.drift, outcome.guided = sweep.meta.drift, sweep.meta.guided
     finally:
         try:
             await backend.close()
@@ -533,13 +534,13 @@ async def _schedule_sweep(plan: SweepPlan, backend_name: str, options: BackendOp
     kept, todo, meta = await _prepare(folder, plan, backend, resume, retry_failed, listener, timeouts)
     folder.open(meta, kept)
     sweep = Sweep(plan, backend, folder, prompts, meta, listener, options.model, options.api_key_env, timeouts)
-    sweep.server = {"kind": "schedule", **(meta["backend"].get("schedule_server") or {})}
+    sweep.server = {"kind": "schedule", **(meta.backend_value("schedule_server") or {})}  # type: ignore[dict-item]
     return sweep, todo, kept
 
 
 async def _prepare(folder: SweepFolder, plan: SweepPlan, backend: Backend, resume: bool, retry_failed: bool,
                    listener: SweepListener, timeouts: ClientTimeouts,
-                   preflight: bool = True) -> tuple[list[SweepPoint], list[Key], JsonObject]:
+                   preflight: bool = True) -> tuple[list[SweepPoint], list[Key], SweepMeta]:
     """Before a sweep folder opens: its check against ``plan`` (the points kept), the backend's preflight (its
     warnings to ``listener``; ``preflight`` False: a ``--ray`` sweep runs it in each task), the points still to
     run and sweep.json's object.
@@ -552,23 +553,23 @@ async def _prepare(folder: SweepFolder, plan: SweepPlan, backend: Backend, resum
         listener.warning(warning)
     done = {p.key for p in kept}
     meta = _meta(folder, plan, backend)
-    meta["client"] = timeouts.to_json()
+    meta.client = timeouts.to_json()
     return kept, [k for k in plan.points() if k not in done], meta
 
 
-def _meta(folder: SweepFolder, plan: SweepPlan, backend: Backend) -> JsonObject:
+def _meta(folder: SweepFolder, plan: SweepPlan, backend: Backend) -> SweepMeta:
     """sweep.json for this run; a resumed sweep keeps ``created`` and moves the earlier runs' environment into
     ``history``."""
     import spectune
 
     env = environment()
-    meta = {"spectune_version": spectune.__version__, "created": now_iso(), "plan": plan.to_json(),
-            "backend": backend.describe(), **env}
+    meta = SweepMeta(spectune.__version__, now_iso(), plan.to_json(), backend.describe(), env["host"],
+                     env["versions"])
     old = folder.read_meta()
     if old is not None:
         history = list(old.get("history") or [])
         history.append({k: old.get(k) for k in ("created", "resumed", "backend", "host", "versions") if k in old})
-        meta.update(created=old.get("created", meta["created"]), resumed=now_iso(), history=history)
+        meta.created, meta.resumed, meta.history = str(old.get("created", meta.created)), now_iso(), history
     return meta
 
 

@@ -71,7 +71,7 @@ async def run_pair(first: Any, first_todo: Sequence[Key], second: Any, second_to
     jobs = [(s, s.plan.ordered([PointKey(*k) for k in todo], "blocks")) for s, todo in
             ((first, first_todo), (second, second_todo))]
     for s, _ in jobs:
-        s.order = s.meta["order"] = "blocks"
+        s.order = s.meta.order = "blocks"
     try:
         for steps in sorted({k.steps for _, keys in jobs for k in keys}):
             for s, keys in jobs:

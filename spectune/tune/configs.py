@@ -21,7 +21,7 @@ def slot_acceptance(rec: Recommendation, slot: Slot) -> dict[int, float]:
     """Median accepted drafts per verify (acceptance_length - 1) per num_steps over the slot's concurrencies."""
     out = {}
     for k in rec.steps:
-        vals = [c.metrics.get("acceptance_length", math.nan) - 1 for conc in slot.concurrencies
+        vals = [c.metric("acceptance_length") - 1 for conc in slot.concurrencies
                 if (c := rec.cell(k, conc)) is not None and c.status == "ok"]
         vals = sorted(v for v in vals if math.isfinite(v))
         out[k] = vals[len(vals) // 2] if vals else math.nan

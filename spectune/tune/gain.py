@@ -17,7 +17,32 @@ import dataclasses
 import math
 from typing import Any, Protocol
 
+from spectune.core.json_types import JsonObject
 from spectune.tune.compare import OBJECTIVES
+
+
+@dataclasses.dataclass
+class Primary:
+    """The primary recommendation (recommendation.json ``primary``).
+
+    Attributes:
+        kind: ``schedule`` (the per-batch-size slots) or ``static`` (one num_steps for every batch size).
+        num_steps: K of a static primary; None for the schedule.
+        reason: why, in words (the comparisons that gain, or why none does).
+        mix: ``recommend --mix``'s prices of every answer on the load (:mod:`spectune.tune.mix`), or None.
+    """
+
+    kind: str
+    num_steps: int | None
+    reason: str
+    mix: JsonObject | None = None
+
+    def to_json(self) -> JsonObject:
+        """``{"kind", "num_steps", "reason"}`` plus ``mix`` when priced on a load."""
+        out: JsonObject = {"kind": self.kind, "num_steps": self.num_steps, "reason": self.reason}
+        if self.mix is not None:
+            out["mix"] = self.mix
+        return out
 
 
 class SlotLike(Protocol):
@@ -38,7 +63,7 @@ class RecommendationLike(Protocol):
     schedule_slots: list[Any]
     best_static: int | None
     static_scores: dict[int, float]
-    primary: dict[str, Any]
+    primary: Primary | None
 
     def cell(self, steps: int, concurrency: int) -> Any: ...
 
@@ -139,8 +164,7 @@ def apply_static_primary(rec: RecommendationLike) -> None:
     why = static_primary(rec)
     rec.schedule_slots = list(rec.slots)
     if why is None:
-        rec.primary = {"kind": "schedule", "num_steps": None,
-                       "reason": "; ".join(c["text"] for c in schedule_gains(rec))}
+        rec.primary = Primary("schedule", None, "; ".join(c["text"] for c in schedule_gains(rec)))
         return
     use_static(rec, int(rec.best_static), why)  # type: ignore[arg-type]
 
@@ -149,7 +173,7 @@ def use_static(rec: RecommendationLike, k0: int, why: str) -> None:
     """Make static num_steps ``k0`` the primary recommendation: ``rec.primary`` says so and why, and ``rec.slots``
     becomes one slot running ``k0`` at every batch size, so every engine's file carries it (set
     ``rec.schedule_slots`` to the per-batch-size slots first)."""
-    rec.primary = {"kind": "static", "num_steps": k0, "reason": why}
+    rec.primary = Primary("static", k0, why)
     if any(s.steps != k0 for s in rec.slots):
         concs = sorted({c for s in rec.slots for c in s.concurrencies})
         rec.slots = [dataclasses.replace(rec.slots[0], lower=1, upper=None, steps=k0, concurrencies=concs)]

@@ -177,6 +177,11 @@ METRIC_NAMES = {"status": "failed repeats", "tpot": "TPOT p50 ms", "throughput":
 """Each check's metric as the summaries name it (acceptance length: tokens per verify step)."""
 
 
+def metric_label(name: str) -> str:
+    """A check's metric as the summaries name it (:data:`METRIC_NAMES`; an unknown name as it is)."""
+    return METRIC_NAMES.get(name, name)
+
+
 def _range(r: tuple[float, float]) -> str:
     lo, hi = r
     if not (math.isfinite(lo) and math.isfinite(hi)):
@@ -199,13 +204,13 @@ def summary_markdown(checks: list[Check], notes: list[str]) -> str:
     fails = [c for c in checks if c.outcome == "fail"]
     counts = (f"{len(fails)} failed, {sum(c.outcome == 'pass' for c in checks)} passed, "
               f"{sum(c.outcome == 'skip' for c in checks)} skipped")
-    metrics = sorted({METRIC_NAMES.get(c.name, c.name) for c in fails})
+    metrics = sorted({metric_label(c.name) for c in fails})
     head = (f"## spectune gate: FAIL ({', '.join(metrics)})" if fails else "## spectune gate: PASS") + "\n\n" + counts
     header = ("| cell | metric | baseline | current | change | interval (repeats' min-max: baseline / current) | "
               "limit | verdict |\n|---|---|---:|---:|---:|---|---|---|")
 
     def rows(cs: list[Check]) -> str:
-        return "\n".join(f"| {c.cell} | {METRIC_NAMES.get(c.name, c.name)} | {c.baseline:.4g} | {c.current:.4g} | "
+        return "\n".join(f"| {c.cell} | {metric_label(c.name)} | {c.baseline:.4g} | {c.current:.4g} | "
                          f"{_change(c)} | {_range(c.baseline_range)} / {_range(c.current_range)} | {c.limit} | "
                          f"{c.outcome.upper()} |" for c in cs)
 

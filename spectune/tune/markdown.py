@@ -59,26 +59,26 @@ def primary_section(rec: Recommendation) -> list[str]:
     """recommendation.md's "Primary recommendation": the per-batch-size schedule with the comparisons where it
     beats the best static num_steps beyond the noise band, or that static num_steps for every engine and why
     (:mod:`spectune.tune.gain`)."""
-    p = rec.primary or {}
+    p = rec.primary
     if not p:
         return []
-    if p.get("kind") == "static":
-        k = p["num_steps"]
+    if p.kind == "static":
+        k = p.num_steps
         before = ", ".join(f"{s.lower}-{s.upper if s.upper is not None else ''}: K={s.steps}"
                            for s in rec.schedule_slots)
         return ["## Primary recommendation\n",
                 f"**Static num_steps K={k} for every engine** (`best-static.json`; the SGLang, vLLM and TensorRT-LLM "
-                f"files below carry the same K at every batch size): {p['reason']}."
+                f"files below carry the same K at every batch size): {p.reason}."
                 + (f" The per-batch-size choice would have been {before}." if len(rec.schedule_slots) > 1 else "")
-                + "\n", *(mix_table(p["mix"]) if p.get("mix") else [])]
-    if p.get("mix"):
+                + "\n", *(mix_table(p.mix) if p.mix else [])]
+    if p.mix:
         return ["## Primary recommendation\n",
                 f"**The per-batch-size schedule** (`sglang-adaptive-custom.json`, the vLLM and TensorRT-LLM "
-                f"schedules): {p.get('reason')}.\n", *mix_table(p["mix"])]
+                f"schedules): {p.reason}.\n", *mix_table(p.mix)]
     return ["## Primary recommendation\n",
             f"**The per-batch-size schedule** (`sglang-adaptive-custom.json`, the vLLM and TensorRT-LLM schedules): "
             f"where it differs from the best static K={rec.best_static} the sweep measured a gain beyond the noise "
-            f"band: {p.get('reason')}.\n"]
+            f"band: {p.reason}.\n"]
 
 
 def mix_table(mix: dict[str, Any]) -> list[str]:
@@ -274,7 +274,7 @@ def versus_static(rec: Recommendation) -> list[dict[str, Any]]:
             cell = look(k, ch.concurrency) if k is not None else None
             ok = cell is not None and cell.status == "ok"
             for m, short in (("output_throughput_tok_s", "tput"), ("tpot_p50_ms", "tpot")):
-                row[f"{name}_{short}"] = cell.metrics.get(m, math.nan) if ok else math.nan  # type: ignore[union-attr]
+                row[f"{name}_{short}"] = cell.metric(m) if ok else math.nan  # type: ignore[union-attr]
         for ref in ("static", "k0"):
             row[f"tput_vs_{ref}"] = row["rec_tput"] / row[f"{ref}_tput"] if row[f"{ref}_tput"] else math.nan
             row[f"tpot_vs_{ref}"] = row["rec_tpot"] / row[f"{ref}_tpot"] if row[f"{ref}_tpot"] else math.nan

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -30,7 +31,7 @@ import numpy as np
 
 from spectune.core.errors import UserError
 from spectune.results.confidence import Interval, ratio_interval
-from spectune.tune.gain import RecommendationLike, use_static
+from spectune.tune.gain import Primary, RecommendationLike, use_static
 
 
 def parse_mix(text: str) -> dict[int, float]:
@@ -131,7 +132,7 @@ def _ties_best(a: Answer, band: float) -> bool:
 
 def apply_mix_primary(rec: RecommendationLike, mix: dict[int, float]) -> None:
     """Set ``rec.primary``, ``rec.best_static``, ``rec.static_scores`` and the slots from the answers' prices on
-    ``mix`` (module docstring); ``rec.primary["mix"]`` records the mix, the band and every answer.
+    ``mix`` (module docstring); ``rec.primary.mix`` records the mix, the band and every answer.
 
     Raises:
         UserError: a mix concurrency the sweep did not measure, or an objective other than throughput.
@@ -163,7 +164,7 @@ def apply_mix_primary(rec: RecommendationLike, mix: dict[int, float]) -> None:
               "answers": [a.to_json() for a in answers]}
     rec.schedule_slots = list(rec.slots)
     if pick.steps is None:
-        rec.primary = {"kind": "schedule", "num_steps": None, "reason": why, "mix": record}
+        rec.primary = Primary("schedule", None, why, record)
         return
     use_static(rec, pick.steps, why)
-    rec.primary["mix"] = record
+    rec.primary = dataclasses.replace(rec.primary, mix=record)  # type: ignore[arg-type]

@@ -53,7 +53,7 @@ from spectune.results.confidence import (Bootstrap, CellRuns, Interval, RunReque
 from spectune.results.drift import DriftBand, cell_times
 from spectune.results.reader import Results, load_request_records, summary_with_slos
 from spectune.tune.compare import OBJECTIVES, _better, _ties, _within, clear_wins, compare, ratio  # noqa: F401 (re-exported)
-from spectune.tune.gain import apply_static_primary, schedule_server_costs
+from spectune.tune.gain import Primary, apply_static_primary, schedule_server_costs
 from spectune.tune.mix import apply_mix_primary
 
 #: columns reduced to per-cell medians
@@ -107,6 +107,10 @@ class Cell:
     #: the server the cell measured: ``static`` (K=0: no drafter) or ``schedule`` (the engine's schedule server
     #: pinned to K, the sweep's ``schedule-server/`` folder)
     server: str = "static"
+
+    def metric(self, name: str) -> float:
+        """The cell's median of summary.csv column ``name`` (:data:`CELL_METRICS`; NaN when not measured)."""
+        return self.metrics.get(name, math.nan)
 
     @property
     def eligible(self) -> bool:
@@ -164,7 +168,7 @@ class Recommendation:
     drift: dict[str, Any] | None = None  # the sweep's drift check (sweep.json ``drift``), or None
     #: ``{"kind": "schedule" | "static", "num_steps", "reason"}`` (:mod:`spectune.tune.gain`): with "static" no slot
     #: beat the best static num_steps beyond noise and ``slots`` is that one num_steps for every batch size
-    primary: dict[str, Any] = field(default_factory=dict)
+    primary: Primary | None = None
     schedule_slots: list[Slot] = field(default_factory=list)  # the per-batch-size slots before that
     requests: Any = field(default=None, repr=False, compare=False)  # the sweep's request objects, or None
     #: the schedule server's cells (the sweep's ``schedule-server/`` folder), where a schedule's slots are priced;
@@ -228,7 +232,7 @@ class Recommendation:
                       "slots": [asdict(s) for s in self.slots], "slot_key": self.batch_size_source,
                       "batch_sizes": self.batch_sizes, "best_static_num_steps": self.best_static,
                       "static_scores": self.static_scores, "cells": cells, "warnings": self.warnings,
-                      "batch_dependent_acceptance": self.findings, "drift": self.drift, "primary": self.primary,
+                      "batch_dependent_acceptance": self.findings, "drift": self.drift, "primary": self.primary.to_json() if self.primary else {},
                       "schedule_slots": [asdict(s) for s in self.schedule_slots]})
 
 
@@ -236,8 +240,7 @@ def effective_slos(results: Results, opts: RecommendOptions) -> tuple[float | No
     """SLOs to apply: the command line's, else the sweep plan's. Returns (ttft_ms, tpot_ms, where from)."""
     if opts.slo_ttft_ms is not None or opts.slo_tpot_ms is not None:
         return opts.slo_ttft_ms, opts.slo_tpot_ms, "command line"
-    plan = results.plan
-    ttft, tpot = plan.get("slo_ttft_ms"), plan.get("slo_tpot_ms")
+    ttft, tpot = results.meta.plan_value("slo_ttft_ms"), results.meta.plan_value("slo_tpot_ms")
     return ttft, tpot, ("sweep plan" if ttft is not None or tpot is not None else "none")
 
 
@@ -440,7 +443,7 @@ def measured_batch_sizes(cells: list[Cell], choices: list[Choice],
     for ch in choices:
         if ch.steps is None:
             continue
-        v = grid[(ch.steps, ch.concurrency)].metrics.get("batch_size_mean", math.nan)
+        v = grid[(ch.steps, ch.concurrency)].metric("batch_size_mean")
         if not (math.isfinite(v) and v > 0):
             return {}, "concurrency"
         sizes[ch.concurrency] = v
@@ -500,9 +503,9 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
     df = summary_with_slos(results, ttft, tpot, warnings)
     if slo_src != "none":
         warnings.append(f"SLOs from the {slo_src}: TTFT {ttft} ms, TPOT {tpot} ms")
-    plan = results.plan
-    steps = sorted(set(df["steps"]) | {int(s) for s in plan.get("steps") or []})
-    concs = sorted(set(df["concurrency"]) | {int(c) for c in plan.get("concurrency") or []})
+    meta = results.meta
+    steps = sorted(set(df["steps"]) | set(meta.plan_ints("steps")))
+    concs = sorted(set(df["concurrency"]) | set(meta.plan_ints("concurrency")))
     groups = dict(iter(df.groupby(["steps", "concurrency"])))
     cells = [build_cell(k, c, groups.get((k, c), df.iloc[0:0]), opts, ttft, tpot) for c in concs for k in steps]
     records = load_request_records(results.folder)
@@ -511,7 +514,7 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
     boot = Bootstrap({r.get("prompt_id") for rs in (records or [], sched_records or []) for r in rs})
     attach_intervals(cells, df, records, opts, ttft, tpot, boot)
     sched_cells = schedule_server_cells(sched, sched_records, opts, ttft, tpot, boot, len(cells), warnings)
-    drift_info = (results.sweep or {}).get("drift") or None
+    drift_info = meta.drift or None
     drift = DriftBand.from_sweep(drift_info)
     times = cell_times(results.points or [])
     for cell in cells:
@@ -521,7 +524,7 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
         cell.at_s = sched_times.get((cell.steps, cell.concurrency))
     if drift.change > 0:
         warnings.append(f"the drift check saw the reference cell move {drift.change:.1%} during the sweep "
-                        f"({drift_info.get('summary', '') if drift_info else ''}): a difference between two cells "
+                        f"({meta.drift_summary}): a difference between two cells "
                         "smaller than the drift expected over the time between their measurements is not called")
     choices = [choose(cells, c, opts, drift) for c in concs]
     if all(ch.steps is None for ch in choices):
@@ -536,8 +539,8 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
                 warnings.append(f"concurrency {ch.concurrency}: the noisy K={c.steps} (median {c.objective:.4g}, "
                                 f"spread {c.spread:.1%}) beats the chosen K={ch.steps} ({cell.objective:.4g}); "
                                 "more repeats of that cell would settle it")
-        ach = cell.metrics.get("achieved_concurrency", math.nan) if cell else math.nan
-        measured = cell.metrics.get("batch_size_mean", math.nan) if cell else math.nan
+        ach = cell.metric("achieved_concurrency") if cell else math.nan
+        measured = cell.metric("batch_size_mean") if cell else math.nan
         if math.isfinite(ach) and ach < 0.8 * ch.concurrency and not math.isfinite(measured):
             warnings.append(f"concurrency {ch.concurrency}: achieved concurrency {ach:.1f} is well below the target, "
                             "so it is a weak batch-size proxy there")
@@ -553,7 +556,7 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
             batch_sizes, batch_source = measured_batch_sizes(pool, sched_choices, sched_df)
             slots = build_slots(sched_choices, opts.boundary, batch_sizes or None)
     static, scores = best_static(cells, choices, opts)
-    dp = ((results.sweep or {}).get("backend") or {}).get("data_parallel_size")
+    dp = meta.backend_value("data_parallel_size")
     if isinstance(dp, int) and dp > 1:
         warnings.append(f"the sweep ran at data-parallel size {dp}: vLLM ignores num_speculative_tokens_per_batch_size "
                         "there (static num_speculative_tokens), and SGLang's adaptive mode does not run with "
@@ -573,7 +576,7 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
                                 "(a larger --budget, or --plan grid) to settle it")
     rec = Recommendation(opts, cells, choices, slots, static, scores, warnings, findings, batch_sizes, batch_source,
                          drift_info, requests=records, schedule_cells=sched_cells, schedule_choices=sched_choices,
-                         schedule_server=((sched.sweep or {}).get("backend") or {}).get("schedule_server")
+                         schedule_server=sched.meta.backend_value("schedule_server")  # type: ignore[arg-type]
                          if sched is not None else None)
     rec.server_costs = schedule_server_costs(rec)
     apply_mix_primary(rec, opts.mix) if opts.mix else apply_static_primary(rec)

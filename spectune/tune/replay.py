@@ -165,7 +165,7 @@ def slot_switch_rate(rec: Any, slot: Any, slot_config: Mapping[str, Any]) -> flo
     if cell is None or cell.status != "ok":
         return None
     bs = (rec.batch_sizes or {}).get(conc, conc)
-    tput, al = cell.metrics.get("output_throughput_tok_s", math.nan), cell.metrics.get("acceptance_length", math.nan)
+    tput, al = cell.metric("output_throughput_tok_s"), cell.metric("acceptance_length")
     pool = AcceptancePool(rec.requests, slot.concurrencies)
     if not (math.isfinite(tput) and math.isfinite(al) and al > 0) or not pool.covers(slot_config["candidate_steps"]):
         return None

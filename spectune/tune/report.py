@@ -92,15 +92,15 @@ RESULT_FILES = ("summary.csv", "sweep.json", "points.jsonl", "requests.jsonl", "
 
 
 def _meta(results: Results) -> str:
-    plan, sweep = results.plan, results.sweep or {}
+    meta = results.meta
     parts = [f"source <code>{esc(results.source)}</code>"]
-    backend = (sweep.get("backend") or {}).get("backend")
+    backend = meta.backend_value("backend")
     if backend:
         parts.append(f"backend {esc(backend)}")
-    if plan.get("dataset"):
-        parts.append(f"{esc(plan['dataset'])} prompts, {esc(plan.get('max_tokens'))} tokens each")
-    if sweep.get("created"):
-        parts.append(f"measured {esc(str(sweep['created'])[:16].replace('T', ' '))} UTC")
+    if meta.plan_value("dataset"):
+        parts.append(f"{esc(meta.plan_value('dataset'))} prompts, {esc(meta.plan_value('max_tokens'))} tokens each")
+    if meta.created:
+        parts.append(f"measured {esc(str(meta.created)[:16].replace('T', ' '))} UTC")
     return " · ".join(parts)
 
 
@@ -117,7 +117,7 @@ def _answer_html(results: Results) -> str:
     items = "".join(f"<li><b>{esc(engine)}</b> <code>{nowrap_words(setting)}</code>"
                     + (f" · {esc(gain)}" if gain and shared is None else "") + "</li>"
                     for engine, setting, gain in rows)
-    why = (rec.primary or {}).get("reason")
+    why = rec.primary.reason if rec.primary else None
     details = f"<details><summary>why</summary><p>{esc(why)}.</p></details>" if why else ""
     return (f'<section id="answer" class="answer"><p class="lead"><b>{esc(head)}</b>'
             + (f": output tokens/s {esc(shared)}" if shared else "")

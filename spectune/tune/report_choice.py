@@ -89,8 +89,7 @@ def answer(rec: Any) -> tuple[str, list[tuple[str, str, str]]]:
     """The primary recommendation in words: (headline, [(engine, setting, gain)]), one entry per engine (SGLang,
     vLLM, TensorRT-LLM, llama.cpp); ``gain`` is :func:`gain_text` of what that engine runs (llama.cpp takes one
     static num_steps, so a schedule's line for it is the best static num_steps)."""
-    p = rec.primary or {}
-    k = p.get("num_steps") if p.get("kind") == "static" else None
+    k = rec.primary.num_steps if rec.primary and rec.primary.kind == "static" else None
     steps_at = answer_steps(rec)
     if k is None and len(set(steps_at.values())) == 1:
         k = next(iter(steps_at.values()))
@@ -140,7 +139,7 @@ def make_choice_plots(results: Results, out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(7, 5))
     for k in rec.steps:
         cells = [c for c in rec.cells if c.steps == k and c.status == "ok" and not c.predicted
-                 and math.isfinite(c.metrics.get("tpot_p50_ms", math.nan))]
+                 and math.isfinite(c.metric("tpot_p50_ms"))]
         if not cells:
             continue
         xs = [c.metrics["tpot_p50_ms"] for c in cells]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from spectune.results.reader import Results
-from spectune.tune.gate import METRIC_NAMES, Check, GateLimits, gate_checks
+from spectune.tune.gate import Check, GateLimits, gate_checks, metric_label
 from spectune.tune.report_html import esc, file_links, num, page, table
 
 HEADER = ["cell", "metric", "baseline", "current", "change", "repeats: baseline", "repeats: current", "limit",
@@ -18,7 +18,7 @@ def _rows(checks: list[Check]) -> list[list[str]]:
     def rng(r: tuple[float, float]) -> str:
         return num(r[0]) if r[0] == r[1] else f"[{num(r[0])}, {num(r[1])}]"
 
-    return [[c.cell, METRIC_NAMES.get(c.name, c.name), num(c.baseline), num(c.current),
+    return [[c.cell, metric_label(c.name), num(c.baseline), num(c.current),
              f"{(c.current - c.baseline) / c.baseline:+.1%}" if c.name not in ("status", "slo_attainment")
              and c.baseline else "-", rng(c.baseline_range), rng(c.current_range), c.limit, c.outcome.upper()]
             for c in checks]
@@ -40,7 +40,7 @@ def write_gate_report(baseline: Results, current: Results, limits: GateLimits, o
         verdict = "FAIL" if bad else "pass"
         cells = f" ({', '.join(c.cell for c in bad)})" if bad else ""
         per_metric.append(f'<li><span class="{"fail-cell" if bad else "pass-cell"}">{verdict}</span> '
-                          f"<b>{esc(METRIC_NAMES.get(name, name))}</b>: {len(bad)} of {len(cs)} cells failed"
+                          f"<b>{esc(metric_label(name))}</b>: {len(bad)} of {len(cs)} cells failed"
                           f"{esc(cells)}; limit {esc(cs[0].limit)}</li>")
     outcome = "FAIL" if fails else "PASS"
     answer = (f'<section id="answer" class="answer {outcome.lower()}"><p class="lead"><span class="verdict">'

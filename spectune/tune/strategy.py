@@ -36,7 +36,7 @@ def _cell_metric(rec: Recommendation, k: int, conc: int, name: str) -> float:
     cell = rec.cell(k, conc)
     if cell is None or not cell.eligible:
         return math.nan
-    return float(cell.metrics.get(name, math.nan))
+    return float(cell.metric(name))
 
 
 def ema_settles_at(slot_cfg: Mapping[str, Any], accepted: Mapping[int, float], start: int) -> tuple[int, ...]:
@@ -123,8 +123,8 @@ def cost_table_from_cells(rec: Recommendation) -> CostTable:
     for cell in rec.cells:
         if cell.steps <= 0 or not cell.eligible:
             continue
-        tpot, acc = cell.metrics.get("tpot_p50_ms", math.nan), cell.metrics.get("acceptance_length", math.nan)
-        bs = cell.metrics.get("batch_size_mean", math.nan)
+        tpot, acc = cell.metric("tpot_p50_ms"), cell.metric("acceptance_length")
+        bs = cell.metric("batch_size_mean")
         b = max(1, round(bs)) if math.isfinite(bs) else cell.concurrency
         if math.isfinite(tpot) and math.isfinite(acc) and tpot > 0:
             entries[(b, cell.steps)] = tpot * acc

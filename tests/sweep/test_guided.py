@@ -12,6 +12,7 @@ import pytest
 from spectune.backends.options import BackendOptions
 from spectune.core.errors import UserError
 from spectune.results.point import SweepPoint
+from spectune.results.sweep_meta import SweepMeta
 from spectune.results.reader import load_results
 from spectune.sweep.guided import GuidedPlanner, acceptance_lengths
 from spectune.sweep.guided.model import Cell, _covariance
@@ -964,7 +965,7 @@ def test_a_guided_plans_settle_run_measures_its_whole_window():
     from spectune.sweep.run import Sweep
 
     plan = SweepPlan(steps=(0, 1), concurrency=(1,), design="guided")
-    sweep = Sweep(plan, None, SimpleNamespace(points=[]), [], {})  # type: ignore[arg-type]
+    sweep = Sweep(plan, None, SimpleNamespace(points=[]), [], SweepMeta())  # type: ignore[arg-type]
     sweep.planner = GuidedPlanner.for_plan(plan)
     assert sweep._early_stop((1, 1, 0), 32) is not None  # the plan's own windows stop early
     assert sweep._early_stop((1, 1, 1), 32) is None

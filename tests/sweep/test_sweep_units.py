@@ -20,6 +20,7 @@ from spectune.measure.status import point_status
 from spectune.results.folder import SweepFolder
 from spectune.results.point import SweepPoint
 from spectune.results.schema import SUMMARY_COLUMNS
+from spectune.results.sweep_meta import SweepMeta
 from spectune.sweep.run import failed_point
 from spectune.commands.options import parse_int_list
 from spectune.sweep.plan import SweepPlan
@@ -206,7 +207,7 @@ def test_folder_checks(tmp_path):
     assert folder.check(plan, resume=False) == []
     with pytest.raises(UserError, match="nothing to resume"):
         folder.check(plan, resume=True)
-    folder.open({"plan": plan}, [])
+    folder.open(SweepMeta(plan=plan), [])
     folder.append_point(point(0, 1))
     folder.close()
     with pytest.raises(UserError, match="already holds 1 finished point"):
@@ -223,7 +224,7 @@ def test_points_held_as_records_are_written_back_byte_for_byte(tmp_path):
     and a minimal older line included."""
     plan = SweepPlan(steps=(0, 1), concurrency=(1, 2)).to_json()
     folder = SweepFolder(tmp_path)
-    folder.open({"plan": plan}, [])
+    folder.open(SweepMeta(plan=plan), [])
     folder.append_point(point(0, 1) | {"node": {"id": "abc", "alike": True}})
     folder.append_point(failed_point((1, 1, 0), "server for num_steps 1 exited", 8, "boom"))
     folder.append_point({"steps": 0, "concurrency": 2, "status": "ok", "metrics": {"num_requests": 4}})
@@ -232,7 +233,7 @@ def test_points_held_as_records_are_written_back_byte_for_byte(tmp_path):
     kept = folder.check(plan, resume=True)
     assert all(isinstance(p, SweepPoint) for p in kept) and [p.key for p in kept] == [(0, 1, 0), (1, 1, 0), (0, 2, 0)]
     assert kept[0].extra["node"]["id"] == "abc" and kept[1].log_tail == "boom"
-    folder.open({"plan": plan}, kept)
+    folder.open(SweepMeta(plan=plan), kept)
     folder.rewrite_points()
     folder.close()
     assert folder.points_file.read_bytes() == lines
@@ -242,7 +243,7 @@ def test_points_held_as_records_are_written_back_byte_for_byte(tmp_path):
 def test_folder_resume_drops_unfinished_records(tmp_path):
     plan = SweepPlan(steps=(0, 1), concurrency=(1,)).to_json()
     folder = SweepFolder(tmp_path)
-    folder.open({"plan": plan}, [])
+    folder.open(SweepMeta(plan=plan), [])
     for key in ((0, 1, 0), (0, 1, 0), (1, 1, 0)):
         folder.append_request({"steps": key[0], "concurrency": key[1], "repeat": key[2], "request_id": "x"})
     folder.append_point(point(0, 1))
@@ -255,13 +256,13 @@ def test_folder_resume_drops_unfinished_records(tmp_path):
         fh.write(json.dumps({"steps": 9, "concurrency": 1, "repeat": 0}) + "\n")  # a point that never finished
     kept = folder.check(plan, resume=True)
     assert [(p.steps, p.status) for p in kept] == [(0, "ok"), (1, "failed")]
-    folder.open({"plan": plan}, kept)
+    folder.open(SweepMeta(plan=plan), kept)
     folder.close()
     lines = folder.requests.read_text().splitlines()
     assert [json.loads(x)["steps"] for x in lines] == [0, 0, 1]
     assert len(folder.points_file.read_text().splitlines()) == 2
     retry = folder.check(plan, resume=True, retry_failed=True)  # --retry-failed drops the failed point ...
-    folder.open({"plan": plan}, retry)
+    folder.open(SweepMeta(plan=plan), retry)
     folder.close()
     assert [json.loads(x)["steps"] for x in folder.requests.read_text().splitlines()] == [0, 0]  # ... and its records
     with open(folder.summary, newline="") as fh:
@@ -271,7 +272,7 @@ def test_folder_resume_drops_unfinished_records(tmp_path):
 
 def test_truncate_and_summary(tmp_path):
     folder = SweepFolder(tmp_path)
-    folder.open({"plan": {}}, [])
+    folder.open(SweepMeta(), [])
     folder.append_request({"steps": 0, "concurrency": 1, "repeat": 0, "i": 0})
     mark = folder.request_mark()
     folder.append_request({"steps": 0, "concurrency": 2, "repeat": 0, "i": 1})

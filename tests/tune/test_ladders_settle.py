@@ -66,7 +66,7 @@ def test_no_gain_makes_the_best_static_primary_for_every_engine(tmp_path):
     rec = recommend(load_results(folder), RecommendOptions())
     assert rec.best_static == 1
     assert [(s.lower, s.steps) for s in rec.schedule_slots] == [(1, 1), (3, 0)]  # the per-batch-size choice
-    assert rec.primary["kind"] == "static"
+    assert rec.primary.kind == "static"
     assert [(s.lower, s.upper, s.steps) for s in rec.slots] == [(1, None, 1)]
     # the static server, as the sweep measured it: no per-batch-size schedule (that would be vLLM's schedule server)
     assert "num_speculative_tokens_per_batch_size" not in vllm_config(rec)
@@ -85,8 +85,8 @@ def test_no_gain_makes_the_best_static_primary_for_every_engine(tmp_path):
 def test_a_gain_keeps_the_schedule_primary(tmp_path):
     rec = recommend(load_results(write_sweep(tmp_path / "r", grid(CROSSOVER))), RecommendOptions())
     assert static_primary(rec) is None
-    assert rec.primary["kind"] == "schedule"
-    assert "num_steps 3 beats 1 at concurrency 1" in rec.primary["reason"]
+    assert rec.primary.kind == "schedule"
+    assert "num_steps 3 beats 1 at concurrency 1" in rec.primary.reason
     assert len(rec.slots) == 3
 
 

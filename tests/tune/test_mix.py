@@ -76,23 +76,23 @@ def test_a_load_mostly_at_concurrency_1_keeps_k1(tmp_path):
 
 def test_the_mix_prices_each_answer_as_the_tokens_the_load_streams(tmp_path):
     rec = run(sweep(tmp_path), "1,32")
-    got = {a["answer"]: a["output_tok_s"] for a in rec.primary["mix"]["answers"]}
+    got = {a["answer"]: a["output_tok_s"] for a in rec.primary.mix["answers"]}
     assert got == {"static K=0": pytest.approx(98.5), "static K=1": pytest.approx(87.0),
                    "schedule": pytest.approx(104.5)}  # the schedule on the static cells: K=1 at 1, K=0 at 32
 
 
 def test_priced_on_static_cells_the_schedule_wins_the_mix(tmp_path):
-    assert run(sweep(tmp_path), "1,32").primary["kind"] == "schedule"  # an engine whose schedule costs nothing
+    assert run(sweep(tmp_path), "1,32").primary.kind == "schedule"  # an engine whose schedule costs nothing
 
 
 def test_a_cheap_schedule_server_is_chosen_for_the_mix(tmp_path):
     rec = run(sweep(tmp_path, schedule_cost=0.01), "1,32")  # 0.99 * 104.5 = 103.5 against K=0's 98.5
-    assert rec.primary["kind"] == "schedule"
+    assert rec.primary.kind == "schedule"
 
 
 def test_a_costly_schedule_server_is_not_chosen_for_the_mix(tmp_path):
     rec = run(sweep(tmp_path, schedule_cost=0.10), "1,32")  # 0.9 * 104.5 = 94.1 against K=0's 98.5
-    assert (rec.primary["kind"], rec.primary["num_steps"]) == ("static", 0)
+    assert (rec.primary.kind, rec.primary.num_steps) == ("static", 0)
 
 
 def test_a_mix_concurrency_the_sweep_did_not_measure_is_refused(tmp_path):
@@ -124,5 +124,5 @@ def test_with_requests_the_ratio_on_the_load_has_a_paired_interval(tmp_path):
             rows.append(row(k, conc, throughput(recs, conc)))
             reqs += recs
     folder = write_sweep(tmp_path / "sweep", rows, PLAN, requests=reqs)
-    k1 = next(a for a in run(folder, "1,32").primary["mix"]["answers"] if a["answer"] == "static K=1")
+    k1 = next(a for a in run(folder, "1,32").primary.mix["answers"] if a["answer"] == "static K=1")
     assert math.isfinite(k1["low"]) and k1["low"] < k1["ratio"] < k1["high"]

@@ -52,15 +52,15 @@ def cheap(tmp_path):
 
 def test_priced_on_static_cells_the_schedule_wins(tmp_path):
     rec = recommend(load_results(sweep(tmp_path, None)), RecommendOptions())
-    assert rec.primary["kind"] == "schedule"
+    assert rec.primary.kind == "schedule"
 
 
 def test_a_schedule_server_that_costs_more_is_not_chosen(costly):
-    assert (costly.primary["kind"], costly.primary["num_steps"]) == ("static", 0)
+    assert (costly.primary.kind, costly.primary.num_steps) == ("static", 0)
 
 
 def test_the_reason_names_the_concurrency_where_the_schedule_loses(costly):
-    assert "schedule server K=1 vs static K=0" in costly.primary["reason"]
+    assert "schedule server K=1 vs static K=0" in costly.primary.reason
 
 
 def test_the_schedule_is_chosen_on_the_schedule_servers_cells(costly):
@@ -78,7 +78,7 @@ def test_recommendation_md_states_the_floor_cost(costly):
 
 
 def test_a_cheap_schedule_server_still_wins(cheap):
-    assert cheap.primary["kind"] == "schedule"
+    assert cheap.primary.kind == "schedule"
 
 
 def test_a_cheap_schedule_servers_slots(cheap):
