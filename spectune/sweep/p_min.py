@@ -77,7 +77,8 @@ def p_min_plans(values: Sequence[float], plan: SweepPlan, backend: Backend,
         raise UserError(f"--p-min: the {backend.name} backend cannot set a draft-confidence cutoff ({how}); "
                         f"backends that can: {which}")
     if max(plan.steps) < 1:
-        raise UserError("--p-min needs a num_steps above 0 in --steps: its largest value is the cutoff cells' draft cap")
+        raise UserError("--p-min needs a num_steps above 0 in --steps: its largest value is the cutoff cells' "
+                        "draft cap")
     if ray is not None:
         raise UserError("--p-min does not run with --ray yet: sweep the cutoffs without --ray")
     sub = dataclasses.replace(plan, steps=(max(plan.steps),), design="grid", budget_points=None, budget_s=None,

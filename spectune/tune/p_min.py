@@ -9,7 +9,8 @@ a cutoff replaces the static answer only where it is better over the whole measu
 
 1. each cutoff's cells are built as the static ones (:func:`spectune.tune.recommend.build_cell`, medians over
    repeats, SLO violations) with paired bootstrap intervals on the same prompts
-   (:func:`spectune.tune.recommend.attach_intervals`, the static cells' :class:`~spectune.results.confidence.Bootstrap`);
+   (:func:`spectune.tune.recommend.attach_intervals`, on the static cells'
+   :class:`~spectune.results.confidence.Bootstrap`);
 2. at every concurrency the cutoff's cell is compared with the best static num_steps' cell
    (:func:`spectune.tune.compare.compare`, the band of that concurrency's choice: the noise band widened by the
    cell's spread and the sweep's drift);
