@@ -100,19 +100,24 @@ async def open_p_min_sweeps(plans: Sequence[tuple[float, SweepPlan]], backend_na
     checked folder, preflight and opened folder. Returns (sweep, points to run, points kept) per P.
 
     Raises:
-        UserError: from the backend, the folder check or the preflight.
+        UserError: from the backend, the folder check or the preflight (the folders opened before it are closed).
     """
-    out = []
-    for p_min, plan in plans:
-        folder = SweepFolder(parent.path / P_MIN_FOLDER / p_min_folder_name(p_min))
-        backend = make_backend(backend_name, dataclasses.replace(options, draft_p_min=p_min, log_dir=folder.logs))
-        kept, todo, meta = await prepare(folder, plan, backend)
-        server = p_min_server(p_min, plan.steps[0], backend)
-        meta["p_min"] = dict(server)
-        folder.open(meta, kept)
-        sweep = make_sweep(plan, backend, folder, meta)
-        sweep.server = server
-        out.append((sweep, todo, kept))
+    out: list[tuple[Any, list[Key], list[SweepPoint]]] = []
+    try:
+        for p_min, plan in plans:
+            folder = SweepFolder(parent.path / P_MIN_FOLDER / p_min_folder_name(p_min))
+            backend = make_backend(backend_name, dataclasses.replace(options, draft_p_min=p_min, log_dir=folder.logs))
+            kept, todo, meta = await prepare(folder, plan, backend)
+            server = p_min_server(p_min, plan.steps[0], backend)
+            meta["p_min"] = dict(server)
+            folder.open(meta, kept)
+            sweep = make_sweep(plan, backend, folder, meta)
+            sweep.server = server
+            out.append((sweep, todo, kept))
+    except BaseException:  # a later cutoff's check failed: close what the earlier ones opened
+        for sweep, _, _ in out:
+            sweep.folder.close()
+        raise
     return out
 
 
