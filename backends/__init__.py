@@ -54,6 +54,17 @@ def backend_class(name: str) -> type[Backend] | None:
         return None
 
 
+def p_min_backends() -> list[str]:
+    """``NAME (FLAG)`` of every backend whose servers take a draft-confidence cutoff (:attr:`Backend.p_min_flag`),
+    in registry order: what a ``--p-min`` error names."""
+    out = []
+    for name in BACKENDS:
+        cls = backend_class(name)
+        if cls is not None and cls.p_min_flag is not None:
+            out.append(f"{name} ({cls.p_min_flag})")
+    return out
+
+
 def draft_algorithm(description: dict | None) -> tuple[str | None, str]:
     """The speculative method (lower case: ``"eagle"``, ``"eagle3"``, ...) of the draft head a recorded sweep used,
     and how it was found, from its sweep.json ``backend`` description (:meth:`Backend.draft_algorithm` of the
@@ -98,4 +109,4 @@ def make_backend(name: str, options: BackendOptions) -> Backend:
 
 
 __all__ = ["BACKENDS", "BACKEND_NAMES", "Backend", "BackendOptions", "backend_class", "draft_algorithm",
-           "draft_head", "make_backend"]
+           "draft_head", "make_backend", "p_min_backends"]

@@ -48,6 +48,10 @@ class Backend(abc.ABC):
     #: llama-server of a small model restarts fast), so a sweep interleaves num_steps at each concurrency instead of
     #: measuring one num_steps block after another (a restart with CUDA-graph capture per switch for SGLang/vLLM).
     cheap_switch: ClassVar[bool] = False
+    #: The server flag of the engine's draft-confidence cutoff P (a row stops drafting at the first draft token whose
+    #: probability is under P), or None when the engine has none: ``spectune sweep --p-min`` sweeps it
+    #: (:meth:`p_min_args`). llama.cpp: ``--spec-draft-p-min``.
+    p_min_flag: ClassVar[str | None] = None
 
     async def preflight(self, steps_list: Sequence[int]) -> list[str]:
         """Check, before anything is measured, that every planned num_steps can be served.
@@ -131,6 +135,12 @@ class Backend(abc.ABC):
         """What to change when the server does not follow a per-batch-size num_steps schedule it was given (one
         clause for :mod:`spectune.measure.schedule_check`'s warning), or None when this engine has no such setting."""
         return None
+
+    def p_min_args(self, p_min: float) -> list[str] | None:
+        """The launch arguments that set the draft-confidence cutoff ``p_min`` (a probability, 0..1) on this backend's
+        servers: ``[p_min_flag, P]`` by default; None when this backend cannot set it (no :attr:`p_min_flag`, or
+        servers it does not launch)."""
+        return None if self.p_min_flag is None else [self.p_min_flag, f"{p_min:g}"]
 
     def failure_log(self) -> str:
         """The log tail of a server this backend launched that has died since its start, else "": attached to a

@@ -261,8 +261,8 @@ class LaunchingBackend(Backend):
 
     def describe(self) -> dict[str, Any]:
         """Backend name, model, draft, its speculative method (``draft_algorithm``), every launch so far (command
-        lines with secrets redacted) and, for a schedule server, what it is (``schedule_server``: ScheduleServer's
-        fields and ``max_k``)."""
+        lines with secrets redacted), for a schedule server what it is (``schedule_server``: ScheduleServer's
+        fields and ``max_k``) and, with ``options.draft_p_min``, the cutoff (``draft_p_min``)."""
         if self.remote is not None:
             return {"backend": self.name, "endpoints": self.remote.describe(), "api_key_env": self.options.api_key_env}
         d = {"backend": self.name, "model": self.options.model, "draft": self.options.draft,
@@ -270,7 +270,14 @@ class LaunchingBackend(Backend):
         server = self.schedule_server() if self.options.schedule_server_max_k is not None else None
         if server is not None:
             d["schedule_server"] = {**server.to_json(), "max_k": self.options.schedule_server_max_k}
+        if self.options.draft_p_min is not None:
+            d["draft_p_min"] = self.options.draft_p_min
         return d
+
+    def p_min_args(self, p_min: float) -> list[str] | None:
+        """:meth:`Backend.p_min_args` for the servers this backend launches; None with running endpoints (their flags
+        are not spectune's to set)."""
+        return None if self.remote is not None else super().p_min_args(p_min)
 
 
 class LaunchBackend(LaunchingBackend):

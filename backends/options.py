@@ -83,6 +83,10 @@ class BackendOptions:
             server a per-batch-size config whose largest K is this value runs, told to use K at every batch size
             (:meth:`Backend.schedule_server`; ``spectune sweep --schedule-server``). None: the static server of K
             (K = 0: no drafter at all).
+        draft_p_min: when set, every server with a drafter (K > 0) also gets this draft-confidence cutoff P: a row
+            stops drafting at the first draft token whose probability is under P, K caps the draft
+            (:meth:`Backend.p_min_args`; ``spectune sweep --p-min``). None: the engine's default (llama.cpp: 0.0,
+            never stop early).
         local: the bundled engine's own settings.
         llamacpp: llama.cpp's own settings.
     """
@@ -102,5 +106,6 @@ class BackendOptions:
     max_tokens: int = 256
     adaptive_config: str | None = None
     schedule_server_max_k: int | None = None
+    draft_p_min: float | None = None
     local: BundledEngineOptions = field(default_factory=BundledEngineOptions)
     llamacpp: LlamaCppOptions = field(default_factory=LlamaCppOptions)

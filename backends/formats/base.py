@@ -35,7 +35,10 @@ class Plan:
     .methods`) and how it was found; ``head``: the draft head the sweep loaded; ``target``: the target model;
     ``versions``: engine -> the release to write for (None: the newest); ``ladders``: the adaptive per-slot
     configs per preset (``custom``, ...) for formats with :attr:`EngineFormat.adaptive`; ``static``: the best
-    static num_steps; ``warnings``: where formats add what they changed (the recommendation's own list).
+    static num_steps; ``warnings``: where formats add what they changed (the recommendation's own list);
+    ``p_min``: whether a swept draft-confidence cutoff beats the best static num_steps
+    (:func:`spectune.tune.p_min.choose_p_min`: ``p_min``, ``num_steps``, ``beats``, ``reason``, ...), None when the
+    sweep swept none.
     """
 
     slots: Sequence[SlotSpec] = ()
@@ -48,6 +51,7 @@ class Plan:
     ladders: Mapping[str, dict[str, Any]] = field(default_factory=dict)
     static: StaticChoice | None = None
     warnings: list[str] = field(default_factory=list)
+    p_min: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

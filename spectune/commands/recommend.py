@@ -86,6 +86,9 @@ def recommend(
                             max_spread=max_spread / 100, boundary=boundary.value, max_batch_size=max_batch_size,
                             confidence=confidence, allow_mixed_nodes=allow_mixed_nodes, mix=shares)
     rec = run(results, opts)
+    from spectune.tune.p_min import apply_p_min
+
+    apply_p_min(rec, results)
     out = output or (results_dir if results_dir.is_dir() else results_dir.parent) / "recommendation"
     from spectune.backends import draft_algorithm, draft_head
 
@@ -108,6 +111,13 @@ def recommend(
     for s in rec.slots:
         console.print(f"batch sizes {s.lower}-{s.upper if s.upper is not None else ''}: num_steps {s.steps}")
     console.print(f"best single static num_steps: {rec.best_static}")
+    if rec.p_min is not None:
+        for value in rec.p_min["values"]:
+            for cmp in value["comparisons"]:
+                console.print(cmp["text"], soft_wrap=True, markup=False)
+        said = (f"llama.cpp: --spec-draft-p-min {rec.p_min['p_min']:g}" if rec.p_min["beats"]
+                else "draft-confidence cutoff")
+        console.print(f"{said}: {rec.p_min['reason']}", soft_wrap=True, markup=False)
     for w in rec.warnings:
         console.print(f"[yellow]warning:[/] {w}")
     console.print(f"wrote {len(paths)} files to {out}")

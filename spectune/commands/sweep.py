@@ -102,6 +102,12 @@ def sweep(
                                                  "to each num_steps, into OUTPUT_DIR/schedule-server, alternating "
                                                  "with the static blocks: auto (where it can cost more: launched vLLM "
                                                  "and SGLang, grid plans), on, or off.")] = "auto",
+    p_min: Annotated[Optional[str], typer.Option("--p-min", help="Also measure draft-confidence cutoffs P, "
+                                                 "comma-separated probabilities (e.g. 0,0.3,0.6,0.9): one server per "
+                                                 "P at the largest --steps (the draft's cap), where a row stops "
+                                                 "drafting at the first draft token whose probability is under P "
+                                                 "(llamacpp: --spec-draft-p-min), into OUTPUT_DIR/p-min/P, after the "
+                                                 "static cells.")] = None,
     request_timeout: RequestTimeout = 600.0,
     warmup_timeout: WarmupTimeout = 300.0,
     output_dir: Annotated[Optional[Path], typer.Option(help="Results folder (default: results/sweep-DATE-TIME).")]
@@ -153,6 +159,9 @@ def sweep(
     from spectune.measure.load_settings import ClientTimeouts
     from spectune.sweep.plan import SweepPlan, parse_budget
 
+    from spectune.sweep.p_min import p_min_lines, parse_p_min_list
+
+    cutoffs = parse_p_min_list(p_min)
     cluster = ray_options(ray, ray_resources)
     if retry_failed and not resume:
         raise UserError("--retry-failed only works with --resume --output-dir DIR")
@@ -181,7 +190,7 @@ def sweep(
     try:
         with LiveDisplay(console) as display:
             outcome = run_blocking(plan, backend, options, output_dir, resume, retry_failed, display, timeouts,
-                                   cluster, schedule_server)
+                                   cluster, schedule_server, cutoffs)
     except KeyboardInterrupt:
         Console(stderr=True, highlight=False, soft_wrap=True).print(
             f"interrupted (launched servers are killed on exit); resume with --resume --output-dir {output_dir}",
@@ -208,6 +217,8 @@ def sweep(
                           f"num_steps ({sched}):", soft_wrap=True, markup=False)
             console.print(summary_table(pinned, sorted({p.steps for p in pinned}), plan.concurrency,
                                         throughput_intervals(sched), []))
+        for line in p_min_lines(output_dir):
+            console.print(line, soft_wrap=True, markup=False)
     failed = sum(p.status != "ok" for p in outcome.points)
     if outcome.interrupted is not None:
         err = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -192,12 +192,17 @@ class PointTiming(TypedDict):
 
 
 class ServerRecord(TypedDict, total=False):
-    """A schedule-server point's ``server``: ``kind`` (``schedule``), ``max_k`` (the schedule's largest K) and the
-    engine's :class:`spectune.backends.base.ScheduleServer` (``engine``, ``pinned``, ``source``, ``costs_more``)."""
+    """A point's ``server`` when it is not the static server of its num_steps: a schedule-server point's ``kind``
+    (``schedule``), ``max_k`` (the schedule's largest K) and the engine's
+    :class:`spectune.backends.base.ScheduleServer` (``engine``, ``pinned``, ``source``, ``costs_more``); a
+    draft-confidence cutoff point's ``kind`` (``p_min``), ``p_min`` (the cutoff P), ``max_k`` (its num_steps K, the
+    draft's cap) and ``args`` (the flags that set P, :meth:`spectune.backends.base.Backend.p_min_args`)."""
 
     kind: str
     max_k: int
     engine: str
+    p_min: float
+    args: list[str]
     pinned: str
     source: str
     costs_more: bool

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,12 @@ import numpy as np
 import pandas as pd
 
 from spectune.core.errors import UserError
+<<<<<<< HEAD
 from spectune.results.schema import SCHEDULE_FOLDER
 from spectune.results.sweep_meta import SweepMeta
+=======
+from spectune.results.schema import P_MIN_FOLDER, SCHEDULE_FOLDER
+>>>>>>> pmin-axis
 
 #: summary.csv columns that must be present (docs/results-format.md).
 REQUIRED_COLUMNS = ("steps", "concurrency", "status")
@@ -51,6 +55,8 @@ class Results:
         folder: the results folder, or None for a bare CSV (``requests.jsonl`` lives there).
         schedule: the folder's ``schedule-server/`` sweep (the engine's schedule server pinned to each num_steps,
             ``spectune sweep --schedule-server``) read the same way, or None when it has none.
+        p_min: the folder's ``p-min/P/`` sweeps (a server per draft-confidence cutoff P, ``spectune sweep
+            --p-min``) read the same way, keyed by P ascending; empty when it has none.
     """
 
     summary: pd.DataFrame
@@ -59,6 +65,7 @@ class Results:
     points: list[dict[str, Any]] | None = None
     folder: Path | None = None
     schedule: "Results | None" = None
+    p_min: "dict[float, Results]" = field(default_factory=dict)
 
     @property
     def meta(self) -> SweepMeta:
@@ -188,7 +195,20 @@ def load_results(path: str | Path) -> Results:
     sub = p / SCHEDULE_FOLDER
     schedule = load_results(sub) if (sub / "summary.csv").is_file() or (sub / "points.jsonl").is_file() else None
     return Results(summary=normalize_summary(df, source), source=source, sweep=sweep, points=points, folder=p,
-                   schedule=schedule)
+                   schedule=schedule, p_min=_p_min_results(p / P_MIN_FOLDER))
+
+
+def _p_min_results(folder: Path) -> dict[float, Results]:
+    """The sweeps in ``folder`` (a results folder's ``p-min/``) whose names are numbers: {P: Results}, P ascending."""
+    out: dict[float, Results] = {}
+    for sub in sorted(folder.iterdir()) if folder.is_dir() else []:
+        try:
+            p_min = float(sub.name)
+        except ValueError:
+            continue
+        if (sub / "summary.csv").is_file() or (sub / "points.jsonl").is_file():
+            out[p_min] = load_results(sub)
+    return dict(sorted(out.items()))
 
 
 def load_requests(folder: Path | None) -> pd.DataFrame | None:

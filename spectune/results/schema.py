@@ -58,17 +58,27 @@ release: a summary.csv without them reads as False / empty."""
 SCHEDULE_COLUMNS = ("schedule_check",)
 """Whether the point's server drafted the num_steps it was given (points.jsonl ``schedule_check``;
 :func:`spectune.measure.schedule_check.check_num_steps`): ``followed``, ``not_followed``, or empty where it could
-not be checked (no spec-decode counters). Added after the first release: a summary.csv without it reads as empty."""
+not be checked (no spec-decode counters) or has no num_steps to follow (a draft-confidence cutoff's point). Added
+after the first release: a summary.csv without it reads as empty."""
 
 SCHEDULE_FOLDER = "schedule-server"
 """The sub-folder of a sweep's results folder that holds its schedule-server cells (a sweep folder of its own,
 ``spectune sweep --schedule-server``; docs/results-format.md)."""
 
 SERVER_COLUMNS = ("server",)
-"""Which server the point measured: ``static`` (the static server of its num_steps: K=0 has no drafter) or
+"""Which server the point measured: ``static`` (the static server of its num_steps: K=0 has no drafter),
 ``schedule:M`` (the engine's schedule server pinned to K, with M the schedule's largest K; points.jsonl ``server``,
-:class:`spectune.backends.base.ScheduleServer`). Added after the first release: a summary.csv without it reads as
-empty, which means ``static``."""
+:class:`spectune.backends.base.ScheduleServer`) or ``p_min:P`` (a server drafting at most K tokens with the
+draft-confidence cutoff P, ``spectune sweep --p-min``). Added after the first release: a summary.csv without it reads
+as empty, which means ``static``."""
+
+P_MIN_FOLDER = "p-min"
+"""The sub-folder of a sweep's results folder that holds its draft-confidence cutoff cells (``spectune sweep
+--p-min``): one sweep folder per cutoff P inside it, named :func:`p_min_folder_name` (docs/results-format.md)."""
+
+P_MIN_COLUMNS = ("p_min",)
+"""The draft-confidence cutoff P the point's server ran (points.jsonl ``server.p_min``; ``spectune sweep --p-min``),
+empty for every other server. Added after the first release: a summary.csv without it reads as empty."""
 
 ENGINE_TIME_COLUMNS = ("engine_round_ms", "engine_prefill_share")
 """Where the engine's time went over the window, from its own counters (the bundled engine;
@@ -78,7 +88,7 @@ Empty for engines that count none. Added after the first release: a summary.csv 
 SUMMARY_COLUMNS: tuple[str, ...] = (*KEY_COLUMNS, *STATUS_COLUMNS, *STREAM_COLUMNS, *ACCEPTANCE_COLUMNS,
                                     *SLO_CLIENT_COLUMNS, *BATCH_SIZE_COLUMNS, *DERIVED_COLUMNS, *INTERVAL_COLUMNS,
                                     *PLAN_COLUMNS, *EARLY_STOP_COLUMNS, *SCHEDULE_COLUMNS, *SERVER_COLUMNS,
-                                    *ENGINE_TIME_COLUMNS)
+                                    *ENGINE_TIME_COLUMNS, *P_MIN_COLUMNS)
 """summary.csv columns, in file order."""
 
 REQUIRED_COLUMNS = ("steps", "concurrency", "status")
@@ -114,10 +124,20 @@ def summary_row(point: dict[str, Any]) -> dict[str, Any]:
     why = (point.get("early_stop") or {}).get("reason")
     row["stopped_early"], row["early_stop_reason"] = bool(why), why or ""
     check = point.get("schedule_check")
-    row["schedule_check"] = "" if not check else ("followed" if check.get("followed") else "not_followed")
     server = point.get("server") or {}
-    row["server"] = f"schedule:{server.get('max_k')}" if server.get("kind") == "schedule" else "static"
+    kind = server.get("kind")
+    if kind == "p_min":  # a cutoff shortens drafts by design: there is no K to follow (points.jsonl keeps the check)
+        check = None
+    row["schedule_check"] = "" if not check else ("followed" if check.get("followed") else "not_followed")
+    row["server"] = (f"schedule:{server.get('max_k')}" if kind == "schedule" else
+                     f"p_min:{server.get('p_min'):g}" if kind == "p_min" else "static")
+    row["p_min"] = server.get("p_min") if kind == "p_min" else None
     return row
+
+
+def p_min_folder_name(p_min: float) -> str:
+    """The folder of cutoff ``p_min``'s cells inside :data:`P_MIN_FOLDER`: the value as ``%g`` writes it (``0.3``)."""
+    return f"{p_min:g}"
 
 
 def now_iso() -> str:

@@ -138,7 +138,8 @@ def point_line(point: SweepPoint | PointObject) -> str:
     """
     (point,) = as_points([point])
     m = point.metrics or {}
-    server = f" (schedule server, max K {point.server.get('max_k')})" if point.server else ""
+    server = ("" if not point.server else f" (p_min {point.server.get('p_min'):g})"
+              if point.server.get("kind") == "p_min" else f" (schedule server, max K {point.server.get('max_k')})")
     head = f"K={point.steps}{server} c={point.concurrency} r={point.repeat} {point.status}"
     body = (f"{_fmt(m.get('output_throughput_tok_s'), ',.0f')} tok/s, TPOT p50 {_fmt(m.get('tpot_p50_ms'), '.2f')} ms, "
             f"AL {_fmt(m.get('acceptance_length'), '.2f')} ({m.get('num_requests') or 0} req, "

@@ -56,6 +56,7 @@ from spectune.sweep.drift import drift_check, drift_summary
 from spectune.sweep.guided import GuidedPlanner
 from spectune.sweep.plan import NEW_KEYS, SweepListener, SweepOutcome, SweepPlan
 from spectune.sweep.schedule_server import PairedRunner, schedule_pass
+from spectune.sweep.p_min import PMinRunner, open_p_min_sweeps, p_min_plans, p_min_summary
 from spectune.sweep.sequential import MIN_SECONDS, EarlyStop, closed_loop_throughput, prompt_sums, request_parts
 
 __all__ = ["Sweep", "execute", "run_blocking", "SCHEDULE_FOLDER"]
@@ -436,7 +437,7 @@ class Sweep:
         check = check_num_steps(key.steps, before, after, batch_size, output_tokens)
         if check is None:
             return None
-        if not check.followed:
+        if not check.followed and (self.server or {}).get("kind") != "p_min":  # a cutoff shortens drafts by design
             self.listener.warning(check.steps_message(f"K={key.steps} c={key.concurrency}", self.backend.schedule_setting()))
         return check.to_json()
 
@@ -444,7 +445,8 @@ class Sweep:
 async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,
                   resume: bool = False, retry_failed: bool = False,
                   listener: SweepListener | None = None, timeouts: ClientTimeouts | None = None,
-                  ray: RaySweeping | None = None, schedule_server: str = "auto") -> SweepOutcome:
+                  ray: RaySweeping | None = None, schedule_server: str = "auto",
+                  p_min: Sequence[float] = ()) -> SweepOutcome:
     """Check everything, then run the sweep: the whole of ``spectune sweep`` except signals and rendering.
 
     Order of checks (each a one-line :class:`UserError`, before anything is measured or written): the plan, the
@@ -458,6 +460,9 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
     ``schedule_server`` (``auto``, ``on``, ``off``): whether the engine's schedule server is measured too
     (:func:`schedule_pass`): into ``output_dir/schedule-server`` (:data:`SCHEDULE_FOLDER`, a sweep folder of its own
     whose points carry ``server``), its num_steps blocks alternating with the static ones (:class:`PairedRunner`).
+
+    ``p_min``: draft-confidence cutoffs to measure too (:mod:`spectune.sweep.p_min`), one server per cutoff P at the
+    largest num_steps, into ``output_dir/p-min/P``, after the static cells (:class:`PMinRunner`).
 
     Raises:
         UserError: see above. asyncio.CancelledError: the sweep was cancelled (finished points are kept).
@@ -473,6 +478,8 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
     if ray is not None:
         ray.check(plan, backend)
     pair_plan, pair_warnings = schedule_pass(plan, backend, schedule_server, ray)
+    cutoff_plans = p_min_plans(p_min, plan, backend, ray)
+    cutoffs: list[tuple[Sweep, list[Key], list[SweepPoint]]] = []
     pair: Sweep | None = None
     outcome = SweepOutcome(folder.path, plan)
     try:
@@ -491,8 +498,15 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
             meta.schedule_server = pair.meta.backend_value("schedule_server")
         for warning in pair_warnings:
             listener.warning(warning)
+        if cutoff_plans:
+            cutoffs = await open_p_min_sweeps(
+                cutoff_plans, backend_name, options, folder,
+                lambda f, pl, b: _prepare(f, pl, b, resume, retry_failed, listener, timeouts),
+                lambda pl, b, f, m: Sweep(pl, b, f, prompts, m, listener, options.model, options.api_key_env, timeouts))
+            meta["p_min"] = p_min_summary(cutoff_plans, backend)
         folder.open(meta, kept)
-        listener.sweep_started(plan, todo + pair_todo, kept + pair_kept)
+        listener.sweep_started(plan, todo + pair_todo + [k for _, t, _ in cutoffs for k in t],
+                               kept + pair_kept + [p for _, _, k in cutoffs for p in k])
         if ray is None:
             sweep: SweepRunner = Sweep(plan, backend, folder, prompts, meta, listener, options.model,
                                        options.api_key_env, timeouts)
@@ -500,6 +514,8 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
             sweep = ray.sweep(plan, backend_name, options, folder, prompts, meta, listener, timeouts)
         if pair is not None:
             sweep = PairedRunner(sweep, pair, pair_todo)
+        if cutoffs:
+            sweep = PMinRunner(sweep, [(s, t) for s, t, _ in cutoffs])
         try:
             await sweep.run(todo)
         finally:
@@ -511,10 +527,14 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
             await backend.close()
             if pair is not None:
                 await pair.backend.close()
+            for cut, _, _ in cutoffs:
+                await cut.backend.close()
         finally:
             folder.close()
             if pair is not None:
                 pair.folder.close()
+            for cut, _, _ in cutoffs:
+                cut.folder.close()
     return outcome
 
 
@@ -576,7 +596,8 @@ def _meta(folder: SweepFolder, plan: SweepPlan, backend: Backend) -> SweepMeta:
 def run_blocking(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,
                  resume: bool = False, retry_failed: bool = False,
                  listener: SweepListener | None = None, timeouts: ClientTimeouts | None = None,
-                 ray: RaySweeping | None = None, schedule_server: str = "auto") -> SweepOutcome:
+                 ray: RaySweeping | None = None, schedule_server: str = "auto",
+                 p_min: Sequence[float] = ()) -> SweepOutcome:
     """Run :func:`execute` under :func:`run_with_signals`: SIGINT/SIGTERM cancel it cleanly (the current point is
     dropped, finished points stay, servers are stopped) and the outcome's ``interrupted`` holds the signal number.
 
@@ -585,7 +606,7 @@ def run_blocking(plan: SweepPlan, backend_name: str, options: BackendOptions, ou
     """
     outcome, sig = run_with_signals(
         lambda: execute(plan, backend_name, options, output_dir, resume, retry_failed, listener, timeouts, ray,
-                        schedule_server))
+                        schedule_server, p_min))
     if sig is not None:
         return SweepOutcome(Path(output_dir), plan, SweepFolder(output_dir).read_points(), 0, sig)
     assert outcome is not None

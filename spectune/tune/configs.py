@@ -91,11 +91,11 @@ def engine_plan(rec: Recommendation, ladders: Mapping[str, dict] | None = None,
     measured concurrency; above it every engine's file keeps the last slot's num_steps), the draft head's method
     and how it was found (``algorithm``), the ``head`` and ``target``, the engine releases to write for
     (``versions``), the adaptive ``ladders`` (:func:`sglang_configs`), the best static num_steps
-    (:func:`static_choice`) and ``rec.warnings``, where formats add theirs."""
+    (:func:`static_choice`), ``rec.warnings``, where formats add theirs, and the cutoff decision (``rec.p_min``)."""
     top = rec.options.max_batch_size or (max(rec.concurrencies) if rec.concurrencies else 0)
     return Plan(slots=[(s.lower, s.upper, s.steps) for s in rec.slots], top=top, method=algorithm[0],
                 method_source=algorithm[1], head=head, target=target, versions=dict(versions or {}),
-                ladders=dict(ladders or {}), static=static_choice(rec), warnings=rec.warnings)
+                ladders=dict(ladders or {}), static=static_choice(rec), warnings=rec.warnings, p_min=rec.p_min)
 
 
 def best_static_json(rec: Recommendation, method: str | None = None) -> dict[str, Any]:

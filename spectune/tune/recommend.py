@@ -181,6 +181,10 @@ class Recommendation:
     server_costs: list[dict[str, Any]] = field(default_factory=list)
     #: the engine whose schedule server was measured (sweep.json ``schedule_server``), or None
     schedule_server: dict[str, Any] | None = None
+    #: the draft-confidence cutoffs' cells (the sweep's ``p-min/P/`` folders, ``server`` ``p_min:P``) and whether one
+    #: beats the best static num_steps (:func:`spectune.tune.p_min.apply_p_min`); empty / None without them
+    p_min_cells: list[Cell] = field(default_factory=list)
+    p_min: dict[str, Any] | None = None
 
     def cell(self, steps: int, concurrency: int) -> Cell | None:
         """The static cell at (steps, concurrency), or None if neither was in the plan."""
@@ -224,16 +228,22 @@ class Recommendation:
         skip = ("replicates", "runs", "bootstrap")  # working data of the comparisons, not results
         cells = [{**{f.name: copy.deepcopy(getattr(c, f.name)) for f in fields(c) if f.name not in skip},
                   "eligible": c.eligible} for c in self.cells]
-        sched = [{**{f.name: copy.deepcopy(getattr(c, f.name)) for f in fields(c) if f.name not in skip},
-                  "eligible": c.eligible} for c in self.schedule_cells]
+        sched, cut = ([{**{f.name: copy.deepcopy(getattr(c, f.name)) for f in fields(c) if f.name not in skip},
+                        "eligible": c.eligible} for c in group] for group in (self.schedule_cells, self.p_min_cells))
         return clean({"options": asdict(self.options), "choices": [asdict(c) for c in self.choices],
                       "schedule_cells": sched, "schedule_choices": [asdict(c) for c in self.schedule_choices],
                       "schedule_server_costs": self.server_costs, "schedule_server": self.schedule_server,
                       "slots": [asdict(s) for s in self.slots], "slot_key": self.batch_size_source,
                       "batch_sizes": self.batch_sizes, "best_static_num_steps": self.best_static,
                       "static_scores": self.static_scores, "cells": cells, "warnings": self.warnings,
+<<<<<<< HEAD
                       "batch_dependent_acceptance": self.findings, "drift": self.drift, "primary": self.primary.to_json() if self.primary else {},
                       "schedule_slots": [asdict(s) for s in self.schedule_slots]})
+=======
+                      "batch_dependent_acceptance": self.findings, "drift": self.drift, "primary": self.primary,
+                      "schedule_slots": [asdict(s) for s in self.schedule_slots],
+                      **({"p_min_cells": cut, "p_min": self.p_min} if self.p_min is not None else {})})
+>>>>>>> pmin-axis
 
 
 def effective_slos(results: Results, opts: RecommendOptions) -> tuple[float | None, float | None, str]:

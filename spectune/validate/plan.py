@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Sequence
 
-from spectune.backends.llamacpp.settings import FORMAT, read_settings
+from spectune.backends.llamacpp.settings import FORMAT, read_p_min, read_settings
 from spectune.backends.num_steps import VllmSchedule, load_config_file
 from spectune.backends.num_steps.confidence_config import ConfidenceConfig
 from spectune.core.errors import UserError
@@ -78,7 +78,8 @@ def static_equivalent(path: str) -> tuple[int, str] | None:
     """(K, why) when the config file makes its server run the same rounds as a static server at num_steps K, else
     None:
 
-    - llama.cpp settings: one static draft length K (K = 0 too: ``llama-server`` then runs without a draft model);
+    - llama.cpp settings: one static draft length K (K = 0 too: ``llama-server`` then runs without a draft model),
+      unless they carry a draft-confidence cutoff above 0 (``spec_draft_p_min``: rows then draft 0..K tokens);
     - recommend's ``best-static.json``: static num_steps K for every engine (K = 0: no drafter);
     - an SGLang adaptive config (EMA or throughput-aware) whose every slot lists the one candidate K >= 1: the
       controller has nothing to switch to;
@@ -94,6 +95,12 @@ def static_equivalent(path: str) -> tuple[int, str] | None:
     """
     fmt, candidates = config_candidates(path)
     if fmt == FORMAT:
+        try:
+            cutoff = read_p_min(path)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        if cutoff and candidates[0] > 0:
+            return None
         return candidates[0], "llama.cpp settings: one static draft length"
     if fmt == BEST_STATIC:
         return candidates[0], ("best-static.json: no drafter on any engine" if candidates[0] == 0 else

@@ -350,7 +350,9 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
     options = replace(options, max_concurrency=plan.workload.server_concurrency(), max_tokens=plan.max_tokens,
                       log_dir=folder.logs, adaptive_config=None)
     initial = max(candidates)
-    static_config = fmt in STATIC_FORMATS  # one static num_steps: the config run is a static server at K
+    # one static num_steps: the config run is a static server at K (llama.cpp settings with a draft-confidence cutoff
+    # are not: their server reads the cutoff from the file, spectune.backends.llamacpp.backend)
+    static_config = fmt in STATIC_FORMATS and same is not None
     adaptive_options = replace(options, adaptive_config=None if static_config else str(Path(plan.config).resolve()),
                                log_dir=folder.logs / "config", launch=config_launch or options.launch)
     static, adaptive = make_backend(backend_name, options), make_backend(backend_name, adaptive_options)
@@ -384,7 +386,8 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
                 for k, v in meta.items()}
         meta["backend"] = {"static": static.describe(), "configs": {n: b.describe() for n, (b, _) in configs.items()}}
 
-    prediction = None if bakeoff else predict_for(plan, fmt, candidates)
+    prediction = None if bakeoff else (
+        predict_for(plan, fmt, candidates) if static_config or fmt not in STATIC_FORMATS else None)
     if prediction is not None:
         meta["prediction"] = prediction
     folder.open()

@@ -1,0 +1,193 @@
+"""The draft-confidence cutoff cells beside the static ones (``spectune sweep --p-min``, docs/sweep.md "Draft
+confidence cutoff"): the ``--p-min`` list (:func:`parse_p_min_list`), which cells each cutoff P gets
+(:func:`p_min_plans`: the sweep's concurrencies at num_steps K = the largest ``--steps``, the draft's cap), the
+sweeps that measure them, one server per P in ``OUTPUT_DIR/p-min/P/`` (:func:`open_p_min_sweeps`), and the runner
+that measures them after the static cells (:class:`PMinRunner`), which :func:`spectune.sweep.run.execute` drives as
+it drives a plain sweep.
+
+A cutoff P makes a server with a drafter stop a row's draft at the first draft token whose probability is under P
+(llama.cpp: ``--spec-draft-p-min``, ``common/speculative.cpp`` ``common_speculative_impl_draft_eagle3``); which
+backends can set it, and how, is theirs to say (:attr:`spectune.backends.base.Backend.p_min_flag`,
+:meth:`~spectune.backends.base.Backend.p_min_args`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Awaitable, Callable, Sequence
+
+from spectune.backends import make_backend, p_min_backends
+from spectune.backends.base import Backend
+from spectune.backends.options import BackendOptions
+from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
+from spectune.results.folder import SweepFolder
+from spectune.results.point import ServerRecord, SweepPoint
+from spectune.results.schema import P_MIN_FOLDER, Key, p_min_folder_name
+from spectune.sweep.plan import SweepPlan
+
+__all__ = ["parse_p_min_list", "p_min_plans", "p_min_server", "open_p_min_sweeps", "PMinRunner"]
+
+Prepare = Callable[[SweepFolder, SweepPlan, Backend], Awaitable[tuple[list[SweepPoint], list[Key], JsonObject]]]
+"""Checks a sweep folder against its plan and runs the backend's preflight: (points kept, points to run, sweep.json's
+object) (:func:`spectune.sweep.run._prepare` with the sweep's settings)."""
+MakeSweep = Callable[[SweepPlan, Backend, SweepFolder, JsonObject], Any]
+"""Builds the :class:`spectune.sweep.run.Sweep` of a plan on a backend and an opened folder with its sweep.json."""
+
+
+def parse_p_min_list(text: str | None) -> tuple[float, ...]:
+    """``--p-min`` such as ``"0,0.3,0.6,0.9"`` -> sorted, de-duplicated cutoffs (probabilities); () for None or "".
+
+    Raises:
+        UserError: an empty item, a non-number, or a value outside 0..1 (named, with the fix).
+    """
+    if text is None or not text.strip():
+        return ()
+    items = [t.strip() for t in text.split(",")]
+    if not all(items):
+        raise UserError(f"bad --p-min list {text!r}: write comma-separated probabilities, e.g. --p-min 0,0.3,0.6,0.9")
+    values = []
+    for t in items:
+        try:
+            v = float(t)
+        except ValueError:
+            raise UserError(f"bad --p-min value {t!r}: use probabilities in 0..1, e.g. --p-min 0,0.3,0.6,0.9") from None
+        if not (math.isfinite(v) and 0.0 <= v <= 1.0):
+            raise UserError(f"--p-min {t} is outside 0..1: a cutoff is a draft token's probability")
+        values.append(v)
+    return tuple(sorted(set(values)))
+
+
+def p_min_plans(values: Sequence[float], plan: SweepPlan, backend: Backend,
+                ray: Any = None) -> list[tuple[float, SweepPlan]]:
+    """(P, plan) per cutoff: the sweep's grid of concurrencies and repeats at num_steps K = the largest ``--steps``
+    (the draft's cap: llama.cpp's ``--spec-draft-n-max``), every window in full unless ``--early-stop`` was asked,
+    no drift check of its own (the static cells' covers the machine); [] without values.
+
+    Raises:
+        UserError: ``backend`` cannot set a cutoff (naming the backends that can), the largest ``--steps`` is 0
+            (no draft to cut), or ``--ray``.
+    """
+    if not values:
+        return []
+    if backend.p_min_args(values[0]) is None:
+        which = ", ".join(p_min_backends()) or "none"
+        how = "running endpoints cannot be relaunched with it" if backend.p_min_flag else "it has no such setting"
+        raise UserError(f"--p-min: the {backend.name} backend cannot set a draft-confidence cutoff ({how}); "
+                        f"backends that can: {which}")
+    if max(plan.steps) < 1:
+        raise UserError("--p-min needs a num_steps above 0 in --steps: its largest value is the cutoff cells' "
+                        "draft cap")
+    if ray is not None:
+        raise UserError("--p-min does not run with --ray yet: sweep the cutoffs without --ray")
+    sub = dataclasses.replace(plan, steps=(max(plan.steps),), design="grid", budget_points=None, budget_s=None,
+                              drift_check=False, early_stop=bool(plan.early_stop))
+    return [(p, sub) for p in values]
+
+
+def p_min_server(p_min: float, steps: int, backend: Backend) -> ServerRecord:
+    """points.jsonl's ``server`` of a cutoff cell: ``kind`` ``p_min``, ``p_min``, ``max_k`` (num_steps K) and
+    ``args`` (the backend's flags for P)."""
+    return {"kind": "p_min", "p_min": p_min, "max_k": steps, "args": list(backend.p_min_args(p_min) or [])}
+
+
+async def open_p_min_sweeps(plans: Sequence[tuple[float, SweepPlan]], backend_name: str, options: BackendOptions,
+                            parent: SweepFolder, prepare: Prepare,
+                            make_sweep: MakeSweep) -> list[tuple[Any, list[Key], list[SweepPoint]]]:
+    """One sweep per cutoff P in ``parent/p-min/P`` (a sweep folder of its own whose points carry ``server``
+    :func:`p_min_server`, and whose sweep.json carries ``p_min``): its backend (``options`` with ``draft_p_min`` P),
+    checked folder, preflight and opened folder. Returns (sweep, points to run, points kept) per P.
+
+    Raises:
+        UserError: from the backend, the folder check or the preflight (the folders opened before it are closed).
+    """
+    out: list[tuple[Any, list[Key], list[SweepPoint]]] = []
+    try:
+        for p_min, plan in plans:
+            folder = SweepFolder(parent.path / P_MIN_FOLDER / p_min_folder_name(p_min))
+            backend = make_backend(backend_name, dataclasses.replace(options, draft_p_min=p_min, log_dir=folder.logs))
+            kept, todo, meta = await prepare(folder, plan, backend)
+            server = p_min_server(p_min, plan.steps[0], backend)
+            meta["p_min"] = dict(server)
+            folder.open(meta, kept)
+            sweep = make_sweep(plan, backend, folder, meta)
+            sweep.server = server
+            out.append((sweep, todo, kept))
+    except BaseException:  # a later cutoff's check failed: close what the earlier ones opened
+        for sweep, _, _ in out:
+            sweep.folder.close()
+        raise
+    return out
+
+
+def p_min_summary(plans: Sequence[tuple[float, SweepPlan]], backend: Backend) -> JsonObject:
+    """The main sweep.json's ``p_min``: the cutoffs, their num_steps K, the flag that sets them and where their
+    cells are."""
+    return {"values": [p for p, _ in plans], "num_steps": plans[0][1].steps[0], "flag": backend.p_min_flag,
+            "folder": P_MIN_FOLDER}
+
+
+class PMinRunner:
+    """The static cells' sweep and the cutoffs' sweeps as one runner (what :func:`spectune.sweep.run.execute` runs,
+    as it runs a plain :class:`spectune.sweep.run.Sweep`): :meth:`run` measures the static points in their own order,
+    then each cutoff's points on its own server (a sweep stops its server at its end, so two never run at once);
+    ``ran``, ``predicted`` and ``meta`` are the static sweep's (the cutoffs' points live in their own folders).
+
+    Args:
+        static: the static cells' runner. cutoffs: (sweep, points to run) per cutoff, in measuring order.
+    """
+
+    def __init__(self, static: Any, cutoffs: Sequence[tuple[Any, Sequence[Key]]]) -> None:
+        self.static, self.cutoffs = static, [(s, list(todo)) for s, todo in cutoffs]
+
+    @property
+    def ran(self) -> int:
+        return self.static.ran
+
+    @property
+    def predicted(self) -> list[Any]:
+        return self.static.predicted
+
+    @property
+    def meta(self) -> Any:
+        return self.static.meta
+
+    async def run(self, todo: Sequence[Key]) -> None:
+        """Measure the static points ``todo``, then every cutoff's points."""
+        await self.static.run(todo)
+        for sweep, keys in self.cutoffs:
+            if keys:
+                await sweep.run(keys)
+
+
+def p_min_lines(output_dir: Any) -> list[str]:
+    """What ``spectune sweep`` prints of the cutoffs' cells in ``output_dir/p-min``: a heading, then per point its
+    cutoff P, num_steps K, concurrency, output throughput (tokens/s), acceptance length (tokens per verify step that
+    drafted) and the share of verify steps that drafted (points.jsonl ``schedule_check.drafting_share``); [] without
+    such cells."""
+    from pathlib import Path
+
+    root = Path(output_dir) / P_MIN_FOLDER
+    points = []
+    for sub in sorted(root.iterdir()) if root.is_dir() else []:
+        if (sub / "points.jsonl").is_file():
+            points += SweepFolder(sub).read_points()
+    if not points:
+        return []
+    out = [f"draft-confidence cutoffs ({root}):"]
+    for pt in sorted(points, key=lambda p: ((p.server or {}).get("p_min", 0.0), p.concurrency, p.repeat)):
+        m, share = pt.metrics, (pt.schedule_check or {}).get("drafting_share")
+        if pt.status != "ok":
+            out.append(f"  p_min {(pt.server or {}).get('p_min', float('nan')):g} K={pt.steps} c={pt.concurrency}: "
+                       f"{pt.status} ({pt.error})")
+            continue
+        out.append(f"  p_min {(pt.server or {}).get('p_min', float('nan')):g} K={pt.steps} c={pt.concurrency}: "
+                   f"{_num(m.get('output_throughput_tok_s'), '.1f')} tok/s, acceptance length "
+                   f"{_num(m.get('acceptance_length'), '.2f')}, drafted in "
+                   f"{'?' if share is None else f'{share:.0%}'} of verify steps")
+    return out
+
+
+def _num(value: Any, spec: str) -> str:
+    return format(value, spec) if isinstance(value, (int, float)) and math.isfinite(value) else "?"

@@ -1,0 +1,97 @@
+"""``spectune sweep --p-min``: the cutoff list, which backends may sweep it (declared by the backend classes), the
+cutoff cells' plan, and one real llama.cpp sweep over two cutoffs followed by ``spectune recommend``."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from spectune.backends import make_backend
+from spectune.backends.options import BackendOptions
+from spectune.backends.llamacpp.install import find_llama_server
+from spectune.core.errors import UserError
+from spectune.sweep.p_min import p_min_plans, parse_p_min_list
+from spectune.sweep.plan import SweepPlan
+
+
+def have_server() -> str | None:
+    try:
+        return str(find_llama_server())
+    except UserError:
+        return None
+
+
+def llamacpp(tmp_path):
+    gguf = tmp_path / "target.gguf"
+    gguf.write_bytes(b"GGUF")
+    return make_backend("llamacpp", BackendOptions(model=str(gguf)))
+
+
+def test_the_list_is_sorted_and_deduplicated():
+    assert parse_p_min_list("0.6, 0,0.3,0.6") == (0.0, 0.3, 0.6)
+
+
+def test_no_list_is_no_cutoff():
+    assert parse_p_min_list(None) == ()
+
+
+def test_a_value_above_one_is_a_user_error():
+    with pytest.raises(UserError, match="outside 0..1"):
+        parse_p_min_list("0,1.5")
+
+
+def test_a_word_is_a_user_error():
+    with pytest.raises(UserError, match="bad --p-min value 'high'"):
+        parse_p_min_list("0,high")
+
+
+def test_a_backend_without_the_knob_names_those_with_it(tmp_path):
+    backend = make_backend("openai", BackendOptions(endpoints={-1: "http://127.0.0.1:9"}))
+    with pytest.raises(UserError, match=r"backends that can: .*llamacpp \(--spec-draft-p-min\)"):
+        p_min_plans((0.3,), SweepPlan(steps=(0, 2)), backend)
+
+
+def test_the_cutoff_cells_run_at_the_largest_num_steps(tmp_path):
+    ((_, plan),) = p_min_plans((0.3,), SweepPlan(steps=(0, 2, 4), concurrency=(1, 4)), llamacpp(tmp_path))
+    assert (plan.steps, plan.concurrency) == ((4,), (1, 4))
+
+
+def test_only_num_steps_zero_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="needs a num_steps above 0"):
+        p_min_plans((0.3,), SweepPlan(steps=(0,)), llamacpp(tmp_path))
+
+
+def test_cli_bad_list_is_one_line(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "spectune.cli", "sweep", "--backend", "llamacpp", "--steps", "0,2",
+                          "--p-min", "0,2", "--output-dir", str(tmp_path / "out")], capture_output=True, text=True,
+                         timeout=120)
+    assert (run.returncode, run.stderr.count("\n"), "Traceback" in run.stderr) == (2, 1, False)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(have_server() is None, reason="no llama-server (spectune llamacpp install builds one)")
+def test_llamacpp_sweep_over_two_cutoffs_then_recommend(tmp_path):
+    """The default pair: static K=0 and 2 and cutoffs 0 and 0.9 at K=2, concurrency 1, four requests a point."""
+    out = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "spectune.cli", "sweep", "--backend", "llamacpp", "--steps", "0,2", "--concurrency",
+           "1", "--p-min", "0,0.9", "--num-prompts", "4", "--max-tokens", "32", "--no-drift-check",
+           "--output-dir", str(out)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = {float(r["p_min"]): r for p in ("0", "0.9")
+            for r in csv.DictReader((out / "p-min" / p / "summary.csv").open())}
+    assert [rows[p]["status"] for p in (0.0, 0.9)] == ["ok", "ok"]
+    points = {p: json.loads((out / "p-min" / p / "points.jsonl").read_text().splitlines()[0]) for p in ("0", "0.9")}
+    share = {p: pt["schedule_check"]["drafted_per_step"] for p, pt in points.items()}
+    assert share["0.9"] < share["0"]  # the cutoff shortened the drafts
+    launch = json.loads((out / "p-min" / "0.9" / "sweep.json").read_text())["backend"]["launches"][0]["command"]
+    assert "--spec-draft-n-max 2 --spec-draft-p-min 0.9" in launch
+    rec = subprocess.run([sys.executable, "-m", "spectune.cli", "recommend", str(out)], capture_output=True, text=True,
+                         timeout=300)
+    assert rec.returncode == 0, rec.stderr[-3000:]
+    settings = json.loads((out / "recommendation" / "llamacpp-settings.json").read_text())
+    assert "p_min_reason" in settings
