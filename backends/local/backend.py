@@ -65,6 +65,7 @@ class LocalBackend(LaunchingBackend):
     cheap_switch = True  # start(K) switches the running engine in place
     allow_remote = False
     running_gauges = ("spectune:num_requests_running",)
+    p_min_flag = "--draft-p-min"  # spectune serve's flag; the server subprocess reads it as EngineOptions.draft_p_min
 
     def __init__(self, options: BackendOptions) -> None:
         super().__init__(options)
@@ -96,6 +97,8 @@ class LocalBackend(LaunchingBackend):
             opts["adaptive_config"] = pinned or str(Path(o.adaptive_config or "").resolve())
         if o.schedule_server_max_k is not None:
             opts["num_steps_capacity"] = max(self.capacity, steps, o.schedule_server_max_k)
+        if o.draft_p_min is not None:  # sweep --p-min: each row stops drafting under P, at most num_steps tokens
+            opts["draft_p_min"] = o.draft_p_min
         opts.update(self.server_overrides)  # --server-args win, as on every launched server
         return [sys.executable, "-m", "spectune.backends.local", "--options", json.dumps(opts), "--host", host,
                 "--port", str(port)]

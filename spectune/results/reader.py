@@ -16,12 +16,8 @@ import numpy as np
 import pandas as pd
 
 from spectune.core.errors import UserError
-<<<<<<< HEAD
-from spectune.results.schema import SCHEDULE_FOLDER
-from spectune.results.sweep_meta import SweepMeta
-=======
 from spectune.results.schema import P_MIN_FOLDER, SCHEDULE_FOLDER
->>>>>>> pmin-axis
+from spectune.results.sweep_meta import SweepMeta
 
 #: summary.csv columns that must be present (docs/results-format.md).
 REQUIRED_COLUMNS = ("steps", "concurrency", "status")

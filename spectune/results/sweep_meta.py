@@ -31,6 +31,8 @@ class SweepMeta:
             ``backend``, ``host`` and ``versions``.
         client: the load generator's timeouts (:meth:`spectune.loadgen.client.ClientTimeouts.to_json`).
         schedule_server: a ``--schedule-server`` sweep's engine schedule server (engine, pinned flag, max K, source).
+        p_min: a ``--p-min`` sweep's cutoffs (:func:`spectune.sweep.p_min.p_min_summary`), or in a cutoff's own
+            folder its server (:func:`spectune.sweep.p_min.p_min_server`).
         order: the order points ran in (``interleaved``, ``blocks``...). cost: s spent measuring, on drift checks
             and on server switches, and their total. guided: the guided plan's record. drift: the drift check's
             summary (:func:`spectune.sweep.drift.drift_summary`). ray: a ``--ray`` sweep's cluster address,
@@ -49,6 +51,7 @@ class SweepMeta:
     history: list[JsonObject] | None = None
     client: JsonObject | None = None
     schedule_server: JsonValue = None
+    p_min: JsonObject | None = None
     order: str | None = None
     cost: JsonObject | None = None
     guided: JsonObject | None = None

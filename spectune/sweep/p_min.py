@@ -109,7 +109,7 @@ async def open_p_min_sweeps(plans: Sequence[tuple[float, SweepPlan]], backend_na
             backend = make_backend(backend_name, dataclasses.replace(options, draft_p_min=p_min, log_dir=folder.logs))
             kept, todo, meta = await prepare(folder, plan, backend)
             server = p_min_server(p_min, plan.steps[0], backend)
-            meta["p_min"] = dict(server)
+            meta.p_min = dict(server)
             folder.open(meta, kept)
             sweep = make_sweep(plan, backend, folder, meta)
             sweep.server = server

@@ -503,7 +503,7 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
                 cutoff_plans, backend_name, options, folder,
                 lambda f, pl, b: _prepare(f, pl, b, resume, retry_failed, listener, timeouts),
                 lambda pl, b, f, m: Sweep(pl, b, f, prompts, m, listener, options.model, options.api_key_env, timeouts))
-            meta["p_min"] = p_min_summary(cutoff_plans, backend)
+            meta.p_min = p_min_summary(cutoff_plans, backend)
         folder.open(meta, kept)
         listener.sweep_started(plan, todo + pair_todo + [k for _, t, _ in cutoffs for k in t],
                                kept + pair_kept + [p for _, _, k in cutoffs for p in k])

@@ -236,14 +236,10 @@ class Recommendation:
                       "slots": [asdict(s) for s in self.slots], "slot_key": self.batch_size_source,
                       "batch_sizes": self.batch_sizes, "best_static_num_steps": self.best_static,
                       "static_scores": self.static_scores, "cells": cells, "warnings": self.warnings,
-<<<<<<< HEAD
-                      "batch_dependent_acceptance": self.findings, "drift": self.drift, "primary": self.primary.to_json() if self.primary else {},
-                      "schedule_slots": [asdict(s) for s in self.schedule_slots]})
-=======
-                      "batch_dependent_acceptance": self.findings, "drift": self.drift, "primary": self.primary,
+                      "batch_dependent_acceptance": self.findings, "drift": self.drift,
+                      "primary": self.primary.to_json() if self.primary else {},
                       "schedule_slots": [asdict(s) for s in self.schedule_slots],
                       **({"p_min_cells": cut, "p_min": self.p_min} if self.p_min is not None else {})})
->>>>>>> pmin-axis
 
 
 def effective_slos(results: Results, opts: RecommendOptions) -> tuple[float | None, float | None, str]:

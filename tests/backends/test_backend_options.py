@@ -53,3 +53,11 @@ def test_the_bundled_engines_description_names_its_device_and_dtype():
                           ).describe()["engine"]
     assert engine == {"model": None, "draft": None, "max_concurrency": 4, "device": "cpu", "dtype": "native"}
 
+
+
+def test_a_cutoff_reaches_the_bundled_engine_as_its_draft_p_min():
+    assert engine_options(BackendOptions(draft_p_min=0.6))["draft_p_min"] == 0.6
+
+
+def test_no_cutoff_leaves_the_bundled_engine_drafting_every_row_to_num_steps():
+    assert "draft_p_min" not in engine_options(BackendOptions())
