@@ -241,6 +241,8 @@ def accept_eval(
     threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (0 = default).")] = 0,
 ) -> None:
     """Calibration of an acceptance head against the raw draft confidence: ECE, Brier, AUROC per draft step."""
+    from collections import Counter
+
     import torch
     from rich.console import Console
     from rich.table import Table
@@ -267,8 +269,10 @@ def accept_eval(
     if samples is None or len(samples["prob"]) == 0:
         raise UserError(f"no draft-chain samples in {work_dir}: give prompts whose responses are non-empty")
     result = evaluate_samples(acc, samples, bins)
-    prompts = [r for r in (work_dir / "prompts.jsonl").read_text().splitlines() if r.strip()]
-    out = {"dataset": dataset, "prompts": len(prompts), "max_tokens": max_tokens, "n_max": acc.cfg.n_max,
+    prompts = [json.loads(r) for r in (work_dir / "prompts.jsonl").read_text().splitlines() if r.strip()]
+    categories = Counter(str(r.get("category")) for r in prompts)
+    out = {"dataset": dataset, "prompts": len(prompts), "categories": dict(sorted(categories.items())),
+           "max_tokens": max_tokens, "n_max": acc.cfg.n_max,
            "bins": bins, "binning": f"{bins} equal-width bins on [0, 1]",
            "predictors": {"head": "acceptance head p_hat", "draft_prob": "raw draft confidence (top-10 softmax)"},
            "acceptance_head": asdict(acc.cfg), **sample_summary(samples, acc.cfg.n_max), **result}
@@ -281,7 +285,7 @@ def accept_eval(
         h, d = r["head"], r["draft_prob"]
         table.add_row(name, str(h["samples"]), f"{h['acceptance_rate']:.3f}", f"{h['ece']:.4f}", f"{d['ece']:.4f}",
                       f"{h['brier']:.4f}", f"{d['brier']:.4f}", f"{h['auroc']:.3f}", f"{d['auroc']:.3f}")
-    Console().print(table)
+    Console(width=max(Console().width, 110)).print(table)
     if json_out is not None:
         json_out.write_text(json.dumps(out, indent=2) + "\n")
     if plot is not None:

@@ -3,7 +3,8 @@ with the target's greedy tokens (SpecDec++ section 4.4, greedy case).
 
 For a prompt + response sequence x_0..x_{L-1} whose response is the target's own greedy output, the head drafts at
 every row t as the engine does (:mod:`spectune.backends.local.engine.speculative`): step 0 from the target's feature
-f_t and token x_{t+1}, steps 1..n_max-1 from the head's own previous output feature (:func:`spectune.draft.train.unroll`).
+f_t and token x_{t+1}, steps 1..n_max-1 from the head's own previous output feature
+(:func:`spectune.draft.train.unroll`).
 Step j drafts x_{t+j+2}; the draft is accepted when it equals that token, the target's greedy choice after the
 context x_0..x_{t+j+1}. The head's step-j inputs (x_{t+j+1}) equal its own earlier drafts exactly when those were
 accepted, so only steps whose earlier drafts all matched are kept: the labels estimate the conditional acceptance

@@ -1,4 +1,5 @@
-"""Train an acceptance-prediction head (SpecDec++, section 4.4) on chain samples (:mod:`spectune.draft.acceptance_data`).
+"""Train an acceptance-prediction head (SpecDec++, section 4.4) on chain samples
+(:mod:`spectune.draft.acceptance_data`).
 
 Loss: SpecDec++'s weighted binary cross-entropy, -[y log p + w_rej (1 - y) log(1 - p)] per kept draft step,
 normalised by the summed weights, on the head's logit without its output offset
