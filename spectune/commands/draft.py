@@ -155,3 +155,150 @@ def evaluate(
     if json_out is not None:
         json_out.write_text(json.dumps({"dataset": dataset, "num_prompts": len(prompts), "max_tokens": max_tokens,
                                         "results": [asdict(r) for r in results]}, indent=2) + "\n")
+
+
+@app.command("accept-train")
+def accept_train(
+    output: Annotated[Path, typer.Option(help="Folder for the acceptance head (config.json, model.safetensors, "
+                                         "training.json).")],
+    draft: Annotated[Optional[str], typer.Option(help="Frozen EAGLE-3 head whose drafts are judged (default: the "
+                                                 "bundled SmolLM2 head).")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Target (default: the embedded SmolLM2-135M-Instruct).")]
+    = None,
+    work_dir: Annotated[Path, typer.Option(help="Folder for prompts, responses, features, samples (resumable).")]
+    = Path("work-data/accept"),
+    stage: Annotated[str, typer.Option(help="all, or one of data, features, chain, train, export.")] = "all",
+    num_prompts: Annotated[int, typer.Option(min=1, help="ShareGPT prompts the EAGLE head was not trained on, "
+                                             "answered greedily by the target.")] = 96,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Response length cap, tokens.")] = 128,
+    max_prompt_tokens: Annotated[int, typer.Option(min=8, help="Longer prompts are skipped.")] = 256,
+    spec_bench: Annotated[Optional[Path], typer.Option(help="Spec-Bench JSONL whose prompts are excluded too "
+                                                       "(MT-Bench and HumanEval always are).")] = None,
+    n_max: Annotated[int, typer.Option(min=1, help="Draft steps per round unrolled for the data.")] = 4,
+    w_rej: Annotated[float, typer.Option(min=0.01, help="Loss weight of rejected drafts (SpecDec++'s weighted "
+                                         "BCE; accepted drafts weigh 1).")] = 3.0,
+    width: Annotated[int, typer.Option(min=8, help="Width of the residual blocks.")] = 256,
+    layers: Annotated[int, typer.Option(min=0, help="Residual blocks (SpecDec++'s depth D).")] = 3,
+    epochs: Annotated[int, typer.Option(min=1, help="Passes over the samples.")] = 10,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, warm-up, cosine decay).")] = 1e-3,
+    batch_size: Annotated[int, typer.Option(min=8, help="Samples per training batch.")] = 256,
+    seed: Annotated[int, typer.Option(help="Seed for prompts, split, initialisation and batches.")] = 0,
+    threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (0 = default).")] = 0,
+) -> None:
+    """Train an acceptance-prediction head (SpecDec++) on the frozen EAGLE-3 head's draft chains."""
+    import sys
+
+    from rich.console import Console
+
+    from spectune.draft.acceptance_pipeline import TRAIN_STAGES, SampleOptions, run_train
+    from spectune.draft.acceptance_train import AcceptanceTrainConfig
+
+    if stage != "all" and stage not in TRAIN_STAGES:
+        raise UserError(f"unknown --stage {stage!r}: use all or one of {', '.join(TRAIN_STAGES)}")
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    head = _eagle_head(draft, model)
+    console = Console(stderr=True)
+
+    def prompts(tokenizer):
+        from spectune.draft.acceptance_data import acceptance_prompts
+        from spectune.draft.data import evaluation_texts
+
+        return acceptance_prompts(tokenizer, head, num_prompts, max_prompt_tokens, evaluation_texts(spec_bench), seed)
+
+    opts = SampleOptions(model=model, draft=head, work_dir=work_dir, max_new_tokens=max_new_tokens,
+                         max_prompt_tokens=max_prompt_tokens, n_max=n_max)
+    cfg = AcceptanceTrainConfig(n_max=n_max, width=width, num_layers=layers, w_rej=w_rej, epochs=epochs, lr=lr,
+                                batch_size=batch_size, seed=seed)
+    run_train(opts, output, prompts, cfg, TRAIN_STAGES if stage == "all" else (stage,),
+              lambda msg: console.print(msg, highlight=False, markup=False),
+              command="spectune " + " ".join(sys.argv[1:]))
+    if stage in ("all", "export"):
+        console.print(f"acceptance head written to {output}", highlight=False, markup=False)
+
+
+@app.command("accept-eval")
+def accept_eval(
+    dataset: Annotated[str, typer.Option(help="Held-out prompts: spec-bench:PATH, mt-bench, humaneval, jsonl:PATH.")],
+    acceptance_head: Annotated[Optional[Path], typer.Option(help="Acceptance head folder (default: the bundled "
+                                                            "one).")] = None,
+    draft: Annotated[Optional[str], typer.Option(help="Frozen EAGLE-3 head (default: the bundled SmolLM2 head).")]
+    = None,
+    model: Annotated[Optional[str], typer.Option(help="Target (default: the embedded SmolLM2-135M-Instruct).")]
+    = None,
+    work_dir: Annotated[Path, typer.Option(help="Folder for this prompt set's responses, features and samples "
+                                           "(reused by a rerun with the same prompts and heads).")]
+    = Path("work-data/accept-eval"),
+    num_prompts: Annotated[int, typer.Option(min=1, help="Prompts (seeded sample).")] = 160,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Greedy response length cap, tokens.")] = 128,
+    max_prompt_tokens: Annotated[int, typer.Option(min=8, help="Longer prompts are skipped.")] = 1024,
+    bins: Annotated[int, typer.Option(min=2, help="Equal-width bins of the ECE and the reliability plot.")] = 10,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the calibration as JSON.")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="Write the reliability plot (PNG).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the prompt sample.")] = 0,
+    threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (0 = default).")] = 0,
+) -> None:
+    """Calibration of an acceptance head against the raw draft confidence: ECE, Brier, AUROC per draft step."""
+    from collections import Counter
+
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from spectune.backends.local.model.acceptance import BUNDLED_ACCEPTANCE_HEAD, load_acceptance_head
+    from spectune.draft.acceptance_data import evaluation_prompts
+    from spectune.draft.acceptance_pipeline import (SampleOptions, collect_samples, evaluate_samples, read_card,
+                                                    sample_summary, write_card)
+    from spectune.draft.calibration import reliability_plot
+
+    if threads:
+        torch.set_num_threads(threads)
+    acc = load_acceptance_head(acceptance_head or BUNDLED_ACCEPTANCE_HEAD, torch.device("cpu"), torch.float32)
+    head = _eagle_head(draft, model)
+    err = Console(stderr=True)
+    opts = SampleOptions(model=model, draft=head, work_dir=work_dir, max_new_tokens=max_tokens,
+                         max_prompt_tokens=max_prompt_tokens, n_max=acc.cfg.n_max)
+    card = read_card(work_dir)
+    chain = card["stages"].get("chain", {})
+    done = chain.get("n_max") == acc.cfg.n_max and (work_dir / "samples.pt").is_file()
+    stages = () if done else ("data", "features", "chain")
+    samples = collect_samples(opts, lambda tok: evaluation_prompts(tok, dataset, num_prompts, max_prompt_tokens, seed),
+                              stages, card, lambda msg: err.print(msg, highlight=False, markup=False))
+    if samples is None or len(samples["prob"]) == 0:
+        raise UserError(f"no draft-chain samples in {work_dir}: give prompts whose responses are non-empty")
+    result = evaluate_samples(acc, samples, bins)
+    prompts = [json.loads(r) for r in (work_dir / "prompts.jsonl").read_text().splitlines() if r.strip()]
+    categories = Counter(str(r.get("category")) for r in prompts)
+    out = {"dataset": dataset, "prompts": len(prompts), "categories": dict(sorted(categories.items())),
+           "max_tokens": max_tokens, "n_max": acc.cfg.n_max,
+           "bins": bins, "binning": f"{bins} equal-width bins on [0, 1]",
+           "predictors": {"head": "acceptance head p_hat", "draft_prob": "raw draft confidence (top-10 softmax)"},
+           "acceptance_head": asdict(acc.cfg), **sample_summary(samples, acc.cfg.n_max), **result}
+    write_card(work_dir, card)
+    table = Table(title=f"calibration on {dataset} ({len(prompts)} prompts, {out['samples']} draft steps)")
+    for col in ("draft step", "samples", "accepted", "ECE head", "ECE raw", "Brier head", "Brier raw", "AUROC head",
+                "AUROC raw"):
+        table.add_column(col, justify="right")
+    for name, r in [(str(s["step"] + 1), s) for s in result["per_step"]] + [("all", result["overall"])]:
+        h, d = r["head"], r["draft_prob"]
+        table.add_row(name, str(h["samples"]), f"{h['acceptance_rate']:.3f}", f"{h['ece']:.4f}", f"{d['ece']:.4f}",
+                      f"{h['brier']:.4f}", f"{d['brier']:.4f}", f"{h['auroc']:.3f}", f"{d['auroc']:.3f}")
+    Console(width=max(Console().width, 110)).print(table)
+    if json_out is not None:
+        json_out.write_text(json.dumps(out, indent=2) + "\n")
+    if plot is not None:
+        reliability_plot(result, {"head": "acceptance head", "draft_prob": "draft confidence"}, plot,
+                         f"reliability on {dataset.split(':')[0]} ({len(prompts)} prompts), {bins} bins")
+
+
+def _eagle_head(draft: str | None, model: str | None) -> Path:
+    """The EAGLE head folder: ``--draft`` or the bundled head for the default target; UserError when neither."""
+    from spectune.backends.local.options import resolve_draft
+    from spectune.backends.local.weights.loader import is_default_model
+
+    head = resolve_draft(draft, is_default_model(model))
+    if head is None:
+        raise UserError("acceptance heads judge an EAGLE head's drafts: pass --draft PATH")
+    return head

@@ -20,7 +20,7 @@ import math
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -87,30 +87,30 @@ def new_head(target: Any, vocab_ids: torch.Tensor, aux_layers: tuple[int, ...], 
     return head
 
 
-def ttt_loss(head: DraftHead, embed: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor, lengths: torch.Tensor,
-             prompt_lens: torch.Tensor, t2d: torch.Tensor, rope: torch.Tensor, steps: int, decay: float
-             ) -> tuple[torch.Tensor, list[float], list[int]]:
-    """Training-time-test loss of one padded batch.
+def unroll(head: DraftHead, emb: torch.Tensor, h: torch.Tensor, rope: torch.Tensor, steps: int
+           ) -> Iterator[torch.Tensor]:
+    """The head's chain of ``steps`` draft steps at every row of a padded batch, as the engine drafts it.
+
+    Step 0 at row t reads (x_{t+1}, ``h``[t]); step j reads (x_{t+j+1}, step j-1's output at row t) at position t+j.
+    Step j's query at row t attends to step 0's keys at rows <= t and to the keys of steps 1..j at row t itself
+    (the causal-plus-diagonal pattern of EAGLE-3's training code), which is what the engine's KV cache holds when
+    the chain's earlier drafts were x_{t+2}..x_{t+j+1} (:mod:`spectune.backends.local.engine.speculative`).
 
     Args:
-        embed: the target's embedding matrix [V, H] (frozen).
-        tokens: [B, L] token ids; feats: [B, L, 3H] target features; lengths, prompt_lens: [B].
-        t2d: [V] target id -> draft id, -1 outside the draft vocabulary.
-        rope: [>= L + steps, 2, head_dim] RoPE rows.
+        emb: [B, L, H] embeddings of the tokens x_0..x_{L-1}.
+        h: [B, T, H] step 0's input feature per row t = 0..T-1 (T = L - 1): ``head.fc`` of the target feature f_t.
+        rope: [>= T + steps, 2, head_dim] RoPE rows.
 
-    Returns:
-        the weighted loss, top-1 accuracy per step, and labelled tokens per step.
+    Yields:
+        per step j, the head's output feature [B, T, H] (pre-norm: ``head.logits`` turns it into the draft of
+        x_{t+j+2}; zero token embeddings past the end of the batch's rows).
     """
     c = head.cfg
-    b, L = tokens.shape
-    t = L - 1  # rows t = 0..L-2 (step 0 needs x_{t+1})
+    b, t = h.shape[:2]
     hd, nh, nkv = c.head_dim, c.num_heads, c.num_kv_heads
     layer = head.layers[0]
-    emb = F.embedding(tokens, embed)  # [B, L, H]
-    h = head.fc(feats[:, :-1])  # [B, T, H]
     rows = torch.arange(t)
     keys, values = [], []
-    total, accs, counts = h.new_zeros(()), [], []
     causal = rows.view(1, t) <= rows.view(t, 1)  # [T, T] key s visible to query t
     for j in range(steps):
         emb_j = F.pad(emb[:, 1 + j :], (0, 0, 0, j))[:, :t]  # x_{t+j+1}, zero past the end
@@ -128,6 +128,29 @@ def ttt_loss(head: DraftHead, embed: torch.Tensor, tokens: torch.Tensor, feats: 
         for i in range(1, j + 1):
             out = out + probs[..., t + i - 1 : t + i] * values[i]
         h = layer.output(residual, out.transpose(1, 2).reshape(b, t, nh * hd))  # pre-norm: the next step's feature
+        yield h
+
+
+def ttt_loss(head: DraftHead, embed: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor, lengths: torch.Tensor,
+             prompt_lens: torch.Tensor, t2d: torch.Tensor, rope: torch.Tensor, steps: int, decay: float
+             ) -> tuple[torch.Tensor, list[float], list[int]]:
+    """Training-time-test loss of one padded batch (the chain of :func:`unroll`).
+
+    Args:
+        embed: the target's embedding matrix [V, H] (frozen).
+        tokens: [B, L] token ids; feats: [B, L, 3H] target features; lengths, prompt_lens: [B].
+        t2d: [V] target id -> draft id, -1 outside the draft vocabulary.
+        rope: [>= L + steps, 2, head_dim] RoPE rows.
+
+    Returns:
+        the weighted loss, top-1 accuracy per step, and labelled tokens per step.
+    """
+    c = head.cfg
+    b, L = tokens.shape
+    t = L - 1  # rows t = 0..L-2 (step 0 needs x_{t+1})
+    rows = torch.arange(t)
+    total, accs, counts = feats.new_zeros(()), [], []
+    for j, h in enumerate(unroll(head, F.embedding(tokens, embed), head.fc(feats[:, :-1]), rope, steps)):
         label_pos = rows + j + 2  # [T]
         target_ids = tokens.gather(1, label_pos.clamp_max(L - 1).expand(b, t))
         labels = t2d[target_ids]

@@ -129,8 +129,10 @@ def test_the_wheel_holds_every_module(wheel):
 
 
 def test_the_wheel_holds_the_bundled_head_and_the_presets(wheel):
+    """Every file under heads/ (the EAGLE-3 head and its acceptance head in a subfolder) and every preset."""
     names = set(zipfile.ZipFile(wheel).namelist())
-    data = {f"spectune/backends/local/heads/{p.parent.name}/{p.name}"
-            for p in (ROOT / "backends" / "local" / "heads").glob("*/*")} | \
+    heads = ROOT / "backends" / "local" / "heads"
+    data = {f"spectune/backends/local/heads/{p.relative_to(heads).as_posix()}"
+            for p in heads.rglob("*") if p.is_file() and "__pycache__" not in p.parts} | \
            {f"spectune/presets/{p.name}" for p in (ROOT / "presets").glob("*.json")}
     assert sorted(data - names) == []
