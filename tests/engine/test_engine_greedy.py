@@ -114,24 +114,20 @@ def test_sharing_weights_needs_the_same_cache_length() -> None:
                                    kv_cache_gb=0.5), weights_of=source)
 
 
-@pytest.mark.parametrize("config,layout", [({"strategy": "p_min", "p_min": 0.5, "n_max": 4}, "padded"),
-                                           ({"strategy": "specdec", "threshold": 0.5, "n_max": 4}, "padded"),
-                                           ({"strategy": "p_min", "p_min": 0.5, "n_max": 4}, "packed")],
-                         ids=["p_min", "specdec-raw", "p_min-packed"])
-def test_per_row_draft_length_matches_hf_with_rows_of_different_lengths_in_one_verify(
-        reference, tmp_path, config: dict, layout: str) -> None:
-    """A draft-length rule (llama.cpp's p_min; SpecDec++ on the raw draft confidence) is lossless at batch 8 with the
-    target verifying padded or packed rows, and its rounds really verify rows of different draft lengths in one
-    target forward."""
+def test_per_row_draft_length_matches_hf_with_rows_of_different_lengths_in_one_verify(reference, tmp_path) -> None:
+    """Draft-length rules (llama.cpp's p_min; SpecDec++ on the raw draft confidence) are lossless at batch 8 with the
+    target verifying padded or packed rows, and their rounds really verify rows of different draft lengths in one
+    target forward. One engine (built from a p_min config), its rule and layout swapped between runs."""
     import json
+
+    from spectune.backends.local.engine.draft_length import DraftRule
 
     prompts, expected = reference
     cfg = tmp_path / "rule.json"
-    cfg.write_text(json.dumps(config))
+    cfg.write_text(json.dumps({"strategy": "p_min", "p_min": 0.5, "n_max": 4}))
     engine = build_engine(EngineOptions(num_steps=0, dtype="float32", device="cpu", max_num_seqs=8, max_model_len=512,
                                         kv_cache_gb=1.0, adaptive_config=str(cfg)))
     assert engine.decoder.rule is not None and engine.cfg.num_steps == 4
-    engine.decoder.verify_layout = layout
     rounds: list[list[int]] = []
     original = engine.decoder.decode_round
 
@@ -142,7 +138,14 @@ def test_per_row_draft_length_matches_hf_with_rows_of_different_lengths_in_one_v
 
     engine.decoder.decode_round = watched  # type: ignore[method-assign]
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
-    assert engine.generate(prompts, params) == expected
+    assert engine.generate(prompts, params) == expected  # p_min, padded
     assert any(len(set(r)) > 1 for r in rounds)  # rows of one round verified different draft lengths
     assert max(max(r) for r in rounds) == 4  # n_max reached by some row
     assert engine.stats.spec.draft_tokens == sum(map(sum, rounds))  # counters count what each row drafted
+    engine.decoder.verify_layout = "packed"
+    assert engine.generate(prompts, params) == expected  # p_min, packed
+    engine.decoder.verify_layout = "padded"
+    engine.decoder.rule = DraftRule("specdec", 0.5, 4)
+    rounds.clear()
+    assert engine.generate(prompts, params) == expected  # specdec on the raw confidence
+    assert any(len(set(r)) > 1 for r in rounds)
