@@ -359,7 +359,7 @@ class Engine:
         seconds = time.perf_counter() - start
         self.stats.decode_seconds += seconds
         info = self.decoder.last_round  # per row: the draft tokens verified (a draft-length rule sets each row's)
-        self.guard.record(batch, max(info.drafted, default=k), seconds, context)
+        self.guard.record(batch, info.draft_steps, seconds, context)  # a per-row rule's round: the positions it ran
         self.stats.num_rounds += 1
         self.stats.batch_total += batch
         for seq, a, toks, drafted in zip(running, accepted, tokens, info.drafted):

@@ -51,6 +51,8 @@ class RoundInfo:
 
     Attributes:
         drafted: draft tokens each row submitted for verification.
+        draft_steps: draft positions the round computed (>= max(drafted): with a per-row rule the loop runs until
+            every row stopped, so a row that stops at position j still cost the batch j positions).
         draft_probs: per row, each drafted position's confidence (``DraftHead.draft_with_prob``), when recording.
         accept_probs: per row, the acceptance head's p_hat per position, when recording with a head loaded.
         draft_ms: ms spent drafting d_1..d_K (recording only, else 0).
@@ -58,6 +60,7 @@ class RoundInfo:
     """
 
     drafted: list[int]
+    draft_steps: int = 0
     draft_probs: list[list[float]] | None = None
     accept_probs: list[list[float]] | None = None
     draft_ms: float = 0.0
@@ -220,6 +223,7 @@ class SpeculativeDecoder:
             self._catch_up(b)
         start = time.perf_counter() if self.record else 0.0
         d, lengths, probs, p_hats = self._draft(b, k)  # [B, K'], [B] or None, [B, K'] or None
+        steps = d.shape[1]  # draft positions computed
         if lengths is not None:
             d = d[:, : int(lengths.max())]  # the one host read of a round with per-row lengths
         k_v = d.shape[1]  # verify width - 1
@@ -249,11 +253,11 @@ class SpeculativeDecoder:
                 self.draft_len[slot] = self.lengths[slot]
         if self.record:
             done = self._sync_time(start)
-            self.last_round = RoundInfo(drafted, None if probs is None else probs.tolist(),
+            self.last_round = RoundInfo(drafted, steps, None if probs is None else probs.tolist(),
                                         None if p_hats is None else p_hats.tolist(), drafted_at * 1e3,
                                         (done - drafted_at) * 1e3)
         else:
-            self.last_round = RoundInfo(drafted)
+            self.last_round = RoundInfo(drafted, steps)
         return acc, [row[: a + 1] for row, a in zip(toks, acc)]
 
     def _packed_verify(self, inputs: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
