@@ -157,10 +157,13 @@ class RowLengths:
     Attributes:
         lengths: [N] L_i per row.
         past_recorded: [N] bool, the rule would have drafted beyond the row's recorded positions.
+        examined: [N] positions the drafter computed for the row: p_min computes the position whose confidence
+            stops it (L_i + 1, at most the cap), specdec keeps the token that stops it (L_i); None: == lengths.
     """
 
     lengths: np.ndarray
     past_recorded: np.ndarray
+    examined: np.ndarray | None = None
 
 
 def threshold_lengths(arr: TraceArrays, kind: str, threshold: float, n_max: int | None) -> RowLengths:
@@ -179,6 +182,8 @@ def threshold_lengths(arr: TraceArrays, kind: str, threshold: float, n_max: int 
     if kind == "p_min":
         found, first = _first_true(arr.draft_probs < threshold)  # NaN compares False
         stop = np.where(found, first, pos)  # the low token is not drafted: the tokens before it
+        examined = np.minimum(np.where(found, first + 1, pos), cap)  # ... but its confidence was computed
+        return RowLengths(np.minimum(stop, cap), ~found & (pos < cap), examined)
     else:
         p = arr.draft_probs
         if kind == "specdec" and arr.accept_probs is not None:

@@ -6,7 +6,8 @@ is exact when L_i <= drafted_i (the first L_i drafts are the same tokens) and wh
 first rejection, at a_i + 1, is known). Only a row that accepted everything it drafted and is given more
 (L_i > drafted_i = a_i) gets a lower bound, counted as ``lower_bound_rows``. Under sampling it is an estimate.
 
-A replayed round has batch size b, draft steps D = max L_i (the drafter runs until every row stopped; with
+A replayed round has batch size b, draft steps D = the most positions a row's drafter computed (the drafter runs
+until every row stopped, and p_min computes the position whose confidence stops it: L_i + 1 up to the cap; with
 ``draft_to_cap`` a threshold policy runs D = n_max, as an engine that drafts the cap on the device and cuts rows
 after), verify width W = max L_i + 1, verified tokens V = sum(L_i + 1), the recorded context, and a round time
 T(b, D, W, V, C) from a step-time model (:mod:`spectune.tune.step_time`). Per policy, over all rounds or those of
@@ -184,7 +185,7 @@ def replay(arr: TraceArrays, spec: PolicySpec, *, n_max: int | None = None, draf
     if spec.kind in THRESHOLD_KINDS:
         rl: RowLengths = threshold_lengths(arr, spec.kind, float(spec.value or 0.0), n_max)
         steps = (arr.num_steps if n_max is None else np.full(arr.rounds, n_max)) if draft_to_cap \
-            else _per_round_max(arr, rl.lengths)
+            else _per_round_max(arr, rl.lengths if rl.examined is None else rl.examined)
         return _Replay(rl.lengths, steps, rl.past_recorded)
     raise ValueError(f"replay: unknown policy kind {spec.kind!r}")
 

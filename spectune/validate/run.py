@@ -353,7 +353,8 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
     # one static num_steps: the config run is a static server at K (llama.cpp settings with a draft-confidence cutoff
     # are not: their server reads the cutoff from the file, spectune.backends.llamacpp.backend)
     static_config = fmt in STATIC_FORMATS and same is not None
-    adaptive_options = replace(options, adaptive_config=None if static_config else str(Path(plan.config).resolve()),
+    adaptive_options = replace(options, adaptive_config=None if static_config or bakeoff else
+                               str(Path(plan.config).resolve()),
                                log_dir=folder.logs / "config", launch=config_launch or options.launch)
     static, adaptive = make_backend(backend_name, options), make_backend(backend_name, adaptive_options)
     configs = {c.run: (make_backend(backend_name, replace(
