@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from spectune.backends.local.engine.draft_length import DraftRule
     from spectune.backends.local.engine.loop import Engine
+    from spectune.backends.local.engine.specserve import SpecServeRule
     from spectune.backends.local.engine.speculative import SpeculativeDecoder
     from spectune.backends.num_steps.confidence_config import ConfidenceConfig
     from spectune.backends.local.engine.step_model import StepModel
@@ -131,6 +132,8 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
     # the step model's start-up forwards first (their untimed first calls compile what they meet), then the warm-up,
     # so the warm-up's shape classes are the last thing compiled before serving (tests/engine/test_engine_compile.py)
     step_model = _step_model(decoder, path_choice, cfg, lm_repeat, max_steps)
+    if confidence is not None and confidence.strategy == "specserve":  # its step-time model: this machine's forwards
+        decoder.rule = specserve_rule(decoder, confidence)
     warm_up(decoder, compile_choice, max_steps + 1)
     path_choice.compile = compile_choice.to_json()
     if compile_choice.mode != "off":
@@ -164,10 +167,10 @@ def _step_model(decoder: SpeculativeDecoder, choice: PathChoice, cfg: ModelConfi
 
 
 def draft_length_config(opts: EngineOptions) -> ConfidenceConfig | None:
-    """The per-row draft-length rule ``opts`` asks for: a ``p_min`` / ``specdec`` ``adaptive_config`` file, or
-    ``draft_p_min`` > 0 (llama.cpp's ``--spec-draft-p-min`` with ``num_steps`` as ``--spec-draft-n-max``: a sweep
-    switching the server's num_steps in place switches the cap); None for a static num_steps or a per-batch-size
-    policy. Torch-free: the sweep process checks options with it.
+    """The per-row draft-length rule ``opts`` asks for: a ``p_min`` / ``specdec`` / ``specserve`` ``adaptive_config``
+    file, or ``draft_p_min`` > 0 (llama.cpp's ``--spec-draft-p-min`` with ``num_steps`` as
+    ``--spec-draft-n-max``: a sweep switching the server's num_steps in place switches the cap); None for a static
+    num_steps or a per-batch-size policy. Torch-free: the sweep process checks options with it.
 
     Raises:
         UserError: both given, ``draft_p_min`` outside [0, 1] or with ``num_steps`` 0, or a config file that does
@@ -196,6 +199,8 @@ def _draft_rule(confidence: ConfidenceConfig | None, head_path: Path | None, opt
     rule, the draft head's own acceptance head when it ships one, so the trace holds p_hat for ``simulate``."""
     from spectune.backends.local.engine.draft_length import DraftRule
 
+    if confidence is not None and confidence.strategy == "specserve":
+        return None, None  # built on the decoder, whose forwards fit its step-time model: specserve_rule
     beside = head_path / "acceptance" if head_path is not None else None
     wanted = confidence.acceptance_head if confidence is not None else None
     if wanted == "bundled":
@@ -217,6 +222,19 @@ def _draft_rule(confidence: ConfidenceConfig | None, head_path: Path | None, opt
     return rule, None
 
 
+def specserve_rule(decoder: SpeculativeDecoder, confidence: ConfidenceConfig) -> SpecServeRule:
+    """SpecServe's rule for ``decoder`` (:mod:`spectune.backends.local.engine.specserve`) with this machine's
+    step-time model (kept per machine, else measured now on ``decoder``'s forwards:
+    :mod:`spectune.backends.local.engine.step_time_probe`)."""
+    from spectune.backends.local.engine.specserve import SpecServeRule
+    from spectune.backends.local.engine.step_time_probe import step_time_model
+
+    model, source = step_time_model(decoder, confidence.n_max)
+    rule = SpecServeRule(model, confidence.n_max, confidence.slo_tpot_ms, source)
+    log.info("draft length per row: %s (step-time model %s)", rule.describe(), source["calibration"])
+    return rule
+
+
 def _sharing(source: Engine, opts: EngineOptions, policy: object, max_steps: int,
              confidence: ConfidenceConfig | None = None) -> Engine:
     """:func:`build_engine` around ``source``'s target and head modules and tokenizer (see there): new KV caches for
@@ -234,12 +252,14 @@ def _sharing(source: Engine, opts: EngineOptions, policy: object, max_steps: int
         raise ValueError(f"cache length {max_len} differs from the shared engine's {source.cfg.max_len}: give both the "
                          "same max_model_len and num_steps capacity")
     rule = None
-    if confidence is not None:
+    if confidence is not None and confidence.strategy != "specserve":
         from spectune.backends.local.engine.draft_length import DraftRule
 
         rule = DraftRule.from_config(confidence, source.decoder.acceptance)
     decoder = SpeculativeDecoder(target, head, slots, max_len, seeded_generator(opts.seed, source.decoder.device),
                                  None, lazy_draft=lazy, rule=rule)
+    if confidence is not None and confidence.strategy == "specserve":
+        decoder.rule = specserve_rule(decoder, confidence)
     decoder.record = bool(opts.trace_path)
     ecfg = EngineConfig(num_steps=opts.num_steps, max_num_seqs=slots, max_len=max_len, policy=policy,
                         trace=TraceWriter(opts.trace_path) if opts.trace_path else None, steps_capacity=max_steps,

@@ -7,7 +7,8 @@ non-empty list of non-negative ints (0 = no drafting). Every other top-level key
 (``{**top, **slot}``), so a slot overrides a global. Parameters and SGLang's defaults: see :data:`DEFAULTS`.
 A top-level ``strategy`` must be ``"ema"`` or ``"throughput_aware"``; this module parses ``"ema"`` configs, and
 :func:`parse_any_config` hands ``"throughput_aware"`` ones to :mod:`spectune.backends.num_steps.throughput_policy`
-(and the bundled engine's ``"p_min"`` / ``"specdec"`` ones to :mod:`spectune.backends.num_steps.confidence_config`).
+(and the bundled engine's ``"p_min"`` / ``"specdec"`` / ``"specserve"`` ones to
+:mod:`spectune.backends.num_steps.confidence_config`).
 
 What spectune checks beyond SGLang, always: a slot is an object; parameters have the right type and range
 (``update_interval`` >= 1, ``warmup_batches`` >= 0, ``0 <= ema_alpha <= 1``, finite floats; bools are not
@@ -271,7 +272,7 @@ def parse_any_config(obj: object, *, source: str = "config", strict: bool = True
     ``num_speculative_tokens_per_batch_size`` a vLLM speculative config (with ``num_speculative_tokens`` and no
     batch-size slot keys, a static one), an object with ``"strategy":
     "throughput_aware"`` an SGLang throughput-aware config (``ThroughputAwareConfig``), one with ``"strategy":
-    "p_min"`` or ``"specdec"`` a per-request draft-length config for the bundled engine
+    "p_min"``, ``"specdec"`` or ``"specserve"`` a per-request draft-length config for the bundled engine
     (:class:`~spectune.backends.num_steps.confidence_config.ConfidenceConfig`), any other object an SGLang EMA
     config."""
     if isinstance(obj, dict) and obj.get("strategy") == "throughput_aware":

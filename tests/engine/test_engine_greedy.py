@@ -149,3 +149,34 @@ def test_per_row_draft_length_matches_hf_with_rows_of_different_lengths_in_one_v
     rounds.clear()
     assert engine.generate(prompts, params) == expected  # specdec on the raw confidence
     assert any(len(set(r)) > 1 for r in rounds)
+
+
+@pytest.mark.parametrize("layout", ["packed"])
+def test_specserve_matches_hf_with_the_step_time_model_calibrated_at_start_up(reference, tmp_path, layout: str) -> None:
+    """SpecServe (its adaptive drafter and confidence-prior verifier on this machine's step-time model, fitted at
+    start-up) is lossless at batch 8, its verifier dropping tokens per row (the packed layout)."""
+    import json
+
+    from spectune.backends.local.engine.specserve import SpecServeRule
+
+    prompts, expected = reference
+    cfg = tmp_path / "specserve.json"
+    cfg.write_text(json.dumps({"strategy": "specserve", "n_max": 4}))
+    engine = build_engine(EngineOptions(num_steps=0, dtype="float32", device="cpu", max_num_seqs=8, max_model_len=512,
+                                        kv_cache_gb=1.0, adaptive_config=str(cfg)))
+    rule = engine.decoder.rule
+    assert isinstance(rule, SpecServeRule) and engine.cfg.num_steps == 4
+    assert rule.model.target.delta_ms > 0  # a fitted model: a target forward costs something
+    engine.decoder.verify_layout = layout
+    rounds: list[list[int]] = []
+    original = engine.decoder.decode_round
+
+    def watched(*args, **kwargs):
+        out = original(*args, **kwargs)
+        rounds.append(list(engine.decoder.last_round.drafted))
+        return out
+
+    engine.decoder.decode_round = watched  # type: ignore[method-assign]
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    assert engine.generate(prompts, params) == expected
+    assert engine.stats.spec.draft_tokens == sum(map(sum, rounds)) > 0  # drafts verified, and counted per row

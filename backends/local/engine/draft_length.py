@@ -38,7 +38,8 @@ class DraftRule:
         acceptance: an acceptance-prediction head ``(feature [B, H], prob [B]) -> p_hat [B]`` (specdec), or None.
 
     Use per round: :meth:`begin`, then :meth:`observe` once per draft step; :attr:`lengths` [B] long holds each
-    row's draft length, :attr:`active` [B] bool the rows still drafting.
+    row's draft length, :attr:`active` [B] bool the rows still drafting; :meth:`verify_lengths` gives the lengths to
+    verify (the same; :class:`~spectune.backends.local.engine.specserve.SpecServeRule` drops tokens there).
     """
 
     def __init__(self, strategy: str, threshold: float, n_max: int, acceptance: torch.nn.Module | None = None) -> None:
@@ -59,8 +60,14 @@ class DraftRule:
                                                     else ", raw draft confidence")
         return f"{name} {self.threshold:g}, n_max {self.n_max}{head}"
 
-    def begin(self, batch: int, device: torch.device) -> None:
-        """Start a round for ``batch`` rows: all drafting, lengths 0, survival probability 1."""
+    def to_json(self) -> dict[str, object]:
+        """``/server_info`` ``draft_length``: the strategy, its threshold, n_max, whether an acceptance head is read."""
+        return {"strategy": self.strategy, "threshold": self.threshold, "n_max": self.n_max,
+                "acceptance_head": self.acceptance is not None}
+
+    def begin(self, batch: int, device: torch.device, context: torch.Tensor | None = None) -> None:
+        """Start a round for ``batch`` rows: all drafting, lengths 0, survival probability 1 (``context``, the rows'
+        cached tokens, is not read by these rules)."""
         self.active = torch.ones(batch, dtype=torch.bool, device=device)  # [B]
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)  # [B]
         self.survive = torch.ones(batch, dtype=torch.float32, device=device)  # [B]: prod p_i so far
@@ -78,3 +85,7 @@ class DraftRule:
             self.survive *= p_hat if p_hat is not None else prob.float()
             self.active &= (1.0 - self.survive) <= self.threshold
         return p_hat
+
+    def verify_lengths(self, layout: str = "padded") -> torch.Tensor:
+        """Each row's length to verify [B] long: its drafted length, whatever the target's ``layout``."""
+        return self.lengths.clone()

@@ -38,6 +38,7 @@ from spectune.backends.local.model.eagle import DraftHead
 from spectune.backends.local.model.kv_cache import KVCache
 from spectune.backends.local.model.target import TargetModel
 from spectune.backends.local.engine.draft_length import DraftRule
+from spectune.backends.local.engine.specserve import SpecServeRule
 from spectune.backends.local.engine.sampling import SamplingTensors, verify
 
 
@@ -79,7 +80,8 @@ class SpeculativeDecoder:
             None for plain eager forwards.
         lazy_draft: keep the head's inputs instead of running it in prefills and K = 0 rounds (see the module
             docstring); costs ``num_slots * max_len * feature_dim`` more cache elements.
-        rule: a per-row draft-length rule (``p_min`` / ``specdec``), or None: every row drafts the round's K.
+        rule: a per-row draft-length rule (``p_min`` / ``specdec``: :class:`DraftRule`; ``specserve``:
+            :class:`SpecServeRule`), or None: every row drafts the round's K.
         acceptance: an acceptance-prediction head whose p_hat a recorded round keeps (a rule brings its own).
 
     Attributes:
@@ -100,7 +102,7 @@ class SpeculativeDecoder:
         generator: torch.Generator | None = None,
         graphs: CapturedGraphs | None = None,
         lazy_draft: bool = False,
-        rule: DraftRule | None = None,
+        rule: DraftRule | SpecServeRule | None = None,
         acceptance: torch.nn.Module | None = None,
     ) -> None:
         c = target.cfg
@@ -208,8 +210,9 @@ class SpeculativeDecoder:
                      ) -> tuple[list[int], list[list[int]]]:
         """One round for slots 0..batch-1 with ``k`` drafts each (0 = plain decoding).
 
-        With a :attr:`rule` (per-row draft length) ``k`` is its n_max and each row drafts until the rule stops it;
-        the target verifies every row's own length in one forward padded to the longest row. ``keep_draft`` (K = 0
+        With a :attr:`rule` (per-row draft length) ``k`` is its n_max and each row drafts until the rule stops it
+        (SpecServe's rule then drops low-estimate tail tokens); the target verifies every row's own length in one
+        forward (padded to the longest row, or packed: :attr:`verify_layout`). ``keep_draft`` (K = 0
         only) keeps the head usable for later drafting rounds (adaptive mode): a one-entry draft extend, or with lazy
         drafting only a copy of the head's inputs. With :attr:`record` set the round drafts all ``k`` positions for
         every row (the trace holds each position's confidence) and times its parts; :attr:`last_round` tells.
@@ -294,14 +297,15 @@ class SpeculativeDecoder:
 
         Returns:
             drafts [B, K'] long (K' <= k: a rule stops the loop once every row stopped, on CPU); per-row lengths [B]
-            long (a :attr:`rule`) or None (every row drafted K'); the drafts' confidences [B, K'] float32 and the
-            acceptance head's p_hat [B, K'] when recording or a rule needs them, else None.
+            long to verify (a :attr:`rule`'s ``verify_lengths``) or None (every row drafted K'); the drafts'
+            confidences [B, K'] float32 and the acceptance head's p_hat [B, K'] when recording or a rule needs them,
+            else None.
         """
         if k == 0:
             return torch.zeros(b, 0, dtype=torch.long, device=self.device), None, None, None
         rule, confident = self.rule, self.rule is not None or self.record
         if rule is not None:
-            rule.begin(b, self.device)
+            rule.begin(b, self.device, self.seq_len[:b])
         drafts: list[torch.Tensor] = []  # each [B]
         probs: list[torch.Tensor] = []
         p_hats: list[torch.Tensor] = []
@@ -325,8 +329,8 @@ class SpeculativeDecoder:
             elif self.acceptance is not None:
                 p_hats.append(self.acceptance(feat, prob).float())
         d = torch.stack(drafts, dim=1)  # [B, K']
-        return (d, rule.lengths.clone() if rule is not None else None, torch.stack(probs, dim=1) if probs else None,
-                torch.stack(p_hats, dim=1) if p_hats else None)
+        lengths = rule.verify_lengths(self.verify_layout) if rule is not None else None  # on the device
+        return d, lengths, torch.stack(probs, dim=1) if probs else None, torch.stack(p_hats, dim=1) if p_hats else None
 
     def move_slot(self, src: int, dst: int) -> None:
         """Move a running sequence from slot ``src`` to ``dst`` (cache rows and state)."""

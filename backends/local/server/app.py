@@ -214,6 +214,7 @@ class Server:
             "request_errors": e.num_request_errors,
             "engine_path": e.path.to_json() if e.path is not None else None,
             "step_model": e.guard.to_json(),
+            "draft_length": e.decoder.rule.to_json() if e.decoder.rule is not None else None,
         })
 
     async def set_num_steps(self, request: web.Request) -> web.Response:
