@@ -31,7 +31,7 @@ __all__ = ["parse_p_min_list", "p_min_plans", "p_min_server", "open_p_min_sweeps
 
 Prepare = Callable[[SweepFolder, SweepPlan, Backend], Awaitable[tuple[list[SweepPoint], list[Key], JsonObject]]]
 """Checks a sweep folder against its plan and runs the backend's preflight: (points kept, points to run, sweep.json's
-object) (:func:`spectune.sweep.run._prepare` with the sweep's settings)."""
+object) (:func:`spectune.sweep.prepare.prepare_folder` with the sweep's settings)."""
 MakeSweep = Callable[[SweepPlan, Backend, SweepFolder, JsonObject], Any]
 """Builds the :class:`spectune.sweep.run.Sweep` of a plan on a backend and an opened folder with its sweep.json."""
 

@@ -42,7 +42,6 @@ from spectune.loadgen.record import RequestRecord
 from spectune.measure.acceptance import per_category_points, window_acceptance
 from spectune.measure.batch_size import BATCH_SIZE_INTERVAL_S
 from spectune.measure.engine_time import engine_warnings
-from spectune.measure.environment import environment
 from spectune.measure.load_settings import ClientTimeouts
 from spectune.measure.schedule_check import check_num_steps
 from spectune.measure.signals import run_with_signals
@@ -54,9 +53,10 @@ from spectune.results.schema import SCHEDULE_FOLDER, Key, PointKey, key_fields, 
 from spectune.results.sweep_meta import SweepMeta
 from spectune.sweep.drift import drift_check, drift_summary
 from spectune.sweep.guided import GuidedPlanner
-from spectune.sweep.plan import NEW_KEYS, SweepListener, SweepOutcome, SweepPlan
+from spectune.sweep.plan import SweepListener, SweepOutcome, SweepPlan
 from spectune.sweep.schedule_server import PairedRunner, schedule_pass
 from spectune.sweep.p_min import PMinRunner, open_p_min_sweeps, p_min_plans, p_min_summary
+from spectune.sweep.prepare import prepare_folder
 from spectune.sweep.sequential import MIN_SECONDS, EarlyStop, closed_loop_throughput, prompt_sums, request_parts
 
 __all__ = ["Sweep", "execute", "run_blocking", "SCHEDULE_FOLDER"]
@@ -488,7 +488,7 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
             prompts = load_dataset(plan.dataset, plan.num_prompts, plan.seed)
         for w in caught:
             listener.warning(str(w.message))
-        kept, todo, meta = await _prepare(folder, plan, backend, resume, retry_failed, listener, timeouts,
+        kept, todo, meta = await prepare_folder(folder, plan, backend, resume, retry_failed, listener, timeouts,
                                           preflight=ray is None)
         pair_todo: list[Key] = []
         pair_kept: list[SweepPoint] = []
@@ -501,7 +501,7 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
         if cutoff_plans:
             cutoffs = await open_p_min_sweeps(
                 cutoff_plans, backend_name, options, folder,
-                lambda f, pl, b: _prepare(f, pl, b, resume, retry_failed, listener, timeouts),
+                lambda f, pl, b: prepare_folder(f, pl, b, resume, retry_failed, listener, timeouts),
                 lambda pl, b, f, m: Sweep(pl, b, f, prompts, m, listener, options.model, options.api_key_env, timeouts))
             meta.p_min = p_min_summary(cutoff_plans, backend)
         folder.open(meta, kept)
@@ -523,18 +523,15 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
             outcome.predicted, outcome.cost = list(sweep.predicted), dict(sweep.meta.cost or {})
             outcome.drift, outcome.guided = sweep.meta.drift, sweep.meta.guided
     finally:
+        extra = ([pair] if pair is not None else []) + [cut for cut, _, _ in cutoffs]  # their own servers, folders
         try:
             await backend.close()
-            if pair is not None:
-                await pair.backend.close()
-            for cut, _, _ in cutoffs:
-                await cut.backend.close()
+            for other in extra:
+                await other.backend.close()
         finally:
             folder.close()
-            if pair is not None:
-                pair.folder.close()
-            for cut, _, _ in cutoffs:
-                cut.folder.close()
+            for other in extra:
+                other.folder.close()
     return outcome
 
 
@@ -551,46 +548,11 @@ async def _schedule_sweep(plan: SweepPlan, backend_name: str, options: BackendOp
     folder = SweepFolder(parent.path / SCHEDULE_FOLDER)
     opts = dataclasses.replace(options, schedule_server_max_k=max(plan.steps), log_dir=folder.logs)
     backend = make_backend(backend_name, opts)
-    kept, todo, meta = await _prepare(folder, plan, backend, resume, retry_failed, listener, timeouts)
+    kept, todo, meta = await prepare_folder(folder, plan, backend, resume, retry_failed, listener, timeouts)
     folder.open(meta, kept)
     sweep = Sweep(plan, backend, folder, prompts, meta, listener, options.model, options.api_key_env, timeouts)
     sweep.server = {"kind": "schedule", **(meta.backend_value("schedule_server") or {})}  # type: ignore[dict-item]
     return sweep, todo, kept
-
-
-async def _prepare(folder: SweepFolder, plan: SweepPlan, backend: Backend, resume: bool, retry_failed: bool,
-                   listener: SweepListener, timeouts: ClientTimeouts,
-                   preflight: bool = True) -> tuple[list[SweepPoint], list[Key], SweepMeta]:
-    """Before a sweep folder opens: its check against ``plan`` (the points kept), the backend's preflight (its
-    warnings to ``listener``; ``preflight`` False: a ``--ray`` sweep runs it in each task), the points still to
-    run and sweep.json's object.
-
-    Raises:
-        UserError: from the folder check or the preflight.
-    """
-    kept = folder.check(plan.to_json(), resume, retry_failed, NEW_KEYS)
-    for warning in await backend.preflight(list(plan.steps)) if preflight else []:
-        listener.warning(warning)
-    done = {p.key for p in kept}
-    meta = _meta(folder, plan, backend)
-    meta.client = timeouts.to_json()
-    return kept, [k for k in plan.points() if k not in done], meta
-
-
-def _meta(folder: SweepFolder, plan: SweepPlan, backend: Backend) -> SweepMeta:
-    """sweep.json for this run; a resumed sweep keeps ``created`` and moves the earlier runs' environment into
-    ``history``."""
-    import spectune
-
-    env = environment()
-    meta = SweepMeta(spectune.__version__, now_iso(), plan.to_json(), backend.describe(), env["host"],
-                     env["versions"])
-    old = folder.read_meta()
-    if old is not None:
-        history = list(old.get("history") or [])
-        history.append({k: old.get(k) for k in ("created", "resumed", "backend", "host", "versions") if k in old})
-        meta.created, meta.resumed, meta.history = str(old.get("created", meta.created)), now_iso(), history
-    return meta
 
 
 def run_blocking(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,

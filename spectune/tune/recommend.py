@@ -171,11 +171,9 @@ class Recommendation:
     primary: Primary | None = None
     schedule_slots: list[Slot] = field(default_factory=list)  # the per-batch-size slots before that
     requests: Any = field(default=None, repr=False, compare=False)  # the sweep's request objects, or None
-    #: the schedule server's cells (the sweep's ``schedule-server/`` folder), where a schedule's slots are priced;
-    #: empty when the sweep has none (slots are then priced at the static cells)
+    #: the schedule server's cells (``schedule-server/``), where a schedule's slots are priced, and the choice among
+    #: them per concurrency (``choices``: among the static cells); empty without one (slots priced at static cells)
     schedule_cells: list[Cell] = field(default_factory=list)
-    #: the per-concurrency choice among the schedule server's cells (empty without them); ``choices`` stays the
-    #: choice among the static cells
     schedule_choices: list[Choice] = field(default_factory=list)
     #: :func:`spectune.tune.gain.schedule_server_costs`: each pinned K's schedule server against the static server of that K
     server_costs: list[dict[str, Any]] = field(default_factory=list)
@@ -217,20 +215,11 @@ class Recommendation:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable dict (NaN -> None)."""
-        def clean(x: Any) -> Any:
-            if isinstance(x, float) and not math.isfinite(x):
-                return None
-            if isinstance(x, dict):
-                return {str(k): clean(v) for k, v in x.items()}
-            if isinstance(x, list):
-                return [clean(v) for v in x]
-            return x
         skip = ("replicates", "runs", "bootstrap")  # working data of the comparisons, not results
-        cells = [{**{f.name: copy.deepcopy(getattr(c, f.name)) for f in fields(c) if f.name not in skip},
-                  "eligible": c.eligible} for c in self.cells]
-        sched, cut = ([{**{f.name: copy.deepcopy(getattr(c, f.name)) for f in fields(c) if f.name not in skip},
-                        "eligible": c.eligible} for c in group] for group in (self.schedule_cells, self.p_min_cells))
-        return clean({"options": asdict(self.options), "choices": [asdict(c) for c in self.choices],
+        cells, sched, cut = ([{**{f.name: copy.deepcopy(getattr(c, f.name)) for f in fields(c) if f.name not in skip},
+                               "eligible": c.eligible} for c in group]
+                             for group in (self.cells, self.schedule_cells, self.p_min_cells))
+        return _finite({"options": asdict(self.options), "choices": [asdict(c) for c in self.choices],
                       "schedule_cells": sched, "schedule_choices": [asdict(c) for c in self.schedule_choices],
                       "schedule_server_costs": self.server_costs, "schedule_server": self.schedule_server,
                       "slots": [asdict(s) for s in self.slots], "slot_key": self.batch_size_source,
@@ -240,6 +229,15 @@ class Recommendation:
                       "primary": self.primary.to_json() if self.primary else {},
                       "schedule_slots": [asdict(s) for s in self.schedule_slots],
                       **({"p_min_cells": cut, "p_min": self.p_min} if self.p_min is not None else {})})
+
+
+def _finite(x: Any) -> Any:
+    """``x`` with every non-finite float (NaN, inf) as None, dict keys as strings (JSON has no NaN)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _finite(v) for k, v in x.items()}
+    return [_finite(v) for v in x] if isinstance(x, list) else x
 
 
 def effective_slos(results: Results, opts: RecommendOptions) -> tuple[float | None, float | None, str]:
@@ -520,14 +518,11 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
     boot = Bootstrap({r.get("prompt_id") for rs in (records or [], sched_records or []) for r in rs})
     attach_intervals(cells, df, records, opts, ttft, tpot, boot)
     sched_cells = schedule_server_cells(sched, sched_records, opts, ttft, tpot, boot, len(cells), warnings)
-    drift_info = meta.drift or None
-    drift = DriftBand.from_sweep(drift_info)
-    times = cell_times(results.points or [])
-    for cell in cells:
-        cell.at_s = None if cell.predicted else times.get((cell.steps, cell.concurrency))
-    sched_times = cell_times(sched.points or []) if sched is not None else {}
-    for cell in sched_cells:
-        cell.at_s = sched_times.get((cell.steps, cell.concurrency))
+    drift = DriftBand.from_sweep(drift_info := meta.drift or None)
+    for group, points in ((cells, results.points), (sched_cells, sched.points if sched is not None else None)):
+        times = cell_times(points or [])  # when each cell was measured (a schedule server's cells are all measured)
+        for cell in group:
+            cell.at_s = None if cell.predicted else times.get((cell.steps, cell.concurrency))
     if drift.change > 0:
         warnings.append(f"the drift check saw the reference cell move {drift.change:.1%} during the sweep "
                         f"({meta.drift_summary}): a difference between two cells "
@@ -567,7 +562,6 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
         warnings.append(f"the sweep ran at data-parallel size {dp}: vLLM ignores num_speculative_tokens_per_batch_size "
                         "there (static num_speculative_tokens), and SGLang's adaptive mode does not run with "
                         "attention DP; validate the configs on the deployment they are meant for")
-
     findings = [f.to_json() for f in batch_dependent_acceptance(results.points or [])]
     for ch in choices:
         cell = next((c for c in cells if c.steps == ch.steps and c.concurrency == ch.concurrency), None)

@@ -265,7 +265,7 @@ def test_threshold_picking_finds_the_informative_threshold() -> None:
     """Draft probabilities 0.9 on accepted positions, 0.35 at the first rejection, 0.2 after, every row rejected
     before num_steps: p_min 0.4 drafts exactly the accepted tokens (the oracle's lengths), 0.1 drafts all 4 (the
     same tokens in more time), 0.95 nothing; with a round's time mostly fixed, 0.4 is the best at every batch
-    size."""
+    size, a little behind the oracle, which never computes the draft position that stops a row."""
     rng = np.random.default_rng(11)
     steps = []
     for r in range(80):
@@ -279,7 +279,7 @@ def test_threshold_picking_finds_the_informative_threshold() -> None:
     p04 = next(r for r in cmp.results if r.spec.label == "p_min:0.4")
     oracle = next(r for r in cmp.results if r.spec.label == "oracle")
     assert p04.overall.acceptance_length == oracle.overall.acceptance_length
-    assert p04.overall.tok_s == pytest.approx(oracle.overall.tok_s)
+    assert p04.overall.tok_s < oracle.overall.tok_s  # p_min also computes the position that stops a row
 
 
 def test_parse_policies() -> None:
