@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from spectune.draft.data import heldout_sharegpt, normalise
+from spectune.draft.data import chat_records, heldout_sharegpt
 
 SAMPLES_FILE = "samples.pt"
 
@@ -132,20 +132,7 @@ def acceptance_prompts(tokenizer: Any, head_dir: Path, limit: int, max_prompt_to
     Raises:
         UserError: the head folder lists no training prompts (from :func:`heldout_sharegpt`).
     """
-    pool = heldout_sharegpt(head_dir, 10**7, seed)
-    seen: set[str] = set()
-    out: list[dict] = []
-    for p in pool:
-        key = normalise(p.text)
-        if key in seen or key in exclude:
-            continue
-        seen.add(key)
-        ids = tokenizer.encode_chat(p.messages)
-        if len(ids) <= max_prompt_tokens:
-            out.append({"id": p.id, "prompt_ids": ids})
-            if len(out) >= limit:
-                break
-    return out
+    return chat_records(heldout_sharegpt(head_dir, 10**7, seed), tokenizer, max_prompt_tokens, exclude, limit)
 
 
 def evaluation_prompts(tokenizer: Any, dataset: str, limit: int, max_prompt_tokens: int, seed: int) -> list[dict]:

@@ -43,9 +43,19 @@ def training_prompts(tokenizer: Any, limit: int, max_prompt_tokens: int, exclude
     """
     from spectune.loadgen.datasets import read_sharegpt
 
+    out = chat_records(read_sharegpt(None, 10**7), tokenizer, max_prompt_tokens, exclude)
+    random.Random(seed).shuffle(out)
+    return out[:limit]
+
+
+def chat_records(prompts: Iterable[Any], tokenizer: Any, max_prompt_tokens: int, exclude: set[str],
+                 limit: int | None = None) -> list[dict]:
+    """``{"id", "prompt_ids"}`` of ``prompts`` (dataset prompts with ``id``, ``text``, ``messages``) in order: the chat
+    template applied, repeats and ``exclude`` (normalised texts) removed, at most ``max_prompt_tokens``; stops at
+    ``limit`` records (None: all)."""
     seen: set[str] = set()
     out: list[dict] = []
-    for p in read_sharegpt(None, 10**7):
+    for p in prompts:
         key = normalise(p.text)
         if key in seen or key in exclude:
             continue
@@ -53,8 +63,9 @@ def training_prompts(tokenizer: Any, limit: int, max_prompt_tokens: int, exclude
         ids = tokenizer.encode_chat(p.messages)
         if len(ids) <= max_prompt_tokens:
             out.append({"id": p.id, "prompt_ids": ids})
-    random.Random(seed).shuffle(out)
-    return out[:limit]
+            if limit is not None and len(out) >= limit:
+                break
+    return out
 
 
 def magpie_prompts(engine: Any, limit: int, max_prompt_tokens: int, exclude: set[str], seed: int, out: Path,

@@ -26,6 +26,7 @@ from spectune.results.folder import SweepFolder
 from spectune.results.point import ServerRecord, SweepPoint
 from spectune.results.schema import P_MIN_FOLDER, Key, p_min_folder_name
 from spectune.sweep.plan import SweepPlan
+from spectune.sweep.schedule_server import StaticLedRunner
 
 __all__ = ["parse_p_min_list", "p_min_plans", "p_min_server", "open_p_min_sweeps", "PMinRunner"]
 
@@ -128,11 +129,10 @@ def p_min_summary(plans: Sequence[tuple[float, SweepPlan]], backend: Backend) ->
             "folder": P_MIN_FOLDER}
 
 
-class PMinRunner:
-    """The static cells' sweep and the cutoffs' sweeps as one runner (what :func:`spectune.sweep.run.execute` runs,
-    as it runs a plain :class:`spectune.sweep.run.Sweep`): :meth:`run` measures the static points in their own order,
-    then each cutoff's points on its own server (a sweep stops its server at its end, so two never run at once);
-    ``ran``, ``predicted`` and ``meta`` are the static sweep's (the cutoffs' points live in their own folders).
+class PMinRunner(StaticLedRunner):
+    """The static cells' sweep and the cutoffs' sweeps as one runner: :meth:`run` measures the static points in their
+    own order, then each cutoff's points on its own server (a sweep stops its server at its end, so two never run at
+    once); the cutoffs' points live in their own folders.
 
     Args:
         static: the static cells' runner. cutoffs: (sweep, points to run) per cutoff, in measuring order.
@@ -140,18 +140,6 @@ class PMinRunner:
 
     def __init__(self, static: Any, cutoffs: Sequence[tuple[Any, Sequence[Key]]]) -> None:
         self.static, self.cutoffs = static, [(s, list(todo)) for s, todo in cutoffs]
-
-    @property
-    def ran(self) -> int:
-        return self.static.ran
-
-    @property
-    def predicted(self) -> list[Any]:
-        return self.static.predicted
-
-    @property
-    def meta(self) -> Any:
-        return self.static.meta
 
     async def run(self, todo: Sequence[Key]) -> None:
         """Measure the static points ``todo``, then every cutoff's points."""

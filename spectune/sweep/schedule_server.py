@@ -89,19 +89,12 @@ async def run_pair(first: Any, first_todo: Sequence[Key], second: Any, second_to
             s._save_meta()
 
 
-class PairedRunner:
-    """The static servers' sweep and the schedule server's as one runner (what
-    :func:`spectune.sweep.run.execute` runs, as it runs a plain :class:`spectune.sweep.run.Sweep`): :meth:`run`
-    measures the two sweeps' points in alternating num_steps blocks (:func:`run_pair`); ``ran``, ``predicted`` and
-    ``meta`` are the static sweep's (the schedule server's points live in its own folder).
+class StaticLedRunner:
+    """A runner around the static cells' sweep and other sweeps with folders of their own (what
+    :func:`spectune.sweep.run.execute` runs, as it runs a plain :class:`spectune.sweep.run.Sweep`): ``ran``,
+    ``predicted`` and ``meta`` are the static sweep's; subclasses say in :meth:`run` how the sweeps take turns."""
 
-    Args:
-        static: the static servers' sweep. schedule: the schedule server's :class:`spectune.sweep.run.Sweep`.
-        schedule_todo: the schedule server's points still to measure.
-    """
-
-    def __init__(self, static: Any, schedule: Any, schedule_todo: Sequence[Key]) -> None:
-        self.static, self.schedule, self.schedule_todo = static, schedule, list(schedule_todo)
+    static: Any
 
     @property
     def ran(self) -> int:
@@ -114,6 +107,19 @@ class PairedRunner:
     @property
     def meta(self) -> Any:
         return self.static.meta
+
+
+class PairedRunner(StaticLedRunner):
+    """The static servers' sweep and the schedule server's as one runner: :meth:`run` measures the two sweeps' points
+    in alternating num_steps blocks (:func:`run_pair`); the schedule server's points live in its own folder.
+
+    Args:
+        static: the static servers' sweep. schedule: the schedule server's :class:`spectune.sweep.run.Sweep`.
+        schedule_todo: the schedule server's points still to measure.
+    """
+
+    def __init__(self, static: Any, schedule: Any, schedule_todo: Sequence[Key]) -> None:
+        self.static, self.schedule, self.schedule_todo = static, schedule, list(schedule_todo)
 
     async def run(self, todo: Sequence[Key]) -> None:
         """Measure the static points ``todo`` and the schedule server's, one num_steps block of each in turn."""

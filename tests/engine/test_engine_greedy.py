@@ -10,7 +10,7 @@ import torch
 from spectune.backends.local.build import build_engine
 from spectune.backends.local.options import EngineOptions
 from spectune.backends.local.engine.sequence import SamplingParams
-from helpers.engine import bundled_head_available
+from helpers.engine import bundled_head_available, watch_rounds
 
 PROMPTS = [
     "Hi!",
@@ -128,15 +128,7 @@ def test_per_row_draft_length_matches_hf_with_rows_of_different_lengths_in_one_v
     engine = build_engine(EngineOptions(num_steps=0, dtype="float32", device="cpu", max_num_seqs=8, max_model_len=512,
                                         kv_cache_gb=1.0, adaptive_config=str(cfg)))
     assert engine.decoder.rule is not None and engine.cfg.num_steps == 4
-    rounds: list[list[int]] = []
-    original = engine.decoder.decode_round
-
-    def watched(*args, **kwargs):
-        out = original(*args, **kwargs)
-        rounds.append(list(engine.decoder.last_round.drafted))
-        return out
-
-    engine.decoder.decode_round = watched  # type: ignore[method-assign]
+    rounds = watch_rounds(engine)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
     assert engine.generate(prompts, params) == expected  # p_min, padded
     assert any(len(set(r)) > 1 for r in rounds)  # rows of one round verified different draft lengths
@@ -168,15 +160,7 @@ def test_specserve_matches_hf_with_the_step_time_model_calibrated_at_start_up(re
     assert isinstance(rule, SpecServeRule) and engine.cfg.num_steps == 4
     assert rule.model.target.delta_ms > 0  # a fitted model: a target forward costs something
     engine.decoder.verify_layout = layout
-    rounds: list[list[int]] = []
-    original = engine.decoder.decode_round
-
-    def watched(*args, **kwargs):
-        out = original(*args, **kwargs)
-        rounds.append(list(engine.decoder.last_round.drafted))
-        return out
-
-    engine.decoder.decode_round = watched  # type: ignore[method-assign]
+    rounds = watch_rounds(engine)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
     assert engine.generate(prompts, params) == expected
     assert engine.stats.spec.draft_tokens == sum(map(sum, rounds)) > 0  # drafts verified, and counted per row

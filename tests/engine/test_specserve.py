@@ -14,6 +14,7 @@ from spectune.backends.num_steps import parse_any_config
 from spectune.backends.num_steps.confidence_config import ConfidenceConfig
 from spectune.backends.num_steps.step_time import ForwardCost, StepTimeModel, verify_tokens
 from helpers.tiny_models import tiny_engine
+from helpers.engine import watch_rounds
 
 CPU = torch.device("cpu")
 # a draft forward costs 1 ms, a target forward 6 ms + 2 ms per batch token: at one row a round of j >= 1 drafts is
@@ -143,15 +144,7 @@ def test_specserve_on_a_tiny_engine_is_lossless_and_packed_rows_verify_their_own
     engine = tiny_engine(num_steps=3)
     engine.decoder.rule = SpecServeRule(TOKEN_MS, 3)  # a known model: verifying costs per token, drafting little
     engine.decoder.verify_layout = layout
-    rounds: list[list[int]] = []
-    original = engine.decoder.decode_round
-
-    def watched(*args, **kwargs):
-        out = original(*args, **kwargs)
-        rounds.append(list(engine.decoder.last_round.drafted))
-        return out
-
-    engine.decoder.decode_round = watched  # type: ignore[method-assign]
+    rounds = watch_rounds(engine)
     assert engine.generate(prompts, params) == expected
     assert engine.stats.spec.draft_tokens > 0
     # packed: the verifier drops single tokens, so rows of one round differ; padded: only whole columns go

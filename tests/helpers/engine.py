@@ -184,3 +184,18 @@ class SubprocessServer:
                 self.proc.kill()
                 self.proc.wait(5)
         self._log.close()
+
+
+def watch_rounds(engine) -> list[list[int]]:
+    """Record, from now on, each decode round's per-row draft lengths (``decoder.last_round.drafted``): the list
+    returned grows by one entry per round of ``engine``."""
+    rounds: list[list[int]] = []
+    original = engine.decoder.decode_round
+
+    def watched(*args, **kwargs):
+        out = original(*args, **kwargs)
+        rounds.append(list(engine.decoder.last_round.drafted))
+        return out
+
+    engine.decoder.decode_round = watched
+    return rounds
