@@ -26,13 +26,14 @@ def _pct(v: object) -> str:
     return "-" if not isinstance(v, (int, float)) else f"{v:.1%}"
 
 
-def _ratio(d: BakeoffCell) -> str:
-    """``1.031x [0.990, 1.072]``, ``1.031x`` without an interval, ``-`` without a ratio."""
+def ratio_text(d: BakeoffCell, lead: bool = False) -> str:
+    """A cell's ratio to the best static with its interval: ``1.031x [0.990, 1.072]`` (``x1.031 [...]`` with
+    ``lead``, as the terminal shows it), without the brackets when it has no interval, ``-`` without a ratio."""
     r = d.ratio
     if not isinstance(r, (int, float)):
         return "-"
     iv = f" [{d.low:.3f}, {d.high:.3f}]" if isinstance(d.low, (int, float)) else ""
-    return f"{r:.3f}x{iv}"
+    return (f"x{r:.3f}" if lead else f"{r:.3f}x") + iv
 
 
 def _label(row: BakeoffRow) -> str:
@@ -47,7 +48,7 @@ def overall_cells(bakeoff: RecordedBakeoff) -> list[list[str]]:
         o = row.overall or BakeoffCell()
         outcome = row.verdict.outcome if row.verdict is not None else ""
         rows.append([_label(row), str(row.run), outcome or "-", _f(o.output_throughput_tok_s, ",.1f"),
-                     "1" if row.name is None else _ratio(o), _f(o.tpot_p50_ms, ".2f"), _f(o.tpot_p99_ms, ".2f"),
+                     "1" if row.name is None else ratio_text(o), _f(o.tpot_p50_ms, ".2f"), _f(o.tpot_p99_ms, ".2f"),
                      _pct(o.slo_attainment), _f(o.goodput_req_s, ".2f")])
     return rows
 
@@ -65,7 +66,7 @@ def phase_cells(bakeoff: RecordedBakeoff, labels: Sequence[str] = ()) -> list[li
             (str(r.name), r.phases[i], None) for r in configs if len(r.phases) > i]
         for name, ph, fixed in rows:
             label = ph.label or (labels[i] if i < len(labels) else "")
-            ratio = fixed or _ratio(ph)
+            ratio = fixed or ratio_text(ph)
             if fixed is None and ph.best_static is not None and ratio != "-":
                 ratio += f" K={ph.best_static}"
             out.append([f"{i + 1}: {label}", name, _f(ph.steady_output_throughput_tok_s, ",.1f"), ratio,

@@ -14,7 +14,7 @@ from spectune.measure.node_progress import NodeTask
 from spectune.measure.progress import LiveProgress
 from spectune.results.validate_doc import BakeoffCell, RecordedBakeoff, RecordedPlan
 from spectune.results.validate_run import ValidateRun
-from spectune.validate.bakeoff_table import winner_sentence
+from spectune.validate.bakeoff_table import ratio_text, winner_sentence
 from spectune.validate.plan import ValidateListener, ValidatePlan
 from spectune.validate.verdict import row_cells
 
@@ -142,7 +142,7 @@ def bakeoff_table(bakeoff: RecordedBakeoff, plan: RecordedPlan) -> Table:
             if is_best:
                 lines.append("K=" + str(w.steps) if i > 0 and cell else "1")
             else:
-                lines.append(_ratio_text(w) + (f" K={w.best_static}" if i > 0 and w.best_static is not None else ""))
+                lines.append(ratio_text(w, lead=True) + (f" K={w.best_static}" if i > 0 and w.best_static is not None else ""))
             lines.append("-" if w.tpot_p50_ms is None else f"{w.tpot_p50_ms:.2f} ms")
             if slo:
                 att, good = w.slo_attainment, w.goodput_req_s
@@ -156,12 +156,3 @@ def bakeoff_table(bakeoff: RecordedBakeoff, plan: RecordedPlan) -> Table:
 
 
 _STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "bold yellow"}
-
-
-def _ratio_text(w: BakeoffCell) -> str:
-    """``x1.031 [0.990, 1.072]`` (a ratio to the best static with its interval), ``-`` without one."""
-    r = w.ratio
-    if not isinstance(r, (int, float)):
-        return "-"
-    iv = f" [{w.low:.3f}, {w.high:.3f}]" if isinstance(w.low, (int, float)) else ""
-    return f"x{r:.3f}{iv}"
