@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -17,6 +17,9 @@ from spectune.commands.options import (LOAD_PANEL, RAY_PANEL, SERVER_PANEL, Comp
                                        ServerBin, StartupTimeout, Temperature, WarmupTimeout, backend_options,
                                        ray_options)
 from spectune.core.errors import UserError
+
+if TYPE_CHECKING:
+    from spectune.results.validate_doc import ValidateDoc
 
 _WORK = "Workload"
 
@@ -130,6 +133,8 @@ def validate(
     from spectune.measure.load_settings import ClientTimeouts
     from spectune.validate.run import execute
     from spectune.validate.plan import BakeoffConfig, ValidatePlan, config_candidates, parse_configs
+    from spectune.results.validate_doc import RecordedPrediction, ValidateDoc
+    from spectune.results.validate_run import ValidateRun
     from spectune.validate.repeats import combine_repeats
     from spectune.validate.display import LiveValidateDisplay, results_table
     from spectune.validate.verdict import spread_line
@@ -177,19 +182,19 @@ def validate(
         err.print(f"interrupted: partial results in {output_dir} (validate.json says which runs finished)",
                   markup=False)
         raise typer.Exit(143 if sig == signal.SIGTERM else 130)
-    console.print(results_table(combine_repeats(outcome.runs), plan))
+    console.print(results_table(combine_repeats([ValidateRun.from_dict(r) for r in outcome.runs]), plan))
     if outcome.bakeoff is not None:
-        _print_bakeoff(console, outcome.bakeoff, plan.to_json())
+        _print_bakeoff(console, ValidateDoc.from_json({"plan": plan.to_json(), "bakeoff": outcome.bakeoff}))
     v = outcome.verdict
     console.print(v.line, style=_STYLE.get(v.outcome, "bold red"), markup=False, soft_wrap=True)
-    spread = spread_line({"instance_spread": outcome.instance_spread, "verdict": {"confidence": v.confidence}})
+    spread = spread_line(outcome.instance_spread, v.confidence)
     if spread:
         console.print(spread, markup=False, soft_wrap=True)
     if outcome.phase_check:
         console.print(f"per phase: {outcome.phase_check['line']}", markup=False, soft_wrap=True)
     from spectune.validate.prediction import summary_lines
 
-    for line in summary_lines({"prediction": outcome.prediction}):
+    for line in summary_lines(RecordedPrediction.from_json(outcome.prediction)):
         console.print(line, markup=False, soft_wrap=True)
     console.print(f"results in {output_dir} (validate.md, validate.json, requests.jsonl)", markup=False,
                   soft_wrap=True)
@@ -200,15 +205,17 @@ def validate(
 _STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "bold yellow"}
 
 
-def _print_bakeoff(console, bakeoff: dict, plan: dict) -> None:
+def _print_bakeoff(console, doc: ValidateDoc) -> None:
     """A bake-off's table and one verdict line per config (``NAME: PASS: ...``), before the overall line
-    (``plan``: validate.json's ``plan``, for the phases and SLOs)."""
+    (validate.json's ``bakeoff``, and its ``plan`` for the phases and SLOs)."""
     from spectune.validate.display import bakeoff_table
 
-    console.print(bakeoff_table(bakeoff, plan))
-    for row in bakeoff.get("configs") or []:
-        v = row.get("verdict") or {}
-        console.print(f"{row.get('name')}: {v.get('line')}", style=_STYLE.get(str(v.get("outcome")), "bold red"),
+    if doc.bakeoff is None:
+        return
+    console.print(bakeoff_table(doc.bakeoff, doc.plan))
+    for row in doc.bakeoff.configs:
+        v = row.verdict
+        console.print(f"{row.name}: {v.line if v else None}", style=_STYLE.get(v.outcome if v else "", "bold red"),
                       markup=False, soft_wrap=True)
 
 
@@ -218,6 +225,7 @@ def _rule_again(configs: list[tuple[str, str]], output_dir: Optional[Path]) -> N
     ``--config``."""
     from rich.console import Console
 
+    from spectune.results.validate_doc import RecordedPrediction, ValidateDoc
     from spectune.validate.prediction import summary_lines
     from spectune.validate.run import rule_again, rule_again_bakeoff
     from spectune.validate.verdict import spread_line
@@ -228,16 +236,16 @@ def _rule_again(configs: list[tuple[str, str]], output_dir: Optional[Path]) -> N
     if len(configs) > 1:
         v, meta = rule_again_bakeoff(output_dir, [n for n, _ in configs])
         prediction, phases, spread = None, None, meta.get("instance_spread")
-        _print_bakeoff(console, meta["bakeoff"], meta.get("plan") or {})
+        _print_bakeoff(console, ValidateDoc.from_json(meta))
     else:
         v, prediction, phases, spread = rule_again(output_dir, configs[0][1])
     console.print(v.line, style=_STYLE.get(v.outcome, "bold red"), markup=False, soft_wrap=True)
-    line = spread_line({"instance_spread": spread, "verdict": {"confidence": v.confidence}})
+    line = spread_line(spread, v.confidence)
     if line:
         console.print(line, markup=False, soft_wrap=True)
     if phases:
         console.print(f"per phase: {phases['line']}", markup=False, soft_wrap=True)
-    for line in summary_lines({"prediction": prediction}):
+    for line in summary_lines(RecordedPrediction.from_json(prediction)):
         console.print(line, markup=False, soft_wrap=True)
     console.print(f"rewrote {output_dir}/validate.json and validate.md", markup=False, soft_wrap=True)
     if v.exit_code:

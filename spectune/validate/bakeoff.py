@@ -22,7 +22,8 @@ from dataclasses import asdict, replace
 from typing import Sequence, TypedDict
 
 from spectune.core.json_types import JsonObject
-from spectune.results.validate_run import RunEntry, RunWindow
+from spectune.results.validate_doc import ValidateDoc
+from spectune.results.validate_run import RunWindow, ValidateRun
 from spectune.validate.phase_check import STEADY, PhaseRuling, phase_check, phase_spreads
 from spectune.validate.plan import CONFIG_PREFIX
 from spectune.validate.prediction import find_recommendation
@@ -67,29 +68,28 @@ class BakeoffJson(TypedDict):
     line: str
 
 
-def config_view(runs: Sequence[RunEntry], requests: Sequence[JsonObject],
-                run: str) -> tuple[list[RunEntry], list[JsonObject]]:
+def config_view(runs: Sequence[ValidateRun], requests: Sequence[JsonObject],
+                run: str) -> tuple[list[ValidateRun], list[JsonObject]]:
     """The runs (validate.json ``runs`` entries) and requests (requests.jsonl objects) of a bake-off as a
     validation of the one config measured by ``run`` would hold them: every static and A/A run, that config's run
     renamed ``config``, the other configs' runs (``config:...``) left out. A ``static:K`` ``run`` (a static config)
     keeps every static run as it is."""
-    def keep(d: RunEntry | JsonObject) -> bool:
-        name = str(d.get("run", ""))
+    def keep(name: str) -> bool:
         return not name.startswith(CONFIG_PREFIX) or name == run
 
-    def named(d: dict) -> dict:
-        return {**d, "run": "config"} if run.startswith(CONFIG_PREFIX) and d.get("run") == run else d
-
-    return [named(r) for r in runs if keep(r)], [named(q) for q in requests if keep(q)]
+    rename = run.startswith(CONFIG_PREFIX)
+    return ([replace(r, run="config") if rename and r.run == run else r for r in runs if keep(r.run)],
+            [{**q, "run": "config"} if rename and q.get("run") == run else q for q in requests
+             if keep(str(q.get("run", "")))])
 
 
 def goodput_req_s(window: RunWindow) -> float | None:
     """Goodput of one repeat's window: requests sent in it that met the SLOs, per s of the window
     (``slo_attainment`` x ``num_requests`` / (``end_s`` - ``start_s``); vLLM's ``--goodput``, as
     :func:`spectune.loadgen.metrics.compute_metrics` counts ``goodput_req_s``). None without SLOs."""
-    att, n = window.get("slo_attainment"), window.get("num_requests")
-    length = (window.get("end_s") or 0.0) - (window.get("start_s") or 0.0)
-    if att is None or n is None or length <= 0:
+    att, n = window.slo_attainment, window.num_requests
+    length = (window.end_s or 0.0) - (window.start_s or 0.0)
+    if att is None or not window.has("num_requests") or length <= 0:
         return None
     return att * n / length
 
@@ -99,20 +99,19 @@ def _mean(xs: Sequence[float | None]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def _numbers(combined: RunEntry, repeats: Sequence[RunEntry], phase: int | None) -> JsonObject:
+def _numbers(combined: ValidateRun, repeats: Sequence[ValidateRun], phase: int | None) -> JsonObject:
     """:data:`WINDOW_KEYS` of a run's window (``phase`` 0-based, None = overall) from its repeats combined, and
     its goodput averaged over the repeats (``repeats``: its validate.json entries)."""
-    def window(r: RunEntry) -> RunWindow:
+    def window(r: ValidateRun) -> RunWindow:
         if phase is None:
-            return r.get("overall") or {}
-        ps = r.get("phases") or []
-        return ps[phase] if phase < len(ps) else {}
+            return r.overall
+        return r.phases[phase] if phase < len(r.phases) else RunWindow.empty()
 
     w = window(combined)
-    out: JsonObject = {k: w.get(k) for k in WINDOW_KEYS if phase is not None or k != STEADY}
+    out: JsonObject = {k: getattr(w, k) for k in WINDOW_KEYS if phase is not None or k != STEADY}
     if phase is not None:
-        out = {"phase": phase + 1, "label": w.get("label"), **out}
-    out["goodput_req_s"] = _mean([goodput_req_s(window(r)) for r in repeats if r.get("status") == "ok"])
+        out = {"phase": phase + 1, "label": w.label, **out}
+    out["goodput_req_s"] = _mean([goodput_req_s(window(r)) for r in repeats if r.ok])
     return out
 
 
@@ -128,14 +127,14 @@ def _primary(path: str) -> PrimaryRecommendation | None:
         return None
 
 
-def _row(name: str | None, run: str, combined: list[RunEntry], runs: Sequence[RunEntry]) -> BakeoffRow | None:
+def _row(name: str | None, run: str, combined: list[ValidateRun], runs: Sequence[ValidateRun]) -> BakeoffRow | None:
     """The table row of ``run`` (overall and per phase), None when it has no successful combined entry."""
-    entry = next((r for r in combined if r.get("run") == run and r.get("status") == "ok"), None)
+    entry = next((r for r in combined if r.run == run and r.ok), None)
     if entry is None:
         return None
-    repeats = [r for r in runs if r.get("run") == run]
-    n = len(entry.get("phases") or [])
-    return {"name": name, "run": run, "steps": entry.get("steps"), "overall": _numbers(entry, repeats, None),
+    repeats = [r for r in runs if r.run == run]
+    n = len(entry.phases)
+    return {"name": name, "run": run, "steps": entry.steps, "overall": _numbers(entry, repeats, None),
             "phases": [_numbers(entry, repeats, i) for i in range(n)]}
 
 
@@ -147,39 +146,36 @@ def rule_bakeoff(meta: JsonObject, requests: list[JsonObject]) -> Verdict:
     The overall verdict: PASS naming the winner (the passing config with the highest overall output throughput;
     first given of equals) with its own line; else INCONCLUSIVE when some config's verdict is INCONCLUSIVE, else
     FAIL, naming the best static num_steps as the winner. ``requests``: requests.jsonl objects (chunk times)."""
-    runs, plan = meta.get("runs") or [], meta.get("plan") or {}
+    doc = ValidateDoc.from_json(meta)
+    runs, plan = doc.runs, doc.plan
     spread = overall_spread(runs, requests)
-    if plan.get("servers") == "kept":
+    if plan.servers == "kept":
         spread = replace(spread, kept=True)
     meta["instance_spread"] = spread.to_json()
     source = spread.source(within=bool(requests))
-    with_slo = plan.get("slo_ttft_ms") is not None or plan.get("slo_tpot_ms") is not None
-    concurrencies = [p.get("concurrency") for p in (plan.get("workload") or {}).get("phases") or []]
+    with_slo = plan.with_slo
+    concurrencies = plan.workload.concurrencies
     spreads = phase_spreads(runs, requests, concurrencies)
     combined = combine_repeats(runs)
-    statics = sorted((r for r in combined if str(r.get("run", "")).startswith("static:") and r.get("status") == "ok"
-                      and (r.get("overall") or {}).get("output_throughput_tok_s") is not None),
-                     key=lambda r: r["steps"])
-    best = max(statics, key=lambda r: r["overall"]["output_throughput_tok_s"]) if statics else None
-    best_row = _row(None, best["run"], combined, runs) if best else None
+    statics = sorted((r for r in combined if r.run.startswith("static:") and r.ok and r.throughput is not None),
+                     key=lambda r: r.steps)
+    best = max(statics, key=lambda r: r.throughput or 0.0) if statics else None
+    best_row = _row(None, best.run, combined, runs) if best else None
     rows: list[tuple[BakeoffRow, Verdict, float]] = []
-    for c in meta.get("configs") or []:
-        run = str(c["run"])
+    for c in doc.configs:
+        run = c.run
         view, view_requests = config_view(runs, requests, run)
-        same = c.get("static_equivalent")
-        v = verdict(combine_repeats(view), with_slo, plan.get("tolerance") or 0.0,
+        v = verdict(combine_repeats(view), with_slo, plan.tolerance or 0.0,
                     ratio=lambda a, b, view=view, q=view_requests: throughput_ratio(view, q, a, b, spread=spread),
-                    recommended=_primary(str(c.get("path") or "")),
-                    config_static=(int(same["steps"]), str(same.get("reason") or "")) if same else None,
-                    interval_source=source)
-        stand = run if same else "config"
-        row = _row(str(c["name"]), run, combined, runs) or {"name": str(c["name"]), "run": run, "steps": None,
-                                                             "overall": {}, "phases": []}
+                    recommended=_primary(str(c.path or "")), config_static=c.static, interval_source=source)
+        stand = run if c.static else "config"
+        row = _row(str(c.name), run, combined, runs) or {"name": str(c.name), "run": run, "steps": None,
+                                                         "overall": {}, "phases": []}
         row["verdict"] = asdict(v)
         if best is not None and row["overall"]:
-            iv = (throughput_ratio(view, view_requests, stand, best["run"], spread=spread)
-                  if run != best["run"] else None)
-            bt = best["overall"]["output_throughput_tok_s"]
+            iv = (throughput_ratio(view, view_requests, stand, best.run, spread=spread)
+                  if run != best.run else None)
+            bt = best.throughput or 0.0
             row["overall"].update(ratio=(row["overall"]["output_throughput_tok_s"] or 0.0) / bt if bt > 0 else None,
                                   low=iv[0] if iv else None, high=iv[1] if iv else None)
         rulings = {r.phase: r for r in phase_check(view, view_requests, concurrencies=concurrencies,
@@ -197,20 +193,19 @@ def rule_bakeoff(meta: JsonObject, requests: list[JsonObject]) -> Verdict:
     return overall
 
 
-def _phase_best(statics: Sequence[RunEntry], runs: Sequence[RunEntry]) -> list[JsonObject | None]:
+def _phase_best(statics: Sequence[ValidateRun], runs: Sequence[ValidateRun]) -> list[JsonObject | None]:
     """``phase_best_static`` (:class:`BakeoffJson`) from the successful static runs, repeats combined and sorted by
     K (``statics``), and every repeat (``runs``)."""
-    n = max((len(r.get("phases") or []) for r in statics), default=0)
+    n = max((len(r.phases) for r in statics), default=0)
     out: list[JsonObject | None] = []
     for i in range(n):
-        scored = [(r, r["phases"][i].get(STEADY)) for r in statics if len(r.get("phases") or []) > i]
+        scored = [(r, r.phases[i].steady_output_throughput_tok_s) for r in statics if len(r.phases) > i]
         scored = [(r, v) for r, v in scored if v is not None]
         if not scored:
             out.append(None)
             continue
         r, _ = max(scored, key=lambda rv: rv[1])  # first max: the smaller K
-        out.append({"steps": r["steps"], "run": r["run"],
-                    **_numbers(r, [x for x in runs if x.get("run") == r["run"]], i)})
+        out.append({"steps": r.steps, "run": r.run, **_numbers(r, [x for x in runs if x.run == r.run], i)})
     return out
 
 
@@ -222,7 +217,7 @@ def _ruling(r: PhaseRuling | None) -> JsonObject:
 
 
 def _overall(winner: tuple[BakeoffRow, Verdict, float] | None, rows: list[tuple[BakeoffRow, Verdict, float]],
-             best: RunEntry | None, source: str) -> Verdict:
+             best: ValidateRun | None, source: str) -> Verdict:
     """The bake-off's overall verdict (:func:`rule_bakeoff`)."""
     if winner is not None:
         row, v, _ = winner
@@ -231,7 +226,7 @@ def _overall(winner: tuple[BakeoffRow, Verdict, float] | None, rows: list[tuple[
     if best is None:
         return Verdict(False, "FAIL: no config passes and no static num_steps run succeeded, so nothing wins the "
                               "bake-off", interval_source=source)
-    k, bt = best["steps"], best["overall"]["output_throughput_tok_s"]
+    k, bt = best.steps, best.throughput or 0.0
     unsure = [row["name"] for row, v, _ in rows if v.outcome == "INCONCLUSIVE"]
     head = f"no config beats the best static num_steps K={k} ({bt:,.1f} tok/s)"
     if unsure:

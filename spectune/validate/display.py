@@ -9,12 +9,12 @@ from typing import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from spectune.core.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.node_progress import NodeTask
 from spectune.measure.progress import LiveProgress
-from spectune.results.validate_run import RunEntry
-from spectune.validate.bakeoff_table import winner_sentence
+from spectune.results.validate_doc import BakeoffCell, RecordedBakeoff, RecordedPlan
+from spectune.results.validate_run import ValidateRun
+from spectune.validate.bakeoff_table import ratio_text, winner_sentence
 from spectune.validate.plan import ValidateListener, ValidatePlan
 from spectune.validate.verdict import row_cells
 
@@ -51,15 +51,15 @@ class LiveValidateDisplay(LiveProgress, ValidateListener):
         self.progress.update(self.run_task, description=f"{run}: phase {phase}/{self.phases}",
                              completed=min(elapsed, self.total), rate=f"{self.tokens / elapsed:,.0f} tok/s")
 
-    def run_finished(self, result: RunEntry) -> None:
+    def run_finished(self, result: ValidateRun) -> None:
         self.progress.advance(self.runs_task)
-        if result["status"] != "ok":
-            line = f"{result['run']} failed: {result.get('error')}"
+        if not result.ok:
+            line = f"{result.run} failed: {result.error}"
         else:
-            c = dict(zip(("tok", "p50", "p99", "slo", "al", "sw"), row_cells(result["overall"])))
-            line = (f"{result['run']} ok: {c['tok']} tok/s, TPOT p50 {c['p50']} ms, p99 {c['p99']} ms, "
+            c = dict(zip(("tok", "p50", "p99", "slo", "al", "sw"), row_cells(result.overall)))
+            line = (f"{result.run} ok: {c['tok']} tok/s, TPOT p50 {c['p50']} ms, p99 {c['p99']} ms, "
                     f"SLO {c['slo']}, AL {c['al']}, switches {c['sw']}")
-        node = result.get("node")
+        node = result.node
         if isinstance(node, dict) and node.get("id"):  # --ray
             line += f" @ node {str(node['id'])[:8]}"
         self.console.print(line, markup=False, soft_wrap=True)
@@ -72,7 +72,7 @@ class LiveValidateDisplay(LiveProgress, ValidateListener):
         super().node_progress(task)
 
 
-def results_table(runs: Sequence[RunEntry], plan: ValidatePlan) -> Table:
+def results_table(runs: Sequence[ValidateRun], plan: ValidatePlan) -> Table:
     """Final rich table: a row per run, a column for the whole run and one per phase; each cell shows output tok/s,
     TPOT p50/p99 (ms), acceptance length, SLO attainment (with SLOs) and switches (when known); the best tok/s of
     each column is marked *."""
@@ -86,85 +86,73 @@ def results_table(runs: Sequence[RunEntry], plan: ValidatePlan) -> Table:
     table.add_column("overall", justify="right")
     for p, (a, b) in zip(plan.workload.phases, bounds):
         table.add_column(f"{p.label}\n{a:g}-{b:g} s", justify="right")
-    windows = [lambda r: r.get("overall")] + [lambda r, i=i: (r.get("phases") or [None] * (i + 1))[i]
-                                              for i in range(len(bounds))]
-    best = [max((w(r) or {}).get("output_throughput_tok_s") or 0.0 for r in runs if r["status"] == "ok")
-            if any(r["status"] == "ok" for r in runs) else None for w in windows]
+    windows = [lambda r: r.overall] + [lambda r, i=i: r.phases[i] if len(r.phases) > i else None
+                                       for i in range(len(bounds))]
+    best = [max((d.output_throughput_tok_s or 0.0 if (d := w(r)) else 0.0) for r in runs if r.ok)
+            if any(r.ok for r in runs) else None for w in windows]
     for r in runs:
-        if r["status"] != "ok" and not r.get("phases"):
-            table.add_row(r["run"], f"[red]failed[/]: {r.get('error') or ''}", *[""] * len(bounds))
+        if not r.ok and not r.phases:
+            table.add_row(r.run, f"[red]failed[/]: {r.error or ''}", *[""] * len(bounds))
             continue
-        row = [r["run"] + ("" if r["status"] == "ok" else " [red](failed)[/]")]
+        row = [r.run + ("" if r.ok else " [red](failed)[/]")]
         for w, top in zip(windows, best):
             d = w(r)
             if not d:
                 row.append("-")
                 continue
             tok, p50, p99, att, al, sw, _, _ = row_cells(d)
-            mark = top is not None and d.get("output_throughput_tok_s") == top and top > 0
+            mark = top is not None and d.output_throughput_tok_s == top and top > 0
             lines = [f"{tok} tok/s" + (" *" if mark else ""), f"{p50} / {p99} ms", f"AL {al}"]
             lines += [f"SLO {att}"] if slo else []
-            lines += [f"sw {sw}"] if d.get("num_steps_switches") is not None else []
+            lines += [f"sw {sw}"] if d.num_steps_switches is not None else []
             text = "\n".join(lines)
             row.append(f"[bold green]{text}[/]" if mark else text)
         table.add_row(*row)
     return table
 
 
-def bakeoff_table(bakeoff: JsonObject, plan: JsonObject) -> Table:
+def bakeoff_table(bakeoff: RecordedBakeoff, plan: RecordedPlan) -> Table:
     """A bake-off's table for the terminal (validate.json ``bakeoff``): a row per config, the best static num_steps
     first; a column for the whole run and one per phase. Each cell: output tok/s (per phase the steady tok/s), the
     ratio to the best static (per phase: that phase's best static) with its interval, TPOT p50 (ms) and, with SLOs,
     SLO attainment and goodput (req/s); per phase the ruling. ``plan``: validate.json's ``plan`` (phases, SLOs)."""
-    slo = plan.get("slo_ttft_ms") is not None or plan.get("slo_tpot_ms") is not None
+    slo = plan.with_slo
     table = Table(title=f"bake-off: {winner_sentence(bakeoff)}", title_justify="left", show_lines=True,
                   caption="each cell: output tok/s (phases: steady), x the best static [95%] (phases: that phase's "
                           "best static), TPOT p50 ms" + (", SLO attainment, goodput req/s" if slo else "")
                           + "; phases: ruling", caption_justify="left")
     table.add_column("config")
     table.add_column("overall", justify="right")
-    for p in (plan.get("workload") or {}).get("phases") or []:
-        table.add_column(f"{p.get('label')}\n{p.get('start_s', 0):g}-{p.get('end_s', 0):g} s", justify="right")
-    tops = list(bakeoff.get("phase_best_static") or [])
-    rows = [(f"best static K={bakeoff['best_static'].get('steps')}", bakeoff["best_static"], True)] \
-        if bakeoff.get("best_static") else []
-    rows += [(str(r.get("name")), r, False) for r in bakeoff.get("configs") or []]
+    for p in plan.workload.phases:
+        table.add_column(f"{p.label}\n{p.start_s:g}-{p.end_s:g} s", justify="right")
+    tops = bakeoff.phase_best_static
+    rows = [(f"best static K={bakeoff.best_static.steps}", bakeoff.best_static, True)] if bakeoff.best_static else []
+    rows += [(str(r.name), r, False) for r in bakeoff.configs]
     for name, row, is_best in rows:
-        outcome = str((row.get("verdict") or {}).get("outcome") or "")
-        cells = [f"{name}\n{row.get('run')}" + (f"\n[{_STYLE.get(outcome, 'red')}]{outcome}[/]" if outcome else "")]
-        windows = [(row.get("overall") or {}, None)] + [
-            (ph, tops[i] if i < len(tops) else None) for i, ph in enumerate(row.get("phases") or [])]
-        for i, (w, top) in enumerate(windows):
+        outcome = row.verdict.outcome if row.verdict is not None else ""
+        cells = [f"{name}\n{row.run}" + (f"\n[{_STYLE.get(outcome, 'red')}]{outcome}[/]" if outcome else "")]
+        windows: list[tuple[BakeoffCell | None, BakeoffCell | None]] = [(row.overall, None)] + [
+            (ph, tops[i] if i < len(tops) else None) for i, ph in enumerate(row.phases)]
+        for i, (cell, top) in enumerate(windows):
             if i > 0 and is_best:  # per phase the best static row shows that phase's best static
-                w = top or {}
-            key = "output_throughput_tok_s" if i == 0 else "steady_output_throughput_tok_s"
-            tok = w.get(key)
+                cell = top
+            w = cell or BakeoffCell()
+            tok = w.output_throughput_tok_s if i == 0 else w.steady_output_throughput_tok_s
             lines = ["-" if tok is None else f"{tok:,.1f} tok/s"]
             if is_best:
-                lines.append("K=" + str(w.get("steps")) if i > 0 and w else "1")
+                lines.append("K=" + str(w.steps) if i > 0 and cell else "1")
             else:
-                lines.append(_ratio_text(w) + (f" K={w['best_static']}" if i > 0 and w.get("best_static") is not None
-                                               else ""))
-            p50 = w.get("tpot_p50_ms")
-            lines.append("-" if p50 is None else f"{p50:.2f} ms")
+                lines.append(ratio_text(w, lead=True) + (f" K={w.best_static}" if i > 0 and w.best_static is not None else ""))
+            lines.append("-" if w.tpot_p50_ms is None else f"{w.tpot_p50_ms:.2f} ms")
             if slo:
-                att, good = w.get("slo_attainment"), w.get("goodput_req_s")
+                att, good = w.slo_attainment, w.goodput_req_s
                 lines.append(f"SLO {'-' if att is None else f'{att:.1%}'}, "
                              f"{'-' if good is None else f'{good:.2f}'} req/s")
             if i > 0 and not is_best:
-                lines.append(str(w.get("ruling") or "-"))
+                lines.append(str(w.ruling or "-"))
             cells.append("\n".join(lines))
         table.add_row(*cells)
     return table
 
 
 _STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "bold yellow"}
-
-
-def _ratio_text(w: JsonObject) -> str:
-    """``x1.031 [0.990, 1.072]`` (a ratio to the best static with its interval), ``-`` without one."""
-    r = w.get("ratio")
-    if not isinstance(r, (int, float)):
-        return "-"
-    iv = f" [{w['low']:.3f}, {w['high']:.3f}]" if isinstance(w.get("low"), (int, float)) else ""
-    return f"x{r:.3f}{iv}"

@@ -150,8 +150,8 @@ class _Events(ValidateListener):
             self.last = now
             self.emit({"kind": "progress", "done_s": now - self.t0, "phase": phase})
 
-    def run_finished(self, result: JsonObject) -> None:
-        self.emit({"kind": "run", "run": result, "requests": self.folder.requests})
+    def run_finished(self, result: ValidateRun) -> None:
+        self.emit({"kind": "run", "run": result.to_dict(), "requests": self.folder.requests})
 
 
 async def _measure(payload: RunPayload, emit: Callable[[RunEvent], None]) -> None:
@@ -344,7 +344,7 @@ class RayValidation:
         self.finished[i] = result
         self.runs[:] = [self.finished[j] for j in sorted(self.finished)]
         self.folder.write(self.meta)
-        self.listener.run_finished(result)
+        self.listener.run_finished(ValidateRun.from_dict(result))
 
     def _backend(self, desc: JsonObject | None, side: str) -> None:
         """validate.json ``backend.<side>``: the task's description, every task's launches together."""

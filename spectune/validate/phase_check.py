@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Sequence, TypedDict
 
 from spectune.core.json_types import JsonObject
-from spectune.results.validate_run import RunEntry
+from spectune.results.validate_doc import ValidateDoc
+from spectune.results.validate_run import ValidateRun
 from spectune.validate.repeats import (InstanceSpread, InstanceSpreadJson, WindowValue, combine_repeats,
                                        instance_spread, paired_ratio)
 
@@ -65,6 +66,11 @@ class PhaseRuling:
     ruling: str
     spread: InstanceSpreadJson | None = None
 
+    @classmethod
+    def from_json(cls, obj: JsonObject) -> PhaseRuling:
+        """A ruling as validate.json's ``phase_check.phases`` holds it (:func:`to_json`)."""
+        return cls(**obj)  # type: ignore[arg-type]
+
 
 class PhaseCheckJson(TypedDict):
     """:func:`to_json`: validate.json's ``phase_check``: the tolerance (fraction), :func:`summary_line` and per
@@ -76,9 +82,8 @@ class PhaseCheckJson(TypedDict):
 
 
 def _steady(i: int) -> WindowValue:
-    def steady(run: RunEntry) -> float | None:
-        ps = run.get("phases") or []
-        return ps[i].get(STEADY) if len(ps) > i else None
+    def steady(run: ValidateRun) -> float | None:
+        return run.phases[i].steady_output_throughput_tok_s if len(run.phases) > i else None
     return steady
 
 
@@ -86,18 +91,18 @@ def _closed(concurrencies: Sequence[int | None] | None, i: int) -> bool:
     return concurrencies is not None and i < len(concurrencies) and concurrencies[i] is not None
 
 
-def phase_spreads(runs: Sequence[RunEntry], requests: Sequence[JsonObject],
+def phase_spreads(runs: Sequence[ValidateRun], requests: Sequence[JsonObject],
                   concurrencies: Sequence[int | None] | None = None,
                   confidence: float = 0.95) -> list[InstanceSpread]:
     """The server-to-server spread of each phase's steady output tok/s
     (:func:`spectune.validate.repeats.instance_spread`: over the repeats, else from the A/A pair, else the default
     band), one per phase of the runs (the most phases any run has); ``concurrencies`` as :func:`phase_check`."""
-    n = max((len(r.get("phases") or []) for r in runs), default=0)
+    n = max((len(r.phases) for r in runs), default=0)
     return [instance_spread(runs, requests, _steady(i), lambda run, qs, i=i: window_requests(run, qs, i),
                             "throughput" if _closed(concurrencies, i) else "tokens", confidence) for i in range(n)]
 
 
-def phase_check(runs: Sequence[RunEntry], requests: Sequence[JsonObject], within: float = WITHIN,
+def phase_check(runs: Sequence[ValidateRun], requests: Sequence[JsonObject], within: float = WITHIN,
                 confidence: float = 0.95, concurrencies: Sequence[int | None] | None = None,
                 config_run: str = "config", spreads: Sequence[InstanceSpread] | None = None) -> list[PhaseRuling]:
     """Rule every phase (module docstring).
@@ -118,13 +123,12 @@ def phase_check(runs: Sequence[RunEntry], requests: Sequence[JsonObject], within
         one ruling per phase where the config and at least one static run have a steady tok/s; [] otherwise.
     """
     combined = combine_repeats(runs)
-    config = next((r for r in combined if r.get("run") == config_run and r.get("status") == "ok"), None)
-    statics = sorted((r for r in combined if str(r.get("run", "")).startswith("static:") and r.get("status") == "ok"),
-                     key=lambda r: r["steps"])
+    config = next((r for r in combined if r.run == config_run and r.ok), None)
+    statics = sorted((r for r in combined if r.run.startswith("static:") and r.ok), key=lambda r: r.steps)
     if config is None or not statics:
         return []
     out = []
-    for i, cp in enumerate(config.get("phases") or []):
+    for i, cp in enumerate(config.phases):
         steady = _steady(i)
         ct = steady(config)
         scored = [(r, steady(r)) for r in statics if steady(r) is not None]
@@ -137,7 +141,7 @@ def phase_check(runs: Sequence[RunEntry], requests: Sequence[JsonObject], within
         select = lambda run, qs, i=i: window_requests(run, qs, i)  # noqa: E731
         spread = spreads[i] if spreads is not None and i < len(spreads) else instance_spread(
             runs, requests, steady, select, "throughput" if closed else "tokens", confidence)
-        iv = paired_ratio(runs, requests, config_run, best["run"], steady, select, confidence,
+        iv = paired_ratio(runs, requests, config_run, best.run, steady, select, confidence,
                           "throughput" if closed else "tokens", spread=spread)
         ratio = ct / bt
         if ratio >= 1.0 - within:
@@ -146,13 +150,13 @@ def phase_check(runs: Sequence[RunEntry], requests: Sequence[JsonObject], within
             ruling = "noise"
         else:
             ruling = "behind"
-        out.append(PhaseRuling(i + 1, str(cp.get("label") or ""), int(best["steps"]), bt, ct, ratio,
-                               iv[0] if iv else None, iv[1] if iv else None, cp.get("settle_s"), ruling,
+        out.append(PhaseRuling(i + 1, cp.label or "", best.steps, bt, ct, ratio,
+                               iv[0] if iv else None, iv[1] if iv else None, cp.settle_s, ruling,
                                spread.to_json()))
     return out
 
 
-def window_requests(run: RunEntry, requests: Sequence[JsonObject], phase: int) -> RunRequests | None:
+def window_requests(run: ValidateRun, requests: Sequence[JsonObject], phase: int) -> RunRequests | None:
     """The requests of one run and repeat as they were inside the steady window of ``phase`` (0-based): per request
     the tokens streamed in [t0 + start_s + settle_s, t0 + end_s) and the time it was in flight there (ms, as
     ``latency_ms``); requests with no time there are left out. None when the run has no ``t0``, the phase no
@@ -161,11 +165,11 @@ def window_requests(run: RunEntry, requests: Sequence[JsonObject], phase: int) -
 
     from spectune.results.confidence import RunRequests
 
-    phases = run.get("phases") or []
-    if run.get("t0") is None or phase >= len(phases) or phases[phase].get("settle_s") is None:
+    phases = run.phases
+    if run.t0 is None or phase >= len(phases) or phases[phase].settle_s is None:
         return None
     p = phases[phase]
-    lo, hi = run["t0"] + p["start_s"] + p["settle_s"], run["t0"] + p["end_s"]
+    lo, hi = run.t0 + p.start_s + (p.settle_s or 0.0), run.t0 + p.end_s
     prompt, tokens, times = [], [], []
     for q in requests:
         times_q, toks_q = q.get("chunk_times") or [], q.get("chunk_tokens") or []
@@ -199,16 +203,16 @@ def to_json(rulings: Sequence[PhaseRuling], within: float = WITHIN) -> PhaseChec
     return {"within": within, "line": summary_line(rulings, within), "phases": [asdict(r) for r in rulings]}
 
 
-def markdown(meta: JsonObject) -> list[str]:
-    """validate.md's section for ``meta["phase_check"]`` (empty without it): a row per phase with every run's steady
-    output tok/s, the best static, config / best with its interval, the settle time and the ruling."""
-    check = meta.get("phase_check") or {}
-    rulings = check.get("phases") or []
+def markdown(doc: ValidateDoc) -> list[str]:
+    """validate.md's section for validate.json's ``phase_check`` (empty without it): a row per phase with every
+    run's steady output tok/s, the best static, config / best with its interval, the settle time and the ruling."""
+    check = doc.phase_check or {}
+    rulings = [PhaseRuling.from_json(r) for r in check.get("phases") or []]
     if not rulings:
         return []
-    runs = combine_repeats(meta.get("runs") or [])
-    names = [r["run"] for r in runs if r.get("status") == "ok"]
-    by_name = {r["run"]: r for r in runs}
+    runs = combine_repeats(doc.runs)
+    names = [r.run for r in runs if r.ok]
+    by_name = {r.run: r for r in runs}
     lines = [f"## Each phase: the config vs that phase's best static num_steps", "",
              f"{check.get('line')}. Steady output tok/s: the tokens streamed after the earlier phases' requests "
              "ended (their spill-over would credit a slow engine's backlog as speed; `settled` is how long it took "
@@ -218,16 +222,15 @@ def markdown(meta: JsonObject) -> list[str]:
              "| phase | " + " | ".join(names) + " | best static | config / best [95%] | spread | settled s | ruling |",
              "|" + " --- |" * (len(names) + 6)]
     for r in rulings:
-        i = r["phase"] - 1
+        steady = _steady(r.phase - 1)
         cells = []
         for n in names:
-            ps = by_name[n].get("phases") or []
-            v = ps[i].get(STEADY) if len(ps) > i else None
+            v = steady(by_name[n])
             cells.append("-" if v is None else f"{v:,.1f}")
-        iv = f" [{r['low']:.3f}, {r['high']:.3f}]" if r.get("low") is not None else ""
-        settle = "-" if r.get("settle_s") is None else f"{r['settle_s']:.1f}"
-        spread = InstanceSpread.from_json(r.get("spread"))
-        lines.append(f"| {r['phase']}: {r['label']} | " + " | ".join(cells) +
-                     f" | K={r['best_static']} | {r['ratio']:.3f}x{iv} | {spread.short() if spread else '-'} | "
-                     f"{settle} | {r['ruling']} |")
+        iv = f" [{r.low:.3f}, {r.high:.3f}]" if r.low is not None else ""
+        settle = "-" if r.settle_s is None else f"{r.settle_s:.1f}"
+        spread = InstanceSpread.from_json(r.spread)
+        lines.append(f"| {r.phase}: {r.label} | " + " | ".join(cells) +
+                     f" | K={r.best_static} | {r.ratio:.3f}x{iv} | {spread.short() if spread else '-'} | "
+                     f"{settle} | {r.ruling} |")
     return lines + [""]

@@ -17,9 +17,11 @@ spill-over has ended once no more than the phase's concurrency of it is left.
 from __future__ import annotations
 
 import bisect
-from typing import Any, Sequence
+from typing import Sequence
 
+from spectune.core.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
+from spectune.results.validate_run import RunWindow
 
 
 def phase_index(offset_s: float, bounds: Sequence[tuple[float, float]]) -> int:
@@ -82,7 +84,7 @@ def split_by_phase(records: Sequence[RequestRecord], t0: float,
 def summarize_run(records: Sequence[RequestRecord], t0: float, bounds: Sequence[tuple[float, float]],
                   slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
                   concurrencies: Sequence[int | None] | None = None
-                  ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                  ) -> tuple[list[RunWindow], RunWindow]:
     """Per-phase and overall numbers of one run from its records.
 
     Args:
@@ -91,7 +93,7 @@ def summarize_run(records: Sequence[RequestRecord], t0: float, bounds: Sequence[
         concurrencies: each phase's closed-loop concurrency (None for open loop), for :func:`settle_time`.
 
     Returns:
-        (one dict per phase, the overall dict over [first start, last end)), each with ``phase`` (1-based, or
+        (one window per phase, the overall window over [first start, last end)), each with ``phase`` (1-based, or
         ``"all"``), ``start_s``, ``end_s``, ``num_requests`` and ``num_failed`` (requests sent in the window),
         and, over every request (whenever sent), ``achieved_concurrency`` (:func:`inflight_average`),
         ``output_tokens`` and ``output_throughput_tok_s`` (tokens streamed inside the window / its length, s); over
@@ -104,7 +106,7 @@ def summarize_run(records: Sequence[RequestRecord], t0: float, bounds: Sequence[
     """
     from spectune.loadgen.metrics import compute_metrics
 
-    def window(recs: Sequence[RequestRecord], a: float, b: float) -> dict[str, Any]:
+    def window(recs: Sequence[RequestRecord], a: float, b: float) -> JsonObject:
         m = compute_metrics(recs, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
         tokens = tokens_between(records, t0 + a, t0 + b)  # every request streaming in the window counts
         return {"start_s": a, "end_s": b, "num_requests": m["num_requests"], "num_failed": m["num_failed"],
@@ -112,7 +114,7 @@ def summarize_run(records: Sequence[RequestRecord], t0: float, bounds: Sequence[
                 "output_throughput_tok_s": tokens / (b - a),
                 **{k: m[k] for k in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "slo_attainment")}}
 
-    def steady(a: float, b: float, c: int | None) -> dict[str, Any]:
+    def steady(a: float, b: float, c: int | None) -> JsonObject:
         settle = settle_time(records, t0 + a, t0 + b, c)
         if settle is None:
             return {"settle_s": None, "steady_output_throughput_tok_s": None}
@@ -120,6 +122,6 @@ def summarize_run(records: Sequence[RequestRecord], t0: float, bounds: Sequence[
                 "steady_output_throughput_tok_s": tokens_between(records, settle, t0 + b) / (t0 + b - settle)}
 
     cs = list(concurrencies or [None] * len(bounds))
-    phases = [{"phase": i + 1, **window(recs, a, b), **steady(a, b, c)}
+    phases = [RunWindow.from_json({"phase": i + 1, **window(recs, a, b), **steady(a, b, c)})
               for i, (recs, (a, b), c) in enumerate(zip(split_by_phase(records, t0, bounds), bounds, cs))]
-    return phases, {"phase": "all", **window(records, bounds[0][0], bounds[-1][1])}
+    return phases, RunWindow.from_json({"phase": "all", **window(records, bounds[0][0], bounds[-1][1])})

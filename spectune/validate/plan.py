@@ -20,6 +20,7 @@ from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.load_settings import LoadSpec, failure_rate_check, steps_check
 from spectune.measure.workload import Workload
+from spectune.results.validate_run import ValidateRun
 from spectune.validate.config_formats import BEST_STATIC, read_best_static
 from spectune.validate.repeats import AA_PREFIX
 from spectune.validate.verdict import Verdict
@@ -306,7 +307,7 @@ class ValidateListener:
     def request_finished(self, run: str, record: RequestRecord, phase: int) -> None:
         """A measured request of ``run`` finished; ``phase`` is 1-based."""
 
-    def run_finished(self, result: dict[str, Any]) -> None:
+    def run_finished(self, result: ValidateRun) -> None:
         """A run is finished (its validate.json entry)."""
 
     def node_progress(self, task: Any) -> None:

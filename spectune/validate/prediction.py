@@ -26,6 +26,9 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from spectune.tune.predict import predict_validate
 
 from spectune.backends.num_steps import load_config_file
+from spectune.core.json_types import JsonObject
+from spectune.results.validate_doc import ComparisonRow, RecordedComparison, RecordedPrediction, RecordedWorkload
+from spectune.results.validate_run import RunWindow, ValidateRun
 from spectune.validate.config_formats import STATIC_FORMATS
 
 if TYPE_CHECKING:
@@ -63,18 +66,25 @@ def predict_for(plan: Any, fmt: str, candidates: Sequence[int]) -> dict[str, Any
     except Exception as err:  # noqa: BLE001 - a broken or foreign recommendation.json only loses the prediction
         return {"source": str(path), "error": f"{type(err).__name__}: {err}", "runs": {}}
     return {"source": str(path), "primary": rec.get("primary"), **out,
-            **load_notes(rec.get("cells") or [], plan.workload.to_json())}
+            **load_notes(rec.get("cells") or [], RecordedWorkload.from_json(plan.workload.to_json()))}
 
 
-def load_notes(cells: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> dict[str, Any]:
+def usable_prediction(meta: JsonObject) -> JsonObject | None:
+    """validate.json's ``prediction`` object when there is one without an ``error`` (the one the verdict compares
+    with and ``--rule-again`` updates in place), else None."""
+    pred = meta.get("prediction")
+    return pred if isinstance(pred, dict) and not pred.get("error") else None
+
+
+def load_notes(cells: Sequence[Mapping[str, Any]], workload: RecordedWorkload) -> dict[str, Any]:
     """What the prediction says about the workload against the recommendation: ``above_sweep``
     (:func:`above_sweep`) and ``load_mix`` (:func:`workload_mix`); computed when predicting and again by
-    ``--rule-again``. ``cells``: recommendation.json's ``cells``; ``workload``:
-    :meth:`spectune.measure.workload.Workload.to_json`."""
+    ``--rule-again``. ``cells``: recommendation.json's ``cells``; ``workload``: validate.json's ``plan.workload``
+    (:meth:`spectune.measure.workload.Workload.to_json`)."""
     return {"above_sweep": above_sweep(cells, workload), "load_mix": workload_mix(workload)}
 
 
-def above_sweep(cells: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> dict[str, Any] | None:
+def above_sweep(cells: Sequence[Mapping[str, Any]], workload: RecordedWorkload) -> dict[str, Any] | None:
     """The workload's closed-loop phases whose concurrency lies above the sweep's largest measured concurrency:
     ``{"sweep_max": C, "phases": [{"phase" (1-based), "concurrency"}]}``, or None when every phase is within the
     sweep. There the config's num_steps is its last slot's, chosen at ``sweep_max``, and the prediction holds that
@@ -85,29 +95,29 @@ def above_sweep(cells: Sequence[Mapping[str, Any]], workload: Mapping[str, Any])
     if not concs:
         return None
     top = max(concs)
-    phases = [{"phase": int(ph["phase"]), "concurrency": int(ph["concurrency"])}
-              for ph in workload.get("phases") or [] if (ph.get("concurrency") or 0) > top]
+    phases = [{"phase": int(ph.phase), "concurrency": int(ph.concurrency or 0)}
+              for ph in workload.phases if (ph.concurrency or 0) > top]
     return {"sweep_max": top, "phases": phases} if phases else None
 
 
-def workload_mix(workload: Mapping[str, Any]) -> dict[str, float]:
+def workload_mix(workload: RecordedWorkload) -> dict[str, float]:
     """Seconds per concurrency of the workload's closed-loop phases (``{"1": 60.0, "32": 60.0}`` for the swing at
     30 s a phase), the load ``spectune recommend --mix`` prices answers on (:mod:`spectune.tune.mix`); open-loop
     phases have no concurrency and are left out. ``workload``: :meth:`spectune.measure.workload.Workload.to_json`."""
     out: dict[str, float] = {}
-    for ph in workload.get("phases") or []:
-        if ph.get("concurrency"):
-            key = str(int(ph["concurrency"]))
-            out[key] = out.get(key, 0.0) + float(ph["end_s"]) - float(ph["start_s"])
+    for ph in workload.phases:
+        if ph.concurrency:
+            key = str(int(ph.concurrency))
+            out[key] = out.setdefault(key, 0.0) + float(ph.end_s) - float(ph.start_s)
     return out
 
 
-def mix_line(pred: Mapping[str, Any]) -> str | None:
+def mix_line(pred: RecordedPrediction) -> str | None:
     """When the recommendation ranked its answers without a load mix (every swept concurrency weighing the same)
     and the workload's closed-loop phases span two or more concurrencies: the ``--mix`` that prices the answers
     on this workload's load, as this validation rules (overall output tokens/s). None otherwise."""
-    mix = pred.get("load_mix") or {}
-    if len(mix) < 2 or (pred.get("primary") or {}).get("mix"):
+    mix = pred.load_mix
+    if len(mix) < 2 or (pred.primary or {}).get("mix"):
         return None
     arg = ",".join(f"{c}:{s:g}" for c, s in sorted(mix.items(), key=lambda kv: int(kv[0])))
     return (f"recommend ranked its answers with every swept concurrency weighing the same; this workload spends "
@@ -115,9 +125,9 @@ def mix_line(pred: Mapping[str, Any]) -> str | None:
             "tokens this load streams, as this verdict does.")
 
 
-def above_sweep_line(pred: Mapping[str, Any]) -> str | None:
+def above_sweep_line(pred: RecordedPrediction) -> str | None:
     """One sentence on :func:`above_sweep`'s phases (None without any)."""
-    above = pred.get("above_sweep")
+    above = pred.above_sweep
     if not above:
         return None
     phases = above["phases"]
@@ -129,7 +139,7 @@ def above_sweep_line(pred: Mapping[str, Any]) -> str | None:
             f"a sweep up to {max(concs)} measures them.")
 
 
-def compare(prediction: dict[str, Any], runs: Sequence[dict[str, Any]],
+def compare(prediction: dict[str, Any], runs: Sequence[ValidateRun],
             spreads: Mapping[Any, "InstanceSpread"] | None = None, confidence: float = 0.95) -> dict[str, Any]:
     """Measured beside predicted for combined runs (:func:`spectune.validate.repeats.combine_repeats`).
 
@@ -145,22 +155,21 @@ def compare(prediction: dict[str, Any], runs: Sequence[dict[str, Any]],
     widened by on each side), "measured", "ratio" (measured / (predicted x f)), "miss" (bool)}], "misses": [text]}``.
     """
     pred = prediction.get("runs") or {}
-    ok = {r["run"]: r for r in runs if r.get("status") == "ok"}
-    factors = [ok[n]["overall"]["output_throughput_tok_s"] / p["overall"][0] for n, p in pred.items()
-               if n.startswith("static:") and n in ok and p["overall"][0] > 0
-               and ok[n]["overall"].get("output_throughput_tok_s")]
+    ok = {r.run: r for r in runs if r.ok}
+    factors = [(ok[n].throughput or 0.0) / p["overall"][0] for n, p in pred.items()
+               if n.startswith("static:") and n in ok and p["overall"][0] > 0 and ok[n].throughput]
     f = statistics.median(factors) if factors else None
     rows, misses = [], []
     for name, p in pred.items():
         r = ok.get(name)
         if r is None:
             continue
-        windows = [("overall", p["overall"], r.get("overall") or {})]
-        windows += [(i + 1, ph, (r.get("phases") or [{}] * (i + 1))[i] if i < len(r.get("phases") or []) else {})
+        windows = [("overall", p["overall"], r.overall)]
+        windows += [(i + 1, ph, r.phases[i] if i < len(r.phases) else RunWindow.empty())
                     for i, ph in enumerate(p["phases"])]
-        repeats = int(r.get("repeats") or 1)
+        repeats = int(r.repeats or 1)
         for label, (point, lo, hi), m in windows:
-            measured = m.get("output_throughput_tok_s")
+            measured = m.output_throughput_tok_s
             if measured is None or not point or f is None:
                 continue
             spread = (spreads or {}).get(label)
@@ -177,18 +186,17 @@ def compare(prediction: dict[str, Any], runs: Sequence[dict[str, Any]],
     return {"speed_factor": f, "rows": rows, "misses": misses}
 
 
-def markdown(meta: dict[str, Any]) -> list[str]:
+def markdown(pred: RecordedPrediction | None) -> list[str]:
     """validate.md's "Predicted vs measured" section (nothing without a prediction)."""
-    pred = meta.get("prediction")
-    if not pred:
+    if pred is None:
         return []
-    if pred.get("error"):
-        return ["## Predicted vs measured", "", f"No prediction: `{pred['source']}` could not be used "
-                f"({pred['error']}).", ""]
-    cmp = pred.get("comparison") or {}
-    f = cmp.get("speed_factor")
+    if pred.error:
+        return ["## Predicted vs measured", "", f"No prediction: `{pred.source}` could not be used "
+                f"({pred.error}).", ""]
+    cmp = pred.comparison
+    f = cmp.speed_factor
     lines = ["## Predicted vs measured", "",
-             f"Predicted from the sweep's cells in `{pred['source']}` ({pred.get('model')}; docs/validate.md). "
+             f"Predicted from the sweep's cells in `{pred.source}` ({pred.model}; docs/validate.md). "
              + (f"Speed factor {f:.3f}: the median over the static runs of measured / predicted overall output "
                 "tok/s (the machine's speed drift between the sweep and this run); predicted values below are "
                 "scaled by it. The interval is the sweep's, widened on both sides by the server-to-server spread "
@@ -196,33 +204,33 @@ def markdown(meta: dict[str, Any]) -> list[str]:
                 "model finding rather than noise."
                 if f else "No static run finished, so no speed factor and no comparison."), ""]
     lines += [x for line in (above_sweep_line(pred), mix_line(pred)) if line is not None for x in (line, "")]
-    if not cmp.get("rows"):
+    if not cmp.rows or f is None:
         return lines
     lines += ["| run | window | predicted tok/s | interval | +- | measured tok/s | measured / predicted | |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in cmp["rows"]:
-        band = r.get("band") or 0.0
-        lines.append(f"| {r['run']} | {r['window']} | {r['predicted'] * f:,.1f} | [{r['low'] * f / (1 + band):,.1f}, "
-                     f"{r['high'] * f * (1 + band):,.1f}] | {band:.1%} | {r['measured']:,.1f} | {r['ratio']:.3f} | "
-                     f"{'MISS' if r['miss'] else ''} |")
+    for r in cmp.rows:
+        band = r.band or 0.0
+        lines.append(f"| {r.run} | {r.window} | {r.predicted * f:,.1f} | [{r.low * f / (1 + band):,.1f}, "
+                     f"{r.high * f * (1 + band):,.1f}] | {band:.1%} | {r.measured:,.1f} | {r.ratio:.3f} | "
+                     f"{'MISS' if r.miss else ''} |")
     return lines + [""]
 
 
-def summary_lines(meta: dict[str, Any]) -> list[str]:
+def summary_lines(pred: RecordedPrediction | None) -> list[str]:
     """Terminal lines: predicted beside measured overall per run, and every miss."""
-    pred = meta.get("prediction") or {}
-    cmp = pred.get("comparison") or {}
-    f = cmp.get("speed_factor")
-    if not cmp.get("rows") or not f:
+    cmp = pred.comparison if pred is not None else RecordedComparison()
+    f = cmp.speed_factor
+    if pred is None or not cmp.rows or not f:
         return []
-    def bounds(r: dict[str, Any]) -> str:
-        band = r.get("band") or 0.0
-        return f"[{r['low'] * f / (1 + band):,.1f}, {r['high'] * f * (1 + band):,.1f}]"
+
+    def bounds(r: ComparisonRow) -> str:
+        band = r.band or 0.0
+        return f"[{r.low * f / (1 + band):,.1f}, {r.high * f * (1 + band):,.1f}]"
 
     out = [f"predicted (sweep, x{f:.3f} speed factor, with the server-to-server spread) vs measured overall tok/s: "
-           + "; ".join(f"{r['run']} {r['predicted'] * f:,.1f} {bounds(r)} vs {r['measured']:,.1f}"
-                       + (" MISS" if r["miss"] else "") for r in cmp["rows"] if r["window"] == "overall")]
-    phase_misses = [m for m in cmp.get("misses", []) if "overall" not in m]
+           + "; ".join(f"{r.run} {r.predicted * f:,.1f} {bounds(r)} vs {r.measured:,.1f}"
+                       + (" MISS" if r.miss else "") for r in cmp.rows if r.window == "overall")]
+    phase_misses = [m for m in cmp.misses if "overall" not in m]
     if phase_misses:
         out.append(f"{len(phase_misses)} phase(s) outside the predicted interval (validate.md lists them)")
     return out + [line for line in (above_sweep_line(pred), mix_line(pred)) if line is not None]

@@ -22,12 +22,14 @@ estimated from few servers.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence, TypedDict
 
 from spectune.core.json_types import JsonObject, JsonValue
-from spectune.results.validate_run import RunEntry, RunWindow
+from spectune.results.validate_run import RunWindow, ValidateRun
 
 if TYPE_CHECKING:
     import numpy as np
@@ -45,10 +47,10 @@ ran 2.4% (num_steps 1) and 3.8% (num_steps 0) apart at batch 1 (docs/engine.md),
 
 _SPREAD_SEED = 20250317  # the Student t draws of the between-server term (reproducible byte for byte)
 
-WindowValue = Callable[[RunEntry], float | None]
+WindowValue = Callable[[ValidateRun], float | None]
 """A repeat's output tokens/s in one window, from its validate.json ``runs`` entry (None: not measured)."""
 
-WindowRequests = Callable[[RunEntry, list[JsonObject]], "RunRequests | None"]
+WindowRequests = Callable[[ValidateRun, list[JsonObject]], "RunRequests | None"]
 """The requests that made a repeat's :data:`WindowValue`, from its ``runs`` entry and its requests.jsonl objects,
 as the bootstrap resamples them (None: none)."""
 
@@ -211,7 +213,7 @@ WITHIN_ONLY = InstanceSpread("none")
 """No server-to-server term: the within-run bootstrap alone (what the A/A band itself is computed with)."""
 
 
-def instance_spread(runs: Sequence[RunEntry], requests: Sequence[JsonObject], value: WindowValue,
+def instance_spread(runs: Sequence[ValidateRun], requests: Sequence[JsonObject], value: WindowValue,
                     select: WindowRequests, objective: str = "tokens", confidence: float = 0.95) -> InstanceSpread:
     """The server-to-server spread of the window ``value`` reads (:class:`InstanceSpread`), from validate.json
     ``runs`` (one entry per repeat) and requests.jsonl objects:
@@ -224,13 +226,13 @@ def instance_spread(runs: Sequence[RunEntry], requests: Sequence[JsonObject], va
        |ratio - 1| (the ratio alone when there are no requests);
     3. else ``default``: :data:`DEFAULT_INSTANCE_BAND`.
     """
-    ok = [r for r in runs if r.get("status") == "ok" and _positive(value(r))]
+    ok = [r for r in runs if r.ok and _positive(value(r))]
     groups: dict[str, list[float]] = {}
     cells: dict[str, dict[int | None, float]] = {}
     for r in ok:
         y = math.log(float(value(r)))  # type: ignore[arg-type]
-        groups.setdefault(str(r.get("run")), []).append(y)
-        cells.setdefault(str(r.get("run")), {})[r.get("repeat")] = y
+        groups.setdefault(r.run, []).append(y)
+        cells.setdefault(r.run, {})[r.repeat] = y
     repeats = max((len(ys) for ys in groups.values()), default=1)
     blocked = _two_way(cells)
     if blocked is not None:
@@ -239,14 +241,14 @@ def instance_spread(runs: Sequence[RunEntry], requests: Sequence[JsonObject], va
     df = sum(len(ys) - 1 for ys in groups.values() if len(ys) >= 2)
     if df > 0:
         return InstanceSpread("repeats", repeats, math.sqrt(ss / df), df)
-    aa = next((r for r in ok if str(r.get("run", "")).startswith(AA_PREFIX)), None)
-    base = next((r for r in ok if aa is not None and r.get("run") == f"static:{aa.get('steps')}"), None)
+    aa = next((r for r in ok if r.run.startswith(AA_PREFIX)), None)
+    base = next((r for r in ok if aa is not None and r.run == f"static:{aa.steps}"), None)
     if aa is not None and base is not None:
         point = float(value(aa)) / float(value(base))  # type: ignore[arg-type]
-        iv = paired_ratio(runs, requests, aa["run"], base["run"], value, select, confidence, objective,
+        iv = paired_ratio(runs, requests, aa.run, base.run, value, select, confidence, objective,
                           spread=WITHIN_ONLY)
         band = max((abs(point - 1.0), *((iv[1] - 1.0, 1.0 - iv[0]) if iv else ())))
-        return InstanceSpread("aa", 1, band=band, aa={"steps": aa.get("steps"), "ratio": point,
+        return InstanceSpread("aa", 1, band=band, aa={"steps": aa.steps, "ratio": point,
                                                       "low": iv[0] if iv else None, "high": iv[1] if iv else None})
     return InstanceSpread("default", 1, band=DEFAULT_INSTANCE_BAND)
 
@@ -274,23 +276,23 @@ def _positive(v: float | None) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
-def _overall(r: RunEntry) -> float | None:
-    return (r.get("overall") or {}).get("output_throughput_tok_s")
+def _overall(r: ValidateRun) -> float | None:
+    return r.throughput
 
 
-def _all_requests(r: RunEntry, qs: list[JsonObject]) -> "RunRequests | None":
+def _all_requests(r: ValidateRun, qs: list[JsonObject]) -> "RunRequests | None":
     from spectune.results.confidence import RunRequests
 
     return RunRequests.from_records(qs) if qs else None
 
 
-def overall_spread(runs: Sequence[RunEntry], requests: Sequence[JsonObject],
+def overall_spread(runs: Sequence[ValidateRun], requests: Sequence[JsonObject],
                    confidence: float = 0.95) -> InstanceSpread:
     """:func:`instance_spread` of the whole run's output throughput (what :func:`throughput_ratio` adds)."""
     return instance_spread(runs, requests, _overall, _all_requests, "tokens", confidence)
 
 
-def throughput_ratio(runs: Sequence[RunEntry], requests: Sequence[JsonObject], a: str, b: str,
+def throughput_ratio(runs: Sequence[ValidateRun], requests: Sequence[JsonObject], a: str, b: str,
                      confidence: float = 0.95, spread: InstanceSpread | None = None) -> tuple[float, float] | None:
     """The interval of overall output throughput run ``a`` / run ``b`` (run names such as ``config`` and
     ``static:2``; ``runs``: validate.json ``runs`` entries, one per repeat; ``requests``: the requests.jsonl objects
@@ -301,7 +303,7 @@ def throughput_ratio(runs: Sequence[RunEntry], requests: Sequence[JsonObject], a
                         spread=spread if spread is not None else overall_spread(runs, requests, confidence))
 
 
-def paired_ratio(runs: Sequence[RunEntry], requests: Sequence[JsonObject], a: str, b: str,
+def paired_ratio(runs: Sequence[ValidateRun], requests: Sequence[JsonObject], a: str, b: str,
                  value: WindowValue, select: WindowRequests, confidence: float = 0.95, objective: str = "tokens",
                  spread: InstanceSpread | None = None) -> tuple[float, float] | None:
     """The interval of run a / run b's tokens/s in any window (module docstring): ``value(run entry)`` is a
@@ -328,13 +330,13 @@ def paired_ratio(runs: Sequence[RunEntry], requests: Sequence[JsonObject], a: st
     boot = Bootstrap(r.get("prompt_id") for r in requests)
     sides, any_requests = [], False
     for name in (a, b):
-        mine = [r for r in runs if r.get("run") == name and r.get("status") == "ok"]
+        mine = [r for r in runs if r.run == name and r.ok]
         values = [value(r) for r in mine]
         if not mine or any(not _positive(v) for v in values):
             return None
         reps = []
         for r, v in zip(mine, values):
-            cell = select(r, [q for q in requests if q.get("run") == name and q.get("repeat") == r.get("repeat")])
+            cell = select(r, [q for q in requests if q.get("run") == name and q.get("repeat") == r.repeat])
             rep = boot.run_replicates(cell, objective, float(v)) if cell is not None and len(cell) else None
             any_requests = any_requests or rep is not None
             reps.append(rep if rep is not None else np.full(boot.B, float(v)))
@@ -353,40 +355,41 @@ _SUMMED = ("num_requests", "num_failed", "output_tokens")
 def _mean_window(windows: Sequence[RunWindow]) -> RunWindow:
     """One window's numbers over repeats: request and token counts summed, other numbers averaged (over the
     repeats that have them), anything else (labels, bounds, sources) from the first."""
-    out = dict(windows[0])
-    for key, first in windows[0].items():
-        values = [w.get(key) for w in windows]
+    out = copy.deepcopy(windows[0])
+    for key, first in windows[0].numbers().items():
+        values = [getattr(w, key) for w in windows]
         nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
-        if key in ("phase", "start_s", "end_s") or not nums or not isinstance(first, (int, float, type(None))):
+        if key in ("phase", "start_s", "end_s") or not nums:
             continue
-        out[key] = sum(nums) if key in _SUMMED else sum(nums) / len(nums)
+        setattr(out, key, sum(nums) if key in _SUMMED else sum(nums) / len(nums))
     return out
 
 
-def combine_repeats(runs: Sequence[RunEntry]) -> list[RunEntry]:
+def combine_repeats(runs: Sequence[ValidateRun]) -> list[ValidateRun]:
     """One entry per run name (``static:K``, ``config``) in first-seen order: the mean of its repeats.
 
     Overall and per phase: output throughput (tok/s), TPOT/TTFT percentiles (ms), SLO attainment, acceptance
     length, switches and achieved concurrency are means over the repeats; request and token counts are sums. The
-    entry gains ``repeats`` and ``throughput_by_repeat`` (overall output tok/s of each repeat, in order). A run
-    with a failed repeat is failed (its error names the repeat). A run measured once is returned unchanged.
+    entry gains ``repeats`` and ``throughput_by_repeat`` (overall output tok/s of each repeat, in order) and has no
+    ``started`` or ``finished``. A run with a failed repeat is failed (its error names the repeat). A run measured
+    once is returned unchanged.
     """
-    groups: dict[str, list[RunEntry]] = {}
+    groups: dict[str, list[ValidateRun]] = {}
     for r in runs:
-        groups.setdefault(r.get("run", ""), []).append(r)
-    out: list[RunEntry] = []
+        groups.setdefault(r.run, []).append(r)
+    out: list[ValidateRun] = []
     for rs in groups.values():
         if len(rs) == 1:
             out.append(rs[0])
             continue
-        base = {k: v for k, v in rs[0].items() if k not in ("phases", "overall", "repeat", "started", "finished")}
-        base.update(repeats=len(rs), throughput_by_repeat=[(r.get("overall") or {}).get("output_throughput_tok_s")
-                                                           for r in rs])
-        bad = next((r for r in rs if r.get("status") != "ok"), None)
+        base = dataclasses.replace(rs[0], started="", finished=None, repeats=len(rs),
+                                   throughput_by_repeat=[r.throughput for r in rs])
+        bad = next((r for r in rs if not r.ok), None)
         if bad is not None:
-            out.append({**base, "status": bad.get("status", "failed"), "phases": [], "overall": {},
-                        "error": f"repeat {bad.get('repeat')}: {bad.get('error')}"})
+            out.append(dataclasses.replace(base, status=bad.status, phases=[], overall=RunWindow.empty(),
+                                           error=f"repeat {bad.repeat}: {bad.error}"))
             continue
-        phases = [_mean_window(list(ps)) for ps in zip(*(r["phases"] for r in rs))]
-        out.append({**base, "status": "ok", "overall": _mean_window([r["overall"] for r in rs]), "phases": phases})
+        phases = [_mean_window(list(ps)) for ps in zip(*(r.phases for r in rs))]
+        out.append(dataclasses.replace(base, status="ok", overall=_mean_window([r.overall for r in rs]),
+                                       phases=phases))
     return out

@@ -13,9 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from spectune.core.errors import UserError
+from spectune.results.validate_doc import RecordedBakeoff, RecordedVerdict, ValidateDoc
+from spectune.results.validate_run import RunWindow, runs_of
 from spectune.tune.report_html import esc, file_links, num, page, table
 from spectune.validate.bakeoff_table import (OVERALL_HEADERS, PHASE_HEADERS, overall_cells, phase_cells,
                                              winner_sentence)
+from spectune.validate.phase_check import STEADY, PhaseRuling
 
 
 def load_validation(folder: Path) -> dict[str, Any]:
@@ -43,38 +46,39 @@ def _mean(xs: list[float]) -> float | None:
 def phase_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The per-phase table: header and rows (phase, one column per run with its steady output tokens/s averaged over
     ok repeats, best static, config / best [low, high], ruling)."""
-    runs = [r for r in doc["runs"] if r.get("status") == "ok"]
-    names = list(dict.fromkeys(r["run"] for r in runs))
-    checks = {p["phase"]: p for p in (doc.get("phase_check") or {}).get("phases", [])}
+    runs = [r for r in runs_of(doc) if r.ok]
+    names = list(dict.fromkeys(r.run for r in runs))
+    checks = {p.phase: p for p in map(PhaseRuling.from_json, (doc.get("phase_check") or {}).get("phases", []))}
     phases: dict[int, str] = {}
     for r in runs:
-        for ph in r.get("phases") or []:
-            phases.setdefault(int(ph["phase"]), str(ph.get("label") or ""))
+        for ph in r.phases:
+            phases.setdefault(int(ph.phase), ph.label or "")
+
+    def steady(ph: RunWindow) -> float | None:
+        return ph.steady_output_throughput_tok_s if ph.has(STEADY) else ph.output_throughput_tok_s
+
     rows = []
     for i, label in sorted(phases.items()):
         vals = []
         for name in names:
-            xs = [float(ph.get("steady_output_throughput_tok_s", ph.get("output_throughput_tok_s")))
-                  for r in runs if r["run"] == name for ph in r.get("phases") or [] if int(ph["phase"]) == i
-                  and isinstance(ph.get("steady_output_throughput_tok_s", ph.get("output_throughput_tok_s")),
-                                 (int, float))]
+            xs = [float(v) for r in runs if r.run == name for ph in r.phases if int(ph.phase) == i
+                  and isinstance(v := steady(ph), (int, float))]
             vals.append(num(_mean(xs), ".1f"))
-        c = checks.get(i, {})
-        ratio = (f"{c['ratio']:.3f}x [{c['low']:.3f}, {c['high']:.3f}]" if all(
-            isinstance(c.get(k), (int, float)) for k in ("ratio", "low", "high")) else "-")
-        best = f"K={c['best_static']}" if c.get("best_static") is not None else "-"
-        rows.append([f"{i}: {label}", *vals, best, ratio, str(c.get("ruling", "-"))])
+        c = checks.get(i)
+        ratio = (f"{c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}]" if c is not None and all(
+            isinstance(x, (int, float)) for x in (c.ratio, c.low, c.high)) else "-")
+        best = f"K={c.best_static}" if c is not None and c.best_static is not None else "-"
+        rows.append([f"{i}: {label}", *vals, best, ratio, c.ruling if c is not None else "-"])
     return ["phase", *names, "best static", "config / best [95%]", "ruling"], rows
 
 
 def overall_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Each run's overall numbers per repeat: output tokens/s, TPOT p50, TTFT p50, SLO attainment, status."""
     rows = []
-    for r in doc["runs"]:
-        o = r.get("overall") or {}
-        rows.append([str(r.get("run")), str(r.get("repeat", "-")), num(o.get("output_throughput_tok_s"), ".1f"),
-                     num(o.get("tpot_p50_ms"), ".1f"), num(o.get("ttft_p50_ms"), ".0f"),
-                     num(o.get("slo_attainment"), ".2f"), str(r.get("status", "-"))])
+    for r in runs_of(doc):
+        o = r.overall
+        rows.append([r.run, "-" if "repeat" in r.absent else str(r.repeat), num(o.output_throughput_tok_s, ".1f"),
+                     num(o.tpot_p50_ms, ".1f"), num(o.ttft_p50_ms, ".0f"), num(o.slo_attainment, ".2f"), r.status])
     return ["run", "repeat", "output tok/s", "TPOT p50 ms", "TTFT p50 ms", "SLO attainment", "status"], rows
 
 
@@ -82,17 +86,16 @@ _OUTCOME_CLASS = {"PASS": "pass-cell", "FAIL": "fail-cell", "INCONCLUSIVE": "fai
                   "behind": "fail-cell", "noise": "fail-cell"}
 
 
-def bakeoff_html(doc: dict[str, Any]) -> str:
+def bakeoff_html(b: RecordedBakeoff) -> str:
     """A bake-off's section (validate.json ``bakeoff``): the winner, each config against the best static num_steps
     overall, then per phase against that phase's best static (verdicts and rulings coloured)."""
-    b = doc["bakeoff"]
     overall = overall_cells(b)
     phases = phase_cells(b)
     marks = {(i, 2): _OUTCOME_CLASS[r[2]] for i, r in enumerate(overall) if r[2] in _OUTCOME_CLASS}
     rulings = {(i, len(PHASE_HEADERS) - 1): _OUTCOME_CLASS[r[-1]] for i, r in enumerate(phases)
                if r[-1] in _OUTCOME_CLASS}
-    lines = "".join(f"<li><b>{esc(r.get('name'))}</b>: {esc((r.get('verdict') or {}).get('line'))}</li>"
-                    for r in b.get("configs") or [])
+    lines = "".join(f"<li><b>{esc(r.name)}</b>: {esc(r.verdict.line if r.verdict else None)}</li>"
+                    for r in b.configs)
     return (f"<h2>Bake-off: each config against the best static num_steps</h2><p>{esc(winner_sentence(b))} Output "
             "tokens/s, mean over repeats; the ratio to the best static with its 95% interval; goodput: requests that "
             f"met the SLOs per s.</p>{table(OVERALL_HEADERS, overall, text_cols=(0, 1, 2), cell_class=marks)}"
@@ -107,28 +110,26 @@ def write_validation_report(folder: Path, out: Path) -> Path:
         UserError: ``folder`` holds no readable validate.json.
     """
     doc = load_validation(folder)
-    verdict = doc.get("verdict") or {}
-    outcome = str(verdict.get("outcome") or ("PASS" if verdict.get("passed") else "no verdict"))
-    line = str(verdict.get("line") or "")
+    rec = ValidateDoc.from_json(doc)
+    verdict = rec.verdict or RecordedVerdict()
+    outcome = verdict.outcome or ("PASS" if verdict.passed else "no verdict")
+    line = verdict.line or ""
     rest = line[len(outcome):].lstrip(": ") if line.startswith(outcome) else line
     css = outcome.lower() if outcome in ("PASS", "FAIL", "INCONCLUSIVE") else ""
-    phase_line = (doc.get("phase_check") or {}).get("line")
+    phase_line = (rec.phase_check or {}).get("line")
     answer = (f'<section id="answer" class="answer {css}"><p class="lead"><span class="verdict">{esc(outcome)}'
               f"</span>: {esc(rest)}</p>" + (f"<p>{esc(phase_line)}.</p>" if phase_line else "") + "</section>")
     header, rows = phase_rows(doc)
     ruling = {(i, len(header) - 1): ("pass-cell" if r[-1] == "holds" else "fail-cell") for i, r in enumerate(rows)}
     oh, orows = overall_rows(doc)
-    cfg = doc.get("config") or {}
-    plan = doc.get("plan") or {}
+    wl = rec.plan.workload
     meta = " · ".join(x for x in (
-        f"config <code>{esc(cfg.get('path'))}</code>" if cfg.get("path") else "",
-        "configs " + ", ".join(f"<code>{esc(c.get('name'))}</code>" for c in doc["configs"])
-        if doc.get("configs") else "",
-        f"workload {esc((plan.get('workload') or {}).get('name', plan.get('workload', '')))}"
-        if plan.get("workload") else "",
-        f"measured {esc(str(doc.get('created', ''))[:16].replace('T', ' '))} UTC" if doc.get("created") else "")
+        f"config <code>{esc(rec.config.path)}</code>" if rec.config.path else "",
+        "configs " + ", ".join(f"<code>{esc(c.name)}</code>" for c in rec.configs) if rec.configs else "",
+        f"workload {esc(wl.name)}" if wl.name is not None or wl.phases else "",
+        f"measured {esc(str(rec.created)[:16].replace('T', ' '))} UTC" if rec.created else "")
         if x)
-    body = (bakeoff_html(doc) if doc.get("bakeoff") else
+    body = (bakeoff_html(rec.bakeoff) if rec.bakeoff else
             f"<h2>Each phase: the config against that phase's best static num_steps</h2>"
             f"<p>Steady output tokens/s, mean over repeats.</p>"
             f"{table(header, rows, text_cols=(0,), cell_class=ruling)}") + (

@@ -50,7 +50,8 @@ from spectune.measure.schedule_check import check_schedule
 from spectune.measure.window import Sample, Window, client_config, measure_window, resolve_model
 from spectune.results.folder import ValidateFolder
 from spectune.results.schema import now_iso
-from spectune.results.validate_run import ValidateRun
+from spectune.results.validate_doc import ValidateDoc
+from spectune.results.validate_run import RunWindow, ValidateRun
 from spectune.validate.bakeoff import rule_bakeoff
 from spectune.validate.distributed import RayValidation
 from spectune.validate.phase_check import STEADY, phase_check, to_json as phase_check_json
@@ -60,7 +61,7 @@ from spectune.validate.config_formats import STATIC_FORMATS
 from spectune.validate.plan import (ValidateListener, ValidateOutcome, ValidatePlan, config_candidates,
                                     static_equivalent)
 from spectune.validate.prediction import (compare as compare_prediction, find_recommendation, load_notes,
-                                         predict_for)
+                                         predict_for, usable_prediction)
 from spectune.validate.repeats import AA_PREFIX, combine_repeats, overall_spread, throughput_ratio
 from spectune.validate.verdict import Verdict, render_markdown, verdict
 
@@ -243,7 +244,7 @@ class Validation:
             t0=result.start_time,  # perf_counter s: requests.jsonl send_time - t0 gives the phase
             warmup={"requests": len(w.warmup), "failed": sum(not r.ok for r in w.warmup)}))
 
-    def _check_schedule(self, backend: Backend, samples: list[Sample], phases: list[dict[str, Any]],
+    def _check_schedule(self, backend: Backend, samples: list[Sample], phases: list[RunWindow],
                         label: str, config: str) -> None:
         """Per phase, whether the server followed the per-batch-size schedule of the config file ``config``
         (:func:`spectune.measure.schedule_check.check_schedule` at the phase's achieved concurrency): each phase's
@@ -258,20 +259,21 @@ class Validation:
         for i, d in enumerate(phases):
             before = samples[i].snap if i < len(samples) else None
             after = samples[i + 1].snap if i + 1 < len(samples) else None
-            check = check_schedule(schedule, before, after, d.get("achieved_concurrency"), d.get("output_tokens"))
-            d["schedule_check"] = check.to_json() if check is not None else None
+            check = check_schedule(schedule, before, after, d.achieved_concurrency, d.output_tokens)
+            d.schedule_check = check.to_json() if check is not None else None
             if check is not None and not check.followed:
                 self.listener.warning(check.message(f"{label} phase {i + 1}", backend.schedule_setting()))
 
-    def _client_load(self, overall: dict[str, Any], w: Window, label: str) -> None:
+    def _client_load(self, overall: RunWindow, w: Window, label: str) -> None:
         """Add the load generator's own figures to the run's ``overall`` (``dispatch_delay_p90_ms``,
         ``client_cpu_share``, ``client_limited``) and warn when it limited the run."""
-        overall.update(dispatch_delay_p90_ms=w.metrics["dispatch_delay_p90_ms"],
-                       client_cpu_share=w.metrics["client_cpu_share"], client_limited=w.client_limit is not None)
+        overall.dispatch_delay_p90_ms = w.metrics["dispatch_delay_p90_ms"]
+        overall.client_cpu_share = w.metrics["client_cpu_share"]
+        overall.client_limited = w.client_limit is not None
         if w.client_limit is not None:
             self.listener.warning(f"{label}: {w.client_limit}; its latencies include the client's own queueing")
 
-    def _annotate(self, d: dict[str, Any], backend: Backend, samples: list[Sample], phase: int | None,
+    def _annotate(self, d: RunWindow, backend: Backend, samples: list[Sample], phase: int | None,
                   records: list[RequestRecord], label: str, acc: Acceptance | None = None) -> None:
         """Add label, acceptance and switches of phase ``phase`` (0-based; None = the whole run, whose acceptance
         ``acc`` the window measured) to ``d``, from the boundary samples (``samples[i]`` is taken at the start of
@@ -284,16 +286,15 @@ class Validation:
         switches = None
         if before is not None and after is not None and before.switches is not None and after.switches is not None:
             switches = after.switches - before.switches
-        d.update(label=label, acceptance_length=acc.acceptance_length, acceptance_length_source=acc.source,
-                 num_steps_switches=switches)
+        d.label, d.acceptance_length, d.acceptance_length_source = label, acc.acceptance_length, acc.source
+        d.num_steps_switches = switches
 
     def _finish(self, run: ValidateRun) -> None:
         run.finished = now_iso()
-        result = run.to_dict()
-        self.runs.append(result)
+        self.runs.append(run.to_dict())
         self.meta["backend"] = self._describe()
         self.folder.write(self.meta)
-        self.listener.run_finished(result)
+        self.listener.run_finished(run)
 
 
 async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions, output_dir: Path,
@@ -411,8 +412,7 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
             outcome.bakeoff = meta.get("bakeoff")
         else:
             outcome.verdict = rule(meta, _read_requests(folder.requests), (prediction or {}).get("primary"))
-        if prediction is not None and not prediction.get("error"):
-            outcome.prediction = prediction
+        outcome.prediction = usable_prediction(meta)
         outcome.phase_check = meta.get("phase_check")
         outcome.instance_spread = meta.get("instance_spread")
         meta.update(status="done", finished=now_iso())
@@ -453,13 +453,12 @@ def rule_again(output_dir: Path, config: str) -> tuple[Verdict, dict[str, Any] |
         UserError: no finished validation in ``output_dir``; ``config`` is not a valid config file.
     """
     folder, meta = _read_validation(output_dir)
-    if meta.get("configs"):
-        names = ", ".join(str(c.get("name")) for c in meta["configs"])
+    doc = ValidateDoc.from_json(meta)
+    if doc.configs:
+        names = ", ".join(str(c.name) for c in doc.configs)
         raise UserError(f"{output_dir} holds a bake-off of configs {names}: pass each as --config NAME=PATH")
-    runs, plan = meta.get("runs") or [], meta.get("plan") or {}
-    stands_in = plan.get("config_static") is not None and any(str(r.get("run", "")).startswith("static:")
-                                                              for r in runs)
-    if not stands_in and not any(r.get("run") == "config" for r in runs):
+    stands_in = doc.plan.config_static is not None and any(r.run.startswith("static:") for r in doc.runs)
+    if not stands_in and not doc.ran("config"):
         raise UserError(f"{output_dir}/validate.json has no config run: rule again only on a finished validation")
     same = static_equivalent(config)
     meta.setdefault("config", {})["static_equivalent"] = None if same is None else {"steps": same[0],
@@ -469,10 +468,10 @@ def rule_again(output_dir: Path, config: str) -> tuple[Verdict, dict[str, Any] |
     rec = find_recommendation(config)
     recommendation = json.loads(rec.read_text(encoding="utf-8")) if rec is not None else {}
     primary = recommendation.get("primary")
-    prediction = meta.get("prediction")
-    if prediction is not None and not prediction.get("error"):
+    prediction = usable_prediction(meta)
+    if prediction is not None:
         prediction["primary"] = primary
-        prediction.update(load_notes(recommendation.get("cells") or [], plan.get("workload") or {}))
+        prediction.update(load_notes(recommendation.get("cells") or [], doc.plan.workload))
     v = rule(meta, requests, primary)
     meta.update(ruled_again=now_iso())
     folder.write(meta)
@@ -491,7 +490,7 @@ def rule_again_bakeoff(output_dir: Path, names: list[str]) -> tuple[Verdict, dic
         UserError: no finished validation in ``output_dir``; it is not a bake-off; ``names`` are not its configs'.
     """
     folder, meta = _read_validation(output_dir)
-    recorded = [str(c.get("name")) for c in meta.get("configs") or []]
+    recorded = [str(c.name) for c in ValidateDoc.from_json(meta).configs]
     if not recorded:
         raise UserError(f"{output_dir}/validate.json validated one config, not a bake-off: pass that one --config")
     if sorted(names) != sorted(recorded):
@@ -525,28 +524,27 @@ def rule(meta: dict[str, Any], requests: list[dict[str, Any]], primary: dict[str
     and, where validate.json has a prediction, measured beside predicted with the same spreads
     (``meta["prediction"]["comparison"]``). ``requests``: requests.jsonl objects (with chunk times); ``primary``:
     recommendation.json's primary recommendation beside the config, or None. Returns the verdict."""
-    runs, plan = meta.get("runs") or [], meta.get("plan") or {}
+    doc = ValidateDoc.from_json(meta)
+    runs, plan = doc.runs, doc.plan
     combined = combine_repeats(runs)
-    same = (meta.get("config") or {}).get("static_equivalent")
-    config_static = (int(same["steps"]), str(same.get("reason") or "")) if same else None
+    config_static = doc.config.static
     spread = overall_spread(runs, requests)
-    if plan.get("servers") == "kept":
+    if plan.servers == "kept":
         spread = replace(spread, kept=True)
     meta["instance_spread"] = spread.to_json()
-    v = verdict(combined, plan.get("slo_ttft_ms") is not None or plan.get("slo_tpot_ms") is not None,
-                plan.get("tolerance") or 0.0, ratio=lambda a, b: throughput_ratio(runs, requests, a, b, spread=spread),
+    v = verdict(combined, plan.with_slo, plan.tolerance or 0.0,
+                ratio=lambda a, b: throughput_ratio(runs, requests, a, b, spread=spread),
                 recommended=primary, config_static=config_static,
                 interval_source=spread.source(within=bool(requests)))
     meta["verdict"] = asdict(v)
-    specs = (plan.get("workload") or {}).get("phases") or []
-    concurrencies = [p.get("concurrency") for p in specs]
+    concurrencies = plan.workload.concurrencies
     spreads = phase_spreads(runs, requests, concurrencies)
-    has_config = any(r.get("run") == "config" for r in runs)
+    has_config = doc.ran("config")
     stand_in = "config" if has_config or config_static is None else f"static:{config_static[0]}"
     meta["phase_check"] = phase_check_json(phase_check(runs, requests, concurrencies=concurrencies,
                                                        config_run=stand_in, spreads=spreads))
-    prediction = meta.get("prediction")
-    if prediction is not None and not prediction.get("error"):
+    prediction = usable_prediction(meta)
+    if prediction is not None:
         prediction["comparison"] = compare_prediction(
             prediction, combined, spreads={"overall": spread, **{i + 1: sp for i, sp in enumerate(spreads)}})
     return v
@@ -555,17 +553,20 @@ def rule(meta: dict[str, Any], requests: list[dict[str, Any]], primary: dict[str
 def _resummarize(meta: dict[str, Any], requests: list[dict[str, Any]]) -> None:
     """Add the steady per-phase numbers (``settle_s``, ``steady_output_throughput_tok_s``) to runs measured before
     they existed, from requests.jsonl (with chunk times) and each run's ``t0``; other numbers stay as measured."""
-    specs = (meta.get("plan") or {}).get("workload", {}).get("phases") or []
-    bounds = [(p["start_s"], p["end_s"]) for p in specs]
-    for run in meta.get("runs") or []:
-        if run.get("status") != "ok" or run.get("t0") is None or not bounds:
+    doc = ValidateDoc.from_json(meta)
+    bounds, concurrencies, runs = doc.plan.workload.bounds, doc.plan.workload.concurrencies, doc.runs
+    for run in runs:
+        if not run.ok or run.t0 is None or not bounds:
             continue
         records = [RequestRecord.from_json(q) for q in requests
-                   if q.get("run") == run.get("run") and q.get("repeat", 1) == run.get("repeat", 1)]
-        fresh, _ = summarize_run(records, run["t0"], bounds, concurrencies=[p.get("concurrency") for p in specs])
-        for have, new in zip(run.get("phases") or [], fresh):
-            have.setdefault("settle_s", new["settle_s"])
-            have.setdefault(STEADY, new[STEADY])
+                   if q.get("run") == run.run and q.get("repeat", 1) == run.repeat]
+        fresh, _ = summarize_run(records, run.t0, bounds, concurrencies=concurrencies)
+        for have, new in zip(run.phases, fresh):
+            if not have.has("settle_s"):
+                have.settle_s = new.settle_s
+            if not have.has(STEADY):
+                have.steady_output_throughput_tok_s = new.steady_output_throughput_tok_s
+    meta["runs"] = [r.to_dict() for r in runs]
 
 
 def _read_requests(path: Path) -> list[dict[str, Any]]:

@@ -5,12 +5,14 @@ requests.jsonl and validate.json (:class:`ValidateFolder`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence, TypedDict
 
 from spectune.core.json_types import JsonObject
-from spectune.results.validate_run import RunEntry, RunWindow
+from spectune.results.validate_doc import ValidateDoc
+from spectune.results.validate_run import RunWindow, ValidateRun
 from spectune.validate.bakeoff_table import markdown as bakeoff_markdown, subject as bakeoff_subject
 from spectune.validate.phase_check import markdown as phase_markdown
 from spectune.validate.prediction import markdown as prediction_markdown
@@ -98,26 +100,26 @@ phase's requests: where none does, which run meets them a few more times is nois
 at concurrency 32 ranked 25.0% against 24.4%)."""
 
 
-def slo_phases(statics: Sequence[RunEntry]) -> list[int]:
+def slo_phases(statics: Sequence[ValidateRun]) -> list[int]:
     """0-based indices of the phases where some static run (validate.json ``runs`` entries, repeats combined) has
     ``slo_attainment`` > :data:`SLO_DECIDES`. Runs without ``phases`` count as one phase: their ``overall``."""
-    def windows(r: RunEntry) -> list[RunWindow]:
-        return list(r.get("phases") or []) or [r.get("overall") or {}]
+    def windows(r: ValidateRun) -> list[RunWindow]:
+        return r.phases or [r.overall]
 
     n = max((len(windows(r)) for r in statics), default=0)
     return [i for i in range(n)
-            if any(i < len(windows(r)) and (windows(r)[i].get("slo_attainment") or 0.0) > SLO_DECIDES
+            if any(i < len(windows(r)) and (windows(r)[i].slo_attainment or 0.0) > SLO_DECIDES
                    for r in statics)]
 
 
-def attainment_over(run: RunEntry, phases: Sequence[int]) -> float | None:
+def attainment_over(run: ValidateRun, phases: Sequence[int]) -> float | None:
     """SLO attainment of ``run`` over the requests sent in ``phases`` (0-based; request-weighted mean of the
     phases' attainment, weights ``num_requests``); the ``overall`` one when the run has no ``phases``. None when
     unknown."""
-    ws = list(run.get("phases") or [])
+    ws = run.phases
     if not ws:
-        return (run.get("overall") or {}).get("slo_attainment")
-    pairs = [(ws[i].get("slo_attainment"), ws[i].get("num_requests") or 0) for i in phases if i < len(ws)]
+        return run.overall.slo_attainment
+    pairs = [(ws[i].slo_attainment, ws[i].num_requests or 0) for i in phases if i < len(ws)]
     pairs = [(a, n) for a, n in pairs if a is not None]
     total = sum(n for _, n in pairs)
     if not pairs:
@@ -125,7 +127,7 @@ def attainment_over(run: RunEntry, phases: Sequence[int]) -> float | None:
     return sum(a * n for a, n in pairs) / total if total else sum(a for a, _ in pairs) / len(pairs)
 
 
-def verdict(runs: Sequence[RunEntry], with_slo: bool, tolerance: float = 0.0, ratio: RatioInterval | None = None,
+def verdict(runs: Sequence[ValidateRun], with_slo: bool, tolerance: float = 0.0, ratio: RatioInterval | None = None,
             confidence: float = 0.95, recommended: PrimaryRecommendation | None = None,
             config_static: tuple[int, str] | None = None, interval_source: str | None = None) -> Verdict:
     """Rule on finished runs (validate.json ``runs`` entries, repeats combined: ``run``, ``steps``, ``status``,
@@ -148,25 +150,25 @@ def verdict(runs: Sequence[RunEntry], with_slo: bool, tolerance: float = 0.0, ra
         interval_source: the intervals' source, named in the line.
     """
     source = f", {interval_source}" if interval_source else ""
-    config = next((r for r in runs if r.get("run") == "config"), None)
-    statics = sorted((r for r in runs if r.get("run", "").startswith("static:") and r.get("status") == "ok"
-                      and r["overall"].get("output_throughput_tok_s") is not None), key=lambda r: r["steps"])
+    config = next((r for r in runs if r.run == "config"), None)
+    statics = sorted((r for r in runs if r.run.startswith("static:") and r.ok and r.throughput is not None),
+                     key=lambda r: r.steps)
     static_k = int(config_static[0]) if config_static is not None else None
     extra_all = dict(interval_source=interval_source, config_static=static_k)
     config_ran = config is not None
     if static_k is not None and config is None:  # the config was not run: it is static K
-        stands = next((r for r in statics if r["steps"] == static_k), None)
+        stands = next((r for r in statics if r.steps == static_k), None)
         if stands is None:
             return Verdict(False, f"FAIL: the config is static K={static_k} ({config_static[1]}), and that static "
                                   "run did not finish, so nothing shows it is safe", **extra_all)
-        config = {**stands, "run": "config"}
-    if config is None or config.get("status") != "ok":
-        why = (config or {}).get("error") or "it did not run"
+        config = dataclasses.replace(stands, run="config")
+    if config is None or not config.ok:
+        why = (config.error if config is not None else None) or "it did not run"
         return Verdict(False, f"FAIL: the config run failed ({why})", **extra_all)
     if not statics:
         return Verdict(False, "FAIL: no static num_steps run succeeded, so there is nothing to compare the config "
                               "with", **extra_all)
-    best = max(statics, key=lambda r: r["overall"]["output_throughput_tok_s"])  # first max: the smaller K
+    best = max(statics, key=_tok_s)  # first max: the smaller K
     rec_k = int(recommended["num_steps"]) if recommended and recommended.get("kind") == "static" else None
     if ratio is not None and (static_k is not None or rec_k is not None):
         k = static_k if static_k is not None else rec_k
@@ -174,10 +176,10 @@ def verdict(runs: Sequence[RunEntry], with_slo: bool, tolerance: float = 0.0, ra
                                   recommended=rec_k == k, config_static=config_static, source=interval_source)
         if agreed is not None:
             return agreed
-    k, bt = best["steps"], best["overall"]["output_throughput_tok_s"]
-    ct = config["overall"].get("output_throughput_tok_s") or 0.0
+    k, bt = best.steps, _tok_s(best)
+    ct = config.throughput or 0.0
     margin = (ct - bt) / bt * 100.0 if bt > 0 else 0.0
-    iv = ratio("config", best["run"]) if ratio is not None and bt > 0 else None
+    iv = ratio("config", best.run) if ratio is not None and bt > 0 else None
     point = ct / bt if bt > 0 else 0.0
     span = f"config / K={k} {point:.3f}x [{iv[0]:.3f}, {iv[1]:.3f}], {confidence:.0%}{source}" if iv else ""
     extra = dict(ratio_low=iv[0], ratio_high=iv[1], confidence=confidence) if iv else {}
@@ -203,7 +205,7 @@ def verdict(runs: Sequence[RunEntry], with_slo: bool, tolerance: float = 0.0, ra
     if counted:
         ca = attainment_over(config, counted)
         # the best static, and every static at least as fast as the config (throughput ties are common in open loop)
-        rivals = [r for r in statics if r is best or r["overall"]["output_throughput_tok_s"] >= ct * (1.0 - tolerance)]
+        rivals = [r for r in statics if r is best or _tok_s(r) >= ct * (1.0 - tolerance)]
         scored = [(r, attainment_over(r, counted)) for r in rivals]
         scored = [(r, a) for r, a in scored if a is not None]
         where = _phase_list(counted, config)
@@ -211,18 +213,18 @@ def verdict(runs: Sequence[RunEntry], with_slo: bool, tolerance: float = 0.0, ra
             decided = "throughput and SLO attainment"
             top, ta = max(scored, key=lambda ra: ra[1])  # first max: the smaller K
             if ca < ta:
-                tm = (ct - top["overall"]["output_throughput_tok_s"]) / top["overall"]["output_throughput_tok_s"] * 100
-                return Verdict(False, f"FAIL: static K={top['steps']} meets the SLOs more often than the config "
+                tm = (ct - _tok_s(top)) / _tok_s(top) * 100
+                return Verdict(False, f"FAIL: static K={top.steps} meets the SLOs more often than the config "
                                       f"({ta:.1%} vs {ca:.1%}, {(ta - ca) * 100:.1f} points{where}) at {tm:+.1f}% "
-                                      "throughput" + span, top["steps"], tm, decided_by=decided,
+                                      "throughput" + span, top.steps, tm, decided_by=decided,
                                slo_phases=[i + 1 for i in counted], **extra)
-            slo_note = f"; SLO attainment {ca:.1%} vs {ta:.1%} (K={top['steps']}{where})"
+            slo_note = f"; SLO attainment {ca:.1%} vs {ta:.1%} (K={top.steps}{where})"
     return Verdict(True, f"PASS: the config delivers {ct:,.1f} tok/s, {margin:+.1f}% vs the best static num_steps "
                          f"K={k} ({bt:,.1f} tok/s){slo_note}{span}; decided by {decided}", k, margin,
                    decided_by=decided, slo_phases=[i + 1 for i in counted] if decided != "throughput" else [], **extra)
 
 
-def static_agreement(statics: Sequence[RunEntry], best: RunEntry, config: RunEntry | None, k: int,
+def static_agreement(statics: Sequence[ValidateRun], best: ValidateRun, config: ValidateRun | None, k: int,
                      ratio: RatioInterval, confidence: float, tolerance: float, recommended: bool = True,
                      config_static: tuple[int, str] | None = None, source: str | None = None) -> Verdict | None:
     """The ruling when a static num_steps ``k`` is the claim: recommend's primary recommendation (``recommended``:
@@ -235,20 +237,19 @@ def static_agreement(statics: Sequence[RunEntry], best: RunEntry, config: RunEnt
     ``ratio(a, b)``: the interval of run a / run b, server-to-server spread included
     (:func:`spectune.validate.repeats.throughput_ratio`); ``source``: where it comes from, named in the line.
     Returns None when K=k was not run or an interval cannot be computed (the ordinary rule then applies)."""
-    rec = next((r for r in statics if r["steps"] == k), None)
+    rec = next((r for r in statics if r.steps == k), None)
     if rec is None:
         return None
-    rt = rec["overall"]["output_throughput_tok_s"]
+    rt = _tok_s(rec)
     if rt <= 0:
         return None
     src = f", {source}" if source else ""
     ran = config is not None
-    ct = ((config or {}).get("overall") or {}).get("output_throughput_tok_s") or 0.0 if ran else rt
-    iv = ratio("config", rec["run"]) if ran else None
+    ct = (config.throughput or 0.0 if config is not None else 0.0) if ran else rt
+    iv = ratio("config", rec.run) if ran else None
     if ran and iv is None:
         return None
-    others = [(r, ratio(r["run"], rec["run"])) for r in sorted(statics, key=lambda r: -r["overall"][
-        "output_throughput_tok_s"]) if r is not rec]
+    others = [(r, ratio(r.run, rec.run)) for r in sorted(statics, key=lambda r: -_tok_s(r)) if r is not rec]
     runner = next(((r, o) for r, o in others if o is not None), None)
     if not ran and others and runner is None:
         return None
@@ -266,10 +267,10 @@ def static_agreement(statics: Sequence[RunEntry], best: RunEntry, config: RunEnt
         head = claim = is_static
     for r, other in others:
         if other is not None and other[0] > 1.0 / (1.0 - tolerance):
-            ot = r["overall"]["output_throughput_tok_s"]
-            return Verdict(False, f"FAIL: {claim}, but static K={r['steps']} beats it: {ot / rt:.3f}x [{other[0]:.3f}, "
+            ot = _tok_s(r)
+            return Verdict(False, f"FAIL: {claim}, but static K={r.steps} beats it: {ot / rt:.3f}x [{other[0]:.3f}, "
                                   f"{other[1]:.3f}], {confidence:.0%}{src} ({ot:,.1f} vs {rt:,.1f} tok/s); decided by "
-                                  "throughput", r["steps"], (ct - ot) / ot * 100.0,
+                                  "throughput", r.steps, (ct - ot) / ot * 100.0,
                            **{**extra, "ratio_low": other[0], "ratio_high": other[1]})
     if ran:
         margin = (ct - rt) / rt * 100.0
@@ -277,30 +278,30 @@ def static_agreement(statics: Sequence[RunEntry], best: RunEntry, config: RunEnt
         if iv[1] < 1.0 - tolerance:
             return Verdict(False, f"FAIL: the config falls behind static K={k}, the num_steps it stands for: {span} "
                                   f"({ct:,.1f} vs {rt:,.1f} tok/s); decided by throughput", k, margin, **extra)
-        lead = "" if best is rec else (f"; K={best['steps']} measured {best['overall']['output_throughput_tok_s']:,.1f}"
-                                       " tok/s, not beyond the interval")
+        lead = "" if best is rec else f"; K={best.steps} measured {_tok_s(best):,.1f} tok/s, not beyond the interval"
         return Verdict(True, f"PASS: {head}: no static num_steps beats K={k} ({rt:,.1f} tok/s{lead}) and the config "
                              f"{'runs ahead of' if iv[0] > 1.0 else 'ties'} it, {ct:,.1f} tok/s, {span}; decided by "
                              "throughput", k, margin, **extra)
-    bt = best["overall"]["output_throughput_tok_s"]
+    bt = _tok_s(best)
     margin = (rt - bt) / bt * 100.0 if bt > 0 else 0.0
     near = ""
     if runner is not None:
         r, o = runner
-        near = (f"; the fastest other, K={r['steps']}: {r['overall']['output_throughput_tok_s']:,.1f} tok/s, "
-                f"K={r['steps']} / K={k} {r['overall']['output_throughput_tok_s'] / rt:.3f}x [{o[0]:.3f}, {o[1]:.3f}], "
+        near = (f"; the fastest other, K={r.steps}: {_tok_s(r):,.1f} tok/s, "
+                f"K={r.steps} / K={k} {_tok_s(r) / rt:.3f}x [{o[0]:.3f}, {o[1]:.3f}], "
                 f"{confidence:.0%}{src}")
     return Verdict(True, f"PASS: {head}, so it was not run again: no static num_steps beats K={k} ({rt:,.1f} tok/s"
                          f"{near}); decided by throughput", k, margin, **extra)
 
 
-def spread_line(meta: JsonObject) -> str | None:
-    """One terminal line on the server-to-server spread of validate.json's ``instance_spread`` (None without it):
-    the A/A pair's ratio and band, the spread over the repeats, or the default band."""
-    sp = InstanceSpread.from_json(meta.get("instance_spread"))
+def spread_line(spread: JsonObject | None, confidence: float | None) -> str | None:
+    """One terminal line on the server-to-server spread of validate.json's ``instance_spread`` (``spread``; None
+    without it): the A/A pair's ratio and band, the spread over the repeats, or the default band. ``confidence``:
+    the verdict's (None: 0.95)."""
+    sp = InstanceSpread.from_json(spread)
     if sp is None:
         return None
-    conf = (meta.get("verdict") or {}).get("confidence") or 0.95
+    conf = confidence or 0.95
     if sp.kind == "aa":
         a = sp.aa or {}
         iv = f" [{a['low']:.3f}, {a['high']:.3f}], {conf:.0%}" if a.get("low") is not None else ""
@@ -318,12 +319,12 @@ def spread_line(meta: JsonObject) -> str | None:
     return None
 
 
-def spread_markdown(meta: JsonObject) -> list[str]:
+def spread_markdown(doc: ValidateDoc) -> list[str]:
     """validate.md's "Server-to-server spread" section (nothing without ``instance_spread``)."""
-    line = spread_line(meta)
+    line = spread_line(doc.instance_spread, doc.verdict.confidence if doc.verdict is not None else None)
     if line is None:
         return []
-    sp = InstanceSpread.from_json(meta.get("instance_spread"))
+    sp = InstanceSpread.from_json(doc.instance_spread)
     how = {"aa": "With one repeat, a second fresh server of one static num_steps (run `aa:K`) ran beside `static:K`; "
                  "the band is the far end of their ratio's interval from 1, and every interval below is widened by it "
                  "on both sides.",
@@ -342,9 +343,14 @@ def spread_markdown(meta: JsonObject) -> list[str]:
             "A ratio whose interval reaches the threshold is INCONCLUSIVE, never FAIL (docs/validate.md).", ""]
 
 
-def _phase_list(counted: Sequence[int], config: RunEntry) -> str:
+def _tok_s(run: ValidateRun) -> float:
+    """The overall output tokens/s of a run known to have one (a successful static run)."""
+    return float(run.throughput or 0.0)
+
+
+def _phase_list(counted: Sequence[int], config: ValidateRun) -> str:
     """``", phases 1, 3"`` when SLO attainment counted in only some phases of a multi-phase run, else ``""``."""
-    n = len(config.get("phases") or [])
+    n = len(config.phases)
     if n <= 1 or len(counted) == n:
         return ""
     return f", phase{'s' if len(counted) > 1 else ''} {', '.join(str(i + 1) for i in counted)}"
@@ -357,11 +363,10 @@ def _f(v: float | None, spec: str) -> str:
 def row_cells(d: RunWindow) -> list[str]:
     """Table cells of one run in one window: output tok/s, TPOT p50/p99 (ms), SLO attainment, acceptance length,
     num_steps switches, achieved concurrency, requests (failed)."""
-    slo = d.get("slo_attainment")
-    return [_f(d.get("output_throughput_tok_s"), ",.1f"), _f(d.get("tpot_p50_ms"), ".2f"),
-            _f(d.get("tpot_p99_ms"), ".2f"), "-" if slo is None else f"{slo:.1%}",
-            _f(d.get("acceptance_length"), ".2f"), _f(d.get("num_steps_switches"), ".0f"),
-            _f(d.get("achieved_concurrency"), ".1f"), f"{d.get('num_requests', 0)} ({d.get('num_failed', 0)})"]
+    slo = d.slo_attainment
+    return [_f(d.output_throughput_tok_s, ",.1f"), _f(d.tpot_p50_ms, ".2f"), _f(d.tpot_p99_ms, ".2f"),
+            "-" if slo is None else f"{slo:.1%}", _f(d.acceptance_length, ".2f"), _f(d.num_steps_switches, ".0f"),
+            _f(d.achieved_concurrency, ".1f"), f"{d.num_requests} ({d.num_failed})"]
 
 
 ROW_HEADERS = ("output tok/s", "TPOT p50 ms", "TPOT p99 ms", "SLO attainment", "acceptance length",
@@ -386,62 +391,60 @@ def render_markdown(meta: JsonObject) -> str:
     the preflight warnings (``meta["warnings"]``: e.g. a server that will not run the
     config as given), an overall table and a table per phase (a row per run, means over repeats; ``*`` = best
     tok/s), and with repeats the overall output tok/s of every repeat."""
-    plan, cfg, raw = meta.get("plan") or {}, meta.get("config") or {}, meta.get("runs") or []
+    doc = ValidateDoc.from_json(meta)
+    plan, cfg, raw = doc.plan, doc.config, doc.runs
     runs = combine_repeats(raw)
-    repeats = int(plan.get("repeats") or 1)
-    wl = plan.get("workload") or {}
+    repeats = int(plan.repeats or 1)
+    wl = plan.workload
     lines = ["# spectune validate", "",
-             (bakeoff_subject(meta) or f"Config `{cfg.get('path')}` ({cfg.get('format')}, candidate steps "
-              f"{', '.join(map(str, cfg.get('candidate_steps') or []))})") + " against static num_steps "
-             f"{', '.join(map(str, plan.get('steps') or []))}; workload `{wl.get('name')}` "
-             f"({len(wl.get('phases') or [])} phases, {_f(wl.get('total_s'), 'g')} s); dataset {plan.get('dataset')}, "
-             f"max_tokens {plan.get('max_tokens')}, temperature {plan.get('temperature')}; "
-             f"SLOs TTFT {plan.get('slo_ttft_ms') or '-'} ms, TPOT {plan.get('slo_tpot_ms') or '-'} ms"
-             + _runs_sentence(repeats, str(plan.get("servers"))), ""]
-    same = cfg.get("static_equivalent")
+             (bakeoff_subject(doc) or f"Config `{cfg.path}` ({cfg.format}, candidate steps "
+              f"{', '.join(map(str, cfg.candidate_steps or []))})") + " against static num_steps "
+             f"{', '.join(map(str, plan.steps or []))}; workload `{wl.name}` "
+             f"({len(wl.phases)} phases, {_f(wl.total_s, 'g')} s); dataset {plan.dataset}, "
+             f"max_tokens {plan.max_tokens}, temperature {plan.temperature}; "
+             f"SLOs TTFT {plan.slo_ttft_ms or '-'} ms, TPOT {plan.slo_tpot_ms or '-'} ms"
+             + _runs_sentence(repeats, str(plan.servers)), ""]
+    same = cfg.static
     if same:
-        lines += [f"The config runs the same rounds as static num_steps {same['steps']} ({same['reason']})"
-                  + (", so it was not run as a run of its own." if not any(r.get("run") == "config" for r in raw)
-                     else "."), ""]
-    v = meta.get("verdict")
-    lines += [f"**{v['line']}**" if v else f"Status: {meta.get('status')} (no verdict yet)", ""]
-    lines += bakeoff_markdown(meta)
-    if meta.get("warnings"):
-        lines += ["## Warnings", ""] + [f"- {w}" for w in meta["warnings"]] + [""]
-    lines += spread_markdown(meta)
+        lines += [f"The config runs the same rounds as static num_steps {same[0]} ({same[1]})"
+                  + (", so it was not run as a run of its own." if not doc.ran("config") else "."), ""]
+    v = doc.verdict
+    lines += [f"**{v.line}**" if v else f"Status: {doc.status} (no verdict yet)", ""]
+    lines += bakeoff_markdown(doc)
+    if doc.warnings:
+        lines += ["## Warnings", ""] + [f"- {w}" for w in doc.warnings] + [""]
+    lines += spread_markdown(doc)
 
-    lines += phase_markdown(meta)
-    lines += prediction_markdown(meta)
+    lines += phase_markdown(doc)
+    lines += prediction_markdown(doc.prediction)
 
-    def table(title: str, pick: Callable[[RunEntry], RunWindow | None]) -> None:
+    def table(title: str, pick: Callable[[ValidateRun], RunWindow | None]) -> None:
         rows = [(r, pick(r)) for r in runs]
-        best = max((d.get("output_throughput_tok_s") or 0.0 for r, d in rows if d and r.get("status") == "ok"),
-                   default=None)
+        best = max((d.output_throughput_tok_s or 0.0 for r, d in rows if d and r.ok), default=None)
         lines.extend([f"## {title}", "", "| run | " + " | ".join(ROW_HEADERS) + " |",
                       "|" + " --- |" * (len(ROW_HEADERS) + 1)])
         for r, d in rows:
-            if r.get("status") != "ok" and not d:
-                lines.append(f"| {r['run']} | failed: {r.get('error') or ''} |" + " |" * (len(ROW_HEADERS) - 1))
+            if not r.ok and not d:
+                lines.append(f"| {r.run} | failed: {r.error or ''} |" + " |" * (len(ROW_HEADERS) - 1))
                 continue
-            cells = row_cells(d or {})
-            if best and d and d.get("output_throughput_tok_s") == best:
+            cells = row_cells(d or RunWindow.empty())
+            if best and d and d.output_throughput_tok_s == best:
                 cells[0] += " *"
-            status = "" if r.get("status") == "ok" else " (failed)"
-            lines.append(f"| {r['run']}{status} | " + " | ".join(cells) + " |")
+            status = "" if r.ok else " (failed)"
+            lines.append(f"| {r.run}{status} | " + " | ".join(cells) + " |")
         lines.append("")
 
-    table("Overall", lambda r: r.get("overall"))
+    table("Overall", lambda r: r.overall)
     if repeats > 1:
         lines += ["## Output tok/s per repeat", "", "| run | " + " | ".join(f"#{i + 1}" for i in range(repeats))
                   + " |", "|" + " --- |" * (repeats + 1)]
         for r in runs:
-            values = r.get("throughput_by_repeat") or [(r.get("overall") or {}).get("output_throughput_tok_s")]
-            lines.append(f"| {r['run']} | " + " | ".join(_f(v, ",.1f") for v in values) + " |")
-        lines += ["", "Execution order: " + ", ".join(f"{r.get('run')} #{r.get('repeat', 1)}" for r in raw), ""]
-    for i, ph in enumerate(wl.get("phases") or []):
-        title = f"Phase {ph['phase']}: {ph['label']} ({ph['start_s']:g}-{ph['end_s']:g} s)"
-        table(title, lambda r, i=i: (r.get("phases") or [None] * (i + 1))[i] if len(r.get("phases") or []) > i
-              else None)
+            values = r.throughput_by_repeat or [r.throughput]
+            lines.append(f"| {r.run} | " + " | ".join(_f(v, ",.1f") for v in values) + " |")
+        lines += ["", "Execution order: " + ", ".join(f"{r.run} #{r.repeat}" for r in raw), ""]
+    for i, ph in enumerate(wl.phases):
+        title = f"Phase {ph.phase}: {ph.label} ({ph.start_s:g}-{ph.end_s:g} s)"
+        table(title, lambda r, i=i: r.phases[i] if len(r.phases) > i else None)
     lines += ["Output tok/s counts the tokens streamed inside each window; TPOT, SLO attainment and requests are "
               "over the requests sent in it; acceptance length and switches are counter deltas over the window.", ""]
     return "\n".join(lines)

@@ -10,7 +10,7 @@ import pytest
 
 from spectune.results.point import SweepPoint
 from spectune.results.schema import SUMMARY_COLUMNS, point_key, summary_row
-from spectune.results.validate_run import ValidateRun
+from spectune.results.validate_run import RunWindow, ValidateRun
 from spectune.sweep.run import failed_point
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
@@ -58,7 +58,7 @@ def test_unknown_keys_of_a_newer_file_are_kept_last():
 
 
 def test_measured_validate_run_key_order():
-    run = ValidateRun("static:2", 2, 1, "t", "ok", None, [], {}, switches_source="none", model="m",
+    run = ValidateRun("static:2", 2, 1, "t", "ok", None, [], RunWindow.empty(), switches_source="none", model="m",
                       base_url="http://x", stop_reason="max_duration", t0=1.5, warmup={"requests": 1, "failed": 0},
                       finished="t2")
     assert list(run.to_dict()) == ["run", "steps", "repeat", "started", "status", "error", "phases", "overall",

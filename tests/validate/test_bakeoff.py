@@ -26,6 +26,8 @@ from typer.testing import CliRunner
 from helpers.paths import EXAMPLES, FAKE_SERVER, ROOT
 from spectune.cli import app
 from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
+from spectune.results.validate_run import RunWindow
 from spectune.measure.workload import parse_workload
 from spectune.validate.bakeoff import goodput_req_s, rule_bakeoff
 from spectune.validate.plan import ValidatePlan, parse_configs
@@ -161,18 +163,19 @@ def test_duplicate_names_are_one_line_before_anything_runs(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def _window(tok: float, att: float, n: int, start: float, end: float) -> dict:
-    return {"output_throughput_tok_s": tok, "steady_output_throughput_tok_s": tok, "slo_attainment": att,
-            "num_requests": n, "start_s": start, "end_s": end, "tpot_p50_ms": 1000.0 / tok, "label": "c=1"}
+def _window(tok: float, att: float | None, n: int, start: float, end: float) -> RunWindow:
+    return RunWindow.from_json({"output_throughput_tok_s": tok, "steady_output_throughput_tok_s": tok,
+                                "slo_attainment": att, "num_requests": n, "start_s": start, "end_s": end,
+                                "tpot_p50_ms": 1000.0 / tok, "label": "c=1"})
 
 
 def _meta_of(config_tok: dict[str, float], static_config: bool = False) -> dict:
     """A finished bake-off without requests: statics K=0 at 100 tok/s and K=1 at 120, one config run per entry of
     ``config_tok`` (tok/s); SLO attainment 0.5 in every window of 10 requests over 2 s (one phase). With
     ``static_config``, a last config ``s1`` that is static K=1, stood for by ``static:1``."""
-    def run(name: str, steps: int, tok: float) -> dict:
-        return {"run": name, "steps": steps, "repeat": 1, "status": "ok", "overall": _window(tok, 0.5, 10, 0, 2),
-                "phases": [_window(tok, 0.5, 10, 0, 2)]}
+    def run(name: str, steps: int, tok: float) -> JsonObject:
+        return {"run": name, "steps": steps, "repeat": 1, "status": "ok",
+                "overall": _window(tok, 0.5, 10, 0, 2).to_json(), "phases": [_window(tok, 0.5, 10, 0, 2).to_json()]}
 
     runs = [run("static:0", 0, 100.0), run("static:1", 1, 120.0)]
     runs += [run(f"config:{n}", 2, t) for n, t in config_tok.items()]
@@ -186,7 +189,7 @@ def _meta_of(config_tok: dict[str, float], static_config: bool = False) -> dict:
 
 def test_goodput_is_requests_meeting_the_slos_per_second():
     assert goodput_req_s(_window(100.0, 0.5, 10, 0.0, 2.0)) == 2.5
-    assert goodput_req_s({**_window(100.0, 0.5, 10, 0.0, 2.0), "slo_attainment": None}) is None
+    assert goodput_req_s(_window(100.0, None, 10, 0.0, 2.0)) is None
 
 
 def test_the_fastest_passing_config_wins_and_without_one_the_best_static():

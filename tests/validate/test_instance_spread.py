@@ -4,6 +4,7 @@ MISS rule under the same spread, and --rule-again on validations from before the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -14,6 +15,7 @@ import pytest
 import typer
 
 from spectune.cli import app
+from spectune.results.validate_run import ValidateRun
 from spectune.validate.plan import DEFAULT_REPEATS, ValidatePlan, static_equivalent
 from spectune.validate.prediction import compare
 from spectune.validate.repeats import (DEFAULT_INSTANCE_BAND, WITHIN_ONLY, InstanceSpread, instance_spread,
@@ -40,11 +42,11 @@ def requests(run: str, repeat: int, n: int = 40, tokens: int = 100, seed: int = 
              "tpot_ms": 1.0, "ttft_ms": 1.0} for i in range(n)]
 
 
-def run(name: str, repeat: int, tput: float, steps: int | None = None) -> dict:
+def run(name: str, repeat: int, tput: float, steps: int | None = None) -> ValidateRun:
     if steps is None:
         steps = int(name.split(":")[1]) if ":" in name else 1
-    return {"run": name, "steps": steps, "repeat": repeat, "status": "ok",
-            "overall": {"output_throughput_tok_s": tput, "slo_attainment": None}}
+    return ValidateRun.from_dict({"run": name, "steps": steps, "repeat": repeat, "status": "ok",
+                                  "overall": {"output_throughput_tok_s": tput, "slo_attainment": None}})
 
 
 def two_way_sd(by_run: dict[str, list[float]]) -> float:
@@ -126,7 +128,7 @@ def test_the_aa_pair_gives_the_band_every_ratio_is_widened_by():
 
 def test_without_repeats_or_an_aa_pair_the_default_band_applies():
     runs = [run("static:0", 1, 100.0), run("config", 1, 98.0)]
-    spread = instance_spread(runs, [], lambda r: r["overall"]["output_throughput_tok_s"], lambda r, qs: None)
+    spread = instance_spread(runs, [], lambda r: r.throughput, lambda r, qs: None)
     assert spread.kind == "default"
     assert spread.band == DEFAULT_INSTANCE_BAND
     assert "default instance band" in spread.source()
@@ -264,7 +266,7 @@ def test_a_static_config_that_recommend_named_agrees_with_recommend():
 
 
 def test_a_static_config_whose_run_failed_fails():
-    runs = [run("static:0", 1, 140.0), {**run("static:1", 1, 0.0), "status": "failed"}]
+    runs = [run("static:0", 1, 140.0), dataclasses.replace(run("static:1", 1, 0.0), status="failed")]
     v = verdict(runs, False, ratio=fixed({}), config_static=IS_K1)
     assert not v.passed
     assert "that static run did not finish" in v.line
@@ -275,9 +277,9 @@ def prediction() -> dict:
                      "config": {"overall": [100.0, 95.0, 105.0], "phases": []}}}
 
 
-def measured(config: float) -> list[dict]:
-    return [{"run": "static:0", "status": "ok", "overall": {"output_throughput_tok_s": 100.0}},
-            {"run": "config", "status": "ok", "overall": {"output_throughput_tok_s": config}}]
+def measured(config: float) -> list[ValidateRun]:
+    return [ValidateRun.from_dict({"run": "static:0", "status": "ok", "overall": {"output_throughput_tok_s": 100.0}}),
+            ValidateRun.from_dict({"run": "config", "status": "ok", "overall": {"output_throughput_tok_s": config}})]
 
 
 def test_a_prediction_miss_is_judged_with_the_server_spread():

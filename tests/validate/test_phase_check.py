@@ -8,6 +8,8 @@ import random
 import pytest
 
 from spectune.loadgen.record import RequestRecord
+from spectune.results.validate_doc import ValidateDoc
+from spectune.results.validate_run import ValidateRun
 from spectune.validate.phase_check import markdown, phase_check, summary_line, to_json, window_requests
 from spectune.validate.phases import settle_time, summarize_run
 
@@ -45,26 +47,26 @@ def test_steady_throughput_leaves_out_the_backlog():
     new = rec(12.0, [13.0, 19.0], [2, 4], 19.0)
     phases, _ = summarize_run(backlog + [new], 0.0, [(0.0, 10.0), (10.0, 20.0)], concurrencies=[2, 1])
     two = phases[1]
-    assert two["output_throughput_tok_s"] == pytest.approx((30 + 6) / 10)  # credits the backlog
-    assert two["settle_s"] == pytest.approx(1.5)  # 11.5: one left
-    assert two["steady_output_throughput_tok_s"] == pytest.approx((10 + 6) / 8.5)  # the last backlog request's
+    assert two.output_throughput_tok_s == pytest.approx((30 + 6) / 10)  # credits the backlog
+    assert two.settle_s == pytest.approx(1.5)  # 11.5: one left
+    assert two.steady_output_throughput_tok_s == pytest.approx((10 + 6) / 8.5)  # the last backlog request's
     # chunk at 12.0 (one request left, the phase's concurrency) and the new request's
 
 
 PHASE_S = 10.0
 
 
-def _runs(values: dict[str, list[float]], repeats: int = 2) -> list[dict]:
+def _runs(values: dict[str, list[float]], repeats: int = 2) -> list[ValidateRun]:
     """validate.json runs with steady tok/s per phase (the same in every repeat), phases of PHASE_S s from t0 = 0."""
     out = []
     for r in range(1, repeats + 1):
         for name, vs in values.items():
             steps = int(name.split(":")[1]) if name.startswith("static:") else 1
-            out.append({"run": name, "steps": steps, "repeat": r, "status": "ok", "t0": 0.0,
+            out.append(ValidateRun.from_dict({"run": name, "steps": steps, "repeat": r, "status": "ok", "t0": 0.0,
                         "overall": {"output_throughput_tok_s": sum(vs)},
                         "phases": [{"phase": i + 1, "label": f"c={1 if i % 2 == 0 else 32}", "start_s": i * PHASE_S,
                                     "end_s": (i + 1) * PHASE_S, "settle_s": 0.0,
-                                    "steady_output_throughput_tok_s": v} for i, v in enumerate(vs)]})
+                                    "steady_output_throughput_tok_s": v} for i, v in enumerate(vs)]}))
     return out
 
 
@@ -124,13 +126,13 @@ def test_summary_and_markdown_name_the_phases_that_do_not_hold():
     check = to_json(phase_check(runs, _requests(["static:0", "static:2", "config"], 2, 30)))
     assert check["line"].startswith("1 of 2 phases within 3%")
     assert "phase 1 behind (0.714x K=2)" in check["line"]
-    table = "\n".join(markdown({"runs": runs, "phase_check": check}))
+    table = "\n".join(markdown(ValidateDoc.from_json({"runs": [r.to_dict() for r in runs], "phase_check": check})))
     assert "| 1: c=1 | 50.0 | 70.0 | 50.0 | K=2 | 0.714x" in table
 
 
 def test_runs_without_steady_numbers_give_no_rulings():
     runs = _runs({"static:0": [50.0], "config": [60.0]})
     for r in runs:
-        r["phases"][0].pop("steady_output_throughput_tok_s")
+        r.phases[0].steady_output_throughput_tok_s = None
     rulings = phase_check(runs, _requests(["static:0", "config"], 1, 10), concurrencies=[1])
     assert summary_line(rulings).startswith("no per-phase steady numbers")

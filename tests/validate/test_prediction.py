@@ -7,6 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from spectune.cli import app
+from spectune.results.validate_doc import RecordedPrediction
+from spectune.results.validate_run import ValidateRun
 from spectune.tune.predict import rate_of, simulate
 from spectune.validate.plan import ValidatePlan
 from spectune.validate.prediction import compare, markdown, predict_for
@@ -48,9 +50,9 @@ def test_an_open_loop_below_capacity_delivers_its_offered_load():
     assert got[0] == pytest.approx(2.0 * 100, rel=0.1)  # 2 requests/s x 100 tokens
 
 
-def measured(name: str, overall: float, ph: list[float]) -> dict:
-    return {"run": name, "status": "ok", "overall": {"output_throughput_tok_s": overall},
-            "phases": [{"output_throughput_tok_s": v} for v in ph]}
+def measured(name: str, overall: float, ph: list[float]) -> ValidateRun:
+    return ValidateRun.from_dict({"run": name, "status": "ok", "overall": {"output_throughput_tok_s": overall},
+                                  "phases": [{"output_throughput_tok_s": v} for v in ph]})
 
 
 def swing_prediction(tmp_path, table: dict) -> dict:
@@ -76,12 +78,12 @@ def test_validate_predicts_from_the_recommendation_beside_the_config(tmp_path):
     fast = 1.1
     runs = [measured(n, fast * p["overall"][0], [fast * ph[0] for ph in p["phases"]])
             for n, p in pred["runs"].items()]
-    runs[-1]["phases"][1]["output_throughput_tok_s"] *= 0.9
+    runs[-1].phases[1].output_throughput_tok_s *= 0.9
     cmp = compare(pred, runs)
     assert cmp["speed_factor"] == pytest.approx(1.1)
     assert [(r["run"], r["window"]) for r in cmp["rows"] if r["miss"]] == [("config", 2)]
     assert "config phase 2" in cmp["misses"][0]
-    md = "\n".join(markdown({"prediction": {**pred, "comparison": cmp}}))
+    md = "\n".join(markdown(RecordedPrediction.from_json({**pred, "comparison": cmp})))
     assert "Speed factor 1.100" in md
     assert "| config | 2 |" in md and "MISS" in md
 
@@ -92,7 +94,7 @@ def test_phases_above_the_sweeps_largest_concurrency_are_named(tmp_path):
     assert pred["above_sweep"] == {"sweep_max": 16, "phases": [{"phase": 2, "concurrency": 32},
                                                                {"phase": 4, "concurrency": 32}]}
     runs = [measured(n, p["overall"][0], [ph[0] for ph in p["phases"]]) for n, p in pred["runs"].items()]
-    md = "\n".join(markdown({"prediction": {**pred, "comparison": compare(pred, runs)}}))
+    md = "\n".join(markdown(RecordedPrediction.from_json({**pred, "comparison": compare(pred, runs)})))
     assert "Phases 2, 4 (concurrency 32) lie above the sweep's largest concurrency 16" in md
 
 
@@ -107,14 +109,14 @@ def test_the_swing_loads_mix_is_its_seconds_per_concurrency(tmp_path):
 
 def test_a_recommendation_without_a_mix_is_told_the_workloads(tmp_path):
     pred = swing_prediction(tmp_path, {1: {0: 100, 1: 150}, 32: {0: 2000, 1: 1500}})
-    md = "\n".join(markdown({"prediction": {**pred, "comparison": {}}}))
+    md = "\n".join(markdown(RecordedPrediction.from_json({**pred, "comparison": {}})))
     assert "`spectune recommend SWEEP --mix 1:60,32:60`" in md
 
 
 def test_a_recommendation_on_a_mix_is_not_told_again(tmp_path):
     pred = swing_prediction(tmp_path, {1: {0: 100, 1: 150}, 32: {0: 2000, 1: 1500}})
     pred["primary"] = {**(pred["primary"] or {}), "mix": {"shares": {"1": 0.5, "32": 0.5}}}
-    assert "--mix" not in "\n".join(markdown({"prediction": {**pred, "comparison": {}}}))
+    assert "--mix" not in "\n".join(markdown(RecordedPrediction.from_json({**pred, "comparison": {}})))
 
 
 def test_no_recommendation_no_prediction(tmp_path):

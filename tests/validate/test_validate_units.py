@@ -15,6 +15,7 @@ from spectune.backends.options import BackendOptions
 from spectune.loadgen.datasets import user_prompt
 from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
+from spectune.results.validate_run import RunWindow, ValidateRun
 from spectune.validate.plan import ValidatePlan
 from spectune.validate.repeats import combine_repeats
 from spectune.validate.verdict import render_markdown, verdict
@@ -137,27 +138,27 @@ def test_summarize_run_by_phase():
     r4 = rec(103.0, [], [], 103.1, error="HTTP 500")  # phase 2, failed
     phases, overall = summarize_run([r1, r2, r3, r4], t0, bounds, slo_tpot_ms=300)
     one, two = phases
-    assert (one["phase"], one["num_requests"], one["num_failed"]) == (1, 2, 0)
-    assert one["output_tokens"] == 5
-    assert one["output_throughput_tok_s"] == pytest.approx(2.5)
-    assert one["tpot_p50_ms"] == pytest.approx(250.0)
-    assert one["slo_attainment"] == 1.0
-    assert one["achieved_concurrency"] == pytest.approx((1.5 + 0.5) / 2)
-    assert (two["num_requests"], two["num_failed"], two["output_tokens"]) == (2, 1, 7)
-    assert two["output_throughput_tok_s"] == pytest.approx(3.5)
-    assert two["tpot_p50_ms"] == pytest.approx(1000.0)
-    assert two["slo_attainment"] == 0.0
-    assert two["achieved_concurrency"] == pytest.approx((1.0 + 1.1 + 0.1) / 2)
-    assert overall["phase"] == "all"
-    assert overall["output_throughput_tok_s"] == pytest.approx(12 / 4)
-    assert overall["slo_attainment"] == 0.5
-    assert overall["tpot_p50_ms"] == pytest.approx(250.0)
+    assert (one.phase, one.num_requests, one.num_failed) == (1, 2, 0)
+    assert one.output_tokens == 5
+    assert one.output_throughput_tok_s == pytest.approx(2.5)
+    assert one.tpot_p50_ms == pytest.approx(250.0)
+    assert one.slo_attainment == 1.0
+    assert one.achieved_concurrency == pytest.approx((1.5 + 0.5) / 2)
+    assert (two.num_requests, two.num_failed, two.output_tokens) == (2, 1, 7)
+    assert two.output_throughput_tok_s == pytest.approx(3.5)
+    assert two.tpot_p50_ms == pytest.approx(1000.0)
+    assert two.slo_attainment == 0.0
+    assert two.achieved_concurrency == pytest.approx((1.0 + 1.1 + 0.1) / 2)
+    assert overall.phase == "all"
+    assert overall.output_throughput_tok_s == pytest.approx(12 / 4)
+    assert overall.slo_attainment == 0.5
+    assert overall.tpot_p50_ms == pytest.approx(250.0)
 
 
-def run(name: str, tput: float | None, slo: float | None = None, status: str = "ok", error: str = "") -> dict:
+def run(name: str, tput: float | None, slo: float | None = None, status: str = "ok", error: str = "") -> ValidateRun:
     steps = int(name.split(":")[1]) if name.startswith("static:") else 3
-    return {"run": name, "steps": steps, "status": status, "error": error,
-            "overall": {"output_throughput_tok_s": tput, "slo_attainment": slo}, "phases": []}
+    return ValidateRun.from_dict({"run": name, "steps": steps, "status": status, "error": error,
+                                  "overall": {"output_throughput_tok_s": tput, "slo_attainment": slo}, "phases": []})
 
 
 STATICS = [run("static:0", 100.0, 0.99), run("static:1", 150.0, 0.95), run("static:3", 150.0, 0.80)]
@@ -213,10 +214,11 @@ def test_equal_slo_attainment_is_a_tie_the_config_passes():
     assert faster.decided_by == "throughput and SLO attainment"
 
 
-def phased(name: str, tput: float, atts: list[float], reqs: list[int]) -> dict:
+def phased(name: str, tput: float, atts: list[float], reqs: list[int]) -> ValidateRun:
     """A run with per-phase SLO attainment (overall: the request-weighted mean)."""
     r = run(name, tput, sum(a * n for a, n in zip(atts, reqs)) / sum(reqs))
-    r["phases"] = [{"phase": i + 1, "slo_attainment": a, "num_requests": n} for i, (a, n) in enumerate(zip(atts, reqs))]
+    r.phases = [RunWindow.from_json({"phase": i + 1, "slo_attainment": a, "num_requests": n})
+                for i, (a, n) in enumerate(zip(atts, reqs))]
     return r
 
 
@@ -289,30 +291,31 @@ def test_combine_repeats_means_and_sums():
     def rep(name, repeat, tput, p50, reqs, status="ok"):
         window = {"phase": "all", "output_throughput_tok_s": tput, "tpot_p50_ms": p50, "num_requests": reqs,
                   "num_failed": 0, "slo_attainment": None, "acceptance_length": 1.5, "label": "all"}
-        return {"run": name, "steps": 0 if name != "config" else 3, "repeat": repeat, "status": status,
-                "error": None if status == "ok" else "died", "overall": window, "phases": [dict(window, phase=1)]}
+        return ValidateRun.from_dict({"run": name, "steps": 0 if name != "config" else 3, "repeat": repeat,
+                                      "status": status, "error": None if status == "ok" else "died",
+                                      "overall": window, "phases": [dict(window, phase=1)]})
 
     runs = [rep("static:0", 1, 100.0, 10.0, 5), rep("config", 1, 120.0, 8.0, 6),
             rep("config", 2, 90.0, 12.0, 4), rep("static:0", 2, 110.0, 20.0, 7)]
     combined = combine_repeats(runs)
-    assert [r["run"] for r in combined] == ["static:0", "config"]
+    assert [r.run for r in combined] == ["static:0", "config"]
     s0, cfg = combined
-    assert s0["repeats"] == 2
-    assert s0["throughput_by_repeat"] == [100.0, 110.0]
-    assert s0["overall"]["output_throughput_tok_s"] == pytest.approx(105.0)
-    assert s0["overall"]["tpot_p50_ms"] == pytest.approx(15.0)
-    assert s0["overall"]["num_requests"] == 12
-    assert s0["overall"]["slo_attainment"] is None
-    assert s0["phases"][0]["phase"] == 1
-    assert cfg["overall"]["output_throughput_tok_s"] == pytest.approx(105.0)
+    assert s0.repeats == 2
+    assert s0.throughput_by_repeat == [100.0, 110.0]
+    assert s0.overall.output_throughput_tok_s == pytest.approx(105.0)
+    assert s0.overall.tpot_p50_ms == pytest.approx(15.0)
+    assert s0.overall.num_requests == 12
+    assert s0.overall.slo_attainment is None
+    assert s0.phases[0].phase == 1
+    assert cfg.overall.output_throughput_tok_s == pytest.approx(105.0)
     v = verdict(combined, with_slo=False)  # 105 vs 105: a tie passes
     assert v.passed
     assert v.best_static == 0
     assert combine_repeats(runs[:2]) == runs[:2]  # measured once: unchanged
     broken = combine_repeats([*runs[:3], rep("static:0", 2, 0.0, 0.0, 0, status="failed")])
-    assert broken[0]["status"] == "failed"
-    assert broken[0]["error"] == "repeat 2: died"
-    meta = {"status": "done", "config": {}, "runs": runs, "verdict": None,
+    assert broken[0].status == "failed"
+    assert broken[0].error == "repeat 2: died"
+    meta = {"status": "done", "config": {}, "runs": [r.to_dict() for r in runs], "verdict": None,
             "plan": {"steps": [0], "repeats": 2, "workload": {"name": "x", "total_s": 1, "phases": [
                 {"phase": 1, "label": "c=1", "start_s": 0.0, "end_s": 1.0}]}}}
     md = render_markdown(meta)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from spectune.results.validate_run import ValidateRun
 from spectune.validate.repeats import WITHIN_ONLY, throughput_ratio
 from spectune.validate.verdict import verdict
 
@@ -16,13 +17,14 @@ def requests(run: str, n: int, tokens_mean: float, seed: int) -> list[dict]:
              "tpot_ms": 1.0, "ttft_ms": 1.0} for i in range(n)]
 
 
-def runs_and_requests(config_gain: float) -> tuple[list[dict], list[dict]]:
+def runs_and_requests(config_gain: float) -> tuple[list[ValidateRun], list[dict]]:
     reqs = requests("static:0", 60, 100, 1) + requests("config", 60, 100 * config_gain, 2)
     runs = []
     for name, steps in (("static:0", 0), ("config", 2)):
         tokens = sum(r["completion_tokens"] for r in reqs if r["run"] == name)
-        runs.append({"run": name, "steps": steps, "repeat": 1, "status": "ok",
-                     "overall": {"output_throughput_tok_s": tokens / 10.0, "slo_attainment": None}})
+        runs.append(ValidateRun.from_dict({"run": name, "steps": steps, "repeat": 1, "status": "ok",
+                                           "overall": {"output_throughput_tok_s": tokens / 10.0,
+                                                       "slo_attainment": None}}))
     return runs, reqs
 
 
