@@ -282,6 +282,7 @@ def test_default_pair_sweep_on_llama_server(tmp_path):
 async def test_server_that_crashes_mid_point_fails_the_point_with_its_log(tmp_path):
     from spectune.loadgen.datasets import load_dataset
     from spectune.results.folder import SweepFolder
+    from spectune.results.sweep_meta import SweepMeta
     from spectune.sweep.run import Sweep
     from spectune.sweep.plan import SweepListener, SweepPlan
 
@@ -297,9 +298,10 @@ async def test_server_that_crashes_mid_point_fails_the_point_with_its_log(tmp_pa
 
     folder = SweepFolder(tmp_path / "out")
     folder.check(plan.to_json(), False)
-    folder.open({"plan": plan.to_json()}, [])
+    meta = SweepMeta(plan=plan.to_json())
+    folder.open(meta, [])
     try:
-        await Sweep(plan, b, folder, load_dataset("mt-bench", 6, 0), {}, Killer()).run(plan.points())
+        await Sweep(plan, b, folder, load_dataset("mt-bench", 6, 0), meta, Killer()).run(plan.points())
     finally:
         await b.close()
         folder.close()

@@ -35,7 +35,9 @@ class ForcedVerify:
         self.rounds = self.accepted = 0
 
     def __call__(self, logits: torch.Tensor, drafts: torch.Tensor, st: SamplingTensors,
-                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 generator: torch.Generator | None = None, lengths: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert lengths is None, "forced verification runs static num_steps only"
         b, k = drafts.shape
         ref = torch.tensor([self.references[p][self.committed[p]:self.committed[p] + k + 1] for p in self.rows[:b]],
                            device=drafts.device)  # [B, K+1]
