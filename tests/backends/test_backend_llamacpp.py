@@ -23,17 +23,9 @@ from spectune.backends.llamacpp.install import find_llama_server, server_feature
 from spectune.backends.prometheus import snapshot_from_text
 from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
+from helpers.llamacpp import SERVER, needs_server
 
 
-def have_server() -> str | None:
-    try:
-        return str(find_llama_server())
-    except UserError:
-        return None
-
-
-SERVER = have_server()
-needs_server = pytest.mark.skipif(SERVER is None, reason="no llama-server (spectune llamacpp install builds one)")
 
 
 def fake_program(tmp_path: Path, help_text: str) -> Path:

@@ -10,22 +10,13 @@ from pathlib import Path
 import pytest
 
 from spectune.backends import make_backend, p_min_backends
-from spectune.backends.llamacpp.install import find_llama_server
 from spectune.backends.llamacpp.settings import read_p_min, settings_json
 from spectune.backends.options import BackendOptions, LlamaCppOptions
 from spectune.core.errors import UserError
 from spectune.validate.plan import static_equivalent
+from helpers.llamacpp import SERVER, needs_server
 
 
-def have_server() -> str | None:
-    try:
-        return str(find_llama_server())
-    except UserError:
-        return None
-
-
-SERVER = have_server()
-needs_server = pytest.mark.skipif(SERVER is None, reason="no llama-server (spectune llamacpp install builds one)")
 
 
 def backend(tmp_path: Path, **kw):

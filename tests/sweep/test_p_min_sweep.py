@@ -12,17 +12,12 @@ import pytest
 
 from spectune.backends import make_backend
 from spectune.backends.options import BackendOptions
-from spectune.backends.llamacpp.install import find_llama_server
 from spectune.core.errors import UserError
 from spectune.sweep.p_min import p_min_plans, parse_p_min_list
 from spectune.sweep.plan import SweepPlan
+from helpers.llamacpp import needs_server
 
 
-def have_server() -> str | None:
-    try:
-        return str(find_llama_server())
-    except UserError:
-        return None
 
 
 def llamacpp(tmp_path):
@@ -73,7 +68,7 @@ def test_cli_bad_list_is_one_line(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(have_server() is None, reason="no llama-server (spectune llamacpp install builds one)")
+@needs_server
 def test_llamacpp_sweep_over_two_cutoffs_then_recommend(tmp_path):
     """The default pair: static K=0 and 2 and cutoffs 0 and 0.9 at K=2, concurrency 1, four requests a point."""
     out = tmp_path / "sweep"
