@@ -36,7 +36,7 @@ def simulate(
         "default: each round's recorded num_steps).")] = None,
     draft_to_cap: Annotated[bool, typer.Option(
         "--draft-to-cap", help="--policy: charge p_min and specdec rounds n_max draft steps (an engine that drafts "
-        "the cap on the device and cuts rows after) instead of the longest row's length.")] = False,
+        "the cap on the device and cuts rows after) instead of the most positions a row's drafter computed.")] = False,
     initial_steps: Annotated[Optional[int], typer.Option(
         "--initial-steps", min=0, help="SGLang: the server's --speculative-num-steps; a slot starts there when it "
         "is a candidate, else at its own middle candidate (default: what SGLang picks without the flag, the middle "

@@ -227,14 +227,15 @@ class SpeculativeDecoder:
         start = time.perf_counter() if self.record else 0.0
         d, lengths, probs, p_hats = self._draft(b, k)  # [B, K'], [B] or None, [B, K'] or None
         steps = d.shape[1]  # draft positions computed
-        if lengths is not None:
-            d = d[:, : int(lengths.max())]  # the one host read of a round with per-row lengths
+        drafted = lengths.tolist() if lengths is not None else None  # the one host read of per-row lengths
+        if drafted is not None:
+            d = d[:, : max(drafted)]
         k_v = d.shape[1]  # verify width - 1
         drafted_at = self._sync_time(start)
         inputs = torch.cat([self.last_token[:b].unsqueeze(1), d], dim=1)  # [B, K'+1]
         pos = m.unsqueeze(1) + torch.arange(k_v + 1, device=dev)  # [B, K'+1]
         if lengths is not None and self.verify_layout == "packed" and b > 1:
-            hidden, aux = self._packed_verify(inputs, lengths)
+            hidden, aux = self._packed_verify(inputs, lengths, drafted)
         else:
             hidden, aux = self._run("target", self._target_fwd, inputs, pos)
         accepted, tokens = verify(self.target.logits(hidden), d, st, self.generator, lengths)  # [B], [B, K'+1]
@@ -249,7 +250,7 @@ class SpeculativeDecoder:
         self.seq_len[:b] = m + accepted + 1
         acc = accepted.tolist()
         toks = tokens.tolist()
-        drafted = lengths.tolist() if lengths is not None else [k_v] * b
+        drafted = drafted if drafted is not None else [k_v] * b
         for slot, a in enumerate(acc):
             self.lengths[slot] += a + 1
             if k > 0:
@@ -263,13 +264,14 @@ class SpeculativeDecoder:
             self.last_round = RoundInfo(drafted, steps)
         return acc, [row[: a + 1] for row, a in zip(toks, acc)]
 
-    def _packed_verify(self, inputs: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _packed_verify(self, inputs: torch.Tensor, lengths: torch.Tensor, drafted: list[int]
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The target over each row's own L_b + 1 inputs only, packed into one row [1, sum(L_b + 1)]
         (:mod:`spectune.backends.local.model.packed`), its outputs laid back out as [B, K'+1, ...] with zeros at the
-        padding (never accepted: :func:`verify` gets the lengths)."""
+        padding (never accepted: :func:`verify` gets the lengths). ``lengths`` [B] on the device, ``drafted`` the
+        same on the host."""
         b, width = inputs.shape
-        rows = [int(n) + 1 for n in lengths.tolist()]
-        segments = [Segment(slot, self.lengths[slot], n) for slot, n in enumerate(rows)]
+        segments = [Segment(slot, self.lengths[slot], n + 1) for slot, n in enumerate(drafted)]
         keep = torch.arange(width, device=self.device).unsqueeze(0) < (lengths + 1).unsqueeze(1)  # [B, K'+1]
         hidden, aux = self.target(inputs[keep].unsqueeze(0),
                                   AttnMeta.for_packed(self.target_cache, self.target.rope, segments))  # [1, T, .]
