@@ -74,9 +74,10 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
         torch.set_num_threads(opts.threads)
     is_default = is_default_model(opts.model)
     head_path = resolve_draft(opts.draft, is_default)
-    policy, confidence = None, draft_length_config(opts)
-    if opts.adaptive_config and confidence is None:
-        policy = make_policy(load_config_file(opts.adaptive_config), initial_steps=opts.num_steps or None)
+    config = load_config_file(opts.adaptive_config) if opts.adaptive_config else None
+    policy, confidence = None, draft_length_config(opts, config)
+    if config is not None and confidence is None:
+        policy = make_policy(config, initial_steps=opts.num_steps or None)
     if confidence is not None and not opts.draft_p_min:  # a config file: each round drafts up to n_max per row
         opts = dataclasses.replace(opts, num_steps=confidence.n_max)
     max_steps = max(opts.num_steps, opts.num_steps_capacity, getattr(policy, "max_steps", 0) or 0)
@@ -166,19 +167,17 @@ def _step_model(decoder: SpeculativeDecoder, choice: PathChoice, cfg: ModelConfi
     return build_step_model(decoder, choice, probe["rows_ms"], probe_weights, check_rows, drafting=max_steps > 0)
 
 
-def draft_length_config(opts: EngineOptions) -> ConfidenceConfig | None:
-    """The per-row draft-length rule ``opts`` asks for: a ``p_min`` / ``specdec`` / ``specserve`` ``adaptive_config``
-    file, or ``draft_p_min`` > 0 (llama.cpp's ``--spec-draft-p-min`` with ``num_steps`` as
-    ``--spec-draft-n-max``: a sweep switching the server's num_steps in place switches the cap); None for a static
-    num_steps or a per-batch-size policy. Torch-free: the sweep process checks options with it.
+def draft_length_config(opts: EngineOptions, config: object) -> ConfidenceConfig | None:
+    """The per-row draft-length rule ``opts`` asks for: a ``p_min`` / ``specdec`` / ``specserve`` ``config`` (the
+    parsed ``adaptive_config`` file, or None), or ``draft_p_min`` > 0 (llama.cpp's ``--spec-draft-p-min`` with
+    ``num_steps`` as ``--spec-draft-n-max``: a sweep switching the server's num_steps in place switches the cap); None
+    for a static num_steps or a per-batch-size policy.
 
     Raises:
-        UserError: both given, ``draft_p_min`` outside [0, 1] or with ``num_steps`` 0, or a config file that does
-            not parse.
+        UserError: both given, or ``draft_p_min`` outside [0, 1] or with ``num_steps`` 0.
     """
     from spectune.backends.num_steps.confidence_config import ConfidenceConfig
 
-    config = load_config_file(opts.adaptive_config) if opts.adaptive_config else None
     if not 0.0 <= opts.draft_p_min <= 1.0:
         raise UserError(f"--draft-p-min {opts.draft_p_min}: give a probability in [0, 1] (0 = off)")
     if opts.draft_p_min > 0:
