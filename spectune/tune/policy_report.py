@@ -15,7 +15,7 @@ from spectune.backends.num_steps.trace import TraceStep
 from spectune.core.errors import UserError
 from spectune.tune.draft_policies import parse_policies, trace_arrays
 from spectune.tune.policy_replay import FAMILIES, PolicyResult, best_per_batch, evaluate
-from spectune.tune.step_time import StepTimeModel, cells_step_time, fit_trace_step_time
+from spectune.tune.step_time import StepTimeModel, cells_step_time, fit_trace_step_time, trace_draft_step
 
 EXACTNESS = ("Accepted drafts under a policy are min(recorded accepted, drafted length): exact for greedy chain "
              "drafting except rows given more drafts than they drafted and all accepted (a lower bound, counted).")
@@ -57,7 +57,8 @@ def compare(steps: Sequence[TraceStep], policies: Sequence[str], *, sweep: Path 
             cuda_graph_bs: Sequence[int] | None = None, cost_table: CostTable | None = None,
             strict: bool = True) -> Comparison:
     """Replay ``policies`` (``--policy`` texts) on ``steps`` with the step-time model from ``sweep`` (a results
-    folder) or, without one, from the trace's own ``draft_ms``/``verify_ms`` (None when it has neither).
+    folder; a draft position beyond a round's verify width costs the trace's fitted draft step when it holds
+    ``draft_ms``) or, without one, from the trace's own ``draft_ms``/``verify_ms`` (None when it has neither).
 
     Raises:
         UserError: a bad policy, a policy the trace cannot replay, or a step-time model that cannot be built.
@@ -65,7 +66,8 @@ def compare(steps: Sequence[TraceStep], policies: Sequence[str], *, sweep: Path 
     arr = trace_arrays(steps)
     has_probs = arr.draft_probs is not None and not arr.missing_probs
     specs = parse_policies(policies, has_probs, arr.max_positions)
-    model: StepTimeModel | None = cells_step_time(sweep) if sweep is not None else fit_trace_step_time(steps)
+    model: StepTimeModel | None = (cells_step_time(sweep, trace_draft_step(steps)) if sweep is not None
+                                   else fit_trace_step_time(steps))
     notes: list[str] = []
     if not has_probs and any(p.strip().lower() == "all" for p in policies):
         notes.append("all: p_min and specdec left out, the trace's drafting rounds hold no draft_probs (record it "

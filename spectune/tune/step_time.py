@@ -27,9 +27,25 @@ verify time at other widths is thus extrapolated as growing with the padded toke
 round ``engine_round_ms`` (summary.csv, :mod:`spectune.measure.engine_time`; the median over repeats) against the
 cell's mean batch size ``batch_size_mean`` (its concurrency when unmeasured), linear in b between measured batch
 sizes and flat beyond them. Made non-decreasing in K (a running maximum: drafting more never takes less time, noise
-aside), linear in K between swept num_steps and extended beyond the largest by the last step's slope. A round is
-charged at K = max(D, W - 1). Without ``engine_round_ms`` (engines that do not count it) a cell's round is TPOT p50 x
-acceptance length, as :func:`spectune.tune.strategy.cost_table_from_cells` derives it.
+aside), linear in K between swept num_steps and extended beyond the largest by the last step's slope. Without
+``engine_round_ms`` (engines that do not count it) a cell's round is TPOT p50 x acceptance length, as
+:func:`spectune.tune.strategy.cost_table_from_cells` derives it.
+
+A static cell's round at num_steps K computes K draft positions and verifies width K + 1. A round with per-row
+lengths does not have that shape: the bundled engine's draft loop (``backends/local/engine/speculative.py``,
+``SpeculativeDecoder._draft``) runs until every row stopped, and a ``p_min`` row stops at the position whose
+confidence is under the cutoff, so it computes that position without verifying it (D = W when the longest row
+stopped before the cap); ``decode_round`` then cuts the drafts to the longest row and verifies and extends the
+padded width W = max L_i + 1 only. Each position computed beyond W - 1 costs one more draft step (the head's
+layer over b rows and its lm_head with the confidence, ``DraftHead.draft_with_prob``), on top of the static round
+that verifies the same width. So a round is charged
+
+    round_ms = cells(b, K = W - 1) + max(D - (W - 1), 0) * (d_step + d_row * b)
+
+with the draft step's cost ``d_step + d_row * b`` from the trace's own ``draft_ms`` (:attr:`CellStepTime.draft_step`,
+the fit of :class:`LinearStepTime`'s draft part; recorded rounds compute the draft confidence at every position, as
+a ``p_min`` round does). Without it (a trace with no timings) the round is charged the static round of
+K = max(D, W - 1), which also charges the verify one position wider than the engine runs.
 """
 
 from __future__ import annotations
@@ -203,21 +219,25 @@ class CellStepTime:
     Attributes:
         table: num_steps K -> (batch sizes ascending, round ms at each), already non-decreasing in K.
         source: what the cells were read from, and which column.
+        description: one line for the output.
+        draft_step: (d_step, d_row): one draft step's ms at b rows is d_step + d_row * b (the trace's fit), charged
+            per position a round computes beyond its verify width - 1; None: the round is charged at
+            K = max(D, W - 1).
     """
 
     table: dict[int, tuple[tuple[float, ...], tuple[float, ...]]]
     source: str = ""
     description: str = field(default="")
+    draft_step: tuple[float, float] | None = None
 
     def _at_k(self, k: int, b: np.ndarray) -> np.ndarray:
         xs, ys = self.table[k]
         return np.interp(b, xs, ys)
 
-    def round_ms(self, batch: np.ndarray, draft_steps: np.ndarray, width: np.ndarray, verified: np.ndarray,
-                 context: np.ndarray) -> np.ndarray:
-        """Round time (ms) per round at K = max(D, W - 1) (arrays of length R -> [R])."""
+    def static_ms(self, batch: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """The interpolated static round (ms) at batch sizes ``batch`` and num_steps ``k`` (arrays of length R)."""
         b = np.asarray(batch, float)
-        k = np.maximum(np.asarray(draft_steps, float), np.asarray(width, float) - 1)
+        k = np.asarray(k, float)
         ks = sorted(self.table)
         grid = np.vstack([self._at_k(kk, b) for kk in ks])  # [len(ks), R]
         grid = np.maximum.accumulate(grid, axis=0)  # non-decreasing in K at every b
@@ -229,14 +249,39 @@ class CellStepTime:
         cols = np.arange(len(b))
         return grid[i, cols] + t * (grid[i + 1, cols] - grid[i, cols])
 
+    def round_ms(self, batch: np.ndarray, draft_steps: np.ndarray, width: np.ndarray, verified: np.ndarray,
+                 context: np.ndarray) -> np.ndarray:
+        """Round time (ms) per round (arrays of length R -> [R]): the static round verifying width W plus the draft
+        steps beyond W - 1 (:attr:`draft_step`), or without it the static round at K = max(D, W - 1)."""
+        d = np.asarray(draft_steps, float)
+        k = np.asarray(width, float) - 1
+        if self.draft_step is None:
+            return self.static_ms(batch, np.maximum(d, k))
+        d_step, d_row = self.draft_step
+        return self.static_ms(batch, k) + np.maximum(d - k, 0.0) * (d_step + d_row * np.asarray(batch, float))
+
     def to_json(self) -> dict:
         """The model for ``--json``."""
-        return {"kind": "sweep", "description": self.description, "source": self.source,
-                "round_ms": {str(k): {f"{b:g}": ms for b, ms in zip(*v)} for k, v in sorted(self.table.items())}}
+        out = {"kind": "sweep", "description": self.description, "source": self.source,
+               "round_ms": {str(k): {f"{b:g}": ms for b, ms in zip(*v)} for k, v in sorted(self.table.items())}}
+        if self.draft_step is not None:
+            out["draft_step_ms"] = {"d_step": self.draft_step[0], "d_row": self.draft_step[1]}
+        return out
 
 
-def cells_step_time(folder: str | Path) -> CellStepTime:
-    """:class:`CellStepTime` from a sweep results folder (or its summary.csv).
+def trace_draft_step(steps: Sequence[TraceStep]) -> tuple[float, float] | None:
+    """(d_step, d_row): one draft step's ms at b rows, d_step + d_row * b, from the draft part of
+    :func:`fit_trace_step_time` (``draft_ms = D * (d_step + d_row * b)``); None when fewer than
+    :data:`MIN_FIT_ROUNDS` rounds carry ``draft_ms`` and ``verify_ms``."""
+    if sum(s.draft_ms is not None and s.verify_ms is not None for s in steps) < MIN_FIT_ROUNDS:
+        return None
+    fit = fit_trace_step_time(steps)
+    return None if fit is None else (fit.coef["d_step"], fit.coef["d_row"])
+
+
+def cells_step_time(folder: str | Path, draft_step: tuple[float, float] | None = None) -> CellStepTime:
+    """:class:`CellStepTime` from a sweep results folder (or its summary.csv); ``draft_step``: (d_step, d_row), the
+    cost of a draft position computed beyond a round's verify width (:func:`trace_draft_step`), or None.
 
     Raises:
         UserError: the folder cannot be read (:func:`spectune.results.reader.load_results`) or holds no ok cell
@@ -269,5 +314,7 @@ def cells_step_time(folder: str | Path) -> CellStepTime:
     for k, grp in med.groupby("k"):
         grp = grp.sort_values("b")
         table[int(k)] = (tuple(map(float, grp["b"])), tuple(map(float, grp["ms"])))
+    extra = "" if draft_step is None else (f"; a draft position beyond the verify width "
+                                           f"{draft_step[0]:.3g} + {draft_step[1]:.3g} x batch ms (trace draft_ms)")
     return CellStepTime(table, f"{res.source} ({column})",
-                        f"interpolated from {len(med)} sweep cells ({column})")
+                        f"interpolated from {len(med)} sweep cells ({column}){extra}", draft_step)

@@ -243,6 +243,51 @@ def test_cells_model_interpolates_and_is_monotone(tmp_path: Path) -> None:
     assert at(8, 0) == 14.0  # flat beyond the largest batch size
 
 
+def _cells_sweep(folder: Path) -> Path:
+    """A sweep summary.csv of static cells: K 0, 2, 4 at concurrency 1 and 4 (round ms as in the test above)."""
+    rows = ["steps,concurrency,repeat,status,batch_size_mean,engine_round_ms"]
+    for k, c, ms in [(0, 1, 10.0), (0, 4, 14.0), (2, 1, 13.0), (2, 4, 19.0), (4, 1, 12.5), (4, 4, 25.0)]:
+        rows.append(f"{k},{c},0,ok,{c},{ms}")
+    (folder / "summary.csv").write_text("\n".join(rows) + "\n")
+    return folder
+
+
+def test_cells_model_charges_the_verify_width_and_each_draft_step_beyond_it(tmp_path: Path) -> None:
+    """A p_min round whose longest row stops before the cap computes one position more than it verifies (D = W):
+    the static round of the verified width plus one draft step, not the static round one position wider."""
+    model = cells_step_time(_cells_sweep(tmp_path), draft_step=(1.0, 0.25))
+    one = np.array([1.0])
+
+    def at(b: float, d: float, w: float) -> float:
+        return float(model.round_ms(np.array([b]), np.array([d]), np.array([w]), one, one * 0)[0])
+
+    assert at(4, 2, 3) == 19.0  # a static shape: the cell itself
+    assert at(4, 3, 3) == pytest.approx(19.0 + 1.0 + 0.25 * 4)  # K=2's verify and one more draft step
+    assert at(1, 1, 1) == pytest.approx(10.0 + 1.25)  # every row stopped at its first position
+    assert at(4, 4, 5) == 25.0  # the longest row reached the cap: no position beyond the verify
+    before = cells_step_time(tmp_path)  # no draft step known: charged the static round at K = max(D, W - 1)
+    assert float(before.round_ms(np.array([4.0]), np.array([3.0]), np.array([3.0]), one, one * 0)[0]) == 22.0
+
+
+def test_simulate_with_a_sweep_takes_the_draft_step_from_the_trace(tmp_path: Path) -> None:
+    cmp = compare(synthetic_trace(seed=1, rounds=60), ["p_min:0.5"], sweep=_cells_sweep(tmp_path))
+    assert cmp.model.draft_step == pytest.approx((D_STEP, D_ROW), rel=1e-3)
+    untimed = [TraceStep(s.batch_size, s.accepted_drafts, s.num_steps, None, s.drafted, s.draft_probs)
+               for s in synthetic_trace(seed=1, rounds=60)]
+    assert compare(untimed, ["p_min:0.5"], sweep=tmp_path).model.draft_step is None
+
+
+def test_oracle_bounds_every_policy_under_the_cells_model(tmp_path: Path) -> None:
+    trace = synthetic_trace(seed=5, rounds=160, noise=0.05)
+    cmp = compare(trace, ["all"], sweep=_cells_sweep(tmp_path))
+    capped = next(r for r in cmp.results if r.spec.kind == "oracle-capped")
+    others = [r for r in cmp.results if not r.spec.kind.startswith("oracle")]
+    for r in others:
+        assert capped.overall.tok_s >= r.overall.tok_s, r.spec.label
+        for b, m in r.by_batch.items():
+            assert capped.by_batch[b].tok_s >= m.tok_s, (r.spec.label, b)
+
+
 # ---- the oracle bound and threshold picking ----
 
 def test_oracle_is_at_or_above_every_policy() -> None:
