@@ -20,10 +20,11 @@ one batch size:
 
 ``oracle-capped`` caps each round's rows at M (L_i = min(a_i, M)) with M chosen per round to maximise the tok/s of
 the rounds scored (Dinkelbach's method on sum(tokens) / sum(T): per round argmax_M tokens(M) - lambda * T(M), lambda
-the ratio so far, repeated until lambda stops rising; exact over the finite choices). With T non-decreasing in D
-and W (both step-time models are), no policy's rounds reach a higher tok/s on the same rounds: for a policy round
-whose longest row is M, the oracle at M emits at least its tokens in no more time (a row's L_i <= a_i costs
-V-time only when a token it verifies is also accepted).
+the ratio so far, repeated until lambda stops rising; exact over the finite choices). With T non-decreasing in D,
+at least the static round of its verify width (D = W - 1), and that static round non-decreasing in W (both step-time
+models are), no policy's rounds reach a higher tok/s on the same rounds: for a policy round whose longest row is M,
+the oracle at M emits at least its tokens in no more time (a row's L_i <= a_i costs V-time only when a token it
+verifies is also accepted).
 """
 
 from __future__ import annotations

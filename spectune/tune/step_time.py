@@ -3,8 +3,9 @@ replayed draft-length policy gets a predicted tok/s and TPOT.
 
 A round of batch size b (rows) is described by:
 
-- D, its draft steps: head forwards run (the engine drafts until every row stopped, so D = the longest row's
-  draft length; a recorded round's D is the positions it holds draft probabilities for);
+- D, its draft steps: draft positions computed (the engine drafts until every row stopped, so D = the longest row's
+  draft length, or one more where a p_min row computed the position that stopped it; a recorded round's D is the
+  positions it holds draft probabilities for);
 - W, its verify width: the longest row's drafted tokens + 1 (every row is padded to W in the verify forward);
 - V, its verified tokens: sum over rows of (drafted_i + 1) (= b * W when every row drafts the same length);
 - C, its context tokens: sum over rows of the tokens in the row's KV cache before the round (0 when unknown).
@@ -17,9 +18,11 @@ A round of batch size b (rows) is described by:
 
 Each part is a non-negative least-squares fit (``scipy.optimize.nnls``) over the rounds that carry both times.
 Non-negative coefficients make the round time non-decreasing in D and W, which the replay's oracle bound relies
-on. A term the trace cannot tell apart from the terms before it (in the order above: no context, one verify width
-for every round, which makes b * W and b the same column, every row verifying the same length) is left out and
-listed in ``dropped``; its cost is then carried by the kept terms. From a trace that verified one width only, the
+on (:class:`CellStepTime` gives what the bound needs too: non-decreasing in D, at least the static round of its
+verify width, and that static round non-decreasing in W). A term the trace cannot tell apart from the terms
+before it (in the order above: no context, one verify width for every round, which makes b * W and b the same
+column, every row verifying the same length) is left out and listed in ``dropped``; its cost is then carried by the
+kept terms. From a trace that verified one width only, the
 verify time at other widths is thus extrapolated as growing with the padded tokens b * W: a sweep's cells
 (:class:`CellStepTime`) measure it instead.
 
