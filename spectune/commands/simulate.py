@@ -30,7 +30,9 @@ def simulate(
         "takes a default grid. Default without --config: all.")] = None,
     sweep: Annotated[Optional[Path], typer.Option(
         "--sweep", help="--policy: a sweep results folder whose cells' engine_round_ms per (num_steps, batch size) "
-        "time the replayed rounds (default: a model fitted to the trace's own draft_ms and verify_ms).")] = None,
+        "time the replayed rounds: a round costs the cell of its verify width plus, per draft position computed "
+        "beyond it, the trace's fitted draft step (default: a model fitted to the trace's own draft_ms and "
+        "verify_ms).")] = None,
     n_max: Annotated[Optional[int], typer.Option(
         "--n-max", min=0, help="--policy: the cap of p_min and specdec draft lengths (llama.cpp --spec-draft-n-max; "
         "default: each round's recorded num_steps).")] = None,
