@@ -22,9 +22,8 @@ on (:class:`CellStepTime` gives what the bound needs too: non-decreasing in D, a
 verify width, and that static round non-decreasing in W). A term the trace cannot tell apart from the terms
 before it (in the order above: no context, one verify width for every round, which makes b * W and b the same
 column, every row verifying the same length) is left out and listed in ``dropped``; its cost is then carried by the
-kept terms. From a trace that verified one width only, the
-verify time at other widths is thus extrapolated as growing with the padded tokens b * W: a sweep's cells
-(:class:`CellStepTime`) measure it instead.
+kept terms. From a trace that verified one width only, the verify time at other widths is thus extrapolated as
+growing with the padded tokens b * W: a sweep's cells (:class:`CellStepTime`) measure it instead.
 
 :class:`CellStepTime` (a sweep's measured cells, :func:`cells_step_time`): per swept num_steps K the mean decode
 round ``engine_round_ms`` (summary.csv, :mod:`spectune.measure.engine_time`; the median over repeats) against the

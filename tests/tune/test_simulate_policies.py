@@ -223,12 +223,17 @@ def test_fit_from_one_width_drops_what_it_cannot_tell_apart() -> None:
         assert model.coef[name] == pytest.approx(value, rel=1e-3, abs=1e-4), name
 
 
-def test_cells_model_interpolates_and_is_monotone(tmp_path: Path) -> None:
+def _cells_sweep(folder: Path) -> Path:
+    """A sweep summary.csv of static cells, K 0, 2, 4 at concurrency 1 and 4 (K=4 at 1 measured below K=2)."""
     rows = ["steps,concurrency,repeat,status,batch_size_mean,engine_round_ms"]
     for k, c, ms in [(0, 1, 10.0), (0, 4, 14.0), (2, 1, 13.0), (2, 4, 19.0), (4, 1, 12.5), (4, 4, 25.0)]:
         rows.append(f"{k},{c},0,ok,{c},{ms}")
-    (tmp_path / "summary.csv").write_text("\n".join(rows) + "\n")
-    model = cells_step_time(tmp_path)
+    (folder / "summary.csv").write_text("\n".join(rows) + "\n")
+    return folder
+
+
+def test_cells_model_interpolates_and_is_monotone(tmp_path: Path) -> None:
+    model = cells_step_time(_cells_sweep(tmp_path))
     one = np.array([1.0])
 
     def at(b: float, k: float) -> float:
@@ -241,15 +246,6 @@ def test_cells_model_interpolates_and_is_monotone(tmp_path: Path) -> None:
     assert at(1, 4) == 13.0  # 12.5 measured below K=2's 13.0: held at 13.0 (non-decreasing in K)
     assert at(4, 6) == pytest.approx(25.0 + (25.0 - 19.0))  # beyond the largest K: the last slope
     assert at(8, 0) == 14.0  # flat beyond the largest batch size
-
-
-def _cells_sweep(folder: Path) -> Path:
-    """A sweep summary.csv of static cells: K 0, 2, 4 at concurrency 1 and 4 (round ms as in the test above)."""
-    rows = ["steps,concurrency,repeat,status,batch_size_mean,engine_round_ms"]
-    for k, c, ms in [(0, 1, 10.0), (0, 4, 14.0), (2, 1, 13.0), (2, 4, 19.0), (4, 1, 12.5), (4, 4, 25.0)]:
-        rows.append(f"{k},{c},0,ok,{c},{ms}")
-    (folder / "summary.csv").write_text("\n".join(rows) + "\n")
-    return folder
 
 
 def test_cells_model_charges_the_verify_width_and_each_draft_step_beyond_it(tmp_path: Path) -> None:
