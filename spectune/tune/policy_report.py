@@ -74,8 +74,8 @@ def compare(steps: Sequence[TraceStep], policies: Sequence[str], *, sweep: Path 
     specs = specserve_specs(specs, slo_tpot_ms, model is not None, explicit=any(
         p.strip().lower().startswith("specserve") for p in policies), notes=notes)
     if not has_probs and any(p.strip().lower() == "all" for p in policies):
-        notes.append("all: p_min and specdec left out (specserve too), the trace's drafting rounds hold no draft_probs (record it "
-                     "with this release's engine --trace).")
+        notes.append("all: p_min and specdec left out (specserve too), the trace's drafting rounds hold no "
+                     "draft_probs (record it with this release's engine --trace).")
     for spec in specs:
         if spec.kind == "config":  # the replay loads it again; its lenient-mode warnings are said here
             notes += [f"{spec.label}: warning: {w}" for w in getattr(load_config_file(spec.path, strict=strict),
