@@ -57,6 +57,10 @@ def recommend(
         "as validate's swing workload; 1,32 the same): no drafter, each static num_steps and the schedule are "
         "then ranked by the output tokens/s that load streams, and the simplest the best does not beat beyond the "
         "noise band is the primary (default: every swept concurrency weighs the same, a geometric mean).")] = None,
+    trace: Annotated[Optional[Path], typer.Option(
+        "--trace", help="With --slo-tpot-ms: a verify-step trace of the bundled engine (its --trace) to replay every "
+        "per-row policy on (spectune simulate --policy all, SpecServe included) with the sweep's round times; the "
+        "predicted goodput ranks them beside the measured answers.")] = None,
     allow_mixed_nodes: Annotated[bool, typer.Option("--allow-mixed-nodes", help="Compare num_steps measured on "
                                                     "nodes whose calibration cells differ beyond the noise band "
                                                     "(a --ray sweep; refused by default).")] = False,
@@ -80,6 +84,9 @@ def recommend(
         schedule_form(trtllm_version)
     except ValueError as err:
         raise UserError(f"--trtllm-version: {err}") from None
+    if trace is not None and slo_tpot_ms is None:
+        raise UserError("--trace prices replayed policies by goodput under a TPOT SLO: add --slo-tpot-ms MS, or "
+                        "drop --trace")
     from spectune.tune.mix import parse_mix
 
     shares = parse_mix(mix) if mix is not None else None
@@ -95,6 +102,13 @@ def recommend(
     from spectune.tune.slo_goodput import print_goodput, slo_goodput
 
     goodput = slo_goodput(rec, results) if slo_tpot_ms is not None else None
+    if trace is not None:
+        from spectune.tune.slo_replay import replay_goodput
+
+        if goodput is None or results.folder is None:
+            raise UserError("--trace replays policies with a sweep folder's round times: give the sweep folder, "
+                            "not its summary.csv, or drop --trace")
+        goodput.replay = replay_goodput(trace, results.folder, goodput.slo_tpot_ms, goodput.band)
     out = output or (results_dir if results_dir.is_dir() else results_dir.parent) / "recommendation"
     from spectune.backends import draft_algorithm, draft_head
 

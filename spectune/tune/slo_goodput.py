@@ -98,6 +98,8 @@ class SloGoodput:
         reason: one sentence.
         notes: what could not be priced, and why.
         confidence: the confidence of the ratios' intervals.
+        replay: the policies priced by replaying a trace (:class:`spectune.tune.slo_replay.ReplayGoodput`,
+            ``--trace``), or None.
     """
 
     slo_tpot_ms: float
@@ -110,6 +112,7 @@ class SloGoodput:
     reason: str
     notes: list[str] = field(default_factory=list)
     confidence: float = 0.95
+    replay: Any = None
 
     def to_json(self) -> dict[str, Any]:
         """The ranking for recommendation.json."""
@@ -117,7 +120,8 @@ class SloGoodput:
                 "shares": {str(c): s for c, s in self.shares.items()}, "band": self.band,
                 "confidence": self.confidence, "answers": [a.to_json() for a in self.answers],
                 "pick": self.pick.name if self.pick else None,
-                "policy_wins": self.policy_wins, "reason": self.reason, "notes": self.notes}
+                "policy_wins": self.policy_wins, "reason": self.reason, "notes": self.notes,
+                **({"replay": self.replay.to_json()} if self.replay is not None else {})}
 
 
 Grid = dict[tuple[int, int], tuple[float, float, Any]]
@@ -294,6 +298,12 @@ def goodput_markdown(g: SloGoodput) -> list[str]:
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {total} | {ratio} |")
     lines += ["", g.reason[0].upper() + g.reason[1:] + "."]
     lines += [""] + [f"- {n}" for n in g.notes] if g.notes else []
+    if g.replay is not None:
+        lines += ["", f"Replayed from the trace `{g.replay.trace}` with the sweep's round times (predicted, decode "
+                      "rounds only; SLO attainment per row and round: docs/simulate.md):", "",
+                  "| policy | predicted goodput tok/s | SLO attainment | predicted tok/s |", "|---|---:|---:|---:|"]
+        lines += [f"| {p} | {g_:.4g} | {a:.0%} | {t:.4g} |" for p, g_, a, t in g.replay.rows]
+        lines += ["", g.replay.reason[0].upper() + g.replay.reason[1:] + "."]
     return lines
 
 
@@ -315,3 +325,11 @@ def print_goodput(console, g: SloGoodput) -> None:  # console: rich.console.Cons
     console.print(g.reason, soft_wrap=True, markup=False)
     for n in g.notes:
         console.print(n, soft_wrap=True, markup=False)
+    if g.replay is not None:
+        rt = Table(title=f"replayed from {g.replay.trace} (predicted with the sweep's round times)")
+        for h in ("policy", "goodput tok/s", "SLO att", "tok/s"):
+            rt.add_column(h, justify="left" if h == "policy" else "right")
+        for p, g_, a, t in g.replay.rows:
+            rt.add_row(p, f"{g_:.4g}", f"{a:.0%}", f"{t:.4g}")
+        console.print(rt)
+        console.print(g.replay.reason, soft_wrap=True, markup=False)

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from helpers.results_folders import grid, write_sweep
 from spectune.cli import app
+from spectune.core.errors import UserError
 from spectune.results.reader import load_results
 from spectune.results.schema import P_MIN_FOLDER
 from spectune.tune.p_min import apply_p_min
@@ -114,3 +115,24 @@ def test_with_the_option_recommend_writes_and_prints_the_ranking(tmp_path):
     doc = json.loads((tmp_path / "slo" / "recommendation.json").read_text())["slo_goodput"]
     assert doc["pick"] == "p_min 0.3 (num_steps 2)"
     assert "## Goodput under the TPOT SLO" in (tmp_path / "slo" / "recommendation.md").read_text()
+
+
+def test_a_trace_adds_the_replayed_policies_specserve_included(tmp_path):
+    from helpers.policy_traces import synthetic_trace
+    from spectune.backends.num_steps.trace import write_trace
+
+    folder, trace = sweep(tmp_path, {}, {}), tmp_path / "trace.jsonl"
+    write_trace(trace, synthetic_trace(seed=1, rounds=24, num_steps=2, batch_sizes=(1, 4)))
+    res = CliRunner().invoke(app, ["recommend", str(folder), "-o", str(tmp_path / "slo"), "--slo-tpot-ms", "25",
+                                   "--trace", str(trace)])
+    assert res.exit_code == 0, res.output
+    replay = json.loads((tmp_path / "slo" / "recommendation.json").read_text())["slo_goodput"]["replay"]
+    assert [p["policy"] for p in replay["policies"] if p["policy"].startswith(("static", "specserve"))] == \
+        ["static:0", "static:1", "static:2", "specserve:25"]
+
+
+def test_a_trace_without_the_slo_is_refused(tmp_path):
+    folder = sweep(tmp_path, {}, {})
+    res = CliRunner().invoke(app, ["recommend", str(folder), "--trace", str(tmp_path / "t.jsonl")])
+    assert isinstance(res.exception, UserError), res.output
+    assert "add --slo-tpot-ms" in str(res.exception)
