@@ -29,7 +29,10 @@ def recommend(
     )] = Objective.throughput,
     slo_ttft_ms: Annotated[Optional[float], typer.Option(help="TTFT SLO, ms (default: the sweep's).")] = None,
     slo_tpot_ms: Annotated[Optional[float], typer.Option(help="TPOT SLO, ms; a num_steps whose TPOT p99 exceeds it "
-                                                         "is not eligible (default: the sweep's).")] = None,
+                                                         "is not eligible (default: the sweep's). Given here: "
+                                                         "static, schedule and policy configs are also ranked by "
+                                                         "goodput, the tokens/s of requests within the SLO, and a "
+                                                         "policy that wins beyond the noise band is named.")] = None,
     min_slo_attainment: Annotated[float, typer.Option(min=0.0, max=1.0, help="Least share of requests meeting "
                                                       "the SLOs for a num_steps to be eligible.")] = 0.9,
     noise_band: Annotated[float, typer.Option(min=0.0, max=50.0, help="PCT: options within this of the best "
@@ -54,6 +57,10 @@ def recommend(
         "as validate's swing workload; 1,32 the same): no drafter, each static num_steps and the schedule are "
         "then ranked by the output tokens/s that load streams, and the simplest the best does not beat beyond the "
         "noise band is the primary (default: every swept concurrency weighs the same, a geometric mean).")] = None,
+    trace: Annotated[Optional[Path], typer.Option(
+        "--trace", help="With --slo-tpot-ms: a verify-step trace of the bundled engine (its --trace) to replay every "
+        "per-row policy on (spectune simulate --policy all, SpecServe included) with the sweep's round times; the "
+        "predicted goodput ranks them beside the measured answers.")] = None,
     allow_mixed_nodes: Annotated[bool, typer.Option("--allow-mixed-nodes", help="Compare num_steps measured on "
                                                     "nodes whose calibration cells differ beyond the noise band "
                                                     "(a --ray sweep; refused by default).")] = False,
@@ -77,6 +84,9 @@ def recommend(
         schedule_form(trtllm_version)
     except ValueError as err:
         raise UserError(f"--trtllm-version: {err}") from None
+    if trace is not None and slo_tpot_ms is None:
+        raise UserError("--trace prices replayed policies by goodput under a TPOT SLO: add --slo-tpot-ms MS, or "
+                        "drop --trace")
     from spectune.tune.mix import parse_mix
 
     shares = parse_mix(mix) if mix is not None else None
@@ -89,13 +99,23 @@ def recommend(
     from spectune.tune.p_min import apply_p_min
 
     apply_p_min(rec, results)
+    from spectune.tune.slo_goodput import print_goodput, slo_goodput
+
+    goodput = slo_goodput(rec, results) if slo_tpot_ms is not None else None
+    if trace is not None:
+        from spectune.tune.slo_replay import replay_goodput
+
+        if goodput is None or results.folder is None:
+            raise UserError("--trace replays policies with a sweep folder's round times: give the sweep folder, "
+                            "not its summary.csv, or drop --trace")
+        goodput.replay = replay_goodput(trace, results.folder, goodput.slo_tpot_ms, goodput.band)
     out = output or (results_dir if results_dir.is_dir() else results_dir.parent) / "recommendation"
     from spectune.backends import draft_algorithm, draft_head
 
     description = (results.sweep or {}).get("backend")
     target = description.get("model") if isinstance(description, dict) else None
     paths = write_recommendation(rec, out, str(results.source), draft_algorithm(description), draft_head(description),
-                                 str(target) if target else None, trtllm_version=trtllm_version)
+                                 str(target) if target else None, trtllm_version=trtllm_version, goodput=goodput)
     console = Console()
     header, rows = cell_grid(rec)
     table = Table(title=f"{opts.objective} per concurrency x num_steps [{opts.confidence:.0%} interval] (* chosen, "
@@ -118,6 +138,8 @@ def recommend(
         said = (f"llama.cpp: --spec-draft-p-min {rec.p_min['p_min']:g}" if rec.p_min["beats"]
                 else "draft-confidence cutoff")
         console.print(f"{said}: {rec.p_min['reason']}", soft_wrap=True, markup=False)
+    if goodput is not None:
+        print_goodput(console, goodput)
     for w in rec.warnings:
         console.print(f"[yellow]warning:[/] {w}")
     console.print(f"wrote {len(paths)} files to {out}")

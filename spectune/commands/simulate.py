@@ -54,6 +54,10 @@ def simulate(
                                           "smallest slot above 1, unsorted vLLM ranges) with warnings.")] = False,
     max_rows: Annotated[int, typer.Option("--max-rows", min=1, help="Timeline rows (--policy: batch sizes) to "
                                           "print.")] = 40,
+    slo_tpot_ms: Annotated[Optional[float], typer.Option(
+        "--slo-tpot-ms", help="--policy: a TPOT SLO in ms: each policy's SLO attainment "
+        "(share of rows whose TPOT in their round is within it) and goodput (tok/s of those rows), and the SLO "
+        "of a bare specserve policy.")] = None,
     cost_table: Annotated[Optional[Path], typer.Option(
         "--cost-table", help="SGLang \"strategy\": \"throughput_aware\" configs: decode-round times in ms, "
         "{\"batch size\": {\"num_steps\": ms}}, standing in for SGLang's start-up profile (without it the "
@@ -77,15 +81,19 @@ def simulate(
     from spectune.tune.simulate import write_result_json
 
     console = Console(highlight=False)
+    if slo_tpot_ms is not None and not slo_tpot_ms > 0:
+        from spectune.core.errors import UserError
+
+        raise UserError(f"--slo-tpot-ms must be a number of ms > 0, got {slo_tpot_ms:g}; e.g. --slo-tpot-ms 50")
     if policy or config is None:
         _compare(console, trace, config, policy or ["all"], sweep=sweep, n_max=n_max, draft_to_cap=draft_to_cap,
                  initial_steps=initial_steps, cuda_graph_bs=cuda_graph_bs, cost_table=cost_table, json_out=json_out,
-                 lenient=lenient, max_rows=max_rows)
+                 lenient=lenient, max_rows=max_rows, slo_tpot_ms=slo_tpot_ms)
         return
     from spectune.core.errors import UserError
 
     for name, given in (("--sweep", sweep is not None), ("--n-max", n_max is not None),
-                        ("--draft-to-cap", draft_to_cap)):
+                        ("--draft-to-cap", draft_to_cap), ("--slo-tpot-ms", slo_tpot_ms is not None)):
         if given:
             raise UserError(f"{name} applies to the policy comparison: add --policy (e.g. --policy "
                             f"config:{config.name} --policy static --policy oracle) or drop {name}")
@@ -145,7 +153,8 @@ def _cost_table(path: Path | None):  # -> CostTable | None
 
 def _compare(console, trace: Path, config: Path | None, policies: List[str], *, sweep: Path | None,
              n_max: int | None, draft_to_cap: bool, initial_steps: int | None, cuda_graph_bs: str | None,
-             cost_table: Path | None, json_out: Path | None, lenient: bool, max_rows: int) -> None:
+             cost_table: Path | None, json_out: Path | None, lenient: bool, max_rows: int,
+             slo_tpot_ms: float | None = None) -> None:
     """The --policy comparison: replay, print, and write --json."""
     from spectune.backends.num_steps.trace import read_trace
     from spectune.commands.options import parse_int_list
@@ -155,7 +164,8 @@ def _compare(console, trace: Path, config: Path | None, policies: List[str], *, 
     steps = read_trace(trace)
     texts = list(policies) + ([f"config:{config}"] if config is not None else [])
     cmp = compare(steps, texts, sweep=sweep, n_max=n_max, draft_to_cap=draft_to_cap, initial_steps=initial_steps,
-                  cuda_graph_bs=graph_bs, cost_table=_cost_table(cost_table), strict=not lenient)
+                  cuda_graph_bs=graph_bs, cost_table=_cost_table(cost_table), strict=not lenient,
+                  slo_tpot_ms=slo_tpot_ms)
     print_comparison(console, cmp, max_rows)
     if json_out is not None:
         write_comparison_json(cmp, json_out)

@@ -17,6 +17,11 @@ recorded num_steps; p_j: row i's value at draft position j = 1, 2, ...):
 - ``config:FILE``: an SGLang adaptive config (EMA or throughput-aware strategy) or a vLLM schedule, replayed round by
   round as ``spectune simulate --config`` does (:mod:`spectune.tune.simulate`); L_i = the tier for the batch.
 - ``ema``: SGLang's default adaptive config (:data:`SGLANG_DEFAULT_CONFIG`).
+- ``specserve[:S]`` (SpecServe, Huang et al., sections 4-5): the bundled engine's adaptive drafter, confidence-prior
+  verifier and SLO check run on the recorded ``draft_probs`` with the replay's round times, at most n_max drafts
+  (:mod:`spectune.tune.specserve_replay`); S is the TPOT SLO in ms no predicted round may exceed (bare
+  ``specserve``: ``--slo-tpot-ms``, else none). A ``config:FILE`` holding a specserve engine config replays as this
+  at its n_max and SLO.
 - ``oracle``: every row drafts exactly the tokens it had accepted, L_i = a_i (SpecDec++ Section 3: with hindsight
   the best round stops so that its last candidate is accepted; the target's bonus token replaces the rejected one).
   Its acceptance length is the trace's own, at or above every policy's.
@@ -41,7 +46,7 @@ from spectune.core.errors import UserError
 
 THRESHOLD_KINDS = ("p_min", "specdec", "specdec-raw")
 """Policies with a probability threshold."""
-KINDS = ("static", *THRESHOLD_KINDS, "config", "ema", "oracle", "oracle-capped")
+KINDS = ("static", *THRESHOLD_KINDS, "config", "ema", "specserve", "oracle", "oracle-capped")
 """Every policy kind, in output order."""
 DEFAULT_GRID: dict[str, tuple[float, ...]] = {
     "p_min": (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
@@ -49,8 +54,8 @@ DEFAULT_GRID: dict[str, tuple[float, ...]] = {
     "specdec-raw": (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
 }
 """Thresholds a threshold kind named without values replays."""
-POLICY_HELP = ("static:K[,K..] | p_min:P[,P..] | specdec:H[,H..] | specdec-raw:H[,H..] | config:FILE | ema | oracle "
-               "| all")
+POLICY_HELP = ("static:K[,K..] | p_min:P[,P..] | specdec:H[,H..] | specdec-raw:H[,H..] | config:FILE | ema "
+               "| specserve[:SLO_MS,..] | oracle | all")
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,8 @@ class PolicySpec:
 
     Attributes:
         kind: one of :data:`KINDS`.
-        value: K for ``static``, the threshold for the threshold kinds, else None.
+        value: K for ``static``, the threshold for the threshold kinds, the TPOT SLO (ms) of ``specserve`` (None:
+            none), else None.
         path: the config file of ``config``.
     """
 
@@ -76,6 +82,8 @@ class PolicySpec:
             return f"{self.kind}:{self.value:g}"
         if self.kind == "config":
             return f"config:{self.path.name if self.path else '?'}"
+        if self.kind == "specserve" and self.value is not None:
+            return f"specserve:{self.value:g}"
         return self.kind
 
 
@@ -209,6 +217,7 @@ def parse_policy(text: str, has_probs: bool, max_positions: int) -> list[PolicyS
         out = [PolicySpec("static", float(k)) for k in range(max_positions + 1)]
         if has_probs:
             out += [PolicySpec(k, v) for k in ("p_min", "specdec") for v in DEFAULT_GRID[k]]
+            out.append(PolicySpec("specserve"))
         return out + [PolicySpec("ema"), PolicySpec("oracle"), PolicySpec("oracle-capped")]
     if kind in ("ema", "oracle"):
         if rest:
@@ -220,6 +229,9 @@ def parse_policy(text: str, has_probs: bool, max_positions: int) -> list[PolicyS
             raise UserError(f"--policy {text!r}: no such config file; write --policy config:PATH to an SGLang "
                             "adaptive config or a vLLM schedule")
         return [PolicySpec("config", path=path)]
+    if kind == "specserve":
+        return [PolicySpec("specserve", _slo(text, item)) for item in rest.split(",")] if rest.strip() \
+            else [PolicySpec("specserve")]
     if kind not in ("static", *THRESHOLD_KINDS):
         raise UserError(f"--policy {text!r}: unknown policy {kind!r}; use {POLICY_HELP} (e.g. {example})")
     if not rest.strip():
@@ -238,6 +250,18 @@ def parse_policy(text: str, has_probs: bool, max_positions: int) -> list[PolicyS
             raise UserError(f"--policy {text!r}: {kind} thresholds are probabilities in [0, 1], got {item.strip()!r}")
         out.append(PolicySpec(kind, v))
     return out
+
+
+def _slo(text: str, item: str) -> float:
+    """A ``specserve:S`` SLO: a number of ms > 0. Raises UserError otherwise."""
+    try:
+        v = float(item)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v > 0):
+        raise UserError(f"--policy {text!r}: specserve's value is its TPOT SLO, a number of ms > 0, got "
+                        f"{item.strip()!r}; e.g. --policy specserve:50")
+    return v
 
 
 def parse_policies(texts: Sequence[str], has_probs: bool, max_positions: int) -> list[PolicySpec]:

@@ -14,6 +14,7 @@ from spectune.backends.num_steps.sglang_config import parse_any_config
 from spectune.tune.configs import best_static_json, engine_plan, sglang_configs
 from spectune.tune.markdown import recommendation_markdown
 from spectune.tune.recommend import Recommendation
+from spectune.tune.slo_goodput import SloGoodput, goodput_markdown
 
 
 def _inside(path: str, folder: Path) -> str | None:
@@ -68,7 +69,8 @@ def portable_target(target: str | None, out: Path) -> str | None:
 
 def write_recommendation(rec: Recommendation, out: Path, source: str,
                          algorithm: tuple[str | None, str] = (None, "unknown"), head: str | None = None,
-                         target: str | None = None, trtllm_version: str | None = None) -> dict[str, Path]:
+                         target: str | None = None, trtllm_version: str | None = None,
+                         goodput: SloGoodput | None = None) -> dict[str, Path]:
     """Write every output of ``spectune recommend`` into ``out`` (created if needed): every engine format's files
     (:func:`spectune.backends.formats.engine_formats`, in registry order), each parsed back by its reader first.
     ``algorithm``: the sweep's draft-head method (``eagle``/``eagle3``, :func:`spectune.backends.draft_algorithm`)
@@ -77,7 +79,9 @@ def write_recommendation(rec: Recommendation, out: Path, source: str,
     ``--speculative-config`` and its launch line, written by :func:`portable_head` and :func:`portable_target` so
     that a committed output folder names no machine's absolute folders. ``trtllm_version``: the TensorRT-LLM
     release whose ``draft_len_schedule`` form to write (None: the newest). The adaptive format's custom config then
-    gets its SGLang strategy (:func:`sglang_strategy`). Returns {file name: path}.
+    gets its SGLang strategy (:func:`sglang_strategy`). ``goodput``: ``recommend --slo-tpot-ms``'s ranking by goodput
+    (:mod:`spectune.tune.slo_goodput`), written as recommendation.json's ``slo_goodput`` and a section of
+    recommendation.md; None writes neither. Returns {file name: path}.
 
     Raises:
         ValueError: an emitted config fails validation (a spectune bug, never user input).
@@ -98,7 +102,8 @@ def write_recommendation(rec: Recommendation, out: Path, source: str,
     payload["best-static.json"] = best_static_json(rec, algorithm[0])
     files["best-static.json"] = "the best single static num_steps and its launch flags"
     payload["recommendation.json"] = {**rec.to_json(), "ladder_notes": notes,
-                                      "sglang_strategy": {"strategy": strategy, "reason": strategy_why}}
+                                      "sglang_strategy": {"strategy": strategy, "reason": strategy_why},
+                                      **({"slo_goodput": goodput.to_json()} if goodput is not None else {})}
     files["recommendation.json"] = "every cell, choice, slot and score (machine-readable)"
     paths = {}
     for name, obj in payload.items():
@@ -107,6 +112,8 @@ def write_recommendation(rec: Recommendation, out: Path, source: str,
     paths["recommendation.md"] = out / "recommendation.md"
     md = recommendation_markdown(rec, files, configs, notes, source, algorithm, target, plan)
     md += f"\nSGLang strategy for `sglang-adaptive-custom.json`: **{strategy}**: {strategy_why}.\n"
+    if goodput is not None:
+        md += "\n".join(goodput_markdown(goodput)) + "\n"
     paths["recommendation.md"].write_text(md, encoding="utf-8")
     return paths
 

@@ -16,7 +16,11 @@ one batch size:
 - acceptance length = 1 + sum(accepted) / rows (accepted drafts + 1 bonus token per row per verify step);
 - drafted tokens per accepted token = sum(L_i) / sum(accepted);
 - predicted output tok/s = 1000 * sum(accepted + 1) / sum(T) (decode rounds only: prefill is not in a trace);
-- predicted TPOT (ms) = sum(b * T) / sum(accepted + 1): each row waits T for the accepted + 1 tokens it gets.
+- predicted TPOT (ms) = sum(b * T) / sum(accepted + 1): each row waits T for the accepted + 1 tokens it gets;
+- with a TPOT SLO S (``--slo-tpot-ms``): SLO attainment = the share of rows (row-rounds) whose TPOT in their
+  round, T / (accepted + 1), is at most S, and goodput = 1000 * sum(accepted + 1 of those rows) / sum(T), the
+  output tok/s of rows within the SLO. A trace does not say which rows are one request, so a request's TPOT (its
+  rounds' time over its tokens) cannot be formed; a request whose every round meets S meets it too.
 
 ``oracle-capped`` caps each round's rows at M (L_i = min(a_i, M)) with M chosen per round to maximise the tok/s of
 the rounds scored (Dinkelbach's method on sum(tokens) / sum(T): per round argmax_M tokens(M) - lambda * T(M), lambda
@@ -40,6 +44,7 @@ from spectune.backends.num_steps.sglang_config import SGLANG_DEFAULT_CONFIG, loa
 from spectune.backends.num_steps.confidence_config import ConfidenceConfig
 from spectune.backends.num_steps.ema_policy import make_policy
 from spectune.backends.num_steps.throughput_policy import CostTable
+from spectune.core.errors import UserError
 from spectune.tune.draft_policies import THRESHOLD_KINDS, PolicySpec, RowLengths, TraceArrays, threshold_lengths
 from spectune.tune.step_time import StepTimeModel
 
@@ -58,6 +63,8 @@ class PolicyMetrics:
         mean_draft_steps: mean D per round.
         lower_bound_rows: rows whose accepted drafts are a lower bound (given more than they drafted).
         past_recorded_rows: rows a threshold rule would have drafted past their recorded positions (cut there).
+        slo_attainment: share of rows within the TPOT SLO (0..1), or None without an SLO or a step-time model.
+        goodput_tok_s: predicted output tokens/s of the rows within the SLO, or None likewise.
     """
 
     rounds: int
@@ -70,6 +77,8 @@ class PolicyMetrics:
     mean_draft_steps: float
     lower_bound_rows: int
     past_recorded_rows: int
+    slo_attainment: float | None = None
+    goodput_tok_s: float | None = None
 
 
 @dataclass
@@ -112,22 +121,27 @@ def round_times(arr: TraceArrays, rep: _Replay, model: StepTimeModel | None) -> 
     return None if model is None else _times(arr, model, rep.lengths, rep.draft_steps)
 
 
-def score(arr: TraceArrays, rep: _Replay, times: np.ndarray | None, rounds: np.ndarray) -> PolicyMetrics:
+def score(arr: TraceArrays, rep: _Replay, times: np.ndarray | None, rounds: np.ndarray,
+          slo_tpot_ms: float | None = None) -> PolicyMetrics:
     """:class:`PolicyMetrics` of a replay over the rounds where ``rounds`` [R] is True; ``times``: the rounds'
-    times (:func:`round_times`)."""
+    times (:func:`round_times`); ``slo_tpot_ms``: the TPOT SLO of the SLO attainment and goodput (ms, or None)."""
     rows = rounds[arr.row_round]
     lengths, acc, drafted = rep.lengths[rows], arr.accepted[rows], arr.drafted[rows]
     credited = np.minimum(acc, lengths)
     n_rows = int(rows.sum())
     tokens = float(credited.sum() + n_rows)
     total_acc = float(credited.sum())
-    tok_s = tpot = round_ms = None
+    tok_s = tpot = round_ms = attained = goodput = None
     if times is not None:
         t = times[rounds]
         if t.sum() > 0:
             tok_s = 1000.0 * tokens / float(t.sum())
             tpot = float((arr.batch[rounds] * t).sum()) / tokens
             round_ms = float(t.mean())
+            if slo_tpot_ms is not None and n_rows:
+                within = times[arr.row_round][rows] / (credited + 1) <= slo_tpot_ms  # [rows]
+                attained = float(within.mean())
+                goodput = 1000.0 * float((credited + 1)[within].sum()) / float(t.sum())
     return PolicyMetrics(
         rounds=int(rounds.sum()), rows=n_rows,
         acceptance_length=1.0 + total_acc / n_rows if n_rows else math.nan,
@@ -135,7 +149,7 @@ def score(arr: TraceArrays, rep: _Replay, times: np.ndarray | None, rounds: np.n
         tok_s=tok_s, tpot_ms=tpot, round_ms=round_ms,
         mean_draft_steps=float(rep.draft_steps[rounds].mean()) if rounds.any() else math.nan,
         lower_bound_rows=int(((lengths > drafted) & (acc == drafted)).sum()),
-        past_recorded_rows=int(rep.past_recorded[rows].sum()))
+        past_recorded_rows=int(rep.past_recorded[rows].sum()), slo_attainment=attained, goodput_tok_s=goodput)
 
 
 def _config_tiers(arr: TraceArrays, spec: PolicySpec, *, initial_steps: int | None,
@@ -155,19 +169,25 @@ def _config_tiers(arr: TraceArrays, spec: PolicySpec, *, initial_steps: int | No
 
 
 def confidence_kind(cfg: ConfidenceConfig) -> str:
-    """The policy kind a ``p_min`` / ``specdec`` engine config replays as: ``specdec`` (acceptance head) when it
-    names a head, ``specdec-raw`` when it reads the raw confidence."""
-    if cfg.strategy == "p_min":
-        return "p_min"
+    """The policy kind a ``p_min`` / ``specdec`` / ``specserve`` engine config replays as: ``specdec`` (acceptance
+    head) when it names a head, ``specdec-raw`` when it reads the raw confidence."""
+    if cfg.strategy in ("p_min", "specserve"):
+        return cfg.strategy
     return "specdec" if cfg.acceptance_head else "specdec-raw"
 
 
 def replay(arr: TraceArrays, spec: PolicySpec, *, n_max: int | None = None, draft_to_cap: bool = False,
            initial_steps: int | None = None, cuda_graph_bs: Sequence[int] | None = None,
-           cost_table: CostTable | None = None, strict: bool = True) -> _Replay:
+           cost_table: CostTable | None = None, strict: bool = True, model: StepTimeModel | None = None) -> _Replay:
     """Row lengths and draft steps of one policy (``oracle-capped`` excluded: :func:`oracle_capped`). A ``config``
-    file holding a ``p_min`` / ``specdec`` engine config (:mod:`spectune.backends.num_steps.confidence_config`)
-    replays as that rule at its threshold and n_max."""
+    file holding a ``p_min`` / ``specdec`` / ``specserve`` engine config
+    (:mod:`spectune.backends.num_steps.confidence_config`) replays as that rule at its threshold (SLO) and n_max.
+    ``model``: the step-time model ``specserve`` decides with.
+
+    Raises:
+        UserError: ``specserve`` without a step-time model, or a probability rule on a trace without
+            ``draft_probs``.
+    """
     none = np.zeros(len(arr.accepted), dtype=bool)
     if spec.kind == "static":
         lengths = np.full(len(arr.accepted), int(spec.value or 0), dtype=np.int64)
@@ -175,14 +195,22 @@ def replay(arr: TraceArrays, spec: PolicySpec, *, n_max: int | None = None, draf
     if spec.kind == "config":
         cfg = load_config_file(spec.path, strict=strict)  # type: ignore[arg-type]
         if isinstance(cfg, ConfidenceConfig):  # the bundled engine's per-row rule: its threshold at its n_max
-            return replay(arr, PolicySpec(confidence_kind(cfg), cfg.threshold), n_max=cfg.n_max,
-                          draft_to_cap=draft_to_cap)
+            value = cfg.slo_tpot_ms if cfg.strategy == "specserve" else cfg.threshold
+            return replay(arr, PolicySpec(confidence_kind(cfg), value), n_max=cfg.n_max,
+                          draft_to_cap=draft_to_cap, model=model)
     if spec.kind in ("config", "ema"):
         tiers = _config_tiers(arr, spec, initial_steps=initial_steps, cuda_graph_bs=cuda_graph_bs,
                               cost_table=cost_table, strict=strict)
         return _Replay(tiers[arr.row_round], tiers, none)
     if spec.kind == "oracle":
         return _Replay(arr.accepted.copy(), _per_round_max(arr, arr.accepted), none)
+    if spec.kind == "specserve":
+        if model is None:
+            raise UserError("specserve decides with a step-time model and the trace holds no draft_ms/verify_ms: "
+                            "pass --sweep FOLDER (a sweep's cells) or record the trace with this release's engine")
+        from spectune.tune.specserve_replay import specserve_lengths
+
+        return _Replay(*specserve_lengths(arr, model, n_max, spec.value))
     if spec.kind in THRESHOLD_KINDS:
         rl: RowLengths = threshold_lengths(arr, spec.kind, float(spec.value or 0.0), n_max)
         steps = (arr.num_steps if n_max is None else np.full(arr.rounds, n_max)) if draft_to_cap \
@@ -218,10 +246,11 @@ def oracle_capped(arr: TraceArrays, model: StepTimeModel, rounds: np.ndarray) ->
     return _Replay(lengths, _per_round_max(arr, lengths), np.zeros(len(lengths), dtype=bool))
 
 
-def evaluate(arr: TraceArrays, specs: Sequence[PolicySpec], model: StepTimeModel | None, **kw) -> list[PolicyResult]:
-    """Replay and score every spec over the whole trace and per batch size (``kw``: :func:`replay`'s options).
-    ``oracle-capped`` is solved separately for the whole trace and for each batch size, and skipped without a
-    step-time model."""
+def evaluate(arr: TraceArrays, specs: Sequence[PolicySpec], model: StepTimeModel | None,
+             slo_tpot_ms: float | None = None, **kw) -> list[PolicyResult]:
+    """Replay and score every spec over the whole trace and per batch size (``kw``: :func:`replay`'s options;
+    ``slo_tpot_ms``: the TPOT SLO of each policy's SLO attainment and goodput, ms). ``oracle-capped`` is solved
+    separately for the whole trace and for each batch size, and skipped without a step-time model."""
     batches = sorted({int(b) for b in arr.batch})
     masks = {b: arr.batch == b for b in batches}
     everything = np.ones(arr.rounds, dtype=bool)
@@ -231,15 +260,15 @@ def evaluate(arr: TraceArrays, specs: Sequence[PolicySpec], model: StepTimeModel
             if model is None:
                 continue
             rep = oracle_capped(arr, model, everything)
-            res = PolicyResult(spec, score(arr, rep, round_times(arr, rep, model), everything))
+            res = PolicyResult(spec, score(arr, rep, round_times(arr, rep, model), everything, slo_tpot_ms))
             for b, m in masks.items():
                 rep = oracle_capped(arr, model, m)
-                res.by_batch[b] = score(arr, rep, round_times(arr, rep, model), m)
+                res.by_batch[b] = score(arr, rep, round_times(arr, rep, model), m, slo_tpot_ms)
         else:
-            rep = replay(arr, spec, **kw)
+            rep = replay(arr, spec, model=model, **kw)
             times = round_times(arr, rep, model)
-            res = PolicyResult(spec, score(arr, rep, times, everything))
-            res.by_batch = {b: score(arr, rep, times, m) for b, m in masks.items()}
+            res = PolicyResult(spec, score(arr, rep, times, everything, slo_tpot_ms))
+            res.by_batch = {b: score(arr, rep, times, m, slo_tpot_ms) for b, m in masks.items()}
         out.append(res)
     return out
 

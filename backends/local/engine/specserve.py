@@ -48,6 +48,10 @@ class SpecServeRule:
     Use per round: :meth:`begin` with the rows' cached tokens, :meth:`observe` once per draft step (:attr:`active`
     [B] bool says whether the batch drafts on, :attr:`lengths` [B] long the drafted length per row), then
     :meth:`verify_lengths` for each row's length to verify.
+
+    Every time the decisions read comes from :meth:`uniform_ms` (the drafter) and :meth:`candidates_ms` (the
+    verifier): ``spectune simulate``'s replay (:mod:`spectune.tune.specserve_replay`) overrides the two to take its
+    round times from the replay's step-time model, and runs the same drafter, verifier and SLO check.
     """
 
     strategy = "specserve"
@@ -103,29 +107,38 @@ class SpecServeRule:
         if j >= self.n_max:
             return
         gain = ar.sum() * prob.mean()  # predicted: AR_{i,j+1} = AR_{i,j} * (the batch's mean confidence at j)
-        ctx, b, model = self.context.sum(), self.batch, self.model
-        now = self.score(self.nat, model.round_ms(ctx, b, j))
-        nxt = self.score(self.nat + gain, model.round_ms(ctx, b, j + 1))
+        now = self.score(self.nat, self.uniform_ms(j))
+        nxt = self.score(self.nat + gain, self.uniform_ms(j + 1))
         self.active = live & (nxt > now)
+
+    def uniform_ms(self, drafts: int) -> torch.Tensor:
+        """Predicted T_sd (ms, a 0-d tensor) of this round's batch when every row drafts and verifies ``drafts``
+        tokens (:meth:`StepTimeModel.round_ms`): what the drafter compares step by step."""
+        return torch.as_tensor(self.model.round_ms(self.context.sum(), self.batch, drafts))
+
+    def candidates_ms(self, steps: int, cand: torch.Tensor, layout: str) -> torch.Tensor:
+        """Predicted T_sd (ms) [R+1] of each verifier candidate ``cand`` [R+1, B] (per-row lengths to verify)
+        after ``steps`` draft steps ran (sunk in every candidate), for the target's ``layout``: ``packed`` costs
+        each row's own tokens, ``padded`` every row at the longest candidate row's width."""
+        ctx, b = self.context, self.batch
+        sunk = self.model.draft_ms(ctx.sum(), b, steps)  # the draft steps run: the same in every candidate
+        if layout == "packed":
+            n_c = ((cand + 1) * ctx + cand * (cand + 1) / 2).sum(dim=1)  # [R+1]: each row's own tokens
+            n_b = (cand + 1).sum(dim=1)
+        else:
+            width = cand.max(dim=1).values + 1  # [R+1]
+            n_c, n_b = verify_tokens(ctx.sum(), b, width)
+        return sunk + self.model.verify_ms(n_c, n_b)
 
     def verify_lengths(self, layout: str = "padded") -> torch.Tensor:
         """Each row's length to verify [B] long, after the confidence-prior verifier's drops for the target's
         ``layout`` (``"padded"`` or ``"packed"``; see the module docstring)."""
         if not self.ars:
             return self.lengths.clone()
-        steps = len(self.ars)
         ar = torch.stack(self.ars, dim=1)  # [B, S]: 0 past a row's length
-        lengths, ctx, b = self.lengths, self.context, self.batch
-        sunk = self.model.draft_ms(ctx.sum(), b, steps)  # the draft steps run: the same in every candidate
-        if layout == "packed":
-            cand, nat = self._drop_tokens(ar, lengths)
-            n_c = ((cand + 1) * ctx + cand * (cand + 1) / 2).sum(dim=1)  # [R+1]: each row's own tokens
-            n_b = (cand + 1).sum(dim=1)
-        else:
-            cand, nat = self._drop_columns(ar, lengths)
-            width = cand.max(dim=1).values + 1  # [R+1]
-            n_c, n_b = verify_tokens(ctx.sum(), b, width)
-        score = self.score(nat, sunk + self.model.verify_ms(n_c, n_b))  # [R+1]
+        drop = self._drop_tokens if layout == "packed" else self._drop_columns
+        cand, nat = drop(ar, self.lengths)
+        score = self.score(nat, self.candidates_ms(len(self.ars), cand, layout))  # [R+1]
         rises = score[1:] > score[:-1]  # [R]
         drops = rises.long().cumprod(dim=0).sum()  # Alg. 2: drop while the throughput rises
         return cand[drops].clone()
