@@ -142,6 +142,13 @@ class Backend(abc.ABC):
         servers it does not launch)."""
         return None if self.p_min_flag is None else [self.p_min_flag, f"{p_min:g}"]
 
+    def server_memory_gib(self, steps: int) -> float | None:
+        """About how much host memory (GiB) one server this backend launches on this machine holds at num_steps
+        ``steps``, or None when unknown or not on this machine (running endpoints, remote or GPU servers): what
+        ``spectune validate --servers together`` checks against the memory available before starting a repeat's
+        servers at once."""
+        return None
+
     def failure_log(self) -> str:
         """The log tail of a server this backend launched that has died since its start, else "": attached to a
         point that failed so the reason is kept with it."""

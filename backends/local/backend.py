@@ -33,6 +33,16 @@ from spectune.backends.prometheus import scrape_snapshot
 from spectune.core.errors import UserError
 
 KV_BYTES_PER_TOKEN_GUESS = 32 * 1024  # SmolLM2 target + draft use ~24 KB per token in bf16; sizes the budget
+#: What a bundled CPU server holds besides its KV cache (GiB): weights with the native path's dense copy, torch and the
+#: compiled graphs. The default pair's servers of a validate bake-off (32 slots, a 2.0 GiB cache budget) held 2.4-2.8
+#: GiB resident each on a 2-core AMD EPYC VM (``ps -o rss``; the five with num_steps capacity 4 the most).
+SERVER_BASE_GIB = 0.9
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _head_method(model: str | None, draft: str | None) -> tuple[str | None, str]:
@@ -85,6 +95,20 @@ class LocalBackend(LaunchingBackend):
         return await super().preflight(steps_list)
 
     def build_argv(self, steps: int, host: str, port: int) -> list[str]:
+        opts = self._server_options(steps)
+        return [sys.executable, "-m", "spectune.backends.local", "--options", json.dumps(opts), "--host", host,
+                "--port", str(port)]
+
+    def server_memory_gib(self, steps: int) -> float | None:
+        """The server's KV cache budget (``kv_cache_gb`` of its options) plus :data:`SERVER_BASE_GIB` for the rest of
+        the process, on CPU; None on CUDA (the cache lives on the GPU)."""
+        device = str(self.options.local.device)
+        if device == "cuda" or (device == "auto" and _cuda_available()):
+            return None
+        return float(self._server_options(steps)["kv_cache_gb"]) + SERVER_BASE_GIB
+
+    def _server_options(self, steps: int) -> dict[str, Any]:
+        """The server process's EngineOptions fields for num_steps ``steps`` (``--server-args`` applied)."""
         o = self.options
         max_len = 2048
         slots = max(o.max_concurrency, 1)
@@ -100,8 +124,7 @@ class LocalBackend(LaunchingBackend):
         if o.draft_p_min is not None:  # sweep --p-min: each row stops drafting under P, at most num_steps tokens
             opts["draft_p_min"] = o.draft_p_min
         opts.update(self.server_overrides)  # --server-args win, as on every launched server
-        return [sys.executable, "-m", "spectune.backends.local", "--options", json.dumps(opts), "--host", host,
-                "--port", str(port)]
+        return opts
 
     def schedule_server(self) -> ScheduleServer | None:
         """The bundled engine's schedule server: adaptive mode with a vLLM schedule, whose lazy drafting runs no head

@@ -54,6 +54,7 @@ from spectune.results.validate_doc import ValidateDoc
 from spectune.results.validate_run import RunWindow, ValidateRun
 from spectune.validate.bakeoff import rule_bakeoff
 from spectune.validate.distributed import RayValidation
+from spectune.validate.held_memory import available_gib, check_held_memory
 from spectune.validate.phase_check import STEADY, phase_check, to_json as phase_check_json
 from spectune.validate.phases import phase_index, split_by_phase, summarize_run
 from spectune.validate.phase_check import phase_spreads
@@ -139,6 +140,9 @@ class Validation:
         """The runs with their servers held together (``plan.servers`` ``together`` or ``kept``)."""
         order = self.plan.run_order(self.initial_steps)
         repeats = list(dict.fromkeys(r for _, _, r in order))
+        for repeat in repeats[:1]:  # before anything starts: the servers must fit in memory together
+            check_held_memory([(self._held_backend(name), k) for name, k, r in order if r == repeat],
+                              self.plan.servers, available_gib())
         try:
             for repeat in repeats:
                 runs = [(name, k) for name, k, r in order if r == repeat]
