@@ -164,18 +164,23 @@ def p_min_lines(output_dir: Any) -> list[str]:
     if not points:
         return []
     out = [f"draft-confidence cutoffs ({root}):"]
-    for pt in sorted(points, key=lambda p: ((p.server or {}).get("p_min", 0.0), p.concurrency, p.repeat)):
-        m, share = pt.metrics, (pt.schedule_check or {}).get("drafting_share")
+    for pt in sorted(points, key=lambda p: (_cutoff(p, 0.0), p.concurrency, p.repeat)):
+        head = f"  p_min {_cutoff(pt, math.nan):g} K={pt.steps} c={pt.concurrency}: "
         if pt.status != "ok":
-            out.append(f"  p_min {(pt.server or {}).get('p_min', float('nan')):g} K={pt.steps} c={pt.concurrency}: "
-                       f"{pt.status} ({pt.error})")
+            out.append(f"{head}{pt.status} ({pt.error})")
             continue
-        out.append(f"  p_min {(pt.server or {}).get('p_min', float('nan')):g} K={pt.steps} c={pt.concurrency}: "
-                   f"{_num(m.get('output_throughput_tok_s'), '.1f')} tok/s, acceptance length "
-                   f"{_num(m.get('acceptance_length'), '.2f')}, drafted in "
+        share = None if pt.schedule_check is None else pt.schedule_check.drafting_share
+        out.append(f"{head}{_num(pt.numbers.output_throughput_tok_s, '.1f')} tok/s, acceptance length "
+                   f"{_num(pt.numbers.acceptance_length, '.2f')}, drafted in "
                    f"{'?' if share is None else f'{share:.0%}'} of verify steps")
     return out
 
 
-def _num(value: Any, spec: str) -> str:
+def _cutoff(point: SweepPoint, default: float) -> float:
+    """The cutoff P of a point's ``p_min`` server (``default`` for a point without one)."""
+    server = point.server
+    return float(server["p_min"]) if server is not None and server["kind"] == "p_min" else default
+
+
+def _num(value: float | None, spec: str) -> str:
     return format(value, spec) if isinstance(value, (int, float)) and math.isfinite(value) else "?"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from spectune.loadgen.constraints import Constraints
 from spectune.core.errors import UserError
@@ -19,6 +19,9 @@ from spectune.measure.load_settings import LoadSpec, failure_rate_check, steps_c
 from spectune.measure.node_progress import NodeTask
 from spectune.results.point import SweepPoint
 from spectune.results.schema import Key, PointKey
+
+if TYPE_CHECKING:
+    from spectune.sweep.drift import DriftCheck
 
 __all__ = ["SweepPlan", "SweepListener", "SweepOutcome"]
 
@@ -222,8 +225,8 @@ class SweepListener:
     def point_finished(self, point: SweepPoint) -> None:
         """A point is durable in points.jsonl (its record is passed)."""
 
-    def drift_checked(self, check: dict[str, Any]) -> None:
-        """A drift check finished (:func:`spectune.sweep.drift.drift_check`'s object)."""
+    def drift_checked(self, check: DriftCheck) -> None:
+        """A drift check finished (:func:`spectune.sweep.drift.drift_check`)."""
 
     def node_progress(self, task: NodeTask) -> None:
         """A distributed sweep's task changed on its node (a :class:`spectune.measure.node_progress.NodeTask`:

@@ -94,7 +94,7 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
         side by side."""
         points = as_points(points)
         restart = cost["switch_s"] / cost["launches"] if cost["launches"] else 0.0
-        windows = [p.metrics.get("duration_s") or 0.0 for p in points]
+        windows = [p.numbers.duration_s or 0.0 for p in points]
         point = sum(windows) / len(windows) if windows else 0.0  # s per point's measurement window
         cells = self.next_round(points, tried, all_threats=restart > point > 0, current=current, launch_s=restart,
                                 width=width)
