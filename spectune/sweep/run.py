@@ -29,7 +29,7 @@ import dataclasses
 import time
 import warnings
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Sequence
 
 from spectune.backends import make_backend
 from spectune.backends.base import Backend, BackendStartError
@@ -58,31 +58,10 @@ from spectune.sweep.plan import SweepListener, SweepOutcome, SweepPlan
 from spectune.sweep.schedule_server import PairedRunner, schedule_pass
 from spectune.sweep.p_min import PMinRunner, open_p_min_sweeps, p_min_plans, p_min_summary
 from spectune.sweep.prepare import prepare_folder
+from spectune.sweep.runner import RaySweeping, SweepRunner
 from spectune.sweep.sequential import MIN_SECONDS, EarlyStop, closed_loop_throughput, prompt_sums, request_parts
 
 __all__ = ["Sweep", "execute", "run_blocking", "SCHEDULE_FOLDER"]
-
-
-class RaySweeping(Protocol):
-    """What :func:`execute` uses of ``--ray``'s options (:class:`spectune.sweep.distributed.RayOptions`, which
-    imports this module: a protocol keeps the import one way)."""
-
-    def check(self, plan: SweepPlan, backend: Backend | None = None) -> None: ...
-
-    def sweep(self, plan: SweepPlan, backend_name: str, options: BackendOptions, folder: SweepFolder,
-              prompts: list[Prompt], meta: SweepMeta, listener: SweepListener,
-              timeouts: ClientTimeouts) -> "SweepRunner": ...
-
-
-class SweepRunner(Protocol):
-    """What :func:`execute` runs and reads back: :class:`Sweep`, or the distributed sweep
-    (:class:`spectune.sweep.distributed.RaySweep`, from :meth:`spectune.sweep.distributed.RayOptions.sweep`)."""
-
-    ran: int
-    predicted: list[JsonObject]
-    meta: SweepMeta
-
-    async def run(self, todo: Sequence[Key]) -> None: ...
 
 
 class Sweep:

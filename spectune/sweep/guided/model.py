@@ -35,10 +35,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 
+from spectune.core.json_types import JsonObject
 from spectune.results.point import SweepPoint, as_points
 from spectune.results.point_numbers import PointNumbers
 from spectune.sweep.guided.acceptance import acceptance_lengths, geometric_rate, per_position
@@ -95,7 +96,7 @@ class Prediction:
     tpot_low: float
     tpot_high: float
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> JsonObject:
         """A points.jsonl-like object for summary.csv (``predicted`` True, ``status`` ok)."""
         return {"steps": self.steps, "concurrency": self.concurrency, "repeat": 0, "status": "ok", "error": "",
                 "predicted": True,
@@ -133,7 +134,7 @@ class StepTimeModel:
     objective: str
     confidence: float
     #: the last fit, for sweep.json (features, parameters, anchors, relative error, cells)
-    fit_info: dict[str, Any]
+    fit_info: JsonObject
 
     @property
     def z(self) -> float:
@@ -147,7 +148,7 @@ class StepTimeModel:
         return NormalDist().inv_cdf(self.confidence)
 
     # -- what was measured -----------------------------------------------------------------------------------
-    def cells(self, points: Sequence[SweepPoint | dict[str, Any]]) -> dict[tuple[int, int], Cell]:
+    def cells(self, points: Sequence[SweepPoint | JsonObject]) -> dict[tuple[int, int], Cell]:
         """Measured ok cells (median over repeats) keyed (steps, concurrency). ``points``: records, or points.jsonl
         objects (:func:`spectune.results.point.as_points`)."""
         groups: dict[tuple[int, int], list[SweepPoint]] = {}
@@ -451,7 +452,7 @@ class StepTimeModel:
                     worst = max(worst, t / min(later) - 1)
         return worst
 
-    def predict(self, points: Sequence[SweepPoint | dict[str, Any]]) -> dict[tuple[int, int], Prediction]:
+    def predict(self, points: Sequence[SweepPoint | JsonObject]) -> dict[tuple[int, int], Prediction]:
         """Predictions for every cell of the plan (measured ones too), keyed (steps, concurrency); {} when nothing
         usable was measured."""
         cells = self.cells(points)

@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
-from typing import Any, ClassVar, Mapping, Sequence, TypedDict
+from typing import ClassVar, Mapping, Sequence, TypedDict
 
 import numpy as np
 
+from spectune.core.json_types import JsonObject
 from spectune.results.confidence import Bootstrap, CellRuns, Interval, RunRequests, best_by_pairs, ratio_interval
 from spectune.results.point import PointObject, RequestLine, SweepPoint, as_points
 from spectune.results.schema import PointKey
@@ -78,7 +79,7 @@ class Settling:
     confidence: float
     noise_band: float
     rounds: list[list[tuple[int, int]]]
-    why: list[dict[str, Any]]
+    why: list[JsonObject]
     #: the deciding comparisons the settle step last saw (:meth:`comparisons`), for sweep.json
     decisions: list[Comparison]
     EI_SHARE_OF_BAND: ClassVar[float]
