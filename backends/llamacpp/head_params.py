@@ -10,9 +10,10 @@ from typing import Any
 from spectune.backends.head_config import llama3_rope_factors
 from spectune.backends.llamacpp.eagle3_names import FILE_TYPE_BF16
 from spectune.backends.llamacpp.head_checkpoint import HeadInfo, find_hparam
+from spectune.core.json_types import JsonObject
 
 
-def _rope_params(hp: dict[str, Any]) -> dict[str, Any]:
+def _rope_params(hp: JsonObject) -> JsonObject:
     """``TextModel.__init__``'s ``rope_parameters`` (rope_parameters or rope_scaling, theta and type mirrored)."""
     params = dict(hp.get("rope_parameters", hp.get("rope_scaling")) or {})
     if "full_attention" not in params and "sliding_attention" not in params:
@@ -28,7 +29,7 @@ def _rope_params(hp: dict[str, Any]) -> dict[str, Any]:
     return params.get("full_attention", params)
 
 
-def llama3_rope_freqs(hp: dict[str, Any]) -> Any:
+def llama3_rope_freqs(hp: JsonObject) -> Any:
     """``rope_freqs.weight`` (float32 [head_dim / 2]) for llama3 rope scaling (``conversion/llama.py``
     ``generate_extra_tensors``; :func:`spectune.backends.head_config.llama3_rope_factors`), else None."""
     import numpy as np

@@ -11,14 +11,18 @@ import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from spectune.backends.local.build import build_engine
 from spectune.backends.local.options import EngineOptions
 from spectune.backends.local.weights.loader import load_target
+from spectune.core.json_types import JsonObject
 from spectune.draft.data import (TRAINING_IDS_FILE, evaluation_texts, generate_responses, magpie_prompts, read_jsonl,
                                  require_rows, training_prompts, write_jsonl)
 from spectune.core.errors import UserError
+
+if TYPE_CHECKING:
+    from spectune.draft.train import TrainConfig
 
 STAGES = ("data", "features", "train", "export")
 
@@ -52,7 +56,7 @@ class PipelineOptions:
     batch: int = 64
 
 
-def run_pipeline(opts: PipelineOptions, train_cfg: Any, say: Callable[[str], None]) -> dict[str, Any]:
+def run_pipeline(opts: PipelineOptions, train_cfg: TrainConfig, say: Callable[[str], None]) -> JsonObject:
     """Run the requested stages; returns the training card (also written to the output folder)."""
     import torch
 
@@ -62,7 +66,7 @@ def run_pipeline(opts: PipelineOptions, train_cfg: Any, say: Callable[[str], Non
     work = opts.work_dir
     work.mkdir(parents=True, exist_ok=True)
     card_path = work / "card.json"
-    card: dict[str, Any] = json.loads(card_path.read_text()) if card_path.is_file() else {"stages": {}}
+    card: JsonObject = json.loads(card_path.read_text()) if card_path.is_file() else {"stages": {}}
     if "data" in opts.stages:
         t0 = time.time()
         engine = build_engine(EngineOptions(model=opts.model, draft="none", num_steps=0, dtype="bfloat16",
@@ -108,7 +112,7 @@ def run_pipeline(opts: PipelineOptions, train_cfg: Any, say: Callable[[str], Non
             raise UserError(f"{work} has no features: run `spectune draft train --stage features` first")
         last = [0.0]
 
-        def log(rec: dict[str, Any]) -> None:
+        def log(rec: JsonObject) -> None:
             if "val_acc" in rec:
                 say(f"epoch {rec['epoch']}: validation top-1 per draft step {[round(a, 3) for a in rec['val_acc']]}")
                 card.setdefault("validation", []).append(rec)
@@ -129,7 +133,7 @@ def run_pipeline(opts: PipelineOptions, train_cfg: Any, say: Callable[[str], Non
     return card
 
 
-def _export(opts: PipelineOptions, train_cfg: Any, card: dict[str, Any]) -> None:
+def _export(opts: PipelineOptions, train_cfg: TrainConfig, card: JsonObject) -> None:
     import torch
 
     from spectune.backends.local.weights.heads import save_head
@@ -152,7 +156,7 @@ def _export(opts: PipelineOptions, train_cfg: Any, card: dict[str, Any]) -> None
     (opts.output / TRAINING_IDS_FILE).write_text("".join(f"{i}\n" for i in ids))
 
 
-def _write(path: Path, card: dict[str, Any]) -> None:
+def _write(path: Path, card: JsonObject) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(card, indent=2))
     tmp.replace(path)
