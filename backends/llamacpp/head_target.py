@@ -12,10 +12,13 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from spectune.backends.llamacpp.eagle3_names import ARCH
 from spectune.core.errors import UserError
+
+if TYPE_CHECKING:
+    from gguf import GGUFValueType
 
 
 @dataclass
@@ -35,10 +38,10 @@ class TargetInfo:
     num_layers: int
     hidden_size: int
     vocab_size: int
-    gguf_tokenizer: list[tuple[str, Any, Any, Any]] | None = None
+    gguf_tokenizer: list[tuple[str, object, GGUFValueType, GGUFValueType | None]] | None = None
 
 
-def read_gguf_kv(path: str | os.PathLike[str]) -> dict[str, tuple[Any, Any, Any]]:
+def read_gguf_kv(path: str | os.PathLike[str]) -> dict[str, tuple[object, GGUFValueType, GGUFValueType | None]]:
     """The metadata of a GGUF file, in file order: ``{key: (value, GGUFValueType, array subtype or None)}``, read
     with :class:`gguf.GGUFReader` (ggml-org/llama.cpp ``gguf-py/gguf/gguf_reader.py``).
 
@@ -50,7 +53,7 @@ def read_gguf_kv(path: str | os.PathLike[str]) -> dict[str, tuple[Any, Any, Any]
     from gguf import GGUFReader, GGUFValueType
 
     reader = GGUFReader(path)
-    out: dict[str, tuple[Any, Any, Any]] = {}
+    out: dict[str, tuple[object, GGUFValueType, GGUFValueType | None]] = {}
     for key, f in reader.fields.items():
         if key.startswith("GGUF."):  # the header (version, counts), which the reader lists as fields
             continue
@@ -59,7 +62,7 @@ def read_gguf_kv(path: str | os.PathLike[str]) -> dict[str, tuple[Any, Any, Any]
             sub = GGUFValueType(int(f.parts[3][0]))  # parts: key length, key, type, item type, count, items...
             if sub == GGUFValueType.ARRAY:
                 raise ValueError(f"nested GGUF array in {key}")
-            val: Any = [f.parts[i].tobytes() for i in f.data] if sub == GGUFValueType.STRING else f.contents()
+            val: object = [f.parts[i].tobytes() for i in f.data] if sub == GGUFValueType.STRING else f.contents()
             out[key] = (val, main, sub)
         elif main == GGUFValueType.STRING:
             out[key] = (f.parts[-1].tobytes(), main, None)

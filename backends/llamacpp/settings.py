@@ -31,7 +31,8 @@ P_MIN_FLAG = "--spec-draft-p-min"
 """llama-server's draft-confidence cutoff (``common/arg.cpp``; ``--draft-p-min`` is its alias, default 0.00)."""
 
 
-def settings_json(steps: int, spec_type: str | None = None, p_min: float | None = None, **extra: JsonValue) -> JsonObject:
+def settings_json(steps: int, spec_type: str | None = None, p_min: float | None = None,
+                  **extra: JsonValue) -> JsonObject:
     """The settings object for num_steps ``steps`` (``extra`` keys are added after the flags); ``spec_type``
     defaults to llama.cpp's spelling of EAGLE-3 (:mod:`spectune.backends.methods`); ``p_min`` (a probability, with
     ``steps`` > 0): the draft-confidence cutoff, written as ``spec_draft_p_min`` and :data:`P_MIN_FLAG`."""

@@ -164,8 +164,9 @@ def host_record() -> JsonObject:
     return {"device": "cpu", "threads": torch.get_num_threads(), "host": platform.processor() or platform.machine()}
 
 
-def run_train(opts: SampleOptions, output: Path, prompts_fn: Callable[[Tokenizer], list[dict]], cfg: AcceptanceTrainConfig,
-              stages: tuple[str, ...], say: Callable[[str], None], command: str = "") -> JsonObject:
+def run_train(opts: SampleOptions, output: Path, prompts_fn: Callable[[Tokenizer], list[dict]],
+              cfg: AcceptanceTrainConfig, stages: tuple[str, ...], say: Callable[[str], None],
+              command: str = "") -> JsonObject:
     """``spectune draft accept-train``: every stage in ``stages``; returns the record (written to the work folder and,
     by ``export``, beside the head as ``training.json``).
 

@@ -41,7 +41,8 @@ def evaluation_texts(spec_bench: Path | None = None) -> set[str]:
     return texts
 
 
-def training_prompts(tokenizer: Tokenizer, limit: int, max_prompt_tokens: int, exclude: set[str], seed: int) -> list[dict]:
+def training_prompts(tokenizer: Tokenizer, limit: int, max_prompt_tokens: int, exclude: set[str],
+                     seed: int) -> list[dict]:
     """ShareGPT first human turns, deduplicated, evaluation prompts removed, shuffled with ``seed``.
 
     Returns ``{"id", "prompt_ids"}`` records with the chat template applied and at most ``max_prompt_tokens``.

@@ -172,7 +172,8 @@ def ttt_loss(head: DraftHead, embed: torch.Tensor, tokens: torch.Tensor, feats: 
     return total, accs, counts
 
 
-def batches(store: FeatureStore, ids: list[int], batch_tokens: int, max_len: int, rng: random.Random) -> list[list[int]]:
+def batches(store: FeatureStore, ids: list[int], batch_tokens: int, max_len: int,
+            rng: random.Random) -> list[list[int]]:
     """Group sequences of similar length so each padded batch holds about ``batch_tokens`` tokens; shuffled."""
     order = sorted(ids, key=lambda i: min(store.seqs[i][1], max_len))
     out, cur = [], []
@@ -276,8 +277,8 @@ def evaluate(head: DraftHead, store: FeatureStore, ids: list[int], embed: torch.
     return [h / n if n else 0.0 for h, n in zip(hits, total)]
 
 
-def _save(path: Path, head: DraftHead, opt: torch.optim.Optimizer, vocab_ids: torch.Tensor, step: int, epoch: int, done: int,
-          cfg: TrainConfig) -> None:
+def _save(path: Path, head: DraftHead, opt: torch.optim.Optimizer, vocab_ids: torch.Tensor, step: int, epoch: int,
+          done: int, cfg: TrainConfig) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "vocab_ids": vocab_ids, "step": step,
                 "epoch": epoch, "done_in_epoch": done, "config": asdict(cfg)}, tmp)

@@ -315,8 +315,8 @@ class Server:
                                                  P.usage(out.num_prompt_tokens, out.num_output_tokens),
                                                  out.spec.to_json()))
 
-    async def _stream(self, request: web.Request, req: P.ChatCompletionRequest | P.CompletionRequest, rid: str, chat: bool, queue: asyncio.Queue,
-                      t0: float) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, req: P.ChatCompletionRequest | P.CompletionRequest, rid: str,
+                      chat: bool, queue: asyncio.Queue, t0: float) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         opts = req.stream_options or P.StreamOptions()
         first, t_first = True, None
