@@ -86,6 +86,9 @@ class LaunchingBackend(Backend):
     health_paths: tuple[str, ...] = HEALTH_PATHS
     allow_remote = True  # with options.endpoints, use running servers instead of launching
     running_gauges: tuple[str, ...] = RUNNING_GAUGES  # the engine's running-requests gauge(s), first found wins
+    #: the :meth:`describe` key under which this engine records the speculative method it launched (SGLang's
+    #: ``algorithm``, vLLM's ``method``), read back by :meth:`draft_algorithm`; None: no such key
+    method_key: str | None = None
 
     def __init__(self, options: BackendOptions) -> None:
         if options.startup_timeout_s <= 0:
@@ -116,6 +119,15 @@ class LaunchingBackend(Backend):
     async def remote_checks(self, steps_list: Sequence[int]) -> list[str]:
         """Warnings about running servers (endpoints mode), e.g. a server whose num_steps differs; none here."""
         return []
+
+    @classmethod
+    def draft_algorithm(cls, description: JsonObject) -> tuple[str | None, str]:
+        """``draft_algorithm``, else the method recorded under :attr:`method_key` (``EAGLE3``, ``eagle3``... in
+        lower case), else the base rule (:meth:`spectune.backends.base.Backend.draft_algorithm`)."""
+        key = cls.method_key
+        if key and not description.get("draft_algorithm") and description.get(key):
+            return str(description[key]).lower(), f"sweep.json {key}"
+        return super().draft_algorithm(description)
 
     def pinned_config(self, steps: int, max_k: int) -> PinnedSchedule | JsonObject:
         """The per-batch-size config that pins this engine's schedule server to num_steps ``steps`` (``max_k``: the

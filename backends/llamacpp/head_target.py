@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from spectune.backends.head_config import read_config_json
 from spectune.backends.llamacpp.eagle3_names import ARCH
 from spectune.core.errors import UserError
 
@@ -80,18 +81,19 @@ def read_target(target: str | os.PathLike[str]) -> TargetInfo:
     """
     path = Path(target).expanduser()
     if path.is_dir():
-        cfg_file = path / "config.json"
-        if not cfg_file.is_file():
-            raise UserError(f"target {path} has no config.json: give the target's GGUF file or its Hugging Face "
-                            "folder (config.json + tokenizer)")
+        def unreadable(cfg_file: Path, err: Exception) -> str:
+            return (f"cannot read target {cfg_file} ({type(err).__name__}: {err}): give a Hugging Face model folder "
+                    "or the target's GGUF file")
+
+        cfg = read_config_json(path, f"target {path} has no config.json: give the target's GGUF file or its Hugging "
+                               "Face folder (config.json + tokenizer)", unreadable)
         try:
-            cfg = json.loads(cfg_file.read_text())
-            if "text_config" in cfg:
-                cfg = {**cfg, **cfg["text_config"]}
-            return TargetInfo(path, int(cfg["num_hidden_layers"]), int(cfg["hidden_size"]), int(cfg["vocab_size"]))
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise UserError(f"cannot read target {cfg_file} ({type(err).__name__}: {err}): give a Hugging Face "
-                            "model folder or the target's GGUF file") from None
+            if "text_config" in cfg:  # type: ignore[operator]
+                cfg = {**cfg, **cfg["text_config"]}  # type: ignore[call-overload, index, dict-item]
+            return TargetInfo(path, int(cfg["num_hidden_layers"]), int(cfg["hidden_size"]),  # type: ignore
+                              int(cfg["vocab_size"]))  # type: ignore[call-overload, index]
+        except (ValueError, KeyError, TypeError) as err:
+            raise UserError(unreadable(path / "config.json", err)) from None
     if not path.is_file():
         raise UserError(f"target {path} does not exist: give the target's GGUF file or Hugging Face folder")
     st = path.stat()

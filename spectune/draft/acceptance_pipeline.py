@@ -21,6 +21,7 @@ import torch
 from spectune.core.errors import UserError
 from spectune.core.json_types import JsonObject
 from spectune.draft.data import generate_responses, read_jsonl, require_rows, write_jsonl
+from spectune.draft.options import DataOptions
 
 if TYPE_CHECKING:
     from spectune.backends.local.engine.tokenizer import Tokenizer
@@ -31,27 +32,20 @@ TRAIN_STAGES = ("data", "features", "chain", "train", "export")
 CARD_FILE = "training.json"
 
 
-@dataclass
-class SampleOptions:
-    """Where and how chain samples are built.
+@dataclass(kw_only=True)
+class SampleOptions(DataOptions):
+    """Where and how chain samples are built: the data's (:class:`spectune.draft.options.DataOptions`; greedy
+    responses; the work folder also holds the samples and the card) and:
 
     Attributes:
-        model: target (None: the embedded SmolLM2-135M-Instruct).
         draft: the frozen EAGLE-3 head folder.
-        work_dir: data folder (prompts, responses, features, samples, card).
-        max_new_tokens: greedy response length cap, tokens.
-        max_prompt_tokens: longer prompts are skipped (chat template applied).
         n_max: draft steps unrolled per row.
-        batch: concurrent sequences while generating responses.
     """
 
-    model: str | None
     draft: Path
-    work_dir: Path
     max_new_tokens: int = 192
     max_prompt_tokens: int = 256
     n_max: int = 4
-    batch: int = 64
 
 
 class Stage:
@@ -97,8 +91,6 @@ def collect_samples(opts: SampleOptions, prompts_fn: Callable[[Tokenizer], list[
     Raises:
         UserError: a stage's input is missing (run the earlier stage first).
     """
-    from spectune.backends.local.build import build_engine
-    from spectune.backends.local.options import EngineOptions
     from spectune.backends.local.weights.heads import load_head
     from spectune.backends.local.weights.loader import load_target
     from spectune.draft.acceptance_data import SAMPLES_FILE, build_samples
@@ -106,11 +98,10 @@ def collect_samples(opts: SampleOptions, prompts_fn: Callable[[Tokenizer], list[
 
     work = opts.work_dir
     work.mkdir(parents=True, exist_ok=True)
-    max_len = opts.max_prompt_tokens + opts.max_new_tokens
+    max_len = opts.max_len
     if "data" in stages:
         with Stage(card, "data") as rec:
-            engine = build_engine(EngineOptions(model=opts.model, draft="none", num_steps=0, dtype="bfloat16",
-                                                max_num_seqs=opts.batch, max_model_len=max_len))
+            engine = opts.response_engine()
             prompts_path = work / "prompts.jsonl"
             if not prompts_path.is_file():
                 write_jsonl(prompts_path, prompts_fn(engine.tokenizer))

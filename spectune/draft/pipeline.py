@@ -13,12 +13,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from spectune.backends.local.build import build_engine
-from spectune.backends.local.options import EngineOptions
 from spectune.backends.local.weights.loader import load_target
 from spectune.core.json_types import JsonObject
 from spectune.draft.data import (TRAINING_IDS_FILE, evaluation_texts, generate_responses, magpie_prompts, read_jsonl,
                                  require_rows, training_prompts, write_jsonl)
+from spectune.draft.options import DataOptions
 from spectune.core.errors import UserError
 
 if TYPE_CHECKING:
@@ -27,33 +26,26 @@ if TYPE_CHECKING:
 STAGES = ("data", "features", "train", "export")
 
 
-@dataclass
-class PipelineOptions:
-    """Options of ``spectune draft train``.
+@dataclass(kw_only=True)
+class PipelineOptions(DataOptions):
+    """Options of ``spectune draft train``: the data's (:class:`spectune.draft.options.DataOptions`; the work folder
+    also holds the checkpoints, responses are capped for self-distillation) and:
 
     Attributes:
-        model: target (None: the embedded SmolLM2-135M-Instruct).
         output: folder receiving the trained head (safetensors + config.json + card).
-        work_dir: folder for data, features and checkpoints.
         num_prompts: ShareGPT prompts to regenerate responses for.
         magpie_prompts: prompts the target writes itself (Magpie), answered after the ShareGPT ones.
-        max_new_tokens: response length cap for self-distillation.
-        max_prompt_tokens: longer prompts are skipped.
         spec_bench: Spec-Bench JSONL whose prompts are excluded from training (optional).
         stages: which stages to run.
-        batch: concurrent sequences while generating responses.
     """
 
-    model: str | None
     output: Path
-    work_dir: Path
-    num_prompts: int = 6000
-    magpie_prompts: int = 0
     max_new_tokens: int = 256
     max_prompt_tokens: int = 512
+    num_prompts: int = 6000
+    magpie_prompts: int = 0
     spec_bench: Path | None = None
     stages: tuple[str, ...] = STAGES
-    batch: int = 64
 
 
 def run_pipeline(opts: PipelineOptions, train_cfg: TrainConfig, say: Callable[[str], None]) -> JsonObject:
@@ -69,9 +61,7 @@ def run_pipeline(opts: PipelineOptions, train_cfg: TrainConfig, say: Callable[[s
     card: JsonObject = json.loads(card_path.read_text()) if card_path.is_file() else {"stages": {}}
     if "data" in opts.stages:
         t0 = time.time()
-        engine = build_engine(EngineOptions(model=opts.model, draft="none", num_steps=0, dtype="bfloat16",
-                                            max_num_seqs=opts.batch,
-                                            max_model_len=opts.max_prompt_tokens + opts.max_new_tokens))
+        engine = opts.response_engine()
         prompts_path = work / "prompts.jsonl"
         if not prompts_path.is_file():
             exclude = evaluation_texts(opts.spec_bench)
