@@ -8,20 +8,39 @@ version (:func:`spectune.backends.eagle_heads.eagle_version`), and llama.cpp's h
 
 from __future__ import annotations
 
+import json
 import math
-from typing import TYPE_CHECKING, Mapping, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Mapping, TypeVar
 
-from spectune.core.json_types import JsonObject
+from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject, JsonValue
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
 
-__all__ = ["flat_head_config", "head_eagle_version", "llama3_rope_factors"]
+__all__ = ["flat_head_config", "head_eagle_version", "llama3_rope_factors", "read_config_json"]
 
 
 _Freqs = TypeVar("_Freqs", "np.ndarray", "torch.Tensor")
 """Inverse RoPE frequencies: a numpy array (llama.cpp's GGUF writer) or a torch tensor (the bundled engine)."""
+
+
+def read_config_json(folder: Path, missing: str, unreadable: Callable[[Path, Exception], str]) -> JsonValue:
+    """``folder/config.json`` (a Hugging Face model's or an EAGLE head's) parsed.
+
+    Raises:
+        UserError: ``missing`` when the file is absent; ``unreadable(file, error)`` when it cannot be read or is not
+            JSON.
+    """
+    cfg_file = folder / "config.json"
+    if not cfg_file.is_file():
+        raise UserError(missing)
+    try:
+        return json.loads(cfg_file.read_text())
+    except (OSError, ValueError) as err:
+        raise UserError(unreadable(cfg_file, err)) from None
 
 
 def flat_head_config(config: JsonObject) -> JsonObject:

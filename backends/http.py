@@ -11,12 +11,13 @@ import asyncio
 import json
 import os
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 
 from spectune.core.errors import UserError
+
+from spectune.core.json_types import JsonValue
 
 #: Paths probed, in order, to decide that an OpenAI-compatible server is up.
 HEALTH_PATHS = ("/health", "/v1/models")
@@ -56,7 +57,7 @@ class Reply:
     text: str = ""
     error: str | None = None
 
-    def json(self) -> Any:
+    def json(self) -> JsonValue:
         """The body parsed as JSON, or None if it is not JSON."""
         try:
             return json.loads(self.text)

@@ -16,9 +16,9 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
-from spectune.backends.base import Backend, BackendStartError, ScheduleServer, pinned_vllm_schedule
+from spectune.backends.base import Backend, BackendStartError, PinnedSchedule, ScheduleServer, pinned_vllm_schedule
 from spectune.backends.options import BackendOptions, Endpoint
 from spectune.backends.snapshots import Acceptance, SpecSnapshot, has_counters, zero_steps_acceptance
 from spectune.backends.eagle_heads import eagle_version
@@ -27,6 +27,7 @@ from spectune.backends.openai import EndpointSet
 from spectune.backends.process import ServerProcess, free_port, port_in_use, redact_argv
 from spectune.backends.prometheus import RUNNING_GAUGES, scrape_running, scrape_snapshot, scrape_switches
 from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
 
 PLACEHOLDERS = ("steps", "draft_tokens", "port", "model", "draft", "host", "adaptive_config")
@@ -65,7 +66,7 @@ def split_template(template: str) -> list[str]:
     return argv
 
 
-def render_template(argv: Sequence[str], values: dict[str, Any]) -> list[str]:
+def render_template(argv: Sequence[str], values: JsonObject) -> list[str]:
     """Replace ``{name}`` placeholders in each argv element (other braces, e.g. JSON, are left alone)."""
     def fill(match: re.Match[str]) -> str:
         return str(values[match.group(1)]) if match.group(1) in values else match.group(0)
@@ -85,6 +86,9 @@ class LaunchingBackend(Backend):
     health_paths: tuple[str, ...] = HEALTH_PATHS
     allow_remote = True  # with options.endpoints, use running servers instead of launching
     running_gauges: tuple[str, ...] = RUNNING_GAUGES  # the engine's running-requests gauge(s), first found wins
+    #: the :meth:`describe` key under which this engine records the speculative method it launched (SGLang's
+    #: ``algorithm``, vLLM's ``method``), read back by :meth:`draft_algorithm`; None: no such key
+    method_key: str | None = None
 
     def __init__(self, options: BackendOptions) -> None:
         if options.startup_timeout_s <= 0:
@@ -94,7 +98,7 @@ class LaunchingBackend(Backend):
         self.options = options
         self.server: ServerProcess | None = None
         self.steps: int | None = None  # num_steps of the last start()
-        self.launches: list[dict[str, Any]] = []
+        self.launches: list[JsonObject] = []
         self._windows_on_server = 0
         self.remote = EndpointSet(options.endpoints) if (options.endpoints and self.allow_remote) else None
         self.headers = auth_headers(options.api_key_env) if self.remote else {}
@@ -116,7 +120,16 @@ class LaunchingBackend(Backend):
         """Warnings about running servers (endpoints mode), e.g. a server whose num_steps differs; none here."""
         return []
 
-    def pinned_config(self, steps: int, max_k: int) -> Any:
+    @classmethod
+    def draft_algorithm(cls, description: JsonObject) -> tuple[str | None, str]:
+        """``draft_algorithm``, else the method recorded under :attr:`method_key` (``EAGLE3``, ``eagle3``... in
+        lower case), else the base rule (:meth:`spectune.backends.base.Backend.draft_algorithm`)."""
+        key = cls.method_key
+        if key and not description.get("draft_algorithm") and description.get(key):
+            return str(description[key]).lower(), f"sweep.json {key}"
+        return super().draft_algorithm(description)
+
+    def pinned_config(self, steps: int, max_k: int) -> PinnedSchedule | JsonObject:
         """The per-batch-size config that pins this engine's schedule server to num_steps ``steps`` (``max_k``: the
         largest K a schedule would carry): a vLLM schedule by default (:func:`pinned_vllm_schedule`, the last range
         ending at the plan's highest concurrency); backends whose engine reads another format override it."""
@@ -191,7 +204,7 @@ class LaunchingBackend(Backend):
         label = f"server for num_steps {steps}"
         env = self.server_env()
         server = ServerProcess(argv, self.options.host, port, log_path, self.health_paths, label, env)
-        record: dict[str, Any] = {"steps": steps, "command": redact_argv(argv), "port": port, "started": time.time()}
+        record: JsonObject = {"steps": steps, "command": redact_argv(argv), "port": port, "started": time.time()}
         if env:
             record["env"] = dict(env)
         self.launches.append(record)
@@ -259,7 +272,7 @@ class LaunchingBackend(Backend):
         here the draft head's EAGLE version (:func:`eagle_version`); engine backends return what they launch with."""
         return eagle_version(self.options.draft)[0] if self.options.draft else None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         """Backend name, model, draft, its speculative method (``draft_algorithm``), every launch so far (command
         lines with secrets redacted), for a schedule server what it is (``schedule_server``: ScheduleServer's
         fields and ``max_k``) and, with ``options.draft_p_min``, the cutoff (``draft_p_min``)."""

@@ -12,7 +12,7 @@ at K > 0. A server shared with other traffic makes counter deltas cover that tra
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 from spectune.backends.base import Backend
 from spectune.backends.options import BackendOptions, Endpoint
@@ -21,6 +21,7 @@ from spectune.backends.http import auth_headers, check_reachable, normalize_base
 from spectune.backends.prometheus import scrape_running, scrape_snapshot
 from spectune.backends.redact import redact_text
 from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
 
 ALL_STEPS = -1
@@ -119,6 +120,6 @@ class OpenAIBackend(Backend):
         return ("the server behind that --endpoint was started with another num_steps or schedule (or ignores it): "
                 "check its speculative flags, or give each num_steps its own server with --endpoint K=URL")
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         """Backend name and endpoint URLs (never the API key)."""
         return {"backend": self.name, "endpoints": self.endpoints.describe(), "api_key_env": self.options.api_key_env}

@@ -24,11 +24,13 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping, TypeVar
 
 __all__ = ["Redactor", "argv_secrets", "is_secret_name", "redact_argv", "redact_text", "redact_obj", "MASK"]
 
 MASK = "***"
+JsonT = TypeVar("JsonT")
+"""A JSON-like value :func:`redact_obj` copies (its type is kept)."""
 SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd", "pwd", "credential",
                           "credentials", "auth"})
 """A flag or variable is secret when the last word of its name (split on ``-``, ``_``, ``.``) is one of these."""
@@ -170,7 +172,7 @@ def redact_argv(argv: list[str], redactor: Redactor | None = None) -> str:
     return shlex.join(out)
 
 
-def redact_obj(obj: Any, redactor: Redactor | None = None) -> Any:
+def redact_obj(obj: JsonT, redactor: Redactor | None = None) -> JsonT:
     """A copy of a JSON-like object with every string value redacted (keys, numbers and structure untouched)."""
     red = redactor or Redactor()
     if isinstance(obj, str):

@@ -236,6 +236,7 @@ class SGLangBackend(LaunchingBackend):
     name = "sglang"
     health_paths = ("/health",)
     running_gauges = ("sglang:num_running_reqs",)
+    method_key = "algorithm"  # --speculative-algorithm (EAGLE/EAGLE3), as describe() records it
 
     def __init__(self, options: BackendOptions) -> None:
         super().__init__(options)
@@ -423,13 +424,6 @@ class SGLangBackend(LaunchingBackend):
     def speculative_method(self) -> str | None:
         """The ``--speculative-algorithm`` launched, in lower case."""
         return self.algorithm()[0].lower()
-
-    @classmethod
-    def draft_algorithm(cls, description: JsonObject) -> tuple[str | None, str]:
-        """``draft_algorithm``, else the recorded ``algorithm`` (``EAGLE``/``EAGLE3``), else the base rule."""
-        if not description.get("draft_algorithm") and description.get("algorithm"):
-            return str(description["algorithm"]).lower(), "sweep.json algorithm"
-        return super().draft_algorithm(description)
 
     def describe(self) -> JsonObject:
         """Base description plus the speculative algorithm and how it was chosen."""

@@ -18,7 +18,6 @@ Heavy modules (aiohttp, numpy) load on first use of these names, so ``import loa
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 from spectune.core.errors import UserError
 
@@ -46,7 +45,7 @@ _EXPORTS = {
 __all__ = ["UserError", *_EXPORTS]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'loadgen' has no attribute {name!r}")

@@ -14,9 +14,10 @@ takes as an abort: vLLM and SGLang abort a request whose client disconnected, th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from spectune.core.errors import UserError
+from spectune.loadgen.record import RequestRecord
 
 __all__ = ["Constraints", "RunState"]
 
@@ -37,7 +38,7 @@ class RunState:
     finished: int = 0
     failed: int = 0
     elapsed_s: float = 0.0
-    records: list[Any] = field(default_factory=list)
+    records: list[RequestRecord] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class Constraints:
     max_duration_s: float | None = None
     max_failures: int | None = None
     drain_timeout_s: float = 60.0
-    stop_when: Callable[[Sequence[Any], float], str | None] | None = None
+    stop_when: Callable[[Sequence[RequestRecord], float], str | None] | None = None
     cancel_on_early_stop: bool = False
 
     def __post_init__(self) -> None:

@@ -33,9 +33,11 @@ import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Iterator
 
 from spectune.core.errors import UserError
+
+from spectune.core.json_types import JsonValue
 
 __all__ = ["Prompt", "DATASET_NAMES", "load_dataset", "user_prompt"]
 
@@ -113,7 +115,7 @@ def _mt_bench() -> list[Prompt]:
     return [_turns_record(obj, path, n) for path, n, obj in _read_jsonl(path)]
 
 
-def _turns_record(obj: Any, path: Path, line: int) -> Prompt:
+def _turns_record(obj: JsonValue, path: Path, line: int) -> Prompt:
     """A Spec-Bench / MT-Bench question: ``question_id``, ``category``, ``turns`` (first turn used)."""
     turns = obj.get("turns") if isinstance(obj, dict) else None
     if not turns or not isinstance(turns, list) or not isinstance(turns[0], str):
@@ -121,7 +123,7 @@ def _turns_record(obj: Any, path: Path, line: int) -> Prompt:
     return user_prompt(str(obj.get("question_id", line)), obj.get("category"), turns[0])
 
 
-def _jsonl_record(obj: Any, path: Path, line: int) -> Prompt:
+def _jsonl_record(obj: JsonValue, path: Path, line: int) -> Prompt:
     """A ``jsonl:`` line: ``prompt`` (string) or ``messages`` (chat list); optional ``category`` and ``id``."""
     if not isinstance(obj, dict) or ("prompt" not in obj and "messages" not in obj):
         raise UserError(f"{path}:{line}: expected an object with 'prompt' (a string) or 'messages' (a chat list)")
@@ -186,7 +188,7 @@ def cache_dir() -> Path:
     return (Path(base).expanduser() if base else Path.home() / ".cache" / "spectune") / "datasets"
 
 
-def _read_jsonl(path: Path) -> Iterator[tuple[Path, int, Any]]:
+def _read_jsonl(path: Path) -> Iterator[tuple[Path, int, JsonValue]]:
     """Yield (path, 1-based line number, parsed object) for every non-blank line of a JSONL file.
 
     Raises:
@@ -267,7 +269,7 @@ def read_sharegpt(path: Path | None, limit: int) -> list[Prompt]:
     return out
 
 
-def iter_json_array(fh: IO[bytes], block_size: int = 1 << 20, max_element: int = 64 << 20) -> Iterator[Any]:
+def iter_json_array(fh: IO[bytes], block_size: int = 1 << 20, max_element: int = 64 << 20) -> Iterator[JsonValue]:
     """Yield the elements of a top-level JSON array read from a binary file, one by one, without loading it all.
 
     The array may be truncated (ShareGPT's packaged file is cut inside a record): iteration stops quietly at the

@@ -22,10 +22,11 @@ load the server saw). Such a point measures the load generator as much as the se
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
+from spectune.core.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
 
 __all__ = ["METRIC_COLUMNS", "SLO_CLIENT_COLUMNS", "STREAM_COLUMNS", "compute_metrics", "per_category", "slo_met"]
@@ -63,7 +64,7 @@ def compute_metrics(
     slo_ttft_ms: float | None = None,
     slo_tpot_ms: float | None = None,
     client_cpu_share: float | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Metrics of one point, keyed by :data:`METRIC_COLUMNS`; a value is None when it cannot be computed.
 
     Args:
@@ -82,7 +83,7 @@ def compute_metrics(
     rate = (lambda n: n / duration) if duration else (lambda n: None)
     out_tokens = sum(r.completion_tokens or 0 for r in ok)
     chunks = sum(len(r.chunk_times) for r in ok)
-    m: dict[str, Any] = {
+    m: JsonObject = {
         "num_requests": len(records),
         "num_failed": sum(r.error is not None for r in records),
         "duration_s": duration,
@@ -112,7 +113,7 @@ def compute_metrics(
     return m
 
 
-def client_limit(m: dict[str, Any]) -> str | None:
+def client_limit(m: JsonObject) -> str | None:
     """Why the load generator limited a point (one line naming the figures), or None.
 
     ``m``: a :func:`compute_metrics` result (``client_cpu_share``, ``dispatch_delay_p90_ms``, ``e2el_p50_ms``).
@@ -144,7 +145,7 @@ def slo_met(records: Iterable[RequestRecord], slo_ttft_ms: float | None, slo_tpo
     return good
 
 
-def per_category(records: Sequence[RequestRecord], duration_s: float | None) -> dict[str, dict[str, Any]]:
+def per_category(records: Sequence[RequestRecord], duration_s: float | None) -> dict[str, JsonObject]:
     """Per dataset category: ``num_requests`` (failed included), ``tpot_p50_ms`` and ``output_throughput_tok_s``.
 
     Throughput divides the category's output tokens (successful requests) by the whole point's window

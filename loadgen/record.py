@@ -15,7 +15,8 @@ metrics follow vLLM's ``benchmarks/serve.py`` definitions, corrected for multi-t
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+
+from spectune.core.json_types import JsonObject
 
 
 @dataclass
@@ -61,7 +62,7 @@ class RequestRecord:
     finish_reason: str | None = None
     status: int | None = None
     error: str | None = None
-    server_stats: dict[str, Any] | None = None
+    server_stats: JsonObject | None = None
     dispatch_delay_s: float | None = None
 
     @property
@@ -109,7 +110,7 @@ class RequestRecord:
                 out.extend([gap / n] * n)
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """A JSON-serialisable dict with the raw fields plus the derived ttft/tpot/e2e in ms."""
         d = asdict(self)
         for name, val in (("ttft_ms", self.ttft_s), ("tpot_ms", self.tpot_s), ("e2e_ms", self.e2e_s)):
@@ -117,7 +118,7 @@ class RequestRecord:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "RequestRecord":
+    def from_json(cls, d: JsonObject) -> "RequestRecord":
         """Inverse of :meth:`to_json` (derived fields are ignored)."""
         names = cls.__dataclass_fields__.keys()
         return cls(**{k: v for k, v in d.items() if k in names})

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
+
+from spectune.core.json_types import JsonObject
 
 SlotSpec = tuple[int, "int | None", int]
 """A batch-size slot: (lower, upper or None for open-ended, num_steps)."""
@@ -21,7 +23,7 @@ class StaticChoice:
     steps: int
     objective: str
     concurrency_range: tuple[int, int]
-    per_concurrency: list[dict[str, Any]]
+    per_concurrency: list[JsonObject]
 
 
 @dataclass
@@ -48,10 +50,10 @@ class Plan:
     head: str | None = None
     target: str | None = None
     versions: Mapping[str, str | None] = field(default_factory=dict)
-    ladders: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    ladders: Mapping[str, JsonObject] = field(default_factory=dict)
     static: StaticChoice | None = None
     warnings: list[str] = field(default_factory=list)
-    p_min: Mapping[str, Any] | None = None
+    p_min: JsonObject | None = None
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ class ConfigFile:
     """One file a format writes: its name, its JSON object and recommendation.md's line about it."""
 
     name: str
-    config: dict[str, Any]
+    config: JsonObject
     description: str
 
 
@@ -88,12 +90,12 @@ class EngineFormat:
         """recommendation.md's section of its own (after the predicted performance), or []."""
         return []
 
-    def static_launch(self, steps: int, method: str | None) -> dict[str, Any]:
+    def static_launch(self, steps: int, method: str | None) -> JsonObject:
         """``best-static.json``'s keys for launching this engine at the static num_steps ``steps`` > 0."""
         return {}
 
 
-def fmt(x: Any, spec: str = ".4g") -> str:
+def fmt(x: object, spec: str = ".4g") -> str:
     """A number for recommendation.md; ``-`` for None and non-finite floats."""
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
 

@@ -5,15 +5,14 @@ and recommendation.md's llama.cpp section."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 from spectune.backends.formats.base import ConfigFile, EngineFormat, Plan, StaticChoice, fmt, md_table
 from spectune.backends.llamacpp.settings import settings_json
+from spectune.core.json_types import JsonObject
 
 FILE_NAME = "llamacpp-settings.json"
 
 
-def llamacpp_settings(static: StaticChoice | None, p_min: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+def llamacpp_settings(static: StaticChoice | None, p_min: JsonObject | None = None) -> JsonObject | None:
     """``llamacpp-settings.json``: llama.cpp takes one draft length per server, so the best single static num_steps
     over the measured concurrency range, with each concurrency's own winner and what the static choice keeps of it
     (``static_vs_best``: objective ratio, inverted for minimised objectives, 1.0 = no loss). With a cutoff decision
@@ -22,7 +21,7 @@ def llamacpp_settings(static: StaticChoice | None, p_min: Mapping[str, Any] | No
     says why. None when no static num_steps was measured ok everywhere (``static`` None)."""
     if static is None:
         return None
-    extra: dict[str, Any] = {}
+    extra: JsonObject = {}
     steps, cutoff = static.steps, None
     if p_min is not None:
         if p_min.get("beats"):
@@ -34,7 +33,7 @@ def llamacpp_settings(static: StaticChoice | None, p_min: Mapping[str, Any] | No
                          **extra)
 
 
-def llamacpp_section(settings: dict[str, Any] | None) -> list[str]:
+def llamacpp_section(settings: JsonObject | None) -> list[str]:
     """recommendation.md's llama.cpp part: one static ``--spec-draft-n-max`` (llama.cpp has no per-batch-size
     schedule), each concurrency's own winner, and what the static choice keeps of that winner's objective."""
     if settings is None:

@@ -5,11 +5,12 @@ last slot's ladder applies, as every engine's file keeps the last slot's num_ste
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 from spectune.backends.formats.base import ConfigFile, EngineFormat, Plan
 from spectune.backends.methods import engine_method, spellings
 from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config
+from spectune.core.json_types import JsonObject
 
 #: ``--speculative-algorithm`` values SGLang runs adaptively (``adaptive_spec_params.py``,
 #: ``adaptive_unsupported_reason``: any other algorithm falls back to static settings).
@@ -22,7 +23,7 @@ def sglang_algorithm(method: str | None) -> str:
     return engine_method("sglang", method) or ""
 
 
-def sglang_initial_steps(config: Mapping[str, Any], first_steps: int) -> int | None:
+def sglang_initial_steps(config: JsonObject, first_steps: int) -> int | None:
     """``--speculative-num-steps`` to launch SGLang with the adaptive ``config``, or None when no tier speculates.
 
     SGLang's rule (``python/sglang/srt/arg_groups/speculative_hook.py``, ``_init_adaptive_speculative_params``):
@@ -42,7 +43,7 @@ def sglang_initial_steps(config: Mapping[str, Any], first_steps: int) -> int | N
     return positive[0] if positive else None
 
 
-def sglang_launch_args(config: Mapping[str, Any], first_steps: int, method: str | None,
+def sglang_launch_args(config: JsonObject, first_steps: int, method: str | None,
                        config_file: str = "sglang-adaptive-custom.json") -> list[str] | None:
     """SGLang's adaptive speculative flags for ``config`` (saved as ``config_file``), or None when no tier
     speculates: ``--speculative-algorithm`` from the head's ``method`` (:func:`sglang_algorithm`), topk 1,
@@ -112,7 +113,7 @@ class SGLangFormat(EngineFormat):
             return None
         return sglang_launch_line(plan, plan.ladders["custom"])
 
-    def static_launch(self, steps: int, method: str | None) -> dict[str, Any]:
+    def static_launch(self, steps: int, method: str | None) -> JsonObject:
         return {"sglang_args": ["--speculative-algorithm", sglang_algorithm(method), "--speculative-num-steps",
                                 str(steps), "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens",
                                 str(steps + 1)]}

@@ -8,8 +8,6 @@ written as ``max_draft_len`` alone (no schedule: TensorRT-LLM drafts ``max_draft
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 from spectune.backends.formats.base import ConfigFile, EngineFormat, Plan
 from spectune.backends.num_steps.trtllm_schedule import (
     OPEN_END,
@@ -18,11 +16,12 @@ from spectune.backends.num_steps.trtllm_schedule import (
     check_schedule,
     schedule_form,
 )
+from spectune.core.json_types import JsonObject
 
 FILE_NAME = "trtllm-speculative-config.json"
 
 
-def trtllm_config(plan: Plan, version: str | None = None) -> dict[str, Any] | None:
+def trtllm_config(plan: Plan, version: str | None = None) -> JsonObject | None:
     """TensorRT-LLM's ``speculative_config`` fields ``{"max_draft_len": K1, "draft_len_schedule": {...}}`` in the
     form TensorRT-LLM ``version`` reads (None: the newest), :mod:`spectune.backends.num_steps.trtllm_schedule`.
 
@@ -65,7 +64,7 @@ def trtllm_config(plan: Plan, version: str | None = None) -> dict[str, Any] | No
     return {"max_draft_len": first, "draft_len_schedule": schedule}
 
 
-def trtllm_description(config: Mapping[str, Any], version: str | None, top: int | None = None) -> str:
+def trtllm_description(config: JsonObject, version: str | None, top: int | None = None) -> str:
     """recommendation.md's line for ``trtllm-speculative-config.json``: how to use it, how its keys read and what it
     does above ``top``, the slot table's top (``plan.top``; None: unknown)."""
     head = "merge into TensorRT-LLM's `speculative_config` (add `decoding_type` and `speculative_model`); "

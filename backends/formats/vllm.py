@@ -6,16 +6,17 @@ batch size) vLLM keeps the last range's K (``build_dynamic_sd_schedule_lookup`` 
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 from spectune.backends.formats.base import ConfigFile, EngineFormat, Plan
 from spectune.backends.methods import engine_method
 from spectune.backends.num_steps.sglang_config import parse_any_config
+from spectune.core.json_types import JsonObject
 
 FILE_NAME = "vllm-speculative-config.json"
 
 
-def vllm_config(plan: Plan) -> dict[str, Any] | None:
+def vllm_config(plan: Plan) -> JsonObject | None:
     """vLLM's complete ``--speculative-config`` value: ``{"method": METHOD, "model": HEAD, "num_speculative_tokens":
     max K, "num_speculative_tokens_per_batch_size": [[lo, hi, K], ...]}`` (``vllm/config/speculative.py``,
     ``SpeculativeConfig``; the schedule checked by ``validate_and_normalize_dynamic_sd_schedule`` in
@@ -35,7 +36,7 @@ def vllm_config(plan: Plan) -> dict[str, Any] | None:
         return None
     top = max(plan.top, slots[-1][0])
     sched = [[lo, hi if hi is not None else top, k] for lo, hi, k in slots]
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     if plan.method:
         out["method"] = engine_method("vllm", plan.method)
     if plan.head:
@@ -80,5 +81,5 @@ class VLLMFormat(EngineFormat):
     def launch_line(self, plan: Plan, files: Mapping[str, str]) -> str | None:
         return vllm_launch_line(plan.target) if FILE_NAME in files else None
 
-    def static_launch(self, steps: int, method: str | None) -> dict[str, Any]:
+    def static_launch(self, steps: int, method: str | None) -> JsonObject:
         return {"vllm_speculative_config": {"num_speculative_tokens": steps}}

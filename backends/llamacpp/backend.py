@@ -53,7 +53,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from spectune.backends.options import BackendOptions
 from spectune.backends.snapshots import (Acceptance, SpecSnapshot, counter_acceptance, has_counters,
@@ -68,6 +68,7 @@ from spectune.backends.local.weights.loader import default_model_path, is_defaul
 from spectune.backends.methods import SPELLINGS
 from spectune.backends.prometheus import scrape_snapshot
 from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
 
 #: ``--algorithm`` spellings -> llama.cpp ``--spec-type`` values (``common/speculative.cpp`` type names): the methods
@@ -275,7 +276,7 @@ class LlamaCppBackend(LaunchingBackend):
         """``eagle3`` for EAGLE-3 heads (``--spec-type draft-eagle3``), else None (a classic draft model)."""
         return "eagle3" if self.spec_type == EAGLE3_SPEC_TYPE else None
 
-    def request_extra(self) -> dict[str, Any]:
+    def request_extra(self) -> JsonObject:
         """``cache_prompt: false``: every request is prefilled, whatever a slot served before."""
         return {"cache_prompt": False}
 
@@ -316,7 +317,7 @@ class LlamaCppBackend(LaunchingBackend):
         why = "no /metrics page" if after is None else "no llamacpp:spec_decode counters on /metrics"
         return f"llamacpp: {why} and no draft timings in the responses; proxy used"
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         """Base description plus the program, its version, the head GGUF and the cutoff its servers get
         (``draft_p_min``, when set)."""
         d = super().describe()

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spectune.backends.head_config import flat_head_config
+from spectune.backends.head_config import flat_head_config, read_config_json
 from spectune.backends.llamacpp.eagle3_names import EAGLE3_ARCHITECTURES
 from spectune.core.errors import UserError
 from spectune.core.json_types import JsonObject, JsonValue
@@ -61,13 +61,9 @@ def read_head(head_dir: str | os.PathLike[str]) -> HeadInfo:
         raise UserError(f"draft head {folder} is not a folder: give an EAGLE-3 head folder (config.json + "
                         "model.safetensors), or omit --head for the bundled one")
     cfg_file = folder / "config.json"
-    if not cfg_file.is_file():
-        raise UserError(f"draft head {folder} has no config.json: give an EAGLE-3 head folder (config.json + "
-                        "model.safetensors)")
-    try:
-        raw = json.loads(cfg_file.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise UserError(f"cannot read {cfg_file} ({err}): fix or replace the head's config.json") from None
+    raw = read_config_json(folder, f"draft head {folder} has no config.json: give an EAGLE-3 head folder "
+                           "(config.json + model.safetensors)",
+                           lambda f, err: f"cannot read {f} ({err}): fix or replace the head's config.json")
     if not isinstance(raw, dict):
         raise UserError(f"{cfg_file} is not a JSON object: fix or replace the head's config.json")
     flat = flat_head_config(raw)

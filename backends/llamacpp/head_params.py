@@ -5,14 +5,19 @@ scaling keys and the llama3 ``rope_freqs`` factors), norm epsilon, file type and
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from spectune.backends.head_config import llama3_rope_factors
 from spectune.backends.llamacpp.eagle3_names import FILE_TYPE_BF16
 from spectune.backends.llamacpp.head_checkpoint import HeadInfo, find_hparam
+from spectune.core.json_types import JsonObject
+
+if TYPE_CHECKING:
+    import numpy as np
+    from gguf import GGUFWriter
 
 
-def _rope_params(hp: dict[str, Any]) -> dict[str, Any]:
+def _rope_params(hp: JsonObject) -> JsonObject:
     """``TextModel.__init__``'s ``rope_parameters`` (rope_parameters or rope_scaling, theta and type mirrored)."""
     params = dict(hp.get("rope_parameters", hp.get("rope_scaling")) or {})
     if "full_attention" not in params and "sliding_attention" not in params:
@@ -28,7 +33,7 @@ def _rope_params(hp: dict[str, Any]) -> dict[str, Any]:
     return params.get("full_attention", params)
 
 
-def llama3_rope_freqs(hp: dict[str, Any]) -> Any:
+def llama3_rope_freqs(hp: JsonObject) -> np.ndarray | None:
     """``rope_freqs.weight`` (float32 [head_dim / 2]) for llama3 rope scaling (``conversion/llama.py``
     ``generate_extra_tensors``; :func:`spectune.backends.head_config.llama3_rope_factors`), else None."""
     import numpy as np
@@ -42,7 +47,7 @@ def llama3_rope_freqs(hp: dict[str, Any]) -> Any:
     return llama3_rope_factors(freqs, rp)
 
 
-def write_model_params(w: Any, head: HeadInfo) -> None:
+def write_model_params(w: GGUFWriter, head: HeadInfo) -> None:
     """``TextModel.set_gguf_parameters`` + ``LlamaModel.set_gguf_parameters`` for a dense Llama-style head."""
     from gguf import RopeScalingType
 

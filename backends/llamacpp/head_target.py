@@ -12,10 +12,14 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from spectune.backends.head_config import read_config_json
 from spectune.backends.llamacpp.eagle3_names import ARCH
 from spectune.core.errors import UserError
+
+if TYPE_CHECKING:
+    from gguf import GGUFValueType
 
 
 @dataclass
@@ -35,10 +39,10 @@ class TargetInfo:
     num_layers: int
     hidden_size: int
     vocab_size: int
-    gguf_tokenizer: list[tuple[str, Any, Any, Any]] | None = None
+    gguf_tokenizer: list[tuple[str, object, GGUFValueType, GGUFValueType | None]] | None = None
 
 
-def read_gguf_kv(path: str | os.PathLike[str]) -> dict[str, tuple[Any, Any, Any]]:
+def read_gguf_kv(path: str | os.PathLike[str]) -> dict[str, tuple[object, GGUFValueType, GGUFValueType | None]]:
     """The metadata of a GGUF file, in file order: ``{key: (value, GGUFValueType, array subtype or None)}``, read
     with :class:`gguf.GGUFReader` (ggml-org/llama.cpp ``gguf-py/gguf/gguf_reader.py``).
 
@@ -50,7 +54,7 @@ def read_gguf_kv(path: str | os.PathLike[str]) -> dict[str, tuple[Any, Any, Any]
     from gguf import GGUFReader, GGUFValueType
 
     reader = GGUFReader(path)
-    out: dict[str, tuple[Any, Any, Any]] = {}
+    out: dict[str, tuple[object, GGUFValueType, GGUFValueType | None]] = {}
     for key, f in reader.fields.items():
         if key.startswith("GGUF."):  # the header (version, counts), which the reader lists as fields
             continue
@@ -59,7 +63,7 @@ def read_gguf_kv(path: str | os.PathLike[str]) -> dict[str, tuple[Any, Any, Any]
             sub = GGUFValueType(int(f.parts[3][0]))  # parts: key length, key, type, item type, count, items...
             if sub == GGUFValueType.ARRAY:
                 raise ValueError(f"nested GGUF array in {key}")
-            val: Any = [f.parts[i].tobytes() for i in f.data] if sub == GGUFValueType.STRING else f.contents()
+            val: object = [f.parts[i].tobytes() for i in f.data] if sub == GGUFValueType.STRING else f.contents()
             out[key] = (val, main, sub)
         elif main == GGUFValueType.STRING:
             out[key] = (f.parts[-1].tobytes(), main, None)
@@ -77,18 +81,19 @@ def read_target(target: str | os.PathLike[str]) -> TargetInfo:
     """
     path = Path(target).expanduser()
     if path.is_dir():
-        cfg_file = path / "config.json"
-        if not cfg_file.is_file():
-            raise UserError(f"target {path} has no config.json: give the target's GGUF file or its Hugging Face "
-                            "folder (config.json + tokenizer)")
+        def unreadable(cfg_file: Path, err: Exception) -> str:
+            return (f"cannot read target {cfg_file} ({type(err).__name__}: {err}): give a Hugging Face model folder "
+                    "or the target's GGUF file")
+
+        cfg = read_config_json(path, f"target {path} has no config.json: give the target's GGUF file or its Hugging "
+                               "Face folder (config.json + tokenizer)", unreadable)
         try:
-            cfg = json.loads(cfg_file.read_text())
-            if "text_config" in cfg:
-                cfg = {**cfg, **cfg["text_config"]}
-            return TargetInfo(path, int(cfg["num_hidden_layers"]), int(cfg["hidden_size"]), int(cfg["vocab_size"]))
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise UserError(f"cannot read target {cfg_file} ({type(err).__name__}: {err}): give a Hugging Face "
-                            "model folder or the target's GGUF file") from None
+            if "text_config" in cfg:  # type: ignore[operator]
+                cfg = {**cfg, **cfg["text_config"]}  # type: ignore[call-overload, index, dict-item]
+            return TargetInfo(path, int(cfg["num_hidden_layers"]), int(cfg["hidden_size"]),  # type: ignore
+                              int(cfg["vocab_size"]))  # type: ignore[call-overload, index]
+        except (ValueError, KeyError, TypeError) as err:
+            raise UserError(unreadable(path / "config.json", err)) from None
     if not path.is_file():
         raise UserError(f"target {path} does not exist: give the target's GGUF file or Hugging Face folder")
     st = path.stat()

@@ -6,13 +6,17 @@ absolute ``d2t`` map and the types (BF16 weights, F32 norms, I64 ``d2t``), in th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from spectune.backends.llamacpp.eagle3_names import GLOBAL_TENSORS, LAYER_TENSORS, ROPE_FREQS, SKIPPED_SUFFIXES
 from spectune.backends.llamacpp.head_checkpoint import HeadInfo, find_hparam, head_tensors
 from spectune.backends.llamacpp.head_params import llama3_rope_freqs
 from spectune.backends.llamacpp.head_target import TargetInfo
 from spectune.core.errors import UserError
+
+if TYPE_CHECKING:
+    import numpy as np
+    from gguf import GGMLQuantizationType
 
 
 def check_pair(head: HeadInfo, tgt: TargetInfo) -> None:
@@ -45,7 +49,7 @@ def target_layers(head: HeadInfo, tgt: TargetInfo) -> list[int]:
     return [2, n // 2, n - 3]
 
 
-def d2t_absolute(d2t: Any, target_vocab: int, head: HeadInfo) -> Any:
+def d2t_absolute(d2t: np.ndarray, target_vocab: int, head: HeadInfo) -> np.ndarray:
     """``d2t[i] + i`` as int64 (``conversion/llama.py`` prepare_tensors), checked for range and duplicates."""
     import numpy as np
 
@@ -62,14 +66,14 @@ def d2t_absolute(d2t: Any, target_vocab: int, head: HeadInfo) -> Any:
     return data
 
 
-def _permute(w: Any, n_head: int, n_head_kv: int | None) -> Any:
+def _permute(w: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
     """``conversion/llama.py`` ``LlamaModel.permute``: rotate-half rows -> llama.cpp's interleaved rope rows."""
     if n_head_kv is not None and n_head != n_head_kv:
         n_head = n_head_kv
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_tensors(head: HeadInfo, tgt: TargetInfo) -> list[tuple[str, Any, Any]]:
+def gguf_tensors(head: HeadInfo, tgt: TargetInfo) -> list[tuple[str, np.ndarray, GGMLQuantizationType]]:
     """``(gguf name, numpy data, GGMLQuantizationType)`` in the converter's order."""
     import numpy as np
     from gguf import GGMLQuantizationType as Q
@@ -78,7 +82,7 @@ def gguf_tensors(head: HeadInfo, tgt: TargetInfo) -> list[tuple[str, Any, Any]]:
     hp = head.hparams
     n_head = int(find_hparam(hp, ("n_heads", "num_attention_heads")))
     n_kv = find_hparam(hp, ("n_kv_heads", "num_key_value_heads"))
-    out: list[tuple[str, Any, Any]] = []
+    out: list[tuple[str, np.ndarray, GGMLQuantizationType]] = []
     rope_freqs = llama3_rope_freqs(hp)
     if rope_freqs is not None:
         out.append((ROPE_FREQS, rope_freqs, Q.F32))

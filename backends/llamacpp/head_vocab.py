@@ -7,14 +7,17 @@ copied as they are instead (:mod:`spectune.backends.llamacpp.head_gguf`).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 from spectune.backends.llamacpp.head_checkpoint import HeadInfo
 from spectune.backends.llamacpp.head_target import TargetInfo
 from spectune.core.errors import UserError
 
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
 
-def write_hf_tokenizer(w: Any, head: HeadInfo, tgt: TargetInfo) -> None:
+
+def write_hf_tokenizer(w: GGUFWriter, head: HeadInfo, tgt: TargetInfo) -> None:
     """The target's BPE vocabulary, as ``TextModel._set_vocab_gpt2``/``get_vocab_base`` write it (pre: "default")."""
     import gguf
 

@@ -22,22 +22,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from spectune.backends.methods import engine_method
+from spectune.core.json_types import JsonObject, JsonValue
 
 FORMAT = "llamacpp-settings"
 P_MIN_FLAG = "--spec-draft-p-min"
 """llama-server's draft-confidence cutoff (``common/arg.cpp``; ``--draft-p-min`` is its alias, default 0.00)."""
 
 
-def settings_json(steps: int, spec_type: str | None = None, p_min: float | None = None, **extra: Any) -> dict[str, Any]:
+def settings_json(steps: int, spec_type: str | None = None, p_min: float | None = None,
+                  **extra: JsonValue) -> JsonObject:
     """The settings object for num_steps ``steps`` (``extra`` keys are added after the flags); ``spec_type``
     defaults to llama.cpp's spelling of EAGLE-3 (:mod:`spectune.backends.methods`); ``p_min`` (a probability, with
     ``steps`` > 0): the draft-confidence cutoff, written as ``spec_draft_p_min`` and :data:`P_MIN_FLAG`."""
     spec_type = spec_type or engine_method("llamacpp", "eagle3")
     args = ["--spec-type", spec_type, "--spec-draft-n-max", str(steps)] if steps > 0 else []
-    cutoff: dict[str, Any] = {}
+    cutoff: JsonObject = {}
     if p_min is not None and steps > 0:
         args += [P_MIN_FLAG, f"{p_min:g}"]
         cutoff = {"spec_draft_p_min": p_min}

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import aiohttp
 
@@ -31,6 +31,7 @@ from spectune.backends.local.weights.loader import is_default_model
 from spectune.backends.num_steps import load_config_file
 from spectune.backends.prometheus import scrape_snapshot
 from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 
 KV_BYTES_PER_TOKEN_GUESS = 32 * 1024  # SmolLM2 target + draft use ~24 KB per token in bf16; sizes the budget
 #: What a bundled CPU server holds besides its KV cache (GiB): weights with the native path's dense copy, torch and the
@@ -88,7 +89,7 @@ class LocalBackend(LaunchingBackend):
         if options.adaptive_config:
             load_config_file(options.adaptive_config)  # a bad file fails here, not in the server process
         self.capacity = 0
-        self.engine_path: dict[str, Any] | None = None
+        self.engine_path: JsonObject | None = None
 
     async def preflight(self, steps_list: Sequence[int]) -> list[str]:
         self.capacity = max(steps_list, default=0)
@@ -166,13 +167,13 @@ class LocalBackend(LaunchingBackend):
         self.engine_path = await self._engine_path(endpoint.base_url)
         return endpoint
 
-    async def _engine_path(self, base_url: str) -> dict[str, Any] | None:
+    async def _engine_path(self, base_url: str) -> JsonObject | None:
         """The compute path the server chose (``/server_info`` ``engine_path``: ``--dtype auto`` is decided in the
         server at start-up), or None when the server does not say."""
         info = await self._server_info(base_url)
         return None if info is None else info.get("engine_path")
 
-    async def _server_info(self, base_url: str) -> dict[str, Any] | None:
+    async def _server_info(self, base_url: str) -> JsonObject | None:
         """The server's ``/server_info`` object, or None when it does not answer with one."""
         from spectune.backends.http import auth_headers
 
@@ -214,7 +215,7 @@ class LocalBackend(LaunchingBackend):
         return _head_method(self.options.model, self.options.draft)[0]
 
     @classmethod
-    def draft_algorithm(cls, description: dict[str, Any]) -> tuple[str | None, str]:
+    def draft_algorithm(cls, description: JsonObject) -> tuple[str | None, str]:
         """``draft_algorithm``, else the head the recorded ``engine`` options load (``draft`` None with the
         default target: the bundled head, ``backends/local/heads/smollm2-135m-eagle3``)."""
         if description.get("draft_algorithm"):
@@ -223,7 +224,7 @@ class LocalBackend(LaunchingBackend):
         return _head_method(engine.get("model", description.get("model")),
                             engine.get("draft", description.get("draft")))
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         """Launching description plus the engine options (model, draft, device, dtype, max_concurrency) and, once
         the server is up, the compute path it runs (``engine.path``: see
         ``backends/local/weights/compute_paths.py``)."""

@@ -32,7 +32,6 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from spectune.backends.num_steps.confidence_config import is_confidence_config, parse_confidence_config
 from spectune.backends.num_steps.throughput_policy import parse_throughput_aware_config
@@ -42,6 +41,7 @@ from spectune.backends.num_steps.vllm_schedule import (  # re-exported: the one 
     parse_vllm_schedule,
     parse_vllm_speculative_config,
 )
+from spectune.core.json_types import JsonObject
 from spectune.core.errors import UserError
 
 __all__ = [
@@ -59,7 +59,7 @@ SLOT_KEYS = frozenset({"candidate_steps", *DEFAULTS})
 """Keys allowed inside a slot object."""
 GLOBAL_KEYS = frozenset({"strategy", *DEFAULTS})
 """Non-slot keys allowed at the top level (SGLang merges every one of them into every slot)."""
-SGLANG_DEFAULT_CONFIG: dict[str, Any] = {
+SGLANG_DEFAULT_CONFIG: JsonObject = {
     "1": {"candidate_steps": [1, 3, 5, 7], "down_hysteresis": -0.25},
     "8": {"candidate_steps": [0, 1, 3], "down_hysteresis": 0.0},
     "32": {"candidate_steps": [0, 1], "down_hysteresis": 0.0},
@@ -96,7 +96,7 @@ class SlotConfig:
     up_hysteresis: float = 0.0
     ceiling_coeff: float = 0.0
 
-    def params(self) -> dict[str, Any]:
+    def params(self) -> JsonObject:
         """The six tunable parameters as a dict (SGLang key names)."""
         return {k: getattr(self, k) for k in DEFAULTS}
 
@@ -136,7 +136,7 @@ class AdaptiveConfig:
         union = self.candidate_steps
         return union[len(union) // 2]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The config in SGLang's documented layout: ``ema_alpha``/``update_interval``/``warmup_batches`` at the
         top level when every slot shares them (else per slot); hysteresis and ``ceiling_coeff`` in every slot.
 
@@ -144,7 +144,7 @@ class AdaptiveConfig:
         """
         first = self.slots[0].params()
         shared = {k: first[k] for k in _GLOBAL_PARAMS if all(s.params()[k] == first[k] for s in self.slots)}
-        out: dict[str, Any] = dict(shared)
+        out: JsonObject = dict(shared)
         for s in self.slots:
             own = {k: v for k, v in s.params().items() if k not in shared}
             out[str(s.lower_bound)] = {"candidate_steps": list(s.candidate_steps), **own}

@@ -24,9 +24,15 @@ host read. Pure Python with numpy for the fit: no torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence, Union
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+Amount = Union[float, "np.ndarray", "torch.Tensor"]
+"""A token count or a time in ms: a number, or an array or tensor of them (elementwise arithmetic)."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +49,7 @@ class ForwardCost:
     gamma_ms: float
     delta_ms: float
 
-    def ms(self, context_tokens: Any, batch_tokens: Any) -> Any:
+    def ms(self, context_tokens: Amount, batch_tokens: Amount) -> Amount:
         """The forward's time in ms (numbers or tensors of the same shape)."""
         return self.alpha_ms * context_tokens + self.gamma_ms * batch_tokens + self.delta_ms
 
@@ -84,7 +90,7 @@ class ForwardCost:
         return cls(float(obj["alpha_ms"]), float(obj["gamma_ms"]), float(obj["delta_ms"]))
 
 
-def verify_tokens(context: Any, batch: Any, width: Any) -> tuple[Any, Any]:
+def verify_tokens(context: Amount, batch: Amount, width: Amount) -> tuple[Amount, Amount]:
     """(N_c, N_b) of a forward over ``width`` query tokens per row for ``batch`` rows whose cached tokens sum to
     ``context``: query token q (0-based) of a row attends over its cached tokens plus q (Eq. 6 written per row)."""
     return width * context + batch * width * (width - 1) / 2, batch * width
@@ -102,7 +108,7 @@ class StepTimeModel:
     draft: ForwardCost
     target: ForwardCost
 
-    def draft_ms(self, context: Any, batch: Any, drafts: int) -> Any:
+    def draft_ms(self, context: Amount, batch: Amount, drafts: int) -> Amount:
         """ms of the draft steps a round of ``drafts`` drafts per row runs: ``drafts - 1`` head forwards of
         ``batch`` rows (d_1 comes with the previous round's draft extend), the i-th attending over ``context`` +
         ``batch * i`` cached tokens (Eq. 4); 0 for 0 or 1 drafts."""
@@ -110,11 +116,11 @@ class StepTimeModel:
         d = self.draft
         return n * (d.gamma_ms * batch + d.delta_ms) + d.alpha_ms * (n * context + batch * n * (n + 1) / 2)
 
-    def verify_ms(self, context_tokens: Any, batch_tokens: Any) -> Any:
+    def verify_ms(self, context_tokens: Amount, batch_tokens: Amount) -> Amount:
         """ms of the target verify and the draft extend over the same tokens (Eq. 5 plus EAGLE's extend)."""
         return self.target.ms(context_tokens, batch_tokens) + self.draft.ms(context_tokens, batch_tokens)
 
-    def round_ms(self, context: Any, batch: Any, drafts: int) -> Any:
+    def round_ms(self, context: Amount, batch: Amount, drafts: int) -> Amount:
         """T_sd (Eq. 1) of a round where each of ``batch`` rows, their cached tokens summing to ``context``, drafts
         and verifies ``drafts`` tokens."""
         n_c, n_b = verify_tokens(context, batch, int(drafts) + 1)

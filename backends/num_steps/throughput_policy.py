@@ -36,9 +36,11 @@ import bisect
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Protocol, Sequence
 
-THROUGHPUT_DEFAULTS: dict[str, Any] = {
+from spectune.core.json_types import JsonObject
+
+THROUGHPUT_DEFAULTS: JsonObject = {
     "window_size": 20, "update_interval": 10, "profile_run_batch_sizes": None, "max_profile_run_batch_size": None,
     "profile_run_n_warmup": 5, "profile_run_n_measure": 10, "profile_run_seq_len": None,
 }
@@ -81,9 +83,9 @@ class ThroughputAwareConfig:
         keys = sorted(self.slots)
         return keys[max(0, bisect.bisect_right(keys, batch_size) - 1)]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The config as SGLang reads it, with ``"strategy": "throughput_aware"``."""
-        out: dict[str, Any] = {"strategy": "throughput_aware", "window_size": self.window_size,
+        out: JsonObject = {"strategy": "throughput_aware", "window_size": self.window_size,
                                "update_interval": self.update_interval}
         if self.profile_batch_sizes is not None:
             out["profile_run_batch_sizes"] = list(self.profile_batch_sizes)
@@ -244,11 +246,18 @@ class PositionTracker:
         return 1.0 + sum(rates)
 
 
+class CandidateSteps(Protocol):
+    """A policy's config as :class:`ConfiguredSteps` reads it: the num_steps it offers, ascending."""
+
+    @property
+    def candidate_steps(self) -> tuple[int, ...]: ...
+
+
 class ConfiguredSteps:
     """The num_steps a policy's ``config`` offers (its ``candidate_steps``, ascending): a base of
     :class:`ThroughputAwarePolicy` and :class:`spectune.backends.num_steps.ema_policy.AdaptivePolicy`."""
 
-    config: Any
+    config: CandidateSteps
 
     @property
     def candidate_steps(self) -> tuple[int, ...]:
@@ -287,7 +296,7 @@ class ThroughputAwarePolicy(ConfiguredSteps):
         self.tracker = PositionTracker(max(union), config.window_size)
         self.batches = 0
         self.switch_count = 0
-        self.last_scores: list[dict[str, Any]] = []
+        self.last_scores: list[JsonObject] = []
 
     def slot_for_batch(self, batch_size: int) -> int:
         """Lower bound of the slot ``batch_size`` routes to (after CUDA-graph padding)."""

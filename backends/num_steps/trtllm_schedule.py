@@ -40,7 +40,9 @@ should_use_spec_decode`` in ``tensorrt_llm/_torch/speculative/drafter.py`` keeps
 from __future__ import annotations
 
 import bisect
-from typing import Any, Literal, Mapping, Sequence
+from typing import Literal, Mapping, Sequence
+
+from spectune.core.json_types import JsonObject
 
 Form = Literal["lower", "upper"]
 
@@ -93,7 +95,7 @@ def draft_len_for_batch_size(schedule: Mapping[int, int], batch_size: int, form:
     return max(schedule[keys[i]], min_draft_len) if i < len(keys) else min_draft_len
 
 
-def config_draft_len(config: Mapping[str, Any], batch_size: int, form: Form, min_draft_len: int = 0) -> int:
+def config_draft_len(config: JsonObject, batch_size: int, form: Form, min_draft_len: int = 0) -> int:
     """Draft length TensorRT-LLM runs at ``batch_size`` under a written ``speculative_config`` ``config``
     (``{"max_draft_len": K, "draft_len_schedule": {...}}``, string or int keys) read in ``form``: ``max_draft_len``
     at every batch size when it has no ``draft_len_schedule`` (``get_draft_len_for_batch_size`` in

@@ -278,6 +278,7 @@ class VLLMBackend(LaunchingBackend):
     embeds_default_pair = True
     health_paths = ("/health",)
     running_gauges = ("vllm:num_requests_running",)
+    method_key = "method"  # the --speculative-config method (eagle/eagle3), as describe() records it
 
     def __init__(self, options: BackendOptions) -> None:
         super().__init__(options)
@@ -549,13 +550,6 @@ class VLLMBackend(LaunchingBackend):
     def speculative_method(self) -> str | None:
         """The ``method`` of the launched ``--speculative-config``."""
         return self.method()[0]
-
-    @classmethod
-    def draft_algorithm(cls, description: JsonObject) -> tuple[str | None, str]:
-        """``draft_algorithm``, else the recorded ``method`` (``eagle``/``eagle3``), else the base rule."""
-        if not description.get("draft_algorithm") and description.get("method"):
-            return str(description["method"]).lower(), "sweep.json method"
-        return super().draft_algorithm(description)
 
     def describe(self) -> JsonObject:
         """Base description plus: the target and head launched (``model``, ``draft``: the converted folder and the

@@ -4,13 +4,14 @@ the server runs with ``--per-request-spec-decode-metrics summary`` (vLLM >= 0.29
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 from spectune.backends.snapshots import Acceptance
+from spectune.core.json_types import JsonObject, JsonValue
 from spectune.loadgen.record import RequestRecord
 
 
-def spec_decoding_metrics(server_stats: dict[str, Any] | None) -> dict[str, Any] | None:
+def spec_decoding_metrics(server_stats: JsonObject | None) -> JsonObject | None:
     """vLLM's per-request ``metrics.speculative_decoding`` object from a record's ``server_stats`` (the response's
     top-level ``metrics``), or None when absent (flag off, K = 0, or ``n`` > 1)."""
     metrics = server_stats.get("metrics") if isinstance(server_stats, dict) else None
@@ -18,7 +19,7 @@ def spec_decoding_metrics(server_stats: dict[str, Any] | None) -> dict[str, Any]
     return spec if isinstance(spec, dict) and spec.get("num_spec_steps") is not None else None
 
 
-def _histogram(h: Any) -> list[float]:
+def _histogram(h: JsonValue) -> list[float]:
     """A dense acceptance histogram (entry j = spec steps that accepted exactly j drafts) from vLLM's list or sparse
     ``{"j": count}`` form."""
     if isinstance(h, dict):

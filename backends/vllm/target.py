@@ -22,10 +22,10 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 from spectune.backends.local.weights.loader import cache_dir, convert_gguf
 from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 
 DTYPES = ("bfloat16", "float16", "float32")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -46,7 +46,7 @@ def target_cache_dir() -> Path:
     return cache_dir() / "vllm-targets"
 
 
-def read_conversion(folder: Path) -> dict[str, Any] | None:
+def read_conversion(folder: Path) -> JsonObject | None:
     """``conversion.json`` of a converted folder, or None."""
     try:
         data = json.loads((Path(folder) / "conversion.json").read_text())

@@ -13,6 +13,8 @@ from spectune.core.errors import UserError
 
 app = typer.Typer(no_args_is_help=True)
 
+Threads = Annotated[int, typer.Option(min=0, help="torch CPU threads (0 = default).")]
+
 
 @app.command("train")
 def train(
@@ -36,7 +38,7 @@ def train(
     lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, warmup, cosine decay).")] = 5e-4,
     batch_tokens: Annotated[int, typer.Option(min=64, help="Padded tokens per training batch.")] = 4096,
     seed: Annotated[int, typer.Option(help="Seed for prompt order, initialisation and batching.")] = 0,
-    threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (0 = default).")] = 0,
+    threads: Threads = 0,
 ) -> None:
     """Train an EAGLE-3 head: self-distilled data, target features, training-time test; resumable by stage."""
     from rich.console import Console
@@ -44,16 +46,12 @@ def train(
     from spectune.draft.pipeline import STAGES, PipelineOptions, run_pipeline
     from spectune.draft.train import TrainConfig
 
-    if stage != "all" and stage not in STAGES:
-        raise UserError(f"unknown --stage {stage!r}: use all or one of {', '.join(STAGES)}")
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
+    stages = _stages(stage, STAGES)
+    _set_threads(threads)
     console = Console(stderr=True)
     opts = PipelineOptions(model=model, output=output, work_dir=work_dir, num_prompts=num_prompts,
                            magpie_prompts=magpie_prompts, max_new_tokens=max_new_tokens, spec_bench=spec_bench,
-                           stages=STAGES if stage == "all" else (stage,))
+                           stages=stages)
     cfg = TrainConfig(draft_vocab_size=draft_vocab_size, ttt_steps=ttt_steps, epochs=epochs, lr=lr,
                       batch_tokens=batch_tokens, seed=seed)
     run_pipeline(opts, cfg, lambda msg: console.print(msg, highlight=False))
@@ -183,7 +181,7 @@ def accept_train(
     lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, warm-up, cosine decay).")] = 1e-3,
     batch_size: Annotated[int, typer.Option(min=8, help="Samples per training batch.")] = 256,
     seed: Annotated[int, typer.Option(help="Seed for prompts, split, initialisation and batches.")] = 0,
-    threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (0 = default).")] = 0,
+    threads: Threads = 0,
 ) -> None:
     """Train an acceptance-prediction head (SpecDec++) on the frozen EAGLE-3 head's draft chains."""
     import sys
@@ -193,12 +191,8 @@ def accept_train(
     from spectune.draft.acceptance_pipeline import TRAIN_STAGES, SampleOptions, run_train
     from spectune.draft.acceptance_train import AcceptanceTrainConfig
 
-    if stage != "all" and stage not in TRAIN_STAGES:
-        raise UserError(f"unknown --stage {stage!r}: use all or one of {', '.join(TRAIN_STAGES)}")
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
+    stages = _stages(stage, TRAIN_STAGES)
+    _set_threads(threads)
     head = _eagle_head(draft, model)
     console = Console(stderr=True)
 
@@ -212,7 +206,7 @@ def accept_train(
                          max_prompt_tokens=max_prompt_tokens, n_max=n_max)
     cfg = AcceptanceTrainConfig(n_max=n_max, width=width, num_layers=layers, w_rej=w_rej, epochs=epochs, lr=lr,
                                 batch_size=batch_size, seed=seed)
-    run_train(opts, output, prompts, cfg, TRAIN_STAGES if stage == "all" else (stage,),
+    run_train(opts, output, prompts, cfg, stages,
               lambda msg: console.print(msg, highlight=False, markup=False),
               command="spectune " + " ".join(sys.argv[1:]))
     if stage in ("all", "export"):
@@ -238,7 +232,7 @@ def accept_eval(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the calibration as JSON.")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Write the reliability plot (PNG).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the prompt sample.")] = 0,
-    threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (0 = default).")] = 0,
+    threads: Threads = 0,
 ) -> None:
     """Calibration of an acceptance head against the raw draft confidence: ECE, Brier, AUROC per draft step."""
     from collections import Counter
@@ -253,8 +247,7 @@ def accept_eval(
                                                     sample_summary, write_card)
     from spectune.draft.calibration import reliability_plot
 
-    if threads:
-        torch.set_num_threads(threads)
+    _set_threads(threads)
     acc = load_acceptance_head(acceptance_head or BUNDLED_ACCEPTANCE_HEAD, torch.device("cpu"), torch.float32)
     head = _eagle_head(draft, model)
     err = Console(stderr=True)
@@ -291,6 +284,27 @@ def accept_eval(
     if plot is not None:
         reliability_plot(result, {"head": "acceptance head", "draft_prob": "draft confidence"}, plot,
                          f"reliability on {dataset.split(':')[0]} ({len(prompts)} prompts), {bins} bins")
+
+
+def _stages(stage: str, known: tuple[str, ...]) -> tuple[str, ...]:
+    """The stages ``--stage`` asks for: every one of ``known`` for ``all``, else the one named.
+
+    Raises:
+        UserError: a stage not in ``known`` (naming them).
+    """
+    if stage == "all":
+        return known
+    if stage not in known:
+        raise UserError(f"unknown --stage {stage!r}: use all or one of {', '.join(known)}")
+    return (stage,)
+
+
+def _set_threads(threads: int) -> None:
+    """``--threads``: torch's CPU threads (0 leaves torch's default)."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def _eagle_head(draft: str | None, model: str | None) -> Path:

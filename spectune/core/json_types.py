@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Union
 
 JsonValue = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]
-"""Any JSON value."""
+"""One JSON value: null, a boolean, a number, a string, an array or an object."""
 
 JsonObject = dict[str, JsonValue]
 """A JSON object (a document, or a part of one spectune carries through)."""

@@ -21,12 +21,18 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
 
 from spectune.draft.data import chat_records, heldout_sharegpt
+
+if TYPE_CHECKING:
+    from spectune.backends.local.engine.tokenizer import Tokenizer
+    from spectune.backends.local.model.eagle import DraftHead
+    from spectune.backends.local.model.target import TargetModel
+    from spectune.draft.features import FeatureStore
 
 SAMPLES_FILE = "samples.pt"
 
@@ -47,7 +53,7 @@ def conditional_labels(matches: torch.Tensor, valid: torch.Tensor) -> tuple[torc
 
 
 @torch.inference_mode()
-def chain_samples(head: Any, embed: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor, prompt_len: int,
+def chain_samples(head: DraftHead, embed: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor, prompt_len: int,
                   n_max: int, rope: torch.Tensor) -> dict[str, torch.Tensor]:
     """The head's draft chain over one sequence, kept steps only.
 
@@ -94,7 +100,7 @@ def _empty(hidden: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
             "step": torch.zeros(0, dtype=torch.int8), "pos": torch.zeros(0, dtype=torch.int32)}
 
 
-def build_samples(head: Any, target: Any, store: Any, n_max: int, out: Path,
+def build_samples(head: DraftHead, target: TargetModel, store: FeatureStore, n_max: int, out: Path,
                   progress: Callable[[int, int], None] | None = None) -> dict[str, torch.Tensor]:
     """Chain samples of every stored sequence (:class:`~spectune.draft.features.FeatureStore`), written to ``out``
     (``torch.save`` of the dict of :func:`chain_samples` plus ``seq`` [N] int32, the sequence index); returns it."""
@@ -120,7 +126,7 @@ def build_samples(head: Any, target: Any, store: Any, n_max: int, out: Path,
     return samples
 
 
-def acceptance_prompts(tokenizer: Any, head_dir: Path, limit: int, max_prompt_tokens: int, exclude: set[str],
+def acceptance_prompts(tokenizer: Tokenizer, head_dir: Path, limit: int, max_prompt_tokens: int, exclude: set[str],
                        seed: int) -> list[dict]:
     """ShareGPT first turns the EAGLE head in ``head_dir`` was not trained on (:func:`spectune.draft.data.
     heldout_sharegpt`), evaluation prompts (``exclude``, normalised) and repeats removed, at most
@@ -135,7 +141,7 @@ def acceptance_prompts(tokenizer: Any, head_dir: Path, limit: int, max_prompt_to
     return chat_records(heldout_sharegpt(head_dir, 10**7, seed), tokenizer, max_prompt_tokens, exclude, limit)
 
 
-def evaluation_prompts(tokenizer: Any, dataset: str, limit: int, max_prompt_tokens: int, seed: int) -> list[dict]:
+def evaluation_prompts(tokenizer: Tokenizer, dataset: str, limit: int, max_prompt_tokens: int, seed: int) -> list[dict]:
     """``limit`` prompts of ``dataset`` (a :func:`spectune.loadgen.datasets.load_dataset` spec, e.g.
     ``spec-bench:PATH``), seeded, distinct, each at most ``max_prompt_tokens`` with the chat template, as
     ``{"id", "category", "prompt_ids"}`` records."""

@@ -14,49 +14,49 @@ import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 from spectune.draft.data import generate_responses, read_jsonl, require_rows, write_jsonl
+from spectune.draft.options import DataOptions
+
+if TYPE_CHECKING:
+    from spectune.backends.local.engine.tokenizer import Tokenizer
+    from spectune.backends.local.model.acceptance import AcceptanceHead
+    from spectune.draft.acceptance_train import AcceptanceTrainConfig
 
 TRAIN_STAGES = ("data", "features", "chain", "train", "export")
 CARD_FILE = "training.json"
 
 
-@dataclass
-class SampleOptions:
-    """Where and how chain samples are built.
+@dataclass(kw_only=True)
+class SampleOptions(DataOptions):
+    """Where and how chain samples are built: the data's (:class:`spectune.draft.options.DataOptions`; greedy
+    responses; the work folder also holds the samples and the card) and:
 
     Attributes:
-        model: target (None: the embedded SmolLM2-135M-Instruct).
         draft: the frozen EAGLE-3 head folder.
-        work_dir: data folder (prompts, responses, features, samples, card).
-        max_new_tokens: greedy response length cap, tokens.
-        max_prompt_tokens: longer prompts are skipped (chat template applied).
         n_max: draft steps unrolled per row.
-        batch: concurrent sequences while generating responses.
     """
 
-    model: str | None
     draft: Path
-    work_dir: Path
     max_new_tokens: int = 192
     max_prompt_tokens: int = 256
     n_max: int = 4
-    batch: int = 64
 
 
 class Stage:
     """Times one stage (wall and process CPU seconds) into ``card["stages"][name]``, adding to an earlier run's."""
 
-    def __init__(self, card: dict[str, Any], name: str) -> None:
+    def __init__(self, card: JsonObject, name: str) -> None:
         self.card, self.name = card, name
 
-    def __enter__(self) -> dict[str, Any]:
+    def __enter__(self) -> JsonObject:
         self.t0, self.c0 = time.time(), time.process_time()
-        self.rec: dict[str, Any] = {}
+        self.rec: JsonObject = {}
         return self.rec
 
     def __exit__(self, *exc: object) -> None:
@@ -67,21 +67,21 @@ class Stage:
             self.card["stages"][self.name] = {**prev, **self.rec}
 
 
-def read_card(work: Path) -> dict[str, Any]:
+def read_card(work: Path) -> JsonObject:
     """The work folder's record (``{"stages": {}}`` when new)."""
     path = work / CARD_FILE
     return json.loads(path.read_text()) if path.is_file() else {"stages": {}}
 
 
-def write_card(work: Path, card: dict[str, Any]) -> None:
+def write_card(work: Path, card: JsonObject) -> None:
     """Write the record atomically."""
     tmp = work / (CARD_FILE + ".tmp")
     tmp.write_text(json.dumps(card, indent=2) + "\n")
     tmp.replace(work / CARD_FILE)
 
 
-def collect_samples(opts: SampleOptions, prompts_fn: Callable[[Any], list[dict]], stages: tuple[str, ...],
-                    card: dict[str, Any], say: Callable[[str], None]) -> dict[str, torch.Tensor] | None:
+def collect_samples(opts: SampleOptions, prompts_fn: Callable[[Tokenizer], list[dict]], stages: tuple[str, ...],
+                    card: JsonObject, say: Callable[[str], None]) -> dict[str, torch.Tensor] | None:
     """Run the data, features and chain stages named in ``stages``; returns the samples (None when ``chain`` did not
     run and none are stored).
 
@@ -91,8 +91,6 @@ def collect_samples(opts: SampleOptions, prompts_fn: Callable[[Any], list[dict]]
     Raises:
         UserError: a stage's input is missing (run the earlier stage first).
     """
-    from spectune.backends.local.build import build_engine
-    from spectune.backends.local.options import EngineOptions
     from spectune.backends.local.weights.heads import load_head
     from spectune.backends.local.weights.loader import load_target
     from spectune.draft.acceptance_data import SAMPLES_FILE, build_samples
@@ -100,11 +98,10 @@ def collect_samples(opts: SampleOptions, prompts_fn: Callable[[Any], list[dict]]
 
     work = opts.work_dir
     work.mkdir(parents=True, exist_ok=True)
-    max_len = opts.max_prompt_tokens + opts.max_new_tokens
+    max_len = opts.max_len
     if "data" in stages:
         with Stage(card, "data") as rec:
-            engine = build_engine(EngineOptions(model=opts.model, draft="none", num_steps=0, dtype="bfloat16",
-                                                max_num_seqs=opts.batch, max_model_len=max_len))
+            engine = opts.response_engine()
             prompts_path = work / "prompts.jsonl"
             if not prompts_path.is_file():
                 write_jsonl(prompts_path, prompts_fn(engine.tokenizer))
@@ -144,7 +141,7 @@ def collect_samples(opts: SampleOptions, prompts_fn: Callable[[Any], list[dict]]
     return torch.load(path, weights_only=True) if path.is_file() else None
 
 
-def sample_summary(samples: dict[str, torch.Tensor], n_max: int) -> dict[str, Any]:
+def sample_summary(samples: dict[str, torch.Tensor], n_max: int) -> JsonObject:
     """Kept samples and acceptance rate per draft step, and the sequences they come from."""
     per_step = [int((samples["step"] == j).sum()) for j in range(n_max)]
     rate = [float(samples["label"][samples["step"] == j].float().mean()) if n else None
@@ -153,13 +150,14 @@ def sample_summary(samples: dict[str, torch.Tensor], n_max: int) -> dict[str, An
             "sequences": len(set(samples["seq"].tolist()))}
 
 
-def host_record() -> dict[str, Any]:
+def host_record() -> JsonObject:
     """Threads and processor of this run (for the card)."""
     return {"device": "cpu", "threads": torch.get_num_threads(), "host": platform.processor() or platform.machine()}
 
 
-def run_train(opts: SampleOptions, output: Path, prompts_fn: Callable[[Any], list[dict]], cfg: Any,
-              stages: tuple[str, ...], say: Callable[[str], None], command: str = "") -> dict[str, Any]:
+def run_train(opts: SampleOptions, output: Path, prompts_fn: Callable[[Tokenizer], list[dict]],
+              cfg: AcceptanceTrainConfig, stages: tuple[str, ...], say: Callable[[str], None],
+              command: str = "") -> JsonObject:
     """``spectune draft accept-train``: every stage in ``stages``; returns the record (written to the work folder and,
     by ``export``, beside the head as ``training.json``).
 
@@ -198,7 +196,7 @@ def run_train(opts: SampleOptions, output: Path, prompts_fn: Callable[[Any], lis
     return card
 
 
-def evaluate_samples(acc_head: Any, samples: dict[str, torch.Tensor], bins: int) -> dict[str, Any]:
+def evaluate_samples(acc_head: AcceptanceHead, samples: dict[str, torch.Tensor], bins: int) -> JsonObject:
     """Calibration of the acceptance head's p_hat and of the raw draft confidence on ``samples``, overall and per
     draft step (:func:`spectune.draft.calibration.compare`, keys ``head`` and ``draft_prob``)."""
     from spectune.draft.acceptance_train import predict

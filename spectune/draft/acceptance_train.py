@@ -13,12 +13,13 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from spectune.backends.local.model.acceptance import AcceptanceHead, new_acceptance_head
+from spectune.core.json_types import JsonObject
 
 
 @dataclass
@@ -79,7 +80,7 @@ def _val_loss(head: AcceptanceHead, samples: dict[str, torch.Tensor], idx: torch
 
 
 def train_acceptance(samples: dict[str, torch.Tensor], cfg: AcceptanceTrainConfig,
-                     log: Callable[[dict[str, Any]], None] = lambda _: None) -> AcceptanceHead:
+                     log: Callable[[JsonObject], None] = lambda _: None) -> AcceptanceHead:
     """Train a float32 head on ``samples`` (``feature`` [N, H], ``prob``, ``label``, ``seq`` [N]); returns the
     epoch's state with the lowest validation loss (the last epoch when no sequence is held out).
 

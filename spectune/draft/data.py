@@ -15,11 +15,16 @@ import json
 import random
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from spectune.backends.local.engine.sequence import SamplingParams
 from spectune.loadgen.datasets import load_dataset
 from spectune.core.errors import UserError
+
+if TYPE_CHECKING:
+    from spectune.backends.local.engine.loop import Engine
+    from spectune.backends.local.engine.tokenizer import Tokenizer
+    from spectune.loadgen.datasets import Prompt
 
 
 def normalise(text: str) -> str:
@@ -36,7 +41,8 @@ def evaluation_texts(spec_bench: Path | None = None) -> set[str]:
     return texts
 
 
-def training_prompts(tokenizer: Any, limit: int, max_prompt_tokens: int, exclude: set[str], seed: int) -> list[dict]:
+def training_prompts(tokenizer: Tokenizer, limit: int, max_prompt_tokens: int, exclude: set[str],
+                     seed: int) -> list[dict]:
     """ShareGPT first human turns, deduplicated, evaluation prompts removed, shuffled with ``seed``.
 
     Returns ``{"id", "prompt_ids"}`` records with the chat template applied and at most ``max_prompt_tokens``.
@@ -48,7 +54,7 @@ def training_prompts(tokenizer: Any, limit: int, max_prompt_tokens: int, exclude
     return out[:limit]
 
 
-def chat_records(prompts: Iterable[Any], tokenizer: Any, max_prompt_tokens: int, exclude: set[str],
+def chat_records(prompts: Iterable[Prompt], tokenizer: Tokenizer, max_prompt_tokens: int, exclude: set[str],
                  limit: int | None = None) -> list[dict]:
     """``{"id", "prompt_ids"}`` of ``prompts`` (dataset prompts with ``id``, ``text``, ``messages``) in order: the chat
     template applied, repeats and ``exclude`` (normalised texts) removed, at most ``max_prompt_tokens``; stops at
@@ -68,9 +74,9 @@ def chat_records(prompts: Iterable[Any], tokenizer: Any, max_prompt_tokens: int,
     return out
 
 
-def magpie_prompts(engine: Any, limit: int, max_prompt_tokens: int, exclude: set[str], seed: int, out: Path,
+def magpie_prompts(engine: Engine, limit: int, max_prompt_tokens: int, exclude: set[str], seed: int, out: Path,
                    chunk: int = 64, max_message_tokens: int = 160, temperature: float = 1.0, top_p: float = 0.95,
-                   progress: Any = None) -> list[dict]:
+                   progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """User prompts written by the target itself (Magpie: Xu et al., "Magpie: Alignment Data Synthesis from Scratch
     by Prompting Aligned LLMs with Nothing", 2024): the chat template up to the user turn's opening is fed to the
     target, which samples a user message (``temperature``, ``top_p``, at most ``max_message_tokens``) until
@@ -139,7 +145,7 @@ TRAINING_IDS_FILE = "training-prompt-ids.txt"
 ``magpie-<seed>-<n>``), one per line."""
 
 
-def heldout_sharegpt(head_dir: Path, num_prompts: int, seed: int) -> list[Any]:
+def heldout_sharegpt(head_dir: Path, num_prompts: int, seed: int) -> list[Prompt]:
     """ShareGPT first turns a head was not trained on: neither their id nor their text (normalised) is among the
     training prompts listed in ``head_dir/training-prompt-ids.txt``; a seeded sample of ``num_prompts``.
 
@@ -180,8 +186,8 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def generate_responses(engine: Any, prompts: list[dict], out: Path, max_tokens: int, chunk: int,
-                       progress: Any = None) -> int:
+def generate_responses(engine: Engine, prompts: list[dict], out: Path, max_tokens: int, chunk: int,
+                       progress: Callable[[int, int, int], None] | None = None) -> int:
     """Greedy target responses for ``prompts``, appended to ``out`` chunk by chunk; skips ids already there.
 
     Chunks are fixed slices of ``prompts`` (``chunk`` prompts each, run as one batch sorted by prompt length), not of

@@ -10,10 +10,14 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from spectune.backends.local.engine.sequence import SamplingParams
+from spectune.core.json_types import JsonObject
 from spectune.loadgen.datasets import Prompt
+
+if TYPE_CHECKING:
+    from spectune.backends.local.engine.loop import Engine
 
 
 @dataclass
@@ -39,11 +43,11 @@ class AcceptanceResult:
     wall_s: float = 0.0
 
 
-def measure_acceptance(engine: Any, prompts: list[Prompt], num_steps: int, max_tokens: int,
+def measure_acceptance(engine: Engine, prompts: list[Prompt], num_steps: int, max_tokens: int,
                        progress: Callable[[int], None] | None = None) -> AcceptanceResult:
     """Run ``prompts`` greedily at ``num_steps`` on ``engine`` (a built Engine with a head) and count acceptance."""
     engine.set_num_steps(num_steps)
-    stats: dict[str, Any] = {}
+    stats: JsonObject = {}
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     t0 = time.perf_counter()
     for i, p in enumerate(prompts):

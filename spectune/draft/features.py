@@ -14,23 +14,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 
 from spectune.backends.local.model.attention import AttnMeta
 from spectune.backends.local.model.kv_cache import KVCache
+from spectune.core.json_types import JsonObject
+
+if TYPE_CHECKING:
+    from spectune.backends.local.model.target import TargetModel
 
 
-def _index(folder: Path) -> dict[str, Any]:
+def _index(folder: Path) -> JsonObject:
     path = folder / "index.json"
     return json.loads(path.read_text()) if path.is_file() else {"feature_dim": None, "sequences": []}
 
 
 @torch.inference_mode()
-def extract_features(target: Any, rows: list[dict], folder: Path, max_len: int, chunk: int = 64,
-                     progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+def extract_features(target: TargetModel, rows: list[dict], folder: Path, max_len: int, chunk: int = 64,
+                     progress: Callable[[int, int], None] | None = None) -> JsonObject:
     """Append features for ``rows`` (``prompt_ids`` + ``output_ids``) not yet stored; returns the index.
 
     Sequences are cut at ``max_len`` tokens. ``target.capture_layers`` decides EAGLE-3 (captured layers) vs EAGLE-1

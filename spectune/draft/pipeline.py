@@ -11,48 +11,44 @@ import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
-from spectune.backends.local.build import build_engine
-from spectune.backends.local.options import EngineOptions
 from spectune.backends.local.weights.loader import load_target
+from spectune.core.json_types import JsonObject
 from spectune.draft.data import (TRAINING_IDS_FILE, evaluation_texts, generate_responses, magpie_prompts, read_jsonl,
                                  require_rows, training_prompts, write_jsonl)
+from spectune.draft.options import DataOptions
 from spectune.core.errors import UserError
+
+if TYPE_CHECKING:
+    from spectune.draft.train import TrainConfig
 
 STAGES = ("data", "features", "train", "export")
 
 
-@dataclass
-class PipelineOptions:
-    """Options of ``spectune draft train``.
+@dataclass(kw_only=True)
+class PipelineOptions(DataOptions):
+    """Options of ``spectune draft train``: the data's (:class:`spectune.draft.options.DataOptions`; the work folder
+    also holds the checkpoints, responses are capped for self-distillation) and:
 
     Attributes:
-        model: target (None: the embedded SmolLM2-135M-Instruct).
         output: folder receiving the trained head (safetensors + config.json + card).
-        work_dir: folder for data, features and checkpoints.
         num_prompts: ShareGPT prompts to regenerate responses for.
         magpie_prompts: prompts the target writes itself (Magpie), answered after the ShareGPT ones.
-        max_new_tokens: response length cap for self-distillation.
-        max_prompt_tokens: longer prompts are skipped.
         spec_bench: Spec-Bench JSONL whose prompts are excluded from training (optional).
         stages: which stages to run.
-        batch: concurrent sequences while generating responses.
     """
 
-    model: str | None
     output: Path
-    work_dir: Path
-    num_prompts: int = 6000
-    magpie_prompts: int = 0
     max_new_tokens: int = 256
     max_prompt_tokens: int = 512
+    num_prompts: int = 6000
+    magpie_prompts: int = 0
     spec_bench: Path | None = None
     stages: tuple[str, ...] = STAGES
-    batch: int = 64
 
 
-def run_pipeline(opts: PipelineOptions, train_cfg: Any, say: Callable[[str], None]) -> dict[str, Any]:
+def run_pipeline(opts: PipelineOptions, train_cfg: TrainConfig, say: Callable[[str], None]) -> JsonObject:
     """Run the requested stages; returns the training card (also written to the output folder)."""
     import torch
 
@@ -62,12 +58,10 @@ def run_pipeline(opts: PipelineOptions, train_cfg: Any, say: Callable[[str], Non
     work = opts.work_dir
     work.mkdir(parents=True, exist_ok=True)
     card_path = work / "card.json"
-    card: dict[str, Any] = json.loads(card_path.read_text()) if card_path.is_file() else {"stages": {}}
+    card: JsonObject = json.loads(card_path.read_text()) if card_path.is_file() else {"stages": {}}
     if "data" in opts.stages:
         t0 = time.time()
-        engine = build_engine(EngineOptions(model=opts.model, draft="none", num_steps=0, dtype="bfloat16",
-                                            max_num_seqs=opts.batch,
-                                            max_model_len=opts.max_prompt_tokens + opts.max_new_tokens))
+        engine = opts.response_engine()
         prompts_path = work / "prompts.jsonl"
         if not prompts_path.is_file():
             exclude = evaluation_texts(opts.spec_bench)
@@ -108,7 +102,7 @@ def run_pipeline(opts: PipelineOptions, train_cfg: Any, say: Callable[[str], Non
             raise UserError(f"{work} has no features: run `spectune draft train --stage features` first")
         last = [0.0]
 
-        def log(rec: dict[str, Any]) -> None:
+        def log(rec: JsonObject) -> None:
             if "val_acc" in rec:
                 say(f"epoch {rec['epoch']}: validation top-1 per draft step {[round(a, 3) for a in rec['val_acc']]}")
                 card.setdefault("validation", []).append(rec)
@@ -129,7 +123,7 @@ def run_pipeline(opts: PipelineOptions, train_cfg: Any, say: Callable[[str], Non
     return card
 
 
-def _export(opts: PipelineOptions, train_cfg: Any, card: dict[str, Any]) -> None:
+def _export(opts: PipelineOptions, train_cfg: TrainConfig, card: JsonObject) -> None:
     import torch
 
     from spectune.backends.local.weights.heads import save_head
@@ -152,7 +146,7 @@ def _export(opts: PipelineOptions, train_cfg: Any, card: dict[str, Any]) -> None
     (opts.output / TRAINING_IDS_FILE).write_text("".join(f"{i}\n" for i in ids))
 
 
-def _write(path: Path, card: dict[str, Any]) -> None:
+def _write(path: Path, card: JsonObject) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(card, indent=2))
     tmp.replace(path)

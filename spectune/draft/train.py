@@ -20,13 +20,18 @@ import math
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 
 from spectune.backends.local.model.eagle import DraftConfig, DraftHead
 from spectune.backends.local.model.rope import rope_table
+from spectune.core.json_types import JsonObject
+
+if TYPE_CHECKING:
+    from spectune.backends.local.model.target import TargetModel
+    from spectune.draft.features import FeatureStore
 
 
 @dataclass
@@ -58,7 +63,7 @@ class TrainConfig:
     seed: int = 0
 
 
-def draft_vocab(store: Any, size: int, vocab: int) -> torch.Tensor:
+def draft_vocab(store: FeatureStore, size: int, vocab: int) -> torch.Tensor:
     """The ``size`` most frequent response tokens, sorted by id (EAGLE-3's d2t order): [size] long."""
     counts = torch.zeros(vocab, dtype=torch.long)
     for i in range(len(store)):
@@ -67,7 +72,7 @@ def draft_vocab(store: Any, size: int, vocab: int) -> torch.Tensor:
     return counts.topk(size).indices.sort().values
 
 
-def new_head(target: Any, vocab_ids: torch.Tensor, aux_layers: tuple[int, ...], seed: int) -> DraftHead:
+def new_head(target: TargetModel, vocab_ids: torch.Tensor, aux_layers: tuple[int, ...], seed: int) -> DraftHead:
     """A fresh fp32 EAGLE-3 head shaped like one target layer; lm_head and norm start from the target's rows."""
     c = target.cfg
     cfg = DraftConfig(kind="eagle3", hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
@@ -167,7 +172,8 @@ def ttt_loss(head: DraftHead, embed: torch.Tensor, tokens: torch.Tensor, feats: 
     return total, accs, counts
 
 
-def batches(store: Any, ids: list[int], batch_tokens: int, max_len: int, rng: random.Random) -> list[list[int]]:
+def batches(store: FeatureStore, ids: list[int], batch_tokens: int, max_len: int,
+            rng: random.Random) -> list[list[int]]:
     """Group sequences of similar length so each padded batch holds about ``batch_tokens`` tokens; shuffled."""
     order = sorted(ids, key=lambda i: min(store.seqs[i][1], max_len))
     out, cur = [], []
@@ -183,7 +189,7 @@ def batches(store: Any, ids: list[int], batch_tokens: int, max_len: int, rng: ra
     return out
 
 
-def collate(store: Any, ids: list[int], max_len: int) -> tuple[torch.Tensor, ...]:
+def collate(store: FeatureStore, ids: list[int], max_len: int) -> tuple[torch.Tensor, ...]:
     """Pad a batch: tokens [B, L], feats [B, L, F] (float32), lengths [B], prompt_lens [B]."""
     items = [store[i] for i in ids]
     L = max(min(len(t), max_len) for t, _, _ in items)
@@ -206,8 +212,8 @@ def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
 
 
-def train(target: Any, store: Any, cfg: TrainConfig, ckpt: Path,
-          log: Callable[[dict[str, Any]], None] = lambda _: None) -> DraftHead:
+def train(target: TargetModel, store: FeatureStore, cfg: TrainConfig, ckpt: Path,
+          log: Callable[[JsonObject], None] = lambda _: None) -> DraftHead:
     """Train (resuming from ``ckpt`` if it exists) and return the head; checkpoints after every 50 steps."""
     rng = random.Random(cfg.seed)
     ids = list(range(len(store)))
@@ -257,7 +263,7 @@ def train(target: Any, store: Any, cfg: TrainConfig, ckpt: Path,
 
 
 @torch.no_grad()
-def evaluate(head: DraftHead, store: Any, ids: list[int], embed: torch.Tensor, t2d: torch.Tensor,
+def evaluate(head: DraftHead, store: FeatureStore, ids: list[int], embed: torch.Tensor, t2d: torch.Tensor,
              rope: torch.Tensor, cfg: TrainConfig) -> list[float]:
     """Token-weighted top-1 accuracy per draft step on held-out sequences."""
     hits, total = [0.0] * cfg.ttt_steps, [0] * cfg.ttt_steps
@@ -271,8 +277,8 @@ def evaluate(head: DraftHead, store: Any, ids: list[int], embed: torch.Tensor, t
     return [h / n if n else 0.0 for h, n in zip(hits, total)]
 
 
-def _save(path: Path, head: DraftHead, opt: Any, vocab_ids: torch.Tensor, step: int, epoch: int, done: int,
-          cfg: TrainConfig) -> None:
+def _save(path: Path, head: DraftHead, opt: torch.optim.Optimizer, vocab_ids: torch.Tensor, step: int, epoch: int,
+          done: int, cfg: TrainConfig) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "vocab_ids": vocab_ids, "step": step,
                 "epoch": epoch, "done_in_epoch": done, "config": asdict(cfg)}, tmp)

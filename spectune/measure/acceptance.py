@@ -7,10 +7,11 @@ per-request data allows it.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from spectune.backends.base import Backend
 from spectune.backends.snapshots import Acceptance, SpecSnapshot
+from spectune.core.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
 
 
@@ -44,7 +45,7 @@ def spec_decode_acceptance(records: Sequence[RequestRecord]) -> float | None:
 
 
 def per_category_points(records: Sequence[RequestRecord], duration_s: float | None, steps: int,
-                        ask: Callable[[list[RequestRecord]], Any]) -> dict[str, dict[str, Any]]:
+                        ask: Callable[[list[RequestRecord]], Acceptance]) -> dict[str, JsonObject]:
     """points.jsonl ``per_category``: :func:`spectune.loadgen.metrics.per_category` plus ``acceptance_length`` and its
     source.
 
@@ -68,8 +69,7 @@ def per_category_points(records: Sequence[RequestRecord], duration_s: float | No
             value, source = v, "spec_decode:per-request"
         else:
             acc = ask(recs)
-            src = str(getattr(acc, "source", "none"))
-            if getattr(acc, "acceptance_length", None) is not None and not src.startswith(("proxy:", "none")):
-                value, source = acc.acceptance_length, src
+            if acc.acceptance_length is not None and not acc.source.startswith(("proxy:", "none")):
+                value, source = acc.acceptance_length, acc.source
         entry["acceptance_length"], entry["acceptance_length_source"] = value, source
     return out

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Sequence
+from typing import Sequence
 
 from spectune.backends.base import Backend
+from spectune.core.json_types import JsonObject
 
 
 BATCH_SIZE_INTERVAL_S = 0.5
 """s between two readings of the engine's running-requests gauge during a measurement window."""
 
 
-def batch_size_summary(samples: Sequence[float], source: str) -> dict[str, Any] | None:
+def batch_size_summary(samples: Sequence[float], source: str) -> JsonObject | None:
     """The running batch size over a window from evenly spaced gauge readings (requests), or None without any.
 
     Returns ``mean`` (the time average, readings being evenly spaced), ``p50``, ``p90`` (``numpy.percentile``,
@@ -65,7 +66,7 @@ class BatchSizeSampler:
         if self._task is not None:
             self._task.cancel()
 
-    async def stop(self) -> dict[str, Any] | None:
+    async def stop(self) -> JsonObject | None:
         """Stop sampling; :func:`batch_size_summary` of the readings, or None without any."""
         if self._task is not None:
             self._task.cancel()

@@ -8,9 +8,9 @@ import platform
 import socket
 import sys
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
 
 from spectune.backends.cpuinfo import read_cpuinfo
+from spectune.core.json_types import JsonObject
 
 VECTOR_FLAG_PREFIXES = ("avx", "amx", "fma", "f16c")
 """CPU flags that decide which kernels torch, oneDNN, llama.cpp and vLLM run (AVX2, AVX-512 and its bf16/VNNI
@@ -31,7 +31,7 @@ def cpu_line() -> str:
     return f"{model}; {' '.join(flags) or 'no vector flags read'}"
 
 
-def environment() -> dict[str, Any]:
+def environment() -> JsonObject:
     """``host`` and ``versions`` for sweep.json and validate.json (package versions read from metadata: nothing
     is imported). ``host.load_average`` is the 1, 5 and 15 minute load average when the run started
     (``os.getloadavg``; None where the OS has none): how busy the machine was before spectune loaded it, which

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Sequence
+from typing import Sequence
 
 from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 
 __all__ = ["LoadSpec", "ClientTimeouts", "steps_check", "request_checks", "failure_rate_check"]
 
@@ -51,7 +52,7 @@ class LoadSpec:
                               api=self.api, slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms,
                               warmup_requests=self.warmup_requests)
 
-    def plan_json(self, head: Sequence[str], values: dict[str, Any]) -> dict[str, Any]:
+    def plan_json(self, head: Sequence[str], values: JsonObject) -> JsonObject:
         """A plan's JSON object in file order: the keys ``head`` (the plan's own leading fields), then the load fields
         (:meth:`keys`), then every other key of ``values`` in its order. ``values``: the plan's fields as JSON values
         (e.g. :func:`dataclasses.asdict` with lists for tuples).

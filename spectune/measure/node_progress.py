@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
+
+from spectune.core.json_types import JsonObject
 
 __all__ = ["NodeTask", "NodeBoard", "node_line", "board_lines"]
 
@@ -27,7 +28,7 @@ class NodeTask:
             ``starting the server``). finished: the task ended (its row goes). ident: unique per task.
     """
 
-    node: dict[str, Any]
+    node: JsonObject
     label: str
     total: float
     unit: str = "points"
@@ -63,7 +64,7 @@ class NodeBoard:
     def __init__(self) -> None:
         self.tasks: dict[int, NodeTask] = {}
 
-    def start(self, node: dict[str, Any], label: str, total: float, unit: str = "points") -> NodeTask:
+    def start(self, node: JsonObject, label: str, total: float, unit: str = "points") -> NodeTask:
         """A task started on ``node``: its row."""
         task = NodeTask(dict(node), label, float(total), unit)
         self.tasks[task.ident] = task

@@ -29,8 +29,9 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
+from spectune.core.json_types import JsonObject
 from spectune.loadgen.datasets import Prompt
 from spectune.core.errors import UserError
 from spectune.loadgen.strategy import Phase, Phased, Strategy, TraceArrivals
@@ -120,7 +121,7 @@ class Workload:
                         max_concurrency=None if p.rate is None else self.max_concurrency) for p in self.phases]
         return Phased(phases, self.burstiness, self.seed)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """What validate.json records about the workload."""
         return {"name": self.name, "total_s": self.total_s, "burstiness": self.burstiness,
                 "max_concurrency": self.max_concurrency, "seed": self.seed, "arrivals": len(self.arrivals),

@@ -27,8 +27,9 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
+from spectune.core.json_types import JsonObject
 from spectune.results.point import SweepPoint, as_points
 
 REL_FLOOR = 0.02
@@ -59,7 +60,7 @@ class BatchAcceptanceFinding:
                 f"{self.acceptance:.3f} at concurrency {self.concurrency} ({self.ratio - 1:+.1%}, noise "
                 f"+/-{self.threshold:.3f}): the engine's acceptance depends on the batch")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return asdict(self)
 
 
@@ -113,7 +114,7 @@ def _cells(points: Iterable[SweepPoint]) -> dict[tuple[int, int], tuple[float, f
     return out
 
 
-def batch_dependent_acceptance(points: Iterable[SweepPoint | dict[str, Any]]) -> list[BatchAcceptanceFinding]:
+def batch_dependent_acceptance(points: Iterable[SweepPoint | JsonObject]) -> list[BatchAcceptanceFinding]:
     """Points (records, or points.jsonl objects) whose acceptance length at concurrency c > 1 is outside the noise of the
     same num_steps' concurrency-1 value on the same prompts (module docstring), sorted by num_steps then
     concurrency. Points at num_steps 0, failed points, proxy acceptance and pairs over different prompt sets are
@@ -137,7 +138,7 @@ def batch_dependent_acceptance(points: Iterable[SweepPoint | dict[str, Any]]) ->
     return found
 
 
-def acceptance_vs_c1(points: Iterable[SweepPoint | dict[str, Any]]) -> dict[tuple[int, int], float]:
+def acceptance_vs_c1(points: Iterable[SweepPoint | JsonObject]) -> dict[tuple[int, int], float]:
     """(K, c) -> acceptance length / the same K's concurrency-1 acceptance length (medians over repeats), for every
     K > 0 with a concurrency-1 point over the same prompts (records, or points.jsonl objects): the
     ``acceptance_vs_c1`` column of summary.csv.

@@ -26,14 +26,15 @@ from __future__ import annotations
 import datetime as _dt
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
+from spectune.core.json_types import JsonObject
 from spectune.results.point import SweepPoint
 
 __all__ = ["DriftBand", "cell_times", "midpoint_s"]
 
 
-def midpoint_s(point: SweepPoint | dict[str, Any]) -> float | None:
+def midpoint_s(point: SweepPoint | JsonObject) -> float | None:
     """The middle of a point's measurement (a record's, or a points.jsonl object's, ``started`` and ``finished``,
     ISO 8601), in seconds since the Unix epoch; None when either stamp is missing or unreadable."""
     if isinstance(point, SweepPoint):
@@ -48,7 +49,7 @@ def midpoint_s(point: SweepPoint | dict[str, Any]) -> float | None:
     return (a + b) / 2
 
 
-def cell_times(points: Iterable[dict[str, Any]]) -> dict[tuple[int, int], float]:
+def cell_times(points: Iterable[JsonObject]) -> dict[tuple[int, int], float]:
     """(steps, concurrency) -> the mean of :func:`midpoint_s` over the cell's measured points (s since the epoch);
     drift re-measurements (``drift_check`` set), predicted rows and points without stamps are left out."""
     times: dict[tuple[int, int], list[float]] = {}
@@ -73,9 +74,9 @@ class DriftBand:
     checks: tuple[tuple[float, float | None], ...] = ()
 
     @classmethod
-    def from_sweep(cls, drift: dict[str, Any] | None) -> "DriftBand":
+    def from_sweep(cls, drift: JsonObject | None) -> "DriftBand":
         """From sweep.json's ``drift`` (:func:`spectune.sweep.drift.drift_summary`; None: no check ran)."""
-        checks: Sequence[dict[str, Any]] = (drift or {}).get("checks") or []
+        checks: Sequence[JsonObject] = (drift or {}).get("checks") or []
         out = []
         for c in checks:
             if c.get("drifted"):

@@ -13,9 +13,10 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 
 
 def fsync_dir(folder: Path) -> None:
@@ -59,7 +60,7 @@ def writing(what: Path, resume_hint: Path | None = None) -> Iterator[None]:
         raise UserError(f"cannot write {what}: {why}: {fix}", exit_code=1 if resume_hint is not None else 2) from None
 
 
-def json_object(line: str) -> dict[str, Any] | None:
+def json_object(line: str) -> JsonObject | None:
     """``line`` parsed as JSON when it holds a JSON object; None when it is not JSON or another JSON value."""
     try:
         obj = json.loads(line)
@@ -68,7 +69,7 @@ def json_object(line: str) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def iter_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any] | None]]:
+def iter_jsonl(path: Path) -> Iterator[tuple[str, JsonObject | None]]:
     """(line, parsed object or None) for each non-blank line; a line that is not a JSON object gives None."""
     if not path.is_file():
         return

@@ -21,17 +21,19 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, TypedDict
+from typing import TYPE_CHECKING, Iterable, Required, TypedDict
 
 from spectune.core.json_types import JsonObject
+from spectune.results.point_numbers import PointNumbers
 from spectune.results.schema import KEY_COLUMNS, STATUS_COLUMNS, SUMMARY_COLUMNS, Key, PointKey, now_iso, summary_row
+from spectune.results.sweep_nodes import PointNode
 
 if TYPE_CHECKING:
     from spectune.backends.snapshots import CrossCheck
 
 __all__ = ["SweepPoint", "as_points", "MetricValue", "Window", "Warmup", "PointAcceptance",
            "BatchSize", "CategoryNumbers", "PairedLook", "EarlyStopLook", "EarlyStopRecord", "ScheduleCheck",
-           "ScheduleCheckRecord", "PointTiming", "ServerRecord", "PointObject", "RequestLine"]
+           "PointTiming", "ServerRecord", "PointObject", "RequestLine"]
 
 MetricValue = float | int | str | bool | None
 """One value of a point's ``metrics``: a number (ms, tokens/s, req/s, counts as the column names), a source or
@@ -157,6 +159,19 @@ class ScheduleCheck:
     k_high: int
     followed: bool
 
+    @classmethod
+    def from_json(cls, obj: JsonObject) -> ScheduleCheck:
+        """The record of a ``schedule_check`` object as :meth:`to_json` wrote it (writing it again gives the same
+        object: its numbers are already rounded).
+
+        Raises:
+            KeyError: a key of :meth:`to_json` is missing. TypeError, ValueError: a value is not a number.
+        """
+        share = obj["drafting_share"]
+        return cls(float(obj["batch_size"]), float(obj["drafted_per_step"]),  # type: ignore[arg-type]
+                   None if share is None else float(share), int(obj["k_low"]), int(obj["k_high"]),  # type: ignore
+                   bool(obj["followed"]))
+
     def to_json(self) -> JsonObject:
         """validate.json's per-phase and points.jsonl's per-point ``schedule_check`` (docs/results-format.md)."""
         share = None if self.drafting_share is None else round(self.drafting_share, 4)
@@ -181,8 +196,6 @@ class ScheduleCheck:
         return text + (f"; {setting}" if setting else "")
 
 
-ScheduleCheckRecord = JsonObject
-"""A point's ``schedule_check`` as points.jsonl holds it: :meth:`ScheduleCheck.to_json` (``k_low`` = ``k_high`` = K)."""
 
 class PointTiming(TypedDict):
     """A point's ``timing``: ``switch_s`` (its ``start(K)`` call when it changed the server) and ``measure_s``, s."""
@@ -198,8 +211,8 @@ class ServerRecord(TypedDict, total=False):
     draft-confidence cutoff point's ``kind`` (``p_min``), ``p_min`` (the cutoff P), ``max_k`` (its num_steps K, the
     draft's cap) and ``args`` (the flags that set P, :meth:`spectune.backends.base.Backend.p_min_args`)."""
 
-    kind: str
-    max_k: int
+    kind: Required[str]
+    max_k: Required[int]
     engine: str
     p_min: float
     args: list[str]
@@ -292,7 +305,7 @@ class SweepPoint:
     early_stop: EarlyStopRecord | None = None
     warmup: Warmup | None = None
     client_limit: str | None = None
-    schedule_check: ScheduleCheckRecord | None = None
+    schedule_check: ScheduleCheck | None = None
     model: str | None = None
     base_url: str | None = None
     started: str | None = None
@@ -317,6 +330,22 @@ class SweepPoint:
         """True for a guided sweep's predicted cell read back as a point (its ``predicted`` key, kept in
         ``extra``); a measured or failed point is never predicted."""
         return bool(self.extra.get("predicted"))
+
+    @property
+    def numbers(self) -> PointNumbers:
+        """The numbers the sweep reads back from ``metrics``, typed (:class:`PointNumbers`)."""
+        return PointNumbers.from_metrics(self.metrics)
+
+    @property
+    def node(self) -> PointNode | None:
+        """Where a ``--ray`` sweep measured the point (its ``node``, kept in ``extra``), or None."""
+        return PointNode.from_json(self.extra.get("node"))
+
+    @property
+    def stopped_early(self) -> bool:
+        """True when the sequential rule ended the point's window before its planned requests (``early_stop``
+        with a ``reason``)."""
+        return self.early_stop is not None and bool(self.early_stop.get("reason"))
 
     @property
     def measured(self) -> bool:
@@ -346,8 +375,9 @@ class SweepPoint:
             "requests_planned": self.requests_planned, "stop_reason": self.stop_reason}
         if self.early_stop is not None:
             d["early_stop"] = self.early_stop
+        check = None if self.schedule_check is None else self.schedule_check.to_json()
         if self.measured:
-            d.update(warmup=self.warmup, client_limit=self.client_limit, schedule_check=self.schedule_check,
+            d.update(warmup=self.warmup, client_limit=self.client_limit, schedule_check=check,
                      model=self.model, base_url=self.base_url, started=self.started, finished=self.finished)
             if self.log_tail:
                 d["log_tail"] = self.log_tail
@@ -355,7 +385,7 @@ class SweepPoint:
                 d["drift_check"] = self.drift_check
         else:  # what a point that measured nothing has (any other field set on it is kept, in the same order)
             d.update({k: v for k, v in (("warmup", self.warmup), ("client_limit", self.client_limit),
-                                        ("schedule_check", self.schedule_check), ("model", self.model),
+                                        ("schedule_check", check), ("model", self.model),
                                         ("base_url", self.base_url)) if v is not None})
             d.update(log_tail=self.log_tail, finished=self.finished)
             if self.drift_check:
@@ -388,6 +418,8 @@ class SweepPoint:
             known.setdefault(name, default)
         if known.get("log_tail") is None:
             known["log_tail"] = ""
+        if isinstance(known.get("schedule_check"), dict):
+            known["schedule_check"] = ScheduleCheck.from_json(known["schedule_check"])
         record = cls(**known, extra={k: v for k, v in obj.items() if k not in names})
         record.absent = {name: copy.deepcopy(getattr(record, name)) for name in names - set(obj)}
         return record

@@ -10,12 +10,12 @@ import gzip
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 from spectune.results.schema import P_MIN_FOLDER, SCHEDULE_FOLDER
 from spectune.results.sweep_meta import SweepMeta
 
@@ -57,8 +57,8 @@ class Results:
 
     summary: pd.DataFrame
     source: Path
-    sweep: dict[str, Any] | None = None
-    points: list[dict[str, Any]] | None = None
+    sweep: JsonObject | None = None
+    points: list[JsonObject] | None = None
     folder: Path | None = None
     schedule: "Results | None" = None
     p_min: "dict[float, Results]" = field(default_factory=dict)
@@ -69,7 +69,7 @@ class Results:
         return SweepMeta.from_json(self.sweep or {})
 
     @property
-    def plan(self) -> dict[str, Any]:
+    def plan(self) -> JsonObject:
         """The sweep plan from ``sweep.json`` (``{}`` when unknown)."""
         return dict((self.sweep or {}).get("plan") or {})
 
@@ -85,13 +85,13 @@ def requests_file(folder: Path | None) -> Path | None:
     return None
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path) -> list[JsonObject]:
     """The JSON objects of a JSON Lines file (gzip-compressed when its name ends in ``.gz``), one per line.
 
     Raises:
         UserError: the file is not UTF-8 or not gzip, or a line before the last is not JSON.
     """
-    out: list[dict[str, Any]] = []
+    out: list[JsonObject] = []
     data = path.read_bytes()
     try:
         lines = (gzip.decompress(data) if path.suffix == ".gz" else data).decode("utf-8").splitlines()
@@ -232,7 +232,7 @@ def load_requests(folder: Path | None) -> pd.DataFrame | None:
     return df
 
 
-def load_request_records(folder: Path | None) -> list[dict[str, Any]] | None:
+def load_request_records(folder: Path | None) -> list[JsonObject] | None:
     """The measured request objects of ``requests.jsonl`` (``chunk_times`` reduced to its length), or None when the
     folder or file is absent (:func:`requests_file`: ``requests.jsonl`` or its ``.gz``); for the bootstrap of
     :mod:`spectune.results.confidence`.

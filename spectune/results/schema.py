@@ -11,8 +11,9 @@ acceptance columns between the two groups, the engine's batch size over the wind
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
+from spectune.core.json_types import JsonObject
 from spectune.loadgen.metrics import SLO_CLIENT_COLUMNS, STREAM_COLUMNS
 
 class PointKey(NamedTuple):
@@ -102,7 +103,7 @@ NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in SUMMARY_COLUMNS
                                          if c not in (*KEY_COLUMNS, *TEXT_COLUMNS, *FLAG_COLUMNS))
 """Numeric columns (read as float, NaN for empty), in file order; the key columns are read as integers."""
 
-def point_key(obj: dict[str, Any]) -> Key | None:
+def point_key(obj: JsonObject) -> Key | None:
     """(steps, concurrency, repeat) of a points.jsonl / requests.jsonl object, or None if it has none."""
     try:
         return PointKey(int(obj["steps"]), int(obj["concurrency"]), int(obj.get("repeat", 0)))
@@ -116,7 +117,7 @@ def key_fields(key: Key) -> dict[str, int]:
     return dict(zip(KEY_COLUMNS, key))
 
 
-def summary_row(point: dict[str, Any]) -> dict[str, Any]:
+def summary_row(point: JsonObject) -> JsonObject:
     """One summary.csv row from a points.jsonl object (its keys, status, error and ``metrics``)."""
     row = {c: point.get("metrics", {}).get(c) for c in SUMMARY_COLUMNS}
     row.update({c: point.get(c) for c in (*KEY_COLUMNS, *STATUS_COLUMNS)})

@@ -78,6 +78,12 @@ class SweepMeta:
                 out[f.name] = v
         return {**out, **self.extra}
 
+    def run_record(self) -> JsonObject:
+        """This run's entry of a later run's ``history``: its ``created``, ``resumed``, ``backend``, ``host`` and
+        ``versions``, those it has, in that order."""
+        written = self.to_json()
+        return {k: written[k] for k in ("created", "resumed", "backend", "host", "versions") if k in written}
+
     def plan_value(self, key: str) -> JsonValue:
         """The plan's ``key`` (None when the plan has none)."""
         return self.plan.get(key)

@@ -11,7 +11,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from rich.console import Console
 from rich.progress import TaskID
@@ -19,7 +19,7 @@ from rich.table import Table
 
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.progress import LiveProgress
-from spectune.results.point import MetricValue, PointObject, SweepPoint, as_points
+from spectune.results.point import PointObject, SweepPoint, as_points
 from spectune.results.schema import Key
 from spectune.sweep.drift import DriftCheck
 from spectune.sweep.plan import SweepListener, SweepOutcome, SweepPlan
@@ -87,19 +87,17 @@ class LiveDisplay(LiveProgress, SweepListener):
             self.progress.advance(self.sweep_task)
         self.console.print(point_line(point), markup=False)
 
-    def drift_checked(self, check: dict[str, Any]) -> None:
+    def drift_checked(self, check: DriftCheck) -> None:
         self.console.print(drift_line(check), markup=False)
 
 
 def drift_line(check: DriftCheck) -> str:
     """One line about a drift check: ``drift check (end of sweep) K=0 c=4: throughput 1.000x [0.97, 1.03] within
     noise``."""
-    head = f"drift check ({check['label']}) K={check['steps']} c={check['concurrency']}"
-    if check.get("ratio") is None:
-        return f"{head}: {check.get('note', 'not comparable')}"
-    span = f" [{check['low']:.3f}, {check['high']:.3f}]" if check.get("low") is not None else ""
-    verdict = f"DRIFTED by {check['change']:.1%}" if check["drifted"] else "within noise"
-    return f"{head}: {check['objective']} {check['first']:.4g} -> {check['again']:.4g}, {check['ratio']:.3f}x{span}: {verdict}"
+    head = f"drift check ({check.label}) K={check.steps} c={check.concurrency}"
+    if check.ratio is None:
+        return f"{head}: {check.line}"
+    return f"{head}: {check.line}: " + (f"DRIFTED by {check.change:.1%}" if check.drifted else "within noise")
 
 
 def outcome_lines(outcome: SweepOutcome) -> list[str]:
@@ -116,7 +114,7 @@ def outcome_lines(outcome: SweepOutcome) -> list[str]:
         lines.append(f"guided plan: {g.get('measured_cells')} cells measured in {len(g.get('rounds') or [])} rounds, "
                      f"{g.get('predicted_cells')} predicted (marked predicted in summary.csv); stopped: "
                      f"{g.get('stopped')}")
-    wrong = [p for p in outcome.points if (p.schedule_check or {}).get("followed") is False]
+    wrong = [p for p in outcome.points if p.schedule_check is not None and not p.schedule_check.followed]
     if wrong:
         keys = ", ".join(f"K={p.steps} c={p.concurrency}" for p in wrong)
         lines.append(f"num_steps check: {len(wrong)} point(s) drafted more than the num_steps they were given "
@@ -137,21 +135,20 @@ def point_line(point: SweepPoint | PointObject) -> str:
         KeyError: a points.jsonl object lacks ``steps`` or ``concurrency``.
     """
     (point,) = as_points([point])
-    m = point.metrics or {}
-    server = ("" if not point.server else f" (p_min {point.server.get('p_min'):g})"
-              if point.server.get("kind") == "p_min" else f" (schedule server, max K {point.server.get('max_k')})")
+    n = point.numbers
+    server = ("" if point.server is None else f" (p_min {point.server['p_min']:g})"
+              if point.server["kind"] == "p_min" else f" (schedule server, max K {point.server['max_k']})")
     head = f"K={point.steps}{server} c={point.concurrency} r={point.repeat} {point.status}"
-    body = (f"{_fmt(m.get('output_throughput_tok_s'), ',.0f')} tok/s, TPOT p50 {_fmt(m.get('tpot_p50_ms'), '.2f')} ms, "
-            f"AL {_fmt(m.get('acceptance_length'), '.2f')} ({m.get('num_requests') or 0} req, "
-            f"{m.get('num_failed') or 0} failed)")
-    node = point.extra.get("node")
-    where = f" @ node {str(node.get('id') or '')[:8]}" if isinstance(node, dict) and node.get("id") else ""  # --ray
+    body = (f"{_fmt(n.output_throughput_tok_s, ',.0f')} tok/s, TPOT p50 {_fmt(n.tpot_p50_ms, '.2f')} ms, "
+            f"AL {_fmt(n.acceptance_length, '.2f')} ({n.num_requests or 0} req, {n.num_failed or 0} failed)")
+    node = point.node
+    where = f" @ node {node.id[:8]}" if node is not None and node.id else ""  # --ray
     if point.status != "ok":
-        return f"{head}: {point.error or 'failed'} ({m.get('num_requests') or 0} req){where}"
-    check = point.schedule_check or {}
-    wrong = f" [NOT at num_steps {point.steps}: drafted {check['drafted_per_step']:.2f}/step]" \
-        if check and not check.get("followed") else ""
-    return f"{head}: {body}" + (" [client-limited]" if m.get("client_limited") else "") + wrong + where
+        return f"{head}: {point.error or 'failed'} ({n.num_requests or 0} req){where}"
+    check = point.schedule_check
+    wrong = f" [NOT at num_steps {point.steps}: drafted {check.drafted_per_step:.2f}/step]" \
+        if check is not None and not check.followed else ""
+    return f"{head}: {body}" + (" [client-limited]" if n.client_limited else "") + wrong + where
 
 
 @dataclass
@@ -183,8 +180,8 @@ class SummaryCell:
         return self.total > 0 and self.ok == 0
 
 
-def _median(values: Iterable[MetricValue]) -> float | None:
-    vals = [float(v) for v in values if isinstance(v, (int, float))]
+def _median(values: Iterable[float | None]) -> float | None:
+    vals = [float(v) for v in values if v is not None]
     return statistics.median(vals) if vals else None
 
 
@@ -204,17 +201,16 @@ def summarize(points: Sequence[SweepPoint | PointObject], steps: Sequence[int],
         for k in steps:
             pts = [p for p in records if p.key.cell == (k, c)]
             guess = [p for p in guesses if p.key.cell == (k, c)] if not pts else []
-            ok = [p.metrics for p in pts + guess if p.status == "ok"]
-            cells[c, k] = SummaryCell(_median(m.get("output_throughput_tok_s") for m in ok),
-                               _median(m.get("tpot_p50_ms") for m in ok),
-                               _median(m.get("acceptance_length") for m in ok), len(ok), len(pts + guess),
-                               client_limited=sum(bool(m.get("client_limited")) for m in ok),
-                               predicted=bool(guess))
+            ok = [p.numbers for p in pts + guess if p.status == "ok"]
+            cells[c, k] = SummaryCell(_median(n.output_throughput_tok_s for n in ok),
+                                      _median(n.tpot_p50_ms for n in ok),
+                                      _median(n.acceptance_length for n in ok), len(ok), len(pts + guess),
+                                      client_limited=sum(n.client_limited for n in ok), predicted=bool(guess))
             cell = cells[c, k]
             if intervals and (c, k) in intervals:
                 cell.ci_low, cell.ci_high = intervals[c, k]
             elif len(ok) == 1:
-                cell.ci_low, cell.ci_high = ok[0].get("output_throughput_ci_low"), ok[0].get("output_throughput_ci_high")
+                cell.ci_low, cell.ci_high = ok[0].output_throughput_ci_low, ok[0].output_throughput_ci_high
         best: SummaryCell | None = None
         for k in sorted(steps):  # ascending: a tie keeps the smaller K
             cell = cells[c, k]

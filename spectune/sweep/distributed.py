@@ -41,7 +41,7 @@ import json
 import time
 from dataclasses import dataclass, field, replace
 from types import ModuleType
-from typing import TYPE_CHECKING, Callable, Sequence, TypedDict
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from spectune.backends.base import Backend
 from spectune.backends.options import BackendOptions
@@ -57,9 +57,10 @@ from spectune.results.durable import atomic_write, writing
 from spectune.results.folder import SweepFolder
 from spectune.results.nodes import node_verdicts
 from spectune.results.point import SweepPoint
-from spectune.results.schema import Key, PointKey, point_key
+from spectune.results.schema import Key, PointKey
 from spectune.results.sweep_meta import SweepMeta
-from spectune.sweep.drift import drift_summary
+from spectune.results.sweep_nodes import PointNode, SweepNode
+from spectune.sweep.drift import DriftCheck, drift_summary
 from spectune.sweep.plan import SweepListener, SweepPlan
 
 if TYPE_CHECKING:
@@ -73,41 +74,18 @@ __all__ = ["RayOptions", "RaySweep", "parse_resources", "RAY_EXTRA"]
 _COST_KEYS = ("points", "drift_points", "launches", "measure_s", "drift_s", "switch_s")
 
 
+def _calibration_line(point: SweepPoint) -> JsonObject:
+    """A calibration.jsonl line: the point's object with its ``node`` first."""
+    obj = point.to_dict()
+    return {"node": obj.pop("node"), **obj}
+
+
 class BlockTaskOptions(TaskOptions, total=False):
     """``.options(...)`` of a block task: a streaming generator without automatic retries, and the resources of
     one server (:class:`spectune.measure.ray_cluster.TaskOptions`)."""
 
     num_returns: str
     max_retries: int
-
-
-class NodeCalibration(TypedDict):
-    """A sweep.json ``nodes`` entry's ``calibration``: its calibration point's cell, status and numbers."""
-
-    steps: int | None
-    concurrency: int | None
-    status: str | None
-    output_throughput_tok_s: float | None
-    output_throughput_ci_low: float | None
-    output_throughput_ci_high: float | None
-    tpot_p50_ms: float | None
-
-
-class NodeEntry(TypedDict, total=False):
-    """One node of sweep.json ``nodes`` (by node id): where it is, the blocks it ran and its points; with a
-    calibration, that and its verdict (:func:`spectune.results.nodes.node_verdicts`: ``ratio``, ``low``, ``high``,
-    ``alike``)."""
-
-    id: str
-    ip: str | None
-    hostname: str | None
-    blocks: list[str]
-    points: int
-    calibration: NodeCalibration
-    ratio: float | None
-    low: float | None
-    high: float | None
-    alike: bool | None
 
 
 @dataclass(frozen=True)
@@ -189,11 +167,12 @@ class RaySweep:
         self.ran = 0
         self.predicted: list[JsonObject] = []
         self.cost: dict[str, float] = {k: 0 if k in ("points", "drift_points", "launches") else 0.0 for k in _COST_KEYS}
-        self.drift_checks: list[JsonObject] = []
+        self.drift_checks: list[DriftCheck] = []
         old = meta.nodes
-        self.nodes: dict[str, NodeEntry] = dict(old) if isinstance(old, dict) else {}
+        self.nodes: dict[str, SweepNode] = ({str(n): SweepNode.from_json(e) for n, e in old.items()
+                                             if isinstance(e, dict)} if isinstance(old, dict) else {})
         self.calibrating: set[str] = set()
-        self.calibrations: dict[str, JsonObject] = {}  # node id -> its calibration.jsonl line
+        self.calibrations: dict[str, SweepPoint] = {}  # node id -> its calibration.jsonl line
         self.backend_description: JsonObject | None = None
         self._ray: ModuleType | None = None
         self._remote: TaskSubmitter | None = None
@@ -335,12 +314,13 @@ class RaySweep:
                                                                       "error": lost["error"],
                                                                       "points_left": len(remaining)}]
         for key in list(remaining):
-            point = SweepPoint.failed(key, "its node was lost", self.plan.requests_for(key.concurrency)).to_dict() | {
-                "stop_reason": "node_lost", "node": None}
+            point = SweepPoint.failed(key, "its node was lost", self.plan.requests_for(key.concurrency),
+                                      stop_reason="node_lost")
+            point.extra["node"] = None
             self._record(point, [], None)
 
     async def _stream(self, remote: TaskSubmitter, payload: BlockPayload, remaining: list[Key] | None, label: str,
-                      on_point: Callable[[JsonObject, list[JsonObject]], None] | None = None) -> LostTask | None:
+                      on_point: Callable[[SweepPoint, list[JsonObject]], None] | None = None) -> LostTask | None:
         """Submit one task and handle its events until it ends (:func:`spectune.measure.ray_cluster.stream_task`).
         Returns None when it ended normally, or what was lost (``{"node", "where", "error"}``) when Ray reports a
         system failure (node or worker died).
@@ -352,20 +332,20 @@ class RaySweep:
         keys = [PointKey(*k) for k in payload["keys"]]
         bar: list[NodeTask] = []  # this task's row of the per-node progress, once its node is known
 
-        def on_event(event: BlockEvent, node: NodeRef | None) -> None:
-            kind = event.get("kind")
+        def on_event(event: BlockEvent, ref: NodeRef | None) -> None:
+            kind, node = event["kind"], PointNode.from_json(ref)
             if kind == "node":
-                self._node_seen(node or {}, label, keys)
-                bar.append(self.board.start(node or {}, label, len(keys), "points"))
+                self._node_seen(node or PointNode(), label, keys)
+                bar.append(self.board.start(ref or {}, label, len(keys), "points"))
                 self.listener.node_progress(bar[0])
             elif kind == "point":
-                point = {**event["point"], "node": node}
+                point = SweepPoint.from_dict({**event["point"], "node": ref})
                 if on_point is not None:
                     on_point(point, event["requests"])
                 else:
                     self._record(point, event["requests"], node)
-                    key = point_key(point)
-                    node_id = (node or {}).get("id")
+                    key = point.key
+                    node_id = node.id if node is not None else None
                     if (key == self._calibration_key() and node_id and self.ray_options.calibrate
                             and node_id not in self.calibrations):
                         self._save_calibration(node_id, point)  # the K=0 block's point: this node's calibration
@@ -374,9 +354,9 @@ class RaySweep:
                 if bar:
                     self.listener.node_progress(self.board.advance(bar[0]))
             elif kind == "drift":
-                self._drift(event, node)
+                self._drift(event, ref)
             elif kind == "log":
-                self._log(event, node)
+                self._log(event, ref)
             elif kind == "done":
                 self._done(event)
             elif kind == "server_starting":
@@ -384,8 +364,8 @@ class RaySweep:
                 if bar:
                     self.listener.node_progress(self.board.update(bar[0], current="starting the server"))
             elif kind == "server_failed":
-                self.listener.server_failed(int(event["steps"]), f"{where(node)}: {event['message']}",
-                                            event.get("log_tail") or "")
+                self.listener.server_failed(int(event["steps"]), f"{where(ref)}: {event['message']}",
+                                            event["log_tail"])
             elif kind == "point_started":
                 key = PointKey(*event["key"])
                 self.listener.point_started(key, int(event["planned"]))
@@ -393,7 +373,7 @@ class RaySweep:
                     self.listener.node_progress(self.board.update(
                         bar[0], current=f"K={key.steps} c={key.concurrency} r={key.repeat}"))
             elif kind == "warning":
-                self.listener.warning(f"{where(node)}: {event['message']}")
+                self.listener.warning(f"{where(ref)}: {event['message']}")
 
         try:
             return await stream_task(self._ray, remote, payload, on_event, label)
@@ -407,8 +387,9 @@ class RaySweep:
         from spectune.results.durable import iter_jsonl
 
         for _, obj in iter_jsonl(self.folder.path / "calibration.jsonl"):
-            if isinstance(obj, dict) and isinstance(obj.get("node"), dict) and obj["node"].get("id"):
-                self.calibrations[str(obj["node"]["id"])] = obj
+            point = SweepPoint.from_dict(obj) if isinstance(obj, dict) else None
+            if point is not None and point.node is not None and point.node.id:
+                self.calibrations[point.node.id] = point
 
     def _calibrate_later(self, node_id: str) -> None:
         """Start the calibration task of ``node_id`` unless it has one (done or running)."""
@@ -421,18 +402,20 @@ class RaySweep:
         """The calibration cell: num_steps 0 at the plan's lowest concurrency, first repeat."""
         return PointKey(0, min(self.plan.concurrency), 0)
 
-    def _save_calibration(self, node_id: str, point: JsonObject) -> None:
-        """Record ``point`` (measured on ``node_id``) as its calibration: calibration.jsonl rewritten atomically."""
-        line = {"node": point.get("node") or {"id": node_id}, **{k: v for k, v in point.items() if k != "node"}}
-        self.calibrations[node_id] = line
+    def _save_calibration(self, node_id: str, point: SweepPoint) -> None:
+        """Record ``point`` (measured on ``node_id``) as its calibration: calibration.jsonl rewritten atomically
+        (each line its point's object, ``node`` first)."""
+        if point.node in (None, PointNode()):
+            point.extra["node"] = {"id": node_id}
+        self.calibrations[node_id] = point
         path = self.folder.path / "calibration.jsonl"
-        lines = [json.dumps(obj) + "\n" for obj in self.calibrations.values()]
+        lines = [json.dumps(_calibration_line(p)) + "\n" for p in self.calibrations.values()]
         with writing(path, self.folder.path):
             atomic_write(path, lambda fh: fh.writelines(lines))
-        m = point.get("metrics") or {}
-        tput = m.get("output_throughput_tok_s")
-        self.listener.note(f"calibration on {where(point.get('node'))}: K=0 c={point.get('concurrency')} "
-                           + (f"{tput:,.1f} tok/s" if isinstance(tput, (int, float)) else str(point.get("status"))))
+        tput = point.numbers.output_throughput_tok_s
+        node = point.node
+        self.listener.note(f"calibration on {where(node.where if node else None)}: K=0 c={point.concurrency} "
+                           + (f"{tput:,.1f} tok/s" if tput is not None else point.status))
 
     async def _calibrate(self, node_id: str) -> None:
         """Measure num_steps 0 at the lowest concurrency on ``node_id`` (one task pinned there) into
@@ -443,7 +426,7 @@ class RaySweep:
         key = self._calibration_key()
         remote = self._fn.options(**self._opts,
                                   scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
-        got: list[tuple[JsonObject, list[JsonObject]]] = []
+        got: list[tuple[SweepPoint, list[JsonObject]]] = []
         label = f"calibration (K=0 c={key.concurrency})"
         lost = await self._stream(remote, self._payload([key], plan) | {"points": [], "goals": {}}, None, label,
                                   on_point=lambda p, r: got.append((p, r)))
@@ -459,22 +442,14 @@ class RaySweep:
         rewritten) and a warning names each unlike node."""
         if not self.calibrations:
             return
-        verdicts = node_verdicts(self.calibrations, self.plan.noise_band)
+        verdicts = node_verdicts({n: p.to_dict() for n, p in self.calibrations.items()}, self.plan.noise_band)
         for node_id, v in verdicts.items():
             cal = self.calibrations[node_id]
-            known = cal.get("node") or {}
-            entry = self.nodes.setdefault(node_id, {"id": node_id, "ip": known.get("ip"),
-                                                    "hostname": known.get("hostname"), "blocks": [], "points": 0})
-            m = cal.get("metrics") or {}
-            entry["calibration"] = {"steps": cal.get("steps"), "concurrency": cal.get("concurrency"),
-                                    "status": cal.get("status"),
-                                    "output_throughput_tok_s": m.get("output_throughput_tok_s"),
-                                    "output_throughput_ci_low": m.get("output_throughput_ci_low"),
-                                    "output_throughput_ci_high": m.get("output_throughput_ci_high"),
-                                    "tpot_p50_ms": m.get("tpot_p50_ms")}
-            entry.update(v)
+            entry = self.nodes.setdefault(node_id, SweepNode.at(cal.node or PointNode(), node_id))
+            entry.calibrate(cal.steps, cal.concurrency, cal.status, cal.numbers)
+            entry.verdict = {**(entry.verdict or {}), **v}
             if v["alike"] is False:
-                self.listener.warning(f"node {where(entry)} is outside the nodes' noise band: its "
+                self.listener.warning(f"node {where(entry.to_json())} is outside the nodes' noise band: its "
                                       f"calibration is {v['ratio']:.3f}x the median node's [{v['low']:.3f}, "
                                       f"{v['high']:.3f}] (band {self.plan.noise_band:.0%}); its points are marked "
                                       "and spectune recommend refuses to compare across it without "
@@ -484,43 +459,40 @@ class RaySweep:
                                     "nodes": len(verdicts)}
         changed = False
         for p in self.folder.points:
-            node = p.extra.get("node")
-            if isinstance(node, dict) and node.get("id") in verdicts:
-                alike = verdicts[node["id"]]["alike"]
-                if node.get("alike") != alike:
-                    p.extra["node"] = {**node, "alike": alike}
-                    changed = True
+            node = p.node
+            if node is not None and node.id in verdicts and node.alike != verdicts[node.id]["alike"]:
+                p.extra["node"] = {**p.extra["node"], "alike": verdicts[node.id]["alike"]}  # type: ignore[dict-item]
+                changed = True
         if changed:
             self.folder.rewrite_points()
 
     # -- events -----------------------------------------------------------------------------------------------------
-    def _node_seen(self, node: NodeRef, label: str, keys: Sequence[Key] = ()) -> None:
-        node_id = node.get("id")
+    def _node_seen(self, node: PointNode, label: str, keys: Sequence[Key] = ()) -> None:
+        node_id = node.id
         if not node_id:
             return
-        entry = self.nodes.setdefault(node_id, {"id": node_id, "ip": node.get("ip"),
-                                                "hostname": node.get("hostname"), "blocks": [], "points": 0})
+        entry = self.nodes.setdefault(node_id, SweepNode.at(node, node_id))
         if label.startswith("block"):
-            entry.setdefault("blocks", []).append(label)
-            self.listener.note(f"{label} started on {where(node)}")
+            entry.blocks.append(label)
+            self.listener.note(f"{label} started on {where(node.where)}")
             if self._calibration_key() not in keys:  # else the block's own point is the node's calibration
                 self._calibrate_later(node_id)
         self._save_meta()
 
-    def _record(self, point: JsonObject, requests: list[JsonObject], node: NodeRef | None) -> None:
+    def _record(self, point: SweepPoint, requests: list[JsonObject], node: PointNode | None) -> None:
         """Write a finished point and its request objects into the folder (durable, summary.csv rewritten)."""
         for obj in requests:
             self.folder.append_request(obj)
         self.folder.append_point(point)
         self.ran += 1
-        if node and node.get("id") in self.nodes:
-            self.nodes[node["id"]]["points"] = int(self.nodes[node["id"]].get("points") or 0) + 1
-        self.listener.point_finished(SweepPoint.from_dict(point))
+        if node is not None and node.id in self.nodes:
+            self.nodes[node.id].points += 1
+        self.listener.point_finished(point)
 
     def _drift(self, event: BlockEvent, node: NodeRef | None) -> None:
-        for obj in event.get("requests") or []:
+        for obj in event["requests"]:
             self.folder.append_drift_request(obj)
-        check = {**event["check"], "node": node}
+        check = replace(event["check"], extra={"node": node})  # type: ignore[dict-item]
         self.drift_checks.append(check)
         self.meta.drift = drift_summary(self.drift_checks, "blocks")
         self.listener.drift_checked(check)
@@ -540,7 +512,7 @@ class RaySweep:
     def _save_meta(self) -> None:
         c = self.cost
         self.meta.cost = {**c, "total_s": c["measure_s"] + c["drift_s"] + c["switch_s"]}
-        self.meta.nodes = self.nodes  # type: ignore[assignment]
+        self.meta.nodes = {n: e.to_json() for n, e in self.nodes.items()}
         if self.backend_description is not None:
             self.meta.backend = self.backend_description
         self.folder.write_meta(self.meta)

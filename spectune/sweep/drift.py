@@ -15,96 +15,114 @@ than the share of that drift the time between the two cells' measurements carrie
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence, TypedDict
+from dataclasses import dataclass, field, replace
+from typing import Sequence
 
+from spectune.core.json_types import JsonObject
 from spectune.results.confidence import Bootstrap, RunRequests, ratio_interval
 from spectune.results.drift import midpoint_s
-from spectune.results.point import MetricValue, SweepPoint
+from spectune.results.point import RequestLine, SweepPoint
 
 __all__ = ["OBJECTIVE_COLUMNS", "DriftCheck", "drift_check", "drift_summary"]
 
 OBJECTIVE_COLUMNS = {"throughput": "output_throughput_tok_s", "tpot": "tpot_p50_ms"}
 
 
-class _DriftCheckBase(TypedDict):
+@dataclass(frozen=True)
+class DriftCheck:
+    """One drift check (:func:`drift_check`; sweep.json ``drift.checks``, :meth:`to_json`).
+
+    Attributes:
+        label: which check (``end of sweep``, ``end of block K=3``). steps, concurrency, repeat: the reference point.
+        objective: ``throughput`` or ``tpot``; first, again: its value in the two measurements (tokens/s or ms;
+            as written in ``metrics``, None when missing). confidence: the interval's level.
+        span_s: s between the middles of the two measurements (None without their stamps).
+        ratio: again / first with its paired percentile interval ``low``/``high`` (None when unknown).
+        drifted: the whole interval lies outside the noise band (module docstring). change: |ratio - 1|.
+        note: why a check could not compare (None when it compared).
+        extra: keys written after the check's own: a ``--ray`` sweep's ``node``, the node its block ran on.
+    """
+
     label: str
     steps: int
     concurrency: int
     repeat: int
     objective: str
-    first: MetricValue
-    again: MetricValue
+    first: float | None
+    again: float | None
     confidence: float
     span_s: float | None
-    ratio: float | None
-    low: float | None
-    high: float | None
-    drifted: bool
-    change: float
+    ratio: float | None = None
+    low: float | None = None
+    high: float | None = None
+    drifted: bool = False
+    change: float = 0.0
+    note: str | None = None
+    extra: JsonObject = field(default_factory=dict)
+
+    def to_json(self) -> JsonObject:
+        """sweep.json's check: the attributes in order (``note`` only when set), then ``extra``."""
+        out: JsonObject = {"label": self.label, "steps": self.steps, "concurrency": self.concurrency,
+                           "repeat": self.repeat, "objective": self.objective, "first": self.first,
+                           "again": self.again, "confidence": self.confidence, "span_s": self.span_s,
+                           "ratio": self.ratio, "low": self.low, "high": self.high, "drifted": self.drifted,
+                           "change": self.change}
+        if self.note is not None:
+            out["note"] = self.note
+        return {**out, **self.extra}
+
+    @property
+    def line(self) -> str:
+        """The check in a few words: ``objective first -> again, ratio [low, high]`` or why it did not compare."""
+        if self.ratio is None:
+            return self.note or "not comparable"
+        span = f" [{self.low:.3f}, {self.high:.3f}]" if self.low is not None else ""
+        return f"{self.objective} {self.first:.4g} -> {self.again:.4g}, {self.ratio:.3f}x{span}"
 
 
-class DriftCheck(_DriftCheckBase, total=False):
-    """One drift check (:func:`spectune.sweep.drift.drift_check`; sweep.json ``drift.checks``): ``label``, the
-    reference point (``steps``, ``concurrency``, ``repeat``), ``objective`` with its ``first`` and ``again`` values
-    (tokens/s or ms), ``ratio`` again / first with its interval ``low``/``high`` at ``confidence`` (None when
-    unknown), ``drifted``, ``change`` = |ratio - 1|, ``span_s`` and, for a check that could not compare, ``note``."""
-
-    note: str
-
-
-def drift_check(label: str, first: SweepPoint, again: SweepPoint, first_records: Sequence[dict[str, Any]],
-                again_records: Sequence[dict[str, Any]], objective: str = "throughput",
+def drift_check(label: str, first: SweepPoint, again: SweepPoint, first_records: Sequence[RequestLine],
+                again_records: Sequence[RequestLine], objective: str = "throughput",
                 confidence: float = 0.95, band: float = 0.02) -> DriftCheck:
     """One drift check: the reference point ``first`` and its re-measurement ``again`` (records with ``metrics``),
     with their request objects (requests.jsonl form).
 
     Returns:
-        ``{"label", "steps", "concurrency", "repeat", "objective", "first", "again", "ratio", "low", "high",
-        "confidence", "drifted", "change", "span_s"}``: objective values (tokens/s or ms), the ratio again / first
-        with its paired percentile interval (NaN -> None when unknown), ``drifted`` (the whole interval is outside
-        ``[1 - band, 1 + band]``; without an interval, the ratio is off 1 by more than max(band, 5%)), ``change`` =
-        |ratio - 1| (a fraction) and ``span_s``, the seconds between the middles of the two measurements (their
-        ``started`` and ``finished`` stamps; None without them).
+        the check: objective values (tokens/s or ms), the ratio again / first with its paired percentile interval
+        (NaN -> None when unknown), ``drifted`` (the whole interval is outside ``[1 - band, 1 + band]``; without an
+        interval, the ratio is off 1 by more than max(band, 5%)), ``change`` = |ratio - 1| (a fraction) and
+        ``span_s``, the seconds between the middles of the two measurements (their ``started`` and ``finished``
+        stamps; None without them).
 
     Raises:
         ValueError: an objective other than ``throughput`` or ``tpot``.
     """
     if objective not in OBJECTIVE_COLUMNS:
         raise ValueError(f"unknown objective {objective!r}")
-    col = OBJECTIVE_COLUMNS[objective]
-    a = first.metrics.get(col)
-    b = again.metrics.get(col)
-    out: dict[str, Any] = {"label": label, "steps": first.steps, "concurrency": first.concurrency,
-                           "repeat": first.repeat, "objective": objective, "first": a, "again": b,
-                           "confidence": confidence}
+    value = (lambda n: n.output_throughput_tok_s) if objective == "throughput" else (lambda n: n.tpot_p50_ms)
+    a, b = value(first.numbers), value(again.numbers)
     t0, t1 = midpoint_s(first), midpoint_s(again)
-    out["span_s"] = t1 - t0 if t0 is not None and t1 is not None else None
-    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or not a or first.status != "ok" \
-            or again.status != "ok":
-        return {**out, "ratio": None, "low": None, "high": None, "drifted": False, "change": 0.0,
-                "note": "not comparable (a failed or empty measurement)"}
-    boot = Bootstrap([r.get("prompt_id") for r in (*first_records, *again_records)])
-    reps_b = boot.run_replicates(RunRequests.from_records(again_records), objective, float(b))
-    reps_a = boot.run_replicates(RunRequests.from_records(first_records), objective, float(a))
+    check = DriftCheck(label, first.steps, first.concurrency, first.repeat, objective, a, b, confidence,
+                       t1 - t0 if t0 is not None and t1 is not None else None)
+    if a is None or b is None or not a or first.status != "ok" or again.status != "ok":
+        return replace(check, note="not comparable (a failed or empty measurement)")
+    run_a, run_b = RunRequests.from_records(first_records), RunRequests.from_records(again_records)
+    boot = Bootstrap([*run_a.prompt, *run_b.prompt])
+    reps_b = boot.run_replicates(run_b, objective, float(b))
+    reps_a = boot.run_replicates(run_a, objective, float(a))
     iv = ratio_interval(reps_b, reps_a, b / a, confidence)
     drifted = (iv.low > 1 + band or iv.high < 1 - band) if iv.known else abs(b / a - 1) > max(band, 0.05)
     clean = lambda x: x if math.isfinite(x) else None  # noqa: E731
-    return {**out, "ratio": b / a, "low": clean(iv.low), "high": clean(iv.high), "drifted": bool(drifted),
-            "change": abs(b / a - 1)}
+    return replace(check, ratio=b / a, low=clean(iv.low), high=clean(iv.high), drifted=bool(drifted),
+                   change=abs(b / a - 1))
 
 
-def drift_summary(checks: Sequence[dict[str, Any]], order: str) -> dict[str, Any]:
+def drift_summary(checks: Sequence[DriftCheck], order: str) -> JsonObject:
     """sweep.json's ``drift``: the run order, every check, ``drifted`` (any check drifted), ``change`` (the largest
     change among drifted checks, a fraction; 0 when none drifted) and a one-line ``summary``."""
-    drifted = [c for c in checks if c.get("drifted")]
-    change = max((c["change"] for c in drifted), default=0.0)
-    lines = []
-    for c in checks:
-        if c.get("ratio") is None:
-            lines.append(f"{c['label']}: {c.get('note', 'not comparable')}")
-            continue
-        span = f" [{c['low']:.3f}, {c['high']:.3f}]" if c.get("low") is not None else ""
-        lines.append(f"{c['label']} K={c['steps']} c={c['concurrency']}: {c['objective']} {c['first']:.4g} -> "
-                     f"{c['again']:.4g}, {c['ratio']:.3f}x{span}" + (" DRIFTED" if c["drifted"] else " (within noise)"))
-    return {"order": order, "checks": list(checks), "drifted": bool(drifted), "change": change,
+    drifted = [c for c in checks if c.drifted]
+    lines = [f"{c.label}: {c.line}" if c.ratio is None else
+             f"{c.label} K={c.steps} c={c.concurrency}: {c.line}" + (" DRIFTED" if c.drifted else " (within noise)")
+             for c in checks]
+    return {"order": order, "checks": [c.to_json() for c in checks], "drifted": bool(drifted),
+            "change": max((c.change for c in drifted), default=0.0),
             "summary": "; ".join(lines) if lines else "no drift check ran"}

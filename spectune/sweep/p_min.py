@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Awaitable, Callable, Sequence
+import os
+from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
 
 from spectune.backends import make_backend, p_min_backends
 from spectune.backends.base import Backend
@@ -25,15 +26,19 @@ from spectune.core.json_types import JsonObject
 from spectune.results.folder import SweepFolder
 from spectune.results.point import ServerRecord, SweepPoint
 from spectune.results.schema import P_MIN_FOLDER, Key, p_min_folder_name
+from spectune.results.sweep_meta import SweepMeta
 from spectune.sweep.plan import SweepPlan
 from spectune.sweep.schedule_server import StaticLedRunner
 
+if TYPE_CHECKING:
+    from spectune.sweep.runner import FolderSweep, RaySweeping, SweepRunner
+
 __all__ = ["parse_p_min_list", "p_min_plans", "p_min_server", "open_p_min_sweeps", "PMinRunner"]
 
-Prepare = Callable[[SweepFolder, SweepPlan, Backend], Awaitable[tuple[list[SweepPoint], list[Key], JsonObject]]]
+Prepare = Callable[[SweepFolder, SweepPlan, Backend], Awaitable[tuple[list[SweepPoint], list[Key], SweepMeta]]]
 """Checks a sweep folder against its plan and runs the backend's preflight: (points kept, points to run, sweep.json's
-object) (:func:`spectune.sweep.prepare.prepare_folder` with the sweep's settings)."""
-MakeSweep = Callable[[SweepPlan, Backend, SweepFolder, JsonObject], Any]
+record) (:func:`spectune.sweep.prepare.prepare_folder` with the sweep's settings)."""
+MakeSweep = Callable[[SweepPlan, Backend, SweepFolder, SweepMeta], "FolderSweep"]
 """Builds the :class:`spectune.sweep.run.Sweep` of a plan on a backend and an opened folder with its sweep.json."""
 
 
@@ -61,7 +66,7 @@ def parse_p_min_list(text: str | None) -> tuple[float, ...]:
 
 
 def p_min_plans(values: Sequence[float], plan: SweepPlan, backend: Backend,
-                ray: Any = None) -> list[tuple[float, SweepPlan]]:
+                ray: RaySweeping | None = None) -> list[tuple[float, SweepPlan]]:
     """(P, plan) per cutoff: the sweep's grid of concurrencies and repeats at num_steps K = the largest ``--steps``
     (the draft's cap: llama.cpp's ``--spec-draft-n-max``), every window in full unless ``--early-stop`` was asked,
     no drift check of its own (the static cells' covers the machine); [] without values.
@@ -95,7 +100,7 @@ def p_min_server(p_min: float, steps: int, backend: Backend) -> ServerRecord:
 
 async def open_p_min_sweeps(plans: Sequence[tuple[float, SweepPlan]], backend_name: str, options: BackendOptions,
                             parent: SweepFolder, prepare: Prepare,
-                            make_sweep: MakeSweep) -> list[tuple[Any, list[Key], list[SweepPoint]]]:
+                            make_sweep: MakeSweep) -> list[tuple[FolderSweep, list[Key], list[SweepPoint]]]:
     """One sweep per cutoff P in ``parent/p-min/P`` (a sweep folder of its own whose points carry ``server``
     :func:`p_min_server`, and whose sweep.json carries ``p_min``): its backend (``options`` with ``draft_p_min`` P),
     checked folder, preflight and opened folder. Returns (sweep, points to run, points kept) per P.
@@ -103,7 +108,7 @@ async def open_p_min_sweeps(plans: Sequence[tuple[float, SweepPlan]], backend_na
     Raises:
         UserError: from the backend, the folder check or the preflight (the folders opened before it are closed).
     """
-    out: list[tuple[Any, list[Key], list[SweepPoint]]] = []
+    out: list[tuple[FolderSweep, list[Key], list[SweepPoint]]] = []
     try:
         for p_min, plan in plans:
             folder = SweepFolder(parent.path / P_MIN_FOLDER / p_min_folder_name(p_min))
@@ -138,7 +143,7 @@ class PMinRunner(StaticLedRunner):
         static: the static cells' runner. cutoffs: (sweep, points to run) per cutoff, in measuring order.
     """
 
-    def __init__(self, static: Any, cutoffs: Sequence[tuple[Any, Sequence[Key]]]) -> None:
+    def __init__(self, static: SweepRunner, cutoffs: Sequence[tuple[SweepRunner, Sequence[Key]]]) -> None:
         self.static, self.cutoffs = static, [(s, list(todo)) for s, todo in cutoffs]
 
     async def run(self, todo: Sequence[Key]) -> None:
@@ -149,7 +154,7 @@ class PMinRunner(StaticLedRunner):
                 await sweep.run(keys)
 
 
-def p_min_lines(output_dir: Any) -> list[str]:
+def p_min_lines(output_dir: str | os.PathLike[str]) -> list[str]:
     """What ``spectune sweep`` prints of the cutoffs' cells in ``output_dir/p-min``: a heading, then per point its
     cutoff P, num_steps K, concurrency, output throughput (tokens/s), acceptance length (tokens per verify step that
     drafted) and the share of verify steps that drafted (points.jsonl ``schedule_check.drafting_share``); [] without
@@ -164,18 +169,23 @@ def p_min_lines(output_dir: Any) -> list[str]:
     if not points:
         return []
     out = [f"draft-confidence cutoffs ({root}):"]
-    for pt in sorted(points, key=lambda p: ((p.server or {}).get("p_min", 0.0), p.concurrency, p.repeat)):
-        m, share = pt.metrics, (pt.schedule_check or {}).get("drafting_share")
+    for pt in sorted(points, key=lambda p: (_cutoff(p, 0.0), p.concurrency, p.repeat)):
+        head = f"  p_min {_cutoff(pt, math.nan):g} K={pt.steps} c={pt.concurrency}: "
         if pt.status != "ok":
-            out.append(f"  p_min {(pt.server or {}).get('p_min', float('nan')):g} K={pt.steps} c={pt.concurrency}: "
-                       f"{pt.status} ({pt.error})")
+            out.append(f"{head}{pt.status} ({pt.error})")
             continue
-        out.append(f"  p_min {(pt.server or {}).get('p_min', float('nan')):g} K={pt.steps} c={pt.concurrency}: "
-                   f"{_num(m.get('output_throughput_tok_s'), '.1f')} tok/s, acceptance length "
-                   f"{_num(m.get('acceptance_length'), '.2f')}, drafted in "
+        share = None if pt.schedule_check is None else pt.schedule_check.drafting_share
+        out.append(f"{head}{_num(pt.numbers.output_throughput_tok_s, '.1f')} tok/s, acceptance length "
+                   f"{_num(pt.numbers.acceptance_length, '.2f')}, drafted in "
                    f"{'?' if share is None else f'{share:.0%}'} of verify steps")
     return out
 
 
-def _num(value: Any, spec: str) -> str:
+def _cutoff(point: SweepPoint, default: float) -> float:
+    """The cutoff P of a point's ``p_min`` server (``default`` for a point without one)."""
+    server = point.server
+    return float(server["p_min"]) if server is not None and server["kind"] == "p_min" else default
+
+
+def _num(value: float | None, spec: str) -> str:
     return format(value, spec) if isinstance(value, (int, float)) and math.isfinite(value) else "?"

@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
+from spectune.core.json_types import JsonObject
 from spectune.loadgen.constraints import Constraints
 from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
@@ -19,6 +20,9 @@ from spectune.measure.load_settings import LoadSpec, failure_rate_check, steps_c
 from spectune.measure.node_progress import NodeTask
 from spectune.results.point import SweepPoint
 from spectune.results.schema import Key, PointKey
+
+if TYPE_CHECKING:
+    from spectune.sweep.drift import DriftCheck
 
 __all__ = ["SweepPlan", "SweepListener", "SweepOutcome"]
 
@@ -111,7 +115,7 @@ class SweepPlan(LoadSpec):
             if not ok:
                 raise UserError(message)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The plan as a JSON object (lists for the tuples). A plan of an older spectune lacks the newer keys: those
         are read as their defaults (:data:`NEW_KEYS`)."""
         d = asdict(self)
@@ -155,7 +159,7 @@ class SweepPlan(LoadSpec):
         return ClosedLoop(concurrency)
 
     def constraints(self, requests: int,
-                    stop_when: Callable[[Sequence[Any], float], str | None] | None = None) -> Constraints:
+                    stop_when: Callable[[Sequence[RequestRecord], float], str | None] | None = None) -> Constraints:
         """Stop rules of a point of ``requests`` requests: that many, the duration cap, an early stop once
         failures exceed ``max_failure_rate`` of them (floor(rate * requests) + 1 failures: the point is failed
         whatever happens next), and ``stop_when`` (the sequential rule of :mod:`spectune.sweep.sequential`, or
@@ -222,8 +226,8 @@ class SweepListener:
     def point_finished(self, point: SweepPoint) -> None:
         """A point is durable in points.jsonl (its record is passed)."""
 
-    def drift_checked(self, check: dict[str, Any]) -> None:
-        """A drift check finished (:func:`spectune.sweep.drift.drift_check`'s object)."""
+    def drift_checked(self, check: DriftCheck) -> None:
+        """A drift check finished (:func:`spectune.sweep.drift.drift_check`)."""
 
     def node_progress(self, task: NodeTask) -> None:
         """A distributed sweep's task changed on its node (a :class:`spectune.measure.node_progress.NodeTask`:
@@ -240,7 +244,7 @@ class SweepOutcome:
     points: list[SweepPoint] = field(default_factory=list)
     ran: int = 0
     interrupted: int | None = None
-    predicted: list[dict[str, Any]] = field(default_factory=list)  # a guided sweep's predicted cells
+    predicted: list[JsonObject] = field(default_factory=list)  # a guided sweep's predicted cells
     cost: dict[str, float] = field(default_factory=dict)  # sweep.json ``cost`` of this run
-    drift: dict[str, Any] | None = None  # sweep.json ``drift``
-    guided: dict[str, Any] | None = None  # sweep.json ``guided``
+    drift: JsonObject | None = None  # sweep.json ``drift``
+    guided: JsonObject | None = None  # sweep.json ``guided``

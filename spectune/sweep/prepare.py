@@ -42,7 +42,7 @@ def sweep_meta(folder: SweepFolder, plan: SweepPlan, backend: Backend) -> SweepM
                      env["versions"])
     old = folder.read_meta()
     if old is not None:
-        history = list(old.get("history") or [])
-        history.append({k: old.get(k) for k in ("created", "resumed", "backend", "host", "versions") if k in old})
-        meta.created, meta.resumed, meta.history = str(old.get("created", meta.created)), now_iso(), history
+        was = SweepMeta.from_json(old)
+        meta.created, meta.resumed = was.created or meta.created, now_iso()
+        meta.history = [*(was.history or []), was.run_record()]
     return meta

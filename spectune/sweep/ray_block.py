@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from spectune.backends.options import BackendOptions
     from spectune.loadgen.datasets import Prompt
     from spectune.measure.load_settings import ClientTimeouts
+    from spectune.sweep.drift import DriftCheck
 
 __all__ = ["block_events", "BlockFolder"]
 
@@ -60,7 +61,7 @@ class BlockPayload(TypedDict):
     keys: list[list[int]]  # (steps, concurrency, repeat) of one num_steps
     prompts: list[Prompt]
     timeouts: ClientTimeouts
-    points: NotRequired[list[SweepPoint]]  # the finished points known to the driver
+    points: list[SweepPoint]  # the finished points known to the driver
     goals: NotRequired[dict[Key, str]]  # a guided round's keys -> their window goal
 
 
@@ -73,7 +74,7 @@ class BlockEvent(Event, total=False):
     planned: int  # point_started
     point: JsonObject  # point: its points.jsonl object
     requests: list[JsonObject]  # point, drift: request objects (requests.jsonl form)
-    check: JsonObject  # drift: the drift check's object (spectune.sweep.drift.drift_check)
+    check: DriftCheck  # drift: the drift check (spectune.sweep.drift.drift_check)
     cost: dict[str, float]  # done: the block's measuring cost
     backend: JsonObject  # done: the backend's description
 
@@ -160,7 +161,7 @@ class _Events(SweepListener):
     def request_finished(self, key: Key, record: RequestRecord, done: int, planned: int) -> None:
         pass
 
-    def drift_checked(self, check: JsonObject) -> None:
+    def drift_checked(self, check: DriftCheck) -> None:
         self.emit({"kind": "drift", "check": check, "requests": self.folder.take_drift_requests()})
 
 
@@ -181,7 +182,7 @@ async def _measure(payload: BlockPayload, emit: Callable[[BlockEvent], None]) ->
     from spectune.sweep.run import Sweep
 
     plan, options, keys = payload["plan"], payload["options"], [PointKey(*k) for k in payload["keys"]]
-    folder = BlockFolder(emit, payload.get("points"))
+    folder = BlockFolder(emit, payload["points"])
     events = _Events(emit, folder)
     with tempfile.TemporaryDirectory(prefix="spectune-block-") as logs:
         options = replace(options, log_dir=Path(logs))

@@ -29,7 +29,7 @@ import dataclasses
 import time
 import warnings
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Sequence
 
 from spectune.backends import make_backend
 from spectune.backends.base import Backend, BackendStartError
@@ -48,40 +48,20 @@ from spectune.measure.signals import run_with_signals
 from spectune.measure.window import client_config, measure_window, resolve_model
 from spectune.results.confidence import point_intervals, requests_by_point
 from spectune.results.folder import SweepFolder
-from spectune.results.point import MetricValue, RequestLine, ScheduleCheckRecord, ServerRecord, SweepPoint
+from spectune.results.point import MetricValue, RequestLine, ScheduleCheck, ServerRecord, SweepPoint
+from spectune.results.point_numbers import PointNumbers
 from spectune.results.schema import SCHEDULE_FOLDER, Key, PointKey, key_fields, now_iso, point_key
 from spectune.results.sweep_meta import SweepMeta
-from spectune.sweep.drift import drift_check, drift_summary
+from spectune.sweep.drift import DriftCheck, drift_check, drift_summary
 from spectune.sweep.guided import GuidedPlanner
 from spectune.sweep.plan import SweepListener, SweepOutcome, SweepPlan
 from spectune.sweep.schedule_server import PairedRunner, schedule_pass
 from spectune.sweep.p_min import PMinRunner, open_p_min_sweeps, p_min_plans, p_min_summary
 from spectune.sweep.prepare import prepare_folder
+from spectune.sweep.runner import RaySweeping, SweepRunner
 from spectune.sweep.sequential import MIN_SECONDS, EarlyStop, closed_loop_throughput, prompt_sums, request_parts
 
 __all__ = ["Sweep", "execute", "run_blocking", "SCHEDULE_FOLDER"]
-
-
-class RaySweeping(Protocol):
-    """What :func:`execute` uses of ``--ray``'s options (:class:`spectune.sweep.distributed.RayOptions`, which
-    imports this module: a protocol keeps the import one way)."""
-
-    def check(self, plan: SweepPlan, backend: Backend | None = None) -> None: ...
-
-    def sweep(self, plan: SweepPlan, backend_name: str, options: BackendOptions, folder: SweepFolder,
-              prompts: list[Prompt], meta: SweepMeta, listener: SweepListener,
-              timeouts: ClientTimeouts) -> "SweepRunner": ...
-
-
-class SweepRunner(Protocol):
-    """What :func:`execute` runs and reads back: :class:`Sweep`, or the distributed sweep
-    (:class:`spectune.sweep.distributed.RaySweep`, from :meth:`spectune.sweep.distributed.RayOptions.sweep`)."""
-
-    ran: int
-    predicted: list[JsonObject]
-    meta: SweepMeta
-
-    async def run(self, todo: Sequence[Key]) -> None: ...
 
 
 class Sweep:
@@ -108,7 +88,7 @@ class Sweep:
         self.current: int | None = None  # num_steps of the running server
         self.broken: dict[int, tuple[str, str]] = {}  # num_steps whose server failed -> (message, log tail)
         self.records: dict[Key, list[RequestLine]] = {}  # request objects of the points measured now
-        self.drift_checks: list[JsonObject] = []
+        self.drift_checks: list[DriftCheck] = []
         self.predicted: list[JsonObject] = []
         self.planner: GuidedPlanner | None = None  # the guided plan's, while it runs
         #: measuring cost: points (and drift re-measurements) measured now, server starts/switches, seconds
@@ -216,8 +196,8 @@ class Sweep:
         cands = [k for k in keys if k in pts]
         if not cands:
             return None
-        full = [k for k in cands if not (pts[k].early_stop or {}).get("reason")]
-        return min(full or cands, key=lambda k: pts[k].metrics.get("duration_s") or float("inf"))
+        full = [k for k in cands if not pts[k].stopped_early]
+        return min(full or cands, key=lambda k: pts[k].numbers.duration_s or float("inf"))
 
     async def _drift(self, label: str, key: Key) -> None:
         """Re-measure ``key`` and compare it with its first measurement (:func:`spectune.sweep.drift.drift_check`)."""
@@ -277,11 +257,10 @@ class Sweep:
             return None
         steps, conc = key.cell
         maximise = plan.objective != "tpot"
-        col = "output_throughput_tok_s" if maximise else "tpot_p50_ms"
         runs: dict[int, list[float]] = {}
         for p in self.folder.points:
-            v = p.metrics.get(col)
-            if p.status == "ok" and p.concurrency == conc and p.steps != steps and isinstance(v, (int, float)) and v > 0:
+            v = p.numbers.output_throughput_tok_s if maximise else p.numbers.tpot_p50_ms
+            if p.status == "ok" and p.concurrency == conc and p.steps != steps and v is not None and v > 0:
                 runs.setdefault(p.steps, []).append(float(v))
         meds = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
         best = ((max if maximise else min)(meds, key=lambda k: meds[k])) if meds else None
@@ -305,7 +284,7 @@ class Sweep:
         (``window_output_throughput_tok_s``)."""
         value = closed_loop_throughput(records, key.concurrency)
         if value is not None:
-            rule.last.update(window_output_throughput_tok_s=metrics.get("output_throughput_tok_s"))
+            rule.last.update(window_output_throughput_tok_s=PointNumbers.from_metrics(metrics).output_throughput_tok_s)
             metrics["output_throughput_tok_s"] = value
 
     def _records_by_point(self) -> dict[Key, list[RequestLine]]:
@@ -411,9 +390,10 @@ class Sweep:
         said = engine_warnings(w.samples[0].snap if w.samples else None, w.after.snap if w.after else None)
         for message in said:
             self.listener.warning(f"K={steps} c={conc}: {message}")
+        numbers = PointNumbers.from_metrics(metrics)
         check = self._check_steps(key, w.samples[0].snap if w.samples else None, w.after.snap if w.after else None,
-                                  batch["mean"] if batch else metrics.get("achieved_concurrency"),
-                                  metrics.get("total_output_tokens"))
+                                  batch["mean"] if batch else numbers.achieved_concurrency,
+                                  numbers.total_output_tokens)
         ask = lambda recs: window_acceptance(self.backend, None, None, recs)  # noqa: E731 - per-request sources
         return SweepPoint(
             steps, conc, rep, w.status, w.error, metrics,
@@ -430,16 +410,16 @@ class Sweep:
             drift_check=drift, engine_warnings=said), kept
 
     def _check_steps(self, key: Key, before: SpecSnapshot | None, after: SpecSnapshot | None,
-                     batch_size: float | None, output_tokens: float | None) -> ScheduleCheckRecord | None:
+                     batch_size: float | None, output_tokens: float | None) -> ScheduleCheck | None:
         """Did the point's server run the num_steps it was given? The window's counters against K
         (:func:`spectune.measure.schedule_check.check_num_steps`): points.jsonl's ``schedule_check`` (None when the
         server has no spec-decode counters), and a warning naming the backend's remedy when it did not."""
         check = check_num_steps(key.steps, before, after, batch_size, output_tokens)
         if check is None:
             return None
-        if not check.followed and (self.server or {}).get("kind") != "p_min":  # a cutoff shortens drafts by design
+        if not check.followed and (self.server is None or self.server["kind"] != "p_min"):  # a cutoff shortens drafts
             self.listener.warning(check.steps_message(f"K={key.steps} c={key.concurrency}", self.backend.schedule_setting()))
-        return check.to_json()
+        return check
 
 
 async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,

@@ -7,17 +7,23 @@ sweep are set up by :mod:`spectune.sweep.run`."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from spectune.backends.base import Backend
 from spectune.core.errors import UserError
 from spectune.results.schema import Key, PointKey
 from spectune.sweep.plan import SweepPlan
 
+if TYPE_CHECKING:
+    from spectune.core.json_types import JsonObject
+    from spectune.results.sweep_meta import SweepMeta
+    from spectune.sweep.runner import FolderSweep, RaySweeping, SweepRunner
+
 SCHEDULE_SERVER_MODES = ("auto", "on", "off")
 
 
-def schedule_pass(plan: SweepPlan, backend: Backend, mode: str, ray: Any = None) -> tuple[SweepPlan | None, list[str]]:
+def schedule_pass(plan: SweepPlan, backend: Backend, mode: str,
+                  ray: RaySweeping | None = None) -> tuple[SweepPlan | None, list[str]]:
     """The plan of the schedule-server cells (``--schedule-server``), or None, and warnings.
 
     ``mode``: ``auto`` measures them where the backend's schedule server can cost more than its static servers
@@ -62,7 +68,8 @@ def schedule_pass(plan: SweepPlan, backend: Backend, mode: str, ray: Any = None)
     return dataclasses.replace(plan, steps=tuple(steps), design="grid", budget_points=None, budget_s=None), warnings
 
 
-async def run_pair(first: Any, first_todo: Sequence[Key], second: Any, second_todo: Sequence[Key]) -> None:
+async def run_pair(first: FolderSweep, first_todo: Sequence[Key], second: FolderSweep,
+                   second_todo: Sequence[Key]) -> None:
     """Two sweeps' points, one num_steps block of each in turn (the static server of K, then the schedule server
     of K), so the two cells compared for a num_steps run minutes apart, not a sweep apart; each backend is closed
     after its block (two servers never run at once); then each sweep's end-of-sweep drift check. ``first``,
@@ -94,18 +101,18 @@ class StaticLedRunner:
     :func:`spectune.sweep.run.execute` runs, as it runs a plain :class:`spectune.sweep.run.Sweep`): ``ran``,
     ``predicted`` and ``meta`` are the static sweep's; subclasses say in :meth:`run` how the sweeps take turns."""
 
-    static: Any
+    static: SweepRunner
 
     @property
     def ran(self) -> int:
         return self.static.ran
 
     @property
-    def predicted(self) -> list[Any]:
+    def predicted(self) -> list[JsonObject]:
         return self.static.predicted
 
     @property
-    def meta(self) -> Any:
+    def meta(self) -> SweepMeta:
         return self.static.meta
 
 
@@ -118,7 +125,7 @@ class PairedRunner(StaticLedRunner):
         schedule_todo: the schedule server's points still to measure.
     """
 
-    def __init__(self, static: Any, schedule: Any, schedule_todo: Sequence[Key]) -> None:
+    def __init__(self, static: FolderSweep, schedule: FolderSweep, schedule_todo: Sequence[Key]) -> None:
         self.static, self.schedule, self.schedule_todo = static, schedule, list(schedule_todo)
 
     async def run(self, todo: Sequence[Key]) -> None:

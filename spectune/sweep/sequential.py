@@ -148,7 +148,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import TYPE_CHECKING, Iterable, Protocol, Sequence, Union
+from typing import TYPE_CHECKING, Iterable, Sequence, Union
+
+from spectune.results.request_figures import FinishedRequest, RequestFigures
 
 if TYPE_CHECKING:
     from spectune.results.point import EarlyStopLook, EarlyStopRecord, RequestLine
@@ -162,27 +164,6 @@ MIN_WAVES = 2
 MIN_REQUESTS = 8
 #: seconds a sweep's window runs at least before it may stop early (a server's first second after a switch)
 MIN_SECONDS = 1.0
-
-
-class FinishedRequest(Protocol):
-    """What the rule reads of a finished request as the load generator hands it over
-    (:class:`spectune.loadgen.record.RequestRecord`-like): ``ok``, ``prompt_id``, ``completion_tokens``, ``e2e_s``,
-    ``tpot_s`` (s, None where unknown) and, when present, ``dispatch_delay_s`` (read with ``getattr``)."""
-
-    @property
-    def ok(self) -> bool: ...
-
-    @property
-    def prompt_id(self) -> str: ...
-
-    @property
-    def completion_tokens(self) -> int | None: ...
-
-    @property
-    def e2e_s(self) -> float | None: ...
-
-    @property
-    def tpot_s(self) -> float | None: ...
 
 
 RequestLike = Union[FinishedRequest, "RequestLine"]
@@ -273,7 +254,7 @@ class EarlyStop:
             m = sum(xs) / len(xs)
             sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
             return m, sd / m if m > 0 else math.inf, len(xs)
-        pairs = _tokens_and_latency(records)
+        pairs = _throughput_parts(records)
         n = len(pairs)
         if n < 2:
             return None
@@ -387,7 +368,7 @@ class EarlyStop:
         ref, sums = self.reference, self.reference_prompts
         if ref is None or not sums:
             return ref
-        mine = {_prompt_of(r) for r in records}
+        mine = {RequestFigures.of(r).prompt_id for r in records}
         shared = [sums[p] for p in mine if p in sums]
         whole_b = sum(b for _, b in sums.values())
         part_b = sum(b for _, b in shared)
@@ -460,7 +441,7 @@ def closed_loop_throughput(records: Iterable[RequestLine], concurrency: int) -> 
     the queuing formula L = lambda W", Operations Research 9(3), 1961), and an early-stopped window's reported
     throughput. It has neither the ramp-up nor the drain that a window's own ``output_throughput_tok_s`` (tokens over
     the window's length) counts. None without usable requests."""
-    pairs = _tokens_and_latency(records)
+    pairs = _throughput_parts(records)
     lat = sum(x for _, x in pairs)
     return concurrency * sum(t for t, _ in pairs) / lat if lat > 0 else None
 
@@ -484,18 +465,14 @@ def request_parts(records: Iterable[RequestLike], objective: str) -> dict[tuple[
     reference's i-th). ``records``: RequestRecord-like objects or requests.jsonl objects."""
     out: dict[tuple[str, int], tuple[float, float]] = {}
     seen: dict[str, int] = {}
-    for r in records:
-        p = _prompt_of(r)
+    for r in map(RequestFigures.of, records):
+        p = r.prompt_id
         if p is None:
             continue
         if objective == "tpot":
-            t = r.get("tpot_ms") if isinstance(r, dict) else (r.tpot_s * 1e3 if r.ok and r.tpot_s is not None
-                                                                 else None)
-            ok = (r.get("error") is None) if isinstance(r, dict) else r.ok
-            part = (float(t), 1.0) if ok and isinstance(t, (int, float)) else None
+            part = (float(r.tpot_ms), 1.0) if r.ok and r.tpot_ms is not None else None
         else:
-            got = _tokens_and_latency([r])
-            part = got[0] if got else None
+            part = _tokens_and_latency(r)
         if part is not None:
             i = seen.get(p, 0)
             seen[p] = i + 1
@@ -503,24 +480,15 @@ def request_parts(records: Iterable[RequestLike], objective: str) -> dict[tuple[
     return out
 
 
-def _prompt_of(r: RequestLike) -> str | None:
-    """A finished record's prompt id (RequestRecord-like object or requests.jsonl object), or None."""
-    return r.get("prompt_id") if isinstance(r, dict) else getattr(r, "prompt_id", None)
+def _throughput_parts(records: Iterable[RequestLike]) -> list[tuple[float, float]]:
+    """:func:`_tokens_and_latency` of each successful request of ``records`` that has both."""
+    return [part for r in map(RequestFigures.of, records) if (part := _tokens_and_latency(r)) is not None]
 
 
-def _tokens_and_latency(records: Iterable[RequestLike]) -> list[tuple[float, float]]:
-    """(output tokens, latency s from when the request's slot freed: end-to-end + dispatch delay) of each
-    successful request with both, the throughput statistic's parts (module docstring). ``records``:
-    :class:`spectune.loadgen.record.RequestRecord`-like objects (``ok``, ``completion_tokens``, ``e2e_s``,
-    ``dispatch_delay_s``) or requests.jsonl objects (``error``, ``completion_tokens``, ``e2e_ms``,
-    ``dispatch_delay_s``)."""
-    out = []
-    for r in records:
-        if isinstance(r, dict):
-            ok, tok = r.get("error") is None, r.get("completion_tokens")
-            e2e, delay = (r.get("e2e_ms") or 0) / 1e3, r.get("dispatch_delay_s")
-        else:
-            ok, tok, e2e, delay = r.ok, r.completion_tokens, r.e2e_s, getattr(r, "dispatch_delay_s", None)
-        if ok and tok and e2e and e2e > 0:
-            out.append((float(tok), e2e + (delay or 0.0)))
-    return out
+def _tokens_and_latency(r: RequestFigures) -> tuple[float, float] | None:
+    """(output tokens, latency s from when the request's slot freed: end-to-end + dispatch delay) of a successful
+    request with both, the throughput statistic's parts (module docstring); None otherwise."""
+    tok, e2e = r.completion_tokens, r.e2e_s
+    if r.ok and tok and e2e and e2e > 0:
+        return float(tok), e2e + (r.dispatch_delay_s or 0.0)
+    return None

@@ -51,12 +51,13 @@ import os
 import time
 import types
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from spectune.backends.local.options import check_compile_mode
 from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 
 if TYPE_CHECKING:
     from spectune.backends.local.engine.speculative import SpeculativeDecoder
@@ -93,7 +94,7 @@ class CompileChoice:
     uniform: bool = False
     warm_up_s: float = 0.0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """JSON-ready description (``/server_info`` ``engine_path.compile``)."""
         return {"mode": self.mode, "active": self.active, "reason": self.reason, "uniform_layers": self.uniform,
                 "warm_up_s": round(self.warm_up_s, 2)}
@@ -172,7 +173,7 @@ def layer_fingerprint(layer: torch.nn.Module) -> tuple:
     """What must be equal for two layers to share a compiled graph without guards on their attributes: every
     submodule's type and ``extra_repr`` (sizes, quantization type, dense_above), every tensor attribute's shape and
     dtype, and the layer's scalar attributes (heads, head_dim, eps)."""
-    parts: list[Any] = []
+    parts: list[tuple[object, ...]] = []
     for name, mod in layer.named_modules():
         parts.append((name, type(mod).__name__, mod.extra_repr()))
         for key, val in sorted(vars(mod).items()):
@@ -204,14 +205,14 @@ class CompiledStep:
     """
 
     def __init__(self, eager: Callable, uniform: bool) -> None:
-        options: dict[str, Any] = dict(NO_WRAPPER_ASSERTS)
+        options: JsonObject = dict(NO_WRAPPER_ASSERTS)
         if uniform:
             options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
         self.eager = eager
         self.compiled = torch.compile(_private_copy(eager), dynamic=True, fullgraph=True, options=options)
         self.error: str | None = None
 
-    def __call__(self, *args: Any) -> torch.Tensor:
+    def __call__(self, *args: object) -> torch.Tensor:
         if self.error is None:
             try:
                 return self.compiled(*args)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
+
+from spectune.core.json_types import JsonObject
 
 if TYPE_CHECKING:
     import torch
@@ -71,7 +73,7 @@ class SpecStats:
         """1 + accepted / verify steps (tokens per verify step, bonus included); None without verify steps."""
         return None if self.verify_steps == 0 else 1.0 + self.accepted_tokens / self.verify_steps
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The ``spec_decode`` object the server returns per request (documented in docs/engine.md)."""
         return {
             "verify_steps": self.verify_steps,

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+
+from spectune.core.json_types import JsonObject
 
 
 class Tokenizer:
@@ -21,7 +22,7 @@ class Tokenizer:
         eos = self.hf.eos_token_id
         self.eos_token_ids: list[int] = [] if eos is None else [int(eos)]
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+    def encode_chat(self, messages: list[JsonObject]) -> list[int]:
         """Apply the chat template with the assistant generation prompt; returns token ids.
 
         Raises:

@@ -8,9 +8,9 @@ Read from a Hugging Face ``config.json`` (old ``rope_scaling`` + ``rope_theta`` 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -43,7 +43,7 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] | None = None
+    rope_scaling: JsonObject | None = None
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     attention_bias: bool = False
@@ -51,7 +51,7 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
 
     @classmethod
-    def from_hf(cls, d: dict[str, Any]) -> "ModelConfig":
+    def from_hf(cls, d: JsonObject) -> "ModelConfig":
         """Build from a Hugging Face config dict.
 
         Raises:
@@ -91,9 +91,9 @@ class ModelConfig:
         cfg.eos_token_ids = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
         return cfg
 
-    def to_hf(self) -> dict[str, Any]:
+    def to_hf(self) -> JsonObject:
         """The Hugging Face config dict (as transformers' LlamaConfig/Qwen2Config read it)."""
-        d: dict[str, Any] = {
+        d: JsonObject = {
             "model_type": self.model_type,
             "architectures": [{"qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}.get(
                 self.model_type, "LlamaForCausalLM")],
@@ -116,6 +116,6 @@ class ModelConfig:
             d["rope_scaling"] = dict(self.rope_scaling)
         return d
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """All fields, for caching next to converted weights."""
         return asdict(self)

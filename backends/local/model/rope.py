@@ -8,14 +8,14 @@ transformers' ``_compute_llama3_parameters``; :func:`spectune.backends.head_conf
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 
 from spectune.backends.head_config import llama3_rope_factors
+from spectune.core.json_types import JsonObject
 
 
-def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+def inverse_frequencies(head_dim: int, theta: float, scaling: JsonObject | None) -> torch.Tensor:
     """Per-pair inverse frequencies, float64 [head_dim // 2].
 
     Raises:
@@ -34,7 +34,7 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | N
 
 
 def rope_table(
-    head_dim: int, theta: float, scaling: dict[str, Any] | None, max_positions: int, dtype: torch.dtype
+    head_dim: int, theta: float, scaling: JsonObject | None, max_positions: int, dtype: torch.dtype
 ) -> torch.Tensor:
     """cos and sin for every position, stacked: [max_positions, 2, head_dim] in ``dtype``.
 

@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from typing import Awaitable, Callable, TypeVar
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -49,6 +49,10 @@ from spectune.backends.local.engine.loop import Engine, EngineFull, InvalidReque
 from spectune.backends.local.engine.sequence import RequestOutput, SamplingParams
 from spectune.backends.local.server import protocol as P
 from spectune.backends.local.server.metrics import ServerMetrics
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+"""An aiohttp request handler, as a middleware receives it."""
+R = TypeVar("R")
 
 BIG_BODY_BYTES = 64 * 1024
 """Bodies larger than this are parsed on the worker thread (a few MB of JSON take tens of ms to parse)."""
@@ -157,11 +161,11 @@ class Server:
     async def _stop_worker(self, _: web.Application) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)
 
-    async def _off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _off_loop(self, fn: Callable[..., R], *args: object) -> R:
         return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
     @web.middleware
-    async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Every error as OpenAI-style JSON: HTTP errors keep their status (404, 405, 413...), anything else
         raised by a handler is a 500 (the server keeps serving)."""
         try:
@@ -179,7 +183,7 @@ class Server:
             return _json_error(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}", 500)
 
     @web.middleware
-    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if self.api_key and request.path not in self.open_paths:
             if not _key_matches(request.headers.get("Authorization", ""), self.api_key):
                 return _json_error("invalid or missing API key: send 'Authorization: Bearer KEY'", 401)
@@ -238,7 +242,7 @@ class Server:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
 
-    def _tokenize(self, req: Any, chat: bool) -> list[int]:
+    def _tokenize(self, req: P.ChatCompletionRequest | P.CompletionRequest, chat: bool) -> list[int]:
         tok = self.engine.tokenizer
         if chat:
             return tok.encode_chat([{"role": m.role, "content": m.text()} for m in req.messages])
@@ -311,8 +315,8 @@ class Server:
                                                  P.usage(out.num_prompt_tokens, out.num_output_tokens),
                                                  out.spec.to_json()))
 
-    async def _stream(self, request: web.Request, req: Any, rid: str, chat: bool, queue: asyncio.Queue,
-                      t0: float) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, req: P.ChatCompletionRequest | P.CompletionRequest, rid: str,
+                      chat: bool, queue: asyncio.Queue, t0: float) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         opts = req.stream_options or P.StreamOptions()
         first, t_first = True, None

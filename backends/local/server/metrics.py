@@ -11,7 +11,7 @@ acceptance length is 1 + d(accepted) / d(drafts).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -38,7 +38,7 @@ class _EngineCollector:
         g.add_metric(list(self.labels.values()), value)
         return g
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         e, s = self.engine, self.engine.stats
         yield self._gauge("spectune:num_requests_running", "Requests in the running batch.", e.num_running)
         yield self._gauge("spectune:num_requests_waiting", "Requests waiting for a slot.", e.num_waiting)

@@ -36,7 +36,7 @@ class _Strict(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _null_is_default(cls, data: Any) -> Any:
+    def _null_is_default(cls, data: object) -> object:
         if isinstance(data, dict):
             return {k: v for k, v in data.items() if v is not None}
         return data

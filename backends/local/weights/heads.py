@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from spectune.backends.head_config import flat_head_config, head_eagle_version
 from spectune.backends.local.model.eagle import DraftConfig, DraftHead
 from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 
 if TYPE_CHECKING:
+    from spectune.backends.local.model.config import ModelConfig
     from spectune.backends.local.model.target import TargetModel
 
 
@@ -54,7 +56,7 @@ def _normalise_keys(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     return out
 
 
-def draft_config_from(raw: dict[str, Any], tensors: dict[str, torch.Tensor], target_cfg: Any) -> DraftConfig:
+def draft_config_from(raw: JsonObject, tensors: dict[str, torch.Tensor], target_cfg: ModelConfig) -> DraftConfig:
     """Infer the head's :class:`DraftConfig` from its config.json and tensors (kind:
     :func:`spectune.backends.head_config.head_eagle_version`)."""
     c = flat_head_config(raw)
@@ -153,7 +155,7 @@ def load_head(path: str | Path, target: TargetModel, dtype: torch.dtype, device:
     return head.eval().requires_grad_(False)
 
 
-def save_head(head: DraftHead, folder: str | Path, extra_config: dict[str, Any] | None = None) -> None:
+def save_head(head: DraftHead, folder: str | Path, extra_config: JsonObject | None = None) -> None:
     """Write ``head`` as an EAGLE checkpoint: EAGLE-3 repo keys (``midlayer.*``) or EAGLE-1 keys (``layers.0.*``).
 
     The config carries the Llama fields, ``draft_vocab_size`` and ``target_hidden_size`` (what SGLang and vLLM read).

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Callable
 
 import numpy as np
 import torch
@@ -62,6 +62,7 @@ from torch import nn
 
 from spectune.backends.local.weights.loader import gguf_reader
 from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 
 QK = 32  # weights per GGML block
 NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0")
@@ -162,7 +163,7 @@ class _QuantLinear(nn.Module):
     :meth:`_kernel`."""
 
     def _finish(self, dtype: torch.dtype, bias: torch.Tensor | None, dense_above: int | None,
-                weights: Any, dense_dtype: torch.dtype = torch.float32) -> None:
+                weights: Callable[[], torch.Tensor], dense_dtype: torch.dtype = torch.float32) -> None:
         """Store the bias and, when ``dense_above`` is set, ``weights()`` (float32 [N, K]) as the dense copy in
         ``dense_dtype`` (float32 as is, or rounded to bfloat16), with the bias in the same dtype.
 
@@ -363,7 +364,7 @@ def read_gguf_linears(path: str | Path, num_layers: int, num_heads: int, num_kv_
 
 def quantize_target(target: nn.Module, path: str | Path, dtype: torch.dtype = torch.bfloat16,
                     dense_above: int | None = None, lm_head: str = "int4",
-                    dense_dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+                    dense_dtype: torch.dtype = torch.float32) -> JsonObject:
     """Replace the target's linear layers by :class:`Int4Linear` over the GGUF's own quantized weights (and a Q8_0
     lm_head by :class:`Int8RowLinear` when ``lm_head`` is ``int8``).
 

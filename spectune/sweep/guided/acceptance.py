@@ -13,9 +13,30 @@ per-position counters a geometric acceptance ``p_i = a^(i+1)`` is fitted to a me
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Protocol, Sequence, TypeVar
 
 __all__ = ["acceptance_lengths", "geometric_rate", "nearest", "per_position"]
+
+
+class AtConcurrency(Protocol):
+    """A measured cell as :func:`nearest` reads it: its concurrency ``conc``."""
+
+    @property
+    def conc(self) -> int: ...
+
+
+class DraftedCell(AtConcurrency, Protocol):
+    """A measured cell as :func:`per_position` reads it: ``conc``, ``per_position`` (acceptance rate per draft
+    position) and ``num_drafts`` (verify steps with drafting, its weight)."""
+
+    @property
+    def per_position(self) -> list[float]: ...
+
+    @property
+    def num_drafts(self) -> float: ...
+
+
+CellT = TypeVar("CellT", bound=AtConcurrency)
 
 
 def acceptance_lengths(per_position: Sequence[float], steps: Sequence[int]) -> dict[int, float]:
@@ -33,7 +54,7 @@ def acceptance_lengths(per_position: Sequence[float], steps: Sequence[int]) -> d
     return out
 
 
-def nearest(cells: Sequence[Any], c: int) -> list[Any]:
+def nearest(cells: Sequence[CellT], c: int) -> list[CellT]:
     """The cells (anything with ``conc``) at the measured concurrency nearest ``c`` on a log scale (non-empty
     ``cells``)."""
     d = min(abs(math.log(x.conc) - math.log(c)) for x in cells)
@@ -54,7 +75,7 @@ def geometric_rate(al: float, k: int) -> float:
     return (lo + hi) / 2
 
 
-def per_position(with_pp: Sequence[Any], k: int, c: int) -> list[float]:
+def per_position(with_pp: Sequence[DraftedCell], k: int, c: int) -> list[float]:
     """Per-position acceptance for positions 0..k-1 at concurrency c: for each position, the draft-weighted mean
     over the measured cells (anything with ``conc``, ``per_position``, ``num_drafts``) that drafted that far at the
     nearest measured concurrency (log scale)."""

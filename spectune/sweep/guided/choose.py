@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
-from typing import Any, ClassVar, Sequence
+from typing import ClassVar, Sequence
 
 import numpy as np
 
+from spectune.core.json_types import JsonObject
 from spectune.results.point import SweepPoint
 from spectune.sweep.guided.acceptance import nearest
 from spectune.sweep.guided.model import Cell, Prediction
@@ -59,8 +60,8 @@ class Choosing:
     objective: str
     noise_band: float
     rounds: list[list[tuple[int, int]]]
-    why: list[dict[str, Any]]
-    left_to_model: dict[int, dict[str, Any]]
+    why: list[JsonObject]
+    left_to_model: dict[int, JsonObject]
     measure_every_concurrency: bool
     window_cap_s: float | None
 
@@ -76,7 +77,7 @@ class Choosing:
             return p.tpot_ms, p.tpot_low, p.tpot_high
         return p.throughput, p.throughput_low, p.throughput_high
 
-    def next_round(self, points: Sequence[SweepPoint | dict[str, Any]], tried: set[tuple[int, int]],
+    def next_round(self, points: Sequence[SweepPoint | JsonObject], tried: set[tuple[int, int]],
                    all_threats: bool = False, current: int | None = None,
                    launch_s: float = 0.0, width: int = 1) -> list[tuple[int, int]]:
         """The cells to measure next (module docstring): the seed when nothing was measured yet; then the one cell
@@ -110,7 +111,7 @@ class Choosing:
                 return [fifth]
         preds = self.predict(points)
         proposals: list[tuple[float, tuple[int, int]]] = []
-        info: dict[tuple[int, int], dict[str, Any]] = {}
+        info: dict[tuple[int, int], JsonObject] = {}
         turns: set[tuple[int, int]] = set()
         measured = [x.conc for x in cells.values()]
         for c in self.concurrency:

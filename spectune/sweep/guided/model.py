@@ -35,11 +35,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 
+from spectune.core.json_types import JsonObject
 from spectune.results.point import SweepPoint, as_points
+from spectune.results.point_numbers import PointNumbers
 from spectune.sweep.guided.acceptance import acceptance_lengths, geometric_rate, per_position
 from spectune.sweep.guided.roofline import ROOFLINE_PARAMS, fit_roofline
 
@@ -94,7 +96,7 @@ class Prediction:
     tpot_low: float
     tpot_high: float
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> JsonObject:
         """A points.jsonl-like object for summary.csv (``predicted`` True, ``status`` ok)."""
         return {"steps": self.steps, "concurrency": self.concurrency, "repeat": 0, "status": "ok", "error": "",
                 "predicted": True,
@@ -132,7 +134,7 @@ class StepTimeModel:
     objective: str
     confidence: float
     #: the last fit, for sweep.json (features, parameters, anchors, relative error, cells)
-    fit_info: dict[str, Any]
+    fit_info: JsonObject
 
     @property
     def z(self) -> float:
@@ -146,7 +148,7 @@ class StepTimeModel:
         return NormalDist().inv_cdf(self.confidence)
 
     # -- what was measured -----------------------------------------------------------------------------------
-    def cells(self, points: Sequence[SweepPoint | dict[str, Any]]) -> dict[tuple[int, int], Cell]:
+    def cells(self, points: Sequence[SweepPoint | JsonObject]) -> dict[tuple[int, int], Cell]:
         """Measured ok cells (median over repeats) keyed (steps, concurrency). ``points``: records, or points.jsonl
         objects (:func:`spectune.results.point.as_points`)."""
         groups: dict[tuple[int, int], list[SweepPoint]] = {}
@@ -155,24 +157,27 @@ class StepTimeModel:
                 groups.setdefault(p.key.cell, []).append(p)
         out = {}
         for (k, c), ps in groups.items():
-            def med(name: str) -> float:
-                vals = [float(p.metrics[name]) for p in ps if isinstance(p.metrics.get(name), (int, float))]
+            numbers = [p.numbers for p in ps]
+
+            def med(value: Callable[[PointNumbers], float | None]) -> float:
+                vals = [float(v) for n in numbers if (v := value(n)) is not None]
                 return float(np.median(vals)) if vals else math.nan
-            tput, tpot, al = med("output_throughput_tok_s"), med("tpot_p50_ms"), med("acceptance_length")
+            tput, tpot = med(lambda n: n.output_throughput_tok_s), med(lambda n: n.tpot_p50_ms)
+            al = med(lambda n: n.acceptance_length)
             if k == 0:
                 al = 1.0
             # a cell at num_steps k drafted positions 0..k-1 only: a server whose counters cover more positions (the
             # bundled engine sized for the largest num_steps, switched between points) reports 0 for the others
             pp = next((list(p.acceptance.get("per_position") or [])[:k] for p in ps
                        if p.acceptance.get("per_position")), [])
-            lo, hi = med("output_throughput_ci_low"), med("output_throughput_ci_high")
+            lo, hi = med(lambda n: n.output_throughput_ci_low), med(lambda n: n.output_throughput_ci_high)
             half = (hi - lo) / 2 / tput if all(map(math.isfinite, (lo, hi, tput))) and tput > 0 else math.nan
-            toks = [float(p.metrics["total_output_tokens"]) / float(p.metrics["num_requests"]) for p in ps
-                    if p.metrics.get("num_requests") and isinstance(p.metrics.get("total_output_tokens"), (int, float))]
+            toks = [float(n.total_output_tokens) / float(n.num_requests) for n in numbers
+                    if n.num_requests and n.total_output_tokens is not None]
             drafts = sum(float(p.acceptance.get("num_drafts") or 0) for p in ps) or 1.0
             if math.isfinite(tput) and tput > 0 and math.isfinite(al):
                 out[(k, c)] = Cell(k, c, tput, tpot, al, pp, half, float(np.median(toks)) if toks else math.nan,
-                                    drafts, med("duration_s"))
+                                    drafts, med(lambda n: n.duration_s))
         return out
 
     # -- the model ---------------------------------------------------------------------------------------------
@@ -447,7 +452,7 @@ class StepTimeModel:
                     worst = max(worst, t / min(later) - 1)
         return worst
 
-    def predict(self, points: Sequence[SweepPoint | dict[str, Any]]) -> dict[tuple[int, int], Prediction]:
+    def predict(self, points: Sequence[SweepPoint | JsonObject]) -> dict[tuple[int, int], Prediction]:
         """Predictions for every cell of the plan (measured ones too), keyed (steps, concurrency); {} when nothing
         usable was measured."""
         cells = self.cells(points)

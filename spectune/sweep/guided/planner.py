@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from spectune.core.json_types import JsonObject
 from spectune.results.point import PointObject, RequestLine, SweepPoint, as_points
@@ -58,15 +58,15 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
     confidence: float = 0.95
     noise_band: float = 0.02
     rounds: list[list[tuple[int, int]]] = field(default_factory=list)
-    fit_info: dict[str, Any] = field(default_factory=dict)
+    fit_info: JsonObject = field(default_factory=dict)
     #: the deciding comparisons the settle step last saw (:meth:`comparisons`), for sweep.json
     decisions: list[Comparison] = field(default_factory=list)
     #: why each proposed cell was measured, in order (sweep.json ``guided.why``)
-    why: list[dict[str, Any]] = field(default_factory=list)
+    why: list[JsonObject] = field(default_factory=list)
     #: the concurrencies with nothing measured whose choice was left to the model when last looked at: concurrency
     #: -> {"steps": the predicted choice, "by": "model" (no other num_steps worth measuring against its predicted
     #: best) or "neighbours" (between measured concurrencies that settled on it)} (sweep.json ``guided.left_to_model``)
-    left_to_model: dict[int, dict[str, Any]] = field(default_factory=dict)
+    left_to_model: dict[int, JsonObject] = field(default_factory=dict)
     #: every concurrency gets a measured cell even where the model settles its choice (:meth:`next_round`): the
     #: plan has SLOs, whose attainment is measured, never predicted
     measure_every_concurrency: bool = False
@@ -94,7 +94,7 @@ class GuidedPlanner(StepTimeModel, Seeding, Choosing, Settling):
         side by side."""
         points = as_points(points)
         restart = cost["switch_s"] / cost["launches"] if cost["launches"] else 0.0
-        windows = [p.metrics.get("duration_s") or 0.0 for p in points]
+        windows = [p.numbers.duration_s or 0.0 for p in points]
         point = sum(windows) / len(windows) if windows else 0.0  # s per point's measurement window
         cells = self.next_round(points, tried, all_threats=restart > point > 0, current=current, launch_s=restart,
                                 width=width)

@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
-from typing import Any, ClassVar, Mapping, Sequence, TypedDict
+from typing import ClassVar, Mapping, Sequence, TypedDict
 
 import numpy as np
 
+from spectune.core.json_types import JsonObject
 from spectune.results.confidence import Bootstrap, CellRuns, Interval, RunRequests, best_by_pairs, ratio_interval
 from spectune.results.point import PointObject, RequestLine, SweepPoint, as_points
 from spectune.results.schema import PointKey
@@ -78,7 +79,7 @@ class Settling:
     confidence: float
     noise_band: float
     rounds: list[list[tuple[int, int]]]
-    why: list[dict[str, Any]]
+    why: list[JsonObject]
     #: the deciding comparisons the settle step last saw (:meth:`comparisons`), for sweep.json
     decisions: list[Comparison]
     EI_SHARE_OF_BAND: ClassVar[float]
@@ -112,26 +113,26 @@ class Settling:
         one); the three go with the comparison); a comparison without an interval (no requests) is decided by the
         ratio and never unsettled."""
         maximise = self.objective != "tpot"
-        col = "output_throughput_tok_s" if maximise else "tpot_p50_ms"
         runs: dict[tuple[int, int], list[tuple[int, float]]] = {}
         secs: dict[tuple[int, int], float] = {}  # the longest window of each cell, s
         full: list[float] = []  # the lengths of the windows that ran in full, s
         for p in as_points(points):
-            v = p.metrics.get(col)
-            if p.status == "ok" and not p.predicted and isinstance(v, (int, float)) and v > 0:
+            n = p.numbers
+            v = n.output_throughput_tok_s if maximise else n.tpot_p50_ms
+            if p.status == "ok" and not p.predicted and v is not None and v > 0:
                 kc = p.key.cell
                 runs.setdefault(kc, []).append((p.repeat, v))
-                d = float(p.metrics.get("duration_s") or 0.0)
+                d = float(n.duration_s or 0.0)
                 secs[kc] = max(secs.get(kc, 0.0), d)
-                if d > 0 and not (p.early_stop or {}).get("reason"):
+                if d > 0 and not p.stopped_early:
                     full.append(d)
         mean_s = float(np.mean(full)) if full else 0.0
-        boot = Bootstrap({r.get("prompt_id") for rs in records.values() for r in rs})
+        by_point = {key: RunRequests.from_records(rs) for key, rs in records.items() if rs}
+        boot = Bootstrap({prompt for run in by_point.values() for prompt in run.prompt})
         value, reps, cell_runs = {}, {}, {}
         for i, (k, c) in enumerate(sorted(runs)):
             value[(k, c)] = float(np.median([v for _, v in runs[(k, c)]]))
-            reqs = [RunRequests.from_records(records[(k, c, r)]) if records.get((k, c, r)) else None
-                    for r, _ in runs[(k, c)]]
+            reqs = [by_point.get((k, c, r)) for r, _ in runs[(k, c)]]
             reps[(k, c)] = boot.cell_replicates(reqs, [v for _, v in runs[(k, c)]], self.objective, seed_offset=i)
             cell_runs[(k, c)] = CellRuns(reqs, [v for _, v in runs[(k, c)]], seed_offset=i)
         band, out = self.noise_band, []
