@@ -17,32 +17,8 @@ import dataclasses
 import math
 from typing import Any, Protocol
 
-from spectune.core.json_types import JsonObject
+from spectune.results.primary import Primary
 from spectune.tune.compare import OBJECTIVES
-
-
-@dataclasses.dataclass
-class Primary:
-    """The primary recommendation (recommendation.json ``primary``).
-
-    Attributes:
-        kind: ``schedule`` (the per-batch-size slots) or ``static`` (one num_steps for every batch size).
-        num_steps: K of a static primary; None for the schedule.
-        reason: why, in words (the comparisons that gain, or why none does).
-        mix: ``recommend --mix``'s prices of every answer on the load (:mod:`spectune.tune.mix`), or None.
-    """
-
-    kind: str
-    num_steps: int | None
-    reason: str
-    mix: JsonObject | None = None
-
-    def to_json(self) -> JsonObject:
-        """``{"kind", "num_steps", "reason"}`` plus ``mix`` when priced on a load."""
-        out: JsonObject = {"kind": self.kind, "num_steps": self.num_steps, "reason": self.reason}
-        if self.mix is not None:
-            out["mix"] = self.mix
-        return out
 
 
 class SlotLike(Protocol):

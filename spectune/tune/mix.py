@@ -31,7 +31,8 @@ import numpy as np
 
 from spectune.core.errors import UserError
 from spectune.results.confidence import Interval, ratio_interval
-from spectune.tune.gain import Primary, RecommendationLike, use_static
+from spectune.results.primary import Primary
+from spectune.tune.gain import RecommendationLike, use_static
 
 
 def parse_mix(text: str) -> dict[int, float]:

@@ -48,12 +48,14 @@ import pandas as pd
 
 from spectune.core.errors import UserError
 from spectune.results.batch_acceptance import batch_dependent_acceptance
-from spectune.results.confidence import (Bootstrap, CellRuns, Interval, RunRequests, best_by_pairs,
-                                         percentile_interval, ratio_interval, requests_by_point)
+from spectune.results.cell import Cell
+from spectune.results.confidence import (Bootstrap, CellRuns, RunRequests, best_by_pairs, percentile_interval,
+                                         ratio_interval, requests_by_point)
 from spectune.results.drift import DriftBand, cell_times
+from spectune.results.primary import Primary
 from spectune.results.reader import Results, load_request_records, summary_with_slos
 from spectune.tune.compare import OBJECTIVES, _better, _ties, _within, clear_wins, compare, ratio  # noqa: F401 (re-exported)
-from spectune.tune.gain import Primary, apply_static_primary, schedule_server_costs
+from spectune.tune.gain import apply_static_primary, schedule_server_costs
 from spectune.tune.mix import apply_mix_primary
 
 #: columns reduced to per-cell medians
@@ -77,50 +79,6 @@ class RecommendOptions:
     confidence: float = 0.95
     allow_mixed_nodes: bool = False  # compare points of a --ray sweep's unlike nodes (spectune.results.nodes)
     mix: dict[int, float] | None = None  # {concurrency: time share} of the load served (spectune.tune.mix)
-
-
-@dataclass
-class Cell:
-    """One (num_steps, concurrency) cell: status ``ok``/``failed``/``missing``/``no-data``, medians, flags."""
-
-    steps: int
-    concurrency: int
-    status: str
-    n_ok: int = 0
-    n_runs: int = 0
-    objective: float = math.nan
-    spread: float = math.nan
-    noisy: bool = False
-    metrics: dict[str, float] = field(default_factory=dict)
-    violations: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    ci_low: float = math.nan
-    ci_high: float = math.nan
-    predicted: bool = False
-    replicates: Any = field(default=None, repr=False, compare=False)  # (B,) bootstrap replicates, or None
-    #: the cell's runs for comparisons on shared prompts, and the analysis's Bootstrap; None without requests
-    runs: CellRuns | None = field(default=None, repr=False, compare=False)
-    bootstrap: Bootstrap | None = field(default=None, repr=False, compare=False)
-    #: s since the epoch, the middle of the cell's measurements (mean over its points; None when unknown or
-    #: predicted): how far apart two cells were measured, for the drift share of their comparison
-    at_s: float | None = None
-    #: the server the cell measured: ``static`` (K=0: no drafter) or ``schedule`` (the engine's schedule server
-    #: pinned to K, the sweep's ``schedule-server/`` folder)
-    server: str = "static"
-
-    def metric(self, name: str) -> float:
-        """The cell's median of summary.csv column ``name`` (:data:`CELL_METRICS`; NaN when not measured)."""
-        return self.metrics.get(name, math.nan)
-
-    @property
-    def eligible(self) -> bool:
-        """Measured, not failed, finite objective and no SLO violation."""
-        return self.status == "ok" and not self.violations and math.isfinite(self.objective)
-
-    @property
-    def interval(self) -> Interval:
-        """The objective with its confidence interval (bounds NaN when unknown)."""
-        return Interval(self.objective, self.ci_low, self.ci_high)
 
 
 @dataclass
