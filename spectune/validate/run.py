@@ -48,9 +48,12 @@ from spectune.measure.environment import environment
 from spectune.measure.load_settings import ClientTimeouts
 from spectune.measure.schedule_check import check_schedule
 from spectune.measure.window import Sample, Window, client_config, measure_window, resolve_model
+from spectune.core.json_types import JsonObject
 from spectune.results.folder import ValidateFolder
+from spectune.results.primary import Primary
+from spectune.results.recommendation_doc import RecordedRecommendation
 from spectune.results.schema import now_iso
-from spectune.results.validate_doc import ValidateDoc
+from spectune.results.validate_doc import RecordedPrediction, ValidateDoc
 from spectune.results.validate_run import RunWindow, ValidateRun
 from spectune.validate.bakeoff import rule_bakeoff
 from spectune.validate.distributed import RayValidation
@@ -409,12 +412,14 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
                                 initial, timeouts, ray, Validation).run_all()
         if bakeoff:
             outcome.verdict = rule_bakeoff(meta, _read_requests(folder.requests))
-            outcome.bakeoff = meta.get("bakeoff")
+            outcome.bakeoff = meta["bakeoff"]  # type: ignore[assignment]
         else:
-            outcome.verdict = rule(meta, _read_requests(folder.requests), (prediction or {}).get("primary"))
+            recorded = RecordedPrediction.from_json(prediction)
+            outcome.verdict = rule(meta, _read_requests(folder.requests),
+                                   recorded.recommended if recorded is not None else None)
+        ruled = ValidateDoc.from_json(meta)
         outcome.prediction = usable_prediction(meta)
-        outcome.phase_check = meta.get("phase_check")
-        outcome.instance_spread = meta.get("instance_spread")
+        outcome.phase_check, outcome.instance_spread = ruled.phase_check, ruled.instance_spread
         meta.update(status="done", finished=now_iso())
     except asyncio.CancelledError:
         meta.update(status="interrupted", finished=now_iso())
@@ -465,17 +470,17 @@ def rule_again(output_dir: Path, config: str) -> tuple[Verdict, dict[str, Any] |
                                                                                      "reason": same[1]}
     requests = _read_requests(folder.requests)
     _resummarize(meta, requests)
-    rec = find_recommendation(config)
-    recommendation = json.loads(rec.read_text(encoding="utf-8")) if rec is not None else {}
-    primary = recommendation.get("primary")
+    path = find_recommendation(config)
+    recommendation = RecordedRecommendation.read(path) if path is not None else RecordedRecommendation()
     prediction = usable_prediction(meta)
     if prediction is not None:
-        prediction["primary"] = primary
-        prediction.update(load_notes(recommendation.get("cells") or [], doc.plan.workload))
-    v = rule(meta, requests, primary)
+        prediction["primary"] = recommendation.primary
+        prediction.update(load_notes(recommendation.cells, doc.plan.workload))
+    v = rule(meta, requests, recommendation.recommended)
     meta.update(ruled_again=now_iso())
     folder.write(meta)
-    return v, prediction, meta.get("phase_check"), meta.get("instance_spread")
+    ruled = ValidateDoc.from_json(meta)
+    return v, prediction, ruled.phase_check, ruled.instance_spread
 
 
 def rule_again_bakeoff(output_dir: Path, names: list[str]) -> tuple[Verdict, dict[str, Any]]:
@@ -515,7 +520,7 @@ def _read_validation(output_dir: Path) -> tuple[ValidateFolder, dict[str, Any]]:
     return folder, meta
 
 
-def rule(meta: dict[str, Any], requests: list[dict[str, Any]], primary: dict[str, Any] | None) -> Verdict:
+def rule(meta: JsonObject, requests: list[JsonObject], primary: Primary | None) -> Verdict:
     """Rule on the finished runs in ``meta`` (validate.json), in place: the server-to-server spread of the overall
     throughput (``meta["instance_spread"]``, :func:`spectune.validate.repeats.overall_spread`), the verdict
     (``meta["verdict"]``, every interval with that spread in it; with ``meta["config"]["static_equivalent"]``
@@ -544,9 +549,9 @@ def rule(meta: dict[str, Any], requests: list[dict[str, Any]], primary: dict[str
     meta["phase_check"] = phase_check_json(phase_check(runs, requests, concurrencies=concurrencies,
                                                        config_run=stand_in, spreads=spreads))
     prediction = usable_prediction(meta)
-    if prediction is not None:
+    if prediction is not None and doc.prediction is not None:
         prediction["comparison"] = compare_prediction(
-            prediction, combined, spreads={"overall": spread, **{i + 1: sp for i, sp in enumerate(spreads)}})
+            doc.prediction, combined, spreads={"overall": spread, **{i + 1: sp for i, sp in enumerate(spreads)}})
     return v
 
 
