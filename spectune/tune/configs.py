@@ -36,7 +36,7 @@ def sglang_configs(rec: Recommendation) -> tuple[dict[str, dict], dict[str, list
         allowed = [k for k in rec.steps if all((c := rec.cell(k, conc)) is not None and c.eligible
                                                for conc in slot.concurrencies)]
         acc = slot_acceptance(rec, slot)
-        pool = AcceptancePool(rec.requests, slot.concurrencies)
+        pool = AcceptancePool.from_requests(rec.requests, slot.concurrencies)
         # custom and conservative: a neighbour only where the sweep measured it beating the slot's num_steps
         # (spectune.tune.gain); aggressive keeps its deliberate probing
         gain = sorted(set(gaining_steps(rec, slot, allowed)) | {slot.steps})

@@ -9,9 +9,11 @@ from typing import Any
 from spectune.backends.formats import Plan, engine_formats
 from spectune.backends.formats.base import fmt as _fmt
 from spectune.backends.formats.base import md_table as _md_table
-from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config
+from spectune.backends.num_steps.sglang_config import SlotConfig, parse_sglang_adaptive_config
+from spectune.core.json_types import JsonObject
 from spectune.measure.workload import parse_workload
 from spectune.results.batch_acceptance import BatchAcceptanceFinding
+from spectune.results.validate_doc import RecordedWorkload
 from spectune.tune.configs import engine_plan
 from spectune.tune.predict import predict_validate
 from spectune.tune.mix import mix_text
@@ -45,9 +47,14 @@ def cell_grid(rec: Recommendation) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def _ladder(slot: dict[str, Any]) -> str:
-    text = f"{slot['candidate_steps']} down {slot['down_hysteresis']:g} up {slot['up_hysteresis']:g}"
-    return text + (f" ceiling {slot['ceiling_coeff']:g}" if slot.get("ceiling_coeff") else "")
+def _ladders(config: JsonObject, preset: str) -> dict[int, SlotConfig]:
+    """The slots of the SGLang config ``recommend`` wrote for ``preset``, by lower bound (as SGLang parses it)."""
+    return {s.lower_bound: s for s in parse_sglang_adaptive_config(config, source=preset, strict=False).slots}
+
+
+def _ladder(slot: SlotConfig) -> str:
+    text = f"{list(slot.candidate_steps)} down {slot.down_hysteresis:g} up {slot.up_hysteresis:g}"
+    return text + (f" ceiling {slot.ceiling_coeff:g}" if slot.ceiling_coeff else "")
 
 
 def _rate(rec: Recommendation, slot: Any, cfg: dict[str, Any]) -> str:
@@ -179,6 +186,7 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
            _md_table(*cell_grid(rec)), "\n## Reasoning per concurrency\n"]
     out += [f"- **concurrency {ch.concurrency}** -> {ch.reason}" for ch in rec.choices]
     presets = list(configs)
+    ladders = {p: _ladders(configs[p], p) for p in presets}
     measured = ["measured batch size"] if rec.batch_sizes else []
     out += ["\n## Batch-size slots and SGLang ladders\n",
             "A slot starts where the chosen num_steps changes (SGLang key = lower bound); ladders are "
@@ -192,7 +200,7 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
                   ", ".join(map(str, s.concurrencies))]
                  + ([", ".join(f"{rec.batch_sizes[c]:.1f}" for c in s.concurrencies if c in rec.batch_sizes)]
                     if measured else [])
-                 + [_ladder(configs[p][str(s.lower)]) + _rate(rec, s, configs[p][str(s.lower)]) for p in presets]
+                 + [_ladder(ladders[p][s.lower]) + _rate(rec, s, configs[p][str(s.lower)]) for p in presets]
                  for s in rec.slots])]
     out += [line for engine in engines if (line := engine.launch_line(plan, files)) is not None]
     static = rec.best_static
@@ -230,13 +238,12 @@ def validate_section(rec: Recommendation, custom: dict | None) -> list[str]:
     static num_steps predicted from the cells with intervals (:func:`spectune.tune.predict.predict_validate`)."""
     if custom is None:
         return []
-    wl = parse_workload("swing").to_json()
-    data = rec.to_json()
-    pred = predict_validate(data["cells"], rec.options.objective, wl, rec.steps,
-                            parse_sglang_adaptive_config(custom, strict=True), 256, config_cells=data["schedule_cells"])
+    wl = RecordedWorkload.from_json(parse_workload("swing").to_json())
+    pred = predict_validate(rec.cells, rec.options.objective, wl, rec.steps,
+                            parse_sglang_adaptive_config(custom, strict=True), 256, config_cells=rec.schedule_cells)
     if not pred["runs"]:
         return []
-    labels = [f"{p['label']} ({p['start_s']:g}-{p['end_s']:g} s)" for p in wl["phases"]]
+    labels = [f"{p.label} ({p.start_s:g}-{p.end_s:g} s)" for p in wl.phases]
     cell = lambda v: f"{v[0]:.4g} [{v[1]:.4g}, {v[2]:.4g}]"  # noqa: E731
     return ["\n## What `spectune validate` should measure (swing workload)\n",
             "Output tok/s per phase predicted from the measured cells (a fluid model of the closed loop: the "

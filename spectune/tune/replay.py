@@ -23,36 +23,37 @@ from typing import Any, Iterable, Mapping
 
 from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config
 from spectune.backends.num_steps.ema_policy import AdaptivePolicy
+from spectune.core.json_types import JsonValue
+from spectune.results.request_acceptance import RequestAcceptance, request_acceptances
 from spectune.tune.ladders import SGLANG_GLOBALS
 
 
 class AcceptancePool:
-    """Per-request accepted-draft distributions, by num_steps, from sweep request objects.
+    """Per-request accepted-draft distributions, by num_steps, from a sweep's requests.
 
     Args:
-        records: requests.jsonl objects (``steps``, ``concurrency``, ``prompt_id``, ``server_stats``); requests
-            without ``spec_decode`` counts, failed ones and num_steps 0 are skipped.
+        requests: the requests' accepted drafts (:func:`spectune.results.request_acceptance.request_acceptances`
+            of requests.jsonl: failed ones, num_steps 0 and those without ``spec_decode`` counts are not there).
         concurrencies: keep only requests measured at these concurrencies (None: all).
     """
 
-    def __init__(self, records: Iterable[Mapping[str, Any]] | None, concurrencies: Iterable[int] | None = None) -> None:
+    def __init__(self, requests: Iterable[RequestAcceptance], concurrencies: Iterable[int] | None = None) -> None:
         keep = set(concurrencies) if concurrencies is not None else None
         #: num_steps -> [(prompt id, verify steps, P(accepted >= i) for i = 1..num_steps)]
         self.by_steps: dict[int, list[tuple[str, int, list[float]]]] = {}
-        for r in records or ():
-            k = int(r.get("steps") or 0)
-            if k <= 0 or r.get("error") or (keep is not None and r.get("concurrency") not in keep):
-                continue
-            sd = ((r.get("server_stats") or {}).get("spec_decode") or {})
-            n, app = sd.get("verify_steps"), sd.get("accepted_per_position")
-            if not n or not isinstance(app, list) or len(app) < k:
-                continue
-            probs = [min(1.0, max(0.0, float(a) / n)) for a in app[:k]]
-            self.by_steps.setdefault(k, []).append((str(r.get("prompt_id")), int(n), probs))
+        for r in requests:
+            if keep is None or r.concurrency in keep:
+                self.by_steps.setdefault(r.steps, []).append((r.prompt_id, r.verify_steps, r.accepted_at_least))
         self._by_prompt: dict[int, dict[str, list[int]]] = {}  # num_steps -> prompt id -> indices in by_steps[k]
         for k, reqs in self.by_steps.items():
             for i, (pid, _, _) in enumerate(reqs):
                 self._by_prompt.setdefault(k, {}).setdefault(pid, []).append(i)
+
+    @classmethod
+    def from_requests(cls, records: Iterable[Mapping[str, JsonValue]] | None,
+                      concurrencies: Iterable[int] | None = None) -> AcceptancePool:
+        """The pool of requests.jsonl objects (``steps``, ``concurrency``, ``prompt_id``, ``server_stats``)."""
+        return cls(request_acceptances(records), concurrencies)
 
     def covers(self, steps: Iterable[int]) -> bool:
         """True when every positive num_steps in ``steps`` has at least 8 measured requests."""
@@ -166,7 +167,7 @@ def slot_switch_rate(rec: Any, slot: Any, slot_config: Mapping[str, Any]) -> flo
         return None
     bs = (rec.batch_sizes or {}).get(conc, conc)
     tput, al = cell.metric("output_throughput_tok_s"), cell.metric("acceptance_length")
-    pool = AcceptancePool(rec.requests, slot.concurrencies)
+    pool = AcceptancePool.from_requests(rec.requests, slot.concurrencies)
     if not (math.isfinite(tput) and math.isfinite(al) and al > 0) or not pool.covers(slot_config["candidate_steps"]):
         return None
     b = max(1, round(bs))
