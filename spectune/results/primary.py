@@ -10,7 +10,50 @@ import dataclasses
 
 from spectune.core.json_types import JsonObject, JsonValue
 
-__all__ = ["Primary"]
+__all__ = ["MixPricing", "PricedAnswer", "Primary"]
+
+
+@dataclasses.dataclass
+class PricedAnswer:
+    """One answer priced on ``recommend --mix``'s load (:class:`spectune.tune.mix.Answer`): the ``answer``
+    (``static K=1``, ``schedule``), its ``num_steps`` (None for the schedule), the ``output_tok_s`` the load streams
+    and the ``ratio`` to the best with its interval ``low``/``high`` (NaN in memory and None in the file where
+    unknown)."""
+
+    answer: str
+    num_steps: int | None
+    output_tok_s: float
+    ratio: float
+    low: float | None
+    high: float | None
+
+
+@dataclasses.dataclass
+class MixPricing:
+    """:attr:`Primary.mix`: the load's time ``shares`` by concurrency (keys as text, as the file has them), the noise
+    ``band`` and ``confidence`` of the comparisons, and every priced ``answers`` (:mod:`spectune.tune.mix`)."""
+
+    shares: dict[str, float]
+    band: float
+    confidence: float = 0.95
+    answers: list[PricedAnswer] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> JsonObject:
+        """``{"shares", "band", "confidence", "answers"}``."""
+        answers: JsonValue = [dataclasses.asdict(a) for a in self.answers]  # type: ignore[misc]
+        shares: JsonValue = dict(self.shares)  # type: ignore[assignment]
+        return {"shares": shares, "band": self.band, "confidence": self.confidence, "answers": answers}
+
+    @classmethod
+    def from_json(cls, obj: JsonValue) -> MixPricing | None:
+        """The record of a parsed ``primary.mix`` (None for anything else)."""
+        if not isinstance(obj, dict) or not isinstance(obj.get("shares"), dict):
+            return None
+        names = [f.name for f in dataclasses.fields(PricedAnswer)]
+        answers = [PricedAnswer(**{n: a.get(n) for n in names})  # type: ignore[arg-type]
+                   for a in obj.get("answers") or [] if isinstance(a, dict)]  # type: ignore[union-attr]
+        return cls(dict(obj["shares"]), float(obj.get("band") or 0.0),  # type: ignore[arg-type]
+                   float(obj.get("confidence", 0.95)), answers)  # type: ignore[arg-type]
 
 
 @dataclasses.dataclass
@@ -27,7 +70,7 @@ class Primary:
     kind: str
     num_steps: int | None
     reason: str
-    mix: JsonObject | None = None
+    mix: MixPricing | None = None
 
     @property
     def static(self) -> int | None:
@@ -38,7 +81,7 @@ class Primary:
         """``{"kind", "num_steps", "reason"}`` plus ``mix`` when priced on a load."""
         out: JsonObject = {"kind": self.kind, "num_steps": self.num_steps, "reason": self.reason}
         if self.mix is not None:
-            out["mix"] = self.mix
+            out["mix"] = self.mix.to_json()
         return out
 
     @classmethod
@@ -49,4 +92,4 @@ class Primary:
             return None
         k, mix = obj.get("num_steps"), obj.get("mix")
         return cls(str(obj["kind"]), None if k is None else int(k),  # type: ignore[arg-type]
-                   str(obj.get("reason") or ""), mix if isinstance(mix, dict) else None)
+                   str(obj.get("reason") or ""), MixPricing.from_json(mix))

@@ -13,6 +13,8 @@ from spectune.backends.num_steps.sglang_config import SlotConfig, parse_sglang_a
 from spectune.core.json_types import JsonObject
 from spectune.measure.workload import parse_workload
 from spectune.results.batch_acceptance import BatchAcceptanceFinding
+from spectune.results.primary import MixPricing
+from spectune.results.schedule_server import RecordedScheduleServer
 from spectune.results.validate_doc import RecordedWorkload
 from spectune.tune.configs import engine_plan
 from spectune.tune.predict import predict_validate
@@ -88,18 +90,18 @@ def primary_section(rec: Recommendation) -> list[str]:
             f"band: {p.reason}.\n"]
 
 
-def mix_table(mix: dict[str, Any]) -> list[str]:
-    """The answers priced on ``recommend --mix``'s load (``primary["mix"]``, :mod:`spectune.tune.mix`): output
+def mix_table(mix: MixPricing) -> list[str]:
+    """The answers priced on ``recommend --mix``'s load (``primary.mix``, :mod:`spectune.tune.mix`): output
     tokens/s the load streams and the paired ratio to the best, one row each."""
     rows = []
-    for a in mix["answers"]:
-        lo, hi = a.get("low"), a.get("high")
+    for a in mix.answers:
+        lo, hi = a.low, a.high
         iv = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None and math.isfinite(lo) \
-            and math.isfinite(hi) and a["ratio"] != 1.0 else ""
-        rows.append([a["answer"], f"{a['output_tok_s']:.4g}", f"{a['ratio']:.3f}x{iv}"])
-    return [f"\nOn the load (concurrency: share of time) {mix_text(mix['shares'])}, noise band {mix['band']:.1%}:\n",
-            _md_table(["answer", "output tok/s on the load",
-                                f"ratio to the best [{float(mix.get('confidence', 0.95)):.0%}]"], rows), ""]
+            and math.isfinite(hi) and a.ratio != 1.0 else ""
+        rows.append([a.answer, f"{a.output_tok_s:.4g}", f"{a.ratio:.3f}x{iv}"])
+    return [f"\nOn the load (concurrency: share of time) {mix_text(mix.shares)}, noise band {mix.band:.1%}:\n",
+            _md_table(["answer", "output tok/s on the load", f"ratio to the best [{float(mix.confidence):.0%}]"],
+                      rows), ""]
 
 
 def floor_cost_sentence(cost: dict[str, Any], engine: str, objective: str) -> str:
@@ -116,19 +118,24 @@ def floor_cost_sentence(cost: dict[str, Any], engine: str, objective: str) -> st
             f"{cost['ratio']:.3f}x{band}; {cost['verdict']} beyond the noise band)")
 
 
+def _known(x: object) -> str:
+    """``x`` as text, ``?`` where the file did not say."""
+    return "?" if x is None else str(x)
+
+
 def schedule_server_section(rec: Recommendation) -> list[str]:
     """recommendation.md's "Schedule server": what the engine's per-batch-size config runs, its measured cost against
     the static servers at each pinned num_steps, and the three answers side by side per concurrency (no drafter,
     the best static num_steps, the schedule priced on the schedule server). Empty without schedule-server cells."""
     if not rec.schedule_cells:
         return []
-    info = rec.schedule_server or {}
-    engine = str(info.get("engine") or "engine's")
+    info = rec.schedule_server or RecordedScheduleServer()
+    engine = str(info.engine or "engine's")
     o = rec.options
     out = ["\n## Schedule server\n",
            f"A per-batch-size config runs on the engine's schedule server, not on the static servers the sweep "
-           f"measured per num_steps: {engine}, pinned as `{info.get('pinned', '?')}` with max K "
-           f"{info.get('max_k', '?')} (`{info.get('source', '?')}`). The sweep measured it at each num_steps "
+           f"measured per num_steps: {engine}, pinned as `{_known(info.pinned)}` with max K "
+           f"{_known(info.max_k)} (`{_known(info.source)}`). The sweep measured it at each num_steps "
            "(`schedule-server/`), and the schedule's slots are chosen and priced on those cells.\n"]
     out += [f"- {floor_cost_sentence(c, engine, o.objective)}" for c in rec.server_costs]
     col = OBJECTIVES[o.objective][0]

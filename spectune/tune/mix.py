@@ -25,13 +25,14 @@ import math
 import re
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 
 from spectune.core.errors import UserError
+from spectune.results.cell import Cell
 from spectune.results.confidence import Interval, ratio_interval
-from spectune.results.primary import Primary
+from spectune.results.primary import MixPricing, PricedAnswer, Primary
 from spectune.tune.gain import RecommendationLike, use_static
 
 
@@ -72,18 +73,17 @@ class Answer:
     name: str
     steps: int | None
     tok_s: float
-    replicates: Any = None
+    replicates: np.ndarray | None = None
     ratio: float = math.nan
     low: float = math.nan
     high: float = math.nan
 
-    def to_json(self) -> dict[str, Any]:
-        """The answer without its replicates."""
-        return {"answer": self.name, "num_steps": self.steps, "output_tok_s": self.tok_s, "ratio": self.ratio,
-                "low": self.low, "high": self.high}
+    def priced(self) -> PricedAnswer:
+        """The answer as recommendation.json keeps it (without its replicates)."""
+        return PricedAnswer(self.name, self.steps, self.tok_s, self.ratio, self.low, self.high)
 
 
-def _price(name: str, steps: int | None, cells: list[Any], mix: dict[int, float]) -> Answer | None:
+def _price(name: str, steps: int | None, cells: list[Cell | None], mix: dict[int, float]) -> Answer | None:
     """The answer whose cell at each mix concurrency is ``cells[i]``; None when one is missing or not ok."""
     if any(c is None or c.status != "ok" or c.predicted or not math.isfinite(c.objective) for c in cells):
         return None
@@ -161,8 +161,8 @@ def apply_mix_primary(rec: RecommendationLike, mix: dict[int, float]) -> None:
     why = (f"on the load {mix_text(mix)} (time shares), {pick.name} ({pick.tok_s:.4g} tok/s) is the simplest answer "
            + ("and streams the most" if pick is top else
               f"the best ({top.name}, {top.tok_s:.4g} tok/s) does not beat beyond the noise band ({band:.1%}){vs}"))
-    record = {"shares": {str(c): s for c, s in mix.items()}, "band": band, "confidence": rec.options.confidence,
-              "answers": [a.to_json() for a in answers]}
+    record = MixPricing({str(c): s for c, s in mix.items()}, band, rec.options.confidence,
+                        [a.priced() for a in answers])
     rec.schedule_slots = list(rec.slots)
     if pick.steps is None:
         rec.primary = Primary("schedule", None, why, record)

@@ -53,7 +53,8 @@ def ema_settles_at(slot: SlotConfig, accepted: Mapping[int, float], start: int) 
     for _ in range(4 * len(steps) + 8):
         seen.append(steps[idx])
         s = steps[idx]
-        a = accepted.get(s, 0.0) if math.isfinite(accepted.get(s, math.nan)) else 0.0
+        a = accepted.get(s, math.nan)
+        a = a if math.isfinite(a) else 0.0
         if s == 0:
             idx = min(idx + 1, len(steps) - 1)
             continue
