@@ -20,7 +20,8 @@ from spectune.results.primary import Primary
 from spectune.results.validate_run import ValidateRun, runs_of
 
 __all__ = ["BakeoffCell", "BakeoffRow", "ComparisonRow", "PredictedRun", "RecordedBakeoff", "RecordedComparison",
-           "RecordedConfig", "RecordedPhase", "RecordedPlan", "RecordedPrediction", "RecordedVerdict", "RecordedWorkload", "ValidateDoc"]
+           "RecordedConfig", "RecordedPhase", "RecordedPlan", "RecordedPrediction", "RecordedVerdict",
+           "RecordedWorkload", "ValidateDoc"]
 
 _R = TypeVar("_R")
 
@@ -242,8 +243,9 @@ class PredictedRun:
 class RecordedPrediction:
     """validate.json's ``prediction`` (:func:`spectune.validate.prediction.predict_for`): the recommendation it
     came from (``source``), the sweep's ``model``, or the ``error`` that stopped it; the predicted ``runs`` by name;
-    recommend's ``primary`` answer (as written; :attr:`recommended` as a record), the workload's closed-loop seconds per concurrency (``load_mix``), the phases above the sweep's largest
-    concurrency (``above_sweep``: ``phases``, ``sweep_max``) and the ``comparison`` with what was measured."""
+    recommend's ``primary`` answer (as written; :attr:`recommended` as a record), the workload's closed-loop seconds
+    per concurrency (``load_mix``), the phases above the sweep's largest concurrency (``above_sweep``: ``phases``,
+    ``sweep_max``) and the ``comparison`` with what was measured."""
 
     source: str | None = None
     model: str | None = None

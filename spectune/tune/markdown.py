@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from spectune.backends.formats import Plan, engine_formats
 from spectune.backends.formats.base import fmt as _fmt
@@ -19,7 +18,9 @@ from spectune.results.validate_doc import RecordedWorkload
 from spectune.tune.configs import engine_plan
 from spectune.tune.predict import predict_validate
 from spectune.tune.mix import mix_text
-from spectune.tune.recommend import OBJECTIVES, Recommendation
+from spectune.tune.gain import ServerCost
+from spectune.tune.ladders import SlotJson
+from spectune.tune.recommend import OBJECTIVES, Recommendation, Slot
 from spectune.tune.replay import slot_switch_rate
 
 
@@ -59,7 +60,7 @@ def _ladder(slot: SlotConfig) -> str:
     return text + (f" ceiling {slot.ceiling_coeff:g}" if slot.ceiling_coeff else "")
 
 
-def _rate(rec: Recommendation, slot: Any, cfg: dict[str, Any]) -> str:
+def _rate(rec: Recommendation, slot: Slot, cfg: SlotJson) -> str:
     rate = slot_switch_rate(rec, slot, cfg)
     return f", {'?' if rate is None else format(rate, '.1f')} sw/min"
 
@@ -104,7 +105,7 @@ def mix_table(mix: MixPricing) -> list[str]:
                       rows), ""]
 
 
-def floor_cost_sentence(cost: dict[str, Any], engine: str, objective: str) -> str:
+def floor_cost_sentence(cost: ServerCost, engine: str, objective: str) -> str:
     """One line of a schedule server's measured cost: ``K=0 inside a vllm schedule server: 12.3% slower than no
     drafter at concurrency 16 (throughput ratio 0.877x [0.850, 0.905], 95%)`` (``cost``: one entry of
     :func:`spectune.tune.recommend.schedule_server_costs`)."""
@@ -275,14 +276,15 @@ def batch_acceptance_section(rec: Recommendation) -> list[str]:
     return out + [f"- {BatchAcceptanceFinding(**f).sentence()}" for f in rec.findings]
 
 
-def versus_static(rec: Recommendation) -> list[dict[str, Any]]:
+def versus_static(rec: Recommendation) -> list[dict[str, float | int | None]]:
     """Per concurrency: measured throughput (tokens/s) and TPOT p50 (ms) of the recommended num_steps, of the best
     single static num_steps and of no speculation (K=0). The recommendation's numbers are the cells its slots are
     priced at (:meth:`Recommendation.slot_cell`: the schedule server's where the sweep measured it, else the static
     cells; adaptive switching overhead is not modelled); NaN where a cell was not measured ok."""
     rows = []
     for ch in rec.schedule_choices or rec.choices:
-        row: dict[str, Any] = {"concurrency": ch.concurrency, "recommended": ch.steps, "static": rec.best_static}
+        row: dict[str, float | int | None] = {"concurrency": ch.concurrency, "recommended": ch.steps,
+                                              "static": rec.best_static}
         for name, k in (("rec", ch.steps), ("static", rec.best_static), ("k0", 0)):
             look = rec.slot_cell if name == "rec" else rec.cell
             cell = look(k, ch.concurrency) if k is not None else None

@@ -107,7 +107,8 @@ class Recommendation:
     best_static: int | None
     static_scores: dict[int, float]
     warnings: list[str]
-    findings: list[JsonObject] = field(default_factory=list)  # batch-dependent acceptance (spectune.results.batch_acceptance)
+    #: batch-dependent acceptance (spectune.results.batch_acceptance)
+    findings: list[JsonObject] = field(default_factory=list)
     batch_sizes: dict[int, float] = field(default_factory=dict)
     batch_size_source: str = "concurrency"
     drift: JsonObject | None = None  # the sweep's drift check (sweep.json ``drift``), or None

@@ -19,13 +19,27 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config
 from spectune.backends.num_steps.ema_policy import AdaptivePolicy
 from spectune.core.json_types import JsonValue
 from spectune.results.request_acceptance import RequestAcceptance, request_acceptances
-from spectune.tune.ladders import SGLANG_GLOBALS
+from spectune.tune.ladders import SGLANG_GLOBALS, Replay, SlotJson
+
+if TYPE_CHECKING:
+    from spectune.tune.recommend import Recommendation, Slot
+
+
+@dataclass
+class _InFlight:
+    """A request in flight in :meth:`AcceptancePool.replay`: its prompt id, the verify steps it has left and, per
+    num_steps it has run at, its distribution P(accepted >= i)."""
+
+    prompt: str
+    left: int
+    dists: dict[int, list[float]] = field(default_factory=dict)
 
 
 class AcceptancePool:
@@ -65,7 +79,7 @@ class AcceptancePool:
         total = sum(n for _, n, _ in reqs)
         return sum(n * sum(p) for _, n, p in reqs) / total if total else math.nan
 
-    def replay(self, slot: Mapping[str, Any], batch_size: int, initial_steps: int, batches: int,
+    def replay(self, slot: SlotJson, batch_size: int, initial_steps: int, batches: int,
                seed: int = 0) -> tuple[list[int], list[float]]:
         """Run SGLang's policy for one slot config (``candidate_steps``, hysteresis, ``ceiling_coeff``) over
         ``batches`` verify batches of ``batch_size`` requests. Returns (num_steps of each batch, the slot's EMA
@@ -75,19 +89,19 @@ class AcceptancePool:
         rng = random.Random(seed)
         top = max(slot["candidate_steps"])
 
-        def fresh() -> list[Any]:
-            """A new request in flight: [its prompt id, verify steps left, {num_steps: its distribution}]."""
+        def fresh() -> _InFlight:
+            """A new request in flight."""
             if top == 0:
-                return ["", 64, {}]
+                return _InFlight("", 64)
             pid, n, _ = rng.choice(self.by_steps[top])
-            return [pid, n, {}]
+            return _InFlight(pid, n)
 
-        def dist(st: list[Any], k: int) -> list[float]:
-            if k not in st[2]:
-                same = self._by_prompt[k].get(st[0]) if k in self._by_prompt else None
+        def dist(st: _InFlight, k: int) -> list[float]:
+            if k not in st.dists:
+                same = self._by_prompt[k].get(st.prompt) if k in self._by_prompt else None
                 i = rng.choice(same) if same else rng.randrange(len(self.by_steps[k]))
-                st[2][k] = self.by_steps[k][i][2]
-            return st[2][k]
+                st.dists[k] = self.by_steps[k][i][2]
+            return st.dists[k]
 
         streams = [fresh() for _ in range(batch_size)]
         steps_trace, ema_trace = [], []
@@ -101,8 +115,8 @@ class AcceptancePool:
                 else:
                     u = rng.random()
                     accepted.append(sum(u < p for p in dist(st, k)))
-                st[1] -= 1
-                if st[1] <= 0:
+                st.left -= 1
+                if st.left <= 0:
                     streams[i] = fresh()
             policy.on_verify(accepted, batch_size)
             ema_trace.append(policy.slot_state(batch_size).ema)
@@ -120,7 +134,7 @@ class AcceptancePool:
         mean = sum(tail) / len(tail)
         return math.sqrt(sum((e - mean) ** 2 for e in tail) / max(1, len(tail) - 1))
 
-    def switches_per_minute(self, slot: Mapping[str, Any], batch_size: int, initial_steps: int,
+    def switches_per_minute(self, slot: SlotJson, batch_size: int, initial_steps: int,
                             batches_per_s: float, batches: int = 3000, seed: int = 0) -> float:
         """Expected num_steps switches per minute of a slot config at ``batch_size``: switches over a replay of
         ``batches`` verify batches (:meth:`replay`), at ``batches_per_s`` verify batches per second (from the
@@ -132,7 +146,8 @@ class AcceptancePool:
         return switches / (batches / batches_per_s) * 60.0
 
 
-def ladder_noise(pool: AcceptancePool, candidates: Iterable[int], batch_size: int) -> tuple[Any, Any]:
+def ladder_noise(pool: AcceptancePool, candidates: Iterable[int],
+                 batch_size: int) -> tuple[Callable[[int], float] | None, Replay | None]:
     """(EMA spread, replay) for designing a slot's ladder at ``batch_size`` from the sweep's requests
     (:func:`spectune.tune.ladders.design_slot`): num_steps -> :meth:`AcceptancePool.ema_spread` (cached), and
     (slot, batch size, start, batches, seed) -> num_steps per batch (:meth:`AcceptancePool.replay`). (None, None)
@@ -147,13 +162,13 @@ def ladder_noise(pool: AcceptancePool, candidates: Iterable[int], batch_size: in
             cache[c] = pool.ema_spread(c, batch_size)
         return cache[c]
 
-    def replay(slot: Mapping[str, Any], b: int, start: int, batches: int, seed: int) -> list[int]:
+    def replay(slot: SlotJson, b: int, start: int, batches: int, seed: int) -> list[int]:
         return pool.replay(slot, b, start, batches, seed)[0]
 
     return spread, replay
 
 
-def slot_switch_rate(rec: Any, slot: Any, slot_config: Mapping[str, Any]) -> float | None:
+def slot_switch_rate(rec: Recommendation, slot: Slot, slot_config: SlotJson) -> float | None:
     """Expected num_steps switches per minute of one emitted SGLang slot config (``candidate_steps``...) over the
     batch-size slot ``slot`` (:class:`spectune.tune.recommend.Slot`) of recommendation ``rec``: the policy replayed
     on the sweep's requests at the slot's smallest measured concurrency (its measured batch size when known),

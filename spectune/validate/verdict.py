@@ -132,8 +132,9 @@ def verdict(runs: Sequence[ValidateRun], with_slo: bool, tolerance: float = 0.0,
         ratio: optional callable (run name a, run name b) -> (low, high) of the interval of their overall
             throughput ratio, server-to-server spread included (:func:`spectune.validate.repeats.throughput_ratio`),
             or None; the line then shows it (``1.031x [0.990, 1.072], 95%``) and ``interval_source``.
-        recommended: recommendation.json's ``primary`` beside the config (None: none); when it is a static num_steps (recommend
-            predicted no per-batch-size gain) and ``ratio`` is given, :func:`static_agreement` rules instead.
+        recommended: recommendation.json's ``primary`` beside the config (None: none); when it is a static
+            num_steps (recommend predicted no per-batch-size gain) and ``ratio`` is given, :func:`static_agreement`
+            rules instead.
         config_static: (K, why) when the config runs the same rounds as static K
             (:func:`spectune.validate.plan.static_equivalent`); with ``ratio``, :func:`static_agreement` rules on
             whether another static beats K (the config run, when there is one, must also not fall behind K).
