@@ -1,5 +1,5 @@
 """recommend's primary recommendation as a record: :class:`Primary` is recommendation.json's ``primary``
-(docs/recommend.md, docs/results-format.md), which ``spectune recommend`` writes (:mod:`spectune.tune.gain`,
+(docs/recommend.md), which ``spectune recommend`` writes (:mod:`spectune.tune.gain`,
 :mod:`spectune.tune.mix`) and ``spectune validate`` reads back beside a config (its verdict rules a static primary
 with :func:`spectune.validate.verdict.static_agreement`).
 """

@@ -1,7 +1,7 @@
 """recommendation.json read back as a record: :class:`RecordedRecommendation` is what ``spectune validate`` reads of
 the recommendation beside a config (:meth:`spectune.tune.recommend.Recommendation.to_json` wrote it): the static and
 schedule-server cells (:class:`spectune.results.cell.Cell`), the objective and the primary recommendation
-(:class:`spectune.results.primary.Primary`). docs/results-format.md lists the keys.
+(:class:`spectune.results.primary.Primary`). docs/recommend.md lists the file's keys.
 """
 
 from __future__ import annotations
