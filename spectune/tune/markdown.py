@@ -249,7 +249,7 @@ def validate_section(rec: Recommendation, custom: dict | None) -> list[str]:
     wl = RecordedWorkload.from_json(parse_workload("swing").to_json())
     pred = predict_validate(rec.cells, rec.options.objective, wl, rec.steps,
                             parse_sglang_adaptive_config(custom, strict=True), 256, config_cells=rec.schedule_cells)
-    if not pred["runs"]:
+    if not pred:
         return []
     labels = [f"{p.label} ({p.start_s:g}-{p.end_s:g} s)" for p in wl.phases]
     cell = lambda v: f"{v[0]:.4g} [{v[1]:.4g}, {v[2]:.4g}]"  # noqa: E731
@@ -260,7 +260,7 @@ def validate_section(rec: Recommendation, custom: dict | None) -> list[str]:
             "marks a miss only outside the interval widened by the server-to-server spread it measures."
             "\n",
             _md_table(["run", "overall"] + labels,
-                      [[name, cell(p["overall"])] + [cell(v) for v in p["phases"]] for name, p in pred["runs"].items()])]
+                      [[name, cell(p.overall)] + [cell(v) for v in p.phases] for name, p in pred.items()])]
 
 
 def batch_acceptance_section(rec: Recommendation) -> list[str]:

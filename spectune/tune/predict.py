@@ -25,10 +25,10 @@ import bisect
 import heapq
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence, TypedDict, Union
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence, Union
 
 from spectune.results.cell import Cell
-from spectune.results.validate_doc import RecordedPhase, RecordedWorkload
+from spectune.results.validate_doc import PredictedRun, RecordedPhase, RecordedWorkload
 
 if TYPE_CHECKING:
     from spectune.backends.num_steps.sglang_config import AdaptiveConfig
@@ -37,20 +37,8 @@ if TYPE_CHECKING:
 Rate = Callable[[int], float]  # requests in flight -> output tokens/s of the whole server
 
 
-class PredictedRun(TypedDict):
-    """One run's prediction (validate.json ``prediction.runs``): per phase and over the whole run, [point, low,
-    high] output tokens/s at the sweep's speed."""
-
-    phases: list[list[float]]
-    overall: list[float]
-
-
-class PredictionJson(TypedDict):
-    """:func:`predict_validate`'s result, as validate.json's ``prediction`` keeps it: ``runs`` by name and the
-    ``model`` that predicted them."""
-
-    runs: dict[str, PredictedRun]
-    model: str
+MODEL = "fluid closed/open loop over the sweep's cells (spectune.tune.predict)"
+"""How :func:`predict_validate` predicts (validate.json's ``prediction.model``)."""
 
 
 def throughput_table(cells: Sequence[Cell], which: str = "point", objective: str = "") -> dict[int, dict[int, float]]:
@@ -200,7 +188,7 @@ def simulate(phases: Sequence[RecordedPhase], rate: Callable[[int], float], max_
 
 def predict_validate(cells: Sequence[Cell], objective: str, workload: RecordedWorkload, steps: Sequence[int],
                      config: Config | None, max_tokens: int, arrivals: Sequence[float] = (),
-                     config_cells: Sequence[Cell] = ()) -> PredictionJson:
+                     config_cells: Sequence[Cell] = ()) -> dict[str, PredictedRun]:
     """Predicted output tokens/s per run and phase of a validation.
 
     Args:
@@ -213,8 +201,8 @@ def predict_validate(cells: Sequence[Cell], objective: str, workload: RecordedWo
             ``cells``. Empty: from ``cells`` (the static servers).
 
     Returns:
-        ``{"runs": {run name: {"phases": [[point, low, high], ...], "overall": [point, low, high]}}, "model": ...}``
-        (tokens/s; a run whose num_steps the sweep did not measure is left out).
+        run name -> its prediction (:class:`~spectune.results.validate_doc.PredictedRun`: [point, low, high]
+        tokens/s per phase and overall; a run whose num_steps the sweep did not measure is left out).
     """
     tables = {w: throughput_table(cells, w, objective) for w in ("point", "low", "high")}
     phases = list(workload.phases)
@@ -226,9 +214,9 @@ def predict_validate(cells: Sequence[Cell], objective: str, workload: RecordedWo
         sims = [simulate(phases, rate_for(w), max_tokens, cap, arrivals) for w in ("point", "low", "high")]
         per_phase = [sorted([s[i] for s in sims[1:]]) for i in range(len(phases))]
         overall = [sum(s[i] * (p.end_s - p.start_s) for i, p in enumerate(phases)) / total for s in sims]
-        runs[name] = {"phases": [[sims[0][i], min(lo, sims[0][i]), max(hi, sims[0][i])]
-                                 for i, (lo, hi) in enumerate(per_phase)],
-                      "overall": [overall[0], min(overall[1:] + [overall[0]]), max(overall[1:] + [overall[0]])]}
+        runs[name] = PredictedRun([[sims[0][i], min(lo, sims[0][i]), max(hi, sims[0][i])]
+                                   for i, (lo, hi) in enumerate(per_phase)],
+                                  [overall[0], min(overall[1:] + [overall[0]]), max(overall[1:] + [overall[0]])])
 
     # a bound's table has every (num_steps, concurrency) the medians' has (a cell's bound falls back to its median)
     for k in steps:
@@ -242,4 +230,4 @@ def predict_validate(cells: Sequence[Cell], objective: str, workload: RecordedWo
                 rates = {k: rate_of({**served["point"][k], **served[w][k]}) for k in served["point"]}
                 return lambda n: rates[pick(n)](n)
             run("config", rate_for)
-    return {"runs": runs, "model": "fluid closed/open loop over the sweep's cells (spectune.tune.predict)"}
+    return runs

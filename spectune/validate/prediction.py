@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 
-from spectune.tune.predict import StaticSteps, predict_validate
+from spectune.tune.predict import MODEL, StaticSteps, predict_validate
 
 from spectune.backends.num_steps import load_config_file
 from spectune.core.json_types import JsonObject
@@ -69,11 +70,12 @@ def predict_for(plan: PlanLike, fmt: str, candidates: Sequence[int]) -> JsonObje
     try:
         rec = RecordedRecommendation.read(path)
         config = StaticSteps(int(candidates[0])) if fmt in STATIC_FORMATS else load_config_file(plan.config)
-        out = predict_validate(rec.cells, rec.objective, workload, list(plan.steps), config, plan.max_tokens,
-                               [a.t for a in plan.workload.arrivals], rec.schedule_cells)
+        runs = predict_validate(rec.cells, rec.objective, workload, list(plan.steps), config, plan.max_tokens,
+                                [a.t for a in plan.workload.arrivals], rec.schedule_cells)
     except Exception as err:  # noqa: BLE001 - a broken or foreign recommendation.json only loses the prediction
         return {"source": str(path), "error": f"{type(err).__name__}: {err}", "runs": {}}
-    return {"source": str(path), "primary": rec.primary, **out,  # type: ignore[dict-item]
+    predicted: JsonObject = {n: asdict(r) for n, r in runs.items()}  # type: ignore[misc]
+    return {"source": str(path), "primary": rec.primary, "runs": predicted, "model": MODEL,
             **load_notes(rec.cells, workload)}
 
 

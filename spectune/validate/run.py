@@ -42,13 +42,13 @@ from spectune.backends.snapshots import Acceptance
 from spectune.backends.num_steps.sglang_config import VllmSchedule, load_config_file
 from spectune.loadgen.datasets import Prompt, load_dataset
 from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.acceptance import window_acceptance
 from spectune.measure.environment import environment
 from spectune.measure.load_settings import ClientTimeouts
 from spectune.measure.schedule_check import check_schedule
 from spectune.measure.window import Sample, Window, client_config, measure_window, resolve_model
-from spectune.core.json_types import JsonObject
 from spectune.results.folder import ValidateFolder
 from spectune.results.primary import Primary
 from spectune.results.recommendation_doc import RecordedRecommendation
@@ -412,7 +412,7 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
                                 initial, timeouts, ray, Validation).run_all()
         if bakeoff:
             outcome.verdict = rule_bakeoff(meta, _read_requests(folder.requests))
-            outcome.bakeoff = meta["bakeoff"]  # type: ignore[assignment]
+            outcome.bakeoff = meta["bakeoff"]  # type: ignore[assignment]  # rule_bakeoff wrote it
         else:
             recorded = RecordedPrediction.from_json(prediction)
             outcome.verdict = rule(meta, _read_requests(folder.requests),
