@@ -119,7 +119,7 @@ def floor_cost_sentence(cost: ServerCost, engine: str, objective: str) -> str:
             f"{cost['ratio']:.3f}x{band}; {cost['verdict']} beyond the noise band)")
 
 
-def _known(x: object) -> str:
+def _or_unknown(x: object) -> str:
     """``x`` as text, ``?`` where the file did not say."""
     return "?" if x is None else str(x)
 
@@ -135,8 +135,8 @@ def schedule_server_section(rec: Recommendation) -> list[str]:
     o = rec.options
     out = ["\n## Schedule server\n",
            f"A per-batch-size config runs on the engine's schedule server, not on the static servers the sweep "
-           f"measured per num_steps: {engine}, pinned as `{_known(info.pinned)}` with max K "
-           f"{_known(info.max_k)} (`{_known(info.source)}`). The sweep measured it at each num_steps "
+           f"measured per num_steps: {engine}, pinned as `{_or_unknown(info.pinned)}` with max K "
+           f"{_or_unknown(info.max_k)} (`{_or_unknown(info.source)}`). The sweep measured it at each num_steps "
            "(`schedule-server/`), and the schedule's slots are chosen and priced on those cells.\n"]
     out += [f"- {floor_cost_sentence(c, engine, o.objective)}" for c in rec.server_costs]
     col = OBJECTIVES[o.objective][0]
