@@ -7,6 +7,7 @@ with :func:`spectune.validate.verdict.static_agreement`).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from spectune.core.json_types import JsonObject, JsonValue
 
@@ -23,9 +24,9 @@ class PricedAnswer:
     answer: str
     num_steps: int | None
     output_tok_s: float
-    ratio: float
-    low: float | None
-    high: float | None
+    ratio: float = math.nan
+    low: float | None = math.nan
+    high: float | None = math.nan
 
 
 @dataclasses.dataclass
