@@ -16,10 +16,12 @@ from dataclasses import dataclass, field, fields
 from typing import TypeVar
 
 from spectune.core.json_types import JsonObject, JsonValue
+from spectune.results.primary import Primary
 from spectune.results.validate_run import ValidateRun, runs_of
 
-__all__ = ["BakeoffCell", "BakeoffRow", "ComparisonRow", "RecordedBakeoff", "RecordedComparison", "RecordedConfig",
-           "RecordedPhase", "RecordedPlan", "RecordedPrediction", "RecordedVerdict", "RecordedWorkload", "ValidateDoc"]
+__all__ = ["BakeoffCell", "BakeoffRow", "ComparisonRow", "PredictedRun", "RecordedBakeoff", "RecordedComparison",
+           "RecordedConfig", "RecordedPhase", "RecordedPlan", "RecordedPrediction", "RecordedVerdict",
+           "RecordedWorkload", "ValidateDoc"]
 
 _R = TypeVar("_R")
 
@@ -47,11 +49,13 @@ class RecordedPhase:
 
 @dataclass
 class RecordedWorkload:
-    """``plan.workload``: its ``name`` (preset or phase tokens), ``total_s`` (s) and ``phases``."""
+    """``plan.workload``: its ``name`` (preset or phase tokens), ``total_s`` (s), ``max_concurrency`` (the most
+    open-loop requests in flight; None in files without it) and ``phases``."""
 
     name: str | None = None
     total_s: float | None = None
     phases: list[RecordedPhase] = field(default_factory=list)
+    max_concurrency: int | None = None
 
     def __post_init__(self) -> None:
         self.phases = [p if isinstance(p, RecordedPhase) else _known(RecordedPhase, p) for p in self.phases or []]
@@ -227,11 +231,21 @@ class RecordedComparison:
 
 
 @dataclass
+class PredictedRun:
+    """One run of ``prediction.runs`` (:func:`spectune.tune.predict.predict_validate`): per phase (``phases``) and
+    over the whole run (``overall``), [point, low, high] output tokens/s at the sweep's speed."""
+
+    phases: list[list[float]] = field(default_factory=list)
+    overall: list[float] = field(default_factory=list)
+
+
+@dataclass
 class RecordedPrediction:
     """validate.json's ``prediction`` (:func:`spectune.validate.prediction.predict_for`): the recommendation it
-    came from (``source``), the sweep's ``model``, or the ``error`` that stopped it; recommend's ``primary``
-    answer, the workload's closed-loop seconds per concurrency (``load_mix``), the phases above the sweep's largest
-    concurrency (``above_sweep``: ``phases``, ``sweep_max``) and the ``comparison`` with what was measured."""
+    came from (``source``), the sweep's ``model``, or the ``error`` that stopped it; the predicted ``runs`` by name;
+    recommend's ``primary`` answer (as written; :attr:`recommended` as a record), the workload's closed-loop seconds
+    per concurrency (``load_mix``), the phases above the sweep's largest concurrency (``above_sweep``: ``phases``,
+    ``sweep_max``) and the ``comparison`` with what was measured."""
 
     source: str | None = None
     model: str | None = None
@@ -240,11 +254,19 @@ class RecordedPrediction:
     load_mix: dict[str, float] = field(default_factory=dict)
     above_sweep: JsonObject | None = None
     comparison: RecordedComparison = field(default_factory=RecordedComparison)
+    runs: dict[str, PredictedRun] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.load_mix = dict(self.load_mix or {})
+        self.runs = {str(n): r if isinstance(r, PredictedRun) else _known(PredictedRun, r)
+                     for n, r in (self.runs or {}).items()}
         if not isinstance(self.comparison, RecordedComparison):
             self.comparison = _known(RecordedComparison, self.comparison)
+
+    @property
+    def recommended(self) -> Primary | None:
+        """recommend's primary answer as a record (None without one)."""
+        return Primary.from_json(self.primary)
 
     @classmethod
     def from_json(cls, obj: JsonObject | None) -> RecordedPrediction | None:

@@ -1,14 +1,15 @@
 """Comparing two cells of a sweep at one concurrency (``spectune recommend``, docs/recommend.md section 3): the
 objectives, the paired ratio of two cells' objectives with its bootstrap interval on the prompts both measured, the
-verdict against the noise band, and the tie rule. A cell is a :class:`spectune.tune.recommend.Cell` (typed ``Any``
-here: that module imports this one)."""
+verdict against the noise band, and the tie rule, on :class:`spectune.results.cell.Cell` records."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Callable, TypedDict
 
+from spectune.results.cell import Cell
 from spectune.results.confidence import Interval, ratio_interval
+from spectune.tune.options import RecommendOptions
 
 #: objective name -> (summary column, direction, unit)
 OBJECTIVES = {"throughput": ("output_throughput_tok_s", "max", "tokens/s"),
@@ -16,7 +17,25 @@ OBJECTIVES = {"throughput": ("output_throughput_tok_s", "max", "tokens/s"),
               "goodput": ("goodput_req_s", "max", "req/s")}
 
 
-def ratio(a: Any, b: Any, objective: str, confidence: float) -> tuple[Interval, int | None]:
+class Comparison(TypedDict):
+    """:func:`compare`'s result (recommendation.json ``choices[].comparisons``): num_steps ``a`` against ``b`` at
+    ``concurrency``, the objective ``ratio`` a / b with its ``confidence`` interval ``low``/``high`` (NaN without
+    replicates), the ``verdict`` (``beats``, ``loses``, ``ties``), the shared ``prompts`` it rests on (None: whole
+    windows) and the sentence (``text``)."""
+
+    a: int
+    b: int
+    concurrency: int
+    ratio: float
+    low: float
+    high: float
+    confidence: float
+    verdict: str
+    prompts: int | None
+    text: str
+
+
+def ratio(a: Cell, b: Cell, objective: str, confidence: float) -> tuple[Interval, int | None]:
     """The ratio a / b of two cells' objectives at one concurrency with its paired bootstrap interval, and the
     number of prompts it rests on: on the prompts every run of both cells measured where both have requests
     (:meth:`spectune.results.confidence.Bootstrap.matched_ratio`), else the whole windows' figures
@@ -29,7 +48,7 @@ def ratio(a: Any, b: Any, objective: str, confidence: float) -> tuple[Interval, 
     return ratio_interval(a.replicates, b.replicates, value, confidence), None
 
 
-def compare(a: Any, b: Any, opts: Any, band: float) -> dict[str, Any]:
+def compare(a: Cell, b: Cell, opts: RecommendOptions, band: float) -> Comparison:
     """The paired comparison of cell ``a`` with cell ``b`` (same concurrency): ratio of their objectives a / b
     on the prompts both measured, with its paired bootstrap interval (:func:`ratio`), and a verdict:
     ``"beats"`` (the whole interval is better than 1 by more than ``band``), ``"loses"`` (the whole interval is worse
@@ -52,7 +71,8 @@ def compare(a: Any, b: Any, opts: Any, band: float) -> dict[str, Any]:
             "high": iv.high, "confidence": opts.confidence, "verdict": verdict, "prompts": prompts, "text": text}
 
 
-def clear_wins(noisy: list[Any], best: Any, opts: Any, drift_band: Callable[[Any], float]) -> list[Any]:
+def clear_wins(noisy: list[Cell], best: Cell, opts: RecommendOptions,
+               drift_band: Callable[[Cell], float]) -> list[Cell]:
     """The ``noisy`` cells (spread above ``max_spread``) that beat ``best``, the best quiet cell at their concurrency,
     beyond their own noise: :func:`compare` says ``beats`` at a band of the larger of ``noise_band``, the cell's spread
     and ``drift_band(cell)``. Noise of that size cannot have made the win, so setting such a cell aside would throw a
@@ -62,7 +82,7 @@ def clear_wins(noisy: list[Any], best: Any, opts: Any, drift_band: Callable[[Any
             if compare(c, best, opts, max(opts.noise_band, c.spread, drift_band(c)))["verdict"] == "beats"]
 
 
-def _ties(c: Any, best: Any, band: float, direction: str, opts: Any) -> bool:
+def _ties(c: Cell, best: Cell, band: float, direction: str, opts: RecommendOptions) -> bool:
     """``c`` ties with ``best``: its ratio to the best (:func:`ratio`, on the prompts both measured) is within
     ``band`` of 1, or (with replicates) the paired interval of that ratio reaches within the band of 1."""
     if c is best:

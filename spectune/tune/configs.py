@@ -8,9 +8,10 @@ every engine's launch flags.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Mapping
 
 from spectune.backends.formats import Plan, StaticChoice, engine_formats
+from spectune.core.json_types import JsonObject
 from spectune.tune.gain import gaining_steps
 from spectune.tune.ladders import PRESETS, SGLANG_GLOBALS, design_slot, ladder_for
 from spectune.tune.recommend import OBJECTIVES, Recommendation, Slot
@@ -36,7 +37,7 @@ def sglang_configs(rec: Recommendation) -> tuple[dict[str, dict], dict[str, list
         allowed = [k for k in rec.steps if all((c := rec.cell(k, conc)) is not None and c.eligible
                                                for conc in slot.concurrencies)]
         acc = slot_acceptance(rec, slot)
-        pool = AcceptancePool(rec.requests, slot.concurrencies)
+        pool = AcceptancePool.from_requests(rec.requests, slot.concurrencies)
         # custom and conservative: a neighbour only where the sweep measured it beating the slot's num_steps
         # (spectune.tune.gain); aggressive keeps its deliberate probing
         gain = sorted(set(gaining_steps(rec, slot, allowed)) | {slot.steps})
@@ -98,11 +99,11 @@ def engine_plan(rec: Recommendation, ladders: Mapping[str, dict] | None = None,
                 ladders=dict(ladders or {}), static=static_choice(rec), warnings=rec.warnings, p_min=rec.p_min)
 
 
-def best_static_json(rec: Recommendation, method: str | None = None) -> dict[str, Any]:
+def best_static_json(rec: Recommendation, method: str | None = None) -> JsonObject:
     """``best-static.json``: the one num_steps for servers that take a single value, with launch flags
     (``method``: the draft head's speculative method, ``eagle``/``eagle3``, or None when unknown)."""
     k = rec.best_static
-    out: dict[str, Any] = {"num_steps": k, "objective": rec.options.objective,
+    out: JsonObject = {"num_steps": k, "objective": rec.options.objective,
                            "aggregate_score": rec.static_scores.get(k) if k is not None else None}
     if k:
         for engine in engine_formats():

@@ -15,67 +15,68 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Protocol
+from typing import Protocol
 
-from spectune.core.json_types import JsonObject
-from spectune.tune.compare import OBJECTIVES
-
-
-@dataclasses.dataclass
-class Primary:
-    """The primary recommendation (recommendation.json ``primary``).
-
-    Attributes:
-        kind: ``schedule`` (the per-batch-size slots) or ``static`` (one num_steps for every batch size).
-        num_steps: K of a static primary; None for the schedule.
-        reason: why, in words (the comparisons that gain, or why none does).
-        mix: ``recommend --mix``'s prices of every answer on the load (:mod:`spectune.tune.mix`), or None.
-    """
-
-    kind: str
-    num_steps: int | None
-    reason: str
-    mix: JsonObject | None = None
-
-    def to_json(self) -> JsonObject:
-        """``{"kind", "num_steps", "reason"}`` plus ``mix`` when priced on a load."""
-        out: JsonObject = {"kind": self.kind, "num_steps": self.num_steps, "reason": self.reason}
-        if self.mix is not None:
-            out["mix"] = self.mix
-        return out
+from spectune.results.cell import Cell
+from spectune.results.primary import Primary
+from spectune.tune.compare import OBJECTIVES, Comparison
+from spectune.tune.options import RecommendOptions
 
 
 class SlotLike(Protocol):
-    """What this module reads of a batch-size slot (:class:`spectune.tune.recommend.Slot`)."""
+    """What this module reads and sets of a batch-size slot (:class:`spectune.tune.recommend.Slot`)."""
 
+    lower: int
+    upper: int | None
     steps: int
     concurrencies: list[int]
+
+
+class ChoiceLike(Protocol):
+    """What this module reads of a choice (:class:`spectune.tune.recommend.Choice`)."""
+
+    concurrency: int
+    steps: int | None
+    band: float
 
 
 class RecommendationLike(Protocol):
     """What this module reads and sets of a recommendation (:class:`spectune.tune.recommend.Recommendation`, whose
     module imports this one: these protocols keep the import one way)."""
 
-    options: Any
-    cells: list[Any]
-    choices: list[Any]
-    slots: list[Any]
-    schedule_slots: list[Any]
+    options: RecommendOptions
+    cells: list[Cell]
+    choices: list[ChoiceLike]
+    slots: list[SlotLike]
+    schedule_slots: list[SlotLike]
     best_static: int | None
     static_scores: dict[int, float]
     primary: Primary | None
 
-    def cell(self, steps: int, concurrency: int) -> Any: ...
+    def cell(self, steps: int, concurrency: int) -> Cell | None: ...
 
-    def slot_cell(self, steps: int, concurrency: int) -> Any: ...
+    def slot_cell(self, steps: int, concurrency: int) -> Cell | None: ...
 
     @property
-    def schedule_cells(self) -> list[Any]: ...
+    def schedule_cells(self) -> list[Cell]: ...
 
-    def compare(self, a: Any, b: Any, band: float) -> dict[str, Any]: ...
+    def compare(self, a: Cell, b: Cell, band: float) -> Comparison: ...
 
     @property
     def steps(self) -> list[int]: ...
+
+
+class ScheduleComparison(Comparison):
+    """:func:`schedule_comparisons`: a comparison with the slot cell's ``server``."""
+
+    server: str
+
+
+class ServerCost(Comparison):
+    """:func:`schedule_server_costs`: a comparison with its ``steps`` and ``cost`` (fraction)."""
+
+    steps: int
+    cost: float
 
 
 def _band(rec: RecommendationLike, conc: int) -> float:
@@ -100,7 +101,7 @@ def gaining_steps(rec: RecommendationLike, slot: SlotLike, allowed: list[int]) -
     return out
 
 
-def schedule_comparisons(rec: RecommendationLike) -> list[dict[str, Any]]:
+def schedule_comparisons(rec: RecommendationLike) -> list[ScheduleComparison]:
     """The schedule against the best static num_steps at each measured concurrency of each slot
     (:func:`spectune.tune.recommend.compare`, slot cell / static cell): the slot's cell is where the schedule is
     priced (:meth:`~spectune.tune.recommend.Recommendation.slot_cell`: the schedule server's cell when the sweep
@@ -128,7 +129,7 @@ def schedule_comparisons(rec: RecommendationLike) -> list[dict[str, Any]]:
     return out
 
 
-def schedule_gains(rec: RecommendationLike) -> list[dict[str, Any]]:
+def schedule_gains(rec: RecommendationLike) -> list[ScheduleComparison]:
     """The comparisons of :func:`schedule_comparisons` where the schedule beats the best static num_steps beyond
     the noise band."""
     return [c for c in schedule_comparisons(rec) if c["verdict"] == "beats"]
@@ -179,7 +180,7 @@ def use_static(rec: RecommendationLike, k0: int, why: str) -> None:
         rec.slots = [dataclasses.replace(rec.slots[0], lower=1, upper=None, steps=k0, concurrencies=concs)]
 
 
-def schedule_server_costs(rec: RecommendationLike) -> list[dict[str, Any]]:
+def schedule_server_costs(rec: RecommendationLike) -> list[ServerCost]:
     """Each schedule-server cell (ok) against the static cell of its (num_steps, concurrency) (ok; at K=0: no
     drafter): :func:`spectune.tune.compare.compare` of the two plus ``steps`` and ``cost``, the fraction the schedule
     server is worse by (1 - ratio; TPOT: ratio - 1)."""

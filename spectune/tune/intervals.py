@@ -3,14 +3,14 @@ sweep's summary table shows them (:func:`spectune.sweep.display.summarize`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
 
 from spectune.core.errors import UserError
 from spectune.results.reader import load_request_records, load_results
 from spectune.tune.recommend import RecommendOptions, attach_intervals, build_cell
 
 
-def throughput_intervals(folder: Any) -> dict[tuple[int, int], tuple[float, float]]:
+def throughput_intervals(folder: str | Path) -> dict[tuple[int, int], tuple[float, float]]:
     """(concurrency, steps) -> the 95% bootstrap interval of the cell's output throughput (tokens/s) over its
     requests and repeats, as ``spectune recommend`` computes it (:func:`spectune.tune.recommend.attach_intervals`);
     {} when the folder cannot be read."""

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Mapping
+from typing import Callable, Mapping
 
 from spectune.backends.num_steps.ema_policy import AdaptivePolicy
 from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config
+from spectune.core.json_types import JsonValue
 
 
 SGLANG_GLOBALS = {"ema_alpha": 0.2, "update_interval": 5, "warmup_batches": 10}  # SGLang's defaults, explicit
@@ -36,12 +37,20 @@ HYSTERESIS_Z = 3.0
 standard deviations: under a normal EMA a threshold 3 sd away is crossed at about 0.1% of decisions."""
 PRESETS = ("custom", "conservative", "aggressive")
 
+SlotJson = Mapping[str, JsonValue]
+"""One slot of an SGLang adaptive config as written (``candidate_steps``, ``down_hysteresis``, ``up_hysteresis``,
+``ceiling_coeff``)."""
+
+Replay = Callable[[SlotJson, int, int, int, int], list[int]]
+"""(slot, batch size, start num_steps, batches, seed) -> num_steps of each verify batch
+(:meth:`spectune.tune.replay.AcceptancePool.replay`'s first item)."""
+
 
 def _base(p: int) -> float:
     return 0.5 if p == 0 else p - 0.5
 
 
-def simulate_slot(slot: Mapping[str, Any], accepted: Mapping[int, float], initial_steps: int,
+def simulate_slot(slot: SlotJson, accepted: Mapping[int, float], initial_steps: int,
                   batches: int = 400, batch_size: int | None = None, seed: int = 0) -> list[int]:
     """Replay SGLang's EMA policy (:class:`spectune.backends.num_steps.ema_policy.AdaptivePolicy`) for one slot.
 
@@ -68,7 +77,7 @@ def simulate_slot(slot: Mapping[str, Any], accepted: Mapping[int, float], initia
     return trace
 
 
-def _chain_sample(rng: Any, alpha: float, k: int) -> int:
+def _chain_sample(rng: random.Random, alpha: float, k: int) -> int:
     """Accepted drafts of one verify under the chain model: the first rejection ends the run (at most k)."""
     n = 0
     while n < k and rng.random() < alpha:
@@ -79,8 +88,8 @@ def _chain_sample(rng: Any, alpha: float, k: int) -> int:
 NOISY_SHARE = 0.9  # share of batches a ladder must spend at its optimum under sampled acceptance
 
 
-def settles(slot: Mapping[str, Any], accepted: Mapping[int, float], target: int, window: int = 100,
-            batch_size: int | None = None, replay: Any = None) -> bool:
+def settles(slot: SlotJson, accepted: Mapping[int, float], target: int, window: int = 100,
+            batch_size: int | None = None, replay: Replay | None = None) -> bool:
     """True when, from every start, the last ``window`` batches all run ``target`` (for target 0: at least half
     of them, since SGLang probes up from 0 at every decision). With ``batch_size`` and a target > 0, also when
     per-request acceptance is sampled (:func:`simulate_slot`) at that batch size, at least 90% of the last 500
@@ -91,7 +100,7 @@ def settles(slot: Mapping[str, Any], accepted: Mapping[int, float], target: int,
         batch_size is None or _settles_under_noise(slot, accepted, target, batch_size, replay))
 
 
-def _settles_on_mean(slot: Mapping[str, Any], accepted: Mapping[int, float], target: int, window: int = 100) -> bool:
+def _settles_on_mean(slot: SlotJson, accepted: Mapping[int, float], target: int, window: int = 100) -> bool:
     for start in slot["candidate_steps"]:
         tail = simulate_slot(slot, accepted, start)[-window:]
         if (tail.count(target) < window // 2) if target == 0 else any(s != target for s in tail):
@@ -99,8 +108,8 @@ def _settles_on_mean(slot: Mapping[str, Any], accepted: Mapping[int, float], tar
     return True
 
 
-def _settles_under_noise(slot: Mapping[str, Any], accepted: Mapping[int, float], target: int, batch_size: int,
-                         replay: Any = None) -> bool:
+def _settles_under_noise(slot: SlotJson, accepted: Mapping[int, float], target: int, batch_size: int,
+                         replay: Replay | None = None) -> bool:
     if target == 0 or len(slot["candidate_steps"]) == 1:
         return True
     for start in slot["candidate_steps"]:
@@ -185,7 +194,8 @@ def ladder_for(preset: str, k: int, allowed: list[int]) -> list[int]:
 
 
 def design_slot(preset: str, k: int, allowed: list[int], accepted: Mapping[int, float],
-                batch_size: int = 1, ema_spread: Any = None, replay: Any = None) -> tuple[dict, list[str]]:
+                batch_size: int = 1, ema_spread: Callable[[int], float] | None = None,
+                replay: Replay | None = None) -> tuple[dict, list[str]]:
     """One slot's config for ``preset`` and the notes explaining it. ``accepted``: measured drafts per verify
     (NaN where unknown; estimated from k's when possible). ``batch_size``: the slot's smallest batch size, at
     which the ladder must also settle under sampled per-request acceptance (:func:`settles`; ``replay`` as there).

@@ -4,18 +4,23 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from spectune.backends.formats import Plan, engine_formats
 from spectune.backends.formats.base import fmt as _fmt
 from spectune.backends.formats.base import md_table as _md_table
-from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config
+from spectune.backends.num_steps.sglang_config import SlotConfig, parse_sglang_adaptive_config
+from spectune.core.json_types import JsonObject
 from spectune.measure.workload import parse_workload
 from spectune.results.batch_acceptance import BatchAcceptanceFinding
+from spectune.results.primary import MixPricing
+from spectune.results.schedule_server import RecordedScheduleServer
+from spectune.results.validate_doc import RecordedWorkload
 from spectune.tune.configs import engine_plan
 from spectune.tune.predict import predict_validate
 from spectune.tune.mix import mix_text
-from spectune.tune.recommend import OBJECTIVES, Recommendation
+from spectune.tune.gain import ServerCost
+from spectune.tune.ladders import SlotJson
+from spectune.tune.recommend import OBJECTIVES, Recommendation, Slot
 from spectune.tune.replay import slot_switch_rate
 
 
@@ -45,12 +50,17 @@ def cell_grid(rec: Recommendation) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def _ladder(slot: dict[str, Any]) -> str:
-    text = f"{slot['candidate_steps']} down {slot['down_hysteresis']:g} up {slot['up_hysteresis']:g}"
-    return text + (f" ceiling {slot['ceiling_coeff']:g}" if slot.get("ceiling_coeff") else "")
+def _ladders(config: JsonObject, preset: str) -> dict[int, SlotConfig]:
+    """The slots of the SGLang config ``recommend`` wrote for ``preset``, by lower bound (as SGLang parses it)."""
+    return {s.lower_bound: s for s in parse_sglang_adaptive_config(config, source=preset, strict=False).slots}
 
 
-def _rate(rec: Recommendation, slot: Any, cfg: dict[str, Any]) -> str:
+def _ladder(slot: SlotConfig) -> str:
+    text = f"{list(slot.candidate_steps)} down {slot.down_hysteresis:g} up {slot.up_hysteresis:g}"
+    return text + (f" ceiling {slot.ceiling_coeff:g}" if slot.ceiling_coeff else "")
+
+
+def _rate(rec: Recommendation, slot: Slot, cfg: SlotJson) -> str:
     rate = slot_switch_rate(rec, slot, cfg)
     return f", {'?' if rate is None else format(rate, '.1f')} sw/min"
 
@@ -81,21 +91,21 @@ def primary_section(rec: Recommendation) -> list[str]:
             f"band: {p.reason}.\n"]
 
 
-def mix_table(mix: dict[str, Any]) -> list[str]:
-    """The answers priced on ``recommend --mix``'s load (``primary["mix"]``, :mod:`spectune.tune.mix`): output
+def mix_table(mix: MixPricing) -> list[str]:
+    """The answers priced on ``recommend --mix``'s load (``primary.mix``, :mod:`spectune.tune.mix`): output
     tokens/s the load streams and the paired ratio to the best, one row each."""
     rows = []
-    for a in mix["answers"]:
-        lo, hi = a.get("low"), a.get("high")
+    for a in mix.answers:
+        lo, hi = a.low, a.high
         iv = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None and math.isfinite(lo) \
-            and math.isfinite(hi) and a["ratio"] != 1.0 else ""
-        rows.append([a["answer"], f"{a['output_tok_s']:.4g}", f"{a['ratio']:.3f}x{iv}"])
-    return [f"\nOn the load (concurrency: share of time) {mix_text(mix['shares'])}, noise band {mix['band']:.1%}:\n",
-            _md_table(["answer", "output tok/s on the load",
-                                f"ratio to the best [{float(mix.get('confidence', 0.95)):.0%}]"], rows), ""]
+            and math.isfinite(hi) and a.ratio != 1.0 else ""
+        rows.append([a.answer, f"{a.output_tok_s:.4g}", f"{a.ratio:.3f}x{iv}"])
+    return [f"\nOn the load (concurrency: share of time) {mix_text(mix.shares)}, noise band {mix.band:.1%}:\n",
+            _md_table(["answer", "output tok/s on the load", f"ratio to the best [{float(mix.confidence):.0%}]"],
+                      rows), ""]
 
 
-def floor_cost_sentence(cost: dict[str, Any], engine: str, objective: str) -> str:
+def floor_cost_sentence(cost: ServerCost, engine: str, objective: str) -> str:
     """One line of a schedule server's measured cost: ``K=0 inside a vllm schedule server: 12.3% slower than no
     drafter at concurrency 16 (throughput ratio 0.877x [0.850, 0.905], 95%)`` (``cost``: one entry of
     :func:`spectune.tune.recommend.schedule_server_costs`)."""
@@ -109,19 +119,24 @@ def floor_cost_sentence(cost: dict[str, Any], engine: str, objective: str) -> st
             f"{cost['ratio']:.3f}x{band}; {cost['verdict']} beyond the noise band)")
 
 
+def _or_unknown(x: object) -> str:
+    """``x`` as text, ``?`` where the file did not say."""
+    return "?" if x is None else str(x)
+
+
 def schedule_server_section(rec: Recommendation) -> list[str]:
     """recommendation.md's "Schedule server": what the engine's per-batch-size config runs, its measured cost against
     the static servers at each pinned num_steps, and the three answers side by side per concurrency (no drafter,
     the best static num_steps, the schedule priced on the schedule server). Empty without schedule-server cells."""
     if not rec.schedule_cells:
         return []
-    info = rec.schedule_server or {}
-    engine = str(info.get("engine") or "engine's")
+    info = rec.schedule_server or RecordedScheduleServer()
+    engine = str(info.engine or "engine's")
     o = rec.options
     out = ["\n## Schedule server\n",
            f"A per-batch-size config runs on the engine's schedule server, not on the static servers the sweep "
-           f"measured per num_steps: {engine}, pinned as `{info.get('pinned', '?')}` with max K "
-           f"{info.get('max_k', '?')} (`{info.get('source', '?')}`). The sweep measured it at each num_steps "
+           f"measured per num_steps: {engine}, pinned as `{_or_unknown(info.pinned)}` with max K "
+           f"{_or_unknown(info.max_k)} (`{_or_unknown(info.source)}`). The sweep measured it at each num_steps "
            "(`schedule-server/`), and the schedule's slots are chosen and priced on those cells.\n"]
     out += [f"- {floor_cost_sentence(c, engine, o.objective)}" for c in rec.server_costs]
     col = OBJECTIVES[o.objective][0]
@@ -179,6 +194,7 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
            _md_table(*cell_grid(rec)), "\n## Reasoning per concurrency\n"]
     out += [f"- **concurrency {ch.concurrency}** -> {ch.reason}" for ch in rec.choices]
     presets = list(configs)
+    ladders = {p: _ladders(configs[p], p) for p in presets}
     measured = ["measured batch size"] if rec.batch_sizes else []
     out += ["\n## Batch-size slots and SGLang ladders\n",
             "A slot starts where the chosen num_steps changes (SGLang key = lower bound); ladders are "
@@ -192,7 +208,7 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
                   ", ".join(map(str, s.concurrencies))]
                  + ([", ".join(f"{rec.batch_sizes[c]:.1f}" for c in s.concurrencies if c in rec.batch_sizes)]
                     if measured else [])
-                 + [_ladder(configs[p][str(s.lower)]) + _rate(rec, s, configs[p][str(s.lower)]) for p in presets]
+                 + [_ladder(ladders[p][s.lower]) + _rate(rec, s, configs[p][str(s.lower)]) for p in presets]
                  for s in rec.slots])]
     out += [line for engine in engines if (line := engine.launch_line(plan, files)) is not None]
     static = rec.best_static
@@ -230,13 +246,12 @@ def validate_section(rec: Recommendation, custom: dict | None) -> list[str]:
     static num_steps predicted from the cells with intervals (:func:`spectune.tune.predict.predict_validate`)."""
     if custom is None:
         return []
-    wl = parse_workload("swing").to_json()
-    data = rec.to_json()
-    pred = predict_validate(data["cells"], rec.options.objective, wl, rec.steps,
-                            parse_sglang_adaptive_config(custom, strict=True), 256, config_cells=data["schedule_cells"])
-    if not pred["runs"]:
+    wl = RecordedWorkload.from_json(parse_workload("swing").to_json())
+    pred = predict_validate(rec.cells, rec.options.objective, wl, rec.steps,
+                            parse_sglang_adaptive_config(custom, strict=True), 256, config_cells=rec.schedule_cells)
+    if not pred:
         return []
-    labels = [f"{p['label']} ({p['start_s']:g}-{p['end_s']:g} s)" for p in wl["phases"]]
+    labels = [f"{p.label} ({p.start_s:g}-{p.end_s:g} s)" for p in wl.phases]
     cell = lambda v: f"{v[0]:.4g} [{v[1]:.4g}, {v[2]:.4g}]"  # noqa: E731
     return ["\n## What `spectune validate` should measure (swing workload)\n",
             "Output tok/s per phase predicted from the measured cells (a fluid model of the closed loop: the "
@@ -245,7 +260,7 @@ def validate_section(rec: Recommendation, custom: dict | None) -> list[str]:
             "marks a miss only outside the interval widened by the server-to-server spread it measures."
             "\n",
             _md_table(["run", "overall"] + labels,
-                      [[name, cell(p["overall"])] + [cell(v) for v in p["phases"]] for name, p in pred["runs"].items()])]
+                      [[name, cell(p.overall)] + [cell(v) for v in p.phases] for name, p in pred.items()])]
 
 
 def batch_acceptance_section(rec: Recommendation) -> list[str]:
@@ -261,14 +276,15 @@ def batch_acceptance_section(rec: Recommendation) -> list[str]:
     return out + [f"- {BatchAcceptanceFinding(**f).sentence()}" for f in rec.findings]
 
 
-def versus_static(rec: Recommendation) -> list[dict[str, Any]]:
+def versus_static(rec: Recommendation) -> list[dict[str, float | int | None]]:
     """Per concurrency: measured throughput (tokens/s) and TPOT p50 (ms) of the recommended num_steps, of the best
     single static num_steps and of no speculation (K=0). The recommendation's numbers are the cells its slots are
     priced at (:meth:`Recommendation.slot_cell`: the schedule server's where the sweep measured it, else the static
     cells; adaptive switching overhead is not modelled); NaN where a cell was not measured ok."""
     rows = []
     for ch in rec.schedule_choices or rec.choices:
-        row: dict[str, Any] = {"concurrency": ch.concurrency, "recommended": ch.steps, "static": rec.best_static}
+        row: dict[str, float | int | None] = {"concurrency": ch.concurrency, "recommended": ch.steps,
+                                              "static": rec.best_static}
         for name, k in (("rec", ch.steps), ("static", rec.best_static), ("k0", 0)):
             look = rec.slot_cell if name == "rec" else rec.cell
             cell = look(k, ch.concurrency) if k is not None else None

@@ -25,13 +25,15 @@ import math
 import re
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 
 from spectune.core.errors import UserError
+from spectune.results.cell import Cell
 from spectune.results.confidence import Interval, ratio_interval
-from spectune.tune.gain import Primary, RecommendationLike, use_static
+from spectune.results.primary import MixPricing, PricedAnswer, Primary
+from spectune.tune.gain import RecommendationLike, use_static
 
 
 def parse_mix(text: str) -> dict[int, float]:
@@ -63,26 +65,19 @@ def mix_text(mix: Mapping[int, float] | Mapping[str, float]) -> str:
 
 
 @dataclass
-class Answer:
-    """One answer priced on a mix: ``name`` (``static K=1``, ``schedule``), ``steps`` (the static num_steps, None
-    for the schedule), ``tok_s`` (output tokens/s the mix streams), ``replicates`` ((B,) or None), and after
-    ranking ``ratio`` (tok_s / the best's) with its interval ``low``/``high`` (NaN without replicates)."""
+class Answer(PricedAnswer):
+    """One answer priced on a mix (:class:`~spectune.results.primary.PricedAnswer`: ``answer``, ``num_steps``,
+    ``output_tok_s`` the mix streams and, after ranking, ``ratio`` to the best with ``low``/``high``, NaN without
+    replicates) with its bootstrap ``replicates`` ((B,) or None)."""
 
-    name: str
-    steps: int | None
-    tok_s: float
-    replicates: Any = None
-    ratio: float = math.nan
-    low: float = math.nan
-    high: float = math.nan
+    replicates: np.ndarray | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        """The answer without its replicates."""
-        return {"answer": self.name, "num_steps": self.steps, "output_tok_s": self.tok_s, "ratio": self.ratio,
-                "low": self.low, "high": self.high}
+    def priced(self) -> PricedAnswer:
+        """The answer as recommendation.json keeps it (without its replicates)."""
+        return PricedAnswer(self.answer, self.num_steps, self.output_tok_s, self.ratio, self.low, self.high)
 
 
-def _price(name: str, steps: int | None, cells: list[Any], mix: dict[int, float]) -> Answer | None:
+def _price(name: str, steps: int | None, cells: list[Cell | None], mix: dict[int, float]) -> Answer | None:
     """The answer whose cell at each mix concurrency is ``cells[i]``; None when one is missing or not ok."""
     if any(c is None or c.status != "ok" or c.predicted or not math.isfinite(c.objective) for c in cells):
         return None
@@ -91,7 +86,7 @@ def _price(name: str, steps: int | None, cells: list[Any], mix: dict[int, float]
     reps = None
     if all(c.replicates is not None for c in cells):
         reps = sum(s * np.asarray(c.replicates, float) for s, c in zip(shares, cells))
-    return Answer(name, steps, value, reps)
+    return Answer(name, steps, value, replicates=reps)
 
 
 def mix_answers(rec: RecommendationLike, mix: dict[int, float]) -> list[Answer]:
@@ -109,10 +104,10 @@ def mix_answers(rec: RecommendationLike, mix: dict[int, float]) -> list[Answer]:
             answers.append(sched)
     if not answers:
         return []
-    top = max(answers, key=lambda a: a.tok_s)
+    top = max(answers, key=lambda a: a.output_tok_s)
     for a in answers:
-        iv = ratio_interval(a.replicates, top.replicates, a.tok_s / top.tok_s, rec.options.confidence) \
-            if a is not top else Interval(1.0, 1.0, 1.0)
+        iv = ratio_interval(a.replicates, top.replicates, a.output_tok_s / top.output_tok_s,
+                            rec.options.confidence) if a is not top else Interval(1.0, 1.0, 1.0)
         a.ratio, a.low, a.high = iv.value, iv.low, iv.high
     return answers
 
@@ -145,26 +140,28 @@ def apply_mix_primary(rec: RecommendationLike, mix: dict[int, float]) -> None:
         raise UserError(f"--mix: concurrency {', '.join(map(str, lost))} was not measured by the sweep (measured: "
                         f"{', '.join(map(str, swept))}): sweep it, or name measured concurrencies")
     answers = mix_answers(rec, mix)
-    statics = [a for a in answers if a.steps is not None]
+    statics = [a for a in answers if a.num_steps is not None]
     if not statics:
         raise UserError("--mix: no num_steps was measured ok at every concurrency of the mix; sweep them all there")
     band = mix_band(rec, mix)
     pick = next(a for a in answers if _ties_best(a, band))
-    top = max(answers, key=lambda a: a.tok_s)
-    best_static = max(statics, key=lambda a: a.tok_s)
-    rec.best_static = next(a for a in statics if a.tok_s >= best_static.tok_s * (1 - band)).steps \
-        if pick.steps is None else pick.steps
-    rec.static_scores = {int(a.steps): a.tok_s / best_static.tok_s for a in statics}  # type: ignore[arg-type]
+    top = max(answers, key=lambda a: a.output_tok_s)
+    best_static = max(statics, key=lambda a: a.output_tok_s)
+    best_tok_s = best_static.output_tok_s
+    rec.best_static = next(a for a in statics if a.output_tok_s >= best_tok_s * (1 - band)).num_steps \
+        if pick.num_steps is None else pick.num_steps
+    rec.static_scores = {int(a.num_steps): a.output_tok_s / best_tok_s for a in statics}  # type: ignore[arg-type]
     vs = "" if pick is top else (f": {pick.ratio:.3f}x" + (f" [{pick.low:.3f}, {pick.high:.3f}]"
                                                           if math.isfinite(pick.low) else ""))
-    why = (f"on the load {mix_text(mix)} (time shares), {pick.name} ({pick.tok_s:.4g} tok/s) is the simplest answer "
-           + ("and streams the most" if pick is top else
-              f"the best ({top.name}, {top.tok_s:.4g} tok/s) does not beat beyond the noise band ({band:.1%}){vs}"))
-    record = {"shares": {str(c): s for c, s in mix.items()}, "band": band, "confidence": rec.options.confidence,
-              "answers": [a.to_json() for a in answers]}
+    why = (f"on the load {mix_text(mix)} (time shares), {pick.answer} ({pick.output_tok_s:.4g} tok/s) is the simplest "
+           "answer " + ("and streams the most" if pick is top else
+                        f"the best ({top.answer}, {top.output_tok_s:.4g} tok/s) does not beat beyond the noise band "
+                        f"({band:.1%}){vs}"))
+    record = MixPricing({str(c): s for c, s in mix.items()}, band, rec.options.confidence,
+                        [a.priced() for a in answers])
     rec.schedule_slots = list(rec.slots)
-    if pick.steps is None:
+    if pick.num_steps is None:
         rec.primary = Primary("schedule", None, why, record)
         return
-    use_static(rec, pick.steps, why)
+    use_static(rec, pick.num_steps, why)
     rec.primary = dataclasses.replace(rec.primary, mix=record)  # type: ignore[arg-type]

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from spectune.backends.local.options import bundled_head
 from spectune.backends.formats import engine_formats
 from spectune.backends.num_steps.sglang_config import parse_any_config
+from spectune.core.json_types import JsonValue
 from spectune.tune.configs import best_static_json, engine_plan, sglang_configs
 from spectune.tune.markdown import recommendation_markdown
 from spectune.tune.recommend import Recommendation
@@ -91,7 +91,7 @@ def write_recommendation(rec: Recommendation, out: Path, source: str,
     configs, notes = sglang_configs(rec)
     plan = engine_plan(rec, configs, algorithm, head, target, {"trtllm": trtllm_version})
     files: dict[str, str] = {}
-    payload: dict[str, Any] = {}
+    payload: dict[str, JsonValue] = {}
     strategy, strategy_why = "ema", "no custom config"
     for engine in engine_formats():
         for f in engine.write(plan):
@@ -118,7 +118,7 @@ def write_recommendation(rec: Recommendation, out: Path, source: str,
     return paths
 
 
-def sglang_strategy(rec: Recommendation, configs: dict[str, dict], payload: dict[str, Any],
+def sglang_strategy(rec: Recommendation, configs: dict[str, dict], payload: dict[str, JsonValue],
                     files: dict[str, str]) -> tuple[str, str]:
     """Choose the custom config's SGLang strategy (:func:`spectune.tune.strategy.choose_strategy`); for
     ``throughput_aware`` rewrite ``sglang-adaptive-custom.json`` in ``payload`` with ``"strategy":

@@ -24,10 +24,10 @@ Without a qualifying cutoff the static answer stands, and the recommendation say
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
+from spectune.core.json_types import JsonObject
 from spectune.results.confidence import Bootstrap
 from spectune.results.reader import Results, load_request_records, summary_with_slos
 from spectune.tune.compare import OBJECTIVES
@@ -59,7 +59,7 @@ def p_min_cells(rec: Recommendation, cutoffs: dict[float, Results]) -> dict[floa
     return out
 
 
-def choose_p_min(rec: Recommendation, cells: dict[float, list[Cell]]) -> dict[str, Any] | None:
+def choose_p_min(rec: Recommendation, cells: dict[float, list[Cell]]) -> JsonObject | None:
     """The decision of the module docstring: ``{"p_min": P or None, "num_steps": K of the cutoff cells,
     "static_num_steps": the best static K, "beats": whether P replaces the static answer, "reason": one sentence,
     "values": [{"p_min", "score", "verdicts": {concurrency: verdict}, "comparisons": [...]}]}``; None without

@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from spectune.backends.num_steps.sglang_config import load_config_file
 from spectune.backends.num_steps.throughput_policy import CostTable
 from spectune.backends.num_steps.trace import TraceStep
+from spectune.core.json_types import JsonObject
 from spectune.core.errors import UserError
 from spectune.tune.draft_policies import PolicySpec, parse_policies, trace_arrays
 from spectune.tune.policy_replay import FAMILIES, PolicyResult, best_per_batch, evaluate
@@ -42,7 +43,7 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     slo_tpot_ms: float | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The ``--json`` document."""
         return {
             "rounds": self.rounds, "rows": self.rows, "slo_tpot_ms": self.slo_tpot_ms,

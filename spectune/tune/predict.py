@@ -24,25 +24,37 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from typing import Any, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence, Union
+
+from spectune.results.cell import Cell
+from spectune.results.validate_doc import PredictedRun, RecordedPhase, RecordedWorkload
+
+if TYPE_CHECKING:
+    from spectune.backends.num_steps.sglang_config import AdaptiveConfig
+    from spectune.backends.num_steps.vllm_schedule import VllmSchedule
 
 Rate = Callable[[int], float]  # requests in flight -> output tokens/s of the whole server
 
 
-def throughput_table(cells: Sequence[Mapping[str, Any]], which: str = "point") -> dict[int, dict[int, float]]:
-    """{num_steps: {concurrency: tokens/s}} from recommendation.json ``cells`` (``status`` ok, ``metrics``
+MODEL = "fluid closed/open loop over the sweep's cells (spectune.tune.predict)"
+"""How :func:`predict_validate` predicts (validate.json's ``prediction.model``)."""
+
+
+def throughput_table(cells: Sequence[Cell], which: str = "point", objective: str = "") -> dict[int, dict[int, float]]:
+    """{num_steps: {concurrency: tokens/s}} from recommendation.json ``cells`` (``status`` ok, not predicted, metric
     ``output_throughput_tok_s``; ``which`` ``low``/``high``: the cell's ``ci_low``/``ci_high`` when the
-    recommendation's objective was throughput and they are known, else the median)."""
+    recommendation's ``objective`` was throughput and they are known, else the median)."""
     out: dict[int, dict[int, float]] = {}
     for c in cells:
-        if c.get("status") != "ok" or c.get("predicted"):
+        if c.status != "ok" or c.predicted:
             continue
-        v = (c.get("metrics") or {}).get("output_throughput_tok_s")
+        v = c.metric("output_throughput_tok_s")
         if which != "point":
-            b = c.get("ci_low" if which == "low" else "ci_high")
-            v = b if isinstance(b, (int, float)) and math.isfinite(b) and c.get("_objective") == "throughput" else v
+            b = c.ci_low if which == "low" else c.ci_high
+            v = b if isinstance(b, (int, float)) and math.isfinite(b) and objective == "throughput" else v
         if isinstance(v, (int, float)) and math.isfinite(v):
-            out.setdefault(int(c["steps"]), {})[int(c["concurrency"])] = float(v)
+            out.setdefault(int(c.steps), {})[int(c.concurrency)] = float(v)
     return out
 
 
@@ -66,10 +78,25 @@ def rate_of(table: Mapping[int, float]) -> Rate:
     return rate
 
 
-def config_steps(config: Any, table: Mapping[int, Mapping[int, float]]) -> Callable[[int], int]:
+@dataclass(frozen=True)
+class StaticSteps:
+    """A config that runs one num_steps at every batch size (a static config file): ``steps``."""
+
+    steps: int
+
+    def k_for_batch_size(self, batch_size: int) -> int:
+        """num_steps at ``batch_size`` requests: always ``steps``."""
+        return self.steps
+
+
+Config = Union["AdaptiveConfig", "VllmSchedule", StaticSteps]
+"""A parsed config the prediction runs: an SGLang adaptive config, a vLLM schedule or one static num_steps."""
+
+
+def config_steps(config: Config, table: Mapping[int, Mapping[int, float]]) -> Callable[[int], int]:
     """n requests in flight -> num_steps a config runs there (module docstring). ``config``: a parsed
-    :class:`~spectune.backends.num_steps.sglang_config.AdaptiveConfig` or
-    :class:`~spectune.backends.num_steps.vllm_schedule.VllmSchedule`."""
+    :class:`~spectune.backends.num_steps.sglang_config.AdaptiveConfig`,
+    :class:`~spectune.backends.num_steps.vllm_schedule.VllmSchedule` or :class:`StaticSteps`."""
     if hasattr(config, "k_for_batch_size"):
         return lambda n: int(config.k_for_batch_size(max(1, n)))
     bounds = [s.lower_bound for s in config.slots]
@@ -91,13 +118,13 @@ def config_steps(config: Any, table: Mapping[int, Mapping[int, float]]) -> Calla
     return steps
 
 
-def simulate(phases: Sequence[Mapping[str, Any]], rate: Callable[[int], float], max_tokens: int,
+def simulate(phases: Sequence[RecordedPhase], rate: Callable[[int], float], max_tokens: int,
              max_concurrency: int = 64, arrivals: Sequence[float] = ()) -> list[float]:
     """Output tokens/s inside each phase (``phases``: validate.json's workload phases, ``start_s``, ``end_s``,
     ``concurrency`` or ``rate``) of the fluid model in the module docstring; ``rate``: requests in flight ->
     server tokens/s; ``arrivals``: a trace's send offsets (s) instead of the phases' own load."""
-    total = phases[-1]["end_s"]
-    bounds = [(p["start_s"], p["end_s"]) for p in phases]
+    total = phases[-1].end_s
+    bounds = [(p.start_s, p.end_s) for p in phases]
     tokens = [0.0] * len(phases)
     remaining: list[float] = []  # tokens left per request in flight (min-heap)
     done = 0.0  # tokens each in-flight request has received, as an offset (all progress alike)
@@ -107,9 +134,9 @@ def simulate(phases: Sequence[Mapping[str, Any]], rate: Callable[[int], float], 
     else:
         pending = []
         for p in phases:
-            r = p.get("rate")
-            if p.get("concurrency") is None and r:
-                pending += [p["start_s"] + (i + 0.5) / r for i in range(int((p["end_s"] - p["start_s"]) * r))]
+            r = p.rate
+            if p.concurrency is None and r:
+                pending += [p.start_s + (i + 0.5) / r for i in range(int((p.end_s - p.start_s) * r))]
         pending.sort()
     pi = 0
     t = 0.0
@@ -119,8 +146,7 @@ def simulate(phases: Sequence[Mapping[str, Any]], rate: Callable[[int], float], 
 
     def top_up(x: float) -> None:
         nonlocal waiting
-        p = phases[phase_at(x)]
-        c = p.get("concurrency")
+        c = phases[phase_at(x)].concurrency
         if c is not None and not arrivals:
             first = not remaining and x == 0.0
             while len(remaining) < c:
@@ -160,9 +186,9 @@ def simulate(phases: Sequence[Mapping[str, Any]], rate: Callable[[int], float], 
     return [tk / (b - a) for tk, (a, b) in zip(tokens, bounds)]
 
 
-def predict_validate(cells: Sequence[Mapping[str, Any]], objective: str, workload: Mapping[str, Any],
-                     steps: Sequence[int], config: Any, max_tokens: int,
-                     arrivals: Sequence[float] = (), config_cells: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+def predict_validate(cells: Sequence[Cell], objective: str, workload: RecordedWorkload, steps: Sequence[int],
+                     config: Config | None, max_tokens: int, arrivals: Sequence[float] = (),
+                     config_cells: Sequence[Cell] = ()) -> dict[str, PredictedRun]:
     """Predicted output tokens/s per run and phase of a validation.
 
     Args:
@@ -175,34 +201,33 @@ def predict_validate(cells: Sequence[Mapping[str, Any]], objective: str, workloa
             ``cells``. Empty: from ``cells`` (the static servers).
 
     Returns:
-        ``{"runs": {run name: {"phases": [[point, low, high], ...], "overall": [point, low, high]}}, "model": ...}``
-        (tokens/s; a run whose num_steps the sweep did not measure is left out).
+        run name -> its prediction (:class:`~spectune.results.validate_doc.PredictedRun`: [point, low, high]
+        tokens/s per phase and overall; a run whose num_steps the sweep did not measure is left out).
     """
-    cells = [{**c, "_objective": objective} for c in cells]
-    tables = {w: throughput_table(cells, w) for w in ("point", "low", "high")}
-    phases = list(workload.get("phases") or [])
-    cap = int(workload.get("max_concurrency") or 64)
-    total = phases[-1]["end_s"] - phases[0]["start_s"] if phases else 0.0
-    runs: dict[str, Any] = {}
+    tables = {w: throughput_table(cells, w, objective) for w in ("point", "low", "high")}
+    phases = list(workload.phases)
+    cap = int(workload.max_concurrency or 64)
+    total = phases[-1].end_s - phases[0].start_s if phases else 0.0
+    runs: dict[str, PredictedRun] = {}
 
     def run(name: str, rate_for: Callable[[str], Callable[[int], float]]) -> None:
         sims = [simulate(phases, rate_for(w), max_tokens, cap, arrivals) for w in ("point", "low", "high")]
         per_phase = [sorted([s[i] for s in sims[1:]]) for i in range(len(phases))]
-        overall = [sum(s[i] * (p["end_s"] - p["start_s"]) for i, p in enumerate(phases)) / total for s in sims]
-        runs[name] = {"phases": [[sims[0][i], min(lo, sims[0][i]), max(hi, sims[0][i])]
-                                 for i, (lo, hi) in enumerate(per_phase)],
-                      "overall": [overall[0], min(overall[1:] + [overall[0]]), max(overall[1:] + [overall[0]])]}
+        overall = [sum(s[i] * (p.end_s - p.start_s) for i, p in enumerate(phases)) / total for s in sims]
+        runs[name] = PredictedRun([[sims[0][i], min(lo, sims[0][i]), max(hi, sims[0][i])]
+                                   for i, (lo, hi) in enumerate(per_phase)],
+                                  [overall[0], min(overall[1:] + [overall[0]]), max(overall[1:] + [overall[0]])])
 
+    # a bound's table has every (num_steps, concurrency) the medians' has (a cell's bound falls back to its median)
     for k in steps:
         if k in tables["point"]:
-            run(f"static:{k}", lambda w, k=k: rate_of({**tables["point"][k], **tables[w].get(k, {})}))
+            run(f"static:{k}", lambda w, k=k: rate_of({**tables["point"][k], **tables[w][k]}))
     if config is not None:
-        own = [{**c, "_objective": objective} for c in config_cells]
-        served = {w: {**tables[w], **throughput_table(own, w)} for w in ("point", "low", "high")}
+        served = {w: {**tables[w], **throughput_table(config_cells, w, objective)} for w in ("point", "low", "high")}
         pick = config_steps(config, served["point"])
         if all(k in served["point"] for k in {pick(n) for n in range(1, cap + 1)}):
             def rate_for(w: str) -> Callable[[int], float]:
-                rates = {k: rate_of({**served["point"][k], **served[w].get(k, {})}) for k in served["point"]}
+                rates = {k: rate_of({**served["point"][k], **served[w][k]}) for k in served["point"]}
                 return lambda n: rates[pick(n)](n)
             run("config", rate_for)
-    return {"runs": runs, "model": "fluid closed/open loop over the sweep's cells (spectune.tune.predict)"}
+    return runs

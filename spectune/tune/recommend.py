@@ -41,86 +41,31 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject, JsonValue
 from spectune.results.batch_acceptance import batch_dependent_acceptance
-from spectune.results.confidence import (Bootstrap, CellRuns, Interval, RunRequests, best_by_pairs,
-                                         percentile_interval, ratio_interval, requests_by_point)
+from spectune.results.cell import Cell
+from spectune.results.confidence import (Bootstrap, CellRuns, RunRequests, best_by_pairs, percentile_interval,
+                                         ratio_interval, requests_by_point)
 from spectune.results.drift import DriftBand, cell_times
+from spectune.results.point import RequestLine
+from spectune.results.primary import Primary
 from spectune.results.reader import Results, load_request_records, summary_with_slos
-from spectune.tune.compare import OBJECTIVES, _better, _ties, _within, clear_wins, compare, ratio  # noqa: F401 (re-exported)
-from spectune.tune.gain import Primary, apply_static_primary, schedule_server_costs
+from spectune.results.schedule_server import RecordedScheduleServer
+from spectune.tune.compare import (OBJECTIVES, Comparison, _better, _ties, _within, clear_wins,  # noqa: F401
+                                   compare, ratio)  # (re-exported)
+from spectune.tune.gain import ServerCost, apply_static_primary, schedule_server_costs
+from spectune.tune.options import RecommendOptions
 from spectune.tune.mix import apply_mix_primary
 
 #: columns reduced to per-cell medians
 CELL_METRICS = ("output_throughput_tok_s", "tpot_p50_ms", "tpot_p99_ms", "ttft_p50_ms", "ttft_p99_ms",
                 "acceptance_length", "slo_attainment", "goodput_req_s", "achieved_concurrency", "batch_size_mean")
 MAD_TO_SIGMA = 1.4826  # MAD -> standard deviation for normal data (as vLLM's tune_speculative_k)
-
-
-@dataclass
-class RecommendOptions:
-    """Knobs of the recommendation. Fractions, not percent (0.02 = 2%); SLOs in ms (None: not given)."""
-
-    objective: str = "throughput"
-    slo_ttft_ms: float | None = None
-    slo_tpot_ms: float | None = None
-    min_slo_attainment: float = 0.9
-    noise_band: float = 0.02
-    max_spread: float = 0.05
-    boundary: str = "geometric"
-    max_batch_size: int | None = None
-    confidence: float = 0.95
-    allow_mixed_nodes: bool = False  # compare points of a --ray sweep's unlike nodes (spectune.results.nodes)
-    mix: dict[int, float] | None = None  # {concurrency: time share} of the load served (spectune.tune.mix)
-
-
-@dataclass
-class Cell:
-    """One (num_steps, concurrency) cell: status ``ok``/``failed``/``missing``/``no-data``, medians, flags."""
-
-    steps: int
-    concurrency: int
-    status: str
-    n_ok: int = 0
-    n_runs: int = 0
-    objective: float = math.nan
-    spread: float = math.nan
-    noisy: bool = False
-    metrics: dict[str, float] = field(default_factory=dict)
-    violations: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    ci_low: float = math.nan
-    ci_high: float = math.nan
-    predicted: bool = False
-    replicates: Any = field(default=None, repr=False, compare=False)  # (B,) bootstrap replicates, or None
-    #: the cell's runs for comparisons on shared prompts, and the analysis's Bootstrap; None without requests
-    runs: CellRuns | None = field(default=None, repr=False, compare=False)
-    bootstrap: Bootstrap | None = field(default=None, repr=False, compare=False)
-    #: s since the epoch, the middle of the cell's measurements (mean over its points; None when unknown or
-    #: predicted): how far apart two cells were measured, for the drift share of their comparison
-    at_s: float | None = None
-    #: the server the cell measured: ``static`` (K=0: no drafter) or ``schedule`` (the engine's schedule server
-    #: pinned to K, the sweep's ``schedule-server/`` folder)
-    server: str = "static"
-
-    def metric(self, name: str) -> float:
-        """The cell's median of summary.csv column ``name`` (:data:`CELL_METRICS`; NaN when not measured)."""
-        return self.metrics.get(name, math.nan)
-
-    @property
-    def eligible(self) -> bool:
-        """Measured, not failed, finite objective and no SLO violation."""
-        return self.status == "ok" and not self.violations and math.isfinite(self.objective)
-
-    @property
-    def interval(self) -> Interval:
-        """The objective with its confidence interval (bounds NaN when unknown)."""
-        return Interval(self.objective, self.ci_low, self.ci_high)
 
 
 @dataclass
@@ -133,7 +78,7 @@ class Choice:
     band: float = 0.0
     tier: str = "none"  # "quiet" | "noisy" | "slo-unmet" | "predicted" | "none"
     reason: str = ""
-    comparisons: list[dict[str, Any]] = field(default_factory=list)  # see :func:`compare`
+    comparisons: list[Comparison] = field(default_factory=list)  # see :func:`compare`
 
 
 @dataclass
@@ -162,27 +107,28 @@ class Recommendation:
     best_static: int | None
     static_scores: dict[int, float]
     warnings: list[str]
-    findings: list[dict[str, Any]] = field(default_factory=list)  # batch-dependent acceptance (spectune.results.batch_acceptance)
+    #: batch-dependent acceptance (spectune.results.batch_acceptance)
+    findings: list[JsonObject] = field(default_factory=list)
     batch_sizes: dict[int, float] = field(default_factory=dict)
     batch_size_source: str = "concurrency"
-    drift: dict[str, Any] | None = None  # the sweep's drift check (sweep.json ``drift``), or None
+    drift: JsonObject | None = None  # the sweep's drift check (sweep.json ``drift``), or None
     #: ``{"kind": "schedule" | "static", "num_steps", "reason"}`` (:mod:`spectune.tune.gain`): with "static" no slot
     #: beat the best static num_steps beyond noise and ``slots`` is that one num_steps for every batch size
     primary: Primary | None = None
     schedule_slots: list[Slot] = field(default_factory=list)  # the per-batch-size slots before that
-    requests: Any = field(default=None, repr=False, compare=False)  # the sweep's request objects, or None
+    requests: list[RequestLine] | None = field(default=None, repr=False, compare=False)  # the sweep's requests
     #: the schedule server's cells (``schedule-server/``), where a schedule's slots are priced, and the choice among
     #: them per concurrency (``choices``: among the static cells); empty without one (slots priced at static cells)
     schedule_cells: list[Cell] = field(default_factory=list)
     schedule_choices: list[Choice] = field(default_factory=list)
     #: :func:`spectune.tune.gain.schedule_server_costs`: each pinned K's schedule server against the static server of that K
-    server_costs: list[dict[str, Any]] = field(default_factory=list)
+    server_costs: list[ServerCost] = field(default_factory=list)
     #: the engine whose schedule server was measured (sweep.json ``schedule_server``), or None
-    schedule_server: dict[str, Any] | None = None
+    schedule_server: RecordedScheduleServer | None = None
     #: the draft-confidence cutoffs' cells (the sweep's ``p-min/P/`` folders, ``server`` ``p_min:P``) and whether one
     #: beats the best static num_steps (:func:`spectune.tune.p_min.apply_p_min`); empty / None without them
     p_min_cells: list[Cell] = field(default_factory=list)
-    p_min: dict[str, Any] | None = None
+    p_min: JsonObject | None = None
 
     def cell(self, steps: int, concurrency: int) -> Cell | None:
         """The static cell at (steps, concurrency), or None if neither was in the plan."""
@@ -199,7 +145,7 @@ class Recommendation:
         own = next((c for c in self.schedule_cells if c.steps == steps and c.concurrency == concurrency), None)
         return own if own is not None or steps != 0 else self.cell(steps, concurrency)
 
-    def compare(self, a: Cell, b: Cell, band: float) -> dict[str, Any]:
+    def compare(self, a: Cell, b: Cell, band: float) -> Comparison:
         """:func:`compare` of cell ``a`` with cell ``b`` under this recommendation's options."""
         return compare(a, b, self.options, band)
 
@@ -213,7 +159,7 @@ class Recommendation:
         """Every swept concurrency, ascending."""
         return sorted({c.concurrency for c in self.cells})
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """A JSON-serialisable dict (NaN -> None)."""
         skip = ("replicates", "runs", "bootstrap")  # working data of the comparisons, not results
         cells, sched, cut = ([{**{f.name: copy.deepcopy(getattr(c, f.name)) for f in fields(c) if f.name not in skip},
@@ -221,7 +167,8 @@ class Recommendation:
                              for group in (self.cells, self.schedule_cells, self.p_min_cells))
         return _finite({"options": asdict(self.options), "choices": [asdict(c) for c in self.choices],
                       "schedule_cells": sched, "schedule_choices": [asdict(c) for c in self.schedule_choices],
-                      "schedule_server_costs": self.server_costs, "schedule_server": self.schedule_server,
+                      "schedule_server_costs": self.server_costs,
+                      "schedule_server": self.schedule_server.to_json() if self.schedule_server else None,
                       "slots": [asdict(s) for s in self.slots], "slot_key": self.batch_size_source,
                       "batch_sizes": self.batch_sizes, "best_static_num_steps": self.best_static,
                       "static_scores": self.static_scores, "cells": cells, "warnings": self.warnings,
@@ -231,13 +178,13 @@ class Recommendation:
                       **({"p_min_cells": cut, "p_min": self.p_min} if self.p_min is not None else {})})
 
 
-def _finite(x: Any) -> Any:
+def _finite(x: object) -> JsonValue:
     """``x`` with every non-finite float (NaN, inf) as None, dict keys as strings (JSON has no NaN)."""
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, dict):
         return {str(k): _finite(v) for k, v in x.items()}
-    return [_finite(v) for v in x] if isinstance(x, list) else x
+    return [_finite(v) for v in x] if isinstance(x, list) else x  # type: ignore[return-value]
 
 
 def effective_slos(results: Results, opts: RecommendOptions) -> tuple[float | None, float | None, str]:
@@ -303,7 +250,7 @@ def _predicted_bounds(rows: pd.DataFrame, objective: str) -> tuple[float, float]
     return float(rows[cols[0]].median()), float(rows[cols[1]].median())
 
 
-def attach_intervals(cells: list[Cell], df: pd.DataFrame, records: list[dict[str, Any]] | None,
+def attach_intervals(cells: list[Cell], df: pd.DataFrame, records: list[RequestLine] | None,
                      opts: RecommendOptions, ttft: float | None, tpot: float | None,
                      boot: Bootstrap | None = None, seed_base: int = 0) -> None:
     """Give every measured ok cell its bootstrap replicates and ``confidence`` interval
@@ -576,14 +523,14 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
                                 "(a larger --budget, or --plan grid) to settle it")
     rec = Recommendation(opts, cells, choices, slots, static, scores, warnings, findings, batch_sizes, batch_source,
                          drift_info, requests=records, schedule_cells=sched_cells, schedule_choices=sched_choices,
-                         schedule_server=sched.meta.backend_value("schedule_server")  # type: ignore[arg-type]
+                         schedule_server=RecordedScheduleServer.from_json(sched.meta.backend_value("schedule_server"))
                          if sched is not None else None)
     rec.server_costs = schedule_server_costs(rec)
     apply_mix_primary(rec, opts.mix) if opts.mix else apply_static_primary(rec)
     return rec
 
 
-def schedule_server_cells(sched: Results | None, records: list[dict[str, Any]] | None, opts: RecommendOptions,
+def schedule_server_cells(sched: Results | None, records: list[RequestLine] | None, opts: RecommendOptions,
                           ttft: float | None, tpot: float | None, boot: Bootstrap, seed_base: int,
                           warnings: list[str]) -> list[Cell]:
     """The schedule server's cells (``server`` ``schedule``) from ``Results.schedule`` (the ``schedule-server/``

@@ -19,40 +19,55 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 from spectune.backends.num_steps.sglang_config import parse_sglang_adaptive_config
 from spectune.backends.num_steps.ema_policy import AdaptivePolicy
-from spectune.tune.ladders import SGLANG_GLOBALS
+from spectune.core.json_types import JsonValue
+from spectune.results.request_acceptance import RequestAcceptance, request_acceptances
+from spectune.tune.ladders import SGLANG_GLOBALS, Replay, SlotJson
+
+if TYPE_CHECKING:
+    from spectune.tune.recommend import Recommendation, Slot
+
+
+@dataclass
+class _InFlight:
+    """A request in flight in :meth:`AcceptancePool.replay`: its prompt id, the verify steps it has left and, per
+    num_steps it has run at, its distribution P(accepted >= i)."""
+
+    prompt: str
+    left: int
+    dists: dict[int, list[float]] = field(default_factory=dict)
 
 
 class AcceptancePool:
-    """Per-request accepted-draft distributions, by num_steps, from sweep request objects.
+    """Per-request accepted-draft distributions, by num_steps, from a sweep's requests.
 
     Args:
-        records: requests.jsonl objects (``steps``, ``concurrency``, ``prompt_id``, ``server_stats``); requests
-            without ``spec_decode`` counts, failed ones and num_steps 0 are skipped.
+        requests: the requests' accepted drafts (:func:`spectune.results.request_acceptance.request_acceptances`
+            of requests.jsonl: failed ones, num_steps 0 and those without ``spec_decode`` counts are not there).
         concurrencies: keep only requests measured at these concurrencies (None: all).
     """
 
-    def __init__(self, records: Iterable[Mapping[str, Any]] | None, concurrencies: Iterable[int] | None = None) -> None:
+    def __init__(self, requests: Iterable[RequestAcceptance], concurrencies: Iterable[int] | None = None) -> None:
         keep = set(concurrencies) if concurrencies is not None else None
         #: num_steps -> [(prompt id, verify steps, P(accepted >= i) for i = 1..num_steps)]
         self.by_steps: dict[int, list[tuple[str, int, list[float]]]] = {}
-        for r in records or ():
-            k = int(r.get("steps") or 0)
-            if k <= 0 or r.get("error") or (keep is not None and r.get("concurrency") not in keep):
-                continue
-            sd = ((r.get("server_stats") or {}).get("spec_decode") or {})
-            n, app = sd.get("verify_steps"), sd.get("accepted_per_position")
-            if not n or not isinstance(app, list) or len(app) < k:
-                continue
-            probs = [min(1.0, max(0.0, float(a) / n)) for a in app[:k]]
-            self.by_steps.setdefault(k, []).append((str(r.get("prompt_id")), int(n), probs))
+        for r in requests:
+            if keep is None or r.concurrency in keep:
+                self.by_steps.setdefault(r.steps, []).append((r.prompt_id, r.verify_steps, r.accepted_at_least))
         self._by_prompt: dict[int, dict[str, list[int]]] = {}  # num_steps -> prompt id -> indices in by_steps[k]
         for k, reqs in self.by_steps.items():
             for i, (pid, _, _) in enumerate(reqs):
                 self._by_prompt.setdefault(k, {}).setdefault(pid, []).append(i)
+
+    @classmethod
+    def from_requests(cls, records: Iterable[Mapping[str, JsonValue]] | None,
+                      concurrencies: Iterable[int] | None = None) -> AcceptancePool:
+        """The pool of requests.jsonl objects (``steps``, ``concurrency``, ``prompt_id``, ``server_stats``)."""
+        return cls(request_acceptances(records), concurrencies)
 
     def covers(self, steps: Iterable[int]) -> bool:
         """True when every positive num_steps in ``steps`` has at least 8 measured requests."""
@@ -64,7 +79,7 @@ class AcceptancePool:
         total = sum(n for _, n, _ in reqs)
         return sum(n * sum(p) for _, n, p in reqs) / total if total else math.nan
 
-    def replay(self, slot: Mapping[str, Any], batch_size: int, initial_steps: int, batches: int,
+    def replay(self, slot: SlotJson, batch_size: int, initial_steps: int, batches: int,
                seed: int = 0) -> tuple[list[int], list[float]]:
         """Run SGLang's policy for one slot config (``candidate_steps``, hysteresis, ``ceiling_coeff``) over
         ``batches`` verify batches of ``batch_size`` requests. Returns (num_steps of each batch, the slot's EMA
@@ -74,19 +89,19 @@ class AcceptancePool:
         rng = random.Random(seed)
         top = max(slot["candidate_steps"])
 
-        def fresh() -> list[Any]:
-            """A new request in flight: [its prompt id, verify steps left, {num_steps: its distribution}]."""
+        def fresh() -> _InFlight:
+            """A new request in flight."""
             if top == 0:
-                return ["", 64, {}]
+                return _InFlight("", 64)
             pid, n, _ = rng.choice(self.by_steps[top])
-            return [pid, n, {}]
+            return _InFlight(pid, n)
 
-        def dist(st: list[Any], k: int) -> list[float]:
-            if k not in st[2]:
-                same = self._by_prompt[k].get(st[0]) if k in self._by_prompt else None
+        def dist(st: _InFlight, k: int) -> list[float]:
+            if k not in st.dists:
+                same = self._by_prompt[k].get(st.prompt) if k in self._by_prompt else None
                 i = rng.choice(same) if same else rng.randrange(len(self.by_steps[k]))
-                st[2][k] = self.by_steps[k][i][2]
-            return st[2][k]
+                st.dists[k] = self.by_steps[k][i][2]
+            return st.dists[k]
 
         streams = [fresh() for _ in range(batch_size)]
         steps_trace, ema_trace = [], []
@@ -100,8 +115,8 @@ class AcceptancePool:
                 else:
                     u = rng.random()
                     accepted.append(sum(u < p for p in dist(st, k)))
-                st[1] -= 1
-                if st[1] <= 0:
+                st.left -= 1
+                if st.left <= 0:
                     streams[i] = fresh()
             policy.on_verify(accepted, batch_size)
             ema_trace.append(policy.slot_state(batch_size).ema)
@@ -119,7 +134,7 @@ class AcceptancePool:
         mean = sum(tail) / len(tail)
         return math.sqrt(sum((e - mean) ** 2 for e in tail) / max(1, len(tail) - 1))
 
-    def switches_per_minute(self, slot: Mapping[str, Any], batch_size: int, initial_steps: int,
+    def switches_per_minute(self, slot: SlotJson, batch_size: int, initial_steps: int,
                             batches_per_s: float, batches: int = 3000, seed: int = 0) -> float:
         """Expected num_steps switches per minute of a slot config at ``batch_size``: switches over a replay of
         ``batches`` verify batches (:meth:`replay`), at ``batches_per_s`` verify batches per second (from the
@@ -131,7 +146,8 @@ class AcceptancePool:
         return switches / (batches / batches_per_s) * 60.0
 
 
-def ladder_noise(pool: AcceptancePool, candidates: Iterable[int], batch_size: int) -> tuple[Any, Any]:
+def ladder_noise(pool: AcceptancePool, candidates: Iterable[int],
+                 batch_size: int) -> tuple[Callable[[int], float] | None, Replay | None]:
     """(EMA spread, replay) for designing a slot's ladder at ``batch_size`` from the sweep's requests
     (:func:`spectune.tune.ladders.design_slot`): num_steps -> :meth:`AcceptancePool.ema_spread` (cached), and
     (slot, batch size, start, batches, seed) -> num_steps per batch (:meth:`AcceptancePool.replay`). (None, None)
@@ -146,13 +162,13 @@ def ladder_noise(pool: AcceptancePool, candidates: Iterable[int], batch_size: in
             cache[c] = pool.ema_spread(c, batch_size)
         return cache[c]
 
-    def replay(slot: Mapping[str, Any], b: int, start: int, batches: int, seed: int) -> list[int]:
+    def replay(slot: SlotJson, b: int, start: int, batches: int, seed: int) -> list[int]:
         return pool.replay(slot, b, start, batches, seed)[0]
 
     return spread, replay
 
 
-def slot_switch_rate(rec: Any, slot: Any, slot_config: Mapping[str, Any]) -> float | None:
+def slot_switch_rate(rec: Recommendation, slot: Slot, slot_config: SlotJson) -> float | None:
     """Expected num_steps switches per minute of one emitted SGLang slot config (``candidate_steps``...) over the
     batch-size slot ``slot`` (:class:`spectune.tune.recommend.Slot`) of recommendation ``rec``: the policy replayed
     on the sweep's requests at the slot's smallest measured concurrency (its measured batch size when known),
@@ -166,7 +182,7 @@ def slot_switch_rate(rec: Any, slot: Any, slot_config: Mapping[str, Any]) -> flo
         return None
     bs = (rec.batch_sizes or {}).get(conc, conc)
     tput, al = cell.metric("output_throughput_tok_s"), cell.metric("acceptance_length")
-    pool = AcceptancePool(rec.requests, slot.concurrencies)
+    pool = AcceptancePool.from_requests(rec.requests, slot.concurrencies)
     if not (math.isfinite(tput) and math.isfinite(al) and al > 0) or not pool.covers(slot_config["candidate_steps"]):
         return None
     b = max(1, round(bs))

@@ -8,10 +8,11 @@ embeds its plots as base64 PNG data URIs and its tables as HTML: it loads nothin
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Iterable
 
 import pandas as pd
 
+from spectune.results.point import PointObject, SweepPoint, as_points
 from spectune.results.reader import Results
 from spectune.tune.report_html import esc, file_links, frame_table, image, nowrap_words, page
 
@@ -21,15 +22,16 @@ def _medians(df: pd.DataFrame, col: str) -> pd.DataFrame:
     return ok.groupby(["steps", "concurrency"])[col].median().unstack("steps") if col in ok else pd.DataFrame()
 
 
-def per_category_acceptance(points: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
-    """{category: {num_steps: median acceptance length over its ok points}} from points.jsonl ``per_category``."""
+def per_category_acceptance(points: Iterable[SweepPoint | PointObject]) -> dict[str, dict[int, float]]:
+    """{category: {num_steps: median acceptance length over its ok points}} from points.jsonl ``per_category``
+    (points as records or as parsed objects, :func:`spectune.results.point.as_points`)."""
     acc: dict[str, dict[int, list[float]]] = {}
-    for pt in points:
-        if pt.get("status", "ok") != "ok":
+    for pt in as_points(points):
+        if pt.status != "ok":
             continue
-        for cat, v in (pt.get("per_category") or {}).items():
-            if isinstance(v, dict) and isinstance(v.get("acceptance_length"), (int, float)):
-                acc.setdefault(str(cat), {}).setdefault(int(pt["steps"]), []).append(float(v["acceptance_length"]))
+        for cat, v in (pt.per_category or {}).items():
+            if isinstance(v, dict) and isinstance(al := v.get("acceptance_length"), (int, float)):
+                acc.setdefault(str(cat), {}).setdefault(int(pt.steps), []).append(float(al))
     return {cat: {k: float(pd.Series(by_k[k]).median()) for k in sorted(by_k)} for cat, by_k in sorted(acc.items())}
 
 

@@ -13,13 +13,20 @@ from __future__ import annotations
 import math
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from spectune.core.errors import UserError
+from spectune.results.confidence import Interval
 from spectune.results.reader import Results
 
+if TYPE_CHECKING:
+    from spectune.tune.recommend import Recommendation
 
-def default_recommendation(results: Results) -> Any:
+Speedups = dict[tuple[int, int], Interval]
+"""{(num_steps, concurrency): output throughput / num_steps 0's at that concurrency, with its interval}."""
+
+
+def default_recommendation(results: Results) -> Recommendation | None:
     """:func:`spectune.tune.recommend.recommend` with its default options, or None where it raises UserError."""
     from spectune.tune.recommend import RecommendOptions, recommend
 
@@ -29,9 +36,9 @@ def default_recommendation(results: Results) -> Any:
         return None
 
 
-def speedups(rec: Any) -> dict[tuple[int, int], dict[str, float]]:
-    """{(num_steps, concurrency): {"ratio", "low", "high"}}: output throughput of each measured ok cell / num_steps 0's
-    at the same concurrency, with the paired 95% interval (NaN bounds without requests.jsonl or repeats)."""
+def speedups(rec: Recommendation) -> Speedups:
+    """{(num_steps, concurrency): ratio [low, high]}: output throughput of each measured ok cell / num_steps 0's at the
+    same concurrency, with the paired 95% interval (NaN bounds without requests.jsonl or repeats)."""
     from spectune.tune.recommend import compare
 
     out = {}
@@ -40,28 +47,28 @@ def speedups(rec: Any) -> dict[tuple[int, int], dict[str, float]]:
         if c.status != "ok" or c.predicted or base is None or base.status != "ok" or not base.objective:
             continue
         if c.steps == 0:
-            out[(0, c.concurrency)] = {"ratio": 1.0, "low": math.nan, "high": math.nan}
+            out[(0, c.concurrency)] = Interval(1.0)
             continue
         cmp = compare(c, base, rec.options, rec.options.noise_band)
-        out[(c.steps, c.concurrency)] = {"ratio": cmp["ratio"], "low": cmp["low"], "high": cmp["high"]}
+        out[(c.steps, c.concurrency)] = Interval(cmp["ratio"], cmp["low"], cmp["high"])
     return out
 
 
-def answer_steps(rec: Any) -> dict[int, int]:
+def answer_steps(rec: Recommendation) -> dict[int, int]:
     """{concurrency: num_steps} of the primary recommendation: its slots' measured concurrencies (one static
     num_steps everywhere when recommend names one), else the per-concurrency choices."""
     out = {c: s.steps for s in rec.slots for c in s.concurrencies}
     return out or {ch.concurrency: ch.steps for ch in rec.choices if ch.steps is not None}
 
 
-def _gain(sp: dict[tuple[int, int], dict[str, float]], k: int, c: int) -> str:
+def _gain(sp: Speedups, k: int, c: int) -> str:
     """One cell's output throughput vs num_steps 0 as ``1.26x [1.22, 1.30]`` (no interval when unknown)."""
     d = sp[(k, c)]
-    iv = f" [{d['low']:.2f}, {d['high']:.2f}]" if math.isfinite(d["low"]) and math.isfinite(d["high"]) else ""
-    return f"{d['ratio']:.2f}x{iv}"
+    iv = f" [{d.low:.2f}, {d.high:.2f}]" if math.isfinite(d.low) and math.isfinite(d.high) else ""
+    return f"{d.value:.2f}x{iv}"
 
 
-def gain_text(rec: Any, steps_at: dict[int, int], sp: dict[tuple[int, int], dict[str, float]] | None = None) -> str:
+def gain_text(rec: Recommendation, steps_at: dict[int, int], sp: Speedups | None = None) -> str:
     """How the answer ``steps_at`` ({concurrency: num_steps}) does against no speculation at the lowest and the
     highest concurrency the sweep measured for it (``vs K=0: 1.26x [1.21, 1.31] at concurrency 1, ...``): output
     throughput vs K=0 with the paired 95% interval; where the
@@ -76,16 +83,16 @@ def gain_text(rec: Any, steps_at: dict[int, int], sp: dict[tuple[int, int], dict
             parts.append(f"{_gain(sp, k, c)} at concurrency {c}")
             continue
         drafted = [kk for kk in rec.steps if kk and (kk, c) in sp]
-        best = max(drafted, key=lambda kk: sp[(kk, c)]["ratio"], default=None)
+        best = max(drafted, key=lambda kk: sp[(kk, c)].value, default=None)
         parts.append(f"K=0 at concurrency {c}" + (f" (best K={best} there: {_gain(sp, best, c)})" if best else ""))
     return ("vs K=0: " + ", ".join(parts)) if parts else ""
 
 
-def _slots_text(rec: Any) -> str:
+def _slots_text(rec: Recommendation) -> str:
     return ", ".join(f"batch {s.lower}-{s.upper if s.upper is not None else ''}: K={s.steps}" for s in rec.slots)
 
 
-def answer(rec: Any) -> tuple[str, list[tuple[str, str, str]]]:
+def answer(rec: Recommendation) -> tuple[str, list[tuple[str, str, str]]]:
     """The primary recommendation in words: (headline, [(engine, setting, gain)]), one entry per engine (SGLang,
     vLLM, TensorRT-LLM, llama.cpp); ``gain`` is :func:`gain_text` of what that engine runs (llama.cpp takes one
     static num_steps, so a schedule's line for it is the best static num_steps)."""
@@ -174,7 +181,7 @@ def make_choice_plots(results: Results, out: Path) -> list[Path]:
     if not sp:
         return paths
     steps, concs = rec.steps, rec.concurrencies
-    grid = [[sp.get((k, c), {}).get("ratio", math.nan) for c in concs] for k in steps]
+    grid = [[sp.get((k, c), Interval(math.nan)).value for c in concs] for k in steps]
     finite = [v for row in grid for v in row if math.isfinite(v)]
     spread = max([abs(v - 1) for v in finite] + [0.05])
     fig, ax = plt.subplots(figsize=(1.3 * len(concs) + 2, 0.8 * len(steps) + 1.8))
@@ -185,10 +192,10 @@ def make_choice_plots(results: Results, out: Path) -> list[Path]:
             if d is None:
                 ax.text(j, i, "-", ha="center", va="center", fontsize=8)
                 continue
-            text = f"{d['ratio']:.2f}x"
-            if math.isfinite(d["low"]) and math.isfinite(d["high"]):
-                text += f"\n[{d['low']:.2f}, {d['high']:.2f}]"
-            dark = abs(d["ratio"] - 1) > 0.6 * spread
+            text = f"{d.value:.2f}x"
+            if math.isfinite(d.low) and math.isfinite(d.high):
+                text += f"\n[{d.low:.2f}, {d.high:.2f}]"
+            dark = abs(d.value - 1) > 0.6 * spread
             ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if dark else "black")
             if chosen.get(c) == k:
                 ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2.5))

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any, Mapping
+from typing import Mapping
 
+from spectune.backends.num_steps.sglang_config import SlotConfig, parse_sglang_adaptive_config
 from spectune.backends.num_steps.throughput_policy import CostTable
+from spectune.core.json_types import JsonObject
 from spectune.tune.recommend import Recommendation
 
 STRATEGY_NOTE = ("it times every (CUDA-graph batch size, num_steps) of the ladders at start-up, so it needs CUDA "
@@ -39,18 +41,20 @@ def _cell_metric(rec: Recommendation, k: int, conc: int, name: str) -> float:
     return float(cell.metric(name))
 
 
-def ema_settles_at(slot_cfg: Mapping[str, Any], accepted: Mapping[int, float], start: int) -> tuple[int, ...]:
+def ema_settles_at(slot: SlotConfig, accepted: Mapping[int, float], start: int) -> tuple[int, ...]:
     """Tiers the EMA policy ends on (one when it settles, the cycle otherwise), deciding with the EMA equal to the
     accepted drafts ``accepted[s]`` measured at the current tier s (source of the rule: the module docstring and
-    :mod:`spectune.backends.num_steps.ema_policy`). A tier without a measurement counts as accepting nothing."""
-    steps = sorted(slot_cfg["candidate_steps"])
-    down, up = slot_cfg.get("down_hysteresis", -0.25), slot_cfg.get("up_hysteresis", 0.0)
+    :mod:`spectune.backends.num_steps.ema_policy`). A tier without a measurement counts as accepting nothing.
+    ``slot``: one slot of the parsed config (its ``candidate_steps`` and hysteresis)."""
+    steps = sorted(slot.candidate_steps)
+    down, up = slot.down_hysteresis, slot.up_hysteresis
     idx = steps.index(start) if start in steps else len(steps) // 2
     seen: list[int] = []
     for _ in range(4 * len(steps) + 8):
         seen.append(steps[idx])
         s = steps[idx]
-        a = accepted.get(s, 0.0) if math.isfinite(accepted.get(s, math.nan)) else 0.0
+        a = accepted.get(s, math.nan)
+        a = a if math.isfinite(a) else 0.0
         if s == 0:
             idx = min(idx + 1, len(steps) - 1)
             continue
@@ -73,9 +77,10 @@ def throughput_aware_picks(rec: Recommendation, candidates: list[int], conc: int
     return min(tpot, key=lambda k: (tpot[k], k)) if tpot else None
 
 
-def choose_strategy(rec: Recommendation, custom: Mapping[str, Any], start: int | None) -> tuple[str, str]:
-    """``("ema" | "throughput_aware", one-paragraph reason)`` for the custom config ``custom`` launched at
-    ``--speculative-num-steps start`` (rule in the module docstring)."""
+def choose_strategy(rec: Recommendation, custom: JsonObject, start: int | None) -> tuple[str, str]:
+    """``("ema" | "throughput_aware", one-paragraph reason)`` for the custom config ``custom`` (the SGLang adaptive
+    config recommend writes, read with :func:`~spectune.backends.num_steps.sglang_config.parse_sglang_adaptive_config`)
+    launched at ``--speculative-num-steps start`` (rule in the module docstring)."""
     if rec.options.objective != "throughput":
         return "ema", (f"the objective is {rec.options.objective}; the throughput-aware strategy maximises tokens "
                        "per ms of a decode round (throughput) and ignores latency SLOs")
@@ -84,12 +89,13 @@ def choose_strategy(rec: Recommendation, custom: Mapping[str, Any], start: int |
         return "ema", (f"the sweep found no speculation best from batch size {zero[0]}; the throughput-aware "
                        "strategy needs positive candidate_steps, so it could not stop drafting there")
     ema_hits, ta_hits, rows = 0, 0, []
+    ladders = {s.lower_bound: s for s in parse_sglang_adaptive_config(custom, source="custom", strict=False).slots}
     for slot in rec.slots:
-        cfg = custom[str(slot.lower)]
+        cfg = ladders[slot.lower]
         for conc in slot.concurrencies:
-            acc = {k: _cell_metric(rec, k, conc, "acceptance_length") - 1 for k in cfg["candidate_steps"]}
+            acc = {k: _cell_metric(rec, k, conc, "acceptance_length") - 1 for k in cfg.candidate_steps}
             ema = ema_settles_at(cfg, acc, start if start is not None else slot.steps)
-            ta = throughput_aware_picks(rec, list(cfg["candidate_steps"]), conc)
+            ta = throughput_aware_picks(rec, list(cfg.candidate_steps), conc)
             ema_hits += ema == (slot.steps,)
             ta_hits += ta == slot.steps
             rows.append(f"{conc}: best {slot.steps}, EMA settles at {'/'.join(map(str, ema))}, throughput-aware "
@@ -105,13 +111,14 @@ def choose_strategy(rec: Recommendation, custom: Mapping[str, Any], start: int |
                    "start-up profiling")
 
 
-def throughput_aware_config(custom: Mapping[str, Any]) -> dict[str, Any]:
+def throughput_aware_config(custom: JsonObject) -> JsonObject:
     """The custom EMA config as a throughput-aware one: ``"strategy": "throughput_aware"``, each slot's positive
     candidate_steps (EMA parameters dropped: that strategy does not read them)."""
-    out: dict[str, Any] = {"strategy": "throughput_aware"}
+    out: JsonObject = {"strategy": "throughput_aware"}
     for key, slot in custom.items():
         if key.isdigit():
-            out[key] = {"candidate_steps": [k for k in slot["candidate_steps"] if k > 0]}
+            out[key] = {"candidate_steps": [k for k in slot["candidate_steps"]  # type: ignore[index, union-attr]
+                                            if k > 0]}  # type: ignore[operator]
     return out
 
 

@@ -17,18 +17,19 @@ verdict is PASS; with none, the best static num_steps wins. validate.json's ``ba
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, replace
 from typing import Sequence, TypedDict
 
 from spectune.core.json_types import JsonObject
+from spectune.results.primary import Primary
+from spectune.results.recommendation_doc import RecordedRecommendation
 from spectune.results.validate_doc import ValidateDoc
 from spectune.results.validate_run import RunWindow, ValidateRun
 from spectune.validate.phase_check import STEADY, PhaseRuling, phase_check, phase_spreads
 from spectune.validate.plan import CONFIG_PREFIX
 from spectune.validate.prediction import find_recommendation
 from spectune.validate.repeats import combine_repeats, overall_spread, throughput_ratio
-from spectune.validate.verdict import PrimaryRecommendation, Verdict, verdict
+from spectune.validate.verdict import Verdict, verdict
 
 __all__ = ["BakeoffJson", "config_view", "goodput_req_s", "rule_bakeoff"]
 
@@ -115,15 +116,15 @@ def _numbers(combined: ValidateRun, repeats: Sequence[ValidateRun], phase: int |
     return out
 
 
-def _primary(path: str) -> PrimaryRecommendation | None:
+def _primary(path: str) -> Primary | None:
     """recommendation.json's ``primary`` beside the config file ``path`` (as a validation of that one config reads
     it), or None when there is none or it cannot be read."""
     rec = find_recommendation(path)
     if rec is None:
         return None
     try:
-        return json.loads(rec.read_text(encoding="utf-8")).get("primary")
-    except (OSError, ValueError, AttributeError):
+        return RecordedRecommendation.read(rec).recommended
+    except (OSError, ValueError, TypeError, AttributeError):
         return None
 
 
@@ -182,7 +183,7 @@ def rule_bakeoff(meta: JsonObject, requests: list[JsonObject]) -> Verdict:
                                                    config_run=stand, spreads=spreads)}
         for ph in row["phases"]:
             ph.update(_ruling(rulings.get(int(ph["phase"]))))
-        ct = (row["overall"] or {}).get("output_throughput_tok_s") or 0.0
+        ct = next((r.throughput for r in combined if r.run == run and r.ok), None) or 0.0  # the row's overall
         rows.append((row, v, ct))
     winner = max((x for x in rows if x[1].passed), key=lambda x: x[2], default=None)  # first max: first given
     overall = _overall(winner, rows, best, source)

@@ -19,10 +19,10 @@ Each phase gets one of three rulings, for a tolerance ``within`` (3% by default)
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Sequence, TypedDict
 
-from spectune.core.json_types import JsonObject
+from spectune.core.json_types import JsonObject, JsonValue
 from spectune.results.validate_doc import ValidateDoc
 from spectune.results.validate_run import ValidateRun
 from spectune.validate.repeats import (InstanceSpread, InstanceSpreadJson, WindowValue, combine_repeats,
@@ -70,6 +70,28 @@ class PhaseRuling:
     def from_json(cls, obj: JsonObject) -> PhaseRuling:
         """A ruling as validate.json's ``phase_check.phases`` holds it (:func:`to_json`)."""
         return cls(**obj)  # type: ignore[arg-type]
+
+
+@dataclass
+class PhaseCheck:
+    """validate.json's ``phase_check`` read back (:func:`to_json` wrote it): the tolerance ``within`` (fraction),
+    the summary ``line`` (None in a file without one) and the ``phases``' rulings."""
+
+    within: float = WITHIN
+    line: str | None = None
+    phases: list[PhaseRuling] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, obj: JsonValue) -> PhaseCheck:
+        """The record of a ``phase_check`` object (a key it lacks: the default; None: no rulings)."""
+        if not isinstance(obj, dict):
+            return cls()
+        check = cls(**{k: v for k, v in obj.items() if k in _CHECK_KEYS})  # type: ignore[arg-type]
+        check.phases = [PhaseRuling.from_json(r) for r in check.phases or []]  # type: ignore[arg-type]
+        return check
+
+
+_CHECK_KEYS = ("within", "line", "phases")
 
 
 class PhaseCheckJson(TypedDict):
@@ -206,17 +228,17 @@ def to_json(rulings: Sequence[PhaseRuling], within: float = WITHIN) -> PhaseChec
 def markdown(doc: ValidateDoc) -> list[str]:
     """validate.md's section for validate.json's ``phase_check`` (empty without it): a row per phase with every
     run's steady output tok/s, the best static, config / best with its interval, the settle time and the ruling."""
-    check = doc.phase_check or {}
-    rulings = [PhaseRuling.from_json(r) for r in check.get("phases") or []]
+    check = PhaseCheck.from_json(doc.phase_check)
+    rulings = check.phases
     if not rulings:
         return []
     runs = combine_repeats(doc.runs)
     names = [r.run for r in runs if r.ok]
     by_name = {r.run: r for r in runs}
     lines = [f"## Each phase: the config vs that phase's best static num_steps", "",
-             f"{check.get('line')}. Steady output tok/s: the tokens streamed after the earlier phases' requests "
+             f"{check.line}. Steady output tok/s: the tokens streamed after the earlier phases' requests "
              "ended (their spill-over would credit a slow engine's backlog as speed; `settled` is how long it took "
-             f"in the config run); `holds` = within {check.get('within', WITHIN):.0%}, `noise` = behind by more but "
+             f"in the config run); `holds` = within {check.within:.0%}, `noise` = behind by more but "
              "the 95% interval (the phase's server-to-server spread included: `spread`) reaches it, `behind` = the "
              "interval lies below it.", "",
              "| phase | " + " | ".join(names) + " | best static | config / best [95%] | spread | settled s | ruling |",

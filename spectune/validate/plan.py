@@ -11,14 +11,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from spectune.backends.llamacpp.settings import FORMAT, read_p_min, read_settings
 from spectune.backends.num_steps import VllmSchedule, load_config_file
 from spectune.backends.num_steps.confidence_config import ConfidenceConfig
 from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.load_settings import LoadSpec, failure_rate_check, steps_check
+from spectune.measure.node_progress import NodeTask
 from spectune.measure.workload import Workload
 from spectune.results.validate_run import ValidateRun
 from spectune.validate.config_formats import BEST_STATIC, read_best_static
@@ -181,7 +183,7 @@ class BakeoffConfig:
         """num_steps its server starts at: the largest candidate (as for one config)."""
         return max(self.candidates)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """validate.json's ``configs`` entry: ``name``, ``path``, ``format``, ``candidate_steps``,
         ``initial_steps``, ``static_equivalent`` (``{"steps", "reason"}`` or None) and ``run``."""
         return {"name": self.name, "path": self.path, "format": self.format,
@@ -279,7 +281,7 @@ class ValidatePlan(LoadSpec):
         """Warm-up requests before each run."""
         return self.warmup_requests if self.warmup_requests is not None else min(self.workload.first_concurrency(), 4)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The plan as a JSON object (the workload as :meth:`Workload.to_json`, without the trace itself)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["steps"], d["workload"] = list(self.steps), self.workload.to_json()
@@ -310,7 +312,7 @@ class ValidateListener:
     def run_finished(self, result: ValidateRun) -> None:
         """A run is finished (its validate.json entry)."""
 
-    def node_progress(self, task: Any) -> None:
+    def node_progress(self, task: NodeTask) -> None:
         """A distributed validation's run changed on its node (a :class:`spectune.measure.node_progress.NodeTask`:
         started, its phase and seconds, ended)."""
 
@@ -321,9 +323,9 @@ class ValidateOutcome:
 
     folder: Path
     plan: ValidatePlan
-    runs: list[dict[str, Any]] = field(default_factory=list)
+    runs: list[JsonObject] = field(default_factory=list)
     verdict: Verdict | None = None
-    prediction: dict[str, Any] | None = None  # predicted beside measured (spectune.validate.prediction)
-    phase_check: dict[str, Any] | None = None  # each phase vs its best static (spectune.validate.phase_check)
-    instance_spread: dict[str, Any] | None = None  # server-to-server spread (spectune.validate.repeats.InstanceSpread)
-    bakeoff: dict[str, Any] | None = None  # a bake-off's table and winner (spectune.validate.bakeoff)
+    prediction: JsonObject | None = None  # predicted beside measured (spectune.validate.prediction)
+    phase_check: JsonObject | None = None  # each phase vs its best static (spectune.validate.phase_check)
+    instance_spread: JsonObject | None = None  # server-to-server spread (spectune.validate.repeats.InstanceSpread)
+    bakeoff: JsonObject | None = None  # a bake-off's table and winner (spectune.validate.bakeoff)

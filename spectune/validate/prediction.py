@@ -17,17 +17,21 @@ coarsely).
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 
-from spectune.tune.predict import predict_validate
+from spectune.tune.predict import MODEL, StaticSteps, predict_validate
 
 from spectune.backends.num_steps import load_config_file
 from spectune.core.json_types import JsonObject
-from spectune.results.validate_doc import ComparisonRow, RecordedComparison, RecordedPrediction, RecordedWorkload
+from spectune.measure.workload import Workload
+from spectune.results.cell import Cell
+from spectune.results.recommendation_doc import RecordedRecommendation
+from spectune.results.validate_doc import (ComparisonRow, RecordedComparison, RecordedPrediction, RecordedWorkload,
+                                          ValidateDoc)
 from spectune.results.validate_run import RunWindow, ValidateRun
 from spectune.validate.config_formats import STATIC_FORMATS
 
@@ -45,59 +49,65 @@ def find_recommendation(config: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def predict_for(plan: Any, fmt: str, candidates: Sequence[int]) -> dict[str, Any] | None:
-    """Predictions (:func:`spectune.tune.predict.predict_validate`) for ``plan`` (a
-    :class:`~spectune.validate.plan.ValidatePlan`) from the recommendation.json beside its config, with ``source``;
-    None when there is none or it cannot be read (a prediction is extra information, never a reason to fail)."""
+class PlanLike(Protocol):
+    """What :func:`predict_for` reads of a :class:`~spectune.validate.plan.ValidatePlan` (whose module imports this
+    one through the verdict: the protocol keeps the import one way)."""
+
+    config: str
+    workload: Workload
+    steps: Sequence[int]
+    max_tokens: int
+
+
+def predict_for(plan: PlanLike, fmt: str, candidates: Sequence[int]) -> JsonObject | None:
+    """Predictions (:func:`spectune.tune.predict.predict_validate`) for ``plan`` from the recommendation.json
+    beside its config, with ``source``; None when there is none or it cannot be read (a prediction is extra
+    information, never a reason to fail)."""
     path = find_recommendation(plan.config)
     if path is None:
         return None
+    workload = RecordedWorkload.from_json(plan.workload.to_json())
     try:
-        rec = json.loads(path.read_text(encoding="utf-8"))
-        if fmt in STATIC_FORMATS:
-            k = int(candidates[0])
-            config: Any = type("Static", (), {"k_for_batch_size": staticmethod(lambda n: k)})()
-        else:
-            config = load_config_file(plan.config)
-        wl = plan.workload.to_json()
-        out = predict_validate(rec.get("cells") or [], (rec.get("options") or {}).get("objective", ""), wl,
-                               list(plan.steps), config, plan.max_tokens, [a.t for a in plan.workload.arrivals],
-                               rec.get("schedule_cells") or [])
+        rec = RecordedRecommendation.read(path)
+        config = StaticSteps(int(candidates[0])) if fmt in STATIC_FORMATS else load_config_file(plan.config)
+        runs = predict_validate(rec.cells, rec.objective, workload, list(plan.steps), config, plan.max_tokens,
+                                [a.t for a in plan.workload.arrivals], rec.schedule_cells)
     except Exception as err:  # noqa: BLE001 - a broken or foreign recommendation.json only loses the prediction
         return {"source": str(path), "error": f"{type(err).__name__}: {err}", "runs": {}}
-    return {"source": str(path), "primary": rec.get("primary"), **out,
-            **load_notes(rec.get("cells") or [], RecordedWorkload.from_json(plan.workload.to_json()))}
+    predicted: JsonObject = {n: asdict(r) for n, r in runs.items()}  # type: ignore[misc]
+    return {"source": str(path), "primary": rec.primary, "runs": predicted, "model": MODEL,
+            **load_notes(rec.cells, workload)}
 
 
 def usable_prediction(meta: JsonObject) -> JsonObject | None:
     """validate.json's ``prediction`` object when there is one without an ``error`` (the one the verdict compares
     with and ``--rule-again`` updates in place), else None."""
-    pred = meta.get("prediction")
-    return pred if isinstance(pred, dict) and not pred.get("error") else None
+    pred = ValidateDoc.from_json(meta).prediction
+    return meta["prediction"] if pred is not None and not pred.error else None  # type: ignore[return-value]
 
 
-def load_notes(cells: Sequence[Mapping[str, Any]], workload: RecordedWorkload) -> dict[str, Any]:
+def load_notes(cells: Sequence[Cell], workload: RecordedWorkload) -> JsonObject:
     """What the prediction says about the workload against the recommendation: ``above_sweep``
     (:func:`above_sweep`) and ``load_mix`` (:func:`workload_mix`); computed when predicting and again by
     ``--rule-again``. ``cells``: recommendation.json's ``cells``; ``workload``: validate.json's ``plan.workload``
     (:meth:`spectune.measure.workload.Workload.to_json`)."""
-    return {"above_sweep": above_sweep(cells, workload), "load_mix": workload_mix(workload)}
+    return {"above_sweep": above_sweep(cells, workload), "load_mix": workload_mix(workload)}  # type: ignore[dict-item]
 
 
-def above_sweep(cells: Sequence[Mapping[str, Any]], workload: RecordedWorkload) -> dict[str, Any] | None:
+def above_sweep(cells: Sequence[Cell], workload: RecordedWorkload) -> JsonObject | None:
     """The workload's closed-loop phases whose concurrency lies above the sweep's largest measured concurrency:
     ``{"sweep_max": C, "phases": [{"phase" (1-based), "concurrency"}]}``, or None when every phase is within the
     sweep. There the config's num_steps is its last slot's, chosen at ``sweep_max``, and the prediction holds that
     cell's rate, so neither was measured at the phase's load (a larger batch costs a step more, and which
-    num_steps wins can change with it). ``cells``: recommendation.json's ``cells`` (``concurrency``
-    each); ``workload``: :meth:`spectune.measure.workload.Workload.to_json`."""
-    concs = [int(c["concurrency"]) for c in cells if c.get("concurrency") is not None]
+    num_steps wins can change with it). ``cells``: recommendation.json's ``cells``; ``workload``:
+    :meth:`spectune.measure.workload.Workload.to_json`."""
+    concs = [int(c.concurrency) for c in cells if c.concurrency is not None]
     if not concs:
         return None
     top = max(concs)
     phases = [{"phase": int(ph.phase), "concurrency": int(ph.concurrency or 0)}
               for ph in workload.phases if (ph.concurrency or 0) > top]
-    return {"sweep_max": top, "phases": phases} if phases else None
+    return {"sweep_max": top, "phases": phases} if phases else None  # type: ignore[dict-item]
 
 
 def workload_mix(workload: RecordedWorkload) -> dict[str, float]:
@@ -116,8 +126,8 @@ def mix_line(pred: RecordedPrediction) -> str | None:
     """When the recommendation ranked its answers without a load mix (every swept concurrency weighing the same)
     and the workload's closed-loop phases span two or more concurrencies: the ``--mix`` that prices the answers
     on this workload's load, as this validation rules (overall output tokens/s). None otherwise."""
-    mix = pred.load_mix
-    if len(mix) < 2 or (pred.primary or {}).get("mix"):
+    mix, primary = pred.load_mix, pred.recommended
+    if len(mix) < 2 or (primary is not None and primary.mix):
         return None
     arg = ",".join(f"{c}:{s:g}" for c, s in sorted(mix.items(), key=lambda kv: int(kv[0])))
     return (f"recommend ranked its answers with every swept concurrency weighing the same; this workload spends "
@@ -139,8 +149,8 @@ def above_sweep_line(pred: RecordedPrediction) -> str | None:
             f"a sweep up to {max(concs)} measures them.")
 
 
-def compare(prediction: dict[str, Any], runs: Sequence[ValidateRun],
-            spreads: Mapping[Any, "InstanceSpread"] | None = None, confidence: float = 0.95) -> dict[str, Any]:
+def compare(prediction: RecordedPrediction, runs: Sequence[ValidateRun],
+            spreads: Mapping[int | str, InstanceSpread] | None = None, confidence: float = 0.95) -> JsonObject:
     """Measured beside predicted for combined runs (:func:`spectune.validate.repeats.combine_repeats`).
 
     ``spreads``: the server-to-server spread of each window (keys ``"overall"`` and the 1-based phase;
@@ -154,19 +164,19 @@ def compare(prediction: dict[str, Any], runs: Sequence[ValidateRun],
     "low", "high" (tok/s at the sweep's speed, the sweep's own interval), "band" (the fraction the interval was
     widened by on each side), "measured", "ratio" (measured / (predicted x f)), "miss" (bool)}], "misses": [text]}``.
     """
-    pred = prediction.get("runs") or {}
+    pred = prediction.runs
     ok = {r.run: r for r in runs if r.ok}
-    factors = [(ok[n].throughput or 0.0) / p["overall"][0] for n, p in pred.items()
-               if n.startswith("static:") and n in ok and p["overall"][0] > 0 and ok[n].throughput]
+    factors = [(ok[n].throughput or 0.0) / p.overall[0] for n, p in pred.items()
+               if n.startswith("static:") and n in ok and p.overall[0] > 0 and ok[n].throughput]
     f = statistics.median(factors) if factors else None
     rows, misses = [], []
     for name, p in pred.items():
         r = ok.get(name)
         if r is None:
             continue
-        windows = [("overall", p["overall"], r.overall)]
+        windows: list[tuple[int | str, list[float], RunWindow]] = [("overall", p.overall, r.overall)]
         windows += [(i + 1, ph, r.phases[i] if i < len(r.phases) else RunWindow.empty())
-                    for i, ph in enumerate(p["phases"])]
+                    for i, ph in enumerate(p.phases)]
         repeats = int(r.repeats or 1)
         for label, (point, lo, hi), m in windows:
             measured = m.output_throughput_tok_s

@@ -55,9 +55,28 @@ WindowRequests = Callable[[ValidateRun, list[JsonObject]], "RunRequests | None"]
 as the bootstrap resamples them (None: none)."""
 
 
-class AAPair(TypedDict):
-    """:attr:`InstanceSpread.aa`: the A/A pair ``aa:K`` / ``static:K``: K, the ratio of their tokens/s and its
-    within-run interval (None without requests)."""
+@dataclass(frozen=True)
+class AAPair:
+    """:attr:`InstanceSpread.aa`: the A/A pair ``aa:K`` / ``static:K``: K (``steps``), the ``ratio`` of their
+    tokens/s and its within-run interval (``low``, ``high``; None without requests)."""
+
+    steps: int | None = None
+    ratio: float = math.nan
+    low: float | None = None
+    high: float | None = None
+
+    def to_json(self) -> AAPairJson:
+        """The pair as validate.json keeps it (``steps``, ``ratio``, ``low``, ``high``)."""
+        return {"steps": self.steps, "ratio": self.ratio, "low": self.low, "high": self.high}
+
+    @property
+    def interval(self) -> str:
+        """`` [low, high]`` of the ratio, or "" without one."""
+        return f" [{self.low:.3f}, {self.high:.3f}]" if self.low is not None else ""
+
+
+class AAPairJson(TypedDict):
+    """:meth:`AAPair.to_json`."""
 
     steps: int | None
     ratio: float
@@ -73,7 +92,7 @@ class InstanceSpreadJson(TypedDict):
     sd: float
     df: int
     band: float
-    aa: AAPair | None
+    aa: AAPairJson | None
     blocked: bool
     kept: bool
 
@@ -172,11 +191,9 @@ class InstanceSpread:
                     f"{self.df} df" + (", each repeat's common drift taken out" if self.blocked else "")
                     + ("" if within else "; no requests, so no within-run part") + ")")
         if self.kind == "aa":
-            a = self.aa or {}
-            pair = f"{a.get('ratio', math.nan):.3f}x" + (f" [{a['low']:.3f}, {a['high']:.3f}]"
-                                                         if a.get("low") is not None else "")
-            band = (f"the A/A instance band {self.band:.1%} (static K={a.get('steps')} on two fresh servers: "
-                    f"{pair})")
+            a = self.aa or AAPair()
+            band = (f"the A/A instance band {self.band:.1%} (static K={a.steps} on two fresh servers: "
+                    f"{a.ratio:.3f}x{a.interval})")
             return f"within-run bootstrap widened by {band}" if within else f"{band} alone (no requests)"
         if self.kind == "default":
             band = (f"the default instance band {self.band:.1%} (no repeats or A/A pair measured the "
@@ -198,15 +215,22 @@ class InstanceSpread:
         """The spread as validate.json keeps it (``kind``, ``repeats``, ``sd``, ``df``, ``band``, ``aa``,
         ``blocked``, ``kept``)."""
         return {"kind": self.kind, "repeats": self.repeats, "sd": self.sd, "df": self.df, "band": self.band,
-                "aa": self.aa, "blocked": self.blocked, "kept": self.kept}
+                "aa": self.aa.to_json() if self.aa is not None else None, "blocked": self.blocked, "kept": self.kept}
 
     @classmethod
     def from_json(cls, d: JsonValue | InstanceSpreadJson) -> "InstanceSpread | None":
-        """The spread from :meth:`to_json`; None for None or a foreign object."""
+        """The spread from :meth:`to_json` (a key it lacks, or null: the attribute's default); None for None or a
+        foreign object (no known ``kind``)."""
         if not isinstance(d, dict) or d.get("kind") not in ("repeats", "aa", "default", "none"):
             return None
-        return cls(d["kind"], int(d.get("repeats") or 1), float(d.get("sd") or 0.0), int(d.get("df") or 0),
-                   float(d.get("band") or 0.0), d.get("aa"), bool(d.get("blocked")), bool(d.get("kept")))
+        given = {f.name: d[f.name] for f in dataclasses.fields(cls) if d.get(f.name) is not None}
+        aa = given.pop("aa", None)
+        spread = cls(**given)  # type: ignore[arg-type]
+        pair = AAPair(**{f.name: aa[f.name] for f in dataclasses.fields(AAPair) if f.name in aa}) \
+            if isinstance(aa, dict) else None
+        return dataclasses.replace(spread, repeats=int(spread.repeats), sd=float(spread.sd), df=int(spread.df),
+                                   band=float(spread.band), aa=pair, blocked=bool(spread.blocked),
+                                   kept=bool(spread.kept))
 
 
 WITHIN_ONLY = InstanceSpread("none")
@@ -248,8 +272,8 @@ def instance_spread(runs: Sequence[ValidateRun], requests: Sequence[JsonObject],
         iv = paired_ratio(runs, requests, aa.run, base.run, value, select, confidence, objective,
                           spread=WITHIN_ONLY)
         band = max((abs(point - 1.0), *((iv[1] - 1.0, 1.0 - iv[0]) if iv else ())))
-        return InstanceSpread("aa", 1, band=band, aa={"steps": aa.steps, "ratio": point,
-                                                      "low": iv[0] if iv else None, "high": iv[1] if iv else None})
+        return InstanceSpread("aa", 1, band=band, aa=AAPair(aa.steps, point, iv[0] if iv else None,
+                                                            iv[1] if iv else None))
     return InstanceSpread("default", 1, band=DEFAULT_INSTANCE_BAND)
 
 

@@ -10,31 +10,30 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
-
 from spectune.core.errors import UserError
 from spectune.results.validate_doc import RecordedBakeoff, RecordedVerdict, ValidateDoc
-from spectune.results.validate_run import RunWindow, runs_of
+from spectune.results.validate_run import RunWindow
 from spectune.tune.report_html import esc, file_links, num, page, table
 from spectune.validate.bakeoff_table import (OVERALL_HEADERS, PHASE_HEADERS, overall_cells, phase_cells,
                                              winner_sentence)
-from spectune.validate.phase_check import STEADY, PhaseRuling
+from spectune.validate.phase_check import STEADY, PhaseCheck
 
 
-def load_validation(folder: Path) -> dict[str, Any]:
-    """The parsed ``validate.json`` of ``folder``.
+def load_validation(folder: Path) -> ValidateDoc:
+    """The ``validate.json`` of ``folder`` as a record.
 
     Raises:
         UserError: it is missing, not JSON, or has no runs.
     """
     path = folder / "validate.json"
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        obj = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UserError(f"{folder}: no validate.json (a validation folder) and no summary.csv (a sweep)") from None
     except (OSError, json.JSONDecodeError) as e:
         raise UserError(f"{path}: not readable as JSON: {e}") from None
-    if not isinstance(doc, dict) or not doc.get("runs"):
+    doc = ValidateDoc.from_json(obj) if isinstance(obj, dict) else None
+    if doc is None or not doc.runs:
         raise UserError(f"{path}: no runs recorded")
     return doc
 
@@ -43,12 +42,12 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def phase_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def phase_rows(doc: ValidateDoc) -> tuple[list[str], list[list[str]]]:
     """The per-phase table: header and rows (phase, one column per run with its steady output tokens/s averaged over
     ok repeats, best static, config / best [low, high], ruling)."""
-    runs = [r for r in runs_of(doc) if r.ok]
+    runs = [r for r in doc.runs if r.ok]
     names = list(dict.fromkeys(r.run for r in runs))
-    checks = {p.phase: p for p in map(PhaseRuling.from_json, (doc.get("phase_check") or {}).get("phases", []))}
+    checks = {p.phase: p for p in PhaseCheck.from_json(doc.phase_check).phases}
     phases: dict[int, str] = {}
     for r in runs:
         for ph in r.phases:
@@ -72,10 +71,10 @@ def phase_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return ["phase", *names, "best static", "config / best [95%]", "ruling"], rows
 
 
-def overall_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def overall_rows(doc: ValidateDoc) -> tuple[list[str], list[list[str]]]:
     """Each run's overall numbers per repeat: output tokens/s, TPOT p50, TTFT p50, SLO attainment, status."""
     rows = []
-    for r in runs_of(doc):
+    for r in doc.runs:
         o = r.overall
         rows.append([r.run, "-" if "repeat" in r.absent else str(r.repeat), num(o.output_throughput_tok_s, ".1f"),
                      num(o.tpot_p50_ms, ".1f"), num(o.ttft_p50_ms, ".0f"), num(o.slo_attainment, ".2f"), r.status])
@@ -109,19 +108,18 @@ def write_validation_report(folder: Path, out: Path) -> Path:
     Raises:
         UserError: ``folder`` holds no readable validate.json.
     """
-    doc = load_validation(folder)
-    rec = ValidateDoc.from_json(doc)
+    rec = load_validation(folder)
     verdict = rec.verdict or RecordedVerdict()
     outcome = verdict.outcome or ("PASS" if verdict.passed else "no verdict")
     line = verdict.line or ""
     rest = line[len(outcome):].lstrip(": ") if line.startswith(outcome) else line
     css = outcome.lower() if outcome in ("PASS", "FAIL", "INCONCLUSIVE") else ""
-    phase_line = (rec.phase_check or {}).get("line")
+    phase_line = PhaseCheck.from_json(rec.phase_check).line
     answer = (f'<section id="answer" class="answer {css}"><p class="lead"><span class="verdict">{esc(outcome)}'
               f"</span>: {esc(rest)}</p>" + (f"<p>{esc(phase_line)}.</p>" if phase_line else "") + "</section>")
-    header, rows = phase_rows(doc)
+    header, rows = phase_rows(rec)
     ruling = {(i, len(header) - 1): ("pass-cell" if r[-1] == "holds" else "fail-cell") for i, r in enumerate(rows)}
-    oh, orows = overall_rows(doc)
+    oh, orows = overall_rows(rec)
     wl = rec.plan.workload
     meta = " · ".join(x for x in (
         f"config <code>{esc(rec.config.path)}</code>" if rec.config.path else "",

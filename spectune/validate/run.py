@@ -33,7 +33,7 @@ import json
 import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from spectune.backends import make_backend
 from spectune.backends.base import Backend, BackendStartError
@@ -42,6 +42,7 @@ from spectune.backends.snapshots import Acceptance
 from spectune.backends.num_steps.sglang_config import VllmSchedule, load_config_file
 from spectune.loadgen.datasets import Prompt, load_dataset
 from spectune.core.errors import UserError
+from spectune.core.json_types import JsonObject
 from spectune.loadgen.record import RequestRecord
 from spectune.measure.acceptance import window_acceptance
 from spectune.measure.environment import environment
@@ -49,11 +50,13 @@ from spectune.measure.load_settings import ClientTimeouts
 from spectune.measure.schedule_check import check_schedule
 from spectune.measure.window import Sample, Window, client_config, measure_window, resolve_model
 from spectune.results.folder import ValidateFolder
+from spectune.results.primary import Primary
+from spectune.results.recommendation_doc import RecordedRecommendation
 from spectune.results.schema import now_iso
-from spectune.results.validate_doc import ValidateDoc
+from spectune.results.validate_doc import RecordedPrediction, ValidateDoc
 from spectune.results.validate_run import RunWindow, ValidateRun
 from spectune.validate.bakeoff import rule_bakeoff
-from spectune.validate.distributed import RayValidation
+from spectune.validate.distributed import ClusterOptions, RayValidation
 from spectune.validate.held_memory import available_gib, check_held_memory
 from spectune.validate.phase_check import STEADY, phase_check, to_json as phase_check_json
 from spectune.validate.phases import phase_index, split_by_phase, summarize_run
@@ -75,7 +78,7 @@ class Validation:
     in a bake-off, each config run on its own backend (``configs``: run name -> (backend, config path))."""
 
     def __init__(self, plan: ValidatePlan, static: Backend, adaptive: Backend, folder: ValidateFolder,
-                 prompts: list[Prompt], meta: dict[str, Any], listener: ValidateListener, model: str | None,
+                 prompts: list[Prompt], meta: JsonObject, listener: ValidateListener, model: str | None,
                  api_key_env: str | None, initial_steps: int, timeouts: ClientTimeouts | None = None,
                  another_static: Callable[[str], Backend] | None = None,
                  configs: dict[str, tuple[Backend, str]] | None = None) -> None:
@@ -83,7 +86,7 @@ class Validation:
         self.meta, self.listener, self.model, self.api_key_env = meta, listener, model, api_key_env
         self.initial_steps = initial_steps
         self.timeouts = timeouts or ClientTimeouts()
-        self.runs: list[dict[str, Any]] = meta["runs"]
+        self.runs: list[JsonObject] = meta["runs"]
         self.another_static = another_static  # run name -> a static backend of its own (servers held together)
         self.held: dict[str, Backend] = {}  # run name -> its backend, when the servers are held together
         # run name -> (its backend, its config file): the config run, or each config run of a bake-off
@@ -170,7 +173,7 @@ class Validation:
                 raise result
         return errors
 
-    def _describe(self) -> dict[str, Any]:
+    def _describe(self) -> JsonObject:
         """validate.json's ``backend``: the static and config backends' descriptions; with servers held together,
         the static one carries the launches of every static run's backend, in start order. A bake-off has
         ``configs`` (run name -> its backend's description) instead of ``config``."""
@@ -303,7 +306,7 @@ class Validation:
 
 async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions, output_dir: Path,
                   listener: ValidateListener | None = None, config_launch: str | None = None,
-                  timeouts: ClientTimeouts | None = None, ray: Any = None) -> ValidateOutcome:
+                  timeouts: ClientTimeouts | None = None, ray: ClusterOptions | None = None) -> ValidateOutcome:
     """Check everything, then run every static num_steps and the config under the workload, and rule.
 
     A config that runs the same rounds as a static num_steps K (:func:`spectune.validate.plan.static_equivalent`)
@@ -413,12 +416,14 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
                                 initial, timeouts, ray, Validation).run_all()
         if bakeoff:
             outcome.verdict = rule_bakeoff(meta, _read_requests(folder.requests))
-            outcome.bakeoff = meta.get("bakeoff")
+            outcome.bakeoff = meta["bakeoff"]  # type: ignore[assignment]  # rule_bakeoff wrote it
         else:
-            outcome.verdict = rule(meta, _read_requests(folder.requests), (prediction or {}).get("primary"))
+            recorded = RecordedPrediction.from_json(prediction)
+            outcome.verdict = rule(meta, _read_requests(folder.requests),
+                                   recorded.recommended if recorded is not None else None)
+        ruled = ValidateDoc.from_json(meta)
         outcome.prediction = usable_prediction(meta)
-        outcome.phase_check = meta.get("phase_check")
-        outcome.instance_spread = meta.get("instance_spread")
+        outcome.phase_check, outcome.instance_spread = ruled.phase_check, ruled.instance_spread
         meta.update(status="done", finished=now_iso())
     except asyncio.CancelledError:
         meta.update(status="interrupted", finished=now_iso())
@@ -438,8 +443,8 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
     return outcome
 
 
-def rule_again(output_dir: Path, config: str) -> tuple[Verdict, dict[str, Any] | None, dict[str, Any] | None,
-                                                       dict[str, Any] | None]:
+def rule_again(output_dir: Path, config: str) -> tuple[Verdict, JsonObject | None, JsonObject | None,
+                                                       JsonObject | None]:
     """Rule again on a finished validation without measuring: re-read ``validate.json`` and ``requests.jsonl`` in
     ``output_dir``, apply this version's verdict (with recommendation.json's primary recommendation beside
     ``config``, and whether ``config`` is a static num_steps: :func:`spectune.validate.plan.static_equivalent`),
@@ -469,20 +474,20 @@ def rule_again(output_dir: Path, config: str) -> tuple[Verdict, dict[str, Any] |
                                                                                      "reason": same[1]}
     requests = _read_requests(folder.requests)
     _resummarize(meta, requests)
-    rec = find_recommendation(config)
-    recommendation = json.loads(rec.read_text(encoding="utf-8")) if rec is not None else {}
-    primary = recommendation.get("primary")
+    path = find_recommendation(config)
+    recommendation = RecordedRecommendation.read(path) if path is not None else RecordedRecommendation()
     prediction = usable_prediction(meta)
     if prediction is not None:
-        prediction["primary"] = primary
-        prediction.update(load_notes(recommendation.get("cells") or [], doc.plan.workload))
-    v = rule(meta, requests, primary)
+        prediction["primary"] = recommendation.primary
+        prediction.update(load_notes(recommendation.cells, doc.plan.workload))
+    v = rule(meta, requests, recommendation.recommended)
     meta.update(ruled_again=now_iso())
     folder.write(meta)
-    return v, prediction, meta.get("phase_check"), meta.get("instance_spread")
+    ruled = ValidateDoc.from_json(meta)
+    return v, prediction, ruled.phase_check, ruled.instance_spread
 
 
-def rule_again_bakeoff(output_dir: Path, names: list[str]) -> tuple[Verdict, dict[str, Any]]:
+def rule_again_bakeoff(output_dir: Path, names: list[str]) -> tuple[Verdict, JsonObject]:
     """:func:`rule_again` for a bake-off (validate.json with ``configs``): every config ruled again
     (:func:`spectune.validate.bakeoff.rule_bakeoff`) from the config files validate.json names, validate.json and
     validate.md rewritten. ``names``: the ``--config`` names given, which must be the bake-off's.
@@ -508,7 +513,7 @@ def rule_again_bakeoff(output_dir: Path, names: list[str]) -> tuple[Verdict, dic
     return v, meta
 
 
-def _read_validation(output_dir: Path) -> tuple[ValidateFolder, dict[str, Any]]:
+def _read_validation(output_dir: Path) -> tuple[ValidateFolder, JsonObject]:
     """The folder and parsed validate.json of a finished validation. Raises UserError when there is none."""
     folder = ValidateFolder(Path(output_dir), render_markdown)
     try:
@@ -519,7 +524,7 @@ def _read_validation(output_dir: Path) -> tuple[ValidateFolder, dict[str, Any]]:
     return folder, meta
 
 
-def rule(meta: dict[str, Any], requests: list[dict[str, Any]], primary: dict[str, Any] | None) -> Verdict:
+def rule(meta: JsonObject, requests: list[JsonObject], primary: Primary | None) -> Verdict:
     """Rule on the finished runs in ``meta`` (validate.json), in place: the server-to-server spread of the overall
     throughput (``meta["instance_spread"]``, :func:`spectune.validate.repeats.overall_spread`), the verdict
     (``meta["verdict"]``, every interval with that spread in it; with ``meta["config"]["static_equivalent"]``
@@ -548,13 +553,13 @@ def rule(meta: dict[str, Any], requests: list[dict[str, Any]], primary: dict[str
     meta["phase_check"] = phase_check_json(phase_check(runs, requests, concurrencies=concurrencies,
                                                        config_run=stand_in, spreads=spreads))
     prediction = usable_prediction(meta)
-    if prediction is not None:
+    if prediction is not None and doc.prediction is not None:
         prediction["comparison"] = compare_prediction(
-            prediction, combined, spreads={"overall": spread, **{i + 1: sp for i, sp in enumerate(spreads)}})
+            doc.prediction, combined, spreads={"overall": spread, **{i + 1: sp for i, sp in enumerate(spreads)}})
     return v
 
 
-def _resummarize(meta: dict[str, Any], requests: list[dict[str, Any]]) -> None:
+def _resummarize(meta: JsonObject, requests: list[JsonObject]) -> None:
     """Add the steady per-phase numbers (``settle_s``, ``steady_output_throughput_tok_s``) to runs measured before
     they existed, from requests.jsonl (with chunk times) and each run's ``t0``; other numbers stay as measured."""
     doc = ValidateDoc.from_json(meta)
@@ -573,7 +578,7 @@ def _resummarize(meta: dict[str, Any], requests: list[dict[str, Any]]) -> None:
     meta["runs"] = [r.to_dict() for r in runs]
 
 
-def _read_requests(path: Path) -> list[dict[str, Any]]:
+def _read_requests(path: Path) -> list[JsonObject]:
     """The request objects of validate's requests.jsonl (with their chunk times), [] if none."""
     out = []
     if not Path(path).is_file():

@@ -8,15 +8,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence, TypedDict
+from typing import Callable, Sequence
 
 from spectune.core.json_types import JsonObject
+from spectune.results.primary import Primary
 from spectune.results.validate_doc import ValidateDoc
 from spectune.results.validate_run import RunWindow, ValidateRun
 from spectune.validate.bakeoff_table import markdown as bakeoff_markdown, subject as bakeoff_subject
 from spectune.validate.phase_check import markdown as phase_markdown
 from spectune.validate.prediction import markdown as prediction_markdown
-from spectune.validate.repeats import InstanceSpread, combine_repeats
+from spectune.validate.repeats import AAPair, InstanceSpread, combine_repeats
 
 
 INCONCLUSIVE_EXIT = 3
@@ -28,17 +29,6 @@ RatioInterval = Callable[[str, str], tuple[float, float] | None]
 """(run name a, run name b) -> (low, high) of the interval of their overall output throughput ratio a / b,
 server-to-server spread included (:func:`spectune.validate.repeats.throughput_ratio`), or None when it cannot be
 computed."""
-
-
-class PrimaryRecommendation(TypedDict, total=False):
-    """recommendation.json's ``primary`` (docs/recommend.md, :func:`spectune.tune.gain.apply_static_primary`):
-    ``kind`` ``schedule`` or ``static``, ``num_steps`` (K of a static primary, None for the schedule), ``reason``;
-    ``mix`` with ``spectune recommend --mix``."""
-
-    kind: str
-    num_steps: int | None
-    reason: str
-    mix: JsonObject
 
 
 @dataclass
@@ -128,7 +118,7 @@ def attainment_over(run: ValidateRun, phases: Sequence[int]) -> float | None:
 
 
 def verdict(runs: Sequence[ValidateRun], with_slo: bool, tolerance: float = 0.0, ratio: RatioInterval | None = None,
-            confidence: float = 0.95, recommended: PrimaryRecommendation | None = None,
+            confidence: float = 0.95, recommended: Primary | None = None,
             config_static: tuple[int, str] | None = None, interval_source: str | None = None) -> Verdict:
     """Rule on finished runs (validate.json ``runs`` entries, repeats combined: ``run``, ``steps``, ``status``,
     ``error`` and ``overall`` with ``output_throughput_tok_s`` and ``slo_attainment``); see :class:`Verdict`.
@@ -142,8 +132,9 @@ def verdict(runs: Sequence[ValidateRun], with_slo: bool, tolerance: float = 0.0,
         ratio: optional callable (run name a, run name b) -> (low, high) of the interval of their overall
             throughput ratio, server-to-server spread included (:func:`spectune.validate.repeats.throughput_ratio`),
             or None; the line then shows it (``1.031x [0.990, 1.072], 95%``) and ``interval_source``.
-        recommended: recommendation.json's ``primary`` beside the config; when it is a static num_steps (recommend
-            predicted no per-batch-size gain) and ``ratio`` is given, :func:`static_agreement` rules instead.
+        recommended: recommendation.json's ``primary`` beside the config (None: none); when it is a static
+            num_steps (recommend predicted no per-batch-size gain) and ``ratio`` is given, :func:`static_agreement`
+            rules instead.
         config_static: (K, why) when the config runs the same rounds as static K
             (:func:`spectune.validate.plan.static_equivalent`); with ``ratio``, :func:`static_agreement` rules on
             whether another static beats K (the config run, when there is one, must also not fall behind K).
@@ -169,7 +160,7 @@ def verdict(runs: Sequence[ValidateRun], with_slo: bool, tolerance: float = 0.0,
         return Verdict(False, "FAIL: no static num_steps run succeeded, so there is nothing to compare the config "
                               "with", **extra_all)
     best = max(statics, key=_tok_s)  # first max: the smaller K
-    rec_k = int(recommended["num_steps"]) if recommended and recommended.get("kind") == "static" else None
+    rec_k = recommended.static if recommended is not None else None
     if ratio is not None and (static_k is not None or rec_k is not None):
         k = static_k if static_k is not None else rec_k
         agreed = static_agreement(statics, best, config if config_ran else None, k, ratio, confidence, tolerance,
@@ -303,10 +294,10 @@ def spread_line(spread: JsonObject | None, confidence: float | None) -> str | No
         return None
     conf = confidence or 0.95
     if sp.kind == "aa":
-        a = sp.aa or {}
-        iv = f" [{a['low']:.3f}, {a['high']:.3f}], {conf:.0%}" if a.get("low") is not None else ""
-        return (f"A/A: static K={a.get('steps')} on two fresh servers (aa:{a.get('steps')} / static:{a.get('steps')}) "
-                f"{a.get('ratio', float('nan')):.3f}x{iv}; instance band {sp.band:.1%}, added to every interval")
+        a = sp.aa or AAPair()
+        iv = f"{a.interval}, {conf:.0%}" if a.interval else ""
+        return (f"A/A: static K={a.steps} on two fresh servers (aa:{a.steps} / static:{a.steps}) "
+                f"{a.ratio:.3f}x{iv}; instance band {sp.band:.1%}, added to every interval")
     if sp.kind == "repeats":
         hw = sp.half_width(sp.repeats, sp.repeats, conf)
         what = ("run-to-run (servers kept up; two processes of one server not compared)" if sp.kept

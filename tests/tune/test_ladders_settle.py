@@ -91,7 +91,7 @@ def test_a_gain_keeps_the_schedule_primary(tmp_path):
 
 
 def test_ema_spread_shrinks_with_batch_size():
-    pool = AcceptancePool(requests([1, 2], [1]))
+    pool = AcceptancePool.from_requests(requests([1, 2], [1]))
     one, sixteen = pool.ema_spread(2, 1), pool.ema_spread(2, 16)
     assert one > 0.1  # a batch-1 EMA follows one request at a time
     assert sixteen < one / 2  # sixteen requests average out
@@ -112,7 +112,7 @@ def test_switches_per_minute_from_the_replay(tmp_path):
     slot = rec.slots[0]
     flapping = {"candidate_steps": [1, 2], "up_hysteresis": -0.2, "down_hysteresis": 0.0, "ceiling_coeff": 0.0}
     rate = slot_switch_rate(rec, slot, flapping)
-    assert rate == pytest.approx(AcceptancePool(rec.requests, [1]).switches_per_minute(
+    assert rate == pytest.approx(AcceptancePool.from_requests(rec.requests, [1]).switches_per_minute(
         flapping, 1, 1, 150 / (1 * rec.cell(1, 1).metrics["acceptance_length"])))
     assert rate > 100  # ~0.4-token EMA against a 0.3-token up threshold: it probes up every few decisions
     assert slot_switch_rate(rec, slot, sglang_configs(rec)[0]["custom"]["1"]) == 0.0  # [1] alone never moves

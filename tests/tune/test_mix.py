@@ -76,7 +76,7 @@ def test_a_load_mostly_at_concurrency_1_keeps_k1(tmp_path):
 
 def test_the_mix_prices_each_answer_as_the_tokens_the_load_streams(tmp_path):
     rec = run(sweep(tmp_path), "1,32")
-    got = {a["answer"]: a["output_tok_s"] for a in rec.primary.mix["answers"]}
+    got = {a.answer: a.output_tok_s for a in rec.primary.mix.answers}
     assert got == {"static K=0": pytest.approx(98.5), "static K=1": pytest.approx(87.0),
                    "schedule": pytest.approx(104.5)}  # the schedule on the static cells: K=1 at 1, K=0 at 32
 
@@ -124,5 +124,5 @@ def test_with_requests_the_ratio_on_the_load_has_a_paired_interval(tmp_path):
             rows.append(row(k, conc, throughput(recs, conc)))
             reqs += recs
     folder = write_sweep(tmp_path / "sweep", rows, PLAN, requests=reqs)
-    k1 = next(a for a in run(folder, "1,32").primary.mix["answers"] if a["answer"] == "static K=1")
-    assert math.isfinite(k1["low"]) and k1["low"] < k1["ratio"] < k1["high"]
+    k1 = next(a for a in run(folder, "1,32").primary.mix.answers if a.answer == "static K=1")
+    assert math.isfinite(k1.low) and k1.low < k1.ratio < k1.high

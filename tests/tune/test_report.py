@@ -72,9 +72,9 @@ def test_report_draws_the_choice(tmp_path):
     for name in ("pareto_throughput_vs_tpot", "speedup_heatmap"):
         assert (tmp_path / "out" / f"{name}.png").read_bytes().startswith(PNG_MAGIC)
     sp = speedups(recommend(load_results(folder), RecommendOptions()))
-    assert sp[(1, 1)]["ratio"] == 1.3
-    assert sp[(2, 8)]["ratio"] == (90.0 * 8 ** 0.5) / (100.0 * 8 ** 0.7)
-    assert sp[(0, 8)]["ratio"] == 1.0
+    assert sp[(1, 1)].value == 1.3
+    assert sp[(2, 8)].value == (90.0 * 8 ** 0.5) / (100.0 * 8 ** 0.7)
+    assert sp[(0, 8)].value == 1.0
 
 
 def test_report_without_num_steps_0_has_no_heatmap(tmp_path):

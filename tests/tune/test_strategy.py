@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from spectune.backends.num_steps.sglang_config import parse_any_config
+from spectune.backends.num_steps.sglang_config import parse_any_config, parse_sglang_adaptive_config
 from spectune.backends.num_steps.throughput_policy import ThroughputAwareConfig
 from spectune.results.reader import load_results
 from spectune.tune.output import sglang_strategy, write_recommendation
@@ -40,7 +40,8 @@ def default_ladders(tmp_path):
 
 
 def test_ema_settles_where_its_thresholds_put_it():
-    assert ema_settles_at(DEFAULT_LADDER, {1: 0.7, 2: 1.19, 3: 1.533}, 3) == (3,)
+    slot = parse_sglang_adaptive_config({"1": DEFAULT_LADDER}).slots[0]
+    assert ema_settles_at(slot, {1: 0.7, 2: 1.19, 3: 1.533}, 3) == (3,)
 
 
 def test_recommends_own_ladders_keep_ema_when_it_reaches_every_best_num_steps(tmp_path):

@@ -15,6 +15,8 @@ import pytest
 import typer
 
 from spectune.cli import app
+from spectune.results.primary import Primary
+from spectune.results.validate_doc import PredictedRun, RecordedPrediction
 from spectune.results.validate_run import ValidateRun
 from spectune.validate.plan import DEFAULT_REPEATS, ValidatePlan, static_equivalent
 from spectune.validate.prediction import compare
@@ -259,7 +261,7 @@ def test_a_static_config_fails_when_another_static_beats_it():
 def test_a_static_config_that_recommend_named_agrees_with_recommend():
     runs = [run("static:0", 1, 140.0), run("static:1", 1, 150.0)]
     v = verdict(runs, False, ratio=fixed({("static:0", "static:1"): (0.90, 0.97)}), config_static=IS_K1,
-                recommended={"kind": "static", "num_steps": 1})
+                recommended=Primary("static", 1, ""))
     assert v.recommended_static == 1
     assert v.line.startswith("PASS: agrees with recommend, which named static K=1")
     assert "and the config is static K=1" in v.line
@@ -272,9 +274,9 @@ def test_a_static_config_whose_run_failed_fails():
     assert "that static run did not finish" in v.line
 
 
-def prediction() -> dict:
-    return {"runs": {"static:0": {"overall": [100.0, 95.0, 105.0], "phases": []},
-                     "config": {"overall": [100.0, 95.0, 105.0], "phases": []}}}
+def prediction() -> RecordedPrediction:
+    return RecordedPrediction(runs={"static:0": PredictedRun([], [100.0, 95.0, 105.0]),
+                                    "config": PredictedRun([], [100.0, 95.0, 105.0])})
 
 
 def measured(config: float) -> list[ValidateRun]:

@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from spectune.cli import app
-from spectune.results.validate_doc import RecordedPrediction
+from spectune.results.validate_doc import RecordedPhase, RecordedPrediction
 from spectune.results.validate_run import ValidateRun
 from spectune.tune.predict import rate_of, simulate
 from spectune.validate.plan import ValidatePlan
@@ -18,10 +18,10 @@ from tests.helpers.results_folders import grid, write_sweep
 T = {1: 100.0, 8: 400.0, 32: 640.0}  # tokens/s at 1, 8, 32 requests in flight
 
 
-def phases(*spec: tuple[float, int | None, float | None]) -> list[dict]:
+def phases(*spec: tuple[float, int | None, float | None]) -> list[RecordedPhase]:
     out, t = [], 0.0
     for d, c, r in spec:
-        out.append({"start_s": t, "end_s": t + d, "concurrency": c, "rate": r})
+        out.append(RecordedPhase(len(out) + 1, "", t, t + d, c, r))
         t += d
     return out
 
@@ -79,7 +79,7 @@ def test_validate_predicts_from_the_recommendation_beside_the_config(tmp_path):
     runs = [measured(n, fast * p["overall"][0], [fast * ph[0] for ph in p["phases"]])
             for n, p in pred["runs"].items()]
     runs[-1].phases[1].output_throughput_tok_s *= 0.9
-    cmp = compare(pred, runs)
+    cmp = compare(RecordedPrediction.from_json(pred), runs)
     assert cmp["speed_factor"] == pytest.approx(1.1)
     assert [(r["run"], r["window"]) for r in cmp["rows"] if r["miss"]] == [("config", 2)]
     assert "config phase 2" in cmp["misses"][0]
@@ -94,7 +94,7 @@ def test_phases_above_the_sweeps_largest_concurrency_are_named(tmp_path):
     assert pred["above_sweep"] == {"sweep_max": 16, "phases": [{"phase": 2, "concurrency": 32},
                                                                {"phase": 4, "concurrency": 32}]}
     runs = [measured(n, p["overall"][0], [ph[0] for ph in p["phases"]]) for n, p in pred["runs"].items()]
-    md = "\n".join(markdown(RecordedPrediction.from_json({**pred, "comparison": compare(pred, runs)})))
+    md = "\n".join(markdown(RecordedPrediction.from_json({**pred, "comparison": compare(RecordedPrediction.from_json(pred), runs)})))
     assert "Phases 2, 4 (concurrency 32) lie above the sweep's largest concurrency 16" in md
 
 

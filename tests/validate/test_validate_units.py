@@ -15,6 +15,7 @@ from spectune.backends.options import BackendOptions
 from spectune.loadgen.datasets import user_prompt
 from spectune.core.errors import UserError
 from spectune.loadgen.record import RequestRecord
+from spectune.results.primary import Primary
 from spectune.results.validate_run import RunWindow, ValidateRun
 from spectune.validate.plan import ValidatePlan
 from spectune.validate.repeats import combine_repeats
@@ -375,7 +376,7 @@ def test_local_backend_launches_the_engine_with_the_config(tmp_path):
         make_backend("local", BackendOptions(adaptive_config=str(cfg)))
 
 
-RECOMMENDED_K1 = {"kind": "static", "num_steps": 1, "reason": "no slot gains"}
+RECOMMENDED_K1 = Primary("static", 1, "no slot gains")
 
 
 def intervals(table: dict[tuple[str, str], tuple[float, float]]):
@@ -424,6 +425,6 @@ def test_static_recommendation_fails_when_the_config_falls_behind_its_num_steps(
 def test_schedule_recommendation_keeps_the_ordinary_rule():
     runs = [run("static:1", 150.0), run("config", 149.0)]
     ratio = intervals({("config", "static:1"): (0.97, 1.02)})
-    v = verdict(runs, with_slo=False, ratio=ratio, recommended={"kind": "schedule"})
+    v = verdict(runs, with_slo=False, ratio=ratio, recommended=Primary("schedule", None, ""))
     assert not v.passed  # 149 < 150 with no tolerance: the schedule was meant to beat every static
     assert v.recommended_static is None
