@@ -389,6 +389,12 @@ def requests_by_point(requests: pd.DataFrame | Sequence[RequestLine] | None) -> 
     return out
 
 
+def prompt_ids(groups: Iterable[Iterable[RequestLine]]) -> set[object]:
+    """The ``prompt_id`` of every requests.jsonl object in ``groups`` (None for a line without one): the prompts a
+    :class:`Bootstrap` pairs cells by."""
+    return {r.get("prompt_id") for rs in groups for r in rs}
+
+
 def point_intervals(records: Iterable[RequestLine], metrics: Mapping[str, MetricValue], confidence: float = 0.95,
                     replicates: int = 1000) -> dict[str, float | None]:
     """summary.csv's interval columns of one measured point (:data:`spectune.results.schema.INTERVAL_COLUMNS`): the

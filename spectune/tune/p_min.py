@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 from spectune.core.json_types import JsonObject
-from spectune.results.confidence import Bootstrap
+from spectune.results.confidence import Bootstrap, prompt_ids
 from spectune.results.reader import Results, load_request_records, summary_with_slos
 from spectune.tune.compare import OBJECTIVES
 from spectune.tune.recommend import Cell, Recommendation, attach_intervals, build_cell, effective_slos
@@ -48,7 +48,7 @@ def p_min_cells(rec: Recommendation, cutoffs: dict[float, Results]) -> dict[floa
         df = summary_with_slos(res, ttft, tpot, [])
         records = load_request_records(res.folder)
         if boot is None:
-            boot = Bootstrap({r.get("prompt_id") for r in records or []})
+            boot = Bootstrap(prompt_ids([records or []]))
         cells = [build_cell(int(k), int(c), rows, opts, ttft, tpot) for (k, c), rows in sorted(
             dict(iter(df.groupby(["steps", "concurrency"]))).items())]
         for cell in cells:

@@ -50,7 +50,7 @@ from spectune.core.json_types import JsonObject, JsonValue
 from spectune.results.batch_acceptance import batch_dependent_acceptance
 from spectune.results.cell import Cell
 from spectune.results.confidence import (Bootstrap, CellRuns, RunRequests, best_by_pairs, percentile_interval,
-                                         ratio_interval, requests_by_point)
+                                         prompt_ids, requests_by_point)
 from spectune.results.drift import DriftBand, cell_times
 from spectune.results.point import RequestLine
 from spectune.results.primary import Primary
@@ -261,7 +261,7 @@ def attach_intervals(cells: list[Cell], df: pd.DataFrame, records: list[RequestL
     col, _, _ = OBJECTIVES[opts.objective]
     by_point = requests_by_point(records)
     if boot is None:
-        boot = Bootstrap({r.get("prompt_id") for rs in by_point.values() for r in rs})
+        boot = Bootstrap(prompt_ids(by_point.values()))
     for i, cell in enumerate(cells, start=seed_base):
         if cell.status != "ok" or cell.predicted or not math.isfinite(cell.objective):
             continue
@@ -462,7 +462,7 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
     records = load_request_records(results.folder)
     sched = results.schedule
     sched_records = load_request_records(sched.folder) if sched is not None else None
-    boot = Bootstrap({r.get("prompt_id") for rs in (records or [], sched_records or []) for r in rs})
+    boot = Bootstrap(prompt_ids((records or [], sched_records or [])))
     attach_intervals(cells, df, records, opts, ttft, tpot, boot)
     sched_cells = schedule_server_cells(sched, sched_records, opts, ttft, tpot, boot, len(cells), warnings)
     drift = DriftBand.from_sweep(drift_info := meta.drift or None)

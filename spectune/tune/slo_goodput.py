@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from spectune.results.confidence import Bootstrap, Interval, RunRequests, ratio_interval
+from spectune.results.confidence import Bootstrap, Interval, RunRequests, ratio_interval, requests_by_point
 from spectune.results.reader import Results, load_request_records
 from spectune.tune.mix import mix_band
 from spectune.tune.recommend import Cell, Recommendation, effective_slos
@@ -156,10 +156,7 @@ def folder_goodput(res: Results, ttft: float | None, tpot: float | None, boot: B
     records = load_request_records(res.folder)
     if not records:
         return {}
-    by_run: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
-    for r in records:
-        if r.get("steps") is not None and r.get("concurrency") is not None:
-            by_run.setdefault((int(r["steps"]), int(r["concurrency"]), int(r.get("repeat") or 0)), []).append(r)
+    by_run = requests_by_point(records)
     df = res.summary
     df = df[df["status"] == "ok"]
     if "predicted" in df:
