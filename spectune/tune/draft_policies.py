@@ -174,17 +174,26 @@ class RowLengths:
     examined: np.ndarray | None = None
 
 
+def require_draft_probs(arr: TraceArrays, policy: str) -> None:
+    """Check that every drafting round of ``arr`` holds ``draft_probs`` (what ``policy`` replays from).
+
+    Raises:
+        UserError: some do not; names how many and what to do.
+    """
+    if arr.draft_probs is None or arr.missing_probs:
+        n = arr.rounds if arr.draft_probs is None else arr.missing_probs
+        raise UserError(f"{policy} needs per-position draft probabilities, and {n} drafting rounds of the trace hold "
+                        "no 'draft_probs'; record the trace with this release's engine (--trace) or replay static, "
+                        "ema, config and oracle policies only")
+
+
 def threshold_lengths(arr: TraceArrays, kind: str, threshold: float, n_max: int | None) -> RowLengths:
     """Row lengths of ``p_min``, ``specdec`` or ``specdec-raw`` at ``threshold`` (rules: the module docstring).
 
     Raises:
         UserError: the trace lacks ``draft_probs`` for a round that drafted.
     """
-    if arr.draft_probs is None or arr.missing_probs:
-        n = arr.rounds if arr.draft_probs is None else arr.missing_probs
-        raise UserError(f"{kind} needs per-position draft probabilities, and {n} drafting rounds of the trace hold "
-                        "no 'draft_probs'; record the trace with this release's engine (--trace) or replay static, "
-                        "ema, config and oracle policies only")
+    require_draft_probs(arr, kind)
     cap = arr.num_steps[arr.row_round] if n_max is None else np.full(len(arr.accepted), n_max)
     pos = arr.positions
     if kind == "p_min":

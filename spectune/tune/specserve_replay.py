@@ -30,8 +30,7 @@ import numpy as np
 import torch
 
 from spectune.backends.local.engine.specserve import SpecServeRule
-from spectune.core.errors import UserError
-from spectune.tune.draft_policies import TraceArrays
+from spectune.tune.draft_policies import TraceArrays, require_draft_probs
 from spectune.tune.step_time import StepTimeModel
 
 LAYOUT = "padded"
@@ -74,11 +73,7 @@ def specserve_lengths(arr: TraceArrays, model: StepTimeModel, n_max: int | None,
     Raises:
         UserError: the trace lacks ``draft_probs`` for a round that drafted.
     """
-    if arr.draft_probs is None or arr.missing_probs:
-        n = arr.rounds if arr.draft_probs is None else arr.missing_probs
-        raise UserError(f"specserve needs per-position draft probabilities, and {n} drafting rounds of the trace "
-                        "hold no 'draft_probs'; record the trace with this release's engine (--trace) or replay "
-                        "static, ema, config and oracle policies only")
+    require_draft_probs(arr, "specserve")
     lengths = np.zeros(len(arr.accepted), dtype=np.int64)
     steps = np.zeros(arr.rounds, dtype=np.int64)
     past = np.zeros(len(arr.accepted), dtype=bool)
