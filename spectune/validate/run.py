@@ -143,8 +143,8 @@ class Validation:
         """The runs with their servers held together (``plan.servers`` ``together`` or ``kept``)."""
         order = self.plan.run_order(self.initial_steps)
         repeats = list(dict.fromkeys(r for _, _, r in order))
-        for repeat in repeats[:1]:  # before anything starts: the servers must fit in memory together
-            check_held_memory([(self._held_backend(name), k) for name, k, r in order if r == repeat],
+        if repeats:  # before anything starts: the first repeat's servers must fit in memory together
+            check_held_memory([(self._held_backend(name), k) for name, k, r in order if r == repeats[0]],
                               self.plan.servers, available_gib())
         try:
             for repeat in repeats:
