@@ -20,8 +20,15 @@ a request finishes and the next one prefills). Predicted:
   rounds only, a cell's time also holds its prefills. Compared with the cell's output tok/s and its 95% bootstrap
   interval over requests (``output_throughput_ci_low``/``_high``).
 
-Usage: ``python benchmarks/simulate_vs_sweep.py TRACE SWEEP_DIR [--charge verify-width|static] [--model sweep|trace]``.
-Prints a Markdown table and a summary.
+The cell's own prompts: a window of 20 s at concurrency 1 serves 10-13 requests, so the prompts it drew move its
+acceptance by several percent. When the trace's rows carry request ids (``request_ids``) and the requests.jsonl of
+the sweep that recorded it (``TRACE_DIR/requests.jsonl``, ``server_request_id``) names each one's prompt, a cell's
+prediction keeps only the trace's rows of the prompts that cell served (each row weighted by how often the cell
+served its prompt) and the rounds that hold such a row; ``coverage`` says which share of the cell's requests the
+trace holds at its batch size. ``--all-rows`` (or a trace without ids) replays every round of the batch size.
+
+Usage: ``python benchmarks/simulate_vs_sweep.py TRACE SWEEP_DIR [--charge verify-width|static] [--model sweep|trace]
+[--all-rows]``. Prints a Markdown table and a summary.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,11 +50,14 @@ from spectune.tune.step_time import StepTimeModel, cells_step_time, fit_trace_st
 
 @dataclass(frozen=True)
 class Cell:
-    """One measured sweep cell: its policy, concurrency and what it measured (tok/s and its interval, round ms,
-    tokens per row-round, mean batch size, prefill share)."""
+    """One measured sweep cell (one repeat): its policy, concurrency, the prompts its ok requests drew (prompt id ->
+    requests) and what it measured (tok/s and its interval, round ms, tokens per row-round, mean batch size, prefill
+    share)."""
 
     spec: PolicySpec
     concurrency: int
+    repeat: int
+    prompts: Counter[str]
     tok_s: float
     ci: tuple[float, float]
     round_ms: float
@@ -55,28 +66,39 @@ class Cell:
     prefill_share: float
 
 
-def _drafting_share(folder: Path) -> dict[int, float]:
-    """Concurrency -> share of row-rounds that drafted (points.jsonl ``schedule_check.drafting_share``)."""
+def _drafting_share(folder: Path) -> dict[tuple[int, int], float]:
+    """(concurrency, repeat) -> share of row-rounds that drafted (points.jsonl ``schedule_check.drafting_share``)."""
     out = {}
     for line in (folder / "points.jsonl").read_text().splitlines():
         pt = json.loads(line)
         share = (pt.get("schedule_check") or {}).get("drafting_share")
         if pt.get("status") == "ok" and share is not None:
-            out[int(pt["concurrency"])] = float(share)
+            out[int(pt["concurrency"]), int(pt["repeat"])] = float(share)
+    return out
+
+
+def _prompts(folder: Path) -> dict[tuple[int, int, int], Counter[str]]:
+    """(steps, concurrency, repeat) -> prompt id -> ok requests (``folder/requests.jsonl``)."""
+    out: dict[tuple[int, int, int], Counter[str]] = {}
+    for line in (folder / "requests.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["error"] is None and r["chunk_times"]:
+            out.setdefault((int(r["steps"]), int(r["concurrency"]), int(r["repeat"])), Counter())[r["prompt_id"]] += 1
     return out
 
 
 def _cells_in(folder: Path, p_min: float | None) -> list[Cell]:
     share = _drafting_share(folder) if p_min is not None else {}
+    prompts = _prompts(folder)
     out = []
     for row in csv.DictReader((folder / "summary.csv").open()):
         if row["status"] != "ok":
             continue
-        c = int(row["concurrency"])
+        c, key = int(row["concurrency"]), (int(row["steps"]), int(row["concurrency"]), int(row["repeat"]))
         spec = PolicySpec("static", float(row["steps"])) if p_min is None else PolicySpec("p_min", p_min)
         acc = float(row["acceptance_length"] or 1.0)
-        tokens = acc if p_min is None else 1.0 + (acc - 1.0) * share.get(c, 1.0)
-        out.append(Cell(spec, c, float(row["output_throughput_tok_s"]),
+        tokens = acc if p_min is None else 1.0 + (acc - 1.0) * share.get((c, key[2]), 1.0)
+        out.append(Cell(spec, c, key[2], prompts.get(key, Counter()), float(row["output_throughput_tok_s"]),
                         (float(row["output_throughput_ci_low"]), float(row["output_throughput_ci_high"])),
                         float(row["engine_round_ms"]), tokens, float(row["batch_size_mean"] or c),
                         float(row["engine_prefill_share"] or 0.0)))
@@ -91,19 +113,44 @@ def cells(sweep: Path) -> list[Cell]:
     return out
 
 
-def predict(arr: TraceArrays, model: StepTimeModel, cell: Cell) -> tuple[float, float, float]:
-    """(tok/s, round ms, tokens per row-round) predicted for ``cell`` (the module docstring)."""
+def row_prompts(trace: Path, steps: list) -> np.ndarray | None:
+    """[N] the prompt id of every trace row ('' where unknown), joined through the trace's ``request_ids`` and the
+    ``server_request_id`` of ``requests.jsonl`` beside the trace; None when either is missing."""
+    requests = trace.parent / "requests.jsonl"
+    if not requests.is_file() or any(s.request_ids is None for s in steps):
+        return None
+    by_id = {}
+    for line in requests.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("server_request_id"):
+            by_id[r["server_request_id"]] = r["prompt_id"]
+    if not by_id:
+        return None
+    return np.array([by_id.get(i, "") for s in steps for i in s.request_ids], dtype=object)
+
+
+def predict(arr: TraceArrays, model: StepTimeModel, cell: Cell,
+            prompts: np.ndarray | None) -> tuple[float, float, float, float | None]:
+    """(tok/s, round ms, tokens per row-round, coverage) predicted for ``cell`` (the module docstring); coverage is
+    None when every row of the batch size is replayed (``prompts`` None)."""
     rep = replay(arr, cell.spec)
-    rounds = np.flatnonzero(arr.batch == cell.concurrency)
-    rows = np.isin(arr.row_round, rounds)
-    tokens = 1.0 + float(np.minimum(arr.accepted, rep.lengths)[rows].mean())
+    at_batch = arr.batch[arr.row_round] == cell.concurrency
+    coverage = None
+    if prompts is None:
+        weight = at_batch.astype(float)
+    else:
+        weight = np.where(at_batch, [float(cell.prompts.get(p, 0)) for p in prompts], 0.0)
+        held = {p for p in prompts[at_batch]}
+        coverage = sum(n for p, n in cell.prompts.items() if p in held) / max(1, sum(cell.prompts.values()))
+    rounds = np.unique(arr.row_round[weight > 0])
+    tokens = 1.0 + float(np.average(np.minimum(arr.accepted, rep.lengths), weights=weight))
     width = np.array([rep.lengths[arr.start[r]:arr.start[r] + arr.batch[r]].max() + 1 for r in rounds], float)
     verified = np.array([(rep.lengths[arr.start[r]:arr.start[r] + arr.batch[r]] + 1).sum() for r in rounds], float)
     scale = cell.batch / cell.concurrency
     ms = model.round_ms(np.full(len(rounds), cell.batch), rep.draft_steps[rounds].astype(float), width,
                         verified * scale, arr.context[rounds] * scale)
     round_ms = float(ms.mean())
-    return 1000.0 * tokens * cell.batch / round_ms * (1.0 - cell.prefill_share), round_ms, tokens
+    return 1000.0 * tokens * cell.batch / round_ms * (1.0 - cell.prefill_share), round_ms, tokens, coverage
 
 
 def main() -> None:
@@ -114,27 +161,35 @@ def main() -> None:
                         help="sweep model: charge a round the static round at its verify width plus its extra draft "
                              "steps (default), or the static round at K = max(D, W - 1) (before)")
     parser.add_argument("--model", choices=("sweep", "trace"), default="sweep")
+    parser.add_argument("--all-rows", action="store_true",
+                        help="replay every round of the cell's batch size, not only its prompts' rows")
     args = parser.parse_args()
     steps = read_trace(args.trace)
     arr = trace_arrays(steps)
+    prompts = None if args.all_rows else row_prompts(args.trace, steps)
+    print("rows replayed per cell: " + ("every row of the cell's batch size" if prompts is None
+                                         else "the rows of the prompts the cell served (trace request ids)"))
     if args.model == "trace":
         model: StepTimeModel | None = fit_trace_step_time(steps)
     else:
         model = cells_step_time(args.sweep, trace_draft_step(steps) if args.charge == "verify-width" else None)
     assert model is not None, "the trace holds no draft_ms/verify_ms"
     print(f"step-time model: {model.description}")
-    print("| policy | c | measured tok/s [95%] | predicted | error | round ms measured / predicted | "
-          "tokens per row-round measured / predicted |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| policy | c | repeat | measured tok/s [95%] | predicted | error | round ms measured / predicted | "
+          "tokens per row-round measured / predicted | coverage |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     errs: dict[str, list[tuple[float, float, float, bool]]] = {"static": [], "p_min": []}
+    per_cell: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
     for cell in cells(args.sweep):
-        tok_s, round_ms, tokens = predict(arr, model, cell)
+        tok_s, round_ms, tokens, coverage = predict(arr, model, cell, prompts)
+        per_cell.setdefault((cell.spec.kind, cell.spec.label, cell.concurrency), []).append((cell.tok_s, tok_s))
         e, e_round = tok_s / cell.tok_s - 1.0, round_ms / cell.round_ms - 1.0
         e_tok = tokens / cell.tokens_per_row - 1.0
         errs[cell.spec.kind].append((e, e_round, e_tok, cell.ci[0] <= tok_s <= cell.ci[1]))
-        print(f"| {cell.spec.label} | {cell.concurrency} | {cell.tok_s:.1f} [{cell.ci[0]:.1f}, {cell.ci[1]:.1f}] | "
-              f"{tok_s:.1f} | {e:+.1%} | {cell.round_ms:.1f} / {round_ms:.1f} ({e_round:+.1%}) | "
-              f"{cell.tokens_per_row:.3f} / {tokens:.3f} ({e_tok:+.1%}) |")
+        cover = "all rows" if coverage is None else f"{coverage:.0%}"
+        print(f"| {cell.spec.label} | {cell.concurrency} | {cell.repeat} | {cell.tok_s:.1f} [{cell.ci[0]:.1f}, "
+              f"{cell.ci[1]:.1f}] | {tok_s:.1f} | {e:+.1%} | {cell.round_ms:.1f} / {round_ms:.1f} ({e_round:+.1%}) | "
+              f"{cell.tokens_per_row:.3f} / {tokens:.3f} ({e_tok:+.1%}) | {cover} |")
     print()
     table = " (the model's table)" if args.model == "sweep" else ""
     for kind, label in (("static", f"static cells{table}"), ("p_min", "p-min cells (held out)")):
@@ -146,6 +201,17 @@ def main() -> None:
               f"within 10%: {int((a[:, 0] <= 0.10).sum())}, inside the cell's interval: {sum(x[3] for x in es)}; "
               f"round ms mean |error| {a[:, 1].mean():.1%} (max {a[:, 1].max():.1%}); tokens per row-round mean "
               f"|error| {a[:, 2].mean():.1%} (max {a[:, 2].max():.1%})")
+    print("\nper cell, the median over its repeats (measured tok/s, predicted tok/s, error):")
+    print("| policy | c | repeats | measured | predicted | error |")
+    print("|---|---:|---:|---:|---:|---:|")
+    within: dict[str, list[bool]] = {"static": [], "p_min": []}
+    for (kind, label, conc), runs in per_cell.items():
+        measured, predicted = (float(np.median([r[i] for r in runs])) for i in (0, 1))
+        e = predicted / measured - 1.0
+        within[kind].append(abs(e) <= 0.10)
+        print(f"| {label} | {conc} | {len(runs)} | {measured:.1f} | {predicted:.1f} | {e:+.1%} |")
+    print("cells within 10% (median over repeats): " +
+          ", ".join(f"{kind} {sum(w)} of {len(w)}" for kind, w in within.items() if w))
 
 
 if __name__ == "__main__":

@@ -253,6 +253,8 @@ class StreamingClient:
                     if kind == "error" or not isinstance(obj, dict) or "error" in obj or obj.get("object") == "error":
                         rec.error, finished = "server error event: " + _error_message(payload, obj), True
                         break
+                    if rec.server_request_id is None and isinstance(obj.get("id"), str):
+                        rec.server_request_id = obj["id"]
                     for key in obj:
                         if key not in _STANDARD_KEYS:
                             merge_stats(stats, key, obj[key])

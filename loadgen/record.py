@@ -46,6 +46,8 @@ class RequestRecord:
             scheduled time; in a closed loop, when the request before it in its slot ended) to when the client
             posted it; None when unknown (no sending loop). Large values mean the load generator, not the server, was
             the bottleneck.
+        server_request_id: the id the server gave the response (the ``id`` of its first chunk that has one), or
+            None; an engine trace that records request ids (``spectune serve --trace``) joins on it.
     """
 
     request_id: str
@@ -64,6 +66,7 @@ class RequestRecord:
     error: str | None = None
     server_stats: JsonObject | None = None
     dispatch_delay_s: float | None = None
+    server_request_id: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -5,7 +5,7 @@ Line format (the first three keys are required; every other key is optional and 
     {"batch_size": 2, "accepted_drafts": [3, 0], "num_steps": 3, "t": 12.031,
      "drafted": [3, 2], "draft_probs": [[0.98, 0.91, 0.7], [0.6, 0.2, 0.05]],
      "accept_probs": [[0.97, 0.9, 0.8], [0.5, 0.3, 0.1]], "context_tokens": [812, 97],
-     "draft_ms": 1.92, "verify_ms": 6.41}
+     "draft_ms": 1.92, "verify_ms": 6.41, "request_ids": ["chatcmpl-5f0c", "chatcmpl-77ab"]}
 
 - ``batch_size``: requests (rows) in the verified batch (int >= 1), equal to ``len(accepted_drafts)``.
 - ``accepted_drafts``: accepted draft tokens per row, each in 0..drafted (the bonus token is NOT counted:
@@ -26,6 +26,9 @@ Line format (the first three keys are required; every other key is optional and 
 - ``draft_ms``: time drafting d_1..d_K (head forwards and token picks), ms >= 0.
 - ``verify_ms``: the rest of the round (target verify forward, acceptance, draft extend), ms >= 0; ``draft_ms +
   verify_ms`` is the round time.
+- ``request_ids``: per row, the id the server gave the request's response (the OpenAI ``id`` of its chunks, which
+  the load generator keeps as ``server_request_id`` in requests.jsonl), so that a replay can keep the rounds of the
+  requests a measured window served (``benchmarks/simulate_vs_sweep.py``).
 
 A line with only the first keys (today's format) is still valid and replays as before. Blank lines are skipped.
 Unknown keys are rejected so that a misspelt field is not silently dropped. The writer rounds probabilities to 4
@@ -45,7 +48,7 @@ from typing import IO, Sequence
 from spectune.core.errors import UserError
 
 _REQUIRED = ("batch_size", "accepted_drafts", "num_steps")
-_OPTIONAL = ("t", "drafted", "draft_probs", "accept_probs", "context_tokens", "draft_ms", "verify_ms")
+_OPTIONAL = ("t", "drafted", "draft_probs", "accept_probs", "context_tokens", "draft_ms", "verify_ms", "request_ids")
 _KEYS = {*_REQUIRED, *_OPTIONAL}
 PROB_DECIMALS = 4
 """Decimals :class:`TraceWriter` keeps of ``draft_probs`` / ``accept_probs``."""
@@ -70,6 +73,7 @@ class TraceStep:
         context_tokens: per row, tokens in its KV cache before the round, or None.
         draft_ms: drafting time of the round (ms), or None.
         verify_ms: the rest of the round (ms), or None.
+        request_ids: per row, the server's id of the request (its response ``id``), or None.
     """
 
     batch_size: int
@@ -82,6 +86,7 @@ class TraceStep:
     context_tokens: tuple[int, ...] | None = None
     draft_ms: float | None = None
     verify_ms: float | None = None
+    request_ids: tuple[str, ...] | None = None
 
     @property
     def drafted_per_row(self) -> tuple[int, ...]:
@@ -112,6 +117,8 @@ class TraceStep:
         for key in ("draft_ms", "verify_ms"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+        if self.request_ids is not None:
+            out["request_ids"] = list(self.request_ids)
         return out
 
 
@@ -199,8 +206,11 @@ def parse_trace_step(obj: object) -> TraceStep:
                     else None)
     context = (_int_list(obj, "context_tokens", bs, 0, math.inf, ">= 0")
                if obj.get("context_tokens") is not None else None)
+    ids = obj.get("request_ids")
+    if ids is not None and (not isinstance(ids, list) or len(ids) != bs or not all(isinstance(i, str) for i in ids)):
+        raise ValueError(f"'request_ids' must be a list of batch_size={bs} strings, got {ids!r}")
     return TraceStep(bs, tuple(acc), k, None if t is None else float(t), drafted, draft_probs, accept_probs,
-                     context, _ms(obj, "draft_ms"), _ms(obj, "verify_ms"))
+                     context, _ms(obj, "draft_ms"), _ms(obj, "verify_ms"), None if ids is None else tuple(ids))
 
 
 def read_trace(path: str | Path) -> list[TraceStep]:
@@ -264,7 +274,8 @@ class TraceWriter:
     def record(self, batch_size: int, accepted_drafts: Sequence[int], num_steps: int, t: float | None = None, *,
                drafted: Sequence[int] | None = None, draft_probs: Sequence[Sequence[float]] | None = None,
                accept_probs: Sequence[Sequence[float]] | None = None, context_tokens: Sequence[int] | None = None,
-               draft_ms: float | None = None, verify_ms: float | None = None) -> None:
+               draft_ms: float | None = None, verify_ms: float | None = None,
+               request_ids: Sequence[str] | None = None) -> None:
         """Write one verify step; the keyword fields are omitted from the line when None (format: the module
         docstring). Integers may be numpy/torch integers; probabilities are rounded to :data:`PROB_DECIMALS` and
         times to :data:`MS_DECIMALS`.
@@ -291,6 +302,8 @@ class TraceWriter:
         for key, ms in (("draft_ms", draft_ms), ("verify_ms", verify_ms)):
             if ms is not None:
                 obj[key] = round(float(ms), MS_DECIMALS)
+        if request_ids is not None:
+            obj["request_ids"] = [str(i) for i in request_ids]
         step = parse_trace_step(obj)
         self._fh.write(json.dumps(step.to_json(), separators=(",", ":")) + "\n")
         self.num_steps_written += 1

@@ -106,6 +106,22 @@ def test_vllm_schedule_picks_num_steps_by_batch_size(expected) -> None:
     assert {k for bs, k in Trace.rows if bs >= 2} == {1}
 
 
+def test_trace_rows_carry_their_request_ids() -> None:
+    rows: list[tuple[str, ...]] = []
+
+    class Trace:
+        def record(self, bs, accepted, k, **fields):  # fields: TraceWriter.record's optional per-row ones
+            rows.append(tuple(fields["request_ids"]))
+
+    engine = tiny_engine(num_steps=2)
+    engine.cfg.trace = Trace()
+    for rid, prompt in (("a", PROMPTS[0]), ("b", PROMPTS[1])):
+        engine.add_request(rid, prompt, GREEDY, lambda out: None)
+    while engine.num_running or engine.num_waiting:
+        engine.step()
+    assert ("a", "b") in rows  # a round of both requests names both, in row order
+
+
 @pytest.mark.parametrize("catch_up_tokens", [8192, 4])
 def test_lazy_drafting_catches_up_to_the_head_state_of_an_always_current_head(monkeypatch, catch_up_tokens) -> None:
     """Adaptive mode skips the head in prefills and K=0 rounds; the first drafting round after them must draft from

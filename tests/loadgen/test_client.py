@@ -152,6 +152,11 @@ async def test_schedule_timings_and_tokens(fake: Fake) -> None:
     assert [b - a for a, b in zip(fake.sent, rec.chunk_times)] == pytest.approx([0.0] * 4, abs=TOL_S)
 
 
+async def test_server_request_id_is_the_response_id(fake: Fake) -> None:
+    rec = await send(fake, "schedule", max_tokens=10)
+    assert rec.server_request_id == "x"  # every chunk of the fake server carries "id": "x"
+
+
 async def test_request_body_and_auth(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MY_KEY", "sekrit")
     await send(fake, "schedule", max_tokens=10, temperature=0.5, ignore_eos=True, api_key_env="MY_KEY",

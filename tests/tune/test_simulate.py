@@ -45,6 +45,8 @@ def test_trace_round_trip_and_writer(tmp_path: Path) -> None:
     ('{"batch_size": 1, "accepted_drafts": [0]}', "missing key.*'num_steps'"),
     ('{"batch_size": 1, "accepted": [0], "num_steps": 1}', "unknown key.*'accepted'"),
     ('{"batch_size": 1, "accepted_drafts": [0], "num_steps": 1, "t": "x"}', "'t' must be a number"),
+    ('{"batch_size": 2, "accepted_drafts": [0, 0], "num_steps": 1, "request_ids": ["a"]}',
+     "'request_ids' must be a list of batch_size=2 strings"),
     ('[1, 2]', "expected a JSON object"),
     ('{"batch_size": 1,', "not valid JSON"),
 ])
@@ -53,6 +55,13 @@ def test_read_trace_errors_name_file_and_line(tmp_path: Path, line: str, match: 
     path.write_text('{"batch_size": 1, "accepted_drafts": [1], "num_steps": 1}\n\n' + line + "\n")
     with pytest.raises(UserError, match=f"bad.jsonl:3: .*{match}"):
         read_trace(path)
+
+
+def test_trace_request_ids_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "ids.jsonl"
+    with TraceWriter(path, stamp_time=False) as w:
+        w.record(2, [1, 0], 2, request_ids=["chatcmpl-a", "chatcmpl-b"])
+    assert read_trace(path)[0].request_ids == ("chatcmpl-a", "chatcmpl-b")
 
 
 def test_read_trace_empty_or_missing(tmp_path: Path) -> None:

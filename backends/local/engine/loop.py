@@ -118,8 +118,8 @@ class EngineConfig:
         max_prefill_tokens: prompt tokens prefilled per iteration.
         policy: an object with ``steps_for_batch(bs)`` and ``on_verify(accepted, bs)`` (backends.num_steps), or None.
         trace: a :class:`~spectune.backends.num_steps.trace.TraceWriter` (per round: accepted and drafted tokens per
-            row, each position's draft confidence and acceptance estimate, context tokens, draft and verify ms), or
-            None.
+            row, each position's draft confidence and acceptance estimate, context tokens, draft and verify ms, the
+            rows' request ids), or None.
         steps_capacity: the largest num_steps the cache was sized for (``max_len`` keeps K+1 spare positions).
         stats_log_interval_s: the serving loop logs :func:`interval_line` this often (logger ``spectune.engine``).
     """
@@ -370,7 +370,7 @@ class Engine:
         if self.cfg.trace is not None:
             self.cfg.trace.record(batch, accepted, k, drafted=info.drafted, draft_probs=info.draft_probs,
                                   accept_probs=info.accept_probs, context_tokens=contexts, draft_ms=info.draft_ms,
-                                  verify_ms=info.verify_ms)
+                                  verify_ms=info.verify_ms, request_ids=[seq.request_id for seq in running])
 
     def _fail(self, seqs: list[Sequence], err: Exception) -> None:
         """Finish ``seqs`` with ``finish_reason`` ``"error"`` (their slots are freed by the next release)."""
