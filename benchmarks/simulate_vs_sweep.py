@@ -129,6 +129,17 @@ def row_prompts(trace: Path, steps: list) -> np.ndarray | None:
     return np.array([by_id.get(i, "") for s in steps for i in s.request_ids], dtype=object)
 
 
+def engine_path(folder: Path) -> dict | None:
+    """The compute path a sweep folder's server ran (sweep.json ``backend.engine.path``: path, lm_head kernel, kernel
+    ranges), or None where the file does not say: a trace predicts only cells of the same path, since the lm_head
+    kernel and the row ranges change the greedy tokens (so the acceptance) and the round times."""
+    try:
+        path = json.loads((folder / "sweep.json").read_text())["backend"]["engine"]["path"]
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+    return {key: path.get(key) for key in ("path", "lm_head", "kernel_ranges")}
+
+
 def predict(arr: TraceArrays, model: StepTimeModel, cell: Cell,
             prompts: np.ndarray | None) -> tuple[float, float, float, float | None]:
     """(tok/s, round ms, tokens per row-round, coverage) predicted for ``cell`` (the module docstring); coverage is
@@ -167,6 +178,10 @@ def main() -> None:
     steps = read_trace(args.trace)
     arr = trace_arrays(steps)
     prompts = None if args.all_rows else row_prompts(args.trace, steps)
+    trace_path, sweep_path = engine_path(args.trace.parent), engine_path(args.sweep)
+    if trace_path != sweep_path:
+        print(f"WARNING: the trace's server ran {trace_path}, the sweep's {sweep_path}: the predictions mix two "
+              "engine paths (start the trace's server with the sweep's path, e.g. --native-lm-head)")
     print("rows replayed per cell: " + ("every row of the cell's batch size" if prompts is None
                                          else "the rows of the prompts the cell served (trace request ids)"))
     if args.model == "trace":
