@@ -13,7 +13,12 @@ from spectune.core.errors import UserError
 
 app = typer.Typer(no_args_is_help=True)
 
+# Options several draft commands share, written once (the command gives the default in its signature)
 Threads = Annotated[int, typer.Option(min=0, help="torch CPU threads (0 = default).")]
+Target = Annotated[Optional[str], typer.Option(help="Target (default: the embedded SmolLM2-135M-Instruct).")]
+PromptSeed = Annotated[int, typer.Option(help="Seed of the prompt sample.")]
+MaxNewTokens = Annotated[int, typer.Option(min=1, help="Response length cap, tokens.")]
+MaxPromptTokens = Annotated[int, typer.Option(min=8, help="Longer prompts are skipped.")]
 
 
 @app.command("train")
@@ -28,7 +33,7 @@ def train(
                                              "regenerates (self-distillation).")] = 6000,
     magpie_prompts: Annotated[int, typer.Option(min=0, help="Extra prompts the target writes itself (Magpie), "
                                                 "answered after the ShareGPT ones.")] = 0,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Response length cap, tokens.")] = 256,
+    max_new_tokens: MaxNewTokens = 256,
     spec_bench: Annotated[Optional[Path], typer.Option(help="Spec-Bench JSONL whose prompts are excluded from "
                                                        "training too (MT-Bench and HumanEval always are).")] = None,
     epochs: Annotated[int, typer.Option(min=1, help="Passes over the data.")] = 3,
@@ -86,8 +91,7 @@ def export(
 def evaluate(
     draft: Annotated[Optional[str], typer.Option(help="EAGLE head folder (default: the bundled SmolLM2 head).")]
     = None,
-    model: Annotated[Optional[str], typer.Option(help="Target (default: the embedded SmolLM2-135M-Instruct).")]
-    = None,
+    model: Target = None,
     dataset: Annotated[str, typer.Option(help="mt-bench, humaneval, spec-bench:PATH, jsonl:PATH, sharegpt, or "
                                          "sharegpt-heldout (ShareGPT prompts the head was not trained on).")]
     = "mt-bench",
@@ -97,7 +101,7 @@ def evaluate(
     dtype: Annotated[str, typer.Option(help="auto, native (the GGUF's quantized weights), bfloat16 or float32.")] = "bfloat16",
     batch: Annotated[int, typer.Option(min=1, help="Prompts decoded together.")] = 16,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the results as JSON.")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the prompt sample.")] = 0,
+    seed: PromptSeed = 0,
 ) -> None:
     """Greedy acceptance length per num_steps, per draft position and per prompt category."""
     from rich.console import Console
@@ -161,15 +165,14 @@ def accept_train(
                                          "training.json).")],
     draft: Annotated[Optional[str], typer.Option(help="Frozen EAGLE-3 head whose drafts are judged (default: the "
                                                  "bundled SmolLM2 head).")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Target (default: the embedded SmolLM2-135M-Instruct).")]
-    = None,
+    model: Target = None,
     work_dir: Annotated[Path, typer.Option(help="Folder for prompts, responses, features, samples (resumable).")]
     = Path("work-data/accept"),
     stage: Annotated[str, typer.Option(help="all, or one of data, features, chain, train, export.")] = "all",
     num_prompts: Annotated[int, typer.Option(min=1, help="ShareGPT prompts the EAGLE head was not trained on, "
                                              "answered greedily by the target.")] = 96,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Response length cap, tokens.")] = 128,
-    max_prompt_tokens: Annotated[int, typer.Option(min=8, help="Longer prompts are skipped.")] = 256,
+    max_new_tokens: MaxNewTokens = 128,
+    max_prompt_tokens: MaxPromptTokens = 256,
     spec_bench: Annotated[Optional[Path], typer.Option(help="Spec-Bench JSONL whose prompts are excluded too "
                                                        "(MT-Bench and HumanEval always are).")] = None,
     n_max: Annotated[int, typer.Option(min=1, help="Draft steps per round unrolled for the data.")] = 4,
@@ -220,18 +223,17 @@ def accept_eval(
                                                             "one).")] = None,
     draft: Annotated[Optional[str], typer.Option(help="Frozen EAGLE-3 head (default: the bundled SmolLM2 head).")]
     = None,
-    model: Annotated[Optional[str], typer.Option(help="Target (default: the embedded SmolLM2-135M-Instruct).")]
-    = None,
+    model: Target = None,
     work_dir: Annotated[Path, typer.Option(help="Folder for this prompt set's responses, features and samples "
                                            "(reused by a rerun with the same prompts and heads).")]
     = Path("work-data/accept-eval"),
     num_prompts: Annotated[int, typer.Option(min=1, help="Prompts (seeded sample).")] = 160,
     max_tokens: Annotated[int, typer.Option(min=1, help="Greedy response length cap, tokens.")] = 128,
-    max_prompt_tokens: Annotated[int, typer.Option(min=8, help="Longer prompts are skipped.")] = 1024,
+    max_prompt_tokens: MaxPromptTokens = 1024,
     bins: Annotated[int, typer.Option(min=2, help="Equal-width bins of the ECE and the reliability plot.")] = 10,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the calibration as JSON.")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Write the reliability plot (PNG).")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the prompt sample.")] = 0,
+    seed: PromptSeed = 0,
     threads: Threads = 0,
 ) -> None:
     """Calibration of an acceptance head against the raw draft confidence: ECE, Brier, AUROC per draft step."""

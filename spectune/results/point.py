@@ -424,6 +424,12 @@ class SweepPoint:
         record.absent = {name: copy.deepcopy(getattr(record, name)) for name in names - set(obj)}
         return record
 
+    def category_acceptance(self) -> dict[str, float]:
+        """{category: acceptance length (tokens per verify step)} of the ``per_category`` entries that record it as
+        a number (an entry without one, or with null, is left out)."""
+        return {str(cat): float(al) for cat, v in (self.per_category or {}).items()
+                if isinstance(v, dict) and isinstance(al := v.get("acceptance_length"), (int, float))}
+
     def summary_row(self) -> dict[str, MetricValue]:
         """The point's summary.csv row (:func:`spectune.results.schema.summary_row`; ``acceptance_vs_c1`` is
         filled by the folder, which sees every point)."""

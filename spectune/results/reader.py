@@ -251,15 +251,22 @@ def load_request_records(folder: Path | None) -> list[JsonObject] | None:
     return out
 
 
+def with_text_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy of summary ``df`` holding every :data:`TEXT_COLUMNS` column: one the file lacks (a summary built
+    from points.jsonl, or an older or hand-written summary.csv) is added empty ("")."""
+    return df.assign(**{col: "" for col in TEXT_COLUMNS if col not in df})
+
+
 def summary_with_slos(results: Results, ttft: float | None, tpot: float | None, warnings: list[str]) -> pd.DataFrame:
-    """Summary with slo_attainment/goodput_req_s for the given SLOs (recomputed from requests.jsonl if needed).
+    """Summary with slo_attainment/goodput_req_s for the given SLOs (recomputed from requests.jsonl if needed), and
+    every :data:`TEXT_COLUMNS` column (:func:`with_text_columns`).
 
     A request meets the SLOs when it succeeded, its TTFT <= ttft and its TPOT <= tpot (a one-token request has
     no TPOT and meets that part, as vLLM's goodput counts it); failed requests are misses. The summary's own
     columns are kept when the sweep ran with the same SLOs; without requests.jsonl they become NaN (a warning is
     appended to ``warnings``), except for a bare CSV, whose columns are assumed to match.
     """
-    df = results.summary.copy()
+    df = with_text_columns(results.summary)
     plan = results.plan
     same = results.sweep is not None and plan.get("slo_ttft_ms") == ttft and plan.get("slo_tpot_ms") == tpot
     have = "slo_attainment" in df and df["slo_attainment"].notna().any()

@@ -8,6 +8,7 @@ every engine's launch flags.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Mapping
 
 from spectune.backends.formats import Plan, StaticChoice, engine_formats
@@ -29,8 +30,24 @@ def slot_acceptance(rec: Recommendation, slot: Slot) -> dict[int, float]:
     return out
 
 
-def sglang_configs(rec: Recommendation) -> tuple[dict[str, dict], dict[str, list[str]]]:
-    """The three SGLang adaptive configs ({preset: config}) and per-slot notes ({"preset slot": [notes]})."""
+@dataclass(frozen=True)
+class SGLangLadders:
+    """The three SGLang adaptive configs recommend designs, one per preset of
+    :data:`spectune.tune.ladders.PRESETS`: each SGLang's globals plus one slot object per batch-size slot, keyed by
+    the slot's lower bound as a string (the ``--speculative-adaptive-config`` JSON)."""
+
+    custom: dict
+    conservative: dict
+    aggressive: dict
+
+    def by_preset(self) -> dict[str, dict]:
+        """{preset: config} in :data:`~spectune.tune.ladders.PRESETS` order (what a
+        :class:`~spectune.backends.formats.Plan` carries)."""
+        return {"custom": self.custom, "conservative": self.conservative, "aggressive": self.aggressive}
+
+
+def sglang_configs(rec: Recommendation) -> tuple[SGLangLadders, dict[str, list[str]]]:
+    """The three SGLang adaptive configs and per-slot notes ({"preset slot": [notes]})."""
     configs: dict[str, dict] = {p: dict(SGLANG_GLOBALS) for p in PRESETS}
     notes: dict[str, list[str]] = {}
     for slot in rec.slots:
@@ -59,7 +76,7 @@ def sglang_configs(rec: Recommendation) -> tuple[dict[str, dict], dict[str, list
             configs[preset][str(slot.lower)] = cfg
             if why:
                 notes[f"{preset} {slot.lower}"] = why
-    return configs, notes
+    return SGLangLadders(**configs), notes
 
 
 def static_choice(rec: Recommendation) -> StaticChoice | None:
@@ -84,7 +101,7 @@ def static_choice(rec: Recommendation) -> StaticChoice | None:
                         rows)
 
 
-def engine_plan(rec: Recommendation, ladders: Mapping[str, dict] | None = None,
+def engine_plan(rec: Recommendation, ladders: SGLangLadders | None = None,
                 algorithm: tuple[str | None, str] = (None, "unknown"), head: str | None = None,
                 target: str | None = None, versions: Mapping[str, str | None] | None = None) -> Plan:
     """``rec`` as the plain data every engine format writes from (:class:`spectune.backends.formats.Plan`):
@@ -96,7 +113,7 @@ def engine_plan(rec: Recommendation, ladders: Mapping[str, dict] | None = None,
     top = rec.options.max_batch_size or (max(rec.concurrencies) if rec.concurrencies else 0)
     return Plan(slots=[(s.lower, s.upper, s.steps) for s in rec.slots], top=top, method=algorithm[0],
                 method_source=algorithm[1], head=head, target=target, versions=dict(versions or {}),
-                ladders=dict(ladders or {}), static=static_choice(rec), warnings=rec.warnings, p_min=rec.p_min)
+                ladders=ladders.by_preset() if ladders is not None else {}, static=static_choice(rec), warnings=rec.warnings, p_min=rec.p_min)
 
 
 def best_static_json(rec: Recommendation, method: str | None = None) -> JsonObject:

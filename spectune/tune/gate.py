@@ -17,6 +17,7 @@ Bad input (missing/unreadable files, no common cells, a checked column with no v
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from xml.etree import ElementTree as ET
 
@@ -66,6 +67,12 @@ def _stats(df: pd.DataFrame, col: str) -> pd.DataFrame:
     return ok.groupby(["steps", "concurrency"])[col].agg(["median", "min", "max"])
 
 
+def _failed_repeats(df: pd.DataFrame) -> Counter[tuple[int, int]]:
+    """Failed repeats per (steps, concurrency) cell of a summary; a cell without one counts 0."""
+    failed = df[df["status"] != "ok"]
+    return Counter(zip(failed["steps"].tolist(), failed["concurrency"].tolist()))
+
+
 def _get(stats: pd.DataFrame, key: tuple[int, int]) -> tuple[float, float, float]:
     if key not in stats.index:
         return math.nan, math.nan, math.nan
@@ -102,12 +109,11 @@ def gate_checks(baseline: Results, current: Results, limits: GateLimits) -> tupl
         raise UserError(f"{current.source}: column 'slo_attainment' has no values: sweep with SLOs or drop "
                         "--min-slo-attainment")
     checks: list[Check] = []
-    failed_b = b[b["status"] != "ok"].groupby(["steps", "concurrency"]).size()
-    failed_c = c[c["status"] != "ok"].groupby(["steps", "concurrency"]).size()
+    failed_b, failed_c = _failed_repeats(b), _failed_repeats(c)
     stats = {col: (_stats(b, col), _stats(c, col)) for _, col, *_ in plan}
     for key in common:
         k, n = key
-        nb, nc = int(failed_b.get(key, 0)), int(failed_c.get(key, 0))
+        nb, nc = failed_b[key], failed_c[key]
         if nb:
             checks.append(Check(k, n, "status", nb, nc, "no failed repeat", "skip",
                                 f"{nb} failed repeat(s) in the baseline: cell not compared"))

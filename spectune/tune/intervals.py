@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from spectune.core.errors import UserError
-from spectune.results.reader import load_request_records, load_results
+from spectune.results.reader import load_request_records, load_results, with_text_columns
 from spectune.tune.recommend import RecommendOptions, attach_intervals, build_cell
 
 
@@ -18,7 +18,7 @@ def throughput_intervals(folder: str | Path) -> dict[tuple[int, int], tuple[floa
         results = load_results(folder)
     except UserError:
         return {}
-    df, opts = results.summary, RecommendOptions()
+    df, opts = with_text_columns(results.summary), RecommendOptions()
     if "predicted" in df:
         df = df[~df["predicted"].astype(bool)]
     cells = [build_cell(int(k), int(c), rows, opts, None, None)

@@ -204,16 +204,16 @@ def design_slot(preset: str, k: int, allowed: list[int], accepted: Mapping[int, 
     the largest spread over the ladder's candidates (at least :data:`MARGIN`) or the farther candidate is left
     out."""
     notes: list[str] = []
-    a = dict(accepted)
     cand = ladder_for(preset, k, allowed)
-    if k > 0 and not math.isfinite(a.get(k, math.nan)):
+    a = {c: math.nan for c in (k, *cand)} | dict(accepted)  # a num_steps not measured: NaN
+    if k > 0 and not math.isfinite(a[k]):
         notes.append(f"no acceptance measured at K={k}: ladder pinned to it")
         cand = [k]
     for c in cand:
-        if not math.isfinite(a.get(c, math.nan)) and k > 0:
+        if not math.isfinite(a[c]) and k > 0:
             a[c] = _estimate_accepted(k, a[k], c)
             notes.append(f"acceptance at K={c} estimated from K={k} (Leviathan model)")
-    cand = [c for c in cand if c == 0 or math.isfinite(a.get(c, math.nan))]
+    cand = [c for c in cand if c == 0 or math.isfinite(a[c])]
     a[0] = 0.0
     coeff = 0.0
     if preset == "aggressive" and k >= 2 and a[k] > 0:

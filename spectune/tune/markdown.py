@@ -15,7 +15,7 @@ from spectune.results.batch_acceptance import BatchAcceptanceFinding
 from spectune.results.primary import MixPricing
 from spectune.results.schedule_server import RecordedScheduleServer
 from spectune.results.validate_doc import RecordedWorkload
-from spectune.tune.configs import engine_plan
+from spectune.tune.configs import SGLangLadders, engine_plan
 from spectune.tune.predict import predict_validate
 from spectune.tune.mix import mix_text
 from spectune.tune.gain import ServerCost
@@ -166,7 +166,7 @@ def slot_key_sentence(rec: Recommendation) -> str:
             "chosen cell.")
 
 
-def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs: dict[str, dict],
+def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs: SGLangLadders | None,
                             notes: dict[str, list[str]], source: str,
                             algorithm: tuple[str | None, str] = (None, "unknown"), target: str | None = None,
                             plan: Plan | None = None) -> str:
@@ -193,8 +193,9 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
            "\n",
            _md_table(*cell_grid(rec)), "\n## Reasoning per concurrency\n"]
     out += [f"- **concurrency {ch.concurrency}** -> {ch.reason}" for ch in rec.choices]
-    presets = list(configs)
-    ladders = {p: _ladders(configs[p], p) for p in presets}
+    by_preset = configs.by_preset() if configs is not None else {}
+    presets = list(by_preset)
+    ladders = {p: _ladders(by_preset[p], p) for p in presets}
     measured = ["measured batch size"] if rec.batch_sizes else []
     out += ["\n## Batch-size slots and SGLang ladders\n",
             "A slot starts where the chosen num_steps changes (SGLang key = lower bound); ladders are "
@@ -208,7 +209,7 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
                   ", ".join(map(str, s.concurrencies))]
                  + ([", ".join(f"{rec.batch_sizes[c]:.1f}" for c in s.concurrencies if c in rec.batch_sizes)]
                     if measured else [])
-                 + [_ladder(ladders[p][s.lower]) + _rate(rec, s, configs[p][str(s.lower)]) for p in presets]
+                 + [_ladder(ladders[p][s.lower]) + _rate(rec, s, by_preset[p][str(s.lower)]) for p in presets]
                  for s in rec.slots])]
     out += [line for engine in engines if (line := engine.launch_line(plan, files)) is not None]
     static = rec.best_static
@@ -227,7 +228,7 @@ def recommendation_markdown(rec: Recommendation, files: dict[str, str], configs:
                         _fmt(r["k0_tpot"]), _fmt(r["tput_vs_static"], ".3f"), _fmt(r["tput_vs_k0"], ".3f"),
                         _fmt(r["tpot_vs_k0"], ".3f")] for r in versus_static(rec)]),
             ]
-    out += validate_section(rec, configs.get("custom"))
+    out += validate_section(rec, configs.custom if configs is not None else None)
     for engine in engines:
         out += engine.section(plan)
     out += batch_acceptance_section(rec)

@@ -98,7 +98,7 @@ def write_recommendation(rec: Recommendation, out: Path, source: str,
             payload[f.name] = f.config
             files[f.name] = f.description
         if engine.adaptive:
-            strategy, strategy_why = sglang_strategy(rec, configs, payload, files)
+            strategy, strategy_why = sglang_strategy(rec, configs.custom, payload, files)
     payload["best-static.json"] = best_static_json(rec, algorithm[0])
     files["best-static.json"] = "the best single static num_steps and its launch flags"
     payload["recommendation.json"] = {**rec.to_json(), "ladder_notes": notes,
@@ -118,16 +118,15 @@ def write_recommendation(rec: Recommendation, out: Path, source: str,
     return paths
 
 
-def sglang_strategy(rec: Recommendation, configs: dict[str, dict], payload: dict[str, JsonValue],
+def sglang_strategy(rec: Recommendation, custom: dict | None, payload: dict[str, JsonValue],
                     files: dict[str, str]) -> tuple[str, str]:
-    """Choose the custom config's SGLang strategy (:func:`spectune.tune.strategy.choose_strategy`); for
+    """Choose the ``custom`` config's SGLang strategy (:func:`spectune.tune.strategy.choose_strategy`); for
     ``throughput_aware`` rewrite ``sglang-adaptive-custom.json`` in ``payload`` with ``"strategy":
     "throughput_aware"`` (SGLang's default, EMA, is written without the key) and add ``sglang-cost-table.json``
     (the sweep's round times, for ``spectune simulate --cost-table``). Returns (strategy, reason)."""
     from spectune.backends.formats.sglang import sglang_initial_steps
     from spectune.tune.strategy import choose_strategy, cost_table_from_cells, throughput_aware_config
 
-    custom = configs.get("custom")
     if not custom or not rec.slots:
         return "ema", "no custom config"
     strategy, why = choose_strategy(rec, custom, sglang_initial_steps(custom, rec.slots[0].steps))

@@ -54,7 +54,7 @@ from spectune.results.confidence import (Bootstrap, CellRuns, RunRequests, best_
 from spectune.results.drift import DriftBand, cell_times
 from spectune.results.point import RequestLine
 from spectune.results.primary import Primary
-from spectune.results.reader import Results, load_request_records, summary_with_slos
+from spectune.results.reader import Results, load_request_records, summary_with_slos, with_text_columns
 from spectune.results.schedule_server import RecordedScheduleServer
 from spectune.tune.compare import (OBJECTIVES, Comparison, _better, _ties, _within, clear_wins,  # noqa: F401
                                    compare, ratio)  # (re-exported)
@@ -197,7 +197,8 @@ def effective_slos(results: Results, opts: RecommendOptions) -> tuple[float | No
 
 def build_cell(steps: int, conc: int, rows: pd.DataFrame, opts: RecommendOptions,
                ttft: float | None, tpot: float | None) -> Cell:
-    """The cell (``steps``, ``conc``) from its summary rows: status, median metrics and objective, the repeats'
+    """The cell (``steps``, ``conc``) from its summary rows (with every text column:
+    :func:`spectune.results.reader.summary_with_slos`): status, median metrics and objective, the repeats'
     spread, SLO violations against ``ttft``/``tpot`` (ms, or None); a measured cell's interval comes later
     (:func:`attach_intervals`), a predicted cell's is its predicted bounds."""
     col, _, _ = OBJECTIVES[opts.objective]
@@ -209,7 +210,7 @@ def build_cell(steps: int, conc: int, rows: pd.DataFrame, opts: RecommendOptions
     cell.metrics = {m: float(ok[m].median()) if m in ok and ok[m].notna().any() else math.nan for m in CELL_METRICS}
     if len(ok) < len(rows):
         cell.status = "failed"
-        err = next((e for e in rows.get("error", pd.Series(dtype=str)) if isinstance(e, str) and e), "")
+        err = next((e for e in rows["error"] if isinstance(e, str) and e), "")
         cell.notes.append(f"{len(rows) - len(ok)}/{len(rows)} repeat(s) failed" + (f": {err}" if err else ""))
     vals = ok[col].dropna().to_numpy(float) if col in ok else np.array([])
     if len(vals) == 0:
@@ -388,7 +389,8 @@ def build_slots(choices: list[Choice], boundary: str = "geometric",
 def measured_batch_sizes(cells: list[Cell], choices: list[Choice],
                          df: pd.DataFrame) -> tuple[dict[int, float], str]:
     """(concurrency -> measured running batch size of the chosen cell, the gauge it came from) when every chosen
-    cell has a finite positive ``batch_size_mean``; else ({}, ``"concurrency"``): slots keyed on concurrency."""
+    cell has a finite positive ``batch_size_mean``; else ({}, ``"concurrency"``): slots keyed on concurrency.
+    ``df``: the summary rows, with ``batch_size_source`` (:func:`spectune.results.reader.with_text_columns`)."""
     grid = {(c.steps, c.concurrency): c for c in cells}
     sizes: dict[int, float] = {}
     for ch in choices:
@@ -400,7 +402,7 @@ def measured_batch_sizes(cells: list[Cell], choices: list[Choice],
         sizes[ch.concurrency] = v
     if not sizes:
         return {}, "concurrency"
-    sources = sorted({str(x) for x in df.get("batch_size_source", pd.Series(dtype=str)) if str(x) not in ("", "none")})
+    sources = sorted({str(x) for x in df["batch_size_source"] if str(x) not in ("", "none")})
     return sizes, ", ".join(sources) or "running batch size"
 
 
@@ -500,7 +502,7 @@ def recommend(results: Results, opts: RecommendOptions) -> Recommendation:
             s.steps == 0 and s.concurrency == c.concurrency for s in sched_cells)]
         sched_choices = [choose(pool, c, opts, drift) for c in concs]
         if any(ch.steps is not None for ch in sched_choices):
-            sched_df = pd.concat([sched.summary, df[df["steps"] == 0]])  # type: ignore[union-attr]
+            sched_df = pd.concat([with_text_columns(sched.summary), df[df["steps"] == 0]])  # type: ignore[union-attr]
             batch_sizes, batch_source = measured_batch_sizes(pool, sched_choices, sched_df)
             slots = build_slots(sched_choices, opts.boundary, batch_sizes or None)
     static, scores = best_static(cells, choices, opts)

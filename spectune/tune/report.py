@@ -29,9 +29,8 @@ def per_category_acceptance(points: Iterable[SweepPoint | PointObject]) -> dict[
     for pt in as_points(points):
         if pt.status != "ok":
             continue
-        for cat, v in (pt.per_category or {}).items():
-            if isinstance(v, dict) and isinstance(al := v.get("acceptance_length"), (int, float)):
-                acc.setdefault(str(cat), {}).setdefault(int(pt.steps), []).append(float(al))
+        for cat, al in pt.category_acceptance().items():
+            acc.setdefault(cat, {}).setdefault(int(pt.steps), []).append(al)
     return {cat: {k: float(pd.Series(by_k[k]).median()) for k in sorted(by_k)} for cat, by_k in sorted(acc.items())}
 
 

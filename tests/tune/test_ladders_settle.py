@@ -115,6 +115,6 @@ def test_switches_per_minute_from_the_replay(tmp_path):
     assert rate == pytest.approx(AcceptancePool.from_requests(rec.requests, [1]).switches_per_minute(
         flapping, 1, 1, 150 / (1 * rec.cell(1, 1).metrics["acceptance_length"])))
     assert rate > 100  # ~0.4-token EMA against a 0.3-token up threshold: it probes up every few decisions
-    assert slot_switch_rate(rec, slot, sglang_configs(rec)[0]["custom"]["1"]) == 0.0  # [1] alone never moves
+    assert slot_switch_rate(rec, slot, sglang_configs(rec)[0].custom["1"]) == 0.0  # [1] alone never moves
     rec.requests = None
     assert slot_switch_rate(rec, slot, flapping) is None

@@ -106,7 +106,7 @@ def test_a_mix_needs_the_throughput_objective(tmp_path):
 
 
 def test_recommendation_md_tables_the_answers_on_the_load(tmp_path):
-    md = recommendation_markdown(run(sweep(tmp_path, schedule_cost=0.10), "1,32"), {}, {}, {}, "sweep")
+    md = recommendation_markdown(run(sweep(tmp_path, schedule_cost=0.10), "1,32"), {}, None, {}, "sweep")
     assert "| static K=0 | 98.5 | 1.000x |" in md
 
 

@@ -119,12 +119,12 @@ def test_emitted_ladders_settle_on_the_optimum(tmp_path):
     rec = run(write_sweep(tmp_path / "r", rows))
     configs, _ = sglang_configs(rec)
     # neither K=2 (190) nor K=5 (180) beats K=3 (200) at concurrency 1: the custom ladder is K=3 alone
-    assert configs["custom"]["1"]["candidate_steps"] == [3]
+    assert configs.custom["1"]["candidate_steps"] == [3]
     # oracle: the true per-token acceptance of these rows is ALPHA at every K (row()), so replay the policy on
     # the whole config with per-request counts drawn from that chain, from every candidate as start, with seeds
     # (100 + start) that design_slot never used (it draws with random.Random(start))
     acc = {k: accepted(k) for k in (1, 2, 3, 5)}
-    for preset, cfg in configs.items():
+    for preset, cfg in configs.by_preset().items():
         for slot in rec.slots:
             for start in cfg[str(slot.lower)]["candidate_steps"]:
                 share = share_at(cfg, acc, slot.lower, slot.steps, start, seed=100 + start)
@@ -207,8 +207,8 @@ def test_single_concurrency_sweep(tmp_path):
     assert [(s.lower, s.upper, s.steps) for s in rec.slots] == [(1, None, 2)]
     assert vllm_config(rec) == {"num_speculative_tokens": 2}  # one K: the static server, no schedule
     configs, _ = sglang_configs(rec)
-    assert list(configs["custom"]) == ["ema_alpha", "update_interval", "warmup_batches", "1"]
-    assert configs["custom"]["1"]["candidate_steps"] == [2]  # neither K=0 nor K=4 beats K=2
+    assert list(configs.custom) == ["ema_alpha", "update_interval", "warmup_batches", "1"]
+    assert configs.custom["1"]["candidate_steps"] == [2]  # neither K=0 nor K=4 beats K=2
     rec = run(write_sweep(tmp_path / "r2", grid({1: {0: 100, 2: 150}, 16: {0: 800, 2: 600}})), max_batch_size=64)
     assert vllm_config(rec)["num_speculative_tokens_per_batch_size"] == [[1, 3, 2], [4, 64, 0]]  # boundary sqrt(16)
 

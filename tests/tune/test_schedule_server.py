@@ -73,7 +73,7 @@ def test_the_floor_cost_is_measured_per_concurrency(costly):
 
 
 def test_recommendation_md_states_the_floor_cost(costly):
-    md = recommendation_markdown(costly, {}, {}, {}, "sweep")
+    md = recommendation_markdown(costly, {}, None, {}, "sweep")
     assert "K=0 inside a vllm schedule server: 20.0% slower than no drafter at concurrency 16" in md
 
 

@@ -35,7 +35,7 @@ def default_ladders(tmp_path):
     configs = {"custom": {str(s.lower): dict(DEFAULT_LADDER) for s in rec.slots}}
     payload = {"sglang-adaptive-custom.json": configs["custom"]}
     files = {"sglang-adaptive-custom.json": "custom"}
-    strategy, why = sglang_strategy(rec, configs, payload, files)
+    strategy, why = sglang_strategy(rec, configs["custom"], payload, files)
     return strategy, why, payload
 
 
