@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spectune.backends.num_steps.trace import read_trace
+from spectune.backends.num_steps.trace import TraceStep, read_trace
 from spectune.tune.draft_policies import PolicySpec, TraceArrays, trace_arrays
 from spectune.tune.policy_replay import replay
 from spectune.tune.step_time import StepTimeModel, cells_step_time, fit_trace_step_time, trace_draft_step
@@ -113,7 +113,7 @@ def cells(sweep: Path) -> list[Cell]:
     return out
 
 
-def row_prompts(trace: Path, steps: list) -> np.ndarray | None:
+def row_prompts(trace: Path, steps: list[TraceStep]) -> np.ndarray | None:
     """[N] the prompt id of every trace row ('' where unknown), joined through the trace's ``request_ids`` and the
     ``server_request_id`` of ``requests.jsonl`` beside the trace; None when either is missing."""
     requests = trace.parent / "requests.jsonl"
@@ -153,6 +153,8 @@ def predict(arr: TraceArrays, model: StepTimeModel, cell: Cell,
         weight = np.where(at_batch, [float(cell.prompts.get(p, 0)) for p in prompts], 0.0)
         held = {p for p in prompts[at_batch]}
         coverage = sum(n for p, n in cell.prompts.items() if p in held) / max(1, sum(cell.prompts.values()))
+        if not weight.any():  # none of the cell's prompts at this batch size: every row of it
+            weight = at_batch.astype(float)
     rounds = np.unique(arr.row_round[weight > 0])
     tokens = 1.0 + float(np.average(np.minimum(arr.accepted, rep.lengths), weights=weight))
     width = np.array([rep.lengths[arr.start[r]:arr.start[r] + arr.batch[r]].max() + 1 for r in rounds], float)
