@@ -113,7 +113,8 @@ def engine_plan(rec: Recommendation, ladders: SGLangLadders | None = None,
     top = rec.options.max_batch_size or (max(rec.concurrencies) if rec.concurrencies else 0)
     return Plan(slots=[(s.lower, s.upper, s.steps) for s in rec.slots], top=top, method=algorithm[0],
                 method_source=algorithm[1], head=head, target=target, versions=dict(versions or {}),
-                ladders=ladders.by_preset() if ladders is not None else {}, static=static_choice(rec), warnings=rec.warnings, p_min=rec.p_min)
+                ladders=ladders.by_preset() if ladders is not None else {}, static=static_choice(rec),
+                warnings=rec.warnings, p_min=rec.p_min)
 
 
 def best_static_json(rec: Recommendation, method: str | None = None) -> JsonObject:
