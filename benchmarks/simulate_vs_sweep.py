@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from spectune.backends.num_steps.trace import TraceStep, read_trace
+from spectune.results.reader import load_request_records
 from spectune.tune.draft_policies import PolicySpec, TraceArrays, trace_arrays
 from spectune.tune.policy_replay import replay
 from spectune.tune.step_time import StepTimeModel, cells_step_time, fit_trace_step_time, trace_draft_step
@@ -78,11 +79,11 @@ def _drafting_share(folder: Path) -> dict[tuple[int, int], float]:
 
 
 def _prompts(folder: Path) -> dict[tuple[int, int, int], Counter[str]]:
-    """(steps, concurrency, repeat) -> prompt id -> ok requests (``folder/requests.jsonl``)."""
+    """(steps, concurrency, repeat) -> prompt id -> ok requests (``folder``'s requests.jsonl, read by
+    :func:`~spectune.results.reader.load_request_records`)."""
     out: dict[tuple[int, int, int], Counter[str]] = {}
-    for line in (folder / "requests.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        if r["error"] is None and r["chunk_times"]:
+    for r in load_request_records(folder) or []:
+        if r["error"] is None and r["chunk_times"]:  # chunk_times: the count of output chunks here
             out.setdefault((int(r["steps"]), int(r["concurrency"]), int(r["repeat"])), Counter())[r["prompt_id"]] += 1
     return out
 
@@ -116,14 +117,10 @@ def cells(sweep: Path) -> list[Cell]:
 def row_prompts(trace: Path, steps: list[TraceStep]) -> np.ndarray | None:
     """[N] the prompt id of every trace row ('' where unknown), joined through the trace's ``request_ids`` and the
     ``server_request_id`` of ``requests.jsonl`` beside the trace; None when either is missing."""
-    requests = trace.parent / "requests.jsonl"
-    if not requests.is_file() or any(s.request_ids is None for s in steps):
+    records = load_request_records(trace.parent)
+    if records is None or any(s.request_ids is None for s in steps):
         return None
-    by_id = {}
-    for line in requests.read_text().splitlines():
-        r = json.loads(line)
-        if r.get("server_request_id"):
-            by_id[r["server_request_id"]] = r["prompt_id"]
+    by_id = {r["server_request_id"]: r["prompt_id"] for r in records if r.get("server_request_id")}
     if not by_id:
         return None
     return np.array([by_id.get(i, "") for s in steps for i in s.request_ids], dtype=object)
@@ -151,7 +148,7 @@ def predict(arr: TraceArrays, model: StepTimeModel, cell: Cell,
         weight = at_batch.astype(float)
     else:
         weight = np.where(at_batch, [float(cell.prompts.get(p, 0)) for p in prompts], 0.0)
-        held = {p for p in prompts[at_batch]}
+        held = set(prompts[at_batch])
         coverage = sum(n for p, n in cell.prompts.items() if p in held) / max(1, sum(cell.prompts.values()))
         if not weight.any():  # none of the cell's prompts at this batch size: every row of it
             weight = at_batch.astype(float)

@@ -43,7 +43,7 @@ class SGLangLadders:
     def by_preset(self) -> dict[str, dict]:
         """{preset: config} in :data:`~spectune.tune.ladders.PRESETS` order (what a
         :class:`~spectune.backends.formats.Plan` carries)."""
-        return {"custom": self.custom, "conservative": self.conservative, "aggressive": self.aggressive}
+        return {preset: getattr(self, preset) for preset in PRESETS}
 
 
 def sglang_configs(rec: Recommendation) -> tuple[SGLangLadders, dict[str, list[str]]]:
