@@ -6,13 +6,18 @@ meaning in both (prompts sampled, output tokens, temperature), their help panels
 Ray cluster options (``--ray-resources`` and :func:`ray_options`).
 
 Each alias is a typer ``Annotated`` type; the command gives the default in its own signature (``port: Port =
-None``). typer copies the option for every command, so one alias serves both.
+None``). typer copies the option for every command, so one alias serves both. The launched servers' options both
+commands end their signatures with (``--draft`` ... ``--ray-resources``) are declared once, by
+:func:`server_options`, which hands the command their values as one :class:`ServerOptions`.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import shlex
-from typing import TYPE_CHECKING, Annotated, Optional
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
 import typer
 
@@ -87,24 +92,90 @@ def split_server_args(server_args: str | None) -> list[str]:
         raise UserError(f"cannot split --server-args ({err}): check its quotes") from None
 
 
-def backend_options(*, launch: str | None, model: str | None, draft: str | None, algorithm: str | None, host: str,
-                    port: int | None, server_args: str | None, startup_timeout: float, api_key_env: str,
-                    device: str, dtype: str, compile: str, server_bin: str | None,
+@dataclass(frozen=True)
+class ServerOptions:
+    """The launched servers' options ``spectune sweep`` and ``spectune validate`` share, as given on the command
+    line (:func:`server_options` declares them, in this order, with these defaults).
+
+    Attributes:
+        draft, algorithm: ``--draft`` (head path or name) and ``--algorithm`` (the engine's spelling), or None.
+        host, port: ``--host`` and ``--port`` of launched servers (port None: a free one).
+        server_args: ``--server-args`` as given (one string, split by :func:`split_server_args`), or None.
+        startup_timeout: ``--startup-timeout``, s. server_bin: ``--server-bin`` (llama-server), or None.
+        api_key_env: ``--api-key-env``, the environment variable holding the API key.
+        device, dtype, compile: the bundled engine's ``--device``, ``--dtype`` and ``--compile``.
+        ray, ray_resources: ``--ray`` and ``--ray-resources`` (:func:`ray_options`), or None.
+    """
+
+    draft: str | None = None
+    algorithm: str | None = None
+    host: str = "127.0.0.1"
+    port: int | None = None
+    server_args: str | None = None
+    startup_timeout: float = 600.0
+    server_bin: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    device: str = "auto"
+    dtype: str = "auto"
+    compile: str = "auto"
+    ray: str | None = None
+    ray_resources: str | None = None
+
+
+def server_options(*, algorithm_help: str, api_key_env_help: str, ray_help: str) -> Callable[[Callable[..., Any]],
+                                                                                              Callable[..., Any]]:
+    """Decorator of a typer command: appends the :class:`ServerOptions` options to its signature (after its own
+    parameters, in the record's order, with its defaults) and calls it with their values as ``server``, a
+    keyword-only parameter of the command that the options replace. ``--algorithm``, ``--api-key-env`` and ``--ray``
+    take the command's own help text; the others share the aliases above.
+    """
+    annotations = {
+        "draft": Draft,
+        "algorithm": Annotated[Optional[str], typer.Option(help=algorithm_help, rich_help_panel=SERVER_PANEL)],
+        "host": Host, "port": Port, "server_args": ServerArgs, "startup_timeout": StartupTimeout,
+        "server_bin": ServerBin, "api_key_env": Annotated[str, typer.Option(help=api_key_env_help)],
+        "device": Device, "dtype": Dtype, "compile": Compile,
+        "ray": Annotated[Optional[str], typer.Option("--ray", help=ray_help, rich_help_panel=RAY_PANEL)],
+        "ray_resources": RayResources,
+    }
+    shared = [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default,
+                                annotation=annotations[f.name]) for f in fields(ServerOptions)]
+
+    def declare(command: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(command, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.name != "server"]
+
+        @functools.wraps(command)
+        def run(**values: Any) -> Any:
+            server = ServerOptions(**{p.name: values.pop(p.name) for p in shared})
+            return command(**values, server=server)
+
+        run.__signature__ = signature.replace(parameters=[*own, *shared])  # type: ignore[attr-defined]
+        run.__annotations__ = {**{p.name: p.annotation for p in (*own, *shared)},
+                               "return": signature.return_annotation}
+        return run
+
+    return declare
+
+
+def backend_options(server: ServerOptions, *, launch: str | None, model: str | None,
                     endpoints: dict[int, str] | None = None) -> BackendOptions:
     """The :class:`~spectune.backends.options.BackendOptions` of ``spectune sweep`` and ``spectune validate`` from
-    their server options: ``--server-args`` split (:func:`split_server_args`), the bundled engine's settings
-    (``--device``, ``--dtype``, ``--compile``) and llama.cpp's (``--server-bin``) in their own records.
+    their server options and their own ``--launch``, ``--model`` and ``--endpoint``: ``--server-args`` split
+    (:func:`split_server_args`), the bundled engine's settings (``--device``, ``--dtype``, ``--compile``) and
+    llama.cpp's (``--server-bin``) in their own records.
 
     Raises:
         UserError: ``--server-args`` with unbalanced quotes.
     """
     from spectune.backends.options import BackendOptions, BundledEngineOptions, LlamaCppOptions
 
-    return BackendOptions(endpoints=endpoints, launch=launch, model=model, draft=draft, algorithm=algorithm,
-                          host=host, port=port, server_args=split_server_args(server_args),
-                          startup_timeout_s=startup_timeout, api_key_env=api_key_env,
-                          local=BundledEngineOptions(device=device, dtype=dtype, compile=compile),
-                          llamacpp=LlamaCppOptions(server_bin=server_bin))
+    return BackendOptions(endpoints=endpoints, launch=launch, model=model, draft=server.draft,
+                          algorithm=server.algorithm, host=server.host, port=server.port,
+                          server_args=split_server_args(server.server_args), startup_timeout_s=server.startup_timeout,
+                          api_key_env=server.api_key_env,
+                          local=BundledEngineOptions(device=server.device, dtype=server.dtype, compile=server.compile),
+                          llamacpp=LlamaCppOptions(server_bin=server.server_bin))
 
 
 def parse_int_list(text: str, what: str, minimum: int) -> list[int]:

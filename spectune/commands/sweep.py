@@ -9,10 +9,8 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from spectune.commands.options import (LOAD_PANEL, RAY_PANEL, SERVER_PANEL, Compile, Device, Draft, Dtype, Host,
-                                       MaxTokens, NumPrompts, Port, RayResources, RequestTimeout, ServerArgs,
-                                       ServerBin, StartupTimeout, Temperature, WarmupTimeout, backend_options,
-                                       ray_options)
+from spectune.commands.options import (LOAD_PANEL, SERVER_PANEL, MaxTokens, NumPrompts, RequestTimeout, ServerOptions,
+                                       Temperature, WarmupTimeout, backend_options, ray_options, server_options)
 from spectune.core.errors import UserError
 
 
@@ -41,6 +39,15 @@ def parse_endpoints(values: list[str]) -> dict[int, str] | None:
     return out or None
 
 
+@server_options(
+    algorithm_help="Speculative method in the engine's spelling (EAGLE/EAGLE3, eagle/eagle3; llamacpp: eagle3 or "
+    "draft) (default: from the head).",
+    api_key_env_help="Environment variable holding the API key (sent as a Bearer token).",
+    # (\\[ in the help: rich markup's escape of a literal bracket)
+    ray_help="Spread the num_steps blocks over a Ray cluster: ADDRESS (ray://host:10001, host:6379) or auto "
+    "(RAY_ADDRESS, else a local Ray). Each block (server start, its points, server stop) runs as one task on a node, "
+    "the load generator beside its server (docs/distributed.md; needs pip install -e \".\\[ray]\").",
+)
 def sweep(
     steps: Annotated[str, typer.Option(help="num_steps values K to sweep, comma-separated (0 = no speculation).")]
     = "0,1,2,3,5",
@@ -125,29 +132,8 @@ def sweep(
                                                   rich_help_panel=SERVER_PANEL)] = None,
     model: Annotated[Optional[str], typer.Option(help="Target model (path or name); also the model name sent "
                                                  "when the server lists it.", rich_help_panel=SERVER_PANEL)] = None,
-    draft: Draft = None,
-    algorithm: Annotated[Optional[str], typer.Option(help="Speculative method in the engine's spelling "
-                                                     "(EAGLE/EAGLE3, eagle/eagle3; llamacpp: eagle3 or "
-                                                     "draft) (default: from the head).",
-                                                     rich_help_panel=SERVER_PANEL)] = None,
-    host: Host = "127.0.0.1",
-    port: Port = None,
-    server_args: ServerArgs = None,
-    startup_timeout: StartupTimeout = 600.0,
-    server_bin: ServerBin = None,
-    api_key_env: Annotated[str, typer.Option(help="Environment variable holding the API key (sent as a Bearer "
-                                             "token).")] = "OPENAI_API_KEY",
-    device: Device = "auto",
-    dtype: Dtype = "auto",
-    compile: Compile = "auto",
-    # (\\[ in the help: rich markup's escape of a literal bracket)
-    ray: Annotated[Optional[str], typer.Option("--ray", help="Spread the num_steps blocks over a Ray cluster: "
-                                               "ADDRESS (ray://host:10001, host:6379) or auto (RAY_ADDRESS, else a "
-                                               "local Ray). Each block (server start, its points, server stop) runs "
-                                               "as one task on a node, the load generator beside its server "
-                                               "(docs/distributed.md; needs pip install -e \".\\[ray]\").",
-                                               rich_help_panel=RAY_PANEL)] = None,
-    ray_resources: RayResources = None,
+    *,
+    server: ServerOptions,
 ) -> None:
     """Measure TPOT, TTFT, ITL, throughput, acceptance length and SLO attainment for every num_steps x
     concurrency point; results go to --output-dir (sweep.json, requests.jsonl, points.jsonl, summary.csv)."""
@@ -162,7 +148,7 @@ def sweep(
     from spectune.sweep.p_min import p_min_lines, parse_p_min_list
 
     cutoffs = parse_p_min_list(p_min)
-    cluster = ray_options(ray, ray_resources)
+    cluster = ray_options(server.ray, server.ray_resources)
     if retry_failed and not resume:
         raise UserError("--retry-failed only works with --resume --output-dir DIR")
     plan = SweepPlan(
@@ -178,10 +164,7 @@ def sweep(
     plan.validate()
     timeouts = ClientTimeouts(request_timeout, warmup_timeout)
     timeouts.validate()
-    options = backend_options(endpoints=parse_endpoints(endpoint or []), launch=launch, model=model, draft=draft,
-                              algorithm=algorithm, host=host, port=port, server_args=server_args,
-                              startup_timeout=startup_timeout, api_key_env=api_key_env, device=device, dtype=dtype,
-                              compile=compile, server_bin=server_bin)
+    options = backend_options(server, launch=launch, model=model, endpoints=parse_endpoints(endpoint or []))
     if output_dir is None:
         if resume:
             raise UserError("--resume needs --output-dir DIR (the folder of the sweep to finish)")

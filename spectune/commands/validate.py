@@ -12,10 +12,8 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from spectune.commands.options import (LOAD_PANEL, RAY_PANEL, SERVER_PANEL, Compile, Device, Draft, Dtype, Host,
-                                       MaxTokens, NumPrompts, Port, RayResources, RequestTimeout, ServerArgs,
-                                       ServerBin, StartupTimeout, Temperature, WarmupTimeout, backend_options,
-                                       ray_options)
+from spectune.commands.options import (LOAD_PANEL, SERVER_PANEL, MaxTokens, NumPrompts, RequestTimeout, ServerOptions,
+                                       Temperature, WarmupTimeout, backend_options, ray_options, server_options)
 from spectune.core.errors import UserError
 
 if TYPE_CHECKING:
@@ -24,6 +22,14 @@ if TYPE_CHECKING:
 _WORK = "Workload"
 
 
+@server_options(
+    algorithm_help="Speculative method in the engine's spelling (default: from the head).",
+    api_key_env_help="Environment variable holding the API key.",
+    # (\\[ in the help: rich markup's escape of a literal bracket)
+    ray_help="Run the static and config runs in parallel on a Ray cluster: ADDRESS (ray://host:10001, host:6379) or "
+    "auto (RAY_ADDRESS, else a local Ray). Each run (server start, its workload, server stop) is one task on a node, "
+    "the load generator beside its server (docs/distributed.md; needs pip install -e \".\\[ray]\").",
+)
 def validate(
     config: Annotated[list[str], typer.Option(metavar="PATH", help="SGLang adaptive config JSON or vLLM schedule "
                                               "JSON to validate. "
@@ -99,26 +105,8 @@ def validate(
                                                          "{adaptive_config}.", rich_help_panel=SERVER_PANEL)] = None,
     model: Annotated[Optional[str], typer.Option(help="Target model (path or name).", rich_help_panel=SERVER_PANEL)]
     = None,
-    draft: Draft = None,
-    algorithm: Annotated[Optional[str], typer.Option(help="Speculative method in the engine's spelling "
-                                                     "(default: from the head).", rich_help_panel=SERVER_PANEL)] = None,
-    host: Host = "127.0.0.1",
-    port: Port = None,
-    server_args: ServerArgs = None,
-    startup_timeout: StartupTimeout = 600.0,
-    server_bin: ServerBin = None,
-    api_key_env: Annotated[str, typer.Option(help="Environment variable holding the API key.")] = "OPENAI_API_KEY",
-    device: Device = "auto",
-    dtype: Dtype = "auto",
-    compile: Compile = "auto",
-    # (\\[ in the help: rich markup's escape of a literal bracket)
-    ray: Annotated[Optional[str], typer.Option("--ray", help="Run the static and config runs in parallel on a Ray "
-                                               "cluster: ADDRESS (ray://host:10001, host:6379) or auto (RAY_ADDRESS, "
-                                               "else a local Ray). Each run (server start, its workload, server stop) "
-                                               "is one task on a node, the load generator beside its server "
-                                               "(docs/distributed.md; needs pip install -e \".\\[ray]\").",
-                                               rich_help_panel=RAY_PANEL)] = None,
-    ray_resources: RayResources = None,
+    *,
+    server: ServerOptions,
 ) -> None:
     """Run the same changing load against every static num_steps and against a per-batch-size config (SGLang
     adaptive JSON or vLLM schedule); PASS (exit 0) when the config's output throughput is at least the best
@@ -147,7 +135,7 @@ def validate(
     if rule_again:
         _rule_again(pairs, output_dir)
         return
-    cluster = ray_options(ray, ray_resources)
+    cluster = ray_options(server.ray, server.ray_resources)
     if arrivals is not None and workload is not None:
         raise UserError("give --workload or --arrivals, not both")
     if arrivals is not None:
@@ -165,9 +153,7 @@ def validate(
     timeouts.validate()
     if backend.strip().lower() == "openai":
         raise UserError("validate launches its own servers: use --backend local, sglang, vllm or launch")
-    options = backend_options(launch=launch, model=model, draft=draft, algorithm=algorithm, host=host, port=port,
-                              server_args=server_args, startup_timeout=startup_timeout, api_key_env=api_key_env,
-                              device=device, dtype=dtype, compile=compile, server_bin=server_bin)
+    options = backend_options(server, launch=launch, model=model)
     output_dir = output_dir or Path("results") / time.strftime("validate-%Y%m%d-%H%M%S")
     console = Console(highlight=False)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
