@@ -67,6 +67,7 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
     from spectune.backends.local.model.linear import pack_linears, unpack_bf16_linears
     from spectune.backends.local.weights.compute_paths import choose_path
     from spectune.backends.local.engine.speculative import SpeculativeDecoder
+    from spectune.backends.local.kernels import load as load_kernels
 
     device, _ = resolve_device_dtype(opts.device, opts.dtype)
     check_compile_mode(opts.compile)
@@ -93,16 +94,20 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
         native_ok, reason, lm_repeat = native_support(model_path)
     folder = convert_gguf(model_path) if model_path.is_file() else model_path
     cfg = ModelConfig.from_hf(json.loads((folder / "config.json").read_text()))
+    kernel_choice = load_kernels(opts.cpu_kernels, device)
     path_choice = choose_path(opts.dtype, device, cfg, native_ok, reason, lm_repeat, opts.native_dense_above,
-                              opts.native_lm_head, opts.native_dense_dtype)
+                              opts.native_lm_head, opts.native_dense_dtype, kernel_choice.active)
+    path_choice.cpu_kernels = kernel_choice.to_json()
     dtype = path_choice.dtype
     target, folder = load_target(model_path, dtype, device)
     if path_choice.name == "native":
         from spectune.backends.local.weights.quant import quantize_target
 
         quantize_target(target, model_path, dtype, path_choice.dense_above, path_choice.lm_head or "int4",
-                        path_choice.dense_torch_dtype)
+                        path_choice.dense_torch_dtype, kernel_choice.active)
     head = load_head(head_path, target, dtype, device) if head_path is not None else None
+    for layer in [*target.layers, *(head.layers if head is not None else [])]:
+        layer.attention_kernel = kernel_choice.active
     if head is not None:
         target.capture_layers = head.cfg.aux_layers  # EAGLE-3 features (empty for EAGLE-1)
     lazy = head is not None and policy is not None and not opts.draft_upkeep

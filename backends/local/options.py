@@ -23,6 +23,20 @@ def check_compile_mode(mode: str) -> str:
     return mode
 
 
+CPU_KERNEL_MODES = ("auto", "on", "off")  # EngineOptions.cpu_kernels (backends/local/kernels/__init__.py)
+
+
+def check_cpu_kernels_mode(mode: str) -> str:
+    """``mode`` if it is one of :data:`CPU_KERNEL_MODES` (torch-free, like :func:`check_compile_mode`).
+
+    Raises:
+        UserError: any other value.
+    """
+    if mode not in CPU_KERNEL_MODES:
+        raise UserError(f"--cpu-kernels {mode!r}: use auto, on or off")
+    return mode
+
+
 DEFAULT_HEAD = Path(__file__).parent / "heads" / "smollm2-135m-eagle3"
 """The bundled EAGLE-3 head for the embedded default target (SmolLM2-135M-Instruct)."""
 
@@ -58,6 +72,9 @@ class EngineOptions:
             ``float32`` or ``bfloat16`` (oneDNN's bf16 GEMM).
         native_lm_head: native path with a Q8_0 lm_head: ``auto`` (measured), ``int4`` (two exact halves) or
             ``int8`` (requantized per row; :func:`spectune.backends.local.weights.compute_paths.lm_head_kernel`).
+        cpu_kernels: spectune's own CPU kernels for decode attention and a per-row int8 lm_head
+            (:mod:`spectune.backends.local.kernels`): ``auto`` (built for this CPU when a C++ compiler is found, else
+            PyTorch's), ``on`` (an error without them) or ``off`` (PyTorch's SDPA and ``_weight_int8pack_mm``).
         compile: the target's batched layers through ``torch.compile`` on CPU
             (:mod:`spectune.backends.local.engine.compiled`): ``auto`` (when a C++ compiler is found), ``on`` (an error
             without one) or ``off``. The library default is ``off`` (no compile for engines built in tests and scripts);
@@ -88,6 +105,7 @@ class EngineOptions:
     native_lm_head: str = "auto"
     native_dense_dtype: str = "auto"
     compile: str = "off"
+    cpu_kernels: str = "auto"
     draft_upkeep: bool = False
 
 
@@ -112,6 +130,7 @@ SERVER_ARGS: dict[str, tuple[str, type, tuple[str, ...] | None]] = {
     "--native-dense-dtype": ("native_dense_dtype", str, ("auto", "float32", "bfloat16")),
     "--native-lm-head": ("native_lm_head", str, ("auto", "int4", "int8")),
     "--compile": ("compile", str, COMPILE_MODES),
+    "--cpu-kernels": ("cpu_kernels", str, CPU_KERNEL_MODES),
     "--threads": ("threads", int, None),
     "--seed": ("seed", int, None),
     "--kv-cache-gb": ("kv_cache_gb", float, None),

@@ -62,6 +62,10 @@ def serve(
     compile: Annotated[str, typer.Option("--compile", help="CPU: run the target's decode/verify layers through "
                                          "torch.compile (compiled at start-up, seconds with a warm cache): auto "
                                          "(when a C++ compiler is found), on, or off.")] = "auto",
+    cpu_kernels: Annotated[str, typer.Option("--cpu-kernels", help="CPU: spectune's own kernels for decode "
+                                             "attention and a per-row int8 lm_head, built for this CPU at the "
+                                             "first start: auto (when a C++ compiler is found), on, or off "
+                                             "(PyTorch's).")] = "auto",
 ) -> None:
     """Serve the bundled engine: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /server_info."""
     from spectune.backends.local.build import build_engine
@@ -74,7 +78,8 @@ def serve(
         max_model_len=max_model_len, kv_cache_gb=kv_cache_gb, adaptive_config=adaptive_config, trace_path=trace,
         draft_p_min=draft_p_min,
         threads=threads, seed=seed, native_dense_above=native_dense_above,
-        native_lm_head=native_lm_head, native_dense_dtype=native_dense_dtype, compile=compile))
+        native_lm_head=native_lm_head, native_dense_dtype=native_dense_dtype, compile=compile,
+        cpu_kernels=cpu_kernels))
     name = model_name or engine.model_name
     head = engine.decoder.head
     key = resolve_api_key(api_key)

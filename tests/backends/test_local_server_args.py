@@ -83,3 +83,7 @@ def test_the_sweep_cli_rejects_a_bad_server_arg_in_one_line(tmp_path) -> None:
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert (run.returncode, run.stderr.strip().count("\n"), "Traceback" in run.stderr) == (2, 0, False)
     assert "--server-args --port: the sweep sets it" in run.stderr
+
+
+def test_cpu_kernels_reach_the_bundled_server() -> None:
+    assert parse_server_args(["--cpu-kernels", "off"]) == {"cpu_kernels": "off"}

@@ -95,17 +95,18 @@ class AttnMeta:
 
 
 def attend(
-    meta: AttnMeta, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    meta: AttnMeta, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: bool = False
 ) -> torch.Tensor:
-    """Store k, v and attend. q [B, s, H, hd], k/v [B, s, Hkv, hd] (RoPE applied) -> [B, s, H*hd]."""
+    """Store k, v and attend. q [B, s, H, hd], k/v [B, s, Hkv, hd] (RoPE applied) -> [B, s, H*hd]. ``kernel``: a
+    batched forward's attention through ``spectune::decode_attention`` (see :func:`attend_batched`)."""
     if meta.segments is not None:
         return attend_packed(meta.cache, layer, meta.segments, meta.write_index, meta.padded, q, k, v)
     k_cache, v_cache = meta.cache.layer(layer)
-    return attend_batched(q, k, v, k_cache, v_cache, meta.write_index, meta.mask)
+    return attend_batched(q, k, v, k_cache, v_cache, meta.write_index, meta.mask, kernel)
 
 
 def attend_batched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   index: tuple[torch.Tensor, ...], mask: torch.Tensor) -> torch.Tensor:
+                   index: tuple[torch.Tensor, ...], mask: torch.Tensor, kernel: bool = False) -> torch.Tensor:
     """The batched forward's attention as a function of tensors only (what ``torch.compile`` traces:
     :mod:`spectune.backends.local.engine.compiled`).
 
@@ -114,6 +115,8 @@ def attend_batched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: t
         k_cache, v_cache: one layer's cache, [slots, Hkv, max_len, hd]; k and v are written at ``index``.
         index: (slot [B,1,1], kv_head [1,Hkv,1], position [B,1,s]) long tensors (:meth:`AttnMeta.for_batch`).
         mask: bool [B, 1, G*s, T]; T, the visible cache length, is its last dimension.
+        kernel: attend through ``spectune::decode_attention`` (:mod:`spectune.backends.local.kernels`, CPU; it
+            reads the caches in place) instead of PyTorch's SDPA over cache slices.
 
     Returns:
         [B, s, H*hd].
@@ -123,8 +126,11 @@ def attend_batched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: t
     k_cache.index_put_(index, k.transpose(1, 2))
     v_cache.index_put_(index, v.transpose(1, 2))
     kv_len = mask.shape[-1]
-    kc, vc = k_cache[:batch, :, :kv_len], v_cache[:batch, :, :kv_len]  # [B, Hkv, T, hd]
     group = heads // kv_heads
     qg = q.reshape(batch, s, kv_heads, group, hd).permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, group * s, hd)
-    out = F.scaled_dot_product_attention(qg, kc, vc, attn_mask=mask)  # [B, Hkv, G*s, hd]
+    if kernel:
+        out = torch.ops.spectune.decode_attention(qg, k_cache, v_cache, mask)  # [B, Hkv, G*s, hd]
+    else:
+        kc, vc = k_cache[:batch, :, :kv_len], v_cache[:batch, :, :kv_len]  # [B, Hkv, T, hd]
+        out = F.scaled_dot_product_attention(qg, kc, vc, attn_mask=mask)  # [B, Hkv, G*s, hd]
     return out.view(batch, kv_heads, group, s, hd).permute(0, 3, 1, 2, 4).reshape(batch, s, heads * hd)

@@ -85,13 +85,14 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = nn.Parameter(torch.ones(h))
         self.gate_up = nn.Linear(h, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
+        self.attention_kernel = False  # batched attention through spectune::decode_attention (build_engine sets it)
 
     def forward(self, x: torch.Tensor, emb: torch.Tensor, meta: AttnMeta, index: int) -> torch.Tensor:
         """x, emb [B, s, H] -> [B, s, H] (the pre-norm residual stream): :meth:`inputs`, :meth:`qkv_rope`, paged
         attention over the head's KV cache, :meth:`output`."""
         residual, y = self.inputs(x, emb)
         q, k, v = self.qkv_rope(y, meta.cos_sin)
-        return self.output(residual, attend(meta, index, q, k, v))
+        return self.output(residual, attend(meta, index, q, k, v, self.attention_kernel))
 
     def inputs(self, x: torch.Tensor, emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's input and its residual: x, emb [B, s, H] -> (residual [B, s, H], y [B, s, 2H or H]).

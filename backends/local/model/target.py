@@ -33,12 +33,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = nn.Parameter(torch.ones(h))
         self.gate_up = nn.Linear(h, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
+        self.attention_kernel = False  # batched attention through spectune::decode_attention (build_engine sets it)
 
     def forward(self, x: torch.Tensor, meta: AttnMeta, index: int) -> torch.Tensor:
         """x [B, s, hidden] -> [B, s, hidden], any forward shape (:class:`TargetModel` runs batched forwards through
         :func:`decoder_steps`, which does the same math)."""
         q, k, v = self.qkv_rope(x, meta.cos_sin)
-        return self.output(x, attend(meta, index, q, k, v))
+        return self.output(x, attend(meta, index, q, k, v, self.attention_kernel))
 
     def qkv_rope(self, x: torch.Tensor, cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, s, hidden] -> q [B, s, heads, hd], k and v [B, s, kv_heads, hd]: input norm, the fused q|k|v
@@ -92,7 +93,7 @@ def decoder_steps(layers: tuple[DecoderLayer, ...], x: torch.Tensor, k_caches: t
     outs = []
     for layer, k_cache, v_cache in zip(layers, k_caches, v_caches):
         q, k, v = layer.qkv_rope(x, cos_sin)
-        x = layer.output(x, attend_batched(q, k, v, k_cache, v_cache, index, mask))
+        x = layer.output(x, attend_batched(q, k, v, k_cache, v_cache, index, mask, layer.attention_kernel))
         outs.append(x)
     return tuple(outs)
 

@@ -80,6 +80,7 @@ class EnginePathJson(TypedDict):
     dense_rows_ms: dict[str, dict[str, float]]
     lm_head: str | None
     compile: Mapping[str, object] | None
+    cpu_kernels: Mapping[str, object] | None
     dense_whole_step_ms: dict[str, dict[str, float]]
 
 
@@ -110,6 +111,8 @@ class PathChoice:
             (:func:`whole_step_crossover`, which set ``dense_above``), empty otherwise.
         compile: whether the batched layers run compiled (:meth:`spectune.backends.local.engine.compiled.CompileChoice.
             to_json`), or None before :func:`~spectune.backends.local.build.build_engine` decided.
+        cpu_kernels: whether spectune's CPU kernels run (:meth:`spectune.backends.local.kernels.KernelChoice.to_json`),
+            or None before :func:`~spectune.backends.local.build.build_engine` decided.
     """
 
     name: str
@@ -123,6 +126,7 @@ class PathChoice:
     dense_rows_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     lm_head: str | None = None
     compile: Mapping[str, object] | None = None
+    cpu_kernels: Mapping[str, object] | None = None
     whole_step_ms: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
@@ -146,7 +150,8 @@ class PathChoice:
                 "cpu_capability": self.cpu_capability, "bf16_packed": self.bf16_packed,
                 "dense_above_rows": self.dense_above, "dense_dtype": self.dense_dtype,
                 "kernel_ranges": self.kernel_ranges(), "dense_rows_ms": self.dense_rows_ms,
-                "lm_head": self.lm_head, "compile": self.compile, "dense_whole_step_ms": self.whole_step_ms}
+                "lm_head": self.lm_head, "compile": self.compile, "cpu_kernels": self.cpu_kernels,
+                "dense_whole_step_ms": self.whole_step_ms}
 
 
 def normalise(name: str) -> str:
@@ -190,7 +195,7 @@ def dense_fits(cfg: ModelConfig) -> bool:
 
 def choose_path(requested: str, device: torch.device, cfg: ModelConfig, native_ok: bool, native_reason: str = "",
                 lm_repeat: int = 1, dense_above: str = "auto", lm_head: str = "auto",
-                dense_dtype: str = "auto") -> PathChoice:
+                dense_dtype: str = "auto", spectune_int8: bool = False) -> PathChoice:
     """Resolve ``--dtype`` into a :class:`PathChoice`.
 
     Args:
@@ -206,6 +211,8 @@ def choose_path(requested: str, device: torch.device, cfg: ModelConfig, native_o
             kept with the estimates), ``int4`` or ``int8``; any other lm_head is int4.
         dense_dtype: for the native path, the dense copy's dtype: ``auto`` (the faster at many rows, measured),
             ``float32`` or ``bfloat16`` (:data:`DENSE_DTYPES`).
+        spectune_int8: an int8 lm_head would run ``spectune::int8_linear`` (the ops are loaded), so ``auto``
+            times that kernel against the int4 halves (a probe of its own, kept apart from PyTorch's).
 
     Raises:
         UserError: an unknown value, or ``native`` where it cannot run (CUDA, a non-GGUF model, other types), or a
@@ -226,7 +233,8 @@ def choose_path(requested: str, device: torch.device, cfg: ModelConfig, native_o
     if name != "auto":
         dtype = torch.float32 if name == "float32" else torch.bfloat16
         choice = PathChoice(name, dtype, "flag", cpu_capability=cap, bf16_packed=packed)
-        return _with_lm_head(_with_dense(choice, cfg, lm_repeat, dense_above, dense_dtype), cfg, lm_repeat, lm_head)
+        return _with_lm_head(_with_dense(choice, cfg, lm_repeat, dense_above, dense_dtype), cfg, lm_repeat, lm_head,
+                             spectune_int8)
     if device.type != "cpu":
         return PathChoice("bfloat16", torch.bfloat16, "device")
     candidates = (["native"] if native_ok else []) + ["bfloat16", "float32"]
@@ -238,7 +246,8 @@ def choose_path(requested: str, device: torch.device, cfg: ModelConfig, native_o
                                              for b in per_batch[c]))
     flat = {**est, **{f"{c}@{b}": v for c, by in per_batch.items() for b, v in by.items() if b != "1"}}
     choice = PathChoice(best, torch.float32 if best == "float32" else torch.bfloat16, "measured", flat, cap, packed)
-    choice = _with_lm_head(_with_dense(choice, cfg, lm_repeat, dense_above, dense_dtype), cfg, lm_repeat, lm_head)
+    choice = _with_lm_head(_with_dense(choice, cfg, lm_repeat, dense_above, dense_dtype), cfg, lm_repeat, lm_head,
+                             spectune_int8)
     timings = ", ".join(f"{c} ~{'/'.join(f'{v:.1f}' for v in by.values())} ms/step" for c, by in per_batch.items())
     log.info("engine path %s (at batch %s: %s; dense above %s rows; lm_head %s)", best, "/".join(BATCHES), timings,
              choice.dense_above, choice.lm_head)
@@ -292,7 +301,8 @@ def batch_estimates(step_ms: dict[str, float], rows_ms: dict[str, dict[str, floa
     return out
 
 
-def _with_lm_head(choice: PathChoice, cfg: ModelConfig, lm_repeat: int, lm_head: str) -> PathChoice:
+def _with_lm_head(choice: PathChoice, cfg: ModelConfig, lm_repeat: int, lm_head: str,
+                  spectune_int8: bool = False) -> PathChoice:
     """``choice`` with its ``lm_head`` kernel set (native only; see :func:`choose_path`)."""
     value = str(lm_head).strip().lower()
     if value not in LM_HEAD_KERNELS:
@@ -304,8 +314,8 @@ def _with_lm_head(choice: PathChoice, cfg: ModelConfig, lm_repeat: int, lm_head:
     elif value != "auto":
         choice.lm_head = value
     else:
-        key = _probe_key(["native:lm-head"], cfg, lm_repeat)
-        probe = _measured(key, lambda: lm_head_kernel(cfg))
+        key = _probe_key(["native:lm-head" + ("+spectune-int8" if spectune_int8 else "")], cfg, lm_repeat)
+        probe = _measured(key, lambda: lm_head_kernel(cfg, spectune_int8=spectune_int8))
         choice.lm_head = probe["kernel"]
         choice.estimates_ms.update({"lm_head_int4": probe["int4_ms"], "lm_head_int8": probe["int8_ms"]})
     return choice

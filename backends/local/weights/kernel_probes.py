@@ -71,15 +71,18 @@ def _linear_ms(path: str, n: int, k: int, reps: int, lm_repeat: int = 1) -> floa
     """Milliseconds of one [1, k] x [k, n] product as ``path`` computes it, weights read from DRAM as in a decode
     step (each timed pass runs copies of the layer whose weights add up to :data:`STREAM_BYTES`; random weights).
     ``path`` is a ``--dtype`` value, or ``native-int8`` for a Q8_0-shaped matrix as per-row int8
-    (:class:`~spectune.backends.local.weights.quant.Int8RowLinear`)."""
+    (:class:`~spectune.backends.local.weights.quant.Int8RowLinear`; ``native-int8-spectune``: through
+    ``spectune::int8_linear``)."""
     from spectune.backends.local.model.linear import PackedLinear, packing_supported
 
-    if path in ("native", "native-int8"):
+    if path in ("native", "native-int8", "native-int8-spectune"):
         from spectune.backends.local.weights.quant import Int4Linear, Int8RowLinear
 
-        kind, tensors = ((Int8RowLinear, ("codes", "scale")) if path == "native-int8"
-                         else (Int4Linear, ("packed", "scales_zeros")))
-        base = kind(_random_quant(n, k, 2 if path == "native-int8" else lm_repeat), torch.bfloat16)
+        int8 = path != "native"
+        kind, tensors = (Int8RowLinear, ("codes", "scale")) if int8 else (Int4Linear, ("packed", "scales_zeros"))
+        base = kind(_random_quant(n, k, 2 if int8 else lm_repeat), torch.bfloat16)
+        if path == "native-int8-spectune":
+            base.spectune_kernel = True
         copies = max(1, -(-STREAM_BYTES // sum(getattr(base, t).nbytes for t in tensors)))
         mods: list[nn.Module] = []
         for _ in range(copies):
@@ -230,13 +233,14 @@ def crossover(rows_ms: dict[str, dict[str, float]], kind: str) -> int | None:
 LM_HEAD_KERNELS = ("auto", "int4", "int8")
 
 
-def lm_head_kernel(cfg: ModelConfig, reps: int = 5) -> LmHeadProbe:
+def lm_head_kernel(cfg: ModelConfig, reps: int = 5, spectune_int8: bool = False) -> LmHeadProbe:
     """Time a Q8_0 lm_head of ``cfg``'s shape (at most 8192 rows, scaled; one row, weights from DRAM) both ways:
     two exact int4 halves (:class:`~spectune.backends.local.weights.quant.Int4Linear`) and per-row int8
-    (:class:`~spectune.backends.local.weights.quant.Int8RowLinear`). Returns ``{"int4_ms", "int8_ms", "kernel"}`` with
-    the faster kernel's name (int8 only when it saves at least 10%: it is a second quantization). About 0.3 s."""
+    (:class:`~spectune.backends.local.weights.quant.Int8RowLinear`; with ``spectune_int8``, through
+    ``spectune::int8_linear``, which must be loaded). Returns ``{"int4_ms", "int8_ms", "kernel"}`` with the faster
+    kernel's name (int8 only when it saves at least 10%: it is a second quantization). About 0.3 s."""
     rows = min(cfg.vocab_size, 8192)
     scale = cfg.vocab_size / rows
     int4 = _linear_ms("native", rows, cfg.hidden_size, reps, 2) * scale
-    int8 = _linear_ms("native-int8", rows, cfg.hidden_size, reps) * scale
+    int8 = _linear_ms("native-int8-spectune" if spectune_int8 else "native-int8", rows, cfg.hidden_size, reps) * scale
     return {"int4_ms": int4, "int8_ms": int8, "kernel": "int8" if int8 < 0.9 * int4 else "int4"}

@@ -273,13 +273,17 @@ class Int8RowLinear(_QuantLinear):
         dtype: activation dtype (bf16; the scales are stored in it).
         bias: optional [N] bias.
         dense_above, dense_dtype: as :class:`Int4Linear`: above this many rows a dense GEMM of :meth:`weights`.
+        spectune_kernel: run ``spectune::int8_linear`` (:mod:`spectune.backends.local.kernels`: the same product,
+            each weight row read once, the inputs as int16) instead of PyTorch's kernel; the ops must be loaded.
     """
 
     def __init__(self, qt: QuantTensor, dtype: torch.dtype = torch.bfloat16, bias: torch.Tensor | None = None,
-                 dense_above: int | None = None, dense_dtype: torch.dtype = torch.float32) -> None:
+                 dense_above: int | None = None, dense_dtype: torch.dtype = torch.float32,
+                 spectune_kernel: bool = False) -> None:
         super().__init__()
         self.out_features, self.in_features = qt.shape
         self.qtype = qt.qtype
+        self.spectune_kernel = spectune_kernel
         codes, scale = requantize_rows(qt, dtype)
         self.codes = torch.from_numpy(codes)  # [N, K] int8
         self.scale = torch.from_numpy(scale).to(dtype)  # [N]
@@ -290,6 +294,8 @@ class Int8RowLinear(_QuantLinear):
         return self.codes.float() * self.scale.float()[:, None]
 
     def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
+        if self.spectune_kernel:
+            return torch.ops.spectune.int8_linear(x2, self.codes, self.scale)
         return torch.ops.aten._weight_int8pack_mm(x2, self.codes, self.scale)
 
     def extra_repr(self) -> str:
@@ -364,7 +370,7 @@ def read_gguf_linears(path: str | Path, num_layers: int, num_heads: int, num_kv_
 
 def quantize_target(target: nn.Module, path: str | Path, dtype: torch.dtype = torch.bfloat16,
                     dense_above: int | None = None, lm_head: str = "int4",
-                    dense_dtype: torch.dtype = torch.float32) -> JsonObject:
+                    dense_dtype: torch.dtype = torch.float32, spectune_int8: bool = False) -> JsonObject:
     """Replace the target's linear layers by :class:`Int4Linear` over the GGUF's own quantized weights (and a Q8_0
     lm_head by :class:`Int8RowLinear` when ``lm_head`` is ``int8``).
 
@@ -382,6 +388,8 @@ def quantize_target(target: nn.Module, path: str | Path, dtype: torch.dtype = to
         dense_dtype: that copy's dtype, ``torch.float32`` or ``torch.bfloat16`` (oneDNN's bf16 GEMM).
         lm_head: ``int4`` (every type as int4 codes; Q8_0 as two exact halves) or ``int8`` (a Q8_0 lm_head
             requantized per row, :func:`requantize_rows`; other types stay int4).
+        spectune_int8: an int8 lm_head runs ``spectune::int8_linear`` (:class:`Int8RowLinear`; the ops must be
+            loaded) instead of PyTorch's kernel.
 
     Returns:
         ``{"replaced": number of layers, "types": {qtype: count}}``.
@@ -412,7 +420,8 @@ def quantize_target(target: nn.Module, path: str | Path, dtype: torch.dtype = to
         bias = None if getattr(old, "bias", None) is None else old.bias.detach()
         kind = Int8RowLinear if name == "lm_head" and lm_head == "int8" and qt.qtype == "Q8_0" else Int4Linear
         try:
-            layer = kind(qt, dtype, bias, dense_above, dense_dtype)
+            layer = (Int8RowLinear(qt, dtype, bias, dense_above, dense_dtype, spectune_int8) if kind is Int8RowLinear
+                     else kind(qt, dtype, bias, dense_above, dense_dtype))
         except RuntimeError as err:  # this PyTorch's int4 (int8) kernel refuses the shape or lacks the op
             kernel = "int8" if kind is Int8RowLinear else "int4"
             raise UserError(f"{Path(path).name}: PyTorch's {kernel} CPU kernel cannot take {name} "

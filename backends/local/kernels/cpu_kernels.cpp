@@ -1,0 +1,515 @@
+// spectune's CPU kernels for the bundled engine's decode step: attention of a few query rows over the KV cache, and
+// a per-row int8 linear (a Q8_0 lm_head requantized per row). Built at start-up for the machine's own ISA by
+// backends/local/kernels/__init__.py (-march=native, or the ISA that ATEN_CPU_CAPABILITY names) and registered as
+// torch ops spectune::decode_attention and spectune::int8_linear, so compiled graphs call them like ATen's own.
+// Why they exist and what they measured: docs/engine.md ("spectune's CPU kernels").
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+namespace {
+
+// ---- a float vector of W lanes: AVX-512 (16), AVX2 + FMA (8), or scalar (1) --------------------------------------
+#if defined(__AVX512F__)
+constexpr int W = 16;
+using vf = __m512;
+inline vf vzero() { return _mm512_setzero_ps(); }
+inline vf vset1(float x) { return _mm512_set1_ps(x); }
+inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, vf v) { _mm512_storeu_ps(p, v); }
+inline vf vload(const c10::BFloat16* p) {
+  __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+inline vf vload_i8(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+inline float vsum(vf v) { return _mm512_reduce_add_ps(v); }
+inline float vmaxall(vf v) { return _mm512_reduce_max_ps(v); }
+inline vf vfloor(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+inline vf vpow2i(vf n) {  // 2^n for integral n in [-126, 127]
+  __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_castsi512_ps(e);
+}
+inline vf vzero_below(vf r, vf x, float lo) {  // r where x >= lo, else 0 (also 0 where x is -inf or NaN)
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, vset1(lo), _CMP_GE_OQ), r);
+}
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#define SPECTUNE_HSUM16 1  // the key-block scoring below also needs byte masks
+#endif
+// The lane sums of 16 vectors as one vector: lane i = sum of v[i]'s lanes (a transpose-and-add tree: 15 adds and 30
+// shuffles for 16 sums, where 16 separate reductions take about 64 instructions more).
+inline vf vhsum16(const vf* v) {
+  __m512 a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i)  // a[i]: per 128-bit lane j, {v2i[4j]+v2i[4j+2], v2i+1[4j]+.., v2i[4j+1]+.., v2i+1[4j+1]+..}
+    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {  // b[i]: per 128-bit lane, partial sums of v[4i..4i+3] in lane order
+    __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
+    b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  for (int i = 0; i < 2; ++i)  // c[i]: 128-bit lanes {b2i.0+b2i.1, b2i.2+b2i.3, b2i+1.0+.., b2i+1.2+..}
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88), _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int W = 8;
+using vf = __m256;
+inline vf vzero() { return _mm256_setzero_ps(); }
+inline vf vset1(float x) { return _mm256_set1_ps(x); }
+inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, vf v) { _mm256_storeu_ps(p, v); }
+inline vf vload(const c10::BFloat16* p) {
+  __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+inline vf vload_i8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+inline vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
+inline float vsum(vf v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline float vmaxall(vf v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline vf vfloor(vf x) { return _mm256_floor_ps(x); }
+inline vf vpow2i(vf n) {
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_castsi256_ps(e);
+}
+inline vf vzero_below(vf r, vf x, float lo) { return _mm256_and_ps(r, _mm256_cmp_ps(x, vset1(lo), _CMP_GE_OQ)); }
+#else
+constexpr int W = 1;
+using vf = float;
+inline vf vzero() { return 0.f; }
+inline vf vset1(float x) { return x; }
+inline vf vload(const float* p) { return *p; }
+inline void vstore(float* p, vf v) { *p = v; }
+inline vf vload(const c10::BFloat16* p) { return static_cast<float>(*p); }
+inline vf vload_i8(const int8_t* p) { return static_cast<float>(*p); }
+inline vf vfma(vf a, vf b, vf c) { return std::fma(a, b, c); }
+inline vf vsub(vf a, vf b) { return a - b; }
+inline vf vmul(vf a, vf b) { return a * b; }
+inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+inline float vsum(vf v) { return v; }
+inline float vmaxall(vf v) { return v; }
+inline vf vfloor(vf x) { return std::floor(x); }
+inline vf vpow2i(vf n) { return std::ldexp(1.f, static_cast<int>(n)); }
+inline vf vzero_below(vf r, vf x, float lo) { return x >= lo ? r : 0.f; }
+#endif
+
+// e^x, lanewise: Cephes' expf (range reduction by ln 2 in two parts, a degree-5 polynomial), relative error about
+// 2 ulp over [-87.3, 88.7]; 0 below -87.3 (and for -inf, the masked scores).
+inline vf vexp(vf x) {
+  const vf xc = vmax(x, vset1(-87.3f));
+  vf fx = vfloor(vfma(xc, vset1(1.44269504088896341f), vset1(0.5f)));
+  vf r = vsub(xc, vmul(fx, vset1(0.693359375f)));
+  r = vsub(r, vmul(fx, vset1(-2.12194440e-4f)));
+  vf p = vset1(1.9875691500e-4f);
+  p = vfma(p, r, vset1(1.3981999507e-3f));
+  p = vfma(p, r, vset1(8.3334519073e-3f));
+  p = vfma(p, r, vset1(4.1665795894e-2f));
+  p = vfma(p, r, vset1(1.6666665459e-1f));
+  p = vfma(p, r, vset1(5.0000001201e-1f));
+  vf y = vfma(vmul(p, r), r, r);  // p r^2 + r
+  y = vfma(y, vset1(1.f), vset1(1.f));
+  return vzero_below(vmul(y, vpow2i(fx)), x, -87.3f);
+}
+
+template <typename T>
+inline void to_float(const T* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+// ---- decode attention ----------------------------------------------------------------------------------------------
+#if defined(SPECTUNE_HSUM16)
+constexpr int KEY_BLOCK = 16;  // keys scored together (vhsum16)
+#else
+constexpr int KEY_BLOCK = W;
+#endif
+
+// out [R, HV * W] = p [R, T] . v [T, HV * W] * inv [R], RB rows at a time with their accumulators in registers (each
+// value row is read once per RB rows). Masked positions (p exactly 0) are skipped, not multiplied: a cache row past
+// a shorter sequence's end may hold anything.
+template <typename T, int HV, int RB>
+void value_pass(const T* v, const float* p, int64_t Tp, int64_t T_len, int64_t R, const float* inv, T* out) {
+  constexpr int64_t hd = HV * W;
+  for (int64_t r0 = 0; r0 < R; r0 += RB) {
+    const int64_t rb = R - r0 < RB ? R - r0 : RB;
+    vf a[RB][HV];
+    for (int j = 0; j < RB; ++j)
+      for (int h = 0; h < HV; ++h) a[j][h] = vzero();
+    for (int64_t t = 0; t < T_len; ++t) {
+      vf vv[HV];
+      for (int h = 0; h < HV; ++h) vv[h] = vload(v + t * hd + h * W);
+      for (int j = 0; j < RB; ++j) {
+        if (j >= rb) break;
+        const float pj = p[(r0 + j) * Tp + t];
+        if (pj == 0.f) continue;
+        const vf pv = vset1(pj);
+        for (int h = 0; h < HV; ++h) a[j][h] = vfma(pv, vv[h], a[j][h]);
+      }
+    }
+    for (int j = 0; j < RB && j < rb; ++j) {
+      float tmp[W];
+      for (int h = 0; h < HV; ++h) {
+        vstore(tmp, vmul(a[j][h], vset1(inv[r0 + j])));
+        for (int i = 0; i < W; ++i) out[(r0 + j) * hd + h * W + i] = static_cast<T>(tmp[i]);
+      }
+    }
+  }
+}
+
+// One (sequence, KV head): R query rows (the G query heads sharing the KV head, times the new tokens) against cache
+// positions 0..T-1 where the mask allows: scores = q.k / sqrt(hd), softmax over the allowed positions, out = p.v.
+// Every position's score, the softmax sums and the output are reduced in an order that depends only on the position
+// (keys in fixed blocks of KEY_BLOCK, masked and padded positions contributing exact zeros), so a row's result does
+// not depend on T, that is, on the longest sequence in its batch. k, v point at this head's [L, hd] cache rows.
+template <typename T>
+void attend_one(const T* q, const T* k, const T* v, const bool* mask, T* out, int64_t R, int64_t T_len, int64_t L,
+                int64_t hd, float scale, std::vector<float>& qf, std::vector<float>& s, std::vector<float>& acc,
+                std::vector<T>& kpad) {
+  const int64_t Tp = (T_len + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;  // padded length, a multiple of W too
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  qf.resize(R * hd);
+  s.assign(R * Tp, neg_inf);
+  acc.assign(R * hd, 0.f);
+  to_float(q, qf.data(), R * hd);
+  for (int64_t t0 = 0; t0 < T_len; t0 += KEY_BLOCK) {  // scores [R, Tp], a block of keys at a time
+    const int64_t n = T_len - t0 < KEY_BLOCK ? T_len - t0 : KEY_BLOCK;
+    const T* kb = k + t0 * hd;
+    if (t0 + KEY_BLOCK > L) {  // the last block runs past the cache: score a zero-padded copy instead
+      kpad.assign(KEY_BLOCK * hd, static_cast<T>(0.f));
+      std::memcpy(kpad.data(), kb, n * hd * sizeof(T));
+      kb = kpad.data();
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      const float* qr = qf.data() + r * hd;
+      const bool* mr = mask + r * T_len + t0;
+      float* sr = s.data() + r * Tp + t0;
+#if defined(SPECTUNE_HSUM16)
+      vf part[16];
+      for (int j = 0; j < 16; ++j) {
+        vf a = vzero();
+        for (int64_t i = 0; i < hd; i += W) a = vfma(vload(qr + i), vload(kb + j * hd + i), a);
+        part[j] = a;
+      }
+      const __mmask16 in_range = n == 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
+      const __mmask16 keep = _mm_mask_cmpneq_epi8_mask(
+          in_range, _mm_maskz_loadu_epi8(in_range, reinterpret_cast<const void*>(mr)), _mm_setzero_si128());
+      _mm512_storeu_ps(sr, _mm512_mask_mov_ps(vset1(neg_inf), keep, vmul(vhsum16(part), vset1(scale))));
+#else
+      for (int64_t j = 0; j < n; ++j) {
+        if (!mr[j]) continue;
+        vf a = vzero();
+        for (int64_t i = 0; i < hd; i += W) a = vfma(vload(qr + i), vload(kb + j * hd + i), a);
+        sr[j] = vsum(a) * scale;
+      }
+#endif
+    }
+  }
+  std::vector<float> inv(R, 0.f);
+  for (int64_t r = 0; r < R; ++r) {  // softmax per row, in place: s becomes p (unnormalised), inv[r] = 1 / sum p
+    float* sr = s.data() + r * Tp;
+    vf vm = vset1(neg_inf);
+    for (int64_t t = 0; t < Tp; t += W) vm = vmax(vm, vload(sr + t));
+    const float m = vmaxall(vm);
+    if (m == neg_inf) {  // no visible position: p = 0 everywhere, so the row's output is 0
+      std::fill(sr, sr + Tp, 0.f);
+      continue;
+    }
+    vf vs = vzero();
+    for (int64_t t = 0; t < Tp; t += W) {
+      const vf p = vexp(vsub(vload(sr + t), vset1(m)));  // exp(-inf) = 0 exactly
+      vstore(sr + t, p);
+      vs = vfma(p, vset1(1.f), vs);
+    }
+    inv[r] = 1.f / vsum(vs);
+  }
+  if (hd == 4 * W) {
+    value_pass<T, 4, 4>(v, s.data(), Tp, T_len, R, inv.data(), out);
+  } else if (hd == 8 * W) {
+    value_pass<T, 8, 2>(v, s.data(), Tp, T_len, R, inv.data(), out);
+  } else {
+    for (int64_t t = 0; t < T_len; ++t) {  // out [R, hd] = p [R, T] . v [T, hd]: each value row read once
+      const T* vt = v + t * hd;
+      for (int64_t i = 0; i < hd; i += W) {
+        const vf vv = vload(vt + i);
+        for (int64_t r = 0; r < R; ++r) {
+          const float p = s[r * Tp + t];
+          if (p == 0.f) continue;
+          float* a = acc.data() + r * hd + i;
+          vstore(a, vfma(vset1(p), vv, vload(a)));
+        }
+      }
+    }
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t i = 0; i < hd; ++i) out[r * hd + i] = static_cast<T>(acc[r * hd + i] * inv[r]);
+  }
+}
+
+template <typename T>
+void decode_attention_impl(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const at::Tensor& mask,
+                           at::Tensor& out) {
+  const int64_t B = q.size(0), H = q.size(1), R = q.size(2), hd = q.size(3);
+  const int64_t L = kc.size(2), T_len = mask.size(3);
+  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  const T* qp = q.const_data_ptr<T>();
+  const T* kp = kc.const_data_ptr<T>();
+  const T* vp = vc.const_data_ptr<T>();
+  const bool* mp = mask.const_data_ptr<bool>();
+  T* op = out.data_ptr<T>();
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf, s, acc;
+    std::vector<T> kpad;
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      attend_one<T>(qp + bh * R * hd, kp + (b * H + h) * L * hd, vp + (b * H + h) * L * hd, mp + b * R * T_len,
+                    op + bh * R * hd, R, T_len, L, hd, scale, qf, s, acc, kpad);
+    }
+  });
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const at::Tensor& mask) {
+  TORCH_CHECK(q.dim() == 4 && k_cache.dim() == 4 && v_cache.dim() == 4 && mask.dim() == 4,
+              "decode_attention: q [B, Hkv, R, hd], caches [slots, Hkv, L, hd], mask [B, 1, R, T]");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "decode_attention: caches must be contiguous");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(),
+              "decode_attention: q and caches must share a dtype");
+  TORCH_CHECK(mask.scalar_type() == at::kBool, "decode_attention: mask must be bool");
+  const int64_t hd = q.size(3);
+  TORCH_CHECK(hd % W == 0 && k_cache.size(3) == hd, "decode_attention: head_dim must be a multiple of ", W);
+  TORCH_CHECK(q.size(1) == k_cache.size(1) && q.size(0) <= k_cache.size(0), "decode_attention: shape mismatch");
+  TORCH_CHECK(mask.size(0) == q.size(0) && mask.size(2) == q.size(2) && mask.size(3) <= k_cache.size(2),
+              "decode_attention: mask must be [B, 1, R, T] with T <= the cache length");
+  const at::Tensor qc = q.contiguous();
+  const at::Tensor mc = mask.expand({q.size(0), 1, q.size(2), mask.size(3)}).contiguous();
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  if (q.scalar_type() == at::kBFloat16) {
+    decode_attention_impl<c10::BFloat16>(qc, k_cache, v_cache, mc, out);
+  } else {
+    TORCH_CHECK(q.scalar_type() == at::kFloat, "decode_attention: bfloat16 or float32 only");
+    decode_attention_impl<float>(qc, k_cache, v_cache, mc, out);
+  }
+  return out;
+}
+
+// ---- per-row int8 linear -------------------------------------------------------------------------------------------
+// y [M, N] = (x [M, K] . codes [N, K]^T) * scale [N], float32 accumulation; each code row is read once for up to 8
+// input rows, so a decode step streams the weights once.
+// One block: MB input rows x NB weight rows, accumulators in registers (NB independent FMA chains per input row).
+template <typename T, int MB, int NB>
+inline void int8_block(const float* x, int64_t K, const int8_t* w, const T* scale, T* y, int64_t N) {
+  vf acc[MB][NB];
+  for (int j = 0; j < MB; ++j)
+    for (int c = 0; c < NB; ++c) acc[j][c] = vzero();
+  for (int64_t k = 0; k < K; k += W) {
+    vf wv[NB];
+    if (k % 64 < W)  // the next block's weights, one cache line per row ahead of their use
+      for (int c = 0; c < NB; ++c) __builtin_prefetch(w + (NB + c) * K + k);
+    for (int c = 0; c < NB; ++c) wv[c] = vload_i8(w + c * K + k);
+    for (int j = 0; j < MB; ++j) {
+      const vf xv = vload(x + j * K + k);
+      for (int c = 0; c < NB; ++c) acc[j][c] = vfma(xv, wv[c], acc[j][c]);
+    }
+  }
+  for (int j = 0; j < MB; ++j)
+    for (int c = 0; c < NB; ++c) y[j * N + c] = static_cast<T>(vsum(acc[j][c]) * static_cast<float>(scale[c]));
+}
+
+template <typename T, int NB>
+inline void int8_rows(const float* x, int64_t M, int64_t K, const int8_t* w, const T* scale, T* y, int64_t N) {
+  int64_t m = 0;
+  for (; m + 2 <= M; m += 2) int8_block<T, 2, NB>(x + m * K, K, w, scale, y + m * N, N);
+  if (m < M) int8_block<T, 1, NB>(x + m * K, K, w, scale, y + m * N, N);
+}
+
+#if defined(__AVX512BW__)
+#define SPECTUNE_INT16_DOT 1
+constexpr int64_t I16_MAX_K = 8192;  // |x| <= 16383, |w| <= 127: a lane's int32 sum stays under 2^31 up to here
+constexpr float I16_RANGE = 16383.f;
+
+// The int16 variant: each input row quantized to int16 with one scale (max |x| / 16383: an error of at most 1/32766
+// of the row's largest input, well under bf16's own 1/256), then exact int32 dot products, 32 products per
+// instruction (vpmaddwd, or vpdpwssd with AVX512-VNNI), against 16 per FMA in float32.
+template <typename T, int MB, int NB>
+inline void i16_block(const int16_t* x, const float* xs, int64_t K, const int8_t* w, const T* scale, T* y,
+                      int64_t N) {
+  __m512i acc[MB * NB];
+  for (int i = 0; i < MB * NB; ++i) acc[i] = _mm512_setzero_si512();
+  for (int64_t k = 0; k < K; k += 32) {
+    if ((k & 63) == 0)  // the next block's weights, one cache line per row ahead of their use
+      for (int c = 0; c < NB; ++c) _mm_prefetch(reinterpret_cast<const char*>(w + (NB + c) * K + k), _MM_HINT_T0);
+    __m512i wv[NB];
+    for (int c = 0; c < NB; ++c)
+      wv[c] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c * K + k)));
+    for (int j = 0; j < MB; ++j) {
+      const __m512i xv = _mm512_loadu_si512(reinterpret_cast<const void*>(x + j * K + k));
+      for (int c = 0; c < NB; ++c) {
+#if defined(__AVX512VNNI__)
+        acc[j * NB + c] = _mm512_dpwssd_epi32(acc[j * NB + c], xv, wv[c]);
+#else
+        acc[j * NB + c] = _mm512_add_epi32(acc[j * NB + c], _mm512_madd_epi16(xv, wv[c]));
+#endif
+      }
+    }
+  }
+  alignas(64) int32_t lanes[16];
+  for (int j = 0; j < MB; ++j)
+    for (int c = 0; c < NB; ++c) {
+      _mm512_store_si512(lanes, acc[j * NB + c]);
+      int32_t total = 0;
+      for (int i = 0; i < 16; ++i) total += lanes[i];
+      y[j * N + c] = static_cast<T>(static_cast<float>(total) * xs[j] * static_cast<float>(scale[c]));
+    }
+}
+
+// One input row against NB weight rows already widened to int16 (wq [NB, K], in L1).
+template <typename T, int NB>
+inline void i16_row_widened(const int16_t* x, float xs, int64_t K, const int16_t* wq, const T* scale, T* y) {
+  __m512i acc[NB];
+  for (int c = 0; c < NB; ++c) acc[c] = _mm512_setzero_si512();
+  for (int64_t k = 0; k < K; k += 32) {
+    const __m512i xv = _mm512_loadu_si512(reinterpret_cast<const void*>(x + k));
+    for (int c = 0; c < NB; ++c) {
+      const __m512i wv = _mm512_loadu_si512(reinterpret_cast<const void*>(wq + c * K + k));
+#if defined(__AVX512VNNI__)
+      acc[c] = _mm512_dpwssd_epi32(acc[c], xv, wv);
+#else
+      acc[c] = _mm512_add_epi32(acc[c], _mm512_madd_epi16(xv, wv));
+#endif
+    }
+  }
+  for (int c = 0; c < NB; ++c)
+    y[c] = static_cast<T>(static_cast<float>(_mm512_reduce_add_epi32(acc[c])) * xs * static_cast<float>(scale[c]));
+}
+
+// M input rows against NB weight rows: one row widens the weights on the fly; more rows widen them once into wq.
+// Every row's sums are the same exact integers either way, so a row's output does not depend on M.
+template <typename T, int NB>
+inline void i16_rows(const int16_t* x, const float* xs, int64_t M, int64_t K, const int8_t* w, const T* scale, T* y,
+                     int64_t N, std::vector<int16_t>& wq) {
+  if (M == 1) {
+    i16_block<T, 1, NB>(x, xs, K, w, scale, y, N);
+    return;
+  }
+  wq.resize(NB * K);
+  for (int64_t k = 0; k < K; k += 32) {
+    if ((k & 63) == 0)
+      for (int c = 0; c < NB; ++c) _mm_prefetch(reinterpret_cast<const char*>(w + (NB + c) * K + k), _MM_HINT_T0);
+    for (int c = 0; c < NB; ++c)
+      _mm512_storeu_si512(reinterpret_cast<void*>(wq.data() + c * K + k),
+                          _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c * K + k))));
+  }
+  for (int64_t m = 0; m < M; ++m) i16_row_widened<T, NB>(x + m * K, xs[m], K, wq.data(), scale, y + m * N);
+}
+#endif
+
+// y [M, N] = (x [M, K] . codes [N, K]^T) * scale [N], float32 accumulation. Blocks of NB weight rows x 2 input rows:
+// a block's weights (NB x K bytes) stay in L1 while every input row passes, so a step streams the weights once.
+template <typename T>
+void int8_linear_impl(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, at::Tensor& y) {
+  constexpr int NB = W == 16 ? 8 : 4;
+  const int64_t M = x.size(0), K = x.size(1), N = codes.size(0);
+  std::vector<float> xf(M * K);
+  to_float(x.const_data_ptr<T>(), xf.data(), M * K);
+  const int8_t* w = codes.const_data_ptr<int8_t>();
+  const T* sc = scale.const_data_ptr<T>();
+  T* yp = y.data_ptr<T>();
+#if defined(SPECTUNE_INT16_DOT)
+  if (K % 32 == 0 && K <= I16_MAX_K) {
+    constexpr int NB16 = 8;
+    std::vector<int16_t> xq(M * K);
+    std::vector<float> xs(M);
+    for (int64_t m = 0; m < M; ++m) {  // per-row int16 quantization
+      float amax = 0.f;
+      for (int64_t k = 0; k < K; ++k) amax = std::fmax(amax, std::fabs(xf[m * K + k]));
+      const float q = amax > 0.f ? I16_RANGE / amax : 0.f;
+      xs[m] = amax > 0.f ? amax / I16_RANGE : 0.f;
+      for (int64_t k = 0; k < K; ++k) xq[m * K + k] = static_cast<int16_t>(std::nearbyint(xf[m * K + k] * q));
+    }
+    at::parallel_for(0, (N + NB16 - 1) / NB16, 32, [&](int64_t begin, int64_t end) {
+      std::vector<int16_t> wq;
+      for (int64_t nb = begin; nb < end; ++nb) {
+        const int64_t n = nb * NB16;
+        if (n + NB16 <= N) {
+          i16_rows<T, NB16>(xq.data(), xs.data(), M, K, w + n * K, sc + n, yp + n, N, wq);
+        } else {
+          for (int64_t c = n; c < N; ++c)
+            i16_rows<T, 1>(xq.data(), xs.data(), M, K, w + c * K, sc + c, yp + c, N, wq);
+        }
+      }
+    });
+    return;
+  }
+#endif
+  at::parallel_for(0, (N + NB - 1) / NB, 32, [&](int64_t begin, int64_t end) {
+    for (int64_t nb = begin; nb < end; ++nb) {
+      const int64_t n = nb * NB;
+      if (n + NB <= N) {
+        int8_rows<T, NB>(xf.data(), M, K, w + n * K, sc + n, yp + n, N);
+      } else {
+        for (int64_t c = n; c < N; ++c) int8_rows<T, 1>(xf.data(), M, K, w + c * K, sc + c, yp + c, N);
+      }
+    }
+  });
+}
+
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale) {
+  TORCH_CHECK(x.dim() == 2 && codes.dim() == 2 && scale.dim() == 1, "int8_linear: x [M, K], codes [N, K], scale [N]");
+  TORCH_CHECK(codes.scalar_type() == at::kChar && codes.is_contiguous(), "int8_linear: codes must be contiguous int8");
+  TORCH_CHECK(x.size(1) == codes.size(1) && scale.size(0) == codes.size(0), "int8_linear: shape mismatch");
+  TORCH_CHECK(x.size(1) % W == 0, "int8_linear: in_features must be a multiple of ", W);
+  TORCH_CHECK(scale.scalar_type() == x.scalar_type(), "int8_linear: scale must have x's dtype");
+  const at::Tensor xc = x.contiguous(), sc = scale.contiguous();
+  at::Tensor y = at::empty({x.size(0), codes.size(0)}, x.options());
+  if (x.scalar_type() == at::kBFloat16) {
+    int8_linear_impl<c10::BFloat16>(xc, codes, sc, y);
+  } else {
+    TORCH_CHECK(x.scalar_type() == at::kFloat, "int8_linear: bfloat16 or float32 only");
+    int8_linear_impl<float>(xc, codes, sc, y);
+  }
+  return y;
+}
+
+int64_t vector_width() { return W; }
+
+}  // namespace
+
+TORCH_LIBRARY(spectune, m) {
+  m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor mask) -> Tensor");
+  m.def("int8_linear(Tensor x, Tensor codes, Tensor scale) -> Tensor");
+  m.def("vector_width() -> int", &vector_width);
+}
+
+TORCH_LIBRARY_IMPL(spectune, CPU, m) {
+  m.impl("decode_attention", &decode_attention);
+  m.impl("int8_linear", &int8_linear);
+}
