@@ -33,6 +33,9 @@ A ``#ROWS`` suffix forces the row count above which the native path runs its den
 ``#off``: int4 at every row count): ``--paths native#2+compile,native+compile`` compares the choice the cache-resident
 crossover probe made on a Zen 4 VM (dense above 2 rows) with the streamed probe's (issue #71).
 
+A ``+pytorch`` suffix (last) builds the path with ``--cpu-kernels off``: PyTorch's SDPA and int8 lm_head kernels instead of
+spectune's own (``backends/local/kernels``), so ``--paths native+compile,native+compile+pytorch`` measures them.
+
 ``native+compile`` is the native path with ``--compile on`` (the target's decode layers through torch.compile:
 ``backends/local/engine/compiled.py``); its one-off compile happens when the engine is built, before any timing, and is
 printed. ``native+compile1`` (``+compile2``, ...) groups at most that many layers per compiled graph, to compare
@@ -90,11 +93,13 @@ def make_engine(path: str, threads: int, k: int = 0, capacity: int = 0, max_num_
     kernel (``--native-lm-head``), ``native@float32`` / ``native@bfloat16`` to force the dense copy's dtype
     (``--native-dense-dtype``), ``#ROWS`` (``#off``) to force ``--native-dense-above``, and a ``+compile`` suffix for ``--compile on`` (otherwise off); ``+compileN``
     compiles at most N layers per graph instead of the engine's default (``compiled.MAX_LAYERS_PER_GRAPH``), and a
-    final ``+asserts`` keeps the wrapper's size checks (``compiled.NO_WRAPPER_ASSERTS`` emptied)."""
+    final ``+asserts`` keeps the wrapper's size checks (``compiled.NO_WRAPPER_ASSERTS`` emptied); ``+pytorch`` (last)
+    sets ``--cpu-kernels off``."""
     from spectune.backends.local.engine import compiled
     from spectune.backends.local.build import build_engine
     from spectune.backends.local.options import EngineOptions
 
+    path, pytorch, _ = path.partition("+pytorch")
     path, asserts, _ = path.partition("+asserts")
     path, plus, group = path.partition("+compile")
     path, _, above = path.partition("#")
@@ -109,7 +114,8 @@ def make_engine(path: str, threads: int, k: int = 0, capacity: int = 0, max_num_
                                           max_num_seqs=max_num_seqs, max_model_len=512, kv_cache_gb=1.0,
                                           threads=threads, native_lm_head=lm_head or "auto",
                                           native_dense_dtype=dense or "auto", native_dense_above=above or "auto",
-                                          compile="on" if plus else "off"))
+                                          compile="on" if plus else "off",
+                                          cpu_kernels="off" if pytorch else "auto"))
     finally:
         compiled.MAX_LAYERS_PER_GRAPH, compiled.NO_WRAPPER_ASSERTS = default_group, default_options
 

@@ -13,7 +13,9 @@ engine's own step model's prediction for the ``auto`` engine and the main job's 
 It also prints what the crossover probe picks with its weights cache-resident (the probe before issue #71) and streamed
 from DRAM up to 16 rows (now), so the old choice can be named as a ``--choices`` entry.
 
-``old`` in ``--choices`` is the row count the cache-resident probe picked in this run.
+``old`` in ``--choices`` is the row count the cache-resident probe picked in this run. A ``+pytorch`` suffix builds
+that choice with ``--cpu-kernels off`` (PyTorch's SDPA and int8 kernels instead of spectune's,
+``backends/local/kernels``): ``--choices auto,auto+pytorch`` measures what the kernels change.
 
 Usage: ``python benchmarks/round_table.py [--choices auto,old,off] [--batches 1,2,4,8,16] [--steps 0,1,2,3]
 [--rounds 12] [--repeats 3]``. Prints a Markdown table per choice and the ratio of each K's round to the previous K's.
@@ -31,14 +33,16 @@ PROMPTS = ["Write a short story about a robot learning to paint.", "Explain how 
            "How do airplanes stay in the air?"]
 
 
-def make_engine(dense_above: str, capacity: int, slots: int):
-    """The default pair on the native path with ``--native-dense-above dense_above``, compiled, one thread."""
+def make_engine(choice: str, capacity: int, slots: int):
+    """The default pair on the native path with ``--native-dense-above`` the ``choice`` (``+pytorch``: and
+    ``--cpu-kernels off``), compiled, one thread."""
     from spectune.backends.local.build import build_engine
     from spectune.backends.local.options import EngineOptions
 
+    dense_above, pytorch, _ = choice.partition("+pytorch")
     return build_engine(EngineOptions(num_steps=0, num_steps_capacity=capacity, dtype="native", max_num_seqs=slots,
                                       max_model_len=512, kv_cache_gb=1.0, threads=1, native_dense_above=dense_above,
-                                      compile="on"))
+                                      compile="on", cpu_kernels="off" if pytorch else "auto"))
 
 
 def round_ms(engine, prompts: list[list[int]], batch: int, k: int, rounds: int) -> float:
@@ -92,8 +96,8 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     steps = [int(k) for k in args.steps.split(",")]
     # "old": the row count the cache-resident probe picked just now
-    choices = [str(answers[0] if answers[0] is not None else "off") if c == "old" else c
-               for c in args.choices.split(",")]
+    old = str(answers[0] if answers[0] is not None else "off")
+    choices = [old + c[3:] if c.startswith("old") else c for c in args.choices.split(",")]
     engines = {}
     for c in choices:
         t = time.perf_counter()
