@@ -9,32 +9,31 @@ from pathlib import Path
 
 from spectune.core.errors import UserError
 
-COMPILE_MODES = ("auto", "on", "off")  # EngineOptions.compile (backends/local/engine/compiled.py)
+SWITCH_MODES = ("auto", "on", "off")
+"""The values of the engine's build switches: ``--compile`` (``backends/local/engine/compiled.py``) and
+``--cpu-kernels`` (``backends/local/kernels/__init__.py``): use the feature when it works here, insist on it, or not."""
+COMPILE_MODES = CPU_KERNEL_MODES = SWITCH_MODES
+
+
+def check_switch(option: str, mode: str) -> str:
+    """``mode`` if it is one of :data:`SWITCH_MODES` (torch-free, so the sweep process can check it early).
+
+    Raises:
+        UserError: any other value, naming ``option`` (``--compile``, ``--cpu-kernels``).
+    """
+    if mode not in SWITCH_MODES:
+        raise UserError(f"{option} {mode!r}: use auto, on or off")
+    return mode
 
 
 def check_compile_mode(mode: str) -> str:
-    """``mode`` if it is one of :data:`COMPILE_MODES` (torch-free, so the sweep process can check it early).
-
-    Raises:
-        UserError: any other value.
-    """
-    if mode not in COMPILE_MODES:
-        raise UserError(f"--compile {mode!r}: use auto, on or off")
-    return mode
-
-
-CPU_KERNEL_MODES = ("auto", "on", "off")  # EngineOptions.cpu_kernels (backends/local/kernels/__init__.py)
+    """:func:`check_switch` of ``--compile``."""
+    return check_switch("--compile", mode)
 
 
 def check_cpu_kernels_mode(mode: str) -> str:
-    """``mode`` if it is one of :data:`CPU_KERNEL_MODES` (torch-free, like :func:`check_compile_mode`).
-
-    Raises:
-        UserError: any other value.
-    """
-    if mode not in CPU_KERNEL_MODES:
-        raise UserError(f"--cpu-kernels {mode!r}: use auto, on or off")
-    return mode
+    """:func:`check_switch` of ``--cpu-kernels``."""
+    return check_switch("--cpu-kernels", mode)
 
 
 DEFAULT_HEAD = Path(__file__).parent / "heads" / "smollm2-135m-eagle3"
