@@ -104,7 +104,7 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
         from spectune.backends.local.weights.quant import quantize_target
 
         quantize_target(target, model_path, dtype, path_choice.dense_above, path_choice.lm_head or "int4",
-                        path_choice.dense_torch_dtype, kernel_choice.active)
+                        path_choice.dense_torch_dtype, kernel_choice.active, kernel_choice.int4)
     head = load_head(head_path, target, dtype, device) if head_path is not None else None
     for layer in [*target.layers, *(head.layers if head is not None else [])]:
         layer.attention_kernel = kernel_choice.active

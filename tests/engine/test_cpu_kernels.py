@@ -115,6 +115,25 @@ def test_int8_linear_row_ignores_batch_neighbours(ops) -> None:
     assert torch.equal(batched[3:4], torch.ops.spectune.int8_linear(x[3:4], codes, scale))
 
 
+@pytest.mark.parametrize("n,k,repeat", [(3072, 576, 1), (576, 1536, 1), (1024, 576, 2)])
+def test_int4_linear_is_bit_identical_to_pytorch(ops, n, k, repeat) -> None:
+    """The same floats as PyTorch's AVX-512 int4 kernel at every row count it meets (1, 3, 8 and 11 rows: one
+    partial and one full block of 8 rows), for Q4_1-shaped weights and a Q8_0 matrix as two int4 halves."""
+    import numpy as np
+
+    from spectune.backends.local.weights.quant import Int4Linear, QuantTensor
+
+    if not ops.int4:
+        pytest.skip("spectune::int4_linear is built for AVX-512 only")
+    rng = np.random.default_rng(0)
+    qt = QuantTensor(rng.integers(0, 16, (n, k * repeat), dtype=np.uint8),
+                     (rng.random((n, k * repeat // 32)) * 0.02).astype(np.float32),
+                     (rng.standard_normal((n, k * repeat // 32)) * 0.01).astype(np.float32), repeat, "Q4_1")
+    pytorch, spectune = Int4Linear(qt), Int4Linear(qt, spectune_kernel=True)
+    x = torch.randn(11, k).bfloat16()
+    assert all(torch.equal(pytorch(x[:m]), spectune(x[:m])) for m in (1, 3, 8, 11))
+
+
 def test_off_keeps_pytorch_kernels() -> None:
     choice = kernels.load("off", CPU)
     assert (choice.active, choice.to_json()["mode"]) == (False, "off")

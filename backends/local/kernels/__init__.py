@@ -12,7 +12,12 @@ docs/engine.md, "spectune's CPU kernels"):
   Q8_0 lm_head requantized per row (:class:`spectune.backends.local.weights.quant.Int8RowLinear`), the same math as
   ``torch.ops.aten._weight_int8pack_mm`` with each weight row read once for up to 8 input rows.
 
-Both accumulate in float32 and compute each row independently of the rows beside it, so a prompt's output does not
+- ``spectune::int4_linear(x [M, K], codes uint8 [N/32, K, 16], scale_zero float32 [N/32, K/32, 64]) -> [M, N]``
+  (AVX-512 builds only): the native path's int4 linears, computing the very floats PyTorch's AVX-512 int4 kernel
+  (``torch.ops.aten._weight_int4pack_mm_for_cpu``) computes, so bit-identical to it, with up to 8 input rows per pass
+  over the weights where that kernel takes 4 (:class:`spectune.backends.local.weights.quant.Int4Linear`).
+
+All accumulate in float32 and compute each row independently of the rows beside it, so a prompt's output does not
 depend on its batch.
 
 Build: ``$CXX`` (else g++ / clang++) compiles the source against torch's headers and libraries with ``-O3`` and the
@@ -62,9 +67,15 @@ class KernelChoice:
     reason: str
     vector_width: int = 0
 
+    @property
+    def int4(self) -> bool:
+        """``spectune::int4_linear`` runs here (an AVX-512 build: the ISA whose PyTorch kernel it reproduces)."""
+        return self.active and self.vector_width == 16
+
     def to_json(self) -> JsonObject:
         """JSON-ready description (``/server_info`` ``engine_path.cpu_kernels``)."""
-        return {"mode": self.mode, "active": self.active, "reason": self.reason, "vector_width": self.vector_width}
+        return {"mode": self.mode, "active": self.active, "reason": self.reason, "vector_width": self.vector_width,
+                "int4_linear": self.int4}
 
 
 def _compiler() -> str | None:
@@ -145,6 +156,10 @@ def _register_fakes() -> None:
     @torch.library.register_fake("spectune::int8_linear")
     def _int8(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         return x.new_empty(x.shape[0], codes.shape[0])
+
+    @torch.library.register_fake("spectune::int4_linear")
+    def _int4(x: torch.Tensor, codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
+        return x.new_empty(x.shape[0], codes.shape[0] * 32)
 
 
 def load(mode: str, device: torch.device) -> KernelChoice:

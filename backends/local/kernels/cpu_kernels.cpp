@@ -499,6 +499,99 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   return y;
 }
 
+// ---- int4 linear ---------------------------------------------------------------------------------------------------
+// PyTorch's CPU int4 kernel (aten/src/ATen/native/cpu/int4mm_kernel.cpp, AVX-512) dequantizes a block of weights for
+// every 4 input rows and reads the weights again for each such block. This one computes the very same floats (each
+// weight as fma(code - 8, scale, zero), each output as fma(a_k, w_k, acc) in k order from 0, rounded to bf16 once), so
+// its results are bit-identical to that kernel's, but takes up to 8 input rows per pass over a block of 32 columns,
+// whose codes then stay in L1 for the next 8. Layout: codes [N/32, K, 16] bytes (byte j: low nibble column j, high
+// nibble column 16 + j); scale_zero float32 [N/32, K/32, 64] (scales of columns 0-15, 16-31, zeros 0-15, 16-31).
+#if defined(__AVX512F__)
+template <typename T, int BM>
+inline void int4_block(const float* a, int64_t K, const uint8_t* b, const float* sz, T* c, int64_t ldc) {
+  __m512 acc[BM][2];
+  for (int r = 0; r < BM; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi32(15), eight = _mm512_set1_epi32(8);
+  for (int64_t g = 0; g < K / 32; ++g) {
+    const float* q = sz + g * 64;
+    const __m512 s0 = _mm512_loadu_ps(q), s1 = _mm512_loadu_ps(q + 16);
+    const __m512 z0 = _mm512_loadu_ps(q + 32), z1 = _mm512_loadu_ps(q + 48);
+    for (int64_t k = g * 32; k < g * 32 + 32; ++k) {
+      const __m512i i = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + k * 16)));
+      const __m512 w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(i, low), eight)), s0, z0);
+      const __m512 w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(i, 4), eight)), s1, z1);
+      for (int r = 0; r < BM; ++r) {
+        const __m512 av = _mm512_set1_ps(a[r * K + k]);
+        acc[r][0] = _mm512_fmadd_ps(av, w0, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(av, w1, acc[r][1]);
+      }
+    }
+  }
+  for (int r = 0; r < BM; ++r) {
+    alignas(64) float out[32];
+    _mm512_store_ps(out, acc[r][0]);
+    _mm512_store_ps(out + 16, acc[r][1]);
+    for (int j = 0; j < 32; ++j) c[r * ldc + j] = static_cast<T>(out[j]);
+  }
+}
+
+template <typename T>
+void int4_linear_impl(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& sz, at::Tensor& y) {
+  const int64_t M = x.size(0), K = x.size(1), N = y.size(1);
+  std::vector<float> xf(M * K);
+  to_float(x.const_data_ptr<T>(), xf.data(), M * K);
+  const uint8_t* b = codes.const_data_ptr<uint8_t>();
+  const float* s = sz.const_data_ptr<float>();
+  T* yp = y.data_ptr<T>();
+  at::parallel_for(0, N / 32, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t nb = begin; nb < end; ++nb) {
+      const uint8_t* bb = b + nb * K * 16;
+      const float* sb = s + nb * (K / 32) * 64;
+      for (int64_t m = 0; m < M; m += 8) {
+        const float* a = xf.data() + m * K;
+        T* c = yp + m * N + nb * 32;
+        switch (M - m < 8 ? M - m : 8) {
+          case 1: int4_block<T, 1>(a, K, bb, sb, c, N); break;
+          case 2: int4_block<T, 2>(a, K, bb, sb, c, N); break;
+          case 3: int4_block<T, 3>(a, K, bb, sb, c, N); break;
+          case 4: int4_block<T, 4>(a, K, bb, sb, c, N); break;
+          case 5: int4_block<T, 5>(a, K, bb, sb, c, N); break;
+          case 6: int4_block<T, 6>(a, K, bb, sb, c, N); break;
+          case 7: int4_block<T, 7>(a, K, bb, sb, c, N); break;
+          default: int4_block<T, 8>(a, K, bb, sb, c, N); break;
+        }
+      }
+    }
+  });
+}
+#endif
+
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale_zero) {
+#if defined(__AVX512F__)
+  TORCH_CHECK(x.dim() == 2 && codes.dim() == 3 && scale_zero.dim() == 3,
+              "int4_linear: x [M, K], codes [N/32, K, 16], scale_zero [N/32, K/32, 64]");
+  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.size(2) == 16,
+              "int4_linear: codes must be contiguous uint8 [N/32, K, 16]");
+  TORCH_CHECK(scale_zero.scalar_type() == at::kFloat && scale_zero.is_contiguous() && scale_zero.size(2) == 64,
+              "int4_linear: scale_zero must be contiguous float32 [N/32, K/32, 64]");
+  const int64_t K = x.size(1);
+  TORCH_CHECK(K % 32 == 0 && codes.size(1) == K && scale_zero.size(1) == K / 32 &&
+                  scale_zero.size(0) == codes.size(0), "int4_linear: shape mismatch");
+  const at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty({x.size(0), codes.size(0) * 32}, x.options());
+  if (x.scalar_type() == at::kBFloat16) {
+    int4_linear_impl<c10::BFloat16>(xc, codes, scale_zero, y);
+  } else {
+    TORCH_CHECK(x.scalar_type() == at::kFloat, "int4_linear: bfloat16 or float32 only");
+    int4_linear_impl<float>(xc, codes, scale_zero, y);
+  }
+  return y;
+#else
+  TORCH_CHECK(false, "int4_linear: built without AVX-512 (use PyTorch's int4 kernel here)");
+  return x;
+#endif
+}
+
 int64_t vector_width() { return W; }
 
 }  // namespace
@@ -506,10 +599,12 @@ int64_t vector_width() { return W; }
 TORCH_LIBRARY(spectune, m) {
   m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor mask) -> Tensor");
   m.def("int8_linear(Tensor x, Tensor codes, Tensor scale) -> Tensor");
+  m.def("int4_linear(Tensor x, Tensor codes, Tensor scale_zero) -> Tensor");
   m.def("vector_width() -> int", &vector_width);
 }
 
 TORCH_LIBRARY_IMPL(spectune, CPU, m) {
   m.impl("decode_attention", &decode_attention);
   m.impl("int8_linear", &int8_linear);
+  m.impl("int4_linear", &int4_linear);
 }

@@ -194,6 +194,27 @@ class _QuantLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
 
+def pack_int4_columns(qt: QuantTensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``spectune::int4_linear``'s layout of ``qt`` (``backends/local/kernels/cpu_kernels.cpp``): codes uint8
+    [N/32, K, 16] (byte j of a row: column j in the low nibble, column 16 + j in the high one) and scale_zero float32
+    [N/32, K/32, 64] (scales of columns 0-15, 16-31, then zeros), the scales and zeros rounded to ``dtype`` as
+    PyTorch's kernel keeps them. K is the codes' width (twice the input for a Q8_0 matrix).
+
+    Raises:
+        ValueError: N or K not a multiple of 32.
+    """
+    n, k = qt.codes.shape
+    if n % 32 or k % 32:
+        raise ValueError(f"int4_linear needs N and K multiples of 32, got {n} x {k}")
+    c = qt.codes.reshape(n // 32, 32, k).transpose(0, 2, 1)  # [N/32, K, 32]
+    codes = np.ascontiguousarray(c[..., :16] | (c[..., 16:] << 4)).astype(np.uint8)
+    r = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dtype).float().numpy()  # noqa: E731
+    s = r(qt.scale).reshape(n // 32, 32, k // 32).transpose(0, 2, 1)  # [N/32, G, 32]
+    z = r(qt.zero).reshape(n // 32, 32, k // 32).transpose(0, 2, 1)
+    sz = np.concatenate([s, z], axis=-1).astype(np.float32)  # [N/32, G, 64]
+    return torch.from_numpy(codes), torch.from_numpy(np.ascontiguousarray(sz))
+
+
 class Int4Linear(_QuantLinear):
     """Inference-only linear layer over 4-bit codes with per-32 affine groups (PyTorch's CPU int4 kernel).
 
@@ -205,25 +226,36 @@ class Int4Linear(_QuantLinear):
             more than this many rows (see the module docstring); None: int4 only.
         dense_dtype: the dense copy's dtype: ``torch.float32`` (the kernel's exact weights) or ``torch.bfloat16``
             (rounded to bf16, run by oneDNN's bf16 GEMM).
+        spectune_kernel: run ``spectune::int4_linear`` (bit-identical to PyTorch's AVX-512 kernel, up to 8 rows per
+            pass; :mod:`spectune.backends.local.kernels`, which must be loaded with an AVX-512 build) where both
+            dimensions are multiples of 32, in its own layout (:func:`pack_int4_columns`); PyTorch's kernel otherwise.
 
     Raises:
         RuntimeError: from PyTorch when the kernel cannot take this shape (out_features not a multiple of 16).
     """
 
     def __init__(self, qt: QuantTensor, dtype: torch.dtype = torch.bfloat16, bias: torch.Tensor | None = None,
-                 dense_above: int | None = None, dense_dtype: torch.dtype = torch.float32) -> None:
+                 dense_above: int | None = None, dense_dtype: torch.dtype = torch.float32,
+                 spectune_kernel: bool = False) -> None:
         super().__init__()
         self.out_features, self.in_features = qt.shape
         self.repeat, self.qtype = qt.repeat, qt.qtype
-        codes = torch.from_numpy(np.ascontiguousarray(qt.codes)).to(torch.int32)
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-        sz = torch.stack([torch.from_numpy(qt.scale), torch.from_numpy(qt.zero)], dim=-1)  # [N, G, 2]
-        self.scales_zeros = sz.transpose(0, 1).contiguous().to(dtype)  # [G, N, 2]
+        n, k = qt.codes.shape
+        self.spectune_kernel = spectune_kernel and n % 32 == 0 and k % 32 == 0
+        if self.spectune_kernel:
+            self.packed, self.scales_zeros = pack_int4_columns(qt, dtype)
+        else:
+            codes = torch.from_numpy(np.ascontiguousarray(qt.codes)).to(torch.int32)
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+            sz = torch.stack([torch.from_numpy(qt.scale), torch.from_numpy(qt.zero)], dim=-1)  # [N, G, 2]
+            self.scales_zeros = sz.transpose(0, 1).contiguous().to(dtype)  # [G, N, 2]
         self._finish(dtype, bias, dense_above, lambda: torch.from_numpy(qt.rounded(dtype).dequantize()), dense_dtype)
 
     def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
         if self.repeat > 1:
             x2 = x2.repeat(1, self.repeat)
+        if self.spectune_kernel:
+            return torch.ops.spectune.int4_linear(x2, self.packed, self.scales_zeros)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, QK, self.scales_zeros)
 
     def extra_repr(self) -> str:
@@ -370,7 +402,8 @@ def read_gguf_linears(path: str | Path, num_layers: int, num_heads: int, num_kv_
 
 def quantize_target(target: nn.Module, path: str | Path, dtype: torch.dtype = torch.bfloat16,
                     dense_above: int | None = None, lm_head: str = "int4",
-                    dense_dtype: torch.dtype = torch.float32, spectune_int8: bool = False) -> JsonObject:
+                    dense_dtype: torch.dtype = torch.float32, spectune_int8: bool = False,
+                    spectune_int4: bool = False) -> JsonObject:
     """Replace the target's linear layers by :class:`Int4Linear` over the GGUF's own quantized weights (and a Q8_0
     lm_head by :class:`Int8RowLinear` when ``lm_head`` is ``int8``).
 
@@ -390,6 +423,8 @@ def quantize_target(target: nn.Module, path: str | Path, dtype: torch.dtype = to
             requantized per row, :func:`requantize_rows`; other types stay int4).
         spectune_int8: an int8 lm_head runs ``spectune::int8_linear`` (:class:`Int8RowLinear`; the ops must be
             loaded) instead of PyTorch's kernel.
+        spectune_int4: the int4 layers run ``spectune::int4_linear`` (:class:`Int4Linear`; an AVX-512 build of the
+            ops must be loaded).
 
     Returns:
         ``{"replaced": number of layers, "types": {qtype: count}}``.
@@ -421,7 +456,7 @@ def quantize_target(target: nn.Module, path: str | Path, dtype: torch.dtype = to
         kind = Int8RowLinear if name == "lm_head" and lm_head == "int8" and qt.qtype == "Q8_0" else Int4Linear
         try:
             layer = (Int8RowLinear(qt, dtype, bias, dense_above, dense_dtype, spectune_int8) if kind is Int8RowLinear
-                     else kind(qt, dtype, bias, dense_above, dense_dtype))
+                     else Int4Linear(qt, dtype, bias, dense_above, dense_dtype, spectune_int4))
         except RuntimeError as err:  # this PyTorch's int4 (int8) kernel refuses the shape or lacks the op
             kernel = "int8" if kind is Int8RowLinear else "int4"
             raise UserError(f"{Path(path).name}: PyTorch's {kernel} CPU kernel cannot take {name} "
