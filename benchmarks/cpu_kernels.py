@@ -2,8 +2,10 @@
 
 ``spectune::decode_attention`` against ``F.scaled_dot_product_attention`` over cache slices (what
 ``model/attention.py`` ran before; bf16, SmolLM2's 3 KV heads x 3 query heads, head_dim 64) at batch x new tokens per
-sequence x visible cache length, and ``spectune::int8_linear`` against ``torch.ops.aten._weight_int8pack_mm`` on
-SmolLM2's lm_head shape (49152 x 576 int8, weights streamed from memory) at 1-16 input rows. One torch thread, as
+sequence x visible cache length, ``spectune::int8_linear`` against ``torch.ops.aten._weight_int8pack_mm`` on
+SmolLM2's lm_head shape (49152 x 576 int8, weights streamed from memory) at 1-16 input rows, and (AVX-512 builds)
+``spectune::int4_linear`` against ``torch.ops.aten._weight_int4pack_mm_for_cpu`` on SmolLM2's gate|up shape
+(3072 x 576, Q4_1-like codes; 48 copies, 42 MB, so the weights stream from memory as in a decode step) at 1-16 rows. One torch thread, as
 the sweep's server runs; each figure is the fastest of 5 timed loops (microseconds or ms per call).
 
 Usage: ``python benchmarks/cpu_kernels.py``. Prints the CPU (``lscpu``'s model name) and two Markdown tables.
@@ -61,6 +63,30 @@ def main() -> None:
         aten = best_us(lambda: torch.ops.aten._weight_int8pack_mm(x, codes, scale), 30) / 1e3
         mine = best_us(lambda: torch.ops.spectune.int8_linear(x, codes, scale), 30) / 1e3
         print(f"| {m} | {aten:.2f} | {mine:.2f} | {aten / mine:.2f}x |")
+    if choice.int4:
+        int4_table()
+
+
+def int4_table() -> None:
+    """spectune::int4_linear against PyTorch's int4 kernel, per call of one gate|up-shaped layer (streamed)."""
+    import numpy as np
+
+    from spectune.backends.local.weights.quant import Int4Linear, QuantTensor
+
+    rng = np.random.default_rng(0)
+    n, k = 3072, 576
+    pairs = []
+    for _ in range(48):
+        qt = QuantTensor(rng.integers(0, 16, (n, k), dtype=np.uint8),
+                         (rng.random((n, k // 32)) * 0.02).astype(np.float32),
+                         (rng.standard_normal((n, k // 32)) * 0.01).astype(np.float32), 1, "Q4_1")
+        pairs.append((Int4Linear(qt), Int4Linear(qt, spectune_kernel=True)))
+    print("\n| rows | _weight_int4pack_mm_for_cpu, ms | spectune, ms | speedup |\n|---:|---:|---:|---:|")
+    for m in (1, 2, 4, 8, 12, 16):
+        x = torch.randn(m, k).bfloat16()
+        aten = best_us(lambda: [p[0](x) for p in pairs], 10) / 1e3 / len(pairs)
+        mine = best_us(lambda: [p[1](x) for p in pairs], 10) / 1e3 / len(pairs)
+        print(f"| {m} | {aten:.3f} | {mine:.3f} | {aten / mine:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -74,15 +74,17 @@ def whole_step_crossover(forward: Callable[[int], Callable[[], object]], layers:
 
 
 def choose_dense_on_whole_step(choice: PathChoice, cfg: ModelConfig, lm_repeat: int, layers: list[nn.Module],
-                               forward: Callable[[int], Callable[[], object]]) -> None:
+                               forward: Callable[[int], Callable[[], object]], kernels: str = "") -> None:
     """Set ``choice.dense_above`` (and every layer of ``layers``) from :func:`whole_step_crossover` on the built model,
-    kept per machine like the other probes; a layer whose copy is then never used drops it. Only for the native path
-    with a measured (``auto``) row count and a dense copy; does nothing otherwise."""
+    kept per machine like the other probes (``kernels`` names the forward's own kernels in the cache key, e.g.
+    ``spectune-int4``: spectune's CPU kernels change what a forward costs); a layer whose copy is then never used
+    drops it. Only for the native path with a measured (``auto``) row count and a dense copy; does nothing
+    otherwise."""
     if choice.name != "native" or choice.dense_above is None or not layers:
         return
     kind = choice.dense_dtype or "float32"
     layer_answer = choice.dense_above
-    key = _probe_key([WHOLE_STEP_PROBE, kind], cfg, lm_repeat)
+    key = _probe_key([WHOLE_STEP_PROBE, kind] + ([kernels] if kernels else []), cfg, lm_repeat)
     probe = _measured(key, lambda: whole_step_crossover(forward, layers, kind, layer_answer))
     choice.dense_above = probe["dense_above_rows"]
     choice.whole_step_ms = probe["rows_ms"]
