@@ -22,6 +22,10 @@
 
 namespace {
 
+// The register-blocked inner loops stay functions of their own: inlined into the callers' parallel_for lambdas, GCC 12
+// kept their accumulators in memory, one store per FMA (half the speed or less).
+#define SPECTUNE_BLOCK __attribute__((noinline))
+
 // ---- a float vector of W lanes: AVX-512 (16), AVX2 + FMA (8), or scalar (1) --------------------------------------
 #if defined(__AVX512F__)
 constexpr int W = 16;
@@ -158,7 +162,7 @@ constexpr int KEY_BLOCK = W;
 // value row is read once per RB rows). Masked positions (p exactly 0) are skipped, not multiplied: a cache row past
 // a shorter sequence's end may hold anything.
 template <typename T, int HV, int RB>
-void value_pass(const T* v, const float* p, int64_t Tp, int64_t T_len, int64_t R, const float* inv, T* out) {
+SPECTUNE_BLOCK void value_pass(const T* v, const float* p, int64_t Tp, int64_t T_len, int64_t R, const float* inv, T* out) {
   constexpr int64_t hd = HV * W;
   for (int64_t r0 = 0; r0 < R; r0 += RB) {
     const int64_t rb = R - r0 < RB ? R - r0 : RB;
@@ -326,7 +330,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
 // input rows, so a decode step streams the weights once.
 // One block: MB input rows x NB weight rows, accumulators in registers (NB independent FMA chains per input row).
 template <typename T, int MB, int NB>
-inline void int8_block(const float* x, int64_t K, const int8_t* w, const T* scale, T* y, int64_t N) {
+SPECTUNE_BLOCK void int8_block(const float* x, int64_t K, const int8_t* w, const T* scale, T* y, int64_t N) {
   vf acc[MB][NB];
   for (int j = 0; j < MB; ++j)
     for (int c = 0; c < NB; ++c) acc[j][c] = vzero();
@@ -360,7 +364,7 @@ constexpr float I16_RANGE = 16383.f;
 // of the row's largest input, well under bf16's own 1/256), then exact int32 dot products, 32 products per
 // instruction (vpmaddwd, or vpdpwssd with AVX512-VNNI), against 16 per FMA in float32.
 template <typename T, int MB, int NB>
-inline void i16_block(const int16_t* x, const float* xs, int64_t K, const int8_t* w, const T* scale, T* y,
+SPECTUNE_BLOCK void i16_block(const int16_t* x, const float* xs, int64_t K, const int8_t* w, const T* scale, T* y,
                       int64_t N) {
   __m512i acc[MB * NB];
   for (int i = 0; i < MB * NB; ++i) acc[i] = _mm512_setzero_si512();
@@ -393,7 +397,7 @@ inline void i16_block(const int16_t* x, const float* xs, int64_t K, const int8_t
 
 // One input row against NB weight rows already widened to int16 (wq [NB, K], in L1).
 template <typename T, int NB>
-inline void i16_row_widened(const int16_t* x, float xs, int64_t K, const int16_t* wq, const T* scale, T* y) {
+SPECTUNE_BLOCK void i16_row_widened(const int16_t* x, float xs, int64_t K, const int16_t* wq, const T* scale, T* y) {
   __m512i acc[NB];
   for (int c = 0; c < NB; ++c) acc[c] = _mm512_setzero_si512();
   for (int64_t k = 0; k < K; k += 32) {
@@ -508,23 +512,26 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
 // nibble column 16 + j); scale_zero float32 [N/32, K/32, 64] (scales of columns 0-15, 16-31, zeros 0-15, 16-31).
 #if defined(__AVX512F__)
 template <typename T, int BM>
-inline void int4_block(const float* a, int64_t K, const uint8_t* b, const float* sz, T* c, int64_t ldc) {
+SPECTUNE_BLOCK void int4_block(const float* a, int64_t K, const uint8_t* b, const float* sz, T* c, int64_t ldc) {
   __m512 acc[BM][2];
   for (int r = 0; r < BM; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   const __m512i low = _mm512_set1_epi32(15), eight = _mm512_set1_epi32(8);
-  for (int64_t g = 0; g < K / 32; ++g) {
-    const float* q = sz + g * 64;
-    const __m512 s0 = _mm512_loadu_ps(q), s1 = _mm512_loadu_ps(q + 16);
-    const __m512 z0 = _mm512_loadu_ps(q + 32), z1 = _mm512_loadu_ps(q + 48);
-    for (int64_t k = g * 32; k < g * 32 + 32; ++k) {
-      const __m512i i = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + k * 16)));
-      const __m512 w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(i, low), eight)), s0, z0);
-      const __m512 w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(i, 4), eight)), s1, z1);
-      for (int r = 0; r < BM; ++r) {
-        const __m512 av = _mm512_set1_ps(a[r * K + k]);
-        acc[r][0] = _mm512_fmadd_ps(av, w0, acc[r][0]);
-        acc[r][1] = _mm512_fmadd_ps(av, w1, acc[r][1]);
-      }
+  __m512 s0, s1, z0, z1;
+  for (int64_t k = 0; k < K; ++k) {
+    if ((k & 31) == 0) {  // a new group of 32 inputs: its scales and zeros
+      const float* q = sz + (k / 32) * 64;
+      s0 = _mm512_loadu_ps(q);
+      s1 = _mm512_loadu_ps(q + 16);
+      z0 = _mm512_loadu_ps(q + 32);
+      z1 = _mm512_loadu_ps(q + 48);
+    }
+    const __m512i i = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + k * 16)));
+    const __m512 w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(i, low), eight)), s0, z0);
+    const __m512 w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(i, 4), eight)), s1, z1);
+    for (int r = 0; r < BM; ++r) {
+      const __m512 av = _mm512_set1_ps(a[r * K + k]);
+      acc[r][0] = _mm512_fmadd_ps(av, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(av, w1, acc[r][1]);
     }
   }
   for (int r = 0; r < BM; ++r) {
