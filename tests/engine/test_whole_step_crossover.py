@@ -31,6 +31,14 @@ def test_the_copy_is_used_above_the_count_below_where_it_starts_to_win(synthetic
     assert whole_step_crossover(forward, layers, "bfloat16", layer_answer=4)["dense_above_rows"] == 8
 
 
+def test_a_copy_ahead_by_less_than_the_margin_does_not_win(monkeypatch) -> None:
+    """At 8 rows the copy is 3.5% ahead (30.9 against 32 ms), under COPY_MARGIN: int4 keeps 8 rows."""
+    monkeypatch.setattr(whole_step, "_best_ms", lambda fn, reps: fn())
+    layers = [SimpleNamespace(dense_above=7)]
+    forward = lambda rows: (lambda: 4.0 * rows if layers[0].dense_above > rows else 22.9 + rows)  # noqa: E731
+    assert whole_step_crossover(forward, layers, "bfloat16", layer_answer=4)["dense_above_rows"] == 8
+
+
 def test_both_kernels_are_timed_at_every_row_count(synthetic) -> None:
     forward, layers = synthetic
     rows_ms = whole_step_crossover(forward, layers, "bfloat16", layer_answer=4)["rows_ms"]

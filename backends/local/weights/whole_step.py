@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("spectune.engine")
 
 WHOLE_STEP_ROWS = (2, 4, 8, 16, 32)
+COPY_MARGIN = 1.05
+"""The copy wins at a row count only when the int4 forward takes at least this many times as long: a near tie keeps
+int4, which reads a quarter of the bytes (on a drifting 2-core VM one probe put the copy 1.7% ahead at 8 rows, 41.6
+against 40.9 ms, and the copy above 4 then cost batch 4's first draft 2.5x its num_steps 0 round)."""
 """Row counts at which :func:`whole_step_crossover` times the whole target forward with each kernel."""
 WHOLE_STEP_PROBE = "native:dense-whole-step"
 """:func:`whole_step_crossover`'s name in its cache key (:func:`_probe_key`)."""
@@ -36,7 +40,7 @@ class WholeStepCrossover(TypedDict):
 
 
 def whole_step_crossover(forward: Callable[[int], Callable[[], object]], layers: list[nn.Module], kind: str,
-                         layer_answer: int | None, reps: int = 3) -> WholeStepCrossover:
+                         layer_answer: int | None, reps: int = 5) -> WholeStepCrossover:
     """The row count above which the native path's dense copy (``kind``) beats the int4 kernel on the whole target
     forward, timed on the model itself: ``forward(rows)`` gives a call running one target forward (with its logits)
     of one sequence over ``rows`` query tokens, and every layer of ``layers`` (the target's native linears, each holding
@@ -47,8 +51,8 @@ def whole_step_crossover(forward: Callable[[int], Callable[[], object]], layers:
     the gate|up layer streamed timed int4 and the bf16 copy alike at 16 rows (0.566 and 0.589 ms) while batch-16 decode
     ran 218 tokens/s on the copy and 197 on int4 (``benchmarks/engine_speed.py``).
 
-    The answer is the probed count below the first from which the copy wins at every larger count (1 when it wins from
-    2 rows); when it does not win even at the largest count, the layer probe's ``layer_answer`` where that is larger
+    The answer is the probed count below the first from which the copy wins (by :data:`COPY_MARGIN`) at every larger
+    count (1 when it wins from 2 rows); when it does not win even at the largest count, the layer probe's ``layer_answer`` where that is larger
     (many rows are compute-bound, which the layer probe measures well), else the largest count; None when the layer
     probe found no crossover either. ``layers`` get their ``dense_above`` back afterwards.
     """
@@ -64,7 +68,7 @@ def whole_step_crossover(forward: Callable[[int], Callable[[], object]], layers:
     finally:
         for m, above in zip(layers, saved):
             m.dense_above = above
-    wins = [rows_ms["int4"][str(r)] > rows_ms[kind][str(r)] for r in WHOLE_STEP_ROWS]
+    wins = [rows_ms["int4"][str(r)] > COPY_MARGIN * rows_ms[kind][str(r)] for r in WHOLE_STEP_ROWS]
     first = next((i for i in range(len(wins)) if all(wins[i:])), None)
     if first is None:
         above = None if layer_answer is None else max(layer_answer, WHOLE_STEP_ROWS[-1])
