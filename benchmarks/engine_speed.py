@@ -33,8 +33,8 @@ A ``#ROWS`` suffix forces the row count above which the native path runs its den
 ``#off``: int4 at every row count): ``--paths native#2+compile,native+compile`` compares the choice the cache-resident
 crossover probe made on a Zen 4 VM (dense above 2 rows) with the streamed probe's (issue #71).
 
-A ``+pytorch`` suffix (last) builds the path with ``--cpu-kernels off``: PyTorch's SDPA and int8 lm_head kernels instead of
-spectune's own (``backends/local/kernels``), so ``--paths native+compile,native+compile+pytorch`` measures them.
+A ``+pytorch`` suffix (last) builds the path with ``--cpu-kernels off``: PyTorch's SDPA, int8 and int4 kernels instead
+of spectune's own (``backends/local/kernels``), so ``--paths native+compile,native+compile+pytorch`` measures them.
 
 ``native+compile`` is the native path with ``--compile on`` (the target's decode layers through torch.compile:
 ``backends/local/engine/compiled.py``); its one-off compile happens when the engine is built, before any timing, and is

@@ -14,7 +14,7 @@ It also prints what the crossover probe picks with its weights cache-resident (t
 from DRAM up to 16 rows (now), so the old choice can be named as a ``--choices`` entry.
 
 ``old`` in ``--choices`` is the row count the cache-resident probe picked in this run. A ``+pytorch`` suffix builds
-that choice with ``--cpu-kernels off`` (PyTorch's SDPA and int8 kernels instead of spectune's,
+that choice with ``--cpu-kernels off`` (PyTorch's SDPA, int8 and int4 kernels instead of spectune's,
 ``backends/local/kernels``): ``--choices auto,auto+pytorch`` measures what the kernels change.
 
 Usage: ``python benchmarks/round_table.py [--choices auto,old,off] [--batches 1,2,4,8,16] [--steps 0,1,2,3]

@@ -132,9 +132,8 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
 
         from spectune.backends.local.engine.step_model import target_forward
 
-        kernels = "spectune-int4" if kernel_choice.int4 else "spectune" if kernel_choice.active else ""
         choose_dense_on_whole_step(path_choice, cfg, lm_repeat, _native_layers(target),
-                                   lambda rows: target_forward(decoder, rows), kernels)
+                                   lambda rows: target_forward(decoder, rows), kernel_choice.probe_tag)
     compile_choice = compile_target(target, opts.compile, device)
     # the step model's start-up forwards first (their untimed first calls compile what they meet), then the warm-up,
     # so the warm-up's shape classes are the last thing compiled before serving (tests/engine/test_engine_compile.py)

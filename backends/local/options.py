@@ -71,9 +71,9 @@ class EngineOptions:
             ``float32`` or ``bfloat16`` (oneDNN's bf16 GEMM).
         native_lm_head: native path with a Q8_0 lm_head: ``auto`` (measured), ``int4`` (two exact halves) or
             ``int8`` (requantized per row; :func:`spectune.backends.local.weights.compute_paths.lm_head_kernel`).
-        cpu_kernels: spectune's own CPU kernels for decode attention and a per-row int8 lm_head
-            (:mod:`spectune.backends.local.kernels`): ``auto`` (built for this CPU when a C++ compiler is found, else
-            PyTorch's), ``on`` (an error without them) or ``off`` (PyTorch's SDPA and ``_weight_int8pack_mm``).
+        cpu_kernels: spectune's own CPU kernels for decode attention, a per-row int8 lm_head and (AVX-512) the int4
+            linears (:mod:`spectune.backends.local.kernels`): ``auto`` (built for this CPU when a C++ compiler is
+            found, else PyTorch's), ``on`` (an error without them) or ``off`` (PyTorch's SDPA, int8 and int4 kernels).
         compile: the target's batched layers through ``torch.compile`` on CPU
             (:mod:`spectune.backends.local.engine.compiled`): ``auto`` (when a C++ compiler is found), ``on`` (an error
             without one) or ``off``. The library default is ``off`` (no compile for engines built in tests and scripts);

@@ -63,9 +63,9 @@ def serve(
                                          "torch.compile (compiled at start-up, seconds with a warm cache): auto "
                                          "(when a C++ compiler is found), on, or off.")] = "auto",
     cpu_kernels: Annotated[str, typer.Option("--cpu-kernels", help="CPU: spectune's own kernels for decode "
-                                             "attention and a per-row int8 lm_head, built for this CPU at the "
-                                             "first start: auto (when a C++ compiler is found), on, or off "
-                                             "(PyTorch's).")] = "auto",
+                                             "attention, a per-row int8 lm_head and (AVX-512) the int4 linears, "
+                                             "built for this CPU at the first start: auto (when a C++ compiler is "
+                                             "found), on, or off (PyTorch's).")] = "auto",
 ) -> None:
     """Serve the bundled engine: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /server_info."""
     from spectune.backends.local.build import build_engine

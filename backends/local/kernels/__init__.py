@@ -72,6 +72,12 @@ class KernelChoice:
         """``spectune::int4_linear`` runs here (an AVX-512 build: the ISA whose PyTorch kernel it reproduces)."""
         return self.active and self.vector_width == 16
 
+    @property
+    def probe_tag(self) -> str:
+        """The kernel set's name in the cache keys of probes that time whole forwards (its forwards cost
+        differently): ``spectune-int4``, ``spectune``, or ``""`` for PyTorch's kernels."""
+        return "spectune-int4" if self.int4 else "spectune" if self.active else ""
+
     def to_json(self) -> JsonObject:
         """JSON-ready description (``/server_info`` ``engine_path.cpu_kernels``)."""
         return {"mode": self.mode, "active": self.active, "reason": self.reason, "vector_width": self.vector_width,
@@ -85,16 +91,6 @@ def _compiler() -> str | None:
     return shutil.which("g++") or shutil.which("clang++")
 
 
-def _cpu_signature() -> str:
-    """CPU model and flags (what ``-march=native`` compiles for)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor()
-    lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))]
-    return "\n".join(sorted(set(lines)))
-
-
 def _command(cxx: str, out: Path) -> list[str]:
     from torch.utils import cpp_extension
 
@@ -106,16 +102,16 @@ def _command(cxx: str, out: Path) -> list[str]:
             "-ltorch_cpu", f"-Wl,-rpath,{lib_dir}"]
 
 
-def _library_path(cxx: str) -> tuple[Path, list[str]]:
-    """Where the build for this source, torch, compiler, flags and CPU lives, and the command that makes it."""
+def _library_path(cxx: str) -> Path:
+    """Where the build for this source, torch, compiler, flags (:func:`_command`) and CPU lives."""
+    from spectune.backends.local.weights.compute_paths import cpu_signature
     from spectune.backends.local.weights.loader import cache_dir
 
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    probe = _command(cxx, Path("OUT"))
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), torch.__version__, version, " ".join(probe),
-                                    _cpu_signature()]).encode()).hexdigest()[:16]
-    path = cache_dir() / "kernels" / f"cpu_kernels-{key}.so"
-    return path, _command(cxx, path)
+    flags = " ".join(_command(cxx, Path("OUT")))
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), torch.__version__, version, flags,
+                                    cpu_signature()]).encode()).hexdigest()[:16]
+    return cache_dir() / "kernels" / f"cpu_kernels-{key}.so"
 
 
 @functools.lru_cache(maxsize=1)
@@ -127,13 +123,12 @@ def _build_and_register() -> tuple[int, str]:
     if cxx is None:
         return 0, "no C++ compiler ($CXX, g++ or clang++) for spectune's CPU kernels"
     try:
-        path, cmd = _library_path(cxx)
+        path = _library_path(cxx)
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # build aside, then rename: no torn library
                 tmp_out = Path(tmp) / path.name
-                cmd[cmd.index(str(path))] = str(tmp_out)
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+                done = subprocess.run(_command(cxx, tmp_out), capture_output=True, text=True, timeout=600)
                 if done.returncode != 0:
                     first = (done.stderr.strip().splitlines() or ["(no output)"])[0][:200]
                     return 0, f"building spectune's CPU kernels failed: {first}"
@@ -177,7 +172,7 @@ def load(mode: str, device: torch.device) -> KernelChoice:
 
     check_cpu_kernels_mode(mode)
     if mode == "off":
-        return KernelChoice(mode, False, "--cpu-kernels off: PyTorch's SDPA and int8 kernels")
+        return KernelChoice(mode, False, "--cpu-kernels off: PyTorch's SDPA, int8 and int4 kernels")
     if device.type != "cpu":
         return KernelChoice(mode, False, f"spectune's kernels are CPU-only (device {device.type})")
     width, why = _build_and_register()

@@ -1,7 +1,8 @@
-// spectune's CPU kernels for the bundled engine's decode step: attention of a few query rows over the KV cache, and
-// a per-row int8 linear (a Q8_0 lm_head requantized per row). Built at start-up for the machine's own ISA by
-// backends/local/kernels/__init__.py (-march=native, or the ISA that ATEN_CPU_CAPABILITY names) and registered as
-// torch ops spectune::decode_attention and spectune::int8_linear, so compiled graphs call them like ATen's own.
+// spectune's CPU kernels for the bundled engine's decode step: attention of a few query rows over the KV cache, a
+// per-row int8 linear (a Q8_0 lm_head requantized per row) and, on AVX-512, the int4 linears. Built at start-up for
+// the machine's own ISA by backends/local/kernels/__init__.py (-march=native, or the ISA that ATEN_CPU_CAPABILITY
+// names) and registered as torch ops spectune::decode_attention, spectune::int8_linear and spectune::int4_linear, so
+// compiled graphs call them like ATen's own.
 // Why they exist and what they measured: docs/engine.md ("spectune's CPU kernels").
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -203,7 +204,6 @@ void attend_one(const T* q, const T* k, const T* v, const bool* mask, T* out, in
   const float neg_inf = -std::numeric_limits<float>::infinity();
   qf.resize(R * hd);
   s.assign(R * Tp, neg_inf);
-  acc.assign(R * hd, 0.f);
   to_float(q, qf.data(), R * hd);
   for (int64_t t0 = 0; t0 < T_len; t0 += KEY_BLOCK) {  // scores [R, Tp], a block of keys at a time
     const int64_t n = T_len - t0 < KEY_BLOCK ? T_len - t0 : KEY_BLOCK;
@@ -261,6 +261,7 @@ void attend_one(const T* q, const T* k, const T* v, const bool* mask, T* out, in
   } else if (hd == 8 * W) {
     value_pass<T, 8, 2>(v, s.data(), Tp, T_len, R, inv.data(), out);
   } else {
+    acc.assign(R * hd, 0.f);
     for (int64_t t = 0; t < T_len; ++t) {  // out [R, hd] = p [R, T] . v [T, hd]: each value row read once
       const T* vt = v + t * hd;
       for (int64_t i = 0; i < hd; i += W) {
@@ -363,36 +364,25 @@ constexpr float I16_RANGE = 16383.f;
 // The int16 variant: each input row quantized to int16 with one scale (max |x| / 16383: an error of at most 1/32766
 // of the row's largest input, well under bf16's own 1/256), then exact int32 dot products, 32 products per
 // instruction (vpmaddwd, or vpdpwssd with AVX512-VNNI), against 16 per FMA in float32.
-template <typename T, int MB, int NB>
-SPECTUNE_BLOCK void i16_block(const int16_t* x, const float* xs, int64_t K, const int8_t* w, const T* scale, T* y,
-                      int64_t N) {
-  __m512i acc[MB * NB];
-  for (int i = 0; i < MB * NB; ++i) acc[i] = _mm512_setzero_si512();
+template <typename T, int NB>
+SPECTUNE_BLOCK void i16_row(const int16_t* x, float xs, int64_t K, const int8_t* w, const T* scale, T* y) {
+  __m512i acc[NB];
+  for (int c = 0; c < NB; ++c) acc[c] = _mm512_setzero_si512();
   for (int64_t k = 0; k < K; k += 32) {
     if ((k & 63) == 0)  // the next block's weights, one cache line per row ahead of their use
       for (int c = 0; c < NB; ++c) _mm_prefetch(reinterpret_cast<const char*>(w + (NB + c) * K + k), _MM_HINT_T0);
-    __m512i wv[NB];
-    for (int c = 0; c < NB; ++c)
-      wv[c] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c * K + k)));
-    for (int j = 0; j < MB; ++j) {
-      const __m512i xv = _mm512_loadu_si512(reinterpret_cast<const void*>(x + j * K + k));
-      for (int c = 0; c < NB; ++c) {
+    const __m512i xv = _mm512_loadu_si512(reinterpret_cast<const void*>(x + k));
+    for (int c = 0; c < NB; ++c) {
+      const __m512i wv = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c * K + k)));
 #if defined(__AVX512VNNI__)
-        acc[j * NB + c] = _mm512_dpwssd_epi32(acc[j * NB + c], xv, wv[c]);
+      acc[c] = _mm512_dpwssd_epi32(acc[c], xv, wv);
 #else
-        acc[j * NB + c] = _mm512_add_epi32(acc[j * NB + c], _mm512_madd_epi16(xv, wv[c]));
+      acc[c] = _mm512_add_epi32(acc[c], _mm512_madd_epi16(xv, wv));
 #endif
-      }
     }
   }
-  alignas(64) int32_t lanes[16];
-  for (int j = 0; j < MB; ++j)
-    for (int c = 0; c < NB; ++c) {
-      _mm512_store_si512(lanes, acc[j * NB + c]);
-      int32_t total = 0;
-      for (int i = 0; i < 16; ++i) total += lanes[i];
-      y[j * N + c] = static_cast<T>(static_cast<float>(total) * xs[j] * static_cast<float>(scale[c]));
-    }
+  for (int c = 0; c < NB; ++c)
+    y[c] = static_cast<T>(static_cast<float>(_mm512_reduce_add_epi32(acc[c])) * xs * static_cast<float>(scale[c]));
 }
 
 // One input row against NB weight rows already widened to int16 (wq [NB, K], in L1).
@@ -421,7 +411,7 @@ template <typename T, int NB>
 inline void i16_rows(const int16_t* x, const float* xs, int64_t M, int64_t K, const int8_t* w, const T* scale, T* y,
                      int64_t N, std::vector<int16_t>& wq) {
   if (M == 1) {
-    i16_block<T, 1, NB>(x, xs, K, w, scale, y, N);
+    i16_row<T, NB>(x, xs[0], K, w, scale, y);
     return;
   }
   wq.resize(NB * K);

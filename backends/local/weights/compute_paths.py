@@ -247,7 +247,7 @@ def choose_path(requested: str, device: torch.device, cfg: ModelConfig, native_o
     flat = {**est, **{f"{c}@{b}": v for c, by in per_batch.items() for b, v in by.items() if b != "1"}}
     choice = PathChoice(best, torch.float32 if best == "float32" else torch.bfloat16, "measured", flat, cap, packed)
     choice = _with_lm_head(_with_dense(choice, cfg, lm_repeat, dense_above, dense_dtype), cfg, lm_repeat, lm_head,
-                             spectune_int8)
+                           spectune_int8)
     timings = ", ".join(f"{c} ~{'/'.join(f'{v:.1f}' for v in by.values())} ms/step" for c, by in per_batch.items())
     log.info("engine path %s (at batch %s: %s; dense above %s rows; lm_head %s)", best, "/".join(BATCHES), timings,
              choice.dense_above, choice.lm_head)
@@ -377,17 +377,21 @@ def probe_cache_file() -> Path:
     return cache_dir() / "engine-paths.json"
 
 
-def _probe_key(candidates: list[str], cfg: ModelConfig, lm_repeat: int) -> str:
-    """What the estimates depend on: the CPU (model name and flags), torch's version and capability, the ISA
-    overrides in the environment, and the model's shapes."""
-    cpu = platform.processor()
+def cpu_signature() -> str:
+    """The CPU's model name and flags as ``/proc/cpuinfo`` gives them (its first lines of each), or
+    ``platform.processor()`` where there is no such file: what a timing or a ``-march=native`` build depends on."""
     try:
         with open("/proc/cpuinfo") as f:
             lines = [ln for ln in f.read().splitlines() if ln.startswith(("model name", "flags"))][:2]
-        cpu = "|".join(lines)
+        return "|".join(lines)
     except OSError:
-        pass
-    parts = {"cpu": cpu, "torch": torch.__version__, "cap": torch.backends.cpu.get_cpu_capability(),
+        return platform.processor()
+
+
+def _probe_key(candidates: list[str], cfg: ModelConfig, lm_repeat: int) -> str:
+    """What the estimates depend on: the CPU (:func:`cpu_signature`), torch's version and capability, the ISA
+    overrides in the environment, and the model's shapes."""
+    parts = {"cpu": cpu_signature(), "torch": torch.__version__, "cap": torch.backends.cpu.get_cpu_capability(),
              "env": [os.environ.get(v) for v in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
                                                  "MKL_ENABLE_INSTRUCTIONS")],
              "shape": [cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_layers, cfg.num_heads,

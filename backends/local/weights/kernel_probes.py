@@ -80,9 +80,8 @@ def _linear_ms(path: str, n: int, k: int, reps: int, lm_repeat: int = 1) -> floa
 
         int8 = path != "native"
         kind, tensors = (Int8RowLinear, ("codes", "scale")) if int8 else (Int4Linear, ("packed", "scales_zeros"))
-        base = kind(_random_quant(n, k, 2 if int8 else lm_repeat), torch.bfloat16)
-        if path == "native-int8-spectune":
-            base.spectune_kernel = True
+        base = kind(_random_quant(n, k, 2 if int8 else lm_repeat), torch.bfloat16,
+                    spectune_kernel=path == "native-int8-spectune")
         copies = max(1, -(-STREAM_BYTES // sum(getattr(base, t).nbytes for t in tensors)))
         mods: list[nn.Module] = []
         for _ in range(copies):

@@ -208,9 +208,9 @@ def pack_int4_columns(qt: QuantTensor, dtype: torch.dtype) -> tuple[torch.Tensor
         raise ValueError(f"int4_linear needs N and K multiples of 32, got {n} x {k}")
     c = qt.codes.reshape(n // 32, 32, k).transpose(0, 2, 1)  # [N/32, K, 32]
     codes = np.ascontiguousarray(c[..., :16] | (c[..., 16:] << 4)).astype(np.uint8)
-    r = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dtype).float().numpy()  # noqa: E731
-    s = r(qt.scale).reshape(n // 32, 32, k // 32).transpose(0, 2, 1)  # [N/32, G, 32]
-    z = r(qt.zero).reshape(n // 32, 32, k // 32).transpose(0, 2, 1)
+    kept = qt.rounded(dtype)
+    s = kept.scale.reshape(n // 32, 32, k // 32).transpose(0, 2, 1)  # [N/32, G, 32]
+    z = kept.zero.reshape(n // 32, 32, k // 32).transpose(0, 2, 1)
     sz = np.concatenate([s, z], axis=-1).astype(np.float32)  # [N/32, G, 64]
     return torch.from_numpy(codes), torch.from_numpy(np.ascontiguousarray(sz))
 
@@ -454,9 +454,9 @@ def quantize_target(target: nn.Module, path: str | Path, dtype: torch.dtype = to
         old = getattr(parent, leaf)
         bias = None if getattr(old, "bias", None) is None else old.bias.detach()
         kind = Int8RowLinear if name == "lm_head" and lm_head == "int8" and qt.qtype == "Q8_0" else Int4Linear
+        spectune = spectune_int8 if kind is Int8RowLinear else spectune_int4
         try:
-            layer = (Int8RowLinear(qt, dtype, bias, dense_above, dense_dtype, spectune_int8) if kind is Int8RowLinear
-                     else Int4Linear(qt, dtype, bias, dense_above, dense_dtype, spectune_int4))
+            layer = kind(qt, dtype, bias, dense_above, dense_dtype, spectune)
         except RuntimeError as err:  # this PyTorch's int4 (int8) kernel refuses the shape or lacks the op
             kernel = "int8" if kind is Int8RowLinear else "int4"
             raise UserError(f"{Path(path).name}: PyTorch's {kernel} CPU kernel cannot take {name} "

@@ -23,11 +23,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("spectune.engine")
 
 WHOLE_STEP_ROWS = (2, 4, 8, 16, 32)
+"""Row counts at which :func:`whole_step_crossover` times the whole target forward with each kernel."""
 COPY_MARGIN = 1.05
 """The copy wins at a row count only when the int4 forward takes at least this many times as long: a near tie keeps
-int4, which reads a quarter of the bytes (on a drifting 2-core VM one probe put the copy 1.7% ahead at 8 rows, 41.6
-against 40.9 ms, and the copy above 4 then cost batch 4's first draft 2.5x its num_steps 0 round)."""
-"""Row counts at which :func:`whole_step_crossover` times the whole target forward with each kernel."""
+int4, which reads a quarter of the bytes (a copy 1.7% ahead at 8 rows, within a drifting VM's noise, put it above 4
+rows, where batch 4's first draft then cost 2.5x its num_steps 0 round: docs/engine.md)."""
 WHOLE_STEP_PROBE = "native:dense-whole-step"
 """:func:`whole_step_crossover`'s name in its cache key (:func:`_probe_key`)."""
 
@@ -52,9 +52,9 @@ def whole_step_crossover(forward: Callable[[int], Callable[[], object]], layers:
     ran 218 tokens/s on the copy and 197 on int4 (``benchmarks/engine_speed.py``).
 
     The answer is the probed count below the first from which the copy wins (by :data:`COPY_MARGIN`) at every larger
-    count (1 when it wins from 2 rows); when it does not win even at the largest count, the layer probe's ``layer_answer`` where that is larger
-    (many rows are compute-bound, which the layer probe measures well), else the largest count; None when the layer
-    probe found no crossover either. ``layers`` get their ``dense_above`` back afterwards.
+    count (1 when it wins from 2 rows); when it does not win even at the largest count, the layer probe's
+    ``layer_answer`` where that is larger (many rows are compute-bound, which the layer probe measures well), else the
+    largest count; None when the layer probe found no crossover either. ``layers`` get their ``dense_above`` back afterwards.
     """
     rows_ms: dict[str, dict[str, float]] = {"int4": {}, kind: {}}
     saved = [m.dense_above for m in layers]
