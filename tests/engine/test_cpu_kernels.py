@@ -115,23 +115,63 @@ def test_int8_linear_row_ignores_batch_neighbours(ops) -> None:
     assert torch.equal(batched[3:4], torch.ops.spectune.int8_linear(x[3:4], codes, scale))
 
 
-@pytest.mark.parametrize("n,k,repeat", [(3072, 576, 1), (576, 1536, 1), (1024, 576, 2)])
-def test_int4_linear_is_bit_identical_to_pytorch(ops, n, k, repeat) -> None:
-    """The same floats as PyTorch's AVX-512 int4 kernel at every row count it meets (1, 3, 8 and 11 rows: one
-    partial and one full block of 8 rows), for Q4_1-shaped weights and a Q8_0 matrix as two int4 halves."""
+def _int4_case(n: int, k: int, repeat: int):
+    """Q4_1-shaped random weights [n, k] (``repeat`` 2: a Q8_0 matrix as two int4 halves)."""
     import numpy as np
 
-    from spectune.backends.local.weights.quant import Int4Linear, QuantTensor
+    from spectune.backends.local.weights.quant import QuantTensor
+
+    rng = np.random.default_rng(0)
+    return QuantTensor(rng.integers(0, 16, (n, k * repeat), dtype=np.uint8),
+                       (rng.random((n, k * repeat // 32)) * 0.02).astype(np.float32),
+                       (rng.standard_normal((n, k * repeat // 32)) * 0.01).astype(np.float32), repeat, "Q4_1")
+
+
+@pytest.mark.parametrize("n,k,repeat", [(3072, 576, 1), (576, 1536, 1), (1024, 576, 2)])
+def test_int4_linear_computes_its_formula(ops, n, k, repeat) -> None:
+    """float32 inputs against :func:`int4_blocks_reference` in float64 (the int16 inputs and integer dot products
+    exact, only float32 accumulation between groups), for Q4_1-shaped weights and a Q8_0 matrix as two halves."""
+    from spectune.backends.local.weights.quant import Int4Linear, int4_blocks_reference
 
     if not ops.int4:
-        pytest.skip("spectune::int4_linear is built for AVX-512 only")
-    rng = np.random.default_rng(0)
-    qt = QuantTensor(rng.integers(0, 16, (n, k * repeat), dtype=np.uint8),
-                     (rng.random((n, k * repeat // 32)) * 0.02).astype(np.float32),
-                     (rng.standard_normal((n, k * repeat // 32)) * 0.01).astype(np.float32), repeat, "Q4_1")
-    pytorch, spectune = Int4Linear(qt), Int4Linear(qt, spectune_kernel=True)
-    x = torch.randn(11, k).bfloat16()
-    assert all(torch.equal(pytorch(x[:m]), spectune(x[:m])) for m in (1, 3, 8, 11))
+        pytest.skip("spectune::int4_linear needs an AVX-512 BW build")
+    qt = _int4_case(n, k, repeat)
+    x = torch.randn(11, k, generator=torch.Generator().manual_seed(2))
+    ref = int4_blocks_reference(qt, x.repeat(1, repeat))
+    out = Int4Linear(qt, torch.float32, spectune_kernel=True)(x).double()
+    assert ((out - ref).abs().max() / ref.abs().max()).item() < 1e-5
+
+
+def test_int4_linear_is_as_close_to_the_weights_product_as_pytorchs_kernel(ops) -> None:
+    """Against the float64 product of the very weights each kernel keeps, with bf16 inputs: the int16 inputs (an error
+    of 1/65534 of a group's largest input) leave the output within bf16's rounding of it, like PyTorch's kernel."""
+    from spectune.backends.local.weights.quant import Int4Linear
+
+    if not ops.int4:
+        pytest.skip("spectune::int4_linear needs an AVX-512 BW build")
+    qt = _int4_case(3072, 576, 1)
+    x = torch.randn(8, 576, generator=torch.Generator().manual_seed(3)).bfloat16()
+
+    def error(layer: Int4Linear, weights: torch.Tensor) -> float:
+        true = x.double() @ weights.double().T
+        return ((layer(x).double() - true).abs() / true.abs().max()).max().item()
+
+    mine = error(Int4Linear(qt, spectune_kernel=True), torch.from_numpy(qt.rounded(torch.float16).dequantize()))
+    theirs = error(Int4Linear(qt), torch.from_numpy(qt.rounded(torch.bfloat16).dequantize()))
+    assert mine <= max(theirs, 2**-8)
+
+
+def test_int4_linear_row_ignores_batch_neighbours(ops) -> None:
+    """A row's output is bit-identical whatever the rows beside it (1 to 11 rows: partial and full passes of 8)."""
+    from spectune.backends.local.weights.quant import Int4Linear
+
+    if not ops.int4:
+        pytest.skip("spectune::int4_linear needs an AVX-512 BW build")
+    layer = Int4Linear(_int4_case(1024, 576, 1), spectune_kernel=True)
+    x = torch.randn(11, 576, generator=torch.Generator().manual_seed(4)).bfloat16()
+    full = layer(x)
+    assert all(torch.equal(full[:m], layer(x[:m])) for m in (1, 3, 4, 5, 8))
+    assert torch.equal(full[9:10], layer(x[9:10]))
 
 
 def test_off_keeps_pytorch_kernels() -> None:

@@ -1,6 +1,6 @@
 """spectune's own CPU kernels for the decode step (``cpu_kernels.cpp``), built for this machine at start-up.
 
-Two places where PyTorch's CPU kernels cost more than their work in a small model's decode step (measured in
+Where PyTorch's CPU kernels cost more than their work in a small model's decode step (measured in
 docs/engine.md, "spectune's CPU kernels"):
 
 - ``spectune::decode_attention(q [B, Hkv, R, hd], k_cache, v_cache [slots, Hkv, L, hd], mask [B, 1, R, T]) ->
@@ -12,10 +12,14 @@ docs/engine.md, "spectune's CPU kernels"):
   Q8_0 lm_head requantized per row (:class:`spectune.backends.local.weights.quant.Int8RowLinear`), the same math as
   ``torch.ops.aten._weight_int8pack_mm`` with each weight row read once for up to 8 input rows.
 
-- ``spectune::int4_linear(x [M, K], codes uint8 [N/32, K, 16], scale_zero float32 [N/32, K/32, 64]) -> [M, N]``
-  (AVX-512 builds only): the native path's int4 linears, computing the very floats PyTorch's AVX-512 int4 kernel
-  (``torch.ops.aten._weight_int4pack_mm_for_cpu``) computes, so bit-identical to it, with up to 8 input rows per pass
-  over the weights where that kernel takes 4 (:class:`spectune.backends.local.weights.quant.Int4Linear`).
+- ``spectune::int4_linear(x [M, K], blocks uint8 [N/32, K/32, 640]) -> [M, N]`` (AVX-512 BW builds): the native
+  path's int4 linears (:class:`spectune.backends.local.weights.quant.Int4Linear`, layout
+  :func:`~spectune.backends.local.weights.quant.pack_int4_blocks`). Each input row is quantized to int16 per group of
+  32 (an error under bf16's own) and multiplied by the 4-bit codes in exact int32 (``vpdpwssd`` with AVX512-VNNI),
+  up to 8 input rows per pass over the weights, as llama.cpp's CPU backend multiplies Q4_1 weights by quantized
+  (int8) activations (``ggml/src/ggml-cpu/arch/x86/quants.c``, ``ggml_vec_dot_q4_1_q8_1``). PyTorch's int4 kernel
+  (``torch.ops.aten._weight_int4pack_mm_for_cpu``) dequantizes every weight to float for every 4 input rows and
+  spends one FMA per weight and row.
 
 All accumulate in float32 and compute each row independently of the rows beside it, so a prompt's output does not
 depend on its batch.
@@ -60,23 +64,25 @@ class KernelChoice:
         active: the ops are registered and the engine calls them.
         reason: why (or why not), one line.
         vector_width: float lanes of the build (16 AVX-512, 8 AVX2, 1 scalar); 0 when not active.
+        int4_linear: the build has ``spectune::int4_linear`` (AVX-512 with byte instructions, AVX512BW).
     """
 
     mode: str
     active: bool
     reason: str
     vector_width: int = 0
+    int4_linear: bool = False
 
     @property
     def int4(self) -> bool:
-        """``spectune::int4_linear`` runs here (an AVX-512 build: the ISA whose PyTorch kernel it reproduces)."""
-        return self.active and self.vector_width == 16
+        """``spectune::int4_linear`` runs the native path's int4 linears here."""
+        return self.active and self.int4_linear
 
     @property
     def probe_tag(self) -> str:
         """The kernel set's name in the cache keys of probes that time whole forwards (its forwards cost
-        differently): ``spectune-int4``, ``spectune``, or ``""`` for PyTorch's kernels."""
-        return "spectune-int4" if self.int4 else "spectune" if self.active else ""
+        differently): ``spectune-q4q8`` (with the int4 linear), ``spectune``, or ``""`` for PyTorch's kernels."""
+        return "spectune-q4q8" if self.int4 else "spectune" if self.active else ""
 
     def to_json(self) -> JsonObject:
         """JSON-ready description (``/server_info`` ``engine_path.cpu_kernels``)."""
@@ -115,13 +121,13 @@ def _library_path(cxx: str) -> Path:
 
 
 @functools.lru_cache(maxsize=1)
-def _build_and_register() -> tuple[int, str]:
-    """(vector width, '') once the ops are registered, else (0, why not)."""
+def _build_and_register() -> tuple[int, bool, str]:
+    """(vector width, has the int4 linear, '') once the ops are registered, else (0, False, why not)."""
     if platform.system() != "Linux":
-        return 0, f"spectune's CPU kernels are built on Linux only (this is {platform.system()})"
+        return 0, False, f"spectune's CPU kernels are built on Linux only (this is {platform.system()})"
     cxx = _compiler()
     if cxx is None:
-        return 0, "no C++ compiler ($CXX, g++ or clang++) for spectune's CPU kernels"
+        return 0, False, "no C++ compiler ($CXX, g++ or clang++) for spectune's CPU kernels"
     try:
         path = _library_path(cxx)
         if not path.exists():
@@ -131,13 +137,13 @@ def _build_and_register() -> tuple[int, str]:
                 done = subprocess.run(_command(cxx, tmp_out), capture_output=True, text=True, timeout=600)
                 if done.returncode != 0:
                     first = (done.stderr.strip().splitlines() or ["(no output)"])[0][:200]
-                    return 0, f"building spectune's CPU kernels failed: {first}"
+                    return 0, False, f"building spectune's CPU kernels failed: {first}"
                 os.replace(tmp_out, path)
         torch.ops.load_library(str(path))
     except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
-        return 0, f"spectune's CPU kernels could not be built or loaded ({type(exc).__name__}: {str(exc)[:160]})"
+        return 0, False, f"spectune's CPU kernels could not be built or loaded ({type(exc).__name__}: {str(exc)[:160]})"
     _register_fakes()
-    return int(torch.ops.spectune.vector_width()), ""
+    return int(torch.ops.spectune.vector_width()), bool(torch.ops.spectune.has_int4_linear()), ""
 
 
 def _register_fakes() -> None:
@@ -153,8 +159,8 @@ def _register_fakes() -> None:
         return x.new_empty(x.shape[0], codes.shape[0])
 
     @torch.library.register_fake("spectune::int4_linear")
-    def _int4(x: torch.Tensor, codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
-        return x.new_empty(x.shape[0], codes.shape[0] * 32)
+    def _int4(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+        return x.new_empty(x.shape[0], blocks.shape[0] * 32)
 
 
 def load(mode: str, device: torch.device) -> KernelChoice:
@@ -175,10 +181,10 @@ def load(mode: str, device: torch.device) -> KernelChoice:
         return KernelChoice(mode, False, "--cpu-kernels off: PyTorch's SDPA, int8 and int4 kernels")
     if device.type != "cpu":
         return KernelChoice(mode, False, f"spectune's kernels are CPU-only (device {device.type})")
-    width, why = _build_and_register()
+    width, int4, why = _build_and_register()
     if not width:
         if mode == "on":
             raise UserError(f"--cpu-kernels on: {why}; install a C++ compiler or use --cpu-kernels off")
         log.warning("%s; using PyTorch's kernels", why)
         return KernelChoice(mode, False, why)
-    return KernelChoice(mode, True, f"built for this CPU ({width} float lanes)", width)
+    return KernelChoice(mode, True, f"built for this CPU ({width} float lanes)", width, int4)

@@ -493,35 +493,90 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   return y;
 }
 
-// ---- int4 linear ---------------------------------------------------------------------------------------------------
-// PyTorch's CPU int4 kernel (aten/src/ATen/native/cpu/int4mm_kernel.cpp, AVX-512) dequantizes a block of weights for
-// every 4 input rows and reads the weights again for each such block. This one computes the very same floats (each
-// weight as fma(code - 8, scale, zero), each output as fma(a_k, w_k, acc) in k order from 0, rounded to bf16 once), so
-// its results are bit-identical to that kernel's, but takes up to 8 input rows per pass over a block of 32 columns,
-// whose codes then stay in L1 for the next 8. Layout: codes [N/32, K, 16] bytes (byte j: low nibble column j, high
-// nibble column 16 + j); scale_zero float32 [N/32, K/32, 64] (scales of columns 0-15, 16-31, zeros 0-15, 16-31).
-#if defined(__AVX512F__)
+// ---- int4 linear on int16 activations ------------------------------------------------------------------------------
+// The native path's 4-bit weights, W[n, k] = s * code + m per group of 32 inputs (code 0..15), against inputs
+// quantized per row and group of 32 to int16 (a = d * q, d = max |a| / 32767, round to nearest even: an error of at
+// most 1/65534 of the group's largest input, under bf16's own rounding of the input), in the manner of llama.cpp's
+// CPU backend, which multiplies Q4_1 weights by int8 (Q8_1) activations (ggml/src/ggml-cpu/arch/x86/quants.c,
+// ggml_vec_dot_q4_1_q8_1):
+//   y[n] = sum over groups g of  s[g, n] * d[g] * (sum_k code[k, n] q[k])  +  m[g, n] * d[g] * (sum_k q[k]),
+// that is exactly W . (d q): the inner sums exact in int32 (vpdpwssd with AVX512-VNNI: 32 products an instruction,
+// against one float FMA per weight and row when each weight is dequantized, as PyTorch's kernel does), the group
+// terms accumulated in float32 from g = 0, so a row's result depends only on that row. int8 inputs (llama.cpp's) halve
+// the instructions again but moved SmolLM2's logits by up to 19% of the largest one against 3% (docs/engine.md).
+// Layout per block of 32 output columns and group of 32 inputs, 640 bytes (quant.pack_int4_blocks): 8 chunks of 64
+// bytes; bytes 32h + 2n + b of chunk j (h, b in {0, 1}, n < 16) hold input 4j + 2h + b of column n (low nibble) and of
+// column 16 + n (high nibble), so widened to int16 each 32-byte half gives one input pair per column in each 32-bit
+// lane; then s of columns 0-31 and m of columns 0-31 as float16 (GGUF's d and m are float16, so Q4_0, Q4_1 and Q8_0
+// weights are kept exactly).
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define SPECTUNE_INT4 1
+constexpr int64_t Q4_BLOCK_BYTES = 640;
+constexpr int Q4_ROWS = 8;  // input rows per pass over a column block: 16 int32 accumulators, the float ones in L1
+constexpr float Q16_RANGE = 32767.f;
+
+// x [K] -> q int16 [K], d [K/32] (scale), sum [K/32]: d x the sum of the group's q, as quantize_row_q8_1 sets Q8_1's
+// s in the same llama.cpp file. The m term then sees the same quantized inputs as the code term, so y is exactly
+// W . (d q); with the exact float sum instead, codes that carry an offset, like Q8_0's high halves 16 d (hi + 8) - 128 d,
+// leave 128 x the inputs' rounding error.
+inline void quantize_row_q16(const float* x, int64_t K, int16_t* q, float* d, float* sum) {
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int64_t g = 0; g < K / 32; ++g) {
+    const __m512 a0 = _mm512_loadu_ps(x + 32 * g), a1 = _mm512_loadu_ps(x + 32 * g + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(a0, abs_mask), _mm512_and_ps(a1, abs_mask)));
+    const __m512 inv = _mm512_set1_ps(amax > 0.f ? Q16_RANGE / amax : 0.f);
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(a0, inv)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(a1, inv));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * g), _mm512_cvtsepi32_epi16(q0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * g + 16), _mm512_cvtsepi32_epi16(q1));
+    d[g] = amax / Q16_RANGE;
+    sum[g] = d[g] * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+  }
+}
+
+// acc += the products of each 32-bit lane's two int16 pairs, summed.
+inline __m512i dot_i16(__m512i acc, __m512i w, __m512i a) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpwssd_epi32(acc, w, a);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(w, a));
+#endif
+}
+
+// BM input rows against one block of 32 columns: q [BM, K] int16, d and sum [BM, K/32]; c [BM, ldc] gets 32 outputs.
 template <typename T, int BM>
-SPECTUNE_BLOCK void int4_block(const float* a, int64_t K, const uint8_t* b, const float* sz, T* c, int64_t ldc) {
-  __m512 acc[BM][2];
+SPECTUNE_BLOCK void int4_block(const int16_t* q, const float* d, const float* sum, int64_t K, const uint8_t* b, T* c,
+                               int64_t ldc) {
+  const int64_t G = K / 32;
+  alignas(64) __m512 acc[BM][2];  // float accumulators: registers go to the int32 dot products
   for (int r = 0; r < BM; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  const __m512i low = _mm512_set1_epi32(15), eight = _mm512_set1_epi32(8);
-  __m512 s0, s1, z0, z1;
-  for (int64_t k = 0; k < K; ++k) {
-    if ((k & 31) == 0) {  // a new group of 32 inputs: its scales and zeros
-      const float* q = sz + (k / 32) * 64;
-      s0 = _mm512_loadu_ps(q);
-      s1 = _mm512_loadu_ps(q + 16);
-      z0 = _mm512_loadu_ps(q + 32);
-      z1 = _mm512_loadu_ps(q + 48);
+  const __m512i low = _mm512_set1_epi8(15);
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* blk = b + g * Q4_BLOCK_BYTES;
+    __m512i dot[BM][2];  // [row][columns 0-15, 16-31]
+    for (int r = 0; r < BM; ++r) dot[r][0] = dot[r][1] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {  // chunk j: input pairs 2j (bytes 0-31) and 2j + 1 (bytes 32-63)
+      const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(blk + 64 * j));
+      const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      const __m512i l0 = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(lo));
+      const __m512i l1 = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(lo, 1));
+      const __m512i h0 = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(hi));
+      const __m512i h1 = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(hi, 1));
+      for (int r = 0; r < BM; ++r) {
+        int32_t p0, p1;
+        std::memcpy(&p0, q + r * K + 32 * g + 4 * j, 4);
+        std::memcpy(&p1, q + r * K + 32 * g + 4 * j + 2, 4);
+        const __m512i a0 = _mm512_set1_epi32(p0), a1 = _mm512_set1_epi32(p1);
+        dot[r][0] = dot_i16(dot_i16(dot[r][0], l0, a0), l1, a1);
+        dot[r][1] = dot_i16(dot_i16(dot[r][1], h0, a0), h1, a1);
+      }
     }
-    const __m512i i = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + k * 16)));
-    const __m512 w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(i, low), eight)), s0, z0);
-    const __m512 w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(i, 4), eight)), s1, z1);
+    const __m256i* sm = reinterpret_cast<const __m256i*>(blk + 512);
+    const __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256(sm)), s1 = _mm512_cvtph_ps(_mm256_loadu_si256(sm + 1));
+    const __m512 m0 = _mm512_cvtph_ps(_mm256_loadu_si256(sm + 2)), m1 = _mm512_cvtph_ps(_mm256_loadu_si256(sm + 3));
     for (int r = 0; r < BM; ++r) {
-      const __m512 av = _mm512_set1_ps(a[r * K + k]);
-      acc[r][0] = _mm512_fmadd_ps(av, w0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(av, w1, acc[r][1]);
+      const __m512 dr = _mm512_set1_ps(d[r * G + g]), sr = _mm512_set1_ps(sum[r * G + g]);
+      acc[r][0] = _mm512_fmadd_ps(m0, sr, _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][0]), _mm512_mul_ps(s0, dr), acc[r][0]));
+      acc[r][1] = _mm512_fmadd_ps(m1, sr, _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][1]), _mm512_mul_ps(s1, dr), acc[r][1]));
     }
   }
   for (int r = 0; r < BM; ++r) {
@@ -533,29 +588,31 @@ SPECTUNE_BLOCK void int4_block(const float* a, int64_t K, const uint8_t* b, cons
 }
 
 template <typename T>
-void int4_linear_impl(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& sz, at::Tensor& y) {
-  const int64_t M = x.size(0), K = x.size(1), N = y.size(1);
-  std::vector<float> xf(M * K);
+void int4_linear_impl(const at::Tensor& x, const at::Tensor& blocks, at::Tensor& y) {
+  const int64_t M = x.size(0), K = x.size(1), N = y.size(1), G = K / 32;
+  std::vector<float> xf(M * K), d(M * G), sum(M * G);
+  std::vector<int16_t> q(M * K);
   to_float(x.const_data_ptr<T>(), xf.data(), M * K);
-  const uint8_t* b = codes.const_data_ptr<uint8_t>();
-  const float* s = sz.const_data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m)
+    quantize_row_q16(xf.data() + m * K, K, q.data() + m * K, d.data() + m * G, sum.data() + m * G);
+  const uint8_t* b = blocks.const_data_ptr<uint8_t>();
   T* yp = y.data_ptr<T>();
   at::parallel_for(0, N / 32, 4, [&](int64_t begin, int64_t end) {
     for (int64_t nb = begin; nb < end; ++nb) {
-      const uint8_t* bb = b + nb * K * 16;
-      const float* sb = s + nb * (K / 32) * 64;
-      for (int64_t m = 0; m < M; m += 8) {
-        const float* a = xf.data() + m * K;
+      const uint8_t* bb = b + nb * G * Q4_BLOCK_BYTES;
+      for (int64_t m = 0; m < M; m += Q4_ROWS) {
+        const int16_t* qm = q.data() + m * K;
+        const float *dm = d.data() + m * G, *sm = sum.data() + m * G;
         T* c = yp + m * N + nb * 32;
-        switch (M - m < 8 ? M - m : 8) {
-          case 1: int4_block<T, 1>(a, K, bb, sb, c, N); break;
-          case 2: int4_block<T, 2>(a, K, bb, sb, c, N); break;
-          case 3: int4_block<T, 3>(a, K, bb, sb, c, N); break;
-          case 4: int4_block<T, 4>(a, K, bb, sb, c, N); break;
-          case 5: int4_block<T, 5>(a, K, bb, sb, c, N); break;
-          case 6: int4_block<T, 6>(a, K, bb, sb, c, N); break;
-          case 7: int4_block<T, 7>(a, K, bb, sb, c, N); break;
-          default: int4_block<T, 8>(a, K, bb, sb, c, N); break;
+        switch (M - m < Q4_ROWS ? M - m : Q4_ROWS) {
+          case 1: int4_block<T, 1>(qm, dm, sm, K, bb, c, N); break;
+          case 2: int4_block<T, 2>(qm, dm, sm, K, bb, c, N); break;
+          case 3: int4_block<T, 3>(qm, dm, sm, K, bb, c, N); break;
+          case 4: int4_block<T, 4>(qm, dm, sm, K, bb, c, N); break;
+          case 5: int4_block<T, 5>(qm, dm, sm, K, bb, c, N); break;
+          case 6: int4_block<T, 6>(qm, dm, sm, K, bb, c, N); break;
+          case 7: int4_block<T, 7>(qm, dm, sm, K, bb, c, N); break;
+          default: int4_block<T, 8>(qm, dm, sm, K, bb, c, N); break;
         }
       }
     }
@@ -563,29 +620,33 @@ void int4_linear_impl(const at::Tensor& x, const at::Tensor& codes, const at::Te
 }
 #endif
 
-at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale_zero) {
-#if defined(__AVX512F__)
-  TORCH_CHECK(x.dim() == 2 && codes.dim() == 3 && scale_zero.dim() == 3,
-              "int4_linear: x [M, K], codes [N/32, K, 16], scale_zero [N/32, K/32, 64]");
-  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.size(2) == 16,
-              "int4_linear: codes must be contiguous uint8 [N/32, K, 16]");
-  TORCH_CHECK(scale_zero.scalar_type() == at::kFloat && scale_zero.is_contiguous() && scale_zero.size(2) == 64,
-              "int4_linear: scale_zero must be contiguous float32 [N/32, K/32, 64]");
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& blocks) {
+#if defined(SPECTUNE_INT4)
+  TORCH_CHECK(x.dim() == 2 && blocks.dim() == 3, "int4_linear: x [M, K], blocks [N/32, K/32, 640]");
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.size(2) == Q4_BLOCK_BYTES,
+              "int4_linear: blocks must be contiguous uint8 [N/32, K/32, 640]");
   const int64_t K = x.size(1);
-  TORCH_CHECK(K % 32 == 0 && codes.size(1) == K && scale_zero.size(1) == K / 32 &&
-                  scale_zero.size(0) == codes.size(0), "int4_linear: shape mismatch");
+  TORCH_CHECK(K % 32 == 0 && blocks.size(1) == K / 32, "int4_linear: shape mismatch");
   const at::Tensor xc = x.contiguous();
-  at::Tensor y = at::empty({x.size(0), codes.size(0) * 32}, x.options());
+  at::Tensor y = at::empty({x.size(0), blocks.size(0) * 32}, x.options());
   if (x.scalar_type() == at::kBFloat16) {
-    int4_linear_impl<c10::BFloat16>(xc, codes, scale_zero, y);
+    int4_linear_impl<c10::BFloat16>(xc, blocks, y);
   } else {
     TORCH_CHECK(x.scalar_type() == at::kFloat, "int4_linear: bfloat16 or float32 only");
-    int4_linear_impl<float>(xc, codes, scale_zero, y);
+    int4_linear_impl<float>(xc, blocks, y);
   }
   return y;
 #else
-  TORCH_CHECK(false, "int4_linear: built without AVX-512 (use PyTorch's int4 kernel here)");
+  TORCH_CHECK(false, "int4_linear: built without AVX-512 BW (use PyTorch's int4 kernel here)");
   return x;
+#endif
+}
+
+bool has_int4_linear() {
+#if defined(SPECTUNE_INT4)
+  return true;
+#else
+  return false;
 #endif
 }
 
@@ -596,7 +657,8 @@ int64_t vector_width() { return W; }
 TORCH_LIBRARY(spectune, m) {
   m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor mask) -> Tensor");
   m.def("int8_linear(Tensor x, Tensor codes, Tensor scale) -> Tensor");
-  m.def("int4_linear(Tensor x, Tensor codes, Tensor scale_zero) -> Tensor");
+  m.def("int4_linear(Tensor x, Tensor blocks) -> Tensor");
+  m.def("has_int4_linear() -> bool", &has_int4_linear);
   m.def("vector_width() -> int", &vector_width);
 }
 

@@ -194,11 +194,14 @@ class _QuantLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
 
-def pack_int4_columns(qt: QuantTensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``spectune::int4_linear``'s layout of ``qt`` (``backends/local/kernels/cpu_kernels.cpp``): codes uint8
-    [N/32, K, 16] (byte j of a row: column j in the low nibble, column 16 + j in the high one) and scale_zero float32
-    [N/32, K/32, 64] (scales of columns 0-15, 16-31, then zeros), the scales and zeros rounded to ``dtype`` as
-    PyTorch's kernel keeps them. K is the codes' width (twice the input for a Q8_0 matrix).
+def pack_int4_blocks(qt: QuantTensor) -> torch.Tensor:
+    """``spectune::int4_linear``'s layout of ``qt`` (``backends/local/kernels/cpu_kernels.cpp``): uint8
+    [N/32, K/32, 640], one 640-byte record per block of 32 output columns and group of 32 inputs. Bytes 0-511: 8 chunks
+    of 64; byte 32h + 2n + b of chunk j (h, b in {0, 1}, n < 16) holds input 4j + 2h + b of column n in its low nibble
+    and of column 16 + n in its high one; bytes 512-575: the group's ``scale`` of columns 0-31 as float16; 576-639:
+    ``zero - 8 * scale`` (the weight at code 0, Q4_1's ``m``) as float16, so that ``W = scale * code + m``. GGUF's d
+    and m are float16, so the weights of Q4_0, Q4_1 and Q8_0 (``16 d``, ``-128 d``, ``8 d``) are kept exactly. K is
+    the codes' width (twice the input for a Q8_0 matrix).
 
     Raises:
         ValueError: N or K not a multiple of 32.
@@ -206,13 +209,34 @@ def pack_int4_columns(qt: QuantTensor, dtype: torch.dtype) -> tuple[torch.Tensor
     n, k = qt.codes.shape
     if n % 32 or k % 32:
         raise ValueError(f"int4_linear needs N and K multiples of 32, got {n} x {k}")
-    c = qt.codes.reshape(n // 32, 32, k).transpose(0, 2, 1)  # [N/32, K, 32]
-    codes = np.ascontiguousarray(c[..., :16] | (c[..., 16:] << 4)).astype(np.uint8)
-    kept = qt.rounded(dtype)
-    s = kept.scale.reshape(n // 32, 32, k // 32).transpose(0, 2, 1)  # [N/32, G, 32]
-    z = kept.zero.reshape(n // 32, 32, k // 32).transpose(0, 2, 1)
-    sz = np.concatenate([s, z], axis=-1).astype(np.float32)  # [N/32, G, 64]
-    return torch.from_numpy(codes), torch.from_numpy(np.ascontiguousarray(sz))
+    g = k // 32
+    c = qt.codes.reshape(n // 32, 2, 16, g, 8, 2, 2)  # [block, nibble, column n, group, chunk j, pair h, input b]
+    c = c.transpose(0, 3, 4, 5, 2, 6, 1)  # [block, group, j, h, n, b, nibble]
+    nibbles = (c[..., 0] | (c[..., 1] << 4)).astype(np.uint8).reshape(n // 32, g, 512)
+
+    def half(a: np.ndarray) -> np.ndarray:  # [N, G] -> float16 bytes [N/32, G, 64]
+        h = a.astype(np.float16).reshape(n // 32, 32, g).transpose(0, 2, 1)
+        return np.ascontiguousarray(h).view(np.uint8)
+
+    m = qt.zero.astype(np.float64) - 8 * qt.scale.astype(np.float64)
+    return torch.from_numpy(np.ascontiguousarray(np.concatenate([nibbles, half(qt.scale), half(m)], axis=-1)))
+
+
+def int4_blocks_reference(qt: QuantTensor, x: torch.Tensor) -> torch.Tensor:
+    """What ``spectune::int4_linear`` computes, in float64 (tests): x [M, K] quantized per row and group of 32 to
+    int16 as the kernel does (``d = max|a| / 32767``, ``q = rint(a * (32767 / max|a|))`` in float32), times the
+    weights of :func:`pack_int4_blocks` (float16 ``scale`` and ``m``): exactly ``W . (d q)``. Returns float64
+    [M, N]."""
+    n, k = qt.codes.shape
+    a = x.float().numpy().reshape(x.shape[0], k // 32, 32)
+    amax = np.abs(a).max(-1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(32767) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q = np.rint(a * inv).astype(np.float64)  # float32 product, then round half to even, as cvtps_epi32
+    d = (amax / np.float32(32767)).astype(np.float32).astype(np.float64)
+    s = qt.scale.astype(np.float16).astype(np.float64)  # [N, G]
+    m = (qt.zero.astype(np.float64) - 8 * qt.scale.astype(np.float64)).astype(np.float16).astype(np.float64)
+    w = qt.codes.reshape(n, k // 32, 32) * s[..., None] + m[..., None]  # [N, G, 32]
+    return torch.from_numpy(np.einsum("mgk,ngk->mn", q * d, w))
 
 
 class Int4Linear(_QuantLinear):
@@ -226,9 +250,10 @@ class Int4Linear(_QuantLinear):
             more than this many rows (see the module docstring); None: int4 only.
         dense_dtype: the dense copy's dtype: ``torch.float32`` (the kernel's exact weights) or ``torch.bfloat16``
             (rounded to bf16, run by oneDNN's bf16 GEMM).
-        spectune_kernel: run ``spectune::int4_linear`` (bit-identical to PyTorch's AVX-512 kernel, up to 8 rows per
-            pass; :mod:`spectune.backends.local.kernels`, which must be loaded with an AVX-512 build) where both
-            dimensions are multiples of 32, in its own layout (:func:`pack_int4_columns`); PyTorch's kernel otherwise.
+        spectune_kernel: run ``spectune::int4_linear`` (the inputs quantized to int16 per group of 32, exact
+            integer dot products, up to 8 rows per pass; :mod:`spectune.backends.local.kernels`, which must be
+            loaded with an AVX-512 BW build) where both dimensions are multiples of 32, in its own layout
+            (:func:`pack_int4_blocks`); PyTorch's kernel otherwise.
 
     Raises:
         RuntimeError: from PyTorch when the kernel cannot take this shape (out_features not a multiple of 16).
@@ -243,19 +268,23 @@ class Int4Linear(_QuantLinear):
         n, k = qt.codes.shape
         self.spectune_kernel = spectune_kernel and n % 32 == 0 and k % 32 == 0
         if self.spectune_kernel:
-            self.packed, self.scales_zeros = pack_int4_columns(qt, dtype)
+            self.packed = pack_int4_blocks(qt)
+            self.kernel_tensors: tuple[str, ...] = ("packed",)
+            kept = qt.rounded(torch.float16)
         else:
             codes = torch.from_numpy(np.ascontiguousarray(qt.codes)).to(torch.int32)
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
             sz = torch.stack([torch.from_numpy(qt.scale), torch.from_numpy(qt.zero)], dim=-1)  # [N, G, 2]
             self.scales_zeros = sz.transpose(0, 1).contiguous().to(dtype)  # [G, N, 2]
-        self._finish(dtype, bias, dense_above, lambda: torch.from_numpy(qt.rounded(dtype).dequantize()), dense_dtype)
+            self.kernel_tensors = ("packed", "scales_zeros")
+            kept = qt.rounded(dtype)
+        self._finish(dtype, bias, dense_above, lambda: torch.from_numpy(kept.dequantize()), dense_dtype)
 
     def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
         if self.repeat > 1:
             x2 = x2.repeat(1, self.repeat)
         if self.spectune_kernel:
-            return torch.ops.spectune.int4_linear(x2, self.packed, self.scales_zeros)
+            return torch.ops.spectune.int4_linear(x2, self.packed)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, QK, self.scales_zeros)
 
     def extra_repr(self) -> str:
