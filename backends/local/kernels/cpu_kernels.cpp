@@ -385,44 +385,44 @@ SPECTUNE_BLOCK void i16_row(const int16_t* x, float xs, int64_t K, const int8_t*
     y[c] = static_cast<T>(static_cast<float>(_mm512_reduce_add_epi32(acc[c])) * xs * static_cast<float>(scale[c]));
 }
 
-// One input row against NB weight rows already widened to int16 (wq [NB, K], in L1).
-template <typename T, int NB>
-SPECTUNE_BLOCK void i16_row_widened(const int16_t* x, float xs, int64_t K, const int16_t* wq, const T* scale, T* y) {
-  __m512i acc[NB];
-  for (int c = 0; c < NB; ++c) acc[c] = _mm512_setzero_si512();
-  for (int64_t k = 0; k < K; k += 32) {
-    const __m512i xv = _mm512_loadu_si512(reinterpret_cast<const void*>(x + k));
-    for (int c = 0; c < NB; ++c) {
-      const __m512i wv = _mm512_loadu_si512(reinterpret_cast<const void*>(wq + c * K + k));
-#if defined(__AVX512VNNI__)
-      acc[c] = _mm512_dpwssd_epi32(acc[c], xv, wv);
-#else
-      acc[c] = _mm512_add_epi32(acc[c], _mm512_madd_epi16(xv, wv));
-#endif
-    }
-  }
-  for (int c = 0; c < NB; ++c)
-    y[c] = static_cast<T>(static_cast<float>(_mm512_reduce_add_epi32(acc[c])) * xs * static_cast<float>(scale[c]));
-}
-
-// M input rows against NB weight rows: one row widens the weights on the fly; more rows widen them once into wq.
-// Every row's sums are the same exact integers either way, so a row's output does not depend on M.
-template <typename T, int NB>
-inline void i16_rows(const int16_t* x, const float* xs, int64_t M, int64_t K, const int8_t* w, const T* scale, T* y,
-                     int64_t N, std::vector<int16_t>& wq) {
-  if (M == 1) {
-    i16_row<T, NB>(x, xs[0], K, w, scale, y);
-    return;
-  }
-  wq.resize(NB * K);
+// MB input rows against NB weight rows: each block of weights widened to int16 once in registers for all MB rows
+// (the same exact integer sums as i16_row, so a row's output does not depend on the rows beside it).
+template <typename T, int MB, int NB>
+SPECTUNE_BLOCK void i16_block(const int16_t* x, const float* xs, int64_t K, const int8_t* w, const T* scale, T* y,
+                              int64_t N) {
+  __m512i acc[MB][NB];
+  for (int j = 0; j < MB; ++j)
+    for (int c = 0; c < NB; ++c) acc[j][c] = _mm512_setzero_si512();
   for (int64_t k = 0; k < K; k += 32) {
     if ((k & 63) == 0)
       for (int c = 0; c < NB; ++c) _mm_prefetch(reinterpret_cast<const char*>(w + (NB + c) * K + k), _MM_HINT_T0);
+    __m512i wv[NB];
     for (int c = 0; c < NB; ++c)
-      _mm512_storeu_si512(reinterpret_cast<void*>(wq.data() + c * K + k),
-                          _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c * K + k))));
+      wv[c] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c * K + k)));
+    for (int j = 0; j < MB; ++j) {
+      const __m512i xv = _mm512_loadu_si512(reinterpret_cast<const void*>(x + j * K + k));
+      for (int c = 0; c < NB; ++c) {
+#if defined(__AVX512VNNI__)
+        acc[j][c] = _mm512_dpwssd_epi32(acc[j][c], xv, wv[c]);
+#else
+        acc[j][c] = _mm512_add_epi32(acc[j][c], _mm512_madd_epi16(xv, wv[c]));
+#endif
+      }
+    }
   }
-  for (int64_t m = 0; m < M; ++m) i16_row_widened<T, NB>(x + m * K, xs[m], K, wq.data(), scale, y + m * N);
+  for (int j = 0; j < MB; ++j)
+    for (int c = 0; c < NB; ++c)
+      y[j * N + c] = static_cast<T>(static_cast<float>(_mm512_reduce_add_epi32(acc[j][c])) * xs[j] *
+                                    static_cast<float>(scale[c]));
+}
+
+// M input rows against NB weight rows, 2 at a time (NB x 2 accumulators; the weights stay in L1 between passes).
+template <typename T, int NB>
+inline void i16_rows(const int16_t* x, const float* xs, int64_t M, int64_t K, const int8_t* w, const T* scale, T* y,
+                     int64_t N) {
+  int64_t m = 0;
+  for (; m + 2 <= M; m += 2) i16_block<T, 2, NB>(x + m * K, xs + m, K, w, scale, y + m * N, N);
+  if (m < M) i16_row<T, NB>(x + m * K, xs[m], K, w, scale, y + m * N);
 }
 #endif
 
@@ -450,14 +450,13 @@ void int8_linear_impl(const at::Tensor& x, const at::Tensor& codes, const at::Te
       for (int64_t k = 0; k < K; ++k) xq[m * K + k] = static_cast<int16_t>(std::nearbyint(xf[m * K + k] * q));
     }
     at::parallel_for(0, (N + NB16 - 1) / NB16, 32, [&](int64_t begin, int64_t end) {
-      std::vector<int16_t> wq;
       for (int64_t nb = begin; nb < end; ++nb) {
         const int64_t n = nb * NB16;
         if (n + NB16 <= N) {
-          i16_rows<T, NB16>(xq.data(), xs.data(), M, K, w + n * K, sc + n, yp + n, N, wq);
+          i16_rows<T, NB16>(xq.data(), xs.data(), M, K, w + n * K, sc + n, yp + n, N);
         } else {
           for (int64_t c = n; c < N; ++c)
-            i16_rows<T, 1>(xq.data(), xs.data(), M, K, w + c * K, sc + c, yp + c, N, wq);
+            i16_rows<T, 1>(xq.data(), xs.data(), M, K, w + c * K, sc + c, yp + c, N);
         }
       }
     });

@@ -26,6 +26,11 @@ to bf16 is the one difference from the GGUF's exact weights; :meth:`QuantTensor.
 kernel really uses (``QuantTensor.rounded(torch.bfloat16).dequantize()``), which is what the greedy-equivalence test
 compares against.
 
+With spectune's CPU kernels (AVX-512 BW builds), :class:`Int4Linear` runs ``spectune::int4_linear`` instead: the
+same codes in its own layout (:func:`pack_int4_blocks`, float16 scales: GGUF's exact d and m), the inputs quantized to
+int16 per group of 32 and multiplied in exact integers (``backends/local/kernels/cpu_kernels.cpp``). The timings
+below are PyTorch's kernel's.
+
 Many rows at once (prefill, verify of a large batch): the kernel dequantizes a block of weights for every few rows of
 the input, so its time grows linearly with the rows (SmolLM2's gate|up [576 -> 3072], one thread, AVX-512: 0.13 ms at 1
 row, 0.85 ms at 16, 6.8 ms at 128; emulated AVX2: 0.22, 1.5, 12.7 ms), while a dense GEMM of the dequantized weights
