@@ -502,7 +502,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
 // that is exactly W . (d q): the inner sums exact in int32 (vpdpwssd with AVX512-VNNI: 32 products an instruction,
 // against one float FMA per weight and row when each weight is dequantized, as PyTorch's kernel does), the group
 // terms accumulated in float32 from g = 0, so a row's result depends only on that row. int8 inputs (llama.cpp's) halve
-// the instructions again but moved SmolLM2's logits by up to 19% of the largest one against 3% (docs/engine.md).
+// the instructions again but moved SmolLM2's logits by up to 18.9% of the largest one (docs/engine.md).
 // Layout per block of 32 output columns and group of 32 inputs, 640 bytes (quant.pack_int4_blocks): 8 chunks of 64
 // bytes; bytes 32h + 2n + b of chunk j (h, b in {0, 1}, n < 16) hold input 4j + 2h + b of column n (low nibble) and of
 // column 16 + n (high nibble), so widened to int16 each 32-byte half gives one input pair per column in each 32-bit

@@ -79,9 +79,10 @@ def _linear_ms(path: str, n: int, k: int, reps: int, lm_repeat: int = 1) -> floa
         from spectune.backends.local.weights.quant import Int4Linear, Int8RowLinear
 
         int8 = path != "native"
-        kind, tensors = (Int8RowLinear, ("codes", "scale")) if int8 else (Int4Linear, ("packed", "scales_zeros"))
+        kind = Int8RowLinear if int8 else Int4Linear
         base = kind(_random_quant(n, k, 2 if int8 else lm_repeat), torch.bfloat16,
                     spectune_kernel=path == "native-int8-spectune")
+        tensors = ("codes", "scale") if int8 else base.kernel_tensors
         copies = max(1, -(-STREAM_BYTES // sum(getattr(base, t).nbytes for t in tensors)))
         mods: list[nn.Module] = []
         for _ in range(copies):
@@ -149,8 +150,9 @@ verify of large batches, where the dense copy runs)."""
 MAX_STREAM_COPIES = 256
 """The most copies of a probe layer one streamed pass runs (SmolLM2's gate|up needs 59 int4 copies for 64 MiB)."""
 
-#: the tensors each kernel of :class:`~spectune.backends.local.weights.quant.Int4Linear` reads
-_KERNEL_TENSORS = {"int4": ("packed", "scales_zeros"), "float32": ("dense",), "bfloat16": ("dense",)}
+#: the tensors each dense kernel of :class:`~spectune.backends.local.weights.quant.Int4Linear` reads (the int4 kernel's:
+#: its ``kernel_tensors``)
+_KERNEL_TENSORS = {"float32": ("dense",), "bfloat16": ("dense",)}
 
 
 def _streamed_ms(layer: nn.Module, tensors: tuple[str, ...], x: torch.Tensor, reps: int) -> float:
@@ -210,7 +212,7 @@ def dense_crossover(cfg: ModelConfig, reps: int = 5, stream_rows: int = STREAM_R
     for rows in (1, *DENSE_ROWS):
         x = torch.randn(rows, cfg.hidden_size, dtype=torch.bfloat16)
         for name, layer in kernels.items():
-            ms = (_streamed_ms(layer, _KERNEL_TENSORS[name], x, reps) if rows <= stream_rows
+            ms = (_streamed_ms(layer, _KERNEL_TENSORS.get(name, layer.kernel_tensors), x, reps) if rows <= stream_rows
                   else _best_ms(lambda: layer(x), reps))
             rows_ms[name][str(rows)] = round(ms, 4)
     many = [str(r) for r in DENSE_ROWS if r >= DENSE_KIND_ROWS]

@@ -274,7 +274,7 @@ class Int4Linear(_QuantLinear):
         self.spectune_kernel = spectune_kernel and n % 32 == 0 and k % 32 == 0
         if self.spectune_kernel:
             self.packed = pack_int4_blocks(qt)
-            self.kernel_tensors: tuple[str, ...] = ("packed",)
+            self.kernel_tensors: tuple[str, ...] = ("packed",)  # what the int4 kernel reads (the probes stream them)
             kept = qt.rounded(torch.float16)
         else:
             codes = torch.from_numpy(np.ascontiguousarray(qt.codes)).to(torch.int32)
