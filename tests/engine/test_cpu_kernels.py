@@ -145,7 +145,7 @@ def test_int4_linear_computes_its_formula(ops, n, k, repeat) -> None:
 def test_int4_linear_is_as_close_to_the_weights_product_as_pytorchs_kernel(ops) -> None:
     """Against the float64 product of the very weights each kernel keeps, with bf16 inputs: the int16 inputs (an error
     of 1/65534 of a group's largest input) leave the output within bf16's rounding of it, like PyTorch's kernel."""
-    from spectune.backends.local.weights.quant import Int4Linear
+    from spectune.backends.local.weights.quant import Int4Linear, int4_block_weights
 
     if not ops.int4:
         pytest.skip("spectune::int4_linear needs an AVX-512 BW build")
@@ -156,7 +156,7 @@ def test_int4_linear_is_as_close_to_the_weights_product_as_pytorchs_kernel(ops) 
         true = x.double() @ weights.double().T
         return ((layer(x).double() - true).abs() / true.abs().max()).max().item()
 
-    mine = error(Int4Linear(qt, spectune_kernel=True), torch.from_numpy(qt.rounded(torch.float16).dequantize()))
+    mine = error(Int4Linear(qt, spectune_kernel=True), torch.from_numpy(int4_block_weights(qt)))
     theirs = error(Int4Linear(qt), torch.from_numpy(qt.rounded(torch.bfloat16).dequantize()))
     assert mine <= max(theirs, 2**-8)
 

@@ -12,8 +12,8 @@ from spectune.backends.local.build import build_engine
 from spectune.backends.local.options import EngineOptions
 from spectune.backends.local.model.linear import Float32Linear, packing_supported
 from spectune.backends.local.weights.compute_paths import choose_path
-from spectune.backends.local.weights.quant import (Int4Linear, Int8RowLinear, native_support, read_gguf_linears,
-                                           requantize_rows, unpack)
+from spectune.backends.local.weights.quant import (Int4Linear, Int8RowLinear, int4_block_weights, native_support,
+                                           read_gguf_linears, requantize_rows, unpack)
 from spectune.backends.local.engine.sequence import SamplingParams
 from spectune.backends.local.weights.loader import default_model_path, load_target
 from spectune.core.errors import UserError
@@ -190,7 +190,7 @@ def _float32_linear(weights: torch.Tensor) -> Float32Linear:
 def _reference_engine(native) -> object:
     """A bf16 engine whose linear layers are float32 matmuls over exactly the weights ``native`` (an engine without a
     dense copy) computes with: codes times the scales (plus zeros) as the int4 kernel keeps them (bf16 in PyTorch's,
-    float16 in spectune's), ``weights()`` for an int8 lm_head."""
+    :func:`int4_block_weights` in spectune's), ``weights()`` for an int8 lm_head."""
     ref = build_engine(EngineOptions(num_steps=0, draft="none", dtype="bfloat16", max_num_seqs=4, max_model_len=256,
                                      kv_cache_gb=0.5))
     c = ref.decoder.target.cfg
@@ -201,9 +201,11 @@ def _reference_engine(native) -> object:
         for p in parents:
             parent, mine = getattr(parent, p), getattr(mine, p)
         kernel = getattr(mine, leaf)
-        kept = torch.float16 if getattr(kernel, "spectune_kernel", False) else torch.bfloat16  # scales as kept
-        weights = kernel.weights() if isinstance(kernel, Int8RowLinear) else \
-            torch.from_numpy(qt.rounded(kept).dequantize())
+        if isinstance(kernel, Int8RowLinear):
+            weights = kernel.weights()
+        else:
+            weights = torch.from_numpy(int4_block_weights(qt) if kernel.spectune_kernel else
+                                       qt.rounded(torch.bfloat16).dequantize())
         setattr(parent, leaf, _float32_linear(weights))
     return ref
 

@@ -64,25 +64,20 @@ class KernelChoice:
         active: the ops are registered and the engine calls them.
         reason: why (or why not), one line.
         vector_width: float lanes of the build (16 AVX-512, 8 AVX2, 1 scalar); 0 when not active.
-        int4_linear: the build has ``spectune::int4_linear`` (AVX-512 with byte instructions, AVX512BW).
+        int4: ``spectune::int4_linear`` runs the native path's int4 linears (an active AVX-512 BW build).
     """
 
     mode: str
     active: bool
     reason: str
     vector_width: int = 0
-    int4_linear: bool = False
-
-    @property
-    def int4(self) -> bool:
-        """``spectune::int4_linear`` runs the native path's int4 linears here."""
-        return self.active and self.int4_linear
+    int4: bool = False
 
     @property
     def probe_tag(self) -> str:
         """The kernel set's name in the cache keys of probes that time whole forwards (its forwards cost
-        differently): ``spectune-q4q8`` (with the int4 linear), ``spectune``, or ``""`` for PyTorch's kernels."""
-        return "spectune-q4q8" if self.int4 else "spectune" if self.active else ""
+        differently): ``spectune-q4i16`` (with the int4 linear), ``spectune``, or ``""`` for PyTorch's kernels."""
+        return "spectune-q4i16" if self.int4 else "spectune" if self.active else ""
 
     def to_json(self) -> JsonObject:
         """JSON-ready description (``/server_info`` ``engine_path.cpu_kernels``)."""

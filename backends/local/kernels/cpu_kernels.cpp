@@ -361,6 +361,15 @@ inline void int8_rows(const float* x, int64_t M, int64_t K, const int8_t* w, con
 constexpr int64_t I16_MAX_K = 8192;  // |x| <= 16383, |w| <= 127: a lane's int32 sum stays under 2^31 up to here
 constexpr float I16_RANGE = 16383.f;
 
+// acc += the products of each 32-bit lane's two int16 pairs of a and b, summed (vpdpwssd with AVX512-VNNI).
+inline __m512i dot_i16(__m512i acc, __m512i a, __m512i b) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpwssd_epi32(acc, a, b);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+#endif
+}
+
 // The int16 variant: each input row quantized to int16 with one scale (max |x| / 16383: an error of at most 1/32766
 // of the row's largest input, well under bf16's own 1/256), then exact int32 dot products, 32 products per
 // instruction (vpmaddwd, or vpdpwssd with AVX512-VNNI), against 16 per FMA in float32.
@@ -374,11 +383,7 @@ SPECTUNE_BLOCK void i16_row(const int16_t* x, float xs, int64_t K, const int8_t*
     const __m512i xv = _mm512_loadu_si512(reinterpret_cast<const void*>(x + k));
     for (int c = 0; c < NB; ++c) {
       const __m512i wv = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c * K + k)));
-#if defined(__AVX512VNNI__)
-      acc[c] = _mm512_dpwssd_epi32(acc[c], xv, wv);
-#else
-      acc[c] = _mm512_add_epi32(acc[c], _mm512_madd_epi16(xv, wv));
-#endif
+      acc[c] = dot_i16(acc[c], xv, wv);
     }
   }
   for (int c = 0; c < NB; ++c)
@@ -401,13 +406,7 @@ SPECTUNE_BLOCK void i16_block(const int16_t* x, const float* xs, int64_t K, cons
       wv[c] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c * K + k)));
     for (int j = 0; j < MB; ++j) {
       const __m512i xv = _mm512_loadu_si512(reinterpret_cast<const void*>(x + j * K + k));
-      for (int c = 0; c < NB; ++c) {
-#if defined(__AVX512VNNI__)
-        acc[j][c] = _mm512_dpwssd_epi32(acc[j][c], xv, wv[c]);
-#else
-        acc[j][c] = _mm512_add_epi32(acc[j][c], _mm512_madd_epi16(xv, wv[c]));
-#endif
-      }
+      for (int c = 0; c < NB; ++c) acc[j][c] = dot_i16(acc[j][c], xv, wv[c]);
     }
   }
   for (int j = 0; j < MB; ++j)
@@ -530,15 +529,6 @@ inline void quantize_row_q16(const float* x, int64_t K, int16_t* q, float* d, fl
     d[g] = amax / Q16_RANGE;
     sum[g] = d[g] * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
   }
-}
-
-// acc += the products of each 32-bit lane's two int16 pairs, summed.
-inline __m512i dot_i16(__m512i acc, __m512i w, __m512i a) {
-#if defined(__AVX512VNNI__)
-  return _mm512_dpwssd_epi32(acc, w, a);
-#else
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(w, a));
-#endif
 }
 
 // BM input rows against one block of 32 columns: q [BM, K] int16, d and sum [BM, K/32]; c [BM, ldc] gets 32 outputs.

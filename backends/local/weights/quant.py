@@ -199,6 +199,22 @@ class _QuantLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
 
+def int4_block_scales(qt: QuantTensor) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, m), float16 [N, K/32] each: the affine parameters ``spectune::int4_linear`` keeps
+    (:func:`pack_int4_blocks`), ``W = scale * code + m`` with ``m = zero - 8 * scale`` (Q4_1's own ``m``)."""
+    m = qt.zero.astype(np.float64) - 8 * qt.scale.astype(np.float64)
+    return qt.scale.astype(np.float16), m.astype(np.float16)
+
+
+def int4_block_weights(qt: QuantTensor) -> np.ndarray:
+    """float32 [N, K]: the weights ``spectune::int4_linear`` multiplies by (:func:`int4_block_scales`), a Q8_0
+    matrix's two halves summed as in :meth:`QuantTensor.dequantize`."""
+    n, k2 = qt.codes.shape
+    s, m = (a.astype(np.float32)[..., None] for a in int4_block_scales(qt))
+    w = (qt.codes.reshape(n, k2 // QK, QK) * s + m).reshape(n, k2)
+    return w if qt.repeat == 1 else w.reshape(n, qt.repeat, k2 // qt.repeat).sum(1)
+
+
 def pack_int4_blocks(qt: QuantTensor) -> torch.Tensor:
     """``spectune::int4_linear``'s layout of ``qt`` (``backends/local/kernels/cpu_kernels.cpp``): uint8
     [N/32, K/32, 640], one 640-byte record per block of 32 output columns and group of 32 inputs. Bytes 0-511: 8 chunks
@@ -219,28 +235,25 @@ def pack_int4_blocks(qt: QuantTensor) -> torch.Tensor:
     c = c.transpose(0, 3, 4, 5, 2, 6, 1)  # [block, group, j, h, n, b, nibble]
     nibbles = (c[..., 0] | (c[..., 1] << 4)).astype(np.uint8).reshape(n // 32, g, 512)
 
-    def half(a: np.ndarray) -> np.ndarray:  # [N, G] -> float16 bytes [N/32, G, 64]
-        h = a.astype(np.float16).reshape(n // 32, 32, g).transpose(0, 2, 1)
-        return np.ascontiguousarray(h).view(np.uint8)
+    def half(a: np.ndarray) -> np.ndarray:  # float16 [N, G] -> its bytes [N/32, G, 64]
+        return np.ascontiguousarray(a.reshape(n // 32, 32, g).transpose(0, 2, 1)).view(np.uint8)
 
-    m = qt.zero.astype(np.float64) - 8 * qt.scale.astype(np.float64)
-    return torch.from_numpy(np.ascontiguousarray(np.concatenate([nibbles, half(qt.scale), half(m)], axis=-1)))
+    scale, m = int4_block_scales(qt)
+    return torch.from_numpy(np.ascontiguousarray(np.concatenate([nibbles, half(scale), half(m)], axis=-1)))
 
 
 def int4_blocks_reference(qt: QuantTensor, x: torch.Tensor) -> torch.Tensor:
     """What ``spectune::int4_linear`` computes, in float64 (tests): x [M, K] quantized per row and group of 32 to
     int16 as the kernel does (``d = max|a| / 32767``, ``q = rint(a * (32767 / max|a|))`` in float32), times the
-    weights of :func:`pack_int4_blocks` (float16 ``scale`` and ``m``): exactly ``W . (d q)``. Returns float64
-    [M, N]."""
+    weights it keeps (:func:`int4_block_scales`): exactly ``W . (d q)``. Returns float64 [M, N]."""
     n, k = qt.codes.shape
     a = x.float().numpy().reshape(x.shape[0], k // 32, 32)
     amax = np.abs(a).max(-1, keepdims=True)
     inv = np.where(amax > 0, np.float32(32767) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
     q = np.rint(a * inv).astype(np.float64)  # float32 product, then round half to even, as cvtps_epi32
     d = (amax / np.float32(32767)).astype(np.float32).astype(np.float64)
-    s = qt.scale.astype(np.float16).astype(np.float64)  # [N, G]
-    m = (qt.zero.astype(np.float64) - 8 * qt.scale.astype(np.float64)).astype(np.float16).astype(np.float64)
-    w = qt.codes.reshape(n, k // 32, 32) * s[..., None] + m[..., None]  # [N, G, 32]
+    s, m = (h.astype(np.float64)[..., None] for h in int4_block_scales(qt))  # [N, G, 1]
+    w = qt.codes.reshape(n, k // 32, 32) * s + m  # [N, G, 32]
     return torch.from_numpy(np.einsum("mgk,ngk->mn", q * d, w))
 
 
@@ -275,15 +288,15 @@ class Int4Linear(_QuantLinear):
         if self.spectune_kernel:
             self.packed = pack_int4_blocks(qt)
             self.kernel_tensors: tuple[str, ...] = ("packed",)  # what the int4 kernel reads (the probes stream them)
-            kept = qt.rounded(torch.float16)
+            weights = lambda: torch.from_numpy(int4_block_weights(qt))  # noqa: E731
         else:
             codes = torch.from_numpy(np.ascontiguousarray(qt.codes)).to(torch.int32)
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
             sz = torch.stack([torch.from_numpy(qt.scale), torch.from_numpy(qt.zero)], dim=-1)  # [N, G, 2]
             self.scales_zeros = sz.transpose(0, 1).contiguous().to(dtype)  # [G, N, 2]
             self.kernel_tensors = ("packed", "scales_zeros")
-            kept = qt.rounded(dtype)
-        self._finish(dtype, bias, dense_above, lambda: torch.from_numpy(kept.dequantize()), dense_dtype)
+            weights = lambda: torch.from_numpy(qt.rounded(dtype).dequantize())  # noqa: E731
+        self._finish(dtype, bias, dense_above, weights, dense_dtype)
 
     def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
         if self.repeat > 1:

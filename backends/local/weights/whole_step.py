@@ -81,7 +81,7 @@ def choose_dense_on_whole_step(choice: PathChoice, cfg: ModelConfig, lm_repeat: 
                                forward: Callable[[int], Callable[[], object]], kernels: str = "") -> None:
     """Set ``choice.dense_above`` (and every layer of ``layers``) from :func:`whole_step_crossover` on the built model,
     kept per machine like the other probes (``kernels`` names the forward's own kernels in the cache key, e.g.
-    ``spectune-q4q8``: spectune's CPU kernels change what a forward costs); a layer whose copy is then never used
+    ``spectune-q4i16``: spectune's CPU kernels change what a forward costs); a layer whose copy is then never used
     drops it. Only for the native path with a measured (``auto``) row count and a dense copy; does nothing
     otherwise."""
     if choice.name != "native" or choice.dense_above is None or not layers:
