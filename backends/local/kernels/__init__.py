@@ -76,13 +76,23 @@ class KernelChoice:
     @property
     def probe_tag(self) -> str:
         """The kernel set's name in the cache keys of probes that time whole forwards (its forwards cost
-        differently): ``spectune-q4i16`` (with the int4 linear), ``spectune``, or ``""`` for PyTorch's kernels."""
-        return "spectune-q4i16" if self.int4 else "spectune" if self.active else ""
+        differently): ``spectune-q4i16-<source hash>`` (with the int4 linear), ``spectune-<source hash>``, or ``""``
+        for PyTorch's kernels. The hash of ``cpu_kernels.cpp`` makes a changed kernel re-probe instead of reusing
+        timings of the one before."""
+        if not self.active:
+            return ""
+        return ("spectune-q4i16-" if self.int4 else "spectune-") + _source_hash()
 
     def to_json(self) -> JsonObject:
         """JSON-ready description (``/server_info`` ``engine_path.cpu_kernels``)."""
         return {"mode": self.mode, "active": self.active, "reason": self.reason, "vector_width": self.vector_width,
                 "int4_linear": self.int4}
+
+
+@functools.cache
+def _source_hash() -> str:
+    """The first 12 hex digits of the SHA-256 of ``cpu_kernels.cpp``."""
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
 
 
 def _compiler() -> str | None:

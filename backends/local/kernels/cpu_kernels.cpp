@@ -512,6 +512,10 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
 constexpr int64_t Q4_BLOCK_BYTES = 640;
 constexpr int Q4_ROWS = 8;  // input rows per pass over a column block: 16 int32 accumulators, the float ones in L1
 constexpr float Q16_RANGE = 32767.f;
+// Bytes ahead of the group being multiplied whose cache lines are prefetched: a linear's blocks lie in one stream,
+// and the hardware prefetcher alone left the passes waiting on memory (docs/engine.md, "spectune's CPU kernels":
+// a gate|up streamed from memory took 1.8x as long at 8 rows and 1.5x at 1 row without it; 8-24 KiB ahead do alike).
+constexpr int64_t Q4_PREFETCH_BYTES = 16384;
 
 // x [K] -> q int16 [K], d [K/32] (scale), sum [K/32]: d x the sum of the group's q, as quantize_row_q8_1 sets Q8_1's
 // s in the same llama.cpp file. The m term then sees the same quantized inputs as the code term, so y is exactly
@@ -541,6 +545,8 @@ SPECTUNE_BLOCK void int4_block(const int16_t* q, const float* d, const float* su
   const __m512i low = _mm512_set1_epi8(15);
   for (int64_t g = 0; g < G; ++g) {
     const uint8_t* blk = b + g * Q4_BLOCK_BYTES;
+    for (int p = 0; p < Q4_BLOCK_BYTES / 64; ++p)
+      _mm_prefetch(reinterpret_cast<const char*>(blk + Q4_PREFETCH_BYTES + 64 * p), _MM_HINT_T0);
     __m512i dot[BM][2];  // [row][columns 0-15, 16-31]
     for (int r = 0; r < BM; ++r) dot[r][0] = dot[r][1] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {  // chunk j: input pairs 2j (bytes 0-31) and 2j + 1 (bytes 32-63)
