@@ -360,6 +360,11 @@ inline void int8_rows(const float* x, int64_t M, int64_t K, const int8_t* w, con
 #define SPECTUNE_INT16_DOT 1
 constexpr int64_t I16_MAX_K = 8192;  // |x| <= 16383, |w| <= 127: a lane's int32 sum stays under 2^31 up to here
 constexpr float I16_RANGE = 16383.f;
+// How far ahead in a weight stream the int8 and int4 linears prefetch, bytes: the hardware prefetcher alone left them
+// waiting on memory (docs/engine.md, "spectune's CPU kernels": a streamed gate|up took 1.8x as long at 8 rows and
+// 1.5x at 1 row without it, the lm_head 1.4x at 1 row with one 8-row block ahead; 8-24 KiB ahead do alike).
+constexpr int64_t PREFETCH_BYTES = 16384;
+inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 
 // acc += the products of each 32-bit lane's two int16 pairs of a and b, summed (vpdpwssd with AVX512-VNNI).
 inline __m512i dot_i16(__m512i acc, __m512i a, __m512i b) {
@@ -378,8 +383,8 @@ SPECTUNE_BLOCK void i16_row(const int16_t* x, float xs, int64_t K, const int8_t*
   __m512i acc[NB];
   for (int c = 0; c < NB; ++c) acc[c] = _mm512_setzero_si512();
   for (int64_t k = 0; k < K; k += 32) {
-    if ((k & 63) == 0)  // the next block's weights, one cache line per row ahead of their use
-      for (int c = 0; c < NB; ++c) _mm_prefetch(reinterpret_cast<const char*>(w + (NB + c) * K + k), _MM_HINT_T0);
+    if ((k & 63) == 0)  // one cache line per weight row, PREFETCH_BYTES ahead of its use
+      for (int c = 0; c < NB; ++c) prefetch(w + c * K + k + PREFETCH_BYTES);
     const __m512i xv = _mm512_loadu_si512(reinterpret_cast<const void*>(x + k));
     for (int c = 0; c < NB; ++c) {
       const __m512i wv = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c * K + k)));
@@ -400,7 +405,7 @@ SPECTUNE_BLOCK void i16_block(const int16_t* x, const float* xs, int64_t K, cons
     for (int c = 0; c < NB; ++c) acc[j][c] = _mm512_setzero_si512();
   for (int64_t k = 0; k < K; k += 32) {
     if ((k & 63) == 0)
-      for (int c = 0; c < NB; ++c) _mm_prefetch(reinterpret_cast<const char*>(w + (NB + c) * K + k), _MM_HINT_T0);
+      for (int c = 0; c < NB; ++c) prefetch(w + c * K + k + PREFETCH_BYTES);
     __m512i wv[NB];
     for (int c = 0; c < NB; ++c)
       wv[c] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c * K + k)));
@@ -512,10 +517,6 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
 constexpr int64_t Q4_BLOCK_BYTES = 640;
 constexpr int Q4_ROWS = 8;  // input rows per pass over a column block: 16 int32 accumulators, the float ones in L1
 constexpr float Q16_RANGE = 32767.f;
-// Bytes ahead of the group being multiplied whose cache lines are prefetched: a linear's blocks lie in one stream,
-// and the hardware prefetcher alone left the passes waiting on memory (docs/engine.md, "spectune's CPU kernels":
-// a gate|up streamed from memory took 1.8x as long at 8 rows and 1.5x at 1 row without it; 8-24 KiB ahead do alike).
-constexpr int64_t Q4_PREFETCH_BYTES = 16384;
 
 // x [K] -> q int16 [K], d [K/32] (scale), sum [K/32]: d x the sum of the group's q, as quantize_row_q8_1 sets Q8_1's
 // s in the same llama.cpp file. The m term then sees the same quantized inputs as the code term, so y is exactly
@@ -546,7 +547,7 @@ SPECTUNE_BLOCK void int4_block(const int16_t* q, const float* d, const float* su
   for (int64_t g = 0; g < G; ++g) {
     const uint8_t* blk = b + g * Q4_BLOCK_BYTES;
     for (int p = 0; p < Q4_BLOCK_BYTES / 64; ++p)
-      _mm_prefetch(reinterpret_cast<const char*>(blk + Q4_PREFETCH_BYTES + 64 * p), _MM_HINT_T0);
+      prefetch(blk + PREFETCH_BYTES + 64 * p);
     __m512i dot[BM][2];  // [row][columns 0-15, 16-31]
     for (int r = 0; r < BM; ++r) dot[r][0] = dot[r][1] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {  // chunk j: input pairs 2j (bytes 0-31) and 2j + 1 (bytes 32-63)
