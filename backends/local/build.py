@@ -95,8 +95,9 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
     folder = convert_gguf(model_path) if model_path.is_file() else model_path
     cfg = ModelConfig.from_hf(json.loads((folder / "config.json").read_text()))
     kernel_choice = load_kernels(opts.cpu_kernels, device)
+    int4_kernel = kernel_choice.probe_tag if kernel_choice.int4 else ""  # the int4 kernel's probes are its own
     path_choice = choose_path(opts.dtype, device, cfg, native_ok, reason, lm_repeat, opts.native_dense_above,
-                              opts.native_lm_head, opts.native_dense_dtype, kernel_choice.active)
+                              opts.native_lm_head, opts.native_dense_dtype, kernel_choice.active, int4_kernel)
     path_choice.cpu_kernels = kernel_choice.to_json()
     dtype = path_choice.dtype
     target, folder = load_target(model_path, dtype, device)
@@ -137,7 +138,7 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
     compile_choice = compile_target(target, opts.compile, device)
     # the step model's start-up forwards first (their untimed first calls compile what they meet), then the warm-up,
     # so the warm-up's shape classes are the last thing compiled before serving (tests/engine/test_engine_compile.py)
-    step_model = _step_model(decoder, path_choice, cfg, lm_repeat, max_steps)
+    step_model = _step_model(decoder, path_choice, cfg, lm_repeat, max_steps, int4_kernel)
     if confidence is not None and confidence.strategy == "specserve":  # its step-time model: this machine's forwards
         decoder.rule = specserve_rule(decoder, confidence)
     warm_up(decoder, compile_choice, max_steps + 1)
@@ -158,16 +159,16 @@ def _native_layers(target: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def _step_model(decoder: SpeculativeDecoder, choice: PathChoice, cfg: ModelConfig, lm_repeat: int,
-                max_steps: int) -> StepModel | None:
+                max_steps: int, int4_kernel: str = "") -> StepModel | None:
     """The engine's :class:`~spectune.backends.local.engine.step_model.StepModel` on CPU: the kernels' per-row
-    timings (the crossover probe, kept per machine) and one-row forwards measured now; the target forwards of one
-    sequence verifying 2 and ``max_steps`` + 1 tokens are checked against it at start-up. None on CUDA."""
+    timings (the crossover probe of the int4 kernel that runs: spectune's where ``int4_kernel`` names it; kept per
+    machine) and one-row forwards measured now; the target forwards of one sequence verifying 2 and ``max_steps`` + 1 tokens are checked against it at start-up. None on CUDA."""
     from spectune.backends.local.engine.step_model import build_step_model
     from spectune.backends.local.weights.compute_paths import kernel_timings
 
     if decoder.device.type != "cpu":
         return None
-    probe, probe_weights = kernel_timings(cfg, lm_repeat)
+    probe, probe_weights = kernel_timings(cfg, lm_repeat, int4_kernel)
     check_rows = tuple(sorted({2, max_steps + 1})) if max_steps > 0 else ()
     return build_step_model(decoder, choice, probe["rows_ms"], probe_weights, check_rows, drafting=max_steps > 0)
 

@@ -172,12 +172,19 @@ DENSE_PROBE = "native:dense-kernel:streamed"
 """The crossover probe's name in its cache key (:func:`_probe_key`): a new name when what it measures changes, so a
 machine's kept result from an older probe is measured again instead of reused."""
 
-def kernel_timings(cfg: ModelConfig, lm_repeat: int = 1) -> tuple[DenseCrossover, int]:
-    """The crossover probe's result for ``cfg`` on this machine (kept per machine, measured now when absent) and the
-    probe layer's weights (rows x inputs), from which a step model takes each kernel's time per weight
-    (:mod:`spectune.backends.local.engine.step_model`)."""
-    probe = _measured(_probe_key([DENSE_PROBE], cfg, lm_repeat), lambda: dense_crossover(cfg))
-    return probe, min(2 * cfg.intermediate_size, 4096) * cfg.hidden_size
+def _dense_probe(cfg: ModelConfig, lm_repeat: int, int4_kernel: str) -> DenseCrossover:
+    """:func:`dense_crossover` for ``cfg``, kept per machine and per int4 kernel (``int4_kernel``: the probe tag of
+    spectune's kernel set, :attr:`spectune.backends.local.kernels.KernelChoice.probe_tag`, when it runs the int4
+    linears; ``""`` for PyTorch's), measured now when absent."""
+    key = _probe_key([DENSE_PROBE + (f"+{int4_kernel}" if int4_kernel else "")], cfg, lm_repeat)
+    return _measured(key, lambda: dense_crossover(cfg, spectune_int4=bool(int4_kernel)))
+
+
+def kernel_timings(cfg: ModelConfig, lm_repeat: int = 1, int4_kernel: str = "") -> tuple[DenseCrossover, int]:
+    """The crossover probe's result for ``cfg`` on this machine (:func:`_dense_probe`: of the int4 kernel the engine
+    runs, spectune's when ``int4_kernel`` names it) and the probe layer's weights (rows x inputs), from which a step
+    model takes each kernel's time per weight (:mod:`spectune.backends.local.engine.step_model`)."""
+    return _dense_probe(cfg, lm_repeat, int4_kernel), min(2 * cfg.intermediate_size, 4096) * cfg.hidden_size
 
 
 def dense_fits(cfg: ModelConfig) -> bool:
@@ -195,7 +202,7 @@ def dense_fits(cfg: ModelConfig) -> bool:
 
 def choose_path(requested: str, device: torch.device, cfg: ModelConfig, native_ok: bool, native_reason: str = "",
                 lm_repeat: int = 1, dense_above: str = "auto", lm_head: str = "auto",
-                dense_dtype: str = "auto", spectune_int8: bool = False) -> PathChoice:
+                dense_dtype: str = "auto", spectune_int8: bool = False, int4_kernel: str = "") -> PathChoice:
     """Resolve ``--dtype`` into a :class:`PathChoice`.
 
     Args:
@@ -213,6 +220,9 @@ def choose_path(requested: str, device: torch.device, cfg: ModelConfig, native_o
             ``float32`` or ``bfloat16`` (:data:`DENSE_DTYPES`).
         spectune_int8: an int8 lm_head would run ``spectune::int8_linear`` (the ops are loaded), so ``auto``
             times that kernel against the int4 halves (a probe of its own, kept apart from PyTorch's).
+        int4_kernel: the probe tag of spectune's kernel set when the native int4 linears would run
+            ``spectune::int4_linear`` (``""``: PyTorch's kernel), so :func:`dense_crossover` times that kernel, in a
+            probe of its own: its rows cost differently from PyTorch's.
 
     Raises:
         UserError: an unknown value, or ``native`` where it cannot run (CUDA, a non-GGUF model, other types), or a
@@ -233,21 +243,21 @@ def choose_path(requested: str, device: torch.device, cfg: ModelConfig, native_o
     if name != "auto":
         dtype = torch.float32 if name == "float32" else torch.bfloat16
         choice = PathChoice(name, dtype, "flag", cpu_capability=cap, bf16_packed=packed)
-        return _with_lm_head(_with_dense(choice, cfg, lm_repeat, dense_above, dense_dtype), cfg, lm_repeat, lm_head,
-                             spectune_int8)
+        return _with_lm_head(_with_dense(choice, cfg, lm_repeat, dense_above, dense_dtype, int4_kernel), cfg,
+                             lm_repeat, lm_head, spectune_int8)
     if device.type != "cpu":
         return PathChoice("bfloat16", torch.bfloat16, "device")
     candidates = (["native"] if native_ok else []) + ["bfloat16", "float32"]
     key = _probe_key(candidates, cfg, lm_repeat)
     est = _measured(key, lambda: {c: estimate_step_ms(c, cfg, lm_repeat) for c in candidates})
-    rows = _measured(_probe_key([DENSE_PROBE], cfg, lm_repeat), lambda: dense_crossover(cfg))
+    rows = _dense_probe(cfg, lm_repeat, int4_kernel)
     per_batch = batch_estimates(est, rows["rows_ms"], packed, copies=dense_fits(cfg) and dense_above != "off")
     best = min(candidates, key=lambda c: sum(per_batch[c][b] / min(per_batch[o][b] for o in candidates)
                                              for b in per_batch[c]))
     flat = {**est, **{f"{c}@{b}": v for c, by in per_batch.items() for b, v in by.items() if b != "1"}}
     choice = PathChoice(best, torch.float32 if best == "float32" else torch.bfloat16, "measured", flat, cap, packed)
-    choice = _with_lm_head(_with_dense(choice, cfg, lm_repeat, dense_above, dense_dtype), cfg, lm_repeat, lm_head,
-                           spectune_int8)
+    choice = _with_lm_head(_with_dense(choice, cfg, lm_repeat, dense_above, dense_dtype, int4_kernel), cfg,
+                           lm_repeat, lm_head, spectune_int8)
     timings = ", ".join(f"{c} ~{'/'.join(f'{v:.1f}' for v in by.values())} ms/step" for c, by in per_batch.items())
     log.info("engine path %s (at batch %s: %s; dense above %s rows; lm_head %s)", best, "/".join(BATCHES), timings,
              choice.dense_above, choice.lm_head)
@@ -322,7 +332,7 @@ def _with_lm_head(choice: PathChoice, cfg: ModelConfig, lm_repeat: int, lm_head:
 
 
 def _with_dense(choice: PathChoice, cfg: ModelConfig, lm_repeat: int, dense_above: str,
-                dense_dtype: str = "auto") -> PathChoice:
+                dense_dtype: str = "auto", int4_kernel: str = "") -> PathChoice:
     """``choice`` with its ``dense_above`` and ``dense_dtype`` set (native only; see :func:`choose_path`): the dtype
     from :func:`dense_crossover` for ``auto`` (else as given), the row count its :func:`crossover` for ``auto``
     where the copy fits (:func:`dense_fits`); a forced row count skips the fit check."""
@@ -338,8 +348,7 @@ def _with_dense(choice: PathChoice, cfg: ModelConfig, lm_repeat: int, dense_abov
         log.info("no dense copy of the native weights: it would take more than %d%% of the available memory",
                  int(DENSE_MEMORY_SHARE * 100))
         return choice
-    key = _probe_key([DENSE_PROBE], cfg, lm_repeat)
-    probe = _measured(key, lambda: dense_crossover(cfg))
+    probe = _dense_probe(cfg, lm_repeat, int4_kernel)
     if kind == "bfloat16" and "bfloat16" not in probe["rows_ms"]:
         raise UserError("--native-dense-dtype bfloat16: oneDNN has no bf16 GEMM on this CPU (needs AVX-512 BW/VL/DQ "
                         "or AVX-NE-CONVERT): use auto or float32")

@@ -177,10 +177,12 @@ def _streamed_ms(layer: nn.Module, tensors: tuple[str, ...], x: torch.Tensor, re
     return _best_ms(run, reps) / copies
 
 
-def dense_crossover(cfg: ModelConfig, reps: int = 5, stream_rows: int = STREAM_ROWS) -> DenseCrossover:
+def dense_crossover(cfg: ModelConfig, reps: int = 5, stream_rows: int = STREAM_ROWS,
+                    spectune_int4: bool = False) -> DenseCrossover:
     """Which dense copy of the native weights to keep and above which row count to use it, from timings of one
     gate|up-shaped layer of ``cfg`` (at most 4096 rows; one thread) at 1 row and each of :data:`DENSE_ROWS`: the int4
-    kernel, a float32 GEMM of the dequantized weights, and (where oneDNN runs bf16:
+    kernel (spectune's ``spectune::int4_linear`` with ``spectune_int4``, the ops loaded; else PyTorch's), a float32
+    GEMM of the dequantized weights, and (where oneDNN runs bf16:
     :func:`spectune.backends.local.model.linear.packing_supported`) the same weights in bf16 through oneDNN's GEMM.
     About 2 s.
 
@@ -204,7 +206,7 @@ def dense_crossover(cfg: ModelConfig, reps: int = 5, stream_rows: int = STREAM_R
     from spectune.backends.local.weights.quant import Int4Linear
 
     qt = _random_quant(min(2 * cfg.intermediate_size, 4096), cfg.hidden_size)
-    kernels = {"int4": Int4Linear(qt, torch.bfloat16),
+    kernels = {"int4": Int4Linear(qt, torch.bfloat16, spectune_kernel=spectune_int4),
                "float32": Int4Linear(qt, torch.bfloat16, dense_above=0)}  # dense at any rows
     if packing_supported(torch.bfloat16, torch.device("cpu")):
         kernels["bfloat16"] = Int4Linear(qt, torch.bfloat16, dense_above=0, dense_dtype=torch.bfloat16)
