@@ -162,7 +162,8 @@ def _step_model(decoder: SpeculativeDecoder, choice: PathChoice, cfg: ModelConfi
                 max_steps: int, int4_kernel: str = "") -> StepModel | None:
     """The engine's :class:`~spectune.backends.local.engine.step_model.StepModel` on CPU: the kernels' per-row
     timings (the crossover probe of the int4 kernel that runs: spectune's where ``int4_kernel`` names it; kept per
-    machine) and one-row forwards measured now; the target forwards of one sequence verifying 2 and ``max_steps`` + 1 tokens are checked against it at start-up. None on CUDA."""
+    machine) and one-row forwards measured now; the target forwards of one sequence verifying 2 and ``max_steps`` + 1
+    tokens are checked against it at start-up. None on CUDA."""
     from spectune.backends.local.engine.step_model import build_step_model
     from spectune.backends.local.weights.compute_paths import kernel_timings
 
