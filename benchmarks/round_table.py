@@ -33,16 +33,17 @@ PROMPTS = ["Write a short story about a robot learning to paint.", "Explain how 
            "How do airplanes stay in the air?"]
 
 
-def make_engine(choice: str, capacity: int, slots: int):
+def make_engine(choice: str, capacity: int, slots: int, draft_quant: str = "auto"):
     """The default pair on the native path with ``--native-dense-above`` the ``choice`` (``+pytorch``: and
-    ``--cpu-kernels off``), compiled, one thread."""
+    ``--cpu-kernels off``) and ``--draft-quant`` ``draft_quant``, compiled, one thread."""
     from spectune.backends.local.build import build_engine
     from spectune.backends.local.options import EngineOptions
 
     dense_above, pytorch, _ = choice.partition("+pytorch")
     return build_engine(EngineOptions(num_steps=0, num_steps_capacity=capacity, dtype="native", max_num_seqs=slots,
                                       max_model_len=512, kv_cache_gb=1.0, threads=1, native_dense_above=dense_above,
-                                      compile="on", cpu_kernels="off" if pytorch else "auto"))
+                                      compile="on", cpu_kernels="off" if pytorch else "auto",
+                                      draft_quant=draft_quant))
 
 
 def round_ms(engine, prompts: list[list[int]], batch: int, k: int, rounds: int) -> float:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from spectune.backends.local.engine.tokenizer import Tokenizer
 from spectune.backends.local.model.config import ModelConfig
-from spectune.backends.local.options import EngineOptions, check_compile_mode, resolve_draft
+from spectune.backends.local.options import EngineOptions, check_compile_mode, check_draft_quant, resolve_draft
 from spectune.backends.local.weights.loader import convert_gguf, is_default_model, load_target, resolve_model_path
 from spectune.backends.num_steps import TraceWriter, load_config_file, make_policy
 from spectune.core.errors import UserError
@@ -71,6 +71,7 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
 
     device, _ = resolve_device_dtype(opts.device, opts.dtype)
     check_compile_mode(opts.compile)
+    check_draft_quant(opts.draft_quant)
     if opts.threads > 0:
         torch.set_num_threads(opts.threads)
     is_default = is_default_model(opts.model)
@@ -116,6 +117,7 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
     target.build_rope(max_len)
     if head is not None:
         head.prepare(max_len)
+    path_choice.draft_head = quantize_draft(head, opts.draft_quant, path_choice, kernel_choice.int4)  # prepared first
     if device.type == "cpu":
         pack_linears(target)  # dense bf16 linears left (none on the native path)
         if head is not None and not pack_linears(head) and dtype == torch.bfloat16:
@@ -133,8 +135,10 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
 
         from spectune.backends.local.engine.step_model import target_forward
 
-        choose_dense_on_whole_step(path_choice, cfg, lm_repeat, _native_layers(target),
-                                   lambda rows: target_forward(decoder, rows), kernel_choice.probe_tag)
+        # an int4 head's linears take the target's row count (whole_step_crossover times the target's forward only)
+        layers = _native_layers(target) + (_native_layers(head) if head is not None else [])
+        choose_dense_on_whole_step(path_choice, cfg, lm_repeat, layers, lambda rows: target_forward(decoder, rows),
+                                   kernel_choice.probe_tag)
     compile_choice = compile_target(target, opts.compile, device)
     # the step model's start-up forwards first (their untimed first calls compile what they meet), then the warm-up,
     # so the warm-up's shape classes are the last thing compiled before serving (tests/engine/test_engine_compile.py)
@@ -153,9 +157,33 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
     return Engine(decoder, Tokenizer(folder), ecfg, model_name=name, path=path_choice, step_model=step_model)
 
 
-def _native_layers(target: torch.nn.Module) -> list[torch.nn.Module]:
-    """The target's native linears that hold a dense copy (``weights/quant.py``)."""
-    return [m for m in target.modules() if getattr(m, "dense", None) is not None and hasattr(m, "dense_above")]
+def quantize_draft(head: torch.nn.Module | None, mode: str, choice: PathChoice, int4_kernel: bool) -> str | None:
+    """The draft head's linears as ``--draft-quant`` ``mode`` says (:data:`~spectune.backends.local.options.
+    DRAFT_QUANT_MODES`): Q4_1 on spectune's int4 kernel (:func:`~spectune.backends.local.weights.quant.quantize_head`,
+    with ``choice``'s dense copy above its row count) for ``int4``, and for ``auto`` on the native path where
+    ``int4_kernel`` (that kernel is loaded); else left in the head's dtype. Returns what runs them (``int4`` or the
+    dtype's name; :attr:`PathChoice.draft_head`), None without a head.
+
+    Raises:
+        UserError: ``int4`` without spectune's int4 kernel (not a CPU with AVX-512 BW, or ``--cpu-kernels off``).
+    """
+    if head is None:
+        return None
+    if mode == "int4" and not int4_kernel:
+        raise UserError("--draft-quant int4 needs spectune's int4 kernel (a CPU with AVX-512 BW and --cpu-kernels auto "
+                        "or on): use --draft-quant auto or off")
+    if mode == "int4" or (mode == "auto" and int4_kernel and choice.name == "native"):
+        from spectune.backends.local.weights.quant import quantize_head
+
+        quantize_head(head, choice.dtype, choice.dense_above, choice.dense_torch_dtype)
+        return "int4"
+    return str(choice.dtype).removeprefix("torch.")
+
+
+def _native_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The native linears of ``model`` (the target, or a head on the int4 kernel) that hold a dense copy
+    (``weights/quant.py``)."""
+    return [m for m in model.modules() if getattr(m, "dense", None) is not None and hasattr(m, "dense_above")]
 
 
 def _step_model(decoder: SpeculativeDecoder, choice: PathChoice, cfg: ModelConfig, lm_repeat: int,

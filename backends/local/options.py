@@ -13,6 +13,10 @@ SWITCH_MODES = ("auto", "on", "off")
 """The values of the engine's build switches: ``--compile`` (``backends/local/engine/compiled.py``) and
 ``--cpu-kernels`` (``backends/local/kernels/__init__.py``): use the feature when it works here, insist on it, or not."""
 COMPILE_MODES = CPU_KERNEL_MODES = SWITCH_MODES
+DRAFT_QUANT_MODES = ("auto", "int4", "off")
+"""``--draft-quant``: the draft head's linears as Q4_1 on spectune's int4 kernel (``int4``; ``auto``: on the native
+path where that kernel runs) or in the head's own dtype (``off``); :func:`spectune.backends.local.weights.quant.
+quantize_head`."""
 
 
 def check_switch(option: str, mode: str) -> str:
@@ -23,6 +27,17 @@ def check_switch(option: str, mode: str) -> str:
     """
     if mode not in SWITCH_MODES:
         raise UserError(f"{option} {mode!r}: use auto, on or off")
+    return mode
+
+
+def check_draft_quant(mode: str) -> str:
+    """``mode`` if it is one of :data:`DRAFT_QUANT_MODES` (torch-free).
+
+    Raises:
+        UserError: any other value.
+    """
+    if mode not in DRAFT_QUANT_MODES:
+        raise UserError(f"--draft-quant {mode!r}: use auto, int4 or off")
     return mode
 
 
@@ -78,6 +93,9 @@ class EngineOptions:
             (:mod:`spectune.backends.local.engine.compiled`): ``auto`` (when a C++ compiler is found), ``on`` (an error
             without one) or ``off``. The library default is ``off`` (no compile for engines built in tests and scripts);
             ``spectune serve`` and the ``local`` sweep backend pass ``auto``.
+        draft_quant: the draft head's linears: ``auto`` (Q4_1 on spectune's int4 kernel on the native path where that
+            kernel runs, else the head's dtype), ``int4`` (that quantization on any CPU path; an error without the
+            kernel) or ``off`` (:func:`spectune.backends.local.weights.quant.quantize_head`).
         draft_upkeep: adaptive mode only: run the head's draft extend on every prefill and num_steps 0 round, as
             SGLang does at num_steps 0 (``_build_trivial_verify_input`` then ``_draft_extend_for_decode`` in
             ``python/sglang/srt/speculative/eagle_worker_v2.py``), instead of lazy drafting (the default, which
@@ -105,6 +123,7 @@ class EngineOptions:
     native_dense_dtype: str = "auto"
     compile: str = "off"
     cpu_kernels: str = "auto"
+    draft_quant: str = "auto"
     draft_upkeep: bool = False
 
 
@@ -130,6 +149,7 @@ SERVER_ARGS: dict[str, tuple[str, type, tuple[str, ...] | None]] = {
     "--native-lm-head": ("native_lm_head", str, ("auto", "int4", "int8")),
     "--compile": ("compile", str, COMPILE_MODES),
     "--cpu-kernels": ("cpu_kernels", str, CPU_KERNEL_MODES),
+    "--draft-quant": ("draft_quant", str, DRAFT_QUANT_MODES),
     "--threads": ("threads", int, None),
     "--seed": ("seed", int, None),
     "--kv-cache-gb": ("kv_cache_gb", float, None),

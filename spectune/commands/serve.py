@@ -66,6 +66,10 @@ def serve(
                                              "attention, a per-row int8 lm_head and (AVX-512) the int4 linears, "
                                              "built for this CPU at the first start: auto (when a C++ compiler is "
                                              "found), on, or off (PyTorch's).")] = "auto",
+    draft_quant: Annotated[str, typer.Option("--draft-quant", help="CPU: the draft head's linears as 4-bit Q4_1 on "
+                                             "spectune's int4 kernel (a quarter of the bytes each round): auto (on "
+                                             "--dtype native where that kernel runs), int4, or off (the head's own "
+                                             "dtype).")] = "auto",
 ) -> None:
     """Serve the bundled engine: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /server_info."""
     from spectune.backends.local.build import build_engine
@@ -79,7 +83,7 @@ def serve(
         draft_p_min=draft_p_min,
         threads=threads, seed=seed, native_dense_above=native_dense_above,
         native_lm_head=native_lm_head, native_dense_dtype=native_dense_dtype, compile=compile,
-        cpu_kernels=cpu_kernels))
+        cpu_kernels=cpu_kernels, draft_quant=draft_quant))
     name = model_name or engine.model_name
     head = engine.decoder.head
     key = resolve_api_key(api_key)

@@ -82,6 +82,7 @@ class EnginePathJson(TypedDict):
     compile: Mapping[str, object] | None
     cpu_kernels: Mapping[str, object] | None
     dense_whole_step_ms: dict[str, dict[str, float]]
+    draft_head: str | None
 
 
 _Probe = TypeVar("_Probe", bound=Mapping[str, object])
@@ -113,6 +114,8 @@ class PathChoice:
             to_json`), or None before :func:`~spectune.backends.local.build.build_engine` decided.
         cpu_kernels: whether spectune's CPU kernels run (:meth:`spectune.backends.local.kernels.KernelChoice.to_json`),
             or None before :func:`~spectune.backends.local.build.build_engine` decided.
+        draft_head: what runs the draft head's linears: ``int4`` (Q4_1 on spectune's kernel, ``--draft-quant``;
+            :func:`spectune.backends.local.build.quantize_draft`) or the head's dtype; None without a head.
     """
 
     name: str
@@ -128,6 +131,7 @@ class PathChoice:
     compile: Mapping[str, object] | None = None
     cpu_kernels: Mapping[str, object] | None = None
     whole_step_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    draft_head: str | None = None
 
     @property
     def dense_torch_dtype(self) -> torch.dtype:
@@ -151,7 +155,7 @@ class PathChoice:
                 "dense_above_rows": self.dense_above, "dense_dtype": self.dense_dtype,
                 "kernel_ranges": self.kernel_ranges(), "dense_rows_ms": self.dense_rows_ms,
                 "lm_head": self.lm_head, "compile": self.compile, "cpu_kernels": self.cpu_kernels,
-                "dense_whole_step_ms": self.whole_step_ms}
+                "dense_whole_step_ms": self.whole_step_ms, "draft_head": self.draft_head}
 
 
 def normalise(name: str) -> str:

@@ -310,6 +310,48 @@ class Int4Linear(_QuantLinear):
                 f"dense_above={self.dense_above}, dense_dtype={str(self.dense_dtype).removeprefix('torch.')}")
 
 
+def quantize_q4_1(weight: torch.Tensor) -> QuantTensor:
+    """A dense matrix [N, K] (K a multiple of 32) as Q4_1 blocks: per group of 32 inputs ``x = d * q + m`` with
+    ``d = (max - min) / 15`` and ``m = min`` as float16 and codes 0..15, quantized by the ``gguf`` package
+    (``gguf.quants.quantize``, llama.cpp's ``quantize_row_q4_1_ref`` in ``ggml/src/ggml-quants.c``) and read back by
+    :func:`unpack`.
+
+    Raises:
+        ValueError: K not a multiple of 32.
+    """
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    n, k = weight.shape
+    if k % QK:
+        raise ValueError(f"Q4_1 needs in_features a multiple of {QK}, got {k}")
+    raw = quantize(weight.detach().float().cpu().numpy(), GGMLQuantizationType.Q4_1)  # uint8 [N, K/32 * 20]
+    return unpack(raw, "Q4_1", k)
+
+
+def quantize_head(head: nn.Module, dtype: torch.dtype, dense_above: int | None = None,
+                  dense_dtype: torch.dtype = torch.float32) -> int:
+    """Replace every ``nn.Linear`` of a draft head whose sizes are multiples of 32 by an :class:`Int4Linear` over its
+    weights quantized to Q4_1 (:func:`quantize_q4_1`), run by ``spectune::int4_linear`` as the native target's linears
+    are; returns how many. Above ``dense_above`` rows (a catch-up or prompt through the head) each uses a dense copy
+    of the same int4 weights in ``dense_dtype``, as the target's do.
+
+    Why: in a decode round the target's weights stream through the caches, so the head's bf16 weights (19.6 MB for
+    the bundled SmolLM2 head) come from DRAM each round; Q4_1 reads about a quarter of those bytes. The drafts move
+    little (docs/engine.md "The draft head on the int4 kernel", ``benchmarks/draft_quant.py``), and drafts never
+    change what is emitted: verification keeps greedy output equal to num_steps 0.
+    """
+    count = 0
+    for parent in list(head.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and child.in_features % 32 == 0 and child.out_features % 32 == 0:
+                bias = None if child.bias is None else child.bias.detach()
+                setattr(parent, name, Int4Linear(quantize_q4_1(child.weight), dtype, bias, dense_above, dense_dtype,
+                                                 spectune_kernel=True))
+                count += 1
+    return count
+
+
 INT8_MAX = 127
 
 
