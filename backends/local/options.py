@@ -19,26 +19,22 @@ path where that kernel runs) or in the head's own dtype (``off``); :func:`spectu
 quantize_head`."""
 
 
-def check_switch(option: str, mode: str) -> str:
-    """``mode`` if it is one of :data:`SWITCH_MODES` (torch-free, so the sweep process can check it early).
+def check_switch(option: str, mode: str, modes: tuple[str, ...] = SWITCH_MODES) -> str:
+    """``mode`` if it is one of ``modes`` (:data:`SWITCH_MODES` by default; torch-free, so the sweep process can check
+    it early).
 
     Raises:
-        UserError: any other value, naming ``option`` (``--compile``, ``--cpu-kernels``).
+        UserError: any other value, naming ``option`` (``--compile``, ``--cpu-kernels``, ``--draft-quant``) and the
+            values it takes.
     """
-    if mode not in SWITCH_MODES:
-        raise UserError(f"{option} {mode!r}: use auto, on or off")
+    if mode not in modes:
+        raise UserError(f"{option} {mode!r}: use {', '.join(modes[:-1])} or {modes[-1]}")
     return mode
 
 
 def check_draft_quant(mode: str) -> str:
-    """``mode`` if it is one of :data:`DRAFT_QUANT_MODES` (torch-free).
-
-    Raises:
-        UserError: any other value.
-    """
-    if mode not in DRAFT_QUANT_MODES:
-        raise UserError(f"--draft-quant {mode!r}: use auto, int4 or off")
-    return mode
+    """:func:`check_switch` of ``--draft-quant`` against :data:`DRAFT_QUANT_MODES`."""
+    return check_switch("--draft-quant", mode, DRAFT_QUANT_MODES)
 
 
 def check_compile_mode(mode: str) -> str:

@@ -11,6 +11,8 @@ The ops are private PyTorch API; :func:`pack_linears` checks they work and leave
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -54,11 +56,18 @@ def pack_linears(module: nn.Module) -> int:
     first = next(module.parameters(), None)
     if first is None or not packing_supported(first.dtype, first.device):
         return 0
+    return replace_linears(module, PackedLinear)
+
+
+def replace_linears(module: nn.Module, make: Callable[[nn.Linear], nn.Module | None]) -> int:
+    """Replace every ``nn.Linear`` inside ``module`` by ``make(linear)`` where that returns a module (None keeps the
+    linear); returns how many were replaced. What :func:`pack_linears`, :func:`unpack_bf16_linears` and the draft
+    head's int4 quantization (``weights/quant.py`` ``quantize_head``) share."""
     count = 0
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, PackedLinear(child))
+            if isinstance(child, nn.Linear) and (new := make(child)) is not None:
+                setattr(parent, name, new)
                 count += 1
     return count
 
@@ -86,10 +95,4 @@ class Float32Linear(nn.Module):
 
 def unpack_bf16_linears(module: nn.Module) -> int:
     """Replace every bf16 ``nn.Linear`` inside ``module`` by a :class:`Float32Linear`; returns how many."""
-    count = 0
-    for parent in list(module.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and child.weight.dtype == torch.bfloat16:
-                setattr(parent, name, Float32Linear(child))
-                count += 1
-    return count
+    return replace_linears(module, lambda lin: Float32Linear(lin) if lin.weight.dtype == torch.bfloat16 else None)

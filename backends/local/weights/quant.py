@@ -341,15 +341,15 @@ def quantize_head(head: nn.Module, dtype: torch.dtype, dense_above: int | None =
     little (docs/engine.md "The draft head on the int4 kernel", ``benchmarks/draft_quant.py``), and drafts never
     change what is emitted: verification keeps greedy output equal to num_steps 0.
     """
-    count = 0
-    for parent in list(head.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child.in_features % 32 == 0 and child.out_features % 32 == 0:
-                bias = None if child.bias is None else child.bias.detach()
-                setattr(parent, name, Int4Linear(quantize_q4_1(child.weight), dtype, bias, dense_above, dense_dtype,
-                                                 spectune_kernel=True))
-                count += 1
-    return count
+    from spectune.backends.local.model.linear import replace_linears
+
+    def int4(lin: nn.Linear) -> Int4Linear | None:
+        if lin.in_features % QK or lin.out_features % QK:
+            return None
+        bias = None if lin.bias is None else lin.bias.detach()
+        return Int4Linear(quantize_q4_1(lin.weight), dtype, bias, dense_above, dense_dtype, spectune_kernel=True)
+
+    return replace_linears(head, int4)
 
 
 INT8_MAX = 127
