@@ -121,7 +121,8 @@ def build_engine(opts: EngineOptions, weights_of: Engine | None = None) -> Engin
     if device.type == "cpu":
         pack_linears(target)  # dense bf16 linears left (none on the native path)
         if head is not None and not pack_linears(head) and dtype == torch.bfloat16:
-            unpack_bf16_linears(head)  # no oneDNN bf16 here: float32 weights beat the scalar bf16 GEMM
+            if unpack_bf16_linears(head):  # no oneDNN bf16 here: float32 weights beat the scalar bf16 GEMM
+                path_choice.draft_head = "float32"
     from spectune.backends.local.engine.compiled import compile_target, warm_up
     from spectune.backends.local.engine.cuda_graphs import CapturedGraphs
 

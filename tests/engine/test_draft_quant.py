@@ -112,3 +112,14 @@ def test_a_bad_draft_quant_is_a_user_error() -> None:
 
 def test_the_sweep_passes_draft_quant_to_the_bundled_server() -> None:
     assert parse_server_args(["--draft-quant", "off"]) == {"draft_quant": "off"}
+
+
+def test_a_bf16_head_without_onednn_bf16_is_recorded_as_float32(monkeypatch) -> None:
+    """Where oneDNN has no bf16 GEMM (AVX2-only CPUs; simulated here) the bf16 head runs float32 weights, and the
+    engine's path says so."""
+    import spectune.backends.local.model.linear as linear
+
+    monkeypatch.setattr(linear, "packing_supported", lambda dtype, device: False)
+    engine = build_engine(EngineOptions(num_steps=1, dtype="bfloat16", max_num_seqs=1, max_model_len=64,
+                                        kv_cache_gb=0.1, draft_quant="off"))
+    assert engine.path.to_json()["draft_head"] == "float32"

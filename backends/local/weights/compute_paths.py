@@ -115,7 +115,8 @@ class PathChoice:
         cpu_kernels: whether spectune's CPU kernels run (:meth:`spectune.backends.local.kernels.KernelChoice.to_json`),
             or None before :func:`~spectune.backends.local.build.build_engine` decided.
         draft_head: what runs the draft head's linears: ``int4`` (Q4_1 on spectune's kernel, ``--draft-quant``;
-            :func:`spectune.backends.local.build.quantize_draft`) or the head's dtype; None without a head.
+            :func:`spectune.backends.local.build.quantize_draft`) or the dtype its weights run in (``float32`` for
+            a bf16 head where oneDNN has no bf16 GEMM); None without a head.
     """
 
     name: str
