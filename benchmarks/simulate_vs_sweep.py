@@ -9,6 +9,13 @@ trace's fitted draft step per position computed beyond it (``--charge static``: 
 charged the static round of K = max(D, W - 1); ``--model trace``: the trace's own timings alone). The static cells
 are the model's table, so their round times are the fit; the p-min cells are held out.
 
+``--pairing repeat`` (the default): a run of repeat r is timed by the static cells of repeat r only, measured in the
+same minutes when the sweep went repeat by repeat (docs/sweep.md, "Draft-confidence cutoff"); a cell's summary is
+the median over its repeats of the per-run errors. On a machine whose speed drifts by tens of percent within minutes,
+this compares the model with what it models rather than with the drift between a cell and a table measured a quarter
+of an hour apart. ``--pairing pooled``: every run timed by the median of each static cell's repeats, and a cell's
+summary the median of its measured tok/s against the median of its predictions.
+
 For a measured cell at concurrency c it replays the cell's policy (``static:K`` or ``p_min:P``) on the trace's rounds
 of batch size c and times them at the cell's measured mean batch size b (a cell at concurrency 4 runs fewer rows while
 a request finishes and the next one prefills). Predicted:
@@ -28,7 +35,7 @@ served its prompt) and the rounds that hold such a row; ``coverage`` says which 
 trace holds at its batch size. ``--all-rows`` (or a trace without ids) replays every round of the batch size.
 
 Usage: ``python benchmarks/simulate_vs_sweep.py TRACE SWEEP_DIR [--charge verify-width|static] [--model sweep|trace]
-[--all-rows]``. Prints a Markdown table and a summary.
+[--pairing repeat|pooled] [--all-rows]``. Prints a Markdown table and a summary.
 """
 
 from __future__ import annotations
@@ -171,6 +178,9 @@ def main() -> None:
                         help="sweep model: charge a round the static round at its verify width plus its extra draft "
                              "steps (default), or the static round at K = max(D, W - 1) (before)")
     parser.add_argument("--model", choices=("sweep", "trace"), default="sweep")
+    parser.add_argument("--pairing", choices=("repeat", "pooled"), default="repeat",
+                        help="sweep model: time each run by the static cells of its own repeat (default), or by the "
+                             "median of every repeat")
     parser.add_argument("--all-rows", action="store_true",
                         help="replay every round of the cell's batch size, not only its prompts' rows")
     args = parser.parse_args()
@@ -183,19 +193,29 @@ def main() -> None:
               "engine paths (start the trace's server with the sweep's path, e.g. --native-lm-head)")
     print("rows replayed per cell: " + ("every row of the cell's batch size" if prompts is None
                                          else "the rows of the prompts the cell served (trace request ids)"))
-    if args.model == "trace":
-        model: StepTimeModel | None = fit_trace_step_time(steps)
-    else:
-        model = cells_step_time(args.sweep, trace_draft_step(steps) if args.charge == "verify-width" else None)
-    assert model is not None, "the trace holds no draft_ms/verify_ms"
-    print(f"step-time model: {model.description}")
+    draft = trace_draft_step(steps) if args.charge == "verify-width" else None
+    per_repeat = args.model == "sweep" and args.pairing == "repeat"
+    models: dict[int | None, StepTimeModel] = {}
+
+    def model_for(repeat: int) -> StepTimeModel:
+        key = repeat if per_repeat else None
+        if key not in models:
+            model = fit_trace_step_time(steps) if args.model == "trace" else cells_step_time(args.sweep, draft, key)
+            assert model is not None, "the trace holds no draft_ms/verify_ms"
+            models[key] = model
+            print(f"step-time model{'' if key is None else f' of repeat {key}'}: {model.description}")
+        return models[key]
+
+    all_cells = cells(args.sweep)
+    for r in sorted({c.repeat for c in all_cells}):
+        model_for(r)
     print("| policy | c | repeat | measured tok/s [95%] | predicted | error | round ms measured / predicted | "
           "tokens per row-round measured / predicted | coverage |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     errs: dict[str, list[tuple[float, float, float, bool]]] = {"static": [], "p_min": []}
     per_cell: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
-    for cell in cells(args.sweep):
-        tok_s, round_ms, tokens, coverage = predict(arr, model, cell, prompts)
+    for cell in all_cells:
+        tok_s, round_ms, tokens, coverage = predict(arr, model_for(cell.repeat), cell, prompts)
         per_cell.setdefault((cell.spec.kind, cell.spec.label, cell.concurrency), []).append((cell.tok_s, tok_s))
         e, e_round = tok_s / cell.tok_s - 1.0, round_ms / cell.round_ms - 1.0
         e_tok = tokens / cell.tokens_per_row - 1.0
@@ -215,16 +235,18 @@ def main() -> None:
               f"within 10%: {int((a[:, 0] <= 0.10).sum())}, inside the cell's interval: {sum(x[3] for x in es)}; "
               f"round ms mean |error| {a[:, 1].mean():.1%} (max {a[:, 1].max():.1%}); tokens per row-round mean "
               f"|error| {a[:, 2].mean():.1%} (max {a[:, 2].max():.1%})")
-    print("\nper cell, the median over its repeats (measured tok/s, predicted tok/s, error):")
-    print("| policy | c | repeats | measured | predicted | error |")
+    paired = args.pairing == "repeat"
+    what = "the median of its per-run errors" if paired else "the median of its measured and of its predicted tok/s"
+    print(f"\nper cell, over its repeats ({what}):")
+    print("| policy | c | repeats | measured (median) | predicted (median) | error |")
     print("|---|---:|---:|---:|---:|---:|")
     within: dict[str, list[bool]] = {"static": [], "p_min": []}
     for (kind, label, conc), runs in per_cell.items():
         measured, predicted = (float(np.median([r[i] for r in runs])) for i in (0, 1))
-        e = predicted / measured - 1.0
+        e = float(np.median([p / m - 1.0 for m, p in runs])) if paired else predicted / measured - 1.0
         within[kind].append(abs(e) <= 0.10)
         print(f"| {label} | {conc} | {len(runs)} | {measured:.1f} | {predicted:.1f} | {e:+.1%} |")
-    print("cells within 10% (median over repeats): " +
+    print(f"cells within 10% ({what}): " +
           ", ".join(f"{kind} {sum(w)} of {len(w)}" for kind, w in within.items() if w))
 
 

@@ -2,7 +2,7 @@
 confidence cutoff"): the ``--p-min`` list (:func:`parse_p_min_list`), which cells each cutoff P gets
 (:func:`p_min_plans`: the sweep's concurrencies at num_steps K = the largest ``--steps``, the draft's cap), the
 sweeps that measure them, one server per P in ``OUTPUT_DIR/p-min/P/`` (:func:`open_p_min_sweeps`), and the runner
-that measures them after the static cells (:class:`PMinRunner`), which :func:`spectune.sweep.run.execute` drives as
+that measures them beside the static cells (:class:`PMinRunner`), which :func:`spectune.sweep.run.execute` drives as
 it drives a plain sweep.
 
 A cutoff P makes a server with a drafter stop a row's draft at the first draft token whose probability is under P
@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Awaitable, Callable, Sequence, cast
 
 from spectune.backends import make_backend, p_min_backends
 from spectune.backends.base import Backend
@@ -25,7 +25,7 @@ from spectune.core.errors import UserError
 from spectune.core.json_types import JsonObject
 from spectune.results.folder import SweepFolder
 from spectune.results.point import ServerRecord, SweepPoint
-from spectune.results.schema import P_MIN_FOLDER, Key, p_min_folder_name
+from spectune.results.schema import P_MIN_FOLDER, Key, PointKey, p_min_folder_name
 from spectune.results.sweep_meta import SweepMeta
 from spectune.sweep.plan import SweepPlan
 from spectune.sweep.schedule_server import StaticLedRunner
@@ -33,7 +33,7 @@ from spectune.sweep.schedule_server import StaticLedRunner
 if TYPE_CHECKING:
     from spectune.sweep.runner import FolderSweep, RaySweeping, SweepRunner
 
-__all__ = ["parse_p_min_list", "p_min_plans", "p_min_server", "open_p_min_sweeps", "PMinRunner"]
+__all__ = ["parse_p_min_list", "p_min_plans", "p_min_server", "open_p_min_sweeps", "PMinRunner", "run_by_repeat"]
 
 Prepare = Callable[[SweepFolder, SweepPlan, Backend], Awaitable[tuple[list[SweepPoint], list[Key], SweepMeta]]]
 """Checks a sweep folder against its plan and runs the backend's preflight: (points kept, points to run, sweep.json's
@@ -135,9 +135,15 @@ def p_min_summary(plans: Sequence[tuple[float, SweepPlan]], backend: Backend) ->
 
 
 class PMinRunner(StaticLedRunner):
-    """The static cells' sweep and the cutoffs' sweeps as one runner: :meth:`run` measures the static points in their
-    own order, then each cutoff's points on its own server (a sweep stops its server at its end, so two never run at
-    once); the cutoffs' points live in their own folders.
+    """The static cells' sweep and the cutoffs' sweeps as one runner; the cutoffs' points live in their own folders,
+    and two servers never run at once (a sweep's server is stopped before another sweep measures).
+
+    :meth:`run` measures repeat by repeat and concurrency by concurrency where the static sweep interleaves its cells
+    (a grid plan with repeats, on a backend that switches num_steps cheaply, ``Sweep.order`` ``interleaved``): the
+    static points of repeat r at concurrency c, then each cutoff's points of (r, c) (:func:`run_by_repeat`), so a
+    cutoff's cell and the static cells it is compared with (the cell of the same cap K, and simulate's step-time table)
+    run within minutes of each other rather than a whole static sweep apart (docs/sweep.md, "Order and drift").
+    Otherwise (blocks order, a guided plan, one repeat) the static points in their own order, then each cutoff's.
 
     Args:
         static: the static cells' runner. cutoffs: (sweep, points to run) per cutoff, in measuring order.
@@ -146,12 +152,57 @@ class PMinRunner(StaticLedRunner):
     def __init__(self, static: SweepRunner, cutoffs: Sequence[tuple[SweepRunner, Sequence[Key]]]) -> None:
         self.static, self.cutoffs = static, [(s, list(todo)) for s, todo in cutoffs]
 
+    def by_repeat(self, todo: Sequence[Key]) -> bool:
+        """Whether :meth:`run` goes repeat by repeat for the static points ``todo``: the static runner is a serial
+        sweep (not a runner of several, like the schedule server's pair) of a grid plan in interleaved order, and
+        the points span two or more repeats."""
+        static = self.static
+        if not hasattr(static, "measure_block"):
+            return False
+        plan, backend = static.plan, static.backend  # type: ignore[attr-defined]
+        repeats = {k[2] for k in todo} | {k[2] for _, keys in self.cutoffs for k in keys}
+        return plan.design == "grid" and len(repeats) > 1 and plan.order_for(backend.cheap_switch) == "interleaved"
+
     async def run(self, todo: Sequence[Key]) -> None:
-        """Measure the static points ``todo``, then every cutoff's points."""
+        """Measure the static points ``todo`` and every cutoff's points (repeat by repeat where :meth:`by_repeat`)."""
+        if self.by_repeat(todo):
+            await run_by_repeat([(cast("FolderSweep", self.static), list(todo)),
+                                 *((cast("FolderSweep", s), keys) for s, keys in self.cutoffs)])
+            return
         await self.static.run(todo)
         for sweep, keys in self.cutoffs:
             if keys:
                 await sweep.run(keys)
+
+
+async def run_by_repeat(jobs: Sequence[tuple[FolderSweep, Sequence[Key]]]) -> None:
+    """Several sweeps' points repeat by repeat and, within a repeat, concurrency by concurrency in the first sweep's
+    order: for each (repeat r, concurrency c), each sweep's points of (r, c) in its plan's order (``interleaved``: every
+    num_steps in turn, reversed in odd repeats), its server stopped after them (two never run at once); then each
+    sweep's end-of-sweep drift check. ``jobs``: (sweep, points to run) in measuring order."""
+    for s, _ in jobs:
+        s.order = s.meta.order = s.plan.order_for(s.backend.cheap_switch)
+    first = jobs[0][0]
+    groups = list(dict.fromkeys((k.repeat, k.concurrency) for k in first.plan.ordered(
+        [PointKey(*k) for _, keys in jobs for k in keys], first.order)))
+    try:
+        for repeat, concurrency in groups:
+            for s, keys in jobs:
+                batch = s.plan.ordered([PointKey(*k) for k in keys if (k[2], k[1]) == (repeat, concurrency)], s.order)
+                if not batch:
+                    continue
+                for key in batch:
+                    await s.measure_block([key])
+                await s.backend.stop()
+                s.current = None
+        for s, _ in jobs:
+            await s.end_check()
+            await s.backend.stop()
+            s.current = None
+    finally:
+        for s, _ in jobs:
+            await s.backend.stop()
+            s._save_meta()
 
 
 def p_min_lines(output_dir: str | os.PathLike[str]) -> list[str]:

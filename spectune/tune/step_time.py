@@ -281,9 +281,12 @@ def trace_draft_step(steps: Sequence[TraceStep]) -> tuple[float, float] | None:
     return None if fit is None else (fit.coef["d_step"], fit.coef["d_row"])
 
 
-def cells_step_time(folder: str | Path, draft_step: tuple[float, float] | None = None) -> CellStepTime:
+def cells_step_time(folder: str | Path, draft_step: tuple[float, float] | None = None,
+                    repeat: int | None = None) -> CellStepTime:
     """:class:`CellStepTime` from a sweep results folder (or its summary.csv); ``draft_step``: (d_step, d_row), the
-    cost of a draft position computed beyond a round's verify width (:func:`trace_draft_step`), or None.
+    cost of a draft position computed beyond a round's verify width (:func:`trace_draft_step`), or None. ``repeat``:
+    only the cells of that repeat (a sweep with ``--repeats``: the table measured in the same minutes as what it is to
+    time), else the median of each cell's repeats.
 
     Raises:
         UserError: the folder cannot be read (:func:`spectune.results.reader.load_results`) or holds no ok cell
@@ -298,6 +301,8 @@ def cells_step_time(folder: str | Path, draft_step: tuple[float, float] | None =
     df = df[df["status"] == "ok"]
     if "predicted" in df.columns:
         df = df[~df["predicted"].astype(bool)]
+    if repeat is not None and "repeat" in df.columns:
+        df = df[pd.to_numeric(df["repeat"], errors="coerce") == repeat]
 
     def col(name: str) -> pd.Series:
         return pd.to_numeric(df[name], errors="coerce") if name in df.columns else pd.Series(math.nan, df.index)
@@ -318,5 +323,6 @@ def cells_step_time(folder: str | Path, draft_step: tuple[float, float] | None =
         table[int(k)] = (tuple(map(float, grp["b"])), tuple(map(float, grp["ms"])))
     extra = "" if draft_step is None else (f"; a draft position beyond the verify width "
                                            f"{draft_step[0]:.3g} + {draft_step[1]:.3g} x batch ms (trace draft_ms)")
+    which = "" if repeat is None else f" of repeat {repeat}"
     return CellStepTime(table, f"{res.source} ({column})",
-                        f"interpolated from {len(med)} sweep cells ({column}){extra}", draft_step)
+                        f"interpolated from {len(med)} sweep cells{which} ({column}){extra}", draft_step)

@@ -1,19 +1,22 @@
 """``spectune sweep --p-min``: the cutoff list, which backends may sweep it (declared by the backend classes), the
-cutoff cells' plan, and one real llama.cpp sweep over two cutoffs followed by ``spectune recommend``."""
+cutoff cells' plan, the order the runner measures them in beside the static cells, and one real llama.cpp sweep
+over two cutoffs followed by ``spectune recommend``."""
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from spectune.backends import make_backend
 from spectune.backends.options import BackendOptions
 from spectune.core.errors import UserError
-from spectune.sweep.p_min import p_min_plans, parse_p_min_list
+from spectune.sweep.p_min import PMinRunner, p_min_plans, parse_p_min_list
 from spectune.sweep.plan import SweepPlan
 from helpers.llamacpp import needs_server
 
@@ -24,6 +27,78 @@ def llamacpp(tmp_path):
     gguf = tmp_path / "target.gguf"
     gguf.write_bytes(b"GGUF")
     return make_backend("llamacpp", BackendOptions(model=str(gguf)))
+
+
+class _Server:
+    """A backend's server as the runner sees it: whether it switches num_steps cheaply, and when it is stopped."""
+
+    def __init__(self, name: str, log: list, cheap_switch: bool) -> None:
+        self.name, self.log, self.cheap_switch = name, log, cheap_switch
+
+    async def stop(self) -> None:
+        self.log.append((self.name, "stop"))
+
+
+class _Sweep:
+    """A serial sweep's surface (spectune.sweep.runner.FolderSweep) that logs what it is asked to measure."""
+
+    def __init__(self, name: str, plan: SweepPlan, log: list, cheap_switch: bool = True) -> None:
+        self.name, self.plan, self.log = name, plan, log
+        self.backend = _Server(name, log, cheap_switch)
+        self.meta = SimpleNamespace(order=None)
+        self.order, self.current = "blocks", None
+
+    async def measure_block(self, keys) -> None:
+        self.log += [(self.name, tuple(k)) for k in keys]
+
+    async def run(self, todo) -> None:
+        self.log.append((self.name, "run", len(todo)))
+
+    async def end_check(self) -> None:
+        self.log.append((self.name, "end"))
+
+    def _save_meta(self) -> None:
+        pass
+
+
+def _measured(cheap_switch: bool = True, repeats: int = 2, concurrency: tuple[int, ...] = (1,)) -> list:
+    """The log of a PMinRunner over static K=0,2 and one cutoff at K=2."""
+    log: list = []
+    plan = SweepPlan(steps=(0, 2), concurrency=concurrency, repeats=repeats)
+    static = _Sweep("static", plan, log, cheap_switch)
+    cutoff = _Sweep("p0.5", SweepPlan(steps=(2,), concurrency=concurrency, repeats=repeats), log, cheap_switch)
+    runner = PMinRunner(static, [(cutoff, cutoff.plan.points())])
+    asyncio.run(runner.run(plan.points()))
+    return log
+
+
+def test_with_repeats_each_cutoff_runs_in_the_repeat_of_its_static_cells():
+    points = [entry[1] for entry in _measured() if isinstance(entry[1], tuple)]
+    assert [p[2] for p in points] == [0, 0, 0, 1, 1, 1]
+
+
+def test_the_static_cells_of_a_repeat_come_first_and_reverse_in_odd_repeats():
+    names = [(entry[0], entry[1][0]) for entry in _measured() if isinstance(entry[1], tuple)]
+    assert names == [("static", 0), ("static", 2), ("p0.5", 2), ("static", 2), ("static", 0), ("p0.5", 2)]
+
+
+def test_within_a_repeat_each_concurrency_measures_its_cutoff_cells_before_the_next():
+    points = [(e[0], e[1][1]) for e in _measured(repeats=2, concurrency=(1, 4)) if isinstance(e[1], tuple)][:6]
+    assert points == [("static", 1), ("static", 1), ("p0.5", 1), ("static", 4), ("static", 4), ("p0.5", 4)]
+
+
+def test_a_server_is_stopped_before_the_next_sweep_measures():
+    log = _measured()
+    first_cutoff = next(i for i, e in enumerate(log) if e[0] == "p0.5")
+    assert log[first_cutoff - 1] == ("static", "stop")
+
+
+def test_blocks_order_measures_the_cutoffs_after_the_static_sweep():
+    assert _measured(cheap_switch=False) == [("static", "run", 4), ("p0.5", "run", 2)]
+
+
+def test_one_repeat_measures_the_cutoffs_after_the_static_sweep():
+    assert _measured(repeats=1) == [("static", "run", 2), ("p0.5", "run", 1)]
 
 
 def test_the_list_is_sorted_and_deduplicated():

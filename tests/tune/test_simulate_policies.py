@@ -248,6 +248,18 @@ def test_cells_model_interpolates_and_is_monotone(tmp_path: Path) -> None:
     assert at(8, 0) == 14.0  # flat beyond the largest batch size
 
 
+def test_cells_model_of_one_repeat_reads_that_repeat_only(tmp_path: Path) -> None:
+    rows = ["steps,concurrency,repeat,status,batch_size_mean,engine_round_ms",
+            "0,1,0,ok,1,10.0", "0,1,1,ok,1,16.0", "0,1,2,ok,1,11.0"]
+    (tmp_path / "summary.csv").write_text("\n".join(rows) + "\n")
+    one = np.array([1.0])
+
+    def at(model) -> float:
+        return float(model.round_ms(one, one * 0, one, one, one * 0)[0])
+
+    assert (at(cells_step_time(tmp_path)), at(cells_step_time(tmp_path, repeat=1))) == (11.0, 16.0)
+
+
 def test_cells_model_charges_the_verify_width_and_each_draft_step_beyond_it(tmp_path: Path) -> None:
     """A p_min round whose longest row stops before the cap computes one position more than it verifies (D = W):
     the static round of the verified width plus one draft step, not the static round one position wider."""
