@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from round_table import PROMPTS, make_engine, round_ms  # noqa: E402
+from round_table import PROMPTS, ints, make_engine, one_thread, round_ms  # noqa: E402
 
 MODES = ("off", "int4")
 
@@ -77,13 +77,8 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from spectune.measure.environment import environment
-
-    torch.set_num_threads(1)
-    host = environment()["host"]
-    print(f"CPU: {host.get('cpu')}; torch {torch.__version__}; load average {host.get('load_average')}")
-    batches = [int(b) for b in args.batches.split(",")]
-    steps = [int(k) for k in args.steps.split(",")]
+    one_thread()
+    batches, steps = ints(args.batches), ints(args.steps)
     engines = {m: make_engine("auto", max(steps + [3]), max(batches + [4]), m) for m in MODES}
     for m, e in engines.items():
         print(f"--draft-quant {m}: draft head on {e.path.to_json()['draft_head']}")

@@ -19,7 +19,7 @@ import argparse
 import statistics
 import time
 
-from round_table import PROMPTS, make_engine
+from round_table import PROMPTS, ints, make_engine, one_thread
 
 
 def median_ms(fn, repeats: int) -> float:
@@ -43,13 +43,8 @@ def main() -> None:
     import torch
 
     from spectune.backends.local.engine.sampling import SamplingTensors
-    from spectune.measure.environment import environment
-
-    torch.set_num_threads(1)
-    host = environment()["host"]
-    print(f"CPU: {host.get('cpu')}; torch {torch.__version__}; load average {host.get('load_average')}")
-    batches = [int(b) for b in args.batches.split(",")]
-    steps = [int(k) for k in args.steps.split(",")]
+    one_thread()
+    batches, steps = ints(args.batches), ints(args.steps)
     engine = make_engine("auto", max(steps), max(batches))
     print(f"engine: {engine.path.to_json()['kernel_ranges']}, draft head {engine.path.to_json().get('draft_head')}")
     dec, tok = engine.decoder, engine.tokenizer

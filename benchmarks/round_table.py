@@ -33,6 +33,23 @@ PROMPTS = ["Write a short story about a robot learning to paint.", "Explain how 
            "How do airplanes stay in the air?"]
 
 
+def one_thread() -> None:
+    """One torch thread, as ``engine_threads`` gives the sweep's server on a 2-core machine, and the line naming the CPU,
+    torch and the load average that every figure of these scripts is printed under."""
+    import torch
+
+    from spectune.measure.environment import environment
+
+    torch.set_num_threads(1)
+    host = environment()["host"]
+    print(f"CPU: {host.get('cpu')}; torch {torch.__version__}; load average {host.get('load_average')}")
+
+
+def ints(text: str) -> list[int]:
+    """``"1,4,16"`` -> [1, 4, 16]."""
+    return [int(x) for x in text.split(",")]
+
+
 def make_engine(choice: str, capacity: int, slots: int, draft_quant: str = "auto"):
     """The default pair on the native path with ``--native-dense-above`` the ``choice`` (``+pytorch``: and
     ``--cpu-kernels off``) and ``--draft-quant`` ``draft_quant``, compiled, one thread."""
@@ -77,11 +94,8 @@ def main() -> None:
     from spectune.backends.local.model.config import ModelConfig
     from spectune.backends.local.weights.compute_paths import crossover, dense_crossover
     from spectune.backends.local.weights.loader import convert_gguf, resolve_model_path
-    from spectune.measure.environment import environment
 
-    torch.set_num_threads(1)
-    host = environment()["host"]
-    print(f"CPU: {host.get('cpu')}; torch {torch.__version__}; load average {host.get('load_average')}")
+    one_thread()
     import json
 
     cfg = ModelConfig.from_hf(json.loads((convert_gguf(resolve_model_path(None)) / "config.json").read_text()))
@@ -94,8 +108,7 @@ def main() -> None:
             answers[stream] = crossover(rows, kind)
             print(f"probe {label}: dense {kind} above {answers[stream]} rows; int4 / {kind} ms at "
                   + ", ".join(f"{r} rows {rows['int4'][r]:.3f}/{rows[kind][r]:.3f}" for r in ("1", "2", "4", "8", "16")))
-    batches = [int(b) for b in args.batches.split(",")]
-    steps = [int(k) for k in args.steps.split(",")]
+    batches, steps = ints(args.batches), ints(args.steps)
     # "old": the row count the cache-resident probe picked just now
     old = str(answers[0] if answers[0] is not None else "off")
     choices = [old + c[3:] if c.startswith("old") else c for c in args.choices.split(",")]
