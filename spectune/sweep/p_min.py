@@ -28,7 +28,7 @@ from spectune.results.point import ServerRecord, SweepPoint
 from spectune.results.schema import P_MIN_FOLDER, Key, PointKey, p_min_folder_name
 from spectune.results.sweep_meta import SweepMeta
 from spectune.sweep.plan import SweepPlan
-from spectune.sweep.schedule_server import StaticLedRunner
+from spectune.sweep.schedule_server import StaticLedRunner, take_turns
 
 if TYPE_CHECKING:
     from spectune.sweep.runner import FolderSweep, RaySweeping, SweepRunner
@@ -136,7 +136,7 @@ def p_min_summary(plans: Sequence[tuple[float, SweepPlan]], backend: Backend) ->
 
 class PMinRunner(StaticLedRunner):
     """The static cells' sweep and the cutoffs' sweeps as one runner; the cutoffs' points live in their own folders,
-    and two servers never run at once (a sweep's server is stopped before another sweep measures).
+    and two servers never run at once (a sweep's backend is closed before another sweep measures).
 
     :meth:`run` measures repeat by repeat and concurrency by concurrency where the static sweep interleaves its cells
     (a grid plan with repeats, on a backend that switches num_steps cheaply, ``Sweep.order`` ``interleaved``): the
@@ -177,32 +177,16 @@ class PMinRunner(StaticLedRunner):
 
 async def run_by_repeat(jobs: Sequence[tuple[FolderSweep, Sequence[Key]]]) -> None:
     """Several sweeps' points repeat by repeat and, within a repeat, concurrency by concurrency in the first sweep's
-    order: for each (repeat r, concurrency c), each sweep's points of (r, c) in its plan's order (``interleaved``: every
-    num_steps in turn, reversed in odd repeats), its server stopped after them (two never run at once); then each
-    sweep's end-of-sweep drift check. ``jobs``: (sweep, points to run) in measuring order."""
+    order: for each (repeat r, concurrency c), each sweep's points of (r, c) point by point in its plan's order
+    (``interleaved``: every num_steps in turn, reversed in odd repeats), its server closed after them
+    (:func:`~spectune.sweep.schedule_server.take_turns`). ``jobs``: (sweep, points to run) in measuring order."""
     for s, _ in jobs:
         s.order = s.meta.order = s.plan.order_for(s.backend.cheap_switch)
+    ordered = [(s, s.plan.ordered([PointKey(*k) for k in keys], s.order)) for s, keys in jobs]
     first = jobs[0][0]
     groups = list(dict.fromkeys((k.repeat, k.concurrency) for k in first.plan.ordered(
-        [PointKey(*k) for _, keys in jobs for k in keys], first.order)))
-    try:
-        for repeat, concurrency in groups:
-            for s, keys in jobs:
-                batch = s.plan.ordered([PointKey(*k) for k in keys if (k[2], k[1]) == (repeat, concurrency)], s.order)
-                if not batch:
-                    continue
-                for key in batch:
-                    await s.measure_block([key])
-                await s.backend.stop()
-                s.current = None
-        for s, _ in jobs:
-            await s.end_check()
-            await s.backend.stop()
-            s.current = None
-    finally:
-        for s, _ in jobs:
-            await s.backend.stop()
-            s._save_meta()
+        [k for _, keys in ordered for k in keys], first.order)))
+    await take_turns(ordered, groups, lambda k: (k.repeat, k.concurrency), per_point=True)
 
 
 def p_min_lines(output_dir: str | os.PathLike[str]) -> list[str]:

@@ -15,6 +15,8 @@ from spectune.results.schema import Key, PointKey
 from spectune.sweep.plan import SweepPlan
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Hashable
+
     from spectune.core.json_types import JsonObject
     from spectune.results.sweep_meta import SweepMeta
     from spectune.sweep.runner import FolderSweep, RaySweeping, SweepRunner
@@ -68,32 +70,44 @@ def schedule_pass(plan: SweepPlan, backend: Backend, mode: str,
     return dataclasses.replace(plan, steps=tuple(steps), design="grid", budget_points=None, budget_s=None), warnings
 
 
-async def run_pair(first: FolderSweep, first_todo: Sequence[Key], second: FolderSweep,
-                   second_todo: Sequence[Key]) -> None:
-    """Two sweeps' points, one num_steps block of each in turn (the static server of K, then the schedule server
-    of K), so the two cells compared for a num_steps run minutes apart, not a sweep apart; each backend is closed
-    after its block (two servers never run at once); then each sweep's end-of-sweep drift check. ``first``,
-    ``second``: :class:`spectune.sweep.run.Sweep` objects (their plan, meta, backend, ``measure_block`` and
-    ``end_check``)."""
-    jobs = [(s, s.plan.ordered([PointKey(*k) for k in todo], "blocks")) for s, todo in
-            ((first, first_todo), (second, second_todo))]
-    for s, _ in jobs:
-        s.order = s.meta.order = "blocks"
+async def take_turns(jobs: Sequence[tuple[FolderSweep, Sequence[PointKey]]], groups: Sequence[Hashable],
+                     group_of: Callable[[PointKey], Hashable], per_point: bool = False) -> None:
+    """Several sweeps' points in turns: for each group in ``groups``, each sweep's points ``keys`` (in run order) of
+    that group (``group_of(key) == group``), measured as one block (``measure_block``: the block's drift check
+    included) or, with ``per_point``, point by point; each backend is closed after its turn (``close``: the bundled
+    engine's ``stop`` keeps its server up for the next switch), so two servers never run at once. Then each sweep's
+    end-of-sweep drift check. ``jobs``: (sweep, its points to run) in turn order."""
     try:
-        for steps in sorted({k.steps for _, keys in jobs for k in keys}):
+        for group in groups:
             for s, keys in jobs:
-                block = [k for k in keys if k.steps == steps]
-                if block:
+                turn = [k for k in keys if group_of(k) == group]
+                if not turn:
+                    continue
+                for block in ([k] for k in turn) if per_point else [turn]:
                     await s.measure_block(block)
-                    await s.backend.close()
-                    s.current = None
+                await s.backend.close()
+                s.current = None
         for s, _ in jobs:
             await s.end_check()
             await s.backend.close()
+            s.current = None
     finally:
         for s, _ in jobs:
             await s.backend.stop()
             s._save_meta()
+
+
+async def run_pair(first: FolderSweep, first_todo: Sequence[Key], second: FolderSweep,
+                   second_todo: Sequence[Key]) -> None:
+    """Two sweeps' points, one num_steps block of each in turn (the static server of K, then the schedule server
+    of K), so the two cells compared for a num_steps run minutes apart, not a sweep apart (:func:`take_turns`).
+    ``first``, ``second``: :class:`spectune.sweep.run.Sweep` objects (their plan, meta, backend, ``measure_block``
+    and ``end_check``)."""
+    jobs = [(s, s.plan.ordered([PointKey(*k) for k in todo], "blocks")) for s, todo in
+            ((first, first_todo), (second, second_todo))]
+    for s, _ in jobs:
+        s.order = s.meta.order = "blocks"
+    await take_turns(jobs, sorted({k.steps for _, keys in jobs for k in keys}), lambda k: k.steps)
 
 
 class StaticLedRunner:

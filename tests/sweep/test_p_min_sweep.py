@@ -30,13 +30,17 @@ def llamacpp(tmp_path):
 
 
 class _Server:
-    """A backend's server as the runner sees it: whether it switches num_steps cheaply, and when it is stopped."""
+    """A backend's server as the runner sees it: whether it switches num_steps cheaply, and when it is closed. Like
+    the bundled engine's, ``stop`` keeps the server up (for the next switch); only ``close`` ends it."""
 
     def __init__(self, name: str, log: list, cheap_switch: bool) -> None:
         self.name, self.log, self.cheap_switch = name, log, cheap_switch
 
     async def stop(self) -> None:
-        self.log.append((self.name, "stop"))
+        pass
+
+    async def close(self) -> None:
+        self.log.append((self.name, "close"))
 
 
 class _Sweep:
@@ -87,10 +91,10 @@ def test_within_a_repeat_each_concurrency_measures_its_cutoff_cells_before_the_n
     assert points == [("static", 1), ("static", 1), ("p0.5", 1), ("static", 4), ("static", 4), ("p0.5", 4)]
 
 
-def test_a_server_is_stopped_before_the_next_sweep_measures():
+def test_a_server_is_closed_before_the_next_sweep_measures():
     log = _measured()
     first_cutoff = next(i for i, e in enumerate(log) if e[0] == "p0.5")
-    assert log[first_cutoff - 1] == ("static", "stop")
+    assert log[first_cutoff - 1] == ("static", "close")
 
 
 def test_blocks_order_measures_the_cutoffs_after_the_static_sweep():
