@@ -43,10 +43,12 @@ def main() -> None:
     import torch
 
     from spectune.backends.local.engine.sampling import SamplingTensors
+
     one_thread()
     batches, steps = ints(args.batches), ints(args.steps)
     engine = make_engine("auto", max(steps), max(batches))
-    print(f"engine: {engine.path.to_json()['kernel_ranges']}, draft head {engine.path.to_json().get('draft_head')}")
+    path = engine.path.to_json()
+    print(f"engine: {path['kernel_ranges']}, draft head {path.get('draft_head')}")
     dec, tok = engine.decoder, engine.tokenizer
     prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
     with torch.inference_mode():

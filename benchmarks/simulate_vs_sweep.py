@@ -195,20 +195,16 @@ def main() -> None:
                                          else "the rows of the prompts the cell served (trace request ids)"))
     draft = trace_draft_step(steps) if args.charge == "verify-width" else None
     per_repeat = args.model == "sweep" and args.pairing == "repeat"
-    models: dict[int | None, StepTimeModel] = {}
+    all_cells = cells(args.sweep)
+    models: dict[int | None, StepTimeModel | None] = {
+        r: fit_trace_step_time(steps) if args.model == "trace" else cells_step_time(args.sweep, draft, r)
+        for r in (sorted({c.repeat for c in all_cells}) if per_repeat else [None])}
+    for r, model in models.items():
+        assert model is not None, "the trace holds no draft_ms/verify_ms"
+        print(f"step-time model{'' if r is None else f' of repeat {r}'}: {model.description}")
 
     def model_for(repeat: int) -> StepTimeModel:
-        key = repeat if per_repeat else None
-        if key not in models:
-            model = fit_trace_step_time(steps) if args.model == "trace" else cells_step_time(args.sweep, draft, key)
-            assert model is not None, "the trace holds no draft_ms/verify_ms"
-            models[key] = model
-            print(f"step-time model{'' if key is None else f' of repeat {key}'}: {model.description}")
-        return models[key]
-
-    all_cells = cells(args.sweep)
-    for r in sorted({c.repeat for c in all_cells}):
-        model_for(r)
+        return models[repeat if per_repeat else None]  # type: ignore[return-value]
     print("| policy | c | repeat | measured tok/s [95%] | predicted | error | round ms measured / predicted | "
           "tokens per row-round measured / predicted | coverage |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
