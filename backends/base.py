@@ -186,6 +186,12 @@ class Backend(abc.ABC):
         """End of the sweep: release everything (stops a running server)."""
         await self.stop()
 
+    async def hand_over(self, successor: Backend) -> bool:
+        """Give this backend's running server to ``successor`` instead of closing it, when ``successor`` can switch it
+        to what it serves (e.g. another draft-confidence cutoff) in place. Returns whether it did; then this backend
+        holds no server and ``successor`` closes it. By default False: the caller closes this backend."""
+        return False
+
 
 class ScheduleServerJson(TypedDict):
     """:meth:`ScheduleServer.to_json`: sweep.json's ``schedule_server`` entry (``max_k`` is added by the backend)."""

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import aiohttp
 
-from spectune.backends.base import BackendStartError, ScheduleServer
+from spectune.backends.base import Backend, BackendStartError, ScheduleServer
 from spectune.backends.options import BackendOptions, Endpoint
 from spectune.backends.snapshots import ENGINE_TIME_KEYS, SpecSnapshot
 from spectune.backends.eagle_heads import eagle_version
@@ -68,6 +68,11 @@ def engine_threads() -> int:
     return max(1, (os.cpu_count() or 1) - 1)
 
 
+def _launch_options(opts: JsonObject) -> JsonObject:
+    """A server's EngineOptions fields less those ``POST /spectune/num_steps`` sets in place."""
+    return {k: v for k, v in opts.items() if k not in ("num_steps", "num_steps_capacity", "draft_p_min")}
+
+
 class LocalBackend(LaunchingBackend):
     """Bundled EAGLE engine (``python -m spectune.backends.local``), one process per sweep."""
 
@@ -90,6 +95,8 @@ class LocalBackend(LaunchingBackend):
             load_config_file(options.adaptive_config)  # a bad file fails here, not in the server process
         self.capacity = 0
         self.engine_path: JsonObject | None = None
+        self.server_capacity = 0  # the largest num_steps the running server's cache was sized for
+        self.server_p_min: float | None = None  # the cutoff the running server was last set to (None: never set)
 
     async def preflight(self, steps_list: Sequence[int]) -> list[str]:
         self.capacity = max(steps_list, default=0)
@@ -143,15 +150,18 @@ class LocalBackend(LaunchingBackend):
             endpoint = await super().start(steps)
             self.engine_path = await self._engine_path(endpoint.base_url)
             return endpoint
-        if self.server is not None and self.server.alive() and steps <= self.capacity:
+        if self.server is not None and self.server.alive() and steps <= self.server_capacity:
             url = f"{self.server.base_url}/spectune/num_steps"
+            body: JsonObject = {"num_steps": steps}
+            if self.options.draft_p_min != self.server_p_min:  # another cutoff (a server handed over): 0 = off
+                body["draft_p_min"] = self.options.draft_p_min or 0.0
             detail = ""
             for _ in range(60):  # 409 while aborted requests of the last point are still leaving: retry
                 try:
                     async with aiohttp.ClientSession() as session:
-                        async with session.post(url, json={"num_steps": steps}) as resp:
+                        async with session.post(url, json=body) as resp:
                             if resp.status == 200:
-                                self.steps = steps
+                                self.steps, self.server_p_min = steps, self.options.draft_p_min
                                 return Endpoint(self.server.base_url, None)
                             detail = await resp.text()
                             if resp.status != 409:
@@ -164,6 +174,8 @@ class LocalBackend(LaunchingBackend):
                                     self.server.log_tail())
         self.steps = None  # forces a (re)launch in the parent
         endpoint = await super().start(steps)
+        self.server_capacity = int(self._server_options(steps)["num_steps_capacity"])
+        self.server_p_min = self.options.draft_p_min
         self.engine_path = await self._engine_path(endpoint.base_url)
         return endpoint
 
@@ -192,6 +204,34 @@ class LocalBackend(LaunchingBackend):
     async def close(self) -> None:
         """End of the sweep: stop the server and wait until its port is free."""
         await LaunchingBackend.stop(self)
+
+    async def hand_over(self, successor: Backend) -> bool:
+        """Give the running server to ``successor`` when it is a ``local`` backend whose server would differ only in
+        num_steps (within this server's capacity) and draft-confidence cutoff: its ``start(K)`` then sets both in
+        place (``POST /spectune/num_steps`` with ``draft_p_min``, ``backends/local/server/app.py``) instead of
+        launching a server of its own (loading weights and compiling again). ``sweep --p-min`` thus measures every cutoff on the
+        static cells' server. The successor's ``launches`` records the server it switched (``adopted``: its pid,
+        port, command and log). Not for schedule servers (relaunched per num_steps)."""
+        if not isinstance(successor, LocalBackend) or successor.server is not None or self.server is None \
+                or not self.server.alive():
+            return False
+        if self.options.schedule_server_max_k is not None or successor.options.schedule_server_max_k is not None:
+            return False
+        if _launch_options(self._server_options(0)) != _launch_options(successor._server_options(0)) \
+                or successor.capacity > self.server_capacity:
+            return False
+        last = self.launches[-1] if self.launches else {}
+        if all(r.get("pid") != last.get("pid") for r in successor.launches):  # not its own server back
+            record: JsonObject = {"adopted": True, **{k: last[k] for k in ("command", "port", "pid") if k in last}}
+            if last.get("log") and successor.options.log_dir:  # from the successor's results folder (logs/..)
+                record["log"] = os.path.relpath(str(last["log"]), Path(successor.options.log_dir).absolute().parent)
+            successor.launches.append(record)
+        successor.server, successor.steps, successor._windows_on_server = self.server, self.steps, \
+            self._windows_on_server
+        successor.server_capacity, successor.server_p_min = self.server_capacity, self.server_p_min
+        successor.engine_path = self.engine_path
+        self.server = None
+        return True
 
     async def snapshot(self) -> SpecSnapshot | None:
         """The engine's ``spectune:`` counters from /metrics, with its time counters in ``raw``

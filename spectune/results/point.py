@@ -18,12 +18,11 @@ a point loses nothing. :class:`SweepPoint` is the line as a record (its parts: t
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Required, TypedDict
 
 from spectune.core.json_types import JsonObject
+from spectune.results.open_record import LenientRecord
 from spectune.results.point_numbers import PointNumbers
 from spectune.results.schema import KEY_COLUMNS, STATUS_COLUMNS, SUMMARY_COLUMNS, Key, PointKey, now_iso, summary_row
 from spectune.results.sweep_nodes import PointNode
@@ -261,7 +260,7 @@ class RequestLine(TypedDict, total=False):
 
 
 @dataclass
-class SweepPoint:
+class SweepPoint(LenientRecord):
     """One finished (num_steps, concurrency, repeat) point of a sweep (one points.jsonl line).
 
     Attributes:
@@ -315,10 +314,6 @@ class SweepPoint:
     timing: PointTiming | None = None
     server: ServerRecord | None = None
     engine_warnings: list[str] = field(default_factory=list)
-    extra: JsonObject = field(default_factory=dict)
-    #: fields the file it was read from lacked (an older format) -> the value filled in: left out again by
-    #: :meth:`to_dict` while they keep that value
-    absent: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def key(self) -> PointKey:
@@ -397,9 +392,7 @@ class SweepPoint:
         if self.engine_warnings:
             d["engine_warnings"] = self.engine_warnings
         d.update(self.extra)
-        if self.absent:
-            d = {k: v for k, v in d.items() if k not in self.absent or v != self.absent[k]}
-        return d
+        return self.without_absent(d)
 
     @classmethod
     def from_dict(cls, obj: PointObject) -> SweepPoint:
@@ -409,8 +402,7 @@ class SweepPoint:
         Raises:
             KeyError: the object lacks ``steps`` or ``concurrency``.
         """
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "absent"}
-        known = {k: v for k, v in obj.items() if k in names}
+        known, extra = cls.split(obj)  # type: ignore[arg-type]
         known.setdefault("repeat", 0)
         for name, default in (("status", "ok"), ("error", None), ("metrics", {}), ("acceptance", {}),
                               ("batch_size", None), ("per_category", {}), ("window", {}),
@@ -420,8 +412,8 @@ class SweepPoint:
             known["log_tail"] = ""
         if isinstance(known.get("schedule_check"), dict):
             known["schedule_check"] = ScheduleCheck.from_json(known["schedule_check"])
-        record = cls(**known, extra={k: v for k, v in obj.items() if k not in names})
-        record.absent = {name: copy.deepcopy(getattr(record, name)) for name in names - set(obj)}
+        record = cls(**known, extra=extra)  # type: ignore[arg-type]
+        record.note_absent(obj)  # type: ignore[arg-type]
         return record
 
     def category_acceptance(self) -> dict[str, float]:

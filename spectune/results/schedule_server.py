@@ -5,16 +5,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 
-from spectune.core.json_types import JsonObject, JsonValue
+from spectune.results.open_record import OrderedRecord
 
 __all__ = ["RecordedScheduleServer"]
 
 
 @dataclass
-class RecordedScheduleServer:
-    """sweep.json's ``backend.schedule_server``.
+class RecordedScheduleServer(OrderedRecord):
+    """sweep.json's ``backend.schedule_server``; :meth:`~spectune.results.open_record.OrderedRecord.from_json` reads
+    it (None for None or anything but an object) and
+    :meth:`~spectune.results.open_record.OrderedRecord.to_json` writes it back, its keys in their order (a record
+    built here: the known keys, then ``extra``).
 
     Attributes:
         engine: the engine's name (``vllm``, ``sglang``...). pinned: how one num_steps K is pinned, in the engine's
@@ -30,21 +33,3 @@ class RecordedScheduleServer:
     source: str | None = None
     costs_more: bool | None = None
     max_k: int | None = None
-    extra: JsonObject = field(default_factory=dict)
-    order: list[str] | None = field(default=None, repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, obj: JsonValue) -> RecordedScheduleServer | None:
-        """The record of a parsed ``schedule_server`` object (None for None or anything but an object)."""
-        if not isinstance(obj, dict):
-            return None
-        return cls(**{k: v for k, v in obj.items() if k in _KNOWN},  # type: ignore[arg-type]
-                   extra={k: v for k, v in obj.items() if k not in _KNOWN}, order=list(obj))
-
-    def to_json(self) -> JsonObject:
-        """The object as read: its keys in their order (a record built here: the known keys, then ``extra``)."""
-        keys = self.order if self.order is not None else [*_KNOWN, *self.extra]
-        return {k: getattr(self, k) if k in _KNOWN else self.extra[k] for k in keys}
-
-
-_KNOWN = [f.name for f in fields(RecordedScheduleServer) if f.name not in ("extra", "order")]

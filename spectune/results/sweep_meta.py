@@ -10,13 +10,14 @@ The sweep (:mod:`spectune.sweep.run`, :mod:`spectune.sweep.distributed`, :mod:`s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from spectune.core.json_types import JsonObject, JsonValue
+from spectune.results.open_record import OpenRecord
 
 
 @dataclass
-class SweepMeta:
+class SweepMeta(OpenRecord):
     """sweep.json. Attribute names are the file's keys; :meth:`to_json` writes them in this order and leaves out
     the optional ones that are None.
 
@@ -60,22 +61,20 @@ class SweepMeta:
     calibration: JsonObject | None = None
     lost_blocks: list[JsonObject] | None = None
     nodes: JsonValue = None
-    extra: JsonObject = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, obj: JsonObject) -> SweepMeta:
         """The record of a parsed sweep.json (a key it lacks takes the field's default)."""
-        known = {f.name for f in fields(cls)} - {"extra"}
-        return cls(**{k: v for k, v in obj.items() if k in known},  # type: ignore[arg-type]
-                   extra={k: v for k, v in obj.items() if k not in known})
+        known, extra = cls.split(obj)
+        return cls(**known, extra=extra)  # type: ignore[arg-type]
 
     def to_json(self) -> JsonObject:
         """sweep.json's object: the fields in order (optional ones only when set), then ``extra``."""
         out: JsonObject = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name != "extra" and v is not None:
-                out[f.name] = v
+        for name in self.file_keys():
+            v = getattr(self, name)
+            if v is not None:
+                out[name] = v
         return {**out, **self.extra}
 
     def run_record(self) -> JsonObject:

@@ -14,12 +14,11 @@ record the validate modules read, :class:`RunWindow` one of its ``phases`` or it
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from spectune.core.json_types import JsonObject, JsonValue
+from spectune.results.open_record import LenientRecord, OrderedRecord
 
 if TYPE_CHECKING:
     from spectune.results.point import Warmup
@@ -28,7 +27,7 @@ __all__ = ["ValidateRun", "RunWindow"]
 
 
 @dataclass
-class RunWindow:
+class RunWindow(OrderedRecord):
     """The numbers of one window of a run: a ``phases`` entry (one phase) or ``overall`` (the whole run).
 
     :func:`spectune.validate.phases.summarize_run` gives ``phase`` (1-based, ``"all"`` for the whole run),
@@ -39,9 +38,10 @@ class RunWindow:
     keys added since; combined over repeats (:func:`spectune.validate.repeats.combine_repeats`) the numbers are
     means (counts: sums).
 
-    Attribute names are the file's keys. :meth:`to_json` writes the keys the window has (``keys``): those of the
-    object it was read from (:meth:`from_json`), in its order, then every attribute assigned since; a window built
-    with the constructor has them all. Keys this version does not know are kept in ``extra`` and written last.
+    Attribute names are the file's keys. :meth:`to_json` writes the keys the window has (:meth:`names`): those of
+    the object it was read from (:meth:`from_json`; ``order``), in its order, then every attribute assigned since; a
+    window built with the constructor has them all. Keys this version does not know are kept in ``extra`` and
+    written last.
     """
 
     phase: int | str = "all"
@@ -67,27 +67,19 @@ class RunWindow:
     dispatch_delay_p90_ms: float | None = None
     client_cpu_share: float | None = None
     client_limited: bool | None = None
-    extra: JsonObject = field(default_factory=dict)
-    #: the names of the attributes the window has, in the order they are written (None: all, in field order);
-    #: assigning another attribute adds it at the end, as a new key ends a JSON object
-    keys: list[str] | None = field(default=None, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if self.keys is None:
-            self.keys = [f.name for f in dataclasses.fields(self) if f.name in _WINDOW_FIELDS]
 
     def __setattr__(self, name: str, value: object) -> None:
+        """Assign ``name``; a window read from an object that lacked it has it from now on (at the end, as a new key
+        ends a JSON object)."""
         object.__setattr__(self, name, value)
-        keys = self.__dict__.get("keys")
-        if keys is not None and name in _WINDOW_FIELDS and name not in keys:
-            keys.append(name)
+        order = self.__dict__.get("order")
+        if order is not None and name in _WINDOW_FIELDS and name not in order:
+            order.append(name)
 
     @classmethod
-    def from_json(cls, obj: JsonObject) -> RunWindow:
+    def from_json(cls, obj: JsonObject) -> RunWindow:  # type: ignore[override]
         """A window as read from validate.json (or built by :func:`spectune.validate.phases.summarize_run`)."""
-        return cls(**{k: v for k, v in obj.items() if k in _WINDOW_FIELDS},  # type: ignore[arg-type]
-                   extra={k: v for k, v in obj.items() if k not in _WINDOW_FIELDS},
-                   keys=[k for k in obj if k in _WINDOW_FIELDS])
+        return cls.read(obj)
 
     @classmethod
     def empty(cls) -> RunWindow:
@@ -108,7 +100,9 @@ class RunWindow:
 
     def names(self) -> list[str]:
         """The names of the attributes the window has, in order."""
-        return list(self.keys or [])
+        if self.order is None:
+            return self.file_keys()
+        return [k for k in self.order if k in _WINDOW_FIELDS]
 
     def numbers(self) -> dict[str, float | int | None]:
         """The window's numeric (or None) attributes it has, by name, in order (for means over repeats)."""
@@ -116,11 +110,11 @@ class RunWindow:
                 and not isinstance(v, bool)}
 
 
-_WINDOW_FIELDS = {f.name for f in dataclasses.fields(RunWindow)} - {"extra", "keys"}
+_WINDOW_FIELDS = set(RunWindow.file_keys())
 
 
 @dataclass
-class ValidateRun:
+class ValidateRun(LenientRecord):
     """One run of ``spectune validate``: one static num_steps (``static:K``), the config (``config``) or the A/A run
     (``aa:K``: static K on a second fresh server), one repeat.
 
@@ -159,10 +153,6 @@ class ValidateRun:
     finished: str | None = None
     repeats: int | None = None
     throughput_by_repeat: list[float | None] | None = None
-    extra: JsonObject = field(default_factory=dict)
-    #: fields the file it was read from lacked (an older format) -> the value filled in: left out again by
-    #: :meth:`to_dict` while they keep that value
-    absent: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def measured(self) -> bool:
@@ -202,9 +192,7 @@ class ValidateRun:
         if self.repeats is not None:
             d.update(repeats=self.repeats, throughput_by_repeat=self.throughput_by_repeat)  # type: ignore[arg-type]
         d.update(self.extra)
-        if self.absent:
-            d = {k: v for k, v in d.items() if k not in self.absent or getattr(self, k) != self.absent[k]}
-        return d
+        return self.without_absent(d)
 
     @classmethod
     def from_dict(cls, obj: JsonObject) -> ValidateRun:
@@ -214,13 +202,12 @@ class ValidateRun:
         Raises:
             TypeError: the entry lacks ``run``.
         """
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "absent"}
-        known = {k: v for k, v in obj.items() if k in names}
-        known["phases"] = [RunWindow.from_json(w) for w in known.get("phases") or []]
+        known, extra = cls.split(obj)
+        known["phases"] = [RunWindow.from_json(w) for w in known.get("phases") or []]  # type: ignore[union-attr]
         if "overall" in known:
-            known["overall"] = RunWindow.from_json(known["overall"] or {})
-        record = cls(**known, extra={k: v for k, v in obj.items() if k not in names})
-        record.absent = {name: copy.deepcopy(getattr(record, name)) for name in names - set(obj)}
+            known["overall"] = RunWindow.from_json(known["overall"] or {})  # type: ignore[arg-type]
+        record = cls(**known, extra=extra)  # type: ignore[arg-type]
+        record.note_absent(obj)
         return record
 
 

@@ -74,21 +74,32 @@ async def take_turns(jobs: Sequence[tuple[FolderSweep, Sequence[PointKey]]], gro
                      group_of: Callable[[PointKey], Hashable], per_point: bool = False) -> None:
     """Several sweeps' points in turns: for each group in ``groups``, each sweep's points ``keys`` (in run order) of
     that group (``group_of(key) == group``), measured as one block (``measure_block``: the block's drift check
-    included) or, with ``per_point``, point by point; each backend is closed after its turn (``close``: the bundled
-    engine's ``stop`` keeps its server up for the next switch), so two servers never run at once. Then each sweep's
-    end-of-sweep drift check. ``jobs``: (sweep, its points to run) in turn order."""
+    included) or, with ``per_point``, point by point. Before a sweep's turn the last turn's backend hands its server
+    over (:meth:`~spectune.backends.base.Backend.hand_over`: the bundled engine switches a cutoff in place) or is
+    closed (``close``: the bundled engine's ``stop`` keeps its server up for the next switch), so two servers never
+    run at once. Then each sweep's end-of-sweep drift check. ``jobs``: (sweep, its points to run) in turn order."""
+    live: list[FolderSweep] = []  # the sweep whose backend holds the running server, if any
+
+    async def take(s: FolderSweep) -> None:
+        if live and live[0] is not s:
+            if not await live[0].backend.hand_over(s.backend):
+                await live[0].backend.close()
+            live[0].current = None
+        live[:] = [s]
+
     try:
         for group in groups:
             for s, keys in jobs:
                 turn = [k for k in keys if group_of(k) == group]
                 if not turn:
                     continue
+                await take(s)
                 for block in ([k] for k in turn) if per_point else [turn]:
                     await s.measure_block(block)
-                await s.backend.close()
-                s.current = None
         for s, _ in jobs:
+            await take(s)
             await s.end_check()
+        for s, _ in jobs:
             await s.backend.close()
             s.current = None
     finally:

@@ -3,6 +3,7 @@ with ``spectune serve``'s own options, or fail as one line naming what the bundl
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -87,3 +88,40 @@ def test_the_sweep_cli_rejects_a_bad_server_arg_in_one_line(tmp_path) -> None:
 
 def test_cpu_kernels_reach_the_bundled_server() -> None:
     assert parse_server_args(["--cpu-kernels", "off"]) == {"cpu_kernels": "off"}
+
+
+class _Running:
+    """A launched server as the backend sees it between points."""
+
+    base_url = "http://127.0.0.1:9"
+
+    def alive(self) -> bool:
+        return True
+
+
+def _holding_server(**options) -> LocalBackend:
+    backend = LocalBackend(BackendOptions(**options))
+    backend.capacity = backend.server_capacity = 4
+    backend.server = _Running()
+    backend.launches.append({"steps": 4, "command": "python -m spectune.backends.local", "pid": 7, "port": 9})
+    return backend
+
+
+def _successor(**options) -> LocalBackend:
+    backend = LocalBackend(BackendOptions(**options))
+    backend.capacity = 4
+    return backend
+
+
+def test_a_cutoffs_backend_takes_over_the_static_server() -> None:
+    static, cutoff = _holding_server(), _successor(draft_p_min=0.7)
+    server = static.server
+    assert asyncio.run(static.hand_over(cutoff)) is True
+    assert (cutoff.server, static.server) == (server, None)
+    assert cutoff.launches == [{"adopted": True, "command": "python -m spectune.backends.local", "port": 9, "pid": 7}]
+
+
+def test_a_backend_for_another_server_shape_is_not_handed_the_server() -> None:
+    static = _holding_server()
+    assert asyncio.run(static.hand_over(_successor(draft_p_min=0.7, max_concurrency=8))) is False
+    assert static.server is not None

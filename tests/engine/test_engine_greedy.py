@@ -117,7 +117,8 @@ def test_sharing_weights_needs_the_same_cache_length() -> None:
 def test_per_row_draft_length_matches_hf_with_rows_of_different_lengths_in_one_verify(reference, tmp_path) -> None:
     """Draft-length rules (llama.cpp's p_min; SpecDec++ on the raw draft confidence) are lossless at batch 8 with the
     target verifying padded or packed rows, and their rounds really verify rows of different draft lengths in one
-    target forward. One engine (built from a p_min config), its rule and layout swapped between runs."""
+    target forward. One engine (built from a p_min config), its rule and layout swapped between runs, the cutoff
+    also as ``POST /spectune/num_steps`` switches it (``Engine.set_num_steps(k, p_min)``: 0 = off)."""
     import json
 
     from spectune.backends.local.engine.draft_length import DraftRule
@@ -137,10 +138,20 @@ def test_per_row_draft_length_matches_hf_with_rows_of_different_lengths_in_one_v
     engine.decoder.verify_layout = "packed"
     assert engine.generate(prompts, params) == expected  # p_min, packed
     engine.decoder.verify_layout = "padded"
+    engine.set_num_steps(4, 0.0)  # POST /spectune/num_steps with draft_p_min 0: per-row drafting off in place
+    rounds.clear()
+    assert engine.generate(prompts[:2], params) == expected[:2]
+    assert {n for r in rounds for n in r} == {4}  # every row drafts num_steps
+    engine.set_num_steps(4, 0.7)  # and a cutoff switched on in place
+    rounds.clear()
+    assert engine.generate(prompts[:4], params) == expected[:4]
+    assert any(len(set(r)) > 1 for r in rounds)
     engine.decoder.rule = DraftRule("specdec", 0.5, 4)
     rounds.clear()
     assert engine.generate(prompts, params) == expected  # specdec on the raw confidence
     assert any(len(set(r)) > 1 for r in rounds)
+    with pytest.raises(ValueError, match="cannot replace this server's specdec"):
+        engine.set_num_steps(4, 0.5)  # a config file's other rule is never replaced by a cutoff
 
 
 @pytest.mark.parametrize("layout", ["packed"])

@@ -83,6 +83,10 @@ def num_steps(server: Serve) -> int:
     return requests.get(server.url + "/server_info", headers=auth(), timeout=10).json()["speculative_num_steps"]
 
 
+def draft_length(server: Serve) -> dict | None:
+    return requests.get(server.url + "/server_info", headers=auth(), timeout=10).json()["draft_length"]
+
+
 @pytest.fixture(scope="module")
 def served():
     """The default pair at num_steps 3, the key from $SPECTUNE_API_KEY (as the help says: not on the command line)."""
@@ -115,7 +119,7 @@ def test_num_steps_route_switches_and_refuses(served) -> None:
     url = served.url + "/spectune/num_steps"
     assert requests.post(url, json={"num_steps": 1}, timeout=10).status_code == 401  # no key
     r = requests.post(url, json={"num_steps": 1}, headers=auth(), timeout=10)
-    assert r.json() == {"num_steps": 1}
+    assert r.json() == {"num_steps": 1, "draft_p_min": 0.0}
     assert num_steps(served) == 1
     # 400: not an integer; above the 3 the cache was sized for (--num-steps 3); above MAX_NUM_STEPS 64
     for body, fragment in (({"num_steps": "two"}, "num_steps"), ({"num_steps": 4}, "exceeds the 3"),
@@ -124,6 +128,13 @@ def test_num_steps_route_switches_and_refuses(served) -> None:
         assert r.status_code == 400, body
         assert fragment in r.json()["error"]["message"], r.text
     assert num_steps(served) == 1  # refused changes leave it alone
+    r = requests.post(url, json={"num_steps": 2, "draft_p_min": 0.6}, headers=auth(), timeout=10)
+    assert r.json() == {"num_steps": 2, "draft_p_min": 0.6}
+    assert draft_length(served) == {"strategy": "p_min", "threshold": 0.6, "n_max": 2, "acceptance_head": False}
+    r = requests.post(url, json={"num_steps": 1, "draft_p_min": 1.5}, headers=auth(), timeout=10)
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "draft_p_min")
+    r = requests.post(url, json={"num_steps": 1, "draft_p_min": 0}, headers=auth(), timeout=10)
+    assert draft_length(served) is None  # a cutoff of 0 switches per-row drafting off
     # 409: a request is in flight (a stream that has sent its first chunk and has many tokens to go)
     body = {"messages": [{"role": "user", "content": "Count to one hundred."}], "max_tokens": 200, "stream": True,
             "temperature": 0, "ignore_eos": True}

@@ -33,8 +33,8 @@ class _Server:
     """A backend's server as the runner sees it: whether it switches num_steps cheaply, and when it is closed. Like
     the bundled engine's, ``stop`` keeps the server up (for the next switch); only ``close`` ends it."""
 
-    def __init__(self, name: str, log: list, cheap_switch: bool) -> None:
-        self.name, self.log, self.cheap_switch = name, log, cheap_switch
+    def __init__(self, name: str, log: list, cheap_switch: bool, hands_over: bool = False) -> None:
+        self.name, self.log, self.cheap_switch, self.hands_over = name, log, cheap_switch, hands_over
 
     async def stop(self) -> None:
         pass
@@ -42,13 +42,19 @@ class _Server:
     async def close(self) -> None:
         self.log.append((self.name, "close"))
 
+    async def hand_over(self, successor) -> bool:
+        if self.hands_over:
+            self.log.append((self.name, "hand over", successor.name))
+        return self.hands_over
+
 
 class _Sweep:
     """A serial sweep's surface (spectune.sweep.runner.FolderSweep) that logs what it is asked to measure."""
 
-    def __init__(self, name: str, plan: SweepPlan, log: list, cheap_switch: bool = True) -> None:
+    def __init__(self, name: str, plan: SweepPlan, log: list, cheap_switch: bool = True,
+                 hands_over: bool = False) -> None:
         self.name, self.plan, self.log = name, plan, log
-        self.backend = _Server(name, log, cheap_switch)
+        self.backend = _Server(name, log, cheap_switch, hands_over)
         self.meta = SimpleNamespace(order=None)
         self.order, self.current = "blocks", None
 
@@ -65,12 +71,14 @@ class _Sweep:
         pass
 
 
-def _measured(cheap_switch: bool = True, repeats: int = 2, concurrency: tuple[int, ...] = (1,)) -> list:
+def _measured(cheap_switch: bool = True, repeats: int = 2, concurrency: tuple[int, ...] = (1,),
+              hands_over: bool = False) -> list:
     """The log of a PMinRunner over static K=0,2 and one cutoff at K=2."""
     log: list = []
     plan = SweepPlan(steps=(0, 2), concurrency=concurrency, repeats=repeats)
-    static = _Sweep("static", plan, log, cheap_switch)
-    cutoff = _Sweep("p0.5", SweepPlan(steps=(2,), concurrency=concurrency, repeats=repeats), log, cheap_switch)
+    static = _Sweep("static", plan, log, cheap_switch, hands_over)
+    cutoff = _Sweep("p0.5", SweepPlan(steps=(2,), concurrency=concurrency, repeats=repeats), log, cheap_switch,
+                    hands_over)
     runner = PMinRunner(static, [(cutoff, cutoff.plan.points())])
     asyncio.run(runner.run(plan.points()))
     return log
@@ -95,6 +103,16 @@ def test_a_server_is_closed_before_the_next_sweep_measures():
     log = _measured()
     first_cutoff = next(i for i, e in enumerate(log) if e[0] == "p0.5")
     assert log[first_cutoff - 1] == ("static", "close")
+
+
+def test_a_backend_that_hands_its_server_over_is_not_closed_between_turns():
+    log = _measured(hands_over=True)
+    first_cutoff = next(i for i, e in enumerate(log) if e[0] == "p0.5")
+    assert log[first_cutoff - 1] == ("static", "hand over", "p0.5")
+
+
+def test_with_hand_overs_the_only_closes_are_at_the_end():
+    assert [e for e in _measured(hands_over=True) if e[1] == "close"] == [("static", "close"), ("p0.5", "close")]
 
 
 def test_blocks_order_measures_the_cutoffs_after_the_static_sweep():

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from spectune.backends.local.engine.draft_length import DraftRule
 from spectune.backends.local.engine.sampling import SamplingTensors
 from spectune.backends.local.engine.scheduler import Scheduler
 from spectune.backends.local.engine.sequence import RequestOutput, SamplingParams, Sequence, SpecStats
@@ -221,8 +222,16 @@ class Engine:
             self._aborts.add(request_id)
             self._lock.notify()
 
-    def set_num_steps(self, k: int) -> None:
-        """Change the static num_steps; only while idle (raises RuntimeError otherwise)."""
+    def set_num_steps(self, k: int, p_min: float | None = None) -> None:
+        """Change the static num_steps and, unless ``p_min`` is None, the draft-confidence cutoff (``--draft-p-min``:
+        > 0 each row stops drafting at the first draft token whose confidence is under it, at most ``k`` tokens; 0
+        every row drafts ``k``); only while idle.
+
+        Raises:
+            RuntimeError: a request is in flight.
+            ValueError: ``k`` > 0 without a draft head or above the cache's capacity; ``p_min`` outside 0..1, or
+                given while the server runs a config file's per-row rule (``specdec``, ``specserve``).
+        """
         with self._lock:
             if self.scheduler.running or self.scheduler.waiting or self._incoming:
                 raise RuntimeError("num_steps can only change while no request is in flight")
@@ -230,6 +239,16 @@ class Engine:
                 raise ValueError("num_steps > 0 needs a draft head")
             if k > self.capacity:
                 raise ValueError(f"num_steps {k} exceeds the {self.capacity} this server was sized for")
+            rule = self.decoder.rule
+            if p_min is not None:
+                if not 0.0 <= p_min <= 1.0:
+                    raise ValueError(f"draft_p_min {p_min} is outside 0..1: give a probability (0 = off)")
+                if rule is not None and getattr(rule, "strategy", None) != "p_min":
+                    raise ValueError(f"draft_p_min cannot replace this server's {rule.describe()} rule from its "
+                                     "config file: restart it without the config")
+                self.decoder.rule = DraftRule("p_min", p_min, max(k, 1)) if p_min > 0 else None
+            elif isinstance(rule, DraftRule) and rule.strategy == "p_min":
+                rule.n_max = max(k, 1)
             self.cfg.num_steps = k
             self.max_steps = max(getattr(self.cfg.policy, "max_steps", 0) or 0, k)
             self.stats.active_num_steps = k

@@ -2,8 +2,8 @@
 
 Routes: POST /v1/chat/completions, POST /v1/completions (stream and non-stream), GET /v1/models, /health,
 /metrics (Prometheus), /server_info and /get_server_info (SGLang's shape: ``internal_states[0]`` with
-``speculative_num_steps`` and ``avg_spec_accept_length``), POST /spectune/num_steps (change the static num_steps
-while idle; the ``local`` sweep backend uses it).
+``speculative_num_steps`` and ``avg_spec_accept_length``), POST /spectune/num_steps (change the static num_steps,
+and the draft-confidence cutoff ``draft_p_min``, while idle; the ``local`` sweep backend uses it).
 
 Hardening (docs/engine.md, "Bad requests"):
 
@@ -223,17 +223,21 @@ class Server:
 
     async def set_num_steps(self, request: web.Request) -> web.Response:
         try:
-            k = P.NumStepsRequest.model_validate_json(await request.read()).num_steps
+            body = P.NumStepsRequest.model_validate_json(await request.read())
         except ValidationError as err:
             message, param = P.validation_message(err)
-            return _json_error(f'{message}; send {{"num_steps": K}} with K in 0..{P.MAX_NUM_STEPS}', 400, param)
+            return _json_error(f'{message}; send {{"num_steps": K}} with K in 0..{P.MAX_NUM_STEPS}, and optionally '
+                               '"draft_p_min": P in 0..1', 400, param)
         try:
-            self.engine.set_num_steps(k)
+            self.engine.set_num_steps(body.num_steps, body.draft_p_min)
         except RuntimeError as err:
             return _json_error(str(err), 409)
         except ValueError as err:
-            return _json_error(str(err), 400, "num_steps")
-        return web.json_response({"num_steps": k})
+            return _json_error(str(err), 400, "draft_p_min" if "p_min" in str(err) else "num_steps")
+        rule = self.engine.decoder.rule
+        return web.json_response({"num_steps": body.num_steps,
+                                  "draft_p_min": rule.threshold if rule is not None and rule.strategy == "p_min"
+                                  else 0.0})
 
     # ---- generation ----------------------------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:

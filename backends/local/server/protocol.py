@@ -154,9 +154,11 @@ class CompletionRequest(_Common):
 
 
 class NumStepsRequest(_Strict):
-    """POST /spectune/num_steps."""
+    """POST /spectune/num_steps: the static num_steps and, optionally, the draft-confidence cutoff (``draft_p_min``,
+    as ``--draft-p-min``: 0 = every row drafts num_steps tokens; absent = unchanged)."""
 
     num_steps: int = Field(ge=0, le=MAX_NUM_STEPS)
+    draft_p_min: float | None = Field(default=None, ge=0.0, le=1.0)
 
 
 _UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
