@@ -125,7 +125,7 @@ class Sweep:
         cell among the first points measured again (label ``end of sweep``)."""
         if self.plan.drift_check and self.ran > 0:
             first = [p.key for p in self.folder.points]
-            ref = self._reference(first[:max(len(self.plan.steps), len(self.plan.concurrency), 2)])
+            ref = self._reference(first[:max(len(self.plan.steps), len(self.plan.concurrency), 2)], first)
             if ref is not None:
                 await self._drift("end of sweep", ref)
 
@@ -186,17 +186,18 @@ class Sweep:
             self._finish(point)
         return point, records
 
-    def _reference(self, keys: Sequence[Key]) -> Key | None:
+    def _reference(self, keys: Sequence[Key], later: Sequence[Key] = ()) -> Key | None:
         """The drift reference among ``keys``: the ok point with the shortest measurement window (the cheapest to
-        measure again) among those measured in full, else among all; None without an ok point. A window that stopped
-        early reports its rule's statistic over its first requests (:mod:`spectune.sweep.sequential`), which its
-        re-measurement, a full window, would not read like: the difference would pass for drift (docs/sweep.md,
-        "Order and drift")."""
+        measure again) among those measured in full, else among the full ones of ``later`` (points measured after
+        them), else among all of ``keys``; None without an ok point. A window that stopped early reports its rule's
+        statistic over its first requests (:mod:`spectune.sweep.sequential`), which its re-measurement, a full
+        window, would not read like: the difference would pass for drift (docs/sweep.md, "Order and drift")."""
         pts = {p.key: p for p in self.folder.points if p.status == "ok"}
         cands = [k for k in keys if k in pts]
         if not cands:
             return None
-        full = [k for k in cands if not pts[k].stopped_early]
+        full = [k for k in cands if not pts[k].stopped_early] or \
+            [k for k in later if k in pts and not pts[k].stopped_early]
         return min(full or cands, key=lambda k: pts[k].numbers.duration_s or float("inf"))
 
     async def _drift(self, label: str, key: Key) -> None:

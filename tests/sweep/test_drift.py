@@ -162,3 +162,21 @@ async def test_a_guided_sweeps_drift_reference_is_a_window_measured_in_full(tmp_
                == (check["steps"], check["concurrency"], check["repeat"]))
     assert any((p.get("early_stop") or {}).get("reason") for p in measured)  # there were shorter ones to avoid
     assert not (ref.get("early_stop") or {}).get("reason")
+
+
+def _point(steps: int, duration_s: float, stopped: bool):
+    from spectune.results.point import SweepPoint
+
+    return SweepPoint.from_dict({"steps": steps, "concurrency": 1, "metrics": {"duration_s": duration_s},
+                                 "early_stop": {"reason": "above_best"} if stopped else None})
+
+
+def test_when_the_first_windows_all_stopped_early_the_reference_is_a_later_full_one():
+    from types import SimpleNamespace
+
+    from spectune.sweep.run import Sweep
+
+    points = [_point(0, 5.0, True), _point(1, 6.0, True), _point(2, 30.0, False), _point(4, 20.0, False)]
+    sweep = SimpleNamespace(folder=SimpleNamespace(points=points))
+    keys = [p.key for p in points]
+    assert Sweep._reference(sweep, keys[:2], keys) == keys[3]  # the shortest full window measured after them
