@@ -34,8 +34,8 @@ PROMPTS = ["Write a short story about a robot learning to paint.", "Explain how 
 
 
 def one_thread() -> None:
-    """One torch thread, as ``engine_threads`` gives the sweep's server on a 2-core machine, and the line naming the CPU,
-    torch and the load average that every figure of these scripts is printed under."""
+    """One torch thread, as ``engine_threads`` gives the sweep's server on a 2-core machine, and the line naming the
+    CPU, torch and the load average that every figure of these scripts is printed under."""
     import torch
 
     from spectune.measure.environment import environment

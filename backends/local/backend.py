@@ -209,9 +209,9 @@ class LocalBackend(LaunchingBackend):
         """Give the running server to ``successor`` when it is a ``local`` backend whose server would differ only in
         num_steps (within this server's capacity) and draft-confidence cutoff: its ``start(K)`` then sets both in
         place (``POST /spectune/num_steps`` with ``draft_p_min``, ``backends/local/server/app.py``) instead of
-        launching a server of its own (loading weights and compiling again). ``sweep --p-min`` thus measures every cutoff on the
-        static cells' server. The successor's ``launches`` records the server it switched (``adopted``: its pid,
-        port, command and log). Not for schedule servers (relaunched per num_steps)."""
+        launching a server of its own (loading weights and compiling again). ``sweep --p-min`` thus measures every
+        cutoff on the static cells' server. The successor's ``launches`` records the server it switched
+        (``adopted``: its pid, port, command and log). Not for schedule servers (relaunched per num_steps)."""
         if not isinstance(successor, LocalBackend) or successor.server is not None or self.server is None \
                 or not self.server.alive():
             return False

@@ -78,14 +78,15 @@ async def take_turns(jobs: Sequence[tuple[FolderSweep, Sequence[PointKey]]], gro
     over (:meth:`~spectune.backends.base.Backend.hand_over`: the bundled engine switches a cutoff in place) or is
     closed (``close``: the bundled engine's ``stop`` keeps its server up for the next switch), so two servers never
     run at once. Then each sweep's end-of-sweep drift check. ``jobs``: (sweep, its points to run) in turn order."""
-    live: list[FolderSweep] = []  # the sweep whose backend holds the running server, if any
+    live: FolderSweep | None = None  # the sweep whose backend holds the running server, if any
 
     async def take(s: FolderSweep) -> None:
-        if live and live[0] is not s:
-            if not await live[0].backend.hand_over(s.backend):
-                await live[0].backend.close()
-            live[0].current = None
-        live[:] = [s]
+        nonlocal live
+        if live is not None and live is not s:
+            if not await live.backend.hand_over(s.backend):
+                await live.backend.close()
+            live.current = None
+        live = s
 
     try:
         for group in groups:

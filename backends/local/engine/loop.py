@@ -229,23 +229,26 @@ class Engine:
 
         Raises:
             RuntimeError: a request is in flight.
-            ValueError: ``k`` > 0 without a draft head or above the cache's capacity; ``p_min`` outside 0..1, or
-                given while the server runs a config file's per-row rule (``specdec``, ``specserve``).
+            InvalidRequest: (``param`` ``num_steps``) ``k`` > 0 without a draft head or above the cache's capacity;
+                (``param`` ``draft_p_min``) ``p_min`` outside 0..1, or given while the server runs a config file's
+                per-row rule (``specdec``, ``specserve``).
         """
         with self._lock:
             if self.scheduler.running or self.scheduler.waiting or self._incoming:
                 raise RuntimeError("num_steps can only change while no request is in flight")
             if k > 0 and self.decoder.head is None:
-                raise ValueError("num_steps > 0 needs a draft head")
+                raise InvalidRequest("num_steps > 0 needs a draft head", "num_steps")
             if k > self.capacity:
-                raise ValueError(f"num_steps {k} exceeds the {self.capacity} this server was sized for")
+                raise InvalidRequest(f"num_steps {k} exceeds the {self.capacity} this server was sized for",
+                                     "num_steps")
             rule = self.decoder.rule
             if p_min is not None:
                 if not 0.0 <= p_min <= 1.0:
-                    raise ValueError(f"draft_p_min {p_min} is outside 0..1: give a probability (0 = off)")
-                if rule is not None and getattr(rule, "strategy", None) != "p_min":
-                    raise ValueError(f"draft_p_min cannot replace this server's {rule.describe()} rule from its "
-                                     "config file: restart it without the config")
+                    raise InvalidRequest(f"draft_p_min {p_min} is outside 0..1: give a probability (0 = off)",
+                                         "draft_p_min")
+                if rule is not None and rule.strategy != "p_min":
+                    raise InvalidRequest(f"draft_p_min cannot replace this server's {rule.describe()} rule from its "
+                                         "config file: restart it without the config", "draft_p_min")
                 self.decoder.rule = DraftRule("p_min", p_min, max(k, 1)) if p_min > 0 else None
             elif isinstance(rule, DraftRule) and rule.strategy == "p_min":
                 rule.n_max = max(k, 1)

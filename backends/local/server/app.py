@@ -232,8 +232,8 @@ class Server:
             self.engine.set_num_steps(body.num_steps, body.draft_p_min)
         except RuntimeError as err:
             return _json_error(str(err), 409)
-        except ValueError as err:
-            return _json_error(str(err), 400, "draft_p_min" if "p_min" in str(err) else "num_steps")
+        except InvalidRequest as err:
+            return _json_error(str(err), 400, err.param)
         rule = self.engine.decoder.rule
         return web.json_response({"num_steps": body.num_steps,
                                   "draft_p_min": rule.threshold if rule is not None and rule.strategy == "p_min"
