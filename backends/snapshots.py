@@ -15,6 +15,10 @@ from spectune.loadgen.record import RequestRecord
 ENGINE_TIME_KEYS = ("decode_rounds", "decode_seconds", "prefill_seconds")
 """``SpecSnapshot.raw`` keys of an engine's own time counters (see :class:`SpecSnapshot`)."""
 
+ENGINE_ROWS_KEY = "decode_rows"
+"""``SpecSnapshot.raw`` key of an engine's count of decode-round rows (each round's running batch, summed; the bundled
+engine's ``spectune:engine_decode_rows_total``), absent where the engine does not count them."""
+
 
 @dataclass
 class SpecSnapshot:
@@ -36,7 +40,8 @@ class SpecSnapshot:
             detection; None if unknown.
         raw: backend-specific extras. Where an engine counts its own time (the bundled engine), ``raw`` holds
             :data:`ENGINE_TIME_KEYS` too: decode rounds, their wall time in s, the prefill forwards' wall time in s
-            (cumulative; :mod:`spectune.measure.engine_time` turns two readings into a window's figures).
+            (cumulative; :mod:`spectune.measure.engine_time` turns two readings into a window's figures), and
+            :data:`ENGINE_ROWS_KEY`, the rows of those rounds summed, where the engine counts them.
     """
 
     taken_at: float

@@ -43,6 +43,7 @@ def test_default_pair_sweep_then_recommend(tmp_path: Path) -> None:
     for r in rows:  # the engine's own time: decode rounds and the prefill share (spectune:engine_* counters)
         assert float(r["engine_round_ms"]) > 0
         assert 0 < float(r["engine_prefill_share"]) < 1
+        assert 0 < float(r["engine_round_rows"]) <= int(r["concurrency"])  # rows of its decode rounds, mean
     sweep = json.loads((out / "sweep.json").read_text())
     assert sweep["backend"]["backend"] == "local"
     assert sweep["backend"]["engine"]["server_args"] == {"native_dense_above": "8"}

@@ -23,7 +23,7 @@ import aiohttp
 
 from spectune.backends.base import Backend, BackendStartError, ScheduleServer
 from spectune.backends.options import BackendOptions, Endpoint
-from spectune.backends.snapshots import ENGINE_TIME_KEYS, SpecSnapshot
+from spectune.backends.snapshots import ENGINE_ROWS_KEY, ENGINE_TIME_KEYS, SpecSnapshot
 from spectune.backends.eagle_heads import eagle_version
 from spectune.backends.launch import LaunchingBackend
 from spectune.backends.local.options import DEFAULT_HEAD, check_compile_mode, parse_server_args
@@ -224,7 +224,10 @@ class LocalBackend(LaunchingBackend):
         if all(r.get("pid") != last.get("pid") for r in successor.launches):  # not its own server back
             record: JsonObject = {"adopted": True, **{k: last[k] for k in ("command", "port", "pid") if k in last}}
             if last.get("log") and successor.options.log_dir:  # from the successor's results folder (logs/..)
-                record["log"] = os.path.relpath(str(last["log"]), Path(successor.options.log_dir).absolute().parent)
+                log = Path(str(last["log"]))
+                if last.get("adopted") and self.options.log_dir:  # relative to this backend's results folder
+                    log = Path(self.options.log_dir).absolute().parent / log
+                record["log"] = os.path.relpath(log.absolute(), Path(successor.options.log_dir).absolute().parent)
             successor.launches.append(record)
         successor.server, successor.steps, successor._windows_on_server = self.server, self.steps, \
             self._windows_on_server
@@ -235,13 +238,14 @@ class LocalBackend(LaunchingBackend):
 
     async def snapshot(self) -> SpecSnapshot | None:
         """The engine's ``spectune:`` counters from /metrics, with its time counters in ``raw``
-        (:data:`~spectune.backends.snapshots.ENGINE_TIME_KEYS`; ``backends/local/server/metrics.py``) and, when its
-        ``spectune:engine_slow_round_shapes`` counter is above 0, the step model's warnings from ``/server_info``
-        in ``raw["engine_warnings"]`` (``backends/local/engine/step_model.py``)."""
+        (:data:`~spectune.backends.snapshots.ENGINE_TIME_KEYS` and ``ENGINE_ROWS_KEY``;
+        ``backends/local/server/metrics.py``) and, when its ``spectune:engine_slow_round_shapes`` counter is above 0,
+        the step model's warnings from ``/server_info`` in ``raw["engine_warnings"]``
+        (``backends/local/engine/step_model.py``)."""
         if self.base_url is None:
             return None
         snap = await scrape_snapshot(self.base_url, prefixes=("spectune:",), extra_counters={
-            **{key: f"spectune:engine_{key}" for key in ENGINE_TIME_KEYS},
+            **{key: f"spectune:engine_{key}" for key in (*ENGINE_TIME_KEYS, ENGINE_ROWS_KEY)},
             "slow_round_shapes": "spectune:engine_slow_round_shapes"})
         if snap is not None and float(snap.raw.get("slow_round_shapes") or 0) > 0:  # type: ignore[arg-type]
             info = await self._server_info(self.base_url)

@@ -127,7 +127,7 @@ class Window:
         metrics: :func:`~spectune.loadgen.metrics.compute_metrics` of the window (summary.csv's load columns).
         client_limit: why the load generator itself limited the window
             (:func:`~spectune.loadgen.metrics.client_limit`), or None.
-        engine_time: the engine's mean decode round and prefill share over the window (the acceptance's
+        engine_time: the engine's mean decode round, its rows and prefill share over the window (the acceptance's
             snapshots; :func:`~spectune.measure.engine_time.engine_time`), or None where the engine counts none.
     """
 

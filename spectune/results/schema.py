@@ -81,10 +81,11 @@ P_MIN_COLUMNS = ("p_min",)
 """The draft-confidence cutoff P the point's server ran (points.jsonl ``server.p_min``; ``spectune sweep --p-min``),
 empty for every other server. Added after the first release: a summary.csv without it reads as empty."""
 
-ENGINE_TIME_COLUMNS = ("engine_round_ms", "engine_prefill_share")
+ENGINE_TIME_COLUMNS = ("engine_round_ms", "engine_prefill_share", "engine_round_rows")
 """Where the engine's time went over the window, from its own counters (the bundled engine;
-:mod:`spectune.measure.engine_time`): the mean decode round (ms) and the share of its busy time in prefill (0..1).
-Empty for engines that count none. Added after the first release: a summary.csv without them reads as empty."""
+:mod:`spectune.measure.engine_time`): the mean decode round (ms), the share of its busy time in prefill (0..1) and
+the mean rows of a decode round (requests). Empty for engines that count none. Added after the first release: a
+summary.csv without them reads as empty."""
 
 SUMMARY_COLUMNS: tuple[str, ...] = (*KEY_COLUMNS, *STATUS_COLUMNS, *STREAM_COLUMNS, *ACCEPTANCE_COLUMNS,
                                     *SLO_CLIENT_COLUMNS, *BATCH_SIZE_COLUMNS, *DERIVED_COLUMNS, *INTERVAL_COLUMNS,

@@ -381,7 +381,8 @@ class Sweep:
                        batch_size_p50=batch["p50"] if batch else None,
                        batch_size_source=batch["source"] if batch else "none",
                        engine_round_ms=w.engine_time.round_ms if w.engine_time else None,
-                       engine_prefill_share=w.engine_time.prefill_share if w.engine_time else None)
+                       engine_prefill_share=w.engine_time.prefill_share if w.engine_time else None,
+                       engine_round_rows=w.engine_time.round_rows if w.engine_time else None)
         log_tail = self.backend.failure_log() if w.status != "ok" else ""
         if log_tail:
             self.listener.server_failed(steps, f"the server died during K={steps} c={conc}: {w.error}", log_tail)

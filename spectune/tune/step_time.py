@@ -27,8 +27,9 @@ growing with the padded tokens b * W: a sweep's cells (:class:`CellStepTime`) me
 
 :class:`CellStepTime` (a sweep's measured cells, :func:`cells_step_time`): per swept num_steps K the mean decode
 round ``engine_round_ms`` (summary.csv, :mod:`spectune.measure.engine_time`; the median over repeats) against the
-cell's mean batch size ``batch_size_mean`` (its concurrency when unmeasured), linear in b between measured batch
-sizes and flat beyond them. Made non-decreasing in K (a running maximum: drafting more never takes less time, noise
+rows its rounds ran, ``engine_round_rows`` (the engine's own count; where a folder lacks it, the mean batch size
+``batch_size_mean``, whose gauge also counts requests waiting for or in prefill; the concurrency when unmeasured),
+linear in b between measured batch sizes and flat beyond them. Made non-decreasing in K (a running maximum: drafting more never takes less time, noise
 aside), linear in K between swept num_steps and extended beyond the largest by the last step's slope. Without
 ``engine_round_ms`` (engines that do not count it) a cell's round is TPOT p50 x acceptance length, as
 :func:`spectune.tune.strategy.cost_table_from_cells` derives it.
@@ -311,6 +312,7 @@ def cells_step_time(folder: str | Path, draft_step: tuple[float, float] | None =
     if not round_ms.notna().any():
         round_ms, column = col("tpot_p50_ms") * col("acceptance_length"), "tpot_p50_ms x acceptance_length"
     bs = col("batch_size_mean").where(col("batch_size_mean") > 0, df["concurrency"].astype(float))
+    bs = col("engine_round_rows").where(col("engine_round_rows") > 0, bs)
     cells = pd.DataFrame({"k": df["steps"], "c": df["concurrency"], "b": bs, "ms": round_ms}).dropna()
     cells = cells[cells["ms"] > 0]
     if cells.empty:

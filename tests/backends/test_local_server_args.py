@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import typer
@@ -119,6 +121,17 @@ def test_a_cutoffs_backend_takes_over_the_static_server() -> None:
     assert asyncio.run(static.hand_over(cutoff)) is True
     assert (cutoff.server, static.server) == (server, None)
     assert cutoff.launches == [{"adopted": True, "command": "python -m spectune.backends.local", "port": 9, "pid": 7}]
+
+
+def test_a_server_handed_on_twice_names_its_log_from_each_results_folder(tmp_path: Path) -> None:
+    """sweep --p-min: the static sweep's server passes from cutoff to cutoff; each folder's sweep.json names the one
+    log, relative to that folder (p-min/P/ sits two levels below the static folder)."""
+    static = _holding_server(log_dir=str(tmp_path / "sweep" / "logs"))
+    static.launches[-1]["log"] = str(tmp_path / "sweep" / "logs" / "server-steps0.log")
+    first = _successor(draft_p_min=0.3, log_dir=str(tmp_path / "sweep" / "p-min" / "0.3" / "logs"))
+    second = _successor(draft_p_min=0.5, log_dir=str(tmp_path / "sweep" / "p-min" / "0.5" / "logs"))
+    assert asyncio.run(static.hand_over(first)) and asyncio.run(first.hand_over(second))
+    assert second.launches[-1]["log"] == os.path.join("..", "..", "logs", "server-steps0.log")
 
 
 def test_a_backend_for_another_server_shape_is_not_handed_the_server() -> None:

@@ -160,6 +160,7 @@ def test_metrics_expose_where_the_engines_time_goes(server, client) -> None:
     assert forwards == 1
     assert rounds >= 1
     assert decode_s > 0
+    assert delta("spectune:engine_decode_rows_total") == rounds  # one request: one row a round
 
 
 def test_full_queue_answers_503(tmp_path: Path) -> None:

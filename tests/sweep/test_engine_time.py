@@ -26,6 +26,16 @@ def test_no_rounds_leaves_the_mean_round_empty() -> None:
     assert engine_time(_snap(10, 1.0, 0.5), _snap(10, 1.0, 0.9)).round_ms is None
 
 
+def test_the_mean_rows_are_the_windows_decode_rows_over_its_rounds() -> None:
+    before, after = _snap(10, 1.0, 0.5), _snap(20, 1.1, 0.8)
+    before.raw["decode_rows"], after.raw["decode_rows"] = 30, 66
+    assert engine_time(before, after).round_rows == pytest.approx(3.6)
+
+
+def test_an_engine_that_counts_no_rows_leaves_the_mean_rows_empty() -> None:
+    assert engine_time(_snap(10, 1.0, 0.5), _snap(20, 1.1, 0.8)).round_rows is None
+
+
 def test_an_engine_without_time_counters_gives_none() -> None:
     assert engine_time(SpecSnapshot(0.0), SpecSnapshot(1.0)) is None
 

@@ -260,6 +260,16 @@ def test_cells_model_of_one_repeat_reads_that_repeat_only(tmp_path: Path) -> Non
     assert (at(cells_step_time(tmp_path)), at(cells_step_time(tmp_path, repeat=1))) == (11.0, 16.0)
 
 
+def test_cells_model_keys_a_cell_on_the_rows_its_rounds_ran(tmp_path: Path) -> None:
+    """The engine's rows per round (engine_round_rows), not the running-requests gauge's mean, place a cell."""
+    rows = ["steps,concurrency,repeat,status,batch_size_mean,engine_round_ms,engine_round_rows",
+            "0,1,0,ok,1,10.0,1", "0,4,0,ok,3.9,14.0,3.5"]
+    (tmp_path / "summary.csv").write_text("\n".join(rows) + "\n")
+    one = np.array([1.0])
+    model = cells_step_time(tmp_path)
+    assert float(model.round_ms(one * 3.5, one * 0, one, one, one * 0)[0]) == 14.0
+
+
 def test_cells_model_charges_the_verify_width_and_each_draft_step_beyond_it(tmp_path: Path) -> None:
     """A p_min round whose longest row stops before the cap computes one position more than it verifies (D = W):
     the static round of the verified width plus one draft step, not the static round one position wider."""

@@ -52,6 +52,8 @@ class _EngineCollector:
         yield self._counter("spectune:engine_decode_rounds", "Decode rounds (one verify of the running batch).",
                             s.num_rounds)
         yield self._counter("spectune:engine_decode_seconds", "Wall time of the decode rounds, s.", s.decode_seconds)
+        yield self._counter("spectune:engine_decode_rows", "Rows of the decode rounds (each round's running batch), "
+                            "summed.", s.batch_total)
         yield self._counter("spectune:engine_slow_round_shapes", "(batch, num_steps) shapes whose decode rounds ran "
                             "over 1.5x the engine's step model (warnings in /server_info step_model).",
                             len(e.guard.warnings))
