@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from spectune.backends.local.model.acceptance import AcceptanceHead, new_acceptance_head
 from spectune.core.json_types import JsonObject
+from spectune.draft.schedule import warmup_cosine
 
 
 @dataclass
@@ -100,8 +101,7 @@ def train_acceptance(samples: dict[str, torch.Tensor], cfg: AcceptanceTrainConfi
         running, seen = 0.0, 0
         for i in range(0, len(order), cfg.batch_size):
             b = order[i : i + cfg.batch_size]
-            lr = cfg.lr * ((step + 1) / warmup if step < warmup else
-                           0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup))))
+            lr = warmup_cosine(step, total, cfg.lr, warmup)
             for g in opt.param_groups:
                 g["lr"] = lr
             loss = weighted_bce(head.logit(samples["feature"][b].float(), samples["prob"][b]), samples["label"][b],

@@ -16,7 +16,6 @@ tokens (labels inside the draft vocabulary), weighted 0.8^j over steps.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch.nn.functional as F
 from spectune.backends.local.model.eagle import DraftConfig, DraftHead
 from spectune.backends.local.model.rope import rope_table
 from spectune.core.json_types import JsonObject
+from spectune.draft.schedule import warmup_cosine
 
 if TYPE_CHECKING:
     from spectune.backends.local.model.target import TargetModel
@@ -205,11 +205,8 @@ def collate(store: FeatureStore, ids: list[int], max_len: int) -> tuple[torch.Te
 
 
 def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
-    """Linear warmup then cosine decay to 10% of ``cfg.lr``."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    frac = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
-    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+    """Linear warmup then cosine decay to 10% of ``cfg.lr`` (:func:`spectune.draft.schedule.warmup_cosine`)."""
+    return warmup_cosine(step, total, cfg.lr, cfg.warmup_steps, floor=0.1)
 
 
 def train(target: TargetModel, store: FeatureStore, cfg: TrainConfig, ckpt: Path,
