@@ -8,7 +8,7 @@ concurrency 128 and 512) shows it here: rounds as fast as the step table says, b
 
 The rows a decode round really ran are the engine's count, not the running-requests gauge's time average
 (``batch_size_mean``): the gauge also counts a request while it waits for or runs its prefill, so at concurrency 4 in
-a closed loop it reads 3.8-4.0 where the rounds ran 3.5-3.7 rows (the per-request example's sweep, rows counted from
+a closed loop it reads 3.7-4.0 where the rounds ran 3.4-3.8 rows (the per-request example's sweep, rows counted from
 its streamed chunks: ``benchmarks/simulate_vs_sweep.py``). Output tok/s of a window is rows x tokens per row-round /
 round time, so a model of it takes the engine's rows.
 """
