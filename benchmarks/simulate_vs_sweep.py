@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import gzip
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -58,7 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from spectune.backends.num_steps.trace import TraceStep, read_trace
-from spectune.results.reader import load_request_records, requests_file
+from spectune.results.reader import load_request_records, request_objects
 from spectune.tune.draft_policies import PolicySpec, TraceArrays, trace_arrays
 from spectune.tune.policy_replay import replay
 from spectune.tune.step_time import StepTimeModel, cells_step_time, fit_trace_step_time, trace_draft_step
@@ -94,30 +93,27 @@ def _drafting_share(folder: Path) -> dict[tuple[int, int], float]:
     return out
 
 
-def _prompts(folder: Path) -> dict[tuple[int, int, int], Counter[str]]:
-    """(steps, concurrency, repeat) -> prompt id -> ok requests (``folder``'s requests.jsonl, read by
-    :func:`~spectune.results.reader.load_request_records`)."""
+def _prompts(records: list[dict]) -> dict[tuple[int, int, int], Counter[str]]:
+    """(steps, concurrency, repeat) -> prompt id -> ok requests, from a folder's request objects
+    (:func:`~spectune.results.reader.request_objects`)."""
     out: dict[tuple[int, int, int], Counter[str]] = {}
-    for r in load_request_records(folder) or []:
-        if r["error"] is None and r["chunk_times"]:  # chunk_times: the count of output chunks here
-            out.setdefault((int(r["steps"]), int(r["concurrency"]), int(r["repeat"])), Counter())[r["prompt_id"]] += 1
+    for r in records:
+        if r.get("error") is None and r.get("chunk_times"):
+            out.setdefault((int(r["steps"]), int(r["concurrency"]), int(r.get("repeat", 0))), Counter())[
+                r["prompt_id"]] += 1
     return out
 
 
-def chunk_rows(folder: Path, round_ms: dict[tuple[int, int, int], float]) -> dict[tuple[int, int, int], float]:
-    """(steps, concurrency, repeat) -> the mean rows of the cell's decode rounds, counted from ``folder``'s streamed
-    chunks: every ok request's chunk times but its first (the token its prefill emits), sorted, split into rounds at
-    each gap over a quarter of the cell's mean round (``round_ms``, ms); chunks / rounds. The engine streams one chunk
-    per row per round (``backends/local/engine/loop.py``, ``Engine._emit``), so a round's chunks arrive within a
-    fraction of a round of each other. On a sweep that has both (num_steps 0 and 1 at concurrency 4, 2-vCPU Zen 3),
-    this count and the engine's ``engine_round_rows`` agree to every digit (3.520 and 3.205 rows)."""
-    path = requests_file(folder)
-    if path is None:
-        return {}
-    data = path.read_bytes()
+def chunk_rows(records: list[dict], round_ms: dict[tuple[int, int, int], float]) -> dict[tuple[int, int, int], float]:
+    """(steps, concurrency, repeat) -> the mean rows of the cell's decode rounds, counted from its requests' streamed
+    chunks (``records``: :func:`~spectune.results.reader.request_objects`): every ok request's chunk times but its
+    first (the token its prefill emits), sorted, split into rounds at each gap over a quarter of the cell's mean round
+    (``round_ms``, ms); chunks / rounds. The engine streams one chunk per row per round
+    (``backends/local/engine/loop.py``, ``Engine._emit``), so a round's chunks arrive within a fraction of a round of
+    each other. On a sweep that has both (num_steps 0 and 1 at concurrency 4, 2-vCPU Zen 3), this count and the
+    engine's ``engine_round_rows`` agree to every digit (3.520 and 3.205 rows)."""
     times: dict[tuple[int, int, int], list[float]] = {}
-    for line in (gzip.decompress(data) if path.suffix == ".gz" else data).decode("utf-8").splitlines():
-        r = json.loads(line) if line.strip() else {}
+    for r in records:
         if r.get("error") is None and len(r.get("chunk_times") or []) > 1:
             times.setdefault((int(r["steps"]), int(r["concurrency"]), int(r.get("repeat", 0))), []).extend(
                 r["chunk_times"][1:])
@@ -131,11 +127,12 @@ def chunk_rows(folder: Path, round_ms: dict[tuple[int, int, int], float]) -> dic
 
 def _cells_in(folder: Path, p_min: float | None, rows_from: str) -> list[Cell]:
     share = _drafting_share(folder) if p_min is not None else {}
-    prompts = _prompts(folder)
+    records = request_objects(folder) or []
+    prompts = _prompts(records)
     summary = [row for row in csv.DictReader((folder / "summary.csv").open()) if row["status"] == "ok"]
     keys = [(int(row["steps"]), int(row["concurrency"]), int(row["repeat"])) for row in summary]
     need_chunks = rows_from == "engine" and not all(row.get("engine_round_rows") for row in summary)
-    counted = chunk_rows(folder, {k: float(r["engine_round_ms"]) for k, r in zip(keys, summary)}) if need_chunks \
+    counted = chunk_rows(records, {k: float(r["engine_round_ms"]) for k, r in zip(keys, summary)}) if need_chunks \
         else {}
     out = []
     for row, key in zip(summary, keys):

@@ -232,23 +232,31 @@ def load_requests(folder: Path | None) -> pd.DataFrame | None:
     return df
 
 
-def load_request_records(folder: Path | None) -> list[JsonObject] | None:
-    """The measured request objects of ``requests.jsonl`` (``chunk_times`` reduced to its length), or None when the
-    folder or file is absent (:func:`requests_file`: ``requests.jsonl`` or its ``.gz``); for the bootstrap of
-    :mod:`spectune.results.confidence`.
+def request_objects(folder: Path | None) -> list[JsonObject] | None:
+    """The request objects of ``requests.jsonl`` as written (``chunk_times`` in s on the client's clock), or None
+    when the folder or file is absent (:func:`requests_file`: ``requests.jsonl`` or its ``.gz``).
 
     Raises:
         UserError: a line in the middle of the file is not JSON.
     """
     path = requests_file(folder)
-    if path is None:
+    return None if path is None else _read_jsonl(path)
+
+
+def load_request_records(folder: Path | None) -> list[JsonObject] | None:
+    """The measured request objects of ``requests.jsonl`` (:func:`request_objects`, ``chunk_times`` reduced to its
+    length), or None when the folder or file is absent; for the bootstrap of :mod:`spectune.results.confidence`.
+
+    Raises:
+        UserError: a line in the middle of the file is not JSON.
+    """
+    records = request_objects(folder)
+    if records is None:
         return None
-    out = []
-    for r in _read_jsonl(path):
+    for r in records:
         r["chunk_times"] = len(r.get("chunk_times") or [])
         r.pop("chunk_tokens", None)
-        out.append(r)
-    return out
+    return records
 
 
 def with_text_columns(df: pd.DataFrame) -> pd.DataFrame:

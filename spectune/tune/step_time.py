@@ -29,8 +29,9 @@ growing with the padded tokens b * W: a sweep's cells (:class:`CellStepTime`) me
 round ``engine_round_ms`` (summary.csv, :mod:`spectune.measure.engine_time`; the median over repeats) against the
 rows its rounds ran, ``engine_round_rows`` (the engine's own count; where a folder lacks it, the mean batch size
 ``batch_size_mean``, whose gauge also counts requests waiting for or in prefill; the concurrency when unmeasured),
-linear in b between measured batch sizes and flat beyond them. Made non-decreasing in K (a running maximum: drafting more never takes less time, noise
-aside), linear in K between swept num_steps and extended beyond the largest by the last step's slope. Without
+linear in b between measured batch sizes and flat beyond them. Made non-decreasing in K (a running maximum: drafting
+more never takes less time, noise aside), linear in K between swept num_steps and extended beyond the largest by the
+last step's slope. Without
 ``engine_round_ms`` (engines that do not count it) a cell's round is TPOT p50 x acceptance length, as
 :func:`spectune.tune.strategy.cost_table_from_cells` derives it.
 
