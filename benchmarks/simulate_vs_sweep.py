@@ -41,7 +41,11 @@ prediction keeps only the trace's rows of the prompts that cell served (each row
 served its prompt) and the rounds that hold such a row; ``coverage`` says which share of the cell's requests the
 trace holds at its batch size. ``--all-rows`` (or a trace without ids) replays every round of the batch size.
 
-Usage: ``python benchmarks/simulate_vs_sweep.py TRACE SWEEP_DIR [--charge verify-width|static] [--model sweep|trace]
+Several sweep folders of one plan (``TRACE SWEEP_DIR SWEEP_DIR ...``, e.g. a second ``--repeats`` sweep run
+after the first) count as one sweep with their repeats numbered on: each run still timed by the static cells of its
+own sweep and repeat (``pooled``: the median of its own sweep's repeats).
+
+Usage: ``python benchmarks/simulate_vs_sweep.py TRACE SWEEP_DIR [SWEEP_DIR ...] [--charge verify-width|static] [--model sweep|trace]
 [--pairing repeat|pooled] [--rows engine|gauge] [--all-rows]``. Prints a Markdown table and a summary.
 """
 
@@ -49,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -211,7 +216,7 @@ def predict(arr: TraceArrays, model: StepTimeModel, cell: Cell,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trace", type=Path)
-    parser.add_argument("sweep", type=Path)
+    parser.add_argument("sweep", type=Path, nargs="+", help="one sweep folder, or several of one plan")
     parser.add_argument("--charge", choices=("verify-width", "static"), default="verify-width",
                         help="sweep model: charge a round the static round at its verify width plus its extra draft "
                              "steps (default), or the static round at K = max(D, W - 1) (before)")
@@ -228,27 +233,42 @@ def main() -> None:
     steps = read_trace(args.trace)
     arr = trace_arrays(steps)
     prompts = None if args.all_rows else row_prompts(args.trace, steps)
-    trace_path, sweep_path = engine_path(args.trace.parent), engine_path(args.sweep)
-    if trace_path != sweep_path:
-        print(f"WARNING: the trace's server ran {trace_path}, the sweep's {sweep_path}: the predictions mix two "
-              "engine paths (start the trace's server with the sweep's path, e.g. --native-lm-head)")
+    trace_path = engine_path(args.trace.parent)
+    for folder in args.sweep:
+        sweep_path = engine_path(folder)
+        if sweep_path != trace_path:
+            print(f"WARNING: the trace's server ran {trace_path}, {folder}'s {sweep_path}: the predictions mix two "
+                  "engine paths (start the trace's server with the sweep's path, e.g. --native-lm-head)")
     print("rows replayed per cell: " + ("every row of the cell's batch size" if prompts is None
                                          else "the rows of the prompts the cell served (trace request ids)"))
     draft = trace_draft_step(steps) if args.charge == "verify-width" else None
     per_repeat = args.model == "sweep" and args.pairing == "repeat"
-    all_cells = cells(args.sweep, args.rows)
+    all_cells: list[Cell] = []
+    origin: dict[int, tuple[Path, int]] = {}  # repeat numbered on over the folders -> (folder, its own repeat)
+    for folder in args.sweep:
+        these = cells(folder, args.rows)
+        offset = max(origin, default=-1) + 1
+        origin.update({offset + r: (folder, r) for r in sorted({c.repeat for c in these})})
+        all_cells += [dataclasses.replace(c, repeat=offset + c.repeat) for c in these]
     print("rows per decode round: " + ("the running-requests gauge's mean batch size (batch_size_mean)"
                                        if args.rows == "gauge" else "the engine's engine_round_rows, or counted from "
                                        "the streamed chunks where a folder lacks it"))
-    models: dict[int | None, StepTimeModel | None] = {
-        r: fit_trace_step_time(steps) if args.model == "trace" else cells_step_time(args.sweep, draft, r)
-        for r in (sorted({c.repeat for c in all_cells}) if per_repeat else [None])}
+    pooled = {folder: cells_step_time(folder, draft) for folder in args.sweep} \
+        if args.model == "sweep" and not per_repeat else {}
+    models: dict[int, StepTimeModel | None] = {
+        r: fit_trace_step_time(steps) if args.model == "trace" else
+        cells_step_time(folder, draft, own) if per_repeat else pooled[folder]
+        for r, (folder, own) in origin.items()}
     for r, model in models.items():
         assert model is not None, "the trace holds no draft_ms/verify_ms"
-        print(f"step-time model{'' if r is None else f' of repeat {r}'}: {model.description}")
+        if per_repeat or r == 0 or origin[r][0] != origin[r - 1][0]:
+            folder, own = origin[r]
+            which = "" if not per_repeat and len(args.sweep) == 1 else f" of {folder}" if not per_repeat else \
+                f" of repeat {r}" if len(args.sweep) == 1 else f" of repeat {r} ({folder}'s repeat {own})"
+            print(f"step-time model{which}: {model.description}")
 
     def model_for(repeat: int) -> StepTimeModel:
-        return models[repeat if per_repeat else None]  # type: ignore[return-value]
+        return models[repeat]  # type: ignore[return-value]
     print("| policy | c | repeat | measured tok/s [95%] | predicted | error | round ms measured / predicted | "
           "tokens per row-round measured / predicted | coverage |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
