@@ -45,8 +45,9 @@ Several sweep folders of one plan (``TRACE SWEEP_DIR SWEEP_DIR ...``, e.g. a sec
 after the first) count as one sweep with their repeats numbered on: each run still timed by the static cells of its
 own sweep and repeat (``pooled``: the median of its own sweep's repeats).
 
-Usage: ``python benchmarks/simulate_vs_sweep.py TRACE SWEEP_DIR [SWEEP_DIR ...] [--charge verify-width|static] [--model sweep|trace]
-[--pairing repeat|pooled] [--rows engine|gauge] [--all-rows]``. Prints a Markdown table and a summary.
+Usage: ``python benchmarks/simulate_vs_sweep.py TRACE SWEEP_DIR [SWEEP_DIR ...] [--charge verify-width|static]
+[--model sweep|trace] [--pairing repeat|pooled] [--rows engine|gauge] [--all-rows]``. Prints a Markdown table and a
+summary.
 """
 
 from __future__ import annotations
@@ -259,13 +260,16 @@ def main() -> None:
         r: fit_trace_step_time(steps) if args.model == "trace" else
         cells_step_time(folder, draft, own) if per_repeat else pooled[folder]
         for r, (folder, own) in origin.items()}
-    for r, model in models.items():
-        assert model is not None, "the trace holds no draft_ms/verify_ms"
-        if per_repeat or r == 0 or origin[r][0] != origin[r - 1][0]:
-            folder, own = origin[r]
-            which = "" if not per_repeat and len(args.sweep) == 1 else f" of {folder}" if not per_repeat else \
-                f" of repeat {r}" if len(args.sweep) == 1 else f" of repeat {r} ({folder}'s repeat {own})"
-            print(f"step-time model{which}: {model.description}")
+    assert all(m is not None for m in models.values()), "the trace holds no draft_ms/verify_ms"
+    several = len(args.sweep) > 1
+    if per_repeat:
+        for r, (folder, own) in origin.items():
+            which = f" ({folder}'s repeat {own})" if several else ""
+            print(f"step-time model of repeat {r}{which}: {models[r].description}")  # type: ignore[union-attr]
+    else:
+        for folder, model in (pooled.items() if pooled else [(args.sweep[0], models[0])]):
+            which = f" of {folder}" if several else ""
+            print(f"step-time model{which}: {model.description}")  # type: ignore[union-attr]
 
     def model_for(repeat: int) -> StepTimeModel:
         return models[repeat]  # type: ignore[return-value]

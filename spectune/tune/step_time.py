@@ -31,9 +31,8 @@ rows its rounds ran, ``engine_round_rows`` (the engine's own count; where a fold
 ``batch_size_mean``, whose gauge also counts requests waiting for or in prefill; the concurrency when unmeasured),
 linear in b between measured batch sizes and flat beyond them. Made non-decreasing in K (a running maximum: drafting
 more never takes less time, noise aside), linear in K between swept num_steps and extended beyond the largest by the
-last step's slope. Without
-``engine_round_ms`` (engines that do not count it) a cell's round is TPOT p50 x acceptance length, as
-:func:`spectune.tune.strategy.cost_table_from_cells` derives it.
+last step's slope. Without ``engine_round_ms`` (engines that do not count it) a cell's round is TPOT p50 x acceptance
+length, as :func:`spectune.tune.strategy.cost_table_from_cells` derives it.
 
 A static cell's round at num_steps K computes K draft positions and verifies width K + 1. A round with per-row
 lengths does not have that shape: the bundled engine's draft loop (``backends/local/engine/speculative.py``,
