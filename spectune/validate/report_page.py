@@ -132,7 +132,7 @@ def write_validation_report(folder: Path, out: Path) -> Path:
             f"<p>Steady output tokens/s, mean over repeats.</p>"
             f"{table(header, rows, text_cols=(0,), cell_class=ruling)}") + (
             f"<h2>Each run</h2>{table(oh, orows, text_cols=(0,))}"
-            + file_links(folder, out, ("validate.md", "validate.json", "requests.jsonl")))
+            + file_links(folder, out, ("validate.md", "validate.json", "requests.jsonl", "requests.jsonl.gz")))
     out.mkdir(parents=True, exist_ok=True)
     path = out / "report.html"
     path.write_text(page("spectune validation report", meta, answer, body), encoding="utf-8")

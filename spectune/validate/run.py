@@ -51,6 +51,7 @@ from spectune.measure.schedule_check import check_schedule
 from spectune.measure.window import Sample, Window, client_config, measure_window, resolve_model
 from spectune.results.folder import ValidateFolder
 from spectune.results.primary import Primary
+from spectune.results.reader import request_objects
 from spectune.results.recommendation_doc import RecordedRecommendation
 from spectune.results.schema import now_iso
 from spectune.results.validate_doc import RecordedPrediction, ValidateDoc
@@ -415,11 +416,11 @@ async def execute(plan: ValidatePlan, backend_name: str, options: BackendOptions
             await RayValidation(plan, backend_name, options, adaptive_options, folder, prompts, meta, listener,
                                 initial, timeouts, ray, Validation).run_all()
         if bakeoff:
-            outcome.verdict = rule_bakeoff(meta, _read_requests(folder.requests))
+            outcome.verdict = rule_bakeoff(meta, request_objects(folder.path) or [])
             outcome.bakeoff = meta["bakeoff"]  # type: ignore[assignment]  # rule_bakeoff wrote it
         else:
             recorded = RecordedPrediction.from_json(prediction)
-            outcome.verdict = rule(meta, _read_requests(folder.requests),
+            outcome.verdict = rule(meta, request_objects(folder.path) or [],
                                    recorded.recommended if recorded is not None else None)
         ruled = ValidateDoc.from_json(meta)
         outcome.prediction = usable_prediction(meta)
@@ -472,7 +473,7 @@ def rule_again(output_dir: Path, config: str) -> tuple[Verdict, JsonObject | Non
     same = static_equivalent(config)
     meta.setdefault("config", {})["static_equivalent"] = None if same is None else {"steps": same[0],
                                                                                      "reason": same[1]}
-    requests = _read_requests(folder.requests)
+    requests = request_objects(folder.path) or []
     _resummarize(meta, requests)
     path = find_recommendation(config)
     recommendation = RecordedRecommendation.read(path) if path is not None else RecordedRecommendation()
@@ -505,7 +506,7 @@ def rule_again_bakeoff(output_dir: Path, names: list[str]) -> tuple[Verdict, Jso
     if sorted(names) != sorted(recorded):
         raise UserError(f"{output_dir} holds a bake-off of configs {', '.join(recorded)}, not "
                         f"{', '.join(names)}: pass the same --config NAME=PATH values")
-    requests = _read_requests(folder.requests)
+    requests = request_objects(folder.path) or []
     _resummarize(meta, requests)
     v = rule_bakeoff(meta, requests)
     meta.update(ruled_again=now_iso())
@@ -576,18 +577,3 @@ def _resummarize(meta: JsonObject, requests: list[JsonObject]) -> None:
             if not have.has(STEADY):
                 have.steady_output_throughput_tok_s = new.steady_output_throughput_tok_s
     meta["runs"] = [r.to_dict() for r in runs]
-
-
-def _read_requests(path: Path) -> list[JsonObject]:
-    """The request objects of validate's requests.jsonl (with their chunk times), [] if none."""
-    out = []
-    if not Path(path).is_file():
-        return out
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
-    return out

@@ -117,6 +117,13 @@ def test_validation_page_leads_with_the_verdict(tmp_path):
             "<td>77.9</td><td>K=2</td><td>0.993x [0.939, 1.043]</td>") in page
 
 
+def test_validation_page_links_gzipped_requests(tmp_path):
+    """docs/examples/smollm2-h200 ships its validation's requests as requests.jsonl.gz: the page links that file."""
+    res = CliRunner().invoke(app, ["report", str(EXAMPLES / "smollm2-h200" / "validate"), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    assert ">requests.jsonl.gz</a>" in (tmp_path / "out" / "report.html").read_text()
+
+
 def test_gate_page_leads_with_pass_or_fail_per_metric(tmp_path):
     base = write_sweep(tmp_path / "base", [row(k, c, 100.0 * c + k) for k in (0, 2) for c in (1, 4)])
     cur = write_sweep(tmp_path / "cur", [row(k, c, (100.0 * c + k) * (0.8 if (k, c) == (2, 4) else 1))

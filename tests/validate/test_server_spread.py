@@ -22,9 +22,9 @@ import pytest
 
 from helpers.emulated_server import launch_template
 from helpers.paths import ROOT
+from spectune.results.reader import request_objects
 from spectune.results.validate_run import runs_of
 from spectune.validate.repeats import WITHIN_ONLY, throughput_ratio
-from spectune.validate.run import _read_requests
 
 pytestmark = pytest.mark.timing  # run alone, after the parallel part (pyproject.toml)
 
@@ -74,7 +74,7 @@ def test_one_repeat_measures_an_aa_pair_and_an_identical_config_is_no_fail(setup
     assert [r["run"] for r in meta["runs"]] == ["static:0", "static:1", "config", "aa:0"]
     assert meta["instance_spread"]["kind"] == "aa"
     assert "A/A instance band" in verdict_line(proc)
-    runs, requests = runs_of(meta), _read_requests(out / "requests.jsonl")
+    runs, requests = runs_of(meta), request_objects(out) or []
     within = throughput_ratio(runs, requests, "config", "static:1", spread=WITHIN_ONLY)
     assert within[1] < 1.0  # without the A/A band this would have been a FAIL
     assert "A/A: static K=0 on two fresh servers (aa:0 / static:0)" in (out / "validate.md").read_text()
