@@ -1,9 +1,8 @@
 """The draft-confidence cutoff cells beside the static ones (``spectune sweep --p-min``, docs/sweep.md "Draft
 confidence cutoff"): the ``--p-min`` list (:func:`parse_p_min_list`), which cells each cutoff P gets
-(:func:`p_min_plans`: the sweep's concurrencies at num_steps K = the largest ``--steps``, the draft's cap), the
-sweeps that measure them, one server per P in ``OUTPUT_DIR/p-min/P/`` (:func:`open_p_min_sweeps`), and the runner
-that measures them beside the static cells (:class:`PMinRunner`), which :func:`spectune.sweep.run.execute` drives as
-it drives a plain sweep.
+(:func:`p_min_passes`: the sweep's concurrencies at num_steps K = the largest ``--steps``, the draft's cap, one
+side pass per P with servers of its own in ``OUTPUT_DIR/p-min/P/``), and the runner that measures them beside the
+static cells (:class:`PMinRunner`), which :func:`spectune.sweep.run.execute` drives as it drives a plain sweep.
 
 A cutoff P makes a server with a drafter stop a row's draft at the first draft token whose probability is under P
 (llama.cpp: ``--spec-draft-p-min``, ``common/speculative.cpp`` ``common_speculative_impl_draft_eagle3``); which
@@ -16,11 +15,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import TYPE_CHECKING, Awaitable, Callable, Sequence, cast
+from typing import TYPE_CHECKING, Sequence, cast
 
-from spectune.backends import make_backend, p_min_backends
+from spectune.backends import p_min_backends
 from spectune.backends.base import Backend
-from spectune.backends.options import BackendOptions
 from spectune.core.errors import UserError
 from spectune.core.json_types import JsonObject
 from spectune.results.folder import SweepFolder
@@ -29,17 +27,12 @@ from spectune.results.schema import P_MIN_FOLDER, Key, PointKey, p_min_folder_na
 from spectune.results.sweep_meta import SweepMeta
 from spectune.sweep.plan import SweepPlan
 from spectune.sweep.schedule_server import StaticLedRunner, take_turns
+from spectune.sweep.side_pass import SidePass
 
 if TYPE_CHECKING:
     from spectune.sweep.runner import FolderSweep, RaySweeping, SweepRunner
 
-__all__ = ["parse_p_min_list", "p_min_plans", "p_min_server", "open_p_min_sweeps", "PMinRunner", "run_by_repeat"]
-
-Prepare = Callable[[SweepFolder, SweepPlan, Backend], Awaitable[tuple[list[SweepPoint], list[Key], SweepMeta]]]
-"""Checks a sweep folder against its plan and runs the backend's preflight: (points kept, points to run, sweep.json's
-record) (:func:`spectune.sweep.prepare.prepare_folder` with the sweep's settings)."""
-MakeSweep = Callable[[SweepPlan, Backend, SweepFolder, SweepMeta], "FolderSweep"]
-"""Builds the :class:`spectune.sweep.run.Sweep` of a plan on a backend and an opened folder with its sweep.json."""
+__all__ = ["parse_p_min_list", "p_min_passes", "p_min_server", "PMinRunner", "run_by_repeat"]
 
 
 def parse_p_min_list(text: str | None) -> tuple[float, ...]:
@@ -65,11 +58,13 @@ def parse_p_min_list(text: str | None) -> tuple[float, ...]:
     return tuple(sorted(set(values)))
 
 
-def p_min_plans(values: Sequence[float], plan: SweepPlan, backend: Backend,
-                ray: RaySweeping | None = None) -> list[tuple[float, SweepPlan]]:
-    """(P, plan) per cutoff: the sweep's grid of concurrencies and repeats at num_steps K = the largest ``--steps``
-    (the draft's cap: llama.cpp's ``--spec-draft-n-max``), every window in full unless ``--early-stop`` was asked,
-    no drift check of its own (the static cells' covers the machine); [] without values.
+def p_min_passes(values: Sequence[float], plan: SweepPlan, backend: Backend,
+                 ray: RaySweeping | None = None) -> list[SidePass]:
+    """One side pass per cutoff P, in ``p-min/P`` (:func:`p_min_folder_name`) with servers whose ``draft_p_min`` is P:
+    the sweep's grid of concurrencies and repeats at num_steps K = the largest ``--steps`` (the draft's cap:
+    llama.cpp's ``--spec-draft-n-max``), every window in full unless ``--early-stop`` was asked, no drift check of
+    its own (the static cells' covers the machine); its points carry ``server`` :func:`p_min_server`, which its
+    sweep.json also records as ``p_min``; [] without values.
 
     Raises:
         UserError: ``backend`` cannot set a cutoff (naming the backends that can), the largest ``--steps`` is 0
@@ -89,7 +84,8 @@ def p_min_plans(values: Sequence[float], plan: SweepPlan, backend: Backend,
         raise UserError("--p-min does not run with --ray yet: sweep the cutoffs without --ray")
     sub = dataclasses.replace(plan, steps=(max(plan.steps),), design="grid", budget_points=None, budget_s=None,
                               drift_check=False, early_stop=bool(plan.early_stop))
-    return [(p, sub) for p in values]
+    return [SidePass(sub, f"{P_MIN_FOLDER}/{p_min_folder_name(p)}", {"draft_p_min": p},
+                     lambda b, _, p=p: p_min_server(p, sub.steps[0], b), _note_cutoff) for p in values]
 
 
 def p_min_server(p_min: float, steps: int, backend: Backend) -> ServerRecord:
@@ -98,40 +94,16 @@ def p_min_server(p_min: float, steps: int, backend: Backend) -> ServerRecord:
     return {"kind": "p_min", "p_min": p_min, "max_k": steps, "args": list(backend.p_min_args(p_min) or [])}
 
 
-async def open_p_min_sweeps(plans: Sequence[tuple[float, SweepPlan]], backend_name: str, options: BackendOptions,
-                            parent: SweepFolder, prepare: Prepare,
-                            make_sweep: MakeSweep) -> list[tuple[FolderSweep, list[Key], list[SweepPoint]]]:
-    """One sweep per cutoff P in ``parent/p-min/P`` (a sweep folder of its own whose points carry ``server``
-    :func:`p_min_server`, and whose sweep.json carries ``p_min``): its backend (``options`` with ``draft_p_min`` P),
-    checked folder, preflight and opened folder. Returns (sweep, points to run, points kept) per P.
-
-    Raises:
-        UserError: from the backend, the folder check or the preflight (the folders opened before it are closed).
-    """
-    out: list[tuple[FolderSweep, list[Key], list[SweepPoint]]] = []
-    try:
-        for p_min, plan in plans:
-            folder = SweepFolder(parent.path / P_MIN_FOLDER / p_min_folder_name(p_min))
-            backend = make_backend(backend_name, dataclasses.replace(options, draft_p_min=p_min, log_dir=folder.logs))
-            kept, todo, meta = await prepare(folder, plan, backend)
-            server = p_min_server(p_min, plan.steps[0], backend)
-            meta.p_min = dict(server)
-            folder.open(meta, kept)
-            sweep = make_sweep(plan, backend, folder, meta)
-            sweep.server = server
-            out.append((sweep, todo, kept))
-    except BaseException:  # a later cutoff's check failed: close what the earlier ones opened
-        for sweep, _, _ in out:
-            sweep.folder.close()
-        raise
-    return out
+def _note_cutoff(meta: SweepMeta, server: ServerRecord) -> None:
+    """A cutoff's own sweep.json records its server as ``p_min``."""
+    meta.p_min = dict(server)
 
 
-def p_min_summary(plans: Sequence[tuple[float, SweepPlan]], backend: Backend) -> JsonObject:
-    """The main sweep.json's ``p_min``: the cutoffs, their num_steps K, the flag that sets them and where their
-    cells are."""
-    return {"values": [p for p, _ in plans], "num_steps": plans[0][1].steps[0], "flag": backend.p_min_flag,
-            "folder": P_MIN_FOLDER}
+def p_min_summary(passes: Sequence[SidePass], backend: Backend) -> JsonObject:
+    """The main sweep.json's ``p_min``, from :func:`p_min_passes`: the cutoffs, their num_steps K, the flag that sets
+    them and where their cells are."""
+    return {"values": [p.options["draft_p_min"] for p in passes], "num_steps": passes[0].plan.steps[0],
+            "flag": backend.p_min_flag, "folder": P_MIN_FOLDER}
 
 
 class PMinRunner(StaticLedRunner):

@@ -56,9 +56,10 @@ from spectune.sweep.drift import DriftCheck, drift_check, drift_summary
 from spectune.sweep.guided import GuidedPlanner
 from spectune.sweep.plan import SweepListener, SweepOutcome, SweepPlan
 from spectune.sweep.schedule_server import PairedRunner, schedule_pass
-from spectune.sweep.p_min import PMinRunner, open_p_min_sweeps, p_min_plans, p_min_summary
+from spectune.sweep.p_min import PMinRunner, p_min_passes, p_min_summary
 from spectune.sweep.prepare import prepare_folder
 from spectune.sweep.runner import RaySweeping, SweepRunner
+from spectune.sweep.side_pass import OpenPass, SidePass
 from spectune.sweep.sequential import MIN_SECONDS, EarlyStop, closed_loop_throughput, prompt_sums, request_parts
 
 __all__ = ["Sweep", "execute", "run_blocking", "SCHEDULE_FOLDER"]
@@ -196,8 +197,8 @@ class Sweep:
         cands = [k for k in keys if k in pts]
         if not cands:
             return None
-        full = [k for k in cands if not pts[k].stopped_early] or \
-            [k for k in later if k in pts and not pts[k].stopped_early]
+        full = ([k for k in cands if not pts[k].stopped_early]
+                or [k for k in later if k in pts and not pts[k].stopped_early])
         return min(full or cands, key=lambda k: pts[k].numbers.duration_s or float("inf"))
 
     async def _drift(self, label: str, key: Key) -> None:
@@ -459,10 +460,9 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
     backend = make_backend(backend_name, options)
     if ray is not None:
         ray.check(plan, backend)
-    pair_plan, pair_warnings = schedule_pass(plan, backend, schedule_server, ray)
-    cutoff_plans = p_min_plans(p_min, plan, backend, ray)
-    cutoffs: list[tuple[Sweep, list[Key], list[SweepPoint]]] = []
-    pair: Sweep | None = None
+    pair_pass, pair_warnings = schedule_pass(plan, backend, schedule_server, ray)
+    cutoff_passes = p_min_passes(p_min, plan, backend, ray)
+    sides: list[OpenPass] = []  # the side passes opened: their servers and folders are closed with the sweep's
     outcome = SweepOutcome(folder.path, plan)
     try:
         with warnings.catch_warnings(record=True) as caught:  # e.g. 'random' prompts: shown as sweep warnings
@@ -471,33 +471,30 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
         for w in caught:
             listener.warning(str(w.message))
         kept, todo, meta = await prepare_folder(folder, plan, backend, resume, retry_failed, listener, timeouts,
-                                          preflight=ray is None)
-        pair_todo: list[Key] = []
-        pair_kept: list[SweepPoint] = []
-        if pair_plan is not None:
-            pair, pair_todo, pair_kept = await _schedule_sweep(pair_plan, backend_name, options, folder, prompts,
-                                                               resume, retry_failed, listener, timeouts)
-            meta.schedule_server = pair.meta.backend_value("schedule_server")
+                                                preflight=ray is None)
+        for side in ([pair_pass] if pair_pass is not None else []) + cutoff_passes:
+            sides.append(await open_side_pass(side, backend_name, options, folder, prompts, resume, retry_failed,
+                                              listener, timeouts))
+        pair = sides[0] if pair_pass is not None else None
+        cutoffs = sides[1:] if pair_pass is not None else sides
+        if pair is not None:
+            meta.schedule_server = pair.sweep.meta.backend_value("schedule_server")
         for warning in pair_warnings:
             listener.warning(warning)
-        if cutoff_plans:
-            cutoffs = await open_p_min_sweeps(
-                cutoff_plans, backend_name, options, folder,
-                lambda f, pl, b: prepare_folder(f, pl, b, resume, retry_failed, listener, timeouts),
-                lambda pl, b, f, m: Sweep(pl, b, f, prompts, m, listener, options.model, options.api_key_env, timeouts))
-            meta.p_min = p_min_summary(cutoff_plans, backend)
+        if cutoffs:
+            meta.p_min = p_min_summary(cutoff_passes, backend)
         folder.open(meta, kept)
-        listener.sweep_started(plan, todo + pair_todo + [k for _, t, _ in cutoffs for k in t],
-                               kept + pair_kept + [p for _, _, k in cutoffs for p in k])
+        listener.sweep_started(plan, todo + [k for side in sides for k in side.todo],
+                               kept + [p for side in sides for p in side.kept])
         if ray is None:
             sweep: SweepRunner = Sweep(plan, backend, folder, prompts, meta, listener, options.model,
                                        options.api_key_env, timeouts)
         else:
             sweep = ray.sweep(plan, backend_name, options, folder, prompts, meta, listener, timeouts)
         if pair is not None:
-            sweep = PairedRunner(sweep, pair, pair_todo)
+            sweep = PairedRunner(sweep, pair.sweep, pair.todo)
         if cutoffs:
-            sweep = PMinRunner(sweep, [(s, t) for s, t, _ in cutoffs])
+            sweep = PMinRunner(sweep, [(s.sweep, s.todo) for s in cutoffs])
         try:
             await sweep.run(todo)
         finally:
@@ -505,36 +502,38 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
             outcome.predicted, outcome.cost = list(sweep.predicted), dict(sweep.meta.cost or {})
             outcome.drift, outcome.guided = sweep.meta.drift, sweep.meta.guided
     finally:
-        extra = ([pair] if pair is not None else []) + [cut for cut, _, _ in cutoffs]  # their own servers, folders
         try:
             await backend.close()
-            for other in extra:
-                await other.backend.close()
+            for side in sides:
+                await side.sweep.backend.close()
         finally:
             folder.close()
-            for other in extra:
-                other.folder.close()
+            for side in sides:
+                side.sweep.folder.close()
     return outcome
 
 
-async def _schedule_sweep(plan: SweepPlan, backend_name: str, options: BackendOptions, parent: SweepFolder,
-                          prompts: list[Prompt], resume: bool, retry_failed: bool, listener: SweepListener,
-                          timeouts: ClientTimeouts) -> tuple[Sweep, list[Key], list[SweepPoint]]:
-    """The schedule-server sweep (:func:`schedule_pass`'s plan) in ``parent/schedule-server``: its backend (the same
-    engine, ``schedule_server_max_k`` = the plan's largest num_steps), checked folder, preflight, opened folder;
-    returns the :class:`Sweep`, the points to run and those kept.
+async def open_side_pass(side: SidePass, backend_name: str, options: BackendOptions, parent: SweepFolder,
+                         prompts: list[Prompt], resume: bool, retry_failed: bool, listener: SweepListener,
+                         timeouts: ClientTimeouts) -> OpenPass:
+    """A side pass (:mod:`spectune.sweep.side_pass`) ready to run, the way the static sweep gets ready: its backend
+    (``options`` with the pass's own fields), its folder ``parent/side.folder`` checked, the preflight, sweep.json's
+    record (with what the pass notes of its server) and the folder opened; its :class:`Sweep` records ``server`` on
+    every point.
 
     Raises:
-        UserError: from the folder check or the backend's preflight.
+        UserError: from the backend options, the folder check or the backend's preflight.
     """
-    folder = SweepFolder(parent.path / SCHEDULE_FOLDER)
-    opts = dataclasses.replace(options, schedule_server_max_k=max(plan.steps), log_dir=folder.logs)
-    backend = make_backend(backend_name, opts)
-    kept, todo, meta = await prepare_folder(folder, plan, backend, resume, retry_failed, listener, timeouts)
+    folder = SweepFolder(parent.path / side.folder)
+    backend = make_backend(backend_name, dataclasses.replace(options, **side.options, log_dir=folder.logs))
+    kept, todo, meta = await prepare_folder(folder, side.plan, backend, resume, retry_failed, listener, timeouts)
+    server = side.server(backend, meta)
+    if side.note is not None:
+        side.note(meta, server)
     folder.open(meta, kept)
-    sweep = Sweep(plan, backend, folder, prompts, meta, listener, options.model, options.api_key_env, timeouts)
-    sweep.server = {"kind": "schedule", **(meta.backend_value("schedule_server") or {})}  # type: ignore[dict-item]
-    return sweep, todo, kept
+    sweep = Sweep(side.plan, backend, folder, prompts, meta, listener, options.model, options.api_key_env, timeouts)
+    sweep.server = server
+    return OpenPass(sweep, todo, kept)
 
 
 def run_blocking(plan: SweepPlan, backend_name: str, options: BackendOptions, output_dir: Path,

@@ -1,8 +1,7 @@
 """The schedule server's cells beside the static ones (``spectune sweep --schedule-server``, docs/sweep.md "The
-schedule server"): which num_steps to pin the engine's schedule server to (:func:`schedule_pass`), and the runner
-that alternates the two servers' num_steps blocks (:class:`PairedRunner`, :func:`run_pair`), which
-:func:`spectune.sweep.run.execute` drives as it drives a plain sweep. The folder and backend of the schedule server's
-sweep are set up by :mod:`spectune.sweep.run`."""
+schedule server"): the side pass that pins the engine's schedule server to each num_steps (:func:`schedule_pass`),
+and the runner that alternates the two servers' num_steps blocks (:class:`PairedRunner`, :func:`run_pair`), which
+:func:`spectune.sweep.run.execute` drives as it drives a plain sweep."""
 
 from __future__ import annotations
 
@@ -11,8 +10,10 @@ from typing import TYPE_CHECKING, Sequence
 
 from spectune.backends.base import Backend
 from spectune.core.errors import UserError
-from spectune.results.schema import Key, PointKey
+from spectune.results.point import ServerRecord
+from spectune.results.schema import SCHEDULE_FOLDER, Key, PointKey
 from spectune.sweep.plan import SweepPlan
+from spectune.sweep.side_pass import SidePass
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Hashable
@@ -25,8 +26,10 @@ SCHEDULE_SERVER_MODES = ("auto", "on", "off")
 
 
 def schedule_pass(plan: SweepPlan, backend: Backend, mode: str,
-                  ray: RaySweeping | None = None) -> tuple[SweepPlan | None, list[str]]:
-    """The plan of the schedule-server cells (``--schedule-server``), or None, and warnings.
+                  ray: RaySweeping | None = None) -> tuple[SidePass | None, list[str]]:
+    """The schedule server's side pass (``--schedule-server``), or None, and warnings. Its servers are the engine's
+    schedule server (``schedule_server_max_k`` = the pass's largest num_steps) in :data:`SCHEDULE_FOLDER`, and its
+    points carry ``server`` :func:`schedule_server_record`.
 
     ``mode``: ``auto`` measures them where the backend's schedule server can cost more than its static servers
     (:attr:`spectune.backends.base.ScheduleServer.costs_more`: launched vLLM and SGLang), ``on`` wherever the backend
@@ -67,7 +70,14 @@ def schedule_pass(plan: SweepPlan, backend: Backend, mode: str,
     steps, warnings = backend.schedule_steps(plan.steps)
     if not steps:
         return None, warnings
-    return dataclasses.replace(plan, steps=tuple(steps), design="grid", budget_points=None, budget_s=None), warnings
+    pinned = dataclasses.replace(plan, steps=tuple(steps), design="grid", budget_points=None, budget_s=None)
+    return SidePass(pinned, SCHEDULE_FOLDER, {"schedule_server_max_k": max(steps)}, schedule_server_record), warnings
+
+
+def schedule_server_record(backend: Backend, meta: SweepMeta) -> ServerRecord:
+    """points.jsonl's ``server`` of a schedule-server cell: ``kind`` ``schedule`` and what sweep.json's backend
+    entry says of the schedule server (its config and flags)."""
+    return {"kind": "schedule", **(meta.backend_value("schedule_server") or {})}  # type: ignore[dict-item]
 
 
 async def take_turns(jobs: Sequence[tuple[FolderSweep, Sequence[PointKey]]], groups: Sequence[Hashable],

@@ -16,7 +16,7 @@ import pytest
 from spectune.backends import make_backend
 from spectune.backends.options import BackendOptions
 from spectune.core.errors import UserError
-from spectune.sweep.p_min import PMinRunner, p_min_plans, parse_p_min_list
+from spectune.sweep.p_min import PMinRunner, p_min_passes, parse_p_min_list
 from spectune.sweep.plan import SweepPlan
 from helpers.llamacpp import needs_server
 
@@ -144,17 +144,22 @@ def test_a_word_is_a_user_error():
 def test_a_backend_without_the_knob_names_those_with_it(tmp_path):
     backend = make_backend("openai", BackendOptions(endpoints={-1: "http://127.0.0.1:9"}))
     with pytest.raises(UserError, match=r"backends that can: .*llamacpp \(--spec-draft-p-min\)"):
-        p_min_plans((0.3,), SweepPlan(steps=(0, 2)), backend)
+        p_min_passes((0.3,), SweepPlan(steps=(0, 2)), backend)
 
 
 def test_the_cutoff_cells_run_at_the_largest_num_steps(tmp_path):
-    ((_, plan),) = p_min_plans((0.3,), SweepPlan(steps=(0, 2, 4), concurrency=(1, 4)), llamacpp(tmp_path))
-    assert (plan.steps, plan.concurrency) == ((4,), (1, 4))
+    (side,) = p_min_passes((0.3,), SweepPlan(steps=(0, 2, 4), concurrency=(1, 4)), llamacpp(tmp_path))
+    assert (side.plan.steps, side.plan.concurrency) == ((4,), (1, 4))
+
+
+def test_a_cutoff_pass_has_its_folder_and_its_servers_cutoff(tmp_path):
+    (side,) = p_min_passes((0.3,), SweepPlan(steps=(0, 2, 4), concurrency=(1, 4)), llamacpp(tmp_path))
+    assert (side.folder, side.options) == ("p-min/0.3", {"draft_p_min": 0.3})
 
 
 def test_only_num_steps_zero_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="needs a num_steps above 0"):
-        p_min_plans((0.3,), SweepPlan(steps=(0,)), llamacpp(tmp_path))
+        p_min_passes((0.3,), SweepPlan(steps=(0,)), llamacpp(tmp_path))
 
 
 def test_cli_bad_list_is_one_line(tmp_path):
