@@ -36,7 +36,7 @@ from spectune.core.json_types import JsonObject
 KV_BYTES_PER_TOKEN_GUESS = 32 * 1024  # SmolLM2 target + draft use ~24 KB per token in bf16; sizes the budget
 #: What a bundled CPU server holds besides its KV cache (GiB): weights with the native path's dense copy, torch and the
 #: compiled graphs. The default pair's servers of a validate bake-off (32 slots, a 2.0 GiB cache budget) held 2.4-2.8
-#: GiB resident each on a 2-core AMD EPYC VM (``ps -o rss``; the five with num_steps capacity 4 the most).
+#: GiB resident each (``ps -o rss``; the five with num_steps capacity 4 the most; docs/validate.md).
 SERVER_BASE_GIB = 0.9
 
 

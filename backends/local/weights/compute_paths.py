@@ -10,12 +10,12 @@ Paths (``--dtype`` values):
 
 Why not one constant: bf16 dense matmuls need oneDNN's bf16 kernels, which need AVX-512 (BW, VL, DQ) or
 AVX-NE-CONVERT. Without them (AVX2-only CPUs) PyTorch falls back to its reference bf16 GEMM, a scalar loop: 7.9 ms
-for a [1, 576] x [576, 1536] product on a 2-core AVX2 EPYC (issue #17) where float32 takes 0.12-0.2 ms. The int4
-kernel is PyTorch's own vectorised code for both AVX2 and AVX-512 with bf16 activations (its float32 variant is a
-scalar loop). Rather than encode those rules, ``auto`` times each available path on the model's own shapes (one
-gate|up-shaped linear, an lm_head-shaped one, both with weights streamed from DRAM, and a decode-shaped attention;
-about 1-2 s) and estimates a decode
-step: layers x (linear time x the layer's weights / gate|up's weights + attention) + lm_head. The cheapest wins.
+for a [1, 576] x [576, 1536] product on an AVX2 CPU where float32 takes 0.12-0.2 ms (issue #17, docs/engine.md).
+The int4 kernel is PyTorch's own vectorised code for both AVX2 and AVX-512 with bf16 activations (its float32
+variant is a scalar loop). Rather than encode those rules, ``auto`` times each available path on the model's own
+shapes (one gate|up-shaped linear, an lm_head-shaped one, both with weights streamed from DRAM, and a decode-shaped
+attention; about 1-2 s) and estimates a decode step: layers x (linear time x the layer's weights / gate|up's
+weights + attention) + lm_head. The cheapest wins.
 The probe runs on one thread: with two or more, a kernel whose OpenMP barrier meets another busy process on
 the machine waits a whole scheduler slice (about 16 ms, whatever the kernel), which made every path look alike on
 a loaded 2-core machine; one thread ranks the kernels the same way on an idle machine and stays meaningful on a
@@ -286,9 +286,9 @@ def batch_estimates(step_ms: dict[str, float], rows_ms: dict[str, dict[str, floa
     The native path runs its int4 kernel or, where ``copies`` (the dense copy fits in memory), its dense copy, at each
     row count whichever is faster, so at b rows it costs the least of its int4 estimate and each dense kind's own step
     estimate there (the float32 path's; the bfloat16 path's where oneDNN runs bf16). Scaling native's batch-1 step by
-    the copy's time over int4's one-row time instead mixed two probes: on a 2-core Zen 5 VM it put native at 2.7x the
-    bfloat16 path at batch 16 (44.3 vs 16.4 ms) where both run the same bf16 GEMM, ``auto`` chose the bfloat16 path,
-    and the main job ran 0.54x the native path's decode speed at batch 1 and 0.65x at batch 4
+    the copy's time over int4's one-row time instead mixed two probes: on the machine docs/engine.md names, it put
+    native at 2.7x the bfloat16 path at batch 16 (44.3 vs 16.4 ms) where both run the same bf16 GEMM, ``auto`` chose
+    the bfloat16 path, and the main job ran 0.54x the native path's decode speed at batch 1 and 0.65x at batch 4
     (``benchmarks/engine_speed.py``, docs/engine.md).
 
     Returns:

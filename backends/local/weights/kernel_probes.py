@@ -189,7 +189,7 @@ def dense_crossover(cfg: ModelConfig, reps: int = 5, stream_rows: int = STREAM_R
     Up to ``stream_rows`` rows (:data:`STREAM_ROWS`; 0 times every count cache-resident, as the probe did before issue
     #71, which ``benchmarks/round_table.py`` compares) each kernel is timed with its weights streamed from DRAM
     (:func:`_streamed_ms`): a decode step of a few rows is memory-bound, and the dense bf16 copy reads four times the
-    int4 bytes (float32 eight times). A cache-resident layer hides that: on a 2-core AMD EPYC Zen 4 VM it timed int4 and
+    int4 bytes (float32 eight times). A cache-resident layer hides that: on the machine of issue #71 it timed int4 and
     bf16 alike at 4 rows (0.1865 and 0.1857 ms), the engine took the dense copy from 3 rows on, and its batch-1 round at
     num_steps 2 (3 rows) cost 55 ms against 28 ms with the int4 kernel (issue #71; docs/engine.md has the round table
     per path).

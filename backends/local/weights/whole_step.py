@@ -26,8 +26,8 @@ WHOLE_STEP_ROWS = (2, 4, 8, 16, 32)
 """Row counts at which :func:`whole_step_crossover` times the whole target forward with each kernel."""
 COPY_MARGIN = 1.05
 """The copy wins at a row count only when the int4 forward takes at least this many times as long: a near tie keeps
-int4, which reads a quarter of the bytes (a copy 1.7% ahead at 8 rows, within a drifting VM's noise, put it above 4
-rows, where batch 4's first draft then cost 2.5x its num_steps 0 round: docs/engine.md)."""
+int4, which reads a quarter of the bytes (a copy 1.7% ahead at 8 rows, within the machine's drift between runs, put
+it above 4 rows, where batch 4's first draft then cost 2.5x its num_steps 0 round: docs/engine.md)."""
 WHOLE_STEP_PROBE = "native:dense-whole-step"
 """:func:`whole_step_crossover`'s name in its cache key (:func:`_probe_key`)."""
 
@@ -47,14 +47,15 @@ def whole_step_crossover(forward: Callable[[int], Callable[[], object]], layers:
     a dense copy) is switched to one kernel for all rows (``dense_above`` very large, or 0) while that forward is timed
     at 1 row and each of :data:`WHOLE_STEP_ROWS` (fastest of ``reps``, eager, one thread as the caller's
     :func:`_measured` runs it; about 2 s for SmolLM2-135M). Every weight is read from memory as in decoding, with the
-    model's own shapes and everything between the linears, which one layer's probe leaves out: on a 2-core Zen 5 VM
-    the gate|up layer streamed timed int4 and the bf16 copy alike at 16 rows (0.566 and 0.589 ms) while batch-16 decode
-    ran 218 tokens/s on the copy and 197 on int4 (``benchmarks/engine_speed.py``).
+    model's own shapes and everything between the linears, which one layer's probe leaves out: on the machine
+    docs/engine.md names, the gate|up layer streamed timed int4 and the bf16 copy alike at 16 rows (0.566 and 0.589
+    ms) while batch-16 decode ran 218 tokens/s on the copy and 197 on int4 (``benchmarks/engine_speed.py``).
 
     The answer is the probed count below the first from which the copy wins (by :data:`COPY_MARGIN`) at every larger
     count (1 when it wins from 2 rows); when it does not win even at the largest count, the layer probe's
     ``layer_answer`` where that is larger (many rows are compute-bound, which the layer probe measures well), else the
-    largest count; None when the layer probe found no crossover either. ``layers`` get their ``dense_above`` back afterwards.
+    largest count; None when the layer probe found no crossover either. ``layers`` get their ``dense_above`` back
+    afterwards.
     """
     rows_ms: dict[str, dict[str, float]] = {"int4": {}, kind: {}}
     saved = [m.dense_above for m in layers]
