@@ -99,11 +99,11 @@ def _note_cutoff(meta: SweepMeta, server: ServerRecord) -> None:
     meta.p_min = dict(server)
 
 
-def p_min_summary(passes: Sequence[SidePass], backend: Backend) -> JsonObject:
-    """The main sweep.json's ``p_min``, from :func:`p_min_passes`: the cutoffs, their num_steps K, the flag that sets
-    them and where their cells are."""
-    return {"values": [p.options["draft_p_min"] for p in passes], "num_steps": passes[0].plan.steps[0],
-            "flag": backend.p_min_flag, "folder": P_MIN_FOLDER}
+def p_min_summary(values: Sequence[float], plan: SweepPlan, backend: Backend) -> JsonObject:
+    """The main sweep.json's ``p_min`` for the cutoffs ``values`` of the sweep ``plan`` (:func:`p_min_passes`'s
+    arguments): the cutoffs, their num_steps K (the largest ``--steps``), the flag that sets them and where their
+    cells are."""
+    return {"values": list(values), "num_steps": max(plan.steps), "flag": backend.p_min_flag, "folder": P_MIN_FOLDER}
 
 
 class PMinRunner(StaticLedRunner):

@@ -482,7 +482,7 @@ async def execute(plan: SweepPlan, backend_name: str, options: BackendOptions, o
         for warning in pair_warnings:
             listener.warning(warning)
         if cutoffs:
-            meta.p_min = p_min_summary(cutoff_passes, backend)
+            meta.p_min = p_min_summary(p_min, plan, backend)
         folder.open(meta, kept)
         listener.sweep_started(plan, todo + [k for side in sides for k in side.todo],
                                kept + [p for side in sides for p in side.kept])
